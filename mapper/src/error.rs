@@ -1,0 +1,79 @@
+//! The mapper's typed errors. Every message names the input that was wrong and what was wrong with it.
+
+/// Why an instance (or a map checked against one) was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    #[error("{what} with an empty id{context}")]
+    EmptyId { what: &'static str, context: String },
+    #[error("duplicate {what} id {id:?}{context}")]
+    DuplicateId {
+        what: &'static str,
+        id: String,
+        context: String,
+    },
+    #[error("{subject}: {field} is {value}, {rule}")]
+    BadNumber {
+        subject: String,
+        field: &'static str,
+        value: f64,
+        rule: &'static str,
+    },
+    #[error("{subject}: unknown traffic class {class:?}")]
+    UnknownClass { subject: String, class: String },
+    #[error("map unit {map_unit:?}: unknown cluster {cluster:?}")]
+    UnknownCluster { map_unit: String, cluster: String },
+    #[error("cluster {cluster:?}: resource node {node:?} is referenced as a child but not defined")]
+    UnknownNode { cluster: String, node: String },
+    #[error("cluster {cluster:?}: resource tree has a cycle through node {node:?}")]
+    TreeCycle { cluster: String, node: String },
+    #[error("cluster {cluster:?}: resource node {node:?} is a child of both {first:?} and {second:?}")]
+    SharedChild {
+        cluster: String,
+        node: String,
+        first: String,
+        second: String,
+    },
+    #[error("cluster {cluster:?}: resource tree has no nodes")]
+    EmptyTree { cluster: String },
+    #[error("cluster {cluster:?}: resource tree has several roots ({first:?} and {second:?}); it must have exactly one")]
+    SeveralRoots {
+        cluster: String,
+        first: String,
+        second: String,
+    },
+    #[error("cluster {cluster:?}: class {class:?} is attached to resource node {node:?}, which is not a leaf")]
+    ClassNotOnLeaf {
+        cluster: String,
+        class: String,
+        node: String,
+    },
+    #[error("cluster {cluster:?}: class {class:?} is attached to two leaves, {first:?} and {second:?}")]
+    ClassOnTwoLeaves {
+        cluster: String,
+        class: String,
+        first: String,
+        second: String,
+    },
+    #[error("cluster {cluster:?}: claims to serve class {class:?} but no leaf of its resource tree carries it")]
+    NoLeafForClass { cluster: String, class: String },
+    #[error("map unit {map_unit:?}: candidate cluster {cluster:?} does not serve class {class:?}")]
+    ClassNotServed {
+        map_unit: String,
+        cluster: String,
+        class: String,
+    },
+    #[error("map unit {map_unit:?}: cluster {cluster:?} is a candidate twice")]
+    DuplicateCandidate { map_unit: String, cluster: String },
+    #[error("{subject}: {count} {what}, more than the limit of {limit}")]
+    TooMany {
+        subject: String,
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
+    #[error("map unit {map_unit:?} appears twice in the assignment")]
+    DuplicateAssignment { map_unit: String },
+    #[error("assignment names map unit {map_unit:?}, which the instance does not have")]
+    UnknownMapUnit { map_unit: String },
+}

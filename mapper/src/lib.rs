@@ -1,0 +1,20 @@
+//! cdnmap's pure core: the model and its validation, the capacitated stable-allocation solver,
+//! and the verifier that checks a map against its instance.
+//!
+//! No I/O, no async, no clock reads, no global randomness: the same input gives the same map,
+//! byte for byte. See `ARCHITECTURE.md` for the invariants this crate keeps.
+
+pub mod error;
+pub mod format;
+pub mod map;
+pub mod model;
+pub mod solve;
+
+pub use error::ModelError;
+pub use map::{churn, Allocation, Map};
+pub use model::{
+    Candidate, CandidateSpec, Cluster, ClusterIdx, ClusterSpec, ClusterState, ClassIdx, Instance,
+    InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
+    TrafficClass, UnitIdx,
+};
+pub use solve::{solve, Solution, SolveOptions, SolveStats};

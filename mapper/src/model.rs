@@ -1,0 +1,842 @@
+//! The domain model: traffic classes, clusters with resource trees, map units with candidates.
+//!
+//! An [`Instance`] is built once through an [`InstanceBuilder`], which validates every input and
+//! refuses bad input with a [`ModelError`] naming it. After that the instance is immutable and
+//! indexed: clusters and map units are sorted by id, so an index order *is* the id order that the
+//! preference tie-breaks use, and each map unit's candidates are sorted by the unit's preference
+//! (score, then cluster id).
+//!
+//! Map units are stored column-wise (one vector per field, candidates in one flat arena) so that
+//! ten million of them fit in a few GB: see `ARCHITECTURE.md`, "Memory".
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ModelError;
+
+/// At most this many map units: the solver packs a map unit's index into 24 bits of a key.
+pub const MAX_MAP_UNITS: usize = 1 << 24;
+/// At most this many traffic classes: the solver packs a class's priority rank into 8 bits.
+pub const MAX_CLASSES: usize = 255;
+/// At most this many clusters in one instance.
+pub const MAX_CLUSTERS: usize = 1 << 20;
+/// At most this many resource nodes in one cluster's tree.
+pub const MAX_TREE_NODES: usize = 1024;
+/// At most this many addresses per cluster.
+pub const MAX_ADDRESSES: usize = 1024;
+/// At most this many prefixes per map unit.
+pub const MAX_PREFIXES_PER_UNIT: usize = 4096;
+/// The hard ceiling on [`Limits::max_candidates`]: a proposal pointer is one byte.
+pub const MAX_CANDIDATES_CEILING: usize = 255;
+/// The default limit on candidates per map unit.
+pub const DEFAULT_MAX_CANDIDATES: usize = 64;
+
+/// Configurable limits applied while building an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A map unit with more candidates than this is refused (at most [`MAX_CANDIDATES_CEILING`]).
+    pub max_candidates: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_candidates: DEFAULT_MAX_CANDIDATES,
+        }
+    }
+}
+
+/// What a resource node measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceKind {
+    /// Bytes per second (e.g. an uplink).
+    Bps,
+    /// "Flytes" per second: the CPU-ish resource.
+    Fps,
+}
+
+/// A cluster's liveness. Only `Up` clusters take demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterState {
+    #[default]
+    Up,
+    /// Taken out of service by an operator: takes no new demand.
+    Drained,
+    /// Failed: takes no demand.
+    Down,
+}
+
+/// What one unit of demand of a class consumes on each kind of resource node it passes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PerUnit {
+    pub bps: f64,
+    pub fps: f64,
+}
+
+impl PerUnit {
+    pub fn get(&self, kind: ResourceKind) -> f64 {
+        match kind {
+            ResourceKind::Bps => self.bps,
+            ResourceKind::Fps => self.fps,
+        }
+    }
+}
+
+/// A kind of traffic with its own resource profile. Lower `priority` is preferred by clusters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrafficClass {
+    pub name: String,
+    pub priority: u32,
+    pub per_unit: PerUnit,
+}
+
+/// One resource node as given in input: children and classes by name, so that a bad tree
+/// (cycle, shared child, unknown child) can be described and refused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceNodeSpec {
+    pub name: String,
+    pub kind: ResourceKind,
+    pub capacity: f64,
+    pub classes: Vec<String>,
+    pub children: Vec<String>,
+}
+
+/// A cluster as given in input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSpec {
+    pub id: String,
+    pub lat: f64,
+    pub lon: f64,
+    pub addresses: Vec<IpAddr>,
+    pub state: ClusterState,
+    /// The classes the cluster claims to serve; each must be carried by a leaf. `None`: the
+    /// classes carried by its leaves.
+    pub serves: Option<Vec<String>>,
+    /// The resource tree, in any order; exactly one node is the root.
+    pub resources: Vec<ResourceNodeSpec>,
+}
+
+/// A validated resource node. Nodes of a cluster are in pre-order: the root is node 0 and every
+/// parent comes before its children.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceNode {
+    pub name: String,
+    pub kind: ResourceKind,
+    pub capacity: f64,
+    pub parent: Option<u32>,
+    pub children: Vec<u32>,
+    pub classes: Vec<ClassIdx>,
+}
+
+/// Index of a traffic class in [`Instance::classes`].
+pub type ClassIdx = u16;
+/// Index of a cluster in [`Instance::clusters`] (clusters are sorted by id).
+pub type ClusterIdx = u32;
+/// Index of a map unit (map units are sorted by id).
+pub type UnitIdx = u32;
+
+/// A validated cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    pub id: String,
+    pub lat: f64,
+    pub lon: f64,
+    pub addresses: Vec<IpAddr>,
+    pub state: ClusterState,
+    pub nodes: Vec<ResourceNode>,
+    /// For each class, the leaf that carries it, if the cluster serves it.
+    leaf_of_class: Vec<Option<u32>>,
+}
+
+impl Cluster {
+    /// The leaf carrying `class`, or `None` if the cluster does not serve it.
+    pub fn leaf_of(&self, class: ClassIdx) -> Option<u32> {
+        self.leaf_of_class.get(usize::from(class)).copied().flatten()
+    }
+
+    pub fn serves(&self, class: ClassIdx) -> bool {
+        self.leaf_of(class).is_some()
+    }
+
+    /// The nodes that demand of `class` passes, from its leaf up to the root (empty if the
+    /// cluster does not serve the class).
+    pub fn path(&self, class: ClassIdx) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(self.leaf_of(class), |&n| self.nodes[n as usize].parent)
+    }
+}
+
+/// A candidate as given in input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CandidateSpec<'a> {
+    pub cluster: &'a str,
+    pub score: f64,
+    pub cluster_rank: Option<f64>,
+}
+
+/// A map unit as given in input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MapUnitSpec<'a> {
+    pub id: &'a str,
+    pub class: &'a str,
+    pub demand: f64,
+    pub lat: f64,
+    pub lon: f64,
+    pub prefixes: &'a [IpNet],
+    pub candidates: &'a [CandidateSpec<'a>],
+}
+
+/// A validated candidate: a cluster, the unit's score for it, and the rank the cluster gives the
+/// unit (the explicit `cluster_rank`, or the score when none was given).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub cluster: ClusterIdx,
+    pub score: f32,
+    pub rank: f32,
+    /// Whether `rank` came from an explicit `cluster_rank`.
+    pub explicit_rank: bool,
+}
+
+/// Map units, column-wise. Candidates of unit `u` are `cand_*[cand_start[u]..cand_start[u + 1]]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct MapUnits {
+    pub(crate) ids: Vec<Box<str>>,
+    pub(crate) class: Vec<ClassIdx>,
+    pub(crate) demand: Vec<f64>,
+    pub(crate) lat: Vec<f32>,
+    pub(crate) lon: Vec<f32>,
+    pub(crate) prefix_start: Vec<u32>,
+    pub(crate) prefixes: Vec<IpNet>,
+    pub(crate) cand_start: Vec<u32>,
+    pub(crate) cand_cluster: Vec<ClusterIdx>,
+    pub(crate) cand_score: Vec<f32>,
+    /// Explicit cluster ranks, NaN where none was given; absent when no candidate has one.
+    pub(crate) cand_rank: Option<Vec<f32>>,
+}
+
+/// A validated, indexed, immutable problem instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    classes: Vec<TrafficClass>,
+    clusters: Vec<Cluster>,
+    /// Global index of each cluster's node 0; `node_offset[clusters.len()]` is the node count.
+    node_offset: Vec<u32>,
+    pub(crate) units: MapUnits,
+    class_by_name: HashMap<String, ClassIdx>,
+    cluster_by_id: HashMap<String, ClusterIdx>,
+}
+
+impl Instance {
+    pub fn classes(&self) -> &[TrafficClass] {
+        &self.classes
+    }
+
+    pub fn clusters(&self) -> &[Cluster] {
+        &self.clusters
+    }
+
+    pub fn class_index(&self, name: &str) -> Option<ClassIdx> {
+        self.class_by_name.get(name).copied()
+    }
+
+    pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
+        self.cluster_by_id.get(id).copied()
+    }
+
+    /// The map unit with this id (binary search: units are sorted by id).
+    pub fn unit_index(&self, id: &str) -> Option<UnitIdx> {
+        self.units
+            .ids
+            .binary_search_by(|probe| (**probe).cmp(id))
+            .ok()
+            .map(|i| i as UnitIdx)
+    }
+
+    /// Number of resource nodes over all clusters.
+    pub fn node_count(&self) -> usize {
+        self.node_offset.last().copied().unwrap_or(0) as usize
+    }
+
+    /// Global index of `cluster`'s local node `node` (0..node_count()).
+    pub fn global_node(&self, cluster: ClusterIdx, node: u32) -> usize {
+        (self.node_offset[cluster as usize] + node) as usize
+    }
+
+    pub fn unit_count(&self) -> usize {
+        self.units.ids.len()
+    }
+
+    pub fn unit_id(&self, u: UnitIdx) -> &str {
+        &self.units.ids[u as usize]
+    }
+
+    pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
+        self.units.class[u as usize]
+    }
+
+    pub fn unit_demand(&self, u: UnitIdx) -> f64 {
+        self.units.demand[u as usize]
+    }
+
+    pub fn unit_location(&self, u: UnitIdx) -> (f64, f64) {
+        (
+            f64::from(self.units.lat[u as usize]),
+            f64::from(self.units.lon[u as usize]),
+        )
+    }
+
+    pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
+        let u = u as usize;
+        let (a, b) = (self.units.prefix_start[u], self.units.prefix_start[u + 1]);
+        &self.units.prefixes[a as usize..b as usize]
+    }
+
+    /// Number of candidates of unit `u`.
+    pub fn candidate_count(&self, u: UnitIdx) -> usize {
+        let u = u as usize;
+        (self.units.cand_start[u + 1] - self.units.cand_start[u]) as usize
+    }
+
+    /// The position of unit `u`'s candidates in the flat candidate arena.
+    pub(crate) fn candidate_range(&self, u: UnitIdx) -> std::ops::Range<usize> {
+        let u = u as usize;
+        self.units.cand_start[u] as usize..self.units.cand_start[u + 1] as usize
+    }
+
+    /// Candidate `j` (0 = most preferred) of unit `u`.
+    pub fn candidate(&self, u: UnitIdx, j: usize) -> Candidate {
+        let i = self.candidate_range(u).start + j;
+        self.candidate_at(i)
+    }
+
+    pub(crate) fn candidate_at(&self, i: usize) -> Candidate {
+        let score = self.units.cand_score[i];
+        let explicit = self.units.cand_rank.as_ref().map(|r| r[i]).filter(|r| !r.is_nan());
+        Candidate {
+            cluster: self.units.cand_cluster[i],
+            score,
+            rank: explicit.unwrap_or(score),
+            explicit_rank: explicit.is_some(),
+        }
+    }
+
+    /// Unit `u`'s candidates, most preferred first.
+    pub fn candidates(&self, u: UnitIdx) -> impl ExactSizeIterator<Item = Candidate> + '_ {
+        self.candidate_range(u).map(move |i| self.candidate_at(i))
+    }
+
+    /// Total number of candidates over all map units.
+    pub fn total_candidates(&self) -> usize {
+        self.units.cand_cluster.len()
+    }
+
+    pub fn total_demand(&self) -> f64 {
+        self.units.demand.iter().sum()
+    }
+
+    /// Bytes held by this instance's heap allocations (map units dominate; an estimate for the
+    /// string and hash-map parts).
+    pub fn heap_bytes(&self) -> usize {
+        let u = &self.units;
+        let ids: usize = u.ids.iter().map(|s| s.len().max(8)).sum::<usize>()
+            + u.ids.capacity() * std::mem::size_of::<Box<str>>();
+        ids + u.class.capacity() * 2
+            + u.demand.capacity() * 8
+            + (u.lat.capacity() + u.lon.capacity()) * 4
+            + u.prefix_start.capacity() * 4
+            + u.prefixes.capacity() * std::mem::size_of::<IpNet>()
+            + u.cand_start.capacity() * 4
+            + u.cand_cluster.capacity() * 4
+            + u.cand_score.capacity() * 4
+            + u.cand_rank.as_ref().map_or(0, |r| r.capacity() * 4)
+    }
+}
+
+/// Builds an [`Instance`], validating as it goes. Classes and clusters come first (so candidates
+/// can be resolved by cluster id); map units are then pushed one at a time, so a generator or a
+/// streaming parser never needs a second copy of them.
+#[derive(Debug)]
+pub struct InstanceBuilder {
+    limits: Limits,
+    classes: Vec<TrafficClass>,
+    clusters: Vec<Cluster>,
+    node_offset: Vec<u32>,
+    class_by_name: HashMap<String, ClassIdx>,
+    cluster_by_id: HashMap<String, ClusterIdx>,
+    units: MapUnits,
+    /// Per cluster, the last unit (plus one) that named it as a candidate: finds duplicates.
+    seen_stamp: Vec<u32>,
+    scratch: Vec<(f32, ClusterIdx, f32)>,
+}
+
+fn check_number(subject: impl Fn() -> String, field: &'static str, value: f64) -> Result<(), ModelError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ModelError::BadNumber {
+            subject: subject(),
+            field,
+            value,
+            rule: "must be a finite number >= 0",
+        })
+    }
+}
+
+fn check_f32(subject: impl Fn() -> String, field: &'static str, value: f64) -> Result<f32, ModelError> {
+    check_number(&subject, field, value)?;
+    let narrow = value as f32;
+    if narrow.is_finite() {
+        // `+ 0.0` turns -0.0 into +0.0, so the bit pattern orders like the number.
+        Ok(narrow + 0.0)
+    } else {
+        Err(ModelError::BadNumber {
+            subject: subject(),
+            field,
+            value,
+            rule: "must be at most 3.4e38",
+        })
+    }
+}
+
+fn check_location(subject: impl Fn() -> String, lat: f64, lon: f64) -> Result<(), ModelError> {
+    if !(lat.is_finite() && (-90.0..=90.0).contains(&lat)) {
+        return Err(ModelError::BadNumber {
+            subject: subject(),
+            field: "lat",
+            value: lat,
+            rule: "must be a latitude in [-90, 90]",
+        });
+    }
+    if !(lon.is_finite() && (-180.0..=180.0).contains(&lon)) {
+        return Err(ModelError::BadNumber {
+            subject: subject(),
+            field: "lon",
+            value: lon,
+            rule: "must be a longitude in [-180, 180]",
+        });
+    }
+    Ok(())
+}
+
+fn too_many(subject: String, what: &'static str, count: usize, limit: usize) -> Result<(), ModelError> {
+    if count > limit {
+        Err(ModelError::TooMany {
+            subject,
+            what,
+            count,
+            limit,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+impl InstanceBuilder {
+    /// Validates the classes and clusters.
+    pub fn new(
+        classes: Vec<TrafficClass>,
+        clusters: Vec<ClusterSpec>,
+        limits: Limits,
+    ) -> Result<Self, ModelError> {
+        too_many(
+            "limits".into(),
+            "candidates per map unit allowed",
+            limits.max_candidates,
+            MAX_CANDIDATES_CEILING,
+        )?;
+        too_many("instance".into(), "traffic classes", classes.len(), MAX_CLASSES)?;
+        too_many("instance".into(), "clusters", clusters.len(), MAX_CLUSTERS)?;
+        let mut class_by_name = HashMap::with_capacity(classes.len());
+        for (i, class) in classes.iter().enumerate() {
+            if class.name.is_empty() {
+                return Err(ModelError::EmptyId {
+                    what: "traffic class",
+                    context: String::new(),
+                });
+            }
+            let subject = || format!("traffic class {:?}", class.name);
+            check_number(subject, "per_unit.bps", class.per_unit.bps)?;
+            check_number(subject, "per_unit.fps", class.per_unit.fps)?;
+            if class_by_name.insert(class.name.clone(), i as ClassIdx).is_some() {
+                return Err(ModelError::DuplicateId {
+                    what: "traffic class",
+                    id: class.name.clone(),
+                    context: String::new(),
+                });
+            }
+        }
+        let mut clusters: Vec<Cluster> = clusters
+            .into_iter()
+            .map(|spec| build_cluster(spec, &class_by_name))
+            .collect::<Result<_, _>>()?;
+        clusters.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(w) = clusters.windows(2).find(|w| w[0].id == w[1].id) {
+            return Err(ModelError::DuplicateId {
+                what: "cluster",
+                id: w[0].id.clone(),
+                context: String::new(),
+            });
+        }
+        let cluster_by_id = clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.clone(), i as ClusterIdx))
+            .collect();
+        let mut node_offset = Vec::with_capacity(clusters.len() + 1);
+        let mut total = 0u32;
+        for c in &clusters {
+            node_offset.push(total);
+            total += c.nodes.len() as u32;
+        }
+        node_offset.push(total);
+        let mut units = MapUnits::default();
+        units.prefix_start.push(0);
+        units.cand_start.push(0);
+        Ok(InstanceBuilder {
+            limits,
+            seen_stamp: vec![0; clusters.len()],
+            classes,
+            clusters,
+            node_offset,
+            class_by_name,
+            cluster_by_id,
+            units,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Reserves room for `units` more map units with `candidates` candidates in all.
+    pub fn reserve(&mut self, units: usize, candidates: usize) {
+        let u = &mut self.units;
+        u.ids.reserve_exact(units);
+        u.class.reserve_exact(units);
+        u.demand.reserve_exact(units);
+        u.lat.reserve_exact(units);
+        u.lon.reserve_exact(units);
+        u.prefix_start.reserve_exact(units);
+        u.cand_start.reserve_exact(units);
+        u.cand_cluster.reserve_exact(candidates);
+        u.cand_score.reserve_exact(candidates);
+    }
+
+    pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
+        self.cluster_by_id.get(id).copied()
+    }
+
+    /// Validates one map unit and appends it. On error nothing is appended.
+    pub fn push_unit(&mut self, spec: &MapUnitSpec<'_>) -> Result<(), ModelError> {
+        if spec.id.is_empty() {
+            return Err(ModelError::EmptyId {
+                what: "map unit",
+                context: format!(" (map unit #{})", self.units.ids.len()),
+            });
+        }
+        let unit_index = self.units.ids.len();
+        too_many("instance".into(), "map units", unit_index + 1, MAX_MAP_UNITS)?;
+        let subject = || format!("map unit {:?}", spec.id);
+        let class = *self
+            .class_by_name
+            .get(spec.class)
+            .ok_or_else(|| ModelError::UnknownClass {
+                subject: subject(),
+                class: spec.class.to_string(),
+            })?;
+        check_number(subject, "demand", spec.demand)?;
+        check_location(subject, spec.lat, spec.lon)?;
+        too_many(subject(), "prefixes", spec.prefixes.len(), MAX_PREFIXES_PER_UNIT)?;
+        too_many(
+            subject(),
+            "candidates",
+            spec.candidates.len(),
+            self.limits.max_candidates,
+        )?;
+        let stamp = unit_index as u32 + 1;
+        self.scratch.clear();
+        let mut any_rank = false;
+        for cand in spec.candidates {
+            let c = *self
+                .cluster_by_id
+                .get(cand.cluster)
+                .ok_or_else(|| ModelError::UnknownCluster {
+                    map_unit: spec.id.to_string(),
+                    cluster: cand.cluster.to_string(),
+                })?;
+            if self.seen_stamp[c as usize] == stamp {
+                return Err(ModelError::DuplicateCandidate {
+                    map_unit: spec.id.to_string(),
+                    cluster: cand.cluster.to_string(),
+                });
+            }
+            self.seen_stamp[c as usize] = stamp;
+            if !self.clusters[c as usize].serves(class) {
+                return Err(ModelError::ClassNotServed {
+                    map_unit: spec.id.to_string(),
+                    cluster: cand.cluster.to_string(),
+                    class: spec.class.to_string(),
+                });
+            }
+            let cand_subject = || format!("map unit {:?}: candidate {:?}", spec.id, cand.cluster);
+            let score = check_f32(cand_subject, "score", cand.score)?;
+            let rank = match cand.cluster_rank {
+                Some(r) => {
+                    any_rank = true;
+                    check_f32(cand_subject, "cluster_rank", r)?
+                }
+                None => f32::NAN,
+            };
+            self.scratch.push((score, c, rank));
+        }
+        // A map unit prefers lower score; ties broken by cluster id (= cluster index).
+        self.scratch
+            .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+
+        let u = &mut self.units;
+        if any_rank && u.cand_rank.is_none() {
+            let mut ranks = Vec::with_capacity(u.cand_cluster.capacity());
+            ranks.resize(u.cand_cluster.len(), f32::NAN);
+            u.cand_rank = Some(ranks);
+        }
+        for &(score, c, rank) in &self.scratch {
+            u.cand_cluster.push(c);
+            u.cand_score.push(score);
+            if let Some(ranks) = u.cand_rank.as_mut() {
+                ranks.push(rank);
+            }
+        }
+        u.cand_start.push(u.cand_cluster.len() as u32);
+        u.prefixes.extend_from_slice(spec.prefixes);
+        u.prefix_start.push(u.prefixes.len() as u32);
+        u.ids.push(spec.id.into());
+        u.class.push(class);
+        u.demand.push(spec.demand + 0.0);
+        u.lat.push(spec.lat as f32);
+        u.lon.push(spec.lon as f32);
+        Ok(())
+    }
+
+    /// Sorts the map units by id (a no-op when they came sorted) and refuses duplicates.
+    pub fn finish(self) -> Result<Instance, ModelError> {
+        let mut units = self.units;
+        let sorted = units.ids.windows(2).all(|w| w[0] <= w[1]);
+        if !sorted {
+            units = sort_units(units);
+        }
+        if let Some(w) = units.ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ModelError::DuplicateId {
+                what: "map unit",
+                id: w[0].to_string(),
+                context: String::new(),
+            });
+        }
+        Ok(Instance {
+            classes: self.classes,
+            clusters: self.clusters,
+            node_offset: self.node_offset,
+            units,
+            class_by_name: self.class_by_name,
+            cluster_by_id: self.cluster_by_id,
+        })
+    }
+}
+
+/// Reorders the columns of `units` into id order.
+fn sort_units(units: MapUnits) -> MapUnits {
+    let n = units.ids.len();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by(|&a, &b| units.ids[a as usize].cmp(&units.ids[b as usize]));
+    let mut out = MapUnits {
+        cand_rank: units.cand_rank.as_ref().map(|_| Vec::with_capacity(units.cand_cluster.len())),
+        ..MapUnits::default()
+    };
+    out.prefix_start.push(0);
+    out.cand_start.push(0);
+    for &i in &order {
+        let i = i as usize;
+        let (p0, p1) = (units.prefix_start[i] as usize, units.prefix_start[i + 1] as usize);
+        out.prefixes.extend_from_slice(&units.prefixes[p0..p1]);
+        out.prefix_start.push(out.prefixes.len() as u32);
+        let (c0, c1) = (units.cand_start[i] as usize, units.cand_start[i + 1] as usize);
+        out.cand_cluster.extend_from_slice(&units.cand_cluster[c0..c1]);
+        out.cand_score.extend_from_slice(&units.cand_score[c0..c1]);
+        if let (Some(dst), Some(src)) = (out.cand_rank.as_mut(), units.cand_rank.as_ref()) {
+            dst.extend_from_slice(&src[c0..c1]);
+        }
+        out.cand_start.push(out.cand_cluster.len() as u32);
+        out.ids.push(units.ids[i].clone());
+        out.class.push(units.class[i]);
+        out.demand.push(units.demand[i]);
+        out.lat.push(units.lat[i]);
+        out.lon.push(units.lon[i]);
+    }
+    out
+}
+
+/// Validates one cluster and its resource tree, and puts the nodes in pre-order.
+fn build_cluster(
+    spec: ClusterSpec,
+    class_by_name: &HashMap<String, ClassIdx>,
+) -> Result<Cluster, ModelError> {
+    let cid = spec.id;
+    if cid.is_empty() {
+        return Err(ModelError::EmptyId {
+            what: "cluster",
+            context: String::new(),
+        });
+    }
+    check_location(|| format!("cluster {cid:?}"), spec.lat, spec.lon)?;
+    too_many(format!("cluster {cid:?}"), "addresses", spec.addresses.len(), MAX_ADDRESSES)?;
+    too_many(
+        format!("cluster {cid:?}"),
+        "resource nodes",
+        spec.resources.len(),
+        MAX_TREE_NODES,
+    )?;
+    let nodes = &spec.resources;
+    if nodes.is_empty() {
+        return Err(ModelError::EmptyTree { cluster: cid });
+    }
+    let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(nodes.len());
+    for (i, n) in nodes.iter().enumerate() {
+        if n.name.is_empty() {
+            return Err(ModelError::EmptyId {
+                what: "resource node",
+                context: format!(" in cluster {cid:?}"),
+            });
+        }
+        check_number(
+            || format!("cluster {cid:?}: resource node {:?}", n.name),
+            "capacity",
+            n.capacity,
+        )?;
+        if by_name.insert(&n.name, i).is_some() {
+            return Err(ModelError::DuplicateId {
+                what: "resource node",
+                id: n.name.clone(),
+                context: format!(" in cluster {cid:?}"),
+            });
+        }
+    }
+    // Parent of each node, refusing unknown and shared children.
+    let mut parent: Vec<Option<usize>> = vec![None; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        for child in &n.children {
+            let &c = by_name.get(child.as_str()).ok_or_else(|| ModelError::UnknownNode {
+                cluster: cid.clone(),
+                node: child.clone(),
+            })?;
+            if let Some(p) = parent[c] {
+                return Err(ModelError::SharedChild {
+                    cluster: cid.clone(),
+                    node: child.clone(),
+                    first: nodes[p].name.clone(),
+                    second: n.name.clone(),
+                });
+            }
+            parent[c] = Some(i);
+        }
+    }
+    let mut roots = (0..nodes.len()).filter(|&i| parent[i].is_none());
+    let Some(root) = roots.next() else {
+        // Every node has a parent: following parents from any node must loop.
+        return Err(ModelError::TreeCycle {
+            cluster: cid,
+            node: nodes[0].name.clone(),
+        });
+    };
+    if let Some(other) = roots.next() {
+        return Err(ModelError::SeveralRoots {
+            cluster: cid,
+            first: nodes[root].name.clone(),
+            second: nodes[other].name.clone(),
+        });
+    }
+    // Pre-order walk from the root; a node not reached sits on a cycle.
+    let mut order: Vec<usize> = Vec::with_capacity(nodes.len());
+    let mut new_index = vec![u32::MAX; nodes.len()];
+    let mut stack = vec![root];
+    while let Some(i) = stack.pop() {
+        new_index[i] = order.len() as u32;
+        order.push(i);
+        stack.extend(
+            nodes[i]
+                .children
+                .iter()
+                .rev()
+                .filter_map(|c| by_name.get(c.as_str()).copied()),
+        );
+    }
+    if let Some(i) = (0..nodes.len()).find(|&i| new_index[i] == u32::MAX) {
+        return Err(ModelError::TreeCycle {
+            cluster: cid,
+            node: nodes[i].name.clone(),
+        });
+    }
+    let mut leaf_of_class: Vec<Option<u32>> = vec![None; class_by_name.len()];
+    let mut out = Vec::with_capacity(nodes.len());
+    for &i in &order {
+        let n = &nodes[i];
+        let mut classes = Vec::with_capacity(n.classes.len());
+        for class in &n.classes {
+            let &k = class_by_name.get(class.as_str()).ok_or_else(|| ModelError::UnknownClass {
+                subject: format!("cluster {cid:?}: resource node {:?}", n.name),
+                class: class.clone(),
+            })?;
+            if !n.children.is_empty() {
+                return Err(ModelError::ClassNotOnLeaf {
+                    cluster: cid.clone(),
+                    class: class.clone(),
+                    node: n.name.clone(),
+                });
+            }
+            if let Some(prev) = leaf_of_class[usize::from(k)] {
+                return Err(ModelError::ClassOnTwoLeaves {
+                    cluster: cid.clone(),
+                    class: class.clone(),
+                    first: nodes[order[prev as usize]].name.clone(),
+                    second: n.name.clone(),
+                });
+            }
+            leaf_of_class[usize::from(k)] = Some(new_index[i]);
+            classes.push(k);
+        }
+        out.push(ResourceNode {
+            name: n.name.clone(),
+            kind: n.kind,
+            capacity: n.capacity + 0.0,
+            parent: parent[i].map(|p| new_index[p]),
+            children: n
+                .children
+                .iter()
+                .filter_map(|c| by_name.get(c.as_str()).map(|&c| new_index[c]))
+                .collect(),
+            classes,
+        });
+    }
+    if let Some(serves) = &spec.serves {
+        for class in serves {
+            let &k = class_by_name.get(class.as_str()).ok_or_else(|| ModelError::UnknownClass {
+                subject: format!("cluster {cid:?}"),
+                class: class.clone(),
+            })?;
+            if leaf_of_class[usize::from(k)].is_none() {
+                return Err(ModelError::NoLeafForClass {
+                    cluster: cid.clone(),
+                    class: class.clone(),
+                });
+            }
+        }
+    }
+    Ok(Cluster {
+        id: cid,
+        lat: spec.lat,
+        lon: spec.lon,
+        addresses: spec.addresses,
+        state: spec.state,
+        nodes: out,
+        leaf_of_class,
+    })
+}

@@ -1,0 +1,4 @@
+//! The operator's command line.
+pub fn run() -> anyhow::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,3 @@
+fn main() -> anyhow::Result<()> {
+    cdnmap_ops::run()
+}
