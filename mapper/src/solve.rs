@@ -1,7 +1,43 @@
-//! The solver: deferred acceptance with capacities over resource trees (being written).
+//! The solver: deferred acceptance with capacities over resource trees, map units proposing
+//! (DESIGN.md, "Allocation semantics"), followed by repair rounds.
+//!
+//! # The pass
+//!
+//! Every map unit with unplaced demand offers all of it to its best candidate not yet closed to
+//! it. The cluster computes, at each node of the unit's path, how much of the unit it could hold
+//! if it evicted every holder it likes less (`free + usage of worse holders`, divided by the
+//! unit's coefficient there); it accepts the minimum of that over the path, and then evicts, node
+//! by node from the leaf up, the holders it likes least until the accepted amount fits (the last
+//! one possibly in part). Evicted demand goes back to its owner, which offers it again from its
+//! current candidate on. A partial rejection closes the (unit, cluster) pair, so the pass makes at
+//! most one closing offer per candidate, plus one offer per eviction.
+//!
+//! Each node keeps a max-heap of the keys of the units holding capacity there, worst on top. A
+//! key packs the cluster's preference `(class priority rank, rank, map unit index)` into a `u64`
+//! (8 + 32 + 24 bits); non-negative `f32` ranks order like their bit patterns, and map units are
+//! indexed in id order, so comparing keys is comparing preferences. Entries are removed lazily:
+//! an entry whose unit no longer holds anything at the cluster is dropped when it surfaces.
+//!
+//! # Repair
+//!
+//! When classes consume Bps and Fps in different proportions a cluster can become *less* picky
+//! for some unit after an eviction (freeing Bps at the root by squeezing a Bps-heavy class at an
+//! Fps node), so the pass can end with blocking pairs. Repair rounds find them, let each such unit
+//! withdraw from the clusters it likes less than the best blocking one, and re-run the pass from
+//! there, until none remain or [`SolveOptions::max_repair_rounds`] is reached. The rounds used and
+//! the pairs left are reported in [`SolveStats`].
 
-use crate::map::Map;
-use crate::model::Instance;
+use std::collections::BinaryHeap;
+
+use crate::map::{Allocation, Map};
+use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
+
+/// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise.
+pub const EPS_REL: f64 = 1e-9;
+
+const NONE: u32 = u32::MAX;
+const UNIT_BITS: u32 = 24;
+const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
 
 /// Tunables of a solve.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -12,17 +48,34 @@ pub struct SolveOptions {
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        SolveOptions { max_repair_rounds: 16 }
+        SolveOptions {
+            max_repair_rounds: 16,
+        }
     }
 }
 
 /// What a solve did.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SolveStats {
+    /// Offers made by map units to clusters.
     pub proposals: u64,
+    /// Allocations evicted, in whole or in part.
     pub evictions: u64,
+    /// Repair rounds that found blocking pairs and re-ran the pass.
     pub repair_rounds: u32,
+    /// Map units still in a blocking pair when the repair rounds ran out (goal: 0).
     pub blocking_pairs_left: usize,
+    /// Heap bytes the solver's working state held at its largest.
+    pub work_bytes: usize,
+    /// Whether a pass hit its proposal bound ([`proposal_bound`]) and stopped early, leaving
+    /// the demand it had not placed as overflow. Never seen in tests; a safety net.
+    pub proposal_bound_hit: bool,
+}
+
+/// The most offers one pass may make: generous (a pass makes at most one closing offer per
+/// candidate plus one offer per eviction), but finite.
+pub fn proposal_bound(instance: &Instance) -> u64 {
+    64 * (instance.total_candidates() as u64 + instance.unit_count() as u64) + 1024
 }
 
 /// A map and how it was found.
@@ -32,8 +85,555 @@ pub struct Solution {
     pub stats: SolveStats,
 }
 
-/// Solves `instance`.
+/// Solves `instance`: the map-unit-proposing stable allocation, repaired where the single pass
+/// leaves blocking pairs. Deterministic.
 pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
-    let _ = (instance, options);
-    unimplemented!("being written")
+    let mut s = Solver::new(instance);
+    s.push_all();
+    s.run();
+    let mut left = s.find_blocking();
+    while !left.is_empty() && s.stats.repair_rounds < options.max_repair_rounds {
+        s.stats.repair_rounds += 1;
+        for &(u, j) in &left {
+            s.withdraw_after(u, j);
+        }
+        s.run();
+        left = s.find_blocking();
+    }
+    s.stats.blocking_pairs_left = left.len();
+    s.stats.work_bytes = s.heap_bytes();
+    let map = s.to_map();
+    Solution {
+        map,
+        stats: s.stats,
+    }
+}
+
+/// The resource nodes (global index, coefficient > 0) that demand of each (cluster, class)
+/// passes, leaf first.
+struct Paths {
+    classes: usize,
+    start: Vec<u32>,
+    node: Vec<u32>,
+    coef: Vec<f64>,
+}
+
+impl Paths {
+    fn new(inst: &Instance) -> Self {
+        let classes = inst.classes().len();
+        let mut p = Paths {
+            classes,
+            start: Vec::with_capacity(inst.clusters().len() * classes + 1),
+            node: Vec::new(),
+            coef: Vec::new(),
+        };
+        p.start.push(0);
+        for (ci, cluster) in inst.clusters().iter().enumerate() {
+            for (k, class) in inst.classes().iter().enumerate() {
+                for local in cluster.path(k as ClassIdx) {
+                    let q = class.per_unit.get(cluster.nodes[local as usize].kind);
+                    if q > 0.0 {
+                        p.node.push(inst.global_node(ci as ClusterIdx, local) as u32);
+                        p.coef.push(q);
+                    }
+                }
+                p.start.push(p.node.len() as u32);
+            }
+        }
+        p
+    }
+
+    fn range(&self, c: ClusterIdx, k: ClassIdx) -> std::ops::Range<usize> {
+        let i = c as usize * self.classes + usize::from(k);
+        self.start[i] as usize..self.start[i + 1] as usize
+    }
+}
+
+/// One unit's holding at one cluster; slots of a unit form a linked list.
+#[derive(Clone, Copy)]
+struct Slot {
+    cluster: ClusterIdx,
+    next: u32,
+    amount: f64,
+}
+
+struct Solver<'a> {
+    inst: &'a Instance,
+    paths: Paths,
+    /// Per class: priority rank (dense, lower preferred) and coefficient per resource kind.
+    prio_rank: Vec<u64>,
+    coef: Vec<[f64; 2]>,
+    up: Vec<bool>,
+    // Per global node.
+    cap: Vec<f64>,
+    used: Vec<f64>,
+    kind: Vec<ResourceKind>,
+    heap: Vec<BinaryHeap<u64>>,
+    // Per map unit.
+    unplaced: Vec<f64>,
+    next: Vec<u8>,
+    head: Vec<u32>,
+    queued: Vec<bool>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    stack: Vec<UnitIdx>,
+    /// Per path position: the heap entries popped while sizing an offer.
+    scratch: Vec<Vec<u64>>,
+    stats: SolveStats,
+}
+
+fn kind_index(kind: ResourceKind) -> usize {
+    match kind {
+        ResourceKind::Bps => 0,
+        ResourceKind::Fps => 1,
+    }
+}
+
+impl<'a> Solver<'a> {
+    fn new(inst: &'a Instance) -> Self {
+        let mut prios: Vec<u32> = inst.classes().iter().map(|c| c.priority).collect();
+        prios.sort_unstable();
+        prios.dedup();
+        let prio_rank = inst
+            .classes()
+            .iter()
+            .map(|c| prios.partition_point(|&p| p < c.priority) as u64)
+            .collect();
+        let coef = inst
+            .classes()
+            .iter()
+            .map(|c| [c.per_unit.bps, c.per_unit.fps])
+            .collect();
+        let nodes = inst.node_count();
+        let mut cap = Vec::with_capacity(nodes);
+        let mut kind = Vec::with_capacity(nodes);
+        for cluster in inst.clusters() {
+            for n in &cluster.nodes {
+                cap.push(n.capacity);
+                kind.push(n.kind);
+            }
+        }
+        let paths = Paths::new(inst);
+        let depth = (0..paths.start.len() - 1)
+            .map(|i| (paths.start[i + 1] - paths.start[i]) as usize)
+            .max()
+            .unwrap_or(0);
+        let n = inst.unit_count();
+        Solver {
+            inst,
+            paths,
+            prio_rank,
+            coef,
+            up: inst
+                .clusters()
+                .iter()
+                .map(|c| c.state == ClusterState::Up)
+                .collect(),
+            used: vec![0.0; nodes],
+            cap,
+            kind,
+            heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
+            unplaced: inst.units.demand.clone(),
+            next: vec![0; n],
+            head: vec![NONE; n],
+            queued: vec![false; n],
+            slots: Vec::with_capacity(n + n / 4),
+            free_slots: Vec::new(),
+            stack: Vec::with_capacity(n),
+            scratch: vec![Vec::new(); depth],
+            stats: SolveStats::default(),
+        }
+    }
+
+    fn push_all(&mut self) {
+        for u in (0..self.inst.unit_count() as UnitIdx).rev() {
+            self.queued[u as usize] = true;
+            self.stack.push(u);
+        }
+    }
+
+    fn tol(&self, u: UnitIdx) -> f64 {
+        EPS_REL * self.inst.units.demand[u as usize]
+    }
+
+    /// The cluster's preference key for unit `u` reached through candidate arena index `i`:
+    /// lower is preferred.
+    fn key(&self, u: UnitIdx, i: usize) -> u64 {
+        let units = &self.inst.units;
+        let rank = units
+            .cand_rank
+            .as_ref()
+            .map(|r| r[i])
+            .filter(|r| !r.is_nan())
+            .unwrap_or(units.cand_score[i]);
+        let k = units.class[u as usize];
+        (self.prio_rank[usize::from(k)] << 56) | (u64::from(rank.to_bits()) << UNIT_BITS) | u64::from(u)
+    }
+
+    fn node_coef(&self, n: usize, u: UnitIdx) -> f64 {
+        let k = self.inst.units.class[u as usize];
+        self.coef[usize::from(k)][kind_index(self.kind[n])]
+    }
+
+    fn node_tol(&self, n: usize) -> f64 {
+        EPS_REL * self.cap[n].max(1.0)
+    }
+
+    fn find_slot(&self, u: UnitIdx, c: ClusterIdx) -> Option<u32> {
+        let mut s = self.head[u as usize];
+        while s != NONE {
+            let slot = &self.slots[s as usize];
+            if slot.cluster == c {
+                return Some(s);
+            }
+            s = slot.next;
+        }
+        None
+    }
+
+    fn held(&self, u: UnitIdx, c: ClusterIdx) -> f64 {
+        self.find_slot(u, c)
+            .map_or(0.0, |s| self.slots[s as usize].amount)
+    }
+
+    /// Drains the stack of units with unplaced demand.
+    fn run(&mut self) {
+        let bound = self.stats.proposals + proposal_bound(self.inst);
+        while let Some(u) = self.stack.pop() {
+            self.queued[u as usize] = false;
+            if self.stats.proposals >= bound {
+                self.stats.proposal_bound_hit = true;
+                continue; // what is unplaced stays unplaced: reported as overflow
+            }
+            self.propose(u);
+        }
+    }
+
+    fn propose(&mut self, u: UnitIdx) {
+        let range = self.inst.candidate_range(u);
+        let tol = self.tol(u);
+        while self.unplaced[u as usize] > tol && usize::from(self.next[u as usize]) < range.len() {
+            let i = range.start + usize::from(self.next[u as usize]);
+            if !self.offer(u, i) {
+                self.next[u as usize] += 1;
+            }
+        }
+    }
+
+    /// Offers all of `u`'s unplaced demand to its candidate at arena index `i`; returns whether
+    /// all of it was accepted.
+    fn offer(&mut self, u: UnitIdx, i: usize) -> bool {
+        self.stats.proposals += 1;
+        let c = self.inst.units.cand_cluster[i];
+        if !self.up[c as usize] {
+            return false;
+        }
+        let k = self.inst.units.class[u as usize];
+        let x = self.unplaced[u as usize];
+        let key = self.key(u, i);
+        let path = self.paths.range(c, k);
+
+        // Size the offer: at each node, free capacity plus what worse holders could give up.
+        let mut accept = x;
+        for (p, pi) in path.clone().enumerate() {
+            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
+            self.scratch[p].clear();
+            let free = self.cap[n] - self.used[n];
+            let need = x * q - free;
+            if need <= self.node_tol(n) {
+                continue;
+            }
+            let mut got = 0.0;
+            let mut last = u64::MAX;
+            while got < need {
+                let Some(&top) = self.heap[n].peek() else {
+                    break;
+                };
+                if top <= key {
+                    break;
+                }
+                self.heap[n].pop();
+                if top == last {
+                    continue; // a duplicate entry of the unit just taken
+                }
+                let v = (top & UNIT_MASK) as UnitIdx;
+                let amount = self.held(v, c);
+                if amount <= 0.0 {
+                    continue; // stale: v no longer holds anything here
+                }
+                last = top;
+                got += amount * self.node_coef(n, v);
+                self.scratch[p].push(top);
+            }
+            accept = accept.min(((free + got) / q).max(0.0));
+        }
+        if accept <= self.tol(u) {
+            for (p, pi) in path.enumerate() {
+                let n = self.paths.node[pi] as usize;
+                for e in self.scratch[p].drain(..) {
+                    self.heap[n].push(e);
+                }
+            }
+            return false;
+        }
+
+        // Evict, leaf first, the least-liked holders until `accept` fits at every node.
+        for (p, pi) in path.clone().enumerate() {
+            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
+            let entries = std::mem::take(&mut self.scratch[p]);
+            for &e in &entries {
+                let need = accept * q - (self.cap[n] - self.used[n]);
+                if need <= self.node_tol(n) {
+                    self.heap[n].push(e);
+                    continue;
+                }
+                let v = (e & UNIT_MASK) as UnitIdx;
+                let amount = self.held(v, c);
+                if amount <= 0.0 {
+                    continue; // evicted in full at a node below
+                }
+                let qv = self.node_coef(n, v);
+                self.stats.evictions += 1;
+                if amount * qv <= need + self.node_tol(n) {
+                    self.remove(v, c, amount);
+                } else {
+                    self.remove(v, c, need / qv);
+                    self.heap[n].push(e);
+                }
+            }
+            self.scratch[p] = entries;
+        }
+
+        self.add(u, c, key, accept);
+        if accept >= x {
+            self.unplaced[u as usize] = 0.0;
+            true
+        } else {
+            self.unplaced[u as usize] = x - accept;
+            false
+        }
+    }
+
+    /// Places `amount` of `u` at `c`, adding heap entries if `u` held nothing there.
+    fn add(&mut self, u: UnitIdx, c: ClusterIdx, key: u64, amount: f64) {
+        let path = self.paths.range(c, self.inst.units.class[u as usize]);
+        match self.find_slot(u, c) {
+            Some(s) => self.slots[s as usize].amount += amount,
+            None => {
+                let slot = Slot {
+                    cluster: c,
+                    next: self.head[u as usize],
+                    amount,
+                };
+                let s = match self.free_slots.pop() {
+                    Some(s) => {
+                        self.slots[s as usize] = slot;
+                        s
+                    }
+                    None => {
+                        self.slots.push(slot);
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.head[u as usize] = s;
+                for pi in path.clone() {
+                    self.heap[self.paths.node[pi] as usize].push(key);
+                }
+            }
+        }
+        for pi in path {
+            self.used[self.paths.node[pi] as usize] += amount * self.paths.coef[pi];
+        }
+    }
+
+    /// Takes `amount` of `v`'s holding at `c` back into `v`'s unplaced demand (all of it if
+    /// what would remain is noise) and queues `v` to offer it again.
+    fn remove(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
+        let Some(s) = self.find_slot(v, c) else {
+            return;
+        };
+        let held = self.slots[s as usize].amount;
+        let amount = if held - amount <= self.tol(v) {
+            self.unlink(v, s);
+            held
+        } else {
+            self.slots[s as usize].amount = held - amount;
+            amount
+        };
+        for pi in self.paths.range(c, self.inst.units.class[v as usize]) {
+            self.used[self.paths.node[pi] as usize] -= amount * self.paths.coef[pi];
+        }
+        self.unplaced[v as usize] += amount;
+        if !self.queued[v as usize] {
+            self.queued[v as usize] = true;
+            self.stack.push(v);
+        }
+    }
+
+    fn unlink(&mut self, v: UnitIdx, s: u32) {
+        let next = self.slots[s as usize].next;
+        if self.head[v as usize] == s {
+            self.head[v as usize] = next;
+        } else {
+            let mut p = self.head[v as usize];
+            while self.slots[p as usize].next != s {
+                p = self.slots[p as usize].next;
+            }
+            self.slots[p as usize].next = next;
+        }
+        self.slots[s as usize].amount = 0.0;
+        self.free_slots.push(s);
+    }
+
+    /// Whether cluster `c` (candidate arena index `i` of `u`) could take more of `u`: at every
+    /// node of the path there is free room or a holder it likes less.
+    fn could_take_more(&mut self, u: UnitIdx, i: usize) -> bool {
+        let c = self.inst.units.cand_cluster[i];
+        if !self.up[c as usize] {
+            return false;
+        }
+        let key = self.key(u, i);
+        let tol = self.tol(u);
+        for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
+            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
+            let free = self.cap[n] - self.used[n];
+            if free > self.node_tol(n) && free / q > tol {
+                continue;
+            }
+            // Clean stale entries off the top, then ask whether the worst holder is worse.
+            while let Some(&top) = self.heap[n].peek() {
+                if self.held((top & UNIT_MASK) as UnitIdx, c) > 0.0 {
+                    break;
+                }
+                self.heap[n].pop();
+            }
+            match self.heap[n].peek() {
+                Some(&top) if top > key => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// For every unit in a blocking pair, the position of its best blocking candidate.
+    fn find_blocking(&mut self) -> Vec<(UnitIdx, usize)> {
+        let mut out = Vec::new();
+        for u in 0..self.inst.unit_count() as UnitIdx {
+            let range = self.inst.candidate_range(u);
+            // Candidates before `worst` are ones u likes more than some of its demand's place.
+            let worst = if self.unplaced[u as usize] > self.tol(u) {
+                range.len()
+            } else {
+                let mut w = 0;
+                let mut s = self.head[u as usize];
+                while s != NONE {
+                    let slot = self.slots[s as usize];
+                    if let Some(j) = self.inst.units.cand_cluster[range.clone()]
+                        .iter()
+                        .position(|&c| c == slot.cluster)
+                    {
+                        w = w.max(j);
+                    }
+                    s = slot.next;
+                }
+                w
+            };
+            if let Some(j) = (0..worst).find(|&j| self.could_take_more(u, range.start + j)) {
+                out.push((u, j));
+            }
+        }
+        out
+    }
+
+    /// Withdraws `u`'s holdings at candidates after position `j` and queues it to offer again
+    /// from `j` on.
+    fn withdraw_after(&mut self, u: UnitIdx, j: usize) {
+        let range = self.inst.candidate_range(u);
+        for &c in &self.inst.units.cand_cluster[range.start + j + 1..range.end] {
+            let held = self.held(u, c);
+            if held > 0.0 {
+                self.remove(u, c, held);
+            }
+        }
+        self.next[u as usize] = j as u8;
+        if !self.queued[u as usize] {
+            self.queued[u as usize] = true;
+            self.stack.push(u);
+        }
+    }
+
+    fn to_map(&self) -> Map {
+        let n = self.inst.unit_count();
+        let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
+        for u in 0..n as UnitIdx {
+            let range = self.inst.candidate_range(u);
+            let allocs = self.inst.units.cand_cluster[range].iter().filter_map(|&c| {
+                let amount = self.held(u, c);
+                (amount > 0.0).then_some(Allocation { cluster: c, amount })
+            });
+            map.push_unit(allocs, self.unplaced[u as usize]);
+        }
+        map
+    }
+
+    fn heap_bytes(&self) -> usize {
+        let n = self.unplaced.capacity();
+        self.heap.iter().map(|h| h.capacity() * 8).sum::<usize>()
+            + self.heap.capacity() * std::mem::size_of::<BinaryHeap<u64>>()
+            + n * (8 + 1 + 4 + 1)
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.free_slots.capacity() * 4
+            + self.stack.capacity() * 4
+            + self.paths.node.capacity() * 12
+            + self.used.capacity() * 16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::parse_instance;
+    use crate::model::Limits;
+
+    /// DESIGN.md's worked example: 20 units of video arrive, then 26 of apps; the Fps node B
+    /// would need 31, so 4 units of video are evicted to their next candidate and all apps fit.
+    #[test]
+    fn worked_eviction_example() {
+        let json = r#"{
+          "traffic_classes": [
+            {"name": "video", "priority": 1, "per_unit": {"bps": 1.0, "fps": 0.25}},
+            {"name": "apps", "priority": 0, "per_unit": {"bps": 0.25, "fps": 1.0}}],
+          "clusters": [
+            {"id": "c1", "lat": 0, "lon": 0, "resources":
+              {"name": "A", "kind": "bps", "capacity": 26.5, "children": [
+                {"name": "B", "kind": "fps", "capacity": 30, "children": [
+                  {"name": "video", "kind": "fps", "capacity": 1000, "classes": ["video"]},
+                  {"name": "apps", "kind": "fps", "capacity": 1000, "classes": ["apps"]}]}]}},
+            {"id": "c2", "lat": 0, "lon": 0, "resources":
+              {"name": "root", "kind": "bps", "capacity": 1000, "classes": ["video"]}}],
+          "map_units": [
+            {"id": "1-video", "class": "video", "demand": 20, "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "c1", "score": 5}, {"cluster": "c2", "score": 9}]},
+            {"id": "2-apps", "class": "apps", "demand": 26, "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "c1", "score": 5}]}]
+        }"#;
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid instance");
+        let sol = solve(&inst, &SolveOptions::default());
+        let video = inst.unit_index("1-video").expect("unit");
+        let apps = inst.unit_index("2-apps").expect("unit");
+        let c1 = inst.cluster_index("c1").expect("cluster");
+        let c2 = inst.cluster_index("c2").expect("cluster");
+        let got = |u| {
+            sol.map
+                .allocations(u)
+                .iter()
+                .map(|a| (a.cluster, a.amount))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(got(video), vec![(c1, 16.0), (c2, 4.0)]);
+        assert_eq!(got(apps), vec![(c1, 26.0)]);
+        assert_eq!(sol.map.total_overflow(), 0.0);
+        assert_eq!(sol.stats.evictions, 1);
+        assert_eq!(sol.stats.blocking_pairs_left, 0);
+    }
 }
