@@ -23,11 +23,15 @@ pub enum ModelError {
     UnknownClass { subject: String, class: String },
     #[error("map unit {map_unit:?}: unknown cluster {cluster:?}")]
     UnknownCluster { map_unit: String, cluster: String },
-    #[error("cluster {cluster:?}: resource node {node:?} is referenced as a child but not defined")]
+    #[error(
+        "cluster {cluster:?}: resource node {node:?} is referenced as a child but not defined"
+    )]
     UnknownNode { cluster: String, node: String },
     #[error("cluster {cluster:?}: resource tree has a cycle through node {node:?}")]
     TreeCycle { cluster: String, node: String },
-    #[error("cluster {cluster:?}: resource node {node:?} is a child of both {first:?} and {second:?}")]
+    #[error(
+        "cluster {cluster:?}: resource node {node:?} is a child of both {first:?} and {second:?}"
+    )]
     SharedChild {
         cluster: String,
         node: String,
@@ -48,7 +52,9 @@ pub enum ModelError {
         class: String,
         node: String,
     },
-    #[error("cluster {cluster:?}: class {class:?} is attached to two leaves, {first:?} and {second:?}")]
+    #[error(
+        "cluster {cluster:?}: class {class:?} is attached to two leaves, {first:?} and {second:?}"
+    )]
     ClassOnTwoLeaves {
         cluster: String,
         class: String,

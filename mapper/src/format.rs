@@ -228,7 +228,11 @@ fn nested(cluster: &crate::model::Cluster, i: u32, instance: &Instance) -> Neste
             .iter()
             .map(|&k| instance.classes()[usize::from(k)].name.clone())
             .collect(),
-        children: n.children.iter().map(|&c| nested(cluster, c, instance)).collect(),
+        children: n
+            .children
+            .iter()
+            .map(|&c| nested(cluster, c, instance))
+            .collect(),
     }
 }
 
@@ -252,7 +256,10 @@ impl Serialize for UnitView<'_> {
         let (lat, lon) = inst.unit_location(u);
         let mut st = s.serialize_struct("MapUnit", 7)?;
         st.serialize_field("id", inst.unit_id(u))?;
-        st.serialize_field("class", &inst.classes()[usize::from(inst.unit_class(u))].name)?;
+        st.serialize_field(
+            "class",
+            &inst.classes()[usize::from(inst.unit_class(u))].name,
+        )?;
         st.serialize_field("demand", &inst.unit_demand(u))?;
         st.serialize_field("prefixes", inst.unit_prefixes(u))?;
         st.serialize_field("lat", &lat)?;

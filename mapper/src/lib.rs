@@ -9,12 +9,17 @@ pub mod format;
 pub mod map;
 pub mod model;
 pub mod solve;
+pub mod verify;
 
 pub use error::ModelError;
 pub use map::{churn, Allocation, Map};
 pub use model::{
-    Candidate, CandidateSpec, Cluster, ClusterIdx, ClusterSpec, ClusterState, ClassIdx, Instance,
+    Candidate, CandidateSpec, ClassIdx, Cluster, ClusterIdx, ClusterSpec, ClusterState, Instance,
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
     TrafficClass, UnitIdx,
 };
 pub use solve::{solve, Solution, SolveOptions, SolveStats};
+pub use verify::{
+    verify, verify_with, BlockingPair, CapacityViolation, ConservationViolation, Placement, Report,
+    ShapeMismatch, Tolerances,
+};

@@ -113,7 +113,10 @@ fn shares(map: &Map, u: UnitIdx) -> Vec<(u32, f64)> {
     if total <= 0.0 {
         return Vec::new();
     }
-    let mut out: Vec<(u32, f64)> = allocs.iter().map(|a| (a.cluster, a.amount / total)).collect();
+    let mut out: Vec<(u32, f64)> = allocs
+        .iter()
+        .map(|a| (a.cluster, a.amount / total))
+        .collect();
     if over > 0.0 {
         out.push((u32::MAX, over / total));
     }

@@ -156,7 +156,10 @@ pub struct Cluster {
 impl Cluster {
     /// The leaf carrying `class`, or `None` if the cluster does not serve it.
     pub fn leaf_of(&self, class: ClassIdx) -> Option<u32> {
-        self.leaf_of_class.get(usize::from(class)).copied().flatten()
+        self.leaf_of_class
+            .get(usize::from(class))
+            .copied()
+            .flatten()
     }
 
     pub fn serves(&self, class: ClassIdx) -> bool {
@@ -201,6 +204,9 @@ pub struct Candidate {
     pub explicit_rank: bool,
 }
 
+/// The stored rank of a candidate without an explicit `cluster_rank`.
+pub(crate) const NO_RANK: f32 = f32::INFINITY;
+
 /// Map units, column-wise. Candidates of unit `u` are `cand_*[cand_start[u]..cand_start[u + 1]]`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct MapUnits {
@@ -214,7 +220,8 @@ pub(crate) struct MapUnits {
     pub(crate) cand_start: Vec<u32>,
     pub(crate) cand_cluster: Vec<ClusterIdx>,
     pub(crate) cand_score: Vec<f32>,
-    /// Explicit cluster ranks, NaN where none was given; absent when no candidate has one.
+    /// Explicit cluster ranks, [`NO_RANK`] where none was given; absent when no candidate has
+    /// one. (Input ranks are finite, so infinity is free to mean "none" and compares equal.)
     pub(crate) cand_rank: Option<Vec<f32>>,
 }
 
@@ -315,7 +322,12 @@ impl Instance {
 
     pub(crate) fn candidate_at(&self, i: usize) -> Candidate {
         let score = self.units.cand_score[i];
-        let explicit = self.units.cand_rank.as_ref().map(|r| r[i]).filter(|r| !r.is_nan());
+        let explicit = self
+            .units
+            .cand_rank
+            .as_ref()
+            .map(|r| r[i])
+            .filter(|&r| r != NO_RANK);
         Candidate {
             cluster: self.units.cand_cluster[i],
             score,
@@ -368,12 +380,18 @@ pub struct InstanceBuilder {
     class_by_name: HashMap<String, ClassIdx>,
     cluster_by_id: HashMap<String, ClusterIdx>,
     units: MapUnits,
-    /// Per cluster, the last unit (plus one) that named it as a candidate: finds duplicates.
+    /// Per cluster, the `push_unit` call that last named it as a candidate: finds duplicates.
     seen_stamp: Vec<u32>,
+    /// Counts `push_unit` calls (refused ones too, so their marks never match a later call).
+    stamp: u32,
     scratch: Vec<(f32, ClusterIdx, f32)>,
 }
 
-fn check_number(subject: impl Fn() -> String, field: &'static str, value: f64) -> Result<(), ModelError> {
+fn check_number(
+    subject: impl Fn() -> String,
+    field: &'static str,
+    value: f64,
+) -> Result<(), ModelError> {
     if value.is_finite() && value >= 0.0 {
         Ok(())
     } else {
@@ -386,7 +404,11 @@ fn check_number(subject: impl Fn() -> String, field: &'static str, value: f64) -
     }
 }
 
-fn check_f32(subject: impl Fn() -> String, field: &'static str, value: f64) -> Result<f32, ModelError> {
+fn check_f32(
+    subject: impl Fn() -> String,
+    field: &'static str,
+    value: f64,
+) -> Result<f32, ModelError> {
     check_number(&subject, field, value)?;
     let narrow = value as f32;
     if narrow.is_finite() {
@@ -422,10 +444,15 @@ fn check_location(subject: impl Fn() -> String, lat: f64, lon: f64) -> Result<()
     Ok(())
 }
 
-fn too_many(subject: String, what: &'static str, count: usize, limit: usize) -> Result<(), ModelError> {
+fn too_many(
+    subject: impl FnOnce() -> String,
+    what: &'static str,
+    count: usize,
+    limit: usize,
+) -> Result<(), ModelError> {
     if count > limit {
         Err(ModelError::TooMany {
-            subject,
+            subject: subject(),
             what,
             count,
             limit,
@@ -443,13 +470,23 @@ impl InstanceBuilder {
         limits: Limits,
     ) -> Result<Self, ModelError> {
         too_many(
-            "limits".into(),
+            || "limits".into(),
             "candidates per map unit allowed",
             limits.max_candidates,
             MAX_CANDIDATES_CEILING,
         )?;
-        too_many("instance".into(), "traffic classes", classes.len(), MAX_CLASSES)?;
-        too_many("instance".into(), "clusters", clusters.len(), MAX_CLUSTERS)?;
+        too_many(
+            || "instance".into(),
+            "traffic classes",
+            classes.len(),
+            MAX_CLASSES,
+        )?;
+        too_many(
+            || "instance".into(),
+            "clusters",
+            clusters.len(),
+            MAX_CLUSTERS,
+        )?;
         let mut class_by_name = HashMap::with_capacity(classes.len());
         for (i, class) in classes.iter().enumerate() {
             if class.name.is_empty() {
@@ -461,7 +498,10 @@ impl InstanceBuilder {
             let subject = || format!("traffic class {:?}", class.name);
             check_number(subject, "per_unit.bps", class.per_unit.bps)?;
             check_number(subject, "per_unit.fps", class.per_unit.fps)?;
-            if class_by_name.insert(class.name.clone(), i as ClassIdx).is_some() {
+            if class_by_name
+                .insert(class.name.clone(), i as ClassIdx)
+                .is_some()
+            {
                 return Err(ModelError::DuplicateId {
                     what: "traffic class",
                     id: class.name.clone(),
@@ -499,6 +539,7 @@ impl InstanceBuilder {
         Ok(InstanceBuilder {
             limits,
             seen_stamp: vec![0; clusters.len()],
+            stamp: 0,
             classes,
             clusters,
             node_offset,
@@ -536,35 +577,50 @@ impl InstanceBuilder {
             });
         }
         let unit_index = self.units.ids.len();
-        too_many("instance".into(), "map units", unit_index + 1, MAX_MAP_UNITS)?;
+        too_many(
+            || "instance".into(),
+            "map units",
+            unit_index + 1,
+            MAX_MAP_UNITS,
+        )?;
         let subject = || format!("map unit {:?}", spec.id);
-        let class = *self
-            .class_by_name
-            .get(spec.class)
-            .ok_or_else(|| ModelError::UnknownClass {
-                subject: subject(),
-                class: spec.class.to_string(),
-            })?;
+        let class =
+            *self
+                .class_by_name
+                .get(spec.class)
+                .ok_or_else(|| ModelError::UnknownClass {
+                    subject: subject(),
+                    class: spec.class.to_string(),
+                })?;
         check_number(subject, "demand", spec.demand)?;
         check_location(subject, spec.lat, spec.lon)?;
-        too_many(subject(), "prefixes", spec.prefixes.len(), MAX_PREFIXES_PER_UNIT)?;
         too_many(
-            subject(),
+            subject,
+            "prefixes",
+            spec.prefixes.len(),
+            MAX_PREFIXES_PER_UNIT,
+        )?;
+        too_many(
+            subject,
             "candidates",
             spec.candidates.len(),
             self.limits.max_candidates,
         )?;
-        let stamp = unit_index as u32 + 1;
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.seen_stamp.fill(0);
+            self.stamp = 1;
+        }
+        let stamp = self.stamp;
         self.scratch.clear();
         let mut any_rank = false;
         for cand in spec.candidates {
-            let c = *self
-                .cluster_by_id
-                .get(cand.cluster)
-                .ok_or_else(|| ModelError::UnknownCluster {
+            let c = *self.cluster_by_id.get(cand.cluster).ok_or_else(|| {
+                ModelError::UnknownCluster {
                     map_unit: spec.id.to_string(),
                     cluster: cand.cluster.to_string(),
-                })?;
+                }
+            })?;
             if self.seen_stamp[c as usize] == stamp {
                 return Err(ModelError::DuplicateCandidate {
                     map_unit: spec.id.to_string(),
@@ -586,7 +642,7 @@ impl InstanceBuilder {
                     any_rank = true;
                     check_f32(cand_subject, "cluster_rank", r)?
                 }
-                None => f32::NAN,
+                None => NO_RANK,
             };
             self.scratch.push((score, c, rank));
         }
@@ -597,7 +653,7 @@ impl InstanceBuilder {
         let u = &mut self.units;
         if any_rank && u.cand_rank.is_none() {
             let mut ranks = Vec::with_capacity(u.cand_cluster.capacity());
-            ranks.resize(u.cand_cluster.len(), f32::NAN);
+            ranks.resize(u.cand_cluster.len(), NO_RANK);
             u.cand_rank = Some(ranks);
         }
         for &(score, c, rank) in &self.scratch {
@@ -649,18 +705,28 @@ fn sort_units(units: MapUnits) -> MapUnits {
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_by(|&a, &b| units.ids[a as usize].cmp(&units.ids[b as usize]));
     let mut out = MapUnits {
-        cand_rank: units.cand_rank.as_ref().map(|_| Vec::with_capacity(units.cand_cluster.len())),
+        cand_rank: units
+            .cand_rank
+            .as_ref()
+            .map(|_| Vec::with_capacity(units.cand_cluster.len())),
         ..MapUnits::default()
     };
     out.prefix_start.push(0);
     out.cand_start.push(0);
     for &i in &order {
         let i = i as usize;
-        let (p0, p1) = (units.prefix_start[i] as usize, units.prefix_start[i + 1] as usize);
+        let (p0, p1) = (
+            units.prefix_start[i] as usize,
+            units.prefix_start[i + 1] as usize,
+        );
         out.prefixes.extend_from_slice(&units.prefixes[p0..p1]);
         out.prefix_start.push(out.prefixes.len() as u32);
-        let (c0, c1) = (units.cand_start[i] as usize, units.cand_start[i + 1] as usize);
-        out.cand_cluster.extend_from_slice(&units.cand_cluster[c0..c1]);
+        let (c0, c1) = (
+            units.cand_start[i] as usize,
+            units.cand_start[i + 1] as usize,
+        );
+        out.cand_cluster
+            .extend_from_slice(&units.cand_cluster[c0..c1]);
         out.cand_score.extend_from_slice(&units.cand_score[c0..c1]);
         if let (Some(dst), Some(src)) = (out.cand_rank.as_mut(), units.cand_rank.as_ref()) {
             dst.extend_from_slice(&src[c0..c1]);
@@ -673,6 +739,20 @@ fn sort_units(units: MapUnits) -> MapUnits {
         out.lon.push(units.lon[i]);
     }
     out
+}
+
+/// A node on the cycle that the parent chain from `start` runs into (the caller knows there is
+/// one: the chain never reaches a root).
+fn on_cycle(start: usize, parent: &[Option<usize>]) -> usize {
+    // After `parent.len()` steps the walk is inside the cycle.
+    let mut i = start;
+    for _ in 0..parent.len() {
+        match parent[i] {
+            Some(p) => i = p,
+            None => break,
+        }
+    }
+    i
 }
 
 /// Validates one cluster and its resource tree, and puts the nodes in pre-order.
@@ -688,9 +768,14 @@ fn build_cluster(
         });
     }
     check_location(|| format!("cluster {cid:?}"), spec.lat, spec.lon)?;
-    too_many(format!("cluster {cid:?}"), "addresses", spec.addresses.len(), MAX_ADDRESSES)?;
     too_many(
-        format!("cluster {cid:?}"),
+        || format!("cluster {cid:?}"),
+        "addresses",
+        spec.addresses.len(),
+        MAX_ADDRESSES,
+    )?;
+    too_many(
+        || format!("cluster {cid:?}"),
         "resource nodes",
         spec.resources.len(),
         MAX_TREE_NODES,
@@ -724,10 +809,12 @@ fn build_cluster(
     let mut parent: Vec<Option<usize>> = vec![None; nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
         for child in &n.children {
-            let &c = by_name.get(child.as_str()).ok_or_else(|| ModelError::UnknownNode {
-                cluster: cid.clone(),
-                node: child.clone(),
-            })?;
+            let &c = by_name
+                .get(child.as_str())
+                .ok_or_else(|| ModelError::UnknownNode {
+                    cluster: cid.clone(),
+                    node: child.clone(),
+                })?;
             if let Some(p) = parent[c] {
                 return Err(ModelError::SharedChild {
                     cluster: cid.clone(),
@@ -744,7 +831,7 @@ fn build_cluster(
         // Every node has a parent: following parents from any node must loop.
         return Err(ModelError::TreeCycle {
             cluster: cid,
-            node: nodes[0].name.clone(),
+            node: nodes[on_cycle(0, &parent)].name.clone(),
         });
     };
     if let Some(other) = roots.next() {
@@ -770,9 +857,11 @@ fn build_cluster(
         );
     }
     if let Some(i) = (0..nodes.len()).find(|&i| new_index[i] == u32::MAX) {
+        // Not reachable from the root, yet every node but the root has a parent: the parent
+        // chain from here ends in a cycle.
         return Err(ModelError::TreeCycle {
             cluster: cid,
-            node: nodes[i].name.clone(),
+            node: nodes[on_cycle(i, &parent)].name.clone(),
         });
     }
     let mut leaf_of_class: Vec<Option<u32>> = vec![None; class_by_name.len()];
@@ -781,10 +870,12 @@ fn build_cluster(
         let n = &nodes[i];
         let mut classes = Vec::with_capacity(n.classes.len());
         for class in &n.classes {
-            let &k = class_by_name.get(class.as_str()).ok_or_else(|| ModelError::UnknownClass {
-                subject: format!("cluster {cid:?}: resource node {:?}", n.name),
-                class: class.clone(),
-            })?;
+            let &k = class_by_name
+                .get(class.as_str())
+                .ok_or_else(|| ModelError::UnknownClass {
+                    subject: format!("cluster {cid:?}: resource node {:?}", n.name),
+                    class: class.clone(),
+                })?;
             if !n.children.is_empty() {
                 return Err(ModelError::ClassNotOnLeaf {
                     cluster: cid.clone(),
@@ -818,10 +909,12 @@ fn build_cluster(
     }
     if let Some(serves) = &spec.serves {
         for class in serves {
-            let &k = class_by_name.get(class.as_str()).ok_or_else(|| ModelError::UnknownClass {
-                subject: format!("cluster {cid:?}"),
-                class: class.clone(),
-            })?;
+            let &k = class_by_name
+                .get(class.as_str())
+                .ok_or_else(|| ModelError::UnknownClass {
+                    subject: format!("cluster {cid:?}"),
+                    class: class.clone(),
+                })?;
             if leaf_of_class[usize::from(k)].is_none() {
                 return Err(ModelError::NoLeafForClass {
                     cluster: cid.clone(),

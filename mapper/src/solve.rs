@@ -30,7 +30,7 @@
 use std::collections::BinaryHeap;
 
 use crate::map::{Allocation, Map};
-use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
+use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx, NO_RANK};
 
 /// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise.
 pub const EPS_REL: f64 = 1e-9;
@@ -133,7 +133,8 @@ impl Paths {
                 for local in cluster.path(k as ClassIdx) {
                     let q = class.per_unit.get(cluster.nodes[local as usize].kind);
                     if q > 0.0 {
-                        p.node.push(inst.global_node(ci as ClusterIdx, local) as u32);
+                        p.node
+                            .push(inst.global_node(ci as ClusterIdx, local) as u32);
                         p.coef.push(q);
                     }
                 }
@@ -264,10 +265,12 @@ impl<'a> Solver<'a> {
             .cand_rank
             .as_ref()
             .map(|r| r[i])
-            .filter(|r| !r.is_nan())
+            .filter(|&r| r != NO_RANK)
             .unwrap_or(units.cand_score[i]);
         let k = units.class[u as usize];
-        (self.prio_rank[usize::from(k)] << 56) | (u64::from(rank.to_bits()) << UNIT_BITS) | u64::from(u)
+        (self.prio_rank[usize::from(k)] << 56)
+            | (u64::from(rank.to_bits()) << UNIT_BITS)
+            | u64::from(u)
     }
 
     fn node_coef(&self, n: usize, u: UnitIdx) -> f64 {

@@ -1,4 +1,24 @@
-//! The operator's command line.
-pub fn run() -> anyhow::Result<()> {
-    Ok(())
+//! The operator's command line: generate worlds, solve and verify instance files, benchmark.
+//!
+//! Everything here is a thin shell around the pure `cdnmap-mapper` core: read files, call the
+//! core, print and write results. Errors carry the file and the problem (`anyhow` context).
+
+pub mod alloc;
+pub mod bench;
+pub mod cli;
+pub mod report;
+pub mod world;
+
+use std::process::ExitCode;
+
+/// Runs the command line and turns its outcome into an exit code: 0 success, 1 a verification
+/// found violations, 2 an error (bad input, unreadable file).
+pub fn main() -> ExitCode {
+    match cli::run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }
