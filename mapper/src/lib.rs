@@ -18,7 +18,7 @@ pub use model::{
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
     TrafficClass, UnitIdx,
 };
-pub use solve::{solve, Solution, SolveOptions, SolveStats};
+pub use solve::{solve, Arrival, Solution, SolveOptions, SolveStats};
 pub use verify::{
     verify, verify_with, BlockingPair, CapacityViolation, ConservationViolation, Placement, Report,
     ShapeMismatch, Tolerances,

@@ -198,6 +198,7 @@ fn solve_and_report(
 ) -> (cdnmap_mapper::Solution, Summary) {
     let options = SolveOptions {
         max_repair_rounds: repair_rounds,
+        ..SolveOptions::default()
     };
     let t = Instant::now();
     let sol = solve(inst, &options);
