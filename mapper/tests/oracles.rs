@@ -313,16 +313,20 @@ fn tiny_strategy() -> impl Strategy<Value = Tiny> {
         [0u32..3, 0u32..3],
         prop::bool::weighted(0.85),
     );
-    let cand = (0usize..3, 0u32..3, prop::option::of(0u32..3));
-    let unit = (0usize..2, 0u32..3, prop::collection::vec(cand, 0..4));
+    // Explicit cluster ranks are likely, so clusters and units often disagree and several stable
+    // allocations exist (brute_force_cases_are_interesting checks that they do).
+    let cand = (0usize..3, 0u32..3, prop::option::weighted(0.8, 0u32..4));
+    let unit = (0usize..2, 0u32..3, prop::collection::vec(cand, 1..4));
     (
         [0u32..2, 0u32..2],
         prop::collection::vec(cluster, 1..4),
-        prop::collection::vec(unit, 1..4),
+        prop::collection::vec(unit, 1..5),
     )
         .prop_map(|(priorities, clusters, mut units)| {
             for u in &mut units {
-                u.2.retain(|c| c.0 < clusters.len());
+                for c in &mut u.2 {
+                    c.0 %= clusters.len();
+                }
                 let mut seen = Vec::new();
                 u.2.retain(|c| {
                     let fresh = !seen.contains(&c.0);
@@ -336,6 +340,43 @@ fn tiny_strategy() -> impl Strategy<Value = Tiny> {
                 units,
             }
         })
+}
+
+/// Tiny instances built for disagreement: every unit lists every cluster with its own score and
+/// an explicit cluster rank, one priority, scarce capacity; several stable allocations are common.
+fn conflict_strategy() -> impl Strategy<Value = Tiny> {
+    (2usize..4, 2usize..5).prop_flat_map(|(clusters, units)| {
+        let cluster = (Just(false), 1u32..3, Just([0u32, 0]), Just(true));
+        let unit = (
+            0usize..2,
+            1u32..3,
+            prop::collection::vec((0u32..3, 0u32..4), clusters),
+        );
+        (
+            prop::collection::vec(cluster, clusters),
+            prop::collection::vec(unit, units),
+        )
+            .prop_map(|(clusters, units)| Tiny {
+                priorities: [0, 0],
+                clusters,
+                units: units
+                    .into_iter()
+                    .map(|(k, d, prefs)| {
+                        let cands = prefs
+                            .into_iter()
+                            .enumerate()
+                            .map(|(c, (score, rank))| (c, score, Some(rank)))
+                            .collect();
+                        (k, d, cands)
+                    })
+                    .collect(),
+            })
+    })
+}
+
+/// Both kinds of tiny instance.
+fn any_tiny() -> impl Strategy<Value = Tiny> {
+    prop_oneof![tiny_strategy(), conflict_strategy()]
 }
 
 const CLASSES: [&str; 2] = ["a", "b"];
@@ -506,41 +547,134 @@ fn dominates(a: &[u32], b: &[u32]) -> bool {
     })
 }
 
+/// What one brute-force comparison saw, so a test can check the cases are not all trivial.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    stable_allocations: usize,
+    overflow: bool,
+    below_first_choice: bool,
+}
+
+/// Compares the solver with the brute-force map-unit-optimal stable allocation.
+fn compare_with_brute_force(tiny: &Tiny) -> Result<Seen, TestCaseError> {
+    let inst = tiny.instance();
+    let stable: Vec<Vec<Vec<u32>>> = tiny
+        .all_allocations()
+        .into_iter()
+        .filter(|a| tiny.feasible(a) && tiny.stable(a))
+        .collect();
+    prop_assert!(!stable.is_empty(), "a stable allocation always exists");
+    let best = stable
+        .iter()
+        .find(|a| {
+            stable
+                .iter()
+                .all(|b| (0..a.len()).all(|m| dominates(&a[m], &b[m])))
+        })
+        .expect("a map-unit-optimal stable allocation exists");
+    let got = check(&inst);
+    let mut seen = Seen {
+        stable_allocations: stable.len(),
+        ..Seen::default()
+    };
+    for (m, want) in best.iter().enumerate() {
+        let id = format!("m{m}");
+        let row = got.iter().find(|r| r.0 == id).expect("unit");
+        let mut amounts: Vec<u32> = tiny
+            .ordered(m)
+            .iter()
+            .map(|&(c, _)| {
+                let name = format!("c{c}");
+                row.1.iter().find(|a| a.0 == name).map_or(0.0, |a| a.1) as u32
+            })
+            .collect();
+        amounts.push(row.2 as u32);
+        for (x, (_, amount)) in row.1.iter().enumerate() {
+            prop_assert_eq!(
+                amount.fract(),
+                0.0,
+                "allocation {} of {} is integral",
+                x,
+                id
+            );
+        }
+        prop_assert_eq!(&amounts, want, "unit {}", id);
+        seen.overflow |= row.2 > 0.0;
+        seen.below_first_choice |= amounts.len() > 1 && amounts[1..].iter().any(|&x| x > 0);
+    }
+    Ok(seen)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// On tiny instances the solver's map equals the map-unit-optimal stable allocation found by
     /// enumerating every integral allocation.
     #[test]
-    fn equals_brute_force_unit_optimal(tiny in tiny_strategy()) {
-        let inst = tiny.instance();
-        let stable: Vec<Vec<Vec<u32>>> = tiny
-            .all_allocations()
-            .into_iter()
-            .filter(|a| tiny.feasible(a) && tiny.stable(a))
-            .collect();
-        prop_assert!(!stable.is_empty(), "a stable allocation always exists");
-        let best = stable
-            .iter()
-            .find(|a| stable.iter().all(|b| (0..a.len()).all(|m| dominates(&a[m], &b[m]))))
-            .expect("a map-unit-optimal stable allocation exists");
-        let got = check(&inst);
-        for (m, want) in best.iter().enumerate() {
-            let id = format!("m{m}");
-            let row = got.iter().find(|r| r.0 == id).expect("unit");
-            let mut amounts: Vec<u32> = tiny
-                .ordered(m)
-                .iter()
-                .map(|&(c, _)| {
-                    let name = format!("c{c}");
-                    row.1.iter().find(|a| a.0 == name).map_or(0.0, |a| a.1) as u32
-                })
-                .collect();
-            amounts.push(row.2 as u32);
-            for (x, (_, amount)) in row.1.iter().enumerate() {
-                prop_assert_eq!(amount.fract(), 0.0, "allocation {} of {} is integral", x, id);
-            }
-            prop_assert_eq!(&amounts, want, "unit {}", id);
-        }
+    fn equals_brute_force_unit_optimal(tiny in any_tiny()) {
+        compare_with_brute_force(&tiny)?;
     }
+}
+
+/// The brute-force cases are not all trivial: a fixed-seed sample has instances with several
+/// stable allocations (where "map-unit-optimal" picks one), with overflow, and with demand
+/// pushed below its first choice.
+#[test]
+fn brute_force_cases_are_interesting() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let strategy = any_tiny();
+    let (mut several, mut overflow, mut pushed) = (0, 0, 0);
+    for _ in 0..300 {
+        let tiny = strategy.new_tree(&mut runner).expect("strategy").current();
+        let seen = compare_with_brute_force(&tiny).expect("matches the oracle");
+        several += usize::from(seen.stable_allocations > 1);
+        overflow += usize::from(seen.overflow);
+        pushed += usize::from(seen.below_first_choice);
+    }
+    // Measured with this seed: 10 of 300 with several stable allocations, ~180 with overflow.
+    assert!(
+        several >= 5,
+        "only {several} of 300 cases had several stable allocations"
+    );
+    assert!(overflow >= 20, "only {overflow} of 300 cases had overflow");
+    assert!(
+        pushed >= 20,
+        "only {pushed} of 300 cases pushed demand below a first choice"
+    );
+}
+
+/// The brute-force enumerator itself, on Gale–Shapley's 3×3 example: exactly three stable
+/// matchings (everyone's first, second or third choice).
+#[test]
+fn brute_force_finds_all_three_textbook_matchings() {
+    // Units m0..m2 = α β γ, clusters c0..c2 = A B C; score = man's rank, cluster_rank = woman's.
+    let ranks = [
+        [(1, 3), (2, 2), (3, 1)],
+        [(3, 1), (1, 3), (2, 2)],
+        [(2, 2), (3, 1), (1, 3)],
+    ];
+    let tiny = Tiny {
+        priorities: [0, 0],
+        clusters: vec![(false, 1, [0, 0], true); 3],
+        units: (0..3)
+            .map(|m| {
+                (
+                    0,
+                    1,
+                    (0..3)
+                        .map(|c| (c, ranks[m][c].0, Some(ranks[m][c].1)))
+                        .collect(),
+                )
+            })
+            .collect(),
+    };
+    let stable = tiny
+        .all_allocations()
+        .into_iter()
+        .filter(|a| tiny.feasible(a) && tiny.stable(a))
+        .count();
+    assert_eq!(stable, 3);
+    compare_with_brute_force(&tiny).expect("matches the oracle");
 }
