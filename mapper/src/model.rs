@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -207,7 +208,8 @@ pub struct Candidate {
 /// The stored rank of a candidate without an explicit `cluster_rank`.
 pub(crate) const NO_RANK: f32 = f32::INFINITY;
 
-/// Map units, column-wise. Candidates of unit `u` are `cand_*[cand_start[u]..cand_start[u + 1]]`.
+/// Map units, column-wise. Candidates of unit `u` are at `cand_start[u]..cand_start[u + 1]`
+/// of the [`CandidateColumns`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct MapUnits {
     pub(crate) ids: Vec<Box<str>>,
@@ -218,40 +220,55 @@ pub(crate) struct MapUnits {
     pub(crate) prefix_start: Vec<u32>,
     pub(crate) prefixes: Vec<IpNet>,
     pub(crate) cand_start: Vec<u32>,
-    pub(crate) cand_cluster: Vec<ClusterIdx>,
-    pub(crate) cand_score: Vec<f32>,
-    /// Explicit cluster ranks, [`NO_RANK`] where none was given; absent when no candidate has
-    /// one. (Input ranks are finite, so infinity is free to mean "none" and compares equal.)
-    pub(crate) cand_rank: Option<Vec<f32>>,
 }
 
-/// A validated, indexed, immutable problem instance.
+/// The candidates of all map units in one arena, each unit's in its preference order. Kept apart
+/// from [`MapUnits`] so that an instance with other preferences (stickiness) shares everything
+/// else.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct CandidateColumns {
+    pub(crate) cluster: Vec<ClusterIdx>,
+    pub(crate) score: Vec<f32>,
+    /// Explicit cluster ranks, [`NO_RANK`] where none was given; absent when no candidate has
+    /// one. (Input ranks are finite, so infinity is free to mean "none" and compares equal.)
+    pub(crate) rank: Option<Vec<f32>>,
+}
+
+/// Classes and clusters: what every round's instance shares unless the topology changes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Instance {
+struct Topology {
     classes: Vec<TrafficClass>,
     clusters: Vec<Cluster>,
     /// Global index of each cluster's node 0; `node_offset[clusters.len()]` is the node count.
     node_offset: Vec<u32>,
-    pub(crate) units: MapUnits,
     class_by_name: HashMap<String, ClassIdx>,
     cluster_by_id: HashMap<String, ClusterIdx>,
 }
 
+/// A validated, indexed, immutable problem instance. Cloning is cheap (three reference counts);
+/// instances derived from it (other preferences, a cluster's state) share what did not change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    topology: Arc<Topology>,
+    pub(crate) units: Arc<MapUnits>,
+    pub(crate) cands: Arc<CandidateColumns>,
+}
+
 impl Instance {
     pub fn classes(&self) -> &[TrafficClass] {
-        &self.classes
+        &self.topology.classes
     }
 
     pub fn clusters(&self) -> &[Cluster] {
-        &self.clusters
+        &self.topology.clusters
     }
 
     pub fn class_index(&self, name: &str) -> Option<ClassIdx> {
-        self.class_by_name.get(name).copied()
+        self.topology.class_by_name.get(name).copied()
     }
 
     pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
-        self.cluster_by_id.get(id).copied()
+        self.topology.cluster_by_id.get(id).copied()
     }
 
     /// The map unit with this id (binary search: units are sorted by id).
@@ -265,12 +282,12 @@ impl Instance {
 
     /// Number of resource nodes over all clusters.
     pub fn node_count(&self) -> usize {
-        self.node_offset.last().copied().unwrap_or(0) as usize
+        self.topology.node_offset.last().copied().unwrap_or(0) as usize
     }
 
     /// Global index of `cluster`'s local node `node` (0..node_count()).
     pub fn global_node(&self, cluster: ClusterIdx, node: u32) -> usize {
-        (self.node_offset[cluster as usize] + node) as usize
+        (self.topology.node_offset[cluster as usize] + node) as usize
     }
 
     pub fn unit_count(&self) -> usize {
@@ -321,15 +338,15 @@ impl Instance {
     }
 
     pub(crate) fn candidate_at(&self, i: usize) -> Candidate {
-        let score = self.units.cand_score[i];
+        let score = self.cands.score[i];
         let explicit = self
-            .units
-            .cand_rank
+            .cands
+            .rank
             .as_ref()
             .map(|r| r[i])
             .filter(|&r| r != NO_RANK);
         Candidate {
-            cluster: self.units.cand_cluster[i],
+            cluster: self.cands.cluster[i],
             score,
             rank: explicit.unwrap_or(score),
             explicit_rank: explicit.is_some(),
@@ -343,7 +360,7 @@ impl Instance {
 
     /// Total number of candidates over all map units.
     pub fn total_candidates(&self) -> usize {
-        self.units.cand_cluster.len()
+        self.cands.cluster.len()
     }
 
     pub fn total_demand(&self) -> f64 {
@@ -362,9 +379,9 @@ impl Instance {
             + u.prefix_start.capacity() * 4
             + u.prefixes.capacity() * std::mem::size_of::<IpNet>()
             + u.cand_start.capacity() * 4
-            + u.cand_cluster.capacity() * 4
-            + u.cand_score.capacity() * 4
-            + u.cand_rank.as_ref().map_or(0, |r| r.capacity() * 4)
+            + self.cands.cluster.capacity() * 4
+            + self.cands.score.capacity() * 4
+            + self.cands.rank.as_ref().map_or(0, |r| r.capacity() * 4)
     }
 }
 
@@ -380,6 +397,7 @@ pub struct InstanceBuilder {
     class_by_name: HashMap<String, ClassIdx>,
     cluster_by_id: HashMap<String, ClusterIdx>,
     units: MapUnits,
+    cands: CandidateColumns,
     /// Per cluster, the `push_unit` call that last named it as a candidate: finds duplicates.
     seen_stamp: Vec<u32>,
     /// Counts `push_unit` calls (refused ones too, so their marks never match a later call).
@@ -546,6 +564,7 @@ impl InstanceBuilder {
             class_by_name,
             cluster_by_id,
             units,
+            cands: CandidateColumns::default(),
             scratch: Vec::new(),
         })
     }
@@ -560,8 +579,8 @@ impl InstanceBuilder {
         u.lon.reserve_exact(units);
         u.prefix_start.reserve_exact(units);
         u.cand_start.reserve_exact(units);
-        u.cand_cluster.reserve_exact(candidates);
-        u.cand_score.reserve_exact(candidates);
+        self.cands.cluster.reserve_exact(candidates);
+        self.cands.score.reserve_exact(candidates);
     }
 
     pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
@@ -651,19 +670,20 @@ impl InstanceBuilder {
             .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
 
         let u = &mut self.units;
-        if any_rank && u.cand_rank.is_none() {
-            let mut ranks = Vec::with_capacity(u.cand_cluster.capacity());
-            ranks.resize(u.cand_cluster.len(), NO_RANK);
-            u.cand_rank = Some(ranks);
+        let cands = &mut self.cands;
+        if any_rank && cands.rank.is_none() {
+            let mut ranks = Vec::with_capacity(cands.cluster.capacity());
+            ranks.resize(cands.cluster.len(), NO_RANK);
+            cands.rank = Some(ranks);
         }
         for &(score, c, rank) in &self.scratch {
-            u.cand_cluster.push(c);
-            u.cand_score.push(score);
-            if let Some(ranks) = u.cand_rank.as_mut() {
+            cands.cluster.push(c);
+            cands.score.push(score);
+            if let Some(ranks) = cands.rank.as_mut() {
                 ranks.push(rank);
             }
         }
-        u.cand_start.push(u.cand_cluster.len() as u32);
+        u.cand_start.push(cands.cluster.len() as u32);
         u.prefixes.extend_from_slice(spec.prefixes);
         u.prefix_start.push(u.prefixes.len() as u32);
         u.ids.push(spec.id.into());
@@ -676,10 +696,10 @@ impl InstanceBuilder {
 
     /// Sorts the map units by id (a no-op when they came sorted) and refuses duplicates.
     pub fn finish(self) -> Result<Instance, ModelError> {
-        let mut units = self.units;
+        let (mut units, mut cands) = (self.units, self.cands);
         let sorted = units.ids.windows(2).all(|w| w[0] <= w[1]);
         if !sorted {
-            units = sort_units(units);
+            (units, cands) = sort_units(units, cands);
         }
         if let Some(w) = units.ids.windows(2).find(|w| w[0] == w[1]) {
             return Err(ModelError::DuplicateId {
@@ -689,27 +709,31 @@ impl InstanceBuilder {
             });
         }
         Ok(Instance {
-            classes: self.classes,
-            clusters: self.clusters,
-            node_offset: self.node_offset,
-            units,
-            class_by_name: self.class_by_name,
-            cluster_by_id: self.cluster_by_id,
+            topology: Arc::new(Topology {
+                classes: self.classes,
+                clusters: self.clusters,
+                node_offset: self.node_offset,
+                class_by_name: self.class_by_name,
+                cluster_by_id: self.cluster_by_id,
+            }),
+            units: Arc::new(units),
+            cands: Arc::new(cands),
         })
     }
 }
 
 /// Reorders the columns of `units` into id order.
-fn sort_units(units: MapUnits) -> MapUnits {
+fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateColumns) {
     let n = units.ids.len();
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_by(|&a, &b| units.ids[a as usize].cmp(&units.ids[b as usize]));
-    let mut out = MapUnits {
-        cand_rank: units
-            .cand_rank
+    let mut out = MapUnits::default();
+    let mut out_cands = CandidateColumns {
+        rank: cands
+            .rank
             .as_ref()
-            .map(|_| Vec::with_capacity(units.cand_cluster.len())),
-        ..MapUnits::default()
+            .map(|_| Vec::with_capacity(cands.cluster.len())),
+        ..CandidateColumns::default()
     };
     out.prefix_start.push(0);
     out.cand_start.push(0);
@@ -725,20 +749,19 @@ fn sort_units(units: MapUnits) -> MapUnits {
             units.cand_start[i] as usize,
             units.cand_start[i + 1] as usize,
         );
-        out.cand_cluster
-            .extend_from_slice(&units.cand_cluster[c0..c1]);
-        out.cand_score.extend_from_slice(&units.cand_score[c0..c1]);
-        if let (Some(dst), Some(src)) = (out.cand_rank.as_mut(), units.cand_rank.as_ref()) {
+        out_cands.cluster.extend_from_slice(&cands.cluster[c0..c1]);
+        out_cands.score.extend_from_slice(&cands.score[c0..c1]);
+        if let (Some(dst), Some(src)) = (out_cands.rank.as_mut(), cands.rank.as_ref()) {
             dst.extend_from_slice(&src[c0..c1]);
         }
-        out.cand_start.push(out.cand_cluster.len() as u32);
+        out.cand_start.push(out_cands.cluster.len() as u32);
         out.ids.push(units.ids[i].clone());
         out.class.push(units.class[i]);
         out.demand.push(units.demand[i]);
         out.lat.push(units.lat[i]);
         out.lon.push(units.lon[i]);
     }
-    out
+    (out, out_cands)
 }
 
 /// A node on the cycle that the parent chain from `start` runs into (the caller knows there is

@@ -309,13 +309,13 @@ impl<'a> Solver<'a> {
     /// The cluster's preference key for unit `u` reached through candidate arena index `i`:
     /// lower is preferred.
     fn key(&self, u: UnitIdx, i: usize) -> u64 {
-        let units = &self.inst.units;
-        let rank = units
-            .cand_rank
+        let (units, cands) = (&self.inst.units, &self.inst.cands);
+        let rank = cands
+            .rank
             .as_ref()
             .map(|r| r[i])
             .filter(|&r| r != NO_RANK)
-            .unwrap_or(units.cand_score[i]);
+            .unwrap_or(cands.score[i]);
         let k = units.class[u as usize];
         (self.prio_rank[usize::from(k)] << 56)
             | (u64::from(rank.to_bits()) << UNIT_BITS)
@@ -369,7 +369,7 @@ impl<'a> Solver<'a> {
         const FAR: usize = 16;
         const NEAR: usize = 8;
         let len = self.stack.len();
-        let units = &self.inst.units;
+        let (units, cands) = (&self.inst.units, &self.inst.cands);
         if len > FAR {
             let v = self.stack[len - FAR] as usize;
             prefetch(&units.cand_start, v);
@@ -382,9 +382,9 @@ impl<'a> Solver<'a> {
         if len > NEAR {
             let v = self.stack[len - NEAR] as usize;
             let i = units.cand_start[v] as usize + usize::from(self.next[v]);
-            prefetch(&units.cand_cluster, i);
-            prefetch(&units.cand_score, i);
-            if let Some(r) = &units.cand_rank {
+            prefetch(&cands.cluster, i);
+            prefetch(&cands.score, i);
+            if let Some(r) = &cands.rank {
                 prefetch(r, i);
             }
         }
@@ -405,7 +405,7 @@ impl<'a> Solver<'a> {
     /// all of it was accepted.
     fn offer(&mut self, u: UnitIdx, i: usize) -> bool {
         self.stats.proposals += 1;
-        let c = self.inst.units.cand_cluster[i];
+        let c = self.inst.cands.cluster[i];
         if !self.up[c as usize] {
             return false;
         }
@@ -569,7 +569,7 @@ impl<'a> Solver<'a> {
     /// Whether cluster `c` (candidate arena index `i` of `u`) could take more of `u`: at every
     /// node of the path there is free room or a holder it likes less.
     fn could_take_more(&mut self, u: UnitIdx, i: usize) -> bool {
-        let c = self.inst.units.cand_cluster[i];
+        let c = self.inst.cands.cluster[i];
         if !self.up[c as usize] {
             return false;
         }
@@ -609,7 +609,7 @@ impl<'a> Solver<'a> {
                 let mut s = self.head[u as usize];
                 while s != NONE {
                     let slot = self.slots[s as usize];
-                    if let Some(j) = self.inst.units.cand_cluster[range.clone()]
+                    if let Some(j) = self.inst.cands.cluster[range.clone()]
                         .iter()
                         .position(|&c| c == slot.cluster)
                     {
@@ -630,7 +630,7 @@ impl<'a> Solver<'a> {
     /// from `j` on.
     fn withdraw_after(&mut self, u: UnitIdx, j: usize) {
         let range = self.inst.candidate_range(u);
-        for &c in &self.inst.units.cand_cluster[range.start + j + 1..range.end] {
+        for &c in &self.inst.cands.cluster[range.start + j + 1..range.end] {
             let held = self.held(u, c);
             if held > 0.0 {
                 self.remove(u, c, held);
@@ -648,7 +648,7 @@ impl<'a> Solver<'a> {
         let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
         for u in 0..n as UnitIdx {
             let range = self.inst.candidate_range(u);
-            let allocs = self.inst.units.cand_cluster[range].iter().filter_map(|&c| {
+            let allocs = self.inst.cands.cluster[range].iter().filter_map(|&c| {
                 let amount = self.held(u, c);
                 (amount > 0.0).then_some(Allocation { cluster: c, amount })
             });
