@@ -78,6 +78,11 @@ pub enum ModelError {
         count: usize,
         limit: usize,
     },
+    #[error("the map has {map_units} map units but the instance has {instance_units}")]
+    MapShape {
+        map_units: usize,
+        instance_units: usize,
+    },
     #[error("map unit {map_unit:?} appears twice in the assignment")]
     DuplicateAssignment { map_unit: String },
     #[error("assignment names map unit {map_unit:?}, which the instance does not have")]

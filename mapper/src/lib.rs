@@ -9,6 +9,7 @@ pub mod format;
 pub mod map;
 pub mod model;
 pub mod solve;
+pub mod sticky;
 pub mod verify;
 
 pub use error::ModelError;
@@ -18,7 +19,8 @@ pub use model::{
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
     TrafficClass, UnitIdx,
 };
-pub use solve::{solve, Arrival, Solution, SolveOptions, SolveStats};
+pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
+pub use sticky::{favour_incumbents, DEFAULT_STICKINESS, MAX_STICKINESS};
 pub use verify::{
     verify, verify_with, BlockingPair, CapacityViolation, ConservationViolation, Placement, Report,
     ShapeMismatch, Tolerances,

@@ -367,6 +367,31 @@ impl Instance {
         self.units.demand.iter().sum()
     }
 
+    /// The same instance with other candidate columns (same shape: the same candidates per unit,
+    /// possibly reordered, with other scores and ranks).
+    pub(crate) fn with_candidates(&self, cands: CandidateColumns) -> Instance {
+        debug_assert_eq!(cands.cluster.len(), self.cands.cluster.len());
+        Instance {
+            topology: Arc::clone(&self.topology),
+            units: Arc::clone(&self.units),
+            cands: Arc::new(cands),
+        }
+    }
+
+    /// The same instance with cluster `cluster` in `state` (drained and down clusters take no
+    /// demand). Shares the map units and candidates.
+    pub fn with_cluster_state(&self, cluster: ClusterIdx, state: ClusterState) -> Instance {
+        let mut topology = (*self.topology).clone();
+        if let Some(c) = topology.clusters.get_mut(cluster as usize) {
+            c.state = state;
+        }
+        Instance {
+            topology: Arc::new(topology),
+            units: Arc::clone(&self.units),
+            cands: Arc::clone(&self.cands),
+        }
+    }
+
     /// Bytes held by this instance's heap allocations (map units dominate; an estimate for the
     /// string and hash-map parts).
     pub fn heap_bytes(&self) -> usize {

@@ -81,6 +81,8 @@ pub struct SolveStats {
     pub blocking_pairs_left: usize,
     /// Heap bytes the solver's working state held at its largest.
     pub work_bytes: usize,
+    /// Demand a seeded solve kept where the seed had it (after shedding overloads).
+    pub seeded_demand: f64,
     /// Whether a pass hit its proposal bound ([`proposal_bound`]) and stopped early, leaving
     /// the demand it had not placed as overflow. Never seen in tests; a safety net.
     pub proposal_bound_hit: bool,
@@ -99,11 +101,30 @@ pub struct Solution {
     pub stats: SolveStats,
 }
 
-/// Solves `instance`: the map-unit-proposing stable allocation, repaired where the single pass
-/// leaves blocking pairs. Deterministic.
+/// Solves `instance` cold: the map-unit-proposing stable allocation, repaired where the single
+/// pass leaves blocking pairs. Deterministic.
 pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let mut s = Solver::new(instance);
     s.push_all(options.arrival);
+    finish(s, options)
+}
+
+/// Solves `instance` warm, starting from `seed` (normally the previous round's map): every unit
+/// first keeps its previous *shares* at the clusters that are still up candidates (so demand
+/// that grew or shrank stays where it was); nodes pushed over capacity shed the holders they
+/// like least; then the unplaced demand proposes, and repair rounds remove every blocking pair.
+/// The result is stable for `instance`'s preferences, like a cold solve's, but it is the stable
+/// allocation *nearest the seed* rather than the map-unit-optimal one. Work is proportional to
+/// what changed plus one pass over the units. Allocations in `seed` that are not valid for
+/// `instance` (unknown unit, non-candidate, cluster not up, negative) are ignored.
+pub fn solve_seeded(instance: &Instance, seed: &Map, options: &SolveOptions) -> Solution {
+    let mut s = Solver::new(instance);
+    s.seed(seed, options.arrival);
+    finish(s, options)
+}
+
+/// The pass, the repair rounds, and reading out the map.
+fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
     s.run();
     let mut left = s.find_blocking();
     while !left.is_empty() && s.stats.repair_rounds < options.max_repair_rounds {
@@ -206,6 +227,8 @@ struct Solver<'a> {
     // Per map unit.
     unplaced: Vec<f64>,
     next: Vec<u8>,
+    /// The position in its candidate list of the worst cluster the unit holds demand at.
+    worst: Vec<u8>,
     head: Vec<u32>,
     queued: Vec<bool>,
     slots: Vec<Slot>,
@@ -269,6 +292,7 @@ impl<'a> Solver<'a> {
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
             unplaced: inst.units.demand.clone(),
             next: vec![0; n],
+            worst: vec![0; n],
             head: vec![NONE; n],
             queued: vec![false; n],
             slots: Vec::with_capacity(n + n / 4),
@@ -283,8 +307,12 @@ impl<'a> Solver<'a> {
     /// priority, then rank, then id): units a cluster likes best propose first, so few are
     /// evicted later. The order changes the work, not the result where the result is unique.
     fn push_all(&mut self, arrival: Arrival) {
-        let n = self.inst.unit_count();
-        let mut order: Vec<u64> = (0..n as UnitIdx)
+        let n = self.inst.unit_count() as UnitIdx;
+        self.queue_in_order(0..n, arrival);
+    }
+
+    fn queue_in_order(&mut self, units: impl Iterator<Item = UnitIdx>, arrival: Arrival) {
+        let mut order: Vec<u64> = units
             .map(|u| {
                 let first = self.inst.candidate_range(u).start;
                 if arrival == Arrival::Preference && self.inst.candidate_count(u) > 0 {
@@ -485,7 +513,8 @@ impl<'a> Solver<'a> {
             self.scratch[p] = entries;
         }
 
-        self.add(u, c, key, accept);
+        let pos = i - self.inst.candidate_range(u).start;
+        self.add(u, c, pos, Some(key), accept);
         if accept >= x {
             self.unplaced[u as usize] = 0.0;
             true
@@ -495,8 +524,9 @@ impl<'a> Solver<'a> {
         }
     }
 
-    /// Places `amount` of `u` at `c`, adding heap entries if `u` held nothing there.
-    fn add(&mut self, u: UnitIdx, c: ClusterIdx, key: u64, amount: f64) {
+    /// Places `amount` of `u` at `c` (its candidate at position `pos`), adding heap entries with
+    /// `key` if `u` held nothing there (none when `key` is `None`: the caller builds the heaps).
+    fn add(&mut self, u: UnitIdx, c: ClusterIdx, pos: usize, key: Option<u64>, amount: f64) {
         let path = self.paths.range(c, self.inst.units.class[u as usize]);
         match self.find_slot(u, c) {
             Some(s) => self.slots[s as usize].amount += amount,
@@ -517,8 +547,11 @@ impl<'a> Solver<'a> {
                     }
                 };
                 self.head[u as usize] = s;
-                for pi in path.clone() {
-                    self.heap[self.paths.node[pi] as usize].push(key);
+                self.worst[u as usize] = self.worst[u as usize].max(pos as u8);
+                if let Some(key) = key {
+                    for pi in path.clone() {
+                        self.heap[self.paths.node[pi] as usize].push(key);
+                    }
                 }
             }
         }
@@ -536,6 +569,7 @@ impl<'a> Solver<'a> {
         let held = self.slots[s as usize].amount;
         let amount = if held - amount <= self.tol(v) {
             self.unlink(v, s);
+            self.update_worst(v);
             held
         } else {
             self.slots[s as usize].amount = held - amount;
@@ -549,6 +583,22 @@ impl<'a> Solver<'a> {
             self.queued[v as usize] = true;
             self.stack.push(v);
         }
+    }
+
+    /// Recomputes the position of the worst cluster `v` holds demand at.
+    fn update_worst(&mut self, v: UnitIdx) {
+        let range = self.inst.candidate_range(v);
+        let list = &self.inst.cands.cluster[range];
+        let mut worst = 0;
+        let mut s = self.head[v as usize];
+        while s != NONE {
+            let slot = self.slots[s as usize];
+            if let Some(j) = list.iter().position(|&c| c == slot.cluster) {
+                worst = worst.max(j);
+            }
+            s = slot.next;
+        }
+        self.worst[v as usize] = worst as u8;
     }
 
     fn unlink(&mut self, v: UnitIdx, s: u32) {
@@ -596,29 +646,132 @@ impl<'a> Solver<'a> {
         true
     }
 
+    /// Warm start from `seed` (see [`solve_seeded`]).
+    fn seed(&mut self, seed: &Map, arrival: Arrival) {
+        let n = self.inst.unit_count().min(seed.unit_count());
+        for u in 0..n as UnitIdx {
+            let allocs = seed.allocations(u);
+            let total: f64 =
+                allocs.iter().map(|a| a.amount.max(0.0)).sum::<f64>() + seed.overflow(u).max(0.0);
+            if !(total > 0.0 && total.is_finite()) {
+                continue;
+            }
+            let d = self.inst.units.demand[u as usize];
+            // Keep each share; when demand did not change keep the amounts bit for bit.
+            let scale = if (total - d).abs() <= self.tol(u) {
+                1.0
+            } else {
+                d / total
+            };
+            let range = self.inst.candidate_range(u);
+            for a in allocs {
+                if !(a.amount > 0.0) {
+                    continue;
+                }
+                let list = &self.inst.cands.cluster[range.clone()];
+                let Some(j) = list.iter().position(|&c| c == a.cluster) else {
+                    continue;
+                };
+                let amount = (a.amount * scale).min(self.unplaced[u as usize]);
+                if !self.up[a.cluster as usize] || amount <= self.tol(u) {
+                    continue;
+                }
+                self.add(u, a.cluster, j, None, amount);
+                self.unplaced[u as usize] -= amount;
+            }
+        }
+        // Build the heaps in one go from the seeded holdings.
+        let mut entries: Vec<Vec<u64>> = vec![Vec::new(); self.heap.len()];
+        for u in 0..self.inst.unit_count() as UnitIdx {
+            let range = self.inst.candidate_range(u);
+            let k = self.inst.units.class[u as usize];
+            let mut s = self.head[u as usize];
+            while s != NONE {
+                let slot = self.slots[s as usize];
+                let list = &self.inst.cands.cluster[range.clone()];
+                if let Some(j) = list.iter().position(|&c| c == slot.cluster) {
+                    let key = self.key(u, range.start + j);
+                    for pi in self.paths.range(slot.cluster, k) {
+                        entries[self.paths.node[pi] as usize].push(key);
+                    }
+                }
+                s = slot.next;
+            }
+        }
+        for (n, e) in entries.into_iter().enumerate() {
+            self.heap[n] = BinaryHeap::from(e);
+        }
+        // Shed what no longer fits (demand grew, capacity shrank), children before parents.
+        for c in 0..self.inst.clusters().len() as ClusterIdx {
+            for local in (0..self.inst.clusters()[c as usize].nodes.len() as u32).rev() {
+                self.shed(c, self.inst.global_node(c, local));
+            }
+        }
+        self.stats.seeded_demand = self.slots_total();
+        let n = self.inst.unit_count() as UnitIdx;
+        let pending: Vec<UnitIdx> = (0..n)
+            .filter(|&u| self.unplaced[u as usize] > self.tol(u) && !self.queued[u as usize])
+            .collect();
+        self.queue_in_order(pending.into_iter(), arrival);
+    }
+
+    /// Evicts the holders node `n` of cluster `c` likes least until it is within capacity.
+    fn shed(&mut self, c: ClusterIdx, n: usize) {
+        let mut last = u64::MAX;
+        loop {
+            let excess = self.used[n] - self.cap[n];
+            if excess <= self.node_tol(n) {
+                return;
+            }
+            let Some(top) = self.heap[n].pop() else {
+                return;
+            };
+            let v = (top & UNIT_MASK) as UnitIdx;
+            let amount = self.held(v, c);
+            if top == last || amount <= 0.0 {
+                continue; // duplicate or stale
+            }
+            last = top;
+            let q = self.node_coef(n, v);
+            if q <= 0.0 {
+                continue;
+            }
+            self.stats.evictions += 1;
+            if amount * q <= excess + self.node_tol(n) {
+                self.remove(v, c, amount);
+            } else {
+                self.remove(v, c, excess / q);
+                self.heap[n].push(top);
+            }
+        }
+    }
+
+    fn slots_total(&self) -> f64 {
+        let mut total = 0.0;
+        for u in 0..self.inst.unit_count() {
+            let mut s = self.head[u];
+            while s != NONE {
+                total += self.slots[s as usize].amount;
+                s = self.slots[s as usize].next;
+            }
+        }
+        total
+    }
+
     /// For every unit in a blocking pair, the position of its best blocking candidate.
     fn find_blocking(&mut self) -> Vec<(UnitIdx, usize)> {
         let mut out = Vec::new();
         for u in 0..self.inst.unit_count() as UnitIdx {
-            let range = self.inst.candidate_range(u);
             // Candidates before `worst` are ones u likes more than some of its demand's place.
             let worst = if self.unplaced[u as usize] > self.tol(u) {
-                range.len()
+                self.inst.candidate_count(u)
             } else {
-                let mut w = 0;
-                let mut s = self.head[u as usize];
-                while s != NONE {
-                    let slot = self.slots[s as usize];
-                    if let Some(j) = self.inst.cands.cluster[range.clone()]
-                        .iter()
-                        .position(|&c| c == slot.cluster)
-                    {
-                        w = w.max(j);
-                    }
-                    s = slot.next;
-                }
-                w
+                usize::from(self.worst[u as usize])
             };
+            if worst == 0 {
+                continue;
+            }
+            let range = self.inst.candidate_range(u);
             if let Some(j) = (0..worst).find(|&j| self.could_take_more(u, range.start + j)) {
                 out.push((u, j));
             }
