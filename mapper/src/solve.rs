@@ -504,9 +504,9 @@ impl<'a> Solver<'a> {
                 let qv = self.node_coef(n, v);
                 self.stats.evictions += 1;
                 if amount * qv <= need + self.node_tol(n) {
-                    self.remove(v, c, amount);
+                    self.evict(v, c, amount);
                 } else {
-                    self.remove(v, c, need / qv);
+                    self.evict(v, c, need / qv);
                     self.heap[n].push(e);
                 }
             }
@@ -558,6 +558,20 @@ impl<'a> Solver<'a> {
         for pi in path {
             self.used[self.paths.node[pi] as usize] += amount * self.paths.coef[pi];
         }
+    }
+
+    /// A cluster evicts `amount` of `v`: as DESIGN.md has it, the evicted demand "moves on to its
+    /// next candidate", so if `c` is where `v` is proposing now, the pair closes and `v`'s
+    /// pointer moves past it. Without this, mixed Bps/Fps proportions let two units evict each
+    /// other back and forth in ever smaller amounts (the squeeze of one frees the other's
+    /// binding resource); with it, every eviction closes a pair and the pass stays linear.
+    fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
+        let range = self.inst.candidate_range(v);
+        let at = range.start + usize::from(self.next[v as usize]);
+        if at < range.end && self.inst.cands.cluster[at] == c {
+            self.next[v as usize] += 1;
+        }
+        self.remove(v, c, amount);
     }
 
     /// Takes `amount` of `v`'s holding at `c` back into `v`'s unplaced demand (all of it if
@@ -738,9 +752,9 @@ impl<'a> Solver<'a> {
             }
             self.stats.evictions += 1;
             if amount * q <= excess + self.node_tol(n) {
-                self.remove(v, c, amount);
+                self.evict(v, c, amount);
             } else {
-                self.remove(v, c, excess / q);
+                self.evict(v, c, excess / q);
                 self.heap[n].push(top);
             }
         }
