@@ -20,7 +20,7 @@ pub use model::{
     TrafficClass, UnitIdx,
 };
 pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
-pub use sticky::{favour_incumbents, DEFAULT_STICKINESS, MAX_STICKINESS};
+pub use sticky::{favour_incumbents, Stickiness, DEFAULT_STICKINESS, MAX_STICKINESS};
 pub use verify::{
     verify, verify_with, BlockingPair, CapacityViolation, ConservationViolation, Placement, Report,
     ShapeMismatch, Tolerances,

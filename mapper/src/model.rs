@@ -203,6 +203,10 @@ pub struct Candidate {
     pub rank: f32,
     /// Whether `rank` came from an explicit `cluster_rank`.
     pub explicit_rank: bool,
+    /// Whether the cluster holds this unit as an *incumbent* and puts it before every
+    /// non-incumbent, whatever their class priority (set only by stickiness,
+    /// [`crate::sticky::favour_incumbents`]; plain instances have none).
+    pub incumbent: bool,
 }
 
 /// The stored rank of a candidate without an explicit `cluster_rank`.
@@ -232,6 +236,16 @@ pub(crate) struct CandidateColumns {
     /// Explicit cluster ranks, [`NO_RANK`] where none was given; absent when no candidate has
     /// one. (Input ranks are finite, so infinity is free to mean "none" and compares equal.)
     pub(crate) rank: Option<Vec<f32>>,
+    /// Incumbent candidates, one bit per arena index; absent when there are none.
+    pub(crate) incumbent: Option<Vec<u64>>,
+}
+
+impl CandidateColumns {
+    pub(crate) fn is_incumbent(&self, i: usize) -> bool {
+        self.incumbent
+            .as_ref()
+            .is_some_and(|bits| bits[i / 64] & (1 << (i % 64)) != 0)
+    }
 }
 
 /// Classes and clusters: what every round's instance shares unless the topology changes.
@@ -350,6 +364,7 @@ impl Instance {
             score,
             rank: explicit.unwrap_or(score),
             explicit_rank: explicit.is_some(),
+            incumbent: self.cands.is_incumbent(i),
         }
     }
 

@@ -1,6 +1,14 @@
 //! The solver: deferred acceptance with capacities over resource trees, map units proposing
 //! (DESIGN.md, "Allocation semantics"), followed by repair rounds.
 //!
+//! # Keys
+//!
+//! A cluster's preference for a unit is the tuple `(newcomer, class priority, rank, map unit
+//! id)`, lower first (`newcomer` is false for every candidate of a plain instance; stickiness
+//! marks incumbents). It is packed into a `u64`: 1 + 8 bits for the first two, 31 bits for the
+//! rank (a non-negative finite `f32`, whose sign bit is 0 and whose bits order like the number),
+//! 24 bits for the unit's index (units are indexed in id order).
+//!
 //! # The pass
 //!
 //! Every map unit with unplaced demand offers all of it to its best candidate not yet closed to
@@ -345,7 +353,9 @@ impl<'a> Solver<'a> {
             .filter(|&r| r != NO_RANK)
             .unwrap_or(cands.score[i]);
         let k = units.class[u as usize];
-        (self.prio_rank[usize::from(k)] << 56)
+        let newcomer = u64::from(cands.incumbent.is_some() && !cands.is_incumbent(i));
+        (newcomer << 63)
+            | (self.prio_rank[usize::from(k)] << 55)
             | (u64::from(rank.to_bits()) << UNIT_BITS)
             | u64::from(u)
     }

@@ -3,14 +3,23 @@
 //!
 //! Two mechanisms work together, and neither weakens stability:
 //!
-//! 1. **Incumbents favoured, on both sides** ([`favour_incumbents`]). Where the previous map had
-//!    some of unit *m*'s demand at cluster *c*, the pair's score (what *m* thinks of *c*) and rank
-//!    (what *c* thinks of *m*) are both multiplied by `1 − stickiness`. So a unit leaves its
-//!    cluster only for one better by more than that margin, and a cluster evicts an incumbent only
-//!    for a newcomer it likes better by more than that margin (class priority still comes first).
-//!    The result is a new [`Instance`] — the *effective preferences* — which the solver solves and
-//!    the verifier checks, exactly as any other instance. `stickiness = 0` returns the instance
-//!    unchanged.
+//! 1. **Incumbents favoured, on both sides** ([`favour_incumbents`]). Call *(m, c)* an incumbent
+//!    pair when the previous map had some of unit *m*'s demand at cluster *c*.
+//!    - *Units*: the pair's score is multiplied by `1 − margin`, so a unit leaves its cluster
+//!      only for one better by more than the margin (hysteresis).
+//!    - *Clusters*: with `incumbents_first` (the default) a cluster likes every incumbent better
+//!      than every newcomer, whatever the class; among incumbents, and among newcomers, the
+//!      usual `(class priority, rank, id)` decides, an incumbent's rank also multiplied by
+//!      `1 − margin`. So newcomers take free capacity but push no one out, and when a cluster
+//!      must shed (its capacity shrank, its incumbents' demand grew) it sheds by priority and
+//!      rank. This is what keeps a failure's ripple small: the demand of a cluster that went
+//!      down moves, and displaces little. The price: a better-priority class arriving at a full
+//!      cluster waits in its next choice (or overflow) until room appears; a cold solve
+//!      (stickiness 0) now and then, or `incumbents_first = false`, re-optimises.
+//!
+//!    The result is a new [`Instance`] — the *effective preferences* — which the solver solves
+//!    and the verifier checks, exactly as any other instance. `margin = 0` returns the instance
+//!    unchanged: a cold solve.
 //! 2. **Warm start** ([`crate::solve_seeded`]): the solve starts from the previous map's shares,
 //!    sheds what no longer fits, lets only the unplaced demand propose, and repairs blocking
 //!    pairs. Its work is proportional to what changed, and it ends at a stable allocation of the
@@ -24,26 +33,61 @@ use crate::error::ModelError;
 use crate::map::Map;
 use crate::model::{CandidateColumns, Instance, UnitIdx, NO_RANK};
 
-/// The largest stickiness accepted: at 1 an incumbent's score would be 0 and nothing could ever
+/// The largest margin accepted: at 1 an incumbent's score would be 0 and nothing could ever
 /// move.
 pub const MAX_STICKINESS: f64 = 0.9;
 
-/// The default stickiness: an incumbent is kept unless another candidate is more than 10%
-/// better.
+/// The default margin: an incumbent is kept unless another candidate is more than 10% better.
 pub const DEFAULT_STICKINESS: f64 = 0.1;
+
+/// How strongly a round holds on to the previous map (module documentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stickiness {
+    /// In `[0, MAX_STICKINESS]`: incumbent scores and ranks are multiplied by `1 − margin`.
+    /// 0 switches stickiness off (a plain cold solve).
+    pub margin: f64,
+    /// Clusters like every incumbent better than every newcomer.
+    pub incumbents_first: bool,
+}
+
+impl Default for Stickiness {
+    fn default() -> Self {
+        Stickiness {
+            margin: DEFAULT_STICKINESS,
+            incumbents_first: true,
+        }
+    }
+}
+
+impl Stickiness {
+    /// No stickiness: the effective preferences are the instance's.
+    pub const OFF: Stickiness = Stickiness {
+        margin: 0.0,
+        incumbents_first: false,
+    };
+
+    /// The default with another margin.
+    pub fn margin(margin: f64) -> Self {
+        Stickiness {
+            margin,
+            ..Stickiness::default()
+        }
+    }
+}
 
 /// The effective preferences of a round seeded from `previous` (a map of an instance with the
 /// same map units, e.g. the previous round's): see the module documentation.
 pub fn favour_incumbents(
     instance: &Instance,
     previous: &Map,
-    stickiness: f64,
+    stickiness: &Stickiness,
 ) -> Result<Instance, ModelError> {
-    if !(stickiness.is_finite() && (0.0..=MAX_STICKINESS).contains(&stickiness)) {
+    let margin = stickiness.margin;
+    if !(margin.is_finite() && (0.0..=MAX_STICKINESS).contains(&margin)) {
         return Err(ModelError::BadNumber {
             subject: "stickiness".into(),
-            field: "value",
-            value: stickiness,
+            field: "margin",
+            value: margin,
             rule: "must be a number in [0, 0.9]",
         });
     }
@@ -53,16 +97,19 @@ pub fn favour_incumbents(
             instance_units: instance.unit_count(),
         });
     }
-    if stickiness == 0.0 {
+    if margin == 0.0 {
         return Ok(instance.clone());
     }
-    let factor = (1.0 - stickiness) as f32;
+    let factor = (1.0 - margin) as f32;
     let old = &instance.cands;
     let total = old.cluster.len();
     let mut cands = CandidateColumns {
         cluster: Vec::with_capacity(total),
         score: Vec::with_capacity(total),
         rank: old.rank.as_ref().map(|_| Vec::with_capacity(total)),
+        incumbent: stickiness
+            .incumbents_first
+            .then(|| vec![0u64; total.div_ceil(64)]),
     };
     let mut scratch: Vec<(f32, u32, f32)> = Vec::new();
     for u in 0..instance.unit_count() as UnitIdx {
@@ -78,6 +125,7 @@ pub fn favour_incumbents(
             continue;
         }
         scratch.clear();
+        let start = range.start;
         for i in range {
             let c = old.cluster[i];
             let rank = old.rank.as_ref().map_or(NO_RANK, |r| r[i]);
@@ -93,7 +141,12 @@ pub fn favour_incumbents(
         }
         // The unit's preference: score, then cluster id.
         scratch.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for &(score, c, rank) in &scratch {
+        for (j, &(score, c, rank)) in scratch.iter().enumerate() {
+            if let Some(bits) = cands.incumbent.as_mut() {
+                if incumbent(c) {
+                    bits[(start + j) / 64] |= 1 << ((start + j) % 64);
+                }
+            }
             cands.cluster.push(c);
             cands.score.push(score);
             if let Some(ranks) = cands.rank.as_mut() {

@@ -335,6 +335,8 @@ struct Placed {
     amount: f64,
     /// The rank the cluster gives the unit, when the cluster is one of its candidates.
     rank: Option<f32>,
+    /// Whether the cluster holds the unit as an incumbent (stickiness).
+    incumbent: bool,
 }
 
 /// A cluster's preference key for a map unit at one of its nodes: lower is liked more.
@@ -342,15 +344,20 @@ struct Placed {
 struct Key {
     /// The unit is not a candidate of the cluster: liked less than every candidate.
     not_candidate: bool,
+    /// A candidate the cluster does not hold as an incumbent, when the instance marks
+    /// incumbents (stickiness): liked less than every incumbent, whatever the class.
+    newcomer: bool,
     priority: u32,
     rank: f32,
     unit: UnitIdx,
 }
 
-/// Compares two keys as the tuple `(not_candidate, priority, rank, unit id)`, the id as a string.
+/// Compares two keys as the tuple `(not_candidate, newcomer, priority, rank, unit id)`, the id
+/// as a string.
 fn key_cmp(instance: &Instance, a: &Key, b: &Key) -> Ordering {
     a.not_candidate
         .cmp(&b.not_candidate)
+        .then(a.newcomer.cmp(&b.newcomer))
         .then(a.priority.cmp(&b.priority))
         .then(a.rank.total_cmp(&b.rank))
         .then_with(|| instance.unit_id(a.unit).cmp(instance.unit_id(b.unit)))
@@ -477,6 +484,9 @@ fn check_units(instance: &Instance, map: &Map, tol: &Tolerances, report: &mut Re
                         .candidates(u)
                         .find(|k| k.cluster == c)
                         .map(|k| k.rank),
+                    incumbent: instance
+                        .candidates(u)
+                        .any(|k| k.cluster == c && k.incumbent),
                 }),
             }
         }
@@ -566,6 +576,7 @@ impl NodeHolders {
                     }
                     let key = Key {
                         not_candidate: p.rank.is_none(),
+                        newcomer: !p.incumbent,
                         priority: tc.priority,
                         rank: p.rank.unwrap_or(f32::INFINITY),
                         unit: u,
@@ -588,6 +599,7 @@ impl NodeHolders {
         let placeholder = Holder {
             key: Key {
                 not_candidate: true,
+                newcomer: true,
                 priority: 0,
                 rank: 0.0,
                 unit: 0,
@@ -683,6 +695,7 @@ fn find_blocking_pairs(
             }
             let key = Key {
                 not_candidate: false,
+                newcomer: !cand.incumbent,
                 priority: tc.priority,
                 rank: cand.rank,
                 unit: m,
