@@ -689,8 +689,8 @@ impl<'a> Solver<'a> {
             };
             let range = self.inst.candidate_range(u);
             for a in allocs {
-                if !(a.amount > 0.0) {
-                    continue;
+                if a.amount.is_nan() || a.amount <= 0.0 {
+                    continue; // nothing to keep (or not a number)
                 }
                 let list = &self.inst.cands.cluster[range.clone()];
                 let Some(j) = list.iter().position(|&c| c == a.cluster) else {
