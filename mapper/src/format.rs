@@ -24,7 +24,7 @@ use crate::model::{
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FormatError {
-    #[error("not a valid file: {0}")]
+    #[error("not a valid file")]
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Model(#[from] ModelError),

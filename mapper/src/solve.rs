@@ -44,6 +44,9 @@ use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, U
 pub const EPS_REL: f64 = 1e-9;
 
 const NONE: u32 = u32::MAX;
+/// After this many evictions of one unit in a solve, its holdings are evicted whole (see
+/// `Solver::evict`).
+const EVICTIONS_BEFORE_WHOLE: u8 = 64;
 const UNIT_BITS: u32 = 24;
 const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
 
@@ -237,6 +240,8 @@ struct Solver<'a> {
     next: Vec<u8>,
     /// The position in its candidate list of the worst cluster the unit holds demand at.
     worst: Vec<u8>,
+    /// How often the unit has been evicted in this solve (saturating).
+    evicted: Vec<u8>,
     head: Vec<u32>,
     queued: Vec<bool>,
     slots: Vec<Slot>,
@@ -301,6 +306,7 @@ impl<'a> Solver<'a> {
             unplaced: inst.units.demand.clone(),
             next: vec![0; n],
             worst: vec![0; n],
+            evicted: vec![0; n],
             head: vec![NONE; n],
             queued: vec![false; n],
             slots: Vec::with_capacity(n + n / 4),
@@ -575,12 +581,27 @@ impl<'a> Solver<'a> {
     /// pointer moves past it. Without this, mixed Bps/Fps proportions let two units evict each
     /// other back and forth in ever smaller amounts (the squeeze of one frees the other's
     /// binding resource); with it, every eviction closes a pair and the pass stays linear.
+    ///
+    /// Fractional demand has one more trap: a *rejection rotation* (x evicts a little of a, a
+    /// evicts as much of b at y, b of c at z, c comes back to x and evicts a again) moves the
+    /// same small amount around the loop again and again, so the offers grow like demand / δ.
+    /// A unit evicted more than [`EVICTIONS_BEFORE_WHOLE`] times in one solve is therefore
+    /// evicted whole from then on: the loop then turns in one step. Taking more than was
+    /// needed can leave room a unit would use: the repair rounds find and fix that, and the
+    /// verifier checks the end result as always.
     fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
         let range = self.inst.candidate_range(v);
         let at = range.start + usize::from(self.next[v as usize]);
         if at < range.end && self.inst.cands.cluster[at] == c {
             self.next[v as usize] += 1;
         }
+        let count = &mut self.evicted[v as usize];
+        *count = count.saturating_add(1);
+        let amount = if *count > EVICTIONS_BEFORE_WHOLE {
+            self.held(v, c)
+        } else {
+            amount
+        };
         self.remove(v, c, amount);
     }
 
