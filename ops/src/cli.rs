@@ -96,6 +96,9 @@ pub(crate) struct WorldShape {
     /// At most this many candidates per map unit.
     #[arg(long, default_value_t = WorldParams::default().candidates)]
     pub candidates: usize,
+    /// At most this many of a map unit's candidates at one site.
+    #[arg(long, default_value_t = WorldParams::default().max_per_site)]
+    pub max_per_site: usize,
     /// Clusters farther than this RTT are not candidates.
     #[arg(long, default_value_t = WorldParams::default().max_rtt_ms)]
     pub max_rtt_ms: f64,
@@ -111,6 +114,7 @@ impl WorldShape {
             clusters: self.clusters,
             seed: self.seed,
             candidates: self.candidates,
+            max_per_site: self.max_per_site,
             max_rtt_ms: self.max_rtt_ms,
             headroom: self.headroom,
         }

@@ -15,28 +15,35 @@
 //! the `min(K, 240)` most populous sites are used; each gets one cluster and the remaining
 //! `K - 240` (if any) are apportioned by metro population with the D'Hondt method (exact integer
 //! arithmetic), so big metros get several. Ids are the lower-case IATA code and a number
-//! (`sha-1`, `sha-2`, ...). A cluster sits within [`CLUSTER_JITTER_KM`] of its site, has two IPv4
-//! addresses from 198.18.0.0/15 and one IPv6 address from 2001:db8::/32 (unique while
-//! `K <= MAX_WORLD_CLUSTERS`), is `Up`, and has the resource tree
+//! (`sha-1`, `sha-2`, ...). A cluster sits at its site's coordinates (a metro's clusters are
+//! equally far from everyone), has two IPv4 addresses from 198.18.0.0/15 and one IPv6 address
+//! from 2001:db8::/32 (unique while `K <= MAX_WORLD_CLUSTERS`), is `Up`, and has the resource tree
 //! `uplink` (Bps) → `cpu` (Fps) → leaves `web`, `video`, `apps` (Fps, one class each).
 //!
-//! **Capacity sizing.** Each city's population is credited to its nearest used site (a Voronoi
-//! split): `pop(s)`. A site's weight is `pop(s) × country(s) × site(s)` where `country` (one draw per
-//! country) and `site` are independent lognormal factors (σ = [`COUNTRY_SIGMA`], [`SITE_SIGMA`]),
-//! their product clamped to [[`REGION_FACTOR_MIN`], [`REGION_FACTOR_MAX`]]. The site's weight is
-//! split evenly over its clusters, and each cluster's uplink and cpu get their own lognormal factor
-//! (σ = [`CLUSTER_SIGMA`], clamped to [0.7, 1.4]) so some clusters are uplink-bound and others
+//! **Capacity sizing.** Capacity follows expected demand: each city's population times the
+//! probability that it gets at least one prefix (`1 - (1 - population / total)^prefixes`; a city
+//! with prefixes brings its whole population as demand, see below) is credited to its nearest used
+//! site (a Voronoi split): `pop(s)`, split evenly over the site's clusters. A site's *region
+//! factor* is `country(s) × site(s)`, independent lognormal factors (σ = [`COUNTRY_SIGMA`],
+//! [`SITE_SIGMA`]; one draw per country, one per site), clamped to [[`REGION_FACTOR_MIN`],
+//! [`REGION_FACTOR_MAX`]]; it scales the uplinks only (bandwidth is what a region runs short or
+//! long of; cpu follows population). Each cluster's uplink and cpu get their own lognormal factor
+//! (σ = [`CLUSTER_SIGMA`], clamped to [0.7, 1.4]), so some clusters are uplink-bound and others
 //! cpu-bound. Uplinks are then scaled so that their total is exactly `headroom ×` the total Bps
 //! cost of all demand (`Σ demand × per_unit.bps`), and cpu nodes likewise against the Fps cost.
-//! A leaf gets `cpu × min(1, (0.1 + 1.2 × share(k)) × u)` with `share(k)` the class's share of
-//! the world's Fps cost and `u` uniform in [0.8, 1.25]: each leaf is roomier than its class's usual
-//! share (so leaves bind only where a class crowds in, or where `u` is small), and the leaves sum to
-//! at least 1.2 × cpu, so the cpu node binds too. Because demand follows sampled prefixes while
-//! capacity follows population and random factors, regional capacity/demand ratios vary widely:
-//! at 30,000 units × 240 clusters (seed 1), a cluster's capacity over the demand that ranks it
-//! first ranges from 0.44 to 3.0 (10th–90th percentile 0.68–1.61), so demand is rejected and
-//! evicted at the short sites and overflows where a whole neighbourhood is short (a greedy
-//! first-fit over the candidate lists leaves about 5% of the demand over at headroom 1.1).
+//! The cpu is split over the class leaves in proportion to `share(k) × v(k)`, with `share(k)` the
+//! class's share of the world's Fps cost and `v(k)` lognormal per cluster and class
+//! (σ = [`LEAF_SIGMA`]), and each leaf gets [`LEAF_MARGIN`] of the cpu on top (capped at the cpu):
+//! the leaves sum to more than the cpu, so the cpu node binds where the class mix is typical, and a
+//! leaf binds where its class crowds in or its `v(k)` is small. Leaf shortages are class-specific,
+//! so they mostly shift demand to a neighbour rather than overflow it. At 30,000 units × 240
+//! clusters (seed 1), a cluster's uplink and cpu over the demand that ranks it first range from
+//! 0.74 to 1.92 (10th–90th percentile 0.83–1.25), and at its tightest node (leaves included) from
+//! 0.40 to 1.68 (0.63–1.14): demand is rejected and evicted at the short clusters and overflows
+//! where a whole neighbourhood is short. With the solver at headroom 1.1 (`cdnmap demo`, and
+//! `cdnmap bench solve --map-units 1000000 --clusters 1000`) about 1–2% of the demand overflows and
+//! about 90% is served by its first choice. Tighter leaves would lower that share, but at the
+//! price of more overflow and of more demand moved by small changes in demand.
 //!
 //! **Map units.** `N` map units are `⌈N/3⌉` prefixes × the 3 classes (the last prefix gets the first
 //! `N mod 3` classes in name order when `N` is not a multiple of 3). Each prefix is placed in a city
@@ -49,13 +56,20 @@
 //! shares web 0.5, video 0.35, apps 0.15 and `noise` lognormal with mean 1 (σ = [`DEMAND_SIGMA`]);
 //! it is never negative.
 //!
-//! **Candidates.** A map unit's candidates are its nearest clusters (by great-circle distance from
-//! its jittered location; ties by cluster id) whose RTT estimate [`rtt_ms`] is at most
-//! `max_rtt_ms`, at most `candidates` of them, scored by that RTT. A unit with no cluster within
-//! `max_rtt_ms` gets the single nearest cluster as its only candidate, so no unit is left without
-//! one. The selection is exact: each city keeps a shortlist of clusters (whole sites, nearest
-//! first, until it holds `candidates` clusters, plus every site within a margin that covers both
-//! jitters), and the three map units of a prefix share one computation.
+//! **Candidates.** Each prefix has its own *rendezvous order* of the clusters (a hash of the seed,
+//! the prefix's index and the cluster's index), and may use, of each site, the first
+//! [`WorldParams::max_per_site`] clusters in that order (all of them if the site has no more). A
+//! usable cluster's score is the RTT estimate [`rtt_ms`] from the unit's jittered location to its
+//! site, plus `i / max_per_site × SITE_SPREAD_MS` for the site's `i`-th usable cluster (`i` from
+//! 0; [`SITE_SPREAD_MS`] is 0.1 ms), so a site's clusters come in rendezvous order and each is the
+//! first choice of an even share of the site's prefixes. A map unit's candidates are its usable
+//! clusters of lowest score (ties by cluster id) whose score is at most `max_rtt_ms`, at most
+//! `candidates` of them, so a list spans at least `candidates / max_per_site` sites when full. A
+//! unit with no usable cluster within `max_rtt_ms` gets the usable cluster of lowest score as its
+//! only candidate, so no unit is left without one. The selection is exact: each city keeps a
+//! shortlist of sites (nearest first, until they offer `candidates` usable clusters, plus every
+//! site within a margin that covers the unit jitter and the spread), and the three map units of a
+//! prefix share one computation.
 //!
 //! Everything is deterministic given [`WorldParams`]: each purpose draws from its own ChaCha8
 //! stream seeded from `seed` (floating-point results are the platform's `libm`'s).
@@ -96,24 +110,31 @@ pub const RTT_BASE_MS: f64 = 2.0;
 pub const MAX_WORLD_CLUSTERS: usize = 1 << 16;
 /// A map unit lies within this distance of its city's centre.
 pub const UNIT_JITTER_KM: f64 = 5.0;
-/// A cluster lies within this distance of its site.
-pub const CLUSTER_JITTER_KM: f64 = 10.0;
+/// Salt of the per-prefix rendezvous order of a site's clusters.
+const SITE_CHOICE_SALT: u64 = 0x5EED_5173_C40C_E000;
+/// A site's clusters in one candidate list differ in score by less than this, ms (they come in the
+/// prefix's rendezvous order).
+pub const SITE_SPREAD_MS: f64 = 0.1;
 /// Share of prefixes that are IPv6 /48s.
 pub const V6_SHARE: f64 = 0.10;
 /// One unit of demand per this many inhabitants.
 pub const PEOPLE_PER_DEMAND_UNIT: f64 = 1000.0;
 /// σ of the lognormal (mean 1) noise on each map unit's demand.
 pub const DEMAND_SIGMA: f64 = 0.4;
-/// σ of the lognormal capacity factor drawn per country.
-pub const COUNTRY_SIGMA: f64 = 0.2;
-/// σ of the lognormal capacity factor drawn per site.
-pub const SITE_SIGMA: f64 = 0.2;
+/// σ of the lognormal uplink factor drawn per country.
+pub const COUNTRY_SIGMA: f64 = 0.05;
+/// σ of the lognormal uplink factor drawn per site.
+pub const SITE_SIGMA: f64 = 0.1;
 /// Clamp on the product of the country and site factors.
 pub const REGION_FACTOR_MIN: f64 = 0.5;
 /// Clamp on the product of the country and site factors.
 pub const REGION_FACTOR_MAX: f64 = 2.0;
 /// σ of the lognormal factor on each cluster's uplink and cpu (clamped to [0.7, 1.4]).
 pub const CLUSTER_SIGMA: f64 = 0.1;
+/// σ of the lognormal factor on each class's part of a cluster's cpu.
+pub const LEAF_SIGMA: f64 = 0.45;
+/// Each class leaf gets this share of its cluster's cpu on top of its part.
+pub const LEAF_MARGIN: f64 = 0.05;
 
 /// Parameters of a generated world.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -126,6 +147,8 @@ pub struct WorldParams {
     pub seed: u64,
     /// At most this many candidates per map unit (1..=255).
     pub candidates: usize,
+    /// At most this many of a map unit's candidates at one site (at least 1).
+    pub max_per_site: usize,
     /// Clusters with a higher RTT estimate are not candidates (except the single-nearest fallback).
     pub max_rtt_ms: f64,
     /// Total capacity / total demand cost, per resource kind.
@@ -139,6 +162,7 @@ impl Default for WorldParams {
             clusters: 240,
             seed: 1,
             candidates: 16,
+            max_per_site: 4,
             max_rtt_ms: 150.0,
             headroom: 1.1,
         }
@@ -162,6 +186,11 @@ impl WorldParams {
             (1..=MAX_CANDIDATES_CEILING).contains(&self.candidates),
             "candidates must be in 1..={MAX_CANDIDATES_CEILING}, got {}",
             self.candidates
+        );
+        ensure!(
+            self.max_per_site >= 1,
+            "max_per_site must be at least 1, got {}",
+            self.max_per_site
         );
         ensure!(
             self.max_rtt_ms.is_finite() && self.max_rtt_ms > 0.0,
@@ -395,7 +424,6 @@ fn jitter(rng: &mut ChaCha8Rng, lat: f64, lon: f64, radius_km: f64) -> (f64, f64
 /// Independent random streams, one per purpose, so that changing how one part draws does not
 /// change the others.
 mod stream {
-    pub const CLUSTER_LOCATION: u64 = 1;
     pub const CAPACITY: u64 = 2;
     pub const PREFIX_CITY: u64 = 3;
     pub const DEMAND: u64 = 4;
@@ -547,21 +575,20 @@ struct GenCluster {
     lon: f64,
 }
 
-/// The clusters, sorted by id (so that a position here is the builder's cluster index).
-fn layout_clusters(sites: &[Site], k: usize, seed: u64) -> Vec<GenCluster> {
+/// The clusters, at their sites, sorted by id (so that a position here is the builder's cluster
+/// index).
+fn layout_clusters(sites: &[Site], k: usize) -> Vec<GenCluster> {
     let populations: Vec<u64> = sites.iter().map(|s| s.metro_population).collect();
     let seats = apportion(&populations, k);
-    let mut rng = rng_for(seed, stream::CLUSTER_LOCATION);
     let mut clusters = Vec::with_capacity(k);
     for (site_index, (site, &n)) in sites.iter().zip(&seats).enumerate() {
         let code = site.iata.to_ascii_lowercase();
         for number in 1..=n {
-            let (lat, lon) = jitter(&mut rng, site.lat, site.lon, CLUSTER_JITTER_KM);
             clusters.push(GenCluster {
                 id: format!("{code}-{number}"),
                 site: site_index,
-                lat,
-                lon,
+                lat: site.lat,
+                lon: site.lon,
             });
         }
     }
@@ -626,12 +653,11 @@ fn cluster_specs(
     for f in country.values_mut() {
         *f = lognormal(&mut rng, COUNTRY_SIGMA);
     }
-    let site_weight: Vec<f64> = sites[..used]
+    let region: Vec<f64> = sites[..used]
         .iter()
-        .zip(voronoi_population)
-        .map(|(s, &pop)| {
+        .map(|s| {
             let f = country[s.country.as_str()] * lognormal(&mut rng, SITE_SIGMA);
-            pop * f.clamp(REGION_FACTOR_MIN, REGION_FACTOR_MAX)
+            f.clamp(REGION_FACTOR_MIN, REGION_FACTOR_MAX)
         })
         .collect();
     let mut per_site = vec![0usize; used];
@@ -641,10 +667,10 @@ fn cluster_specs(
     let mut raw = Vec::with_capacity(clusters.len());
     let (mut sum_uplink, mut sum_cpu) = (0.0, 0.0);
     for c in clusters {
-        let w = site_weight[c.site] / per_site[c.site] as f64;
-        let u = w * lognormal(&mut rng, CLUSTER_SIGMA).clamp(0.7, 1.4);
+        let w = voronoi_population[c.site] / per_site[c.site] as f64;
+        let u = w * region[c.site] * lognormal(&mut rng, CLUSTER_SIGMA).clamp(0.7, 1.4);
         let f = w * lognormal(&mut rng, CLUSTER_SIGMA).clamp(0.7, 1.4);
-        let leaf: [f64; 3] = std::array::from_fn(|_| rng.random_range(0.8..=1.25));
+        let leaf: [f64; 3] = std::array::from_fn(|_| lognormal(&mut rng, LEAF_SIGMA));
         sum_uplink += u;
         sum_cpu += f;
         raw.push((u, f, leaf));
@@ -680,8 +706,16 @@ fn cluster_specs(
         .enumerate()
         .map(|(j, (c, (u, f, leaf)))| {
             let cpu = f * cpu_scale;
-            let leaves =
-                std::array::from_fn(|k| cpu * ((0.1 + 1.2 * fps_share[k]) * leaf[k]).min(1.0));
+            // The cpu split by share × leaf factor, plus LEAF_MARGIN of it each.
+            let weight: f64 = (0..3).map(|k| fps_share[k] * leaf[k]).sum();
+            let leaves = std::array::from_fn(|k| {
+                let split = if weight > 0.0 {
+                    fps_share[k] * leaf[k] / weight
+                } else {
+                    1.0 / 3.0
+                };
+                cpu * (LEAF_MARGIN + split).min(1.0)
+            });
             ClusterSpec {
                 id: c.id.clone(),
                 lat: c.lat,
@@ -695,11 +729,11 @@ fn cluster_specs(
         .collect()
 }
 
-/// Per city, the clusters that can be among the nearest `candidates` of any point within
+/// Per city, the sites whose clusters can be candidates of a map unit at any point within
 /// [`UNIT_JITTER_KM`] of it, and the city's nearest site.
 struct Shortlists {
     start: Vec<u32>,
-    clusters: Vec<u32>,
+    sites: Vec<u32>,
     nearest_site: Vec<u32>,
     /// An upper bound on the candidate count of a map unit in the city (for `reserve`).
     candidate_bound: Vec<u8>,
@@ -707,39 +741,33 @@ struct Shortlists {
 
 impl Shortlists {
     fn of(&self, city: usize) -> &[u32] {
-        &self.clusters[self.start[city] as usize..self.start[city + 1] as usize]
+        &self.sites[self.start[city] as usize..self.start[city + 1] as usize]
     }
 }
 
+/// `site_xyz` and `site_clusters` (the number of clusters at each) cover the used sites.
 fn shortlists(
     cities: &[City],
-    sites: &[Site],
-    clusters: &[GenCluster],
-    cluster_xyz: &[[f64; 3]],
+    site_xyz: &[[f64; 3]],
+    site_clusters: &[usize],
     params: &WorldParams,
 ) -> Shortlists {
-    let used = clusters.iter().map(|c| c.site + 1).max().unwrap_or(0);
-    let mut of_site: Vec<Vec<u32>> = vec![Vec::new(); used];
-    for (j, c) in clusters.iter().enumerate() {
-        of_site[c.site].push(j as u32);
-    }
-    let site_xyz: Vec<[f64; 3]> = sites[..used]
-        .iter()
-        .map(|s| unit_vector(s.lat, s.lon))
-        .collect();
-    // A point within UNIT_JITTER_KM of the city is within UNIT_JITTER_KM + CLUSTER_JITTER_KM of
-    // each cluster's distance from the site centre: sites beyond this margin cannot change order.
-    let margin = 2.0 * (UNIT_JITTER_KM + CLUSTER_JITTER_KM) + 1.0;
+    // A map unit takes at most `max_per_site` clusters of a site, scored from its distance to the
+    // site (within UNIT_JITTER_KM of its city's) plus less than SITE_SPREAD_MS. Once the sites so
+    // far offer `candidates` clusters, a site farther from the city than the last by more than
+    // twice the jitter plus the spread (as km) scores worse than all of them (1 km covers
+    // rounding).
+    let margin =
+        2.0 * UNIT_JITTER_KM + SITE_SPREAD_MS * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION) + 1.0;
     let max_km = (params.max_rtt_ms - RTT_BASE_MS) * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION);
     let mut out = Shortlists {
         start: Vec::with_capacity(cities.len() + 1),
-        clusters: Vec::new(),
+        sites: Vec::new(),
         nearest_site: Vec::with_capacity(cities.len()),
         candidate_bound: Vec::with_capacity(cities.len()),
     };
     out.start.push(0);
-    let mut order: Vec<(f64, usize)> = Vec::with_capacity(used);
-    let mut near: Vec<(f64, u32)> = Vec::new();
+    let mut order: Vec<(f64, usize)> = Vec::with_capacity(site_xyz.len());
     for city in cities {
         let p = unit_vector(city.lat, city.lon);
         order.clear();
@@ -751,32 +779,26 @@ fn shortlists(
         );
         order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         out.nearest_site.push(order[0].1 as u32);
-        let mut count = 0;
+        let mut offered = 0;
+        let mut reachable = 0;
         let mut limit = f64::INFINITY;
-        near.clear();
         for &(d, s) in &order {
             if d > limit {
                 break;
             }
-            out.clusters.extend_from_slice(&of_site[s]);
-            near.extend(
-                of_site[s]
-                    .iter()
-                    .map(|&j| (chord2_to_km(chord2(&p, &cluster_xyz[j as usize])), j)),
-            );
-            count += of_site[s].len();
-            if count >= params.candidates && limit.is_infinite() {
+            out.sites.push(s as u32);
+            let n = site_clusters[s].min(params.max_per_site);
+            offered += n;
+            if d <= max_km + UNIT_JITTER_KM + 0.5 {
+                reachable += n;
+            }
+            if offered >= params.candidates && limit.is_infinite() {
                 limit = d + margin;
             }
         }
-        out.start.push(out.clusters.len() as u32);
-        near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let reachable = near
-            .iter()
-            .take(params.candidates)
-            .filter(|&&(d, _)| d <= max_km + UNIT_JITTER_KM + 0.5)
-            .count();
-        out.candidate_bound.push(reachable.max(1) as u8);
+        out.start.push(out.sites.len() as u32);
+        out.candidate_bound
+            .push(reachable.clamp(1, params.candidates) as u8);
     }
     out
 }
@@ -806,6 +828,67 @@ fn prefix_classes(p: usize, prefixes: usize, map_units: usize) -> &'static [usiz
     }
 }
 
+/// The splitmix64 finaliser: a well-mixed 64-bit hash of `z`.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The key of prefix `p`'s rendezvous order of clusters.
+fn prefix_key(seed: u64, p: usize) -> u64 {
+    mix64(mix64(seed ^ SITE_CHOICE_SALT).wrapping_add(p as u64))
+}
+
+/// Cluster `j`'s place in the rendezvous order of the prefix with key `key` (lower first).
+fn rendezvous(key: u64, j: u32) -> u64 {
+    mix64(key ^ u64::from(j).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// The used sites: where they are and their clusters (indices, ascending).
+struct SiteIndex {
+    xyz: Vec<[f64; 3]>,
+    clusters: Vec<Vec<u32>>,
+}
+
+impl SiteIndex {
+    /// Appends to `near` (score, cluster index) the clusters of `sites` that the prefix with key
+    /// `key` may use, seen from `xyz`: of each site, the first `max_per_site` in the prefix's
+    /// rendezvous order, the `i`-th of them scored `RTT + i / max_per_site × SITE_SPREAD_MS`.
+    fn eligible(
+        &self,
+        sites: &[u32],
+        max_per_site: usize,
+        key: u64,
+        xyz: &[f64; 3],
+        scratch: &mut Vec<(u64, u32)>,
+        near: &mut Vec<(f64, u32)>,
+    ) {
+        for &s in sites {
+            let s = s as usize;
+            let rtt = rtt_from_km(chord2_to_km(chord2(xyz, &self.xyz[s])));
+            let all = &self.clusters[s];
+            if let [j] = all[..] {
+                near.push((rtt, j));
+                continue;
+            }
+            scratch.clear();
+            scratch.extend(all.iter().map(|&j| (rendezvous(key, j), j)));
+            let m = max_per_site.min(all.len());
+            if all.len() > m {
+                scratch.select_nth_unstable(m - 1);
+            }
+            scratch[..m].sort_unstable();
+            near.extend(
+                scratch[..m]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(_, j))| (rtt + SITE_SPREAD_MS * i as f64 / max_per_site as f64, j)),
+            );
+        }
+    }
+}
+
 /// Generates a world (see the module documentation). `progress` is called now and then with the
 /// number of map units generated so far, and once at the end with `params.map_units`.
 /// Deterministic given `params`.
@@ -813,15 +896,21 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instan
     params.validate()?;
     let cities = cities()?;
     let sites = sites()?;
-    let clusters = layout_clusters(&sites, params.clusters, params.seed);
+    let clusters = layout_clusters(&sites, params.clusters);
     let used_sites = params.clusters.min(sites.len());
-    let cluster_xyz: Vec<[f64; 3]> = clusters.iter().map(|c| unit_vector(c.lat, c.lon)).collect();
     let ids: Vec<String> = clusters.iter().map(|c| c.id.clone()).collect();
-    let lists = shortlists(&cities, &sites, &clusters, &cluster_xyz, params);
-    let mut voronoi_population = vec![0.0; used_sites];
-    for (city, &s) in cities.iter().zip(&lists.nearest_site) {
-        voronoi_population[s as usize] += city.population as f64;
+    let mut index = SiteIndex {
+        xyz: sites[..used_sites]
+            .iter()
+            .map(|s| unit_vector(s.lat, s.lon))
+            .collect(),
+        clusters: vec![Vec::new(); used_sites],
+    };
+    for (j, c) in clusters.iter().enumerate() {
+        index.clusters[c.site].push(j as u32);
     }
+    let site_clusters: Vec<usize> = index.clusters.iter().map(Vec::len).collect();
+    let lists = shortlists(&cities, &index.xyz, &site_clusters, params);
 
     // Pass 1: place the prefixes, and total the demand per class (replaying the demand stream
     // in pass 2 gives the same numbers) so that capacity can be sized against it exactly.
@@ -832,6 +921,14 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instan
     for c in &cities {
         total_population += c.population;
         cumulative.push(total_population);
+    }
+    // Capacity follows the expected demand: a city's demand is its population if it gets a
+    // prefix at all, which it does with probability 1 - (1 - population / total)^prefixes.
+    let mut voronoi_population = vec![0.0; used_sites];
+    for (city, &s) in cities.iter().zip(&lists.nearest_site) {
+        let share = city.population as f64 / total_population as f64;
+        let covered = -(prefixes as f64 * (-share).ln_1p()).exp_m1();
+        voronoi_population[s as usize] += city.population as f64 * covered;
     }
     let mut rng = rng_for(params.seed, stream::PREFIX_CITY);
     let mut city_of_prefix: Vec<u16> = Vec::with_capacity(prefixes);
@@ -875,6 +972,7 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instan
     let mut family_rng = rng_for(params.seed, stream::PREFIX_FAMILY);
     let mut allocator = PrefixAllocator::new();
     let mut near: Vec<(f64, u32)> = Vec::new();
+    let mut scratch: Vec<(u64, u32)> = Vec::new();
     let mut candidates: Vec<CandidateSpec<'_>> = Vec::with_capacity(params.candidates);
     let mut id = String::with_capacity(32);
     #[cfg(debug_assertions)]
@@ -890,25 +988,27 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instan
             allocator.v4()?
         };
 
-        // The nearest clusters (ties by index = id), then those within reach.
+        // The nearest of the clusters the prefix may use (a site's clusters in the prefix's
+        // rendezvous order), then those within reach.
         let xyz = unit_vector(lat, lon);
         near.clear();
-        near.extend(
-            lists
-                .of(city)
-                .iter()
-                .map(|&j| (chord2(&xyz, &cluster_xyz[j as usize]), j)),
+        index.eligible(
+            lists.of(city),
+            params.max_per_site,
+            prefix_key(params.seed, p),
+            &xyz,
+            &mut scratch,
+            &mut near,
         );
-        let by_distance = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+        let by_score = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
         if near.len() > params.candidates {
-            near.select_nth_unstable_by(params.candidates - 1, by_distance);
+            near.select_nth_unstable_by(params.candidates - 1, by_score);
             near.truncate(params.candidates);
         }
         // Sorted, so that the builder's sort of each of the prefix's units is a linear pass.
-        near.sort_unstable_by(by_distance);
+        near.sort_unstable_by(by_score);
         candidates.clear();
-        for &(c2, j) in &near {
-            let rtt = rtt_from_km(chord2_to_km(c2));
+        for &(rtt, j) in &near {
             // Compare as the builder will store it (f32), so stored scores respect the limit.
             if f64::from(rtt as f32) <= params.max_rtt_ms {
                 candidates.push(CandidateSpec {
@@ -922,10 +1022,10 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instan
         }
         if candidates.is_empty() {
             // Nothing within reach: the single nearest cluster.
-            if let Some(&(c2, j)) = near.first() {
+            if let Some(&(rtt, j)) = near.first() {
                 candidates.push(CandidateSpec {
                     cluster: &ids[j as usize],
-                    score: rtt_from_km(chord2_to_km(c2)),
+                    score: rtt,
                     cluster_rank: None,
                 });
             }
@@ -1155,8 +1255,9 @@ mod tests {
             let leaves: f64 = c.nodes[2..].iter().map(|n| n.capacity).sum();
             assert!(
                 leaves > cpu,
-                "{}: the leaves sum to more than the cpu",
-                c.id
+                "{}: the leaves sum to more than the cpu: {:?}",
+                c.id,
+                c.nodes
             );
             assert!(c.nodes[2..]
                 .iter()
@@ -1188,8 +1289,9 @@ mod tests {
         assert!((cpu / fps - params.headroom).abs() < 1e-9, "{}", cpu / fps);
     }
 
-    /// Capacity against the demand whose first choice is each cluster: it must vary widely, and
-    /// some clusters must be oversubscribed, so that the solver rejects and evicts.
+    /// Capacity against the demand whose first choice is each cluster, as a whole (uplink, cpu)
+    /// and at its tightest node (leaves too): it must vary, and some clusters must be
+    /// oversubscribed, so that the solver rejects and evicts.
     #[test]
     fn regional_capacity_varies() {
         let inst = gen(&WorldParams {
@@ -1197,84 +1299,180 @@ mod tests {
             clusters: 240,
             ..small(5)
         });
-        let mut first = vec![[0.0f64; 2]; inst.clusters().len()];
+        // Per cluster: Bps, Fps, and the Fps of each class (in class order) of its first choosers.
+        let mut first = vec![[0.0f64; 5]; inst.clusters().len()];
         for u in 0..inst.unit_count() as UnitIdx {
-            let per = inst.classes()[usize::from(inst.unit_class(u))].per_unit;
+            let k = usize::from(inst.unit_class(u));
+            let per = inst.classes()[k].per_unit;
             let c = inst.candidate(u, 0).cluster as usize;
             first[c][0] += inst.unit_demand(u) * per.bps;
             first[c][1] += inst.unit_demand(u) * per.fps;
+            first[c][2 + k] += inst.unit_demand(u) * per.fps;
         }
-        let ratios: Vec<f64> = inst
-            .clusters()
-            .iter()
-            .zip(&first)
-            .filter(|(_, d)| d[0] > 0.0)
-            .map(|(c, d)| (c.nodes[0].capacity / d[0]).min(c.nodes[1].capacity / d[1]))
-            .collect();
-        let short = ratios.iter().filter(|&&r| r < 0.8).count();
-        let roomy = ratios.iter().filter(|&&r| r > 1.5).count();
+        let (mut whole, mut tightest) = (Vec::new(), Vec::new());
+        for (c, d) in inst.clusters().iter().zip(&first) {
+            if d[0] <= 0.0 {
+                continue;
+            }
+            let w = (c.nodes[0].capacity / d[0]).min(c.nodes[1].capacity / d[1]);
+            let leaves = (0..3).map(|k| {
+                let leaf = c.nodes.iter().find(|n| n.classes == [k as u16]).unwrap();
+                leaf.capacity / d[2 + k]
+            });
+            whole.push(w);
+            tightest.push(leaves.fold(w, f64::min));
+        }
+        let count = |v: &[f64], f: fn(f64) -> bool| v.iter().filter(|&&r| f(r)).count();
+        let short = count(&whole, |r| r < 0.9);
+        let roomy = count(&whole, |r| r > 1.2);
+        let pinched = count(&tightest, |r| r < 0.7);
         assert!(
-            short >= 10 && roomy >= 10,
-            "short {short}, roomy {roomy} of {}",
-            ratios.len()
+            short >= 10 && roomy >= 10 && pinched >= 10,
+            "short {short}, roomy {roomy}, a node pinched {pinched} of {}",
+            whole.len()
         );
+    }
+
+    /// Brute force over all clusters: unit `u`'s eligible clusters (of each site, the first
+    /// `max_per_site` in its prefix's rendezvous order) as (score, cluster index), best first.
+    fn brute_force(inst: &Instance, params: &WorldParams, u: UnitIdx) -> Vec<(f64, u32)> {
+        let p: usize = inst.unit_id(u)[1..9].parse().unwrap();
+        let key = prefix_key(params.seed, p);
+        let (lat, lon) = inst.unit_location(u);
+        let mut by_site: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for (j, c) in inst.clusters().iter().enumerate() {
+            let site = c.id.split('-').next().unwrap();
+            by_site.entry(site).or_default().push(j as u32);
+        }
+        let mut all = Vec::new();
+        for mut js in by_site.into_values() {
+            js.sort_by_key(|&j| (rendezvous(key, j), j));
+            for (i, &j) in js.iter().take(params.max_per_site).enumerate() {
+                let c = &inst.clusters()[j as usize];
+                let spread = SITE_SPREAD_MS * i as f64 / params.max_per_site as f64;
+                all.push((rtt_ms(lat, lon, c.lat, c.lon) + spread, j));
+            }
+        }
+        all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        all
     }
 
     #[test]
     fn candidates_are_the_nearest_within_reach() {
+        // 600 clusters: big sites have several, so the per-site limit binds.
         let params = WorldParams {
-            max_rtt_ms: 60.0,
+            clusters: 600,
+            max_rtt_ms: 10.0,
             candidates: 8,
+            max_per_site: 2,
             ..small(6)
         };
         let inst = gen(&params);
-        let mut fallbacks = 0;
+        let site = |j: u32| {
+            let id = &inst.clusters()[j as usize].id;
+            id[..id.find('-').unwrap()].to_string()
+        };
+        let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+        for j in 0..inst.clusters().len() as u32 {
+            *sizes.entry(site(j)).or_default() += 1;
+        }
+        let (mut fallbacks, mut limited) = (0, 0);
         for u in (0..inst.unit_count() as UnitIdx).step_by(7) {
-            let (lat, lon) = inst.unit_location(u);
-            let mut all: Vec<(f64, u32)> = inst
-                .clusters()
-                .iter()
-                .enumerate()
-                .map(|(j, c)| (rtt_ms(lat, lon, c.lat, c.lon), j as u32))
-                .collect();
-            all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let all = brute_force(&inst, &params, u);
             let got: Vec<Candidate> = inst.candidates(u).collect();
+            // Scores are from the f64 location; the stored location is f32.
             for (i, cand) in got.iter().enumerate() {
-                // Scores are from the f64 location; the stored location is f32.
                 assert!(
                     (f64::from(cand.score) - all[i].0).abs() < 1e-3,
                     "unit {u} #{i}"
                 );
             }
-            let within: Vec<u32> = all
+            let want: Vec<(f64, u32)> = all
                 .iter()
                 .take(params.candidates)
                 .filter(|(r, _)| *r <= params.max_rtt_ms - 1e-3)
-                .map(|&(_, j)| j)
+                .copied()
                 .collect();
-            let mut got_ids: Vec<u32> = got.iter().map(|c| c.cluster).collect();
-            if within.is_empty() {
+            if want.is_empty() {
                 fallbacks += 1;
                 assert_eq!(got.len(), 1);
-                assert_eq!(
-                    got[0].cluster, all[0].1,
-                    "unit {u}: fallback is the nearest"
-                );
+                assert_eq!(got[0].cluster, all[0].1, "unit {u}: fallback is the best");
                 continue;
             }
-            got_ids.sort();
-            let mut want = within.clone();
-            want.sort();
             // Equal unless a cluster sits within float noise of the limit.
-            assert!(
-                got_ids.len() >= want.len() && want.iter().all(|j| got_ids.contains(j)),
-                "unit {u}"
-            );
+            assert!(got.len() >= want.len(), "unit {u}");
+            for (i, &(score, j)) in want.iter().enumerate() {
+                let tie = |k: usize| want.get(k).is_some_and(|w| (w.0 - score).abs() < 1e-3);
+                assert!(
+                    got[i].cluster == j || tie(i + 1) || (i > 0 && tie(i - 1)),
+                    "unit {u} #{i}"
+                );
+            }
+            let mut per_site: BTreeMap<String, usize> = BTreeMap::new();
+            for cand in &got {
+                *per_site.entry(site(cand.cluster)).or_default() += 1;
+            }
+            assert!(per_site.values().all(|&n| n <= params.max_per_site));
+            // Limited: without the limit, more clusters of a site would precede the last one.
+            let last = site(got[got.len() - 1].cluster);
+            if per_site
+                .iter()
+                .any(|(s, &n)| n == params.max_per_site && sizes[s] > n && *s != last)
+            {
+                limited += 1;
+            }
             for cand in &got {
                 assert!(f64::from(cand.score) <= params.max_rtt_ms);
             }
         }
-        assert!(fallbacks > 0, "60 ms leaves some units out of reach");
+        assert!(fallbacks > 0, "10 ms leaves some units out of reach");
+        assert!(limited > 0, "the per-site limit binds");
+    }
+
+    /// Candidate lists span several sites, and a big site's clusters share its load.
+    #[test]
+    fn lists_span_sites_and_big_sites_spread() {
+        let params = WorldParams {
+            map_units: 60_000,
+            clusters: 1_000,
+            ..small(12)
+        };
+        let inst = gen(&params);
+        let site = |j: u32| {
+            let id = &inst.clusters()[j as usize].id;
+            id[..id.find('-').unwrap()].to_string()
+        };
+        let mut first_at_sha: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut sites_in_lists = 0;
+        for u in 0..inst.unit_count() as UnitIdx {
+            let mut sites: Vec<String> = inst.candidates(u).map(|c| site(c.cluster)).collect();
+            let n = sites.len();
+            sites.sort();
+            sites.dedup();
+            assert!(
+                sites.len() * params.max_per_site >= n,
+                "unit {u}: {n} candidates at {} sites",
+                sites.len()
+            );
+            sites_in_lists += sites.len();
+            let first = inst.candidate(u, 0).cluster;
+            if site(first) == "sha" {
+                *first_at_sha.entry(first).or_default() += 1;
+            }
+        }
+        let mean_sites = sites_in_lists as f64 / inst.unit_count() as f64;
+        assert!(mean_sites >= 4.0, "{mean_sites} sites per list");
+        let sha = inst
+            .clusters()
+            .iter()
+            .filter(|c| c.id.starts_with("sha-"))
+            .count();
+        assert!(sha >= 20, "{sha} clusters at Shanghai");
+        assert_eq!(
+            first_at_sha.len(),
+            sha,
+            "every Shanghai cluster is someone's first choice"
+        );
     }
 
     #[test]
@@ -1433,7 +1631,7 @@ mod tests {
     #[test]
     fn bad_params() {
         let ok = small(1);
-        let cases: [(WorldParams, &str); 10] = [
+        let cases: [(WorldParams, &str); 11] = [
             (WorldParams { map_units: 0, ..ok }, "map_units"),
             (
                 WorldParams {
@@ -1463,6 +1661,13 @@ mod tests {
                     ..ok
                 },
                 "candidates",
+            ),
+            (
+                WorldParams {
+                    max_per_site: 0,
+                    ..ok
+                },
+                "max_per_site",
             ),
             (
                 WorldParams {
