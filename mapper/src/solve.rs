@@ -121,13 +121,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
 }
 
 /// Solves `instance` warm, starting from `seed` (normally the previous round's map): every unit
-/// first keeps its previous *shares* at the clusters that are still up candidates (so demand
-/// that grew or shrank stays where it was); nodes pushed over capacity shed the holders they
-/// like least; then the unplaced demand proposes, and repair rounds remove every blocking pair.
-/// The result is stable for `instance`'s preferences, like a cold solve's, but it is the stable
-/// allocation *nearest the seed* rather than the map-unit-optimal one. Work is proportional to
-/// what changed plus one pass over the units. Allocations in `seed` that are not valid for
-/// `instance` (unknown unit, non-candidate, cluster not up, negative) are ignored.
+/// whose whole demand sat at its first choice (an up cluster) keeps it there, at its new demand;
+/// nodes pushed over capacity shed the holders they like least; then every other unit proposes
+/// from its first choice, and repair rounds remove any blocking pair left. With stickiness
+/// ([`crate::sticky`]) most units' first choice is where they were, so little moves. The result
+/// is stable for `instance`'s preferences, like a cold solve's, but it is a stable allocation
+/// *near the seed* rather than the map-unit-optimal one. Work: one pass over the units plus the
+/// proposals of the units not at their first choice. Entries of `seed` that do not fit
+/// `instance` (units beyond its count, other clusters) are ignored.
 pub fn solve_seeded(instance: &Instance, seed: &Map, options: &SolveOptions) -> Solution {
     let mut s = Solver::new(instance);
     s.seed(seed, options.arrival);
@@ -695,52 +696,45 @@ impl<'a> Solver<'a> {
     fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let n = self.inst.unit_count().min(seed.unit_count());
         for u in 0..n as UnitIdx {
-            let allocs = seed.allocations(u);
-            let total: f64 =
-                allocs.iter().map(|a| a.amount.max(0.0)).sum::<f64>() + seed.overflow(u).max(0.0);
-            if !(total > 0.0 && total.is_finite()) {
+            // Only a unit whose whole demand sat at its first choice keeps its place; any other
+            // unit proposes afresh from its first choice (its incumbent bonus usually brings it
+            // back where it was). Seeded units cannot be in a blocking pair, and the fresh
+            // proposals follow deferred acceptance, so repair has little left to do.
+            let range = self.inst.candidate_range(u);
+            if range.is_empty() {
                 continue;
             }
+            let first = self.inst.cands.cluster[range.start];
             let d = self.inst.units.demand[u as usize];
-            // Keep each share; when demand did not change keep the amounts bit for bit.
-            let scale = if (total - d).abs() <= self.tol(u) {
-                1.0
-            } else {
-                d / total
-            };
-            let range = self.inst.candidate_range(u);
-            for a in allocs {
-                if a.amount.is_nan() || a.amount <= 0.0 {
-                    continue; // nothing to keep (or not a number)
-                }
-                let list = &self.inst.cands.cluster[range.clone()];
-                let Some(j) = list.iter().position(|&c| c == a.cluster) else {
-                    continue;
-                };
-                let amount = (a.amount * scale).min(self.unplaced[u as usize]);
-                if !self.up[a.cluster as usize] || amount <= self.tol(u) {
-                    continue;
-                }
-                self.add(u, a.cluster, j, None, amount);
-                self.unplaced[u as usize] -= amount;
+            let allocs = seed.allocations(u);
+            let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
+            let elsewhere = allocs.iter().any(|a| a.cluster != first && a.amount != 0.0)
+                || seed.overflow(u) != 0.0;
+            if !at_first || elsewhere || !self.up[first as usize] || d <= 0.0 {
+                continue;
+            }
+            self.add(u, first, 0, None, d);
+            self.unplaced[u as usize] = 0.0;
+        }
+        // Build the heaps in one go from the seeded holdings (each at the unit's first
+        // candidate): count per node, then fill vectors of exactly that size, then heapify.
+        let units = self.inst.unit_count() as UnitIdx;
+        let seeded = |s: &Self, u: UnitIdx| s.head[u as usize] != NONE;
+        let mut count = vec![0usize; self.heap.len()];
+        for u in (0..units).filter(|&u| seeded(self, u)) {
+            let first = self.inst.candidate_range(u).start;
+            let c = self.inst.cands.cluster[first];
+            for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
+                count[self.paths.node[pi] as usize] += 1;
             }
         }
-        // Build the heaps in one go from the seeded holdings.
-        let mut entries: Vec<Vec<u64>> = vec![Vec::new(); self.heap.len()];
-        for u in 0..self.inst.unit_count() as UnitIdx {
-            let range = self.inst.candidate_range(u);
-            let k = self.inst.units.class[u as usize];
-            let mut s = self.head[u as usize];
-            while s != NONE {
-                let slot = self.slots[s as usize];
-                let list = &self.inst.cands.cluster[range.clone()];
-                if let Some(j) = list.iter().position(|&c| c == slot.cluster) {
-                    let key = self.key(u, range.start + j);
-                    for pi in self.paths.range(slot.cluster, k) {
-                        entries[self.paths.node[pi] as usize].push(key);
-                    }
-                }
-                s = slot.next;
+        let mut entries: Vec<Vec<u64>> = count.iter().map(|&n| Vec::with_capacity(n)).collect();
+        for u in (0..units).filter(|&u| seeded(self, u)) {
+            let first = self.inst.candidate_range(u).start;
+            let c = self.inst.cands.cluster[first];
+            let key = self.key(u, first);
+            for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
+                entries[self.paths.node[pi] as usize].push(key);
             }
         }
         for (n, e) in entries.into_iter().enumerate() {
@@ -844,13 +838,30 @@ impl<'a> Solver<'a> {
     fn to_map(&self) -> Map {
         let n = self.inst.unit_count();
         let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
+        let mut held: Vec<(usize, Allocation)> = Vec::new();
         for u in 0..n as UnitIdx {
+            // The unit's holdings (usually one), put in its preference order.
+            held.clear();
             let range = self.inst.candidate_range(u);
-            let allocs = self.inst.cands.cluster[range].iter().filter_map(|&c| {
-                let amount = self.held(u, c);
-                (amount > 0.0).then_some(Allocation { cluster: c, amount })
-            });
-            map.push_unit(allocs, self.unplaced[u as usize]);
+            let list = &self.inst.cands.cluster[range];
+            let mut s = self.head[u as usize];
+            while s != NONE {
+                let slot = self.slots[s as usize];
+                let j = list
+                    .iter()
+                    .position(|&c| c == slot.cluster)
+                    .unwrap_or(usize::MAX);
+                if slot.amount > 0.0 {
+                    let a = Allocation {
+                        cluster: slot.cluster,
+                        amount: slot.amount,
+                    };
+                    held.push((j, a));
+                }
+                s = slot.next;
+            }
+            held.sort_unstable_by_key(|&(j, _)| j);
+            map.push_unit(held.iter().map(|&(_, a)| a), self.unplaced[u as usize]);
         }
         map
     }

@@ -103,56 +103,65 @@ pub fn favour_incumbents(
     let factor = (1.0 - margin) as f32;
     let old = &instance.cands;
     let total = old.cluster.len();
+    // Start from a copy; only incumbents change, and each only moves forward in its list.
     let mut cands = CandidateColumns {
-        cluster: Vec::with_capacity(total),
-        score: Vec::with_capacity(total),
-        rank: old.rank.as_ref().map(|_| Vec::with_capacity(total)),
-        incumbent: stickiness
-            .incumbents_first
-            .then(|| vec![0u64; total.div_ceil(64)]),
+        cluster: old.cluster.clone(),
+        score: old.score.clone(),
+        rank: old.rank.clone(),
+        incumbent: None,
     };
-    let mut scratch: Vec<(f32, u32, f32)> = Vec::new();
+    let mut marks = vec![0u64; total.div_ceil(64)];
     for u in 0..instance.unit_count() as UnitIdx {
         let range = instance.candidate_range(u);
-        let held = previous.allocations(u);
-        let incumbent = |c: u32| held.iter().any(|a| a.cluster == c && a.amount > 0.0);
-        if !held.iter().any(|a| a.amount > 0.0) {
-            cands.cluster.extend_from_slice(&old.cluster[range.clone()]);
-            cands.score.extend_from_slice(&old.score[range.clone()]);
-            if let (Some(dst), Some(src)) = (cands.rank.as_mut(), old.rank.as_ref()) {
-                dst.extend_from_slice(&src[range]);
+        for a in previous.allocations(u) {
+            if a.amount.is_nan() || a.amount <= 0.0 {
+                continue;
             }
-            continue;
-        }
-        scratch.clear();
-        let start = range.start;
-        for i in range {
-            let c = old.cluster[i];
-            let rank = old.rank.as_ref().map_or(NO_RANK, |r| r[i]);
-            let (mut score, mut rank) = (old.score[i], rank);
-            if incumbent(c) {
-                score *= factor;
+            let list = &cands.cluster[range.clone()];
+            let Some(j) = list.iter().position(|&c| c == a.cluster) else {
+                continue;
+            };
+            let mut i = range.start + j;
+            if bit(&marks, i) {
+                continue; // the map named the cluster twice
+            }
+            cands.score[i] *= factor;
+            if let Some(r) = cands.rank.as_mut() {
                 // Without an explicit rank the rank is the score, which just got the bonus.
-                if rank != NO_RANK {
-                    rank *= factor;
+                if r[i] != NO_RANK {
+                    r[i] *= factor;
                 }
             }
-            scratch.push((score, c, rank));
-        }
-        // The unit's preference: score, then cluster id.
-        scratch.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for (j, &(score, c, rank)) in scratch.iter().enumerate() {
-            if let Some(bits) = cands.incumbent.as_mut() {
-                if incumbent(c) {
-                    bits[(start + j) / 64] |= 1 << ((start + j) % 64);
+            set_bit(&mut marks, i, true);
+            // Insertion: the unit's preference is (score, cluster id); only this entry got
+            // better, so it moves forward past the entries it now beats.
+            while i > range.start
+                && (cands.score[i], cands.cluster[i]) < (cands.score[i - 1], cands.cluster[i - 1])
+            {
+                cands.cluster.swap(i, i - 1);
+                cands.score.swap(i, i - 1);
+                if let Some(r) = cands.rank.as_mut() {
+                    r.swap(i, i - 1);
                 }
-            }
-            cands.cluster.push(c);
-            cands.score.push(score);
-            if let Some(ranks) = cands.rank.as_mut() {
-                ranks.push(rank);
+                let (a, b) = (bit(&marks, i), bit(&marks, i - 1));
+                set_bit(&mut marks, i, b);
+                set_bit(&mut marks, i - 1, a);
+                i -= 1;
             }
         }
     }
+    cands.incumbent = stickiness.incumbents_first.then_some(marks);
     Ok(instance.with_candidates(cands))
+}
+
+fn bit(bits: &[u64], i: usize) -> bool {
+    bits[i / 64] & (1 << (i % 64)) != 0
+}
+
+fn set_bit(bits: &mut [u64], i: usize, on: bool) {
+    if on {
+        bits[i / 64] |= 1 << (i % 64);
+    } else {
+        bits[i / 64] &= !(1 << (i % 64));
+    }
 }

@@ -7,13 +7,74 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use cdnmap_mapper::{solve as solve_instance, Instance, SolveOptions, UnitIdx};
+use cdnmap_mapper::{
+    churn, favour_incumbents, solve as solve_instance, solve_seeded, Instance, Map, SolveOptions,
+    Stickiness, UnitIdx, DEFAULT_STICKINESS,
+};
 use clap::Args;
 
 use crate::alloc;
 use crate::cli::generate_world;
 use crate::report::Summary;
-use crate::world::WorldParams;
+use crate::world::{perturb, WorldParams};
+
+/// The second half of `bench solve --perturb`: cold and seeded solves of a jittered world.
+fn sticky_round(
+    a: &SolveBenchArgs,
+    inst: &Instance,
+    first: &Map,
+    pct: f64,
+    first_cold: Duration,
+) -> Result<()> {
+    let next = perturb(inst, pct, a.seed.wrapping_add(1))?;
+    let options = SolveOptions::default();
+    let (cold, _, cold_sol) = time_runs(a.runs, || solve_instance(black_box(&next), &options));
+    let stickiness = Stickiness::margin(a.stickiness);
+    let (prefs, _, effective) = time_runs(a.runs, || {
+        favour_incumbents(black_box(&next), first, &stickiness)
+    });
+    let effective = effective?;
+    let (warm_solve, _, warm_sol) = time_runs(a.runs, || {
+        solve_seeded(black_box(&effective), first, &options)
+    });
+    let warm = prefs + warm_solve;
+    let demand = next.total_demand();
+    let cold_churn = churn(&next, first, &cold_sol.map);
+    let warm_churn = churn(&next, first, &warm_sol.map);
+    println!();
+    println!(
+        "sticky round   the same world, every demand and score x [1 - {pct}%, 1 + {pct}%], seed {}",
+        a.seed.wrapping_add(1)
+    );
+    println!(
+        "cold solve     median {:>9.1} ms   churn {:.3}%   overflow {:.2}%",
+        ms(cold),
+        100.0 * cold_churn,
+        100.0 * cold_sol.map.total_overflow() / demand
+    );
+    println!(
+        "warm solve     median {:>9.1} ms   churn {:.3}%   overflow {:.2}%   (stickiness {}, seeded from the first map)",
+        ms(warm),
+        100.0 * warm_churn,
+        100.0 * warm_sol.map.total_overflow() / demand,
+        a.stickiness
+    );
+    println!(
+        "               = effective preferences {:.1} ms + seeded solve {:.1} ms; proposals {}   evictions {}   repair rounds {}   blocking pairs {}",
+        ms(prefs),
+        ms(warm_solve),
+        warm_sol.stats.proposals,
+        warm_sol.stats.evictions,
+        warm_sol.stats.repair_rounds,
+        warm_sol.stats.blocking_pairs_left
+    );
+    println!(
+        "warm / cold    {:>15.1}%   (the first world's cold solve: {:.1} ms)",
+        100.0 * warm.as_secs_f64() / cold.as_secs_f64().max(1e-9),
+        ms(first_cold)
+    );
+    Ok(())
+}
 
 #[derive(Args, Debug)]
 pub struct SolveBenchArgs {
@@ -32,6 +93,31 @@ pub struct SolveBenchArgs {
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Also time a sticky round: the same world with every demand and score jittered by up to
+    /// PCT percent, solved cold and seeded from the first map.
+    #[arg(long, value_name = "PCT")]
+    pub perturb: Option<f64>,
+    /// Stickiness margin of the seeded round.
+    #[arg(long, default_value_t = DEFAULT_STICKINESS)]
+    pub stickiness: f64,
+}
+
+/// Runs `f` `runs` times; returns the median time, the sorted times, and the last result.
+fn time_runs<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, Vec<Duration>, T) {
+    let mut times = Vec::with_capacity(runs);
+    let mut last = None;
+    for _ in 0..runs.max(1) {
+        drop(last.take());
+        let t = Instant::now();
+        let out = f();
+        times.push(t.elapsed());
+        last = Some(out);
+    }
+    let m = median(&mut times);
+    match last {
+        Some(out) => (m, times, out),
+        None => unreachable!("at least one run"),
+    }
 }
 
 /// The median of `samples` (sorted in place).
@@ -122,6 +208,11 @@ pub fn solve(a: &SolveBenchArgs) -> Result<ExitCode> {
         solve_median.as_secs_f64() / trivial.as_secs_f64().max(1e-9)
     );
     println!("{summary}");
+    let memory = (live_before, peak_extra);
+    if let Some(pct) = a.perturb {
+        sticky_round(a, &inst, &sol.map, pct, solve_median)?;
+    }
+    let (live_before, peak_extra) = memory;
     if alloc::installed() {
         let instance_b = live_before as f64 / units;
         let solver_b = peak_extra as f64 / units;

@@ -8,7 +8,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use cdnmap_mapper::format::{parse_assignment, parse_instance, write_assignment, write_instance};
-use cdnmap_mapper::{solve, verify, Instance, Limits, SolveOptions};
+use cdnmap_mapper::{
+    churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Limits, Map,
+    SolveOptions, Stickiness, DEFAULT_STICKINESS,
+};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -47,7 +50,7 @@ struct SolveArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]
-    limits: LimitArgs,
+    round: RoundArgs,
     /// At most this many repair rounds after the first pass.
     #[arg(long, default_value_t = SolveOptions::default().max_repair_rounds)]
     repair_rounds: u32,
@@ -56,27 +59,97 @@ struct SolveArgs {
     no_verify: bool,
 }
 
+/// What makes the instance of a round: the file, cluster states set on the command line, and
+/// the previous map with the stickiness that turns it into effective preferences. `solve` and
+/// `verify` share it, so `verify` checks exactly the preferences `solve` used.
 #[derive(Args, Debug)]
-struct LimitArgs {
+struct RoundArgs {
     /// Refuse map units with more candidates than this (at most 255).
     #[arg(long, default_value_t = Limits::default().max_candidates)]
     max_candidates: usize,
+    /// Mark this cluster down for the round (repeatable).
+    #[arg(long = "down", value_name = "CLUSTER")]
+    down: Vec<String>,
+    /// Mark this cluster drained for the round (repeatable).
+    #[arg(long = "drain", value_name = "CLUSTER")]
+    drain: Vec<String>,
+    /// The previous round's assignment: the round is seeded from it (sticky, warm start).
+    #[arg(long, value_name = "ASSIGNMENT.json")]
+    previous: Option<PathBuf>,
+    /// With --previous: incumbent scores and ranks are multiplied by 1 - X (0 = a cold solve).
+    #[arg(long, default_value_t = DEFAULT_STICKINESS, value_name = "X")]
+    stickiness: f64,
+    /// With --previous: do not put incumbents before newcomers at clusters.
+    #[arg(long)]
+    no_incumbents_first: bool,
 }
 
-impl LimitArgs {
+/// An instance as a round sees it.
+struct Round {
+    /// The instance with the command line's cluster states.
+    instance: Instance,
+    /// The previous map, if any, and the effective preferences built from it.
+    previous: Option<(Map, Instance)>,
+}
+
+impl Round {
+    /// The preferences the solver uses and the verifier checks.
+    fn effective(&self) -> &Instance {
+        self.previous.as_ref().map_or(&self.instance, |(_, e)| e)
+    }
+}
+
+impl RoundArgs {
     fn limits(&self) -> Limits {
         Limits {
             max_candidates: self.max_candidates,
         }
     }
+
+    fn load(&self, path: &Path) -> Result<Round> {
+        let mut instance = read_instance(path, self.limits())?;
+        for (ids, state) in [
+            (&self.down, ClusterState::Down),
+            (&self.drain, ClusterState::Drained),
+        ] {
+            for id in ids {
+                let c = instance
+                    .cluster_index(id)
+                    .with_context(|| format!("{}: no cluster {id:?}", path.display()))?;
+                instance = instance.with_cluster_state(c, state);
+            }
+        }
+        let previous = match &self.previous {
+            None => None,
+            Some(p) => {
+                let map = read_assignment(p, &instance)?;
+                let stickiness = Stickiness {
+                    margin: self.stickiness,
+                    incumbents_first: !self.no_incumbents_first,
+                };
+                let effective = favour_incumbents(&instance, &map, &stickiness)
+                    .with_context(|| format!("--stickiness {}", self.stickiness))?;
+                Some((map, effective))
+            }
+        };
+        Ok(Round { instance, previous })
+    }
+}
+
+/// Reads an assignment file against `instance`; errors name the file.
+pub fn read_assignment(path: &Path, instance: &Instance) -> Result<Map> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_assignment(&bytes, instance).with_context(|| format!("{}", path.display()))
 }
 
 #[derive(Args, Debug)]
 struct VerifyArgs {
     instance: PathBuf,
     assignment: PathBuf,
+    /// The same round options `solve` was given: the map is checked against the preferences
+    /// they make (with --previous, the effective preferences).
     #[command(flatten)]
-    limits: LimitArgs,
+    round: RoundArgs,
     /// Print at most this many violations.
     #[arg(long, default_value_t = 20)]
     max_lines: usize,
@@ -125,6 +198,13 @@ impl WorldShape {
 struct WorldArgs {
     #[command(flatten)]
     shape: WorldShape,
+    /// Write the same world with every demand and score multiplied by an independent factor
+    /// in [1 - PCT/100, 1 + PCT/100].
+    #[arg(long, value_name = "PCT")]
+    perturb: Option<f64>,
+    /// Seed of the perturbation (default: the world seed + 1).
+    #[arg(long)]
+    perturb_seed: Option<u64>,
     /// Where to write the instance (JSON).
     #[arg(long)]
     out: PathBuf,
@@ -179,35 +259,72 @@ pub fn generate_world(params: &WorldParams) -> Result<Instance> {
     Ok(inst)
 }
 
-/// Writes a file through a temporary sibling and a rename, so a failed write never leaves a
-/// half-written file under the real name.
+/// Refuses an output path whose directory does not exist, before any long work is done.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        bail!(
+            "cannot write {}: no directory {}",
+            path.display(),
+            dir.display()
+        )
+    }
+}
+
+/// Writes a file through a temporary sibling (`.NAME.tmp-PID`) and a rename, so a failed write
+/// never leaves a half-written file under the real name and never touches another file.
 pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut w = BufWriter::new(file);
-    write(&mut w).with_context(|| format!("writing {}", tmp.display()))?;
-    w.flush()
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    drop(w);
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+    check_writable(path)?;
+    let name = path
+        .file_name()
+        .with_context(|| format!("cannot write {}: not a file name", path.display()))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let file = File::create(&tmp)?;
+        let mut w = BufWriter::new(file);
+        write(&mut w)?;
+        w.flush()?;
+        drop(w);
+        std::fs::rename(&tmp, path)?;
+        Ok::<_, anyhow::Error>(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing {}", path.display()))
 }
 
-fn solve_and_report(
-    inst: &Instance,
-    repair_rounds: u32,
-    check: bool,
-) -> (cdnmap_mapper::Solution, Summary) {
+/// Solves a round (warm from the previous map when there is one), verifies the result against
+/// the preferences used, and summarises it.
+fn solve_and_report(round: &Round, repair_rounds: u32, check: bool) -> (Map, Summary) {
     let options = SolveOptions {
         max_repair_rounds: repair_rounds,
         ..SolveOptions::default()
     };
+    let inst = round.effective();
     let t = Instant::now();
-    let sol = solve(inst, &options);
+    let sol = match &round.previous {
+        None => solve(inst, &options),
+        Some((previous, effective)) => solve_seeded(effective, previous, &options),
+    };
     let elapsed = t.elapsed();
-    let mut summary = Summary::new(inst, &sol.map, &sol.stats, elapsed);
+    // Quality (RTT, first choice) is judged by the real scores, not the effective ones.
+    let mut summary = Summary::new(&round.instance, &sol.map, &sol.stats, elapsed);
+    if let Some((previous, _)) = &round.previous {
+        summary.churn = Some(churn(&round.instance, previous, &sol.map));
+    }
     if check {
         let report = verify::verify(inst, &sol.map);
         summary.verifier_violations = Some(report.violation_count());
@@ -215,15 +332,20 @@ fn solve_and_report(
             eprintln!("{}", report.describe(inst, 20));
         }
     }
-    (sol, summary)
+    (sol.map, summary)
 }
 
 fn cmd_solve(a: &SolveArgs) -> Result<ExitCode> {
-    let inst = read_instance(&a.instance, a.limits.limits())?;
-    let (sol, summary) = solve_and_report(&inst, a.repair_rounds, !a.no_verify);
+    if let Some(out) = &a.out {
+        check_writable(out)?;
+    }
+    let round = a.round.load(&a.instance)?;
+    let (map, summary) = solve_and_report(&round, a.repair_rounds, !a.no_verify);
     println!("{summary}");
     if let Some(out) = &a.out {
-        write_atomically(out, |w| Ok(write_assignment(&inst, &sol.map, &summary, w)?))?;
+        write_atomically(out, |w| {
+            Ok(write_assignment(&round.instance, &map, &summary, w)?)
+        })?;
         println!("assignment     {}", out.display());
     }
     Ok(if summary.verifier_violations.unwrap_or(0) > 0 {
@@ -234,12 +356,10 @@ fn cmd_solve(a: &SolveArgs) -> Result<ExitCode> {
 }
 
 fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
-    let inst = read_instance(&a.instance, a.limits.limits())?;
-    let bytes = std::fs::read(&a.assignment)
-        .with_context(|| format!("reading {}", a.assignment.display()))?;
-    let map =
-        parse_assignment(&bytes, &inst).with_context(|| format!("{}", a.assignment.display()))?;
-    let report = verify::verify(&inst, &map);
+    let round = a.round.load(&a.instance)?;
+    let inst = round.effective();
+    let map = read_assignment(&a.assignment, inst)?;
+    let report = verify::verify(inst, &map);
     if report.is_ok() {
         println!(
             "ok: {} map units, capacity, conservation, candidates and stability hold",
@@ -247,13 +367,18 @@ fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("{}", report.describe(&inst, a.max_lines));
+        println!("{}", report.describe(inst, a.max_lines));
         Ok(ExitCode::from(1))
     }
 }
 
 fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
-    let inst = generate_world(&a.shape.params())?;
+    check_writable(&a.out)?;
+    let mut inst = generate_world(&a.shape.params())?;
+    if let Some(pct) = a.perturb {
+        let seed = a.perturb_seed.unwrap_or(a.shape.seed.wrapping_add(1));
+        inst = world::perturb(&inst, pct, seed)?;
+    }
     write_atomically(&a.out, |w| Ok(write_instance(&inst, w)?))?;
     println!(
         "wrote {}: {} map units, {} clusters, {} candidates, demand {:.1}",
@@ -266,11 +391,27 @@ fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Two rounds of a demo world: a cold solve, then the same world with ±5% noise on demand and
+/// scores, solved seeded from the first round.
 fn cmd_demo(a: &DemoArgs) -> Result<ExitCode> {
-    let inst = generate_world(&a.shape.params())?;
-    let (_, summary) = solve_and_report(&inst, SolveOptions::default().max_repair_rounds, true);
-    println!("{summary}");
-    if summary.verifier_violations.unwrap_or(0) > 0 {
+    let params = a.shape.params();
+    let inst = generate_world(&params)?;
+    let repair = SolveOptions::default().max_repair_rounds;
+    let first = Round {
+        instance: inst.clone(),
+        previous: None,
+    };
+    let (m0, s0) = solve_and_report(&first, repair, true);
+    println!("round 1: cold solve\n{s0}\n");
+    let next = world::perturb(&inst, 5.0, params.seed.wrapping_add(1))?;
+    let effective = favour_incumbents(&next, &m0, &Stickiness::default())?;
+    let second = Round {
+        instance: next,
+        previous: Some((m0, effective)),
+    };
+    let (_, s1) = solve_and_report(&second, repair, true);
+    println!("round 2: ±5% noise on demand and scores, seeded from round 1 (stickiness {DEFAULT_STICKINESS})\n{s1}");
+    if s0.verifier_violations.unwrap_or(0) + s1.verifier_violations.unwrap_or(0) > 0 {
         bail!("the verifier found violations in the demo world's map");
     }
     Ok(ExitCode::SUCCESS)

@@ -26,6 +26,12 @@ pub struct Summary {
     pub repair_rounds: u32,
     /// Blocking pairs the solver found left after its repair rounds.
     pub blocking_pairs: usize,
+    /// Churn against the previous map (`None`: no previous map).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub churn: Option<f64>,
+    /// Demand a seeded solve kept where the previous map had it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeded: Option<f64>,
     /// Violations the independent verifier found (`None`: verification skipped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verifier_violations: Option<usize>,
@@ -68,6 +74,8 @@ impl Summary {
             evictions: stats.evictions,
             repair_rounds: stats.repair_rounds,
             blocking_pairs: stats.blocking_pairs_left,
+            churn: None,
+            seeded: (stats.seeded_demand > 0.0).then_some(stats.seeded_demand),
             verifier_violations: None,
         }
     }
@@ -114,6 +122,17 @@ impl fmt::Display for Summary {
             "solve time     {:>9.1} ms   proposals {}   evictions {}   repair rounds {}",
             self.solve_ms, self.proposals, self.evictions, self.repair_rounds
         )?;
+        if let Some(churn) = self.churn {
+            write!(
+                f,
+                "churn          {:>11.3}%   of demand changed cluster since the previous map",
+                100.0 * churn
+            )?;
+            if let Some(seeded) = self.seeded {
+                write!(f, "; warm start kept {:.2}%", pct(seeded, self.demand))?;
+            }
+            writeln!(f)?;
+        }
         write!(
             f,
             "blocking pairs {:>12}   (solver's check)",

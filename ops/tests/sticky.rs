@@ -63,11 +63,17 @@ fn same_inputs_and_previous_map_give_the_same_map() {
         }
         assert!((m0.overflow(u) - m1.overflow(u)).abs() <= 1e-9 * inst.unit_demand(u));
     }
-    // And the warm start did no work beyond one pass over the units: nothing proposed.
+    // The warm start kept every unit that sat wholly at its first choice (most of the demand)
+    // and needed no repair; the other units proposed again and landed where they were.
     let effective = favour_incumbents(&inst, &m0, &Stickiness::default()).expect("effective");
     let sol = solve_seeded(&effective, &m0, &SolveOptions::default());
-    assert_eq!(sol.stats.evictions, 0);
     assert_eq!(sol.stats.repair_rounds, 0);
+    assert!(
+        sol.stats.seeded_demand >= 0.8 * inst.total_demand(),
+        "seeded {} of {}",
+        sol.stats.seeded_demand,
+        inst.total_demand()
+    );
 }
 
 #[test]
