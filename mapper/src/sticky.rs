@@ -66,6 +66,21 @@ impl Stickiness {
         incumbents_first: false,
     };
 
+    /// Refuses a margin outside `[0, MAX_STICKINESS]` (or not a number).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let margin = self.margin;
+        if margin.is_finite() && (0.0..=MAX_STICKINESS).contains(&margin) {
+            Ok(())
+        } else {
+            Err(ModelError::BadNumber {
+                subject: "stickiness".into(),
+                field: "margin",
+                value: margin,
+                rule: "must be a number in [0, 0.9]",
+            })
+        }
+    }
+
     /// The default with another margin.
     pub fn margin(margin: f64) -> Self {
         Stickiness {
@@ -82,15 +97,8 @@ pub fn favour_incumbents(
     previous: &Map,
     stickiness: &Stickiness,
 ) -> Result<Instance, ModelError> {
+    stickiness.validate()?;
     let margin = stickiness.margin;
-    if !(margin.is_finite() && (0.0..=MAX_STICKINESS).contains(&margin)) {
-        return Err(ModelError::BadNumber {
-            subject: "stickiness".into(),
-            field: "margin",
-            value: margin,
-            rule: "must be a number in [0, 0.9]",
-        });
-    }
     if previous.unit_count() != instance.unit_count() {
         return Err(ModelError::MapShape {
             map_units: previous.unit_count(),
@@ -163,5 +171,113 @@ fn set_bit(bits: &mut [u64], i: usize, on: bool) {
         bits[i / 64] |= 1 << (i % 64);
     } else {
         bits[i / 64] &= !(1 << (i % 64));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::parse_instance;
+    use crate::map::Allocation;
+    use crate::model::Limits;
+    use crate::{solve, solve_seeded, verify, SolveOptions};
+
+    /// Two clusters 5% apart; unit "m" sat at the worse one last round.
+    fn instance() -> Instance {
+        let json = r#"{
+          "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
+          "clusters": [
+            {"id": "a", "lat": 0, "lon": 0, "resources": {"name": "r", "kind": "bps", "capacity": 1, "classes": ["web"]}},
+            {"id": "b", "lat": 0, "lon": 0, "resources": {"name": "r", "kind": "bps", "capacity": 1, "classes": ["web"]}}],
+          "map_units": [
+            {"id": "m", "class": "web", "demand": 1, "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "a", "score": 10}, {"cluster": "b", "score": 10.5}]},
+            {"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "a", "score": 20}]}]
+        }"#;
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    fn previous(inst: &Instance, cluster: &str) -> Map {
+        let c = inst.cluster_index(cluster).expect("cluster");
+        let mut map = Map::with_capacity(2, 1);
+        map.push_unit(
+            [Allocation {
+                cluster: c,
+                amount: 1.0,
+            }],
+            0.0,
+        ); // m
+        map.push_unit([], 1.0); // n: overflow
+        map
+    }
+
+    #[test]
+    fn an_incumbent_within_the_margin_overtakes_and_is_kept() {
+        let inst = instance();
+        let prev = previous(&inst, "b");
+        let eff = favour_incumbents(&inst, &prev, &Stickiness::default()).expect("effective");
+        let m = inst.unit_index("m").expect("unit");
+        let order: Vec<(String, f32, bool)> = eff
+            .candidates(m)
+            .map(|c| {
+                (
+                    eff.clusters()[c.cluster as usize].id.clone(),
+                    c.score,
+                    c.incumbent,
+                )
+            })
+            .collect();
+        assert_eq!(
+            order,
+            vec![("b".into(), 10.5 * 0.9, true), ("a".into(), 10.0, false)]
+        );
+        // Cold, m goes to a (and n, liked less by a, overflows); sticky, m stays at b and n
+        // gets a.
+        let cold = solve(&inst, &SolveOptions::default()).map;
+        assert_eq!(
+            cold.allocations(m)[0].cluster,
+            inst.cluster_index("a").expect("a")
+        );
+        let warm = solve_seeded(&eff, &prev, &SolveOptions::default()).map;
+        assert!(verify::verify(&eff, &warm).is_ok());
+        assert_eq!(
+            warm.allocations(m)[0].cluster,
+            inst.cluster_index("b").expect("b")
+        );
+        let n = inst.unit_index("n").expect("unit");
+        assert_eq!(
+            warm.allocations(n)[0].cluster,
+            inst.cluster_index("a").expect("a")
+        );
+    }
+
+    #[test]
+    fn beyond_the_margin_the_unit_moves() {
+        let inst = instance();
+        let prev = previous(&inst, "b");
+        let eff = favour_incumbents(&inst, &prev, &Stickiness::margin(0.01)).expect("effective");
+        let m = inst.unit_index("m").expect("unit");
+        let warm = solve_seeded(&eff, &prev, &SolveOptions::default()).map;
+        assert!(verify::verify(&eff, &warm).is_ok());
+        assert_eq!(
+            warm.allocations(m)[0].cluster,
+            inst.cluster_index("a").expect("a")
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let inst = instance();
+        let prev = previous(&inst, "b");
+        for margin in [-0.1, 0.95, f64::NAN, f64::INFINITY] {
+            let err = favour_incumbents(&inst, &prev, &Stickiness::margin(margin));
+            assert!(matches!(err, Err(ModelError::BadNumber { .. })), "{margin}");
+        }
+        let short = Map::with_capacity(0, 0);
+        assert!(matches!(
+            favour_incumbents(&inst, &short, &Stickiness::default()),
+            Err(ModelError::MapShape { .. })
+        ));
     }
 }

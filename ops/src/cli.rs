@@ -76,8 +76,9 @@ struct RoundArgs {
     /// The previous round's assignment: the round is seeded from it (sticky, warm start).
     #[arg(long, value_name = "ASSIGNMENT.json")]
     previous: Option<PathBuf>,
-    /// With --previous: incumbent scores and ranks are multiplied by 1 - X (0 = a cold solve).
-    #[arg(long, default_value_t = DEFAULT_STICKINESS, value_name = "X")]
+    /// With --previous: incumbent scores and ranks are multiplied by 1 - X, X in [0, 0.9]
+    /// (0 = a cold solve; churn is still reported against the previous map).
+    #[arg(long, default_value_t = DEFAULT_STICKINESS, value_name = "X", allow_negative_numbers = true)]
     stickiness: f64,
     /// With --previous: do not put incumbents before newcomers at clusters.
     #[arg(long)]
@@ -88,14 +89,17 @@ struct RoundArgs {
 struct Round {
     /// The instance with the command line's cluster states.
     instance: Instance,
-    /// The previous map, if any, and the effective preferences built from it.
-    previous: Option<(Map, Instance)>,
+    /// The previous map, if any: churn is measured against it.
+    previous: Option<Map>,
+    /// The effective preferences built from the previous map, when stickiness is on: the
+    /// round is then solved warm from the previous map.
+    sticky: Option<Instance>,
 }
 
 impl Round {
     /// The preferences the solver uses and the verifier checks.
     fn effective(&self) -> &Instance {
-        self.previous.as_ref().map_or(&self.instance, |(_, e)| e)
+        self.sticky.as_ref().unwrap_or(&self.instance)
     }
 }
 
@@ -119,20 +123,28 @@ impl RoundArgs {
                 instance = instance.with_cluster_state(c, state);
             }
         }
+        let stickiness = Stickiness {
+            margin: self.stickiness,
+            incumbents_first: !self.no_incumbents_first,
+        };
         let previous = match &self.previous {
             None => None,
-            Some(p) => {
-                let map = read_assignment(p, &instance)?;
-                let stickiness = Stickiness {
-                    margin: self.stickiness,
-                    incumbents_first: !self.no_incumbents_first,
-                };
-                let effective = favour_incumbents(&instance, &map, &stickiness)
-                    .with_context(|| format!("--stickiness {}", self.stickiness))?;
-                Some((map, effective))
-            }
+            Some(p) => Some(read_assignment(p, &instance)?),
         };
-        Ok(Round { instance, previous })
+        // Checked even without --previous, so a bad value is never silently ignored.
+        let context = || format!("--stickiness {}", self.stickiness);
+        stickiness.validate().with_context(context)?;
+        let sticky = match &previous {
+            Some(map) if self.stickiness > 0.0 => {
+                Some(favour_incumbents(&instance, map, &stickiness).with_context(context)?)
+            }
+            _ => None,
+        };
+        Ok(Round {
+            instance,
+            previous,
+            sticky,
+        })
     }
 }
 
@@ -315,14 +327,14 @@ fn solve_and_report(round: &Round, repair_rounds: u32, check: bool) -> (Map, Sum
     };
     let inst = round.effective();
     let t = Instant::now();
-    let sol = match &round.previous {
-        None => solve(inst, &options),
-        Some((previous, effective)) => solve_seeded(effective, previous, &options),
+    let sol = match (&round.previous, &round.sticky) {
+        (Some(previous), Some(effective)) => solve_seeded(effective, previous, &options),
+        _ => solve(inst, &options),
     };
     let elapsed = t.elapsed();
     // Quality (RTT, first choice) is judged by the real scores, not the effective ones.
     let mut summary = Summary::new(&round.instance, &sol.map, &sol.stats, elapsed);
-    if let Some((previous, _)) = &round.previous {
+    if let Some(previous) = &round.previous {
         summary.churn = Some(churn(&round.instance, previous, &sol.map));
     }
     if check {
@@ -377,7 +389,7 @@ fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
     let mut inst = generate_world(&a.shape.params())?;
     if let Some(pct) = a.perturb {
         let seed = a.perturb_seed.unwrap_or(a.shape.seed.wrapping_add(1));
-        inst = world::perturb(&inst, pct, seed)?;
+        inst = world::perturb(&inst, pct, seed).with_context(|| format!("--perturb {pct}"))?;
     }
     write_atomically(&a.out, |w| Ok(write_instance(&inst, w)?))?;
     println!(
@@ -400,6 +412,7 @@ fn cmd_demo(a: &DemoArgs) -> Result<ExitCode> {
     let first = Round {
         instance: inst.clone(),
         previous: None,
+        sticky: None,
     };
     let (m0, s0) = solve_and_report(&first, repair, true);
     println!("round 1: cold solve\n{s0}\n");
@@ -407,7 +420,8 @@ fn cmd_demo(a: &DemoArgs) -> Result<ExitCode> {
     let effective = favour_incumbents(&next, &m0, &Stickiness::default())?;
     let second = Round {
         instance: next,
-        previous: Some((m0, effective)),
+        previous: Some(m0),
+        sticky: Some(effective),
     };
     let (_, s1) = solve_and_report(&second, repair, true);
     println!("round 2: ±5% noise on demand and scores, seeded from round 1 (stickiness {DEFAULT_STICKINESS})\n{s1}");
