@@ -210,6 +210,11 @@ impl Paths {
         p
     }
 
+    /// The index of the (cluster, class) path: `start[id]..start[id + 1]`.
+    fn id(&self, c: ClusterIdx, k: ClassIdx) -> u32 {
+        (c as usize * self.classes + usize::from(k)) as u32
+    }
+
     fn range(&self, c: ClusterIdx, k: ClassIdx) -> std::ops::Range<usize> {
         let i = c as usize * self.classes + usize::from(k);
         self.start[i] as usize..self.start[i + 1] as usize
@@ -695,6 +700,10 @@ impl<'a> Solver<'a> {
     /// Warm start from `seed` (see [`solve_seeded`]).
     fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let n = self.inst.unit_count().min(seed.unit_count());
+        // (key, path) of every seeded holding, and the number per node: the heaps are built
+        // from these in one go, without a second walk over the units' candidates.
+        let mut seeded: Vec<(u64, u32)> = Vec::with_capacity(n);
+        let mut count = vec![0usize; self.heap.len()];
         for u in 0..n as UnitIdx {
             // Only a unit whose whole demand sat at its first choice keeps its place; any other
             // unit proposes afresh from its first choice (its incumbent bonus usually brings it
@@ -715,28 +724,24 @@ impl<'a> Solver<'a> {
             }
             self.add(u, first, 0, None, d);
             self.unplaced[u as usize] = 0.0;
-        }
-        // Build the heaps in one go from the seeded holdings (each at the unit's first
-        // candidate): count per node, then fill vectors of exactly that size, then heapify.
-        let units = self.inst.unit_count() as UnitIdx;
-        let seeded = |s: &Self, u: UnitIdx| s.head[u as usize] != NONE;
-        let mut count = vec![0usize; self.heap.len()];
-        for u in (0..units).filter(|&u| seeded(self, u)) {
-            let first = self.inst.candidate_range(u).start;
-            let c = self.inst.cands.cluster[first];
-            for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
+            let k = self.inst.units.class[u as usize];
+            let path = self.paths.id(first, k);
+            for pi in self.paths.range(first, k) {
                 count[self.paths.node[pi] as usize] += 1;
             }
+            seeded.push((self.key(u, range.start), path));
         }
         let mut entries: Vec<Vec<u64>> = count.iter().map(|&n| Vec::with_capacity(n)).collect();
-        for u in (0..units).filter(|&u| seeded(self, u)) {
-            let first = self.inst.candidate_range(u).start;
-            let c = self.inst.cands.cluster[first];
-            let key = self.key(u, first);
-            for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
+        for &(key, path) in &seeded {
+            let (a, b) = (
+                self.paths.start[path as usize],
+                self.paths.start[path as usize + 1],
+            );
+            for pi in a as usize..b as usize {
                 entries[self.paths.node[pi] as usize].push(key);
             }
         }
+        drop(seeded);
         for (n, e) in entries.into_iter().enumerate() {
             self.heap[n] = BinaryHeap::from(e);
         }
