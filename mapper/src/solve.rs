@@ -142,7 +142,7 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
     while !left.is_empty() && s.stats.repair_rounds < options.max_repair_rounds {
         s.stats.repair_rounds += 1;
         for &(u, j) in &left {
-            s.withdraw_after(u, j);
+            s.move_up(u, j);
         }
         s.run();
         left = s.find_blocking();
@@ -454,17 +454,78 @@ impl<'a> Solver<'a> {
     /// Offers all of `u`'s unplaced demand to its candidate at arena index `i`; returns whether
     /// all of it was accepted.
     fn offer(&mut self, u: UnitIdx, i: usize) -> bool {
-        self.stats.proposals += 1;
-        let c = self.inst.cands.cluster[i];
-        if !self.up[c as usize] {
-            return false;
-        }
-        let k = self.inst.units.class[u as usize];
         let x = self.unplaced[u as usize];
-        let key = self.key(u, i);
-        let path = self.paths.range(c, k);
+        let accept = self.take(u, i, x);
+        if accept >= x {
+            self.unplaced[u as usize] = 0.0;
+            true
+        } else {
+            self.unplaced[u as usize] = x - accept;
+            false
+        }
+    }
 
-        // Size the offer: at each node, free capacity plus what worse holders could give up.
+    /// The cluster at arena index `i` takes as much as it can of `x` of unit `u`'s demand,
+    /// evicting holders it likes less; returns the amount placed (the caller takes it from
+    /// wherever it was).
+    fn take(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
+        self.stats.proposals += 1;
+        let accept = self.size_offer(u, i, x);
+        let c = self.inst.cands.cluster[i];
+        let path = self.paths.range(c, self.inst.units.class[u as usize]);
+        if accept <= self.tol(u) {
+            self.restore_scratch(path);
+            return 0.0;
+        }
+
+        // Evict, leaf first, the least-liked holders until `accept` fits at every node.
+        for (p, pi) in path.clone().enumerate() {
+            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
+            let entries = std::mem::take(&mut self.scratch[p]);
+            for &e in &entries {
+                let need = accept * q - (self.cap[n] - self.used[n]);
+                if need <= self.node_tol(n) {
+                    self.heap[n].push(e);
+                    continue;
+                }
+                let v = (e & UNIT_MASK) as UnitIdx;
+                let amount = self.held(v, c);
+                if amount <= 0.0 {
+                    continue; // evicted in full at a node below
+                }
+                let qv = self.node_coef(n, v);
+                self.stats.evictions += 1;
+                if amount * qv <= need + self.node_tol(n) {
+                    self.evict(v, c, amount);
+                } else {
+                    self.evict(v, c, need / qv);
+                    self.heap[n].push(e);
+                }
+            }
+            self.scratch[p] = entries;
+        }
+
+        let pos = i - self.inst.candidate_range(u).start;
+        self.add(u, c, pos, Some(self.key(u, i)), accept);
+        accept
+    }
+
+    /// How much of `x` of unit `u` the cluster at arena index `i` could hold if it evicted
+    /// holders it likes less: the minimum over the path of (free + worse holders' usage) / the
+    /// unit's coefficient. The worse holders it counted are left popped in `scratch`, for
+    /// [`Self::take`] to evict or [`Self::restore_scratch`] to put back.
+    fn size_offer(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
+        let c = self.inst.cands.cluster[i];
+        let k = self.inst.units.class[u as usize];
+        let path = self.paths.range(c, k);
+        for p in 0..path.len() {
+            self.scratch[p].clear();
+        }
+        if !self.up[c as usize] {
+            return 0.0;
+        }
+        let key = self.key(u, i);
+        // At each node, free capacity plus what worse holders could give up.
         let mut accept = x;
         for (p, pi) in path.clone().enumerate() {
             let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
@@ -498,51 +559,16 @@ impl<'a> Solver<'a> {
             }
             accept = accept.min(((free + got) / q).max(0.0));
         }
-        if accept <= self.tol(u) {
-            for (p, pi) in path.enumerate() {
-                let n = self.paths.node[pi] as usize;
-                for e in self.scratch[p].drain(..) {
-                    self.heap[n].push(e);
-                }
-            }
-            return false;
-        }
+        accept
+    }
 
-        // Evict, leaf first, the least-liked holders until `accept` fits at every node.
-        for (p, pi) in path.clone().enumerate() {
-            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
-            let entries = std::mem::take(&mut self.scratch[p]);
-            for &e in &entries {
-                let need = accept * q - (self.cap[n] - self.used[n]);
-                if need <= self.node_tol(n) {
-                    self.heap[n].push(e);
-                    continue;
-                }
-                let v = (e & UNIT_MASK) as UnitIdx;
-                let amount = self.held(v, c);
-                if amount <= 0.0 {
-                    continue; // evicted in full at a node below
-                }
-                let qv = self.node_coef(n, v);
-                self.stats.evictions += 1;
-                if amount * qv <= need + self.node_tol(n) {
-                    self.evict(v, c, amount);
-                } else {
-                    self.evict(v, c, need / qv);
-                    self.heap[n].push(e);
-                }
+    /// Puts the entries [`Self::size_offer`] popped back into their heaps.
+    fn restore_scratch(&mut self, path: std::ops::Range<usize>) {
+        for (p, pi) in path.enumerate() {
+            let n = self.paths.node[pi] as usize;
+            for e in self.scratch[p].drain(..) {
+                self.heap[n].push(e);
             }
-            self.scratch[p] = entries;
-        }
-
-        let pos = i - self.inst.candidate_range(u).start;
-        self.add(u, c, pos, Some(key), accept);
-        if accept >= x {
-            self.unplaced[u as usize] = 0.0;
-            true
-        } else {
-            self.unplaced[u as usize] = x - accept;
-            false
         }
     }
 
@@ -667,34 +693,13 @@ impl<'a> Solver<'a> {
         self.free_slots.push(s);
     }
 
-    /// Whether cluster `c` (candidate arena index `i` of `u`) could take more of `u`: at every
-    /// node of the path there is free room or a holder it likes less.
-    fn could_take_more(&mut self, u: UnitIdx, i: usize) -> bool {
+    /// How much more of `u` (up to `x`) its candidate at arena index `i` could take — the same
+    /// sizing an offer makes, so a pair found blocking here is one an offer will improve.
+    fn room_for(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
+        let room = self.size_offer(u, i, x);
         let c = self.inst.cands.cluster[i];
-        if !self.up[c as usize] {
-            return false;
-        }
-        let key = self.key(u, i);
-        let tol = self.tol(u);
-        for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
-            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
-            let free = self.cap[n] - self.used[n];
-            if free > self.node_tol(n) && free / q > tol {
-                continue;
-            }
-            // Clean stale entries off the top, then ask whether the worst holder is worse.
-            while let Some(&top) = self.heap[n].peek() {
-                if self.held((top & UNIT_MASK) as UnitIdx, c) > 0.0 {
-                    break;
-                }
-                self.heap[n].pop();
-            }
-            match self.heap[n].peek() {
-                Some(&top) if top > key => {}
-                _ => return false,
-            }
-        }
-        true
+        self.restore_scratch(self.paths.range(c, self.inst.units.class[u as usize]));
+        room
     }
 
     /// Warm start from `seed` (see [`solve_seeded`]).
@@ -805,6 +810,7 @@ impl<'a> Solver<'a> {
     /// For every unit in a blocking pair, the position of its best blocking candidate.
     fn find_blocking(&mut self) -> Vec<(UnitIdx, usize)> {
         let mut out = Vec::new();
+        let mut held: Vec<(usize, f64)> = Vec::new();
         for u in 0..self.inst.unit_count() as UnitIdx {
             // Candidates before `worst` are ones u likes more than some of its demand's place.
             let worst = if self.unplaced[u as usize] > self.tol(u) {
@@ -815,28 +821,65 @@ impl<'a> Solver<'a> {
             if worst == 0 {
                 continue;
             }
+            // Demand at each position (usually one holding), to know what could move up.
+            held.clear();
             let range = self.inst.candidate_range(u);
-            if let Some(j) = (0..worst).find(|&j| self.could_take_more(u, range.start + j)) {
-                out.push((u, j));
+            let mut s = self.head[u as usize];
+            while s != NONE {
+                let slot = self.slots[s as usize];
+                let list = &self.inst.cands.cluster[range.clone()];
+                if let Some(p) = list.iter().position(|&c| c == slot.cluster) {
+                    held.push((p, slot.amount));
+                }
+                s = slot.next;
+            }
+            let tol = self.tol(u);
+            for j in 0..worst {
+                let movable = self.unplaced[u as usize]
+                    + held
+                        .iter()
+                        .filter(|&&(p, _)| p > j)
+                        .map(|&(_, a)| a)
+                        .sum::<f64>();
+                if movable > tol && self.room_for(u, range.start + j, movable) > tol {
+                    out.push((u, j));
+                    break;
+                }
             }
         }
         out
     }
 
-    /// Withdraws `u`'s holdings at candidates after position `j` and queues it to offer again
-    /// from `j` on.
-    fn withdraw_after(&mut self, u: UnitIdx, j: usize) {
+    /// Repairs the blocking pair of `u` and its candidate at position `j`: offers the cluster
+    /// the demand `u` has in overflow and at candidates after `j`, and moves what it takes from
+    /// there (overflow first, then the worst clusters). Only what is accepted moves, so a pair
+    /// that another unit's repair already used up costs nothing, and each move is a strict
+    /// improvement for the unit; the room a move leaves behind is found by the next scan.
+    fn move_up(&mut self, u: UnitIdx, j: usize) {
         let range = self.inst.candidate_range(u);
-        for &c in &self.inst.cands.cluster[range.start + j + 1..range.end] {
+        let later = &self.inst.cands.cluster[range.start + j + 1..range.end];
+        let movable =
+            self.unplaced[u as usize] + later.iter().map(|&c| self.held(u, c)).sum::<f64>();
+        if movable <= self.tol(u) {
+            return;
+        }
+        let mut moved = self.take(u, range.start + j, movable);
+        let from_overflow = moved.min(self.unplaced[u as usize]);
+        self.unplaced[u as usize] -= from_overflow;
+        moved -= from_overflow;
+        for p in (j + 1..range.len()).rev() {
+            if moved <= 0.0 {
+                break;
+            }
+            let c = self.inst.cands.cluster[range.start + p];
             let held = self.held(u, c);
             if held > 0.0 {
-                self.remove(u, c, held);
+                let amount = held.min(moved);
+                self.remove(u, c, amount);
+                // `remove` hands the amount back as unplaced: it is placed at `j` already.
+                self.unplaced[u as usize] -= amount;
+                moved -= amount;
             }
-        }
-        self.next[u as usize] = j as u8;
-        if !self.queued[u as usize] {
-            self.queued[u as usize] = true;
-            self.stack.push(u);
         }
     }
 

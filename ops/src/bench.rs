@@ -38,6 +38,11 @@ fn sticky_round(
         solve_seeded(black_box(&effective), first, &options)
     });
     let warm = prefs + warm_solve;
+    // The independent verifier, against the preferences the warm solve used (not timed).
+    let report = cdnmap_mapper::verify::verify(&effective, &warm_sol.map);
+    if !report.is_ok() {
+        eprintln!("{}", report.describe(&effective, 10));
+    }
     let demand = next.total_demand();
     let cold_churn = churn(&next, first, &cold_sol.map);
     let warm_churn = churn(&next, first, &warm_sol.map);
@@ -67,6 +72,10 @@ fn sticky_round(
         warm_sol.stats.evictions,
         warm_sol.stats.repair_rounds,
         warm_sol.stats.blocking_pairs_left
+    );
+    println!(
+        "verifier       {:>12}   violations (warm map, effective preferences)",
+        report.violation_count()
     );
     println!(
         "warm / cold    {:>15.1}%   (the first world's cold solve: {:.1} ms)",
@@ -190,7 +199,13 @@ pub fn solve(a: &SolveBenchArgs) -> Result<ExitCode> {
     let Some(sol) = last else {
         unreachable!("runs >= 1 was checked above")
     };
-    let summary = Summary::new(&inst, &sol.map, &sol.stats, solve_median);
+    let mut summary = Summary::new(&inst, &sol.map, &sol.stats, solve_median);
+    // The independent verifier on the last map (not timed).
+    let report = cdnmap_mapper::verify::verify(&inst, &sol.map);
+    summary.verifier_violations = Some(report.violation_count());
+    if !report.is_ok() {
+        eprintln!("{}", report.describe(&inst, 10));
+    }
 
     println!(
         "trivial pass   median {:>9.1} ms   (sum each unit's demand into its first candidate)",
