@@ -8,6 +8,7 @@ pub mod error;
 pub mod format;
 pub mod map;
 pub mod model;
+pub mod resolve;
 pub mod solve;
 pub mod sticky;
 pub mod verify;

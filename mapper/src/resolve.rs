@@ -1,0 +1,627 @@
+//! Resolution: from a DNS query (client subnet, hostname) to the clusters that answer it, using
+//! one published map. The first piece of the service (issue 4), pure and testable on its own.
+//!
+//! A [`Resolver`] is built once per map version and then only read ("build once, then query;
+//! swap whole snapshots"):
+//!
+//! - **Prefix table.** Every map unit's prefixes, IPv4 mapped into the IPv6 space
+//!   (`::ffff:a.b.c.d`), are flattened into disjoint address intervals, each labelled with the
+//!   most specific prefix covering it; a lookup is one binary search. A prefix names a *group*:
+//!   the map units of that prefix, one per traffic class.
+//! - **Class rules.** The hostname picks the traffic class: an exact name (`www.example.com`)
+//!   or a wildcard (`*.video.example.com`, any name below it); the longest match wins, and
+//!   names no rule matches get the default class.
+//! - **Split units.** A unit whose demand the map split over several clusters picks one by a
+//!   deterministic weighted hash of (client subnet, hostname), so one client sees one answer
+//!   and the clusters get their shares.
+//! - **Two clusters.** An answer names a second cluster (the unit's next allocation or its
+//!   best other up candidate), so clients have somewhere to fall back to.
+//! - **Fallback.** A client outside every prefix, or a unit with nothing placed, gets the up
+//!   cluster serving the class with the most room: an answer, never an error.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::error::ModelError;
+use crate::map::Map;
+use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
+
+/// At most this many hostname rules.
+pub const MAX_CLASS_RULES: usize = 10_000;
+/// The longest hostname accepted (RFC 1035: 255 octets on the wire, 253 in text).
+pub const MAX_QNAME_LEN: usize = 253;
+
+const NO_GROUP: u32 = u32::MAX;
+const V4_MAPPED: u128 = 0xffff << 32;
+
+/// Hostname → traffic class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassRules {
+    exact: HashMap<String, ClassIdx>,
+    /// Keyed by the suffix below the `*.`.
+    wildcard: HashMap<String, ClassIdx>,
+    default: ClassIdx,
+}
+
+/// Lower-cases a name and drops one trailing dot; `None` if it is empty or too long.
+fn normalise(name: &str) -> Option<String> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.len() > MAX_QNAME_LEN {
+        return None;
+    }
+    Some(name.to_ascii_lowercase())
+}
+
+impl ClassRules {
+    /// Rules `(pattern, class name)`: a pattern is a hostname or `*.` followed by one.
+    pub fn new(
+        instance: &Instance,
+        rules: &[(String, String)],
+        default: &str,
+    ) -> Result<Self, ModelError> {
+        let class = |name: &str, subject: &str| {
+            instance
+                .class_index(name)
+                .ok_or_else(|| ModelError::UnknownClass {
+                    subject: subject.to_string(),
+                    class: name.to_string(),
+                })
+        };
+        if rules.len() > MAX_CLASS_RULES {
+            return Err(ModelError::TooMany {
+                subject: "hostname rules".into(),
+                what: "rules",
+                count: rules.len(),
+                limit: MAX_CLASS_RULES,
+            });
+        }
+        let default = class(default, "default class")?;
+        let mut out = ClassRules {
+            exact: HashMap::new(),
+            wildcard: HashMap::new(),
+            default,
+        };
+        for (pattern, name) in rules {
+            let subject = format!("hostname rule {pattern:?}");
+            let k = class(name, &subject)?;
+            let (table, host) = match pattern.strip_prefix("*.") {
+                Some(rest) => (&mut out.wildcard, rest),
+                None => (&mut out.exact, pattern.as_str()),
+            };
+            let host = normalise(host).ok_or_else(|| ModelError::BadName {
+                subject: subject.clone(),
+                problem: "is not a hostname",
+            })?;
+            if host.contains('*') || host.split('.').any(str::is_empty) {
+                return Err(ModelError::BadName {
+                    subject,
+                    problem: "is not a hostname (a wildcard may only be a leading \"*.\")",
+                });
+            }
+            if table.insert(host, k).is_some() {
+                return Err(ModelError::DuplicateId {
+                    what: "hostname rule",
+                    id: pattern.clone(),
+                    context: String::new(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every name gets `class`.
+    pub fn only(class: ClassIdx) -> Self {
+        ClassRules {
+            exact: HashMap::new(),
+            wildcard: HashMap::new(),
+            default: class,
+        }
+    }
+
+    /// The class of `qname` (case-insensitive, with or without the trailing dot).
+    pub fn class_of(&self, qname: &str) -> ClassIdx {
+        let mut buf = [0u8; MAX_QNAME_LEN];
+        let name = qname.strip_suffix('.').unwrap_or(qname);
+        if name.is_empty() || name.len() > MAX_QNAME_LEN || !name.is_ascii() {
+            return self.default;
+        }
+        let buf = &mut buf[..name.len()];
+        buf.copy_from_slice(name.as_bytes());
+        buf.make_ascii_lowercase();
+        let Ok(name) = std::str::from_utf8(buf) else {
+            return self.default;
+        };
+        if let Some(&k) = self.exact.get(name) {
+            return k;
+        }
+        // Longest wildcard first: the suffixes after each dot, left to right.
+        let mut rest = name;
+        while let Some(dot) = rest.find('.') {
+            rest = &rest[dot + 1..];
+            if let Some(&k) = self.wildcard.get(rest) {
+                return k;
+            }
+        }
+        self.default
+    }
+}
+
+/// Where one query goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    pub class: ClassIdx,
+    /// The map unit the client belongs to (`None`: outside every prefix; the fallback).
+    pub unit: Option<UnitIdx>,
+    /// The prefix length the answer holds for: the ECS scope of the reply (0 for a fallback).
+    pub scope_prefix_len: u8,
+    /// The cluster to answer with, and a second one to fall back to (if the topology has one).
+    pub primary: Option<ClusterIdx>,
+    pub secondary: Option<ClusterIdx>,
+}
+
+/// One map version, indexed for queries.
+#[derive(Debug, Clone)]
+pub struct Resolver {
+    instance: Instance,
+    rules: ClassRules,
+    /// Flattened prefix intervals: start address (v4 mapped), group, prefix length as given.
+    starts: Vec<u128>,
+    seg_group: Vec<u32>,
+    seg_len: Vec<u8>,
+    /// Per group, its map units (at most one per class).
+    group_start: Vec<u32>,
+    group_units: Vec<UnitIdx>,
+    /// Per unit, its allocations: cluster and cumulative share in (0, 1].
+    alloc_start: Vec<u32>,
+    alloc_cluster: Vec<ClusterIdx>,
+    alloc_cum: Vec<f32>,
+    /// Per class, the two up clusters with the most room.
+    fallback: Vec<[Option<ClusterIdx>; 2]>,
+}
+
+/// An address as a point of the v4-mapped 128-bit space.
+fn point(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => V4_MAPPED | u128::from(u32::from(a)),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => V4_MAPPED | u128::from(u32::from(v4)),
+            None => u128::from(a),
+        },
+    }
+}
+
+/// The first and last point of a prefix, and its length in the 128-bit space.
+fn span(net: &IpNet) -> (u128, u128) {
+    let net = net.trunc();
+    let (start, len) = match net {
+        IpNet::V4(n) => (
+            point(IpAddr::V4(n.network())),
+            96 + u32::from(n.prefix_len()),
+        ),
+        IpNet::V6(n) => (point(IpAddr::V6(n.network())), u32::from(n.prefix_len())),
+    };
+    let host_bits = 128 - len;
+    let last = if host_bits == 128 {
+        u128::MAX
+    } else {
+        start | ((1u128 << host_bits) - 1)
+    };
+    (start, last)
+}
+
+impl Resolver {
+    /// Indexes `map` (a map of `instance`) for queries. Refuses two map units of one class
+    /// claiming the same prefix.
+    pub fn new(instance: &Instance, map: &Map, rules: ClassRules) -> Result<Self, ModelError> {
+        if map.unit_count() != instance.unit_count() {
+            return Err(ModelError::MapShape {
+                map_units: map.unit_count(),
+                instance_units: instance.unit_count(),
+            });
+        }
+        // Groups: one per distinct (truncated) prefix.
+        let mut group_of: HashMap<IpNet, u32> = HashMap::new();
+        let mut members: Vec<Vec<UnitIdx>> = Vec::new();
+        for u in 0..instance.unit_count() as UnitIdx {
+            for p in instance.unit_prefixes(u) {
+                let key = p.trunc();
+                let g = *group_of.entry(key).or_insert_with(|| {
+                    members.push(Vec::new());
+                    (members.len() - 1) as u32
+                });
+                let list = &mut members[g as usize];
+                let k = instance.unit_class(u);
+                if let Some(&other) = list.iter().find(|&&o| instance.unit_class(o) == k) {
+                    if other != u {
+                        return Err(ModelError::PrefixClaimedTwice {
+                            prefix: key.to_string(),
+                            first: instance.unit_id(other).to_string(),
+                            second: instance.unit_id(u).to_string(),
+                        });
+                    }
+                    continue;
+                }
+                list.push(u);
+            }
+        }
+        let mut group_start = Vec::with_capacity(members.len() + 1);
+        let mut group_units = Vec::new();
+        group_start.push(0);
+        for m in &members {
+            group_units.extend_from_slice(m);
+            group_start.push(group_units.len() as u32);
+        }
+        // Flatten nested prefixes into disjoint intervals, the most specific one winning.
+        let mut prefixes: Vec<(u128, u128, u32, u8)> = group_of
+            .iter()
+            .map(|(net, &g)| {
+                let (a, b) = span(net);
+                (a, b, g, net.prefix_len())
+            })
+            .collect();
+        // Outer prefixes before the ones they contain: by start, then by end descending.
+        prefixes.sort_unstable_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)));
+        let mut segs: Vec<(u128, u32, u8)> = vec![(0, NO_GROUP, 0)];
+        let mut stack: Vec<(u128, u32, u8)> = Vec::new(); // (last, group, len)
+        let close =
+            |stack: &mut Vec<(u128, u32, u8)>, segs: &mut Vec<(u128, u32, u8)>, upto: u128| {
+                // Pop every open prefix ending before `upto`; after each, the enclosing one resumes.
+                while let Some(&(last, _, _)) = stack.last() {
+                    if last >= upto {
+                        break;
+                    }
+                    stack.pop();
+                    let resume = stack.last().map_or((NO_GROUP, 0), |&(_, g, l)| (g, l));
+                    segs.push((last + 1, resume.0, resume.1));
+                }
+            };
+        for &(start, last, g, len) in &prefixes {
+            close(&mut stack, &mut segs, start);
+            segs.push((start, g, len));
+            stack.push((last, g, len));
+        }
+        close(&mut stack, &mut segs, u128::MAX);
+        // Keep the last segment of each start, and merge neighbours with the same label.
+        let mut starts = Vec::with_capacity(segs.len());
+        let mut seg_group = Vec::with_capacity(segs.len());
+        let mut seg_len = Vec::with_capacity(segs.len());
+        for (start, g, len) in segs {
+            if starts.last() == Some(&start) {
+                seg_group.pop();
+                seg_len.pop();
+                starts.pop();
+            }
+            if seg_group.last() == Some(&g) && seg_len.last() == Some(&len) {
+                continue;
+            }
+            starts.push(start);
+            seg_group.push(g);
+            seg_len.push(len);
+        }
+        // Cumulative shares of each unit's placed demand.
+        let mut alloc_start = Vec::with_capacity(instance.unit_count() + 1);
+        let mut alloc_cluster = Vec::new();
+        let mut alloc_cum = Vec::new();
+        alloc_start.push(0);
+        for u in 0..instance.unit_count() as UnitIdx {
+            let allocs = map.allocations(u);
+            let total: f64 = allocs.iter().map(|a| a.amount.max(0.0)).sum();
+            let mut cum = 0.0;
+            for a in allocs.iter().filter(|a| a.amount > 0.0) {
+                cum += a.amount / total;
+                alloc_cluster.push(a.cluster);
+                alloc_cum.push(cum as f32);
+            }
+            let pushed = alloc_cluster.len() > alloc_start[alloc_start.len() - 1] as usize;
+            if let (true, Some(last)) = (pushed, alloc_cum.last_mut()) {
+                *last = 1.0; // no rounding gap at the top
+            }
+            alloc_start.push(alloc_cluster.len() as u32);
+        }
+        let fallback = fallbacks(instance, map);
+        Ok(Resolver {
+            instance: instance.clone(),
+            rules,
+            starts,
+            seg_group,
+            seg_len,
+            group_start,
+            group_units,
+            alloc_start,
+            alloc_cluster,
+            alloc_cum,
+            fallback,
+        })
+    }
+
+    pub fn instance(&self) -> &Instance {
+        &self.instance
+    }
+
+    pub fn rules(&self) -> &ClassRules {
+        &self.rules
+    }
+
+    /// The group (map units of one prefix) covering `ip`, and the prefix's length.
+    fn group(&self, ip: IpAddr) -> Option<(u32, u8)> {
+        let p = point(ip);
+        let i = self.starts.partition_point(|&s| s <= p).checked_sub(1)?;
+        let g = self.seg_group[i];
+        (g != NO_GROUP).then(|| (g, self.seg_len[i]))
+    }
+
+    /// The map unit of class `class` for client address `ip`, and its prefix length.
+    pub fn unit_for(&self, ip: IpAddr, class: ClassIdx) -> Option<(UnitIdx, u8)> {
+        let (g, len) = self.group(ip)?;
+        let (a, b) = (
+            self.group_start[g as usize],
+            self.group_start[g as usize + 1],
+        );
+        self.group_units[a as usize..b as usize]
+            .iter()
+            .find(|&&u| self.instance.unit_class(u) == class)
+            .map(|&u| (u, len))
+    }
+
+    /// Answers a query from `client` (the ECS subnet if the query had one, else the resolver's
+    /// address as a host prefix) for `qname`. Never fails.
+    pub fn resolve(&self, client: IpNet, qname: &str) -> Answer {
+        let class = self.rules.class_of(qname);
+        let Some((u, len)) = self.unit_for(client.network(), class) else {
+            let [primary, secondary] = self.fallback[usize::from(class)];
+            return Answer {
+                class,
+                unit: None,
+                scope_prefix_len: 0,
+                primary,
+                secondary,
+            };
+        };
+        let (a, b) = (
+            self.alloc_start[u as usize] as usize,
+            self.alloc_start[u as usize + 1] as usize,
+        );
+        let clusters = &self.alloc_cluster[a..b];
+        let primary = if clusters.len() <= 1 {
+            clusters.first().copied()
+        } else {
+            let x = (hash(client, qname) >> 40) as f32 / (1u64 << 24) as f32;
+            let i = self.alloc_cum[a..b].partition_point(|&c| c <= x);
+            Some(clusters[i.min(clusters.len() - 1)])
+        };
+        let up = |c: ClusterIdx| self.instance.clusters()[c as usize].state == ClusterState::Up;
+        let primary = primary.filter(|&c| up(c));
+        // The second: another allocation, else the best other up candidate.
+        let other = |p: Option<ClusterIdx>| {
+            clusters
+                .iter()
+                .copied()
+                .find(|&c| Some(c) != p && up(c))
+                .or_else(|| {
+                    self.instance
+                        .candidates(u)
+                        .map(|c| c.cluster)
+                        .find(|&c| Some(c) != p && up(c))
+                })
+        };
+        let primary = primary.or_else(|| other(None));
+        let secondary = other(primary);
+        match primary {
+            Some(_) => Answer {
+                class,
+                unit: Some(u),
+                scope_prefix_len: len,
+                primary,
+                secondary,
+            },
+            None => {
+                let [primary, secondary] = self.fallback[usize::from(class)];
+                Answer {
+                    class,
+                    unit: Some(u),
+                    scope_prefix_len: len,
+                    primary,
+                    secondary,
+                }
+            }
+        }
+    }
+
+    /// The addresses to hand out for `answer`: the primary cluster's, then the secondary's,
+    /// at most `max`.
+    pub fn addresses(&self, answer: &Answer, max: usize) -> Vec<IpAddr> {
+        let clusters = self.instance.clusters();
+        [answer.primary, answer.secondary]
+            .into_iter()
+            .flatten()
+            .flat_map(|c| clusters[c as usize].addresses.iter().copied())
+            .take(max)
+            .collect()
+    }
+}
+
+/// A stable 64-bit hash of (client subnet, lower-cased qname without the trailing dot).
+fn hash(client: IpNet, qname: &str) -> u64 {
+    let mut buf = [0u8; 17 + MAX_QNAME_LEN];
+    let net = client.trunc();
+    let (addr, len): ([u8; 16], u8) = match net {
+        IpNet::V4(n) => (n.network().to_ipv6_mapped().octets(), n.prefix_len()),
+        IpNet::V6(n) => (n.network().octets(), n.prefix_len()),
+    };
+    buf[..16].copy_from_slice(&addr);
+    buf[16] = len;
+    let name = qname.strip_suffix('.').unwrap_or(qname).as_bytes();
+    let name = &name[..name.len().min(MAX_QNAME_LEN)];
+    let tail = &mut buf[17..17 + name.len()];
+    tail.copy_from_slice(name);
+    tail.make_ascii_lowercase();
+    xxhash_rust::xxh3::xxh3_64(&buf[..17 + name.len()])
+}
+
+/// Per class, the two up clusters serving it with the most room for one more unit of demand
+/// (the smallest free share along the class's path).
+fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
+    let mut used = vec![0.0; instance.node_count()];
+    for u in 0..instance.unit_count() as UnitIdx {
+        let k = instance.unit_class(u);
+        let per_unit = instance.classes()[usize::from(k)].per_unit;
+        for a in map.allocations(u) {
+            let cl = &instance.clusters()[a.cluster as usize];
+            for n in cl.path(k) {
+                used[instance.global_node(a.cluster, n)] +=
+                    a.amount.max(0.0) * per_unit.get(cl.nodes[n as usize].kind);
+            }
+        }
+    }
+    (0..instance.classes().len())
+        .map(|k| {
+            let k = k as ClassIdx;
+            let mut best: Vec<(f64, ClusterIdx)> = instance
+                .clusters()
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.state == ClusterState::Up && c.serves(k))
+                .map(|(ci, c)| {
+                    let room = c
+                        .path(k)
+                        .map(|n| {
+                            let cap = c.nodes[n as usize].capacity;
+                            let free = cap - used[instance.global_node(ci as ClusterIdx, n)];
+                            if cap > 0.0 {
+                                free / cap
+                            } else {
+                                0.0
+                            }
+                        })
+                        .fold(f64::INFINITY, f64::min);
+                    (room, ci as ClusterIdx)
+                })
+                .collect();
+            best.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            [best.first().map(|b| b.1), best.get(1).map(|b| b.1)]
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::parse_instance;
+    use crate::model::Limits;
+    use crate::{solve, SolveOptions};
+
+    fn instance() -> Instance {
+        let json = r#"{
+          "traffic_classes": [
+            {"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}},
+            {"name": "video", "priority": 1, "per_unit": {"bps": 1, "fps": 1}}],
+          "clusters": [
+            {"id": "a", "lat": 0, "lon": 0, "addresses": ["198.18.0.1", "198.18.0.2"],
+             "resources": {"name": "r", "kind": "bps", "capacity": 10, "classes": ["web", "video"]}},
+            {"id": "b", "lat": 0, "lon": 0, "addresses": ["198.18.1.1"],
+             "resources": {"name": "r", "kind": "bps", "capacity": 100, "classes": ["web", "video"]}}],
+          "map_units": [
+            {"id": "wide-web", "class": "web", "demand": 1, "prefixes": ["10.0.0.0/8"], "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "b", "score": 1}]},
+            {"id": "narrow-web", "class": "web", "demand": 20, "prefixes": ["10.1.2.0/24", "2001:db8::/48"], "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "a", "score": 1}, {"cluster": "b", "score": 2}]},
+            {"id": "narrow-video", "class": "video", "demand": 1, "prefixes": ["10.1.2.0/24"], "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "b", "score": 1}]}]
+        }"#;
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    fn resolver(inst: &Instance) -> Resolver {
+        let map = solve(inst, &SolveOptions::default()).map;
+        let rules = ClassRules::new(inst, &[("*.video.example".into(), "video".into())], "web")
+            .expect("rules");
+        Resolver::new(inst, &map, rules).expect("resolver")
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("prefix")
+    }
+
+    #[test]
+    fn longest_prefix_and_class_pick_the_unit() {
+        let inst = instance();
+        let r = resolver(&inst);
+        let id = |a: Answer| a.unit.map(|u| inst.unit_id(u).to_string());
+        assert_eq!(
+            id(r.resolve(net("10.1.2.3/32"), "www.example.")).as_deref(),
+            Some("narrow-web")
+        );
+        assert_eq!(
+            id(r.resolve(net("10.1.3.3/32"), "www.example")).as_deref(),
+            Some("wide-web")
+        );
+        assert_eq!(
+            id(r.resolve(net("10.1.2.0/24"), "A.Video.Example.")).as_deref(),
+            Some("narrow-video")
+        );
+        // No video unit covers 10.9.0.0: video there falls back.
+        assert_eq!(r.resolve(net("10.9.0.1/32"), "x.video.example").unit, None);
+        assert_eq!(
+            id(r.resolve(net("2001:db8::1/128"), "www")).as_deref(),
+            Some("narrow-web")
+        );
+        assert_eq!(
+            id(r.resolve(net("::ffff:10.1.2.9/128"), "www")).as_deref(),
+            Some("narrow-web")
+        );
+        assert_eq!(r.resolve(net("10.1.2.3/32"), "www").scope_prefix_len, 24);
+        assert_eq!(r.resolve(net("10.7.7.7/32"), "www").scope_prefix_len, 8);
+    }
+
+    #[test]
+    fn a_split_unit_answers_by_its_shares_and_names_two_clusters() {
+        let inst = instance();
+        let r = resolver(&inst);
+        // narrow-web (20) is split: 10 at a (its capacity), 10 at b.
+        let a = inst.cluster_index("a").expect("a");
+        let mut at_a = 0;
+        for i in 0..2000u32 {
+            let client = IpNet::from(IpAddr::from([10, 1, 2, (i % 256) as u8]));
+            let ans = r.resolve(client, &format!("host{i}.example"));
+            assert!(ans.primary.is_some() && ans.secondary.is_some());
+            assert_ne!(ans.primary, ans.secondary);
+            at_a += usize::from(ans.primary == Some(a));
+            // Deterministic: the same query, the same answer.
+            assert_eq!(ans, r.resolve(client, &format!("HOST{i}.example.")));
+        }
+        assert!((900..1100).contains(&at_a), "{at_a} of 2000 at a");
+        assert!(r.addresses(&r.resolve(net("10.1.2.1/32"), "w"), 8).len() >= 2);
+    }
+
+    #[test]
+    fn outside_every_prefix_gets_the_roomiest_cluster() {
+        let inst = instance();
+        let r = resolver(&inst);
+        let ans = r.resolve(net("192.0.2.1/32"), "www.example");
+        assert_eq!(ans.unit, None);
+        assert_eq!(ans.scope_prefix_len, 0);
+        assert_eq!(ans.primary, inst.cluster_index("b"));
+    }
+
+    #[test]
+    fn bad_rules_and_shared_prefixes_are_refused() {
+        let inst = instance();
+        let bad = |p: &str, c: &str| ClassRules::new(&inst, &[(p.into(), c.into())], "web");
+        assert!(matches!(
+            bad("*.x", "nope"),
+            Err(ModelError::UnknownClass { .. })
+        ));
+        assert!(matches!(
+            bad("a.*.x", "web"),
+            Err(ModelError::BadName { .. })
+        ));
+        assert!(matches!(
+            bad("a..x", "web"),
+            Err(ModelError::BadName { .. })
+        ));
+        assert!(matches!(bad("", "web"), Err(ModelError::BadName { .. })));
+        assert!(ClassRules::new(&inst, &[], "nope").is_err());
+    }
+}
