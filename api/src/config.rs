@@ -1,0 +1,333 @@
+//! The service's configuration: a TOML file (`cdnmap serve --config FILE`). Unknown keys are
+//! refused, every value is validated, and every key has a default, so no file at all serves the
+//! built-in demo world on 127.0.0.1.
+//!
+//! ```toml
+//! cycle_secs = 10                  # a mapping round every 10..=30 seconds
+//! grpc_listen = "127.0.0.1:50051"
+//! http_listen = "127.0.0.1:8080"   # dashboard and /metrics
+//! data_dir = "cdnmap-data"         # sled store: topology, maps, demand record
+//! maps_kept = 64                   # map versions kept in the store
+//! ttl_secs = 20                    # DNS answer TTL
+//! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
+//! instance = "world.json"          # the topology to start from; absent: the demo world
+//! default_class = "web"
+//!
+//! [[class_rules]]
+//! pattern = "*.video.cdn.example"
+//! class = "video"
+//!
+//! [stickiness]
+//! margin = 0.1                     # 0: every round a cold solve
+//! incumbents_first = true
+//!
+//! [demo]                           # the built-in world, when no instance is given
+//! map_units = 30000
+//! clusters = 120
+//! seed = 1
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Bounds of the values, named so the errors and the docs can quote them.
+pub const CYCLE_SECS: std::ops::RangeInclusive<u64> = 10..=30;
+pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
+pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
+pub const MAX_CLASS_RULES: usize = 10_000;
+pub const MAX_DEMO_MAP_UNITS: usize = 4_000_000;
+
+/// Why a configuration was refused: which key, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("{key}: {problem}")]
+    Invalid { key: String, problem: String },
+}
+
+fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        problem: problem.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cycle_secs: u64,
+    pub grpc_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub maps_kept: usize,
+    pub ttl_secs: u32,
+    pub admin_token: Option<String>,
+    /// An instance file to start from; `None`: the demo world.
+    pub instance: Option<PathBuf>,
+    pub default_class: String,
+    pub class_rules: Vec<ClassRuleConfig>,
+    pub stickiness: StickinessConfig,
+    pub demo: DemoConfig,
+}
+
+/// One hostname rule: `pattern` ("www.cdn.example" or "*.video.cdn.example") → `class`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRuleConfig {
+    pub pattern: String,
+    pub class: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StickinessConfig {
+    pub margin: f64,
+    pub incumbents_first: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DemoConfig {
+    pub map_units: usize,
+    pub clusters: usize,
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cycle_secs: 10,
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("cdnmap-data"),
+            maps_kept: 64,
+            ttl_secs: 20,
+            admin_token: None,
+            instance: None,
+            default_class: "web".into(),
+            class_rules: vec![
+                ClassRuleConfig {
+                    pattern: "*.video.cdn.example".into(),
+                    class: "video".into(),
+                },
+                ClassRuleConfig {
+                    pattern: "*.apps.cdn.example".into(),
+                    class: "apps".into(),
+                },
+            ],
+            stickiness: StickinessConfig::default(),
+            demo: DemoConfig::default(),
+        }
+    }
+}
+
+impl Default for StickinessConfig {
+    fn default() -> Self {
+        StickinessConfig {
+            margin: cdnmap_mapper::DEFAULT_STICKINESS,
+            incumbents_first: true,
+        }
+    }
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        DemoConfig {
+            map_units: 30_000,
+            clusters: 120,
+            seed: 1,
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !CYCLE_SECS.contains(&self.cycle_secs) {
+            return Err(invalid(
+                "cycle_secs",
+                format!(
+                    "{} is outside {}..={}",
+                    self.cycle_secs,
+                    CYCLE_SECS.start(),
+                    CYCLE_SECS.end()
+                ),
+            ));
+        }
+        if !MAPS_KEPT.contains(&self.maps_kept) {
+            return Err(invalid(
+                "maps_kept",
+                format!(
+                    "{} is outside {}..={}",
+                    self.maps_kept,
+                    MAPS_KEPT.start(),
+                    MAPS_KEPT.end()
+                ),
+            ));
+        }
+        if !TTL_SECS.contains(&self.ttl_secs) {
+            return Err(invalid(
+                "ttl_secs",
+                format!(
+                    "{} is outside {}..={}",
+                    self.ttl_secs,
+                    TTL_SECS.start(),
+                    TTL_SECS.end()
+                ),
+            ));
+        }
+        if self.grpc_listen == self.http_listen {
+            return Err(invalid(
+                "http_listen",
+                format!("{} is also grpc_listen", self.http_listen),
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "is empty"));
+        }
+        if let Some(token) = &self.admin_token {
+            if token.len() < 8 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    "admin_token",
+                    "must be at least 8 characters, without spaces or control characters",
+                ));
+            }
+        }
+        if self.default_class.is_empty() {
+            return Err(invalid("default_class", "is empty"));
+        }
+        if self.class_rules.len() > MAX_CLASS_RULES {
+            return Err(invalid(
+                "class_rules",
+                format!(
+                    "{} rules, more than {MAX_CLASS_RULES}",
+                    self.class_rules.len()
+                ),
+            ));
+        }
+        for (i, rule) in self.class_rules.iter().enumerate() {
+            if rule.pattern.is_empty() || rule.class.is_empty() {
+                return Err(invalid(
+                    &format!("class_rules[{i}]"),
+                    "pattern and class must not be empty",
+                ));
+            }
+        }
+        cdnmap_mapper::Stickiness {
+            margin: self.stickiness.margin,
+            incumbents_first: self.stickiness.incumbents_first,
+        }
+        .validate()
+        .map_err(|e| invalid("stickiness.margin", e.to_string()))?;
+        if self.instance.is_none() {
+            if !(1..=MAX_DEMO_MAP_UNITS).contains(&self.demo.map_units) {
+                return Err(invalid(
+                    "demo.map_units",
+                    format!(
+                        "{} is outside 1..={MAX_DEMO_MAP_UNITS}",
+                        self.demo.map_units
+                    ),
+                ));
+            }
+            if self.demo.clusters == 0 {
+                return Err(invalid("demo.clusters", "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The hostname rules as the mapper's `ClassRules` takes them.
+    pub fn class_rule_pairs(&self) -> Vec<(String, String)> {
+        self.class_rules
+            .iter()
+            .map(|r| (r.pattern.clone(), r.class.clone()))
+            .collect()
+    }
+
+    /// The stickiness as the mapper takes it.
+    pub fn stickiness(&self) -> cdnmap_mapper::Stickiness {
+        cdnmap_mapper::Stickiness {
+            margin: self.stickiness.margin,
+            incumbents_first: self.stickiness.incumbents_first,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_file_means_the_defaults_and_they_are_valid() {
+        let c = Config::from_toml("").expect("empty file is the defaults");
+        assert_eq!(c, Config::default());
+        assert_eq!(c.cycle_secs, 10);
+        assert_eq!(c.grpc_listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(c.http_listen.to_string(), "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let doc = include_str!("config.rs")
+            .lines()
+            .skip_while(|l| !l.starts_with("//! ```toml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("//! ```"))
+            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = Config::from_toml(&doc).expect("the module doc's example is valid");
+        assert_eq!(c.admin_token.as_deref(), Some("change-me"));
+        assert_eq!(c.class_rules.len(), 1);
+        assert_eq!(c.instance, Some(PathBuf::from("world.json")));
+    }
+
+    /// Each bad value is refused, and the message names its key.
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        let cases = [
+            ("cycle_secs = 5", "cycle_secs"),
+            ("cycle_secs = 31", "cycle_secs"),
+            ("maps_kept = 0", "maps_kept"),
+            ("ttl_secs = 0", "ttl_secs"),
+            ("grpc_listen = \"127.0.0.1:8080\"", "http_listen"),
+            ("grpc_listen = \"not an address\"", "grpc_listen"),
+            ("data_dir = \"\"", "data_dir"),
+            ("admin_token = \"short\"", "admin_token"),
+            ("admin_token = \"has a space\"", "admin_token"),
+            ("default_class = \"\"", "default_class"),
+            (
+                "[[class_rules]]\npattern = \"\"\nclass = \"web\"",
+                "class_rules[0]",
+            ),
+            ("[stickiness]\nmargin = 0.95", "stickiness.margin"),
+            ("[stickiness]\nmargin = nan", "stickiness.margin"),
+            ("[demo]\nmap_units = 0", "demo.map_units"),
+            ("[demo]\nclusters = 0", "demo.clusters"),
+            ("cycle_secs = \"ten\"", "cycle_secs"),
+            ("cycles = 10", "cycles"),
+            ("[stickiness]\nmargn = 0.1", "margn"),
+            (
+                "[[class_rules]]\npattern = \"a\"\nclass = \"web\"\nweight = 2",
+                "weight",
+            ),
+        ];
+        for (toml, key) in cases {
+            let err = Config::from_toml(toml).expect_err(toml);
+            let msg = err.to_string();
+            assert!(msg.contains(key), "{toml:?}: {msg:?} does not name {key:?}");
+        }
+    }
+}
