@@ -1,0 +1,298 @@
+//! One mapping round, without I/O or a clock: the instance of the round and the previous
+//! snapshot in, the next snapshot out. The service's loop (issue 4) calls it every `cycle_secs`,
+//! times it, publishes the result atomically and persists it; tests and replays call it
+//! directly with a simulated clock.
+
+use std::collections::HashMap;
+
+use cdnmap_mapper::resolve::{ClassRules, Resolver};
+use cdnmap_mapper::{
+    churn, favour_incumbents, solve, solve_seeded, verify, Allocation, Instance, Map, ModelError,
+    SolveOptions, SolveStats, Stickiness, UnitIdx,
+};
+
+/// One published map version: everything a query needs, never changed after it is built.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub version: u64,
+    pub solved_at_unix_ms: i64,
+    /// The round's instance (real preferences, the cluster states of the round).
+    pub instance: Instance,
+    pub map: Map,
+    pub resolver: Resolver,
+    pub stats: SolveStats,
+    /// Churn against the previous snapshot (`None` for the first).
+    pub churn: Option<f64>,
+}
+
+/// Why a round produced no map (the last good one stays published).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RoundError {
+    #[error("building the round's preferences: {0}")]
+    Model(#[from] ModelError),
+    #[error("the map failed verification: {0}")]
+    Verify(String),
+}
+
+/// Solves one round: seeded from `previous` (sticky) when there is one, cold otherwise. The map
+/// is checked by the independent verifier against the preferences it was solved with when
+/// `check` is set (the service sets it in debug builds; it costs about a solve).
+pub fn round(
+    instance: &Instance,
+    previous: Option<&Snapshot>,
+    stickiness: &Stickiness,
+    rules: ClassRules,
+    now_unix_ms: i64,
+    check: bool,
+) -> Result<Snapshot, RoundError> {
+    let options = SolveOptions::default();
+    let (map, stats, churn_now) = match previous {
+        None => {
+            let sol = solve(instance, &options);
+            if check {
+                checked(instance, &sol.map)?;
+            }
+            (sol.map, sol.stats, None)
+        }
+        Some(prev) => {
+            let seed = carry_over(&prev.instance, &prev.map, instance);
+            let sol = if stickiness.margin > 0.0 {
+                let effective = favour_incumbents(instance, &seed, stickiness)?;
+                let sol = solve_seeded(&effective, &seed, &options);
+                if check {
+                    checked(&effective, &sol.map)?;
+                }
+                sol
+            } else {
+                let sol = solve(instance, &options);
+                if check {
+                    checked(instance, &sol.map)?;
+                }
+                sol
+            };
+            let c = churn(instance, &seed, &sol.map);
+            (sol.map, sol.stats, Some(c))
+        }
+    };
+    let resolver = Resolver::new(instance, &map, rules)?;
+    Ok(Snapshot {
+        version: previous.map_or(1, |p| p.version + 1),
+        solved_at_unix_ms: now_unix_ms,
+        instance: instance.clone(),
+        map,
+        resolver,
+        stats,
+        churn: churn_now,
+    })
+}
+
+fn checked(instance: &Instance, map: &Map) -> Result<(), RoundError> {
+    let report = verify::verify(instance, map);
+    if report.is_ok() {
+        Ok(())
+    } else {
+        Err(RoundError::Verify(report.describe(instance, 5)))
+    }
+}
+
+/// `map` (of `from`) re-indexed for `to` by map unit and cluster id: units and clusters that
+/// are gone are dropped, new units start with nothing placed. When the two instances have the
+/// same units and clusters this is the map itself.
+pub fn carry_over(from: &Instance, map: &Map, to: &Instance) -> Map {
+    let same_units = from.unit_count() == to.unit_count()
+        && (0..to.unit_count() as UnitIdx).all(|u| from.unit_id(u) == to.unit_id(u));
+    let same_clusters = from.clusters().len() == to.clusters().len()
+        && from
+            .clusters()
+            .iter()
+            .zip(to.clusters())
+            .all(|(a, b)| a.id == b.id);
+    if same_units && same_clusters && map.unit_count() == to.unit_count() {
+        return map.clone();
+    }
+    let cluster_of: HashMap<u32, u32> = from
+        .clusters()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| to.cluster_index(&c.id).map(|j| (i as u32, j)))
+        .collect();
+    let mut out = Map::with_capacity(to.unit_count(), to.unit_count());
+    for u in 0..to.unit_count() as UnitIdx {
+        match from
+            .unit_index(to.unit_id(u))
+            .filter(|&f| (f as usize) < map.unit_count())
+        {
+            Some(f) => {
+                let allocs = map.allocations(f).iter().filter_map(|a| {
+                    cluster_of.get(&a.cluster).map(|&c| Allocation {
+                        cluster: c,
+                        amount: a.amount,
+                    })
+                });
+                out.push_unit(allocs, map.overflow(f));
+            }
+            None => out.push_unit([], 0.0),
+        }
+    }
+    out
+}
+
+/// The map units of `new` whose placement differs from `old`'s (by id: shares per cluster id
+/// or overflow share), and the ids of `old`'s units that `new` no longer has: what a WatchMap
+/// delta carries.
+pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<String>) {
+    fn shares(s: &Snapshot, u: UnitIdx) -> Vec<(&str, f64)> {
+        let allocs = s.map.allocations(u);
+        let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + s.map.overflow(u);
+        let mut v: Vec<(&str, f64)> = allocs
+            .iter()
+            .map(|a| {
+                let id = s.instance.clusters()[a.cluster as usize].id.as_str();
+                (id, if total > 0.0 { a.amount / total } else { 0.0 })
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(b.0));
+        v
+    }
+    const SAME: f64 = 1e-9;
+    let changed = (0..new.instance.unit_count() as UnitIdx)
+        .filter(
+            |&u| match old.instance.unit_index(new.instance.unit_id(u)) {
+                None => true,
+                Some(o) => {
+                    let (a, b) = (shares(old, o), shares(new, u));
+                    a.len() != b.len()
+                        || a.iter()
+                            .zip(&b)
+                            .any(|(x, y)| x.0 != y.0 || (x.1 - y.1).abs() > SAME)
+                }
+            },
+        )
+        .collect();
+    let removed = (0..old.instance.unit_count() as UnitIdx)
+        .map(|u| old.instance.unit_id(u))
+        .filter(|id| new.instance.unit_index(id).is_none())
+        .map(str::to_string)
+        .collect();
+    (changed, removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_mapper::{ClusterState, Limits};
+
+    /// Four units, two clusters; "far" is everyone's second choice.
+    fn instance() -> Instance {
+        let unit = |id: &str, prefix: &str| {
+            format!(
+                r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
+                  "candidates": [{{"cluster": "near", "score": 1}}, {{"cluster": "far", "score": 5}}]}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
+              "clusters": [
+                {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 3, "classes": ["web"]}}}},
+                {{"id": "far", "lat": 0, "lon": 0, "addresses": ["198.18.1.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
+              "map_units": [{}, {}, {}, {}]}}"#,
+            unit("u1", "10.0.1.0/24"),
+            unit("u2", "10.0.2.0/24"),
+            unit("u3", "10.0.3.0/24"),
+            unit("u4", "10.0.4.0/24")
+        );
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    fn rules(inst: &Instance) -> ClassRules {
+        ClassRules::new(inst, &[], "web").expect("rules")
+    }
+
+    #[test]
+    fn rounds_count_versions_and_an_unchanged_round_changes_nothing() {
+        let inst = instance();
+        let s1 = round(
+            &inst,
+            None,
+            &Stickiness::default(),
+            rules(&inst),
+            1_000,
+            true,
+        )
+        .expect("first round");
+        assert_eq!(
+            (s1.version, s1.churn, s1.solved_at_unix_ms),
+            (1, None, 1_000)
+        );
+        let s2 = round(
+            &inst,
+            Some(&s1),
+            &Stickiness::default(),
+            rules(&inst),
+            11_000,
+            true,
+        )
+        .expect("second round");
+        assert_eq!(s2.version, 2);
+        assert_eq!(s2.churn, Some(0.0));
+        assert_eq!(changed_units(&s1, &s2), (vec![], vec![]));
+    }
+
+    #[test]
+    fn draining_a_cluster_moves_its_units_and_only_them() {
+        let inst = instance();
+        let s1 = round(&inst, None, &Stickiness::default(), rules(&inst), 0, true).expect("r1");
+        let near = inst.cluster_index("near").expect("near");
+        let drained = inst.with_cluster_state(near, ClusterState::Drained);
+        let s2 = round(
+            &drained,
+            Some(&s1),
+            &Stickiness::default(),
+            rules(&drained),
+            0,
+            true,
+        )
+        .expect("r2");
+        let (changed, removed) = changed_units(&s1, &s2);
+        assert!(removed.is_empty());
+        // Three units sat at "near" (its capacity); they move, the fourth stays at "far".
+        assert_eq!(changed.len(), 3);
+        assert!((s2.churn.expect("churn") - 0.75).abs() < 1e-12);
+        let client = "10.0.1.7/32".parse().expect("net");
+        let answer = s2.resolver.resolve(client, "www.cdn.example");
+        assert_eq!(answer.primary, inst.cluster_index("far"));
+    }
+
+    #[test]
+    fn a_topology_change_carries_the_map_over_by_id() {
+        let inst = instance();
+        let s1 = round(&inst, None, &Stickiness::default(), rules(&inst), 0, true).expect("r1");
+        // The next round's instance lacks u4 (re-read from a file: ids, not indices, match).
+        let mut file = serde_json_file(&inst);
+        file.map_units.retain(|u| u.id != "u4");
+        let smaller = file.build(Limits::default()).expect("valid");
+        let s2 = round(
+            &smaller,
+            Some(&s1),
+            &Stickiness::default(),
+            rules(&smaller),
+            0,
+            true,
+        )
+        .expect("r2");
+        let (changed, removed) = changed_units(&s1, &s2);
+        assert_eq!(removed, vec!["u4".to_string()]);
+        // u4 was at "far"; with it gone nobody has a reason to move.
+        assert!(changed.is_empty(), "{changed:?}");
+    }
+
+    fn serde_json_file(inst: &Instance) -> cdnmap_mapper::format::InstanceFile {
+        let mut bytes = Vec::new();
+        cdnmap_mapper::format::write_instance(inst, &mut bytes).expect("write");
+        serde_json::from_slice(&bytes).expect("read back")
+    }
+}
