@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
+use cdnmap_mapper::ClassIdx;
 use cdnmap_mapper::{
     churn, favour_incumbents, solve as solve_instance, solve_seeded, Instance, Map, SolveOptions,
     Stickiness, UnitIdx, DEFAULT_STICKINESS,
@@ -243,5 +244,383 @@ pub fn solve(a: &SolveBenchArgs) -> Result<ExitCode> {
             "memory         (counting allocator not installed: run through the cdnmap binary)"
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---------------------------------------------------------------------------------------------
+// bench resolve
+
+/// Hostname rules of the resolve benchmark: the world's classes (`world::traffic_classes`).
+const RESOLVE_RULES: [(&str, &str); 4] = [
+    ("*.video.cdn.example", "video"),
+    ("live.cdn.example", "video"),
+    ("*.apps.cdn.example", "apps"),
+    ("static.cdn.example", "web"),
+];
+const RESOLVE_DEFAULT_CLASS: &str = "web";
+/// Salt of the query generator's seed (so queries do not replay the world's random stream).
+const QUERY_SALT: u64 = 0x0DE5_0B5E_ED00_0004;
+
+#[derive(Args, Debug)]
+pub struct ResolveBenchArgs {
+    /// Number of map units in the generated world.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub map_units: usize,
+    /// Number of clusters.
+    #[arg(long, default_value_t = 1_000)]
+    pub clusters: usize,
+    /// Candidates per map unit (at most).
+    #[arg(long, default_value_t = 16)]
+    pub candidates: usize,
+    /// World seed (the query set is drawn from it too).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Number of pre-generated queries; each timed run resolves all of them.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub queries: usize,
+    /// Share of queries from clients outside every prefix.
+    #[arg(long, default_value_t = 0.05)]
+    pub outside: f64,
+    /// Timed repetitions; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+}
+
+/// A pre-generated query: the client (an ECS subnet or a resolver's host address) and the qname
+/// as a slice of one shared buffer (like a name in a packet buffer).
+struct Query {
+    client: ipnet::IpNet,
+    name_start: u32,
+    name_len: u16,
+}
+
+struct QuerySet {
+    queries: Vec<Query>,
+    names: String,
+    /// Queries whose client was drawn from outside every prefix.
+    outside: usize,
+    /// Queries with an ECS subnet (the rest carry a host address).
+    ecs: usize,
+}
+
+impl QuerySet {
+    fn name(&self, q: &Query) -> &str {
+        let a = q.name_start as usize;
+        &self.names[a..a + usize::from(q.name_len)]
+    }
+}
+
+/// The query set: clients drawn from uniformly random map units' prefixes (80% as an ECS
+/// subnet, /24 or /56, the rest as a host address) or, with probability `outside`, from
+/// 198.18.0.0/15 and 2001:db8::/32 (which the world generator never allocates); hostnames by
+/// the classes' demand shares (web 50%, video 35%, apps 15%) over a few hundred thousand
+/// names, one in ten with DNS 0x20 random case, all with the trailing dot.
+fn query_set(inst: &Instance, count: usize, outside: f64, seed: u64) -> Result<QuerySet> {
+    use ipnet::IpNet;
+    use rand::{Rng, SeedableRng};
+    use std::fmt::Write as _;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    ensure!(inst.unit_count() > 0, "the world has no map units");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ QUERY_SALT);
+    let mut queries = Vec::with_capacity(count);
+    let mut names = String::with_capacity(count * 28);
+    let (mut n_outside, mut ecs) = (0, 0);
+    for _ in 0..count {
+        let host: IpAddr = if rng.random_bool(outside) {
+            n_outside += 1;
+            if rng.random_bool(0.9) {
+                IpAddr::V4(Ipv4Addr::from(
+                    0xC612_0000 | (rng.random::<u32>() & 0x1_ffff),
+                ))
+            } else {
+                let low = rng.random::<u128>() >> 32;
+                IpAddr::V6(Ipv6Addr::from((0x2001_0db8u128 << 96) | low))
+            }
+        } else {
+            let u = rng.random_range(0..inst.unit_count()) as UnitIdx;
+            let prefixes = inst.unit_prefixes(u);
+            ensure!(
+                !prefixes.is_empty(),
+                "map unit {} has no prefix",
+                inst.unit_id(u)
+            );
+            let p = prefixes[rng.random_range(0..prefixes.len())];
+            match p {
+                IpNet::V4(n) => {
+                    let host = (1u64 << (32 - u32::from(n.prefix_len()))) - 1;
+                    let a = u32::from(n.network()) | (rng.random::<u32>() & host as u32);
+                    IpAddr::V4(Ipv4Addr::from(a))
+                }
+                IpNet::V6(n) => {
+                    let len = u32::from(n.prefix_len());
+                    let host = if len == 0 {
+                        u128::MAX
+                    } else {
+                        u128::MAX >> len
+                    };
+                    let a = u128::from(n.network()) | (rng.random::<u128>() & host);
+                    IpAddr::V6(Ipv6Addr::from(a))
+                }
+            }
+        };
+        let client = if rng.random_bool(0.8) {
+            ecs += 1;
+            let len = if host.is_ipv4() { 24 } else { 56 };
+            IpNet::new(host, len)?.trunc()
+        } else {
+            IpNet::from(host)
+        };
+        let start = names.len();
+        let x = rng.random::<f64>();
+        let n = rng.random_range(0..100_000u32);
+        if x < 0.35 {
+            write!(names, "v{n}.video.cdn.example.")?;
+        } else if x < 0.50 {
+            write!(names, "api{}.apps.cdn.example.", n % 20_000)?;
+        } else if x < 0.51 {
+            names.push_str("live.cdn.example.");
+        } else {
+            write!(names, "www.site{n}.example.")?;
+        }
+        if rng.random_bool(0.1) {
+            // DNS 0x20: resolvers randomise the case of every letter.
+            let tail: String = names[start..]
+                .chars()
+                .map(|c| {
+                    if rng.random_bool(0.5) {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            names.truncate(start);
+            names.push_str(&tail);
+        }
+        queries.push(Query {
+            client,
+            name_start: u32::try_from(start)?,
+            name_len: u16::try_from(names.len() - start)?,
+        });
+    }
+    Ok(QuerySet {
+        queries,
+        names,
+        outside: n_outside,
+        ecs,
+    })
+}
+
+/// Times `f` over `runs` runs; returns the median and the sorted times.
+fn time_each(runs: usize, mut f: impl FnMut() -> u64) -> (Duration, Vec<Duration>) {
+    let mut times: Vec<Duration> = (0..runs.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            black_box(f());
+            t.elapsed()
+        })
+        .collect();
+    let m = median(&mut times);
+    (m, times)
+}
+
+pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
+    use cdnmap_mapper::resolve::{ClassRules, Resolver};
+
+    ensure!(a.runs >= 1, "--runs must be at least 1");
+    ensure!(a.queries >= 1, "--queries must be at least 1");
+    ensure!(
+        (0.0..=1.0).contains(&a.outside),
+        "--outside must be in [0, 1], got {}",
+        a.outside
+    );
+    let params = WorldParams {
+        map_units: a.map_units,
+        clusters: a.clusters,
+        seed: a.seed,
+        candidates: a.candidates,
+        ..WorldParams::default()
+    };
+    let t = Instant::now();
+    let inst = generate_world(&params)?;
+    let units = inst.unit_count();
+    println!(
+        "world          {} map units, {} clusters, {:.1} candidates/unit, seed {} (generated in {:.1} s)",
+        units,
+        inst.clusters().len(),
+        inst.total_candidates() as f64 / units.max(1) as f64,
+        a.seed,
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    let sol = solve_instance(&inst, &SolveOptions::default());
+    let split = (0..units as UnitIdx)
+        .filter(|&u| {
+            sol.map
+                .allocations(u)
+                .iter()
+                .filter(|x| x.amount > 0.0)
+                .count()
+                > 1
+        })
+        .count();
+    println!(
+        "cold solve     {:.1} ms   overflow {:.2}%   split units {:.2}%",
+        ms(t.elapsed()),
+        100.0 * sol.map.total_overflow() / inst.total_demand().max(f64::MIN_POSITIVE),
+        100.0 * split as f64 / units.max(1) as f64
+    );
+
+    let rules: Vec<(String, String)> = RESOLVE_RULES
+        .iter()
+        .map(|(p, c)| (p.to_string(), c.to_string()))
+        .collect();
+    let rules = ClassRules::new(&inst, &rules, RESOLVE_DEFAULT_CLASS)?;
+    let live = alloc::live_bytes();
+    let t = Instant::now();
+    let resolver = Resolver::new(&inst, &sol.map, rules)?;
+    let built = t.elapsed();
+    let resolver_bytes = alloc::live_bytes().saturating_sub(live);
+    drop(sol);
+    let memory = if alloc::installed() {
+        format!(
+            "{:.1} MB ({:.0} B/unit)",
+            resolver_bytes as f64 / 1e6,
+            resolver_bytes as f64 / units.max(1) as f64
+        )
+    } else {
+        "memory not counted (run through the cdnmap binary)".into()
+    };
+    println!(
+        "resolver       built in {:.1} ms, {memory} on top of the instance",
+        ms(built)
+    );
+
+    let t = Instant::now();
+    let qs = query_set(&inst, a.queries, a.outside, a.seed)?;
+    let n = qs.queries.len();
+    // One untimed pass for the answer mix.
+    let (mut from_unit, mut no_unit_inside, mut per_class) = (0usize, 0usize, vec![0usize; 3]);
+    for q in &qs.queries {
+        let ans = resolver.resolve(q.client, qs.name(q));
+        if ans.unit.is_some() {
+            from_unit += 1;
+        } else if (0..inst.classes().len()).any(|k| {
+            resolver
+                .unit_for(q.client.network(), k as ClassIdx)
+                .is_some()
+        }) {
+            no_unit_inside += 1;
+        }
+        if let Some(c) = per_class.get_mut(usize::from(ans.class)) {
+            *c += 1;
+        }
+    }
+    let pct = |x: usize| 100.0 * x as f64 / n as f64;
+    let class_mix: Vec<String> = inst
+        .classes()
+        .iter()
+        .zip(&per_class)
+        .map(|(c, &k)| format!("{} {:.1}%", c.name, pct(k)))
+        .collect();
+    println!(
+        "queries        {n} (generated in {:.1} s): {:.1}% from clients outside every prefix, {:.1}% with an ECS subnet (/24, /56); {}",
+        t.elapsed().as_secs_f64(),
+        pct(qs.outside),
+        pct(qs.ecs),
+        class_mix.join(", ")
+    );
+    println!(
+        "answers        {:.2}% from a map unit, {:.2}% fallback ({:.2}% inside some prefix but no unit of the class there)",
+        pct(from_unit),
+        pct(n - from_unit),
+        pct(no_unit_inside)
+    );
+
+    // The baseline: touch every query and hash its qname with the same xxh3 the split uses.
+    let (base, _) = time_each(a.runs, || {
+        let mut acc = 0u64;
+        for q in black_box(&qs.queries) {
+            acc ^= xxhash_rust::xxh3::xxh3_64(qs.name(q).as_bytes())
+                .wrapping_add(u64::from(q.client.prefix_len()));
+        }
+        acc
+    });
+    let (med, times) = time_each(a.runs, || {
+        let mut acc = 0u64;
+        for q in black_box(&qs.queries) {
+            let ans = resolver.resolve(q.client, qs.name(q));
+            acc = acc
+                .wrapping_add(ans.primary.map_or(0, u64::from))
+                .wrapping_add(u64::from(ans.scope_prefix_len));
+        }
+        acc
+    });
+    // Where the time goes: the hostname rules alone, and the prefix lookup alone (with the
+    // classes computed beforehand); the rest is the split, the liveness checks, the second cluster.
+    let (class_of, _) = time_each(a.runs, || {
+        let mut acc = 0u64;
+        for q in black_box(&qs.queries) {
+            acc = acc.wrapping_add(u64::from(resolver.rules().class_of(qs.name(q))));
+        }
+        acc
+    });
+    let classes: Vec<ClassIdx> = qs
+        .queries
+        .iter()
+        .map(|q| resolver.rules().class_of(qs.name(q)))
+        .collect();
+    let (unit_for, _) = time_each(a.runs, || {
+        let mut acc = 0u64;
+        for (q, &k) in black_box(&qs.queries).iter().zip(&classes) {
+            if let Some((u, len)) = resolver.unit_for(q.client.network(), k) {
+                acc = acc.wrapping_add(u64::from(u) + u64::from(len));
+            }
+        }
+        acc
+    });
+    let rate = |d: Duration| n as f64 / d.as_secs_f64().max(1e-12);
+    println!(
+        "baseline       median {:>8.1} ms   {:>7.2} M/s   {:>6.1} ns/query   (xxh3 of each qname)",
+        ms(base),
+        rate(base) / 1e6,
+        1e9 / rate(base)
+    );
+    println!(
+        "resolve        median {:>8.1} ms   {:>7.2} M lookups/s   {:>6.1} ns/lookup   (min {:.1} max {:.1} ms over {} runs, one thread)",
+        ms(med),
+        rate(med) / 1e6,
+        1e9 / rate(med),
+        ms(times[0]),
+        ms(times[times.len() - 1]),
+        a.runs
+    );
+    let per = |d: Duration| 1e9 * d.as_secs_f64() / n as f64;
+    println!(
+        "breakdown      timed alone: class_of {:.1} ns, unit_for {:.1} ns (prefix table, group, unit class); resolve minus both {:.1} ns (split, liveness, second cluster, and the overlap between queries that a longer dependent chain loses)",
+        per(class_of),
+        per(unit_for),
+        (per(med) - per(class_of) - per(unit_for)).max(0.0)
+    );
+    println!(
+        "ratio          {:>15.1}x   resolve / baseline",
+        med.as_secs_f64() / base.as_secs_f64().max(1e-12)
+    );
+    let target = 5e6;
+    println!(
+        "target         >= 5 M lookups/s per core at 1 M map units: {} ({:.2} M/s{})",
+        if rate(med) >= target {
+            "met"
+        } else {
+            "NOT met"
+        },
+        rate(med) / 1e6,
+        if units == 1_000_000 {
+            String::new()
+        } else {
+            format!(", at {units} map units")
+        }
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -233,6 +233,9 @@ enum BenchCommand {
     /// Cold solve of a generated world: median time, proposals, evictions, peak memory, and
     /// the ratio to a trivial pass over the same input.
     Solve(bench::SolveBenchArgs),
+    /// Resolution of a pre-generated query set against a solved world's map: median lookups
+    /// per second on one core, and the ratio to a trivial pass over the same queries.
+    Resolve(bench::ResolveBenchArgs),
 }
 
 pub fn run() -> Result<ExitCode> {
@@ -243,6 +246,7 @@ pub fn run() -> Result<ExitCode> {
         Command::World(a) => cmd_world(&a),
         Command::Demo(a) => cmd_demo(&a),
         Command::Bench(BenchCommand::Solve(a)) => bench::solve(&a),
+        Command::Bench(BenchCommand::Resolve(a)) => bench::resolve(&a),
     }
 }
 

@@ -1,0 +1,1291 @@
+//! Resolution (`mapper/src/resolve.rs`) against brute-force oracles: longest-prefix match over
+//! nested and disjoint IPv4/IPv6 prefixes, the prefix-claimed-twice refusal, hostname class
+//! rules, the weighted split of a unit over several clusters, and the fallback.
+//!
+//! **The prefix semantic the oracles encode.** Addresses live in one 128-bit space: an IPv4
+//! address `a.b.c.d` is the point `::ffff:a.b.c.d`, an IPv4 prefix of length `n` is the IPv6
+//! prefix `::ffff:a.b.c.d/(96 + n)`, so an IPv6 prefix such as `::/0` or `::/64` also covers IPv4
+//! clients. A *group* is one distinct (truncated) prefix: the map units claiming it, at most one
+//! per class. A lookup of `(ip, class)` first picks the **most specific group** whose prefix
+//! contains `ip`, and only then the unit of `class` in that group: if that group has no unit of
+//! `class`, the answer is `None` even when a shorter prefix containing `ip` has one (the client
+//! falls back rather than being sent to the map unit of a coarser prefix). The scope of a match
+//! is the matched prefix's length as given (an IPv4 `/24` is 24, not 120).
+//!
+//! The generators never produce an IPv6 prefix of length ≥ 96 inside `::ffff:0:0/96`: such a
+//! prefix covers exactly the same addresses as an IPv4 prefix, and the resolver does not treat
+//! the two spellings as one prefix (see `v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form`,
+//! ignored: a bug).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use cdnmap_mapper::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
+use cdnmap_mapper::{
+    solve, Allocation, CandidateSpec, ClassIdx, ClusterIdx, ClusterSpec, ClusterState, Instance,
+    InstanceBuilder, Limits, Map, MapUnitSpec, ModelError, PerUnit, ResourceKind, ResourceNodeSpec,
+    SolveOptions, TrafficClass, UnitIdx,
+};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+// ---------------------------------------------------------------------------------------------
+// Building instances
+
+const CLASSES: [&str; 3] = ["c0", "c1", "c2"];
+const V4_MAPPED: u128 = 0xffff << 32;
+
+fn classes() -> Vec<TrafficClass> {
+    CLASSES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| TrafficClass {
+            name: (*name).into(),
+            priority: i as u32,
+            per_unit: PerUnit { bps: 1.0, fps: 1.0 },
+        })
+        .collect()
+}
+
+/// Cluster ids sort like their indices.
+fn cluster_id(i: usize) -> String {
+    format!("k{i:02}")
+}
+
+/// Unit ids sort like their indices.
+fn unit_id(i: usize) -> String {
+    format!("u{i:04}")
+}
+
+/// A one-node cluster serving `serves` (class indices).
+fn cluster(i: usize, capacity: f64, state: ClusterState, serves: &[usize]) -> ClusterSpec {
+    ClusterSpec {
+        id: cluster_id(i),
+        lat: 0.0,
+        lon: 0.0,
+        addresses: vec![
+            IpAddr::from([198, 18, i as u8, 1]),
+            IpAddr::from([198, 18, i as u8, 2]),
+        ],
+        state,
+        serves: None,
+        resources: vec![ResourceNodeSpec {
+            name: "root".into(),
+            kind: ResourceKind::Bps,
+            capacity,
+            classes: serves.iter().map(|&k| CLASSES[k].to_string()).collect(),
+            children: vec![],
+        }],
+    }
+}
+
+/// A map unit: class, prefixes as given, demand, candidate cluster indices (best first).
+#[derive(Debug, Clone)]
+struct UnitDef {
+    class: usize,
+    prefixes: Vec<IpNet>,
+    demand: f64,
+    candidates: Vec<usize>,
+}
+
+fn build(clusters: Vec<ClusterSpec>, units: &[UnitDef]) -> Instance {
+    let mut b = InstanceBuilder::new(classes(), clusters, Limits::default()).expect("clusters");
+    let cluster_ids: Vec<String> = (0..100).map(cluster_id).collect();
+    for (i, u) in units.iter().enumerate() {
+        let cands: Vec<CandidateSpec<'_>> = u
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(j, &c)| CandidateSpec {
+                cluster: &cluster_ids[c],
+                score: 1.0 + j as f64,
+                cluster_rank: None,
+            })
+            .collect();
+        b.push_unit(&MapUnitSpec {
+            id: &unit_id(i),
+            class: CLASSES[u.class],
+            demand: u.demand,
+            lat: 0.0,
+            lon: 0.0,
+            prefixes: &u.prefixes,
+            candidates: &cands,
+        })
+        .expect("unit");
+    }
+    let inst = b.finish().expect("instance");
+    for i in 0..units.len() {
+        assert_eq!(inst.unit_index(&unit_id(i)), Some(i as UnitIdx));
+    }
+    inst
+}
+
+/// Exact names `c0.test`, `c1.test`, `c2.test` → their classes; default c0.
+fn class_rules(inst: &Instance) -> ClassRules {
+    let rules: Vec<(String, String)> = CLASSES
+        .iter()
+        .map(|c| (format!("{c}.test"), (*c).to_string()))
+        .collect();
+    ClassRules::new(inst, &rules, CLASSES[0]).expect("rules")
+}
+
+fn resolver(inst: &Instance) -> Result<Resolver, ModelError> {
+    let map = solve(inst, &SolveOptions::default()).map;
+    Resolver::new(inst, &map, class_rules(inst))
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("prefix")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The prefix oracle (independent of the resolver's interval table)
+
+fn mask(len: u32, bits: u32) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        (u128::MAX >> (128 - bits)) & ((u128::MAX >> (128 - bits)) << (bits - len))
+    }
+}
+
+/// The first and last point of a prefix in the 128-bit space, and its length there.
+fn span128(net: &IpNet) -> (u128, u128, u32) {
+    match net {
+        IpNet::V4(n) => {
+            let len = u32::from(n.prefix_len());
+            let m = mask(len, 32);
+            let start = V4_MAPPED | (u128::from(u32::from(n.addr())) & m);
+            (start, start | (!m & 0xffff_ffff), 96 + len)
+        }
+        IpNet::V6(n) => {
+            let len = u32::from(n.prefix_len());
+            let m = mask(len, 128);
+            let start = u128::from(n.addr()) & m;
+            (start, start | !m, len)
+        }
+    }
+}
+
+fn point128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => V4_MAPPED | u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// The ways to ask for point `p`: as IPv6, and also as IPv4 when it is a v4-mapped point.
+fn addresses_of(p: u128) -> Vec<IpAddr> {
+    let mut out = vec![IpAddr::V6(Ipv6Addr::from(p))];
+    if p >> 32 == 0xffff {
+        out.push(IpAddr::V4(Ipv4Addr::from(p as u32)));
+    }
+    out
+}
+
+/// One claim: a unit's prefix as given, the unit, its class.
+type Claim = (IpNet, UnitIdx, ClassIdx);
+
+/// Brute force: among the claims whose prefix contains `ip`, the longest prefix (in the 128-bit
+/// space); then the unit of `class` among the claims of exactly that prefix, with the prefix's
+/// length as given. `None` if no prefix contains `ip` or the most specific one has no unit of
+/// `class` (a shorter prefix's unit of that class does *not* answer).
+fn oracle_unit(claims: &[Claim], ip: IpAddr, class: ClassIdx) -> Option<(UnitIdx, u8)> {
+    let p = point128(ip);
+    let containing: Vec<(&Claim, (u128, u128, u32))> = claims
+        .iter()
+        .map(|c| (c, span128(&c.0)))
+        .filter(|(_, (a, b, _))| *a <= p && p <= *b)
+        .collect();
+    let best = containing.iter().map(|(_, s)| s.2).max()?;
+    containing
+        .iter()
+        .filter(|(_, s)| s.2 == best)
+        .find(|(c, _)| c.2 == class)
+        .map(|(c, _)| (c.1, c.0.prefix_len()))
+}
+
+fn claims_of(inst: &Instance) -> Vec<Claim> {
+    (0..inst.unit_count() as UnitIdx)
+        .flat_map(|u| {
+            inst.unit_prefixes(u)
+                .iter()
+                .map(move |p| (*p, u, inst.unit_class(u)))
+        })
+        .collect()
+}
+
+/// Does the IPv6 prefix (len, truncated address) alias an IPv4 prefix?
+fn aliases_v4(addr: u128, len: u8) -> bool {
+    len >= 96 && (addr & mask(u32::from(len), 128)) >> 32 == 0xffff
+}
+
+/// A prefix from a few bases, so that prefixes nest, touch and coincide; lengths favour /0, the
+/// full length and the usual boundaries; host bits are often set.
+fn prefix_strategy() -> impl Strategy<Value = IpNet> {
+    (
+        any::<bool>(),
+        0usize..5,
+        any::<u128>(),
+        0u32..=128,
+        0u8..8,
+        any::<u8>(),
+    )
+        .prop_filter_map(
+            "IPv6 prefix that aliases an IPv4 prefix",
+            |(v4, base, noise, noise_bits, len_sel, len_raw)| {
+                let low = |bits: u32| {
+                    if bits == 0 {
+                        0
+                    } else {
+                        noise & (u128::MAX >> (128 - bits))
+                    }
+                };
+                if v4 {
+                    let bases = [0x0A00_0000u32, 0x0A01_0200, 0xC0A8_0000, 0, u32::MAX];
+                    let addr = bases[base] ^ low(noise_bits.min(32)) as u32;
+                    let len = match len_sel {
+                        0 => 0,
+                        1 => 32,
+                        2 => 8,
+                        3 => 24,
+                        _ => len_raw % 33,
+                    };
+                    Some(IpNet::V4(Ipv4Net::new(Ipv4Addr::from(addr), len).ok()?))
+                } else {
+                    let bases = [
+                        0x2001_0db8u128 << 96,
+                        0,
+                        V4_MAPPED,
+                        0x2a00 << 112,
+                        u128::MAX,
+                    ];
+                    let addr = bases[base] ^ low(noise_bits);
+                    let len = match len_sel {
+                        0 => 0,
+                        1 => 128,
+                        2 => 32,
+                        3 => 48,
+                        4 => 64,
+                        _ => len_raw % 129,
+                    };
+                    if aliases_v4(addr, len) {
+                        return None;
+                    }
+                    Some(IpNet::V6(Ipv6Net::new(Ipv6Addr::from(addr), len).ok()?))
+                }
+            },
+        )
+}
+
+/// `net` with its host bits replaced by `noise`'s.
+fn with_host_bits(net: &IpNet, noise: u128) -> IpNet {
+    match net {
+        IpNet::V4(n) => {
+            let host = !(mask(u32::from(n.prefix_len()), 32) as u32);
+            let a = (u32::from(n.network()) & !host) | (noise as u32 & host);
+            IpNet::V4(Ipv4Net::new(Ipv4Addr::from(a), n.prefix_len()).expect("len"))
+        }
+        IpNet::V6(n) => {
+            let host = !mask(u32::from(n.prefix_len()), 128);
+            let a = (u128::from(n.network()) & !host) | (noise & host);
+            IpNet::V6(Ipv6Net::new(Ipv6Addr::from(a), n.prefix_len()).expect("len"))
+        }
+    }
+}
+
+/// A pool of prefixes and units claiming some of them (class, [(pool index, host-bit noise)]).
+type UnitClaims = Vec<(usize, Vec<(usize, u128)>)>;
+
+fn world_strategy() -> impl Strategy<Value = (Vec<IpNet>, UnitClaims)> {
+    (
+        prop::collection::vec(prefix_strategy(), 1..10),
+        prop::collection::vec(
+            (
+                0usize..3,
+                prop::collection::vec((0usize..16, any::<u128>()), 1..4),
+            ),
+            1..8,
+        ),
+    )
+}
+
+/// The units of a generated world. With `dedup`, a claim of a prefix that a unit of the same
+/// class already claims is dropped (the same unit may list it twice).
+fn units_of(pool: &[IpNet], claims: &UnitClaims, dedup: bool) -> Vec<UnitDef> {
+    let mut owner: HashMap<(usize, IpNet), usize> = HashMap::new();
+    claims
+        .iter()
+        .enumerate()
+        .map(|(i, (class, picks))| {
+            let prefixes = picks
+                .iter()
+                .map(|&(j, noise)| with_host_bits(&pool[j % pool.len()], noise))
+                .filter(|p| {
+                    let o = *owner.entry((*class, p.trunc())).or_insert(i);
+                    !dedup || o == i
+                })
+                .collect();
+            UnitDef {
+                class: *class,
+                prefixes,
+                demand: 1.0,
+                candidates: vec![0, 1, 2],
+            }
+        })
+        .collect()
+}
+
+fn three_clusters() -> Vec<ClusterSpec> {
+    (0..3)
+        .map(|i| cluster(i, 100.0, ClusterState::Up, &[0, 1, 2]))
+        .collect()
+}
+
+/// Query points: each prefix's first and last address and their neighbours, a point inside,
+/// and random points (v4-mapped and anywhere).
+fn query_points(pool: &[IpNet], inside: &[u128], v4: &[u32], anywhere: &[u128]) -> Vec<u128> {
+    let mut points = Vec::new();
+    for (i, p) in pool.iter().enumerate() {
+        let (a, b, _) = span128(p);
+        points.extend([a, b]);
+        points.extend(a.checked_sub(1));
+        points.extend(b.checked_add(1));
+        if let Some(&n) = inside.get(i) {
+            let size = b - a;
+            points.push(a + if size == u128::MAX { n } else { n % (size + 1) });
+        }
+    }
+    points.extend(v4.iter().map(|&x| V4_MAPPED | u128::from(x)));
+    points.extend(anywhere);
+    points.extend([0, u128::MAX, V4_MAPPED, V4_MAPPED | 0xffff_ffff]);
+    points
+}
+
+/// Checks `unit_for` and `resolve` against the oracle at every point, for every class.
+fn check_lookups(inst: &Instance, r: &Resolver, points: &[u128]) -> Result<(), TestCaseError> {
+    let claims = claims_of(inst);
+    for &p in points {
+        for addr in addresses_of(p) {
+            for k in 0..CLASSES.len() as ClassIdx {
+                let want = oracle_unit(&claims, addr, k);
+                prop_assert_eq!(r.unit_for(addr, k), want, "unit_for({}, {})", addr, k);
+                let ans = r.resolve(IpNet::from(addr), &format!("{}.test", CLASSES[k as usize]));
+                prop_assert_eq!(ans.class, k);
+                prop_assert_eq!(ans.unit, want.map(|w| w.0), "resolve({})", addr);
+                prop_assert_eq!(ans.scope_prefix_len, want.map_or(0, |w| w.1));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 384,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Longest-prefix match: `unit_for` and `resolve` agree with the brute-force oracle at the
+    /// boundaries of every prefix and at random points, asked as IPv4 and as v4-mapped IPv6.
+    #[test]
+    fn longest_prefix_match_agrees_with_brute_force(
+        (pool, claims) in world_strategy(),
+        inside in prop::collection::vec(any::<u128>(), 10),
+        v4 in prop::collection::vec(any::<u32>(), 0..16),
+        anywhere in prop::collection::vec(any::<u128>(), 0..8),
+    ) {
+        let units = units_of(&pool, &claims, true);
+        let inst = build(three_clusters(), &units);
+        let r = resolver(&inst).expect("no class claims a prefix twice");
+        check_lookups(&inst, &r, &query_points(&pool, &inside, &v4, &anywhere))?;
+    }
+
+    /// Two units of one class claiming one prefix (after truncation) are refused, naming both
+    /// units and the prefix; any other set of claims is accepted.
+    #[test]
+    fn a_prefix_claimed_twice_in_one_class_is_refused((pool, claims) in world_strategy()) {
+        let units = units_of(&pool, &claims, false);
+        let inst = build(three_clusters(), &units);
+        // Brute force: some (class, prefix) claimed by two different units?
+        let mut claimers: HashMap<(ClassIdx, IpNet), HashSet<UnitIdx>> = HashMap::new();
+        for (p, u, k) in claims_of(&inst) {
+            claimers.entry((k, p.trunc())).or_default().insert(u);
+        }
+        let clash = claimers.values().any(|s| s.len() > 1);
+        match resolver(&inst) {
+            Ok(_) => prop_assert!(!clash, "a clash was accepted"),
+            Err(ModelError::PrefixClaimedTwice { prefix, first, second }) => {
+                prop_assert!(clash);
+                prop_assert_ne!(&first, &second);
+                let (a, b) = (
+                    inst.unit_index(&first).expect("first is a unit"),
+                    inst.unit_index(&second).expect("second is a unit"),
+                );
+                let k = inst.unit_class(a);
+                prop_assert_eq!(k, inst.unit_class(b));
+                let set = claimers
+                    .iter()
+                    .find(|((kk, p), _)| *kk == k && p.to_string() == prefix)
+                    .map(|(_, s)| s.clone());
+                prop_assert!(
+                    set.is_some_and(|s| s.contains(&a) && s.contains(&b)),
+                    "{} and {} do not both claim {}", first, second, prefix
+                );
+            }
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+}
+
+/// The prefix generator is not vacuous: over a fixed sample of 256 worlds, many contain
+/// nested prefixes matched at a query point, a most specific prefix without the asked class
+/// while a shorter one has it (the answer is `None`), one prefix in several classes, a claim
+/// with host bits set, /0 prefixes, an IPv6 prefix covering IPv4 clients, and host routes.
+#[test]
+fn the_prefix_generator_reaches_the_interesting_cases() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let strategy = (world_strategy(), prop::collection::vec(any::<u128>(), 10));
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for _ in 0..256 {
+        let ((pool, claims), inside) = strategy.new_tree(&mut runner).expect("a world").current();
+        let units = units_of(&pool, &claims, true);
+        let inst = build(three_clusters(), &units);
+        let all = claims_of(&inst);
+        let points = query_points(&pool, &inside, &[], &[]);
+        let mut flags: HashSet<&str> = HashSet::new();
+        for &p in &points {
+            let containing: Vec<&Claim> = all
+                .iter()
+                .filter(|c| {
+                    let (a, b, _) = span128(&c.0);
+                    a <= p && p <= b
+                })
+                .collect();
+            let lens: HashSet<u32> = containing.iter().map(|c| span128(&c.0).2).collect();
+            if lens.len() >= 2 {
+                flags.insert("nested match");
+            }
+            for k in 0..3 {
+                let ip = addresses_of(p)[0];
+                if oracle_unit(&all, ip, k).is_none() && containing.iter().any(|c| c.2 == k) {
+                    flags.insert("shadowed by a more specific prefix");
+                }
+            }
+            if p >> 32 == 0xffff && containing.iter().any(|c| c.0.addr().is_ipv6()) {
+                flags.insert("v6 prefix covering a v4 client");
+            }
+        }
+        let mut classes_of: HashMap<IpNet, HashSet<ClassIdx>> = HashMap::new();
+        for c in &all {
+            classes_of.entry(c.0.trunc()).or_default().insert(c.2);
+            if c.0 != c.0.trunc() {
+                flags.insert("host bits set");
+            }
+            if c.0.prefix_len() == 0 {
+                flags.insert("/0");
+            }
+            if c.0.prefix_len() == c.0.max_prefix_len() {
+                flags.insert("host route");
+            }
+        }
+        if classes_of.values().any(|k| k.len() > 1) {
+            flags.insert("one prefix, several classes");
+        }
+        for f in flags {
+            *seen.entry(f).or_default() += 1;
+        }
+    }
+    for what in [
+        "nested match",
+        "shadowed by a more specific prefix",
+        "v6 prefix covering a v4 client",
+        "host bits set",
+        "/0",
+        "host route",
+        "one prefix, several classes",
+    ] {
+        let n = seen.get(what).copied().unwrap_or(0);
+        assert!(n >= 20, "only {n} of 256 worlds have: {what} ({seen:?})");
+    }
+}
+
+/// (address, class, the expected unit and scope)
+type LookupCase<'a> = (&'a str, usize, Option<(UnitIdx, u8)>);
+
+/// The cases the generator is meant to reach, pinned: /0 in both families, host routes, host
+/// bits in the input, a prefix shared across classes, v4 asked as v4-mapped v6.
+#[test]
+fn longest_prefix_match_fixed_cases() {
+    let unit = |class, prefixes: &[&str]| UnitDef {
+        class,
+        prefixes: prefixes.iter().map(|s| net(s)).collect(),
+        demand: 1.0,
+        candidates: vec![0, 1, 2],
+    };
+    let units = [
+        unit(0, &["0.0.0.0/0"]),                    // u0000
+        unit(1, &["10.9.9.9/8"]),                   // u0001: host bits set
+        unit(0, &["10.1.2.3/32", "2001:db8::/32"]), // u0002
+        unit(2, &["::/0"]),                         // u0003
+        unit(1, &["2001:db8::1/128", "::/64"]),     // u0004
+        unit(2, &["10.1.2.3/32"]),                  // u0005: same host, another class
+        unit(0, &["10.0.0.0/8"]),                   // u0006: same prefix, another class
+    ];
+    let inst = build(three_clusters(), &units);
+    let r = resolver(&inst).expect("resolver");
+    let cases: &[LookupCase<'_>] = &[
+        ("10.1.2.3", 0, Some((2, 32))),
+        ("::ffff:10.1.2.3", 0, Some((2, 32))),
+        ("10.1.2.3", 2, Some((5, 32))),
+        // The most specific prefix (the /32) has no c1 unit: None, not the /8's unit.
+        ("10.1.2.3", 1, None),
+        ("10.1.2.4", 1, Some((1, 8))),
+        ("10.1.2.4", 0, Some((6, 8))),
+        ("10.1.2.4", 2, None),
+        ("11.0.0.0", 0, Some((0, 0))),
+        ("9.255.255.255", 1, None),
+        ("255.255.255.255", 0, Some((0, 0))),
+        ("2001:db8::1", 1, Some((4, 128))),
+        ("2001:db8::1", 0, None),
+        ("2001:db8::2", 0, Some((2, 32))),
+        ("2001:db9::", 2, Some((3, 0))),
+        ("::1", 1, Some((4, 64))),
+        // 0.0.0.0/0 is ::ffff:0:0/96: inside ::/64, more specific than it.
+        ("1.2.3.4", 1, None),
+        ("1.2.3.4", 0, Some((0, 0))),
+    ];
+    let claims = claims_of(&inst);
+    for &(addr, k, want) in cases {
+        let a = ip(addr);
+        assert_eq!(r.unit_for(a, k as ClassIdx), want, "{addr} class {k}");
+        assert_eq!(
+            oracle_unit(&claims, a, k as ClassIdx),
+            want,
+            "oracle {addr}"
+        );
+    }
+}
+
+#[test]
+fn a_prefix_claimed_twice_names_both_units() {
+    let unit = |class, prefixes: &[&str]| UnitDef {
+        class,
+        prefixes: prefixes.iter().map(|s| net(s)).collect(),
+        demand: 1.0,
+        candidates: vec![0],
+    };
+    let refused = |units: &[UnitDef]| resolver(&build(three_clusters(), units)).err();
+    // Host bits differ; the truncated prefix is the same.
+    let e = refused(&[unit(1, &["10.1.2.0/24"]), unit(1, &["10.1.2.77/24"])]);
+    assert_eq!(
+        e,
+        Some(ModelError::PrefixClaimedTwice {
+            prefix: "10.1.2.0/24".into(),
+            first: "u0000".into(),
+            second: "u0001".into(),
+        })
+    );
+    let e = refused(&[
+        unit(0, &["2001:db8::/48"]),
+        unit(1, &["2001:db8::/48"]),
+        unit(0, &["192.0.2.0/24", "2001:db8:0:1::/48"]),
+    ]);
+    assert_eq!(
+        e,
+        Some(ModelError::PrefixClaimedTwice {
+            prefix: "2001:db8::/48".into(),
+            first: "u0000".into(),
+            second: "u0002".into(),
+        })
+    );
+    let msg = e.map(|e| e.to_string()).unwrap_or_default();
+    assert!(msg.contains("u0000") && msg.contains("u0002") && msg.contains("2001:db8::/48"));
+    // One unit listing a prefix twice, and one prefix in several classes, are fine.
+    assert_eq!(
+        refused(&[
+            unit(0, &["10.0.0.0/8", "10.1.1.1/8"]),
+            unit(1, &["10.0.0.0/8"]),
+            unit(2, &["10.0.0.0/8"]),
+        ]),
+        None
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Class rules
+
+const LABELS: [&str; 6] = ["a", "b", "Cdn", "www", "x-1", "video"];
+
+/// Brute force: exact match first; else the longest wildcard suffix strictly below; else the
+/// default. Case-insensitive, one trailing dot ignored; empty, over-long (more than 253
+/// characters without the dot) and non-ASCII names get the default.
+fn oracle_class(
+    exact: &HashMap<String, ClassIdx>,
+    wildcard: &HashMap<String, ClassIdx>,
+    default: ClassIdx,
+    qname: &str,
+) -> ClassIdx {
+    let name = qname.strip_suffix('.').unwrap_or(qname);
+    if name.is_empty() || name.len() > MAX_QNAME_LEN || !name.is_ascii() {
+        return default;
+    }
+    let name = name.to_ascii_lowercase();
+    if let Some(&k) = exact.get(&name) {
+        return k;
+    }
+    wildcard
+        .iter()
+        .filter(|(suffix, _)| name.ends_with(&format!(".{suffix}")))
+        .max_by_key(|(suffix, _)| suffix.len())
+        .map_or(default, |(_, &k)| k)
+}
+
+/// Joins labels, upper-casing the letters whose bit in `case` is set.
+fn spell(labels: &[usize], case: u64) -> String {
+    let name = labels
+        .iter()
+        .map(|&i| LABELS[i % LABELS.len()])
+        .collect::<Vec<_>>()
+        .join(".");
+    name.chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if case >> (i % 64) & 1 == 1 {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .collect()
+}
+
+/// (wildcard?, labels, class, trailing dot?, case bits)
+type RuleSeed = (bool, Vec<usize>, usize, bool, u64);
+/// (labels, trailing dot?, case bits, padding to make it long, garbage kind)
+type NameSeed = (Vec<usize>, bool, u64, usize, u8);
+
+fn name_from(seed: &NameSeed) -> String {
+    let (labels, dot, case, pad, kind) = seed;
+    let mut name = spell(labels, *case);
+    match kind % 8 {
+        // Long: padded in front to about 253 characters (either side of the limit).
+        0 | 1 => {
+            let target = 244 + pad % 16;
+            while name.len() < target {
+                name.insert_str(0, "pq.");
+            }
+            name.drain(..name.len() - target);
+        }
+        // Non-ASCII somewhere.
+        2 => name.insert(pad % (name.len() + 1), 'é'),
+        // Empty labels.
+        3 => name.insert(pad % (name.len() + 1), '.'),
+        _ => {}
+    }
+    if *dot {
+        name.push('.');
+    }
+    name
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// `class_of` equals the brute force on names built from the rules' labels, on long,
+    /// non-ASCII and malformed names, and on arbitrary strings; it never panics.
+    #[test]
+    fn class_rules_agree_with_brute_force(
+        rule_seeds in prop::collection::vec(
+            (any::<bool>(), prop::collection::vec(0usize..6, 1..4), 0usize..3, any::<bool>(), any::<u64>()),
+            0..10,
+        ),
+        default in 0usize..3,
+        names in prop::collection::vec(
+            (prop::collection::vec(0usize..6, 1..6), any::<bool>(), any::<u64>(), 0usize..64, any::<u8>()),
+            1..40,
+        ),
+        arbitrary in prop::collection::vec(any::<String>(), 0..8),
+        bytes in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..4),
+    ) {
+        let inst = build(three_clusters(), &[]);
+        let mut exact = HashMap::new();
+        let mut wildcard = HashMap::new();
+        let mut rules = Vec::new();
+        for (wild, labels, class, dot, case) in &rule_seeds as &[RuleSeed] {
+            let host = spell(labels, *case);
+            let table = if *wild { &mut wildcard } else { &mut exact };
+            if table.contains_key(&host.to_ascii_lowercase()) {
+                continue; // a duplicate rule is refused (checked in `class_rules_fixed_cases`)
+            }
+            table.insert(host.to_ascii_lowercase(), *class as ClassIdx);
+            let mut pattern = if *wild { format!("*.{host}") } else { host };
+            if *dot {
+                pattern.push('.');
+            }
+            rules.push((pattern, CLASSES[*class].to_string()));
+        }
+        let r = ClassRules::new(&inst, &rules, CLASSES[default]).expect("valid rules");
+        let default = default as ClassIdx;
+        let mut queries: Vec<String> = names.iter().map(name_from).collect();
+        // Every rule's own name, and one label below it, as names.
+        for (pattern, _) in &rules {
+            let host = pattern.trim_start_matches("*.");
+            queries.push(host.to_string());
+            queries.push(format!("Z.{host}"));
+            queries.push(format!("{host}."));
+        }
+        queries.extend(arbitrary);
+        queries.extend(bytes.iter().map(|b| String::from_utf8_lossy(b).into_owned()));
+        for q in &queries {
+            prop_assert_eq!(
+                r.class_of(q),
+                oracle_class(&exact, &wildcard, default, q),
+                "class_of({:?}), rules {:?}", q, rules
+            );
+        }
+    }
+}
+
+#[test]
+fn class_rules_fixed_cases() {
+    let inst = build(three_clusters(), &[]);
+    let rules = |list: &[(&str, &str)]| {
+        let list: Vec<(String, String)> = list
+            .iter()
+            .map(|(p, c)| (p.to_string(), c.to_string()))
+            .collect();
+        ClassRules::new(&inst, &list, "c0")
+    };
+    let r = rules(&[
+        ("*.video.example", "c1"),
+        ("*.LIVE.video.example.", "c2"),
+        ("video.example", "c2"),
+        ("www.live.video.example", "c0"),
+    ])
+    .expect("rules");
+    for (q, k) in [
+        ("a.video.example", 1),
+        ("A.VIDEO.EXAMPLE.", 1),
+        ("video.example", 2),          // exact
+        ("x.video.example.", 1),       // wildcard, not the exact rule
+        ("live.video.example", 1),     // *.live... needs a label below live
+        ("a.live.video.example", 2),   // the longer wildcard
+        ("www.live.video.example", 0), // exact beats wildcard
+        ("www.live.video.example.", 0),
+        ("a.b.c.live.video.example", 2),
+        ("example", 0),
+        ("", 0),
+        (".", 0),
+        ("..", 0),
+        ("a.video.example..", 0), // two trailing dots: the name is "a.video.example."
+        ("é.video.example", 0),
+    ] {
+        assert_eq!(r.class_of(q), k, "{q:?}");
+    }
+    // The length limit: 253 characters without the trailing dot.
+    let long = |n: usize| {
+        let suffix = ".video.example";
+        format!("{}{suffix}", "a".repeat(n - suffix.len()))
+    };
+    assert_eq!(r.class_of(&long(253)), 1);
+    assert_eq!(r.class_of(&format!("{}.", long(253))), 1);
+    assert_eq!(r.class_of(&long(254)), 0);
+    assert_eq!(r.class_of(&long(10_000)), 0);
+    // Duplicates (up to case and the trailing dot) and bad patterns are refused.
+    for bad in [
+        &[("*.a.b", "c1"), ("*.A.B.", "c2")][..],
+        &[("a.b", "c1"), ("A.b.", "c1")],
+    ] {
+        assert!(
+            matches!(rules(bad), Err(ModelError::DuplicateId { .. })),
+            "{bad:?}"
+        );
+    }
+    for bad in ["*", "*.", "a.*", "**.a", "a..b", ".a", &"a".repeat(254)] {
+        assert!(
+            matches!(rules(&[(bad, "c1")]), Err(ModelError::BadName { .. })),
+            "{bad:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weighted split
+
+/// One unit (10.0.0.0/8 and 2001:db8::/32, class c0) with the given allocations (cluster,
+/// amount) over `n` up clusters, each a candidate.
+fn split_world(n: usize, states: &[ClusterState], allocs: &[(usize, f64)]) -> (Instance, Map) {
+    let clusters = (0..n)
+        .map(|i| cluster(i, 1000.0, states.get(i).copied().unwrap_or_default(), &[0]))
+        .collect();
+    let inst = build(
+        clusters,
+        &[UnitDef {
+            class: 0,
+            prefixes: vec![net("10.0.0.0/8"), net("2001:db8::/32")],
+            demand: allocs.iter().map(|a| a.1).sum(),
+            candidates: (0..n).collect(),
+        }],
+    );
+    let mut map = Map::with_capacity(1, allocs.len());
+    map.push_unit(
+        allocs.iter().map(|&(c, amount)| Allocation {
+            cluster: c as ClusterIdx,
+            amount,
+        }),
+        0.0,
+    );
+    (inst, map)
+}
+
+/// Distinct (client, qname) pairs: random host addresses in the unit's prefixes, numbered names.
+fn split_queries(seed: u64, count: usize) -> Vec<(IpNet, String)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..count)
+        .map(|i| {
+            let client = if i % 4 == 0 {
+                let low: u128 = rng.random::<u128>() >> 32;
+                IpNet::from(IpAddr::V6(Ipv6Addr::from((0x2001_0db8u128 << 96) | low)))
+            } else {
+                IpNet::from(IpAddr::V4(Ipv4Addr::from(
+                    0x0A00_0000 | (rng.random::<u32>() & 0x00ff_ffff),
+                )))
+            };
+            (client, format!("host{i}.site{}.example", i % 97))
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 12,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// A unit split over 2–4 clusters: over 20,000 distinct (client, qname) pairs each cluster
+    /// answers its share ±3 points; answers are deterministic (and ignore case and the trailing
+    /// dot), and name two different clusters.
+    #[test]
+    fn a_split_unit_answers_by_its_shares(
+        weights in prop::collection::vec(1u32..=10, 2..=4),
+        seed in any::<u64>(),
+    ) {
+        let n = weights.len();
+        // One more up candidate with a zero allocation: it must never be the primary.
+        let mut allocs: Vec<(usize, f64)> =
+            weights.iter().enumerate().map(|(c, &w)| (c, f64::from(w) * 0.37)).collect();
+        allocs.push((n, 0.0));
+        let (inst, map) = split_world(n + 1, &[], &allocs);
+        let r = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+        let again = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+        let queries = split_queries(seed, 20_000);
+        let mut count = vec![0usize; n + 1];
+        for (client, qname) in &queries {
+            let ans = r.resolve(*client, qname);
+            prop_assert_eq!(ans.unit, Some(0));
+            let p = ans.primary.expect("a primary");
+            count[p as usize] += 1;
+            prop_assert!(ans.secondary.is_some() && ans.secondary != ans.primary, "{:?}", ans);
+            prop_assert_eq!(ans, r.resolve(*client, qname));
+            prop_assert_eq!(ans, again.resolve(*client, qname));
+            prop_assert_eq!(ans, r.resolve(*client, &format!("{}.", qname.to_ascii_uppercase())));
+        }
+        prop_assert_eq!(count[n], 0, "the zero allocation was answered");
+        for (c, &w) in weights.iter().enumerate() {
+            let got = count[c] as f64 / queries.len() as f64;
+            let want = f64::from(w) / total;
+            prop_assert!(
+                (got - want).abs() <= 0.03,
+                "cluster {}: {:.4} of the answers, share {:.4} (weights {:?})", c, got, want, weights
+            );
+        }
+    }
+
+    /// Down and drained clusters: the primary is always up and is one of the unit's allocations
+    /// whenever one of those is up; the secondary is up, differs from the primary, and exists
+    /// whenever the unit has two up candidates.
+    #[test]
+    fn a_split_unit_never_answers_with_a_cluster_that_is_not_up(
+        weights in prop::collection::vec(0u32..=4, 2..=5),
+        states in prop::collection::vec(0u8..3, 5),
+        seed in any::<u64>(),
+    ) {
+        let n = weights.len();
+        let state = |s: u8| match s {
+            0 => ClusterState::Up,
+            1 => ClusterState::Drained,
+            _ => ClusterState::Down,
+        };
+        let states: Vec<ClusterState> = states.iter().map(|&s| state(s)).collect();
+        let allocs: Vec<(usize, f64)> =
+            weights.iter().enumerate().map(|(c, &w)| (c, f64::from(w))).collect();
+        let (inst, map) = split_world(n, &states, &allocs);
+        let r = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+        let up = |c: ClusterIdx| states[c as usize] == ClusterState::Up;
+        let up_candidates = (0..n as ClusterIdx).filter(|&c| up(c)).count();
+        let up_placed = allocs.iter().any(|&(c, a)| a > 0.0 && up(c as ClusterIdx));
+        for (client, qname) in split_queries(seed, 500) {
+            let ans = r.resolve(client, &qname);
+            prop_assert_eq!(ans.unit, Some(0));
+            prop_assert_eq!(ans.primary.is_some(), up_candidates > 0, "{:?}", ans);
+            if let Some(p) = ans.primary {
+                prop_assert!(up(p), "{:?}", ans);
+                if up_placed {
+                    prop_assert!(allocs.iter().any(|&(c, a)| c as ClusterIdx == p && a > 0.0));
+                }
+            }
+            if let Some(s) = ans.secondary {
+                prop_assert!(up(s) && ans.primary != Some(s), "{:?}", ans);
+            }
+            prop_assert_eq!(ans.secondary.is_some(), up_candidates >= 2, "{:?}", ans);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fallback and robustness
+
+/// (capacity, state 0 up / 1 drained / 2 down, classes served as a 3-bit mask, never 0)
+type ClusterSeed = (u32, u8, u8);
+/// (class, v4?, prefix seed, prefix length, demand, candidate mask)
+type UnitSeed = (usize, bool, u32, u8, u32, u8);
+
+fn fallback_world(clusters: &[ClusterSeed], units: &[UnitSeed]) -> Instance {
+    let specs = clusters
+        .iter()
+        .enumerate()
+        .map(|(i, &(cap, s, serves))| {
+            let state = [ClusterState::Up, ClusterState::Drained, ClusterState::Down][s as usize];
+            let serves: Vec<usize> = (0..3).filter(|k| serves >> k & 1 == 1).collect();
+            cluster(i, f64::from(cap), state, &serves)
+        })
+        .collect();
+    let mut taken = HashSet::new();
+    let defs: Vec<UnitDef> = units
+        .iter()
+        .map(|&(class, v4, seed, len, demand, cands)| {
+            // Units live in 10.0.0.0/8 and 2001:db8::/32 only.
+            let prefix = if v4 {
+                let len = 8 + len % 25;
+                let a = 0x0A00_0000 | (seed & 0x00ff_ffff);
+                IpNet::V4(Ipv4Net::new(Ipv4Addr::from(a), len).expect("len"))
+            } else {
+                let len = 32 + len % 97;
+                let a = (0x2001_0db8u128 << 96) | (u128::from(seed) << 64);
+                IpNet::V6(Ipv6Net::new(Ipv6Addr::from(a), len).expect("len"))
+            };
+            let prefixes = if taken.insert((class, prefix.trunc())) {
+                vec![prefix]
+            } else {
+                vec![]
+            };
+            let candidates = (0..clusters.len())
+                .filter(|&c| cands >> c & 1 == 1 && clusters[c].2 >> class & 1 == 1)
+                .collect();
+            UnitDef {
+                class,
+                prefixes,
+                demand: f64::from(demand),
+                candidates,
+            }
+        })
+        .collect();
+    build(specs, &defs)
+}
+
+/// Brute force of the fallback order for one-node clusters with unit coefficients: the up
+/// clusters serving `class`, by free share of their capacity (most first), then by index.
+fn oracle_fallback(inst: &Instance, map: &Map, class: ClassIdx) -> Vec<ClusterIdx> {
+    let used = map.demand_per_cluster(inst);
+    let mut up: Vec<(f64, ClusterIdx)> = inst
+        .clusters()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.state == ClusterState::Up && c.serves(class))
+        .map(|(i, c)| {
+            let cap = c.nodes[0].capacity;
+            let free = if cap > 0.0 {
+                (cap - used[i]) / cap
+            } else {
+                0.0
+            };
+            (free, i as ClusterIdx)
+        })
+        .collect();
+    up.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    up.into_iter().map(|x| x.1).take(2).collect()
+}
+
+fn check_answer(
+    inst: &Instance,
+    r: &Resolver,
+    fallback: &[Vec<ClusterIdx>],
+    client: IpNet,
+    qname: &str,
+) -> Result<Answer, TestCaseError> {
+    let ans = r.resolve(client, qname);
+    prop_assert_eq!(ans.class, r.rules().class_of(qname));
+    prop_assert_eq!(
+        ans.unit,
+        r.unit_for(client.network(), ans.class).map(|x| x.0)
+    );
+    let serving_up = |c: ClusterIdx| {
+        let cl = &inst.clusters()[c as usize];
+        cl.state == ClusterState::Up && cl.serves(ans.class)
+    };
+    for c in [ans.primary, ans.secondary].into_iter().flatten() {
+        prop_assert!(serving_up(c), "{:?}", ans);
+    }
+    if ans.secondary.is_some() {
+        prop_assert!(
+            ans.primary.is_some() && ans.primary != ans.secondary,
+            "{:?}",
+            ans
+        );
+    }
+    let any_up = (0..inst.clusters().len() as ClusterIdx).any(serving_up);
+    prop_assert_eq!(ans.primary.is_some(), any_up, "{:?}", ans);
+    if ans.unit.is_none() {
+        prop_assert_eq!(ans.scope_prefix_len, 0);
+        let fb = &fallback[usize::from(ans.class)];
+        prop_assert_eq!(ans.primary, fb.first().copied(), "fallback {:?}", fb);
+        prop_assert_eq!(ans.secondary, fb.get(1).copied(), "fallback {:?}", fb);
+    }
+    for max in [0, 1, 3, 8] {
+        let addrs = r.addresses(&ans, max);
+        let want: Vec<IpAddr> = [ans.primary, ans.secondary]
+            .into_iter()
+            .flatten()
+            .flat_map(|c| inst.clusters()[c as usize].addresses.clone())
+            .take(max)
+            .collect();
+        prop_assert_eq!(addrs, want);
+    }
+    Ok(ans)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Clients outside every prefix get no unit, scope 0 and the roomiest up clusters serving
+    /// the class; every answer names only up clusters serving the class, two different ones;
+    /// random addresses, ECS prefix lengths and garbage names never panic.
+    #[test]
+    fn fallback_and_garbage(
+        clusters in prop::collection::vec((0u32..20, 0u8..3, 1u8..8), 1..5),
+        units in prop::collection::vec((0usize..3, any::<bool>(), any::<u32>(), any::<u8>(), 0u32..10, any::<u8>()), 0..8),
+        outside_v4 in prop::collection::vec(any::<u32>(), 1..8),
+        anywhere in prop::collection::vec((any::<u128>(), any::<bool>(), any::<u8>()), 0..16),
+        names in prop::collection::vec(any::<String>(), 1..8),
+        long in prop::collection::vec((prop::collection::vec(any::<u8>(), 0..600), any::<bool>()), 0..4),
+    ) {
+        let inst = fallback_world(&clusters, &units);
+        let map = solve(&inst, &SolveOptions::default()).map;
+        let rules = ClassRules::new(
+            &inst,
+            &[("*.c1.test".into(), "c1".into()), ("*.c2.test".into(), "c2".into())],
+            "c0",
+        )
+        .expect("rules");
+        let r = Resolver::new(&inst, &map, rules).expect("resolver");
+        let fallback: Vec<Vec<ClusterIdx>> =
+            (0..3).map(|k| oracle_fallback(&inst, &map, k)).collect();
+        let mut qnames: Vec<String> = names;
+        qnames.extend(["x.c1.test.", "x.C2.test", "c0.test", ""].map(String::from));
+        qnames.extend(long.iter().map(|(b, dot)| {
+            let mut s = String::from_utf8_lossy(b).into_owned();
+            if *dot {
+                s.push_str(".c1.test");
+            }
+            s
+        }));
+        let ten: IpNet = net("10.0.0.0/8");
+        let ten_mapped: IpNet = net("::ffff:10.0.0.0/104");
+        for (i, &a) in outside_v4.iter().enumerate() {
+            // Outside 10.0.0.0/8 and 2001:db8::/32: never a unit.
+            let a = if a >> 24 == 10 { a ^ 0x8000_0000 } else { a };
+            for client in [
+                IpNet::from(IpAddr::V4(Ipv4Addr::from(a))),
+                IpNet::from(IpAddr::V6(Ipv4Addr::from(a).to_ipv6_mapped())),
+                IpNet::new(IpAddr::V4(Ipv4Addr::from(a)), (i % 33) as u8).expect("len"),
+            ] {
+                for q in &qnames {
+                    let ans = check_answer(&inst, &r, &fallback, client, q)?;
+                    if !ten.contains(&client.network()) && !ten_mapped.contains(&client.network()) {
+                        prop_assert_eq!(ans.unit, None);
+                    }
+                }
+            }
+        }
+        for &(a, v4, len) in &anywhere {
+            let client = if v4 {
+                IpNet::new(IpAddr::V4(Ipv4Addr::from(a as u32)), len % 33).expect("len")
+            } else {
+                IpNet::new(IpAddr::V6(Ipv6Addr::from(a)), len % 129).expect("len")
+            };
+            for q in &qnames {
+                check_answer(&inst, &r, &fallback, client, q)?;
+            }
+        }
+        // Clients inside the units' prefixes.
+        for u in 0..inst.unit_count() as UnitIdx {
+            for p in inst.unit_prefixes(u) {
+                for client in [*p, IpNet::from(p.network()), IpNet::from(p.broadcast())] {
+                    for q in &qnames {
+                        check_answer(&inst, &r, &fallback, client, q)?;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn outside_every_prefix_is_a_fallback_answer() {
+    let clusters = vec![
+        cluster(0, 10.0, ClusterState::Up, &[0, 1]),
+        cluster(1, 100.0, ClusterState::Down, &[0, 1, 2]),
+        cluster(2, 100.0, ClusterState::Up, &[0]),
+        cluster(3, 100.0, ClusterState::Up, &[1]),
+    ];
+    let units = [UnitDef {
+        class: 0,
+        prefixes: vec![net("10.0.0.0/8")],
+        demand: 60.0,
+        candidates: vec![2, 0],
+    }];
+    let inst = build(clusters, &units);
+    let r = resolver(&inst).expect("resolver");
+    let a = r.resolve(net("192.0.2.1/32"), "c0.test");
+    // k02 holds 60 of 100, k00 nothing: k00 has the most room.
+    assert_eq!(
+        (a.unit, a.scope_prefix_len, a.primary, a.secondary),
+        (None, 0, Some(0), Some(2))
+    );
+    let a = r.resolve(net("192.0.2.1/32"), "c2.test");
+    // c2 is served only by the down k01: no cluster to answer with.
+    assert_eq!((a.unit, a.primary, a.secondary), (None, None, None));
+    assert!(r.addresses(&a, 4).is_empty());
+    let a = r.resolve(net("10.1.1.1/32"), "c1.test");
+    // Inside a prefix, but no c1 unit there: the fallback for c1.
+    assert_eq!((a.unit, a.scope_prefix_len), (None, 0));
+    assert_eq!((a.primary, a.secondary), (Some(0), Some(3)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bugs found (ignored until resolve.rs is fixed)
+
+/// `10.0.0.0/8` and `::ffff:10.0.0.0/104` are the same set of addresses, but the resolver keys
+/// groups by the `IpNet` as spelled: they become two groups with the same interval, one of them
+/// (whichever the `HashMap` iteration order puts last, so it varies from process to process)
+/// hides the other, and two units of one class claiming the "two" prefixes are not refused.
+#[test]
+#[ignore = "bug: a v4-mapped IPv6 prefix is not the same prefix as its IPv4 form (lost units, nondeterminism, no PrefixClaimedTwice)"]
+fn v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form() {
+    let unit = |class, p: &str| UnitDef {
+        class,
+        prefixes: vec![net(p)],
+        demand: 1.0,
+        candidates: vec![0],
+    };
+    // Different classes: both units must be found.
+    let inst = build(
+        three_clusters(),
+        &[unit(0, "10.0.0.0/8"), unit(1, "::ffff:10.0.0.0/104")],
+    );
+    let r = resolver(&inst).expect("resolver");
+    for a in [ip("10.1.2.3"), ip("::ffff:10.1.2.3")] {
+        assert_eq!(r.unit_for(a, 0).map(|x| x.0), Some(0), "{a} c0");
+        assert_eq!(r.unit_for(a, 1).map(|x| x.0), Some(1), "{a} c1");
+    }
+    // One class: a prefix claimed twice.
+    let inst = build(
+        three_clusters(),
+        &[unit(0, "10.0.0.0/8"), unit(0, "::ffff:10.0.0.0/104")],
+    );
+    assert!(matches!(
+        resolver(&inst),
+        Err(ModelError::PrefixClaimedTwice { .. })
+    ));
+}
+
+/// `scope_prefix_len` is documented as the ECS scope of the reply; for an IPv4 client (ECS
+/// family 1) a scope above 32 is not a valid reply. An IPv6 prefix covering the v4-mapped space
+/// (`::/64`, `::ffff:0:0/96`) answers IPv4 clients with its IPv6 length.
+#[test]
+#[ignore = "bug: an IPv4 client matched by an IPv6 prefix gets an ECS scope above 32"]
+fn an_ipv4_client_never_gets_a_scope_above_32() {
+    let inst = build(
+        three_clusters(),
+        &[UnitDef {
+            class: 0,
+            prefixes: vec![net("::/64")],
+            demand: 1.0,
+            candidates: vec![0],
+        }],
+    );
+    let r = resolver(&inst).expect("resolver");
+    for client in ["10.1.2.3/32", "10.1.2.0/24"] {
+        let a = r.resolve(net(client), "c0.test");
+        assert!(
+            a.unit.is_none() || a.scope_prefix_len <= 32,
+            "{client}: scope {}",
+            a.scope_prefix_len
+        );
+    }
+}
+
+/// The module documentation says "a client outside every prefix, or a unit with nothing
+/// placed, gets the up cluster serving the class with the most room". A unit whose whole demand
+/// overflowed instead gets its first up candidate, the full cluster that turned it away.
+#[test]
+#[ignore = "bug (code or doc): a unit with nothing placed answers with its full first candidate, not the fallback"]
+fn a_unit_with_nothing_placed_gets_the_fallback() {
+    let clusters = vec![
+        cluster(0, 0.0, ClusterState::Up, &[0]),
+        cluster(1, 100.0, ClusterState::Up, &[0]),
+    ];
+    let inst = build(
+        clusters,
+        &[UnitDef {
+            class: 0,
+            prefixes: vec![net("10.0.0.0/8")],
+            demand: 5.0,
+            candidates: vec![0],
+        }],
+    );
+    let map = solve(&inst, &SolveOptions::default()).map;
+    assert!(map.allocations(0).is_empty() && map.overflow(0) == 5.0);
+    let r = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+    let a = r.resolve(net("10.1.2.3/32"), "c0.test");
+    assert_eq!(a.unit, Some(0));
+    assert_eq!(a.primary, Some(1), "{a:?}");
+}
+
+/// A small sanity check that the split generator covers what it claims (not a property).
+#[test]
+fn split_queries_are_distinct() {
+    let q = split_queries(7, 20_000);
+    let set: HashSet<(IpNet, &str)> = q.iter().map(|(c, n)| (*c, n.as_str())).collect();
+    assert_eq!(set.len(), q.len());
+}
