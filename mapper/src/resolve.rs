@@ -4,10 +4,12 @@
 //! A [`Resolver`] is built once per map version and then only read ("build once, then query;
 //! swap whole snapshots"):
 //!
-//! - **Prefix table.** Every map unit's prefixes, IPv4 mapped into the IPv6 space
-//!   (`::ffff:a.b.c.d`), are flattened into disjoint address intervals, each labelled with the
-//!   most specific prefix covering it; a lookup is one binary search. A prefix names a *group*:
-//!   the map units of that prefix, one per traffic class.
+//! - **Prefix tables.** Every map unit's prefixes are flattened into disjoint address intervals,
+//!   each labelled with the most specific prefix covering it; a lookup is one binary search.
+//!   IPv4 and IPv6 are separate tables: an IPv6 prefix never answers an IPv4 client (so an ECS
+//!   scope never exceeds the client family's length), and a v4-mapped IPv6 prefix
+//!   (`::ffff:10.0.0.0/104`) *is* its IPv4 form (`10.0.0.0/8`), as is a v4-mapped client
+//!   address. A prefix names a *group*: the map units of that prefix, one per traffic class.
 //! - **Class rules.** The hostname picks the traffic class: an exact name (`www.example.com`)
 //!   or a wildcard (`*.video.example.com`, any name below it); the longest match wins, and
 //!   names no rule matches get the default class.
@@ -16,8 +18,9 @@
 //!   and the clusters get their shares.
 //! - **Two clusters.** An answer names a second cluster (the unit's next allocation or its
 //!   best other up candidate), so clients have somewhere to fall back to.
-//! - **Fallback.** A client outside every prefix, or a unit with nothing placed, gets the up
-//!   cluster serving the class with the most room: an answer, never an error.
+//! - **Fallback.** A client outside every prefix, or a unit with nothing placed (all of it
+//!   overflow, or its clusters no longer up), gets the up cluster serving the class with the
+//!   most room: an answer, never an error.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -34,7 +37,6 @@ pub const MAX_CLASS_RULES: usize = 10_000;
 pub const MAX_QNAME_LEN: usize = 253;
 
 const NO_GROUP: u32 = u32::MAX;
-const V4_MAPPED: u128 = 0xffff << 32;
 
 /// Hostname → traffic class.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,10 +168,8 @@ pub struct Answer {
 pub struct Resolver {
     instance: Instance,
     rules: ClassRules,
-    /// Flattened prefix intervals: start address (v4 mapped), group, prefix length as given.
-    starts: Vec<u128>,
-    seg_group: Vec<u32>,
-    seg_len: Vec<u8>,
+    v4: Table,
+    v6: Table,
     /// Per group, its map units (at most one per class).
     group_start: Vec<u32>,
     group_units: Vec<UnitIdx>,
@@ -181,28 +181,102 @@ pub struct Resolver {
     fallback: Vec<[Option<ClusterIdx>; 2]>,
 }
 
-/// An address as a point of the v4-mapped 128-bit space.
-fn point(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => V4_MAPPED | u128::from(u32::from(a)),
-        IpAddr::V6(a) => match a.to_ipv4_mapped() {
-            Some(v4) => V4_MAPPED | u128::from(u32::from(v4)),
-            None => u128::from(a),
-        },
+/// One address family's prefixes, flattened: interval starts (an address as an integer), and
+/// for each interval its group and the prefix length that labels it.
+#[derive(Debug, Clone, Default)]
+struct Table {
+    starts: Vec<u128>,
+    group: Vec<u32>,
+    len: Vec<u8>,
+}
+
+impl Table {
+    /// Flattens prefixes `(first, last, group, length)` of one family (`bits` wide) into
+    /// disjoint intervals, the most specific prefix winning.
+    fn build(mut prefixes: Vec<(u128, u128, u32, u8)>, bits: u32) -> Table {
+        let top = if bits == 128 {
+            u128::MAX
+        } else {
+            (1u128 << bits) - 1
+        };
+        // Outer prefixes before the ones they contain: by start, then by end descending.
+        prefixes.sort_unstable_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)));
+        let mut segs: Vec<(u128, u32, u8)> = vec![(0, NO_GROUP, 0)];
+        let mut stack: Vec<(u128, u32, u8)> = Vec::new(); // (last, group, len)
+        let close =
+            |stack: &mut Vec<(u128, u32, u8)>, segs: &mut Vec<(u128, u32, u8)>, upto: u128| {
+                // Pop every open prefix ending before `upto`; after each, the enclosing one
+                // resumes.
+                while let Some(&(last, _, _)) = stack.last() {
+                    if last >= upto {
+                        break;
+                    }
+                    stack.pop();
+                    let resume = stack.last().map_or((NO_GROUP, 0), |&(_, g, l)| (g, l));
+                    segs.push((last + 1, resume.0, resume.1));
+                }
+            };
+        for &(start, last, g, len) in &prefixes {
+            close(&mut stack, &mut segs, start);
+            segs.push((start, g, len));
+            stack.push((last, g, len));
+        }
+        close(&mut stack, &mut segs, top);
+        // Keep the last segment of each start, and merge neighbours with the same label.
+        let mut t = Table::default();
+        for (start, g, len) in segs {
+            if t.starts.last() == Some(&start) {
+                t.starts.pop();
+                t.group.pop();
+                t.len.pop();
+            }
+            if t.group.last() == Some(&g) && t.len.last() == Some(&len) {
+                continue;
+            }
+            t.starts.push(start);
+            t.group.push(g);
+            t.len.push(len);
+        }
+        t
+    }
+
+    fn lookup(&self, point: u128) -> Option<(u32, u8)> {
+        let i = self
+            .starts
+            .partition_point(|&s| s <= point)
+            .checked_sub(1)?;
+        let g = self.group[i];
+        (g != NO_GROUP).then(|| (g, self.len[i]))
     }
 }
 
-/// The first and last point of a prefix, and its length in the 128-bit space.
-fn span(net: &IpNet) -> (u128, u128) {
+/// A prefix in its canonical form: truncated, and a v4-mapped IPv6 prefix (`::ffff:0:0/96` or
+/// longer) as the IPv4 prefix it is.
+fn canonical(net: &IpNet) -> IpNet {
     let net = net.trunc();
-    let (start, len) = match net {
+    if let IpNet::V6(n) = net {
+        if n.prefix_len() >= 96 {
+            if let Some(v4) = n.network().to_ipv4_mapped() {
+                if let Ok(p) = ipnet::Ipv4Net::new(v4, n.prefix_len() - 96) {
+                    return IpNet::V4(p.trunc());
+                }
+            }
+        }
+    }
+    net
+}
+
+/// First and last address of a canonical prefix, as integers of its family.
+fn span(net: &IpNet) -> (u128, u128) {
+    let (start, bits, len) = match net {
         IpNet::V4(n) => (
-            point(IpAddr::V4(n.network())),
-            96 + u32::from(n.prefix_len()),
+            u128::from(u32::from(n.network())),
+            32,
+            u32::from(n.prefix_len()),
         ),
-        IpNet::V6(n) => (point(IpAddr::V6(n.network())), u32::from(n.prefix_len())),
+        IpNet::V6(n) => (u128::from(n.network()), 128, u32::from(n.prefix_len())),
     };
-    let host_bits = 128 - len;
+    let host_bits = bits - len;
     let last = if host_bits == 128 {
         u128::MAX
     } else {
@@ -226,7 +300,7 @@ impl Resolver {
         let mut members: Vec<Vec<UnitIdx>> = Vec::new();
         for u in 0..instance.unit_count() as UnitIdx {
             for p in instance.unit_prefixes(u) {
-                let key = p.trunc();
+                let key = canonical(p);
                 let g = *group_of.entry(key).or_insert_with(|| {
                     members.push(Vec::new());
                     (members.len() - 1) as u32
@@ -253,53 +327,16 @@ impl Resolver {
             group_units.extend_from_slice(m);
             group_start.push(group_units.len() as u32);
         }
-        // Flatten nested prefixes into disjoint intervals, the most specific one winning.
-        let mut prefixes: Vec<(u128, u128, u32, u8)> = group_of
-            .iter()
-            .map(|(net, &g)| {
-                let (a, b) = span(net);
-                (a, b, g, net.prefix_len())
-            })
-            .collect();
-        // Outer prefixes before the ones they contain: by start, then by end descending.
-        prefixes.sort_unstable_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)));
-        let mut segs: Vec<(u128, u32, u8)> = vec![(0, NO_GROUP, 0)];
-        let mut stack: Vec<(u128, u32, u8)> = Vec::new(); // (last, group, len)
-        let close =
-            |stack: &mut Vec<(u128, u32, u8)>, segs: &mut Vec<(u128, u32, u8)>, upto: u128| {
-                // Pop every open prefix ending before `upto`; after each, the enclosing one resumes.
-                while let Some(&(last, _, _)) = stack.last() {
-                    if last >= upto {
-                        break;
-                    }
-                    stack.pop();
-                    let resume = stack.last().map_or((NO_GROUP, 0), |&(_, g, l)| (g, l));
-                    segs.push((last + 1, resume.0, resume.1));
-                }
-            };
-        for &(start, last, g, len) in &prefixes {
-            close(&mut stack, &mut segs, start);
-            segs.push((start, g, len));
-            stack.push((last, g, len));
-        }
-        close(&mut stack, &mut segs, u128::MAX);
-        // Keep the last segment of each start, and merge neighbours with the same label.
-        let mut starts = Vec::with_capacity(segs.len());
-        let mut seg_group = Vec::with_capacity(segs.len());
-        let mut seg_len = Vec::with_capacity(segs.len());
-        for (start, g, len) in segs {
-            if starts.last() == Some(&start) {
-                seg_group.pop();
-                seg_len.pop();
-                starts.pop();
+        // Flatten each family's nested prefixes into disjoint intervals.
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (net, &g) in &group_of {
+            let (a, b) = span(net);
+            match net {
+                IpNet::V4(_) => v4.push((a, b, g, net.prefix_len())),
+                IpNet::V6(_) => v6.push((a, b, g, net.prefix_len())),
             }
-            if seg_group.last() == Some(&g) && seg_len.last() == Some(&len) {
-                continue;
-            }
-            starts.push(start);
-            seg_group.push(g);
-            seg_len.push(len);
         }
+        let (v4, v6) = (Table::build(v4, 32), Table::build(v6, 128));
         // Cumulative shares of each unit's placed demand.
         let mut alloc_start = Vec::with_capacity(instance.unit_count() + 1);
         let mut alloc_cluster = Vec::new();
@@ -324,9 +361,8 @@ impl Resolver {
         Ok(Resolver {
             instance: instance.clone(),
             rules,
-            starts,
-            seg_group,
-            seg_len,
+            v4,
+            v6,
             group_start,
             group_units,
             alloc_start,
@@ -346,10 +382,13 @@ impl Resolver {
 
     /// The group (map units of one prefix) covering `ip`, and the prefix's length.
     fn group(&self, ip: IpAddr) -> Option<(u32, u8)> {
-        let p = point(ip);
-        let i = self.starts.partition_point(|&s| s <= p).checked_sub(1)?;
-        let g = self.seg_group[i];
-        (g != NO_GROUP).then(|| (g, self.seg_len[i]))
+        match ip {
+            IpAddr::V4(a) => self.v4.lookup(u128::from(u32::from(a))),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => self.v4.lookup(u128::from(u32::from(v4))),
+                None => self.v6.lookup(u128::from(a)),
+            },
+        }
     }
 
     /// The map unit of class `class` for client address `ip`, and its prefix length.
@@ -384,6 +423,17 @@ impl Resolver {
             self.alloc_start[u as usize + 1] as usize,
         );
         let clusters = &self.alloc_cluster[a..b];
+        if clusters.is_empty() {
+            // Nothing placed (all of it overflow): the class's roomiest clusters.
+            let [primary, secondary] = self.fallback[usize::from(class)];
+            return Answer {
+                class,
+                unit: Some(u),
+                scope_prefix_len: len,
+                primary,
+                secondary,
+            };
+        }
         let primary = if clusters.len() <= 1 {
             clusters.first().copied()
         } else {

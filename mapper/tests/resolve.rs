@@ -2,20 +2,19 @@
 //! nested and disjoint IPv4/IPv6 prefixes, the prefix-claimed-twice refusal, hostname class
 //! rules, the weighted split of a unit over several clusters, and the fallback.
 //!
-//! **The prefix semantic the oracles encode.** Addresses live in one 128-bit space: an IPv4
-//! address `a.b.c.d` is the point `::ffff:a.b.c.d`, an IPv4 prefix of length `n` is the IPv6
-//! prefix `::ffff:a.b.c.d/(96 + n)`, so an IPv6 prefix such as `::/0` or `::/64` also covers IPv4
-//! clients. A *group* is one distinct (truncated) prefix: the map units claiming it, at most one
-//! per class. A lookup of `(ip, class)` first picks the **most specific group** whose prefix
-//! contains `ip`, and only then the unit of `class` in that group: if that group has no unit of
-//! `class`, the answer is `None` even when a shorter prefix containing `ip` has one (the client
-//! falls back rather than being sent to the map unit of a coarser prefix). The scope of a match
-//! is the matched prefix's length as given (an IPv4 `/24` is 24, not 120).
+//! **The prefix semantic the oracles encode.** IPv4 and IPv6 are separate families: an IPv4
+//! client (or a v4-mapped IPv6 address, `::ffff:a.b.c.d`) is matched only against IPv4
+//! prefixes, an IPv6 client only against IPv6 prefixes, so an IPv6 prefix such as `::/0` never
+//! answers an IPv4 client. A v4-mapped IPv6 prefix (`::ffff:10.0.0.0/104`) *is* its IPv4 form
+//! (`10.0.0.0/8`). A *group* is one distinct canonical prefix: the map units claiming it, at
+//! most one per class. A lookup of `(ip, class)` first picks the **most specific group** whose
+//! prefix contains `ip`, and only then the unit of `class` in that group: if that group has no
+//! unit of `class`, the answer is `None` even when a shorter prefix containing `ip` has one (the
+//! client falls back rather than being sent to the map unit of a coarser prefix). The scope of a
+//! match is the canonical prefix's length (an IPv4 `/24` is 24).
 //!
-//! The generators never produce an IPv6 prefix of length ≥ 96 inside `::ffff:0:0/96`: such a
-//! prefix covers exactly the same addresses as an IPv4 prefix, and the resolver does not treat
-//! the two spellings as one prefix (see `v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form`,
-//! ignored: a bug).
+//! The random generators still avoid IPv6 prefixes of length ≥ 96 inside `::ffff:0:0/96`; the
+//! fixed test `v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form` covers them.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -173,13 +172,6 @@ fn span128(net: &IpNet) -> (u128, u128, u32) {
     }
 }
 
-fn point128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => V4_MAPPED | u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
 /// The ways to ask for point `p`: as IPv6, and also as IPv4 when it is a v4-mapped point.
 fn addresses_of(p: u128) -> Vec<IpAddr> {
     let mut out = vec![IpAddr::V6(Ipv6Addr::from(p))];
@@ -192,23 +184,49 @@ fn addresses_of(p: u128) -> Vec<IpAddr> {
 /// One claim: a unit's prefix as given, the unit, its class.
 type Claim = (IpNet, UnitIdx, ClassIdx);
 
-/// Brute force: among the claims whose prefix contains `ip`, the longest prefix (in the 128-bit
-/// space); then the unit of `class` among the claims of exactly that prefix, with the prefix's
-/// length as given. `None` if no prefix contains `ip` or the most specific one has no unit of
+/// A canonical prefix: (is IPv4, first, last, length).
+type Canon = (bool, u128, u128, u32);
+
+/// A prefix in canonical form: whether it is IPv4, its first and last address as integers of
+/// its family, and its length (a v4-mapped IPv6 prefix is its IPv4 form).
+fn canon(net: &IpNet) -> Canon {
+    let (start, last, len) = span128(net);
+    match net {
+        IpNet::V4(_) => (true, start & 0xffff_ffff, last & 0xffff_ffff, len - 96),
+        IpNet::V6(_) if len >= 96 && start >> 32 == 0xffff => {
+            (true, start & 0xffff_ffff, last & 0xffff_ffff, len - 96)
+        }
+        IpNet::V6(_) => (false, start, last, len),
+    }
+}
+
+/// A client address's family and its integer in that family.
+fn client_point(ip: IpAddr) -> (bool, u128) {
+    match ip {
+        IpAddr::V4(a) => (true, u128::from(u32::from(a))),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => (true, u128::from(u32::from(v4))),
+            None => (false, u128::from(a)),
+        },
+    }
+}
+
+/// Brute force: among the claims of the client's family whose prefix contains `ip`, the longest
+/// prefix; then the unit of `class` among the claims of exactly that prefix, with the prefix's
+/// canonical length. `None` if no prefix contains `ip` or the most specific one has no unit of
 /// `class` (a shorter prefix's unit of that class does *not* answer).
 fn oracle_unit(claims: &[Claim], ip: IpAddr, class: ClassIdx) -> Option<(UnitIdx, u8)> {
-    let p = point128(ip);
-    let containing: Vec<(&Claim, (u128, u128, u32))> = claims
+    let (v4, p) = client_point(ip);
+    let containing: Vec<(&Claim, Canon)> = claims
         .iter()
-        .map(|c| (c, span128(&c.0)))
-        .filter(|(_, (a, b, _))| *a <= p && p <= *b)
+        .map(|c| (c, canon(&c.0)))
+        .filter(|(_, (f, a, b, _))| *f == v4 && *a <= p && p <= *b)
         .collect();
-    let best = containing.iter().map(|(_, s)| s.2).max()?;
+    let best = containing.iter().map(|(_, s)| s.3).max()?;
     containing
         .iter()
-        .filter(|(_, s)| s.2 == best)
-        .find(|(c, _)| c.2 == class)
-        .map(|(c, _)| (c.1, c.0.prefix_len()))
+        .find(|(c, s)| s.3 == best && c.2 == class)
+        .map(|(c, s)| (c.1, s.3 as u8))
 }
 
 fn claims_of(inst: &Instance) -> Vec<Claim> {
@@ -1200,7 +1218,6 @@ fn outside_every_prefix_is_a_fallback_answer() {
 /// (whichever the `HashMap` iteration order puts last, so it varies from process to process)
 /// hides the other, and two units of one class claiming the "two" prefixes are not refused.
 #[test]
-#[ignore = "bug: a v4-mapped IPv6 prefix is not the same prefix as its IPv4 form (lost units, nondeterminism, no PrefixClaimedTwice)"]
 fn v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form() {
     let unit = |class, p: &str| UnitDef {
         class,
@@ -1233,7 +1250,6 @@ fn v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form() {
 /// family 1) a scope above 32 is not a valid reply. An IPv6 prefix covering the v4-mapped space
 /// (`::/64`, `::ffff:0:0/96`) answers IPv4 clients with its IPv6 length.
 #[test]
-#[ignore = "bug: an IPv4 client matched by an IPv6 prefix gets an ECS scope above 32"]
 fn an_ipv4_client_never_gets_a_scope_above_32() {
     let inst = build(
         three_clusters(),
@@ -1259,7 +1275,6 @@ fn an_ipv4_client_never_gets_a_scope_above_32() {
 /// placed, gets the up cluster serving the class with the most room". A unit whose whole demand
 /// overflowed instead gets its first up candidate, the full cluster that turned it away.
 #[test]
-#[ignore = "bug (code or doc): a unit with nothing placed answers with its full first candidate, not the fallback"]
 fn a_unit_with_nothing_placed_gets_the_fallback() {
     let clusters = vec![
         cluster(0, 0.0, ClusterState::Up, &[0]),
