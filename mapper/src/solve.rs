@@ -160,7 +160,7 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
 
 /// Asks the CPU to start loading `slice[i]` into cache; a hint with no other effect.
 #[inline(always)]
-fn prefetch<T>(slice: &[T], i: usize) {
+pub(crate) fn prefetch<T>(slice: &[T], i: usize) {
     #[cfg(target_arch = "x86_64")]
     if let Some(r) = slice.get(i) {
         // SAFETY: a prefetch has no architectural effect; the address is that of a live

@@ -557,6 +557,31 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         }
         acc
     });
+    // The batch API (ResolveBatch takes up to 1,000 queries): same answers, overlapped misses.
+    let pairs: Vec<(ipnet::IpNet, &str)> =
+        qs.queries.iter().map(|q| (q.client, qs.name(q))).collect();
+    let mut answers = Vec::new();
+    for (chunk, start) in pairs.chunks(1_000).zip((0..).step_by(1_000)) {
+        resolver.resolve_batch(chunk, &mut answers);
+        for (k, ans) in answers.iter().enumerate() {
+            let (client, name) = pairs[start + k];
+            ensure!(
+                *ans == resolver.resolve(client, name),
+                "resolve_batch disagrees with resolve on query {}",
+                start + k
+            );
+        }
+    }
+    let (batch, _) = time_each(a.runs, || {
+        let mut acc = 0u64;
+        for chunk in black_box(&pairs).chunks(1_000) {
+            resolver.resolve_batch(chunk, &mut answers);
+            acc = answers.iter().fold(acc, |acc, ans| {
+                acc.wrapping_add(ans.primary.map_or(0, u64::from))
+            });
+        }
+        acc
+    });
     // Where the time goes: the hostname rules alone, and the prefix lookup alone (with the
     // classes computed beforehand); the rest is the split, the liveness checks, the second cluster.
     let (class_of, _) = time_each(a.runs, || {
@@ -596,6 +621,12 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         ms(times[times.len() - 1]),
         a.runs
     );
+    println!(
+        "resolve_batch  median {:>8.1} ms   {:>7.2} M lookups/s   {:>6.1} ns/lookup   (blocks of 1,000 as ResolveBatch carries; same answers as resolve, checked)",
+        ms(batch),
+        rate(batch) / 1e6,
+        1e9 / rate(batch)
+    );
     let per = |d: Duration| 1e9 * d.as_secs_f64() / n as f64;
     println!(
         "breakdown      timed alone: class_of {:.1} ns, unit_for {:.1} ns (prefix table, group, unit class); resolve minus both {:.1} ns (split, liveness, second cluster, and the overlap between queries that a longer dependent chain loses)",
@@ -608,14 +639,11 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         med.as_secs_f64() / base.as_secs_f64().max(1e-12)
     );
     let target = 5e6;
+    let best = rate(med).max(rate(batch));
     println!(
-        "target         >= 5 M lookups/s per core at 1 M map units: {} ({:.2} M/s{})",
-        if rate(med) >= target {
-            "met"
-        } else {
-            "NOT met"
-        },
-        rate(med) / 1e6,
+        "target         >= 5 M lookups/s per core at 1 M map units: {} ({:.2} M/s, the faster of resolve and resolve_batch{})",
+        if best >= target { "met" } else { "NOT met" },
+        best / 1e6,
         if units == 1_000_000 {
             String::new()
         } else {
