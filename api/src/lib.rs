@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod round;
+pub mod service;
 pub mod store;
 
 pub use config::{Config, ConfigError};

@@ -28,6 +28,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the mapper: a mapping round every cycle, gRPC for DNS front ends (Mapping,
+    /// Feedback, Admin, health, reflection), /metrics. Without --config: the demo world on
+    /// 127.0.0.1 (gRPC 50051, HTTP 8080).
+    Serve(ServeArgs),
     /// Solve an instance file: print a summary and write the assignment.
     Solve(SolveArgs),
     /// Check an assignment against its instance (capacity, conservation, candidates,
@@ -40,6 +44,13 @@ enum Command {
     /// Benchmarks that print medians and quality figures.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// The configuration file (TOML; see the api crate's config module). Absent: defaults.
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -241,6 +252,7 @@ enum BenchCommand {
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(a) => cmd_serve(&a),
         Command::Solve(a) => cmd_solve(&a),
         Command::Verify(a) => cmd_verify(&a),
         Command::World(a) => cmd_world(&a),
@@ -432,5 +444,45 @@ fn cmd_demo(a: &DemoArgs) -> Result<ExitCode> {
     if s0.verifier_violations.unwrap_or(0) + s1.verifier_violations.unwrap_or(0) > 0 {
         bail!("the verifier found violations in the demo world's map");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let config = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            cdnmap_api::Config::from_toml(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => cdnmap_api::Config::default(),
+    };
+    let instance = match &config.instance {
+        Some(path) => read_instance(path, Limits::default())?,
+        None => {
+            let params = WorldParams {
+                map_units: config.demo.map_units,
+                clusters: config.demo.clusters,
+                seed: config.demo.seed,
+                ..WorldParams::default()
+            };
+            tracing::info!(
+                map_units = params.map_units,
+                clusters = params.clusters,
+                "no instance configured: serving the demo world"
+            );
+            world::generate(&params, &|_| {})?
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(cdnmap_api::service::serve(config, instance, async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    }))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,1009 @@
+//! The running mapper: the mapping loop, atomic map publication, and the gRPC services
+//! (`cdnmap.v1.Mapping`, `Feedback`, `Admin`, plus `grpc.health.v1` and server reflection).
+//!
+//! Handlers are thin (house style): validate → convert → call the core → map errors to a
+//! `Status`. Protobuf stops here.
+
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwapOption;
+use cdnmap_mapper::resolve::{ClassRules, MAX_QNAME_LEN};
+use cdnmap_mapper::{ClusterState, Instance, Limits, UnitIdx};
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::{MAX_BATCH_QUERIES, MAX_REPORT_SAMPLES};
+use ipnet::IpNet;
+use tokio::sync::broadcast;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::config::Config;
+use crate::round::{changed_units, round, Snapshot};
+use crate::store::{Store, StoredMapMeta};
+
+/// The most addresses one answer carries.
+pub const MAX_ANSWER_ADDRESSES: usize = 8;
+/// How long feedback reports are kept in the demand record.
+pub const REPORT_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
+/// The most feedback reports kept.
+pub const MAX_REPORTS: usize = 1_000_000;
+/// Map updates a slow watcher may fall behind before it gets a full map instead.
+const WATCH_BACKLOG: usize = 16;
+
+/// What the last round did, for Admin.GetStatus and the logs.
+#[derive(Debug, Clone, Default)]
+pub struct RoundStatus {
+    pub last_round_at_unix_ms: i64,
+    pub failed: bool,
+    pub error: String,
+    pub solve_ms: f64,
+}
+
+/// The state shared by the loop and every handler.
+pub struct Shared {
+    config: Config,
+    /// The topology the next round solves (admin changes land here).
+    topology: Mutex<Instance>,
+    /// The published map: swapped whole, so no query ever sees half a map.
+    current: ArcSwapOption<Snapshot>,
+    status: Mutex<RoundStatus>,
+    store: Store,
+    updates: broadcast::Sender<Arc<Snapshot>>,
+}
+
+pub fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Shared {
+    /// Opens the store and decides the starting state: the stored topology and newest map if
+    /// there are (served at once, before any round), else `initial` (stored for next time).
+    pub fn start(config: Config, initial: Instance) -> anyhow::Result<Arc<Shared>> {
+        let store = Store::open(&config.data_dir)?;
+        let (topology, restored) = match store.topology(Limits::default())? {
+            Some(stored) => {
+                let map = store.latest_map(&stored)?;
+                (stored, map)
+            }
+            None => {
+                store.put_topology(&initial)?;
+                (initial, None)
+            }
+        };
+        let (updates, _) = broadcast::channel(WATCH_BACKLOG);
+        let shared = Arc::new(Shared {
+            topology: Mutex::new(topology.clone()),
+            current: ArcSwapOption::empty(),
+            status: Mutex::new(RoundStatus::default()),
+            store,
+            updates,
+            config,
+        });
+        if let Some((meta, map)) = restored {
+            let resolver =
+                cdnmap_mapper::resolve::Resolver::new(&topology, &map, shared.rules(&topology)?)?;
+            tracing::info!(
+                version = meta.version,
+                "serving the stored map until the first round"
+            );
+            shared.current.store(Some(Arc::new(Snapshot {
+                version: meta.version,
+                solved_at_unix_ms: meta.solved_at_unix_ms,
+                instance: topology,
+                map,
+                resolver,
+                stats: Default::default(),
+                churn: None,
+            })));
+        }
+        Ok(shared)
+    }
+
+    fn rules(&self, instance: &Instance) -> Result<ClassRules, cdnmap_mapper::ModelError> {
+        ClassRules::new(
+            instance,
+            &self.config.class_rule_pairs(),
+            &self.config.default_class,
+        )
+    }
+
+    pub fn current(&self) -> Option<Arc<Snapshot>> {
+        self.current.load_full()
+    }
+
+    /// Runs one round now: solve (on a blocking thread), verify in debug builds, publish,
+    /// persist, notify watchers. A failed round keeps the last good map and says so.
+    pub async fn run_round(self: &Arc<Self>) {
+        let started = Instant::now();
+        let now = now_unix_ms();
+        let me = Arc::clone(self);
+        let result = tokio::task::spawn_blocking(move || {
+            let instance = me
+                .topology
+                .lock()
+                .map_err(|_| "topology lock poisoned".to_string())?
+                .clone();
+            let previous = me.current();
+            let rules = me.rules(&instance).map_err(|e| e.to_string())?;
+            round(
+                &instance,
+                previous.as_deref(),
+                &me.config.stickiness(),
+                rules,
+                now,
+                cfg!(debug_assertions),
+            )
+            .map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the round's task failed: {e}")));
+        let solve_ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut status = RoundStatus {
+            last_round_at_unix_ms: now,
+            solve_ms,
+            ..RoundStatus::default()
+        };
+        match result {
+            Ok(snapshot) => {
+                let snapshot = Arc::new(snapshot);
+                self.current.store(Some(Arc::clone(&snapshot)));
+                let meta = StoredMapMeta {
+                    version: snapshot.version,
+                    solved_at_unix_ms: snapshot.solved_at_unix_ms,
+                };
+                if let Err(e) = self.store.put_map(
+                    &snapshot.instance,
+                    &snapshot.map,
+                    &meta,
+                    self.config.maps_kept,
+                ) {
+                    tracing::error!(error = %e, "persisting the map failed");
+                }
+                let _ = self.updates.send(Arc::clone(&snapshot));
+                metrics::counter!("cdnmap_rounds_total").increment(1);
+                metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
+                metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
+                metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
+                metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
+                let demand = snapshot.instance.total_demand();
+                let overflow = snapshot.map.total_overflow();
+                metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
+                    overflow / demand
+                } else {
+                    0.0
+                });
+                tracing::info!(
+                    version = snapshot.version,
+                    solve_ms,
+                    churn = snapshot.churn.unwrap_or(0.0),
+                    overflow,
+                    "round published"
+                );
+            }
+            Err(e) => {
+                metrics::counter!("cdnmap_rounds_failed_total").increment(1);
+                tracing::error!(error = %e, "round failed; serving the last good map");
+                status.failed = true;
+                status.error = e;
+            }
+        }
+        if let Ok(mut s) = self.status.lock() {
+            *s = status;
+        }
+    }
+
+    /// The mapping loop: a round now, then every `cycle_secs`.
+    pub async fn run_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(self.config.cycle_secs));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if self.current().is_some() {
+            tick.tick().await; // a restored map is served until the first full cycle has passed
+        }
+        loop {
+            tick.tick().await;
+            self.run_round().await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mapping
+
+/// The `Mapping` service.
+pub struct MappingService(pub Arc<Shared>);
+
+fn invalid(what: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(what.to_string())
+}
+
+/// The client subnet of a query: its ECS subnet, else its resolver's address as a host prefix.
+fn client_of(q: &pb::ResolveRequest, index: Option<usize>) -> Result<IpNet, Status> {
+    let at = index.map_or(String::new(), |i| format!("queries[{i}]."));
+    if q.qname.is_empty() || q.qname.len() > MAX_QNAME_LEN + 1 {
+        return Err(invalid(format!(
+            "{at}qname: must be 1..={} characters, got {}",
+            MAX_QNAME_LEN,
+            q.qname.len()
+        )));
+    }
+    if !q.client_subnet.is_empty() {
+        return q
+            .client_subnet
+            .parse::<IpNet>()
+            .map(|n| n.trunc())
+            .map_err(|_| {
+                invalid(format!(
+                    "{at}client_subnet: {:?} is not an IP prefix",
+                    q.client_subnet
+                ))
+            });
+    }
+    q.resolver_ip
+        .parse::<IpAddr>()
+        .map(IpNet::from)
+        .map_err(|_| {
+            invalid(format!(
+                "{at}resolver_ip: {:?} is not an IP address (and client_subnet is empty)",
+                q.resolver_ip
+            ))
+        })
+}
+
+fn state_pb(state: ClusterState) -> pb::ClusterState {
+    match state {
+        ClusterState::Up => pb::ClusterState::Up,
+        ClusterState::Drained => pb::ClusterState::Drained,
+        ClusterState::Down => pb::ClusterState::Down,
+    }
+}
+
+impl MappingService {
+    fn snapshot(&self) -> Result<Arc<Snapshot>, Status> {
+        self.0
+            .current()
+            .ok_or_else(|| Status::unavailable("no map yet: the first round has not finished"))
+    }
+
+    fn response(
+        &self,
+        s: &Snapshot,
+        qtype: u32,
+        client: IpNet,
+        qname: &str,
+    ) -> pb::ResolveResponse {
+        let answer = s.resolver.resolve(client, qname);
+        self.to_pb(s, qtype, &answer)
+    }
+
+    fn to_pb(
+        &self,
+        s: &Snapshot,
+        qtype: u32,
+        answer: &cdnmap_mapper::resolve::Answer,
+    ) -> pb::ResolveResponse {
+        let clusters = s.instance.clusters();
+        let want_v6 = qtype == 28;
+        let mut addresses = Vec::new();
+        let mut cluster_ids = Vec::new();
+        if qtype == 1 || want_v6 {
+            for c in [answer.primary, answer.secondary].into_iter().flatten() {
+                let cl = &clusters[c as usize];
+                cluster_ids.push(cl.id.clone());
+                addresses.extend(
+                    cl.addresses
+                        .iter()
+                        .filter(|a| a.is_ipv6() == want_v6)
+                        .map(|a| a.to_string()),
+                );
+            }
+        }
+        addresses.truncate(MAX_ANSWER_ADDRESSES);
+        pb::ResolveResponse {
+            addresses,
+            ttl_seconds: self.0.config.ttl_secs,
+            scope_prefix_len: u32::from(answer.scope_prefix_len),
+            cluster_ids,
+            map_version: s.version,
+            map_unit: answer
+                .unit
+                .map_or(String::new(), |u| s.instance.unit_id(u).to_string()),
+            traffic_class: s.instance.classes()[usize::from(answer.class)].name.clone(),
+        }
+    }
+}
+
+type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::MapUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::mapping_server::Mapping for MappingService {
+    async fn resolve(
+        &self,
+        request: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::ResolveResponse>, Status> {
+        let started = Instant::now();
+        let q = request.into_inner();
+        let client = client_of(&q, None)?;
+        let s = self.snapshot()?;
+        let out = self.response(&s, q.qtype, client, &q.qname);
+        metrics::counter!("cdnmap_rpc_total", "method" => "Resolve").increment(1);
+        metrics::histogram!("cdnmap_rpc_seconds", "method" => "Resolve")
+            .record(started.elapsed().as_secs_f64());
+        Ok(Response::new(out))
+    }
+
+    async fn resolve_batch(
+        &self,
+        request: Request<pb::ResolveBatchRequest>,
+    ) -> Result<Response<pb::ResolveBatchResponse>, Status> {
+        let started = Instant::now();
+        let batch = request.into_inner();
+        if batch.queries.len() > MAX_BATCH_QUERIES {
+            return Err(invalid(format!(
+                "queries: {} in one batch, more than {MAX_BATCH_QUERIES}",
+                batch.queries.len()
+            )));
+        }
+        let clients = batch
+            .queries
+            .iter()
+            .enumerate()
+            .map(|(i, q)| client_of(q, Some(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let s = self.snapshot()?;
+        let pairs: Vec<(IpNet, &str)> = clients
+            .iter()
+            .zip(&batch.queries)
+            .map(|(&c, q)| (c, q.qname.as_str()))
+            .collect();
+        let mut answers = Vec::with_capacity(pairs.len());
+        s.resolver.resolve_batch(&pairs, &mut answers);
+        let out = answers
+            .iter()
+            .zip(&batch.queries)
+            .map(|(a, q)| self.to_pb(&s, q.qtype, a))
+            .collect();
+        metrics::counter!("cdnmap_rpc_total", "method" => "ResolveBatch").increment(1);
+        metrics::histogram!("cdnmap_rpc_seconds", "method" => "ResolveBatch")
+            .record(started.elapsed().as_secs_f64());
+        Ok(Response::new(pb::ResolveBatchResponse { answers: out }))
+    }
+
+    type WatchMapStream = UpdateStream;
+
+    async fn watch_map(
+        &self,
+        request: Request<pb::WatchMapRequest>,
+    ) -> Result<Response<Self::WatchMapStream>, Status> {
+        let known = request.into_inner().known_version;
+        let shared = Arc::clone(&self.0);
+        let mut rx = shared.updates.subscribe();
+        let first = shared.current();
+        let stream = async_stream(move |tx| async move {
+            let mut last: Option<Arc<Snapshot>> = None;
+            if let Some(s) = first {
+                if s.version != known && tx.send(Ok(full_update(&shared, &s))).await.is_err() {
+                    return;
+                }
+                last = Some(s);
+            }
+            loop {
+                let next = match rx.recv().await {
+                    Ok(s) => s,
+                    Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
+                        Some(s) => {
+                            // Fell behind: start again from a full map.
+                            if tx.send(Ok(full_update(&shared, &s))).await.is_err() {
+                                return;
+                            }
+                            last = Some(s);
+                            continue;
+                        }
+                        None => continue,
+                    },
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let update = match &last {
+                    Some(prev) if prev.version + 1 == next.version => {
+                        delta_update(&shared, prev, &next)
+                    }
+                    _ => full_update(&shared, &next),
+                };
+                if tx.send(Ok(update)).await.is_err() {
+                    return;
+                }
+                last = Some(next);
+            }
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// A stream fed by a task through a bounded channel.
+fn async_stream<F, Fut>(f: F) -> UpdateStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+fn unit_pb(s: &Snapshot, u: UnitIdx) -> pb::UnitMapping {
+    let d = s.instance.unit_demand(u);
+    let clusters = s.instance.clusters();
+    pb::UnitMapping {
+        id: s.instance.unit_id(u).to_string(),
+        traffic_class: s.instance.classes()[usize::from(s.instance.unit_class(u))]
+            .name
+            .clone(),
+        prefixes: s
+            .instance
+            .unit_prefixes(u)
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
+        shares: s
+            .map
+            .allocations(u)
+            .iter()
+            .map(|a| pb::ClusterShare {
+                cluster: clusters[a.cluster as usize].id.clone(),
+                share: if d > 0.0 { a.amount / d } else { 0.0 },
+            })
+            .collect(),
+        overflow_share: if d > 0.0 { s.map.overflow(u) / d } else { 0.0 },
+    }
+}
+
+fn clusters_pb(s: &Snapshot) -> Vec<pb::ClusterAddresses> {
+    s.instance
+        .clusters()
+        .iter()
+        .map(|c| pb::ClusterAddresses {
+            id: c.id.clone(),
+            addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
+            state: state_pb(c.state) as i32,
+        })
+        .collect()
+}
+
+fn rules_pb(shared: &Shared) -> Vec<pb::ClassRule> {
+    shared
+        .config
+        .class_rules
+        .iter()
+        .map(|r| pb::ClassRule {
+            pattern: r.pattern.clone(),
+            traffic_class: r.class.clone(),
+        })
+        .collect()
+}
+
+fn full_update(shared: &Shared, s: &Snapshot) -> pb::MapUpdate {
+    pb::MapUpdate {
+        version: s.version,
+        full: true,
+        base_version: 0,
+        units: (0..s.instance.unit_count() as UnitIdx)
+            .map(|u| unit_pb(s, u))
+            .collect(),
+        removed_units: Vec::new(),
+        clusters: clusters_pb(s),
+        class_rules: rules_pb(shared),
+        default_class: shared.config.default_class.clone(),
+        solved_at_unix_ms: s.solved_at_unix_ms,
+    }
+}
+
+fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
+    let (changed, removed) = changed_units(prev, next);
+    pb::MapUpdate {
+        version: next.version,
+        full: false,
+        base_version: prev.version,
+        units: changed.into_iter().map(|u| unit_pb(next, u)).collect(),
+        removed_units: removed,
+        clusters: clusters_pb(next),
+        class_rules: rules_pb(shared),
+        default_class: shared.config.default_class.clone(),
+        solved_at_unix_ms: next.solved_at_unix_ms,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Feedback
+
+/// The `Feedback` service: validated reports go to the demand record (durable before the ack).
+pub struct FeedbackService(pub Arc<Shared>);
+
+#[derive(serde::Serialize)]
+struct StoredReport<'a> {
+    kind: &'a str,
+    reporter: &'a str,
+    body: serde_json::Value,
+}
+
+impl FeedbackService {
+    async fn store(
+        &self,
+        kind: &str,
+        reporter: &str,
+        body: serde_json::Value,
+    ) -> Result<(), Status> {
+        let bytes = serde_json::to_vec(&StoredReport {
+            kind,
+            reporter,
+            body,
+        })
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let shared = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || {
+            shared
+                .store
+                .append_report(now_unix_ms(), &bytes, REPORT_RETENTION_MS, MAX_REPORTS)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::feedback_server::Feedback for FeedbackService {
+    async fn report_demand(
+        &self,
+        request: Request<pb::DemandReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let r = request.into_inner();
+        if r.samples.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "samples: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.samples.len()
+            )));
+        }
+        if r.period_end_unix_ms < r.period_start_unix_ms {
+            return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
+        }
+        let mut samples = Vec::with_capacity(r.samples.len());
+        for (i, s) in r.samples.iter().enumerate() {
+            if !(s.queries.is_finite() && s.queries >= 0.0) {
+                return Err(invalid(format!(
+                    "samples[{i}].queries: {} is not a count >= 0",
+                    s.queries
+                )));
+            }
+            let target = match &s.target {
+                Some(pb::demand_sample::Target::MapUnit(u)) if !u.is_empty() => {
+                    serde_json::json!({"map_unit": u})
+                }
+                Some(pb::demand_sample::Target::Prefix(p)) => {
+                    let p: IpNet = p.parse().map_err(|_| {
+                        invalid(format!("samples[{i}].prefix: {p:?} is not an IP prefix"))
+                    })?;
+                    serde_json::json!({"prefix": p.trunc().to_string()})
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "samples[{i}]: needs a map_unit or a prefix"
+                    )))
+                }
+            };
+            samples.push(serde_json::json!({
+                "target": target, "class": s.traffic_class, "queries": s.queries
+            }));
+        }
+        let n = samples.len() as u64;
+        let body = serde_json::json!({
+            "period_start_unix_ms": r.period_start_unix_ms,
+            "period_end_unix_ms": r.period_end_unix_ms,
+            "samples": samples,
+        });
+        self.store("demand", &r.reporter, body).await?;
+        Ok(Response::new(pb::ReportAck { accepted: n }))
+    }
+
+    async fn report_load(
+        &self,
+        request: Request<pb::LoadReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let r = request.into_inner();
+        if r.loads.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "loads: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.loads.len()
+            )));
+        }
+        for (i, l) in r.loads.iter().enumerate() {
+            if l.cluster.is_empty() || l.node.is_empty() {
+                return Err(invalid(format!(
+                    "loads[{i}]: cluster and node are required"
+                )));
+            }
+            if !(l.load.is_finite() && l.load >= 0.0) {
+                return Err(invalid(format!(
+                    "loads[{i}].load: {} is not a load >= 0",
+                    l.load
+                )));
+            }
+        }
+        let n = r.loads.len() as u64;
+        let body = serde_json::json!({
+            "measured_at_unix_ms": r.measured_at_unix_ms,
+            "loads": r.loads.iter().map(|l| serde_json::json!({
+                "cluster": l.cluster, "node": l.node, "load": l.load
+            })).collect::<Vec<_>>(),
+        });
+        self.store("load", &r.reporter, body).await?;
+        Ok(Response::new(pb::ReportAck { accepted: n }))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin
+
+/// Checks `authorization: Bearer <token>` on every Admin call.
+#[derive(Clone)]
+pub struct AdminAuth(pub Option<Arc<str>>);
+
+impl tonic::service::Interceptor for AdminAuth {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Err(Status::unauthenticated(
+                "Admin is disabled: the server has no admin_token configured",
+            ));
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(request),
+            Some(_) => Err(Status::unauthenticated("wrong admin token")),
+            None => Err(Status::unauthenticated(
+                "Admin calls need \"authorization: Bearer <token>\"",
+            )),
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The `Admin` service.
+pub struct AdminService(pub Arc<Shared>);
+
+fn cluster_pb(inst: &Instance, c: usize) -> pb::Cluster {
+    let cl = &inst.clusters()[c];
+    fn node(inst: &Instance, cl: &cdnmap_mapper::Cluster, i: u32) -> pb::ResourceNode {
+        let n = &cl.nodes[i as usize];
+        pb::ResourceNode {
+            name: n.name.clone(),
+            kind: match n.kind {
+                cdnmap_mapper::ResourceKind::Bps => "bps".into(),
+                cdnmap_mapper::ResourceKind::Fps => "fps".into(),
+            },
+            capacity: n.capacity,
+            classes: n
+                .classes
+                .iter()
+                .map(|&k| inst.classes()[usize::from(k)].name.clone())
+                .collect(),
+            children: n.children.iter().map(|&ch| node(inst, cl, ch)).collect(),
+        }
+    }
+    pb::Cluster {
+        id: cl.id.clone(),
+        lat: cl.lat,
+        lon: cl.lon,
+        addresses: cl.addresses.iter().map(|a| a.to_string()).collect(),
+        state: state_pb(cl.state) as i32,
+        resources: Some(node(inst, cl, 0)),
+    }
+}
+
+fn unit_admin_pb(inst: &Instance, u: UnitIdx) -> pb::MapUnit {
+    let (lat, lon) = inst.unit_location(u);
+    pb::MapUnit {
+        id: inst.unit_id(u).to_string(),
+        traffic_class: inst.classes()[usize::from(inst.unit_class(u))].name.clone(),
+        demand: inst.unit_demand(u),
+        prefixes: inst
+            .unit_prefixes(u)
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
+        lat,
+        lon,
+        candidates: inst
+            .candidates(u)
+            .map(|c| pb::Candidate {
+                cluster: inst.clusters()[c.cluster as usize].id.clone(),
+                score: f64::from(c.score),
+                cluster_rank: c.explicit_rank.then_some(f64::from(c.rank)),
+            })
+            .collect(),
+    }
+}
+
+/// A page of ids after `after` (exclusive), at most `size` (0: 100; at most 1,000).
+fn page<'a>(ids: impl Iterator<Item = &'a str>, after: &str, size: u32) -> (Vec<&'a str>, String) {
+    let size = match size {
+        0 => 100,
+        n => n.min(1_000),
+    } as usize;
+    let mut out: Vec<&str> = ids
+        .filter(|id| after.is_empty() || *id > after)
+        .take(size + 1)
+        .collect();
+    let next = if out.len() > size {
+        out.truncate(size);
+        out.last().map_or(String::new(), |s| s.to_string())
+    } else {
+        String::new()
+    };
+    (out, next)
+}
+
+impl AdminService {
+    fn topology(&self) -> Result<Instance, Status> {
+        self.0
+            .topology
+            .lock()
+            .map(|t| t.clone())
+            .map_err(|_| Status::internal("topology lock poisoned"))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminService {
+    async fn get_cluster(
+        &self,
+        request: Request<pb::GetClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let id = request.into_inner().id;
+        let inst = self.topology()?;
+        let c = inst
+            .cluster_index(&id)
+            .ok_or_else(|| Status::not_found(format!("no cluster {id:?}")))?;
+        Ok(Response::new(cluster_pb(&inst, c as usize)))
+    }
+
+    async fn list_clusters(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        let r = request.into_inner();
+        let inst = self.topology()?;
+        let (ids, next) = page(
+            inst.clusters().iter().map(|c| c.id.as_str()),
+            &r.after_id,
+            r.page_size,
+        );
+        let clusters = ids
+            .iter()
+            .filter_map(|id| inst.cluster_index(id))
+            .map(|c| cluster_pb(&inst, c as usize))
+            .collect();
+        Ok(Response::new(pb::ListClustersResponse {
+            clusters,
+            next_after_id: next,
+        }))
+    }
+
+    async fn upsert_cluster(
+        &self,
+        _: Request<pb::Cluster>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        Err(Status::unimplemented(
+            "UpsertCluster is not implemented yet: load a new instance file instead",
+        ))
+    }
+
+    async fn delete_cluster(
+        &self,
+        _: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        Err(Status::unimplemented(
+            "DeleteCluster is not implemented yet",
+        ))
+    }
+
+    async fn get_map_unit(
+        &self,
+        request: Request<pb::GetMapUnitRequest>,
+    ) -> Result<Response<pb::MapUnit>, Status> {
+        let id = request.into_inner().id;
+        let inst = self.topology()?;
+        let u = inst
+            .unit_index(&id)
+            .ok_or_else(|| Status::not_found(format!("no map unit {id:?}")))?;
+        Ok(Response::new(unit_admin_pb(&inst, u)))
+    }
+
+    async fn list_map_units(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListMapUnitsResponse>, Status> {
+        let r = request.into_inner();
+        let inst = self.topology()?;
+        let ids = (0..inst.unit_count() as UnitIdx).map(|u| inst.unit_id(u));
+        let (ids, next) = page(ids, &r.after_id, r.page_size);
+        let map_units = ids
+            .iter()
+            .filter_map(|id| inst.unit_index(id))
+            .map(|u| unit_admin_pb(&inst, u))
+            .collect();
+        Ok(Response::new(pb::ListMapUnitsResponse {
+            map_units,
+            next_after_id: next,
+        }))
+    }
+
+    async fn upsert_map_unit(
+        &self,
+        _: Request<pb::MapUnit>,
+    ) -> Result<Response<pb::MapUnit>, Status> {
+        Err(Status::unimplemented(
+            "UpsertMapUnit is not implemented yet: load a new instance file instead",
+        ))
+    }
+
+    async fn delete_map_unit(
+        &self,
+        _: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        Err(Status::unimplemented(
+            "DeleteMapUnit is not implemented yet",
+        ))
+    }
+
+    async fn set_cluster_state(
+        &self,
+        request: Request<pb::SetClusterStateRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let r = request.into_inner();
+        let state = match pb::ClusterState::try_from(r.state) {
+            Ok(pb::ClusterState::Up) => ClusterState::Up,
+            Ok(pb::ClusterState::Drained) => ClusterState::Drained,
+            Ok(pb::ClusterState::Down) => ClusterState::Down,
+            _ => {
+                return Err(invalid(format!(
+                    "state: {} is not UP, DRAINED or DOWN",
+                    r.state
+                )))
+            }
+        };
+        let updated = {
+            let mut topology = self
+                .0
+                .topology
+                .lock()
+                .map_err(|_| Status::internal("topology lock poisoned"))?;
+            let c = topology
+                .cluster_index(&r.id)
+                .ok_or_else(|| Status::not_found(format!("no cluster {:?}", r.id)))?;
+            *topology = topology.with_cluster_state(c, state);
+            topology.clone()
+        };
+        let store = self.0.store.clone();
+        let to_store = updated.clone();
+        tokio::task::spawn_blocking(move || store.put_topology(&to_store))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        tracing::warn!(cluster = %r.id, ?state, reason = %r.reason, "cluster state set by Admin");
+        let c = updated.cluster_index(&r.id).unwrap_or_default();
+        Ok(Response::new(cluster_pb(&updated, c as usize)))
+    }
+
+    async fn get_status(
+        &self,
+        _: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::Status>, Status> {
+        let s = self.0.current();
+        let status = self.0.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let inst = self.topology()?;
+        let overflow_share = s.as_ref().map_or(0.0, |s| {
+            let d = s.instance.total_demand();
+            if d > 0.0 {
+                s.map.total_overflow() / d
+            } else {
+                0.0
+            }
+        });
+        Ok(Response::new(pb::Status {
+            map_version: s.as_ref().map_or(0, |s| s.version),
+            map_solved_at_unix_ms: s.as_ref().map_or(0, |s| s.solved_at_unix_ms),
+            last_round_at_unix_ms: status.last_round_at_unix_ms,
+            last_round_failed: status.failed,
+            last_round_error: status.error,
+            last_solve_ms: status.solve_ms,
+            churn: s.as_ref().and_then(|s| s.churn).unwrap_or(0.0),
+            overflow_share,
+            map_units: inst.unit_count() as u64,
+            clusters: inst.clusters().len() as u64,
+        }))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+
+/// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
+/// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
+pub async fn serve(
+    config: Config,
+    initial: Instance,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let grpc_addr: SocketAddr = config.grpc_listen;
+    let http_addr: SocketAddr = config.http_listen;
+    let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);
+    let shared = Shared::start(config, initial)?;
+    if shared.current().is_none() {
+        shared.run_round().await; // the first map before the first query
+    }
+    tokio::spawn(Arc::clone(&shared).run_loop());
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::mapping_server::MappingServer<MappingService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(cdnmap_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let p = prometheus.clone();
+            async move { p.render() }
+        }),
+    );
+    let http = tokio::net::TcpListener::bind(http_addr).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut http_stop = stop_rx.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(http, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.changed().await;
+            })
+            .await
+    });
+    tracing::info!(
+        grpc = %grpc_addr,
+        http = %http_addr,
+        "cdnmap serving: try `grpcurl -plaintext -d '{{\"resolver_ip\": \"1.0.0.1\", \"qname\": \"www.cdn.example.\", \"qtype\": 1}}' {grpc_addr} cdnmap.v1.Mapping/Resolve`"
+    );
+    drop(stop_rx);
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(pb::mapping_server::MappingServer::new(MappingService(
+            Arc::clone(&shared),
+        )))
+        .add_service(pb::feedback_server::FeedbackServer::new(FeedbackService(
+            Arc::clone(&shared),
+        )))
+        .add_service(pb::admin_server::AdminServer::with_interceptor(
+            AdminService(Arc::clone(&shared)),
+            AdminAuth(token),
+        ))
+        .serve_with_shutdown(grpc_addr, async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+        .await?;
+    http_task.await??;
+    Ok(())
+}
