@@ -10,6 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use cdnmap_mapper::format::{
+    CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
+};
 use cdnmap_mapper::resolve::{ClassRules, MAX_QNAME_LEN};
 use cdnmap_mapper::{ClusterState, Instance, Limits, UnitIdx};
 use cdnmap_proto::v1 as pb;
@@ -733,6 +736,88 @@ fn unit_admin_pb(inst: &Instance, u: UnitIdx) -> pb::MapUnit {
     }
 }
 
+fn parse_list<T: std::str::FromStr>(items: &[String], field: &str) -> Result<Vec<T>, Status> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.parse()
+                .map_err(|_| invalid(format!("{field}[{i}]: {a:?} is not valid")))
+        })
+        .collect()
+}
+
+fn node_from_pb(n: pb::ResourceNode, path: &str) -> Result<NestedNode, Status> {
+    let kind = match n.kind.as_str() {
+        "bps" => cdnmap_mapper::ResourceKind::Bps,
+        "fps" => cdnmap_mapper::ResourceKind::Fps,
+        other => {
+            return Err(invalid(format!(
+                "{path}.kind: {other:?} is not \"bps\" or \"fps\""
+            )))
+        }
+    };
+    let children = n
+        .children
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| node_from_pb(c, &format!("{path}.children[{i}]")))
+        .collect::<Result<_, _>>()?;
+    Ok(NestedNode {
+        name: n.name,
+        kind,
+        capacity: n.capacity,
+        classes: n.classes,
+        children,
+    })
+}
+
+fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
+    let state = match pb::ClusterState::try_from(c.state) {
+        Ok(pb::ClusterState::Unspecified | pb::ClusterState::Up) => ClusterState::Up,
+        Ok(pb::ClusterState::Drained) => ClusterState::Drained,
+        Ok(pb::ClusterState::Down) => ClusterState::Down,
+        Err(_) => {
+            return Err(invalid(format!(
+                "state: {} is not a cluster state",
+                c.state
+            )))
+        }
+    };
+    let root = c
+        .resources
+        .ok_or_else(|| invalid("resources: a cluster needs a resource tree"))?;
+    Ok(ClusterFile {
+        id: c.id,
+        lat: c.lat,
+        lon: c.lon,
+        addresses: parse_list(&c.addresses, "addresses")?,
+        state,
+        classes: None,
+        resources: ResourcesFile::Nested(node_from_pb(root, "resources")?),
+    })
+}
+
+fn unit_from_pb(u: pb::MapUnit) -> Result<MapUnitFile, Status> {
+    Ok(MapUnitFile {
+        id: u.id,
+        class: u.traffic_class,
+        demand: u.demand,
+        prefixes: parse_list(&u.prefixes, "prefixes")?,
+        lat: u.lat,
+        lon: u.lon,
+        candidates: u
+            .candidates
+            .into_iter()
+            .map(|c| CandidateFile {
+                cluster: c.cluster,
+                score: c.score,
+                cluster_rank: c.cluster_rank,
+            })
+            .collect(),
+    })
+}
+
 /// A page of ids after `after` (exclusive), at most `size` (0: 100; at most 1,000).
 fn page<'a>(ids: impl Iterator<Item = &'a str>, after: &str, size: u32) -> (Vec<&'a str>, String) {
     let size = match size {
@@ -753,6 +838,37 @@ fn page<'a>(ids: impl Iterator<Item = &'a str>, after: &str, size: u32) -> (Vec<
 }
 
 impl AdminService {
+    /// Applies `change` to the topology (as an instance file), validates the result like an
+    /// instance file, stores it, and makes it the next round's topology. `change` returns
+    /// whether it changed anything (also returned). The topology stays locked throughout, so
+    /// edits never race.
+    async fn edit(
+        &self,
+        change: impl FnOnce(&mut InstanceFile) -> bool + Send,
+    ) -> Result<(Instance, bool), Status> {
+        let shared = Arc::clone(&self.0);
+        tokio::task::block_in_place(move || {
+            let mut topology = shared
+                .topology
+                .lock()
+                .map_err(|_| Status::internal("topology lock poisoned"))?;
+            let mut file = InstanceFile::of(&topology);
+            if !change(&mut file) {
+                return Ok((topology.clone(), false));
+            }
+            let updated = file
+                .build(Limits::default())
+                .map_err(|e| invalid(format!("the change is refused: {e}")))?;
+            shared
+                .store
+                .put_topology(&updated)
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            *topology = updated.clone();
+            tracing::warn!("topology changed by Admin");
+            Ok((updated, true))
+        })
+    }
+
     fn topology(&self) -> Result<Instance, Status> {
         self.0
             .topology
@@ -800,20 +916,40 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn upsert_cluster(
         &self,
-        _: Request<pb::Cluster>,
+        request: Request<pb::Cluster>,
     ) -> Result<Response<pb::Cluster>, Status> {
-        Err(Status::unimplemented(
-            "UpsertCluster is not implemented yet: load a new instance file instead",
-        ))
+        let file = cluster_from_pb(request.into_inner())?;
+        let id = file.id.clone();
+        let (updated, _) = self
+            .edit(move |f| {
+                match f.clusters.iter_mut().find(|c| c.id == file.id) {
+                    Some(c) => *c = file,
+                    None => f.clusters.push(file),
+                }
+                true
+            })
+            .await?;
+        let c = updated.cluster_index(&id).unwrap_or_default();
+        Ok(Response::new(cluster_pb(&updated, c as usize)))
     }
 
     async fn delete_cluster(
         &self,
-        _: Request<pb::DeleteRequest>,
+        request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        Err(Status::unimplemented(
-            "DeleteCluster is not implemented yet",
-        ))
+        let id = request.into_inner().id;
+        let (_, deleted) = self
+            .edit(move |f| {
+                let before = f.clusters.len();
+                f.clusters.retain(|c| c.id != id);
+                // Its map units lose it as a candidate.
+                for u in &mut f.map_units {
+                    u.candidates.retain(|c| c.cluster != id);
+                }
+                f.clusters.len() < before
+            })
+            .await?;
+        Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 
     async fn get_map_unit(
@@ -849,20 +985,36 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn upsert_map_unit(
         &self,
-        _: Request<pb::MapUnit>,
+        request: Request<pb::MapUnit>,
     ) -> Result<Response<pb::MapUnit>, Status> {
-        Err(Status::unimplemented(
-            "UpsertMapUnit is not implemented yet: load a new instance file instead",
-        ))
+        let file = unit_from_pb(request.into_inner())?;
+        let id = file.id.clone();
+        let (updated, _) = self
+            .edit(move |f| {
+                match f.map_units.iter_mut().find(|u| u.id == file.id) {
+                    Some(u) => *u = file,
+                    None => f.map_units.push(file),
+                }
+                true
+            })
+            .await?;
+        let u = updated.unit_index(&id).unwrap_or_default();
+        Ok(Response::new(unit_admin_pb(&updated, u)))
     }
 
     async fn delete_map_unit(
         &self,
-        _: Request<pb::DeleteRequest>,
+        request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        Err(Status::unimplemented(
-            "DeleteMapUnit is not implemented yet",
-        ))
+        let id = request.into_inner().id;
+        let (_, deleted) = self
+            .edit(move |f| {
+                let before = f.map_units.len();
+                f.map_units.retain(|u| u.id != id);
+                f.map_units.len() < before
+            })
+            .await?;
+        Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 
     async fn set_cluster_state(

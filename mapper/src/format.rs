@@ -238,7 +238,6 @@ fn nested(cluster: &crate::model::Cluster, i: u32, instance: &Instance) -> Neste
 
 struct UnitsView<'a>(&'a Instance);
 struct UnitView<'a>(&'a Instance, UnitIdx);
-struct CandidatesView<'a>(&'a Instance, UnitIdx);
 
 impl Serialize for UnitsView<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -252,52 +251,66 @@ impl Serialize for UnitsView<'_> {
 
 impl Serialize for UnitView<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (inst, u) = (self.0, self.1);
-        let (lat, lon) = inst.unit_location(u);
-        let mut st = s.serialize_struct("MapUnit", 7)?;
-        st.serialize_field("id", inst.unit_id(u))?;
-        st.serialize_field(
-            "class",
-            &inst.classes()[usize::from(inst.unit_class(u))].name,
-        )?;
-        st.serialize_field("demand", &inst.unit_demand(u))?;
-        st.serialize_field("prefixes", inst.unit_prefixes(u))?;
-        st.serialize_field("lat", &lat)?;
-        st.serialize_field("lon", &lon)?;
-        st.serialize_field("candidates", &CandidatesView(inst, u))?;
-        st.end()
+        unit_file(self.0, self.1).serialize(s)
     }
 }
 
-impl Serialize for CandidatesView<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let inst = self.0;
-        let mut seq = s.serialize_seq(Some(inst.candidate_count(self.1)))?;
-        for c in inst.candidates(self.1) {
-            seq.serialize_element(&CandidateFile {
-                cluster: inst.clusters()[c.cluster as usize].id.clone(),
+/// A validated cluster in the file form (its tree nested).
+pub fn cluster_file(instance: &Instance, c: crate::model::ClusterIdx) -> ClusterFile {
+    let c = &instance.clusters()[c as usize];
+    ClusterFile {
+        id: c.id.clone(),
+        lat: c.lat,
+        lon: c.lon,
+        addresses: c.addresses.clone(),
+        state: c.state,
+        classes: None,
+        resources: ResourcesFile::Nested(nested(c, 0, instance)),
+    }
+}
+
+/// A validated map unit in the file form.
+pub fn unit_file(instance: &Instance, u: UnitIdx) -> MapUnitFile {
+    let (lat, lon) = instance.unit_location(u);
+    MapUnitFile {
+        id: instance.unit_id(u).to_string(),
+        class: instance.classes()[usize::from(instance.unit_class(u))]
+            .name
+            .clone(),
+        demand: instance.unit_demand(u),
+        prefixes: instance.unit_prefixes(u).to_vec(),
+        lat,
+        lon,
+        candidates: instance
+            .candidates(u)
+            .map(|c| CandidateFile {
+                cluster: instance.clusters()[c.cluster as usize].id.clone(),
                 score: f64::from(c.score),
                 cluster_rank: c.explicit_rank.then_some(f64::from(c.rank)),
-            })?;
+            })
+            .collect(),
+    }
+}
+
+impl InstanceFile {
+    /// The file form of a validated instance (to edit and build again).
+    pub fn of(instance: &Instance) -> InstanceFile {
+        InstanceFile {
+            traffic_classes: instance.classes().to_vec(),
+            clusters: (0..instance.clusters().len() as crate::model::ClusterIdx)
+                .map(|c| cluster_file(instance, c))
+                .collect(),
+            map_units: (0..instance.unit_count() as UnitIdx)
+                .map(|u| unit_file(instance, u))
+                .collect(),
         }
-        seq.end()
     }
 }
 
 /// Writes `instance` in the instance file format, streaming the map units.
 pub fn write_instance<W: Write>(instance: &Instance, w: W) -> Result<(), serde_json::Error> {
-    let clusters: Vec<ClusterFile> = instance
-        .clusters()
-        .iter()
-        .map(|c| ClusterFile {
-            id: c.id.clone(),
-            lat: c.lat,
-            lon: c.lon,
-            addresses: c.addresses.clone(),
-            state: c.state,
-            classes: None,
-            resources: ResourcesFile::Nested(nested(c, 0, instance)),
-        })
+    let clusters: Vec<ClusterFile> = (0..instance.clusters().len() as crate::model::ClusterIdx)
+        .map(|c| cluster_file(instance, c))
         .collect();
     let mut ser = serde_json::Serializer::new(w);
     let mut st = ser.serialize_struct("Instance", 3)?;
