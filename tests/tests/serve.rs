@@ -1,0 +1,1545 @@
+//! End-to-end tests of the running service, `cdnmap serve --config FILE`, against the real
+//! binary on ephemeral ports (issue 4): Resolve for IPv4 and IPv6 clients with and without ECS,
+//! ResolveBatch, bad requests (INVALID_ARGUMENT naming the field, and the server keeps serving),
+//! Admin's bearer token, Feedback, WatchMap (a full map, then a delta after the next round),
+//! draining a cluster (its clients move in the next round), a restart serving the stored map
+//! before the first round, and `/metrics`.
+//!
+//! Each test starts its own server on a small demo world (3,000 map units, 40 clusters,
+//! `cycle_secs = 10`, the minimum) in a temporary directory and kills it when the test ends
+//! ([`Server`] is a guard). Only `watch_drain_and_restart` waits for rounds (one or two, ~10–20
+//! s); the others need none, so they run alongside it.
+//!
+//! The binary is found (built) as in `cli.rs`: the root package's binary gets no
+//! `CARGO_BIN_EXE_cdnmap` here, so the first test to need it runs `cargo build --bin cdnmap` for
+//! the profile and target directory of this test executable (a no-op when it is up to date).
+//! `CDNMAP_BIN=/path/to/cdnmap` skips the build.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::v1::admin_client::AdminClient;
+use cdnmap_proto::v1::feedback_client::FeedbackClient;
+use cdnmap_proto::v1::mapping_client::MappingClient;
+use ipnet::IpNet;
+use serde_json::Value;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+// ---------------------------------------------------------------------------------------------
+// Finding (building) the binary: the same approach as cli.rs.
+
+/// The `cdnmap` binary, built on first use.
+fn cdnmap_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| match std::env::var_os("CDNMAP_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => build_binary(),
+    })
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> PathBuf {
+    std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("cargo"))
+}
+
+/// `cargo build --bin cdnmap` for the profile (and target directory and triple) this test
+/// executable comes from: `<target>[/<triple>]/<profile>/deps/serve-<hash>`.
+fn build_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in <target>/<profile>/deps");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or("debug")
+        .to_string();
+
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
+        .args(["build", "--bin", "cdnmap", "--message-format=json"])
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"));
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    // Cargo marks the root of a target directory with CACHEDIR.TAG; one level further up means
+    // the executable was built for an explicit `--target <triple>`.
+    if let Some(up) = profile_dir.parent() {
+        if up.join("CACHEDIR.TAG").is_file() {
+            cmd.arg("--target-dir").arg(up);
+        } else if let (Some(root), Some(triple)) = (up.parent(), up.file_name()) {
+            if root.join("CACHEDIR.TAG").is_file() {
+                cmd.arg("--target-dir")
+                    .arg(root)
+                    .arg("--target")
+                    .arg(triple);
+            }
+        }
+    }
+    let fallback = profile_dir.join(format!("cdnmap{}", std::env::consts::EXE_SUFFIX));
+    let out = match cmd.stdin(Stdio::null()).output() {
+        Ok(out) => out,
+        Err(e) if fallback.is_file() => {
+            eprintln!("could not run cargo ({e}); using {}", fallback.display());
+            return fallback;
+        }
+        Err(e) => panic!("could not run cargo to build cdnmap: {e}"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cargo build --bin cdnmap failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        stdout
+    );
+    let exe = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cdnmap")
+        .filter(|m| {
+            m["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "bin"))
+        })
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or(fallback);
+    assert!(exe.is_file(), "no cdnmap binary at {}", exe.display());
+    exe
+}
+
+// ---------------------------------------------------------------------------------------------
+// A server: its configuration in a temporary directory, and the running process.
+
+const TOKEN: &str = "e2e-admin-token-7f3a";
+const CYCLE_SECS: u64 = 10;
+const TTL_SECS: u32 = 30;
+const MAP_UNITS: u64 = 3000;
+const CLUSTERS: u64 = 40;
+/// How long a server may take to answer after it is started.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The hostnames the tests ask for, one per class (the default class rules: `*.video.cdn.example`
+/// → video, `*.apps.cdn.example` → apps, anything else → web).
+fn qname_of(class: &str) -> &'static str {
+    match class {
+        "web" => "www.cdn.example.",
+        "video" => "edge7.video.cdn.example.",
+        "apps" => "api.apps.cdn.example.",
+        other => panic!("no qname for class {other:?}"),
+    }
+}
+
+/// Two ports that were free a moment ago (bound together on 127.0.0.1:0, then released).
+fn free_ports() -> (SocketAddr, SocketAddr) {
+    let a = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    let b = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    (
+        a.local_addr().expect("its address"),
+        b.local_addr().expect("its address"),
+    )
+}
+
+/// A configuration in its own temporary directory: the config file, the data directory, and the
+/// servers' logs. Servers started from it share the data directory (so a second one restarts).
+struct Setup {
+    dir: TempDir,
+    config: PathBuf,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    starts: usize,
+}
+
+impl Setup {
+    /// The small demo world with the admin token (`with_token`) or without one.
+    fn new(with_token: bool) -> Setup {
+        let dir = tempfile::Builder::new()
+            .prefix("cdnmap-serve-")
+            .tempdir()
+            .expect("a temporary directory");
+        let (grpc, http) = free_ports();
+        let data = dir.path().join("data");
+        let token = if with_token {
+            format!("admin_token = {TOKEN:?}\n")
+        } else {
+            String::new()
+        };
+        let text = format!(
+            "cycle_secs = {CYCLE_SECS}\n\
+             grpc_listen = \"{grpc}\"\n\
+             http_listen = \"{http}\"\n\
+             data_dir = {data:?}\n\
+             ttl_secs = {TTL_SECS}\n\
+             {token}\
+             \n\
+             [demo]\n\
+             map_units = {MAP_UNITS}\n\
+             clusters = {CLUSTERS}\n\
+             seed = 1\n",
+            data = data.to_str().expect("a UTF-8 temporary path"),
+        );
+        let config = dir.path().join("cdnmap.toml");
+        std::fs::write(&config, text).expect("write the config");
+        Setup {
+            dir,
+            config,
+            grpc,
+            http,
+            starts: 0,
+        }
+    }
+
+    /// Starts `cdnmap serve --config FILE` and waits until its health service says SERVING.
+    async fn start(&mut self) -> Server {
+        let bin = cdnmap_bin(); // built before the clock starts
+        self.starts += 1;
+        let log = self.dir.path().join(format!("server-{}.log", self.starts));
+        let out = File::create(&log).expect("create the server log");
+        let err = out.try_clone().expect("clone the log handle");
+        let child = Command::new(bin)
+            .current_dir(self.dir.path())
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start cdnmap serve");
+        let mut server = Server {
+            child,
+            log,
+            grpc: self.grpc,
+            http: self.http,
+            channel: None,
+        };
+        server.wait_ready().await;
+        server
+    }
+}
+
+/// A running `cdnmap serve`; killed (and reaped) when dropped.
+struct Server {
+    child: Child,
+    log: PathBuf,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    channel: Option<Channel>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// What the server logged so far, for assertion messages.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    async fn wait_ready(&mut self) {
+        let started = Instant::now();
+        let endpoint = Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("a valid URI")
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(10));
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "cdnmap serve exited with {status} before answering:\n{}",
+                    self.log()
+                );
+            }
+            if let Ok(channel) = endpoint.connect().await {
+                let ok = HealthClient::new(channel.clone())
+                    .check(HealthCheckRequest {
+                        service: "cdnmap.v1.Mapping".into(),
+                    })
+                    .await
+                    .is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32);
+                if ok {
+                    self.channel = Some(channel);
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "cdnmap serve did not answer within {READY_TIMEOUT:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn channel(&self) -> Channel {
+        self.channel.clone().expect("the server is ready")
+    }
+
+    fn mapping(&self) -> MappingClient<Channel> {
+        MappingClient::new(self.channel())
+    }
+
+    fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel())
+    }
+
+    fn feedback(&self) -> FeedbackClient<Channel> {
+        FeedbackClient::new(self.channel())
+    }
+
+    /// Kills the server (as a crash would) and waits for it to exit.
+    fn kill(mut self) {
+        self.child.kill().expect("kill cdnmap serve");
+        self.child.wait().expect("reap cdnmap serve");
+    }
+
+    /// `GET path` over plain HTTP/1.1 on the HTTP listener: (status line, body).
+    fn http_get(&self, path: &str) -> (String, String) {
+        let mut s = TcpStream::connect(self.http).expect("connect to http_listen");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("set a read timeout");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        )
+        .expect("send the request");
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).expect("read the response");
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status = head.lines().next().unwrap_or_default().to_string();
+        (status, body.to_string())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+/// A request with `authorization: Bearer <token>` (or none).
+fn authed<T>(message: T, token: Option<&str>) -> Request<T> {
+    let mut r = Request::new(message);
+    if let Some(t) = token {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {t}").parse().expect("valid metadata"),
+        );
+    }
+    r
+}
+
+fn ok<T: Debug>(r: Result<Response<T>, Status>, what: &str) -> T {
+    match r {
+        Ok(r) => r.into_inner(),
+        Err(s) => panic!("{what}: {:?} {:?}", s.code(), s.message()),
+    }
+}
+
+/// Asserts the call failed with `code` and a message containing `needle`.
+fn assert_status<T: Debug>(r: Result<Response<T>, Status>, code: Code, needle: &str, what: &str) {
+    match r {
+        Ok(r) => panic!(
+            "{what}: expected {code:?}, got an answer: {:?}",
+            r.get_ref()
+        ),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{what}: {:?}", s.message());
+            assert!(
+                s.message().contains(needle),
+                "{what}: the message {:?} does not name {needle:?}",
+                s.message()
+            );
+        }
+    }
+}
+
+fn query(client_subnet: &str, resolver_ip: &str, qname: &str, qtype: u32) -> pb::ResolveRequest {
+    pb::ResolveRequest {
+        client_subnet: client_subnet.into(),
+        resolver_ip: resolver_ip.into(),
+        qname: qname.into(),
+        qtype,
+    }
+}
+
+async fn resolve(m: &mut MappingClient<Channel>, q: pb::ResolveRequest) -> pb::ResolveResponse {
+    let what = format!("Resolve {q:?}");
+    ok(m.resolve(q).await, &what)
+}
+
+async fn status(server: &Server) -> pb::Status {
+    ok(
+        server
+            .admin()
+            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
+            .await,
+        "GetStatus",
+    )
+}
+
+/// Every map unit, through Admin.ListMapUnits a page of 1,000 at a time.
+async fn all_units(server: &Server) -> Vec<pb::MapUnit> {
+    let mut admin = server.admin();
+    let mut units = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = ok(
+            admin
+                .list_map_units(authed(
+                    pb::ListRequest {
+                        page_size: 1000,
+                        after_id: after.clone(),
+                    },
+                    Some(TOKEN),
+                ))
+                .await,
+            "ListMapUnits",
+        );
+        units.extend(page.map_units);
+        if page.next_after_id.is_empty() {
+            return units;
+        }
+        after = page.next_after_id;
+    }
+}
+
+fn prefix_of(u: &pb::MapUnit) -> IpNet {
+    u.prefixes
+        .first()
+        .unwrap_or_else(|| panic!("map unit {} has no prefix", u.id))
+        .parse()
+        .unwrap_or_else(|e| panic!("map unit {}: bad prefix {:?}: {e}", u.id, u.prefixes))
+}
+
+/// The first unit of `class` with an IPv4 /24 (`v6 = false`) or IPv6 /48 (`v6 = true`) prefix.
+fn pick_unit<'a>(units: &'a [pb::MapUnit], class: &str, v6: bool) -> &'a pb::MapUnit {
+    units
+        .iter()
+        .find(|u| {
+            u.traffic_class == class
+                && u.prefixes.len() == 1
+                && match prefix_of(u) {
+                    IpNet::V4(n) => !v6 && n.prefix_len() == 24,
+                    IpNet::V6(n) => v6 && n.prefix_len() == 48,
+                }
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no {class} unit with a {} prefix",
+                if v6 { "/48" } else { "/24" }
+            )
+        })
+}
+
+/// A host inside `net` that is not its network address (a resolver's address, say).
+fn host_in(net: IpNet) -> IpAddr {
+    match net {
+        IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from(u32::from(n.network()) | 53)),
+        IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(u128::from(n.network()) | 0x35)),
+    }
+}
+
+/// The unit of `class` whose prefix is `net`.
+fn unit_for<'a>(units: &'a [pb::MapUnit], net: IpNet, class: &str) -> &'a pb::MapUnit {
+    units
+        .iter()
+        .find(|u| u.traffic_class == class && u.prefixes.iter().any(|p| p.parse() == Ok(net)))
+        .unwrap_or_else(|| panic!("no {class} unit for {net}"))
+}
+
+/// Checks an answer for a client inside `unit`'s prefix.
+fn assert_answer(a: &pb::ResolveResponse, unit: &pb::MapUnit, qtype: u32, what: &str) {
+    assert_eq!(a.map_unit, unit.id, "{what}: {a:?}");
+    assert_eq!(a.traffic_class, unit.traffic_class, "{what}: {a:?}");
+    assert_eq!(
+        a.scope_prefix_len,
+        u32::from(prefix_of(unit).prefix_len()),
+        "{what}: the ECS scope is the matched prefix's length: {a:?}"
+    );
+    assert_addresses(a, qtype, what);
+}
+
+/// Addresses of the query's family (at least two: every demo cluster has two IPv4 and one IPv6
+/// address, and an answer names two clusters), a TTL, a map version, one or two distinct clusters.
+fn assert_addresses(a: &pb::ResolveResponse, qtype: u32, what: &str) {
+    assert!(a.map_version >= 1, "{what}: {a:?}");
+    assert_eq!(a.ttl_seconds, TTL_SECS, "{what}: {a:?}");
+    assert!(
+        (1..=2).contains(&a.cluster_ids.len()),
+        "{what}: one or two clusters: {a:?}"
+    );
+    if a.cluster_ids.len() == 2 {
+        assert_ne!(a.cluster_ids[0], a.cluster_ids[1], "{what}: {a:?}");
+    }
+    assert!(
+        a.addresses.len() >= 2,
+        "{what}: at least two addresses: {a:?}"
+    );
+    for addr in &a.addresses {
+        let ip: IpAddr = addr
+            .parse()
+            .unwrap_or_else(|e| panic!("{what}: {addr:?} is not an address: {e}"));
+        assert_eq!(
+            ip.is_ipv6(),
+            qtype == 28,
+            "{what}: {addr} is of the wrong family for qtype {qtype}"
+        );
+    }
+}
+
+/// The shares of a map, by unit id: cluster id → share, and the overflow share.
+type MapView = HashMap<String, pb::UnitMapping>;
+
+fn apply(map: &mut MapView, update: &pb::MapUpdate) {
+    if update.full {
+        map.clear();
+    }
+    for u in &update.units {
+        map.insert(u.id.clone(), u.clone());
+    }
+    for id in &update.removed_units {
+        map.remove(id);
+    }
+}
+
+fn shares_by_cluster(u: &pb::UnitMapping) -> BTreeMap<&str, f64> {
+    u.shares
+        .iter()
+        .map(|s| (s.cluster.as_str(), s.share))
+        .collect()
+}
+
+/// Waits for the next WatchMap message, at most `within`.
+async fn next_update(
+    stream: &mut tonic::Streaming<pb::MapUpdate>,
+    within: Duration,
+    what: &str,
+) -> pb::MapUpdate {
+    match tokio::time::timeout(within, stream.message()).await {
+        Err(_) => panic!("{what}: no WatchMap message within {within:?}"),
+        Ok(Err(s)) => panic!("{what}: WatchMap failed: {:?} {:?}", s.code(), s.message()),
+        Ok(Ok(None)) => panic!("{what}: WatchMap ended"),
+        Ok(Ok(Some(u))) => u,
+    }
+}
+
+/// A query for a client of `u` (its prefix as the ECS subnet) asking A for its class's name.
+fn query_for(u: &pb::MapUnit) -> pb::ResolveRequest {
+    query(&prefix_of(u).to_string(), "", qname_of(&u.traffic_class), 1)
+}
+
+/// Resolves a query for every unit in `units` through ResolveBatch (1,000 at a time).
+async fn resolve_all(server: &Server, units: &[pb::MapUnit]) -> Vec<pb::ResolveResponse> {
+    let mut m = server.mapping();
+    let mut out = Vec::with_capacity(units.len());
+    for chunk in units.chunks(1000) {
+        let queries = chunk.iter().map(query_for).collect();
+        let answers = ok(
+            m.resolve_batch(pb::ResolveBatchRequest { queries }).await,
+            "ResolveBatch",
+        )
+        .answers;
+        assert_eq!(answers.len(), chunk.len());
+        out.extend(answers);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests.
+
+/// Resolve answers IPv4 and IPv6 clients, by ECS subnet and by resolver address, with the map
+/// unit whose prefix they are in (for the class the qname maps to), that prefix's length as the
+/// ECS scope, and addresses of the query's family; clients outside every prefix get the
+/// fallback (no map unit, scope 0), never an error.
+#[tokio::test]
+async fn resolve_answers_v4_and_v6_clients_with_and_without_ecs() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    assert_eq!(units.len() as u64, MAP_UNITS);
+    let mut m = server.mapping();
+
+    let v4 = prefix_of(pick_unit(&units, "web", false));
+    let v6 = prefix_of(pick_unit(&units, "video", true));
+    for net in [v4, v6] {
+        for class in ["web", "video", "apps"] {
+            let unit = unit_for(&units, net, class);
+            let qname = qname_of(class);
+            for qtype in [1, 28] {
+                let ecs =
+                    resolve(&mut m, query(&net.to_string(), "192.0.2.53", qname, qtype)).await;
+                assert_answer(
+                    &ecs,
+                    unit,
+                    qtype,
+                    &format!("ECS {net} {qname} qtype {qtype}"),
+                );
+                let host = host_in(net).to_string();
+                let plain = resolve(&mut m, query("", &host, qname, qtype)).await;
+                assert_answer(
+                    &plain,
+                    unit,
+                    qtype,
+                    &format!("resolver {host} {qname} qtype {qtype}"),
+                );
+                // One client, one qname: one answer (a split unit hashes (subnet, qname)).
+                let again = resolve(&mut m, query(&net.to_string(), "", qname, qtype)).await;
+                if again.map_version == ecs.map_version {
+                    assert_eq!(again.cluster_ids, ecs.cluster_ids, "ECS {net} {qname}");
+                    assert_eq!(again.addresses, ecs.addresses, "ECS {net} {qname}");
+                }
+            }
+        }
+    }
+
+    // The ECS subnet wins over the resolver's address.
+    let unit = unit_for(&units, v6, "web");
+    let a = resolve(
+        &mut m,
+        query(
+            &v6.to_string(),
+            &host_in(v4).to_string(),
+            "www.cdn.example",
+            1,
+        ),
+    )
+    .await;
+    assert_answer(&a, unit, 1, "ECS v6 with a v4 resolver");
+
+    // Hostnames are case-insensitive, and the trailing dot is optional.
+    let unit = unit_for(&units, v4, "video");
+    let a = resolve(
+        &mut m,
+        query(&v4.to_string(), "", "CDN1.Video.CDN.Example", 1),
+    )
+    .await;
+    assert_answer(
+        &a,
+        unit,
+        1,
+        "mixed-case video name without the trailing dot",
+    );
+
+    // Other query types: an answer, with no addresses.
+    let a = resolve(&mut m, query(&v4.to_string(), "", "www.cdn.example.", 16)).await;
+    assert!(a.addresses.is_empty(), "TXT has no addresses: {a:?}");
+    assert_eq!(a.map_unit, unit_for(&units, v4, "web").id);
+
+    // Outside every prefix (TEST-NET-1, the IPv6 documentation prefix): the fallback.
+    for (ecs, resolver) in [
+        ("", "192.0.2.1"),
+        ("192.0.2.0/24", ""),
+        ("", "2001:db8::1"),
+        ("2001:db8:1::/48", ""),
+    ] {
+        for qtype in [1, 28] {
+            let what = format!("outside: ECS {ecs:?} resolver {resolver:?} qtype {qtype}");
+            let a = resolve(&mut m, query(ecs, resolver, "www.cdn.example.", qtype)).await;
+            assert_eq!(a.map_unit, "", "{what}: {a:?}");
+            assert_eq!(a.scope_prefix_len, 0, "{what}: {a:?}");
+            assert_eq!(a.traffic_class, "web", "{what}: {a:?}");
+            assert_addresses(&a, qtype, &what);
+        }
+    }
+}
+
+/// ResolveBatch answers each query as Resolve does, in order; 1,000 queries are fine, 1,001
+/// are INVALID_ARGUMENT, and a bad query is named by its index.
+#[tokio::test]
+async fn resolve_batch_answers_like_resolve_and_refuses_oversized_batches() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let mut m = server.mapping();
+    let v4 = prefix_of(pick_unit(&units, "web", false));
+    let v6 = prefix_of(pick_unit(&units, "apps", true));
+
+    let queries = vec![
+        query(&v4.to_string(), "", "www.cdn.example.", 1),
+        query("", &host_in(v6).to_string(), "x.apps.cdn.example.", 28),
+        query("192.0.2.0/24", "", "www.cdn.example.", 1),
+        query(&v6.to_string(), "", "a.video.cdn.example", 28),
+        query("", &host_in(v4).to_string(), "b.video.cdn.example", 1),
+    ];
+    let mut compared = false;
+    for _ in 0..3 {
+        let batch = ok(
+            m.resolve_batch(pb::ResolveBatchRequest {
+                queries: queries.clone(),
+            })
+            .await,
+            "ResolveBatch",
+        )
+        .answers;
+        assert_eq!(batch.len(), queries.len());
+        let mut singles = Vec::new();
+        for q in &queries {
+            singles.push(resolve(&mut m, q.clone()).await);
+        }
+        // A round may publish a new map between the calls: then compare again.
+        if batch
+            .iter()
+            .chain(&singles)
+            .all(|a| a.map_version == batch[0].map_version)
+        {
+            assert_eq!(batch, singles, "ResolveBatch answers as Resolve does");
+            compared = true;
+            break;
+        }
+    }
+    assert!(compared, "no two calls saw the same map version");
+
+    // 1,000 queries: one answer each, for the right unit.
+    let sample: Vec<&pb::MapUnit> = units.iter().step_by(3).take(1000).collect();
+    assert_eq!(sample.len(), 1000);
+    let answers = ok(
+        m.resolve_batch(pb::ResolveBatchRequest {
+            queries: sample.iter().map(|u| query_for(u)).collect(),
+        })
+        .await,
+        "ResolveBatch of 1,000",
+    )
+    .answers;
+    assert_eq!(answers.len(), 1000);
+    for (u, a) in sample.iter().zip(&answers) {
+        assert_answer(a, u, 1, &format!("batch query for {}", u.id));
+    }
+
+    // An empty batch: no answers.
+    let empty = ok(
+        m.resolve_batch(pb::ResolveBatchRequest { queries: vec![] })
+            .await,
+        "an empty ResolveBatch",
+    );
+    assert!(empty.answers.is_empty());
+
+    // 1,001 queries: refused.
+    let too_many = vec![query(&v4.to_string(), "", "www.cdn.example.", 1); 1001];
+    assert_status(
+        m.resolve_batch(pb::ResolveBatchRequest { queries: too_many })
+            .await,
+        Code::InvalidArgument,
+        "queries",
+        "a batch of 1,001",
+    );
+
+    // A bad query in a batch is named by its index.
+    let mut bad = queries.clone();
+    bad[2].client_subnet = "1.2.3.4/40".into();
+    assert_status(
+        m.resolve_batch(pb::ResolveBatchRequest { queries: bad })
+            .await,
+        Code::InvalidArgument,
+        "queries[2].client_subnet",
+        "a batch with a bad subnet at 2",
+    );
+    let mut bad = queries.clone();
+    bad[4].qname = String::new();
+    assert_status(
+        m.resolve_batch(pb::ResolveBatchRequest { queries: bad })
+            .await,
+        Code::InvalidArgument,
+        "queries[4].qname",
+        "a batch with an empty qname at 4",
+    );
+
+    // Still serving.
+    let a = resolve(&mut m, queries[0].clone()).await;
+    assert_answer(&a, unit_for(&units, v4, "web"), 1, "after the bad batches");
+}
+
+/// Malformed subnets, addresses and names are INVALID_ARGUMENT with a message naming the field,
+/// and none of them stops the server from answering.
+#[tokio::test]
+async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let mut m = server.mapping();
+    let good = query("", "1.0.0.1", "www.cdn.example.", 1);
+    let first = resolve(&mut m, good.clone()).await;
+
+    let long_name = format!("{}.cdn.example.", "a".repeat(300 - ".cdn.example.".len()));
+    assert_eq!(long_name.len(), 300);
+    let cases = [
+        (
+            query("1.2.3.4/40", "", "www.cdn.example.", 1),
+            "client_subnet",
+        ),
+        (
+            query("2001:db8::/129", "", "www.cdn.example.", 1),
+            "client_subnet",
+        ),
+        (
+            query("nonsense", "", "www.cdn.example.", 1),
+            "client_subnet",
+        ),
+        (
+            query("1.2.3.0/", "", "www.cdn.example.", 1),
+            "client_subnet",
+        ),
+        (query("", "1.2.3.999", "www.cdn.example.", 1), "resolver_ip"),
+        (
+            query("", "not-an-ip", "www.cdn.example.", 28),
+            "resolver_ip",
+        ),
+        (
+            query("", "1.2.3.0/24", "www.cdn.example.", 1),
+            "resolver_ip",
+        ),
+        (query("", "", "www.cdn.example.", 1), "resolver_ip"),
+        (query("", "1.0.0.1", "", 1), "qname"),
+        (query("1.0.0.0/24", "", "", 28), "qname"),
+        (query("", "1.0.0.1", &long_name, 1), "qname"),
+    ];
+    for (q, field) in cases {
+        let what = format!("Resolve {q:?}");
+        assert_status(m.resolve(q).await, Code::InvalidArgument, field, &what);
+        // The server keeps serving.
+        let a = resolve(&mut m, good.clone()).await;
+        assert_eq!(a.map_unit, first.map_unit, "after {what}");
+    }
+
+    // The longest name allowed: 253 characters, plus the optional trailing dot.
+    let longest = format!("{}.cdn.example", "a".repeat(253 - ".cdn.example".len()));
+    assert_eq!(longest.len(), 253);
+    for name in [longest.clone(), format!("{longest}.")] {
+        let a = resolve(&mut m, query("", "1.0.0.1", &name, 1)).await;
+        assert_eq!(
+            a.map_unit,
+            first.map_unit,
+            "a {}-character name",
+            name.len()
+        );
+    }
+}
+
+/// A 254-character name without a trailing dot is over the proto's limit of 253 characters.
+#[tokio::test]
+#[ignore = "bug: api/src/service.rs client_of checks qname.len() > MAX_QNAME_LEN + 1, so a \
+            254-character name WITHOUT a trailing dot is accepted (proto: at most 253 characters, \
+            the trailing dot optional); its own message says 1..=253"]
+async fn a_254_character_name_without_a_trailing_dot_is_invalid_argument() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let mut m = server.mapping();
+    let name = format!("{}.cdn.example", "a".repeat(254 - ".cdn.example".len()));
+    assert_eq!(name.len(), 254);
+    assert_status(
+        m.resolve(query("", "1.0.0.1", &name, 1)).await,
+        Code::InvalidArgument,
+        "qname",
+        "a 254-character name",
+    );
+}
+
+/// Admin needs the configured bearer token: none or a wrong one is UNAUTHENTICATED; the right
+/// one works (GetStatus, GetCluster, ListClusters). Mapping needs no token.
+#[tokio::test]
+async fn admin_needs_the_bearer_token() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let mut admin = server.admin();
+
+    assert_status(
+        admin
+            .get_status(authed(pb::GetStatusRequest {}, None))
+            .await,
+        Code::Unauthenticated,
+        "",
+        "GetStatus without a token",
+    );
+    assert_status(
+        admin
+            .get_status(authed(pb::GetStatusRequest {}, Some("wrong-token-123")))
+            .await,
+        Code::Unauthenticated,
+        "",
+        "GetStatus with a wrong token",
+    );
+    let mut raw = Request::new(pb::GetStatusRequest {});
+    raw.metadata_mut()
+        .insert("authorization", TOKEN.parse().expect("valid metadata"));
+    assert_status(
+        admin.get_status(raw).await,
+        Code::Unauthenticated,
+        "",
+        "GetStatus with the token but no \"Bearer \"",
+    );
+    assert_status(
+        admin
+            .list_clusters(authed(pb::ListRequest::default(), None))
+            .await,
+        Code::Unauthenticated,
+        "",
+        "ListClusters without a token",
+    );
+    assert_status(
+        admin
+            .set_cluster_state(authed(
+                pb::SetClusterStateRequest {
+                    id: "anything".into(),
+                    state: pb::ClusterState::Down as i32,
+                    reason: "no token".into(),
+                },
+                Some("wrong-token-123"),
+            ))
+            .await,
+        Code::Unauthenticated,
+        "",
+        "SetClusterState with a wrong token",
+    );
+
+    let s = status(&server).await;
+    assert!(s.map_version >= 1, "{s:?}");
+    assert_eq!(s.map_units, MAP_UNITS, "{s:?}");
+    assert_eq!(s.clusters, CLUSTERS, "{s:?}");
+    assert!(!s.last_round_failed, "{s:?}");
+    assert!(s.map_solved_at_unix_ms > 0, "{s:?}");
+
+    let clusters = ok(
+        admin
+            .list_clusters(authed(
+                pb::ListRequest {
+                    page_size: 1000,
+                    after_id: String::new(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "ListClusters",
+    );
+    assert_eq!(clusters.clusters.len() as u64, CLUSTERS);
+    assert!(clusters.next_after_id.is_empty());
+    let first = &clusters.clusters[0];
+    let got = ok(
+        admin
+            .get_cluster(authed(
+                pb::GetClusterRequest {
+                    id: first.id.clone(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "GetCluster",
+    );
+    assert_eq!(&got, first);
+    assert_eq!(got.state, pb::ClusterState::Up as i32);
+    assert_status(
+        admin
+            .get_cluster(authed(
+                pb::GetClusterRequest {
+                    id: "no-such-cluster".into(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        Code::NotFound,
+        "no-such-cluster",
+        "GetCluster of an unknown id",
+    );
+    assert_status(
+        admin
+            .set_cluster_state(authed(
+                pb::SetClusterStateRequest {
+                    id: first.id.clone(),
+                    state: pb::ClusterState::Unspecified as i32,
+                    reason: String::new(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        Code::InvalidArgument,
+        "state",
+        "SetClusterState UNSPECIFIED",
+    );
+
+    // Mapping takes no token.
+    resolve(
+        &mut server.mapping(),
+        query("", "1.0.0.1", "www.cdn.example.", 1),
+    )
+    .await;
+}
+
+/// With no admin_token configured, Admin is refused even to a caller that sends one.
+#[tokio::test]
+async fn admin_is_refused_when_no_token_is_configured() {
+    let mut setup = Setup::new(false);
+    let server = setup.start().await;
+    let mut admin = server.admin();
+    for token in [None, Some(TOKEN)] {
+        assert_status(
+            admin
+                .get_status(authed(pb::GetStatusRequest {}, token))
+                .await,
+            Code::Unauthenticated,
+            "admin_token",
+            &format!("GetStatus with {token:?} on a server without a token"),
+        );
+    }
+    resolve(
+        &mut server.mapping(),
+        query("", "1.0.0.1", "www.cdn.example.", 1),
+    )
+    .await;
+}
+
+/// ReportDemand and ReportLoad acknowledge every valid sample; a bad sample is INVALID_ARGUMENT
+/// naming it (samples[i].queries, loads[i].load, ...).
+#[tokio::test]
+async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let mut fb = server.feedback();
+    let now = 1_800_000_000_000i64;
+    let sample = |u: &pb::MapUnit, queries: f64| pb::DemandSample {
+        target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
+        traffic_class: u.traffic_class.clone(),
+        queries,
+    };
+    let report = |samples: Vec<pb::DemandSample>| pb::DemandReport {
+        reporter: "e2e-front-end".into(),
+        period_start_unix_ms: now - 10_000,
+        period_end_unix_ms: now,
+        samples,
+    };
+
+    let mut samples: Vec<pb::DemandSample> =
+        units.iter().take(4).map(|u| sample(u, 125.0)).collect();
+    samples.push(pb::DemandSample {
+        target: Some(pb::demand_sample::Target::Prefix(
+            prefix_of(&units[10]).to_string(),
+        )),
+        traffic_class: "web".into(),
+        queries: 0.0,
+    });
+    let n = samples.len() as u64;
+    let ack = ok(
+        fb.report_demand(report(samples.clone())).await,
+        "ReportDemand",
+    );
+    assert_eq!(ack.accepted, n);
+
+    for (i, bad) in [-1.0, f64::NAN, f64::INFINITY].into_iter().enumerate() {
+        let mut s = samples.clone();
+        s[i + 1].queries = bad;
+        assert_status(
+            fb.report_demand(report(s)).await,
+            Code::InvalidArgument,
+            &format!("samples[{}].queries", i + 1),
+            &format!("ReportDemand with queries {bad} at {}", i + 1),
+        );
+    }
+    let mut s = samples.clone();
+    s[2].target = None;
+    assert_status(
+        fb.report_demand(report(s)).await,
+        Code::InvalidArgument,
+        "samples[2]",
+        "ReportDemand with a sample without a target",
+    );
+    let mut s = samples.clone();
+    s[3].target = Some(pb::demand_sample::Target::Prefix("1.2.3.4/33".into()));
+    assert_status(
+        fb.report_demand(report(s)).await,
+        Code::InvalidArgument,
+        "samples[3].prefix",
+        "ReportDemand with a bad prefix",
+    );
+    let mut r = report(samples.clone());
+    r.period_end_unix_ms = r.period_start_unix_ms - 1;
+    assert_status(
+        fb.report_demand(r).await,
+        Code::InvalidArgument,
+        "period_end_unix_ms",
+        "ReportDemand ending before it starts",
+    );
+
+    // Load reports.
+    let clusters = ok(
+        server
+            .admin()
+            .list_clusters(authed(pb::ListRequest::default(), Some(TOKEN)))
+            .await,
+        "ListClusters",
+    )
+    .clusters;
+    let root = clusters[0].resources.as_ref().expect("a resource tree");
+    let loads = vec![
+        pb::NodeLoad {
+            cluster: clusters[0].id.clone(),
+            node: root.name.clone(),
+            load: root.capacity * 0.5,
+        },
+        pb::NodeLoad {
+            cluster: clusters[1].id.clone(),
+            node: clusters[1]
+                .resources
+                .as_ref()
+                .expect("a resource tree")
+                .name
+                .clone(),
+            load: 0.0,
+        },
+    ];
+    let load_report = |loads: Vec<pb::NodeLoad>| pb::LoadReport {
+        reporter: "e2e-cluster".into(),
+        measured_at_unix_ms: now,
+        loads,
+    };
+    let ack = ok(
+        fb.report_load(load_report(loads.clone())).await,
+        "ReportLoad",
+    );
+    assert_eq!(ack.accepted, 2);
+    let mut bad = loads.clone();
+    bad[1].load = -5.0;
+    assert_status(
+        fb.report_load(load_report(bad)).await,
+        Code::InvalidArgument,
+        "loads[1].load",
+        "ReportLoad with a negative load",
+    );
+
+    // Still serving.
+    resolve(
+        &mut server.mapping(),
+        query("", "1.0.0.1", "www.cdn.example.", 1),
+    )
+    .await;
+}
+
+/// The proto's contract for a demand sample: the traffic class is needed with a prefix, and
+/// with a map unit it must be the unit's.
+#[tokio::test]
+#[ignore = "bug: api/src/service.rs report_demand never checks traffic_class — a prefix sample \
+            with no class and a map_unit sample whose class is not the unit's are both \
+            acknowledged (proto/cdnmap/v1/feedback.proto: 'needed with prefix; with map_unit it \
+            must match the unit's'), as is a map_unit that does not exist"]
+async fn demand_samples_with_a_missing_or_wrong_class_are_invalid_argument() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let web = pick_unit(&units, "web", false);
+    let mut fb = server.feedback();
+    let report = |sample: pb::DemandSample| pb::DemandReport {
+        reporter: "e2e".into(),
+        period_start_unix_ms: 0,
+        period_end_unix_ms: 10_000,
+        samples: vec![sample],
+    };
+    let cases = [
+        (
+            pb::DemandSample {
+                target: Some(pb::demand_sample::Target::Prefix(
+                    prefix_of(web).to_string(),
+                )),
+                traffic_class: String::new(),
+                queries: 5.0,
+            },
+            "samples[0].traffic_class",
+        ),
+        (
+            pb::DemandSample {
+                target: Some(pb::demand_sample::Target::MapUnit(web.id.clone())),
+                traffic_class: "video".into(),
+                queries: 5.0,
+            },
+            "samples[0].traffic_class",
+        ),
+        (
+            pb::DemandSample {
+                target: Some(pb::demand_sample::Target::MapUnit("no-such-unit".into())),
+                traffic_class: "web".into(),
+                queries: 5.0,
+            },
+            "samples[0].map_unit",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (sample, field) in cases {
+        let what = format!("{sample:?}");
+        match fb.report_demand(report(sample)).await {
+            Err(s) if s.code() == Code::InvalidArgument && s.message().contains(field) => {}
+            Err(s) => wrong.push(format!("{what}: {:?} {:?}", s.code(), s.message())),
+            Ok(ack) => wrong.push(format!("{what}: acknowledged {:?}", ack.get_ref())),
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "not INVALID_ARGUMENT naming the field:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// `/metrics` is Prometheus text with the map version and the RPC counts.
+#[tokio::test]
+async fn metrics_are_served_over_http() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let mut m = server.mapping();
+    let a = resolve(&mut m, query("", "1.0.0.1", "www.cdn.example.", 1)).await;
+    ok(
+        m.resolve_batch(pb::ResolveBatchRequest {
+            queries: vec![query("", "1.0.0.1", "www.cdn.example.", 1)],
+        })
+        .await,
+        "ResolveBatch",
+    );
+
+    let (status_line, body) = server.http_get("/metrics");
+    assert!(status_line.contains(" 200"), "{status_line}\n{body}");
+    for name in [
+        "cdnmap_map_version",
+        "cdnmap_rpc_total",
+        "cdnmap_rpc_seconds",
+        "cdnmap_solve_seconds",
+        "cdnmap_proposals_total",
+        "cdnmap_churn",
+        "cdnmap_overflow_share",
+    ] {
+        assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
+    }
+    let version = metric(&body, "cdnmap_map_version").expect("cdnmap_map_version has a value");
+    assert!(
+        version >= 1.0 && version <= a.map_version as f64 + 1.0,
+        "{body}"
+    );
+    let resolves = body
+        .lines()
+        .find(|l| l.starts_with("cdnmap_rpc_total") && l.contains("method=\"Resolve\""))
+        .unwrap_or_else(|| panic!("no Resolve count:\n{body}"));
+    let count: f64 = resolves
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable: {resolves}"));
+    assert!(count >= 1.0, "{resolves}");
+}
+
+/// The value of an unlabelled metric in Prometheus text.
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Issue 4 lists per-cluster utilization among the metrics.
+#[tokio::test]
+#[ignore = "missing: /metrics has no per-cluster utilization (issue 4, Observability); \
+            api/src/service.rs records no cdnmap_cluster_* series"]
+async fn metrics_include_per_cluster_utilization() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let (_, body) = server.http_get("/metrics");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("cdnmap_cluster_utilization") && l.contains("cluster=\"")),
+        "no per-cluster utilization:\n{body}"
+    );
+}
+
+/// After a restart the stored map is served before the first round; the metric of the served
+/// map version should say so too.
+#[tokio::test]
+#[ignore = "bug: after a restart cdnmap_map_version is absent from /metrics until the first \
+            round (~cycle_secs), though the restored map is served: Shared::start does not set \
+            the gauge (api/src/service.rs)"]
+async fn metrics_show_the_restored_map_version_before_the_first_round() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let before = status(&server).await.map_version;
+    server.kill();
+    let server = setup.start().await;
+    let (_, body) = server.http_get("/metrics");
+    assert_eq!(
+        metric(&body, "cdnmap_map_version"),
+        Some(before as f64),
+        "{body}"
+    );
+}
+
+/// WatchMap starts with the full map and delivers the next version as a delta after the next
+/// round; a cluster drained through Admin loses its clients in the next round; a restart (a
+/// kill, as a crash) serves the same map version, the same answers and the drained state before
+/// any new round.
+#[tokio::test]
+async fn watch_drain_and_restart() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let mut m = server.mapping();
+    let mut admin = server.admin();
+
+    // The first message: the whole current map.
+    let mut stream = ok(
+        m.watch_map(pb::WatchMapRequest { known_version: 0 }).await,
+        "WatchMap",
+    );
+    let first = next_update(&mut stream, Duration::from_secs(5), "the full map").await;
+    let current = status(&server).await.map_version;
+    assert!(first.full, "the first message is a full map");
+    assert_eq!(
+        first.version, current,
+        "the first message is the current map"
+    );
+    assert!(first.version >= 1);
+    assert_eq!(first.units.len() as u64, MAP_UNITS);
+    assert_eq!(first.clusters.len() as u64, CLUSTERS);
+    assert_eq!(first.default_class, "web");
+    assert!(first.solved_at_unix_ms > 0);
+    assert!(
+        first
+            .class_rules
+            .iter()
+            .any(|r| r.pattern == "*.video.cdn.example" && r.traffic_class == "video"),
+        "{:?}",
+        first.class_rules
+    );
+    assert!(first
+        .clusters
+        .iter()
+        .all(|c| c.state == pb::ClusterState::Up as i32 && !c.addresses.is_empty()));
+    for u in &first.units {
+        let placed: f64 = u.shares.iter().map(|s| s.share).sum();
+        assert!(
+            u.shares
+                .iter()
+                .all(|s| s.share > 0.0 && s.share <= 1.0 + 1e-9),
+            "{u:?}"
+        );
+        assert!(
+            (placed + u.overflow_share - 1.0).abs() < 1e-6,
+            "shares and overflow sum to 1: {u:?}"
+        );
+    }
+    let mut view = MapView::new();
+    apply(&mut view, &first);
+    // A caller that already holds the current version gets no full map, only what follows.
+    let mut resumed = ok(
+        m.watch_map(pb::WatchMapRequest {
+            known_version: first.version,
+        })
+        .await,
+        "WatchMap from the current version",
+    );
+
+    // The cluster serving the most units.
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for u in &first.units {
+        for s in &u.shares {
+            *count.entry(s.cluster.as_str()).or_default() += 1;
+        }
+    }
+    let (&busiest, &served) = count
+        .iter()
+        .max_by_key(|&(id, n)| (*n, std::cmp::Reverse(*id)))
+        .expect("some cluster serves units");
+    let busiest = busiest.to_string();
+    assert!(served > 0);
+
+    // Before the drain it appears in answers (its units' answers name it).
+    let before = resolve_all(&server, &units).await;
+    let named = |answers: &[pb::ResolveResponse]| {
+        answers
+            .iter()
+            .filter(|a| a.cluster_ids.contains(&busiest))
+            .count()
+    };
+    assert!(
+        named(&before) > 0,
+        "no answer names {busiest}, which serves {served} units"
+    );
+
+    // Drain it.
+    let drained = ok(
+        admin
+            .set_cluster_state(authed(
+                pb::SetClusterStateRequest {
+                    id: busiest.clone(),
+                    state: pb::ClusterState::Drained as i32,
+                    reason: "e2e test".into(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "SetClusterState",
+    );
+    assert_eq!(drained.id, busiest);
+    assert_eq!(drained.state, pb::ClusterState::Drained as i32);
+    let drained_at = status(&server).await.map_version;
+
+    // The next round: a delta against the first version.
+    let within = Duration::from_secs(CYCLE_SECS + 5);
+    let second = next_update(&mut stream, within, "the next version").await;
+    assert_eq!(second.version, first.version + 1, "{}", server.log());
+    assert!(!second.full, "the second message is a delta");
+    assert_eq!(second.base_version, first.version);
+    apply(&mut view, &second);
+    let resumed_first = next_update(&mut resumed, within, "the resumed stream").await;
+    assert_eq!(
+        (
+            resumed_first.version,
+            resumed_first.full,
+            resumed_first.base_version
+        ),
+        (second.version, false, first.version),
+        "a stream from the current version starts with the next delta"
+    );
+    assert_eq!(resumed_first.units, second.units);
+
+    // The first version made after the drain shows the cluster drained (the round that was
+    // running when the drain arrived, if any, may not).
+    let mut last = second;
+    let is_drained = |u: &pb::MapUpdate| {
+        u.clusters
+            .iter()
+            .any(|c| c.id == busiest && c.state == pb::ClusterState::Drained as i32)
+    };
+    while !is_drained(&last) || last.version <= drained_at {
+        let next = next_update(&mut stream, within, "a version with the drain").await;
+        assert_eq!(next.version, last.version + 1);
+        assert!(!next.full);
+        assert_eq!(next.base_version, last.version);
+        apply(&mut view, &next);
+        last = next;
+    }
+    let drain_version = last.version;
+    // GetStatus agrees.
+    let s = status(&server).await;
+    assert!(s.map_version >= drain_version, "{s:?}");
+    assert!(!s.last_round_failed, "{s:?}");
+
+    // The deltas, applied to the full map, give the map: no unit is on the drained cluster.
+    for u in view.values() {
+        assert!(
+            u.shares.iter().all(|s| s.cluster != busiest),
+            "unit {} is still on the drained {busiest}: {u:?}",
+            u.id
+        );
+    }
+    let mut fresh = ok(
+        m.watch_map(pb::WatchMapRequest { known_version: 0 }).await,
+        "a second WatchMap",
+    );
+    let full = next_update(&mut fresh, Duration::from_secs(5), "a fresh full map").await;
+    assert!(full.full);
+    if full.version == drain_version {
+        assert_eq!(full.units.len(), view.len());
+        for u in &full.units {
+            let mine = view
+                .get(&u.id)
+                .unwrap_or_else(|| panic!("the deltas lost unit {}", u.id));
+            let (a, b) = (shares_by_cluster(u), shares_by_cluster(mine));
+            assert_eq!(
+                a.keys().collect::<Vec<_>>(),
+                b.keys().collect::<Vec<_>>(),
+                "unit {}: full map vs deltas",
+                u.id
+            );
+            for (k, v) in &a {
+                assert!(
+                    (v - b[k]).abs() < 1e-6,
+                    "unit {} at {k}: {v} vs {}",
+                    u.id,
+                    b[k]
+                );
+            }
+        }
+    }
+
+    // Its clients moved: no answer names it any more.
+    let after = resolve_all(&server, &units).await;
+    assert!(after.iter().all(|a| a.map_version >= drain_version));
+    assert_eq!(named(&after), 0, "answers still name the drained {busiest}");
+    for (u, a) in units.iter().zip(&after) {
+        assert_answer(a, u, 1, &format!("after the drain, {}", u.id));
+    }
+    let got = ok(
+        admin
+            .get_cluster(authed(
+                pb::GetClusterRequest {
+                    id: busiest.clone(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "GetCluster",
+    );
+    assert_eq!(got.state, pb::ClusterState::Drained as i32);
+
+    // Restart: kill (as a crash would), start again on the same data directory.
+    // (A round just ended, so the next is seconds away: nothing changes the map meanwhile.)
+    let answers = resolve_all(&server, &units).await;
+    let served = answers[0].map_version;
+    assert!(answers.iter().all(|a| a.map_version == served));
+    assert!(served >= 2, "a version a fresh start would not make");
+    drop((stream, resumed, fresh));
+    server.kill();
+    let server = setup.start().await;
+    let answered = Instant::now();
+    let a = resolve(&mut server.mapping(), query_for(&units[0])).await;
+    assert_eq!(
+        a.map_version,
+        served,
+        "the stored map is served first:\n{}",
+        server.log()
+    );
+    let s = status(&server).await;
+    assert_eq!(s.map_version, served, "{s:?}");
+    assert_eq!(
+        s.last_round_at_unix_ms, 0,
+        "no round since the restart: {s:?}"
+    );
+    let again = resolve_all(&server, &units).await;
+    assert!(
+        answered.elapsed() < Duration::from_secs(CYCLE_SECS - 2),
+        "too slow to tell"
+    );
+    assert_eq!(
+        again, answers,
+        "the same map gives the same answers after the restart"
+    );
+    let got = ok(
+        server
+            .admin()
+            .get_cluster(authed(pb::GetClusterRequest { id: busiest }, Some(TOKEN)))
+            .await,
+        "GetCluster after the restart",
+    );
+    assert_eq!(got.state, pb::ClusterState::Drained as i32);
+}
