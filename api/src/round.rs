@@ -138,6 +138,33 @@ pub fn carry_over(from: &Instance, map: &Map, to: &Instance) -> Map {
     out
 }
 
+/// Per cluster, its utilization under `map`: the largest used/capacity over its resource nodes
+/// (0 for a cluster with nothing placed; a node of capacity 0 with load counts as 1).
+pub fn utilization(instance: &Instance, map: &Map) -> Vec<f64> {
+    let used = cdnmap_mapper::map::node_usage(instance, map);
+    instance
+        .clusters()
+        .iter()
+        .enumerate()
+        .map(|(c, cl)| {
+            cl.nodes
+                .iter()
+                .enumerate()
+                .map(|(n, node)| {
+                    let u = used[instance.global_node(c as u32, n as u32)];
+                    if node.capacity > 0.0 {
+                        u / node.capacity
+                    } else if u > 0.0 {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                })
+                .fold(0.0, f64::max)
+        })
+        .collect()
+}
+
 /// The map units of `new` whose placement differs from `old`'s (by id: shares per cluster id
 /// or overflow share), and the ids of `old`'s units that `new` no longer has: what a WatchMap
 /// delta carries.

@@ -93,6 +93,7 @@ impl Shared {
                 version = meta.version,
                 "serving the stored map until the first round"
             );
+            metrics::gauge!("cdnmap_map_version").set(meta.version as f64);
             shared.current.store(Some(Arc::new(Snapshot {
                 version: meta.version,
                 solved_at_unix_ms: meta.solved_at_unix_ms,
@@ -179,6 +180,10 @@ impl Shared {
                 } else {
                     0.0
                 });
+                let utilization = crate::round::utilization(&snapshot.instance, &snapshot.map);
+                for (c, u) in snapshot.instance.clusters().iter().zip(utilization) {
+                    metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
+                }
                 tracing::info!(
                     version = snapshot.version,
                     solve_ms,
@@ -226,11 +231,11 @@ fn invalid(what: impl std::fmt::Display) -> Status {
 /// The client subnet of a query: its ECS subnet, else its resolver's address as a host prefix.
 fn client_of(q: &pb::ResolveRequest, index: Option<usize>) -> Result<IpNet, Status> {
     let at = index.map_or(String::new(), |i| format!("queries[{i}]."));
-    if q.qname.is_empty() || q.qname.len() > MAX_QNAME_LEN + 1 {
+    let name = q.qname.strip_suffix('.').unwrap_or(&q.qname);
+    if name.is_empty() || name.len() > MAX_QNAME_LEN {
         return Err(invalid(format!(
-            "{at}qname: must be 1..={} characters, got {}",
-            MAX_QNAME_LEN,
-            q.qname.len()
+            "{at}qname: must be 1..={MAX_QNAME_LEN} characters (without the trailing dot), got {}",
+            name.len()
         )));
     }
     if !q.client_subnet.is_empty() {
@@ -265,6 +270,44 @@ fn state_pb(state: ClusterState) -> pb::ClusterState {
 }
 
 impl MappingService {
+    fn resolve_one(&self, q: pb::ResolveRequest) -> Result<pb::ResolveResponse, Status> {
+        let client = client_of(&q, None)?;
+        let s = self.snapshot()?;
+        Ok(self.response(&s, q.qtype, client, &q.qname))
+    }
+
+    fn resolve_many(
+        &self,
+        batch: pb::ResolveBatchRequest,
+    ) -> Result<pb::ResolveBatchResponse, Status> {
+        if batch.queries.len() > MAX_BATCH_QUERIES {
+            return Err(invalid(format!(
+                "queries: {} in one batch, more than {MAX_BATCH_QUERIES}",
+                batch.queries.len()
+            )));
+        }
+        let clients = batch
+            .queries
+            .iter()
+            .enumerate()
+            .map(|(i, q)| client_of(q, Some(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let s = self.snapshot()?;
+        let pairs: Vec<(IpNet, &str)> = clients
+            .iter()
+            .zip(&batch.queries)
+            .map(|(&c, q)| (c, q.qname.as_str()))
+            .collect();
+        let mut answers = Vec::with_capacity(pairs.len());
+        s.resolver.resolve_batch(&pairs, &mut answers);
+        let out = answers
+            .iter()
+            .zip(&batch.queries)
+            .map(|(a, q)| self.to_pb(&s, q.qtype, a))
+            .collect();
+        Ok(pb::ResolveBatchResponse { answers: out })
+    }
+
     fn snapshot(&self) -> Result<Arc<Snapshot>, Status> {
         self.0
             .current()
@@ -319,6 +362,19 @@ impl MappingService {
     }
 }
 
+/// Counts an RPC by method and outcome, and times it.
+fn record_rpc<T>(method: &'static str, started: Instant, result: &Result<T, Status>) {
+    let code = match result {
+        Ok(_) => "ok",
+        Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid_argument",
+        Err(s) if s.code() == tonic::Code::Unavailable => "unavailable",
+        Err(_) => "error",
+    };
+    metrics::counter!("cdnmap_rpc_total", "method" => method, "code" => code).increment(1);
+    metrics::histogram!("cdnmap_rpc_seconds", "method" => method)
+        .record(started.elapsed().as_secs_f64());
+}
+
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::MapUpdate, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -328,14 +384,9 @@ impl pb::mapping_server::Mapping for MappingService {
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
         let started = Instant::now();
-        let q = request.into_inner();
-        let client = client_of(&q, None)?;
-        let s = self.snapshot()?;
-        let out = self.response(&s, q.qtype, client, &q.qname);
-        metrics::counter!("cdnmap_rpc_total", "method" => "Resolve").increment(1);
-        metrics::histogram!("cdnmap_rpc_seconds", "method" => "Resolve")
-            .record(started.elapsed().as_secs_f64());
-        Ok(Response::new(out))
+        let result = self.resolve_one(request.into_inner());
+        record_rpc("Resolve", started, &result);
+        result.map(Response::new)
     }
 
     async fn resolve_batch(
@@ -343,36 +394,9 @@ impl pb::mapping_server::Mapping for MappingService {
         request: Request<pb::ResolveBatchRequest>,
     ) -> Result<Response<pb::ResolveBatchResponse>, Status> {
         let started = Instant::now();
-        let batch = request.into_inner();
-        if batch.queries.len() > MAX_BATCH_QUERIES {
-            return Err(invalid(format!(
-                "queries: {} in one batch, more than {MAX_BATCH_QUERIES}",
-                batch.queries.len()
-            )));
-        }
-        let clients = batch
-            .queries
-            .iter()
-            .enumerate()
-            .map(|(i, q)| client_of(q, Some(i)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let s = self.snapshot()?;
-        let pairs: Vec<(IpNet, &str)> = clients
-            .iter()
-            .zip(&batch.queries)
-            .map(|(&c, q)| (c, q.qname.as_str()))
-            .collect();
-        let mut answers = Vec::with_capacity(pairs.len());
-        s.resolver.resolve_batch(&pairs, &mut answers);
-        let out = answers
-            .iter()
-            .zip(&batch.queries)
-            .map(|(a, q)| self.to_pb(&s, q.qtype, a))
-            .collect();
-        metrics::counter!("cdnmap_rpc_total", "method" => "ResolveBatch").increment(1);
-        metrics::histogram!("cdnmap_rpc_seconds", "method" => "ResolveBatch")
-            .record(started.elapsed().as_secs_f64());
-        Ok(Response::new(pb::ResolveBatchResponse { answers: out }))
+        let result = self.resolve_many(request.into_inner());
+        record_rpc("ResolveBatch", started, &result);
+        result.map(Response::new)
     }
 
     type WatchMapStream = UpdateStream;
@@ -573,8 +597,15 @@ impl pb::feedback_server::Feedback for FeedbackService {
         if r.period_end_unix_ms < r.period_start_unix_ms {
             return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
         }
+        let topology = self
+            .0
+            .topology
+            .lock()
+            .map_err(|_| Status::internal("topology lock poisoned"))?
+            .clone();
         let mut samples = Vec::with_capacity(r.samples.len());
         for (i, s) in r.samples.iter().enumerate() {
+            let class = topology.class_index(&s.traffic_class);
             if !(s.queries.is_finite() && s.queries >= 0.0) {
                 return Err(invalid(format!(
                     "samples[{i}].queries: {} is not a count >= 0",
@@ -583,9 +614,26 @@ impl pb::feedback_server::Feedback for FeedbackService {
             }
             let target = match &s.target {
                 Some(pb::demand_sample::Target::MapUnit(u)) if !u.is_empty() => {
+                    let unit = topology.unit_index(u).ok_or_else(|| {
+                        invalid(format!("samples[{i}].map_unit: no map unit {u:?}"))
+                    })?;
+                    let own = topology.unit_class(unit);
+                    if !s.traffic_class.is_empty() && class != Some(own) {
+                        return Err(invalid(format!(
+                            "samples[{i}].traffic_class: {:?} is not the class of map unit {u:?} ({:?})",
+                            s.traffic_class,
+                            topology.classes()[usize::from(own)].name
+                        )));
+                    }
                     serde_json::json!({"map_unit": u})
                 }
                 Some(pb::demand_sample::Target::Prefix(p)) => {
+                    if class.is_none() {
+                        return Err(invalid(format!(
+                            "samples[{i}].traffic_class: {:?} is not a traffic class (a prefix sample needs one)",
+                            s.traffic_class
+                        )));
+                    }
                     let p: IpNet = p.parse().map_err(|_| {
                         invalid(format!("samples[{i}].prefix: {p:?} is not an IP prefix"))
                     })?;

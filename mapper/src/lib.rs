@@ -14,7 +14,7 @@ pub mod sticky;
 pub mod verify;
 
 pub use error::ModelError;
-pub use map::{churn, Allocation, Map};
+pub use map::{churn, node_usage, Allocation, Map};
 pub use model::{
     Candidate, CandidateSpec, ClassIdx, Cluster, ClusterIdx, ClusterSpec, ClusterState, Instance,
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,

@@ -76,6 +76,26 @@ impl Map {
     }
 }
 
+/// What `map` places on every resource node of `instance` (indexed by global node), in the
+/// node's own unit: the sum over allocations passing it of amount × the class's coefficient.
+pub fn node_usage(instance: &Instance, map: &Map) -> Vec<f64> {
+    let mut used = vec![0.0; instance.node_count()];
+    for u in 0..instance.unit_count().min(map.unit_count()) as UnitIdx {
+        let k = instance.unit_class(u);
+        let per_unit = instance.classes()[usize::from(k)].per_unit;
+        for a in map.allocations(u) {
+            let Some(cl) = instance.clusters().get(a.cluster as usize) else {
+                continue;
+            };
+            for n in cl.path(k) {
+                used[instance.global_node(a.cluster, n)] +=
+                    a.amount.max(0.0) * per_unit.get(cl.nodes[n as usize].kind);
+            }
+        }
+    }
+    used
+}
+
 /// Churn between two maps of the same instance shape (DESIGN.md, "Stickiness"): the
 /// demand-weighted share of demand whose cluster changed, overflow counting as one more
 /// "cluster", using the demands of `instance` (the new round's).

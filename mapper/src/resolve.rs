@@ -659,18 +659,7 @@ fn hash(client: IpNet, qname: &str) -> u64 {
 /// Per class, the two up clusters serving it with the most room for one more unit of demand
 /// (the smallest free share along the class's path).
 fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
-    let mut used = vec![0.0; instance.node_count()];
-    for u in 0..instance.unit_count() as UnitIdx {
-        let k = instance.unit_class(u);
-        let per_unit = instance.classes()[usize::from(k)].per_unit;
-        for a in map.allocations(u) {
-            let cl = &instance.clusters()[a.cluster as usize];
-            for n in cl.path(k) {
-                used[instance.global_node(a.cluster, n)] +=
-                    a.amount.max(0.0) * per_unit.get(cl.nodes[n as usize].kind);
-            }
-        }
-    }
+    let used = crate::map::node_usage(instance, map);
     (0..instance.classes().len())
         .map(|k| {
             let k = k as ClassIdx;

@@ -849,9 +849,6 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
 
 /// A 254-character name without a trailing dot is over the proto's limit of 253 characters.
 #[tokio::test]
-#[ignore = "bug: api/src/service.rs client_of checks qname.len() > MAX_QNAME_LEN + 1, so a \
-            254-character name WITHOUT a trailing dot is accepted (proto: at most 253 characters, \
-            the trailing dot optional); its own message says 1..=253"]
 async fn a_254_character_name_without_a_trailing_dot_is_invalid_argument() {
     let mut setup = Setup::new(true);
     let server = setup.start().await;
@@ -1147,10 +1144,6 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
 /// The proto's contract for a demand sample: the traffic class is needed with a prefix, and
 /// with a map unit it must be the unit's.
 #[tokio::test]
-#[ignore = "bug: api/src/service.rs report_demand never checks traffic_class — a prefix sample \
-            with no class and a map_unit sample whose class is not the unit's are both \
-            acknowledged (proto/cdnmap/v1/feedback.proto: 'needed with prefix; with map_unit it \
-            must match the unit's'), as is a map_unit that does not exist"]
 async fn demand_samples_with_a_missing_or_wrong_class_are_invalid_argument() {
     let mut setup = Setup::new(true);
     let server = setup.start().await;
@@ -1260,8 +1253,6 @@ fn metric(body: &str, name: &str) -> Option<f64> {
 
 /// Issue 4 lists per-cluster utilization among the metrics.
 #[tokio::test]
-#[ignore = "missing: /metrics has no per-cluster utilization (issue 4, Observability); \
-            api/src/service.rs records no cdnmap_cluster_* series"]
 async fn metrics_include_per_cluster_utilization() {
     let mut setup = Setup::new(true);
     let server = setup.start().await;
@@ -1276,9 +1267,6 @@ async fn metrics_include_per_cluster_utilization() {
 /// After a restart the stored map is served before the first round; the metric of the served
 /// map version should say so too.
 #[tokio::test]
-#[ignore = "bug: after a restart cdnmap_map_version is absent from /metrics until the first \
-            round (~cycle_secs), though the restored map is served: Shared::start does not set \
-            the gauge (api/src/service.rs)"]
 async fn metrics_show_the_restored_map_version_before_the_first_round() {
     let mut setup = Setup::new(true);
     let server = setup.start().await;
