@@ -284,6 +284,15 @@ pub struct ResolveBenchArgs {
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// gRPC Resolve calls against the service and against the echo baseline (0: skip gRPC).
+    #[arg(long, default_value_t = 50_000)]
+    pub grpc_calls: usize,
+    /// Queries per ResolveBatch call.
+    #[arg(long, default_value_t = 100)]
+    pub grpc_batch: usize,
+    /// gRPC calls in flight.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
 }
 
 /// A pre-generated query: the client (an ECS subnet or a resolver's host address) and the qname
@@ -650,5 +659,40 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
             format!(", at {units} map units")
         }
     );
+    if a.grpc_calls > 0 {
+        ensure!(
+            (1..=cdnmap_proto::MAX_BATCH_QUERIES).contains(&a.grpc_batch),
+            "--grpc-batch must be in 1..={}",
+            cdnmap_proto::MAX_BATCH_QUERIES
+        );
+        ensure!(a.concurrency >= 1, "--concurrency must be at least 1");
+        let dir = tempfile::tempdir()?;
+        let config = cdnmap_api::Config {
+            data_dir: dir.path().join("store"),
+            class_rules: RESOLVE_RULES
+                .iter()
+                .map(|(p, c)| cdnmap_api::config::ClassRuleConfig {
+                    pattern: p.to_string(),
+                    class: c.to_string(),
+                })
+                .collect(),
+            default_class: RESOLVE_DEFAULT_CLASS.into(),
+            ..cdnmap_api::Config::default()
+        };
+        let clients: Vec<(ipnet::IpNet, String)> = qs
+            .queries
+            .iter()
+            .take(100_000)
+            .map(|q| (q.client, qs.name(q).to_string()))
+            .collect();
+        crate::bench_grpc::run(
+            &inst,
+            config,
+            &clients,
+            a.grpc_calls,
+            a.grpc_batch,
+            a.concurrency,
+        )?;
+    }
     Ok(ExitCode::SUCCESS)
 }
