@@ -151,6 +151,16 @@ impl Shared {
             solve_ms,
             ..RoundStatus::default()
         };
+        let cycle_ms = self.config.cycle_secs as f64 * 1e3;
+        if solve_ms > cycle_ms {
+            // The next round starts late (the loop never overlaps rounds); the map served until
+            // then is the previous one.
+            metrics::counter!("cdnmap_rounds_slow_total").increment(1);
+            tracing::warn!(solve_ms, cycle_ms, "round took longer than the cycle");
+            status.error = format!(
+                "the last round took {solve_ms:.0} ms, longer than the {cycle_ms:.0} ms cycle"
+            );
+        }
         match result {
             Ok(snapshot) => {
                 let snapshot = Arc::new(snapshot);
@@ -670,10 +680,21 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 r.loads.len()
             )));
         }
+        let topology = self
+            .0
+            .topology
+            .lock()
+            .map_err(|_| Status::internal("topology lock poisoned"))?
+            .clone();
         for (i, l) in r.loads.iter().enumerate() {
-            if l.cluster.is_empty() || l.node.is_empty() {
+            let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
+                invalid(format!("loads[{i}].cluster: no cluster {:?}", l.cluster))
+            })?;
+            let nodes = &topology.clusters()[cluster as usize].nodes;
+            if !nodes.iter().any(|n| n.name == l.node) {
                 return Err(invalid(format!(
-                    "loads[{i}]: cluster and node are required"
+                    "loads[{i}].node: cluster {:?} has no resource node {:?}",
+                    l.cluster, l.node
                 )));
             }
             if !(l.load.is_finite() && l.load >= 0.0) {

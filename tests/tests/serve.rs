@@ -1132,6 +1132,22 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
         "loads[1].load",
         "ReportLoad with a negative load",
     );
+    let mut unknown = loads.clone();
+    unknown[0].node = "no-such-node".into();
+    assert_status(
+        fb.report_load(load_report(unknown)).await,
+        Code::InvalidArgument,
+        "loads[0].node",
+        "ReportLoad naming a node the cluster does not have",
+    );
+    let mut unknown = loads.clone();
+    unknown[1].cluster = "no-such-cluster".into();
+    assert_status(
+        fb.report_load(load_report(unknown)).await,
+        Code::InvalidArgument,
+        "loads[1].cluster",
+        "ReportLoad naming an unknown cluster",
+    );
 
     // Still serving.
     resolve(
