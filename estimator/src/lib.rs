@@ -1,2 +1,14 @@
-//! Demand and capacity estimation: filled in by the estimator work (issue 5). The crate exists
-//! now so the workspace layout is final; the mapper does not depend on it.
+//! Demand and capacity estimation (issue 5): the pure core. No I/O, no clock reads (times are
+//! arguments), no global randomness.
+//!
+//! - [`forecast`]: per map unit demand forecasts from reported query counts (smoothing with a
+//!   daily season, robust to gaps and spikes, floored).
+//! - [`learn`]: the per-class resource coefficients (Fps and Bps per unit of demand) learned
+//!   from measured node loads against the demand the map sent there (recency-weighted,
+//!   non-negative least squares), with a confidence and bounds.
+//! - [`derate`]: clusters whose measured load runs ahead of what the model predicts get their
+//!   effective capacity lowered until the model catches up, with the reason kept.
+
+pub mod derate;
+pub mod forecast;
+pub mod learn;

@@ -1,0 +1,1 @@
+//! Derating (written next).

@@ -1,0 +1,1 @@
+//! Coefficient learning (written next).
