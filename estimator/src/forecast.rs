@@ -200,7 +200,10 @@ mod tests {
         let spike = 10.0 * before;
         f.observe(t, before + spike, &config);
         let after = f.forecast(t + ROUND_MS, &config);
-        eprintln!("spike of {spike:.1} moved the forecast by {:.1}", after - before);
+        eprintln!(
+            "spike of {spike:.1} moved the forecast by {:.1}",
+            after - before
+        );
         assert!(
             (after - before).abs() < 0.5 * spike,
             "the forecast moved {:.1} for a spike of {spike:.1}",
@@ -211,7 +214,10 @@ mod tests {
             f.observe(t + i * ROUND_MS, before, &config);
         }
         let settled = f.forecast(t + 11 * ROUND_MS, &config);
-        assert!((settled - before).abs() < 0.1 * before, "{settled} vs {before}");
+        assert!(
+            (settled - before).abs() < 0.1 * before,
+            "{settled} vs {before}"
+        );
     }
 
     #[test]
@@ -234,7 +240,10 @@ mod tests {
         let mut f = Forecaster::default();
         assert_eq!(f.forecast(0, &config), config.floor);
         assert!(f.observe(10 * ROUND_MS, 50.0, &config));
-        assert!(!f.observe(5 * ROUND_MS, 50.0, &config), "older than the last");
+        assert!(
+            !f.observe(5 * ROUND_MS, 50.0, &config),
+            "older than the last"
+        );
         assert!(!f.observe(20 * ROUND_MS, f64::NAN, &config));
         assert!(!f.observe(20 * ROUND_MS, -1.0, &config));
         // A gap of an hour: the forecast stays near the level.
