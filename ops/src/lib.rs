@@ -8,6 +8,7 @@ pub mod bench;
 pub mod bench_grpc;
 pub mod cli;
 pub mod report;
+pub mod trace;
 pub mod world;
 
 use std::process::ExitCode;
