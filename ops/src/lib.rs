@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod bench;
 pub mod bench_grpc;
 pub mod cli;
+pub mod replay;
 pub mod report;
 pub mod trace;
 pub mod world;

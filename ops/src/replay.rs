@@ -1,0 +1,541 @@
+//! `cdnmap replay`: recorded (or synthetic) demand through the estimator and the mapper, round
+//! by round on a simulated clock (no sleeping), with what would have happened measured each
+//! round: solve time, churn, overflow, demand-weighted RTT, true utilization per resource kind,
+//! capacity violations, forecast error.
+//!
+//! Each round `r` (time `t_r`):
+//! 1. cluster state changes of the round apply;
+//! 2. the map is solved for the *forecast* demand (what the mapper would have known: forecasts
+//!    from rounds before `r`; the instance's demand before any observation), with the learned
+//!    coefficients once confident and derated capacities (learning on), seeded from the
+//!    previous map (stickiness on);
+//! 3. the round's *observed* demand lands on the map's shares; the true load of every node is
+//!    computed with the trace's true coefficients (or the configured ones when it has none),
+//!    compared with its capacity (violations, utilization), and fed to the learner and the
+//!    derater as the measured load;
+//! 4. the forecasters take the observed demand.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use cdnmap_estimator::derate::{DerateConfig, Derater};
+use cdnmap_estimator::forecast::{ForecastConfig, Forecaster};
+use cdnmap_estimator::learn::{LearnConfig, Learner};
+use cdnmap_mapper::format::InstanceFile;
+use cdnmap_mapper::{
+    churn, favour_incumbents, solve, solve_seeded, ClassIdx, ClusterState, Instance, Limits, Map,
+    PerUnit, ResourceKind, SolveOptions, Stickiness, UnitIdx,
+};
+use ipnet::IpNet;
+
+use crate::trace::{Header, Record};
+
+/// One way of running the pipeline; several can be compared in one report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting {
+    pub name: String,
+    /// 0: every round a cold solve.
+    pub stickiness: f64,
+    /// Learn coefficients and derate from the measured loads.
+    pub learning: bool,
+    /// Map the forecast (on) or last round's observed demand (off).
+    pub forecast: bool,
+}
+
+impl Default for Setting {
+    fn default() -> Self {
+        Setting {
+            name: "default".into(),
+            stickiness: cdnmap_mapper::DEFAULT_STICKINESS,
+            learning: true,
+            forecast: true,
+        }
+    }
+}
+
+impl Setting {
+    /// Parses `NAME:key=value,key=value` (keys: stickiness, learning, forecast).
+    pub fn parse(spec: &str) -> Result<Setting> {
+        let (name, rest) = spec
+            .split_once(':')
+            .with_context(|| format!("--compare {spec:?}: expected NAME:key=value,..."))?;
+        let mut s = Setting {
+            name: name.to_string(),
+            ..Setting::default()
+        };
+        for kv in rest.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--compare {spec:?}: {kv:?} is not key=value"))?;
+            let on = || match v {
+                "on" | "true" => Ok(true),
+                "off" | "false" => Ok(false),
+                _ => bail!("--compare {spec:?}: {k} must be on or off, got {v:?}"),
+            };
+            match k {
+                "stickiness" => {
+                    s.stickiness = v
+                        .parse()
+                        .with_context(|| format!("--compare {spec:?}: stickiness {v:?}"))?
+                }
+                "learning" => s.learning = on()?,
+                "forecast" => s.forecast = on()?,
+                _ => {
+                    bail!("--compare {spec:?}: unknown key {k:?} (stickiness, learning, forecast)")
+                }
+            }
+        }
+        Stickiness::margin(s.stickiness)
+            .validate()
+            .with_context(|| format!("--compare {spec:?}"))?;
+        Ok(s)
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub round: usize,
+    pub t_ms: i64,
+    pub solve_ms: f64,
+    pub churn: f64,
+    pub overflow_share: f64,
+    pub mean_rtt_ms: f64,
+    pub max_util_bps: f64,
+    pub max_util_fps: f64,
+    /// Nodes whose true load exceeded their true capacity.
+    pub violations: usize,
+    /// Σ |forecast − observed| / Σ observed over the units observed this round.
+    pub forecast_error: f64,
+    pub learned_confident: bool,
+    pub derated_clusters: usize,
+}
+
+/// The trace's records, per round, resolved to map units and clusters (any unknown name is an
+/// error, never skipped).
+struct Rounds {
+    demand: Vec<Vec<(UnitIdx, f64)>>,
+    states: Vec<Vec<(u32, ClusterState)>>,
+}
+
+fn index(instance: &Instance, header: &Header, records: &[Record]) -> Result<Rounds> {
+    let by_prefix: HashMap<(IpNet, ClassIdx), UnitIdx> = (0..instance.unit_count() as UnitIdx)
+        .flat_map(|u| {
+            instance
+                .unit_prefixes(u)
+                .iter()
+                .map(move |p| ((p.trunc(), instance.unit_class(u)), u))
+        })
+        .collect();
+    let last = records.last().map_or(header.start_ms, Record::t);
+    let n = ((last - header.start_ms) / header.round_ms + 1).max(0) as usize;
+    let mut rounds = Rounds {
+        demand: vec![Vec::new(); n],
+        states: vec![Vec::new(); n],
+    };
+    for (i, r) in records.iter().enumerate() {
+        let t = r.t();
+        if t < header.start_ms {
+            bail!(
+                "record {}: time {t} is before the trace's start {}",
+                i + 1,
+                header.start_ms
+            );
+        }
+        let round = ((t - header.start_ms) / header.round_ms) as usize;
+        match r {
+            Record::Unit {
+                map_unit, demand, ..
+            } => {
+                let u = instance.unit_index(map_unit).with_context(|| {
+                    format!("record {}: no map unit {map_unit:?} in the instance", i + 1)
+                })?;
+                rounds.demand[round].push((u, *demand));
+            }
+            Record::Prefix {
+                prefix,
+                class,
+                demand,
+                ..
+            } => {
+                let k = instance
+                    .class_index(class)
+                    .with_context(|| format!("record {}: no traffic class {class:?}", i + 1))?;
+                let u = by_prefix.get(&(*prefix, k)).with_context(|| {
+                    format!(
+                        "record {}: no map unit of class {class:?} has prefix {prefix}",
+                        i + 1
+                    )
+                })?;
+                rounds.demand[round].push((*u, *demand));
+            }
+            Record::Load { .. } => {} // measured loads are recomputed from the true coefficients
+            Record::State { state, .. } => {
+                let c = instance
+                    .cluster_index(&state.cluster)
+                    .with_context(|| format!("record {}: no cluster {:?}", i + 1, state.cluster))?;
+                rounds.states[round].push((c, state.to));
+            }
+        }
+    }
+    Ok(rounds)
+}
+
+fn coef(p: &PerUnit, kind: ResourceKind) -> f64 {
+    p.get(kind)
+}
+
+/// Runs one setting over the whole trace.
+pub fn replay(
+    base: &Instance,
+    header: &Header,
+    records: &[Record],
+    setting: &Setting,
+    progress: &dyn Fn(usize, usize),
+) -> Result<Vec<Row>> {
+    let rounds = index(base, header, records)?;
+    let classes = base.classes();
+    let truth: Vec<PerUnit> = classes
+        .iter()
+        .map(|c| {
+            header
+                .true_per_unit
+                .get(&c.name)
+                .copied()
+                .unwrap_or(c.per_unit)
+        })
+        .collect();
+    let kinds = [ResourceKind::Bps, ResourceKind::Fps];
+    let fconf = ForecastConfig::default();
+    let lconf = LearnConfig::default();
+    let dconf = DerateConfig::default();
+    let mut learners = kinds
+        .iter()
+        .map(|&kind| {
+            Learner::new(classes.iter().map(|c| coef(&c.per_unit, kind)).collect())
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut derater = Derater::default();
+    let mut forecasters = vec![Forecaster::default(); base.unit_count()];
+    let mut states: Vec<ClusterState> = base.clusters().iter().map(|c| c.state).collect();
+    let mut previous: Option<Map> = None;
+    let mut last_observed: Vec<f64> = (0..base.unit_count() as UnitIdx)
+        .map(|u| base.unit_demand(u))
+        .collect();
+    let mut file = InstanceFile::of(base);
+    let base_caps: Vec<Vec<f64>> = base
+        .clusters()
+        .iter()
+        .map(|c| c.nodes.iter().map(|n| n.capacity).collect())
+        .collect();
+    let mut rows = Vec::with_capacity(rounds.demand.len());
+    for (r, (demand, changes)) in rounds.demand.iter().zip(&rounds.states).enumerate() {
+        let t = header.start_ms + r as i64 * header.round_ms;
+        for &(c, s) in changes {
+            states[c as usize] = s;
+        }
+        // The round's instance: forecast demand, learned coefficients, derated capacities.
+        let estimates: Vec<_> = learners.iter().map(|l| l.estimate(&lconf)).collect();
+        let confident = setting.learning && estimates.iter().all(|e| e.confident);
+        for (k, class) in file.traffic_classes.iter_mut().enumerate() {
+            class.per_unit = if confident {
+                PerUnit {
+                    bps: estimates[0].coefficients[k],
+                    fps: estimates[1].coefficients[k],
+                }
+            } else {
+                classes[k].per_unit
+            };
+        }
+        for (u, unit) in file.map_units.iter_mut().enumerate() {
+            unit.demand = if setting.forecast && forecasters[u].observations() > 0 {
+                forecasters[u].forecast(t, &fconf)
+            } else {
+                last_observed[u]
+            };
+        }
+        for (c, cluster) in file.clusters.iter_mut().enumerate() {
+            cluster.state = states[c];
+            let factor = if setting.learning {
+                derater.factor(&cluster.id)
+            } else {
+                1.0
+            };
+            scale_tree(&mut cluster.resources, &base_caps[c], factor);
+        }
+        let instance = file
+            .build(Limits::default())
+            .context("the round's instance")?;
+        let started = Instant::now();
+        let sol = match (&previous, setting.stickiness > 0.0) {
+            (Some(prev), true) => {
+                let effective =
+                    favour_incumbents(&instance, prev, &Stickiness::margin(setting.stickiness))?;
+                solve_seeded(&effective, prev, &SolveOptions::default())
+            }
+            _ => solve(&instance, &SolveOptions::default()),
+        };
+        let solve_ms = started.elapsed().as_secs_f64() * 1e3;
+        let map = sol.map;
+
+        // What really happened: the observed demand on the map's shares, true coefficients.
+        let mut observed = vec![None::<f64>; base.unit_count()];
+        for &(u, d) in demand {
+            *observed[u as usize].get_or_insert(0.0) += d;
+        }
+        let nodes = base.node_count();
+        let mut load = vec![0.0; nodes];
+        let mut through: Vec<Vec<f64>> = vec![vec![0.0; classes.len()]; nodes];
+        let (mut rtt, mut placed) = (0.0, 0.0);
+        for u in 0..base.unit_count() as UnitIdx {
+            let Some(actual) = observed[u as usize] else {
+                continue;
+            };
+            let planned = instance.unit_demand(u);
+            let k = base.unit_class(u);
+            for a in map.allocations(u) {
+                let amount = if planned > 0.0 {
+                    a.amount / planned * actual
+                } else {
+                    0.0
+                };
+                let cl = &base.clusters()[a.cluster as usize];
+                for n in cl.path(k) {
+                    let g = base.global_node(a.cluster, n);
+                    load[g] += amount * coef(&truth[usize::from(k)], cl.nodes[n as usize].kind);
+                    through[g][usize::from(k)] += amount;
+                }
+                if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
+                    rtt += amount * f64::from(c.score);
+                    placed += amount;
+                }
+            }
+        }
+        let (mut violations, mut max_util) = (0usize, [0.0f64; 2]);
+        for (ci, cl) in base.clusters().iter().enumerate() {
+            let mut measured = Vec::new();
+            for (n, node) in cl.nodes.iter().enumerate() {
+                let g = base.global_node(ci as u32, n as u32);
+                let util = if node.capacity > 0.0 {
+                    load[g] / node.capacity
+                } else if load[g] > 0.0 {
+                    f64::INFINITY
+                } else {
+                    0.0
+                };
+                if util > 1.0 + 1e-9 {
+                    violations += 1;
+                }
+                let kind = usize::from(node.kind == ResourceKind::Fps);
+                max_util[kind] = max_util[kind].max(util);
+                if through[g].iter().any(|&d| d > 0.0) {
+                    learners[kind]
+                        .observe(&through[g], load[g])
+                        .map_err(|e| anyhow::anyhow!("learning: {e}"))?;
+                    let predicted: f64 = through[g]
+                        .iter()
+                        .zip(&estimates[kind].coefficients)
+                        .map(|(d, c)| d * c)
+                        .sum();
+                    measured.push((node.name.clone(), load[g], predicted));
+                }
+            }
+            if setting.learning {
+                derater.observe(&cl.id, &measured, &dconf);
+            }
+        }
+        for l in &mut learners {
+            l.next_round(&lconf);
+        }
+        // Forecast error, then the forecasters learn the round.
+        let (mut err, mut total) = (0.0, 0.0);
+        for (u, obs) in observed.iter().enumerate() {
+            if let Some(actual) = *obs {
+                err += (instance.unit_demand(u as UnitIdx) - actual).abs();
+                total += actual;
+                forecasters[u].observe(t, actual, &fconf);
+                last_observed[u] = actual;
+            }
+        }
+        let demand_total = instance.total_demand();
+        rows.push(Row {
+            round: r,
+            t_ms: t,
+            solve_ms,
+            churn: previous.as_ref().map_or(0.0, |p| churn(&instance, p, &map)),
+            overflow_share: if demand_total > 0.0 {
+                map.total_overflow() / demand_total
+            } else {
+                0.0
+            },
+            mean_rtt_ms: if placed > 0.0 { rtt / placed } else { 0.0 },
+            max_util_bps: max_util[0],
+            max_util_fps: max_util[1],
+            violations,
+            forecast_error: if total > 0.0 { err / total } else { 0.0 },
+            learned_confident: confident,
+            derated_clusters: derater.derated().count(),
+        });
+        previous = Some(map);
+        progress(r + 1, rounds.demand.len());
+    }
+    Ok(rows)
+}
+
+/// Sets a nested tree's capacities to the base ones (pre-order, as the model stores them)
+/// times `factor`.
+fn scale_tree(resources: &mut cdnmap_mapper::format::ResourcesFile, base: &[f64], factor: f64) {
+    use cdnmap_mapper::format::{NestedNode, ResourcesFile};
+    fn walk(n: &mut NestedNode, base: &[f64], at: &mut usize, factor: f64) {
+        if let Some(&cap) = base.get(*at) {
+            n.capacity = cap * factor;
+        }
+        *at += 1;
+        for c in &mut n.children {
+            walk(c, base, at, factor);
+        }
+    }
+    if let ResourcesFile::Nested(root) = resources {
+        walk(root, base, &mut 0, factor);
+    }
+}
+
+/// Writes `rounds.csv`, `report.md` and one SVG plot per measure into `dir`.
+pub fn write_report(dir: &Path, results: &[(Setting, Vec<Row>)], warmup: usize) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut csv = String::from(
+        "setting,round,t_ms,solve_ms,churn,overflow_share,mean_rtt_ms,max_util_bps,max_util_fps,violations,forecast_error,learned_confident,derated_clusters\n",
+    );
+    for (s, rows) in results {
+        for r in rows {
+            let _ = writeln!(
+                csv,
+                "{},{},{},{:.3},{:.6},{:.6},{:.3},{:.4},{:.4},{},{:.5},{},{}",
+                s.name,
+                r.round,
+                r.t_ms,
+                r.solve_ms,
+                r.churn,
+                r.overflow_share,
+                r.mean_rtt_ms,
+                r.max_util_bps,
+                r.max_util_fps,
+                r.violations,
+                r.forecast_error,
+                r.learned_confident,
+                r.derated_clusters
+            );
+        }
+    }
+    std::fs::write(dir.join("rounds.csv"), csv).context("writing rounds.csv")?;
+
+    let mut md = String::from("# Replay report\n\n");
+    let _ = writeln!(
+        md,
+        "| setting | rounds | mean solve ms | mean churn | mean overflow | mean RTT ms | max util bps | max util fps | violations (all) | violations after round {warmup} | mean forecast error |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for (s, rows) in results {
+        let n = rows.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&Row) -> f64| rows.iter().map(f).sum::<f64>() / n;
+        let max = |f: &dyn Fn(&Row) -> f64| rows.iter().map(f).fold(0.0, f64::max);
+        let late: usize = rows.iter().skip(warmup).map(|r| r.violations).sum();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.3}% | {:.2}% | {:.1} | {:.2} | {:.2} | {} | {} | {:.2}% |",
+            s.name,
+            rows.len(),
+            mean(&|r| r.solve_ms),
+            100.0 * mean(&|r| r.churn),
+            100.0 * mean(&|r| r.overflow_share),
+            mean(&|r| r.mean_rtt_ms),
+            max(&|r| r.max_util_bps),
+            max(&|r| r.max_util_fps),
+            rows.iter().map(|r| r.violations).sum::<usize>(),
+            late,
+            100.0 * mean(&|r| r.forecast_error),
+        );
+    }
+    md.push_str("\nPlots: churn.svg, overflow.svg, utilization.svg, violations.svg, forecast_error.svg, solve_ms.svg; all figures per round in rounds.csv.\n");
+    std::fs::write(dir.join("report.md"), md).context("writing report.md")?;
+
+    type Get = fn(&Row) -> f64;
+    let plots: [(&str, &str, Get); 6] = [
+        ("churn", "churn (share of demand)", |r| r.churn),
+        ("overflow", "overflow (share of demand)", |r| {
+            r.overflow_share
+        }),
+        ("utilization", "max true utilization (fps)", |r| {
+            r.max_util_fps
+        }),
+        ("violations", "nodes over true capacity", |r| {
+            r.violations as f64
+        }),
+        ("forecast_error", "forecast error (share)", |r| {
+            r.forecast_error
+        }),
+        ("solve_ms", "solve time (ms)", |r| r.solve_ms),
+    ];
+    for (file, title, get) in plots {
+        plot(&dir.join(format!("{file}.svg")), title, results, get)?;
+    }
+    Ok(())
+}
+
+fn plot(
+    path: &Path,
+    title: &str,
+    results: &[(Setting, Vec<Row>)],
+    get: fn(&Row) -> f64,
+) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rounds = results
+        .iter()
+        .map(|(_, r)| r.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let top = results
+        .iter()
+        .flat_map(|(_, rows)| rows.iter().map(get))
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0..rounds, 0.0..top)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("round")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (i, (s, rows)) in results.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                rows.iter().map(|r| (r.round, get(r).min(top))),
+                color,
+            ))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
