@@ -1158,6 +1158,50 @@ impl pb::admin_server::Admin for AdminService {
 // ---------------------------------------------------------------------------------------------
 // Serving
 
+/// `GET /record?from_ms=&to_ms=`: the demand record of a period.
+#[derive(Debug, serde::Deserialize)]
+pub struct RecordQuery {
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+/// The most reports one `/record` request returns (ask for a shorter period beyond it).
+pub const MAX_RECORD_REPORTS: usize = 1_000_000;
+
+/// The stored reports of `[from_ms, to_ms)` as JSON Lines, `{"at_unix_ms": T, "report": {...}}`
+/// each (`cdnmap record export` turns them into a trace).
+async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    if q.to_ms < q.from_ms {
+        return (StatusCode::BAD_REQUEST, "to_ms is before from_ms\n").into_response();
+    }
+    let (from, to) = (q.from_ms, q.to_ms);
+    let store = shared.store.clone();
+    let reports = tokio::task::spawn_blocking(move || store.reports(from, to)).await;
+    let reports = match reports {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    if reports.len() > MAX_RECORD_REPORTS {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} reports in that period, more than {MAX_RECORD_REPORTS}: ask for a shorter one\n",
+                reports.len()
+            ),
+        )
+            .into_response();
+    }
+    let mut body = String::new();
+    for (at, bytes) in reports {
+        let report = String::from_utf8_lossy(&bytes);
+        body.push_str(&format!("{{\"at_unix_ms\":{at},\"report\":{report}}}\n"));
+    }
+    ([("content-type", "application/x-ndjson")], body).into_response()
+}
+
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
 /// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
 pub async fn serve(
@@ -1184,13 +1228,22 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let p = prometheus.clone();
-            async move { p.render() }
-        }),
-    );
+    let record_shared = Arc::clone(&shared);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let p = prometheus.clone();
+                async move { p.render() }
+            }),
+        )
+        .route(
+            "/record",
+            axum::routing::get(move |q: axum::extract::Query<RecordQuery>| {
+                let shared = Arc::clone(&record_shared);
+                async move { record(&shared, &q).await }
+            }),
+        );
     let http = tokio::net::TcpListener::bind(http_addr).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();

@@ -17,6 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench;
 use crate::report::Summary;
+use crate::synth;
 use crate::world::{self, WorldParams};
 
 #[derive(Parser, Debug)]
@@ -231,6 +232,50 @@ struct WorldArgs {
     /// Where to write the instance (JSON).
     #[arg(long)]
     out: PathBuf,
+    /// Also write a synthetic demand trace of this many hours (fractional allowed, at most
+    /// 336) for the written world: a daily rhythm by time zone, noise, a flash crowd, a
+    /// cluster failure and true costs above the configured ones (see docs/trace.md). Needs
+    /// --out-trace.
+    #[arg(long, value_name = "HOURS")]
+    trace: Option<f64>,
+    /// Where to write the trace (JSON Lines). Needs --trace.
+    #[arg(long, value_name = "TRACE.jsonl")]
+    out_trace: Option<PathBuf>,
+    /// Seed of the trace (default: the world seed + 2).
+    #[arg(long)]
+    trace_seed: Option<u64>,
+}
+
+impl WorldArgs {
+    /// The trace to write, if any: `--trace` and `--out-trace` come together.
+    fn trace(&self) -> Result<Option<(synth::TraceParams, &Path)>> {
+        match (self.trace, &self.out_trace) {
+            (Some(hours), Some(path)) => {
+                synth::check_hours(hours)?;
+                if path == self.out.as_path() {
+                    bail!(
+                        "--out-trace {} is the instance's --out: give the trace its own file",
+                        path.display()
+                    );
+                }
+                let seed = self.trace_seed.unwrap_or(self.shape.seed.wrapping_add(2));
+                Ok(Some((synth::TraceParams::new(hours, seed), path)))
+            }
+            (Some(hours), None) => {
+                bail!("--trace {hours} needs --out-trace TRACE.jsonl (where to write the trace)")
+            }
+            (None, Some(path)) => bail!(
+                "--out-trace {} needs --trace HOURS (how long a trace to write)",
+                path.display()
+            ),
+            (None, None) => {
+                if self.trace_seed.is_some() {
+                    bail!("--trace-seed needs --trace HOURS and --out-trace TRACE.jsonl");
+                }
+                Ok(None)
+            }
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -402,6 +447,13 @@ fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
 
 fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
     check_writable(&a.out)?;
+    let trace = a.trace()?;
+    if let Some((params, path)) = &trace {
+        params
+            .validate()
+            .with_context(|| format!("--trace {}", params.hours))?;
+        check_writable(path)?;
+    }
     let mut inst = generate_world(&a.shape.params())?;
     if let Some(pct) = a.perturb {
         let seed = a.perturb_seed.unwrap_or(a.shape.seed.wrapping_add(1));
@@ -416,6 +468,19 @@ fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
         inst.total_candidates(),
         inst.total_demand()
     );
+    if let Some((params, path)) = &trace {
+        let bar = progress(params.rounds(), "trace");
+        let mut summary = None;
+        write_atomically(path, |w| {
+            summary = Some(synth::write_trace(&inst, params, w, &|r| {
+                bar.set_position(r)
+            })?);
+            Ok(())
+        })?;
+        bar.finish_and_clear();
+        let summary = summary.context("the trace writer returned no summary")?;
+        println!("wrote {}\n{summary}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

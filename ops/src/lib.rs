@@ -7,8 +7,10 @@ pub mod alloc;
 pub mod bench;
 pub mod bench_grpc;
 pub mod cli;
+pub mod record;
 pub mod replay;
 pub mod report;
+pub mod synth;
 pub mod trace;
 pub mod world;
 

@@ -1,0 +1,195 @@
+//! `cdnmap record export`: a period of a running (or stopped) system's demand record, as a
+//! trace (`docs/trace.md`) that `cdnmap replay` reads.
+//!
+//! A running server holds its sled store locked, so the record is read through its HTTP
+//! listener (`GET /record?from_ms=&to_ms=`); a stopped server's store can be read directly
+//! (`--data-dir`). Either way the stored reports are JSON Lines
+//! `{"at_unix_ms": T, "report": {"kind": "demand" | "load", "reporter": ..., "body": {...}}}`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::trace::{Header, Load, Record};
+
+#[derive(Deserialize)]
+struct Line {
+    #[serde(rename = "at_unix_ms")]
+    _at: i64,
+    report: Report,
+}
+
+#[derive(Deserialize)]
+struct Report {
+    kind: String,
+    body: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct DemandBody {
+    period_start_unix_ms: i64,
+    samples: Vec<Sample>,
+}
+
+#[derive(Deserialize)]
+struct Sample {
+    target: Target,
+    class: String,
+    queries: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Target {
+    MapUnit(String),
+    Prefix(ipnet::IpNet),
+}
+
+#[derive(Deserialize)]
+struct LoadBody {
+    measured_at_unix_ms: i64,
+    loads: Vec<StoredLoad>,
+}
+
+#[derive(Deserialize)]
+struct StoredLoad {
+    cluster: String,
+    node: String,
+    load: f64,
+}
+
+/// The stored reports (JSON Lines as `/record` serves them) as a trace starting at `from_ms`.
+/// A demand sample becomes a record at its period's start, with its query count as the demand;
+/// a load report, load records at its measurement time. Records are put in time order.
+pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec<Record>)> {
+    let mut records = Vec::new();
+    for (i, line) in lines
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let n = i + 1;
+        let line: Line = serde_json::from_str(line).with_context(|| format!("record line {n}"))?;
+        match line.report.kind.as_str() {
+            "demand" => {
+                let body: DemandBody = serde_json::from_value(line.report.body)
+                    .with_context(|| format!("record line {n}: a demand report"))?;
+                for s in body.samples {
+                    let t = body.period_start_unix_ms.max(from_ms);
+                    records.push(match s.target {
+                        Target::MapUnit(map_unit) => Record::Unit {
+                            t,
+                            map_unit,
+                            demand: s.queries,
+                        },
+                        Target::Prefix(prefix) => Record::Prefix {
+                            t,
+                            prefix,
+                            class: s.class,
+                            demand: s.queries,
+                        },
+                    });
+                }
+            }
+            "load" => {
+                let body: LoadBody = serde_json::from_value(line.report.body)
+                    .with_context(|| format!("record line {n}: a load report"))?;
+                for l in body.loads {
+                    records.push(Record::Load {
+                        t: body.measured_at_unix_ms.max(from_ms),
+                        load: Load {
+                            cluster: l.cluster,
+                            node: l.node,
+                            value: l.load,
+                        },
+                    });
+                }
+            }
+            other => bail!("record line {n}: unknown report kind {other:?}"),
+        }
+    }
+    records.sort_by_key(Record::t);
+    Ok((
+        Header {
+            round_ms,
+            start_ms: from_ms,
+            true_per_unit: Default::default(),
+        },
+        records,
+    ))
+}
+
+/// The record of `[from_ms, to_ms)` from a running server's HTTP listener.
+pub fn fetch(addr: SocketAddr, from_ms: i64, to_ms: i64) -> Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .with_context(|| format!("connecting to {addr} (is `cdnmap serve` running?)"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    write!(
+        stream,
+        "GET /record?from_ms={from_ms}&to_ms={to_ms} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let response = String::from_utf8(response).context("the response is not UTF-8")?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("a malformed HTTP response")?;
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200 ") {
+        bail!("{addr}: {status}: {}", body.trim());
+    }
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        bail!("{addr}: a chunked response, which this client does not read");
+    }
+    Ok(body.to_string())
+}
+
+/// The record of `[from_ms, to_ms)` from a stopped server's store.
+pub fn read_store(data_dir: &Path, from_ms: i64, to_ms: i64) -> Result<String> {
+    let store = cdnmap_api::Store::open(data_dir)
+        .context("opening the store (if `cdnmap serve` is running on it, use --http instead)")?;
+    let mut out = String::new();
+    for (at, bytes) in store.reports(from_ms, to_ms)? {
+        out.push_str(&format!(
+            "{{\"at_unix_ms\":{at},\"report\":{}}}\n",
+            String::from_utf8_lossy(&bytes)
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demand_and_load_reports_become_trace_records_in_time_order() {
+        let lines = r#"{"at_unix_ms":20,"report":{"kind":"demand","reporter":"fe1","body":{"period_start_unix_ms":20000,"period_end_unix_ms":30000,"samples":[{"target":{"map_unit":"u1"},"class":"","queries":5.0},{"target":{"prefix":"1.0.1.0/24"},"class":"web","queries":2.5}]}}}
+{"at_unix_ms":10,"report":{"kind":"load","reporter":"c1","body":{"measured_at_unix_ms":10000,"loads":[{"cluster":"fra-1","node":"cpu","load":7.0}]}}}
+"#;
+        let (h, records) = to_trace(lines, 0, 10_000).expect("converts");
+        assert_eq!((h.start_ms, h.round_ms), (0, 10_000));
+        assert_eq!(records.len(), 3);
+        assert!(matches!(&records[0], Record::Load { t: 10_000, load } if load.value == 7.0));
+        assert!(
+            matches!(&records[1], Record::Unit { t: 20_000, map_unit, demand } if map_unit == "u1" && *demand == 5.0)
+        );
+        assert!(
+            matches!(&records[2], Record::Prefix { class, demand, .. } if class == "web" && *demand == 2.5)
+        );
+        assert!(to_trace(
+            "{\"at_unix_ms\":1,\"report\":{\"kind\":\"x\",\"body\":{}}}",
+            0,
+            1
+        )
+        .is_err());
+        assert!(to_trace("garbage", 0, 1).is_err());
+    }
+}
