@@ -45,6 +45,57 @@ enum Command {
     /// Benchmarks that print medians and quality figures.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Replay a demand trace through the estimator and the mapper, round by round on a
+    /// simulated clock, and write a report (report.md, rounds.csv, SVG plots).
+    Replay(ReplayArgs),
+    /// The demand record of a running (or stopped) system.
+    #[command(subcommand)]
+    Record(RecordCommand),
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// The instance (topology, candidates; its demands are the first round's).
+    instance: PathBuf,
+    /// The trace (JSON Lines, docs/trace.md).
+    trace: PathBuf,
+    /// The report's directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Another setting to run beside the default, as NAME:key=value,... with keys stickiness
+    /// (a number), learning (on/off) and forecast (on/off); repeatable.
+    #[arg(long = "compare", value_name = "SETTING")]
+    compare: Vec<String>,
+    /// Rounds after which capacity violations are counted as "after warm-up" in the report.
+    #[arg(long, default_value_t = 60)]
+    warmup: usize,
+}
+
+#[derive(Subcommand, Debug)]
+enum RecordCommand {
+    /// Write the demand record of [--from, --to) as a trace.
+    Export(ExportArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExportArgs {
+    /// Start of the period (Unix ms).
+    #[arg(long)]
+    from: i64,
+    /// End of the period (Unix ms, exclusive).
+    #[arg(long)]
+    to: i64,
+    /// Where to write the trace.
+    out: PathBuf,
+    /// The running server's HTTP address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http: std::net::SocketAddr,
+    /// Read a stopped server's store instead of asking a running one.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The round length the trace declares.
+    #[arg(long, default_value_t = 10_000)]
+    round_ms: i64,
 }
 
 #[derive(Args, Debug)]
@@ -298,6 +349,8 @@ pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => cmd_serve(&a),
+        Command::Replay(a) => cmd_replay(&a),
+        Command::Record(RecordCommand::Export(a)) => cmd_export(&a),
         Command::Solve(a) => cmd_solve(&a),
         Command::Verify(a) => cmd_verify(&a),
         Command::World(a) => cmd_world(&a),
@@ -549,5 +602,63 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
     }))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_replay(a: &ReplayArgs) -> Result<ExitCode> {
+    use crate::replay::{replay, write_report, Setting};
+    let instance = read_instance(&a.instance, Limits::default())?;
+    let file = File::open(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
+    let name = a.trace.display().to_string();
+    let (header, records) = crate::trace::read(std::io::BufReader::new(file), &name)?;
+    let mut settings = vec![Setting::default()];
+    for spec in &a.compare {
+        settings.push(Setting::parse(spec)?);
+    }
+    let mut results = Vec::with_capacity(settings.len());
+    for setting in settings {
+        let bar = progress(0, &setting.name);
+        let rows = replay(&instance, &header, &records, &setting, &|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })
+        .with_context(|| format!("{name}: setting {:?}", setting.name))?;
+        bar.finish_and_clear();
+        let late: usize = rows.iter().skip(a.warmup).map(|r| r.violations).sum();
+        println!(
+            "{:<14} {} rounds, {} capacity violations after round {}",
+            setting.name,
+            rows.len(),
+            late,
+            a.warmup
+        );
+        results.push((setting, rows));
+    }
+    write_report(&a.out, &results, a.warmup)?;
+    println!("report         {}", a.out.join("report.md").display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_export(a: &ExportArgs) -> Result<ExitCode> {
+    if a.to < a.from {
+        bail!("--to {} is before --from {}", a.to, a.from);
+    }
+    if a.round_ms <= 0 {
+        bail!("--round-ms must be > 0, got {}", a.round_ms);
+    }
+    check_writable(&a.out)?;
+    let lines = match &a.data_dir {
+        Some(dir) => crate::record::read_store(dir, a.from, a.to)?,
+        None => crate::record::fetch(a.http, a.from, a.to)?,
+    };
+    let (header, records) = crate::record::to_trace(&lines, a.from, a.round_ms)?;
+    write_atomically(&a.out, |w| {
+        crate::trace::write_header(w, &header)?;
+        for r in &records {
+            crate::trace::write_record(w, r)?;
+        }
+        Ok(())
+    })?;
+    println!("wrote {}: {} records", a.out.display(), records.len());
     Ok(ExitCode::SUCCESS)
 }
