@@ -62,9 +62,11 @@ struct StoredLoad {
     load: f64,
 }
 
-/// The stored reports (JSON Lines as `/record` serves them) as a trace starting at `from_ms`.
-/// A demand sample becomes a record at its period's start, with its query count as the demand;
-/// a load report, load records at its measurement time. Records are put in time order.
+/// The stored reports (JSON Lines as `/record` serves them) as a trace. A demand sample becomes
+/// a record at its period's start, with its query count as the demand; a load report, load
+/// records at its measurement time. Records are put in time order, and the trace starts at the
+/// earliest of them (`from_ms` when there are none): reports are selected by when they arrived,
+/// but keep the times they describe.
 pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec<Record>)> {
     let mut records = Vec::new();
     for (i, line) in lines
@@ -79,7 +81,7 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
                 let body: DemandBody = serde_json::from_value(line.report.body)
                     .with_context(|| format!("record line {n}: a demand report"))?;
                 for s in body.samples {
-                    let t = body.period_start_unix_ms.max(from_ms);
+                    let t = body.period_start_unix_ms;
                     records.push(match s.target {
                         Target::MapUnit(map_unit) => Record::Unit {
                             t,
@@ -100,7 +102,7 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
                     .with_context(|| format!("record line {n}: a load report"))?;
                 for l in body.loads {
                     records.push(Record::Load {
-                        t: body.measured_at_unix_ms.max(from_ms),
+                        t: body.measured_at_unix_ms,
                         load: Load {
                             cluster: l.cluster,
                             node: l.node,
@@ -116,7 +118,7 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
     Ok((
         Header {
             round_ms,
-            start_ms: from_ms,
+            start_ms: records.first().map_or(from_ms, Record::t),
             true_per_unit: Default::default(),
         },
         records,
@@ -175,7 +177,7 @@ mod tests {
 {"at_unix_ms":10,"report":{"kind":"load","reporter":"c1","body":{"measured_at_unix_ms":10000,"loads":[{"cluster":"fra-1","node":"cpu","load":7.0}]}}}
 "#;
         let (h, records) = to_trace(lines, 0, 10_000).expect("converts");
-        assert_eq!((h.start_ms, h.round_ms), (0, 10_000));
+        assert_eq!((h.start_ms, h.round_ms), (10_000, 10_000));
         assert_eq!(records.len(), 3);
         assert!(matches!(&records[0], Record::Load { t: 10_000, load } if load.value == 7.0));
         assert!(

@@ -1547,3 +1547,104 @@ async fn watch_drain_and_restart() {
     );
     assert_eq!(got.state, pb::ClusterState::Drained as i32);
 }
+
+/// Record → export → replay: demand reported to a running server comes back out of
+/// `cdnmap record export` as a trace whose demands are exactly the reported counts, and
+/// `cdnmap replay` runs on it.
+#[tokio::test]
+async fn reported_demand_round_trips_through_export_and_replay() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let mut fb = server.feedback();
+    let start = 1_764_460_800_000i64;
+    // Three rounds, five units each, counts that are exact in binary.
+    let mut reported: BTreeMap<(i64, String), f64> = BTreeMap::new();
+    for round in 0..3i64 {
+        let t = start + round * 10_000;
+        let samples = units
+            .iter()
+            .take(5)
+            .enumerate()
+            .map(|(i, u)| {
+                let q = (round * 10 + i as i64) as f64 + 0.5;
+                reported.insert((t, u.id.clone()), q);
+                pb::DemandSample {
+                    target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
+                    traffic_class: u.traffic_class.clone(),
+                    queries: q,
+                }
+            })
+            .collect();
+        let ack = ok(
+            fb.report_demand(pb::DemandReport {
+                reporter: "e2e".into(),
+                period_start_unix_ms: t,
+                period_end_unix_ms: t + 10_000,
+                samples,
+            })
+            .await,
+            "ReportDemand",
+        );
+        assert_eq!(ack.accepted, 5);
+    }
+    // The reports are stored with the time they arrived: export everything up to now.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let dir = setup.dir.path();
+    let run = |args: &[&str]| {
+        let out = Command::new(cdnmap_bin())
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("run cdnmap");
+        assert!(
+            out.status.success(),
+            "cdnmap {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let http = setup.http.to_string();
+    let from = (now - 600_000).to_string();
+    let to = (now + 60_000).to_string();
+    run(&[
+        "record", "export", "--from", &from, "--to", &to, "--http", &http, "t.jsonl",
+    ]);
+    let text = std::fs::read_to_string(dir.join("t.jsonl")).expect("the trace");
+    let mut exported: BTreeMap<(i64, String), f64> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let v: Value = serde_json::from_str(line).expect("a JSON line");
+        let t = v["t"].as_i64().expect("t");
+        let unit = v["map_unit"].as_str().expect("map_unit").to_string();
+        let demand = v["demand"].as_f64().expect("demand");
+        *exported.entry((t, unit)).or_insert(0.0) += demand;
+    }
+    // The same counts, at the periods they were reported for.
+    assert_eq!(exported, reported, "exported demand");
+    let header: Value = serde_json::from_str(text.lines().next().expect("a header")).expect("json");
+    assert_eq!(header["header"]["start_ms"].as_i64(), Some(start));
+
+    // Replay runs on it (against the served world, written out as an instance file).
+    server.kill();
+    let json = dir.join("w.json");
+    run(&[
+        "world",
+        "--map-units",
+        "3000",
+        "--clusters",
+        "40",
+        "--seed",
+        "1",
+        "--out",
+        json.to_str().expect("utf-8"),
+    ]);
+    let report = run(&[
+        "replay", "w.json", "t.jsonl", "--out", "report", "--warmup", "0",
+    ]);
+    assert!(report.contains("default"), "{report}");
+    let csv = std::fs::read_to_string(dir.join("report/rounds.csv")).expect("rounds.csv");
+    assert!(csv.lines().count() >= 2, "{csv}");
+}
