@@ -8,7 +8,10 @@
 //!   non-negative least squares), with a confidence and bounds.
 //! - [`derate`]: clusters whose measured load runs ahead of what the model predicts get their
 //!   effective capacity lowered until the model catches up, with the reason kept.
+//! - [`state`]: all three together as the mapping loop and the replay use them: observations
+//!   in, the next round's instance out.
 
 pub mod derate;
 pub mod forecast;
 pub mod learn;
+pub mod state;

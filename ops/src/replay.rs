@@ -21,13 +21,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_estimator::derate::{DerateConfig, Derater};
-use cdnmap_estimator::forecast::{ForecastConfig, Forecaster};
-use cdnmap_estimator::learn::{LearnConfig, Learner};
-use cdnmap_mapper::format::InstanceFile;
+use cdnmap_estimator::forecast::ForecastConfig;
+use cdnmap_estimator::state::{through, Estimates};
 use cdnmap_mapper::{
-    churn, favour_incumbents, solve, solve_seeded, ClassIdx, ClusterState, Instance, Limits, Map,
-    PerUnit, ResourceKind, SolveOptions, Stickiness, UnitIdx,
+    churn, favour_incumbents, solve, solve_seeded, ClassIdx, ClusterState, Instance, Map, PerUnit,
+    ResourceKind, SolveOptions, Stickiness, UnitIdx,
 };
 use ipnet::IpNet;
 
@@ -184,10 +182,6 @@ fn index(instance: &Instance, header: &Header, records: &[Record]) -> Result<Rou
     Ok(rounds)
 }
 
-fn coef(p: &PerUnit, kind: ResourceKind) -> f64 {
-    p.get(kind)
-}
-
 /// Runs one setting over the whole trace.
 pub fn replay(
     base: &Instance,
@@ -208,67 +202,28 @@ pub fn replay(
                 .unwrap_or(c.per_unit)
         })
         .collect();
-    let kinds = [ResourceKind::Bps, ResourceKind::Fps];
-    let fconf = ForecastConfig::default();
-    let lconf = LearnConfig::default();
-    let dconf = DerateConfig::default();
-    let mut learners = kinds
-        .iter()
-        .map(|&kind| {
-            Learner::new(classes.iter().map(|c| coef(&c.per_unit, kind)).collect())
-                .map_err(|e| anyhow::anyhow!("{e}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut derater = Derater::default();
-    let mut forecasters = vec![Forecaster::default(); base.unit_count()];
-    let mut states: Vec<ClusterState> = base.clusters().iter().map(|c| c.state).collect();
+    let mut est = Estimates::new(base).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !setting.forecast {
+        // The last observed value, as a forecaster that forgets at once.
+        est.forecast_config = ForecastConfig {
+            alpha: 1.0,
+            beta: 0.0,
+            gamma: 0.0,
+            ..ForecastConfig::default()
+        };
+    }
+    let mut current = base.clone();
     let mut previous: Option<Map> = None;
-    let mut last_observed: Vec<f64> = (0..base.unit_count() as UnitIdx)
-        .map(|u| base.unit_demand(u))
-        .collect();
-    let mut file = InstanceFile::of(base);
-    let base_caps: Vec<Vec<f64>> = base
-        .clusters()
-        .iter()
-        .map(|c| c.nodes.iter().map(|n| n.capacity).collect())
-        .collect();
     let mut rows = Vec::with_capacity(rounds.demand.len());
     for (r, (demand, changes)) in rounds.demand.iter().zip(&rounds.states).enumerate() {
         let t = header.start_ms + r as i64 * header.round_ms;
         for &(c, s) in changes {
-            states[c as usize] = s;
+            current = current.with_cluster_state(c, s);
         }
         // The round's instance: forecast demand, learned coefficients, derated capacities.
-        let estimates: Vec<_> = learners.iter().map(|l| l.estimate(&lconf)).collect();
-        let confident = setting.learning && estimates.iter().all(|e| e.confident);
-        for (k, class) in file.traffic_classes.iter_mut().enumerate() {
-            class.per_unit = if confident {
-                PerUnit {
-                    bps: estimates[0].coefficients[k],
-                    fps: estimates[1].coefficients[k],
-                }
-            } else {
-                classes[k].per_unit
-            };
-        }
-        for (u, unit) in file.map_units.iter_mut().enumerate() {
-            unit.demand = if setting.forecast && forecasters[u].observations() > 0 {
-                forecasters[u].forecast(t, &fconf)
-            } else {
-                last_observed[u]
-            };
-        }
-        for (c, cluster) in file.clusters.iter_mut().enumerate() {
-            cluster.state = states[c];
-            let factor = if setting.learning {
-                derater.factor(&cluster.id)
-            } else {
-                1.0
-            };
-            scale_tree(&mut cluster.resources, &base_caps[c], factor);
-        }
-        let instance = file
-            .build(Limits::default())
+        let confident = setting.learning && est.confident();
+        let instance = est
+            .apply(&current, t, true, setting.learning)
             .context("the round's instance")?;
         let started = Instant::now();
         let sol = match (&previous, setting.stickiness > 0.0) {
@@ -287,42 +242,20 @@ pub fn replay(
         for &(u, d) in demand {
             *observed[u as usize].get_or_insert(0.0) += d;
         }
-        let nodes = base.node_count();
-        let mut load = vec![0.0; nodes];
-        let mut through: Vec<Vec<f64>> = vec![vec![0.0; classes.len()]; nodes];
-        let (mut rtt, mut placed) = (0.0, 0.0);
-        for u in 0..base.unit_count() as UnitIdx {
-            let Some(actual) = observed[u as usize] else {
-                continue;
-            };
-            let planned = instance.unit_demand(u);
-            let k = base.unit_class(u);
-            for a in map.allocations(u) {
-                let amount = if planned > 0.0 {
-                    a.amount / planned * actual
-                } else {
-                    0.0
-                };
-                let cl = &base.clusters()[a.cluster as usize];
-                for n in cl.path(k) {
-                    let g = base.global_node(a.cluster, n);
-                    load[g] += amount * coef(&truth[usize::from(k)], cl.nodes[n as usize].kind);
-                    through[g][usize::from(k)] += amount;
-                }
-                if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
-                    rtt += amount * f64::from(c.score);
-                    placed += amount;
-                }
-            }
-        }
+        let flow = through(&instance, &map, Some(&observed));
         let (mut violations, mut max_util) = (0usize, [0.0f64; 2]);
+        let mut loads = Vec::new();
         for (ci, cl) in base.clusters().iter().enumerate() {
-            let mut measured = Vec::new();
             for (n, node) in cl.nodes.iter().enumerate() {
                 let g = base.global_node(ci as u32, n as u32);
+                let load: f64 = flow[g]
+                    .iter()
+                    .zip(&truth)
+                    .map(|(d, p)| d * p.get(node.kind))
+                    .sum();
                 let util = if node.capacity > 0.0 {
-                    load[g] / node.capacity
-                } else if load[g] > 0.0 {
+                    load / node.capacity
+                } else if load > 0.0 {
                     f64::INFINITY
                 } else {
                     0.0
@@ -332,33 +265,39 @@ pub fn replay(
                 }
                 let kind = usize::from(node.kind == ResourceKind::Fps);
                 max_util[kind] = max_util[kind].max(util);
-                if through[g].iter().any(|&d| d > 0.0) {
-                    learners[kind]
-                        .observe(&through[g], load[g])
-                        .map_err(|e| anyhow::anyhow!("learning: {e}"))?;
-                    let predicted: f64 = through[g]
-                        .iter()
-                        .zip(&estimates[kind].coefficients)
-                        .map(|(d, c)| d * c)
-                        .sum();
-                    measured.push((node.name.clone(), load[g], predicted));
-                }
-            }
-            if setting.learning {
-                derater.observe(&cl.id, &measured, &dconf);
+                loads.push((g, load));
             }
         }
-        for l in &mut learners {
-            l.next_round(&lconf);
+        if setting.learning {
+            est.observe_loads(&instance, &flow, &loads)
+                .map_err(|e| anyhow::anyhow!("learning: {e}"))?;
+        }
+        est.next_round();
+        let (mut rtt, mut placed) = (0.0, 0.0);
+        for u in 0..base.unit_count() as UnitIdx {
+            let (Some(actual), planned) = (observed[u as usize], instance.unit_demand(u)) else {
+                continue;
+            };
+            for a in map.allocations(u) {
+                if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
+                    let amount = if planned > 0.0 {
+                        a.amount / planned * actual
+                    } else {
+                        0.0
+                    };
+                    rtt += amount * f64::from(c.score);
+                    placed += amount;
+                }
+            }
         }
         // Forecast error, then the forecasters learn the round.
         let (mut err, mut total) = (0.0, 0.0);
         for (u, obs) in observed.iter().enumerate() {
             if let Some(actual) = *obs {
-                err += (instance.unit_demand(u as UnitIdx) - actual).abs();
+                let u = u as UnitIdx;
+                err += (instance.unit_demand(u) - actual).abs();
                 total += actual;
-                forecasters[u].observe(t, actual, &fconf);
-                last_observed[u] = actual;
+                est.observe_demand(base.unit_id(u), t, actual);
             }
         }
         let demand_total = instance.total_demand();
@@ -378,30 +317,12 @@ pub fn replay(
             violations,
             forecast_error: if total > 0.0 { err / total } else { 0.0 },
             learned_confident: confident,
-            derated_clusters: derater.derated().count(),
+            derated_clusters: est.derater().derated().count(),
         });
         previous = Some(map);
         progress(r + 1, rounds.demand.len());
     }
     Ok(rows)
-}
-
-/// Sets a nested tree's capacities to the base ones (pre-order, as the model stores them)
-/// times `factor`.
-fn scale_tree(resources: &mut cdnmap_mapper::format::ResourcesFile, base: &[f64], factor: f64) {
-    use cdnmap_mapper::format::{NestedNode, ResourcesFile};
-    fn walk(n: &mut NestedNode, base: &[f64], at: &mut usize, factor: f64) {
-        if let Some(&cap) = base.get(*at) {
-            n.capacity = cap * factor;
-        }
-        *at += 1;
-        for c in &mut n.children {
-            walk(c, base, at, factor);
-        }
-    }
-    if let ResourcesFile::Nested(root) = resources {
-        walk(root, base, &mut 0, factor);
-    }
 }
 
 /// Writes `rounds.csv`, `report.md` and one SVG plot per measure into `dir`.
