@@ -10,6 +10,8 @@
 //! maps_kept = 64                   # map versions kept in the store
 //! ttl_secs = 20                    # DNS answer TTL
 //! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
+//! learning = true                  # learned coefficients and derating go into the rounds
+//! record_retention_hours = 168     # how long feedback reports stay in the demand record
 //! instance = "world.json"          # the topology to start from; absent: the demo world
 //! default_class = "web"
 //!
@@ -67,6 +69,11 @@ pub struct Config {
     pub maps_kept: usize,
     pub ttl_secs: u32,
     pub admin_token: Option<String>,
+    /// Feed measured loads to the estimator: learned coefficients (once confident) and derated
+    /// capacities go into the rounds.
+    pub learning: bool,
+    /// How long feedback reports stay in the demand record.
+    pub record_retention_hours: u64,
     /// An instance file to start from; `None`: the demo world.
     pub instance: Option<PathBuf>,
     pub default_class: String,
@@ -108,6 +115,8 @@ impl Default for Config {
             maps_kept: 64,
             ttl_secs: 20,
             admin_token: None,
+            learning: true,
+            record_retention_hours: 7 * 24,
             instance: None,
             default_class: "web".into(),
             class_rules: vec![
@@ -186,6 +195,12 @@ impl Config {
                     TTL_SECS.start(),
                     TTL_SECS.end()
                 ),
+            ));
+        }
+        if !(1..=24 * 365).contains(&self.record_retention_hours) {
+            return Err(invalid(
+                "record_retention_hours",
+                format!("{} is outside 1..=8760", self.record_retention_hours),
             ));
         }
         if self.grpc_listen == self.http_listen {
@@ -302,6 +317,7 @@ mod tests {
             ("cycle_secs = 31", "cycle_secs"),
             ("maps_kept = 0", "maps_kept"),
             ("ttl_secs = 0", "ttl_secs"),
+            ("record_retention_hours = 0", "record_retention_hours"),
             ("grpc_listen = \"127.0.0.1:8080\"", "http_listen"),
             ("grpc_listen = \"not an address\"", "grpc_listen"),
             ("data_dir = \"\"", "data_dir"),

@@ -4,12 +4,14 @@
 //! Handlers are thin (house style): validate → convert → call the core → map errors to a
 //! `Status`. Protobuf stops here.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use cdnmap_estimator::state::{through, Estimates};
 use cdnmap_mapper::format::{
     CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
 };
@@ -28,8 +30,6 @@ use crate::store::{Store, StoredMapMeta};
 
 /// The most addresses one answer carries.
 pub const MAX_ANSWER_ADDRESSES: usize = 8;
-/// How long feedback reports are kept in the demand record.
-pub const REPORT_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
 /// The most feedback reports kept.
 pub const MAX_REPORTS: usize = 1_000_000;
 /// Map updates a slow watcher may fall behind before it gets a full map instead.
@@ -54,7 +54,24 @@ pub struct Shared {
     status: Mutex<RoundStatus>,
     store: Store,
     updates: broadcast::Sender<Arc<Snapshot>>,
+    /// Demand forecasts, learned coefficients, derating: fed by the reports, read each round.
+    estimates: Mutex<Estimates>,
+    /// What the reports brought since the last round.
+    pending: Mutex<Pending>,
 }
+
+/// Observations waiting for the next round.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Queries per map unit id.
+    demand: HashMap<String, f64>,
+    /// (cluster, node, load), oldest first.
+    loads: std::collections::VecDeque<(String, String, f64)>,
+}
+
+/// The most pending observations kept between two rounds (beyond it the oldest loads are
+/// dropped from the estimator's input; every report is still in the record).
+const MAX_PENDING_LOADS: usize = 1_000_000;
 
 pub fn now_unix_ms() -> i64 {
     SystemTime::now()
@@ -78,7 +95,10 @@ impl Shared {
             }
         };
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
+        let estimates = Estimates::new(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
         let shared = Arc::new(Shared {
+            estimates: Mutex::new(estimates),
+            pending: Mutex::new(Pending::default()),
             topology: Mutex::new(topology.clone()),
             current: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
@@ -126,12 +146,13 @@ impl Shared {
         let now = now_unix_ms();
         let me = Arc::clone(self);
         let result = tokio::task::spawn_blocking(move || {
-            let instance = me
+            let base = me
                 .topology
                 .lock()
                 .map_err(|_| "topology lock poisoned".to_string())?
                 .clone();
             let previous = me.current();
+            let instance = me.estimated(&base, previous.as_deref(), now)?;
             let rules = me.rules(&instance).map_err(|e| e.to_string())?;
             round(
                 &instance,
@@ -184,6 +205,7 @@ impl Shared {
                 metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
                 metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
                 let demand = snapshot.instance.total_demand();
+                metrics::gauge!("cdnmap_demand_total").set(demand);
                 let overflow = snapshot.map.total_overflow();
                 metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
                     overflow / demand
@@ -212,6 +234,47 @@ impl Shared {
         if let Ok(mut s) = self.status.lock() {
             *s = status;
         }
+    }
+
+    /// Feeds what the reports brought since the last round to the estimator, and returns the
+    /// round's instance: `base` with forecast demand, and with learned coefficients and derated
+    /// capacities when `learning` is on.
+    fn estimated(
+        &self,
+        base: &Instance,
+        previous: Option<&Snapshot>,
+        now: i64,
+    ) -> Result<Instance, String> {
+        let pending =
+            std::mem::take(&mut *self.pending.lock().map_err(|_| "pending lock poisoned")?);
+        let mut est = self
+            .estimates
+            .lock()
+            .map_err(|_| "estimator lock poisoned")?;
+        for (unit, queries) in &pending.demand {
+            est.observe_demand(unit, now, *queries);
+        }
+        if let (Some(prev), false) = (previous, pending.loads.is_empty()) {
+            let inst = &prev.instance;
+            let loads: Vec<(usize, f64)> = pending
+                .loads
+                .iter()
+                .filter_map(|(c, n, v)| {
+                    let ci = inst.cluster_index(c)?;
+                    let ni = inst.clusters()[ci as usize]
+                        .nodes
+                        .iter()
+                        .position(|x| x.name == *n)?;
+                    Some((inst.global_node(ci, ni as u32), *v))
+                })
+                .collect();
+            let flow = through(inst, &prev.map, None);
+            est.observe_loads(inst, &flow, &loads)
+                .map_err(|e| e.to_string())?;
+        }
+        est.next_round();
+        est.apply(base, now, true, self.config.learning)
+            .map_err(|e| format!("applying the estimates: {e}"))
     }
 
     /// The mapping loop: a round now, then every `cycle_secs`.
@@ -579,10 +642,11 @@ impl FeedbackService {
         })
         .map_err(|e| Status::internal(e.to_string()))?;
         let shared = Arc::clone(&self.0);
+        let retain_ms = shared.config.record_retention_hours as i64 * 3_600_000;
         tokio::task::spawn_blocking(move || {
             shared
                 .store
-                .append_report(now_unix_ms(), &bytes, REPORT_RETENTION_MS, MAX_REPORTS)
+                .append_report(now_unix_ms(), &bytes, retain_ms, MAX_REPORTS)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?
@@ -613,7 +677,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
             .lock()
             .map_err(|_| Status::internal("topology lock poisoned"))?
             .clone();
+        let snapshot = self.0.current();
         let mut samples = Vec::with_capacity(r.samples.len());
+        let mut observed: Vec<(String, f64)> = Vec::with_capacity(r.samples.len());
         for (i, s) in r.samples.iter().enumerate() {
             let class = topology.class_index(&s.traffic_class);
             if !(s.queries.is_finite() && s.queries >= 0.0) {
@@ -635,6 +701,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                             topology.classes()[usize::from(own)].name
                         )));
                     }
+                    observed.push((u.clone(), s.queries));
                     serde_json::json!({"map_unit": u})
                 }
                 Some(pb::demand_sample::Target::Prefix(p)) => {
@@ -647,6 +714,13 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     let p: IpNet = p.parse().map_err(|_| {
                         invalid(format!("samples[{i}].prefix: {p:?} is not an IP prefix"))
                     })?;
+                    // For the estimator: the map unit of that prefix and class, if the map has one
+                    // (the sample is in the record either way).
+                    if let (Some(snap), Some(k)) = (&snapshot, class) {
+                        if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
+                            observed.push((snap.instance.unit_id(u).to_string(), s.queries));
+                        }
+                    }
                     serde_json::json!({"prefix": p.trunc().to_string()})
                 }
                 _ => {
@@ -666,6 +740,11 @@ impl pb::feedback_server::Feedback for FeedbackService {
             "samples": samples,
         });
         self.store("demand", &r.reporter, body).await?;
+        if let Ok(mut pending) = self.0.pending.lock() {
+            for (unit, q) in observed {
+                *pending.demand.entry(unit).or_insert(0.0) += q;
+            }
+        }
         Ok(Response::new(pb::ReportAck { accepted: n }))
     }
 
@@ -712,6 +791,16 @@ impl pb::feedback_server::Feedback for FeedbackService {
             })).collect::<Vec<_>>(),
         });
         self.store("load", &r.reporter, body).await?;
+        if let Ok(mut pending) = self.0.pending.lock() {
+            for l in &r.loads {
+                if pending.loads.len() >= MAX_PENDING_LOADS {
+                    pending.loads.pop_front();
+                }
+                pending
+                    .loads
+                    .push_back((l.cluster.clone(), l.node.clone(), l.load));
+            }
+        }
         Ok(Response::new(pb::ReportAck { accepted: n }))
     }
 }

@@ -1648,3 +1648,51 @@ async fn reported_demand_round_trips_through_export_and_replay() {
     let csv = std::fs::read_to_string(dir.join("report/rounds.csv")).expect("rounds.csv");
     assert!(csv.lines().count() >= 2, "{csv}");
 }
+
+/// Reported demand reaches the next round: the estimator's forecast replaces the unit's
+/// configured demand (the total demand mapped, in /metrics, grows by the report).
+#[tokio::test]
+async fn reported_demand_feeds_the_next_round() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let (_, body) = server.http_get("/metrics");
+    let before = metric(&body, "cdnmap_demand_total").expect("cdnmap_demand_total");
+    let version = status(&server).await.map_version;
+    let unit = all_units(&server).await.swap_remove(0);
+    let big = 1.0e6;
+    let ack = ok(
+        server
+            .feedback()
+            .report_demand(pb::DemandReport {
+                reporter: "e2e".into(),
+                period_start_unix_ms: 0,
+                period_end_unix_ms: 10_000,
+                samples: vec![pb::DemandSample {
+                    target: Some(pb::demand_sample::Target::MapUnit(unit.id.clone())),
+                    traffic_class: unit.traffic_class.clone(),
+                    queries: big,
+                }],
+            })
+            .await,
+        "ReportDemand",
+    );
+    assert_eq!(ack.accepted, 1);
+    // The next round (within a cycle and a bit).
+    let started = Instant::now();
+    while status(&server).await.map_version == version {
+        assert!(
+            started.elapsed() < Duration::from_secs(CYCLE_SECS + 15),
+            "no new round:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, body) = server.http_get("/metrics");
+    let after = metric(&body, "cdnmap_demand_total").expect("cdnmap_demand_total");
+    assert!(
+        (after - (before - unit.demand + big)).abs() <= 1e-6 * after,
+        "demand mapped {before} -> {after}, reported {big} for {} (configured {})",
+        unit.id,
+        unit.demand
+    );
+}
