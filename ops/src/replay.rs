@@ -380,18 +380,23 @@ pub fn write_report(dir: &Path, results: &[(Setting, Vec<Row>)], warmup: usize) 
             100.0 * mean(&|r| r.forecast_error),
         );
     }
-    md.push_str("\nPlots: churn.svg, overflow.svg, utilization.svg, violations.svg, forecast_error.svg, solve_ms.svg; all figures per round in rounds.csv.\n");
+    md.push_str("\nPlots: churn.svg, overflow.svg, utilization.svg (Fps), utilization_bps.svg, violations.svg, forecast_error.svg, solve_ms.svg; all figures per round in rounds.csv.\n");
     std::fs::write(dir.join("report.md"), md).context("writing report.md")?;
 
     type Get = fn(&Row) -> f64;
-    let plots: [(&str, &str, Get); 6] = [
+    let plots: [(&str, &str, Get); 7] = [
         ("churn", "churn (share of demand)", |r| r.churn),
         ("overflow", "overflow (share of demand)", |r| {
             r.overflow_share
         }),
-        ("utilization", "max true utilization (fps)", |r| {
+        ("utilization", "max true utilization of Fps nodes", |r| {
             r.max_util_fps
         }),
+        (
+            "utilization_bps",
+            "max true utilization of Bps nodes",
+            |r| r.max_util_bps,
+        ),
         ("violations", "nodes over true capacity", |r| {
             r.violations as f64
         }),
