@@ -894,6 +894,15 @@ fn unit_admin_pb(inst: &Instance, u: UnitIdx) -> pb::MapUnit {
     }
 }
 
+/// Replaces the item of `list` with `item`'s id, or appends `item`; always a change.
+fn upsert<T>(list: &mut Vec<T>, item: T, id: impl Fn(&T) -> &String) -> bool {
+    match list.iter().position(|x| id(x) == id(&item)) {
+        Some(i) => list[i] = item,
+        None => list.push(item),
+    }
+    true
+}
+
 fn parse_list<T: std::str::FromStr>(items: &[String], field: &str) -> Result<Vec<T>, Status> {
     items
         .iter()
@@ -1079,13 +1088,7 @@ impl pb::admin_server::Admin for AdminService {
         let file = cluster_from_pb(request.into_inner())?;
         let id = file.id.clone();
         let (updated, _) = self
-            .edit(move |f| {
-                match f.clusters.iter_mut().find(|c| c.id == file.id) {
-                    Some(c) => *c = file,
-                    None => f.clusters.push(file),
-                }
-                true
-            })
+            .edit(move |f| upsert(&mut f.clusters, file, |c| &c.id))
             .await?;
         let c = updated.cluster_index(&id).unwrap_or_default();
         Ok(Response::new(cluster_pb(&updated, c as usize)))
@@ -1148,13 +1151,7 @@ impl pb::admin_server::Admin for AdminService {
         let file = unit_from_pb(request.into_inner())?;
         let id = file.id.clone();
         let (updated, _) = self
-            .edit(move |f| {
-                match f.map_units.iter_mut().find(|u| u.id == file.id) {
-                    Some(u) => *u = file,
-                    None => f.map_units.push(file),
-                }
-                true
-            })
+            .edit(move |f| upsert(&mut f.map_units, file, |u| &u.id))
             .await?;
         let u = updated.unit_index(&id).unwrap_or_default();
         Ok(Response::new(unit_admin_pb(&updated, u)))

@@ -27,7 +27,7 @@ fn sticky_round(
     pct: f64,
     first_cold: Duration,
 ) -> Result<()> {
-    let next = perturb(inst, pct, a.seed.wrapping_add(1))?;
+    let next = perturb(inst, pct, a.world.seed.wrapping_add(1))?;
     let options = SolveOptions::default();
     let (cold, _, cold_sol) = time_runs(a.runs, || solve_instance(black_box(&next), &options));
     let stickiness = Stickiness::margin(a.stickiness);
@@ -50,7 +50,7 @@ fn sticky_round(
     println!();
     println!(
         "sticky round   the same world, every demand and score x [1 - {pct}%, 1 + {pct}%], seed {}",
-        a.seed.wrapping_add(1)
+        a.world.seed.wrapping_add(1)
     );
     println!(
         "cold solve     median {:>9.1} ms   churn {:.3}%   overflow {:.2}%",
@@ -86,8 +86,9 @@ fn sticky_round(
     Ok(())
 }
 
+/// The world a benchmark generates in-process.
 #[derive(Args, Debug)]
-pub struct SolveBenchArgs {
+pub struct BenchWorld {
     /// Number of map units in the generated world.
     #[arg(long, default_value_t = 1_000_000)]
     pub map_units: usize,
@@ -97,9 +98,40 @@ pub struct SolveBenchArgs {
     /// Candidates per map unit (at most).
     #[arg(long, default_value_t = 16)]
     pub candidates: usize,
-    /// World seed.
+    /// World seed (a benchmark's other random draws derive from it).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+impl BenchWorld {
+    /// Generates the world and prints its line.
+    fn generate(&self) -> Result<Instance> {
+        let params = WorldParams {
+            map_units: self.map_units,
+            clusters: self.clusters,
+            seed: self.seed,
+            candidates: self.candidates,
+            ..WorldParams::default()
+        };
+        let t = Instant::now();
+        let inst = generate_world(&params)?;
+        let units = inst.unit_count();
+        println!(
+            "world          {} map units, {} clusters, {:.1} candidates/unit, seed {} (generated in {:.1} s)",
+            units,
+            inst.clusters().len(),
+            inst.total_candidates() as f64 / units.max(1) as f64,
+            self.seed,
+            t.elapsed().as_secs_f64()
+        );
+        Ok(inst)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SolveBenchArgs {
+    #[command(flatten)]
+    pub world: BenchWorld,
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
@@ -153,24 +185,8 @@ pub fn trivial_pass(inst: &Instance) -> Vec<f64> {
 
 pub fn solve(a: &SolveBenchArgs) -> Result<ExitCode> {
     ensure!(a.runs >= 1, "--runs must be at least 1");
-    let params = WorldParams {
-        map_units: a.map_units,
-        clusters: a.clusters,
-        seed: a.seed,
-        candidates: a.candidates,
-        ..WorldParams::default()
-    };
-    let t = Instant::now();
-    let inst = generate_world(&params)?;
+    let inst = a.world.generate()?;
     let units = inst.unit_count() as f64;
-    println!(
-        "world          {} map units, {} clusters, {:.1} candidates/unit, seed {} (generated in {:.1} s)",
-        inst.unit_count(),
-        inst.clusters().len(),
-        inst.total_candidates() as f64 / units,
-        a.seed,
-        t.elapsed().as_secs_f64()
-    );
 
     let mut trivial: Vec<Duration> = (0..a.runs)
         .map(|_| {
@@ -263,18 +279,8 @@ const QUERY_SALT: u64 = 0x0DE5_0B5E_ED00_0004;
 
 #[derive(Args, Debug)]
 pub struct ResolveBenchArgs {
-    /// Number of map units in the generated world.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub map_units: usize,
-    /// Number of clusters.
-    #[arg(long, default_value_t = 1_000)]
-    pub clusters: usize,
-    /// Candidates per map unit (at most).
-    #[arg(long, default_value_t = 16)]
-    pub candidates: usize,
-    /// World seed (the query set is drawn from it too).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub world: BenchWorld,
     /// Number of pre-generated queries; each timed run resolves all of them.
     #[arg(long, default_value_t = 1_000_000)]
     pub queries: usize,
@@ -444,24 +450,8 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         "--outside must be in [0, 1], got {}",
         a.outside
     );
-    let params = WorldParams {
-        map_units: a.map_units,
-        clusters: a.clusters,
-        seed: a.seed,
-        candidates: a.candidates,
-        ..WorldParams::default()
-    };
-    let t = Instant::now();
-    let inst = generate_world(&params)?;
+    let inst = a.world.generate()?;
     let units = inst.unit_count();
-    println!(
-        "world          {} map units, {} clusters, {:.1} candidates/unit, seed {} (generated in {:.1} s)",
-        units,
-        inst.clusters().len(),
-        inst.total_candidates() as f64 / units.max(1) as f64,
-        a.seed,
-        t.elapsed().as_secs_f64()
-    );
     let t = Instant::now();
     let sol = solve_instance(&inst, &SolveOptions::default());
     let split = (0..units as UnitIdx)
@@ -507,7 +497,7 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
     );
 
     let t = Instant::now();
-    let qs = query_set(&inst, a.queries, a.outside, a.seed)?;
+    let qs = query_set(&inst, a.queries, a.outside, a.world.seed)?;
     let n = qs.queries.len();
     // One untimed pass for the answer mix.
     let (mut from_unit, mut no_unit_inside, mut per_class) = (0usize, 0usize, vec![0usize; 3]);
