@@ -1696,3 +1696,94 @@ async fn reported_demand_feeds_the_next_round() {
         unit.demand
     );
 }
+
+/// Admin edits the topology: an upsert is validated like an instance file (a bad one changes
+/// nothing), a good one is visible at once and in the next round's map; deletes report whether
+/// there was something to delete.
+#[tokio::test]
+async fn admin_upserts_and_deletes_topology() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let mut admin = server.admin();
+    let cluster = ok(
+        admin
+            .get_cluster(authed(
+                pb::GetClusterRequest {
+                    id: all_units(&server).await[0].candidates[0].cluster.clone(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "GetCluster",
+    );
+    // A negative capacity is refused, naming the node, and nothing changes.
+    let mut bad = cluster.clone();
+    if let Some(root) = bad.resources.as_mut() {
+        root.capacity = -1.0;
+    }
+    assert_status(
+        admin.upsert_cluster(authed(bad, Some(TOKEN))).await,
+        Code::InvalidArgument,
+        "capacity",
+        "UpsertCluster with a negative capacity",
+    );
+    // Twice the capacity at the root: accepted and visible.
+    let mut bigger = cluster.clone();
+    let root_capacity = bigger.resources.as_ref().map_or(0.0, |r| r.capacity);
+    if let Some(root) = bigger.resources.as_mut() {
+        root.capacity = 2.0 * root_capacity;
+    }
+    let back = ok(
+        admin.upsert_cluster(authed(bigger, Some(TOKEN))).await,
+        "UpsertCluster",
+    );
+    assert_eq!(
+        back.resources.as_ref().map(|r| r.capacity),
+        Some(2.0 * root_capacity)
+    );
+    let again = ok(
+        admin
+            .get_cluster(authed(
+                pb::GetClusterRequest {
+                    id: cluster.id.clone(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "GetCluster",
+    );
+    assert_eq!(
+        again.resources.map(|r| r.capacity),
+        Some(2.0 * root_capacity)
+    );
+    // Delete a map unit: gone from the topology; a second delete finds nothing.
+    let victim = all_units(&server).await.swap_remove(1).id;
+    let del = |id: String| pb::DeleteRequest { id };
+    assert!(
+        ok(
+            admin
+                .delete_map_unit(authed(del(victim.clone()), Some(TOKEN)))
+                .await,
+            "DeleteMapUnit"
+        )
+        .deleted
+    );
+    assert!(
+        !ok(
+            admin
+                .delete_map_unit(authed(del(victim.clone()), Some(TOKEN)))
+                .await,
+            "DeleteMapUnit"
+        )
+        .deleted
+    );
+    assert_status(
+        admin
+            .get_map_unit(authed(pb::GetMapUnitRequest { id: victim }, Some(TOKEN)))
+            .await,
+        Code::NotFound,
+        "no map unit",
+        "GetMapUnit of a deleted unit",
+    );
+    assert_eq!(status(&server).await.map_units, MAP_UNITS - 1);
+}
