@@ -9,6 +9,7 @@ pub mod format;
 pub mod map;
 pub mod model;
 pub mod resolve;
+pub mod select;
 pub mod solve;
 pub mod sticky;
 pub mod verify;

@@ -51,6 +51,9 @@ enum Command {
     /// The demand record of a running (or stopped) system.
     #[command(subcommand)]
     Record(RecordCommand),
+    /// In-cluster server selection at work: place servers and keys, add or remove a server,
+    /// and print each policy's max/avg load, the keys moved, and ring lookups per second.
+    Ring(crate::ring::RingArgs),
 }
 
 #[derive(Args, Debug)]
@@ -357,6 +360,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Demo(a) => cmd_demo(&a),
         Command::Bench(BenchCommand::Solve(a)) => bench::solve(&a),
         Command::Bench(BenchCommand::Resolve(a)) => bench::resolve(&a),
+        Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod ring;
 pub mod synth;
 pub mod trace;
 pub mod world;
