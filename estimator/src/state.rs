@@ -106,7 +106,9 @@ impl Estimates {
         through: &Through,
         loads: &[(usize, f64)],
     ) -> Result<(), LearnError> {
-        let coefficients = self.coefficients(false);
+        // Predict with what the mapper uses (learned only once confident): a cluster stays
+        // derated until the coefficients that explain its load are in the map.
+        let coefficients = self.coefficients(true);
         let mut per_cluster: HashMap<usize, Vec<(String, f64, f64)>> = HashMap::new();
         let mut owner = Vec::with_capacity(instance.node_count());
         for (c, cl) in instance.clusters().iter().enumerate() {
@@ -156,8 +158,8 @@ impl Estimates {
             .all(|l| l.estimate(&self.learn_config).confident)
     }
 
-    /// The coefficients the mapper should use: learned once confident (and `learned_only` is
-    /// false or they are), else configured.
+    /// The coefficients: learned, or — when `require_confidence` is set and the learners are
+    /// not yet confident — the configured ones (what the mapper uses).
     pub fn coefficients(&self, require_confidence: bool) -> Vec<PerUnit> {
         let estimates: Vec<_> = self
             .learners
@@ -189,6 +191,14 @@ impl Estimates {
         forecast: bool,
         learning: bool,
     ) -> Result<Instance, ModelError> {
+        // Nothing to change (no unit observed, nothing learned or derated yet): the base itself,
+        // without rebuilding it.
+        let changes_demand = forecast && !self.forecasters.is_empty();
+        let changes_costs =
+            learning && (self.confident() || self.derater.derated().next().is_some());
+        if !changes_demand && !changes_costs {
+            return Ok(base.clone());
+        }
         let mut file = InstanceFile::of(base);
         if forecast {
             for unit in &mut file.map_units {
@@ -219,5 +229,70 @@ fn scale(n: &mut NestedNode, factor: f64) {
     n.capacity *= factor;
     for c in &mut n.children {
         scale(c, factor);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cdnmap_mapper::format::parse_instance;
+
+    fn instance() -> Instance {
+        let json = r#"{
+          "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 0.5}}],
+          "clusters": [{"id": "a", "lat": 0, "lon": 0, "resources":
+            {"name": "up", "kind": "bps", "capacity": 100, "children": [
+              {"name": "cpu", "kind": "fps", "capacity": 40, "classes": ["web"]}]}}],
+          "map_units": [
+            {"id": "u1", "class": "web", "demand": 10, "lat": 0, "lon": 0, "candidates": [{"cluster": "a", "score": 1}]},
+            {"id": "u2", "class": "web", "demand": 20, "lat": 0, "lon": 0, "candidates": [{"cluster": "a", "score": 1}]}]
+        }"#;
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    #[test]
+    fn nothing_observed_leaves_the_instance_as_it_is() {
+        let inst = instance();
+        let est = Estimates::new(&inst).expect("estimates");
+        assert_eq!(est.apply(&inst, 0, true, true).expect("apply"), inst);
+    }
+
+    #[test]
+    fn observed_demand_replaces_the_configured_demand_of_that_unit_only() {
+        let inst = instance();
+        let mut est = Estimates::new(&inst).expect("estimates");
+        est.observe_demand("u1", 10_000, 55.0);
+        let next = est.apply(&inst, 20_000, true, true).expect("apply");
+        let (u1, u2) = (
+            next.unit_index("u1").expect("u1"),
+            next.unit_index("u2").expect("u2"),
+        );
+        assert!((next.unit_demand(u1) - 55.0).abs() < 1e-9);
+        assert_eq!(next.unit_demand(u2), 20.0);
+        // Without forecasting, the configured demand stays.
+        let same = est.apply(&inst, 20_000, false, true).expect("apply");
+        assert_eq!(same.unit_demand(u1), 10.0);
+    }
+
+    #[test]
+    fn loads_above_the_prediction_derate_the_cluster() {
+        let inst = instance();
+        let map = cdnmap_mapper::solve(&inst, &cdnmap_mapper::SolveOptions::default()).map;
+        let flow = through(&inst, &map, None);
+        let mut est = Estimates::new(&inst).expect("estimates");
+        // The cpu node (global 1) measures twice what the configured 0.5 Fps per unit predicts.
+        let predicted = 0.5 * 30.0;
+        for _ in 0..20 {
+            est.observe_loads(&inst, &flow, &[(1, 2.0 * predicted)])
+                .expect("observe");
+            est.next_round();
+        }
+        assert!(
+            est.derater().factor("a") < 0.6,
+            "{}",
+            est.derater().factor("a")
+        );
+        let next = est.apply(&inst, 0, true, true).expect("apply");
+        assert!(next.clusters()[0].nodes[1].capacity < 40.0 * 0.6);
     }
 }
