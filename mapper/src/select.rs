@@ -241,8 +241,14 @@ impl Ring {
     /// Distinct servers clockwise from point `start` (the owner of `start` first) into `out`;
     /// returns how many were written: `min(out.len(), servers)`.
     pub fn walk_from(&self, start: usize, out: &mut [ServerIdx]) -> usize {
+        self.walk_after(start, out, 0)
+    }
+
+    /// Like [`Ring::walk_from`], keeping the `filled` servers already at the front of `out`
+    /// (distinct) and adding the next distinct ones clockwise from `start`.
+    pub fn walk_after(&self, start: usize, out: &mut [ServerIdx], filled: usize) -> usize {
         let want = out.len().min(self.ids.len());
-        let mut n = 0;
+        let mut n = filled.min(want);
         let len = self.owners.len();
         let mut p = start;
         // Every server owns a point, so one turn of the ring finds `want` servers.
@@ -388,29 +394,9 @@ impl Selector for BoundedLoads {
         if out.is_empty() {
             return 0;
         }
-        let first = self.assigned[i].1;
-        out[0] = first;
-        // The rest: the ring's distinct servers clockwise from the key, skipping `first`.
-        let want = out.len().min(self.ring.servers());
-        let mut n = 1;
-        let len = self.ring.points();
-        let mut p = self.ring.position(h);
-        for _ in 0..len {
-            if n == want {
-                break;
-            }
-            let s = self.ring.owner_at(p);
-            if !out[..n].contains(&s) {
-                out[n] = s;
-                n += 1;
-            }
-            p += 1;
-            if p == len {
-                p = 0;
-            }
-        }
-        debug_assert_eq!(n, want);
-        n
+        out[0] = self.assigned[i].1;
+        // The rest: the ring's distinct servers clockwise from the key, skipping the first.
+        self.ring.walk_after(self.ring.position(h), out, 1)
     }
 }
 

@@ -1,1 +1,103 @@
-//! End-to-end tests of the `cdnmap` binary live in `tests/tests/`.
+//! Helpers shared by the end-to-end tests of the `cdnmap` binary (in `tests/tests/`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The `cdnmap` binary, built on first use.
+pub fn cdnmap_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| match std::env::var_os("CDNMAP_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => build_binary(),
+    })
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> PathBuf {
+    std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("cargo"))
+}
+
+/// `cargo build --bin cdnmap` for the profile (and target directory and triple) this test
+/// executable comes from: `<target>[/<triple>]/<profile>/deps/<test>-<hash>`.
+fn build_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in <target>/<profile>/deps");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or("debug")
+        .to_string();
+
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
+        .args(["build", "--bin", "cdnmap", "--message-format=json"])
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"));
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    // Cargo marks the root of a target directory with CACHEDIR.TAG; one level further up means
+    // the executable was built for an explicit `--target <triple>`.
+    if let Some(up) = profile_dir.parent() {
+        if up.join("CACHEDIR.TAG").is_file() {
+            cmd.arg("--target-dir").arg(up);
+        } else if let (Some(root), Some(triple)) = (up.parent(), up.file_name()) {
+            if root.join("CACHEDIR.TAG").is_file() {
+                cmd.arg("--target-dir")
+                    .arg(root)
+                    .arg("--target")
+                    .arg(triple);
+            }
+        }
+    }
+    let fallback = profile_dir.join(format!("cdnmap{}", std::env::consts::EXE_SUFFIX));
+    let out = match cmd.stdin(Stdio::null()).output() {
+        Ok(out) => out,
+        Err(e) if fallback.is_file() => {
+            eprintln!("could not run cargo ({e}); using {}", fallback.display());
+            return fallback;
+        }
+        Err(e) => panic!("could not run cargo to build cdnmap: {e}"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cargo build --bin cdnmap failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        stdout
+    );
+    let exe = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cdnmap")
+        .filter(|m| {
+            m["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "bin"))
+        })
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or(fallback);
+    assert!(exe.is_file(), "no cdnmap binary at {}", exe.display());
+    exe
+}
