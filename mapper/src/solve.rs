@@ -90,8 +90,6 @@ pub struct SolveStats {
     pub repair_rounds: u32,
     /// Map units still in a blocking pair when the repair rounds ran out (goal: 0).
     pub blocking_pairs_left: usize,
-    /// Heap bytes the solver's working state held at its largest.
-    pub work_bytes: usize,
     /// Demand a seeded solve kept where the seed had it (after shedding overloads).
     pub seeded_demand: f64,
     /// Whether a pass hit its proposal bound ([`proposal_bound`]) and stopped early, leaving
@@ -148,7 +146,6 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
         left = s.find_blocking();
     }
     s.stats.blocking_pairs_left = left.len();
-    s.stats.work_bytes = s.heap_bytes();
     // The heaps are not needed to read the map out: free them first, to lower the peak.
     s.heap = Vec::new();
     let map = s.to_map();
@@ -912,18 +909,6 @@ impl<'a> Solver<'a> {
             map.push_unit(held.iter().map(|&(_, a)| a), self.unplaced[u as usize]);
         }
         map
-    }
-
-    fn heap_bytes(&self) -> usize {
-        let n = self.unplaced.capacity();
-        self.heap.iter().map(|h| h.capacity() * 8).sum::<usize>()
-            + self.heap.capacity() * std::mem::size_of::<BinaryHeap<u64>>()
-            + n * (8 + 1 + 4 + 1)
-            + self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.free_slots.capacity() * 4
-            + self.stack.capacity() * 4
-            + self.paths.node.capacity() * 12
-            + self.used.capacity() * 16
     }
 }
 
