@@ -108,15 +108,7 @@ pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
             continue;
         }
         total += d;
-        let shares_old = shares(old, u);
-        let shares_new = shares(new, u);
-        let mut kept = 0.0;
-        for &(c, s_new) in &shares_new {
-            if let Some(&(_, s_old)) = shares_old.iter().find(|(co, _)| *co == c) {
-                kept += f64::min(s_old, s_new);
-            }
-        }
-        moved += d * (1.0 - kept.min(1.0));
+        moved += d * (1.0 - kept_share(old, new, u).min(1.0));
     }
     if total > 0.0 {
         moved / total
@@ -125,20 +117,40 @@ pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
     }
 }
 
-/// Fraction of unit `u`'s demand at each cluster, overflow as cluster `u32::MAX`.
-fn shares(map: &Map, u: UnitIdx) -> Vec<(u32, f64)> {
-    let allocs = map.allocations(u);
-    let over = map.overflow(u);
-    let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + over;
-    if total <= 0.0 {
-        return Vec::new();
+/// Σ over clusters (and overflow) of min(old share, new share) of unit `u`'s demand. Runs once
+/// per unit per round, so it allocates nothing: a unit has a handful of allocations.
+fn kept_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
+    let total = |m: &Map| m.allocations(u).iter().map(|a| a.amount).sum::<f64>() + m.overflow(u);
+    let (t_old, t_new) = (total(old), total(new));
+    if t_old <= 0.0 || t_new <= 0.0 {
+        return 0.0;
     }
-    let mut out: Vec<(u32, f64)> = allocs
-        .iter()
-        .map(|a| (a.cluster, a.amount / total))
-        .collect();
-    if over > 0.0 {
-        out.push((u32::MAX, over / total));
+    let old_allocs = old.allocations(u);
+    let at_old = |c: ClusterIdx| -> f64 {
+        old_allocs
+            .iter()
+            .filter(|a| a.cluster == c)
+            .map(|a| a.amount)
+            .sum()
+    };
+    // A cluster named twice in a map (possible in one read from a file) counts once here.
+    let new_allocs = new.allocations(u);
+    let mut kept = 0.0;
+    for (i, a) in new_allocs.iter().enumerate() {
+        if new_allocs[..i].iter().any(|b| b.cluster == a.cluster) {
+            continue;
+        }
+        let s_new: f64 = new_allocs
+            .iter()
+            .filter(|b| b.cluster == a.cluster)
+            .map(|b| b.amount)
+            .sum::<f64>()
+            / t_new;
+        kept += f64::min(at_old(a.cluster) / t_old, s_new);
     }
-    out
+    let (o_old, o_new) = (old.overflow(u), new.overflow(u));
+    if o_old > 0.0 && o_new > 0.0 {
+        kept += f64::min(o_old / t_old, o_new / t_new);
+    }
+    kept
 }
