@@ -101,3 +101,56 @@ fn build_binary() -> PathBuf {
     assert!(exe.is_file(), "no cdnmap binary at {}", exe.display());
     exe
 }
+
+/// The path of `program`, installing Debian's `packages` with apt-get first when it is not on
+/// the machine (a fresh machine has only the Rust toolchain, gcc and Python; the tests bring
+/// their peers: dig, chromium, ...). Installs run one at a time within this process and wait
+/// for another process's apt lock. Errors say what was missing and what apt-get printed.
+pub fn ensure_debian_tool(program: &str, packages: &[&str]) -> Result<PathBuf, String> {
+    static APT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = APT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = find_program(program) {
+        return Ok(found);
+    }
+    let apt = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("apt-get")
+            .args(["-o", "DPkg::Lock::Timeout=600", "-q", "-y"])
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{program} is missing and apt-get could not run: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{program} is missing and `apt-get {}` failed:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    let mut install = vec!["install", "--no-install-recommends"];
+    install.extend_from_slice(packages);
+    // The package lists of a fresh machine may be empty or stale: update once, then retry.
+    if apt(&install).is_err() {
+        apt(&["update"])?;
+        apt(&install)?;
+    }
+    find_program(program).ok_or_else(|| {
+        format!(
+            "{program} is still missing after installing {}",
+            packages.join(" ")
+        )
+    })
+}
+
+/// `program` on `PATH` (or in /usr/sbin and /sbin, where Debian puts daemons).
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
