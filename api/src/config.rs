@@ -23,6 +23,14 @@
 //! margin = 0.1                     # 0: every round a cold solve
 //! incumbents_first = true
 //!
+//! [selection.default]              # which servers of a cluster an answer names
+//! policy = "consistent"            # or "bounded" (with c) or "power-of-d" (with d)
+//! vnodes = 100
+//!
+//! [selection.clusters."fra-1"]     # per cluster, overriding the default
+//! policy = "power-of-d"
+//! d = 2
+//!
 //! [demo]                           # the built-in world, when no instance is given
 //! map_units = 30000
 //! clusters = 120
@@ -79,7 +87,90 @@ pub struct Config {
     pub default_class: String,
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
+    pub selection: SelectionConfig,
     pub demo: DemoConfig,
+}
+
+/// In-cluster server selection: a default policy and per-cluster overrides.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SelectionConfig {
+    pub default: PolicyConfig,
+    /// Cluster id → its policy.
+    pub clusters: std::collections::BTreeMap<String, PolicyConfig>,
+}
+
+/// One selection policy (`mapper::servers::Policy`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    pub policy: PolicyName,
+    pub vnodes: u32,
+    /// Bounded loads' factor (> 1).
+    pub c: f64,
+    /// Power-of-d's d.
+    pub d: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    Consistent,
+    Bounded,
+    PowerOfD,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            policy: PolicyName::Consistent,
+            vnodes: 100,
+            c: 1.25,
+            d: 2,
+        }
+    }
+}
+
+impl PolicyConfig {
+    pub fn policy(&self) -> cdnmap_mapper::servers::Policy {
+        use cdnmap_mapper::servers::Policy;
+        let vnodes = self.vnodes;
+        match self.policy {
+            PolicyName::Consistent => Policy::Consistent { vnodes },
+            PolicyName::Bounded => Policy::BoundedLoads { vnodes, c: self.c },
+            PolicyName::PowerOfD => Policy::PowerOfD { vnodes, d: self.d },
+        }
+    }
+}
+
+impl SelectionConfig {
+    /// The policy of each cluster of `instance`, in cluster order.
+    pub fn policies(
+        &self,
+        instance: &cdnmap_mapper::Instance,
+    ) -> Vec<cdnmap_mapper::servers::Policy> {
+        instance
+            .clusters()
+            .iter()
+            .map(|c| self.clusters.get(&c.id).unwrap_or(&self.default).policy())
+            .collect()
+    }
+
+    /// Refuses overrides for clusters `instance` does not have (a typo would otherwise go
+    /// unnoticed).
+    pub fn check_clusters(&self, instance: &cdnmap_mapper::Instance) -> Result<(), ConfigError> {
+        match self
+            .clusters
+            .keys()
+            .find(|id| instance.cluster_index(id).is_none())
+        {
+            Some(id) => Err(invalid(
+                &format!("selection.clusters.{id}"),
+                "no such cluster in the topology",
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// One hostname rule: `pattern` ("www.cdn.example" or "*.video.cdn.example") → `class`.
@@ -130,6 +221,7 @@ impl Default for Config {
                 },
             ],
             stickiness: StickinessConfig::default(),
+            selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
         }
     }
@@ -246,6 +338,18 @@ impl Config {
         }
         .validate()
         .map_err(|e| invalid("stickiness.margin", e.to_string()))?;
+        let policies = std::iter::once(("selection.default".to_string(), &self.selection.default))
+            .chain(
+                self.selection
+                    .clusters
+                    .iter()
+                    .map(|(id, p)| (format!("selection.clusters.{id}"), p)),
+            );
+        for (key, p) in policies {
+            p.policy()
+                .validate()
+                .map_err(|e| invalid(&key, e.to_string()))?;
+        }
         if self.instance.is_none() {
             if !(1..=MAX_DEMO_MAP_UNITS).contains(&self.demo.map_units) {
                 return Err(invalid(
@@ -331,6 +435,15 @@ mod tests {
             ("[stickiness]\nmargin = 0.95", "stickiness.margin"),
             ("[stickiness]\nmargin = nan", "stickiness.margin"),
             ("[demo]\nmap_units = 0", "demo.map_units"),
+            (
+                "[selection.default]\npolicy = \"bounded\"\nc = 1.0",
+                "selection.default",
+            ),
+            (
+                "[selection.clusters.x]\npolicy = \"power-of-d\"\nd = 17",
+                "selection.clusters.x",
+            ),
+            ("[selection.default]\npolicy = \"random\"", "random"),
             ("[demo]\nclusters = 0", "demo.clusters"),
             ("cycle_secs = \"ten\"", "cycle_secs"),
             ("cycles = 10", "cycles"),

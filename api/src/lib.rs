@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod round;
+pub mod selection;
 pub mod service;
 pub mod store;
 

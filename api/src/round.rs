@@ -165,9 +165,16 @@ pub fn utilization(instance: &Instance, map: &Map) -> Vec<f64> {
         .collect()
 }
 
-/// The map units of `new` whose placement differs from `old`'s (by id: shares per cluster id
-/// or overflow share), and the ids of `old`'s units that `new` no longer has: what a WatchMap
-/// delta carries.
+/// The id of the cluster unit `u` of `s` names second when its demand sits at one cluster.
+fn backup_id(s: &Snapshot, u: UnitIdx) -> Option<&str> {
+    s.resolver
+        .backup(u)
+        .map(|c| s.instance.clusters()[c as usize].id.as_str())
+}
+
+/// The map units of `new` whose placement differs from `old`'s (by id: shares per cluster id,
+/// overflow share, backup cluster or prefixes), and the ids of `old`'s units that `new` no
+/// longer has: what a WatchMap delta carries.
 pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<String>) {
     fn shares(s: &Snapshot, u: UnitIdx) -> Vec<(&str, f64)> {
         let allocs = s.map.allocations(u);
@@ -193,6 +200,8 @@ pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<Strin
                         || a.iter()
                             .zip(&b)
                             .any(|(x, y)| x.0 != y.0 || (x.1 - y.1).abs() > SAME)
+                        || backup_id(old, o) != backup_id(new, u)
+                        || old.instance.unit_prefixes(o) != new.instance.unit_prefixes(u)
                 }
             },
         )
@@ -286,8 +295,19 @@ mod tests {
         .expect("r2");
         let (changed, removed) = changed_units(&s1, &s2);
         assert!(removed.is_empty());
-        // Three units sat at "near" (its capacity); they move, the fourth stays at "far".
-        assert_eq!(changed.len(), 3);
+        // Three units sat at "near" (its capacity); they move, the fourth stays at "far" but
+        // loses "near" as its backup: all four change for a front end, one of them only there.
+        assert_eq!(changed.len(), 4);
+        let backup_only: Vec<&str> = changed
+            .iter()
+            .filter(|&&u| s2.map.allocations(u) == s1.map.allocations(u))
+            .map(|&u| s2.instance.unit_id(u))
+            .collect();
+        assert_eq!(backup_only.len(), 1, "{backup_only:?}");
+        assert_eq!(
+            backup_id(&s2, s2.instance.unit_index(backup_only[0]).expect("unit")),
+            None
+        );
         assert!((s2.churn.expect("churn") - 0.75).abs() < 1e-12);
         let client = "10.0.1.7/32".parse().expect("net");
         let answer = s2.resolver.resolve(client, "www.cdn.example");

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::Config;
 use crate::round::{changed_units, round, Snapshot};
+use crate::selection::{self, ServerLoads};
 use crate::store::{Store, StoredMapMeta};
 
 /// The most addresses one answer carries.
@@ -58,6 +59,10 @@ pub struct Shared {
     estimates: Mutex<Estimates>,
     /// What the reports brought since the last round.
     pending: Mutex<Pending>,
+    /// In-cluster selection: the last reported server loads, and the selectors of the
+    /// published map (built before the map is published).
+    server_loads: Mutex<ServerLoads>,
+    servers: ArcSwapOption<selection::Published>,
 }
 
 /// Observations waiting for the next round.
@@ -94,11 +99,14 @@ impl Shared {
                 (initial, None)
             }
         };
+        config.selection.check_clusters(&topology)?;
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
         let estimates = Estimates::new(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
         let shared = Arc::new(Shared {
             estimates: Mutex::new(estimates),
             pending: Mutex::new(Pending::default()),
+            server_loads: Mutex::new(ServerLoads::default()),
+            servers: ArcSwapOption::empty(),
             topology: Mutex::new(topology.clone()),
             current: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
@@ -114,6 +122,7 @@ impl Shared {
                 "serving the stored map until the first round"
             );
             metrics::gauge!("cdnmap_map_version").set(meta.version as f64);
+            shared.publish_servers(meta.version, &topology);
             shared.current.store(Some(Arc::new(Snapshot {
                 version: meta.version,
                 solved_at_unix_ms: meta.solved_at_unix_ms,
@@ -137,6 +146,31 @@ impl Shared {
 
     pub fn current(&self) -> Option<Arc<Snapshot>> {
         self.current.load_full()
+    }
+
+    /// The selection policy of each cluster of `instance`.
+    fn policies(&self, instance: &Instance) -> Vec<cdnmap_mapper::servers::Policy> {
+        self.config.selection.policies(instance)
+    }
+
+    /// Builds the in-cluster selectors of map `version` (of `instance`) with the last reported
+    /// server loads. A failure (the config's policies are validated, so only an internal
+    /// error) leaves answers naming every address of their clusters, and is logged.
+    fn publish_servers(&self, version: u64, instance: &Instance) {
+        let built = match self.server_loads.lock() {
+            Ok(loads) => selection::build(instance, &self.policies(instance), &loads, &[])
+                .map_err(|e| e.to_string()),
+            Err(_) => Err("server load lock poisoned".to_string()),
+        };
+        match built {
+            Ok(servers) => self
+                .servers
+                .store(Some(Arc::new(selection::Published { version, servers }))),
+            Err(e) => {
+                tracing::error!(error = %e, "building the in-cluster selectors failed");
+                self.servers.store(None);
+            }
+        }
     }
 
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, publish,
@@ -185,6 +219,7 @@ impl Shared {
         match result {
             Ok(snapshot) => {
                 let snapshot = Arc::new(snapshot);
+                self.publish_servers(snapshot.version, &snapshot.instance);
                 self.current.store(Some(Arc::clone(&snapshot)));
                 let meta = StoredMapMeta {
                     version: snapshot.version,
@@ -376,7 +411,7 @@ impl MappingService {
         let out = answers
             .iter()
             .zip(&batch.queries)
-            .map(|(a, q)| self.to_pb(&s, q.qtype, a))
+            .map(|(a, q)| self.to_pb(&s, q.qtype, a, &q.qname))
             .collect();
         Ok(pb::ResolveBatchResponse { answers: out })
     }
@@ -395,7 +430,7 @@ impl MappingService {
         qname: &str,
     ) -> pb::ResolveResponse {
         let answer = s.resolver.resolve(client, qname);
-        self.to_pb(s, qtype, &answer)
+        self.to_pb(s, qtype, &answer, qname)
     }
 
     fn to_pb(
@@ -403,21 +438,37 @@ impl MappingService {
         s: &Snapshot,
         qtype: u32,
         answer: &cdnmap_mapper::resolve::Answer,
+        qname: &str,
     ) -> pb::ResolveResponse {
         let clusters = s.instance.clusters();
         let want_v6 = qtype == 28;
         let mut addresses = Vec::new();
         let mut cluster_ids = Vec::new();
         if qtype == 1 || want_v6 {
+            let servers = self.0.servers.load();
+            match servers.as_deref().filter(|p| p.version == s.version) {
+                // The selectors' servers for the hostname.
+                Some(p) => {
+                    let (mut key, mut picked) = (String::new(), Vec::new());
+                    p.servers
+                        .answer(answer, qname, want_v6, &mut key, &mut picked);
+                    addresses.extend(picked.iter().map(|a| a.to_string()));
+                }
+                // No selectors for this version: every address of both clusters.
+                None => {
+                    for c in [answer.primary, answer.secondary].into_iter().flatten() {
+                        addresses.extend(
+                            clusters[c as usize]
+                                .addresses
+                                .iter()
+                                .filter(|a| a.is_ipv6() == want_v6)
+                                .map(|a| a.to_string()),
+                        );
+                    }
+                }
+            }
             for c in [answer.primary, answer.secondary].into_iter().flatten() {
-                let cl = &clusters[c as usize];
-                cluster_ids.push(cl.id.clone());
-                addresses.extend(
-                    cl.addresses
-                        .iter()
-                        .filter(|a| a.is_ipv6() == want_v6)
-                        .map(|a| a.to_string()),
-                );
+                cluster_ids.push(clusters[c as usize].id.clone());
             }
         }
         addresses.truncate(MAX_ANSWER_ADDRESSES);
@@ -557,17 +608,50 @@ fn unit_pb(s: &Snapshot, u: UnitIdx) -> pb::UnitMapping {
             })
             .collect(),
         overflow_share: if d > 0.0 { s.map.overflow(u) / d } else { 0.0 },
+        backup_cluster: s
+            .resolver
+            .backup(u)
+            .map_or(String::new(), |c| clusters[c as usize].id.clone()),
     }
 }
 
-fn clusters_pb(s: &Snapshot) -> Vec<pb::ClusterAddresses> {
+fn clusters_pb(shared: &Shared, s: &Snapshot) -> Vec<pb::ClusterAddresses> {
+    let policies = shared.policies(&s.instance);
+    let loads = shared.server_loads.lock();
     s.instance
         .clusters()
         .iter()
-        .map(|c| pb::ClusterAddresses {
+        .zip(&policies)
+        .map(|(c, policy)| pb::ClusterAddresses {
             id: c.id.clone(),
             addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
             state: state_pb(c.state) as i32,
+            selection: Some(selection::policy_pb(policy)),
+            server_loads: c
+                .addresses
+                .iter()
+                .map(|&a| loads.as_ref().map_or(0.0, |l| l.get(&c.id, a)))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Per class, its fallback clusters.
+fn fallbacks_pb(s: &Snapshot) -> Vec<pb::ClassFallback> {
+    let clusters = s.instance.clusters();
+    s.instance
+        .classes()
+        .iter()
+        .enumerate()
+        .map(|(k, class)| pb::ClassFallback {
+            traffic_class: class.name.clone(),
+            clusters: s
+                .resolver
+                .fallback(k as cdnmap_mapper::ClassIdx)
+                .into_iter()
+                .flatten()
+                .map(|c| clusters[c as usize].id.clone())
+                .collect(),
         })
         .collect()
 }
@@ -593,10 +677,11 @@ fn full_update(shared: &Shared, s: &Snapshot) -> pb::MapUpdate {
             .map(|u| unit_pb(s, u))
             .collect(),
         removed_units: Vec::new(),
-        clusters: clusters_pb(s),
+        clusters: clusters_pb(shared, s),
         class_rules: rules_pb(shared),
         default_class: shared.config.default_class.clone(),
         solved_at_unix_ms: s.solved_at_unix_ms,
+        fallbacks: fallbacks_pb(s),
     }
 }
 
@@ -608,10 +693,11 @@ fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpd
         base_version: prev.version,
         units: changed.into_iter().map(|u| unit_pb(next, u)).collect(),
         removed_units: removed,
-        clusters: clusters_pb(next),
+        clusters: clusters_pb(shared, next),
         class_rules: rules_pb(shared),
         default_class: shared.config.default_class.clone(),
         solved_at_unix_ms: next.solved_at_unix_ms,
+        fallbacks: fallbacks_pb(next),
     }
 }
 
@@ -759,6 +845,12 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 r.loads.len()
             )));
         }
+        if r.servers.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "servers: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.servers.len()
+            )));
+        }
         let topology = self
             .0
             .topology
@@ -783,14 +875,55 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 )));
             }
         }
-        let n = r.loads.len() as u64;
-        let body = serde_json::json!({
+        let mut servers = Vec::with_capacity(r.servers.len());
+        for (i, l) in r.servers.iter().enumerate() {
+            let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
+                invalid(format!("servers[{i}].cluster: no cluster {:?}", l.cluster))
+            })?;
+            let address: IpAddr = l.address.parse().map_err(|_| {
+                invalid(format!(
+                    "servers[{i}].address: {:?} is not an IP address",
+                    l.address
+                ))
+            })?;
+            if !topology.clusters()[cluster as usize]
+                .addresses
+                .contains(&address)
+            {
+                return Err(invalid(format!(
+                    "servers[{i}].address: cluster {:?} has no server {address}",
+                    l.cluster
+                )));
+            }
+            if !(l.load.is_finite() && l.load >= 0.0) {
+                return Err(invalid(format!(
+                    "servers[{i}].load: {} is not a load >= 0",
+                    l.load
+                )));
+            }
+            servers.push((l.cluster.as_str(), address, l.load));
+        }
+        let n = (r.loads.len() + r.servers.len()) as u64;
+        let mut body = serde_json::json!({
             "measured_at_unix_ms": r.measured_at_unix_ms,
             "loads": r.loads.iter().map(|l| serde_json::json!({
                 "cluster": l.cluster, "node": l.node, "load": l.load
             })).collect::<Vec<_>>(),
         });
+        if !servers.is_empty() {
+            body["servers"] = servers
+                .iter()
+                .map(|(c, a, l)| serde_json::json!({"cluster": c, "address": a, "load": l}))
+                .collect();
+        }
         self.store("load", &r.reporter, body).await?;
+        if let Ok(mut table) = self.0.server_loads.lock() {
+            for &(cluster, address, load) in &servers {
+                if !table.set(cluster, address, load) {
+                    tracing::warn!(cluster, %address, "server load table full; report dropped");
+                }
+            }
+        }
         if let Ok(mut pending) = self.0.pending.lock() {
             for l in &r.loads {
                 if pending.loads.len() >= MAX_PENDING_LOADS {

@@ -10,6 +10,7 @@ pub mod map;
 pub mod model;
 pub mod resolve;
 pub mod select;
+pub mod servers;
 pub mod solve;
 pub mod sticky;
 pub mod verify;

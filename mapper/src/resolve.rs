@@ -625,6 +625,36 @@ impl Resolver {
         }
     }
 
+    /// The cluster an answer names second when unit `u`'s demand sits wholly at one cluster:
+    /// its best up candidate other than its placed clusters (`None` if there is none). With the
+    /// unit's placements and the class fallbacks it is all a front end needs to answer exactly
+    /// as this resolver does (see `WatchMap`).
+    pub fn backup(&self, u: UnitIdx) -> Option<ClusterIdx> {
+        let (placed, _) = self.allocations_of(u);
+        let up = |c: ClusterIdx| self.instance.clusters()[c as usize].state == ClusterState::Up;
+        self.instance
+            .candidates(u)
+            .map(|c| c.cluster)
+            .find(|&c| up(c) && !placed.contains(&c))
+    }
+
+    /// The class's two fallback clusters: the up clusters serving it with the most room.
+    pub fn fallback(&self, class: ClassIdx) -> [Option<ClusterIdx>; 2] {
+        self.fallback
+            .get(usize::from(class))
+            .copied()
+            .unwrap_or([None, None])
+    }
+
+    /// The same resolver with the class fallbacks given (a front end's copy of the map knows no
+    /// capacities; it takes the mapper's fallbacks instead of computing its own).
+    pub fn with_fallbacks(mut self, fallback: Vec<[Option<ClusterIdx>; 2]>) -> Self {
+        if fallback.len() == self.classes {
+            self.fallback = fallback;
+        }
+        self
+    }
+
     /// The addresses to hand out for `answer`: the primary cluster's, then the secondary's,
     /// at most `max`.
     pub fn addresses(&self, answer: &Answer, max: usize) -> Vec<IpAddr> {

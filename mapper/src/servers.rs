@@ -1,0 +1,385 @@
+//! The second level of mapping: which servers of the chosen clusters an answer names.
+//!
+//! Each cluster has a selection [`Policy`] (from the configuration); [`Servers`] builds, once per
+//! map version, one [`Selector`] per cluster and address family over the cluster's addresses
+//! (a server is an address; its ring id is the address's text), then answers without
+//! allocating. The key is the hostname (content), lower-cased, without the trailing dot, so
+//! every name lands on the same servers, and every front end (and the mapper's own `Resolve`)
+//! that holds the same map and policies names the same servers.
+//!
+//! An answer names up to [`PRIMARY_SERVERS`] servers of the primary cluster, then fills up to
+//! [`ANSWER_SERVERS`] from the secondary cluster: at least two distinct servers whenever the two
+//! clusters have two addresses of the query's family between them.
+
+use std::net::IpAddr;
+
+use crate::model::{ClusterIdx, Instance};
+use crate::resolve::{Answer, MAX_QNAME_LEN};
+use crate::select::{BoundedLoads, PowerOfD, Ring, SelectError, Selector, ServerIdx};
+
+/// Servers an answer takes from its primary cluster.
+pub const PRIMARY_SERVERS: usize = 2;
+/// Servers an answer names in all (the rest from the secondary cluster).
+pub const ANSWER_SERVERS: usize = 3;
+/// Most weighted keys a bounded-loads selector is built over.
+pub const MAX_WEIGHTED_KEYS: usize = 100_000;
+/// Most virtual nodes per server.
+pub const MAX_VNODES: u32 = 1_000;
+
+/// A cluster's in-cluster selection policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// Consistent hashing with `vnodes` points per server.
+    Consistent { vnodes: u32 },
+    /// Consistent hashing with bounded loads (factor `c` > 1) over the weighted keys given to
+    /// [`Servers::build`]; other keys get the plain ring answer.
+    BoundedLoads { vnodes: u32, c: f64 },
+    /// The least loaded (by the last reported server loads) of the key's first `d` servers.
+    PowerOfD { vnodes: u32, d: u32 },
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy::Consistent { vnodes: 100 }
+    }
+}
+
+impl Policy {
+    pub fn vnodes(&self) -> u32 {
+        match *self {
+            Policy::Consistent { vnodes }
+            | Policy::BoundedLoads { vnodes, .. }
+            | Policy::PowerOfD { vnodes, .. } => vnodes,
+        }
+    }
+
+    /// The policy's name as configured: `consistent`, `bounded`, `power-of-d`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Consistent { .. } => "consistent",
+            Policy::BoundedLoads { .. } => "bounded",
+            Policy::PowerOfD { .. } => "power-of-d",
+        }
+    }
+
+    /// Checks the numbers; the error names the field.
+    pub fn validate(&self) -> Result<(), SelectError> {
+        let bad = |field: &'static str, value: f64, rule: &'static str| SelectError::BadNumber {
+            subject: format!("{} policy", self.name()),
+            field,
+            value,
+            rule,
+        };
+        let vnodes = self.vnodes();
+        if !(1..=MAX_VNODES).contains(&vnodes) {
+            return Err(bad("vnodes", f64::from(vnodes), "must be in 1..=1000"));
+        }
+        match *self {
+            Policy::Consistent { .. } => Ok(()),
+            Policy::BoundedLoads { c, .. } if !(c.is_finite() && c > 1.0 && c <= 100.0) => {
+                Err(bad("c", c, "must be above 1 and at most 100"))
+            }
+            Policy::BoundedLoads { .. } => Ok(()),
+            Policy::PowerOfD { d, .. } if !(1..=crate::select::MAX_D as u32).contains(&d) => {
+                Err(bad("d", f64::from(d), "must be in 1..=16"))
+            }
+            Policy::PowerOfD { .. } => Ok(()),
+        }
+    }
+}
+
+/// One cluster's servers of one address family, with their selector.
+struct Family {
+    addresses: Vec<IpAddr>,
+    selector: Option<Box<dyn Selector + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Family")
+            .field("addresses", &self.addresses)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every cluster's selectors for one map version.
+#[derive(Debug)]
+pub struct Servers {
+    /// Per cluster: IPv4, IPv6.
+    families: Vec<[Family; 2]>,
+}
+
+/// Why [`Servers::build`] refused its input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServersError {
+    #[error("cluster {cluster:?}: {source}")]
+    Select {
+        cluster: String,
+        #[source]
+        source: SelectError,
+    },
+    #[error("{got} policies for {clusters} clusters")]
+    PolicyCount { got: usize, clusters: usize },
+    #[error("{got} weighted keys, at most {MAX_WEIGHTED_KEYS}")]
+    TooManyKeys { got: usize },
+}
+
+/// The selection key of a hostname: lower-cased, without the trailing dot (at most
+/// [`MAX_QNAME_LEN`] bytes are used).
+pub fn content_key(qname: &str, buf: &mut String) {
+    let name = qname.strip_suffix('.').unwrap_or(qname);
+    let mut end = name.len().min(MAX_QNAME_LEN);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf.clear();
+    buf.push_str(&name[..end]);
+    buf.make_ascii_lowercase();
+}
+
+impl Servers {
+    /// Builds each cluster's selectors. `policies[c]` is cluster `c`'s policy; `load(c, addr)`
+    /// the last reported load of a server (power-of-d; 0 when none was reported); `keys` the
+    /// weighted hostnames bounded loads place (content keys, see [`content_key`]).
+    pub fn build(
+        instance: &Instance,
+        policies: &[Policy],
+        load: impl Fn(ClusterIdx, IpAddr) -> f64,
+        keys: &[(&str, f64)],
+    ) -> Result<Servers, ServersError> {
+        let clusters = instance.clusters();
+        if policies.len() != clusters.len() {
+            return Err(ServersError::PolicyCount {
+                got: policies.len(),
+                clusters: clusters.len(),
+            });
+        }
+        if keys.len() > MAX_WEIGHTED_KEYS {
+            return Err(ServersError::TooManyKeys { got: keys.len() });
+        }
+        let mut families = Vec::with_capacity(clusters.len());
+        for (ci, (cluster, policy)) in clusters.iter().zip(policies).enumerate() {
+            let err = |source| ServersError::Select {
+                cluster: cluster.id.clone(),
+                source,
+            };
+            policy.validate().map_err(err)?;
+            let family = |v6: bool| -> Result<Family, ServersError> {
+                let addresses: Vec<IpAddr> = cluster
+                    .addresses
+                    .iter()
+                    .copied()
+                    .filter(|a| a.is_ipv6() == v6)
+                    .collect();
+                if addresses.is_empty() {
+                    return Ok(Family {
+                        addresses,
+                        selector: None,
+                    });
+                }
+                let ids: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
+                let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                let ring = Ring::new(&id_refs, policy.vnodes()).map_err(err)?;
+                let selector: Box<dyn Selector + Send + Sync> = match *policy {
+                    Policy::Consistent { .. } => Box::new(ring),
+                    Policy::BoundedLoads { c, .. } => {
+                        Box::new(BoundedLoads::build(ring, keys, c).map_err(err)?)
+                    }
+                    Policy::PowerOfD { d, .. } => {
+                        let loads = addresses.iter().map(|&a| load(ci as ClusterIdx, a));
+                        Box::new(PowerOfD::new(ring, d as usize, loads.collect()).map_err(err)?)
+                    }
+                };
+                Ok(Family {
+                    addresses,
+                    selector: Some(selector),
+                })
+            };
+            families.push([family(false)?, family(true)?]);
+        }
+        Ok(Servers { families })
+    }
+
+    /// Fills `out` with up to `max` servers of `cluster` (addresses of the family `v6` asks
+    /// for) for content key `key`, most preferred first, skipping any already in `out`.
+    pub fn pick_into(
+        &self,
+        cluster: ClusterIdx,
+        v6: bool,
+        key: &str,
+        max: usize,
+        out: &mut Vec<IpAddr>,
+    ) {
+        let Some(family) = self.families.get(cluster as usize) else {
+            return;
+        };
+        let family = &family[usize::from(v6)];
+        let Some(selector) = &family.selector else {
+            return;
+        };
+        let mut picked = [0 as ServerIdx; ANSWER_SERVERS + 1];
+        let want = (max + 1).min(picked.len()).min(family.addresses.len());
+        let n = selector.pick(key, &mut picked[..want]);
+        let mut added = 0;
+        for &s in &picked[..n] {
+            if added == max {
+                break;
+            }
+            let a = family.addresses[s as usize];
+            if !out.contains(&a) {
+                out.push(a);
+                added += 1;
+            }
+        }
+    }
+
+    /// The servers an answer names for `qname` (an A query if `!v6`, AAAA if `v6`): up to
+    /// [`PRIMARY_SERVERS`] of the primary cluster, then the secondary's, [`ANSWER_SERVERS`] at
+    /// most. `key_buf` is scratch space for the content key.
+    pub fn answer(
+        &self,
+        answer: &Answer,
+        qname: &str,
+        v6: bool,
+        key_buf: &mut String,
+        out: &mut Vec<IpAddr>,
+    ) {
+        out.clear();
+        content_key(qname, key_buf);
+        if let Some(p) = answer.primary {
+            self.pick_into(p, v6, key_buf, PRIMARY_SERVERS, out);
+        }
+        if let Some(s) = answer.secondary {
+            let room = ANSWER_SERVERS - out.len();
+            self.pick_into(s, v6, key_buf, room, out);
+        }
+        // A primary with fewer servers of the family leaves room the secondary did not fill:
+        // take more of the primary's.
+        if out.len() < ANSWER_SERVERS {
+            if let Some(p) = answer.primary {
+                let room = ANSWER_SERVERS - out.len();
+                self.pick_into(p, v6, key_buf, room, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::parse_instance;
+    use crate::model::Limits;
+
+    fn instance() -> Instance {
+        let cluster = |id: &str, addrs: &[&str]| {
+            serde_json::json!({
+                "id": id, "lat": 0.0, "lon": 0.0, "addresses": addrs,
+                "resources": {"name": "r", "kind": "bps", "capacity": 10.0, "classes": ["web"]}
+            })
+        };
+        let doc = serde_json::json!({
+            "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1.0, "fps": 0.0}}],
+            "clusters": [
+                cluster("a", &["192.0.2.1", "192.0.2.2", "192.0.2.3", "2001:db8::1"]),
+                cluster("b", &["198.51.100.1"]),
+            ],
+            "map_units": [{"id": "u", "class": "web", "demand": 1.0,
+                           "prefixes": ["10.0.0.0/8"], "lat": 0.0, "lon": 0.0,
+                           "candidates": [{"cluster": "a", "score": 1.0}]}]
+        });
+        parse_instance(doc.to_string().as_bytes(), Limits::default()).expect("valid instance")
+    }
+
+    fn answer(primary: u32, secondary: Option<u32>) -> Answer {
+        Answer {
+            class: 0,
+            unit: Some(0),
+            scope_prefix_len: 8,
+            primary: Some(primary),
+            secondary,
+        }
+    }
+
+    #[test]
+    fn answers_name_distinct_servers_of_the_family_primary_first() {
+        let inst = instance();
+        for policy in [
+            Policy::Consistent { vnodes: 50 },
+            Policy::BoundedLoads {
+                vnodes: 50,
+                c: 1.25,
+            },
+            Policy::PowerOfD { vnodes: 50, d: 2 },
+        ] {
+            let s =
+                Servers::build(&inst, &[policy; 2], |_, _| 0.0, &[("www.x", 1.0)]).expect("builds");
+            let (mut buf, mut out) = (String::new(), Vec::new());
+            s.answer(&answer(0, Some(1)), "WWW.X.", false, &mut buf, &mut out);
+            assert_eq!(out.len(), 3, "{policy:?}: {out:?}");
+            assert!(out[..2]
+                .iter()
+                .all(|a| a.to_string().starts_with("192.0.2.")));
+            assert_eq!(out[2].to_string(), "198.51.100.1");
+            // The key ignores case and the trailing dot.
+            let mut again = Vec::new();
+            s.answer(&answer(0, Some(1)), "www.x", false, &mut buf, &mut again);
+            assert_eq!(out, again);
+            // AAAA: the one IPv6 server; cluster b has none.
+            s.answer(&answer(0, Some(1)), "www.x", true, &mut buf, &mut out);
+            assert_eq!(out, vec!["2001:db8::1".parse::<IpAddr>().unwrap()]);
+            // A primary with one server of the family: the secondary fills, then nothing more.
+            s.answer(&answer(1, Some(0)), "www.x", false, &mut buf, &mut out);
+            assert_eq!(out.len(), 3);
+            assert_eq!(out[0].to_string(), "198.51.100.1");
+        }
+    }
+
+    #[test]
+    fn power_of_d_avoids_the_loaded_server() {
+        let inst = instance();
+        let loaded: IpAddr = "192.0.2.1".parse().unwrap();
+        let s = Servers::build(
+            &inst,
+            &[Policy::PowerOfD { vnodes: 50, d: 3 }; 2],
+            |c, a| if c == 0 && a == loaded { 100.0 } else { 1.0 },
+            &[],
+        )
+        .expect("builds");
+        let (mut buf, mut out) = (String::new(), Vec::new());
+        for i in 0..200 {
+            s.answer(
+                &answer(0, None),
+                &format!("n{i}.x"),
+                false,
+                &mut buf,
+                &mut out,
+            );
+            assert_ne!(
+                out[0], loaded,
+                "d = all servers: the loaded one is never first"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_policies_and_counts_are_refused() {
+        let inst = instance();
+        let e = Servers::build(&inst, &[Policy::default()], |_, _| 0.0, &[]).unwrap_err();
+        assert_eq!(
+            e,
+            ServersError::PolicyCount {
+                got: 1,
+                clusters: 2
+            }
+        );
+        let bad = [
+            Policy::BoundedLoads { vnodes: 10, c: 1.0 },
+            Policy::default(),
+        ];
+        let e = Servers::build(&inst, &bad, |_, _| 0.0, &[]).unwrap_err();
+        assert!(e.to_string().contains("cluster \"a\"") && e.to_string().contains("c is 1"));
+        let bad = [Policy::PowerOfD { vnodes: 0, d: 2 }, Policy::default()];
+        assert!(Servers::build(&inst, &bad, |_, _| 0.0, &[]).is_err());
+    }
+}
