@@ -212,6 +212,14 @@ impl Default for Config {
             default_class: "web".into(),
             class_rules: vec![
                 ClassRuleConfig {
+                    pattern: "www.cdn.example".into(),
+                    class: "web".into(),
+                },
+                ClassRuleConfig {
+                    pattern: "*.web.cdn.example".into(),
+                    class: "web".into(),
+                },
+                ClassRuleConfig {
                     pattern: "*.video.cdn.example".into(),
                     class: "video".into(),
                 },

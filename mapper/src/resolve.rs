@@ -143,20 +143,26 @@ impl ClassRules {
 
     /// The class of `qname` (case-insensitive, with or without the trailing dot).
     pub fn class_of(&self, qname: &str) -> ClassIdx {
+        self.rule_class(qname).unwrap_or(self.default)
+    }
+
+    /// The class of the rule naming `qname`, `None` when no rule does (the name gets the
+    /// default class; an authoritative front end answers NXDOMAIN for it).
+    pub fn rule_class(&self, qname: &str) -> Option<ClassIdx> {
         let mut buf = [0u8; MAX_QNAME_LEN];
         let name = qname.strip_suffix('.').unwrap_or(qname);
         if name.is_empty() || name.len() > MAX_QNAME_LEN || !name.is_ascii() {
-            return self.default;
+            return None;
         }
         let buf = &mut buf[..name.len()];
         buf.copy_from_slice(name.as_bytes());
         buf.make_ascii_lowercase();
         let Ok(name) = std::str::from_utf8(buf) else {
-            return self.default;
+            return None;
         };
         if !self.exact.is_empty() {
             if let Some(&k) = self.exact.get(name) {
-                return k;
+                return Some(k);
             }
         }
         // Longest wildcard first: the suffixes after each dot, left to right, looking up only
@@ -168,11 +174,11 @@ impl ClassRules {
             labels -= 1;
             if self.wildcard_labels & label_bit(labels) != 0 {
                 if let Some(&k) = self.wildcard.get(rest) {
-                    return k;
+                    return Some(k);
                 }
             }
         }
-        self.default
+        None
     }
 }
 

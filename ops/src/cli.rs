@@ -33,6 +33,9 @@ enum Command {
     /// Feedback, Admin, health, reflection), /metrics. Without --config: the demo world on
     /// 127.0.0.1 (gRPC 50051, HTTP 8080).
     Serve(ServeArgs),
+    /// Run an authoritative DNS front end: answers A/AAAA for the zone from a local copy of
+    /// the mapper's map (kept by WatchMap), with EDNS Client Subnet, and reports demand.
+    Dns(DnsArgs),
     /// Solve an instance file: print a summary and write the assignment.
     Solve(SolveArgs),
     /// Check an assignment against its instance (capacity, conservation, candidates,
@@ -106,6 +109,32 @@ struct ServeArgs {
     /// The configuration file (TOML; see the api crate's config module). Absent: defaults.
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct DnsArgs {
+    /// The configuration file (TOML; see the api crate's dns::config module). The flags below
+    /// override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The mapper's gRPC address, e.g. http://127.0.0.1:50051.
+    #[arg(long)]
+    mapper: Option<String>,
+    /// Where to answer DNS, UDP and TCP.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// A zone to be authoritative for (repeatable; replaces the config's list).
+    #[arg(long = "zone", value_name = "ZONE")]
+    zones: Vec<String>,
+    /// TTL of A/AAAA answers, seconds.
+    #[arg(long)]
+    ttl: Option<u32>,
+    /// The name this front end reports demand under.
+    #[arg(long)]
+    name: Option<String>,
+    /// Seconds between demand reports.
+    #[arg(long)]
+    report_secs: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -352,6 +381,7 @@ pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => cmd_serve(&a),
+        Command::Dns(a) => cmd_dns(a),
         Command::Replay(a) => cmd_replay(&a),
         Command::Record(RecordCommand::Export(a)) => cmd_export(&a),
         Command::Solve(a) => cmd_solve(&a),
@@ -607,6 +637,70 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         tracing::info!("shutting down");
     }))?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    use cdnmap_api::dns::DnsConfig;
+    let mut config = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            DnsConfig::from_toml(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => DnsConfig::default(),
+    };
+    if let Some(m) = a.mapper {
+        config.mapper = m;
+    }
+    if let Some(l) = a.listen {
+        config.listen = l;
+    }
+    if !a.zones.is_empty() {
+        config.zones = a.zones;
+    }
+    if let Some(t) = a.ttl {
+        config.ttl_secs = t;
+    }
+    if let Some(n) = a.name {
+        config.name = n;
+    }
+    if let Some(r) = a.report_secs {
+        config.report_secs = r;
+    }
+    config.validate().context("the DNS front end's settings")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(cdnmap_api::dns::run(config, shutdown_signal()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutting down");
 }
 
 fn cmd_replay(a: &ReplayArgs) -> Result<ExitCode> {

@@ -6,6 +6,8 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+pub mod mapper;
+
 /// The `cdnmap` binary, built on first use.
 pub fn cdnmap_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

@@ -17,260 +17,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
-use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
-use cdnmap_proto::v1::admin_client::AdminClient;
-use cdnmap_proto::v1::feedback_client::FeedbackClient;
 use cdnmap_proto::v1::mapping_client::MappingClient;
 use cdnmap_tests::cdnmap_bin;
+use cdnmap_tests::mapper::{
+    all_units, authed, ok, qname_of, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN,
+    TTL_SECS,
+};
 use ipnet::IpNet;
 use serde_json::Value;
-use tempfile::TempDir;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
-
-// ---------------------------------------------------------------------------------------------
-// Finding (building) the binary: the same approach as cli.rs.
-
-// ---------------------------------------------------------------------------------------------
-// A server: its configuration in a temporary directory, and the running process.
-
-const TOKEN: &str = "e2e-admin-token-7f3a";
-const CYCLE_SECS: u64 = 10;
-const TTL_SECS: u32 = 30;
-const MAP_UNITS: u64 = 3000;
-const CLUSTERS: u64 = 40;
-/// How long a server may take to answer after it is started.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The hostnames the tests ask for, one per class (the default class rules: `*.video.cdn.example`
-/// → video, `*.apps.cdn.example` → apps, anything else → web).
-fn qname_of(class: &str) -> &'static str {
-    match class {
-        "web" => "www.cdn.example.",
-        "video" => "edge7.video.cdn.example.",
-        "apps" => "api.apps.cdn.example.",
-        other => panic!("no qname for class {other:?}"),
-    }
-}
-
-/// Two ports that were free a moment ago (bound together on 127.0.0.1:0, then released).
-fn free_ports() -> (SocketAddr, SocketAddr) {
-    let a = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    let b = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    (
-        a.local_addr().expect("its address"),
-        b.local_addr().expect("its address"),
-    )
-}
-
-/// A configuration in its own temporary directory: the config file, the data directory, and the
-/// servers' logs. Servers started from it share the data directory (so a second one restarts).
-struct Setup {
-    dir: TempDir,
-    config: PathBuf,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    starts: usize,
-}
-
-impl Setup {
-    /// The small demo world with the admin token (`with_token`) or without one.
-    fn new(with_token: bool) -> Setup {
-        let dir = tempfile::Builder::new()
-            .prefix("cdnmap-serve-")
-            .tempdir()
-            .expect("a temporary directory");
-        let (grpc, http) = free_ports();
-        let data = dir.path().join("data");
-        let token = if with_token {
-            format!("admin_token = {TOKEN:?}\n")
-        } else {
-            String::new()
-        };
-        let text = format!(
-            "cycle_secs = {CYCLE_SECS}\n\
-             grpc_listen = \"{grpc}\"\n\
-             http_listen = \"{http}\"\n\
-             data_dir = {data:?}\n\
-             ttl_secs = {TTL_SECS}\n\
-             {token}\
-             \n\
-             [demo]\n\
-             map_units = {MAP_UNITS}\n\
-             clusters = {CLUSTERS}\n\
-             seed = 1\n",
-            data = data.to_str().expect("a UTF-8 temporary path"),
-        );
-        let config = dir.path().join("cdnmap.toml");
-        std::fs::write(&config, text).expect("write the config");
-        Setup {
-            dir,
-            config,
-            grpc,
-            http,
-            starts: 0,
-        }
-    }
-
-    /// Starts `cdnmap serve --config FILE` and waits until its health service says SERVING.
-    async fn start(&mut self) -> Server {
-        let bin = cdnmap_bin(); // built before the clock starts
-        self.starts += 1;
-        let log = self.dir.path().join(format!("server-{}.log", self.starts));
-        let out = File::create(&log).expect("create the server log");
-        let err = out.try_clone().expect("clone the log handle");
-        let child = Command::new(bin)
-            .current_dir(self.dir.path())
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start cdnmap serve");
-        let mut server = Server {
-            child,
-            log,
-            grpc: self.grpc,
-            http: self.http,
-            channel: None,
-        };
-        server.wait_ready().await;
-        server
-    }
-}
-
-/// A running `cdnmap serve`; killed (and reaped) when dropped.
-struct Server {
-    child: Child,
-    log: PathBuf,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    channel: Option<Channel>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// What the server logged so far, for assertion messages.
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
-    }
-
-    async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        let endpoint = Channel::from_shared(format!("http://{}", self.grpc))
-            .expect("a valid URI")
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(10));
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "cdnmap serve exited with {status} before answering:\n{}",
-                    self.log()
-                );
-            }
-            if let Ok(channel) = endpoint.connect().await {
-                let ok = HealthClient::new(channel.clone())
-                    .check(HealthCheckRequest {
-                        service: "cdnmap.v1.Mapping".into(),
-                    })
-                    .await
-                    .is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32);
-                if ok {
-                    self.channel = Some(channel);
-                    return;
-                }
-            }
-            assert!(
-                started.elapsed() < READY_TIMEOUT,
-                "cdnmap serve did not answer within {READY_TIMEOUT:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn channel(&self) -> Channel {
-        self.channel.clone().expect("the server is ready")
-    }
-
-    fn mapping(&self) -> MappingClient<Channel> {
-        MappingClient::new(self.channel())
-    }
-
-    fn admin(&self) -> AdminClient<Channel> {
-        AdminClient::new(self.channel())
-    }
-
-    fn feedback(&self) -> FeedbackClient<Channel> {
-        FeedbackClient::new(self.channel())
-    }
-
-    /// Kills the server (as a crash would) and waits for it to exit.
-    fn kill(mut self) {
-        self.child.kill().expect("kill cdnmap serve");
-        self.child.wait().expect("reap cdnmap serve");
-    }
-
-    /// `GET path` over plain HTTP/1.1 on the HTTP listener: (status line, body).
-    fn http_get(&self, path: &str) -> (String, String) {
-        let mut s = TcpStream::connect(self.http).expect("connect to http_listen");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("set a read timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.http
-        )
-        .expect("send the request");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("read the response");
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let status = head.lines().next().unwrap_or_default().to_string();
-        (status, body.to_string())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Helpers.
-
-/// A request with `authorization: Bearer <token>` (or none).
-fn authed<T>(message: T, token: Option<&str>) -> Request<T> {
-    let mut r = Request::new(message);
-    if let Some(t) = token {
-        r.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {t}").parse().expect("valid metadata"),
-        );
-    }
-    r
-}
-
-fn ok<T: Debug>(r: Result<Response<T>, Status>, what: &str) -> T {
-    match r {
-        Ok(r) => r.into_inner(),
-        Err(s) => panic!("{what}: {:?} {:?}", s.code(), s.message()),
-    }
-}
 
 /// Asserts the call failed with `code` and a message containing `needle`.
 fn assert_status<T: Debug>(r: Result<Response<T>, Status>, code: Code, needle: &str, what: &str) {
@@ -312,32 +73,6 @@ async fn status(server: &Server) -> pb::Status {
             .await,
         "GetStatus",
     )
-}
-
-/// Every map unit, through Admin.ListMapUnits a page of 1,000 at a time.
-async fn all_units(server: &Server) -> Vec<pb::MapUnit> {
-    let mut admin = server.admin();
-    let mut units = Vec::new();
-    let mut after = String::new();
-    loop {
-        let page = ok(
-            admin
-                .list_map_units(authed(
-                    pb::ListRequest {
-                        page_size: 1000,
-                        after_id: after.clone(),
-                    },
-                    Some(TOKEN),
-                ))
-                .await,
-            "ListMapUnits",
-        );
-        units.extend(page.map_units);
-        if page.next_after_id.is_empty() {
-            return units;
-        }
-        after = page.next_after_id;
-    }
 }
 
 fn prefix_of(u: &pb::MapUnit) -> IpNet {
@@ -1022,6 +757,7 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
         reporter: "e2e-cluster".into(),
         measured_at_unix_ms: now,
         loads,
+        servers: Vec::new(),
     };
     let ack = ok(
         fb.report_load(load_report(loads.clone())).await,
@@ -1052,6 +788,58 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
         "loads[1].cluster",
         "ReportLoad naming an unknown cluster",
     );
+
+    // Server loads (what power-of-d compares): a server of the cluster, by address.
+    let server_report = |cluster: &str, address: &str, load: f64| pb::LoadReport {
+        reporter: "e2e-cluster".into(),
+        measured_at_unix_ms: now,
+        loads: Vec::new(),
+        servers: vec![pb::ServerLoad {
+            cluster: cluster.into(),
+            address: address.into(),
+            load,
+        }],
+    };
+    let c0 = &clusters[0];
+    let addr = c0
+        .addresses
+        .first()
+        .expect("a cluster with a server")
+        .clone();
+    let ack = ok(
+        fb.report_load(server_report(&c0.id, &addr, 7.0)).await,
+        "ReportLoad with a server load",
+    );
+    assert_eq!(ack.accepted, 1);
+    for (report, field, what) in [
+        (
+            server_report(&c0.id, "not-an-ip", 1.0),
+            "servers[0].address",
+            "a bad address",
+        ),
+        (
+            server_report(&c0.id, "203.0.113.254", 1.0),
+            "has no server",
+            "a stranger",
+        ),
+        (
+            server_report("no-such", &addr, 1.0),
+            "servers[0].cluster",
+            "an unknown cluster",
+        ),
+        (
+            server_report(&c0.id, &addr, f64::NAN),
+            "servers[0].load",
+            "a NaN load",
+        ),
+    ] {
+        assert_status(
+            fb.report_load(report).await,
+            Code::InvalidArgument,
+            field,
+            &format!("ReportLoad with {what}"),
+        );
+    }
 
     // Still serving.
     resolve(

@@ -1,0 +1,249 @@
+//! The DNS front end's configuration: a TOML file (`cdnmap dns --config FILE`), each key
+//! overridable on the command line. Unknown keys are refused, every value is checked with its
+//! key named, and the defaults serve `cdn.example.` on 127.0.0.1:5353 from a mapper on
+//! 127.0.0.1:50051.
+//!
+//! ```toml
+//! mapper = "http://127.0.0.1:50051"   # the mapper's gRPC address
+//! listen = "127.0.0.1:5353"           # UDP and TCP
+//! zones = ["cdn.example."]            # authoritative for these (and every name below them)
+//! ttl_secs = 20                       # TTL of A/AAAA answers
+//! name = "dns-1"                      # the reporter name in demand reports
+//! report_secs = 10                    # demand reports: one batch per period
+//! nameservers = ["ns1.cdn.example."]  # the apex's NS records (default: ns1.<zone>)
+//! hostmaster = "hostmaster.cdn.example."
+//! max_udp_payload = 1232              # the largest UDP response; larger ones are truncated
+//! tcp_timeout_secs = 10               # idle TCP connections are closed after this
+//! ```
+
+use std::net::SocketAddr;
+
+use hickory_server::proto::rr::Name;
+use serde::Deserialize;
+
+use crate::config::{ConfigError, TTL_SECS};
+
+/// Most zones one front end serves.
+pub const MAX_ZONES: usize = 64;
+/// Most NS names at an apex.
+pub const MAX_NAMESERVERS: usize = 16;
+/// The smallest and largest UDP payloads a response may be limited to.
+pub const UDP_PAYLOAD: std::ops::RangeInclusive<u16> = 512..=4096;
+/// Report periods, seconds.
+pub const REPORT_SECS: std::ops::RangeInclusive<u64> = 1..=3600;
+
+fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        problem: problem.into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsConfig {
+    pub mapper: String,
+    pub listen: SocketAddr,
+    pub zones: Vec<String>,
+    pub ttl_secs: u32,
+    pub name: String,
+    pub report_secs: u64,
+    pub nameservers: Vec<String>,
+    pub hostmaster: Option<String>,
+    pub max_udp_payload: u16,
+    pub tcp_timeout_secs: u64,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            mapper: "http://127.0.0.1:50051".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 5353)),
+            zones: vec!["cdn.example.".into()],
+            ttl_secs: 20,
+            name: "cdnmap-dns".into(),
+            report_secs: 10,
+            nameservers: Vec::new(),
+            hostmaster: None,
+            max_udp_payload: 1232,
+            tcp_timeout_secs: 10,
+        }
+    }
+}
+
+/// A zone as the front end serves it.
+#[derive(Debug, Clone)]
+pub struct ZoneConfig {
+    pub apex: Name,
+    pub nameservers: Vec<Name>,
+    pub hostmaster: Name,
+}
+
+/// A domain name from the config, fully qualified.
+pub fn fqdn(key: &str, text: &str) -> Result<Name, ConfigError> {
+    let mut name = Name::from_ascii(text)
+        .map_err(|e| invalid(key, format!("{text:?} is not a domain name: {e}")))?;
+    if text.is_empty() || name.is_root() {
+        return Err(invalid(
+            key,
+            format!("{text:?} is not a domain name below the root"),
+        ));
+    }
+    name.set_fqdn(true);
+    Ok(name.to_lowercase())
+}
+
+impl DnsConfig {
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: DnsConfig = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.zones()?;
+        if !self.mapper.starts_with("http://") && !self.mapper.starts_with("https://") {
+            return Err(invalid(
+                "mapper",
+                format!(
+                    "{:?} must be a URL such as http://127.0.0.1:50051",
+                    self.mapper
+                ),
+            ));
+        }
+        tonic::transport::Endpoint::from_shared(self.mapper.clone())
+            .map_err(|e| invalid("mapper", format!("{:?}: {e}", self.mapper)))?;
+        if !TTL_SECS.contains(&self.ttl_secs) {
+            return Err(invalid(
+                "ttl_secs",
+                format!("{} is outside 1..=86400", self.ttl_secs),
+            ));
+        }
+        if self.name.is_empty() || self.name.len() > 253 {
+            return Err(invalid("name", "must be 1 to 253 characters"));
+        }
+        if !REPORT_SECS.contains(&self.report_secs) {
+            return Err(invalid(
+                "report_secs",
+                format!("{} is outside 1..=3600", self.report_secs),
+            ));
+        }
+        if !UDP_PAYLOAD.contains(&self.max_udp_payload) {
+            return Err(invalid(
+                "max_udp_payload",
+                format!("{} is outside 512..=4096", self.max_udp_payload),
+            ));
+        }
+        if !(1..=3600).contains(&self.tcp_timeout_secs) {
+            return Err(invalid(
+                "tcp_timeout_secs",
+                format!("{} is outside 1..=3600", self.tcp_timeout_secs),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The zones with their NS names and hostmaster, validated.
+    pub fn zones(&self) -> Result<Vec<ZoneConfig>, ConfigError> {
+        if self.zones.is_empty() || self.zones.len() > MAX_ZONES {
+            return Err(invalid(
+                "zones",
+                format!("{} zones; 1 to {MAX_ZONES} are allowed", self.zones.len()),
+            ));
+        }
+        if self.nameservers.len() > MAX_NAMESERVERS {
+            return Err(invalid(
+                "nameservers",
+                format!(
+                    "{} names; at most {MAX_NAMESERVERS}",
+                    self.nameservers.len()
+                ),
+            ));
+        }
+        let nameservers = self
+            .nameservers
+            .iter()
+            .enumerate()
+            .map(|(i, n)| fqdn(&format!("nameservers[{i}]"), n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let hostmaster = self
+            .hostmaster
+            .as_deref()
+            .map(|h| fqdn("hostmaster", h))
+            .transpose()?;
+        let mut out: Vec<ZoneConfig> = Vec::with_capacity(self.zones.len());
+        for (i, z) in self.zones.iter().enumerate() {
+            let key = format!("zones[{i}]");
+            let apex = fqdn(&key, z)?;
+            if out.iter().any(|o| o.apex == apex) {
+                return Err(invalid(&key, format!("{z:?} is listed twice")));
+            }
+            let ns = |label: &str| -> Result<Name, ConfigError> {
+                Name::from_ascii(label)
+                    .and_then(|l| l.append_domain(&apex))
+                    .map_err(|e| invalid(&key, format!("{z:?}: {e}")))
+            };
+            out.push(ZoneConfig {
+                nameservers: if nameservers.is_empty() {
+                    vec![ns("ns1")?]
+                } else {
+                    nameservers.clone()
+                },
+                hostmaster: match &hostmaster {
+                    Some(h) => h.clone(),
+                    None => ns("hostmaster")?,
+                },
+                apex,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let doc = include_str!("config.rs")
+            .lines()
+            .skip_while(|l| !l.starts_with("//! ```toml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("//! ```"))
+            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = DnsConfig::from_toml(&doc).expect("the module doc's example is valid");
+        assert_eq!(c.name, "dns-1");
+        let zones = c.zones().expect("zones");
+        assert_eq!(zones[0].apex.to_ascii(), "cdn.example.");
+        assert_eq!(zones[0].nameservers[0].to_ascii(), "ns1.cdn.example.");
+        assert_eq!(
+            DnsConfig::default().validate().map_err(|e| e.to_string()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        let cases = [
+            ("zones = []", "zones"),
+            ("zones = [\"a..b\"]", "zones[0]"),
+            ("zones = [\".\"]", "zones[0]"),
+            ("zones = [\"a.\", \"A\"]", "zones[1]"),
+            ("mapper = \"127.0.0.1:50051\"", "mapper"),
+            ("ttl_secs = 0", "ttl_secs"),
+            ("report_secs = 0", "report_secs"),
+            ("max_udp_payload = 100", "max_udp_payload"),
+            ("nameservers = [\"\"]", "nameservers[0]"),
+            ("listen = \"nowhere\"", "listen"),
+            ("zone = \"x.\"", "zone"),
+        ];
+        for (text, key) in cases {
+            let e = DnsConfig::from_toml(text).expect_err(text).to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! `cdnmap dns`: an authoritative DNS front end that answers from a local copy of the map.
+//!
+//! Three tasks share one [`answer::Front`]:
+//! - the watcher holds a `WatchMap` stream to the mapper, applies each update to its
+//!   [`local::LocalMap`], indexes the new version on a blocking thread and swaps it in whole;
+//!   when the stream breaks it reconnects with backoff, asking only for what it lacks, and the
+//!   last map keeps answering meanwhile;
+//! - hickory's server answers UDP and TCP queries from the published view, with no round trip;
+//! - the reporter sends the period's per-prefix query counts through Feedback.ReportDemand in
+//!   batches of at most 100,000 samples, keeping what a failed report did not deliver for the
+//!   next period, and rebuilds bounded-loads selectors over the hostnames seen.
+
+pub mod answer;
+pub mod config;
+pub mod demand;
+pub mod local;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::MAX_REPORT_SAMPLES;
+use tokio::net::{TcpListener, UdpSocket};
+
+pub use config::DnsConfig;
+
+use answer::{Front, Handler, Zone};
+use demand::DemandCounter;
+use local::LocalMap;
+
+/// Backoff between reconnection attempts to the mapper.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Response buffer per TCP connection (hickory's).
+const TCP_RESPONSE_BUFFER: usize = 64;
+
+/// Runs the front end until `shutdown` resolves. Binds UDP and TCP on `config.listen` before
+/// returning its first error, so a port in use is reported at once.
+pub async fn run(
+    config: DnsConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let zones = config.zones()?;
+    let serial = (crate::service::now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
+    let front = Arc::new(Front {
+        zones: zones
+            .iter()
+            .map(|z| Zone::new(z, serial, config.ttl_secs))
+            .collect(),
+        view: ArcSwapOption::empty(),
+        servers: ArcSwapOption::empty(),
+        ttl: config.ttl_secs,
+        max_udp_payload: config.max_udp_payload,
+        demand: DemandCounter::default(),
+    });
+    let udp = UdpSocket::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("listen {}: UDP: {e}", config.listen))?;
+    let tcp = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("listen {}: TCP: {e}", config.listen))?;
+    let mut server = hickory_server::Server::new(Handler(Arc::clone(&front)));
+    server.register_socket(udp);
+    server.register_listener(
+        tcp,
+        Duration::from_secs(config.tcp_timeout_secs),
+        TCP_RESPONSE_BUFFER,
+    );
+    tracing::info!(
+        listen = %config.listen,
+        mapper = %config.mapper,
+        zones = ?config.zones,
+        "cdnmap dns serving: try `dig @{} -p {} www.{} A +subnet=1.2.3.0/24`",
+        config.listen.ip(),
+        config.listen.port(),
+        config.zones[0].trim_end_matches('.'),
+    );
+    let watcher = tokio::spawn(watch(config.mapper.clone(), Arc::clone(&front)));
+    let reporter = tokio::spawn(report(config.clone(), Arc::clone(&front)));
+    shutdown.await;
+    watcher.abort();
+    reporter.abort();
+    // A last report of what was counted since the previous one.
+    send_demand(&config, &front).await;
+    server.shutdown_gracefully().await?;
+    Ok(())
+}
+
+async fn connect(mapper: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_shared(mapper.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+}
+
+/// Holds the WatchMap stream, forever: applies updates, publishes views, reconnects.
+async fn watch(mapper: String, front: Arc<Front>) {
+    let mut local = LocalMap::default();
+    let mut backoff = RECONNECT_MIN;
+    loop {
+        let before = local.version();
+        match follow(&mapper, &front, &mut local).await {
+            Ok(()) => tracing::warn!("the mapper ended the map stream; reconnecting"),
+            Err(e) => tracing::warn!(error = %e, version = local.version(),
+                "map stream lost; answering from the last map and reconnecting"),
+        }
+        if local.version() != before {
+            backoff = RECONNECT_MIN; // the stream worked for a while
+        }
+        metrics::counter!("cdnmap_dns_reconnects_total").increment(1);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// One stream: from connection to its end.
+async fn follow(mapper: &str, front: &Arc<Front>, local: &mut LocalMap) -> anyhow::Result<()> {
+    let channel = connect(mapper).await?;
+    let mut client =
+        pb::mapping_client::MappingClient::new(channel).max_decoding_message_size(1 << 30);
+    let mut stream = client
+        .watch_map(pb::WatchMapRequest {
+            known_version: local.version(),
+        })
+        .await?
+        .into_inner();
+    tracing::info!(known = local.version(), "following the mapper's map");
+    while let Some(update) = stream.message().await? {
+        let version = update.version;
+        let mut next = local.clone();
+        if let Err(e) = next.apply(update) {
+            // A gap or a bad update: start again from a full map.
+            *local = LocalMap::default();
+            anyhow::bail!("update to version {version}: {e}");
+        }
+        let hosts = front.demand.take_hosts();
+        let (built, next) = tokio::task::spawn_blocking(move || {
+            let keys: Vec<(&str, f64)> =
+                hosts.iter().map(|(h, n)| (h.as_str(), *n as f64)).collect();
+            (next.build(&keys), next)
+        })
+        .await?;
+        match built {
+            Ok(view) => {
+                tracing::info!(version, units = next.unit_count(), "map version in use");
+                metrics::gauge!("cdnmap_dns_map_version").set(version as f64);
+                front.view.store(Some(Arc::new(view)));
+                *local = next;
+            }
+            Err(e) => {
+                *local = LocalMap::default();
+                anyhow::bail!("indexing map version {version}: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every `report_secs`: the period's demand to the mapper, and bounded-loads selectors rebuilt
+/// over the hostnames seen.
+async fn report(config: DnsConfig, front: Arc<Front>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(config.report_secs));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        send_demand(&config, &front).await;
+        if let Some(view) = front.view.load_full().filter(|v| v.has_bounded) {
+            let hosts = front.demand.take_hosts();
+            let rebuilt = tokio::task::spawn_blocking(move || {
+                let keys: Vec<(&str, f64)> =
+                    hosts.iter().map(|(h, n)| (h.as_str(), *n as f64)).collect();
+                view.build_servers(&keys).map(|s| (view.version, s))
+            })
+            .await;
+            match rebuilt {
+                Ok(Ok(s)) => front.servers.store(Some(Arc::new(s))),
+                Ok(Err(e)) => tracing::warn!(error = %e, "rebuilding the selectors failed"),
+                Err(e) => tracing::warn!(error = %e, "rebuilding the selectors failed"),
+            }
+        }
+    }
+}
+
+static PERIOD_START: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Sends what was counted since the last report, in batches; what a failed batch held is put
+/// back for the next period.
+async fn send_demand(config: &DnsConfig, front: &Front) {
+    let counts = front.demand.take();
+    let now = crate::service::now_unix_ms();
+    let start = PERIOD_START.swap(now, std::sync::atomic::Ordering::Relaxed);
+    let start = if start == 0 {
+        now - config.report_secs as i64 * 1000
+    } else {
+        start
+    };
+    if counts.is_empty() {
+        return;
+    }
+    let channel = match connect(&config.mapper).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "demand report: mapper unreachable; kept for the next period");
+            front.demand.restore(counts);
+            return;
+        }
+    };
+    let mut client = pb::feedback_client::FeedbackClient::new(channel);
+    let mut rest = counts;
+    while !rest.is_empty() {
+        let tail = rest.split_off(rest.len().min(MAX_REPORT_SAMPLES));
+        let batch = std::mem::replace(&mut rest, tail);
+        let report = pb::DemandReport {
+            reporter: config.name.clone(),
+            period_start_unix_ms: start,
+            period_end_unix_ms: now,
+            samples: batch
+                .iter()
+                .map(|((prefix, class), n)| pb::DemandSample {
+                    target: Some(pb::demand_sample::Target::Prefix(prefix.to_string())),
+                    traffic_class: class.to_string(),
+                    queries: *n as f64,
+                })
+                .collect(),
+        };
+        match client.report_demand(report).await {
+            Ok(ack) => {
+                metrics::counter!("cdnmap_dns_demand_samples_sent_total")
+                    .increment(ack.into_inner().accepted);
+            }
+            Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                // The mapper refuses the batch (say, a prefix it no longer has): sending it
+                // again would fail again.
+                tracing::warn!(%status, samples = batch.len(), "demand report refused; dropped");
+                metrics::counter!("cdnmap_dns_demand_refused_total").increment(batch.len() as u64);
+            }
+            Err(status) => {
+                tracing::warn!(%status, "demand report failed; kept for the next period");
+                front.demand.restore(batch);
+                front.demand.restore(rest);
+                return;
+            }
+        }
+    }
+}

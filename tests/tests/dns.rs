@@ -1,0 +1,466 @@
+//! End-to-end tests of the DNS front end, `cdnmap dns`, against the real binary, with Debian's
+//! `dig` as the client (installed by the test setup when missing) and a real `cdnmap serve` as
+//! its mapper (issue 6):
+//!
+//! - answers agree with the mapper's own `Resolve` for the same client and name (the oracle:
+//!   the same clusters, the same servers in the same order, the ECS scope) over UDP and TCP,
+//!   for A and AAAA, with and without `+subnet=`;
+//! - the status codes: SOA and NS at the apex, NXDOMAIN for names no rule names, REFUSED
+//!   outside the zone, NODATA for other types, FORMERR for a malformed ECS option;
+//! - a large answer is truncated over UDP without EDNS and complete over TCP;
+//! - with no mapper yet it answers SERVFAIL, then answers once the mapper is up, keeps answering
+//!   when the mapper dies, reconnects when it returns, and reports per-prefix demand.
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cdnmap_proto::v1 as pb;
+use cdnmap_tests::mapper::{all_units, ok, qname_of, Server, Setup};
+use cdnmap_tests::{cdnmap_bin, ensure_debian_tool};
+use ipnet::IpNet;
+
+/// How long a front end may take to load its first map.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn dig_bin() -> PathBuf {
+    ensure_debian_tool("dig", &["dnsutils"]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A free UDP port on 127.0.0.1 (also free for TCP, checked).
+fn free_dns_addr() -> SocketAddr {
+    for _ in 0..50 {
+        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port");
+        let addr = udp.local_addr().expect("its address");
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no port free for both UDP and TCP");
+}
+
+/// A running `cdnmap dns`; killed when dropped.
+struct Dns {
+    child: Child,
+    log: PathBuf,
+    addr: SocketAddr,
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Dns {
+    /// Starts a front end for zone `cdn.example.` following the mapper at `mapper`, with the
+    /// config file `config` (TOML text) if given.
+    fn start(dir: &Path, mapper: SocketAddr, config: &str) -> Dns {
+        let addr = free_dns_addr();
+        let log = dir.join(format!("dns-{}.log", addr.port()));
+        let conf = dir.join(format!("dns-{}.toml", addr.port()));
+        std::fs::write(&conf, config).expect("write the DNS config");
+        let out = File::create(&log).expect("create the DNS log");
+        let err = out.try_clone().expect("clone the log handle");
+        let child = Command::new(cdnmap_bin())
+            .args(["dns", "--config"])
+            .arg(&conf)
+            .args(["--mapper", &format!("http://{mapper}")])
+            .args(["--listen", &addr.to_string()])
+            .args([
+                "--zone",
+                "cdn.example.",
+                "--name",
+                "dns-e2e",
+                "--report-secs",
+                "1",
+            ])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start cdnmap dns");
+        Dns { child, log, addr }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    fn dig(&self, args: &[&str]) -> Reply {
+        dig(self.addr, args)
+    }
+
+    /// Waits until `www.cdn.example A` is answered with NOERROR (a map is loaded).
+    fn wait_answering(&mut self) {
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("cdnmap dns exited with {status}:\n{}", self.log());
+            }
+            if self.dig(&["www.cdn.example", "A"]).status == "NOERROR" {
+                return;
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "cdnmap dns answered nothing within {READY_TIMEOUT:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// What dig printed, parsed.
+#[derive(Debug, Default, Clone)]
+struct Reply {
+    status: String,
+    flags: Vec<String>,
+    /// `(name, ttl, type, data)` of the answer section, in order.
+    answers: Vec<(String, u32, String, String)>,
+    authority: Vec<(String, u32, String, String)>,
+    /// The ECS option of the reply: `address/source/scope`.
+    client_subnet: Option<String>,
+    raw: String,
+}
+
+impl Reply {
+    fn addresses(&self) -> Vec<String> {
+        self.answers
+            .iter()
+            .filter(|a| a.2 == "A" || a.2 == "AAAA")
+            .map(|a| a.3.clone())
+            .collect()
+    }
+
+    fn scope(&self) -> Option<u8> {
+        self.client_subnet
+            .as_deref()
+            .and_then(|s| s.rsplit('/').next())
+            .and_then(|s| s.parse().ok())
+    }
+}
+
+fn dig(addr: SocketAddr, args: &[&str]) -> Reply {
+    let out = Command::new(dig_bin())
+        .arg(format!("@{}", addr.ip()))
+        .args(["-p", &addr.port().to_string()])
+        .args([
+            "+tries=1",
+            "+time=2",
+            "+noall",
+            "+comments",
+            "+answer",
+            "+authority",
+        ])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dig");
+    let raw = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut r = Reply {
+        raw: raw.clone(),
+        ..Reply::default()
+    };
+    let mut section = "";
+    for line in raw.lines() {
+        if let Some(rest) = line.split("status: ").nth(1) {
+            r.status = rest.split(',').next().unwrap_or_default().to_string();
+        } else if let Some(rest) = line.strip_prefix(";; flags: ") {
+            r.flags = rest
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+        } else if let Some(rest) = line.strip_prefix("; CLIENT-SUBNET: ") {
+            r.client_subnet = Some(rest.trim().to_string());
+        } else if line.starts_with(";; ANSWER SECTION") {
+            section = "answer";
+        } else if line.starts_with(";; AUTHORITY SECTION") {
+            section = "authority";
+        } else if !line.starts_with(';') && !line.trim().is_empty() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() >= 5 {
+                let rec = (
+                    f[0].to_string(),
+                    f[1].parse().unwrap_or(0),
+                    f[3].to_string(),
+                    f[4..].join(" "),
+                );
+                match section {
+                    "answer" => r.answers.push(rec),
+                    "authority" => r.authority.push(rec),
+                    _ => {}
+                }
+            }
+        }
+    }
+    r
+}
+
+/// A host address inside `net`.
+fn host_in(net: IpNet) -> IpAddr {
+    match net {
+        IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from(u32::from(n.network()) | 7)),
+        IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(u128::from(n.network()) | 7)),
+    }
+}
+
+async fn resolve(
+    server: &Server,
+    subnet: &str,
+    resolver: &str,
+    qname: &str,
+    qtype: u32,
+) -> pb::ResolveResponse {
+    ok(
+        server
+            .mapping()
+            .resolve(pb::ResolveRequest {
+                client_subnet: subnet.into(),
+                resolver_ip: resolver.into(),
+                qname: qname.into(),
+                qtype,
+            })
+            .await,
+        "Resolve",
+    )
+}
+
+/// The oracle: for map units of every class, IPv4 and IPv6, the front end's answer (servers in
+/// order, ECS scope) equals the mapper's `Resolve` for the same client and name, over UDP and
+/// TCP. A round may land between the two questions; a mismatch is retried, and must clear.
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_agree_with_the_mappers_resolve() {
+    let mut setup = Setup::with_extra(
+        true,
+        "[selection.default]\npolicy = \"consistent\"\nvnodes = 40\n",
+    );
+    let server = setup.start().await;
+    let mut dns = Dns::start(setup.dir.path(), server.grpc, "");
+    dns.wait_answering();
+    let units = all_units(&server).await;
+    let mut checked = 0;
+    let (mut v4, mut v6) = (0, 0);
+    for (i, u) in units.iter().enumerate().step_by(units.len() / 60 + 1) {
+        let Some(prefix) = u.prefixes.first() else {
+            continue;
+        };
+        let net: IpNet = prefix.parse().expect("a prefix");
+        let qname = qname_of(&u.traffic_class);
+        let qtypes: &[(u32, &str)] = if net.addr().is_ipv4() {
+            v4 += 1;
+            &[(1, "A")]
+        } else {
+            v6 += 1;
+            &[(28, "AAAA"), (1, "A")]
+        };
+        let subnet = format!("{}/{}", host_in(net), net.prefix_len());
+        for &(qtype, name) in qtypes {
+            let tcp = if i % 2 == 0 { "+tcp" } else { "+notcp" };
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let want = resolve(&server, &subnet, "", qname, qtype).await;
+                let got = dns.dig(&[qname, name, &format!("+subnet={subnet}"), tcp]);
+                assert!(
+                    (1..=3).contains(&want.addresses.len()),
+                    "Resolve names 1 to 3 selected servers: {want:?}"
+                );
+                let same = got.status == "NOERROR"
+                    && got.addresses() == want.addresses
+                    && got.scope() == Some(want.scope_prefix_len as u8)
+                    && got.answers.iter().all(|a| a.1 == 20);
+                if same {
+                    break;
+                }
+                assert!(
+                    attempts < 4,
+                    "unit {} {name} {subnet}: dig {:?} scope {:?}, Resolve {:?} scope {} \
+                     (unit {}):\n{}",
+                    u.id,
+                    got.addresses(),
+                    got.scope(),
+                    want.addresses,
+                    want.scope_prefix_len,
+                    want.map_unit,
+                    got.raw
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 50 && v4 > 0 && v6 > 0,
+        "{checked} checked ({v4} v4, {v6} v6)"
+    );
+
+    // Without ECS: the resolver's address (127.0.0.1, outside every prefix: the fallback).
+    let got = dns.dig(&["www.cdn.example", "A"]);
+    let want = resolve(&server, "", "127.0.0.1", "www.cdn.example.", 1).await;
+    assert_eq!(got.addresses(), want.addresses, "{}", got.raw);
+    assert!(got.client_subnet.is_none(), "no ECS asked, none echoed");
+    assert!(got.flags.contains(&"aa".to_string()), "{:?}", got.flags);
+    assert!(
+        got.addresses().len() >= 2,
+        "at least two servers: {}",
+        got.raw
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_codes_apex_records_and_truncation() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    // Sixteen long NS names: the apex's NS answer does not fit in 512 bytes.
+    let ns: Vec<String> = (0..16)
+        .map(|i| format!("\"ns{i}-{}.cdn.example.\"", "x".repeat(40)))
+        .collect();
+    let config = format!("nameservers = [{}]\n", ns.join(", "));
+    let mut dns = Dns::start(setup.dir.path(), server.grpc, &config);
+    dns.wait_answering();
+
+    let soa = dns.dig(&["cdn.example", "SOA"]);
+    assert_eq!(soa.status, "NOERROR", "{}", soa.raw);
+    assert_eq!(soa.answers.len(), 1, "{}", soa.raw);
+    assert_eq!(soa.answers[0].2, "SOA");
+    assert!(soa.answers[0].3.starts_with("ns0-"), "{}", soa.raw);
+
+    let nx = dns.dig(&["no-such-name.cdn.example", "A"]);
+    assert_eq!(nx.status, "NXDOMAIN", "{}", nx.raw);
+    assert!(nx.flags.contains(&"aa".to_string()));
+    assert_eq!(
+        nx.authority.first().map(|a| a.2.as_str()),
+        Some("SOA"),
+        "{}",
+        nx.raw
+    );
+
+    let refused = dns.dig(&["www.example.org", "A"]);
+    assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
+    assert!(refused.answers.is_empty());
+
+    let nodata = dns.dig(&["www.cdn.example", "TXT"]);
+    assert_eq!(nodata.status, "NOERROR", "{}", nodata.raw);
+    assert!(nodata.answers.is_empty());
+    assert_eq!(nodata.authority.first().map(|a| a.2.as_str()), Some("SOA"));
+
+    // Every class's names are known: a rule names them.
+    for name in [
+        "edge7.video.cdn.example",
+        "api.apps.cdn.example",
+        "www.cdn.example",
+    ] {
+        let r = dns.dig(&[name, "A", "+subnet=1.2.3.0/24"]);
+        assert_eq!(r.status, "NOERROR", "{name}: {}", r.raw);
+        assert!(!r.addresses().is_empty(), "{name}: {}", r.raw);
+    }
+
+    // UDP without EDNS: the NS set does not fit in 512 bytes, so TC is set...
+    let cut = dns.dig(&["cdn.example", "NS", "+noedns", "+ignore"]);
+    assert!(cut.flags.contains(&"tc".to_string()), "{}", cut.raw);
+    assert!(cut.answers.len() < 16, "{}", cut.raw);
+    // ...and dig, seeing TC, asks again over TCP and gets all of it.
+    let full = dns.dig(&["cdn.example", "NS", "+noedns"]);
+    assert_eq!(full.answers.len(), 16, "{}", full.raw);
+    assert!(!full.flags.contains(&"tc".to_string()));
+    let tcp = dns.dig(&["cdn.example", "NS", "+tcp"]);
+    assert_eq!(tcp.answers.len(), 16, "{}", tcp.raw);
+
+    // An ECS option with a source prefix longer than its family: FORMERR (RFC 7871 §7.1.1
+    // also refuses a nonzero scope in a query; dig cannot send one).
+    let bad = dns.dig(&["www.cdn.example", "A", "+ednsopt=8:00012100c0000200"]);
+    assert_eq!(bad.status, "FORMERR", "{}", bad.raw);
+    // Still answering.
+    assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
+    let mut setup = Setup::new(true);
+    // The front end first, with no mapper: SERVFAIL (no map), never a wrong answer.
+    let mut dns = Dns::start(setup.dir.path(), setup.grpc, "");
+    std::thread::sleep(Duration::from_millis(500));
+    let early = dns.dig(&["www.cdn.example", "A"]);
+    assert_eq!(early.status, "SERVFAIL", "{}", early.raw);
+
+    let server = setup.start().await;
+    dns.wait_answering();
+    // Queries from one prefix of a real unit, to be reported.
+    let units = all_units(&server).await;
+    let unit = units
+        .iter()
+        .find(|u| u.traffic_class == "web" && u.prefixes.iter().any(|p| p.contains('.')))
+        .expect("a web unit with an IPv4 prefix");
+    let net: IpNet = unit.prefixes[0].parse().expect("a prefix");
+    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
+    for _ in 0..25 {
+        let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
+        assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    }
+    // The reports (one a second) reach the mapper's demand record: all 25 queries, counted
+    // against the unit's prefix, summed over however many periods they fell in.
+    let prefix = net.trunc().to_string();
+    let started = Instant::now();
+    loop {
+        let (status, body) = server.http_get("/record?from_ms=0&to_ms=9999999999999");
+        assert!(status.contains("200"), "{status}: {body}");
+        let counted: f64 = body
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["report"]["reporter"] == "dns-e2e")
+            .flat_map(|r| {
+                r["report"]["body"]["samples"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter(|s| s["target"]["prefix"] == prefix.as_str() && s["class"] == "web")
+            .map(|s| s["queries"].as_f64().unwrap_or(0.0))
+            .sum();
+        assert!(
+            counted <= 25.0,
+            "more counted than asked: {counted}\n{body}"
+        );
+        if counted == 25.0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{counted} of 25 queries for {prefix} reported by dns-e2e:\n{body}\n{}",
+            dns.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The mapper dies: the front end answers from its last map.
+    let before = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
+    server.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
+    assert_eq!(after.status, "NOERROR", "{}", after.raw);
+    assert_eq!(after.addresses(), before.addresses());
+
+    // It comes back: the front end follows it again.
+    let follows = |log: &str| log.matches("following the mapper's map").count();
+    let before = follows(&dns.log());
+    let _server = setup.start().await;
+    let started = Instant::now();
+    while follows(&dns.log()) <= before {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no reconnection:\n{}",
+            dns.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
+}
