@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod bench_dns;
 pub mod bench_grpc;
 pub mod cli;
 pub mod record;

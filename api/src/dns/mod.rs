@@ -14,6 +14,7 @@ pub mod answer;
 pub mod config;
 pub mod demand;
 pub mod local;
+mod udp;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_REPORT_SAMPLES;
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::TcpListener;
 
 pub use config::DnsConfig;
 
@@ -55,14 +56,28 @@ pub async fn run(
         max_udp_payload: config.max_udp_payload,
         demand: DemandCounter::default(),
     });
-    let udp = UdpSocket::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("listen {}: UDP: {e}", config.listen))?;
+    // UDP: one answering loop per core, each on its own socket (SO_REUSEPORT); TCP: hickory's
+    // server. TCP binds first so a port in use is reported before any UDP socket takes it.
     let tcp = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("listen {}: TCP: {e}", config.listen))?;
+    let loops = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let sockets = udp::bind(tcp.local_addr()?, loops)
+        .map_err(|e| anyhow::anyhow!("listen {}: UDP: {e}", config.listen))?;
+    let handler = Arc::new(Handler(Arc::clone(&front)));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let udp_threads = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let (handler, stop) = (Arc::clone(&handler), Arc::clone(&stop));
+            let runtime = tokio::runtime::Handle::current();
+            std::thread::Builder::new()
+                .name(format!("dns-udp-{i}"))
+                .spawn(move || udp::serve(socket, handler, runtime, stop))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut server = hickory_server::Server::new(Handler(Arc::clone(&front)));
-    server.register_socket(udp);
     server.register_listener(
         tcp,
         Duration::from_secs(config.tcp_timeout_secs),
@@ -82,6 +97,10 @@ pub async fn run(
     shutdown.await;
     watcher.abort();
     reporter.abort();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in udp_threads {
+        let _ = t.join();
+    }
     // A last report of what was counted since the previous one.
     send_demand(&config, &front).await;
     server.shutdown_gracefully().await?;
