@@ -13,6 +13,7 @@
 //! and `max_udp_payload` (512 bytes without EDNS) is cut with TC set, and the client asks again
 //! over TCP.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -67,6 +68,18 @@ impl Zone {
             ns,
         }
     }
+}
+
+/// Per-thread buffers, so answering a query allocates no strings.
+#[derive(Default)]
+struct Scratch {
+    qname: String,
+    key: String,
+    addrs: Vec<IpAddr>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
 /// What the handler reads: the zones, the published view, the counters.
@@ -195,17 +208,25 @@ async fn answer<R: ResponseHandler>(
             ns = &zone.ns;
         }
     } else {
-        let Some(view) = front.view.load_full() else {
+        let guard = front.view.load();
+        let Some(view) = guard.as_deref() else {
             metrics::counter!("cdnmap_dns_queries_total", "rcode" => "servfail").increment(1);
             let m = metadata(request, ResponseCode::ServFail, false);
             return response.send_response(builder.build_no_records(m)).await;
         };
-        let qname = name.to_string();
-        let known = view.resolver.rules().rule_class(&qname).is_some();
-        if !known {
-            code = ResponseCode::NXDomain;
-            with_soa = true;
-        } else if matches!(qtype, RecordType::A | RecordType::AAAA) {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let Scratch { qname, key, addrs } = scratch;
+            qname.clear();
+            let _ = write!(qname, "{name}");
+            if view.resolver.rules().rule_class(qname).is_none() {
+                code = ResponseCode::NXDomain;
+                with_soa = true;
+                return;
+            }
+            if !matches!(qtype, RecordType::A | RecordType::AAAA) {
+                with_soa = true;
+                return;
+            }
             let client = match &ecs {
                 Some(e) if e.source_prefix() > 0 => IpNet::new(e.addr(), e.source_prefix())
                     .map(|n| n.trunc())
@@ -213,24 +234,24 @@ async fn answer<R: ResponseHandler>(
                 _ => None,
             }
             .unwrap_or_else(|| IpNet::from(request.src().ip()));
-            let a = view.resolver.resolve(client, &qname);
-            let mut addrs: Vec<IpAddr> = Vec::with_capacity(4);
-            let mut key = String::new();
+            let a = view.resolver.resolve(client, qname);
             let v6 = qtype == RecordType::AAAA;
             let rebuilt = front.servers.load();
             let servers = match rebuilt.as_deref() {
                 Some((version, s)) if *version == view.version => Some(s),
                 _ => view.servers(),
             };
+            addrs.clear();
             if let Some(servers) = servers {
-                servers.answer(&a, &qname, v6, &mut key, &mut addrs);
+                servers.answer(&a, qname, v6, key, addrs);
             }
-            for ip in addrs {
+            let owner: Name = name.into();
+            for &ip in addrs.iter() {
                 let rdata = match ip {
                     IpAddr::V4(v4) => RData::A(A(v4)),
                     IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
                 };
-                records.push(Record::from_rdata(name.into(), front.ttl, rdata));
+                records.push(Record::from_rdata(owner.clone(), front.ttl, rdata));
             }
             if records.is_empty() {
                 with_soa = true; // no server of the family: NODATA
@@ -247,14 +268,12 @@ async fn answer<R: ResponseHandler>(
             if let Some(u) = a.unit {
                 front
                     .demand
-                    .count(&view, u, &client, a.scope_prefix_len, a.class);
+                    .count(view, u, &client, a.scope_prefix_len, a.class);
             }
             if view.has_bounded {
-                front.demand.count_host(&qname);
+                front.demand.count_host(qname);
             }
-        } else {
-            with_soa = true;
-        }
+        });
     }
     let label = match code {
         ResponseCode::NXDomain => "nxdomain",

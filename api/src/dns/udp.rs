@@ -9,7 +9,9 @@
 
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+#[cfg(not(target_os = "linux"))]
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,8 +54,8 @@ pub fn bind(addr: SocketAddr, count: usize) -> std::io::Result<Vec<Arc<UdpSocket
     Ok(out)
 }
 
-/// The largest datagram read.
-const MAX_DATAGRAM: usize = 4096;
+/// The largest datagram read (queries are small; a larger one is cut and fails to parse).
+const MAX_DATAGRAM: usize = 2048;
 
 /// A `ResponseHandler` that encodes the response for UDP and keeps the bytes for the loop to
 /// send.
@@ -103,69 +105,218 @@ impl ResponseHandler for Capture {
     }
 }
 
-/// Answers datagrams on `socket` until `stop` is set. The handler's future completes without
-/// waiting on anything (the response is captured, not sent), so it is driven on this thread.
+/// One datagram's answer: the response's bytes, a bare FORMERR header when the message does
+/// not parse, or nothing (not a query, nowhere to answer). The handler's future completes
+/// without waiting on anything (the response is captured, not sent), so it is polled once here;
+/// were it ever to wait, the runtime would drive it to the end.
+fn answer_datagram<H: RequestHandler>(
+    handler: &H,
+    runtime: &tokio::runtime::Handle,
+    capture: &Capture,
+    raw: &[u8],
+    src: SocketAddr,
+) -> Option<Vec<u8>> {
+    if raw.len() < 12 || src.port() == 0 {
+        return None; // not even a header, or nowhere to answer
+    }
+    let request = match Request::from_bytes(raw.to_vec(), src, Protocol::Udp) {
+        Ok(r) => r,
+        Err(_) => return formerr(raw),
+    };
+    if request.metadata.message_type == MessageType::Response {
+        return None; // never answer a response (reflection)
+    }
+    let mut answering =
+        std::pin::pin!(handler.handle_request::<_, TokioTime>(&request, capture.clone()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if answering.as_mut().poll(&mut cx).is_pending() {
+        runtime.block_on(answering);
+    }
+    capture.0.lock().ok().and_then(|mut s| s.take())
+}
+
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// Answers datagrams on `socket` until `stop` is set.
 pub fn serve<H: RequestHandler>(
     socket: Arc<UdpSocket>,
     handler: Arc<H>,
     runtime: tokio::runtime::Handle,
     stop: Arc<AtomicBool>,
 ) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let capture = Capture::default();
-    while !stop.load(Ordering::Relaxed) {
-        let (n, src) = match socket.recv_from(&mut buf) {
-            Ok(x) => x,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
+    #[cfg(target_os = "linux")]
+    {
+        mmsg::serve(&socket, &*handler, &runtime, &stop);
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let capture = Capture::default();
+        while !stop.load(Ordering::Relaxed) {
+            let (n, src) = match socket.recv_from(&mut buf) {
+                Ok(x) => x,
+                Err(e) if timed_out(&e) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "receiving a datagram failed");
+                    continue;
+                }
+            };
+            if let Some(out) = answer_datagram(&*handler, &runtime, &capture, &buf[..n], src) {
+                if let Err(e) = socket.send_to(&out, src) {
+                    tracing::debug!(error = %e, %src, "sending a response failed");
+                }
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "receiving a datagram failed");
+        }
+    }
+}
+
+/// Linux: up to [`BATCH`] datagrams per `recvmmsg`, their answers in one `sendmmsg`, as gdnsd
+/// does: under load one system call each way carries many queries.
+#[cfg(target_os = "linux")]
+mod mmsg {
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use hickory_server::server::RequestHandler;
+    use socket2::{SockAddr, SockAddrStorage};
+
+    use super::{answer_datagram, timed_out, Capture, MAX_DATAGRAM};
+
+    /// Datagrams per system call at most.
+    pub const BATCH: usize = 32;
+
+    pub fn serve<H: RequestHandler>(
+        socket: &UdpSocket,
+        handler: &H,
+        runtime: &tokio::runtime::Handle,
+        stop: &AtomicBool,
+    ) {
+        let fd = socket.as_raw_fd();
+        let capture = Capture::default();
+        let mut bufs = vec![0u8; BATCH * MAX_DATAGRAM];
+        // SAFETY: all-zero is a valid sockaddr_storage, iovec and mmsghdr (null pointers and
+        // zero lengths); every pointer is set below before a system call reads it.
+        let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
+        let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
+        let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
+        let mut answers: Vec<(Vec<u8>, SockAddr)> = Vec::with_capacity(BATCH);
+        while !stop.load(Ordering::Relaxed) {
+            for i in 0..BATCH {
+                iovs[i] = libc::iovec {
+                    iov_base: bufs[i * MAX_DATAGRAM..].as_mut_ptr().cast(),
+                    iov_len: MAX_DATAGRAM,
+                };
+                hdrs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+                hdrs[i].msg_hdr.msg_namelen =
+                    std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
+                hdrs[i].msg_hdr.msg_iovlen = 1;
+                hdrs[i].msg_hdr.msg_control = std::ptr::null_mut();
+                hdrs[i].msg_hdr.msg_controllen = 0;
+                hdrs[i].msg_hdr.msg_flags = 0;
+                hdrs[i].msg_len = 0;
+            }
+            // SAFETY: `hdrs` holds BATCH headers, each pointing at its own buffer of
+            // MAX_DATAGRAM bytes and its own sockaddr_storage, all alive for the call.
+            let n = unsafe {
+                libc::recvmmsg(
+                    fd,
+                    hdrs.as_mut_ptr(),
+                    BATCH as libc::c_uint,
+                    libc::MSG_WAITFORONE,
+                    std::ptr::null_mut(),
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if !timed_out(&e) && e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::debug!(error = %e, "recvmmsg failed");
+                }
                 continue;
             }
-        };
-        if n < 12 || src.port() == 0 {
-            continue; // not even a header, or nowhere to answer
+            answers.clear();
+            for i in 0..n as usize {
+                let mut storage = SockAddrStorage::zeroed();
+                // SAFETY: SockAddrStorage is a sockaddr_storage underneath, and the kernel wrote
+                // a socket address of msg_namelen bytes into names[i].
+                let addr = unsafe {
+                    *storage.view_as::<libc::sockaddr_storage>() = names[i];
+                    SockAddr::new(storage, hdrs[i].msg_hdr.msg_namelen)
+                };
+                let Some(src) = addr.as_socket() else {
+                    continue;
+                };
+                let len = (hdrs[i].msg_len as usize).min(MAX_DATAGRAM);
+                let raw = &bufs[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len];
+                if let Some(out) = answer_datagram(handler, runtime, &capture, raw, src) {
+                    answers.push((out, SockAddr::from(src)));
+                }
+            }
+            send_all(fd, &answers);
         }
-        let request = match Request::from_bytes(buf[..n].to_vec(), src, Protocol::Udp) {
-            Ok(r) => r,
-            Err(_) => {
-                formerr(&socket, &buf[..n], src);
+    }
+
+    /// Sends every answer, `sendmmsg` after `sendmmsg` until all went (or one fails: a UDP
+    /// answer that cannot be sent is dropped, as a lost datagram would be).
+    fn send_all(fd: libc::c_int, answers: &[(Vec<u8>, SockAddr)]) {
+        let mut iovs: Vec<libc::iovec> = answers
+            .iter()
+            .map(|(bytes, _)| libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = answers
+            .iter()
+            .zip(iovs.iter_mut())
+            .map(|((_, to), iov)| {
+                // SAFETY: all-zero is a valid mmsghdr; the fields read are set here.
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_name = to.as_ptr() as *mut libc::c_void;
+                h.msg_hdr.msg_namelen = to.len();
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < hdrs.len() {
+            // SAFETY: hdrs[sent..] point at the answers' bytes and addresses, alive for the call.
+            let n = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    hdrs[sent..].as_mut_ptr(),
+                    (hdrs.len() - sent) as libc::c_uint,
+                    0,
+                )
+            };
+            if n <= 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::debug!(error = %e, "sendmmsg failed; answers dropped");
+                sent += 1; // skip the one that failed, send the rest
                 continue;
             }
-        };
-        if request.metadata.message_type == MessageType::Response {
-            continue; // never answer a response (reflection)
-        }
-        // Polled once with a no-op waker: it completes then (nothing in it waits); were it ever
-        // to wait, the runtime drives it to the end.
-        let mut answering =
-            std::pin::pin!(handler.handle_request::<_, TokioTime>(&request, capture.clone()));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if answering.as_mut().poll(&mut cx).is_pending() {
-            runtime.block_on(answering);
-        }
-        let bytes = capture.0.lock().ok().and_then(|mut s| s.take());
-        if let Some(bytes) = bytes {
-            if let Err(e) = socket.send_to(&bytes, src) {
-                tracing::debug!(error = %e, %src, "sending a response failed");
-            }
+            sent += n as usize;
         }
     }
 }
 
 /// FORMERR for a datagram whose header parsed but whose body did not: the id and opcode
 /// echoed, no sections.
-fn formerr(socket: &UdpSocket, raw: &[u8], src: SocketAddr) {
-    let mut out = [0u8; 12];
+fn formerr(raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; 12];
     out[..2].copy_from_slice(&raw[..2]);
     out[2] = 0x80 | (raw[2] & 0x78); // QR, the opcode
     out[3] = ResponseCode::FormErr.low();
     metrics::counter!("cdnmap_dns_queries_total", "rcode" => "formerr").increment(1);
-    let _ = socket.send_to(&out, src);
+    Some(out)
 }
