@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, Extensions, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -521,7 +521,7 @@ async fn set_state(
     Path(id): Path<String>,
     headers: HeaderMap,
     extensions: Extensions,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<StateAnswer> {
     let remote = extensions
         .get::<ConnectInfo<SocketAddr>>()
@@ -530,6 +530,15 @@ async fn set_state(
         tracing::warn!(cluster = %clean(&id, 64), ?remote, error = %e.message, "dashboard action refused");
         return Err(e);
     }
+    let body = body.map_err(|e| {
+        ApiError::new(
+            e.status(),
+            format!(
+                "body: {} (at most {MAX_ACTION_BODY_BYTES} bytes)",
+                e.body_text()
+            ),
+        )
+    })?;
     let body: StateBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad(format!(
             "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"

@@ -1,0 +1,268 @@
+//! What `dashboard.rs` and `browser.rs` share: a running `cdnmap serve` on ephemeral ports (a
+//! guard that kills it), and a small HTTP/1.1 client over `TcpStream` (`Connection: close`, so
+//! a response ends when the server closes).
+
+#![allow(dead_code)] // each test file uses its part
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cdnmap_tests::cdnmap_bin;
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub const TOKEN: &str = "e2e-dashboard-token-5c1e";
+pub const CYCLE_SECS: u64 = 10;
+pub const MAP_UNITS: u64 = 3000;
+pub const CLUSTERS: u64 = 40;
+/// How long a server may take to answer after it is started.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a test waits for the next round (a cycle, plus slack for a loaded machine).
+pub const ROUND_TIMEOUT: Duration = Duration::from_secs(3 * CYCLE_SECS + 30);
+
+/// A port that was free a moment ago.
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("an ephemeral port")
+}
+
+/// A response: status code, headers (names lower-cased) and body.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `error` of a JSON error body.
+    pub fn error(&self) -> String {
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no \"error\" in {:?}", self.body))
+            .to_string()
+    }
+}
+
+/// One HTTP/1.1 request to `addr`. Chunked bodies are decoded.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("set a read timeout");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    if !body.is_empty() || method == "POST" || method == "DELETE" {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("send the request head");
+    s.write_all(body.as_bytes()).expect("send the request body");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the response");
+    let raw = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in {raw:?}"));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A running `cdnmap serve --config FILE` on the small demo world; killed when dropped.
+pub struct DashServer {
+    pub dir: TempDir,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for DashServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl DashServer {
+    /// Starts a server (with the Admin token if `with_token`) and waits until `/api/status`
+    /// answers with a map.
+    pub fn start(with_token: bool) -> DashServer {
+        let bin = cdnmap_bin();
+        let dir = tempfile::Builder::new()
+            .prefix("cdnmap-dash-")
+            .tempdir()
+            .expect("a temporary directory");
+        let (grpc, http) = (free_port(), free_port());
+        let token = if with_token {
+            format!("admin_token = {TOKEN:?}\n")
+        } else {
+            String::new()
+        };
+        let data = dir.path().join("data");
+        let text = format!(
+            "cycle_secs = {CYCLE_SECS}\n\
+             grpc_listen = \"{grpc}\"\n\
+             http_listen = \"{http}\"\n\
+             data_dir = {data:?}\n\
+             {token}\
+             \n\
+             [demo]\n\
+             map_units = {MAP_UNITS}\n\
+             clusters = {CLUSTERS}\n\
+             seed = 1\n",
+            data = data.to_str().expect("a UTF-8 temporary path"),
+        );
+        let config = dir.path().join("cdnmap.toml");
+        std::fs::write(&config, text).expect("write the config");
+        let log = dir.path().join("server.log");
+        let out = File::create(&log).expect("create the server log");
+        let err = out.try_clone().expect("clone the log handle");
+        let child = Command::new(bin)
+            .current_dir(dir.path())
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start cdnmap serve");
+        let mut server = DashServer {
+            dir,
+            http,
+            grpc,
+            child,
+            log,
+        };
+        server.wait_ready();
+        server
+    }
+
+    /// What the server logged so far, for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    fn wait_ready(&mut self) {
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "cdnmap serve exited with {status} before answering:\n{}",
+                    self.log()
+                );
+            }
+            if TcpStream::connect(self.http).is_ok() {
+                let r = self.get("/api/status");
+                if r.status == 200 && r.json()["map_version"].as_u64().unwrap_or(0) >= 1 {
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "cdnmap serve did not answer on {} within {READY_TIMEOUT:?}:\n{}",
+                self.http,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        request(self.http, "GET", path, &[], None)
+    }
+
+    /// `GET path`, which must answer 200 with JSON.
+    pub fn get_ok(&self, path: &str) -> Value {
+        let r = self.get(path);
+        assert_eq!(r.status, 200, "GET {path}: {}", r.body);
+        r.json()
+    }
+
+    pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        let mut h = vec![("Content-Type", "application/json")];
+        h.extend_from_slice(headers);
+        request(self.http, "POST", path, &h, Some(body))
+    }
+
+    /// Waits until the published map version is above `version`; returns the new one.
+    pub fn wait_for_version_after(&self, version: u64) -> u64 {
+        let started = Instant::now();
+        loop {
+            let v = self.get_ok("/api/status")["map_version"]
+                .as_u64()
+                .expect("map_version");
+            if v > version {
+                return v;
+            }
+            assert!(
+                started.elapsed() < ROUND_TIMEOUT,
+                "no round after version {version} within {ROUND_TIMEOUT:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
