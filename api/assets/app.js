@@ -121,6 +121,9 @@ function renderMap() {
   for (let lon = -180; lon <= 180; lon += 30) grid.append(sv("line", { x1: proj(0, lon)[0], y1: 0, x2: proj(0, lon)[0], y2: H }));
   for (let lat = -60; lat <= 60; lat += 30) grid.append(sv("line", { x1: 0, y1: proj(lat, 0)[1], x2: W, y2: proj(lat, 0)[1] }));
   grid.append(sv("line", { x1: 0, y1: H / 2, x2: W, y2: H / 2, stroke: "#25405e" }));
+  if (typeof LAND_PATH === "string") {
+    svg.append(sv("path", { class: "land", d: LAND_PATH, transform: "scale(0.5)", fill: "#1a2d42", stroke: "#2f4b68", "stroke-width": 1.2 }));
+  }
   svg.append(grid);
 
   const maxRegion = Math.max(1e-9, ...m.regions.map((r) => r.demand));
@@ -263,14 +266,14 @@ function row(c) {
       "data-action": action, "data-cluster": c.id, "data-same": c.state === target ? "1" : "0",
       title: `${label} ${c.id}`, onclick: () => act(c.id, target),
     }, label));
-  return el("tr", { "data-id": c.id, "data-state": c.state, class: state.selected === c.id ? "sel" : "", onclick: (e) => { if (e.target.tagName !== "BUTTON") select(c.id); } },
+  return el("tr", { "data-id": c.id, "data-state": c.state, "data-demand": c.demand, class: state.selected === c.id ? "sel" : "", onclick: (e) => { if (e.target.tagName !== "BUTTON") select(c.id); } },
     el("td", {}, c.id),
     el("td", { class: "state-cell" }, el("span", { class: `state ${c.state}` }, c.state), pending),
     el("td", { class: "num" }, fmt(c.demand)),
     el("td", {}, bar(c.utilization, pct(c.utilization))),
     el("td", {}, el("div", { class: "nodes" }, c.nodes.map((n) => bar(n.utilization, `${n.name} (${n.kind}) ${fmt(n.load)} / ${fmt(n.capacity)}`)))),
     el("td", { class: "num" }, c.units),
-    el("td", { class: "units" }, c.top_units.map((u) => `${u.id} ${fmt(u.amount)}`).join(", ")),
+    el("td", { class: "units" }, c.top_units.slice(0, 3).map((u) => el("div", { title: `${u.id} (${u.class}): ${fmt(u.amount)}` }, `${u.id} `, el("b", {}, fmt(u.amount))))),
     el("td", { class: "actions" }, actions));
 }
 
@@ -312,13 +315,26 @@ async function lookup(q) {
       el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : ""),
       el("table", {},
         el("thead", {}, el("tr", {}, el("th", {}, "candidate"), el("th", { class: "num" }, "score"), el("th", {}, "state"), el("th", { class: "num" }, "share"), el("th", {}, "verdict"), el("th", {}, "why"))),
-        el("tbody", {}, u.candidates.map((c) => el("tr", {},
+        el("tbody", {}, shownCandidates(u.candidates).map((c) => c.more ? el("tr", {}, el("td", { colspan: 6, class: "why" }, `… and ${c.more} more candidates, less preferred than where all of the demand went`)) : el("tr", {},
           el("td", {}, c.cluster), el("td", { class: "num" }, fmt(c.score, 1)), el("td", {}, el("span", { class: `state ${c.state}` }, c.state)),
           el("td", { class: "num" }, pct(c.share)), el("td", { class: c.verdict === "placed" ? "verdict-placed" : c.verdict === "passed over" ? "verdict-passed" : "" }, c.verdict),
           el("td", { class: "why" }, c.why))))))));
   } catch (e) {
     box.replaceChildren(el("div", { class: "error" }, e.message));
   }
+}
+
+// Every placed or passed-over candidate, and the first few of those not needed.
+function shownCandidates(cands) {
+  const NOT_NEEDED_SHOWN = 3;
+  const out = [];
+  let skipped = 0, notNeeded = 0;
+  for (const c of cands) {
+    if (c.verdict === "not needed" && ++notNeeded > NOT_NEEDED_SHOWN) { skipped++; continue; }
+    out.push(c);
+  }
+  if (skipped) out.push({ more: skipped });
+  return out;
 }
 
 function renderEvents(events) {

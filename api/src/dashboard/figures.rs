@@ -299,27 +299,32 @@ pub fn why_not(view: &View, inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Strin
     let describe = |key: &Key| {
         let kc = &inst.classes()[usize::from(inst.unit_class(key.unit))];
         format!(
-            "{} (priority {}, rank {})",
+            "{}, priority {}, rank {}",
             kc.name,
             kc.priority,
             fmt_num(f64::from(key.rank))
         )
     };
     let holder = inst.unit_id(worst.unit);
+    let tie = if (worst.priority, worst.rank) == (mine.priority, mine.rank) {
+        "; equal priority and rank: the lower map unit id wins"
+    } else {
+        ""
+    };
     if worst < mine {
         format!(
-            "{full}: it keeps demand it prefers; the least preferred it kept is {holder:?}, \
-             {} of {}, over this unit's {}",
-            fmt_num(amount),
+            "{full}: it keeps demand it prefers; the least preferred it kept is {holder:?} ({}; \
+             {} placed) over this unit ({}){tie}",
             describe(&worst),
+            fmt_num(amount),
             describe(&mine)
         )
     } else {
         format!(
-            "{full}: it kept {holder:?}, {} of {}, which it ranks below this unit's {}: an \
-             incumbent kept by stickiness (incumbents first)",
-            fmt_num(amount),
+            "{full}: it kept {holder:?} ({}; {} placed), which it ranks below this unit ({}): \
+             an incumbent kept by stickiness (incumbents first)",
             describe(&worst),
+            fmt_num(amount),
             describe(&mine)
         )
     }
@@ -328,10 +333,8 @@ pub fn why_not(view: &View, inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Strin
 fn ratio(load: f64, cap: f64) -> f64 {
     if cap > 0.0 {
         load / cap
-    } else if load > 0.0 {
-        1.0
     } else {
-        // A node of capacity 0 takes nothing.
+        // A node of capacity 0 takes nothing: full.
         1.0
     }
 }
@@ -482,7 +485,7 @@ mod tests {
             "{why}"
         );
         assert!(why.contains("prefers"), "{why}");
-        assert!(why.contains("apps (priority 0"), "{why}");
+        assert!(why.contains("(apps, priority 0, rank 12.0; 26.0 placed) over this unit (video, priority 1, rank 10.0)"), "{why}");
     }
 
     #[test]

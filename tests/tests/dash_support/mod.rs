@@ -83,12 +83,23 @@ pub fn request(
     head.push_str("\r\n");
     s.write_all(head.as_bytes()).expect("send the request head");
     s.write_all(body.as_bytes()).expect("send the request body");
+    // Read the head, then the body by its length: some servers (chromedriver) keep the
+    // connection open despite `Connection: close`.
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read the response");
-    let raw = String::from_utf8_lossy(&raw).to_string();
-    let (head, rest) = raw
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no end of headers in {raw:?}"));
+    let mut buf = [0u8; 16 * 1024];
+    let head_end = loop {
+        if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = s.read(&mut buf).expect("read the response head");
+        assert!(
+            n > 0,
+            "the connection closed before the end of the head: {raw:?}"
+        );
+        raw.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_string();
+    let mut rest = raw[head_end + 4..].to_vec();
     let mut lines = head.lines();
     let status = lines
         .next()
@@ -99,14 +110,37 @@ pub fn request(
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let chunked = headers
-        .iter()
-        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_string()
+    let find = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
     };
+    let chunked = find("transfer-encoding").is_some_and(|v| v.contains("chunked"));
+    if let Some(len) = find("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        while rest.len() < len {
+            let n = s.read(&mut buf).expect("read the response body");
+            assert!(
+                n > 0,
+                "the connection closed {} bytes into a {len}-byte body",
+                rest.len()
+            );
+            rest.extend_from_slice(&buf[..n]);
+        }
+        rest.truncate(len);
+    } else if chunked {
+        while !rest.ends_with(b"0\r\n\r\n") {
+            let n = s.read(&mut buf).expect("read the response body");
+            if n == 0 {
+                break;
+            }
+            rest.extend_from_slice(&buf[..n]);
+        }
+    } else {
+        s.read_to_end(&mut rest).expect("read the response body");
+    }
+    let rest = String::from_utf8_lossy(&rest).to_string();
+    let body = if chunked { dechunk(&rest) } else { rest };
     Reply {
         status,
         headers,
