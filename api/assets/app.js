@@ -16,6 +16,7 @@ const state = {
   lastEventSeq: -1,
   actionsEnabled: false,
   busy: false,
+  lookup: null, // the last lookup's units, drawn on the map
   flashUntil: 0,
 };
 
@@ -176,9 +177,32 @@ function renderMap() {
     }
   }
   svg.append(cl);
+  if (state.lookup) svg.append(lookupLayer(state.lookup, byId));
   const note = document.getElementById("map-note");
   note.textContent = `${m.clusters.length} clusters · ${m.regions.length} client regions (${m.region_deg}° cells) · the ${m.flows.length} largest flows`;
   document.getElementById("map").replaceChildren(svg);
+}
+
+// The looked-up units: where they are, where their demand went (solid), and the candidates
+// they were passed over by (dashed).
+function lookupLayer(units, byId) {
+  const g = sv("g", { class: "lookup-layer", "pointer-events": "none" });
+  for (const u of units) {
+    const [x, y] = proj(u.lat, u.lon);
+    for (const c of u.candidates) {
+      const k = byId.get(c.cluster);
+      if (!k || (c.verdict !== "placed" && c.verdict !== "passed over")) continue;
+      const [x2, y2] = proj(k.lat, k.lon);
+      g.append(sv("line", {
+        x1: x, y1: y, x2, y2,
+        stroke: c.verdict === "placed" ? "#ffd34d" : "#ff6b6b",
+        "stroke-width": c.verdict === "placed" ? (1.5 + 3 * c.share).toFixed(1) : 1.2,
+        "stroke-dasharray": c.verdict === "placed" ? null : "4 3",
+      }));
+    }
+    g.append(sv("rect", { x: x - 4, y: y - 4, width: 8, height: 8, fill: "#ffd34d", stroke: "#000", transform: `rotate(45 ${x} ${y})` }));
+  }
+  return g;
 }
 
 function select(id) {
@@ -310,6 +334,8 @@ async function lookup(q) {
   box.replaceChildren(el("div", {}, "looking up…"));
   try {
     const r = await api(`/api/lookup?q=${encodeURIComponent(q)}`);
+    state.lookup = r.units;
+    renderMap();
     box.replaceChildren(...r.units.map((u) => el("div", { class: "unit", "data-unit": u.id },
       el("div", {}, el("b", {}, u.id), ` · ${u.class} · demand ${fmt(u.demand)} · ${u.prefix_count} prefix(es)${u.matched_prefix_len !== null ? ` · matched /${u.matched_prefix_len}` : ""} · at ${u.lat.toFixed(1)}, ${u.lon.toFixed(1)}`),
       el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : ""),
@@ -320,6 +346,8 @@ async function lookup(q) {
           el("td", { class: "num" }, pct(c.share)), el("td", { class: c.verdict === "placed" ? "verdict-placed" : c.verdict === "passed over" ? "verdict-passed" : "" }, c.verdict),
           el("td", { class: "why" }, c.why))))))));
   } catch (e) {
+    state.lookup = null;
+    renderMap();
     box.replaceChildren(el("div", { class: "error" }, e.message));
   }
 }

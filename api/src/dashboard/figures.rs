@@ -299,10 +299,10 @@ pub fn why_not(view: &View, inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Strin
     let describe = |key: &Key| {
         let kc = &inst.classes()[usize::from(inst.unit_class(key.unit))];
         format!(
-            "{}, priority {}, rank {}",
+            "{}, priority {}, rank {:.2}",
             kc.name,
             kc.priority,
-            fmt_num(f64::from(key.rank))
+            key.rank
         )
     };
     let holder = inst.unit_id(worst.unit);
@@ -364,8 +364,7 @@ pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<Candi
             let amount: f64 = allocs
                 .iter()
                 .filter(|a| a.cluster == cand.cluster)
-                .map(|a| a.amount)
-                .sum();
+                .fold(0.0, |sum, a| sum + a.amount); // +0.0 when none (a sum starts at -0.0)
             let share = if total > 0.0 { amount / total } else { 0.0 };
             let (verdict, why) = if amount > 0.0 && j + 1 < preferred_up_to {
                 // Part of the demand went further down the list (or overflowed).
@@ -485,7 +484,7 @@ mod tests {
             "{why}"
         );
         assert!(why.contains("prefers"), "{why}");
-        assert!(why.contains("(apps, priority 0, rank 12.0; 26.0 placed) over this unit (video, priority 1, rank 10.0)"), "{why}");
+        assert!(why.contains("(apps, priority 0, rank 12.00; 26.0 placed) over this unit (video, priority 1, rank 10.00)"), "{why}");
     }
 
     #[test]
@@ -497,6 +496,9 @@ mod tests {
         let cands = explain(&view, &inst, &s.map, app);
         assert_eq!(cands[0].verdict, "passed over");
         assert_eq!(cands[0].state, ClusterState::Drained);
+        // Nothing there is +0 (JSON "0.0", not "-0.0").
+        assert!(cands[0].amount == 0.0 && cands[0].amount.is_sign_positive());
+        assert!(cands[0].share.is_sign_positive());
         assert!(cands[0].why.contains("was drained"), "{}", cands[0].why);
         assert_eq!(cands[1].verdict, "placed");
         assert!((cands[1].share - 1.0).abs() < 1e-12);

@@ -23,7 +23,7 @@ use serde_json::json;
 use super::figures::{self, CandidateView, View};
 use super::{clean, Actor, MAX_EVENTS, MAX_HISTORY_ROUNDS, MAX_REASON_LEN};
 use crate::round::Snapshot;
-use crate::service::{constant_time_eq, now_unix_ms, ActionError, Shared};
+use crate::service::{constant_time_eq, now_unix_ms, ActionError, RoundStatus, Shared};
 
 /// A map older than this many cycles is reported stale.
 pub const STALE_AFTER_CYCLES: u64 = 3;
@@ -229,24 +229,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         .as_ref()
         .map_or((0, 0), |s| (s.version, s.solved_at_unix_ms));
     let age = if s.is_some() { now - solved_at } else { 0 };
-    let stale = s.is_none() || age > (STALE_AFTER_CYCLES * cycle_secs * 1000) as i64;
-    let banner = if s.is_none() {
-        Some("no map yet: the first round has not finished".to_string())
-    } else if round.failed {
-        Some(format!(
-            "the last round failed: {}; serving map version {version}",
-            round.error
-        ))
-    } else if stale {
-        Some(format!(
-            "the map is stale: version {version} is {:.0} s old (the cycle is {cycle_secs} s)",
-            age as f64 / 1e3
-        ))
-    } else if !round.error.is_empty() {
-        Some(round.error.clone())
-    } else {
-        None
-    };
+    let (stale, banner) = banner(s.as_ref().map(|_| version), age, cycle_secs, &round);
     let (demand, overflow) = s.as_ref().map_or((0.0, 0.0), |s| {
         (s.instance.total_demand(), s.map.total_overflow())
     });
@@ -275,6 +258,40 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
             .and_then(|p| p.mean_rtt_ms),
         actions_enabled: app.token.is_some(),
     }))
+}
+
+/// Whether the map is stale, and what the page's banner says: no map, a failed last round, a
+/// stale map (older than [`STALE_AFTER_CYCLES`] cycles), or a slow round; `None` when all is
+/// well. `version` is the published map's (`None`: no map yet), `age_ms` its age.
+pub fn banner(
+    version: Option<u64>,
+    age_ms: i64,
+    cycle_secs: u64,
+    round: &RoundStatus,
+) -> (bool, Option<String>) {
+    let Some(version) = version else {
+        return (
+            true,
+            Some("no map yet: the first round has not finished".into()),
+        );
+    };
+    let stale = age_ms > (STALE_AFTER_CYCLES * cycle_secs * 1000) as i64;
+    let text = if round.failed {
+        Some(format!(
+            "the last round failed: {}; serving map version {version}",
+            round.error
+        ))
+    } else if stale {
+        Some(format!(
+            "the map is stale: version {version} is {:.0} s old (the cycle is {cycle_secs} s)",
+            age_ms as f64 / 1e3
+        ))
+    } else if !round.error.is_empty() {
+        Some(round.error.clone())
+    } else {
+        None
+    };
+    (stale, text)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -796,4 +813,53 @@ async fn lookup(
         map_version: s.version,
         units,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_banner_names_what_is_wrong() {
+        let ok = RoundStatus::default();
+        assert_eq!(banner(Some(3), 5_000, 10, &ok), (false, None));
+        // Three cycles old is still fresh; a millisecond more is stale.
+        assert_eq!(banner(Some(3), 30_000, 10, &ok), (false, None));
+        let (stale, text) = banner(Some(3), 30_001, 10, &ok);
+        assert!(stale);
+        assert_eq!(
+            text.as_deref(),
+            Some("the map is stale: version 3 is 30 s old (the cycle is 10 s)")
+        );
+        let failed = RoundStatus {
+            failed: true,
+            error: "the map failed verification: x".into(),
+            ..RoundStatus::default()
+        };
+        let (stale, text) = banner(Some(7), 1_000, 10, &failed);
+        assert!(!stale);
+        assert_eq!(
+            text.as_deref(),
+            Some("the last round failed: the map failed verification: x; serving map version 7")
+        );
+        // A failure wins over staleness (it says why the map is old).
+        assert!(banner(Some(7), 100_000, 10, &failed)
+            .1
+            .is_some_and(|t| t.starts_with("the last round failed")));
+        let slow = RoundStatus {
+            error: "the last round took 12000 ms, longer than the 10000 ms cycle".into(),
+            ..RoundStatus::default()
+        };
+        assert_eq!(
+            banner(Some(2), 1_000, 10, &slow).1,
+            Some(slow.error.clone())
+        );
+        assert_eq!(
+            banner(None, 0, 10, &ok),
+            (
+                true,
+                Some("no map yet: the first round has not finished".into())
+            )
+        );
+    }
 }
