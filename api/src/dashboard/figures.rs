@@ -300,9 +300,7 @@ pub fn why_not(view: &View, inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Strin
         let kc = &inst.classes()[usize::from(inst.unit_class(key.unit))];
         format!(
             "{}, priority {}, rank {:.2}",
-            kc.name,
-            kc.priority,
-            key.rank
+            kc.name, kc.priority, key.rank
         )
     };
     let holder = inst.unit_id(worst.unit);
