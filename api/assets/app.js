@@ -292,7 +292,8 @@ function row(c) {
     }, label));
   return el("tr", { "data-id": c.id, "data-state": c.state, "data-demand": c.demand, class: state.selected === c.id ? "sel" : "", onclick: (e) => { if (e.target.tagName !== "BUTTON") select(c.id); } },
     el("td", {}, c.id),
-    el("td", { class: "state-cell" }, el("span", { class: `state ${c.state}` }, c.state), pending),
+    el("td", { class: "state-cell" }, el("span", { class: `state ${c.state}` }, c.state), pending,
+      c.capacity_factor < 1 ? el("span", { class: "derated", title: c.derated_because || "" }, `derated to ${pct(c.capacity_factor)}`) : null),
     el("td", { class: "num" }, fmt(c.demand)),
     el("td", {}, bar(c.utilization, pct(c.utilization))),
     el("td", {}, el("div", { class: "nodes" }, c.nodes.map((n) => bar(n.utilization, `${n.name} (${n.kind}) ${fmt(n.load)} / ${fmt(n.capacity)}`)))),
@@ -365,6 +366,19 @@ function shownCandidates(cands) {
   return out;
 }
 
+function renderEstimator(e) {
+  document.getElementById("estimator-note").textContent =
+    !e.learning ? "learning off: configured coefficients" : e.confident ? "learned coefficients in use" : "learning; configured coefficients until confident";
+  const per = (p) => `${fmt(p.bps)} / ${fmt(p.fps)}`;
+  const rows = e.coefficients.map((c) => el("tr", {}, el("td", {}, c.class), el("td", { class: "num" }, per(c.in_use)), el("td", { class: "num" }, per(c.learned)), el("td", { class: "num" }, per(c.configured))));
+  const derated = e.derated.length
+    ? e.derated.map((d) => el("div", { class: "derated-row", title: d.because || "" }, el("b", {}, d.cluster), ` capacity × ${fmt(d.capacity_factor, 2)}`, d.because ? ` — ${d.because}` : ""))
+    : [el("div", { class: "dim" }, "no cluster derated")];
+  document.getElementById("estimator").replaceChildren(
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "class: bps / fps per unit"), el("th", { class: "num" }, "in use"), el("th", { class: "num" }, "learned"), el("th", { class: "num" }, "configured"))), el("tbody", {}, rows)),
+    ...derated);
+}
+
 function renderEvents(events) {
   const ul = document.getElementById("events");
   if (!events.length) { ul.replaceChildren(el("li", { class: "empty" }, "no actions yet")); return; }
@@ -386,7 +400,7 @@ async function refresh(force) {
     renderEvents(ev.events);
     const newest = ev.events.length ? ev.events[0].seq : 0;
     if (force || s.map_version !== state.version || newest !== state.lastEventSeq) {
-      const [cl, m, h] = await Promise.all([api("/api/clusters?top=5"), api("/api/map"), api("/api/history")]);
+      const [cl, m, h, est] = await Promise.all([api("/api/clusters?top=5"), api("/api/map"), api("/api/history"), api("/api/estimator")]);
       state.clusters = cl.clusters;
       state.map = m;
       state.history = h.rounds;
@@ -395,6 +409,7 @@ async function refresh(force) {
       renderMap();
       renderTable();
       renderCharts();
+      renderEstimator(est);
       document.body.dataset.version = String(s.map_version);
       document.body.dataset.ready = "1";
     }

@@ -368,6 +368,11 @@ impl Shared {
     pub(crate) fn dash(&self) -> &crate::dashboard::DashState {
         &self.dash
     }
+
+    /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
+    pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
+        self.estimates.lock().ok().map(|e| f(&e))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

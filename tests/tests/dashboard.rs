@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::admin_client::AdminClient;
+use cdnmap_proto::v1::feedback_client::FeedbackClient;
 use dash_support::{DashServer, CLUSTERS, MAP_UNITS, TOKEN};
 use serde_json::Value;
 
@@ -507,4 +508,100 @@ fn actions_need_the_token_are_logged_and_reach_the_map() {
         (e["from_state"].as_str(), e["to_state"].as_str()),
         (Some("drained"), Some("up"))
     );
+}
+
+#[test]
+fn estimator_figures_show_the_coefficients_and_a_derated_cluster() {
+    let s = DashServer::start(false);
+    let e = s.get_ok("/api/estimator");
+    assert_eq!(e["learning"], true);
+    assert_eq!(e["confident"], false, "no load measured yet");
+    let coefficients = e["coefficients"].as_array().expect("coefficients");
+    let classes: Vec<&str> = coefficients
+        .iter()
+        .filter_map(|c| c["class"].as_str())
+        .collect();
+    assert_eq!(classes, ["web", "video", "apps"]);
+    for c in coefficients {
+        // Not confident: the rounds use the configured coefficients.
+        assert_eq!(c["in_use"], c["configured"], "{c}");
+        assert!(f(&c["configured"]["bps"]) > 0.0 && f(&c["configured"]["fps"]) > 0.0);
+    }
+    assert!(e["derated"].as_array().expect("derated").is_empty());
+
+    // The busiest cluster's root node measures three times what the model predicts.
+    let busiest = s.get_ok("/api/clusters?sort=demand&order=desc&limit=1")["clusters"][0].clone();
+    let id = busiest["id"].as_str().expect("id").to_string();
+    assert_eq!(f(&busiest["capacity_factor"]), 1.0);
+    let root = busiest["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["parent"].is_null())
+        .expect("a root node")
+        .clone();
+    let (root_name, load, capacity) = (
+        root["name"].as_str().expect("name").to_string(),
+        f(&root["load"]),
+        f(&root["capacity"]),
+    );
+    assert!(load > 0.0);
+    assert_eq!(capacity, f(&root["configured_capacity"]));
+    let version = s.get_ok("/api/status")["map_version"]
+        .as_u64()
+        .expect("version");
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        let mut fb = FeedbackClient::connect(format!("http://{}", s.grpc))
+            .await
+            .expect("connect to gRPC");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("time")
+            .as_millis() as i64;
+        fb.report_load(pb::LoadReport {
+            reporter: "dashboard-e2e".into(),
+            measured_at_unix_ms: now,
+            loads: vec![pb::NodeLoad {
+                cluster: id.clone(),
+                node: root_name.clone(),
+                load: 3.0 * load,
+            }],
+        })
+        .await
+        .expect("ReportLoad");
+    });
+
+    // The next round derates it: the estimator says so and why, and the map uses the
+    // derated capacity.
+    s.wait_for_version_after(version);
+    let e = s.get_ok("/api/estimator");
+    eprintln!("/api/estimator after the report: {e}");
+    let derated = e["derated"].as_array().expect("derated");
+    assert_eq!(derated.len(), 1, "{e}");
+    assert_eq!(derated[0]["cluster"], id.as_str());
+    let factor = f(&derated[0]["capacity_factor"]);
+    assert!(factor > 0.25 && factor < 1.0, "{factor}");
+    let because = derated[0]["because"].as_str().expect("a reason");
+    assert!(
+        because.contains(&format!("node {root_name:?}")) && because.contains("(3.00x)"),
+        "{because}"
+    );
+    let c = s.get_ok(&format!("/api/clusters/{id}"));
+    assert_eq!(f(&c["capacity_factor"]), factor);
+    assert_eq!(c["derated_because"].as_str(), Some(because));
+    let node = c["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["name"] == root_name.as_str())
+        .expect("the root")
+        .clone();
+    assert_eq!(f(&node["configured_capacity"]), capacity);
+    assert!(
+        close(f(&node["capacity"]), capacity * factor),
+        "{} vs {capacity} × {factor}",
+        f(&node["capacity"])
+    );
+    assert!(f(&node["load"]) <= f(&node["capacity"]) * (1.0 + EPS));
 }

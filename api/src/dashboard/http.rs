@@ -5,6 +5,7 @@
 //! same function as Admin `SetClusterState` ([`Shared::set_cluster_state`]). Every error is a
 //! JSON body `{"error": "..."}` naming the input, with 400, 401, 404 or 503.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use axum::http::{header, Extensions, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
+use cdnmap_mapper::{ClusterState, Instance, PerUnit, UnitIdx};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -63,6 +64,7 @@ pub fn router(shared: Arc<Shared>, token: Option<Arc<str>>) -> Router {
         .route("/history", get(history))
         .route("/lookup", get(lookup))
         .route("/events", get(events))
+        .route("/estimator", get(estimator))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_ACTION_BODY_BYTES));
     Router::new()
@@ -304,7 +306,10 @@ struct NodeRow {
     parent: Option<String>,
     classes: Vec<String>,
     load: f64,
+    /// The capacity the published map was solved with (the estimator may have derated it).
     capacity: f64,
+    /// The capacity in the topology.
+    configured_capacity: f64,
     utilization: f64,
 }
 
@@ -330,10 +335,52 @@ struct ClusterRow {
     units: usize,
     nodes: Vec<NodeRow>,
     top_units: Vec<UnitShare>,
+    /// The estimator's capacity factor (1: not derated); the capacities above include it from
+    /// the round after it changed.
+    capacity_factor: f64,
+    /// Why the cluster is derated (its node whose measured load ran ahead of the model).
+    derated_because: Option<String>,
 }
 
-fn cluster_row(topo: &Instance, c: usize, s: &Snapshot, v: &View, top: usize) -> ClusterRow {
+/// The derated clusters by id: (capacity factor, why).
+type Deratings = HashMap<String, (f64, Option<String>)>;
+
+fn deratings(app: &App) -> Deratings {
+    app.shared
+        .with_estimates(|e| {
+            e.derater()
+                .derated()
+                .map(|(id, d)| {
+                    let why = d.reason.as_ref().map(|r| {
+                        format!(
+                            "node {:?} measured {:.3} against {:.3} predicted ({:.2}x)",
+                            r.node,
+                            r.measured,
+                            r.predicted,
+                            if r.predicted > 0.0 {
+                                r.measured / r.predicted
+                            } else {
+                                0.0
+                            }
+                        )
+                    });
+                    (id.to_string(), (d.factor, why))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn cluster_row(
+    topo: &Instance,
+    c: usize,
+    s: &Snapshot,
+    v: &View,
+    top: usize,
+    derated: &Deratings,
+) -> ClusterRow {
     let cl = &topo.clusters()[c];
+    let (capacity_factor, derated_because) = derated.get(&cl.id).cloned().unwrap_or((1.0, None));
     let in_map = s.instance.cluster_index(&cl.id);
     let class_name = |k: cdnmap_mapper::ClassIdx| {
         topo.classes()
@@ -344,15 +391,18 @@ fn cluster_row(topo: &Instance, c: usize, s: &Snapshot, v: &View, top: usize) ->
         .nodes
         .iter()
         .map(|node| {
-            // The published map's load of the node of the same name (the topology may have
-            // changed since).
-            let load = in_map
+            // The published map's load and capacity (derated by the estimator, if so) of the
+            // node of the same name (the topology may have changed since).
+            let (load, capacity) = in_map
                 .and_then(|m| {
                     let mc = &s.instance.clusters()[m as usize];
                     let mn = mc.nodes.iter().position(|x| x.name == node.name)?;
-                    Some(v.usage[s.instance.global_node(m, mn as u32)])
+                    Some((
+                        v.usage[s.instance.global_node(m, mn as u32)],
+                        mc.nodes[mn].capacity,
+                    ))
                 })
-                .unwrap_or(0.0);
+                .unwrap_or((0.0, node.capacity));
             NodeRow {
                 name: node.name.clone(),
                 kind: node.kind,
@@ -362,9 +412,10 @@ fn cluster_row(topo: &Instance, c: usize, s: &Snapshot, v: &View, top: usize) ->
                     .map(|p| p.name.clone()),
                 classes: node.classes.iter().map(|&k| class_name(k)).collect(),
                 load,
-                capacity: node.capacity,
-                utilization: if node.capacity > 0.0 {
-                    load / node.capacity
+                capacity,
+                configured_capacity: node.capacity,
+                utilization: if capacity > 0.0 {
+                    load / capacity
                 } else if load > 0.0 {
                     1.0
                 } else {
@@ -405,6 +456,8 @@ fn cluster_row(topo: &Instance, c: usize, s: &Snapshot, v: &View, top: usize) ->
         units,
         nodes,
         top_units,
+        capacity_factor,
+        derated_because,
     }
 }
 
@@ -450,8 +503,9 @@ async fn clusters(
     };
     let (s, v) = view(&app).await?;
     let topo = topology(&app)?;
+    let derated = deratings(&app);
     let mut rows: Vec<ClusterRow> = (0..topo.clusters().len())
-        .map(|c| cluster_row(&topo, c, &s, &v, top))
+        .map(|c| cluster_row(&topo, c, &s, &v, top, &derated))
         .collect();
     let sort = q.sort.as_deref().unwrap_or("id");
     match sort {
@@ -495,7 +549,14 @@ async fn cluster(
     let c = topo
         .cluster_index(&id)
         .ok_or_else(|| ApiError::not_found(format!("no cluster {:?}", clean(&id, 64))))?;
-    Ok(Json(cluster_row(&topo, c as usize, &s, &v, top)))
+    Ok(Json(cluster_row(
+        &topo,
+        c as usize,
+        &s,
+        &v,
+        top,
+        &deratings(&app),
+    )))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -666,6 +727,77 @@ async fn events(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let limit = limit_of(query(q)?.limit, DEFAULT_EVENTS, MAX_EVENTS)?;
     Ok(Json(json!({ "events": app.shared.dash().events(limit) })))
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /api/estimator
+
+#[derive(Serialize)]
+struct Coefficients {
+    class: String,
+    /// From the topology (the instance file or the demo world).
+    configured: PerUnit,
+    /// What the learners estimate now (confident or not).
+    learned: PerUnit,
+    /// What the rounds use: the learned ones once every learner is confident and `learning`
+    /// is on, else the configured ones.
+    in_use: PerUnit,
+}
+
+#[derive(Serialize)]
+struct Derated {
+    cluster: String,
+    capacity_factor: f64,
+    because: Option<String>,
+}
+
+#[derive(Serialize)]
+struct EstimatorBody {
+    learning: bool,
+    confident: bool,
+    coefficients: Vec<Coefficients>,
+    derated: Vec<Derated>,
+}
+
+async fn estimator(State(app): State<App>) -> ApiResult<EstimatorBody> {
+    let topo = topology(&app)?;
+    let learning = app.shared.config().learning;
+    let (confident, learned, used) = app
+        .shared
+        .with_estimates(|e| (e.confident(), e.coefficients(false), e.coefficients(true)))
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "estimator lock poisoned")
+        })?;
+    let coefficients = topo
+        .classes()
+        .iter()
+        .enumerate()
+        .map(|(k, c)| Coefficients {
+            class: c.name.clone(),
+            configured: c.per_unit,
+            learned: learned.get(k).copied().unwrap_or(c.per_unit),
+            in_use: if learning {
+                used.get(k).copied().unwrap_or(c.per_unit)
+            } else {
+                c.per_unit
+            },
+        })
+        .collect();
+    let mut derated: Vec<Derated> = deratings(&app)
+        .into_iter()
+        .map(|(cluster, (capacity_factor, because))| Derated {
+            cluster,
+            capacity_factor,
+            because,
+        })
+        .collect();
+    derated.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    Ok(Json(EstimatorBody {
+        learning,
+        confident,
+        coefficients,
+        derated,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
