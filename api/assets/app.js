@@ -161,13 +161,13 @@ function renderMap() {
   const cl = sv("g", { class: "clusters" });
   for (const c of m.clusters) {
     const [x, y] = proj(c.lat, c.lon);
-    const r = 3 + 6 * Math.sqrt(c.demand / maxDemand);
+    const r = c.state === "up" ? 3 + 6 * Math.sqrt(c.demand / maxDemand) : 5;
     const attrs = {
       class: "cluster" + (state.selected === c.id ? " sel" : ""), cx: x.toFixed(1), cy: y.toFixed(1), r: r.toFixed(1),
       "data-id": c.id, "data-state": c.state, "data-util": c.utilization.toFixed(4),
     };
     if (c.state === "up") Object.assign(attrs, { fill: utilColor(c.utilization), stroke: "#0b0f14", "stroke-width": 1 });
-    else if (c.state === "drained") Object.assign(attrs, { fill: "rgba(170,180,192,0.15)", stroke: "#aab4c0", "stroke-width": 1.5, "stroke-dasharray": "2 2" });
+    else if (c.state === "drained") Object.assign(attrs, { fill: "rgba(200,210,222,0.2)", stroke: "#e2e8f0", "stroke-width": 1.8, "stroke-dasharray": "2.5 1.5" });
     else Object.assign(attrs, { fill: "#222", stroke: "#ff5a5a", "stroke-width": 2 });
     const circle = sv("circle", attrs, sv("title", {}, `${c.id} (${c.state}): utilization ${pct(c.utilization)}, demand ${fmt(c.demand)}`));
     circle.addEventListener("click", () => select(c.id));

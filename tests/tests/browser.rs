@@ -267,6 +267,7 @@ return {
   bars: q('#clusters tbody .bar').length,
   charts: q('#charts svg').map(s => [s.dataset.metric, Number(s.dataset.points), pts(s)]),
   header: document.getElementById('figures').textContent,
+  estimator: q('#estimator tbody tr').map(r => r.cells[0].textContent),
 };
 "#;
 
@@ -380,6 +381,13 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
     for c in page["charts"].as_array().expect("charts") {
         assert_eq!(c[1], c[2], "chart {}: points drawn vs data", c[0]);
     }
+    let classes: Vec<Value> = server.get_ok("/api/estimator")["coefficients"]
+        .as_array()
+        .expect("coefficients")
+        .iter()
+        .map(|c| c["class"].clone())
+        .collect();
+    assert_eq!(page["estimator"].as_array(), Some(&classes));
     let header = page["header"].as_str().unwrap_or_default();
     assert!(
         header.contains("mean RTT") && header.contains(" ms"),
@@ -443,22 +451,30 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         "the page reloaded"
     );
 
-    // A lookup from the page: a unit of another cluster, by its prefix.
-    let other = api_rows
+    // A lookup from the page, by prefix: a unit that a full cluster passed over (the demo
+    // world runs its clusters full), so the page shows the full node as the reason.
+    let passed_over = |lookup: &Value| {
+        lookup["units"][0]["candidates"]
+            .as_array()
+            .is_some_and(|c| {
+                c.iter().any(|c| {
+                    c["verdict"] == "passed over"
+                        && c["why"].as_str().is_some_and(|w| w.contains("is full"))
+                })
+            })
+    };
+    let (unit, prefix) = server.get_ok("/api/clusters?top=20")["clusters"]
+        .as_array()
+        .expect("clusters")
         .iter()
-        .find(|r| r["id"] != busiest.as_str() && r["units"].as_u64().unwrap_or(0) > 0)
-        .expect("another busy cluster");
-    let unit = server.get_ok(&format!(
-        "/api/clusters/{}?top=1",
-        other["id"].as_str().expect("id")
-    ))["top_units"][0]["id"]
-        .as_str()
-        .expect("a unit")
-        .to_string();
-    let prefix = server.get_ok(&format!("/api/lookup?q={unit}"))["units"][0]["prefixes"][0]
-        .as_str()
-        .expect("a prefix")
-        .to_string();
+        .flat_map(|c| c["top_units"].as_array().cloned().unwrap_or_default())
+        .filter_map(|u| u["id"].as_str().map(str::to_string))
+        .find_map(|id| {
+            let l = server.get_ok(&format!("/api/lookup?q={id}"));
+            let prefix = l["units"][0]["prefixes"][0].as_str()?.to_string();
+            passed_over(&l).then_some((id, prefix))
+        })
+        .expect("a unit passed over by some cluster");
     driver.type_into("#lookup-q", &prefix);
     driver.click("#lookup-form button");
     let found = driver.wait_for(
@@ -468,8 +484,9 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
             "const u = document.querySelector('#lookup .unit[data-unit=\"{unit}\"]'); return u ? u.textContent : '';"
         ),
     );
+    let found = found.as_str().unwrap_or_default();
     assert!(
-        found.as_str().unwrap_or_default().contains("went to:"),
+        found.contains("went to:") && found.contains("passed over") && found.contains("is full"),
         "{found}"
     );
 
