@@ -404,13 +404,16 @@ async function refresh(force) {
       state.clusters = cl.clusters;
       state.map = m;
       state.history = h.rounds;
-      state.version = s.map_version;
+      // The version of the data drawn (a round may land between the reads: then the next poll
+      // sees a version it has not drawn and reads again).
+      state.version = cl.map_version;
       state.lastEventSeq = newest;
       renderMap();
       renderTable();
       renderCharts();
       renderEstimator(est);
-      document.body.dataset.version = String(s.map_version);
+      document.body.dataset.version = String(cl.map_version);
+      document.body.dataset.mapVersion = String(m.map_version);
       document.body.dataset.ready = "1";
     }
   } catch (e) {

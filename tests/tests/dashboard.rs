@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::admin_client::AdminClient;
 use cdnmap_proto::v1::feedback_client::FeedbackClient;
-use dash_support::{DashServer, CLUSTERS, MAP_UNITS, TOKEN};
+use dash_support::{DashServer, CLUSTERS, MAP_UNITS, ROUND_TIMEOUT, TOKEN};
 use serde_json::Value;
 
 const EPS: f64 = 1e-6;
@@ -77,7 +77,7 @@ fn the_page_and_its_assets_are_served_without_external_fetches() {
 #[test]
 fn the_api_describes_the_running_map_consistently() {
     let s = DashServer::start(true);
-    let st = s.get_ok("/api/status");
+    let (st, cl, m) = s.consistent_reads();
     let version = st["map_version"].as_u64().expect("version");
     assert!(version >= 1);
     assert_eq!(st["clusters"]["total"], CLUSTERS);
@@ -95,7 +95,6 @@ fn the_api_describes_the_running_map_consistently() {
 
     // Clusters: every node within capacity, utilization its worst node, and the demand placed
     // at clusters plus the overflow is all the demand (read from another endpoint).
-    let cl = s.get_ok("/api/clusters?top=5");
     let rows = cl["clusters"].as_array().expect("clusters");
     assert_eq!(rows.len() as u64, CLUSTERS);
     let mut placed = 0.0;
@@ -161,7 +160,6 @@ fn the_api_describes_the_running_map_consistently() {
 
     // The map: every cluster with coordinates, regions holding all the demand, flows to known
     // clusters adding up to at most the placed demand.
-    let m = s.get_ok("/api/map");
     let ids: BTreeSet<&str> = rows.iter().filter_map(|c| c["id"].as_str()).collect();
     let mc = m["clusters"].as_array().expect("clusters");
     assert_eq!(mc.len() as u64, CLUSTERS);
@@ -462,9 +460,11 @@ fn actions_need_the_token_are_logged_and_reach_the_map() {
     assert!(ev["events"][0]["seq"].as_u64() > ev["events"][1]["seq"].as_u64());
 
     // The next round maps with the cluster drained: nothing placed there.
-    let v = s.wait_for_version_after(version);
-    let c = s.get_ok(&format!("/api/clusters/{id}"));
-    assert_eq!(c["map_state"], "drained", "version {v}: {c}");
+    let c = s.wait_until("the drain in the map", ROUND_TIMEOUT, || {
+        let c = s.get_ok(&format!("/api/clusters/{id}"));
+        (c["map_state"] == "drained").then_some(c)
+    });
+    assert!(s.get_ok("/api/status")["map_version"].as_u64() > Some(version));
     assert_eq!(f(&c["demand"]), 0.0);
     assert_eq!(c["units"], 0);
     let m = s.get_ok("/api/map");
@@ -573,9 +573,16 @@ fn estimator_figures_show_the_coefficients_and_a_derated_cluster() {
     });
 
     // The next round derates it: the estimator says so and why, and the map uses the
-    // derated capacity.
-    s.wait_for_version_after(version);
-    let e = s.get_ok("/api/estimator");
+    // derated capacity (from the round after the one that took the report at the latest).
+    let e = s.wait_until("the derating", ROUND_TIMEOUT, || {
+        let e = s.get_ok("/api/estimator");
+        (!e["derated"].as_array()?.is_empty()).then_some(e)
+    });
+    let derated_at = s.get_ok("/api/status")["map_version"]
+        .as_u64()
+        .expect("version");
+    assert!(derated_at >= version);
+    s.wait_for_version_after(derated_at);
     eprintln!("/api/estimator after the report: {e}");
     let derated = e["derated"].as_array().expect("derated");
     assert_eq!(derated.len(), 1, "{e}");

@@ -281,6 +281,39 @@ impl DashServer {
         request(self.http, "POST", path, &h, Some(body))
     }
 
+    /// Polls `f` until it returns `Some`, for at most `timeout`; panics naming `what`.
+    pub fn wait_until<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut() -> Option<T>,
+    ) -> T {
+        let started = Instant::now();
+        loop {
+            if let Some(t) = f() {
+                return t;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{what}: not within {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `/api/status`, `/api/clusters?top=5` and `/api/map` of one map version (read again when
+    /// a round lands between the reads).
+    pub fn consistent_reads(&self) -> (Value, Value, Value) {
+        self.wait_until("three reads of one map version", ROUND_TIMEOUT, || {
+            let st = self.get_ok("/api/status");
+            let cl = self.get_ok("/api/clusters?top=5");
+            let m = self.get_ok("/api/map");
+            let v = &st["map_version"];
+            (cl["map_version"] == *v && m["map_version"] == *v).then_some((st, cl, m))
+        })
+    }
+
     /// Waits until the published map version is above `version`; returns the new one.
     pub fn wait_for_version_after(&self, version: u64) -> u64 {
         let started = Instant::now();
