@@ -341,6 +341,15 @@ fn bad_requests_get_json_errors_naming_the_input() {
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert!(r.error().contains(needle), "{body}: {}", r.body);
     }
+    let wrong_method = s.get(&path);
+    assert_eq!(wrong_method.status, 405, "{}", wrong_method.body);
+    assert!(
+        wrong_method.error().contains("GET is not allowed"),
+        "{}",
+        wrong_method.body
+    );
+    let post_to_read = s.post("/api/status", &h, "{}");
+    assert_eq!(post_to_read.status, 405, "{}", post_to_read.body);
     let big = format!(
         r#"{{"state": "drained", "reason": "{}"}}"#,
         "x".repeat(10_000)

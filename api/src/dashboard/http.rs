@@ -66,6 +66,15 @@ pub fn router(shared: Arc<Shared>, token: Option<Arc<str>>) -> Router {
         .route("/events", get(events))
         .route("/estimator", get(estimator))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!(
+                    "{method} is not allowed here: actions are POST /api/clusters/{{id}}/state, \
+                     everything else is GET"
+                ),
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_ACTION_BODY_BYTES));
     Router::new()
         .route(
