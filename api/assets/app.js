@@ -400,7 +400,7 @@ async function refresh(force) {
     renderEvents(ev.events);
     const newest = ev.events.length ? ev.events[0].seq : 0;
     if (force || s.map_version !== state.version || newest !== state.lastEventSeq) {
-      const [cl, m, h, est] = await Promise.all([api("/api/clusters?top=5"), api("/api/map"), api("/api/history"), api("/api/estimator")]);
+      const [cl, m, h, est] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator")]);
       state.clusters = cl.clusters;
       state.map = m;
       state.history = h.rounds;
