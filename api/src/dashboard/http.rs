@@ -722,20 +722,34 @@ fn limit_of(limit: Option<usize>, default: usize, max: usize) -> Result<usize, A
     }
 }
 
+#[derive(Serialize)]
+struct HistoryBody {
+    rounds: Vec<super::RoundPoint>,
+}
+
 async fn history(
     State(app): State<App>,
     q: Result<Query<LimitQuery>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> ApiResult<HistoryBody> {
     let limit = limit_of(query(q)?.limit, MAX_HISTORY_ROUNDS, MAX_HISTORY_ROUNDS)?;
-    Ok(Json(json!({ "rounds": app.shared.dash().history(limit) })))
+    Ok(Json(HistoryBody {
+        rounds: app.shared.dash().history(limit),
+    }))
+}
+
+#[derive(Serialize)]
+struct EventsBody {
+    events: Vec<super::Event>,
 }
 
 async fn events(
     State(app): State<App>,
     q: Result<Query<LimitQuery>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> ApiResult<EventsBody> {
     let limit = limit_of(query(q)?.limit, DEFAULT_EVENTS, MAX_EVENTS)?;
-    Ok(Json(json!({ "events": app.shared.dash().events(limit) })))
+    Ok(Json(EventsBody {
+        events: app.shared.dash().events(limit),
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
