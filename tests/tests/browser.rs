@@ -391,6 +391,25 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         "{header}"
     );
 
+    // Sorting: a click on "cluster" sorts by id, a second click reverses it.
+    let ids_shown =
+        "return [...document.querySelectorAll('#clusters tbody tr')].map(r => r.dataset.id);";
+    let mut sorted: Vec<Value> = ids.iter().map(|id| Value::from(*id)).collect();
+    driver.click("#clusters th[data-sort=\"id\"]");
+    assert_eq!(
+        driver.js(ids_shown).as_array(),
+        Some(&sorted),
+        "sorted by id"
+    );
+    driver.click("#clusters th[data-sort=\"id\"]");
+    sorted.reverse();
+    assert_eq!(
+        driver.js(ids_shown).as_array(),
+        Some(&sorted),
+        "sorted by id, descending"
+    );
+    driver.click("#clusters th[data-sort=\"demand\"]"); // back to the busiest first
+
     // Drain the busiest cluster through the page: token and operator typed in, button clicked.
     let busiest = rows[0][0].as_str().expect("id").to_string();
     driver.type_into("#token", TOKEN);
