@@ -398,6 +398,7 @@ async function refresh(force) {
     const [s, ev] = await Promise.all([api("/api/status"), api("/api/events?limit=50")]);
     renderStatus(s);
     renderEvents(ev.events);
+    if (!s.map_version) return; // no map yet: the banner says so
     const newest = ev.events.length ? ev.events[0].seq : 0;
     if (force || s.map_version !== state.version || newest !== state.lastEventSeq) {
       const [cl, m, h, est] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator")]);

@@ -621,3 +621,35 @@ fn estimator_figures_show_the_coefficients_and_a_derated_cluster() {
     );
     assert!(f(&node["load"]) <= f(&node["capacity"]) * (1.0 + EPS));
 }
+
+#[test]
+fn a_restored_map_is_described_before_the_first_round() {
+    let mut s = DashServer::start(false);
+    let st = s.get_ok("/api/status");
+    let version = st["map_version"].as_u64().expect("version");
+    let mean = f(&st["mean_rtt_ms"]);
+    assert!(mean > 0.0);
+    let demand = f(&st["demand"]);
+    s.restart();
+    // The stored map, served at once: no round since the start, so no history yet, and the
+    // figures come from the map itself.
+    let st = s.get_ok("/api/status");
+    let history = s.get_ok("/api/history");
+    if history["rounds"].as_array().is_some_and(|r| r.is_empty()) {
+        assert_eq!(st["map_version"].as_u64(), Some(version), "{st}");
+        assert!(close(f(&st["mean_rtt_ms"]), mean), "{st} vs {mean}");
+        assert!(close(f(&st["demand"]), demand));
+        assert_eq!(st["churn"], Value::Null);
+        let cl = s.get_ok("/api/clusters");
+        assert_eq!(cl["map_version"].as_u64(), Some(version));
+        assert!(cl["clusters"]
+            .as_array()
+            .expect("clusters")
+            .iter()
+            .any(|c| f(&c["demand"]) > 0.0));
+    } else {
+        // A whole cycle passed during the restart (a very slow machine): the round's own
+        // figures are there instead.
+        assert!(st["mean_rtt_ms"].as_f64().is_some(), "{st}");
+    }
+}

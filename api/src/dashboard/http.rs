@@ -235,7 +235,13 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         }
     }
     let s = app.shared.current();
-    let last = app.shared.dash().history(1).pop();
+    // The mean RTT of the published map: from the history, or (a map restored at start, not
+    // yet in the history) from its figures.
+    let mean_rtt_ms = match app.shared.dash().history(1).pop() {
+        Some(p) if Some(p.version) == s.as_ref().map(|s| s.version) => p.mean_rtt_ms,
+        _ if s.is_some() => view(&app).await.ok().and_then(|(_, v)| v.mean_rtt_ms),
+        _ => None,
+    };
     let (version, solved_at) = s
         .as_ref()
         .map_or((0, 0), |s| (s.version, s.solved_at_unix_ms));
@@ -264,9 +270,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         overflow,
         overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
         churn: s.as_ref().and_then(|s| s.churn),
-        mean_rtt_ms: last
-            .filter(|p| Some(p.version) == s.as_ref().map(|s| s.version))
-            .and_then(|p| p.mean_rtt_ms),
+        mean_rtt_ms,
         actions_enabled: app.token.is_some(),
     }))
 }

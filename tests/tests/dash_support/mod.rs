@@ -161,6 +161,24 @@ fn dechunk(mut rest: &str) -> String {
     out
 }
 
+/// `cdnmap serve --config cdnmap.toml` in `dir`, logging to `log`.
+fn spawn(bin: &std::path::Path, dir: &TempDir, log: &std::path::Path) -> Child {
+    let out = File::create(log).expect("create the server log");
+    let err = out.try_clone().expect("clone the log handle");
+    Command::new(bin)
+        .current_dir(dir.path())
+        .arg("serve")
+        .arg("--config")
+        .arg(dir.path().join("cdnmap.toml"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start cdnmap serve")
+}
+
 /// A running `cdnmap serve --config FILE` on the small demo world; killed when dropped.
 pub struct DashServer {
     pub dir: TempDir,
@@ -208,21 +226,8 @@ impl DashServer {
         );
         let config = dir.path().join("cdnmap.toml");
         std::fs::write(&config, text).expect("write the config");
-        let log = dir.path().join("server.log");
-        let out = File::create(&log).expect("create the server log");
-        let err = out.try_clone().expect("clone the log handle");
-        let child = Command::new(bin)
-            .current_dir(dir.path())
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start cdnmap serve");
+        let log = dir.path().join("server-1.log");
+        let child = spawn(bin, &dir, &log);
         let mut server = DashServer {
             dir,
             http,
@@ -232,6 +237,16 @@ impl DashServer {
         };
         server.wait_ready();
         server
+    }
+
+    /// Stops the server and starts it again on the same configuration and data directory: it
+    /// serves the stored map before its first round.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.log = self.dir.path().join("server-2.log");
+        self.child = spawn(cdnmap_bin(), &self.dir, &self.log);
+        self.wait_ready();
     }
 
     /// What the server logged so far, for assertion messages.
