@@ -3,6 +3,7 @@
 //! rounds, the gRPC server, the DNS front end and the dashboard build on them.
 
 pub mod config;
+pub mod dashboard;
 pub mod dns;
 pub mod round;
 pub mod selection;

@@ -63,6 +63,8 @@ pub struct Shared {
     /// published map (built before the map is published).
     server_loads: Mutex<ServerLoads>,
     servers: ArcSwapOption<selection::Published>,
+    /// The dashboard's round history, action log and per-version figures.
+    dash: crate::dashboard::DashState,
 }
 
 /// Observations waiting for the next round.
@@ -113,6 +115,7 @@ impl Shared {
             store,
             updates,
             config,
+            dash: crate::dashboard::DashState::default(),
         });
         if let Some((meta, map)) = restored {
             let resolver =
@@ -234,6 +237,7 @@ impl Shared {
                     tracing::error!(error = %e, "persisting the map failed");
                 }
                 let _ = self.updates.send(Arc::clone(&snapshot));
+                self.dash.record_round(&snapshot, solve_ms);
                 metrics::counter!("cdnmap_rounds_total").increment(1);
                 metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
                 metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
@@ -323,6 +327,86 @@ impl Shared {
             tick.tick().await;
             self.run_round().await;
         }
+    }
+}
+
+/// Why an operator action (Admin gRPC or the dashboard) was not carried out.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActionError {
+    #[error("no cluster {0:?}")]
+    NoCluster(String),
+    #[error("storing the topology failed: {0}")]
+    Store(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Shared {
+    /// Sets cluster `id`'s state in the topology (the next round maps with it), stores the
+    /// topology before returning, and logs the action with `actor`: the one code path of Admin
+    /// `SetClusterState` and the dashboard's actions.
+    pub(crate) async fn set_cluster_state(
+        &self,
+        id: &str,
+        state: ClusterState,
+        reason: &str,
+        actor: crate::dashboard::Actor,
+    ) -> Result<Instance, ActionError> {
+        let result = self.set_cluster_state_unlogged(id, state).await;
+        self.dash
+            .log_action(&actor, id, state, reason, &result, now_unix_ms());
+        let (before, updated) = result?;
+        tracing::warn!(cluster = %id, ?before, ?state, reason = %reason, who = %actor.who, via = actor.via, "cluster state set");
+        Ok(updated)
+    }
+
+    async fn set_cluster_state_unlogged(
+        &self,
+        id: &str,
+        state: ClusterState,
+    ) -> Result<(ClusterState, Instance), ActionError> {
+        let (before, updated) = {
+            let mut topology = self
+                .topology
+                .lock()
+                .map_err(|_| ActionError::Internal("topology lock poisoned".into()))?;
+            let c = topology
+                .cluster_index(id)
+                .ok_or_else(|| ActionError::NoCluster(id.to_string()))?;
+            let before = topology.clusters()[c as usize].state;
+            *topology = topology.with_cluster_state(c, state);
+            (before, topology.clone())
+        };
+        let store = self.store.clone();
+        let to_store = updated.clone();
+        tokio::task::spawn_blocking(move || store.put_topology(&to_store))
+            .await
+            .map_err(|e| ActionError::Internal(e.to_string()))?
+            .map_err(|e| ActionError::Store(e.to_string()))?;
+        Ok((before, updated))
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub(crate) fn round_status(&self) -> RoundStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The topology the next round solves (with every Admin change so far).
+    pub(crate) fn topology_now(&self) -> Option<Instance> {
+        self.topology.lock().map(|t| t.clone()).ok()
+    }
+
+    pub(crate) fn dash(&self) -> &crate::dashboard::DashState {
+        &self.dash
+    }
+
+    /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
+    pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
+        self.estimates.lock().ok().map(|e| f(&e))
     }
 }
 
@@ -967,7 +1051,7 @@ impl tonic::service::Interceptor for AdminAuth {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -1309,6 +1393,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::SetClusterStateRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
+        let actor = crate::dashboard::Actor::of_grpc(&request);
         let r = request.into_inner();
         let state = match pb::ClusterState::try_from(r.state) {
             Ok(pb::ClusterState::Up) => ClusterState::Up,
@@ -1321,25 +1406,15 @@ impl pb::admin_server::Admin for AdminService {
                 )))
             }
         };
-        let updated = {
-            let mut topology = self
-                .0
-                .topology
-                .lock()
-                .map_err(|_| Status::internal("topology lock poisoned"))?;
-            let c = topology
-                .cluster_index(&r.id)
-                .ok_or_else(|| Status::not_found(format!("no cluster {:?}", r.id)))?;
-            *topology = topology.with_cluster_state(c, state);
-            topology.clone()
-        };
-        let store = self.0.store.clone();
-        let to_store = updated.clone();
-        tokio::task::spawn_blocking(move || store.put_topology(&to_store))
+        let updated = self
+            .0
+            .set_cluster_state(&r.id, state, &r.reason, actor)
             .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        tracing::warn!(cluster = %r.id, ?state, reason = %r.reason, "cluster state set by Admin");
+            .map_err(|e| match e {
+                ActionError::NoCluster(_) => Status::not_found(e.to_string()),
+                ActionError::Store(_) => Status::unavailable(e.to_string()),
+                ActionError::Internal(_) => Status::internal(e.to_string()),
+            })?;
         let c = updated.cluster_index(&r.id).unwrap_or_default();
         Ok(Response::new(cluster_pb(&updated, c as usize)))
     }
@@ -1448,6 +1523,7 @@ pub async fn serve(
         .build_v1()?;
 
     let record_shared = Arc::clone(&shared);
+    let dashboard = crate::dashboard::router(Arc::clone(&shared), token.clone());
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -1462,16 +1538,20 @@ pub async fn serve(
                 let shared = Arc::clone(&record_shared);
                 async move { record(&shared, &q).await }
             }),
-        );
+        )
+        .merge(dashboard);
     let http = tokio::net::TcpListener::bind(http_addr).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(http, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.changed().await;
-            })
-            .await
+        axum::serve(
+            http,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = http_stop.changed().await;
+        })
+        .await
     });
     tracing::info!(
         grpc = %grpc_addr,

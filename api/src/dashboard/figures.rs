@@ -1,0 +1,524 @@
+//! What the dashboard shows, computed from one published snapshot: no I/O, no clock, no
+//! locks. A [`View`] is built once per map version (one pass over the map); the lookup's
+//! explanation ([`explain`]) is computed per request from the view.
+
+use std::collections::BTreeMap;
+
+use cdnmap_mapper::{ClassIdx, ClusterIdx, ClusterState, Instance, Map, UnitIdx};
+use serde::Serialize;
+
+use crate::round::Snapshot;
+
+/// Regions are cells of this many degrees of latitude and longitude.
+pub const REGION_DEG: f64 = 5.0;
+/// The most (region → cluster) flows the map draws: the largest.
+pub const MAX_FLOWS: usize = 600;
+/// The most regions the map draws: those with the most demand (a 5° grid has 2,592 cells).
+pub const MAX_REGIONS: usize = 2_592;
+/// A node at or above this share of its capacity counts as full.
+pub const FULL: f64 = 1.0 - 1e-6;
+
+/// Demand placed at a cluster by map units of one region.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Flow {
+    /// Index into [`View::regions`].
+    pub region: usize,
+    pub cluster: String,
+    pub amount: f64,
+}
+
+/// Map units grouped by location: a cell of [`REGION_DEG`] degrees, drawn at the
+/// demand-weighted centre of its units.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Region {
+    pub lat: f64,
+    pub lon: f64,
+    pub units: usize,
+    pub demand: f64,
+    pub overflow: f64,
+}
+
+/// The figures of one map version.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub version: u64,
+    /// What the map places on every node (global node index), in the node's unit.
+    pub usage: Vec<f64>,
+    /// Demand placed at each cluster.
+    pub demand: Vec<f64>,
+    /// Each cluster's worst node: used / capacity.
+    pub utilization: Vec<f64>,
+    /// Per cluster, the map units holding demand there and how much, largest first.
+    pub holders: Vec<Vec<(UnitIdx, f64)>>,
+    pub regions: Vec<Region>,
+    /// The largest flows, largest first.
+    pub flows: Vec<Flow>,
+    pub mean_rtt_ms: Option<f64>,
+}
+
+impl View {
+    pub fn new(s: &Snapshot) -> View {
+        let (inst, map) = (&s.instance, &s.map);
+        let usage = cdnmap_mapper::node_usage(inst, map);
+        let demand = map.demand_per_cluster(inst);
+        let utilization = crate::round::utilization(inst, map);
+        let mut holders: Vec<Vec<(UnitIdx, f64)>> = vec![Vec::new(); inst.clusters().len()];
+        let units = inst.unit_count().min(map.unit_count()) as UnitIdx;
+        for u in 0..units {
+            for a in map.allocations(u) {
+                if let Some(h) = holders.get_mut(a.cluster as usize) {
+                    h.push((u, a.amount));
+                }
+            }
+        }
+        for h in &mut holders {
+            h.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        }
+        let (regions, flows) = regions_and_flows(inst, map);
+        View {
+            version: s.version,
+            usage,
+            demand,
+            utilization,
+            holders,
+            regions,
+            flows,
+            mean_rtt_ms: mean_score(inst, map),
+        }
+    }
+
+    /// Node `n` of cluster `c`: (load, capacity).
+    pub fn node_load(&self, inst: &Instance, c: ClusterIdx, n: u32) -> (f64, f64) {
+        let cap = inst.clusters()[c as usize].nodes[n as usize].capacity;
+        (self.usage[inst.global_node(c, n)], cap)
+    }
+}
+
+/// Region cell of a location.
+fn cell(lat: f64, lon: f64) -> (i32, i32) {
+    let lat = lat.clamp(-90.0, 90.0);
+    let lon = lon.clamp(-180.0, 180.0);
+    (
+        ((lat + 90.0) / REGION_DEG).floor() as i32,
+        ((lon + 180.0) / REGION_DEG).floor() as i32,
+    )
+}
+
+/// Map units grouped into regions, and the demand each region sends to each cluster.
+pub fn regions_and_flows(inst: &Instance, map: &Map) -> (Vec<Region>, Vec<Flow>) {
+    #[derive(Default)]
+    struct Acc {
+        units: usize,
+        demand: f64,
+        overflow: f64,
+        lat_w: f64,
+        lon_w: f64,
+        lat: f64,
+        lon: f64,
+        to: BTreeMap<ClusterIdx, f64>,
+    }
+    let mut cells: BTreeMap<(i32, i32), Acc> = BTreeMap::new();
+    for u in 0..inst.unit_count().min(map.unit_count()) as UnitIdx {
+        let (lat, lon) = inst.unit_location(u);
+        let d = inst.unit_demand(u);
+        let acc = cells.entry(cell(lat, lon)).or_default();
+        acc.units += 1;
+        acc.demand += d;
+        acc.overflow += map.overflow(u);
+        // Weighted by demand, plus a little so units without demand still place the region.
+        let w = d.max(0.0) + 1e-9;
+        acc.lat_w += w;
+        acc.lat += w * lat;
+        acc.lon_w += w;
+        acc.lon += w * lon;
+        for a in map.allocations(u) {
+            *acc.to.entry(a.cluster).or_default() += a.amount;
+        }
+    }
+    let mut accs: Vec<Acc> = cells.into_values().collect();
+    // The regions with the most demand (stable: cells are in grid order).
+    accs.sort_by(|a, b| b.demand.total_cmp(&a.demand));
+    accs.truncate(MAX_REGIONS);
+    let mut regions = Vec::with_capacity(accs.len());
+    let mut flows = Vec::new();
+    for (i, acc) in accs.into_iter().enumerate() {
+        regions.push(Region {
+            lat: acc.lat / acc.lat_w,
+            lon: acc.lon / acc.lon_w,
+            units: acc.units,
+            demand: acc.demand,
+            overflow: acc.overflow,
+        });
+        for (c, amount) in acc.to {
+            if amount > 0.0 {
+                flows.push(Flow {
+                    region: i,
+                    cluster: inst.clusters()[c as usize].id.clone(),
+                    amount,
+                });
+            }
+        }
+    }
+    flows.sort_by(|a, b| {
+        b.amount
+            .total_cmp(&a.amount)
+            .then(a.region.cmp(&b.region))
+            .then(a.cluster.cmp(&b.cluster))
+    });
+    flows.truncate(MAX_FLOWS);
+    (regions, flows)
+}
+
+/// The demand-weighted mean score of the placed demand (DESIGN.md: a candidate's score is its
+/// estimated RTT in ms plus penalties; in the demo world exactly the RTT estimate). `None`
+/// when nothing is placed.
+pub fn mean_score(inst: &Instance, map: &Map) -> Option<f64> {
+    let mut sum = 0.0;
+    let mut placed = 0.0;
+    for u in 0..inst.unit_count().min(map.unit_count()) as UnitIdx {
+        for a in map.allocations(u) {
+            if let Some(c) = inst.candidates(u).find(|c| c.cluster == a.cluster) {
+                sum += a.amount * f64::from(c.score);
+                placed += a.amount;
+            }
+        }
+    }
+    (placed > 0.0).then(|| sum / placed)
+}
+
+/// A cluster's preference key for a map unit (DESIGN.md: lower first).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+struct Key {
+    priority: u32,
+    rank: f32,
+    unit: UnitIdx,
+}
+
+fn key(inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Option<Key> {
+    let cand = inst.candidates(u).find(|x| x.cluster == c)?;
+    let k = inst.unit_class(u);
+    Some(Key {
+        priority: inst.classes()[usize::from(k)].priority,
+        rank: cand.rank,
+        unit: u,
+    })
+}
+
+/// What a lookup says about one candidate.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CandidateView {
+    pub cluster: String,
+    pub score: f32,
+    pub rank: f32,
+    /// The cluster's state in the round that made this map.
+    pub state: ClusterState,
+    /// Demand of the unit placed there.
+    pub amount: f64,
+    pub share: f64,
+    /// `placed`, `passed over` (preferred to where the demand went, but not used) or
+    /// `not needed` (less preferred than where all of it went).
+    pub verdict: &'static str,
+    pub why: String,
+}
+
+fn fmt_num(x: f64) -> String {
+    if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 1.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+fn state_name(s: ClusterState) -> &'static str {
+    match s {
+        ClusterState::Up => "up",
+        ClusterState::Drained => "drained",
+        ClusterState::Down => "down",
+    }
+}
+
+/// Why unit `u`'s demand did not go to candidate cluster `c`, which it prefers to where its
+/// demand went: read from the final map, without instrumenting the solver.
+pub fn why_not(view: &View, inst: &Instance, u: UnitIdx, c: ClusterIdx) -> String {
+    let cl = &inst.clusters()[c as usize];
+    if cl.state != ClusterState::Up {
+        return format!(
+            "cluster {:?} was {} in this round: it takes no demand",
+            cl.id,
+            state_name(cl.state)
+        );
+    }
+    let k: ClassIdx = inst.unit_class(u);
+    let class = &inst.classes()[usize::from(k)];
+    let path: Vec<u32> = cl.path(k).collect();
+    if path.is_empty() {
+        return format!("cluster {:?} does not serve class {:?}", cl.id, class.name);
+    }
+    // The tightest node of the unit's path.
+    let Some((n, load, cap)) = path
+        .iter()
+        .map(|&n| {
+            let (load, cap) = view.node_load(inst, c, n);
+            (n, load, cap)
+        })
+        .max_by(|a, b| ratio(a.1, a.2).total_cmp(&ratio(b.1, b.2)))
+    else {
+        return String::new();
+    };
+    let node = &cl.nodes[n as usize];
+    let kind = match node.kind {
+        cdnmap_mapper::ResourceKind::Bps => "bps",
+        cdnmap_mapper::ResourceKind::Fps => "fps",
+    };
+    if ratio(load, cap) < FULL {
+        return format!(
+            "not full in this map (tightest node {:?} at {:.0}%): the unit's demand stayed with \
+             an incumbent cluster (stickiness margin), or the room appeared after it was placed",
+            node.name,
+            100.0 * ratio(load, cap)
+        );
+    }
+    let full = format!(
+        "resource node {:?} ({kind}) of {:?} is full ({} of {})",
+        node.name,
+        cl.id,
+        fmt_num(load),
+        fmt_num(cap)
+    );
+    // The least preferred holder the cluster kept on that node.
+    let worst = view.holders[c as usize]
+        .iter()
+        .filter(|&&(h, _)| h != u && cl.path(inst.unit_class(h)).any(|m| m == n))
+        .filter_map(|&(h, amount)| key(inst, h, c).map(|key| (key, amount)))
+        .max_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    let (Some((worst, amount)), Some(mine)) = (worst, key(inst, u, c)) else {
+        return full;
+    };
+    let describe = |key: &Key| {
+        let kc = &inst.classes()[usize::from(inst.unit_class(key.unit))];
+        format!(
+            "{}, priority {}, rank {:.2}",
+            kc.name, kc.priority, key.rank
+        )
+    };
+    let holder = inst.unit_id(worst.unit);
+    let tie = if (worst.priority, worst.rank) == (mine.priority, mine.rank) {
+        "; equal priority and rank: the lower map unit id wins"
+    } else {
+        ""
+    };
+    if worst < mine {
+        format!(
+            "{full}: it keeps demand it prefers; the least preferred it kept is {holder:?} ({}; \
+             {} placed) over this unit ({}){tie}",
+            describe(&worst),
+            fmt_num(amount),
+            describe(&mine)
+        )
+    } else {
+        format!(
+            "{full}: it kept {holder:?} ({}; {} placed), which it ranks below this unit ({}): \
+             an incumbent kept by stickiness (incumbents first)",
+            describe(&worst),
+            fmt_num(amount),
+            describe(&mine)
+        )
+    }
+}
+
+fn ratio(load: f64, cap: f64) -> f64 {
+    if cap > 0.0 {
+        load / cap
+    } else {
+        // A node of capacity 0 takes nothing: full.
+        1.0
+    }
+}
+
+/// Unit `u`'s candidates, where its demand went, and why it did not go to those it prefers.
+pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<CandidateView> {
+    let allocs = map.allocations(u);
+    let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + map.overflow(u);
+    let cands: Vec<_> = inst.candidates(u).collect();
+    // Candidates up to the least preferred one holding demand are "preferred"; with overflow,
+    // all of them are.
+    let last_placed = cands.iter().rposition(|c| {
+        allocs
+            .iter()
+            .any(|a| a.cluster == c.cluster && a.amount > 0.0)
+    });
+    let preferred_up_to = if map.overflow(u) > 0.0 {
+        cands.len()
+    } else {
+        last_placed.map_or(cands.len(), |i| i + 1)
+    };
+    cands
+        .iter()
+        .enumerate()
+        .map(|(j, cand)| {
+            let cl = &inst.clusters()[cand.cluster as usize];
+            let amount: f64 = allocs
+                .iter()
+                .filter(|a| a.cluster == cand.cluster)
+                .fold(0.0, |sum, a| sum + a.amount); // +0.0 when none (a sum starts at -0.0)
+            let share = if total > 0.0 { amount / total } else { 0.0 };
+            let (verdict, why) = if amount > 0.0 && j + 1 < preferred_up_to {
+                // Part of the demand went further down the list (or overflowed).
+                (
+                    "placed",
+                    format!(
+                        "holds {:.1}% of the demand; not the rest: {}",
+                        100.0 * share,
+                        why_not(view, inst, u, cand.cluster)
+                    ),
+                )
+            } else if amount > 0.0 {
+                (
+                    "placed",
+                    format!("holds {:.1}% of the demand", 100.0 * share),
+                )
+            } else if j < preferred_up_to {
+                ("passed over", why_not(view, inst, u, cand.cluster))
+            } else {
+                (
+                    "not needed",
+                    "less preferred than where all of the demand went".to_string(),
+                )
+            };
+            CandidateView {
+                cluster: cl.id.clone(),
+                score: cand.score,
+                rank: cand.rank,
+                state: cl.state,
+                amount,
+                share,
+                verdict,
+                why,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_mapper::resolve::ClassRules;
+    use cdnmap_mapper::{Limits, Stickiness};
+
+    /// DESIGN.md's worked example, with a second cluster "far" for what is evicted: "near"
+    /// (fps node B of capacity 30 under bps root A) prefers apps; 20 video then 26 apps.
+    fn instance(near_state: &str) -> Instance {
+        let json = format!(
+            r#"{{"traffic_classes": [
+                {{"name": "apps", "priority": 0, "per_unit": {{"bps": 0.25, "fps": 1}}}},
+                {{"name": "video", "priority": 1, "per_unit": {{"bps": 1, "fps": 0.25}}}}],
+              "clusters": [
+                {{"id": "near", "lat": 50, "lon": 8, "addresses": ["198.18.0.1"], "state": "{near_state}",
+                  "resources": {{"name": "A", "kind": "bps", "capacity": 100, "children": [
+                    {{"name": "B", "kind": "fps", "capacity": 30, "children": [
+                      {{"name": "v", "kind": "fps", "capacity": 100, "classes": ["video"]}},
+                      {{"name": "a", "kind": "fps", "capacity": 100, "classes": ["apps"]}}]}}]}}}},
+                {{"id": "far", "lat": 40, "lon": -74, "addresses": ["198.18.1.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 1000, "classes": ["video", "apps"]}}}}],
+              "map_units": [
+                {{"id": "vid", "class": "video", "demand": 20, "prefixes": ["10.0.1.0/24"], "lat": 51, "lon": 9,
+                  "candidates": [{{"cluster": "near", "score": 10}}, {{"cluster": "far", "score": 90}}]}},
+                {{"id": "app", "class": "apps", "demand": 26, "prefixes": ["10.0.2.0/24"], "lat": 52, "lon": 9,
+                  "candidates": [{{"cluster": "near", "score": 12}}, {{"cluster": "far", "score": 95}}]}}]}}"#
+        );
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    fn snapshot(inst: &Instance) -> Snapshot {
+        let rules = ClassRules::new(inst, &[], "apps").expect("rules");
+        crate::round::round(inst, None, &Stickiness::default(), rules, 0, true).expect("round")
+    }
+
+    #[test]
+    fn the_worked_example_is_explained_by_the_full_fps_node() {
+        let inst = instance("up");
+        let s = snapshot(&inst);
+        let view = View::new(&s);
+        let near = inst.cluster_index("near").expect("near");
+        let far = inst.cluster_index("far").expect("far");
+        // Loads: B carries 16 × 0.25 + 26 × 1 = 30 fps, full; A 16 + 6.5 bps.
+        let b = inst.clusters()[near as usize]
+            .nodes
+            .iter()
+            .position(|n| n.name == "B")
+            .expect("B") as u32;
+        let (load, cap) = view.node_load(&inst, near, b);
+        assert!((load - 30.0).abs() < 1e-9 && cap == 30.0, "{load} {cap}");
+        assert!((view.demand[near as usize] - 42.0).abs() < 1e-9);
+        assert!((view.demand[far as usize] - 4.0).abs() < 1e-9);
+        assert!((view.utilization[near as usize] - 1.0).abs() < 1e-9);
+        assert_eq!(view.holders[near as usize].len(), 2);
+        // Mean score: (16 × 10 + 26 × 12 + 4 × 90) / 46.
+        let mean = view.mean_rtt_ms.expect("placed");
+        assert!(
+            (mean - (160.0 + 312.0 + 360.0) / 46.0).abs() < 1e-6,
+            "{mean}"
+        );
+
+        let vid = inst.unit_index("vid").expect("vid");
+        let cands = explain(&view, &inst, &s.map, vid);
+        assert_eq!(cands.len(), 2);
+        // video got 16 of 20 at near: both clusters hold some of it.
+        assert_eq!((cands[0].verdict, cands[1].verdict), ("placed", "placed"));
+        assert!((cands[1].share - 0.2).abs() < 1e-9);
+        // Why "near" did not take the rest: B is full, and what it kept is apps.
+        let why = &cands[0].why;
+        assert!(
+            why.starts_with("holds 80.0% of the demand; not the rest: "),
+            "{why}"
+        );
+        assert_eq!(cands[1].why, "holds 20.0% of the demand");
+        assert!(why.contains("\"B\" (fps)"), "{why}");
+        assert!(
+            why.contains("30 of 30") || why.contains("30.0 of 30.0"),
+            "{why}"
+        );
+        assert!(why.contains("prefers"), "{why}");
+        assert!(why.contains("(apps, priority 0, rank 12.00; 26.0 placed) over this unit (video, priority 1, rank 10.00)"), "{why}");
+    }
+
+    #[test]
+    fn a_drained_cluster_is_named_as_the_reason() {
+        let inst = instance("drained");
+        let s = snapshot(&inst);
+        let view = View::new(&s);
+        let app = inst.unit_index("app").expect("app");
+        let cands = explain(&view, &inst, &s.map, app);
+        assert_eq!(cands[0].verdict, "passed over");
+        assert_eq!(cands[0].state, ClusterState::Drained);
+        // Nothing there is +0 (JSON "0.0", not "-0.0").
+        assert!(cands[0].amount == 0.0 && cands[0].amount.is_sign_positive());
+        assert!(cands[0].share.is_sign_positive());
+        assert!(cands[0].why.contains("was drained"), "{}", cands[0].why);
+        assert_eq!(cands[1].verdict, "placed");
+        assert!((cands[1].share - 1.0).abs() < 1e-12);
+        let near = inst.cluster_index("near").expect("near") as usize;
+        assert_eq!(view.utilization[near], 0.0);
+        assert_eq!(view.demand[near], 0.0);
+    }
+
+    #[test]
+    fn regions_group_units_and_flows_add_up_to_the_placed_demand() {
+        let inst = instance("up");
+        let s = snapshot(&inst);
+        let view = View::new(&s);
+        // Both units are in the cell 50–55°N, 5–10°E.
+        assert_eq!(view.regions.len(), 1);
+        let r = &view.regions[0];
+        assert_eq!(r.units, 2);
+        assert!((r.demand - 46.0).abs() < 1e-9);
+        assert!(r.lat > 51.0 && r.lat < 52.0 && r.lon == 9.0, "{r:?}");
+        let to: f64 = view.flows.iter().map(|f| f.amount).sum();
+        assert!((to - s.map.total_allocated()).abs() < 1e-9);
+        assert_eq!(view.flows[0].cluster, "near");
+        assert!((view.flows[0].amount - 42.0).abs() < 1e-9);
+    }
+}

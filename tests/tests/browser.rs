@@ -1,0 +1,519 @@
+//! The dashboard in a real browser (issue 8): headless Chromium, driven by chromedriver over the
+//! W3C WebDriver protocol, loads the page of a running `cdnmap serve`, checks that the map, the
+//! cluster table and the charts show the same data as the JSON API, drains the busiest cluster
+//! by clicking its button (with the token typed into the page), sees its state change on the
+//! page and in the next round's map, runs a lookup, and saves a screenshot to
+//! `<target>/test-artifacts/dashboard.png`.
+//!
+//! The test installs what it needs (Debian's `chromium` and `chromium-driver`, through
+//! `ensure_debian_tool`) and fails — never skips — when they cannot be had or the page does
+//! not show real data. The WebDriver client is a few JSON requests over the same small HTTP
+//! client as `dashboard.rs` (no TLS, no browser download: this machine's network is closed).
+
+mod dash_support;
+
+use std::collections::BTreeSet;
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use cdnmap_tests::{ensure_debian_tool, find_program};
+use dash_support::{free_port, request, DashServer, CLUSTERS, ROUND_TIMEOUT, TOKEN};
+use serde_json::{json, Value};
+
+/// The W3C WebDriver element reference key.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// How long the page may take to show something that the API already has.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(30);
+const OPERATOR: &str = "browser-e2e";
+
+/// chromedriver and the browsers it starts, in a process group of their own: ended (the whole
+/// group) when dropped, also when the test fails half-way.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0.id())])
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running chromedriver and one browser session; both ended when dropped.
+struct Driver {
+    addr: SocketAddr,
+    session: String,
+    // Dropped after the session is deleted, and before the profile is removed (fields drop
+    // in order).
+    _group: Group,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = request(
+            self.addr,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            &[],
+            None,
+        );
+    }
+}
+
+impl Driver {
+    fn start(chromium: PathBuf, chromedriver: PathBuf) -> Driver {
+        let addr = free_port();
+        let log = std::env::temp_dir().join(format!("chromedriver-{}.log", addr.port()));
+        let child = Command::new(&chromedriver)
+            .process_group(0)
+            .arg(format!("--port={}", addr.port()))
+            .arg(format!("--log-path={}", log.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", chromedriver.display()));
+        let group = Group(child);
+        let started = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not listen on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let profile = tempfile::Builder::new()
+            .prefix("cdnmap-chromium-")
+            .tempdir()
+            .expect("a profile directory");
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--window-size=1600,1700",
+            &format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium, "args": args},
+        }}});
+        let r = request(
+            addr,
+            "POST",
+            "/session",
+            &[("Content-Type", "application/json")],
+            Some(&caps.to_string()),
+        );
+        assert_eq!(
+            r.status,
+            200,
+            "new WebDriver session: {}\nchromedriver log:\n{}",
+            r.body,
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let session = r.json()["value"]["sessionId"]
+            .as_str()
+            .expect("a session id")
+            .to_string();
+        Driver {
+            addr,
+            session,
+            _profile: profile,
+            _group: group,
+        }
+    }
+
+    /// A WebDriver command; returns its `value` or the WebDriver error.
+    fn cmd(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+        let path = format!("/session/{}{path}", self.session);
+        let body = body.map(|b| b.to_string());
+        let r = request(
+            self.addr,
+            method,
+            &path,
+            &[("Content-Type", "application/json")],
+            body.as_deref(),
+        );
+        let v = r.json();
+        if r.status == 200 {
+            Ok(v["value"].clone())
+        } else {
+            Err(format!("{method} {path}: {} {}", r.status, v["value"]))
+        }
+    }
+
+    fn goto(&self, url: &str) {
+        self.cmd("POST", "/url", Some(json!({ "url": url })))
+            .expect("navigate");
+    }
+
+    fn js(&self, script: &str) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+        .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    fn find(&self, css: &str) -> Result<String, String> {
+        let v = self.cmd(
+            "POST",
+            "/element",
+            Some(json!({"using": "css selector", "value": css})),
+        )?;
+        v[ELEMENT]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("no element reference for {css}: {v}"))
+    }
+
+    /// Types `text` into the element `css` (real key events).
+    fn type_into(&self, css: &str, text: &str) {
+        let e = self.find(css).expect("the input");
+        self.cmd(
+            "POST",
+            &format!("/element/{e}/value"),
+            Some(json!({ "text": text })),
+        )
+        .expect("type");
+    }
+
+    /// Clicks the element `css`; retried while the page re-renders it (stale references).
+    fn click(&self, css: &str) {
+        let started = Instant::now();
+        loop {
+            let r = self
+                .find(css)
+                .and_then(|e| self.cmd("POST", &format!("/element/{e}/click"), Some(json!({}))));
+            match r {
+                Ok(_) => return,
+                Err(e) if started.elapsed() < PAGE_TIMEOUT => {
+                    eprintln!("click {css}: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("could not click {css}: {e}"),
+            }
+        }
+    }
+
+    /// Polls `script` until it returns something truthy (not null/false/0/""); returns it.
+    fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
+        let started = Instant::now();
+        loop {
+            let v = self.js(script);
+            let truthy = match &v {
+                Value::Null => false,
+                Value::Bool(b) => *b,
+                Value::Number(n) => n.as_f64() != Some(0.0),
+                Value::String(s) => !s.is_empty(),
+                _ => true,
+            };
+            if truthy {
+                return v;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "the page did not show {what} within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn screenshot(&self) -> Vec<u8> {
+        let b64 = self.cmd("GET", "/screenshot", None).expect("a screenshot");
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().expect("base64 text"))
+            .expect("valid base64")
+    }
+}
+
+/// `<target>/test-artifacts`, next to the profile directory this test runs from.
+fn artifacts_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable");
+    let target = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .and_then(|profile| profile.parent())
+        .expect("the test executable lives in <target>/<profile>/deps");
+    let dir = target.join("test-artifacts");
+    std::fs::create_dir_all(&dir).expect("create test-artifacts");
+    dir
+}
+
+/// What the page shows, read from its DOM.
+const READ_PAGE: &str = r#"
+const q = (s) => [...document.querySelectorAll(s)];
+const pts = (s) => ((s.querySelector('polyline') || {getAttribute: () => ''}).getAttribute('points') || '')
+  .trim().split(/\s+/).filter(Boolean).length;
+return {
+  version: Number(document.body.dataset.version || -1),
+  map_version: Number(document.body.dataset.mapVersion || -1),
+  clusters: q('#map svg circle.cluster').map(c => [c.dataset.id, c.dataset.state, Number(c.dataset.util)]),
+  flows: q('#map svg .flows path').length,
+  regions: q('#map svg .regions circle').length,
+  rows: q('#clusters tbody tr').map(r => [r.dataset.id, r.dataset.state, Number(r.dataset.demand)]),
+  bars: q('#clusters tbody .bar').length,
+  charts: q('#charts svg').map(s => [s.dataset.metric, Number(s.dataset.points), pts(s)]),
+  header: document.getElementById('figures').textContent,
+  estimator: q('#estimator tbody tr').map(r => r.cells[0].textContent),
+};
+"#;
+
+#[test]
+fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
+    let chromium = ensure_debian_tool("chromium", &["chromium", "chromium-driver"])
+        .unwrap_or_else(|e| panic!("the browser test needs Chromium: {e}"));
+    let chromedriver = find_program("chromedriver")
+        .or_else(|| ensure_debian_tool("chromedriver", &["chromium-driver"]).ok())
+        .expect("chromedriver (Debian's chromium-driver)");
+    let server = DashServer::start(true);
+    let driver = Driver::start(chromium, chromedriver);
+    driver.goto(&format!("http://{}/", server.http));
+
+    // Two rounds, so every chart has a line (churn has a point from the second round on).
+    let started = Instant::now();
+    // The page and the API are compared on one map version: read again when a round lands
+    // between the reads.
+    let (page, api, api_map) = loop {
+        let page = driver.js(READ_PAGE);
+        let charts = page["charts"].as_array().cloned().unwrap_or_default();
+        let ready = charts.len() == 5
+            && charts.iter().all(|c| c[1].as_u64().unwrap_or(0) >= 1)
+            && charts
+                .iter()
+                .any(|c| c[0] == "solve_ms" && c[1].as_u64().unwrap_or(0) >= 2);
+        if ready && page["version"] == page["map_version"] {
+            let api = server.get_ok("/api/clusters");
+            let api_map = server.get_ok("/api/map");
+            if api["map_version"] == page["version"] && api_map["map_version"] == page["version"] {
+                break (page, api, api_map);
+            }
+        }
+        assert!(
+            started.elapsed() < ROUND_TIMEOUT + PAGE_TIMEOUT,
+            "the page did not render two rounds: {page}\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let version = page["version"].as_u64().expect("version");
+
+    // The map and the table show the API's clusters (same version), with real figures.
+    let api_rows = api["clusters"].as_array().expect("clusters");
+    let ids: BTreeSet<&str> = api_rows.iter().filter_map(|c| c["id"].as_str()).collect();
+    let on_map = page["clusters"].as_array().expect("map clusters");
+    assert_eq!(on_map.len() as u64, CLUSTERS);
+    assert_eq!(
+        on_map
+            .iter()
+            .filter_map(|c| c[0].as_str())
+            .collect::<BTreeSet<_>>(),
+        ids
+    );
+    for c in on_map {
+        let a = api_rows
+            .iter()
+            .find(|r| r["id"] == c[0])
+            .expect("the cluster in the API");
+        let (page_util, api_util) = (
+            c[2].as_f64().expect("util"),
+            a["utilization"].as_f64().expect("util"),
+        );
+        assert!((page_util - api_util).abs() < 1e-3, "{c} vs {a}");
+    }
+    assert!(
+        on_map.iter().any(|c| c[2].as_f64().unwrap_or(0.0) > 0.5),
+        "no busy cluster drawn"
+    );
+    assert_eq!(
+        page["flows"].as_u64(),
+        Some(api_map["flows"].as_array().expect("flows").len() as u64)
+    );
+    assert!(page["flows"].as_u64().unwrap_or(0) > 10);
+    assert_eq!(
+        page["regions"].as_u64(),
+        Some(api_map["regions"].as_array().expect("regions").len() as u64)
+    );
+    let rows = page["rows"].as_array().expect("rows");
+    assert_eq!(rows.len() as u64, CLUSTERS);
+    let page_demand: f64 = rows.iter().map(|r| r[2].as_f64().unwrap_or(0.0)).sum();
+    let api_demand: f64 = api_rows
+        .iter()
+        .map(|r| r["demand"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(api_demand > 0.0 && (page_demand - api_demand).abs() <= 1e-6 * api_demand);
+    // The default sort is by demand, busiest first.
+    assert_eq!(
+        rows[0][0].as_str(),
+        api_rows
+            .iter()
+            .max_by(|a, b| a["demand"]
+                .as_f64()
+                .unwrap_or(0.0)
+                .total_cmp(&b["demand"].as_f64().unwrap_or(0.0)))
+            .and_then(|r| r["id"].as_str())
+    );
+    let nodes: usize = api_rows
+        .iter()
+        .map(|r| r["nodes"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(
+        page["bars"].as_u64(),
+        Some((nodes + api_rows.len()) as u64),
+        "a bar per node plus one per cluster"
+    );
+    for c in page["charts"].as_array().expect("charts") {
+        assert_eq!(c[1], c[2], "chart {}: points drawn vs data", c[0]);
+    }
+    let classes: Vec<Value> = server.get_ok("/api/estimator")["coefficients"]
+        .as_array()
+        .expect("coefficients")
+        .iter()
+        .map(|c| c["class"].clone())
+        .collect();
+    assert_eq!(page["estimator"].as_array(), Some(&classes));
+    let header = page["header"].as_str().unwrap_or_default();
+    assert!(
+        header.contains("mean RTT") && header.contains(" ms"),
+        "{header}"
+    );
+
+    // Sorting: a click on "cluster" sorts by id, a second click reverses it.
+    let ids_shown =
+        "return [...document.querySelectorAll('#clusters tbody tr')].map(r => r.dataset.id);";
+    let mut sorted: Vec<Value> = ids.iter().map(|id| Value::from(*id)).collect();
+    driver.click("#clusters th[data-sort=\"id\"]");
+    assert_eq!(
+        driver.js(ids_shown).as_array(),
+        Some(&sorted),
+        "sorted by id"
+    );
+    driver.click("#clusters th[data-sort=\"id\"]");
+    sorted.reverse();
+    assert_eq!(
+        driver.js(ids_shown).as_array(),
+        Some(&sorted),
+        "sorted by id, descending"
+    );
+    driver.click("#clusters th[data-sort=\"demand\"]"); // back to the busiest first
+
+    // Drain the busiest cluster through the page: token and operator typed in, button clicked.
+    let busiest = rows[0][0].as_str().expect("id").to_string();
+    driver.type_into("#token", TOKEN);
+    driver.type_into("#operator", OPERATOR);
+    driver.type_into("#reason", "browser test");
+    driver.wait_for(
+        "the actions enabled",
+        PAGE_TIMEOUT,
+        "return document.getElementById('mode').textContent === 'actions enabled';",
+    );
+    let button = format!("button[data-action=\"drain\"][data-cluster=\"{busiest}\"]");
+    driver.click(&button);
+    let row = format!("#clusters tr[data-id=\"{busiest}\"]");
+    driver.wait_for(
+        "the drained state in the table and on the map",
+        PAGE_TIMEOUT,
+        &format!(
+            "const r = document.querySelector('{row}'); const c = document.querySelector('#map circle.cluster[data-id=\"{busiest}\"]');
+             return r && c && r.dataset.state === 'drained' && c.dataset.state === 'drained';"
+        ),
+    );
+    assert_eq!(
+        server.get_ok(&format!("/api/clusters/{busiest}"))["state"],
+        "drained"
+    );
+    let event = driver.wait_for(
+        "the action in the event list",
+        PAGE_TIMEOUT,
+        "const li = document.querySelector('#events li[data-seq]'); return li ? li.textContent : '';",
+    );
+    let event = event.as_str().unwrap_or_default();
+    assert!(
+        event.contains(OPERATOR)
+            && event.contains(&format!("drain {busiest}"))
+            && event.contains("up → drained"),
+        "{event}"
+    );
+    let logged = &server.get_ok("/api/events")["events"][0];
+    assert_eq!(logged["who"], OPERATOR);
+    assert_eq!(logged["reason"], "browser test");
+
+    // The next round takes the cluster's demand away; the page follows without a reload.
+    driver.js("window.__sameDocument = true; return true;");
+    driver.wait_for(
+        "the drained cluster empty after the next round",
+        ROUND_TIMEOUT,
+        &format!(
+            "const r = document.querySelector('{row}');
+             return r && Number(document.body.dataset.version) > {version} && Number(r.dataset.demand) === 0 && !r.querySelector('.pending');"
+        ),
+    );
+    assert_eq!(
+        driver.js("return window.__sameDocument === true;"),
+        Value::Bool(true),
+        "the page reloaded"
+    );
+
+    // A lookup from the page, by prefix: a unit that a full cluster passed over (the demo
+    // world runs its clusters full), so the page shows the full node as the reason.
+    let passed_over = |lookup: &Value| {
+        lookup["units"][0]["candidates"]
+            .as_array()
+            .is_some_and(|c| {
+                c.iter().any(|c| {
+                    c["verdict"] == "passed over"
+                        && c["why"].as_str().is_some_and(|w| w.contains("is full"))
+                })
+            })
+    };
+    let (unit, prefix) = server.get_ok("/api/clusters?top=20")["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .flat_map(|c| c["top_units"].as_array().cloned().unwrap_or_default())
+        .filter_map(|u| u["id"].as_str().map(str::to_string))
+        .find_map(|id| {
+            let l = server.get_ok(&format!("/api/lookup?q={id}"));
+            let prefix = l["units"][0]["prefixes"][0].as_str()?.to_string();
+            passed_over(&l).then_some((id, prefix))
+        })
+        .expect("a unit passed over by some cluster");
+    driver.type_into("#lookup-q", &prefix);
+    driver.click("#lookup-form button");
+    let found = driver.wait_for(
+        "the lookup's answer",
+        PAGE_TIMEOUT,
+        &format!(
+            "const u = document.querySelector('#lookup .unit[data-unit=\"{unit}\"]'); return u ? u.textContent : '';"
+        ),
+    );
+    let found = found.as_str().unwrap_or_default();
+    assert!(
+        found.contains("went to:") && found.contains("passed over") && found.contains("is full"),
+        "{found}"
+    );
+
+    // The screenshot: a real PNG of the page.
+    let png = driver.screenshot();
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 20_000,
+        "{} bytes",
+        png.len()
+    );
+    let path = artifacts_dir().join("dashboard.png");
+    std::fs::write(&path, &png).expect("write the screenshot");
+    eprintln!("screenshot: {}", path.display());
+}

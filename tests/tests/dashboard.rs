@@ -1,0 +1,656 @@
+//! End-to-end tests of the dashboard's HTTP side (issue 8) against the real binary: the page and
+//! its assets, the JSON API (`docs/dashboard.md`) checked against itself and against the
+//! allocation rules (conservation of demand, node capacities), the lookup's explanations, the
+//! actions (token, who/when in the event log, the same path as gRPC Admin), and bad input
+//! (a JSON error naming the input, with 400/401/404).
+//!
+//! Each test starts its own `cdnmap serve` on the small demo world (3,000 map units, 40
+//! clusters, 10 s cycle) on ephemeral ports. `actions_need_the_token_are_logged_and_reach_the_map`
+//! waits for one round (~10 s).
+
+mod dash_support;
+
+use std::collections::BTreeSet;
+
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::v1::admin_client::AdminClient;
+use cdnmap_proto::v1::feedback_client::FeedbackClient;
+use dash_support::{DashServer, CLUSTERS, MAP_UNITS, ROUND_TIMEOUT, TOKEN};
+use serde_json::Value;
+
+const EPS: f64 = 1e-6;
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= EPS * a.abs().max(b.abs()).max(1.0)
+}
+
+#[test]
+fn the_page_and_its_assets_are_served_without_external_fetches() {
+    let s = DashServer::start(false);
+    let page = s.get("/");
+    assert_eq!(page.status, 200);
+    assert!(page
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/html")));
+    for asset in ["/assets/app.js", "/assets/app.css"] {
+        assert!(page.body.contains(asset), "the page does not load {asset}");
+    }
+    let js = s.get("/assets/app.js");
+    assert_eq!(js.status, 200);
+    assert!(js
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/javascript")));
+    assert!(js.body.contains("/api/status") && js.body.contains("setInterval"));
+    let css = s.get("/assets/app.css");
+    assert_eq!(css.status, 200);
+    // No URL of another host anywhere: the only absolute URL is SVG's XML namespace, a name,
+    // not a fetch.
+    for (name, text) in [
+        ("index.html", &page.body),
+        ("app.js", &js.body),
+        ("app.css", &css.body),
+    ] {
+        for (i, _) in text.match_indices("://") {
+            let start = text[..i]
+                .rfind(|c: char| !c.is_ascii_alphabetic())
+                .map_or(0, |p| p + 1);
+            let url: String = text[start..]
+                .chars()
+                .take_while(|c| !c.is_whitespace() && !"\"'`)<>".contains(*c))
+                .collect();
+            assert_eq!(
+                url, "http://www.w3.org/2000/svg",
+                "{name} names an external URL"
+            );
+        }
+        assert!(
+            !text.contains("//cdn") && !text.contains("@import"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_api_describes_the_running_map_consistently() {
+    let s = DashServer::start(true);
+    let (st, cl, m) = s.consistent_reads();
+    let version = st["map_version"].as_u64().expect("version");
+    assert!(version >= 1);
+    assert_eq!(st["clusters"]["total"], CLUSTERS);
+    assert_eq!(st["clusters"]["up"], CLUSTERS);
+    assert_eq!(st["map_units"], MAP_UNITS);
+    assert_eq!(st["stale"], false);
+    assert_eq!(st["banner"], Value::Null, "{st}");
+    assert_eq!(st["actions_enabled"], true);
+    assert_eq!(st["last_round"]["failed"], false);
+    let demand = f(&st["demand"]);
+    let overflow = f(&st["overflow"]);
+    assert!(demand > 0.0);
+    assert!(close(f(&st["overflow_share"]), overflow / demand));
+    assert!(f(&st["map_age_ms"]) >= 0.0);
+
+    // Clusters: every node within capacity, utilization its worst node, and the demand placed
+    // at clusters plus the overflow is all the demand (read from another endpoint).
+    let rows = cl["clusters"].as_array().expect("clusters");
+    assert_eq!(rows.len() as u64, CLUSTERS);
+    let mut placed = 0.0;
+    let mut units_held = 0;
+    for c in rows {
+        let id = c["id"].as_str().expect("id");
+        let nodes = c["nodes"].as_array().expect("nodes");
+        assert!(!nodes.is_empty(), "{id}");
+        let mut worst: f64 = 0.0;
+        for n in nodes {
+            let (load, cap) = (f(&n["load"]), f(&n["capacity"]));
+            assert!(load <= cap * (1.0 + EPS) + EPS, "{id}: {n}");
+            assert!(close(f(&n["utilization"]), load / cap), "{id}: {n}");
+            worst = worst.max(load / cap);
+        }
+        assert!(close(f(&c["utilization"]), worst), "{id}");
+        let top = c["top_units"].as_array().expect("top_units");
+        assert!(top.len() <= 5 && top.len() <= c["units"].as_u64().expect("units") as usize);
+        let amounts: Vec<f64> = top.iter().map(|u| f(&u["amount"])).collect();
+        assert!(
+            amounts.windows(2).all(|w| w[0] >= w[1]),
+            "{id}: {amounts:?}"
+        );
+        assert!(amounts.iter().sum::<f64>() <= f(&c["demand"]) * (1.0 + EPS));
+        placed += f(&c["demand"]);
+        units_held += c["units"].as_u64().expect("units");
+        assert_eq!(c["state"], "up");
+        assert_eq!(c["map_state"], "up");
+    }
+    assert!(
+        close(placed + overflow, demand),
+        "placed {placed} + overflow {overflow} != demand {demand}"
+    );
+    assert!(units_held >= MAP_UNITS / 2, "{units_held}");
+
+    // Sorting and limits.
+    let by_util = s.get_ok("/api/clusters?sort=utilization&order=desc&limit=7");
+    let u: Vec<f64> = by_util["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| f(&c["utilization"]))
+        .collect();
+    assert_eq!(u.len(), 7);
+    assert!(u.windows(2).all(|w| w[0] >= w[1]), "{u:?}");
+    let by_demand = s.get_ok("/api/clusters?sort=demand");
+    let d: Vec<f64> = by_demand["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| f(&c["demand"]))
+        .collect();
+    assert!(d.windows(2).all(|w| w[0] <= w[1]), "{d:?}");
+
+    // One cluster, with more of its units.
+    let id = rows[0]["id"].as_str().expect("id");
+    let one = s.get_ok(&format!("/api/clusters/{id}?top=20"));
+    assert_eq!(one["id"], id);
+    assert!(
+        one["top_units"].as_array().expect("top").len()
+            >= rows[0]["top_units"].as_array().expect("top").len()
+    );
+
+    // The map: every cluster with coordinates, regions holding all the demand, flows to known
+    // clusters adding up to at most the placed demand.
+    let ids: BTreeSet<&str> = rows.iter().filter_map(|c| c["id"].as_str()).collect();
+    let mc = m["clusters"].as_array().expect("clusters");
+    assert_eq!(mc.len() as u64, CLUSTERS);
+    for c in mc {
+        let (lat, lon) = (f(&c["lat"]), f(&c["lon"]));
+        assert!((-90.0..=90.0).contains(&lat) && (-180.0..=180.0).contains(&lon));
+    }
+    let regions = m["regions"].as_array().expect("regions");
+    assert!(regions.len() > 10, "{}", regions.len());
+    let region_demand: f64 = regions.iter().map(|r| f(&r["demand"])).sum();
+    let region_units: u64 = regions
+        .iter()
+        .map(|r| r["units"].as_u64().expect("units"))
+        .sum();
+    assert!(close(region_demand, demand), "{region_demand} vs {demand}");
+    assert_eq!(region_units, MAP_UNITS);
+    let flows = m["flows"].as_array().expect("flows");
+    assert!(!flows.is_empty());
+    let mut flow_sum = 0.0;
+    for fl in flows {
+        assert!(
+            ids.contains(fl["cluster"].as_str().expect("cluster")),
+            "{fl}"
+        );
+        assert!((fl["region"].as_u64().expect("region") as usize) < regions.len());
+        flow_sum += f(&fl["amount"]);
+    }
+    assert!(flow_sum <= placed * (1.0 + EPS));
+
+    // History: the rounds so far, the newest being the published map.
+    let h = s.get_ok("/api/history");
+    let rounds = h["rounds"].as_array().expect("rounds");
+    let last = rounds.last().expect("at least one round");
+    assert!(last["version"].as_u64().expect("version") >= version);
+    let mean = f(&last["mean_rtt_ms"]);
+    assert!(mean > 0.0 && mean < 150.0, "{mean}");
+    assert!(f(&last["solve_ms"]) > 0.0);
+    assert_eq!(
+        s.get_ok("/api/history?limit=1")["rounds"]
+            .as_array()
+            .expect("rounds")
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn lookup_says_where_demand_went_and_why() {
+    let s = DashServer::start(false);
+    let cl = s.get_ok("/api/clusters?top=10");
+    let unit_ids: Vec<String> = cl["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .flat_map(|c| c["top_units"].as_array().expect("top").clone())
+        .filter_map(|u| u["id"].as_str().map(str::to_string))
+        .collect();
+    assert!(!unit_ids.is_empty());
+    let mut passed_over_full = 0;
+    for id in &unit_ids {
+        let r = s.get_ok(&format!("/api/lookup?q={id}"));
+        let units = r["units"].as_array().expect("units");
+        assert_eq!(units.len(), 1);
+        let u = &units[0];
+        assert_eq!(u["id"], id.as_str());
+        let shares: f64 = u["placed"]
+            .as_array()
+            .expect("placed")
+            .iter()
+            .map(|p| f(&p["share"]))
+            .sum::<f64>()
+            + f(&u["overflow_share"]);
+        assert!(close(shares, 1.0), "{id}: {shares}");
+        let cands = u["candidates"].as_array().expect("candidates");
+        let last_placed = cands.iter().rposition(|c| f(&c["share"]) > 0.0);
+        for (j, c) in cands.iter().enumerate() {
+            let verdict = c["verdict"].as_str().expect("verdict");
+            let why = c["why"].as_str().expect("why");
+            match verdict {
+                "placed" => assert!(f(&c["share"]) > 0.0 && why.starts_with("holds "), "{c}"),
+                "passed over" => {
+                    assert!(
+                        f(&u["overflow"]) > 0.0 || last_placed.is_some_and(|l| j < l),
+                        "{c}"
+                    );
+                    assert!(!why.is_empty());
+                    if why.contains("is full") {
+                        passed_over_full += 1;
+                    }
+                }
+                "not needed" => assert!(last_placed.is_some_and(|l| j > l), "{c}"),
+                other => panic!("unknown verdict {other:?}"),
+            }
+        }
+        // Scores are the unit's preference order.
+        let scores: Vec<f64> = cands.iter().map(|c| f(&c["score"])).collect();
+        assert!(scores.windows(2).all(|w| w[0] <= w[1]), "{id}: {scores:?}");
+    }
+    assert!(
+        passed_over_full > 0,
+        "no looked-up unit was passed over by a full cluster (the demo world runs its clusters \
+         full, so some should be)"
+    );
+
+    // By address: an address inside a unit's prefix finds that unit (among the classes).
+    let first = &s.get_ok(&format!("/api/lookup?q={}", unit_ids[0]))["units"][0];
+    let prefix = first["prefixes"][0].as_str().expect("a prefix").to_string();
+    let by_prefix = s.get_ok(&format!("/api/lookup?q={prefix}"));
+    let found: Vec<&str> = by_prefix["units"]
+        .as_array()
+        .expect("units")
+        .iter()
+        .filter_map(|u| u["id"].as_str())
+        .collect();
+    assert!(found.contains(&unit_ids[0].as_str()), "{prefix}: {found:?}");
+    assert_eq!(
+        by_prefix["address"],
+        prefix.split('/').next().expect("address")
+    );
+    let class = first["class"].as_str().expect("class");
+    let one_class = s.get_ok(&format!("/api/lookup?q={prefix}&class={class}"));
+    assert_eq!(one_class["units"].as_array().expect("units").len(), 1);
+    assert_eq!(one_class["units"][0]["id"], unit_ids[0].as_str());
+
+    // Bad input: a clear error naming the input.
+    for (path, status, needle) in [
+        ("/api/lookup", 400, "q: missing"),
+        ("/api/lookup?q=not-an-address", 400, "not-an-address"),
+        ("/api/lookup?q=1.2.3.4&class=nope", 400, "class: \"nope\""),
+        ("/api/lookup?q=240.0.0.1", 404, "240.0.0.1"),
+        ("/api/lookup?bogus=1", 400, "bogus"),
+    ] {
+        let r = s.get(path);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert!(r.error().contains(needle), "{path}: {}", r.body);
+    }
+    let long = "9".repeat(200);
+    let r = s.get(&format!("/api/lookup?q={long}"));
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("more than 128"), "{}", r.body);
+}
+
+#[test]
+fn bad_requests_get_json_errors_naming_the_input() {
+    let s = DashServer::start(true);
+    for (path, status, needle) in [
+        ("/api/nope", 404, "no such API endpoint"),
+        ("/api/clusters/nope-1", 404, "no cluster \"nope-1\""),
+        ("/api/clusters?sort=bogus", 400, "sort: \"bogus\""),
+        ("/api/clusters?order=up", 400, "order: \"up\""),
+        ("/api/clusters?limit=abc", 400, "limit"),
+        ("/api/clusters?top=1000", 400, "top: 1000"),
+        ("/api/history?limit=0", 400, "limit: must be at least 1"),
+        ("/api/events?limit=100000", 400, "limit: 100000"),
+    ] {
+        let r = s.get(path);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert!(
+            r.header("content-type").is_some_and(|t| t.contains("json")),
+            "{path}"
+        );
+        assert!(r.error().contains(needle), "{path}: {}", r.body);
+    }
+    let auth = format!("Bearer {TOKEN}");
+    let h = [("Authorization", auth.as_str())];
+    let id = s.get_ok("/api/clusters?limit=1")["clusters"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let path = format!("/api/clusters/{id}/state");
+    for (body, needle) in [
+        ("", "body: "),
+        ("{", "body: "),
+        (r#"{"state": "sleeping"}"#, "sleeping"),
+        (r#"{"state": "drained", "extra": 1}"#, "extra"),
+        (r#"{"reason": "no state"}"#, "state"),
+    ] {
+        let r = s.post(&path, &h, body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.error().contains(needle), "{body}: {}", r.body);
+    }
+    let wrong_method = s.get(&path);
+    assert_eq!(wrong_method.status, 405, "{}", wrong_method.body);
+    assert!(
+        wrong_method.error().contains("GET is not allowed"),
+        "{}",
+        wrong_method.body
+    );
+    let post_to_read = s.post("/api/status", &h, "{}");
+    assert_eq!(post_to_read.status, 405, "{}", post_to_read.body);
+    let big = format!(
+        r#"{{"state": "drained", "reason": "{}"}}"#,
+        "x".repeat(10_000)
+    );
+    assert_eq!(s.post(&path, &h, &big).status, 413);
+    // None of that changed anything.
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
+    assert!(s.get_ok("/api/events")["events"]
+        .as_array()
+        .expect("events")
+        .is_empty());
+}
+
+#[test]
+fn without_an_admin_token_the_dashboard_is_read_only() {
+    let s = DashServer::start(false);
+    assert_eq!(s.get_ok("/api/status")["actions_enabled"], false);
+    let id = s.get_ok("/api/clusters?limit=1")["clusters"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let r = s.post(
+        &format!("/api/clusters/{id}/state"),
+        &[("Authorization", "Bearer anything-at-all")],
+        r#"{"state": "drained"}"#,
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(
+        r.error().contains("no admin_token configured"),
+        "{}",
+        r.body
+    );
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
+}
+
+#[test]
+fn actions_need_the_token_are_logged_and_reach_the_map() {
+    let s = DashServer::start(true);
+    let rows = s.get_ok("/api/clusters?sort=demand&order=desc");
+    let busiest = rows["clusters"][0].clone();
+    let id = busiest["id"].as_str().expect("id").to_string();
+    assert!(f(&busiest["demand"]) > 0.0);
+    let path = format!("/api/clusters/{id}/state");
+    let body = r#"{"state": "drained", "reason": "maintenance window 42"}"#;
+
+    // Without the token, or with a wrong one: 401, nothing changes, nothing is logged.
+    let none = s.post(&path, &[], body);
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert_eq!(none.header("www-authenticate"), Some("Bearer"));
+    assert!(
+        none.error().contains("Authorization: Bearer"),
+        "{}",
+        none.body
+    );
+    let wrong = s.post(&path, &[("Authorization", "Bearer not-the-token")], body);
+    assert_eq!(wrong.status, 401);
+    assert_eq!(wrong.error(), "wrong admin token");
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
+    assert!(s.get_ok("/api/events")["events"]
+        .as_array()
+        .expect("events")
+        .is_empty());
+
+    // With it: drained at once in the topology, logged with who and when.
+    let auth = format!("Bearer {TOKEN}");
+    let before_ms = s.get_ok("/api/status")["now_unix_ms"]
+        .as_i64()
+        .expect("now");
+    let ok = s.post(
+        &path,
+        &[("Authorization", &auth), ("X-Operator", "alice")],
+        body,
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.json()["state"], "drained");
+    let c = s.get_ok(&format!("/api/clusters/{id}"));
+    assert_eq!(c["state"], "drained");
+    assert_eq!(
+        c["map_state"], "up",
+        "the published map is the old one until the next round"
+    );
+    let st = s.get_ok("/api/status");
+    assert_eq!(st["clusters"]["drained"], 1);
+    let version = st["map_version"].as_u64().expect("version");
+    let ev = s.get_ok("/api/events");
+    let e = &ev["events"][0];
+    assert_eq!(e["who"], "alice");
+    assert_eq!(e["via"], "http");
+    assert!(
+        e["remote"]
+            .as_str()
+            .expect("remote")
+            .starts_with("127.0.0.1:"),
+        "{e}"
+    );
+    assert_eq!(e["action"], "drain");
+    assert_eq!(e["cluster"], id.as_str());
+    assert_eq!(
+        (e["from_state"].as_str(), e["to_state"].as_str()),
+        (Some("up"), Some("drained"))
+    );
+    assert_eq!(e["reason"], "maintenance window 42");
+    assert_eq!(e["ok"], true);
+    assert!(e["at_unix_ms"].as_i64().expect("at") >= before_ms);
+
+    // An unknown cluster: 404, logged as failed.
+    let missing = s.post(
+        "/api/clusters/nope-9/state",
+        &[("Authorization", &auth)],
+        body,
+    );
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.error(), "no cluster \"nope-9\"");
+    let ev = s.get_ok("/api/events");
+    assert_eq!(ev["events"][0]["ok"], false);
+    assert_eq!(ev["events"][0]["who"], "anonymous");
+    assert!(ev["events"][0]["seq"].as_u64() > ev["events"][1]["seq"].as_u64());
+
+    // The next round maps with the cluster drained: nothing placed there.
+    let c = s.wait_until("the drain in the map", ROUND_TIMEOUT, || {
+        let c = s.get_ok(&format!("/api/clusters/{id}"));
+        (c["map_state"] == "drained").then_some(c)
+    });
+    assert!(s.get_ok("/api/status")["map_version"].as_u64() > Some(version));
+    assert_eq!(f(&c["demand"]), 0.0);
+    assert_eq!(c["units"], 0);
+    let m = s.get_ok("/api/map");
+    assert!(m["flows"]
+        .as_array()
+        .expect("flows")
+        .iter()
+        .all(|fl| fl["cluster"] != id.as_str()));
+    assert!(
+        s.get_ok("/api/history")["rounds"]
+            .as_array()
+            .expect("rounds")
+            .len()
+            >= 2
+    );
+
+    // gRPC Admin SetClusterState goes the same way: the page sees it, and it is logged too.
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        let mut admin = AdminClient::connect(format!("http://{}", s.grpc))
+            .await
+            .expect("connect to gRPC");
+        let mut req = tonic::Request::new(pb::SetClusterStateRequest {
+            id: id.clone(),
+            state: pb::ClusterState::Up as i32,
+            reason: "back".into(),
+        });
+        req.metadata_mut()
+            .insert("authorization", auth.parse().expect("metadata"));
+        req.metadata_mut()
+            .insert("x-operator", "bob".parse().expect("metadata"));
+        admin.set_cluster_state(req).await.expect("SetClusterState");
+    });
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
+    let e = &s.get_ok("/api/events")["events"][0];
+    assert_eq!(
+        (e["who"].as_str(), e["via"].as_str(), e["action"].as_str()),
+        (Some("bob"), Some("grpc"), Some("undrain"))
+    );
+    assert_eq!(
+        (e["from_state"].as_str(), e["to_state"].as_str()),
+        (Some("drained"), Some("up"))
+    );
+}
+
+#[test]
+fn estimator_figures_show_the_coefficients_and_a_derated_cluster() {
+    let s = DashServer::start(false);
+    let e = s.get_ok("/api/estimator");
+    assert_eq!(e["learning"], true);
+    assert_eq!(e["confident"], false, "no load measured yet");
+    let coefficients = e["coefficients"].as_array().expect("coefficients");
+    let classes: Vec<&str> = coefficients
+        .iter()
+        .filter_map(|c| c["class"].as_str())
+        .collect();
+    assert_eq!(classes, ["web", "video", "apps"]);
+    for c in coefficients {
+        // Not confident: the rounds use the configured coefficients.
+        assert_eq!(c["in_use"], c["configured"], "{c}");
+        assert!(f(&c["configured"]["bps"]) > 0.0 && f(&c["configured"]["fps"]) > 0.0);
+    }
+    assert!(e["derated"].as_array().expect("derated").is_empty());
+
+    // The busiest cluster's root node measures three times what the model predicts.
+    let busiest = s.get_ok("/api/clusters?sort=demand&order=desc&limit=1")["clusters"][0].clone();
+    let id = busiest["id"].as_str().expect("id").to_string();
+    assert_eq!(f(&busiest["capacity_factor"]), 1.0);
+    let root = busiest["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["parent"].is_null())
+        .expect("a root node")
+        .clone();
+    let (root_name, load, capacity) = (
+        root["name"].as_str().expect("name").to_string(),
+        f(&root["load"]),
+        f(&root["capacity"]),
+    );
+    assert!(load > 0.0);
+    assert_eq!(capacity, f(&root["configured_capacity"]));
+    let version = s.get_ok("/api/status")["map_version"]
+        .as_u64()
+        .expect("version");
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        let mut fb = FeedbackClient::connect(format!("http://{}", s.grpc))
+            .await
+            .expect("connect to gRPC");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("time")
+            .as_millis() as i64;
+        fb.report_load(pb::LoadReport {
+            reporter: "dashboard-e2e".into(),
+            measured_at_unix_ms: now,
+            loads: vec![pb::NodeLoad {
+                cluster: id.clone(),
+                node: root_name.clone(),
+                load: 3.0 * load,
+            }],
+            servers: Vec::new(),
+        })
+        .await
+        .expect("ReportLoad");
+    });
+
+    // The next round derates it: the estimator says so and why, and the map uses the
+    // derated capacity (from the round after the one that took the report at the latest).
+    let e = s.wait_until("the derating", ROUND_TIMEOUT, || {
+        let e = s.get_ok("/api/estimator");
+        (!e["derated"].as_array()?.is_empty()).then_some(e)
+    });
+    let derated_at = s.get_ok("/api/status")["map_version"]
+        .as_u64()
+        .expect("version");
+    assert!(derated_at >= version);
+    s.wait_for_version_after(derated_at);
+    eprintln!("/api/estimator after the report: {e}");
+    let derated = e["derated"].as_array().expect("derated");
+    assert_eq!(derated.len(), 1, "{e}");
+    assert_eq!(derated[0]["cluster"], id.as_str());
+    let factor = f(&derated[0]["capacity_factor"]);
+    assert!(factor > 0.25 && factor < 1.0, "{factor}");
+    let because = derated[0]["because"].as_str().expect("a reason");
+    assert!(
+        because.contains(&format!("node {root_name:?}")) && because.contains("(3.00x)"),
+        "{because}"
+    );
+    let c = s.get_ok(&format!("/api/clusters/{id}"));
+    assert_eq!(f(&c["capacity_factor"]), factor);
+    assert_eq!(c["derated_because"].as_str(), Some(because));
+    let node = c["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["name"] == root_name.as_str())
+        .expect("the root")
+        .clone();
+    assert_eq!(f(&node["configured_capacity"]), capacity);
+    assert!(
+        close(f(&node["capacity"]), capacity * factor),
+        "{} vs {capacity} × {factor}",
+        f(&node["capacity"])
+    );
+    assert!(f(&node["load"]) <= f(&node["capacity"]) * (1.0 + EPS));
+}
+
+#[test]
+fn a_restored_map_is_described_before_the_first_round() {
+    let mut s = DashServer::start(false);
+    let st = s.get_ok("/api/status");
+    let version = st["map_version"].as_u64().expect("version");
+    let mean = f(&st["mean_rtt_ms"]);
+    assert!(mean > 0.0);
+    let demand = f(&st["demand"]);
+    s.restart();
+    // The stored map, served at once: no round since the start, so no history yet, and the
+    // figures come from the map itself.
+    let st = s.get_ok("/api/status");
+    let history = s.get_ok("/api/history");
+    if history["rounds"].as_array().is_some_and(|r| r.is_empty()) {
+        assert_eq!(st["map_version"].as_u64(), Some(version), "{st}");
+        assert!(close(f(&st["mean_rtt_ms"]), mean), "{st} vs {mean}");
+        assert!(close(f(&st["demand"]), demand));
+        assert_eq!(st["churn"], Value::Null);
+        let cl = s.get_ok("/api/clusters");
+        assert_eq!(cl["map_version"].as_u64(), Some(version));
+        assert!(cl["clusters"]
+            .as_array()
+            .expect("clusters")
+            .iter()
+            .any(|c| f(&c["demand"]) > 0.0));
+    } else {
+        // A whole cycle passed during the restart (a very slow machine): the round's own
+        // figures are there instead.
+        assert!(st["mean_rtt_ms"].as_f64().is_some(), "{st}");
+    }
+}
