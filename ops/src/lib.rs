@@ -11,6 +11,7 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod ring;
+pub mod simulate;
 pub mod synth;
 pub mod trace;
 pub mod world;
