@@ -148,7 +148,7 @@ pub(crate) fn plot_svg(dir: &Path, name: &str, panels: &[Panel]) -> Result<PathB
 
 /// A fixed-width text table: a header and rows, columns right-aligned but the first.
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
             if i < width.len() {

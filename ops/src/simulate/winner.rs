@@ -68,7 +68,7 @@ pub struct WinnerArgs {
     #[arg(long, default_value_t = 1.0)]
     pub alpha: f64,
     /// History window τ: requests each candidate serves before the user chooses.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 200)]
     pub tau: u32,
     /// The choice counts compared, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
@@ -77,7 +77,7 @@ pub struct WinnerArgs {
     #[arg(long, default_value_t = 0.7)]
     pub adoption: f64,
     /// τ values for the effect of τ (k = 2), comma-separated (empty: skip).
-    #[arg(long, value_delimiter = ',', default_value = "5,20,50,200")]
+    #[arg(long, value_delimiter = ',', default_value = "10,50,200,500")]
     pub taus: Vec<u32>,
     /// α values for the effect of α (k = 1 and k = 2), comma-separated (empty: skip).
     #[arg(long, value_delimiter = ',', default_value = "0.6,1.0,1.4")]
