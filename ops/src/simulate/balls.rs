@@ -539,6 +539,8 @@ pub struct RunStats {
     pub tail_shares: [f64; 8],
     /// First round whose max load was at most the recovery target, if one was given.
     pub recovered_at: Option<u64>,
+    /// The largest max load after that round.
+    pub max_after_recovery: Option<u64>,
 }
 
 impl RunStats {
@@ -647,6 +649,7 @@ fn drive(
     let mut tail_sum = [0.0f64; 8];
     let mut tail_now = [0u64; 8];
     let mut recovered_at = None;
+    let mut max_after_recovery = None;
     let mut window_max = 0;
     let mut since_tick = 0;
     let n = p.bins as f64;
@@ -659,7 +662,9 @@ fn drive(
         e.step(rng);
         let m = e.max_load();
         window_max = window_max.max(m);
-        if recovered_at.is_none() && recover_to.is_some_and(|t| m <= t) {
+        if recovered_at.is_some() {
+            max_after_recovery = Some(max_after_recovery.map_or(m, |x: u64| x.max(m)));
+        } else if recover_to.is_some_and(|t| m <= t) {
             recovered_at = Some(round);
         }
         if round > p.warmup {
@@ -701,6 +706,7 @@ fn drive(
         batch_means,
         tail_shares,
         recovered_at,
+        max_after_recovery,
     }
 }
 
@@ -872,13 +878,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
             "claim (self-stabilizing: from any start the max load returns to the steady-state band): {} in this run",
             held(main.recovered_at.is_some())
         );
-        let after = main
-            .samples
-            .iter()
-            .filter(|s| main.recovered_at.is_some_and(|r| s.round > r))
-            .map(|s| s.window_max)
-            .max();
-        if let Some(m) = after {
+        if let Some(m) = main.max_after_recovery {
             let _ = writeln!(
                 out,
                 "largest max load after recovery: {m} (steady-state max seen {})",
@@ -1187,8 +1187,7 @@ fn verdicts(bins: &[u64], by_point: &[(Point, RunStats)]) -> String {
                 }
             );
         }
-        for l_idx in 0..SWEEP_LAMBDA.len() {
-            let l = SWEEP_LAMBDA[l_idx];
+        for (l_idx, &l) in SWEEP_LAMBDA.iter().enumerate() {
             if l < 0.99 {
                 continue;
             }

@@ -200,14 +200,11 @@ pub(crate) fn sub_seed(seed: u64, part: u64) -> u64 {
 
 /// Runs `jobs` on up to `threads` threads (a shared counter hands out the next job); results
 /// come back in job order, so the output does not depend on scheduling.
-pub(crate) fn par_map<T: Send, R: Send>(
+pub(crate) fn par_map<T: Sync, R: Send>(
     jobs: &[T],
     threads: usize,
     f: impl Fn(&T) -> Result<R> + Sync,
-) -> Result<Vec<R>>
-where
-    T: Sync,
-{
+) -> Result<Vec<R>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     let next = AtomicUsize::new(0);
