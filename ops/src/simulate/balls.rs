@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use cdnmap_mapper::select::{least_loaded, ServerIdx, MAX_D};
 use clap::{Args, ValueEnum};
 use rand::{Rng, RngCore, SeedableRng};
@@ -35,7 +35,7 @@ use rand_distr::{Binomial, Distribution, Poisson};
 
 use super::{
     csv_string, default_threads, fit_line, held, out_dir, par_map, plot_svg, sub_seed, table,
-    write_text, Panel, Series,
+    write_text, Legend, Panel, Series,
 };
 
 /// Most bins a run takes (the histogram engine's state does not grow with n, but the initial
@@ -726,11 +726,20 @@ fn params(a: &BallsArgs, bins: u64) -> Result<BallsParams> {
 }
 
 pub fn run(a: &BallsArgs) -> Result<()> {
-    let dir = out_dir(&a.out, "balls")?;
     let threads = a.threads.unwrap_or_else(default_threads);
     if threads == 0 || threads > 256 {
         bail!("--threads {threads}: must be between 1 and 256");
     }
+    // Refuse bad arguments before anything is created on disk.
+    if a.sweep {
+        for &n in &a.bins {
+            params(a, n)?;
+        }
+        params(a, 1000)?;
+    } else {
+        single_params(a)?;
+    }
+    let dir = out_dir(&a.out, "balls")?;
     let t = Instant::now();
     let report = if a.sweep {
         sweep(a, &dir, threads)?
@@ -956,6 +965,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
                 x_desc: "round",
                 y_desc: "max load",
                 series,
+                legend: Legend::UpperRight,
             },
             Panel {
                 title: "steady-state max load distribution".to_string(),
@@ -969,6 +979,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
                         .map(|(&m, &c)| (m as f64, c as f64 / total))
                         .collect(),
                 }],
+                legend: Legend::UpperRight,
             },
         ],
     )?;
@@ -1117,28 +1128,32 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
 
     out.push_str(&verdicts(&bins, &by_point));
 
-    let panels: Vec<Panel> = bins
-        .iter()
-        .map(|&n| Panel {
-            title: format!("mean max load, n = {n}"),
-            x_desc: "ln(1/(1-λ))",
-            y_desc: "mean max load",
-            series: SWEEP_D
-                .iter()
-                .map(|&d| Series {
-                    name: format!("d = {d}"),
-                    points: by_point
-                        .iter()
-                        .filter(|(p, _)| p.bins == n && p.d == d)
-                        .map(|(p, r)| {
-                            let l = SWEEP_LAMBDA[p.lambda_idx];
-                            ((1.0 / (1.0 - l)).ln(), r.mean_max())
-                        })
-                        .collect(),
-                })
-                .collect(),
-        })
-        .collect();
+    // Per n: every d, and d ≥ 2 alone (d = 1's scale flattens it).
+    let mut panels = Vec::new();
+    for &n in &bins {
+        for (title, ds) in [("", &SWEEP_D[..]), (" (d ≥ 2)", &SWEEP_D[1..])] {
+            panels.push(Panel {
+                title: format!("mean max load, n = {n}{title}"),
+                x_desc: "ln(1/(1-λ))",
+                y_desc: "mean max load",
+                series: ds
+                    .iter()
+                    .map(|&d| Series {
+                        name: format!("d = {d}"),
+                        points: by_point
+                            .iter()
+                            .filter(|(p, _)| p.bins == n && p.d == d)
+                            .map(|(p, r)| {
+                                let l = SWEEP_LAMBDA[p.lambda_idx];
+                                ((1.0 / (1.0 - l)).ln(), r.mean_max())
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+                legend: Legend::UpperLeft,
+            });
+        }
+    }
     plot_svg(dir, "balls.svg", &panels)?;
     Ok(out)
 }
@@ -1216,5 +1231,5 @@ pub fn single_params(a: &BallsArgs) -> Result<BallsParams> {
         [n] => *n,
         _ => bail!("--bins: give one number without --sweep"),
     };
-    params(a, bins).context("balls")
+    params(a, bins)
 }

@@ -17,7 +17,7 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{csv_string, held, out_dir, plot_svg, table, write_text, Panel, Series};
+use super::{csv_string, held, out_dir, plot_svg, table, write_text, Legend, Panel, Series};
 
 /// Most nodes at any time.
 pub const MAX_NODES: usize = 10_000;
@@ -313,8 +313,8 @@ pub fn summarize(run: &HashingRun) -> Vec<PolicySummary> {
 }
 
 pub fn run(a: &HashingArgs) -> Result<()> {
-    let dir = out_dir(&a.out, "hashing")?;
     let r = simulate(a)?;
+    let dir = out_dir(&a.out, "hashing")?;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -444,12 +444,14 @@ pub fn run(a: &HashingArgs) -> Result<()> {
                 x_desc: "event (odd: join, even: leave)",
                 y_desc: "share of keys moved",
                 series: series(&|p| p.moved as f64 / keys, true),
+                legend: Legend::MiddleRight,
             },
             Panel {
                 title: "max / average load per node".to_string(),
                 x_desc: "state",
                 y_desc: "max / avg",
                 series: series(&|p| p.max / p.avg, false),
+                legend: Legend::LowerRight,
             },
         ],
     )?;

@@ -74,7 +74,11 @@ pub(crate) struct Panel<'a> {
     pub x_desc: &'a str,
     pub y_desc: &'a str,
     pub series: Vec<Series>,
+    /// Where the legend goes (where the lines are not).
+    pub legend: Legend,
 }
+
+pub(crate) use plotters::chart::SeriesLabelPosition as Legend;
 
 /// Draws panels side by side into one SVG (plotters' SVG backend), rendered in memory and
 /// written atomically.
@@ -135,7 +139,7 @@ pub(crate) fn plot_svg(dir: &Path, name: &str, panels: &[Panel]) -> Result<PathB
             }
             chart
                 .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
+                .position(panel.legend.clone())
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
                 .draw()

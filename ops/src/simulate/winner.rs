@@ -31,7 +31,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{
     csv_string, default_threads, held, out_dir, par_map, plot_svg, sub_seed, table, write_text,
-    Panel, Series,
+    Legend, Panel, Series,
 };
 
 pub const MAX_SERVERS: usize = 10_000;
@@ -608,11 +608,12 @@ pub fn run_scenarios(a: &WinnerArgs, threads: usize) -> Result<Vec<Scenario>> {
 }
 
 pub fn run(a: &WinnerArgs) -> Result<()> {
-    let dir = out_dir(&a.out, "winner")?;
     let threads = a.threads.unwrap_or_else(default_threads);
     if threads == 0 || threads > 256 {
         bail!("--threads {threads}: must be between 1 and 256");
     }
+    scenarios(a)?; // refuse bad arguments before anything is created on disk
+    let dir = out_dir(&a.out, "winner")?;
     let scen = run_scenarios(a, threads)?;
     let base = base_params(a);
     let mut out = String::new();
@@ -734,6 +735,7 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
                 points: s.mean_series(),
             })
             .collect(),
+        legend: Legend::LowerRight,
     };
     let mut panels = vec![panel("policy", "users at 100% hit rate: k choices")];
     if scen.iter().any(|s| s.group == "tau") {
