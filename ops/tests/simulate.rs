@@ -24,8 +24,8 @@ fn balls(bins: u64, lambda: f64, d: u32, rounds: u64, engine: EngineKind, seed: 
 
 #[test]
 fn two_choices_keep_the_max_load_far_below_one_choice_at_high_load() {
-    let one = balls(200, 0.99, 1, 6_000, EngineKind::Histogram, 3);
-    let two = balls(200, 0.99, 2, 6_000, EngineKind::Histogram, 3);
+    let one = balls(200, 0.99, 1, 3_000, EngineKind::Histogram, 3);
+    let two = balls(200, 0.99, 2, 3_000, EngineKind::Histogram, 3);
     assert!(
         two.mean_max() < 0.5 * one.mean_max(),
         "d = 2: {}, d = 1: {}",
@@ -33,7 +33,7 @@ fn two_choices_keep_the_max_load_far_below_one_choice_at_high_load() {
         one.mean_max()
     );
     // And the per-ball oracle, which runs power-of-d's own rule, shows the same.
-    let two_ball = balls(200, 0.99, 2, 6_000, EngineKind::PerBall, 3);
+    let two_ball = balls(200, 0.99, 2, 3_000, EngineKind::PerBall, 3);
     assert!(two_ball.mean_max() < 0.5 * one.mean_max());
 }
 
@@ -42,7 +42,7 @@ fn two_choices_keep_the_max_load_far_below_one_choice_at_high_load() {
 /// same comparison between d = 1 and d = 2 fails, so the tolerance can tell them apart.
 #[test]
 fn histogram_engine_agrees_with_the_per_ball_oracle() {
-    let rounds = 20_000;
+    let rounds = 15_000;
     // d = 1's max load moves slowly (long excursions), so its averages are noisier.
     for (d, share_tol, max_tol) in [(1, 0.02, 0.08), (2, 0.01, 0.03)] {
         let h = balls(64, 0.9, d, rounds, EngineKind::Histogram, 11);
@@ -96,7 +96,7 @@ fn a_huge_spike_drains_one_ball_per_round_and_the_engines_agree_on_recovery() {
 }
 
 #[test]
-fn every_initial_load_keeps_the_bin_count_and_totals() {
+fn every_initial_load_starts_where_it_says() {
     for init in ["empty", "all:7", "spike:1000000", "uniform:9"] {
         let p = BallsParams {
             bins: 50,
@@ -110,9 +110,17 @@ fn every_initial_load_keeps_the_bin_count_and_totals() {
         };
         let r = balls_sim(&p, None, &|_| {}).expect("runs");
         assert_eq!(r.samples.len(), 10);
-        // After 10 rounds at λ = 0.5 a 10^6 spike is still there, 10 balls lighter at most.
-        if init == "spike:1000000" {
-            assert!(r.samples[9].max_load >= 1_000_000 - 10);
+        // After 10 rounds at λ = 0.5 a 10^6 spike is still there, 10 balls lighter at most;
+        // a bin at 7 or a uniform bin loses at most one ball a round.
+        let first = &r.samples[0];
+        match init {
+            "spike:1000000" => {
+                assert!(r.samples[9].max_load >= 1_000_000 - 10);
+                assert!(r.samples[9].max_load <= 1_000_000 + 10);
+            }
+            "all:7" => assert!(first.max_load >= 6 && first.mean_load >= 6.0),
+            "uniform:9" => assert!(first.max_load >= 8 && first.mean_load > 2.0),
+            _ => assert!(first.mean_load < 2.0),
         }
     }
 }

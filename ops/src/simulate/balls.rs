@@ -63,11 +63,11 @@ pub struct BallsArgs {
     /// number (default 1000).
     #[arg(long, value_delimiter = ',')]
     pub bins: Vec<u64>,
-    /// Arrival rate λ in (0, 1): Poisson(λ·n) balls per round.
-    #[arg(long, default_value_t = 0.99)]
+    /// Arrival rate λ in (0, 1): Poisson(λ·n) balls per round (the sweep sets its own).
+    #[arg(long, default_value_t = 0.99, conflicts_with = "sweep")]
     pub lambda: f64,
-    /// Choices per ball (1 to 16).
-    #[arg(long, default_value_t = 2)]
+    /// Choices per ball (1 to 16; the sweep sets its own).
+    #[arg(long, default_value_t = 2, conflicts_with = "sweep")]
     pub d: u32,
     /// Rounds to run (per point with --sweep).
     #[arg(long, default_value_t = 100_000)]
