@@ -1233,3 +1233,78 @@ pub fn single_params(a: &BallsArgs) -> Result<BallsParams> {
     };
     params(a, bins)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(d: u32) -> Histogram {
+        let p = BallsParams {
+            bins: 1000,
+            lambda: 0.9,
+            d,
+            rounds: 1,
+            warmup: 0,
+            seed: 1,
+            initial: Initial::Empty,
+            engine: EngineKind::Histogram,
+        };
+        Histogram::new(&p, &mut ChaCha8Rng::seed_from_u64(0)).expect("engine")
+    }
+
+    /// Both ways of drawing a level's occupancy — bin by bin, and a chain of binomials — give
+    /// Poisson(μ) counts: compare the share of bins getting j balls with the pmf.
+    #[test]
+    fn occupancy_draws_poisson_counts_both_ways() {
+        let mut h = engine(2);
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for mu in [0.05, 0.9, 2.7] {
+            for (bins, reps) in [(BIN_BY_BIN, 20_000u64), (100_000, 10)] {
+                let mut count = vec![0u64; 40];
+                for _ in 0..reps {
+                    h.occupancy(bins, mu, &mut rng);
+                    assert_eq!(h.occ.iter().sum::<u64>(), bins);
+                    for (j, &k) in h.occ.iter().enumerate() {
+                        count[j] += k;
+                    }
+                }
+                let total = (bins * reps) as f64;
+                let mut pmf = (-mu as f64).exp();
+                for (j, &c) in count.iter().enumerate().take(8) {
+                    let share = c as f64 / total;
+                    // Four standard errors of a share estimated from `total` draws.
+                    let tol = 4.0 * (pmf * (1.0 - pmf) / total).sqrt() + 1e-9;
+                    assert!(
+                        (share - pmf).abs() <= tol,
+                        "μ {mu}, {bins} bins: P(X = {j}) drawn {share:.6}, Poisson {pmf:.6}"
+                    );
+                    pmf *= mu / (j + 1) as f64;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_round_conserves_bins_and_keeps_levels_sorted() {
+        for d in [1, 2, 3] {
+            let mut h = engine(d);
+            let mut rng = ChaCha8Rng::seed_from_u64(d.into());
+            for _ in 0..200 {
+                h.step(&mut rng);
+                assert_eq!(h.levels().iter().map(|l| l.1).sum::<u64>(), 1000);
+                assert!(h.levels().windows(2).all(|w| w[0].0 < w[1].0));
+                assert!(h.levels().iter().all(|l| l.1 > 0));
+            }
+        }
+    }
+
+    #[test]
+    fn insert_level_merges_and_keeps_order() {
+        let mut v = vec![(1, 2), (4, 1)];
+        insert_level(&mut v, 3, 5);
+        insert_level(&mut v, 4, 1);
+        insert_level(&mut v, 0, 1);
+        insert_level(&mut v, 9, 1);
+        assert_eq!(v, vec![(0, 1), (1, 2), (3, 5), (4, 2), (9, 1)]);
+    }
+}

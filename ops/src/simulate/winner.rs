@@ -862,3 +862,48 @@ pub fn verdicts(scen: &[Scenario]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// The linked-list LRU against the obvious one (a queue, most recent at the back).
+    #[test]
+    fn lru_matches_a_naive_lru() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for capacity in [1usize, 2, 5, 17] {
+            let objects = 40;
+            let mut lru = Lru::new(capacity, objects);
+            let mut naive: VecDeque<u32> = VecDeque::new();
+            for _ in 0..5_000 {
+                // Skewed, so there are hits and misses.
+                let obj =
+                    (rng.random_range(0..objects as u32)).min(rng.random_range(0..objects as u32));
+                let hit = match naive.iter().position(|&o| o == obj) {
+                    Some(i) => {
+                        naive.remove(i);
+                        true
+                    }
+                    None => {
+                        if naive.len() == capacity {
+                            naive.pop_front();
+                        }
+                        false
+                    }
+                };
+                naive.push_back(obj);
+                assert_eq!(lru.access(obj), hit, "capacity {capacity}, object {obj}");
+            }
+        }
+    }
+
+    #[test]
+    fn zipf_cdf_is_a_distribution_skewed_by_alpha() {
+        let flat = zipf_cdf(10, 0.0);
+        assert!((flat[0] - 0.1).abs() < 1e-12 && (flat[9] - 1.0).abs() < 1e-12);
+        let skewed = zipf_cdf(10, 1.4);
+        assert!(skewed[0] > 0.4 && (skewed[9] - 1.0).abs() < 1e-12);
+        assert!(skewed.windows(2).all(|w| w[0] < w[1]));
+    }
+}
