@@ -1269,7 +1269,7 @@ mod tests {
                     }
                 }
                 let total = (bins * reps) as f64;
-                let mut pmf = (-mu as f64).exp();
+                let mut pmf = (-mu).exp();
                 for (j, &c) in count.iter().enumerate().take(8) {
                     let share = c as f64 / total;
                     // Four standard errors of a share estimated from `total` draws.
