@@ -966,6 +966,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
                 y_desc: "max load",
                 series,
                 legend: Legend::UpperRight,
+                first_color: 0,
             },
             Panel {
                 title: "steady-state max load distribution".to_string(),
@@ -980,6 +981,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
                         .collect(),
                 }],
                 legend: Legend::UpperRight,
+                first_color: 0,
             },
         ],
     )?;
@@ -1131,7 +1133,8 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
     // Per n: every d, and d ≥ 2 alone (d = 1's scale flattens it).
     let mut panels = Vec::new();
     for &n in &bins {
-        for (title, ds) in [("", &SWEEP_D[..]), (" (d ≥ 2)", &SWEEP_D[1..])] {
+        for (title, first) in [("", 0), (" (d ≥ 2)", 1)] {
+            let ds = &SWEEP_D[first..];
             panels.push(Panel {
                 title: format!("mean max load, n = {n}{title}"),
                 x_desc: "ln(1/(1-λ))",
@@ -1151,6 +1154,7 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
                     })
                     .collect(),
                 legend: Legend::UpperLeft,
+                first_color: first,
             });
         }
     }

@@ -445,6 +445,7 @@ pub fn run(a: &HashingArgs) -> Result<()> {
                 y_desc: "share of keys moved",
                 series: series(&|p| p.moved as f64 / keys, true),
                 legend: Legend::MiddleRight,
+                first_color: 0,
             },
             Panel {
                 title: "max / average load per node".to_string(),
@@ -452,6 +453,7 @@ pub fn run(a: &HashingArgs) -> Result<()> {
                 y_desc: "max / avg",
                 series: series(&|p| p.max / p.avg, false),
                 legend: Legend::LowerRight,
+                first_color: 0,
             },
         ],
     )?;

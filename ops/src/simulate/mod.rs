@@ -76,6 +76,8 @@ pub(crate) struct Panel<'a> {
     pub series: Vec<Series>,
     /// Where the legend goes (where the lines are not).
     pub legend: Legend,
+    /// The palette index of the first series (so a series keeps its colour across panels).
+    pub first_color: usize,
 }
 
 pub(crate) use plotters::chart::SeriesLabelPosition as Legend;
@@ -124,7 +126,7 @@ pub(crate) fn plot_svg(dir: &Path, name: &str, panels: &[Panel]) -> Result<PathB
                 .draw()
                 .map_err(|x| e(&x))?;
             for (i, s) in panel.series.iter().enumerate() {
-                let color = Palette99::pick(i).to_rgba();
+                let color = Palette99::pick(panel.first_color + i).to_rgba();
                 chart
                     .draw_series(LineSeries::new(
                         s.points

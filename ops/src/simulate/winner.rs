@@ -736,6 +736,7 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
             })
             .collect(),
         legend: Legend::LowerRight,
+        first_color: 0,
     };
     let mut panels = vec![panel("policy", "users at 100% hit rate: k choices")];
     if scen.iter().any(|s| s.group == "tau") {
