@@ -332,7 +332,8 @@ impl Histogram {
         })
     }
 
-    /// The pmf, tails and thresholds of Poisson(μ), truncated where the tail is below 1e-30.
+    /// The pmf, tails and thresholds of Poisson(μ), cut at the first term past the mean below
+    /// 1e-30 (at most `MAX_TERMS` terms).
     fn table(&mut self, mu: f64) {
         if mu == self.mu {
             return;
