@@ -378,7 +378,7 @@ impl Histogram {
         let terms = self.pmf.len();
         if bins <= BIN_BY_BIN {
             // Inversion: X > j while the draw is at or above thr[j]. Counts land in a stack
-            // array (X ≥ 32 has probability below 1e-30 for μ ≤ 16 ... and is still counted).
+            // array; the rare X ≥ 32 (μ ≤ d·λ < 16) goes to `occ` directly.
             let thr = &self.thr[..terms - 1];
             let mut local = [0u64; 32];
             let mut top = 0;
