@@ -64,6 +64,29 @@ pub trait Selector {
     fn pick(&self, key: &str, out: &mut [ServerIdx]) -> usize;
 }
 
+/// The least loaded of `candidates` by `loads[candidate]`, the earliest candidate on ties; `None`
+/// when there are no candidates. Power-of-d's rule, kept apart so that `cdnmap simulate` drives
+/// the balls-into-bins process with exactly the rule the selector uses.
+///
+/// Every candidate must index `loads`. Loads that do not compare (NaN) never win a comparison.
+#[inline]
+pub fn least_loaded<L: PartialOrd + Copy>(
+    candidates: &[ServerIdx],
+    loads: &[L],
+) -> Option<ServerIdx> {
+    let (&first, rest) = candidates.split_first()?;
+    let mut best = first;
+    let mut best_load = loads[first as usize];
+    for &c in rest {
+        let l = loads[c as usize];
+        if l < best_load {
+            best = c;
+            best_load = l;
+        }
+    }
+    Some(best)
+}
+
 /// The hash of a key (hostname) on the ring.
 #[inline]
 pub fn key_hash(key: &str) -> u64 {
@@ -435,6 +458,8 @@ impl PowerOfD {
                 });
             }
         }
+        // -0.0 → +0.0, so that `total_cmp` (the sort below) and `<` (`least_loaded`) agree.
+        let loads = loads.into_iter().map(|l| l + 0.0).collect();
         Ok(PowerOfD { ring, d, loads })
     }
 
@@ -451,8 +476,17 @@ impl Selector for PowerOfD {
         if want <= MAX_D {
             let mut cand = [0 as ServerIdx; MAX_D];
             let n = self.ring.walk_from(start, &mut cand[..want]);
-            // The first `d` candidates compete on load; a stable sort keeps ring order on ties.
             let k = n.min(self.d);
+            if out.len() == 1 {
+                // One answer: the least loaded candidate, the rule `cdnmap simulate` also runs.
+                match least_loaded(&cand[..k], &self.loads) {
+                    Some(s) => out[0] = s,
+                    None => return 0,
+                }
+                return 1;
+            }
+            // The first `d` candidates compete on load; a stable sort keeps ring order on ties,
+            // so the first is `least_loaded`'s pick.
             cand[..k].sort_by(|&a, &b| self.loads[a as usize].total_cmp(&self.loads[b as usize]));
             let m = n.min(out.len());
             out[..m].copy_from_slice(&cand[..m]);
@@ -463,6 +497,41 @@ impl Selector for PowerOfD {
             let k = n.min(self.d);
             out[..k].sort_by(|&a, &b| self.loads[a as usize].total_cmp(&self.loads[b as usize]));
             n
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_loaded_takes_the_earliest_of_the_lightest() {
+        let loads = [3u32, 1, 1, 0, 5];
+        assert_eq!(least_loaded(&[], &loads), None);
+        assert_eq!(least_loaded(&[4], &loads), Some(4));
+        assert_eq!(least_loaded(&[0, 2, 1], &loads), Some(2));
+        assert_eq!(least_loaded(&[4, 3, 0], &loads), Some(3));
+        assert_eq!(least_loaded(&[1, 1], &[f64::NAN, 0.0]), Some(1));
+    }
+
+    #[test]
+    fn power_of_d_single_answer_is_the_head_of_the_full_answer() {
+        let ids: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let ring = Ring::new(&refs, 40).expect("ring");
+        // Many ties (loads mod 3), and a -0.0 beside +0.0.
+        let mut loads: Vec<f64> = (0..20).map(|i| f64::from(i % 3)).collect();
+        loads[4] = -0.0;
+        for d in 1..=4 {
+            let p = PowerOfD::new(ring.clone(), d, loads.clone()).expect("power-of-d");
+            for k in 0..500 {
+                let key = format!("obj{k}.example");
+                let (mut one, mut all) = ([0; 1], [0; 4]);
+                assert_eq!(p.pick(&key, &mut one), 1);
+                p.pick(&key, &mut all);
+                assert_eq!(one[0], all[0], "key {key}, d {d}");
+            }
         }
     }
 }

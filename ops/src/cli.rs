@@ -57,6 +57,11 @@ enum Command {
     /// In-cluster server selection at work: place servers and keys, add or remove a server,
     /// and print each policy's max/avg load, the keys moved, and ring lookups per second.
     Ring(crate::ring::RingArgs),
+    /// Reproduce the load-balancing results the second level rests on, with the project's own
+    /// selection code: balls-into-bins with d choices, Go-With-The-Winner, hashing policies.
+    /// Each prints a table and writes CSV and SVG (docs/simulate.md).
+    #[command(subcommand)]
+    Simulate(crate::simulate::SimulateCommand),
 }
 
 #[derive(Args, Debug)]
@@ -399,6 +404,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::Resolve(a)) => bench::resolve(&a),
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
+        Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),
     }
 }
 

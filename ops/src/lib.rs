@@ -12,6 +12,7 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod ring;
+pub mod simulate;
 pub mod synth;
 pub mod trace;
 pub mod world;

@@ -46,9 +46,11 @@ pub struct RingArgs {
     bench_ms: u64,
 }
 
-const MAX_KEYS: usize = 10_000_000;
+pub(crate) const MAX_KEYS: usize = 10_000_000;
 
-fn read_keys(spec: &str) -> Result<Vec<(String, f64)>> {
+/// The keys of `--keys`: a count (generated hostnames, unit weights) or a file of `key [weight]`
+/// lines. Also read by `cdnmap simulate hashing`.
+pub(crate) fn read_keys(spec: &str) -> Result<Vec<(String, f64)>> {
     if let Ok(count) = spec.parse::<usize>() {
         if count > MAX_KEYS {
             bail!("--keys {count}: at most {MAX_KEYS}");
@@ -97,25 +99,38 @@ fn place(servers: &[String], keys: &[(&str, f64)], a: &RingArgs) -> Result<Place
         .into_iter()
         .map(id)
         .collect();
-    // Power-of-d with load reports a batch old: place keys in order, re-reading the loads
-    // every `report_every` keys.
-    let mut load = vec![0.0; ring.servers()];
-    let mut power = Vec::with_capacity(keys.len());
-    let mut selector = PowerOfD::new(ring.clone(), a.d, load.clone())?;
-    for (i, &(key, w)) in keys.iter().enumerate() {
-        if i > 0 && i % a.report_every.max(1) == 0 {
-            selector = PowerOfD::new(ring.clone(), a.d, load.clone())?;
-        }
-        let mut out = [0; 1];
-        selector.pick(key, &mut out);
-        load[out[0] as usize] += w;
-        power.push(id(out[0]));
-    }
+    let power = power_of_d_assign(&ring, keys, a.d, a.report_every)?
+        .into_iter()
+        .map(id)
+        .collect();
     Ok(Placement {
         ring: plain,
         bounded,
         power,
     })
+}
+
+/// Power-of-d with load reports a batch old: places keys in order, re-reading the loads every
+/// `report_every` keys. Also run by `cdnmap simulate hashing`.
+pub(crate) fn power_of_d_assign(
+    ring: &Ring,
+    keys: &[(&str, f64)],
+    d: usize,
+    report_every: usize,
+) -> Result<Vec<ServerIdx>> {
+    let mut load = vec![0.0; ring.servers()];
+    let mut placed = Vec::with_capacity(keys.len());
+    let mut selector = PowerOfD::new(ring.clone(), d, load.clone())?;
+    for (i, &(key, w)) in keys.iter().enumerate() {
+        if i > 0 && i % report_every.max(1) == 0 {
+            selector = PowerOfD::new(ring.clone(), d, load.clone())?;
+        }
+        let mut out = [0; 1];
+        selector.pick(key, &mut out);
+        load[out[0] as usize] += w;
+        placed.push(out[0]);
+    }
+    Ok(placed)
 }
 
 fn max_avg(servers: &[String], owners: &[String], keys: &[(&str, f64)]) -> (f64, f64) {
