@@ -1,6 +1,6 @@
-//! The service edge (issue 4 onwards): so far, its configuration, one mapping round (pure: the
-//! clock and the previous snapshot are passed in) and the sled store. The loop that runs
-//! rounds, the gRPC server, the DNS front end and the dashboard build on them.
+//! The service edge: the configuration, one mapping round (pure: the clock and the previous
+//! snapshot are passed in), the sled store, the running mapper (`service`: the loop, gRPC,
+//! HTTP), the operator dashboard, in-cluster selection at the edge, and the DNS front end.
 
 pub mod config;
 pub mod dashboard;
