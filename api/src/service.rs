@@ -223,6 +223,8 @@ impl Shared {
             Ok(snapshot) => {
                 let snapshot = Arc::new(snapshot);
                 self.publish_servers(snapshot.version, &snapshot.instance);
+                // The round's history entry before its map: whoever sees the map sees it too.
+                self.dash.record_round(&snapshot, solve_ms);
                 self.current.store(Some(Arc::clone(&snapshot)));
                 let meta = StoredMapMeta {
                     version: snapshot.version,
@@ -237,7 +239,6 @@ impl Shared {
                     tracing::error!(error = %e, "persisting the map failed");
                 }
                 let _ = self.updates.send(Arc::clone(&snapshot));
-                self.dash.record_round(&snapshot, solve_ms);
                 metrics::counter!("cdnmap_rounds_total").increment(1);
                 metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
                 metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);

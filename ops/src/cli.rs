@@ -140,6 +140,9 @@ struct DnsArgs {
     /// Seconds between demand reports.
     #[arg(long)]
     report_secs: Option<u64>,
+    /// Serve Prometheus /metrics here (queries by outcome, map version, reconnects, reports).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -683,6 +686,9 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
     }
     if let Some(r) = a.report_secs {
         config.report_secs = r;
+    }
+    if let Some(m) = a.metrics_listen {
+        config.metrics_listen = Some(m);
     }
     config.validate().context("the DNS front end's settings")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -156,3 +156,65 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
 }
+
+/// A `cdnmap` process a test started, its output (stdout and stderr) in a log file; killed and
+/// reaped when dropped.
+pub struct Running {
+    child: std::process::Child,
+    log: PathBuf,
+    what: String,
+}
+
+impl Running {
+    /// Starts `cdnmap ARGS` in `dir` (`RUST_LOG=info`, no colours), logging to `log`.
+    pub fn cdnmap<I, S>(dir: &Path, args: I, log: PathBuf) -> Running
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let args: Vec<std::ffi::OsString> =
+            args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let what = format!(
+            "cdnmap {}",
+            args.first()
+                .map_or(String::new(), |a| a.to_string_lossy().into_owned())
+        );
+        let out = std::fs::File::create(&log).expect("create the process log");
+        let err = out.try_clone().expect("clone the log handle");
+        let child = Command::new(cdnmap_bin())
+            .current_dir(dir)
+            .args(&args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
+        Running { child, log, what }
+    }
+
+    /// What the process logged so far, for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    /// Panics (with the log) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("{} exited with {status}:\n{}", self.what, self.log());
+        }
+    }
+
+    /// Kills the process (as a crash would) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

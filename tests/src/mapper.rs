@@ -3,11 +3,9 @@
 //! clients for it. `serve.rs`, `dns.rs` and the dashboard tests share it.
 
 use std::fmt::Debug;
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
@@ -21,7 +19,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use crate::cdnmap_bin;
+use crate::{cdnmap_bin, Running};
 
 pub const TOKEN: &str = "e2e-admin-token-7f3a";
 pub const CYCLE_SECS: u64 = 10;
@@ -107,28 +105,28 @@ impl Setup {
         }
     }
 
-    /// Starts `cdnmap serve --config FILE` and waits until its health service says SERVING.
-    pub async fn start(&mut self) -> Server {
-        let bin = cdnmap_bin(); // built before the clock starts
+    /// Starts `cdnmap serve --config FILE` without waiting for it (each start logs to its own
+    /// file; all share the data directory).
+    pub fn spawn(&mut self) -> Running {
+        cdnmap_bin(); // built before any clock starts
         self.starts += 1;
         let log = self.dir.path().join(format!("server-{}.log", self.starts));
-        let out = File::create(&log).expect("create the server log");
-        let err = out.try_clone().expect("clone the log handle");
-        let child = Command::new(bin)
-            .current_dir(self.dir.path())
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start cdnmap serve");
-        let mut server = Server {
-            child,
+        let config = self.config.clone();
+        Running::cdnmap(
+            self.dir.path(),
+            [
+                std::ffi::OsStr::new("serve"),
+                "--config".as_ref(),
+                config.as_os_str(),
+            ],
             log,
+        )
+    }
+
+    /// Starts `cdnmap serve --config FILE` and waits until its health service says SERVING.
+    pub async fn start(&mut self) -> Server {
+        let mut server = Server {
+            process: self.spawn(),
             grpc: self.grpc,
             http: self.http,
             channel: None,
@@ -140,24 +138,16 @@ impl Setup {
 
 /// A running `cdnmap serve`; killed (and reaped) when dropped.
 pub struct Server {
-    child: Child,
-    log: PathBuf,
+    process: Running,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     channel: Option<Channel>,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Server {
     /// What the server logged so far, for assertion messages.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+        self.process.log()
     }
 
     pub async fn wait_ready(&mut self) {
@@ -167,12 +157,7 @@ impl Server {
             .connect_timeout(Duration::from_secs(1))
             .timeout(Duration::from_secs(10));
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "cdnmap serve exited with {status} before answering:\n{}",
-                    self.log()
-                );
-            }
+            self.process.assert_running();
             if let Ok(channel) = endpoint.connect().await {
                 let ok = HealthClient::new(channel.clone())
                     .check(HealthCheckRequest {
@@ -212,27 +197,30 @@ impl Server {
 
     /// Kills the server (as a crash would) and waits for it to exit.
     pub fn kill(mut self) {
-        self.child.kill().expect("kill cdnmap serve");
-        self.child.wait().expect("reap cdnmap serve");
+        self.process.kill();
     }
 
     /// `GET path` over plain HTTP/1.1 on the HTTP listener: (status line, body).
     pub fn http_get(&self, path: &str) -> (String, String) {
-        let mut s = TcpStream::connect(self.http).expect("connect to http_listen");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("set a read timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.http
-        )
-        .expect("send the request");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("read the response");
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let status = head.lines().next().unwrap_or_default().to_string();
-        (status, body.to_string())
+        http_get(self.http, path)
     }
+}
+
+/// `GET path` over plain HTTP/1.1 from `addr`: (status line, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("set a read timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the response");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, body.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,15 +11,14 @@
 //! - with no mapper yet it answers SERVFAIL, then answers once the mapper is up, keeps answering
 //!   when the mapper dies, reconnects when it returns, and reports per-prefix demand.
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
-use cdnmap_tests::mapper::{all_units, ok, qname_of, Server, Setup};
-use cdnmap_tests::{cdnmap_bin, ensure_debian_tool};
+use cdnmap_tests::mapper::{all_units, http_get, ok, qname_of, Server, Setup};
+use cdnmap_tests::{ensure_debian_tool, Running};
 use ipnet::IpNet;
 
 /// How long a front end may take to load its first map.
@@ -43,53 +42,42 @@ fn free_dns_addr() -> SocketAddr {
 
 /// A running `cdnmap dns`; killed when dropped.
 struct Dns {
-    child: Child,
-    log: PathBuf,
+    process: Running,
     addr: SocketAddr,
-}
-
-impl Drop for Dns {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Dns {
     /// Starts a front end for zone `cdn.example.` following the mapper at `mapper`, with the
-    /// config file `config` (TOML text) if given.
+    /// config file `config` (TOML text).
     fn start(dir: &Path, mapper: SocketAddr, config: &str) -> Dns {
         let addr = free_dns_addr();
-        let log = dir.join(format!("dns-{}.log", addr.port()));
         let conf = dir.join(format!("dns-{}.toml", addr.port()));
         std::fs::write(&conf, config).expect("write the DNS config");
-        let out = File::create(&log).expect("create the DNS log");
-        let err = out.try_clone().expect("clone the log handle");
-        let child = Command::new(cdnmap_bin())
-            .args(["dns", "--config"])
-            .arg(&conf)
-            .args(["--mapper", &format!("http://{mapper}")])
-            .args(["--listen", &addr.to_string()])
-            .args([
-                "--zone",
-                "cdn.example.",
-                "--name",
-                "dns-e2e",
-                "--report-secs",
-                "1",
-            ])
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start cdnmap dns");
-        Dns { child, log, addr }
+        let (mapper, listen) = (format!("http://{mapper}"), addr.to_string());
+        let process = Running::cdnmap(
+            dir,
+            [
+                "dns".as_ref(),
+                "--config".as_ref(),
+                conf.as_os_str(),
+                "--mapper".as_ref(),
+                mapper.as_ref(),
+                "--listen".as_ref(),
+                listen.as_ref(),
+                "--zone".as_ref(),
+                "cdn.example.".as_ref(),
+                "--name".as_ref(),
+                "dns-e2e".as_ref(),
+                "--report-secs".as_ref(),
+                std::ffi::OsStr::new("1"),
+            ],
+            dir.join(format!("dns-{}.log", addr.port())),
+        );
+        Dns { process, addr }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+        self.process.log()
     }
 
     fn dig(&self, args: &[&str]) -> Reply {
@@ -100,9 +88,7 @@ impl Dns {
     fn wait_answering(&mut self) {
         let started = Instant::now();
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("cdnmap dns exited with {status}:\n{}", self.log());
-            }
+            self.process.assert_running();
             if self.dig(&["www.cdn.example", "A"]).status == "NOERROR" {
                 return;
             }
@@ -324,7 +310,11 @@ async fn status_codes_apex_records_and_truncation() {
     let ns: Vec<String> = (0..16)
         .map(|i| format!("\"ns{i}-{}.cdn.example.\"", "x".repeat(40)))
         .collect();
-    let config = format!("nameservers = [{}]\n", ns.join(", "));
+    let metrics = free_dns_addr();
+    let config = format!(
+        "nameservers = [{}]\nmetrics_listen = \"{metrics}\"\n",
+        ns.join(", ")
+    );
     let mut dns = Dns::start(setup.dir.path(), server.grpc, &config);
     dns.wait_answering();
 
@@ -381,6 +371,31 @@ async fn status_codes_apex_records_and_truncation() {
     assert_eq!(bad.status, "FORMERR", "{}", bad.raw);
     // Still answering.
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
+
+    // Every outcome above is counted on /metrics.
+    let (status, body) = http_get(metrics, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    let count = |rcode: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(&format!("cdnmap_dns_queries_total{{rcode=\"{rcode}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    for (rcode, at_least) in [
+        ("answer", 4.0),
+        ("nxdomain", 1.0),
+        ("refused", 1.0),
+        ("nodata", 1.0),
+        ("formerr", 1.0),
+    ] {
+        assert!(
+            count(rcode) >= at_least,
+            "{rcode}: {}\n{body}",
+            count(rcode)
+        );
+    }
+    assert!(body.contains("cdnmap_dns_map_version"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -82,6 +82,32 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
+/// Queries answered, by outcome: `cdnmap_dns_queries_total{rcode=...}` (registered once, so
+/// counting a query is one atomic add, and nothing without a metrics recorder).
+pub struct Counters {
+    answer: metrics::Counter,
+    nodata: metrics::Counter,
+    nxdomain: metrics::Counter,
+    refused: metrics::Counter,
+    servfail: metrics::Counter,
+    formerr: metrics::Counter,
+}
+
+impl Counters {
+    pub fn register() -> Counters {
+        let c =
+            |rcode: &'static str| metrics::counter!("cdnmap_dns_queries_total", "rcode" => rcode);
+        Counters {
+            answer: c("answer"),
+            nodata: c("nodata"),
+            nxdomain: c("nxdomain"),
+            refused: c("refused"),
+            servfail: c("servfail"),
+            formerr: c("formerr"),
+        }
+    }
+}
+
 /// What the handler reads: the zones, the published view, the counters.
 pub struct Front {
     pub zones: Vec<Zone>,
@@ -92,6 +118,7 @@ pub struct Front {
     pub ttl: u32,
     pub max_udp_payload: u16,
     pub demand: DemandCounter,
+    pub counters: Counters,
 }
 
 /// hickory's handler over a shared [`Front`].
@@ -167,19 +194,19 @@ async fn answer<R: ResponseHandler>(
     let builder = MessageResponseBuilder::from_message_request(request);
     let name = query.name();
     let Some(zone) = front.zones.iter().find(|z| z.apex.zone_of(name)) else {
-        metrics::counter!("cdnmap_dns_queries_total", "rcode" => "refused").increment(1);
+        front.counters.refused.increment(1);
         let m = metadata(request, ResponseCode::Refused, false);
         return response.send_response(builder.build_no_records(m)).await;
     };
     if query.query_class() != DNSClass::IN {
-        metrics::counter!("cdnmap_dns_queries_total", "rcode" => "refused").increment(1);
+        front.counters.refused.increment(1);
         let m = metadata(request, ResponseCode::Refused, false);
         return response.send_response(builder.build_no_records(m)).await;
     }
     let ecs = match client_subnet(request.edns.as_ref()) {
         Ok(ecs) => ecs,
         Err(()) => {
-            metrics::counter!("cdnmap_dns_queries_total", "rcode" => "formerr").increment(1);
+            front.counters.formerr.increment(1);
             let m = metadata(request, ResponseCode::FormErr, false);
             return response.send_response(builder.build_no_records(m)).await;
         }
@@ -210,7 +237,7 @@ async fn answer<R: ResponseHandler>(
     } else {
         let guard = front.view.load();
         let Some(view) = guard.as_deref() else {
-            metrics::counter!("cdnmap_dns_queries_total", "rcode" => "servfail").increment(1);
+            front.counters.servfail.increment(1);
             let m = metadata(request, ResponseCode::ServFail, false);
             return response.send_response(builder.build_no_records(m)).await;
         };
@@ -275,12 +302,12 @@ async fn answer<R: ResponseHandler>(
             }
         });
     }
-    let label = match code {
-        ResponseCode::NXDomain => "nxdomain",
-        _ if records.is_empty() => "nodata",
-        _ => "answer",
-    };
-    metrics::counter!("cdnmap_dns_queries_total", "rcode" => label).increment(1);
+    match code {
+        ResponseCode::NXDomain => &front.counters.nxdomain,
+        _ if records.is_empty() => &front.counters.nodata,
+        _ => &front.counters.answer,
+    }
+    .increment(1);
     let m = metadata(request, code, true);
     let mut builder = builder;
     if let Some(e) = edns_out.as_ref() {

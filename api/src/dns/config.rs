@@ -14,6 +14,7 @@
 //! hostmaster = "hostmaster.cdn.example."
 //! max_udp_payload = 1232              # the largest UDP response; larger ones are truncated
 //! tcp_timeout_secs = 10               # idle TCP connections are closed after this
+//! metrics_listen = "127.0.0.1:9153"   # Prometheus /metrics (absent: none)
 //! ```
 
 use std::net::SocketAddr;
@@ -52,6 +53,8 @@ pub struct DnsConfig {
     pub hostmaster: Option<String>,
     pub max_udp_payload: u16,
     pub tcp_timeout_secs: u64,
+    /// Where to serve Prometheus `/metrics` (none when absent).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for DnsConfig {
@@ -67,6 +70,7 @@ impl Default for DnsConfig {
             hostmaster: None,
             max_udp_payload: 1232,
             tcp_timeout_secs: 10,
+            metrics_listen: None,
         }
     }
 }
@@ -133,6 +137,12 @@ impl DnsConfig {
             return Err(invalid(
                 "max_udp_payload",
                 format!("{} is outside 512..=4096", self.max_udp_payload),
+            ));
+        }
+        if self.metrics_listen == Some(self.listen) {
+            return Err(invalid(
+                "metrics_listen",
+                format!("{} is also listen", self.listen),
             ));
         }
         if !(1..=3600).contains(&self.tcp_timeout_secs) {
@@ -207,14 +217,7 @@ mod tests {
 
     #[test]
     fn the_documented_example_parses() {
-        let doc = include_str!("config.rs")
-            .lines()
-            .skip_while(|l| !l.starts_with("//! ```toml"))
-            .skip(1)
-            .take_while(|l| !l.starts_with("//! ```"))
-            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let doc = crate::config::doc_example(include_str!("config.rs"));
         let c = DnsConfig::from_toml(&doc).expect("the module doc's example is valid");
         assert_eq!(c.name, "dns-1");
         let zones = c.zones().expect("zones");

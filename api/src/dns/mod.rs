@@ -44,6 +44,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
+    let metrics_task = match config.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr).await?),
+        None => None,
+    };
     let serial = (crate::service::now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
     let front = Arc::new(Front {
         zones: zones
@@ -55,6 +59,7 @@ pub async fn run(
         ttl: config.ttl_secs,
         max_udp_payload: config.max_udp_payload,
         demand: DemandCounter::default(),
+        counters: answer::Counters::register(),
     });
     // UDP: one answering loop per core, each on its own socket (SO_REUSEPORT); TCP: hickory's
     // server. TCP binds first so a port in use is reported before any UDP socket takes it.
@@ -104,7 +109,30 @@ pub async fn run(
     // A last report of what was counted since the previous one.
     send_demand(&config, &front).await;
     server.shutdown_gracefully().await?;
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     Ok(())
+}
+
+/// Installs the Prometheus recorder and serves `/metrics` on `addr`.
+async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let p = prometheus.clone();
+            async move { p.render() }
+        }),
+    );
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("metrics_listen {addr}: {e}"))?;
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the metrics listener failed");
+        }
+    }))
 }
 
 async fn connect(mapper: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {

@@ -4,21 +4,17 @@
 
 #![allow(dead_code)] // each test file uses its part
 
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
-use cdnmap_tests::cdnmap_bin;
+use cdnmap_tests::mapper::Setup;
+use cdnmap_tests::Running;
 use serde_json::Value;
-use tempfile::TempDir;
 
-pub const TOKEN: &str = "e2e-dashboard-token-5c1e";
-pub const CYCLE_SECS: u64 = 10;
-pub const MAP_UNITS: u64 = 3000;
-pub const CLUSTERS: u64 = 40;
+#[allow(unused_imports)] // each test file uses its part
+pub use cdnmap_tests::mapper::{CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN};
 /// How long a server may take to answer after it is started.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a test waits for the next round (a cycle, plus slack for a loaded machine).
@@ -162,78 +158,25 @@ fn dechunk(mut rest: &str) -> String {
 }
 
 /// `cdnmap serve --config cdnmap.toml` in `dir`, logging to `log`.
-fn spawn(bin: &std::path::Path, dir: &TempDir, log: &std::path::Path) -> Child {
-    let out = File::create(log).expect("create the server log");
-    let err = out.try_clone().expect("clone the log handle");
-    Command::new(bin)
-        .current_dir(dir.path())
-        .arg("serve")
-        .arg("--config")
-        .arg(dir.path().join("cdnmap.toml"))
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("start cdnmap serve")
-}
-
 /// A running `cdnmap serve --config FILE` on the small demo world; killed when dropped.
 pub struct DashServer {
-    pub dir: TempDir,
+    setup: Setup,
     pub http: SocketAddr,
     pub grpc: SocketAddr,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for DashServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    process: Running,
 }
 
 impl DashServer {
     /// Starts a server (with the Admin token if `with_token`) and waits until `/api/status`
     /// answers with a map.
     pub fn start(with_token: bool) -> DashServer {
-        let bin = cdnmap_bin();
-        let dir = tempfile::Builder::new()
-            .prefix("cdnmap-dash-")
-            .tempdir()
-            .expect("a temporary directory");
-        let (grpc, http) = (free_port(), free_port());
-        let token = if with_token {
-            format!("admin_token = {TOKEN:?}\n")
-        } else {
-            String::new()
-        };
-        let data = dir.path().join("data");
-        let text = format!(
-            "cycle_secs = {CYCLE_SECS}\n\
-             grpc_listen = \"{grpc}\"\n\
-             http_listen = \"{http}\"\n\
-             data_dir = {data:?}\n\
-             {token}\
-             \n\
-             [demo]\n\
-             map_units = {MAP_UNITS}\n\
-             clusters = {CLUSTERS}\n\
-             seed = 1\n",
-            data = data.to_str().expect("a UTF-8 temporary path"),
-        );
-        let config = dir.path().join("cdnmap.toml");
-        std::fs::write(&config, text).expect("write the config");
-        let log = dir.path().join("server-1.log");
-        let child = spawn(bin, &dir, &log);
+        let mut setup = Setup::new(with_token);
+        let process = setup.spawn();
         let mut server = DashServer {
-            dir,
-            http,
-            grpc,
-            child,
-            log,
+            http: setup.http,
+            grpc: setup.grpc,
+            setup,
+            process,
         };
         server.wait_ready();
         server
@@ -242,27 +185,20 @@ impl DashServer {
     /// Stops the server and starts it again on the same configuration and data directory: it
     /// serves the stored map before its first round.
     pub fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.log = self.dir.path().join("server-2.log");
-        self.child = spawn(cdnmap_bin(), &self.dir, &self.log);
+        self.process.kill();
+        self.process = self.setup.spawn();
         self.wait_ready();
     }
 
     /// What the server logged so far, for assertion messages.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+        self.process.log()
     }
 
     fn wait_ready(&mut self) {
         let started = Instant::now();
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "cdnmap serve exited with {status} before answering:\n{}",
-                    self.log()
-                );
-            }
+            self.process.assert_running();
             if TcpStream::connect(self.http).is_ok() {
                 let r = self.get("/api/status");
                 if r.status == 200 && r.json()["map_version"].as_u64().unwrap_or(0) >= 1 {
