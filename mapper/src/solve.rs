@@ -148,6 +148,7 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
     s.stats.blocking_pairs_left = left.len();
     // The heaps are not needed to read the map out: free them first, to lower the peak.
     s.heap = Vec::new();
+    s.seeded_keys = Vec::new();
     let map = s.to_map();
     Solution {
         map,
@@ -238,6 +239,16 @@ struct Solver<'a> {
     used: Vec<f64>,
     kind: Vec<ResourceKind>,
     heap: Vec<BinaryHeap<u64>>,
+    /// Nodes whose heap still lacks the seeded holders' keys (see [`Self::heap_mut`]).
+    lazy: Vec<bool>,
+    /// The seeded holders' keys, grouped by (cluster, class) path id: path `p`'s are
+    /// `seeded_keys[seeded_start[p]..seeded_start[p + 1]]`.
+    seeded_keys: Vec<u64>,
+    seeded_start: Vec<u32>,
+    /// The path ids through each node: `node_paths[node_paths_start[n]..node_paths_start[n + 1]]`
+    /// (built by a seeded solve only).
+    node_paths_start: Vec<u32>,
+    node_paths: Vec<u32>,
     // Per map unit.
     unplaced: Vec<f64>,
     next: Vec<u8>,
@@ -252,6 +263,8 @@ struct Solver<'a> {
     stack: Vec<UnitIdx>,
     /// Per path position: the heap entries popped while sizing an offer.
     scratch: Vec<Vec<u64>>,
+    /// Demand taken back from holdings so far (for [`SolveStats::seeded_demand`]).
+    removed: f64,
     stats: SolveStats,
 }
 
@@ -306,6 +319,11 @@ impl<'a> Solver<'a> {
             cap,
             kind,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
+            lazy: Vec::new(),
+            seeded_keys: Vec::new(),
+            seeded_start: Vec::new(),
+            node_paths_start: Vec::new(),
+            node_paths: Vec::new(),
             unplaced: inst.units.demand.clone(),
             next: vec![0; n],
             worst: vec![0; n],
@@ -316,6 +334,7 @@ impl<'a> Solver<'a> {
             free_slots: Vec::new(),
             stack: Vec::with_capacity(n),
             scratch: vec![Vec::new(); depth],
+            removed: 0.0,
             stats: SolveStats::default(),
         }
     }
@@ -535,13 +554,14 @@ impl<'a> Solver<'a> {
             let mut got = 0.0;
             let mut last = u64::MAX;
             while got < need {
-                let Some(&top) = self.heap[n].peek() else {
+                let heap = self.heap_mut(n);
+                let Some(&top) = heap.peek() else {
                     break;
                 };
                 if top <= key {
                     break;
                 }
-                self.heap[n].pop();
+                heap.pop();
                 if top == last {
                     continue; // a duplicate entry of the unit just taken
                 }
@@ -653,6 +673,7 @@ impl<'a> Solver<'a> {
             self.used[self.paths.node[pi] as usize] -= amount * self.paths.coef[pi];
         }
         self.unplaced[v as usize] += amount;
+        self.removed += amount;
         if !self.queued[v as usize] {
             self.queued[v as usize] = true;
             self.stack.push(v);
@@ -702,63 +723,125 @@ impl<'a> Solver<'a> {
     /// Warm start from `seed` (see [`solve_seeded`]).
     fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let n = self.inst.unit_count().min(seed.unit_count());
-        // (key, path) of every seeded holding, and the number per node: the heaps are built
-        // from these in one go, without a second walk over the units' candidates.
+        // (key, path) of every seeded holding, and the number per path. The heaps are not built
+        // here: a node's heap gets the seeded keys of the paths through it when first popped or
+        // peeked (`heap_mut`), which many nodes never are. Pushes before that go to the heap
+        // as usual and are merged then, so every pop sees the same keys as with heaps built
+        // up front: the solve is the same, only cheaper.
         let mut seeded: Vec<(u64, u32)> = Vec::with_capacity(n);
-        let mut count = vec![0usize; self.heap.len()];
-        for u in 0..n as UnitIdx {
-            // Only a unit whose whole demand sat at its first choice keeps its place; any other
-            // unit proposes afresh from its first choice (its incumbent bonus usually brings it
-            // back where it was). Seeded units cannot be in a blocking pair, and the fresh
-            // proposals follow deferred acceptance, so repair has little left to do.
-            let range = self.inst.candidate_range(u);
-            if range.is_empty() {
+        let paths = self.paths.start.len() - 1;
+        let mut count = vec![0u32; paths + 1];
+        let mut seeded_total = 0.0;
+        // The units that propose (not seeded, with demand), in id order.
+        let mut pending: Vec<UnitIdx> = Vec::new();
+        for u in 0..self.inst.unit_count() as UnitIdx {
+            if !self.keep_seed(seed, u, n) {
+                if self.unplaced[u as usize] > self.tol(u) {
+                    pending.push(u);
+                }
                 continue;
             }
+            let range = self.inst.candidate_range(u);
             let first = self.inst.cands.cluster[range.start];
             let d = self.inst.units.demand[u as usize];
-            let allocs = seed.allocations(u);
-            let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
-            let elsewhere = allocs.iter().any(|a| a.cluster != first && a.amount != 0.0)
-                || seed.overflow(u) != 0.0;
-            if !at_first || elsewhere || !self.up[first as usize] || d <= 0.0 {
-                continue;
-            }
             self.add(u, first, 0, None, d);
             self.unplaced[u as usize] = 0.0;
+            seeded_total += d;
             let k = self.inst.units.class[u as usize];
             let path = self.paths.id(first, k);
-            for pi in self.paths.range(first, k) {
-                count[self.paths.node[pi] as usize] += 1;
-            }
+            count[path as usize] += 1;
             seeded.push((self.key(u, range.start), path));
         }
-        let mut entries: Vec<Vec<u64>> = count.iter().map(|&n| Vec::with_capacity(n)).collect();
+        // Group the keys by path (a counting sort).
+        let mut start = Vec::with_capacity(paths + 1);
+        let mut acc = 0u32;
+        for &c in &count {
+            start.push(acc);
+            acc += c;
+        }
+        let mut fill = start.clone();
+        let mut keys = vec![0u64; seeded.len()];
         for &(key, path) in &seeded {
-            let (a, b) = (
-                self.paths.start[path as usize],
-                self.paths.start[path as usize + 1],
-            );
-            for pi in a as usize..b as usize {
-                entries[self.paths.node[pi] as usize].push(key);
-            }
+            let at = &mut fill[path as usize];
+            keys[*at as usize] = key;
+            *at += 1;
         }
         drop(seeded);
-        for (n, e) in entries.into_iter().enumerate() {
-            self.heap[n] = BinaryHeap::from(e);
+        self.seeded_keys = keys;
+        self.seeded_start = start;
+        // The paths through each node.
+        let nodes = self.heap.len();
+        let mut through = vec![0u32; nodes + 1];
+        for &node in &self.paths.node {
+            through[node as usize + 1] += 1;
         }
+        for i in 0..nodes {
+            through[i + 1] += through[i];
+        }
+        let mut node_paths = vec![0u32; self.paths.node.len()];
+        let mut fill = through.clone();
+        for p in 0..paths {
+            let (a, b) = (self.paths.start[p], self.paths.start[p + 1]);
+            for pi in a as usize..b as usize {
+                let node = self.paths.node[pi] as usize;
+                node_paths[fill[node] as usize] = p as u32;
+                fill[node] += 1;
+            }
+        }
+        self.node_paths_start = through;
+        self.node_paths = node_paths;
+        self.lazy = vec![true; nodes];
         // Shed what no longer fits (demand grew, capacity shrank), children before parents.
+        let removed_before = self.removed;
         for c in 0..self.inst.clusters().len() as ClusterIdx {
             for local in (0..self.inst.clusters()[c as usize].nodes.len() as u32).rev() {
                 self.shed(c, self.inst.global_node(c, local));
             }
         }
-        self.stats.seeded_demand = self.slots_total();
-        let n = self.inst.unit_count() as UnitIdx;
-        let pending: Vec<UnitIdx> = (0..n)
-            .filter(|&u| self.unplaced[u as usize] > self.tol(u) && !self.queued[u as usize])
-            .collect();
+        self.stats.seeded_demand = seeded_total - (self.removed - removed_before);
+        // Units the shedding gave demand back to are queued already (they propose last).
         self.queue_in_order(pending.into_iter(), arrival);
+    }
+
+    /// Whether unit `u` keeps its place from `seed`: only a unit whose whole demand sat at its
+    /// first choice (an up cluster) does; any other unit proposes afresh from its first choice
+    /// (its incumbent bonus usually brings it back where it was). Seeded units cannot be in a
+    /// blocking pair, and the fresh proposals follow deferred acceptance, so repair has little
+    /// left to do. `n`: the units both the instance and the seed have.
+    fn keep_seed(&self, seed: &Map, u: UnitIdx, n: usize) -> bool {
+        if u as usize >= n {
+            return false;
+        }
+        let range = self.inst.candidate_range(u);
+        if range.is_empty() {
+            return false;
+        }
+        let first = self.inst.cands.cluster[range.start];
+        let d = self.inst.units.demand[u as usize];
+        let allocs = seed.allocations(u);
+        let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
+        let elsewhere =
+            allocs.iter().any(|a| a.cluster != first && a.amount != 0.0) || seed.overflow(u) != 0.0;
+        at_first && !elsewhere && self.up[first as usize] && d > 0.0
+    }
+
+    /// Node `n`'s heap, with the seeded holders' keys merged in on first use (see
+    /// [`Self::seed`]).
+    fn heap_mut(&mut self, n: usize) -> &mut BinaryHeap<u64> {
+        if self.lazy.get(n).copied().unwrap_or(false) {
+            self.lazy[n] = false;
+            let mut entries = std::mem::take(&mut self.heap[n]).into_vec();
+            let (a, b) = (self.node_paths_start[n], self.node_paths_start[n + 1]);
+            for &p in &self.node_paths[a as usize..b as usize] {
+                let (x, y) = (
+                    self.seeded_start[p as usize],
+                    self.seeded_start[p as usize + 1],
+                );
+                entries.extend_from_slice(&self.seeded_keys[x as usize..y as usize]);
+            }
+            self.heap[n] = BinaryHeap::from(entries);
+        }
+        &mut self.heap[n]
     }
 
     /// Evicts the holders node `n` of cluster `c` likes least until it is within capacity.
@@ -769,7 +852,7 @@ impl<'a> Solver<'a> {
             if excess <= self.node_tol(n) {
                 return;
             }
-            let Some(top) = self.heap[n].pop() else {
+            let Some(top) = self.heap_mut(n).pop() else {
                 return;
             };
             let v = (top & UNIT_MASK) as UnitIdx;
@@ -790,18 +873,6 @@ impl<'a> Solver<'a> {
                 self.heap[n].push(top);
             }
         }
-    }
-
-    fn slots_total(&self) -> f64 {
-        let mut total = 0.0;
-        for u in 0..self.inst.unit_count() {
-            let mut s = self.head[u];
-            while s != NONE {
-                total += self.slots[s as usize].amount;
-                s = self.slots[s as usize].next;
-            }
-        }
-        total
     }
 
     /// For every unit in a blocking pair, the position of its best blocking candidate.
@@ -885,7 +956,18 @@ impl<'a> Solver<'a> {
         let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
         let mut held: Vec<(usize, Allocation)> = Vec::new();
         for u in 0..n as UnitIdx {
-            // The unit's holdings (usually one), put in its preference order.
+            let s = self.head[u as usize];
+            if s != NONE && self.slots[s as usize].next == NONE {
+                // One holding (most units): no order to find.
+                let slot = self.slots[s as usize];
+                let a = (slot.amount > 0.0).then_some(Allocation {
+                    cluster: slot.cluster,
+                    amount: slot.amount,
+                });
+                map.push_unit(a, self.unplaced[u as usize]);
+                continue;
+            }
+            // The unit's holdings, put in its preference order.
             held.clear();
             let range = self.inst.candidate_range(u);
             let list = &self.inst.cands.cluster[range];
