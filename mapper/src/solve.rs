@@ -265,6 +265,12 @@ struct Solver<'a> {
     scratch: Vec<Vec<u64>>,
     /// Demand taken back from holdings so far (for [`SolveStats::seeded_demand`]).
     removed: f64,
+    /// Removals so far: each takes the next number (an *epoch*).
+    epoch: u32,
+    /// Per cluster: (epoch, key of the holder) of every removal there, in order.
+    removals: Vec<Vec<(u32, u64)>>,
+    /// Per map unit: the epoch when its proposal pointer first moved (0: never).
+    since: Vec<u32>,
     stats: SolveStats,
 }
 
@@ -335,6 +341,9 @@ impl<'a> Solver<'a> {
             stack: Vec::with_capacity(n),
             scratch: vec![Vec::new(); depth],
             removed: 0.0,
+            epoch: 1,
+            removals: vec![Vec::new(); inst.clusters().len()],
+            since: vec![0; n],
             stats: SolveStats::default(),
         }
     }
@@ -462,7 +471,7 @@ impl<'a> Solver<'a> {
         while self.unplaced[u as usize] > tol && usize::from(self.next[u as usize]) < range.len() {
             let i = range.start + usize::from(self.next[u as usize]);
             if !self.offer(u, i) {
-                self.next[u as usize] += 1;
+                self.advance(u);
             }
         }
     }
@@ -512,9 +521,9 @@ impl<'a> Solver<'a> {
                 let qv = self.node_coef(n, v);
                 self.stats.evictions += 1;
                 if amount * qv <= need + self.node_tol(n) {
-                    self.evict(v, c, amount);
+                    self.evict(v, c, amount, e);
                 } else {
-                    self.evict(v, c, need / qv);
+                    self.evict(v, c, need / qv, e);
                     self.heap[n].push(e);
                 }
             }
@@ -638,11 +647,11 @@ impl<'a> Solver<'a> {
     /// evicted whole from then on: the loop then turns in one step. Taking more than was
     /// needed can leave room a unit would use: the repair rounds find and fix that, and the
     /// verifier checks the end result as always.
-    fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
+    fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64, key: u64) {
         let range = self.inst.candidate_range(v);
         let at = range.start + usize::from(self.next[v as usize]);
         if at < range.end && self.inst.cands.cluster[at] == c {
-            self.next[v as usize] += 1;
+            self.advance(v);
         }
         let count = &mut self.evicted[v as usize];
         *count = count.saturating_add(1);
@@ -651,12 +660,21 @@ impl<'a> Solver<'a> {
         } else {
             amount
         };
-        self.remove(v, c, amount);
+        self.remove(v, c, amount, key);
+    }
+
+    /// Moves `u`'s proposal pointer past its current candidate (the pair closes).
+    fn advance(&mut self, u: UnitIdx) {
+        self.next[u as usize] += 1;
+        if self.since[u as usize] == 0 {
+            self.since[u as usize] = self.epoch;
+        }
     }
 
     /// Takes `amount` of `v`'s holding at `c` back into `v`'s unplaced demand (all of it if
     /// what would remain is noise) and queues `v` to offer it again.
-    fn remove(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
+    /// `key`: `c`'s key for `v`, recorded with the removal (see [`Self::surely_full`]).
+    fn remove(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64, key: u64) {
         let Some(s) = self.find_slot(v, c) else {
             return;
         };
@@ -674,6 +692,8 @@ impl<'a> Solver<'a> {
         }
         self.unplaced[v as usize] += amount;
         self.removed += amount;
+        self.epoch = self.epoch.saturating_add(1);
+        self.removals[c as usize].push((self.epoch, key));
         if !self.queued[v as usize] {
             self.queued[v as usize] = true;
             self.stack.push(v);
@@ -867,9 +887,9 @@ impl<'a> Solver<'a> {
             }
             self.stats.evictions += 1;
             if amount * q <= excess + self.node_tol(n) {
-                self.evict(v, c, amount);
+                self.evict(v, c, amount, top);
             } else {
-                self.evict(v, c, excess / q);
+                self.evict(v, c, excess / q, top);
                 self.heap[n].push(top);
             }
         }
@@ -879,6 +899,8 @@ impl<'a> Solver<'a> {
     fn find_blocking(&mut self) -> Vec<(UnitIdx, usize)> {
         let mut out = Vec::new();
         let mut held: Vec<(usize, f64)> = Vec::new();
+        // Past the proposal bound some units have candidates they never offered to.
+        let skip = !self.stats.proposal_bound_hit;
         for u in 0..self.inst.unit_count() as UnitIdx {
             // Candidates before `worst` are ones u likes more than some of its demand's place.
             let worst = if self.unplaced[u as usize] > self.tol(u) {
@@ -909,13 +931,76 @@ impl<'a> Solver<'a> {
                         .filter(|&&(p, _)| p > j)
                         .map(|&(_, a)| a)
                         .sum::<f64>();
-                if movable > tol && self.room_for(u, range.start + j, movable) > tol {
+                if movable <= tol {
+                    continue;
+                }
+                if skip && self.surely_full(u, range.start + j) {
+                    #[cfg(debug_assertions)]
+                    self.check_full(u, range.start + j, movable);
+                    continue;
+                }
+                if self.room_for(u, range.start + j, movable) > tol {
                     out.push((u, j));
                     break;
                 }
             }
         }
         out
+    }
+
+    /// Whether the cluster at arena index `i` surely has no room for `u` (one of the
+    /// candidates its proposal pointer has passed), without sizing an offer.
+    ///
+    /// The pointer passes a candidate only when the cluster took less than all that was
+    /// offered (a partial or zero acceptance) or evicted `u` there. Right after a partial or
+    /// zero acceptance, the node that limited it has no room for `u`: its free capacity plus
+    /// the usage of the holders it likes less than `u` — what [`Self::size_offer`] counts —
+    /// is about zero (below `u`'s tolerance for a zero acceptance). That sum cannot grow while
+    /// the cluster only gains holders (one it likes less than `u` turns free capacity into
+    /// such usage; a better one uses up free capacity), nor when it loses a holder it likes
+    /// less than `u` (usage of such holders turns back into free capacity). It can grow only
+    /// by a removal there of `u` itself or of a holder the cluster likes better. So if no such
+    /// removal happened at the cluster since `u`'s pointer first moved, the cluster still has
+    /// no room for `u`. An eviction that moved the pointer is itself a removal of `u` after
+    /// that moment, so it never passes this test. Only float rounding and the node tolerance
+    /// separate this from `room_for(..) <= tol`, and the verifier's tolerances are wider.
+    /// Scans the cluster's removals newest first and gives up (false) after a few.
+    fn surely_full(&self, u: UnitIdx, i: usize) -> bool {
+        const MAX_SCAN: usize = 32;
+        let since = self.since[u as usize];
+        if since == 0 || self.epoch == u32::MAX {
+            return false;
+        }
+        let c = self.inst.cands.cluster[i];
+        let key = self.key(u, i);
+        let mut scanned = 0;
+        for &(epoch, k) in self.removals[c as usize].iter().rev() {
+            if epoch <= since {
+                break;
+            }
+            scanned += 1;
+            if k <= key || scanned > MAX_SCAN {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Checks (in debug builds) that a candidate [`Self::surely_full`] passed over indeed has
+    /// no room for `u` beyond the tolerances.
+    #[cfg(debug_assertions)]
+    fn check_full(&mut self, u: UnitIdx, i: usize, movable: f64) {
+        let c = self.inst.cands.cluster[i];
+        let path = self.paths.range(c, self.inst.units.class[u as usize]);
+        let band = self.tol(u)
+            + path
+                .map(|pi| self.node_tol(self.paths.node[pi] as usize) / self.paths.coef[pi])
+                .sum::<f64>();
+        let room = self.room_for(u, i, movable);
+        assert!(
+            room <= band,
+            "unit {u} candidate {i}: room {room} > band {band}"
+        );
     }
 
     /// Repairs the blocking pair of `u` and its candidate at position `j`: offers the cluster
@@ -943,7 +1028,8 @@ impl<'a> Solver<'a> {
             let held = self.held(u, c);
             if held > 0.0 {
                 let amount = held.min(moved);
-                self.remove(u, c, amount);
+                let key = self.key(u, range.start + p);
+                self.remove(u, c, amount, key);
                 // `remove` hands the amount back as unplaced: it is placed at `j` already.
                 self.unplaced[u as usize] -= amount;
                 moved -= amount;
