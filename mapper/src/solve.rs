@@ -271,6 +271,9 @@ struct Solver<'a> {
     removals: Vec<Vec<(u32, u64)>>,
     /// Per map unit: the epoch when its proposal pointer first moved (0: never).
     since: Vec<u32>,
+    /// The units whose pointer has moved, in that order: the only ones that can be in a
+    /// blocking pair (see [`Self::find_blocking`]).
+    moved: Vec<UnitIdx>,
     stats: SolveStats,
 }
 
@@ -344,6 +347,7 @@ impl<'a> Solver<'a> {
             epoch: 1,
             removals: vec![Vec::new(); inst.clusters().len()],
             since: vec![0; n],
+            moved: Vec::new(),
             stats: SolveStats::default(),
         }
     }
@@ -668,6 +672,7 @@ impl<'a> Solver<'a> {
         self.next[u as usize] += 1;
         if self.since[u as usize] == 0 {
             self.since[u as usize] = self.epoch;
+            self.moved.push(u);
         }
     }
 
@@ -743,12 +748,12 @@ impl<'a> Solver<'a> {
     /// Warm start from `seed` (see [`solve_seeded`]).
     fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let n = self.inst.unit_count().min(seed.unit_count());
-        // (key, path) of every seeded holding, and the number per path. The heaps are not built
+        // The key of every seeded holding, and the number per path. The heaps are not built
         // here: a node's heap gets the seeded keys of the paths through it when first popped or
         // peeked (`heap_mut`), which many nodes never are. Pushes before that go to the heap
         // as usual and are merged then, so every pop sees the same keys as with heaps built
         // up front: the solve is the same, only cheaper.
-        let mut seeded: Vec<(u64, u32)> = Vec::with_capacity(n);
+        let mut seeded: Vec<u64> = Vec::with_capacity(n);
         let paths = self.paths.start.len() - 1;
         let mut count = vec![0u32; paths + 1];
         let mut seeded_total = 0.0;
@@ -770,7 +775,7 @@ impl<'a> Solver<'a> {
             let k = self.inst.units.class[u as usize];
             let path = self.paths.id(first, k);
             count[path as usize] += 1;
-            seeded.push((self.key(u, range.start), path));
+            seeded.push(self.key(u, range.start));
         }
         // Group the keys by path (a counting sort).
         let mut start = Vec::with_capacity(paths + 1);
@@ -781,7 +786,11 @@ impl<'a> Solver<'a> {
         }
         let mut fill = start.clone();
         let mut keys = vec![0u64; seeded.len()];
-        for &(key, path) in &seeded {
+        for &key in &seeded {
+            // The path, from the unit's one holding (its first choice).
+            let u = (key & UNIT_MASK) as usize;
+            let c = self.slots[self.head[u] as usize].cluster;
+            let path = self.paths.id(c, self.inst.units.class[u]);
             let at = &mut fill[path as usize];
             keys[*at as usize] = key;
             *at += 1;
@@ -901,7 +910,17 @@ impl<'a> Solver<'a> {
         let mut held: Vec<(usize, f64)> = Vec::new();
         // Past the proposal bound some units have candidates they never offered to.
         let skip = !self.stats.proposal_bound_hit;
-        for u in 0..self.inst.unit_count() as UnitIdx {
+        // Only a unit whose pointer has moved can be in a blocking pair: one holds demand only
+        // at candidates up to its pointer, and one left with unplaced demand after a pass has
+        // offered it to every candidate (unless the bound was hit). So, in id order as before,
+        // only those are scanned.
+        let units: Vec<UnitIdx> = if skip {
+            self.moved.sort_unstable();
+            self.moved.clone()
+        } else {
+            (0..self.inst.unit_count() as UnitIdx).collect()
+        };
+        for u in units {
             // Candidates before `worst` are ones u likes more than some of its demand's place.
             let worst = if self.unplaced[u as usize] > self.tol(u) {
                 self.inst.candidate_count(u)
@@ -943,6 +962,16 @@ impl<'a> Solver<'a> {
                     out.push((u, j));
                     break;
                 }
+            }
+        }
+        #[cfg(debug_assertions)]
+        for u in 0..self.inst.unit_count() as UnitIdx {
+            if skip && self.since[u as usize] == 0 {
+                assert!(self.worst[u as usize] == 0, "unit {u}");
+                assert!(
+                    self.unplaced[u as usize] <= self.tol(u) || self.inst.candidate_count(u) == 0,
+                    "unit {u}"
+                );
             }
         }
         out
