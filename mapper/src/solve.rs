@@ -25,6 +25,8 @@
 //! (8 + 32 + 24 bits); non-negative `f32` ranks order like their bit patterns, and map units are
 //! indexed in id order, so comparing keys is comparing preferences. Entries are removed lazily:
 //! an entry whose unit no longer holds anything at the cluster is dropped when it surfaces.
+//! In a seeded solve a node's heap gets the seeded holders' keys only when it is first peeked or
+//! popped (`Solver::heap_mut`).
 //!
 //! # Repair
 //!
@@ -33,7 +35,9 @@
 //! Fps node), so the pass can end with blocking pairs. Repair rounds find them, let each such unit
 //! withdraw from the clusters it likes less than the best blocking one, and re-run the pass from
 //! there, until none remain or [`SolveOptions::max_repair_rounds`] is reached. The rounds used and
-//! the pairs left are reported in [`SolveStats`].
+//! the pairs left are reported in [`SolveStats`]. The scan looks only at units whose proposal
+//! pointer has moved, and skips candidates that provably still have no room for the unit
+//! (`Solver::surely_full`).
 
 use std::collections::BinaryHeap;
 
@@ -269,11 +273,9 @@ struct Solver<'a> {
     epoch: u32,
     /// Per cluster: (epoch, key of the holder) of every removal there, in order.
     removals: Vec<Vec<(u32, u64)>>,
-    /// Per map unit: the epoch when its proposal pointer first moved (0: never).
-    since: Vec<u32>,
-    /// The units whose pointer has moved, in that order: the only ones that can be in a
-    /// blocking pair (see [`Self::find_blocking`]).
-    moved: Vec<UnitIdx>,
+    /// The units whose proposal pointer has moved, each with the epoch when it first did, in
+    /// that order: the only units that can be in a blocking pair (see [`Self::find_blocking`]).
+    moved: Vec<(UnitIdx, u32)>,
     stats: SolveStats,
 }
 
@@ -346,7 +348,6 @@ impl<'a> Solver<'a> {
             removed: 0.0,
             epoch: 1,
             removals: vec![Vec::new(); inst.clusters().len()],
-            since: vec![0; n],
             moved: Vec::new(),
             stats: SolveStats::default(),
         }
@@ -669,11 +670,10 @@ impl<'a> Solver<'a> {
 
     /// Moves `u`'s proposal pointer past its current candidate (the pair closes).
     fn advance(&mut self, u: UnitIdx) {
-        self.next[u as usize] += 1;
-        if self.since[u as usize] == 0 {
-            self.since[u as usize] = self.epoch;
-            self.moved.push(u);
+        if self.next[u as usize] == 0 {
+            self.moved.push((u, self.epoch));
         }
+        self.next[u as usize] += 1;
     }
 
     /// Takes `amount` of `v`'s holding at `c` back into `v`'s unplaced demand (all of it if
@@ -914,13 +914,15 @@ impl<'a> Solver<'a> {
         // at candidates up to its pointer, and one left with unplaced demand after a pass has
         // offered it to every candidate (unless the bound was hit). So, in id order as before,
         // only those are scanned.
-        let units: Vec<UnitIdx> = if skip {
+        let units: Vec<(UnitIdx, u32)> = if skip {
             self.moved.sort_unstable();
             self.moved.clone()
         } else {
-            (0..self.inst.unit_count() as UnitIdx).collect()
+            (0..self.inst.unit_count() as UnitIdx)
+                .map(|u| (u, 0))
+                .collect()
         };
-        for u in units {
+        for (u, since) in units {
             // Candidates before `worst` are ones u likes more than some of its demand's place.
             let worst = if self.unplaced[u as usize] > self.tol(u) {
                 self.inst.candidate_count(u)
@@ -953,7 +955,7 @@ impl<'a> Solver<'a> {
                 if movable <= tol {
                     continue;
                 }
-                if skip && self.surely_full(u, range.start + j) {
+                if skip && self.surely_full(u, range.start + j, since) {
                     #[cfg(debug_assertions)]
                     self.check_full(u, range.start + j, movable);
                     continue;
@@ -966,7 +968,7 @@ impl<'a> Solver<'a> {
         }
         #[cfg(debug_assertions)]
         for u in 0..self.inst.unit_count() as UnitIdx {
-            if skip && self.since[u as usize] == 0 {
+            if skip && self.next[u as usize] == 0 {
                 assert!(self.worst[u as usize] == 0, "unit {u}");
                 assert!(
                     self.unplaced[u as usize] <= self.tol(u) || self.inst.candidate_count(u) == 0,
@@ -994,9 +996,9 @@ impl<'a> Solver<'a> {
     /// that moment, so it never passes this test. Only float rounding and the node tolerance
     /// separate this from `room_for(..) <= tol`, and the verifier's tolerances are wider.
     /// Scans the cluster's removals newest first and gives up (false) after a few.
-    fn surely_full(&self, u: UnitIdx, i: usize) -> bool {
+    /// `since`: the epoch when `u`'s pointer first moved.
+    fn surely_full(&self, u: UnitIdx, i: usize, since: u32) -> bool {
         const MAX_SCAN: usize = 32;
-        let since = self.since[u as usize];
         if since == 0 || self.epoch == u32::MAX {
             return false;
         }
