@@ -51,6 +51,8 @@ const NONE: u32 = u32::MAX;
 /// After this many evictions of one unit in a solve, its holdings are evicted whole (see
 /// `Solver::evict`).
 const EVICTIONS_BEFORE_WHOLE: u8 = 64;
+/// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
+const MAX_SCAN: usize = 32;
 const UNIT_BITS: u32 = 24;
 const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
 
@@ -272,7 +274,10 @@ struct Solver<'a> {
     /// Removals so far: each takes the next number (an *epoch*).
     epoch: u32,
     /// Per cluster: (epoch, key of the holder) of every removal there, in order.
+    /// Only the newest are kept (at most `2 * MAX_SCAN`): `removal_floor` is the epoch of the
+    /// newest one dropped (0: none).
     removals: Vec<Vec<(u32, u64)>>,
+    removal_floor: Vec<u32>,
     /// The units whose proposal pointer has moved, each with the epoch when it first did, in
     /// that order: the only units that can be in a blocking pair (see [`Self::find_blocking`]).
     moved: Vec<(UnitIdx, u32)>,
@@ -348,6 +353,7 @@ impl<'a> Solver<'a> {
             removed: 0.0,
             epoch: 1,
             removals: vec![Vec::new(); inst.clusters().len()],
+            removal_floor: vec![0; inst.clusters().len()],
             moved: Vec::new(),
             stats: SolveStats::default(),
         }
@@ -698,7 +704,12 @@ impl<'a> Solver<'a> {
         self.unplaced[v as usize] += amount;
         self.removed += amount;
         self.epoch = self.epoch.saturating_add(1);
-        self.removals[c as usize].push((self.epoch, key));
+        let log = &mut self.removals[c as usize];
+        if log.len() >= 2 * MAX_SCAN {
+            self.removal_floor[c as usize] = log[MAX_SCAN - 1].0;
+            log.drain(..MAX_SCAN);
+        }
+        log.push((self.epoch, key));
         if !self.queued[v as usize] {
             self.queued[v as usize] = true;
             self.stack.push(v);
@@ -998,7 +1009,6 @@ impl<'a> Solver<'a> {
     /// Scans the cluster's removals newest first and gives up (false) after a few.
     /// `since`: the epoch when `u`'s pointer first moved.
     fn surely_full(&self, u: UnitIdx, i: usize, since: u32) -> bool {
-        const MAX_SCAN: usize = 32;
         if since == 0 || self.epoch == u32::MAX {
             return false;
         }
@@ -1014,7 +1024,8 @@ impl<'a> Solver<'a> {
                 return false;
             }
         }
-        true
+        // Removals dropped from the log are older than those kept: none may be after `since`.
+        self.removal_floor[c as usize] <= since
     }
 
     /// Checks (in debug builds) that a candidate [`Self::surely_full`] passed over indeed has
