@@ -25,6 +25,8 @@
 //! (8 + 32 + 24 bits); non-negative `f32` ranks order like their bit patterns, and map units are
 //! indexed in id order, so comparing keys is comparing preferences. Entries are removed lazily:
 //! an entry whose unit no longer holds anything at the cluster is dropped when it surfaces.
+//! In a seeded solve a node's heap gets the seeded holders' keys only when it is first peeked or
+//! popped (`Solver::heap_mut`).
 //!
 //! # Repair
 //!
@@ -33,7 +35,9 @@
 //! Fps node), so the pass can end with blocking pairs. Repair rounds find them, let each such unit
 //! withdraw from the clusters it likes less than the best blocking one, and re-run the pass from
 //! there, until none remain or [`SolveOptions::max_repair_rounds`] is reached. The rounds used and
-//! the pairs left are reported in [`SolveStats`].
+//! the pairs left are reported in [`SolveStats`]. The scan looks only at units whose proposal
+//! pointer has moved, and skips candidates that provably still have no room for the unit
+//! (`Solver::surely_full`).
 
 use std::collections::BinaryHeap;
 
@@ -47,6 +51,8 @@ const NONE: u32 = u32::MAX;
 /// After this many evictions of one unit in a solve, its holdings are evicted whole (see
 /// `Solver::evict`).
 const EVICTIONS_BEFORE_WHOLE: u8 = 64;
+/// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
+const MAX_SCAN: usize = 32;
 const UNIT_BITS: u32 = 24;
 const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
 
@@ -148,6 +154,7 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
     s.stats.blocking_pairs_left = left.len();
     // The heaps are not needed to read the map out: free them first, to lower the peak.
     s.heap = Vec::new();
+    s.seeded_keys = Vec::new();
     let map = s.to_map();
     Solution {
         map,
@@ -238,6 +245,16 @@ struct Solver<'a> {
     used: Vec<f64>,
     kind: Vec<ResourceKind>,
     heap: Vec<BinaryHeap<u64>>,
+    /// Nodes whose heap still lacks the seeded holders' keys (see [`Self::heap_mut`]).
+    lazy: Vec<bool>,
+    /// The seeded holders' keys, grouped by (cluster, class) path id: path `p`'s are
+    /// `seeded_keys[seeded_start[p]..seeded_start[p + 1]]`.
+    seeded_keys: Vec<u64>,
+    seeded_start: Vec<u32>,
+    /// The path ids through each node: `node_paths[node_paths_start[n]..node_paths_start[n + 1]]`
+    /// (built by a seeded solve only).
+    node_paths_start: Vec<u32>,
+    node_paths: Vec<u32>,
     // Per map unit.
     unplaced: Vec<f64>,
     next: Vec<u8>,
@@ -252,6 +269,18 @@ struct Solver<'a> {
     stack: Vec<UnitIdx>,
     /// Per path position: the heap entries popped while sizing an offer.
     scratch: Vec<Vec<u64>>,
+    /// Demand taken back from holdings so far (for [`SolveStats::seeded_demand`]).
+    removed: f64,
+    /// Removals so far: each takes the next number (an *epoch*).
+    epoch: u32,
+    /// Per cluster: (epoch, key of the holder) of every removal there, in order.
+    /// Only the newest are kept (at most `2 * MAX_SCAN`): `removal_floor` is the epoch of the
+    /// newest one dropped (0: none).
+    removals: Vec<Vec<(u32, u64)>>,
+    removal_floor: Vec<u32>,
+    /// The units whose proposal pointer has moved, each with the epoch when it first did, in
+    /// that order: the only units that can be in a blocking pair (see [`Self::find_blocking`]).
+    moved: Vec<(UnitIdx, u32)>,
     stats: SolveStats,
 }
 
@@ -306,6 +335,11 @@ impl<'a> Solver<'a> {
             cap,
             kind,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
+            lazy: Vec::new(),
+            seeded_keys: Vec::new(),
+            seeded_start: Vec::new(),
+            node_paths_start: Vec::new(),
+            node_paths: Vec::new(),
             unplaced: inst.units.demand.clone(),
             next: vec![0; n],
             worst: vec![0; n],
@@ -316,6 +350,11 @@ impl<'a> Solver<'a> {
             free_slots: Vec::new(),
             stack: Vec::with_capacity(n),
             scratch: vec![Vec::new(); depth],
+            removed: 0.0,
+            epoch: 1,
+            removals: vec![Vec::new(); inst.clusters().len()],
+            removal_floor: vec![0; inst.clusters().len()],
+            moved: Vec::new(),
             stats: SolveStats::default(),
         }
     }
@@ -443,7 +482,7 @@ impl<'a> Solver<'a> {
         while self.unplaced[u as usize] > tol && usize::from(self.next[u as usize]) < range.len() {
             let i = range.start + usize::from(self.next[u as usize]);
             if !self.offer(u, i) {
-                self.next[u as usize] += 1;
+                self.advance(u);
             }
         }
     }
@@ -493,9 +532,9 @@ impl<'a> Solver<'a> {
                 let qv = self.node_coef(n, v);
                 self.stats.evictions += 1;
                 if amount * qv <= need + self.node_tol(n) {
-                    self.evict(v, c, amount);
+                    self.evict(v, c, amount, e);
                 } else {
-                    self.evict(v, c, need / qv);
+                    self.evict(v, c, need / qv, e);
                     self.heap[n].push(e);
                 }
             }
@@ -535,13 +574,14 @@ impl<'a> Solver<'a> {
             let mut got = 0.0;
             let mut last = u64::MAX;
             while got < need {
-                let Some(&top) = self.heap[n].peek() else {
+                let heap = self.heap_mut(n);
+                let Some(&top) = heap.peek() else {
                     break;
                 };
                 if top <= key {
                     break;
                 }
-                self.heap[n].pop();
+                heap.pop();
                 if top == last {
                     continue; // a duplicate entry of the unit just taken
                 }
@@ -618,11 +658,11 @@ impl<'a> Solver<'a> {
     /// evicted whole from then on: the loop then turns in one step. Taking more than was
     /// needed can leave room a unit would use: the repair rounds find and fix that, and the
     /// verifier checks the end result as always.
-    fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
+    fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64, key: u64) {
         let range = self.inst.candidate_range(v);
         let at = range.start + usize::from(self.next[v as usize]);
         if at < range.end && self.inst.cands.cluster[at] == c {
-            self.next[v as usize] += 1;
+            self.advance(v);
         }
         let count = &mut self.evicted[v as usize];
         *count = count.saturating_add(1);
@@ -631,12 +671,21 @@ impl<'a> Solver<'a> {
         } else {
             amount
         };
-        self.remove(v, c, amount);
+        self.remove(v, c, amount, key);
+    }
+
+    /// Moves `u`'s proposal pointer past its current candidate (the pair closes).
+    fn advance(&mut self, u: UnitIdx) {
+        if self.next[u as usize] == 0 {
+            self.moved.push((u, self.epoch));
+        }
+        self.next[u as usize] += 1;
     }
 
     /// Takes `amount` of `v`'s holding at `c` back into `v`'s unplaced demand (all of it if
     /// what would remain is noise) and queues `v` to offer it again.
-    fn remove(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64) {
+    /// `key`: `c`'s key for `v`, recorded with the removal (see [`Self::surely_full`]).
+    fn remove(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64, key: u64) {
         let Some(s) = self.find_slot(v, c) else {
             return;
         };
@@ -653,6 +702,14 @@ impl<'a> Solver<'a> {
             self.used[self.paths.node[pi] as usize] -= amount * self.paths.coef[pi];
         }
         self.unplaced[v as usize] += amount;
+        self.removed += amount;
+        self.epoch = self.epoch.saturating_add(1);
+        let log = &mut self.removals[c as usize];
+        if log.len() >= 2 * MAX_SCAN {
+            self.removal_floor[c as usize] = log[MAX_SCAN - 1].0;
+            log.drain(..MAX_SCAN);
+        }
+        log.push((self.epoch, key));
         if !self.queued[v as usize] {
             self.queued[v as usize] = true;
             self.stack.push(v);
@@ -702,63 +759,129 @@ impl<'a> Solver<'a> {
     /// Warm start from `seed` (see [`solve_seeded`]).
     fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let n = self.inst.unit_count().min(seed.unit_count());
-        // (key, path) of every seeded holding, and the number per node: the heaps are built
-        // from these in one go, without a second walk over the units' candidates.
-        let mut seeded: Vec<(u64, u32)> = Vec::with_capacity(n);
-        let mut count = vec![0usize; self.heap.len()];
-        for u in 0..n as UnitIdx {
-            // Only a unit whose whole demand sat at its first choice keeps its place; any other
-            // unit proposes afresh from its first choice (its incumbent bonus usually brings it
-            // back where it was). Seeded units cannot be in a blocking pair, and the fresh
-            // proposals follow deferred acceptance, so repair has little left to do.
-            let range = self.inst.candidate_range(u);
-            if range.is_empty() {
+        // The key of every seeded holding, and the number per path. The heaps are not built
+        // here: a node's heap gets the seeded keys of the paths through it when first popped or
+        // peeked (`heap_mut`), which many nodes never are. Pushes before that go to the heap
+        // as usual and are merged then, so every pop sees the same keys as with heaps built
+        // up front: the solve is the same, only cheaper.
+        let mut seeded: Vec<u64> = Vec::with_capacity(n);
+        let paths = self.paths.start.len() - 1;
+        let mut count = vec![0u32; paths + 1];
+        let mut seeded_total = 0.0;
+        // The units that propose (not seeded, with demand), in id order.
+        let mut pending: Vec<UnitIdx> = Vec::new();
+        for u in 0..self.inst.unit_count() as UnitIdx {
+            if !self.keep_seed(seed, u, n) {
+                if self.unplaced[u as usize] > self.tol(u) {
+                    pending.push(u);
+                }
                 continue;
             }
+            let range = self.inst.candidate_range(u);
             let first = self.inst.cands.cluster[range.start];
             let d = self.inst.units.demand[u as usize];
-            let allocs = seed.allocations(u);
-            let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
-            let elsewhere = allocs.iter().any(|a| a.cluster != first && a.amount != 0.0)
-                || seed.overflow(u) != 0.0;
-            if !at_first || elsewhere || !self.up[first as usize] || d <= 0.0 {
-                continue;
-            }
             self.add(u, first, 0, None, d);
             self.unplaced[u as usize] = 0.0;
+            seeded_total += d;
             let k = self.inst.units.class[u as usize];
             let path = self.paths.id(first, k);
-            for pi in self.paths.range(first, k) {
-                count[self.paths.node[pi] as usize] += 1;
-            }
-            seeded.push((self.key(u, range.start), path));
+            count[path as usize] += 1;
+            seeded.push(self.key(u, range.start));
         }
-        let mut entries: Vec<Vec<u64>> = count.iter().map(|&n| Vec::with_capacity(n)).collect();
-        for &(key, path) in &seeded {
-            let (a, b) = (
-                self.paths.start[path as usize],
-                self.paths.start[path as usize + 1],
-            );
-            for pi in a as usize..b as usize {
-                entries[self.paths.node[pi] as usize].push(key);
-            }
+        // Group the keys by path (a counting sort).
+        let mut start = Vec::with_capacity(paths + 1);
+        let mut acc = 0u32;
+        for &c in &count {
+            start.push(acc);
+            acc += c;
+        }
+        let mut fill = start.clone();
+        let mut keys = vec![0u64; seeded.len()];
+        for &key in &seeded {
+            // The path, from the unit's one holding (its first choice).
+            let u = (key & UNIT_MASK) as usize;
+            let c = self.slots[self.head[u] as usize].cluster;
+            let path = self.paths.id(c, self.inst.units.class[u]);
+            let at = &mut fill[path as usize];
+            keys[*at as usize] = key;
+            *at += 1;
         }
         drop(seeded);
-        for (n, e) in entries.into_iter().enumerate() {
-            self.heap[n] = BinaryHeap::from(e);
+        self.seeded_keys = keys;
+        self.seeded_start = start;
+        // The paths through each node.
+        let nodes = self.heap.len();
+        let mut through = vec![0u32; nodes + 1];
+        for &node in &self.paths.node {
+            through[node as usize + 1] += 1;
         }
+        for i in 0..nodes {
+            through[i + 1] += through[i];
+        }
+        let mut node_paths = vec![0u32; self.paths.node.len()];
+        let mut fill = through.clone();
+        for p in 0..paths {
+            let (a, b) = (self.paths.start[p], self.paths.start[p + 1]);
+            for pi in a as usize..b as usize {
+                let node = self.paths.node[pi] as usize;
+                node_paths[fill[node] as usize] = p as u32;
+                fill[node] += 1;
+            }
+        }
+        self.node_paths_start = through;
+        self.node_paths = node_paths;
+        self.lazy = vec![true; nodes];
         // Shed what no longer fits (demand grew, capacity shrank), children before parents.
+        let removed_before = self.removed;
         for c in 0..self.inst.clusters().len() as ClusterIdx {
             for local in (0..self.inst.clusters()[c as usize].nodes.len() as u32).rev() {
                 self.shed(c, self.inst.global_node(c, local));
             }
         }
-        self.stats.seeded_demand = self.slots_total();
-        let n = self.inst.unit_count() as UnitIdx;
-        let pending: Vec<UnitIdx> = (0..n)
-            .filter(|&u| self.unplaced[u as usize] > self.tol(u) && !self.queued[u as usize])
-            .collect();
+        self.stats.seeded_demand = seeded_total - (self.removed - removed_before);
+        // Units the shedding gave demand back to are queued already (they propose last).
         self.queue_in_order(pending.into_iter(), arrival);
+    }
+
+    /// Whether unit `u` keeps its place from `seed`: only a unit whose whole demand sat at its
+    /// first choice (an up cluster) does; any other unit proposes afresh from its first choice
+    /// (its incumbent bonus usually brings it back where it was). Seeded units cannot be in a
+    /// blocking pair, and the fresh proposals follow deferred acceptance, so repair has little
+    /// left to do. `n`: the units both the instance and the seed have.
+    fn keep_seed(&self, seed: &Map, u: UnitIdx, n: usize) -> bool {
+        if u as usize >= n {
+            return false;
+        }
+        let range = self.inst.candidate_range(u);
+        if range.is_empty() {
+            return false;
+        }
+        let first = self.inst.cands.cluster[range.start];
+        let d = self.inst.units.demand[u as usize];
+        let allocs = seed.allocations(u);
+        let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
+        let elsewhere =
+            allocs.iter().any(|a| a.cluster != first && a.amount != 0.0) || seed.overflow(u) != 0.0;
+        at_first && !elsewhere && self.up[first as usize] && d > 0.0
+    }
+
+    /// Node `n`'s heap, with the seeded holders' keys merged in on first use (see
+    /// [`Self::seed`]).
+    fn heap_mut(&mut self, n: usize) -> &mut BinaryHeap<u64> {
+        if self.lazy.get(n).copied().unwrap_or(false) {
+            self.lazy[n] = false;
+            let mut entries = std::mem::take(&mut self.heap[n]).into_vec();
+            let (a, b) = (self.node_paths_start[n], self.node_paths_start[n + 1]);
+            for &p in &self.node_paths[a as usize..b as usize] {
+                let (x, y) = (
+                    self.seeded_start[p as usize],
+                    self.seeded_start[p as usize + 1],
+                );
+                entries.extend_from_slice(&self.seeded_keys[x as usize..y as usize]);
+            }
+            self.heap[n] = BinaryHeap::from(entries);
+        }
+        &mut self.heap[n]
     }
 
     /// Evicts the holders node `n` of cluster `c` likes least until it is within capacity.
@@ -769,7 +892,7 @@ impl<'a> Solver<'a> {
             if excess <= self.node_tol(n) {
                 return;
             }
-            let Some(top) = self.heap[n].pop() else {
+            let Some(top) = self.heap_mut(n).pop() else {
                 return;
             };
             let v = (top & UNIT_MASK) as UnitIdx;
@@ -784,31 +907,33 @@ impl<'a> Solver<'a> {
             }
             self.stats.evictions += 1;
             if amount * q <= excess + self.node_tol(n) {
-                self.evict(v, c, amount);
+                self.evict(v, c, amount, top);
             } else {
-                self.evict(v, c, excess / q);
+                self.evict(v, c, excess / q, top);
                 self.heap[n].push(top);
             }
         }
-    }
-
-    fn slots_total(&self) -> f64 {
-        let mut total = 0.0;
-        for u in 0..self.inst.unit_count() {
-            let mut s = self.head[u];
-            while s != NONE {
-                total += self.slots[s as usize].amount;
-                s = self.slots[s as usize].next;
-            }
-        }
-        total
     }
 
     /// For every unit in a blocking pair, the position of its best blocking candidate.
     fn find_blocking(&mut self) -> Vec<(UnitIdx, usize)> {
         let mut out = Vec::new();
         let mut held: Vec<(usize, f64)> = Vec::new();
-        for u in 0..self.inst.unit_count() as UnitIdx {
+        // Past the proposal bound some units have candidates they never offered to.
+        let skip = !self.stats.proposal_bound_hit;
+        // Only a unit whose pointer has moved can be in a blocking pair: one holds demand only
+        // at candidates up to its pointer, and one left with unplaced demand after a pass has
+        // offered it to every candidate (unless the bound was hit). So, in id order as before,
+        // only those are scanned.
+        let units: Vec<(UnitIdx, u32)> = if skip {
+            self.moved.sort_unstable();
+            self.moved.clone()
+        } else {
+            (0..self.inst.unit_count() as UnitIdx)
+                .map(|u| (u, 0))
+                .collect()
+        };
+        for (u, since) in units {
             // Candidates before `worst` are ones u likes more than some of its demand's place.
             let worst = if self.unplaced[u as usize] > self.tol(u) {
                 self.inst.candidate_count(u)
@@ -838,13 +963,86 @@ impl<'a> Solver<'a> {
                         .filter(|&&(p, _)| p > j)
                         .map(|&(_, a)| a)
                         .sum::<f64>();
-                if movable > tol && self.room_for(u, range.start + j, movable) > tol {
+                if movable <= tol {
+                    continue;
+                }
+                if skip && self.surely_full(u, range.start + j, since) {
+                    #[cfg(debug_assertions)]
+                    self.check_full(u, range.start + j, movable);
+                    continue;
+                }
+                if self.room_for(u, range.start + j, movable) > tol {
                     out.push((u, j));
                     break;
                 }
             }
         }
+        #[cfg(debug_assertions)]
+        for u in 0..self.inst.unit_count() as UnitIdx {
+            if skip && self.next[u as usize] == 0 {
+                assert!(self.worst[u as usize] == 0, "unit {u}");
+                assert!(
+                    self.unplaced[u as usize] <= self.tol(u) || self.inst.candidate_count(u) == 0,
+                    "unit {u}"
+                );
+            }
+        }
         out
+    }
+
+    /// Whether the cluster at arena index `i` surely has no room for `u` (one of the
+    /// candidates its proposal pointer has passed), without sizing an offer.
+    ///
+    /// The pointer passes a candidate only when the cluster took less than all that was
+    /// offered (a partial or zero acceptance) or evicted `u` there. Right after a partial or
+    /// zero acceptance, the node that limited it has no room for `u`: its free capacity plus
+    /// the usage of the holders it likes less than `u` — what [`Self::size_offer`] counts —
+    /// is about zero (below `u`'s tolerance for a zero acceptance). That sum cannot grow while
+    /// the cluster only gains holders (one it likes less than `u` turns free capacity into
+    /// such usage; a better one uses up free capacity), nor when it loses a holder it likes
+    /// less than `u` (usage of such holders turns back into free capacity). It can grow only
+    /// by a removal there of `u` itself or of a holder the cluster likes better. So if no such
+    /// removal happened at the cluster since `u`'s pointer first moved, the cluster still has
+    /// no room for `u`. An eviction that moved the pointer is itself a removal of `u` after
+    /// that moment, so it never passes this test. Only float rounding and the node tolerance
+    /// separate this from `room_for(..) <= tol`, and the verifier's tolerances are wider.
+    /// Scans the cluster's removals newest first and gives up (false) after a few.
+    /// `since`: the epoch when `u`'s pointer first moved.
+    fn surely_full(&self, u: UnitIdx, i: usize, since: u32) -> bool {
+        if since == 0 || self.epoch == u32::MAX {
+            return false;
+        }
+        let c = self.inst.cands.cluster[i];
+        let key = self.key(u, i);
+        let mut scanned = 0;
+        for &(epoch, k) in self.removals[c as usize].iter().rev() {
+            if epoch <= since {
+                break;
+            }
+            scanned += 1;
+            if k <= key || scanned > MAX_SCAN {
+                return false;
+            }
+        }
+        // Removals dropped from the log are older than those kept: none may be after `since`.
+        self.removal_floor[c as usize] <= since
+    }
+
+    /// Checks (in debug builds) that a candidate [`Self::surely_full`] passed over indeed has
+    /// no room for `u` beyond the tolerances.
+    #[cfg(debug_assertions)]
+    fn check_full(&mut self, u: UnitIdx, i: usize, movable: f64) {
+        let c = self.inst.cands.cluster[i];
+        let path = self.paths.range(c, self.inst.units.class[u as usize]);
+        let band = self.tol(u)
+            + path
+                .map(|pi| self.node_tol(self.paths.node[pi] as usize) / self.paths.coef[pi])
+                .sum::<f64>();
+        let room = self.room_for(u, i, movable);
+        assert!(
+            room <= band,
+            "unit {u} candidate {i}: room {room} > band {band}"
+        );
     }
 
     /// Repairs the blocking pair of `u` and its candidate at position `j`: offers the cluster
@@ -872,7 +1070,8 @@ impl<'a> Solver<'a> {
             let held = self.held(u, c);
             if held > 0.0 {
                 let amount = held.min(moved);
-                self.remove(u, c, amount);
+                let key = self.key(u, range.start + p);
+                self.remove(u, c, amount, key);
                 // `remove` hands the amount back as unplaced: it is placed at `j` already.
                 self.unplaced[u as usize] -= amount;
                 moved -= amount;
@@ -885,7 +1084,18 @@ impl<'a> Solver<'a> {
         let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
         let mut held: Vec<(usize, Allocation)> = Vec::new();
         for u in 0..n as UnitIdx {
-            // The unit's holdings (usually one), put in its preference order.
+            let s = self.head[u as usize];
+            if s != NONE && self.slots[s as usize].next == NONE {
+                // One holding (most units): no order to find.
+                let slot = self.slots[s as usize];
+                let a = (slot.amount > 0.0).then_some(Allocation {
+                    cluster: slot.cluster,
+                    amount: slot.amount,
+                });
+                map.push_unit(a, self.unplaced[u as usize]);
+                continue;
+            }
+            // The unit's holdings, put in its preference order.
             held.clear();
             let range = self.inst.candidate_range(u);
             let list = &self.inst.cands.cluster[range];

@@ -111,16 +111,24 @@ pub fn favour_incumbents(
     let factor = (1.0 - margin) as f32;
     let old = &instance.cands;
     let total = old.cluster.len();
-    // Start from a copy; only incumbents change, and each only moves forward in its list.
+    // One pass: each unit's candidates are copied and, while they are in cache, its incumbents
+    // get their bonus and move forward. (Copying the columns whole and then patching them reads
+    // the candidate arena twice.)
     let mut cands = CandidateColumns {
-        cluster: old.cluster.clone(),
-        score: old.score.clone(),
-        rank: old.rank.clone(),
+        cluster: Vec::with_capacity(total),
+        score: Vec::with_capacity(total),
+        rank: old.rank.as_ref().map(|_| Vec::with_capacity(total)),
         incumbent: None,
     };
     let mut marks = vec![0u64; total.div_ceil(64)];
     for u in 0..instance.unit_count() as UnitIdx {
         let range = instance.candidate_range(u);
+        debug_assert_eq!(range.start, cands.cluster.len());
+        cands.cluster.extend_from_slice(&old.cluster[range.clone()]);
+        cands.score.extend_from_slice(&old.score[range.clone()]);
+        if let (Some(r), Some(o)) = (cands.rank.as_mut(), old.rank.as_ref()) {
+            r.extend_from_slice(&o[range.clone()]);
+        }
         for a in previous.allocations(u) {
             if a.amount.is_nan() || a.amount <= 0.0 {
                 continue;
