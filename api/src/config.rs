@@ -59,7 +59,8 @@ pub enum ConfigError {
     Invalid { key: String, problem: String },
 }
 
-fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+/// The error for a bad value of `key`.
+pub(crate) fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.to_string(),
         problem: problem.into(),

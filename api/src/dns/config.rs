@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
-use crate::config::{ConfigError, TTL_SECS};
+use crate::config::{invalid, ConfigError, TTL_SECS};
 
 /// Most zones one front end serves.
 pub const MAX_ZONES: usize = 64;
@@ -32,13 +32,6 @@ pub const MAX_NAMESERVERS: usize = 16;
 pub const UDP_PAYLOAD: std::ops::RangeInclusive<u16> = 512..=4096;
 /// Report periods, seconds.
 pub const REPORT_SECS: std::ops::RangeInclusive<u64> = 1..=3600;
-
-fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_string(),
-        problem: problem.into(),
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
