@@ -19,7 +19,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use crate::{cdnmap_bin, Running};
+use crate::Running;
 
 pub const TOKEN: &str = "e2e-admin-token-7f3a";
 pub const CYCLE_SECS: u64 = 10;
@@ -108,7 +108,6 @@ impl Setup {
     /// Starts `cdnmap serve --config FILE` without waiting for it (each start logs to its own
     /// file; all share the data directory).
     pub fn spawn(&mut self) -> Running {
-        cdnmap_bin(); // built before any clock starts
         self.starts += 1;
         let log = self.dir.path().join(format!("server-{}.log", self.starts));
         let config = self.config.clone();

@@ -118,6 +118,10 @@ pub struct Front {
     pub ttl: u32,
     pub max_udp_payload: u16,
     pub demand: DemandCounter,
+    /// The hostnames of the last report period and their queries: the bounded-loads weights.
+    pub hot_hosts: arc_swap::ArcSwap<Vec<(String, f64)>>,
+    /// Where the current demand report period began.
+    pub period_start_unix_ms: std::sync::atomic::AtomicI64,
     pub counters: Counters,
 }
 
@@ -161,10 +165,8 @@ impl RequestHandler for Handler {
             Err(e) => {
                 tracing::debug!(error = %e, "sending a DNS response failed");
                 metrics::counter!("cdnmap_dns_send_errors_total").increment(1);
-                let mut m = metadata(request, ResponseCode::ServFail, false);
-                m.message_type = MessageType::Response;
                 hickory_server::proto::op::Header {
-                    metadata: m,
+                    metadata: metadata(request, ResponseCode::ServFail, false),
                     counts: Default::default(),
                 }
                 .into()
@@ -292,10 +294,10 @@ async fn answer<R: ResponseHandler>(
                 });
                 e.options_mut().insert(EdnsOption::Subnet(echo));
             }
-            if let Some(u) = a.unit {
+            if a.unit.is_some() {
                 front
                     .demand
-                    .count(view, u, &client, a.scope_prefix_len, a.class);
+                    .count(view, &client, a.scope_prefix_len, a.class);
             }
             if view.has_bounded {
                 front.demand.count_host(qname);

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cdnmap_mapper::{ClassIdx, UnitIdx};
+use cdnmap_mapper::ClassIdx;
 use ipnet::IpNet;
 
 use super::local::LocalView;
@@ -69,8 +69,8 @@ impl DemandCounter {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts a query of `client` answered from unit `u` (matched at prefix length `len`).
-    pub fn count(&self, view: &LocalView, _u: UnitIdx, client: &IpNet, len: u8, class: ClassIdx) {
+    /// Counts a query of `client` answered from a map unit's prefix of length `len`.
+    pub fn count(&self, view: &LocalView, client: &IpNet, len: u8, class: ClassIdx) {
         let addr = match client.network() {
             IpAddr::V6(a) => a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4),
             v4 => v4,

@@ -59,6 +59,8 @@ pub async fn run(
         ttl: config.ttl_secs,
         max_udp_payload: config.max_udp_payload,
         demand: DemandCounter::default(),
+        hot_hosts: arc_swap::ArcSwap::default(),
+        period_start_unix_ms: std::sync::atomic::AtomicI64::new(crate::service::now_unix_ms()),
         counters: answer::Counters::register(),
     });
     // UDP: one answering loop per core, each on its own socket (SO_REUSEPORT); TCP: hickory's
@@ -177,19 +179,15 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut LocalMap) -> anyho
     tracing::info!(known = local.version(), "following the mapper's map");
     while let Some(update) = stream.message().await? {
         let version = update.version;
-        let mut next = local.clone();
+        // The copy moves to the blocking thread and back; on any failure below it stays empty,
+        // so the next stream starts from a full map.
+        let mut next = std::mem::take(local);
         if let Err(e) = next.apply(update) {
-            // A gap or a bad update: start again from a full map.
-            *local = LocalMap::default();
             anyhow::bail!("update to version {version}: {e}");
         }
-        let hosts = front.demand.take_hosts();
-        let (built, next) = tokio::task::spawn_blocking(move || {
-            let keys: Vec<(&str, f64)> =
-                hosts.iter().map(|(h, n)| (h.as_str(), *n as f64)).collect();
-            (next.build(&keys), next)
-        })
-        .await?;
+        let hosts = front.hot_hosts.load_full();
+        let (built, next) =
+            tokio::task::spawn_blocking(move || (next.build(&keys(&hosts)), next)).await?;
         match built {
             Ok(view) => {
                 tracing::info!(version, units = next.unit_count(), "map version in use");
@@ -197,10 +195,7 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut LocalMap) -> anyho
                 front.view.store(Some(Arc::new(view)));
                 *local = next;
             }
-            Err(e) => {
-                *local = LocalMap::default();
-                anyhow::bail!("indexing map version {version}: {e}");
-            }
+            Err(e) => anyhow::bail!("indexing map version {version}: {e}"),
         }
     }
     Ok(())
@@ -215,12 +210,20 @@ async fn report(config: DnsConfig, front: Arc<Front>) {
     loop {
         tick.tick().await;
         send_demand(&config, &front).await;
+        // The period's hostnames weigh the bounded-loads selectors until the next period (the
+        // watcher builds new map versions with them too).
+        let hosts: Arc<Vec<(String, f64)>> = Arc::new(
+            front
+                .demand
+                .take_hosts()
+                .into_iter()
+                .map(|(h, n)| (h, n as f64))
+                .collect(),
+        );
+        front.hot_hosts.store(Arc::clone(&hosts));
         if let Some(view) = front.view.load_full().filter(|v| v.has_bounded) {
-            let hosts = front.demand.take_hosts();
             let rebuilt = tokio::task::spawn_blocking(move || {
-                let keys: Vec<(&str, f64)> =
-                    hosts.iter().map(|(h, n)| (h.as_str(), *n as f64)).collect();
-                view.build_servers(&keys).map(|s| (view.version, s))
+                view.build_servers(&keys(&hosts)).map(|s| (view.version, s))
             })
             .await;
             match rebuilt {
@@ -232,19 +235,19 @@ async fn report(config: DnsConfig, front: Arc<Front>) {
     }
 }
 
-static PERIOD_START: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+/// Weighted content keys as the selectors take them.
+fn keys(hosts: &[(String, f64)]) -> Vec<(&str, f64)> {
+    hosts.iter().map(|(h, w)| (h.as_str(), *w)).collect()
+}
 
 /// Sends what was counted since the last report, in batches; what a failed batch held is put
 /// back for the next period.
 async fn send_demand(config: &DnsConfig, front: &Front) {
     let counts = front.demand.take();
     let now = crate::service::now_unix_ms();
-    let start = PERIOD_START.swap(now, std::sync::atomic::Ordering::Relaxed);
-    let start = if start == 0 {
-        now - config.report_secs as i64 * 1000
-    } else {
-        start
-    };
+    let start = front
+        .period_start_unix_ms
+        .swap(now, std::sync::atomic::Ordering::Relaxed);
     if counts.is_empty() {
         return;
     }
