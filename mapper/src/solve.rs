@@ -55,6 +55,9 @@ const EVICTIONS_BEFORE_WHOLE: u8 = 64;
 const MAX_SCAN: usize = 32;
 const UNIT_BITS: u32 = 24;
 const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
+/// The key bit of a newcomer (see [`crate::sticky`]): every newcomer's key is above every
+/// incumbent's.
+const NEWCOMER: u64 = 1 << 63;
 
 /// Tunables of a solve.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -233,6 +236,23 @@ struct Slot {
     amount: f64,
 }
 
+/// A map unit's state in a solve.
+#[derive(Clone, Copy)]
+struct UnitState {
+    /// Demand not placed at any cluster.
+    unplaced: f64,
+    /// The first of its holdings (slots), or `NONE`.
+    head: u32,
+    /// The position in its candidate list it proposes to next.
+    next: u8,
+    /// The position in its candidate list of the worst cluster it holds demand at.
+    worst: u8,
+    /// How often it has been evicted in this solve (saturating).
+    evicted: u8,
+    /// Whether it is on the stack.
+    queued: bool,
+}
+
 struct Solver<'a> {
     inst: &'a Instance,
     paths: Paths,
@@ -245,6 +265,10 @@ struct Solver<'a> {
     used: Vec<f64>,
     kind: Vec<ResourceKind>,
     heap: Vec<BinaryHeap<u64>>,
+    /// Per node: at least the largest key ever pushed to its heap (the seeded holders'
+    /// included), so a unit whose key is not below it has no worse holder there and
+    /// [`Self::size_offer`] need not look (nor build a lazy heap). Never lowered.
+    worst_bound: Vec<u64>,
     /// Nodes whose heap still lacks the seeded holders' keys (see [`Self::heap_mut`]).
     lazy: Vec<bool>,
     /// The seeded holders' keys, grouped by (cluster, class) path id: path `p`'s are
@@ -255,15 +279,8 @@ struct Solver<'a> {
     /// (built by a seeded solve only).
     node_paths_start: Vec<u32>,
     node_paths: Vec<u32>,
-    // Per map unit.
-    unplaced: Vec<f64>,
-    next: Vec<u8>,
-    /// The position in its candidate list of the worst cluster the unit holds demand at.
-    worst: Vec<u8>,
-    /// How often the unit has been evicted in this solve (saturating).
-    evicted: Vec<u8>,
-    head: Vec<u32>,
-    queued: Vec<bool>,
+    /// Per map unit, in one record so that a unit's state is one cache line.
+    unit: Vec<UnitState>,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
     stack: Vec<UnitIdx>,
@@ -335,17 +352,25 @@ impl<'a> Solver<'a> {
             cap,
             kind,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
+            worst_bound: vec![0; nodes],
             lazy: Vec::new(),
             seeded_keys: Vec::new(),
             seeded_start: Vec::new(),
             node_paths_start: Vec::new(),
             node_paths: Vec::new(),
-            unplaced: inst.units.demand.clone(),
-            next: vec![0; n],
-            worst: vec![0; n],
-            evicted: vec![0; n],
-            head: vec![NONE; n],
-            queued: vec![false; n],
+            unit: inst
+                .units
+                .demand
+                .iter()
+                .map(|&d| UnitState {
+                    unplaced: d,
+                    head: NONE,
+                    next: 0,
+                    worst: 0,
+                    evicted: 0,
+                    queued: false,
+                })
+                .collect(),
             slots: Vec::with_capacity(n + n / 4),
             free_slots: Vec::new(),
             stack: Vec::with_capacity(n),
@@ -381,7 +406,7 @@ impl<'a> Solver<'a> {
         order.sort_unstable();
         for &k in order.iter().rev() {
             let u = (k & UNIT_MASK) as UnitIdx;
-            self.queued[u as usize] = true;
+            self.unit[u as usize].queued = true;
             self.stack.push(u);
         }
     }
@@ -401,11 +426,18 @@ impl<'a> Solver<'a> {
             .filter(|&r| r != NO_RANK)
             .unwrap_or(cands.score[i]);
         let k = units.class[u as usize];
-        let newcomer = u64::from(cands.incumbent.is_some() && !cands.is_incumbent(i));
-        (newcomer << 63)
+        let newcomer = if self.is_newcomer(i) { NEWCOMER } else { 0 };
+        newcomer
             | (self.prio_rank[usize::from(k)] << 55)
             | (u64::from(rank.to_bits()) << UNIT_BITS)
             | u64::from(u)
+    }
+
+    /// Whether the candidate at arena index `i` is a newcomer (see [`crate::sticky`]): the
+    /// cluster likes every incumbent better.
+    fn is_newcomer(&self, i: usize) -> bool {
+        let cands = &self.inst.cands;
+        cands.incumbent.is_some() && !cands.is_incumbent(i)
     }
 
     fn node_coef(&self, n: usize, u: UnitIdx) -> f64 {
@@ -418,7 +450,7 @@ impl<'a> Solver<'a> {
     }
 
     fn find_slot(&self, u: UnitIdx, c: ClusterIdx) -> Option<u32> {
-        let mut s = self.head[u as usize];
+        let mut s = self.unit[u as usize].head;
         while s != NONE {
             let slot = &self.slots[s as usize];
             if slot.cluster == c {
@@ -439,7 +471,7 @@ impl<'a> Solver<'a> {
         let bound = self.stats.proposals + proposal_bound(self.inst);
         while let Some(u) = self.stack.pop() {
             self.prefetch_ahead();
-            self.queued[u as usize] = false;
+            self.unit[u as usize].queued = false;
             if self.stats.proposals >= bound {
                 self.stats.proposal_bound_hit = true;
                 continue; // what is unplaced stays unplaced: reported as overflow
@@ -461,17 +493,48 @@ impl<'a> Solver<'a> {
             prefetch(&units.cand_start, v);
             prefetch(&units.demand, v);
             prefetch(&units.class, v);
-            prefetch(&self.unplaced, v);
-            prefetch(&self.next, v);
-            prefetch(&self.head, v);
+            prefetch(&self.unit, v);
         }
         if len > NEAR {
             let v = self.stack[len - NEAR] as usize;
-            let i = units.cand_start[v] as usize + usize::from(self.next[v]);
+            let i = units.cand_start[v] as usize + usize::from(self.unit[v].next);
             prefetch(&cands.cluster, i);
             prefetch(&cands.score, i);
             if let Some(r) = &cands.rank {
                 prefetch(r, i);
+            }
+            if let Some(bits) = &cands.incumbent {
+                prefetch(bits, i / 64);
+            }
+        }
+    }
+
+    /// Like [`Self::prefetch_ahead`], for a scan over `units` now at `at`.
+    fn prefetch_units(&self, units: &[(UnitIdx, u32)], at: usize) {
+        const FAR: usize = 16;
+        const NEAR: usize = 8;
+        let (us, cands) = (&self.inst.units, &self.inst.cands);
+        if let Some(&(v, _)) = units.get(at + FAR) {
+            let v = v as usize;
+            prefetch(&us.cand_start, v);
+            prefetch(&us.demand, v);
+            prefetch(&us.class, v);
+            prefetch(&self.unit, v);
+        }
+        if let Some(&(v, _)) = units.get(at + NEAR) {
+            let v = v as usize;
+            let i = us.cand_start[v] as usize;
+            prefetch(&cands.cluster, i);
+            prefetch(&cands.score, i);
+            if let Some(r) = &cands.rank {
+                prefetch(r, i);
+            }
+            if let Some(bits) = &cands.incumbent {
+                prefetch(bits, i / 64);
+            }
+            let s = self.unit[v].head;
+            if s != NONE {
+                prefetch(&self.slots, s as usize);
             }
         }
     }
@@ -479,8 +542,8 @@ impl<'a> Solver<'a> {
     fn propose(&mut self, u: UnitIdx) {
         let range = self.inst.candidate_range(u);
         let tol = self.tol(u);
-        while self.unplaced[u as usize] > tol && usize::from(self.next[u as usize]) < range.len() {
-            let i = range.start + usize::from(self.next[u as usize]);
+        while self.unit[u as usize].unplaced > tol && usize::from(self.unit[u as usize].next) < range.len() {
+            let i = range.start + usize::from(self.unit[u as usize].next);
             if !self.offer(u, i) {
                 self.advance(u);
             }
@@ -490,13 +553,13 @@ impl<'a> Solver<'a> {
     /// Offers all of `u`'s unplaced demand to its candidate at arena index `i`; returns whether
     /// all of it was accepted.
     fn offer(&mut self, u: UnitIdx, i: usize) -> bool {
-        let x = self.unplaced[u as usize];
+        let x = self.unit[u as usize].unplaced;
         let accept = self.take(u, i, x);
         if accept >= x {
-            self.unplaced[u as usize] = 0.0;
+            self.unit[u as usize].unplaced = 0.0;
             true
         } else {
-            self.unplaced[u as usize] = x - accept;
+            self.unit[u as usize].unplaced = x - accept;
             false
         }
     }
@@ -560,7 +623,10 @@ impl<'a> Solver<'a> {
         if !self.up[c as usize] {
             return 0.0;
         }
-        let key = self.key(u, i);
+        // The key is computed only when some node has to compare it (it reads the candidate's
+        // rank, often the one cache miss of a rejection).
+        let newcomer = self.is_newcomer(i);
+        let mut key = None;
         // At each node, free capacity plus what worse holders could give up.
         let mut accept = x;
         for (p, pi) in path.clone().enumerate() {
@@ -569,6 +635,17 @@ impl<'a> Solver<'a> {
             let free = self.cap[n] - self.used[n];
             let need = x * q - free;
             if need <= self.node_tol(n) {
+                continue;
+            }
+            if newcomer && self.worst_bound[n] < NEWCOMER {
+                // Only incumbents hold capacity here, and the cluster likes them all better.
+                accept = accept.min((free / q).max(0.0));
+                continue;
+            }
+            let key = *key.get_or_insert_with(|| self.key(u, i));
+            if self.worst_bound[n] <= key {
+                // No holder here is worse than `u`: the heap would stop at its top.
+                accept = accept.min((free / q).max(0.0));
                 continue;
             }
             let mut got = 0.0;
@@ -618,7 +695,7 @@ impl<'a> Solver<'a> {
             None => {
                 let slot = Slot {
                     cluster: c,
-                    next: self.head[u as usize],
+                    next: self.unit[u as usize].head,
                     amount,
                 };
                 let s = match self.free_slots.pop() {
@@ -631,11 +708,13 @@ impl<'a> Solver<'a> {
                         (self.slots.len() - 1) as u32
                     }
                 };
-                self.head[u as usize] = s;
-                self.worst[u as usize] = self.worst[u as usize].max(pos as u8);
+                self.unit[u as usize].head = s;
+                self.unit[u as usize].worst = self.unit[u as usize].worst.max(pos as u8);
                 if let Some(key) = key {
                     for pi in path.clone() {
-                        self.heap[self.paths.node[pi] as usize].push(key);
+                        let n = self.paths.node[pi] as usize;
+                        self.heap[n].push(key);
+                        self.worst_bound[n] = self.worst_bound[n].max(key);
                     }
                 }
             }
@@ -660,11 +739,11 @@ impl<'a> Solver<'a> {
     /// verifier checks the end result as always.
     fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64, key: u64) {
         let range = self.inst.candidate_range(v);
-        let at = range.start + usize::from(self.next[v as usize]);
+        let at = range.start + usize::from(self.unit[v as usize].next);
         if at < range.end && self.inst.cands.cluster[at] == c {
             self.advance(v);
         }
-        let count = &mut self.evicted[v as usize];
+        let count = &mut self.unit[v as usize].evicted;
         *count = count.saturating_add(1);
         let amount = if *count > EVICTIONS_BEFORE_WHOLE {
             self.held(v, c)
@@ -676,10 +755,10 @@ impl<'a> Solver<'a> {
 
     /// Moves `u`'s proposal pointer past its current candidate (the pair closes).
     fn advance(&mut self, u: UnitIdx) {
-        if self.next[u as usize] == 0 {
+        if self.unit[u as usize].next == 0 {
             self.moved.push((u, self.epoch));
         }
-        self.next[u as usize] += 1;
+        self.unit[u as usize].next += 1;
     }
 
     /// Takes `amount` of `v`'s holding at `c` back into `v`'s unplaced demand (all of it if
@@ -701,7 +780,7 @@ impl<'a> Solver<'a> {
         for pi in self.paths.range(c, self.inst.units.class[v as usize]) {
             self.used[self.paths.node[pi] as usize] -= amount * self.paths.coef[pi];
         }
-        self.unplaced[v as usize] += amount;
+        self.unit[v as usize].unplaced += amount;
         self.removed += amount;
         self.epoch = self.epoch.saturating_add(1);
         let log = &mut self.removals[c as usize];
@@ -710,8 +789,8 @@ impl<'a> Solver<'a> {
             log.drain(..MAX_SCAN);
         }
         log.push((self.epoch, key));
-        if !self.queued[v as usize] {
-            self.queued[v as usize] = true;
+        if !self.unit[v as usize].queued {
+            self.unit[v as usize].queued = true;
             self.stack.push(v);
         }
     }
@@ -721,7 +800,7 @@ impl<'a> Solver<'a> {
         let range = self.inst.candidate_range(v);
         let list = &self.inst.cands.cluster[range];
         let mut worst = 0;
-        let mut s = self.head[v as usize];
+        let mut s = self.unit[v as usize].head;
         while s != NONE {
             let slot = self.slots[s as usize];
             if let Some(j) = list.iter().position(|&c| c == slot.cluster) {
@@ -729,15 +808,15 @@ impl<'a> Solver<'a> {
             }
             s = slot.next;
         }
-        self.worst[v as usize] = worst as u8;
+        self.unit[v as usize].worst = worst as u8;
     }
 
     fn unlink(&mut self, v: UnitIdx, s: u32) {
         let next = self.slots[s as usize].next;
-        if self.head[v as usize] == s {
-            self.head[v as usize] = next;
+        if self.unit[v as usize].head == s {
+            self.unit[v as usize].head = next;
         } else {
-            let mut p = self.head[v as usize];
+            let mut p = self.unit[v as usize].head;
             while self.slots[p as usize].next != s {
                 p = self.slots[p as usize].next;
             }
@@ -772,7 +851,7 @@ impl<'a> Solver<'a> {
         let mut pending: Vec<UnitIdx> = Vec::new();
         for u in 0..self.inst.unit_count() as UnitIdx {
             if !self.keep_seed(seed, u, n) {
-                if self.unplaced[u as usize] > self.tol(u) {
+                if self.unit[u as usize].unplaced > self.tol(u) {
                     pending.push(u);
                 }
                 continue;
@@ -781,7 +860,7 @@ impl<'a> Solver<'a> {
             let first = self.inst.cands.cluster[range.start];
             let d = self.inst.units.demand[u as usize];
             self.add(u, first, 0, None, d);
-            self.unplaced[u as usize] = 0.0;
+            self.unit[u as usize].unplaced = 0.0;
             seeded_total += d;
             let k = self.inst.units.class[u as usize];
             let path = self.paths.id(first, k);
@@ -800,7 +879,7 @@ impl<'a> Solver<'a> {
         for &key in &seeded {
             // The path, from the unit's one holding (its first choice).
             let u = (key & UNIT_MASK) as usize;
-            let c = self.slots[self.head[u] as usize].cluster;
+            let c = self.slots[self.unit[u].head as usize].cluster;
             let path = self.paths.id(c, self.inst.units.class[u]);
             let at = &mut fill[path as usize];
             keys[*at as usize] = key;
@@ -826,6 +905,17 @@ impl<'a> Solver<'a> {
                 let node = self.paths.node[pi] as usize;
                 node_paths[fill[node] as usize] = p as u32;
                 fill[node] += 1;
+            }
+        }
+        // Each node's worst seeded key, for `worst_bound`.
+        for p in 0..paths {
+            let (x, y) = (self.seeded_start[p] as usize, self.seeded_start[p + 1] as usize);
+            let Some(&worst) = self.seeded_keys[x..y].iter().max() else {
+                continue;
+            };
+            for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
+                let n = self.paths.node[pi] as usize;
+                self.worst_bound[n] = self.worst_bound[n].max(worst);
             }
         }
         self.node_paths_start = through;
@@ -933,12 +1023,13 @@ impl<'a> Solver<'a> {
                 .map(|u| (u, 0))
                 .collect()
         };
-        for (u, since) in units {
+        for (at, &(u, since)) in units.iter().enumerate() {
+            self.prefetch_units(&units, at);
             // Candidates before `worst` are ones u likes more than some of its demand's place.
-            let worst = if self.unplaced[u as usize] > self.tol(u) {
+            let worst = if self.unit[u as usize].unplaced > self.tol(u) {
                 self.inst.candidate_count(u)
             } else {
-                usize::from(self.worst[u as usize])
+                usize::from(self.unit[u as usize].worst)
             };
             if worst == 0 {
                 continue;
@@ -946,7 +1037,7 @@ impl<'a> Solver<'a> {
             // Demand at each position (usually one holding), to know what could move up.
             held.clear();
             let range = self.inst.candidate_range(u);
-            let mut s = self.head[u as usize];
+            let mut s = self.unit[u as usize].head;
             while s != NONE {
                 let slot = self.slots[s as usize];
                 let list = &self.inst.cands.cluster[range.clone()];
@@ -957,7 +1048,7 @@ impl<'a> Solver<'a> {
             }
             let tol = self.tol(u);
             for j in 0..worst {
-                let movable = self.unplaced[u as usize]
+                let movable = self.unit[u as usize].unplaced
                     + held
                         .iter()
                         .filter(|&&(p, _)| p > j)
@@ -979,10 +1070,10 @@ impl<'a> Solver<'a> {
         }
         #[cfg(debug_assertions)]
         for u in 0..self.inst.unit_count() as UnitIdx {
-            if skip && self.next[u as usize] == 0 {
-                assert!(self.worst[u as usize] == 0, "unit {u}");
+            if skip && self.unit[u as usize].next == 0 {
+                assert!(self.unit[u as usize].worst == 0, "unit {u}");
                 assert!(
-                    self.unplaced[u as usize] <= self.tol(u) || self.inst.candidate_count(u) == 0,
+                    self.unit[u as usize].unplaced <= self.tol(u) || self.inst.candidate_count(u) == 0,
                     "unit {u}"
                 );
             }
@@ -1013,13 +1104,14 @@ impl<'a> Solver<'a> {
             return false;
         }
         let c = self.inst.cands.cluster[i];
-        let key = self.key(u, i);
+        let mut key = None;
         let mut scanned = 0;
         for &(epoch, k) in self.removals[c as usize].iter().rev() {
             if epoch <= since {
                 break;
             }
             scanned += 1;
+            let key = *key.get_or_insert_with(|| self.key(u, i));
             if k <= key || scanned > MAX_SCAN {
                 return false;
             }
@@ -1054,13 +1146,13 @@ impl<'a> Solver<'a> {
         let range = self.inst.candidate_range(u);
         let later = &self.inst.cands.cluster[range.start + j + 1..range.end];
         let movable =
-            self.unplaced[u as usize] + later.iter().map(|&c| self.held(u, c)).sum::<f64>();
+            self.unit[u as usize].unplaced + later.iter().map(|&c| self.held(u, c)).sum::<f64>();
         if movable <= self.tol(u) {
             return;
         }
         let mut moved = self.take(u, range.start + j, movable);
-        let from_overflow = moved.min(self.unplaced[u as usize]);
-        self.unplaced[u as usize] -= from_overflow;
+        let from_overflow = moved.min(self.unit[u as usize].unplaced);
+        self.unit[u as usize].unplaced -= from_overflow;
         moved -= from_overflow;
         for p in (j + 1..range.len()).rev() {
             if moved <= 0.0 {
@@ -1073,7 +1165,7 @@ impl<'a> Solver<'a> {
                 let key = self.key(u, range.start + p);
                 self.remove(u, c, amount, key);
                 // `remove` hands the amount back as unplaced: it is placed at `j` already.
-                self.unplaced[u as usize] -= amount;
+                self.unit[u as usize].unplaced -= amount;
                 moved -= amount;
             }
         }
@@ -1084,7 +1176,7 @@ impl<'a> Solver<'a> {
         let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
         let mut held: Vec<(usize, Allocation)> = Vec::new();
         for u in 0..n as UnitIdx {
-            let s = self.head[u as usize];
+            let s = self.unit[u as usize].head;
             if s != NONE && self.slots[s as usize].next == NONE {
                 // One holding (most units): no order to find.
                 let slot = self.slots[s as usize];
@@ -1092,14 +1184,14 @@ impl<'a> Solver<'a> {
                     cluster: slot.cluster,
                     amount: slot.amount,
                 });
-                map.push_unit(a, self.unplaced[u as usize]);
+                map.push_unit(a, self.unit[u as usize].unplaced);
                 continue;
             }
             // The unit's holdings, put in its preference order.
             held.clear();
             let range = self.inst.candidate_range(u);
             let list = &self.inst.cands.cluster[range];
-            let mut s = self.head[u as usize];
+            let mut s = self.unit[u as usize].head;
             while s != NONE {
                 let slot = self.slots[s as usize];
                 let j = list
@@ -1116,7 +1208,7 @@ impl<'a> Solver<'a> {
                 s = slot.next;
             }
             held.sort_unstable_by_key(|&(j, _)| j);
-            map.push_unit(held.iter().map(|&(_, a)| a), self.unplaced[u as usize]);
+            map.push_unit(held.iter().map(|&(_, a)| a), self.unit[u as usize].unplaced);
         }
         map
     }
