@@ -236,15 +236,78 @@ pub(crate) struct CandidateColumns {
     /// Explicit cluster ranks, [`NO_RANK`] where none was given; absent when no candidate has
     /// one. (Input ranks are finite, so infinity is free to mean "none" and compares equal.)
     pub(crate) rank: Option<Vec<f32>>,
-    /// Incumbent candidates, one bit per arena index; absent when there are none.
-    pub(crate) incumbent: Option<Vec<u64>>,
 }
 
-impl CandidateColumns {
-    pub(crate) fn is_incumbent(&self, i: usize) -> bool {
-        self.incumbent
-            .as_ref()
-            .is_some_and(|bits| bits[i / 64] & (1 << (i % 64)) != 0)
+/// How stickiness changed an instance's preferences ([`crate::sticky`]), kept beside the
+/// instance's own candidates rather than as a copy of them: a round's effective preferences
+/// differ from its instance's only at the incumbents, and copying the candidate arena (16 M
+/// entries at 1 M units) cost more than the rest of a warm round's preparation.
+///
+/// A *favoured* candidate's score and rank are multiplied by `factor`. A unit keeps its
+/// candidates where they are in the instance's arena unless the bonus reordered them: when
+/// one favoured candidate moved forward (the usual case: the incumbent got its place back
+/// after the scores moved), `promote` says from where to where; in any other reordering the
+/// unit's candidates are copied, in their new order, to `moved`, and its `start` points
+/// there (index `arena_len + k` is `moved`'s entry `k`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Favour {
+    pub(crate) factor: f32,
+    /// Clusters like every favoured candidate (an incumbent) better than every other.
+    pub(crate) incumbents_first: bool,
+    /// Where each unit's candidates start, in the arena followed by `moved`.
+    pub(crate) start: Vec<u32>,
+    /// Per unit: `[p, q]`, its candidate at position `p` moved forward to position `q`
+    /// (`p > q`), the ones between shifting back by one; `[0, 0]` for none.
+    pub(crate) promote: Vec<[u8; 2]>,
+    /// The length of the instance's candidate arena.
+    pub(crate) arena_len: usize,
+    /// The candidates of the units whose order changed.
+    pub(crate) moved: CandidateColumns,
+    /// Favoured candidates, one bit per entry of the arena followed by `moved` (an entry
+    /// keeps its bit wherever a promotion shows it).
+    pub(crate) favoured: Vec<u64>,
+    /// Each unit's first candidate, as [`Instance::first_candidate`] gives it: written down
+    /// while the unit's candidates are in cache, because a seeded solve reads the first
+    /// candidate of every unit and little else of most.
+    pub(crate) first: Vec<FirstCandidate>,
+}
+
+/// A unit's most preferred candidate: its cluster, the rank that cluster gives the unit, and
+/// whether the unit is a newcomer there that the cluster likes less than every incumbent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct FirstCandidate {
+    pub(crate) cluster: ClusterIdx,
+    pub(crate) rank: f32,
+    pub(crate) newcomer: bool,
+}
+
+impl Favour {
+    fn is_favoured(&self, entry: usize) -> bool {
+        self.favoured[entry / 64] & (1 << (entry % 64)) != 0
+    }
+}
+
+/// Where a promotion `[p, q]` shows the entry at position `j`: the position of the entry
+/// shown at `j`, and its inverse.
+fn promoted_entry([p, q]: [u8; 2], j: usize) -> usize {
+    let (p, q) = (usize::from(p), usize::from(q));
+    if j < q || j > p {
+        j
+    } else if j == q {
+        p
+    } else {
+        j - 1
+    }
+}
+
+fn promoted_position([p, q]: [u8; 2], b: usize) -> usize {
+    let (p, q) = (usize::from(p), usize::from(q));
+    if b < q || b > p {
+        b
+    } else if b == p {
+        q
+    } else {
+        b + 1
     }
 }
 
@@ -266,6 +329,8 @@ pub struct Instance {
     topology: Arc<Topology>,
     pub(crate) units: Arc<MapUnits>,
     pub(crate) cands: Arc<CandidateColumns>,
+    /// Stickiness's changes to the candidates, if any.
+    pub(crate) favour: Option<Arc<Favour>>,
 }
 
 impl Instance {
@@ -339,38 +404,161 @@ impl Instance {
         (self.units.cand_start[u + 1] - self.units.cand_start[u]) as usize
     }
 
-    /// The position of unit `u`'s candidates in the flat candidate arena.
+    /// The position of unit `u`'s candidates in the flat candidate arena (followed, in an
+    /// instance with stickiness, by the candidates that moved: see [`Favour`]). Every
+    /// candidate accessor below takes such a position.
+    #[inline]
     pub(crate) fn candidate_range(&self, u: UnitIdx) -> std::ops::Range<usize> {
         let u = u as usize;
-        self.units.cand_start[u] as usize..self.units.cand_start[u + 1] as usize
+        let (a, b) = (
+            self.units.cand_start[u] as usize,
+            self.units.cand_start[u + 1] as usize,
+        );
+        match &self.favour {
+            None => a..b,
+            Some(f) => {
+                let s = f.start[u] as usize;
+                s..s + (b - a)
+            }
+        }
+    }
+
+    /// The entry shown at unit `u`'s candidate position `i` (an index into the arena
+    /// followed by the moved candidates; `i` itself but for a promotion).
+    #[inline]
+    fn entry(&self, u: UnitIdx, i: usize) -> usize {
+        match &self.favour {
+            Some(f) if i < f.arena_len => {
+                let promote = f.promote[u as usize];
+                if promote[0] == 0 {
+                    return i;
+                }
+                let s = f.start[u as usize] as usize;
+                s + promoted_entry(promote, i - s)
+            }
+            _ => i,
+        }
+    }
+
+    /// The columns holding `entry`, and its index there.
+    #[inline]
+    fn columns(&self, entry: usize) -> (&CandidateColumns, usize) {
+        match &self.favour {
+            Some(f) if entry >= f.arena_len => (&f.moved, entry - f.arena_len),
+            _ => (&self.cands, entry),
+        }
+    }
+
+    /// The cluster of unit `u`'s candidate at position `i`.
+    #[inline]
+    pub(crate) fn cand_cluster(&self, u: UnitIdx, i: usize) -> ClusterIdx {
+        let (c, k) = self.columns(self.entry(u, i));
+        c.cluster[k]
+    }
+
+    /// The position (0 = most preferred) of cluster `c` among unit `u`'s candidates.
+    pub(crate) fn candidate_position(&self, u: UnitIdx, c: ClusterIdx) -> Option<usize> {
+        let range = self.candidate_range(u);
+        let (cols, k) = self.columns(range.start);
+        let b = cols.cluster[k..k + range.len()]
+            .iter()
+            .position(|&x| x == c)?;
+        Some(match &self.favour {
+            Some(f) if range.start < f.arena_len && f.promote[u as usize][0] != 0 => {
+                promoted_position(f.promote[u as usize], b)
+            }
+            _ => b,
+        })
+    }
+
+    /// The unit's score for its candidate at position `i`, the explicit rank if any, and
+    /// the rank the cluster gives the unit.
+    #[inline]
+    pub(crate) fn cand_score_rank(&self, u: UnitIdx, i: usize) -> (f32, Option<f32>, f32) {
+        let entry = self.entry(u, i);
+        let (c, k) = self.columns(entry);
+        let mut score = c.score[k];
+        let mut explicit = c.rank.as_ref().map(|r| r[k]).filter(|&r| r != NO_RANK);
+        if let Some(f) = self.favour.as_ref().filter(|f| f.is_favoured(entry)) {
+            score *= f.factor;
+            explicit = explicit.map(|r| r * f.factor);
+        }
+        (score, explicit, explicit.unwrap_or(score))
+    }
+
+    /// Whether the cluster of unit `u`'s candidate at position `i` holds the unit as an
+    /// incumbent that it likes better than every newcomer (stickiness).
+    #[inline]
+    pub(crate) fn is_incumbent(&self, u: UnitIdx, i: usize) -> bool {
+        self.favour
+            .as_ref()
+            .is_some_and(|f| f.incumbents_first && f.is_favoured(self.entry(u, i)))
+    }
+
+    /// Whether unit `u`'s candidate at position `i` is a newcomer its cluster likes less than
+    /// every incumbent (only when stickiness puts incumbents first).
+    #[inline]
+    pub(crate) fn is_newcomer(&self, u: UnitIdx, i: usize) -> bool {
+        self.favour
+            .as_ref()
+            .is_some_and(|f| f.incumbents_first && !f.is_favoured(self.entry(u, i)))
+    }
+
+    /// Unit `u`'s most preferred candidate (`None` if it has none).
+    #[inline]
+    pub(crate) fn first_candidate(&self, u: UnitIdx) -> Option<FirstCandidate> {
+        if self.candidate_count(u) == 0 {
+            return None;
+        }
+        if let Some(f) = &self.favour {
+            return Some(f.first[u as usize]);
+        }
+        let i = self.candidate_range(u).start;
+        let (_, _, rank) = self.cand_score_rank(u, i);
+        Some(FirstCandidate {
+            cluster: self.cand_cluster(u, i),
+            rank,
+            newcomer: self.is_newcomer(u, i),
+        })
+    }
+
+    /// Asks the CPU to load unit `u`'s candidate at position `i`.
+    #[inline]
+    pub(crate) fn prefetch_candidate(&self, u: UnitIdx, i: usize) {
+        let entry = self.entry(u, i);
+        let (c, k) = self.columns(entry);
+        crate::solve::prefetch(&c.cluster, k);
+        crate::solve::prefetch(&c.score, k);
+        if let Some(r) = &c.rank {
+            crate::solve::prefetch(r, k);
+        }
+        if let Some(f) = &self.favour {
+            crate::solve::prefetch(&f.favoured, entry / 64);
+        }
     }
 
     /// Candidate `j` (0 = most preferred) of unit `u`.
     pub fn candidate(&self, u: UnitIdx, j: usize) -> Candidate {
         let i = self.candidate_range(u).start + j;
-        self.candidate_at(i)
+        self.candidate_at(u, i)
     }
 
-    pub(crate) fn candidate_at(&self, i: usize) -> Candidate {
-        let score = self.cands.score[i];
-        let explicit = self
-            .cands
-            .rank
-            .as_ref()
-            .map(|r| r[i])
-            .filter(|&r| r != NO_RANK);
+    /// Unit `u`'s candidate at position `i` of the arena.
+    pub(crate) fn candidate_at(&self, u: UnitIdx, i: usize) -> Candidate {
+        let (score, explicit, rank) = self.cand_score_rank(u, i);
         Candidate {
-            cluster: self.cands.cluster[i],
+            cluster: self.cand_cluster(u, i),
             score,
-            rank: explicit.unwrap_or(score),
+            rank,
             explicit_rank: explicit.is_some(),
-            incumbent: self.cands.is_incumbent(i),
+            incumbent: self.is_incumbent(u, i),
         }
     }
 
     /// Unit `u`'s candidates, most preferred first.
     pub fn candidates(&self, u: UnitIdx) -> impl ExactSizeIterator<Item = Candidate> + '_ {
-        self.candidate_range(u).map(move |i| self.candidate_at(i))
+        self.candidate_range(u)
+            .map(move |i| self.candidate_at(u, i))
     }
 
     /// Total number of candidates over all map units.
@@ -382,14 +570,52 @@ impl Instance {
         self.units.demand.iter().sum()
     }
 
-    /// The same instance with other candidate columns (same shape: the same candidates per unit,
-    /// possibly reordered, with other scores and ranks).
-    pub(crate) fn with_candidates(&self, cands: CandidateColumns) -> Instance {
-        debug_assert_eq!(cands.cluster.len(), self.cands.cluster.len());
+    /// The same instance with stickiness's changes to its candidates (built by
+    /// [`crate::sticky`] for an instance that has none).
+    pub(crate) fn with_favour(&self, favour: Favour) -> Instance {
+        debug_assert!(self.favour.is_none());
+        debug_assert_eq!(favour.arena_len, self.cands.cluster.len());
+        debug_assert_eq!(favour.start.len(), self.unit_count());
+        Instance {
+            topology: Arc::clone(&self.topology),
+            units: Arc::clone(&self.units),
+            cands: Arc::clone(&self.cands),
+            favour: Some(Arc::new(favour)),
+        }
+    }
+
+    /// The same preferences with stickiness's changes written into the candidate columns (the
+    /// candidates of every unit in its order, no [`Favour`]), for deriving preferences from
+    /// an instance that already has them. Incumbent marks are lost.
+    pub(crate) fn flattened(&self) -> Instance {
+        if self.favour.is_none() {
+            return self.clone();
+        }
+        let total = self.total_candidates();
+        let mut cands = CandidateColumns {
+            cluster: Vec::with_capacity(total),
+            score: Vec::with_capacity(total),
+            rank: self.cands.rank.as_ref().map(|_| Vec::with_capacity(total)),
+        };
+        let mut cand_start = Vec::with_capacity(self.unit_count() + 1);
+        cand_start.push(0);
+        for u in 0..self.unit_count() as UnitIdx {
+            for i in self.candidate_range(u) {
+                let (score, explicit, _) = self.cand_score_rank(u, i);
+                cands.cluster.push(self.cand_cluster(u, i));
+                cands.score.push(score);
+                if let Some(r) = cands.rank.as_mut() {
+                    r.push(explicit.unwrap_or(NO_RANK));
+                }
+            }
+            cand_start.push(cands.cluster.len() as u32);
+        }
+        debug_assert_eq!(cand_start, self.units.cand_start);
         Instance {
             topology: Arc::clone(&self.topology),
             units: Arc::clone(&self.units),
             cands: Arc::new(cands),
+            favour: None,
         }
     }
 
@@ -404,6 +630,7 @@ impl Instance {
             topology: Arc::new(topology),
             units: Arc::clone(&self.units),
             cands: Arc::clone(&self.cands),
+            favour: self.favour.clone(),
         }
     }
 
@@ -422,6 +649,13 @@ impl Instance {
             + self.cands.cluster.capacity() * 4
             + self.cands.score.capacity() * 4
             + self.cands.rank.as_ref().map_or(0, |r| r.capacity() * 4)
+            + self.favour.as_ref().map_or(0, |f| {
+                f.start.capacity() * 4
+                    + f.favoured.capacity() * 8
+                    + f.moved.cluster.capacity() * 4
+                    + f.moved.score.capacity() * 4
+                    + f.moved.rank.as_ref().map_or(0, |r| r.capacity() * 4)
+            })
     }
 }
 
@@ -758,6 +992,7 @@ impl InstanceBuilder {
             }),
             units: Arc::new(units),
             cands: Arc::new(cands),
+            favour: None,
         })
     }
 }

@@ -42,7 +42,7 @@
 use std::collections::BinaryHeap;
 
 use crate::map::{Allocation, Map};
-use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx, NO_RANK};
+use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
 
 /// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise.
 pub const EPS_REL: f64 = 1e-9;
@@ -236,6 +236,18 @@ struct Slot {
     amount: f64,
 }
 
+/// A resource node's state in a solve.
+#[derive(Clone, Copy)]
+struct NodeState {
+    cap: f64,
+    used: f64,
+    /// At least the largest key ever pushed to the node's heap (the seeded holders'
+    /// included), so a unit whose key is not below it has no worse holder there and
+    /// [`Solver::size_offer`] need not look (nor build a lazy heap). Never lowered.
+    worst_bound: u64,
+    kind: ResourceKind,
+}
+
 /// A map unit's state in a solve.
 #[derive(Clone, Copy)]
 struct UnitState {
@@ -260,15 +272,9 @@ struct Solver<'a> {
     prio_rank: Vec<u64>,
     coef: Vec<[f64; 2]>,
     up: Vec<bool>,
-    // Per global node.
-    cap: Vec<f64>,
-    used: Vec<f64>,
-    kind: Vec<ResourceKind>,
+    /// Per global node, in one record: an offer reads all of it at each node of its path.
+    node: Vec<NodeState>,
     heap: Vec<BinaryHeap<u64>>,
-    /// Per node: at least the largest key ever pushed to its heap (the seeded holders'
-    /// included), so a unit whose key is not below it has no worse holder there and
-    /// [`Self::size_offer`] need not look (nor build a lazy heap). Never lowered.
-    worst_bound: Vec<u64>,
     /// Nodes whose heap still lacks the seeded holders' keys (see [`Self::heap_mut`]).
     lazy: Vec<bool>,
     /// The seeded holders' keys, grouped by (cluster, class) path id: path `p`'s are
@@ -324,14 +330,17 @@ impl<'a> Solver<'a> {
             .map(|c| [c.per_unit.bps, c.per_unit.fps])
             .collect();
         let nodes = inst.node_count();
-        let mut cap = Vec::with_capacity(nodes);
-        let mut kind = Vec::with_capacity(nodes);
-        for cluster in inst.clusters() {
-            for n in &cluster.nodes {
-                cap.push(n.capacity);
-                kind.push(n.kind);
-            }
-        }
+        let node = inst
+            .clusters()
+            .iter()
+            .flat_map(|c| &c.nodes)
+            .map(|n| NodeState {
+                cap: n.capacity,
+                used: 0.0,
+                worst_bound: 0,
+                kind: n.kind,
+            })
+            .collect();
         let paths = Paths::new(inst);
         let depth = (0..paths.start.len() - 1)
             .map(|i| (paths.start[i + 1] - paths.start[i]) as usize)
@@ -348,11 +357,8 @@ impl<'a> Solver<'a> {
                 .iter()
                 .map(|c| c.state == ClusterState::Up)
                 .collect(),
-            used: vec![0.0; nodes],
-            cap,
-            kind,
+            node,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
-            worst_bound: vec![0; nodes],
             lazy: Vec::new(),
             seeded_keys: Vec::new(),
             seeded_start: Vec::new(),
@@ -394,13 +400,9 @@ impl<'a> Solver<'a> {
 
     fn queue_in_order(&mut self, units: impl Iterator<Item = UnitIdx>, arrival: Arrival) {
         let mut order: Vec<u64> = units
-            .map(|u| {
-                let first = self.inst.candidate_range(u).start;
-                if arrival == Arrival::Preference && self.inst.candidate_count(u) > 0 {
-                    self.key(u, first)
-                } else {
-                    u64::from(u)
-                }
+            .map(|u| match self.first(u) {
+                Some((_, key)) if arrival == Arrival::Preference => key,
+                _ => u64::from(u),
             })
             .collect();
         order.sort_unstable();
@@ -418,35 +420,32 @@ impl<'a> Solver<'a> {
     /// The cluster's preference key for unit `u` reached through candidate arena index `i`:
     /// lower is preferred.
     fn key(&self, u: UnitIdx, i: usize) -> u64 {
-        let (units, cands) = (&self.inst.units, &self.inst.cands);
-        let rank = cands
-            .rank
-            .as_ref()
-            .map(|r| r[i])
-            .filter(|&r| r != NO_RANK)
-            .unwrap_or(cands.score[i]);
-        let k = units.class[u as usize];
-        let newcomer = if self.is_newcomer(i) { NEWCOMER } else { 0 };
+        let (_, _, rank) = self.inst.cand_score_rank(u, i);
+        self.pack_key(u, rank, self.inst.is_newcomer(u, i))
+    }
+
+    fn pack_key(&self, u: UnitIdx, rank: f32, newcomer: bool) -> u64 {
+        let k = self.inst.units.class[u as usize];
+        let newcomer = if newcomer { NEWCOMER } else { 0 };
         newcomer
             | (self.prio_rank[usize::from(k)] << 55)
             | (u64::from(rank.to_bits()) << UNIT_BITS)
             | u64::from(u)
     }
 
-    /// Whether the candidate at arena index `i` is a newcomer (see [`crate::sticky`]): the
-    /// cluster likes every incumbent better.
-    fn is_newcomer(&self, i: usize) -> bool {
-        let cands = &self.inst.cands;
-        cands.incumbent.is_some() && !cands.is_incumbent(i)
+    /// The cluster of unit `u`'s first candidate, and the key it gives the unit.
+    fn first(&self, u: UnitIdx) -> Option<(ClusterIdx, u64)> {
+        let f = self.inst.first_candidate(u)?;
+        Some((f.cluster, self.pack_key(u, f.rank, f.newcomer)))
     }
 
     fn node_coef(&self, n: usize, u: UnitIdx) -> f64 {
         let k = self.inst.units.class[u as usize];
-        self.coef[usize::from(k)][kind_index(self.kind[n])]
+        self.coef[usize::from(k)][kind_index(self.node[n].kind)]
     }
 
     fn node_tol(&self, n: usize) -> f64 {
-        EPS_REL * self.cap[n].max(1.0)
+        EPS_REL * self.node[n].cap.max(1.0)
     }
 
     fn find_slot(&self, u: UnitIdx, c: ClusterIdx) -> Option<u32> {
@@ -487,25 +486,21 @@ impl<'a> Solver<'a> {
         const FAR: usize = 16;
         const NEAR: usize = 8;
         let len = self.stack.len();
-        let (units, cands) = (&self.inst.units, &self.inst.cands);
+        let units = &self.inst.units;
         if len > FAR {
             let v = self.stack[len - FAR] as usize;
             prefetch(&units.cand_start, v);
+            if let Some(f) = &self.inst.favour {
+                prefetch(&f.start, v);
+            }
             prefetch(&units.demand, v);
             prefetch(&units.class, v);
             prefetch(&self.unit, v);
         }
         if len > NEAR {
-            let v = self.stack[len - NEAR] as usize;
-            let i = units.cand_start[v] as usize + usize::from(self.unit[v].next);
-            prefetch(&cands.cluster, i);
-            prefetch(&cands.score, i);
-            if let Some(r) = &cands.rank {
-                prefetch(r, i);
-            }
-            if let Some(bits) = &cands.incumbent {
-                prefetch(bits, i / 64);
-            }
+            let v = self.stack[len - NEAR];
+            let i = self.inst.candidate_range(v).start + usize::from(self.unit[v as usize].next);
+            self.inst.prefetch_candidate(v, i);
         }
     }
 
@@ -513,26 +508,21 @@ impl<'a> Solver<'a> {
     fn prefetch_units(&self, units: &[(UnitIdx, u32)], at: usize) {
         const FAR: usize = 16;
         const NEAR: usize = 8;
-        let (us, cands) = (&self.inst.units, &self.inst.cands);
+        let us = &self.inst.units;
         if let Some(&(v, _)) = units.get(at + FAR) {
             let v = v as usize;
             prefetch(&us.cand_start, v);
+            if let Some(f) = &self.inst.favour {
+                prefetch(&f.start, v);
+            }
             prefetch(&us.demand, v);
             prefetch(&us.class, v);
             prefetch(&self.unit, v);
         }
         if let Some(&(v, _)) = units.get(at + NEAR) {
-            let v = v as usize;
-            let i = us.cand_start[v] as usize;
-            prefetch(&cands.cluster, i);
-            prefetch(&cands.score, i);
-            if let Some(r) = &cands.rank {
-                prefetch(r, i);
-            }
-            if let Some(bits) = &cands.incumbent {
-                prefetch(bits, i / 64);
-            }
-            let s = self.unit[v].head;
+            self.inst
+                .prefetch_candidate(v, self.inst.candidate_range(v).start);
+            let s = self.unit[v as usize].head;
             if s != NONE {
                 prefetch(&self.slots, s as usize);
             }
@@ -542,7 +532,9 @@ impl<'a> Solver<'a> {
     fn propose(&mut self, u: UnitIdx) {
         let range = self.inst.candidate_range(u);
         let tol = self.tol(u);
-        while self.unit[u as usize].unplaced > tol && usize::from(self.unit[u as usize].next) < range.len() {
+        while self.unit[u as usize].unplaced > tol
+            && usize::from(self.unit[u as usize].next) < range.len()
+        {
             let i = range.start + usize::from(self.unit[u as usize].next);
             if !self.offer(u, i) {
                 self.advance(u);
@@ -570,7 +562,7 @@ impl<'a> Solver<'a> {
     fn take(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
         self.stats.proposals += 1;
         let accept = self.size_offer(u, i, x);
-        let c = self.inst.cands.cluster[i];
+        let c = self.inst.cand_cluster(u, i);
         let path = self.paths.range(c, self.inst.units.class[u as usize]);
         if accept <= self.tol(u) {
             self.restore_scratch(path);
@@ -582,7 +574,7 @@ impl<'a> Solver<'a> {
             let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
             let entries = std::mem::take(&mut self.scratch[p]);
             for &e in &entries {
-                let need = accept * q - (self.cap[n] - self.used[n]);
+                let need = accept * q - (self.node[n].cap - self.node[n].used);
                 if need <= self.node_tol(n) {
                     self.heap[n].push(e);
                     continue;
@@ -614,7 +606,7 @@ impl<'a> Solver<'a> {
     /// unit's coefficient. The worse holders it counted are left popped in `scratch`, for
     /// [`Self::take`] to evict or [`Self::restore_scratch`] to put back.
     fn size_offer(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
-        let c = self.inst.cands.cluster[i];
+        let c = self.inst.cand_cluster(u, i);
         let k = self.inst.units.class[u as usize];
         let path = self.paths.range(c, k);
         for p in 0..path.len() {
@@ -625,25 +617,25 @@ impl<'a> Solver<'a> {
         }
         // The key is computed only when some node has to compare it (it reads the candidate's
         // rank, often the one cache miss of a rejection).
-        let newcomer = self.is_newcomer(i);
+        let newcomer = self.inst.is_newcomer(u, i);
         let mut key = None;
         // At each node, free capacity plus what worse holders could give up.
         let mut accept = x;
         for (p, pi) in path.clone().enumerate() {
             let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
             self.scratch[p].clear();
-            let free = self.cap[n] - self.used[n];
+            let free = self.node[n].cap - self.node[n].used;
             let need = x * q - free;
             if need <= self.node_tol(n) {
                 continue;
             }
-            if newcomer && self.worst_bound[n] < NEWCOMER {
+            if newcomer && self.node[n].worst_bound < NEWCOMER {
                 // Only incumbents hold capacity here, and the cluster likes them all better.
                 accept = accept.min((free / q).max(0.0));
                 continue;
             }
             let key = *key.get_or_insert_with(|| self.key(u, i));
-            if self.worst_bound[n] <= key {
+            if self.node[n].worst_bound <= key {
                 // No holder here is worse than `u`: the heap would stop at its top.
                 accept = accept.min((free / q).max(0.0));
                 continue;
@@ -714,13 +706,13 @@ impl<'a> Solver<'a> {
                     for pi in path.clone() {
                         let n = self.paths.node[pi] as usize;
                         self.heap[n].push(key);
-                        self.worst_bound[n] = self.worst_bound[n].max(key);
+                        self.node[n].worst_bound = self.node[n].worst_bound.max(key);
                     }
                 }
             }
         }
         for pi in path {
-            self.used[self.paths.node[pi] as usize] += amount * self.paths.coef[pi];
+            self.node[self.paths.node[pi] as usize].used += amount * self.paths.coef[pi];
         }
     }
 
@@ -740,7 +732,7 @@ impl<'a> Solver<'a> {
     fn evict(&mut self, v: UnitIdx, c: ClusterIdx, amount: f64, key: u64) {
         let range = self.inst.candidate_range(v);
         let at = range.start + usize::from(self.unit[v as usize].next);
-        if at < range.end && self.inst.cands.cluster[at] == c {
+        if at < range.end && self.inst.cand_cluster(v, at) == c {
             self.advance(v);
         }
         let count = &mut self.unit[v as usize].evicted;
@@ -778,7 +770,7 @@ impl<'a> Solver<'a> {
             amount
         };
         for pi in self.paths.range(c, self.inst.units.class[v as usize]) {
-            self.used[self.paths.node[pi] as usize] -= amount * self.paths.coef[pi];
+            self.node[self.paths.node[pi] as usize].used -= amount * self.paths.coef[pi];
         }
         self.unit[v as usize].unplaced += amount;
         self.removed += amount;
@@ -797,13 +789,11 @@ impl<'a> Solver<'a> {
 
     /// Recomputes the position of the worst cluster `v` holds demand at.
     fn update_worst(&mut self, v: UnitIdx) {
-        let range = self.inst.candidate_range(v);
-        let list = &self.inst.cands.cluster[range];
         let mut worst = 0;
         let mut s = self.unit[v as usize].head;
         while s != NONE {
             let slot = self.slots[s as usize];
-            if let Some(j) = list.iter().position(|&c| c == slot.cluster) {
+            if let Some(j) = self.inst.candidate_position(v, slot.cluster) {
                 worst = worst.max(j);
             }
             s = slot.next;
@@ -830,7 +820,7 @@ impl<'a> Solver<'a> {
     /// sizing an offer makes, so a pair found blocking here is one an offer will improve.
     fn room_for(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
         let room = self.size_offer(u, i, x);
-        let c = self.inst.cands.cluster[i];
+        let c = self.inst.cand_cluster(u, i);
         self.restore_scratch(self.paths.range(c, self.inst.units.class[u as usize]));
         room
     }
@@ -844,20 +834,22 @@ impl<'a> Solver<'a> {
         // as usual and are merged then, so every pop sees the same keys as with heaps built
         // up front: the solve is the same, only cheaper.
         let mut seeded: Vec<u64> = Vec::with_capacity(n);
+        let mut seeded_path: Vec<u32> = Vec::with_capacity(n);
         let paths = self.paths.start.len() - 1;
         let mut count = vec![0u32; paths + 1];
         let mut seeded_total = 0.0;
         // The units that propose (not seeded, with demand), in id order.
         let mut pending: Vec<UnitIdx> = Vec::new();
         for u in 0..self.inst.unit_count() as UnitIdx {
-            if !self.keep_seed(seed, u, n) {
+            let Some((first, key)) = self
+                .first(u)
+                .filter(|&(c, _)| self.keep_seed(seed, u, n, c))
+            else {
                 if self.unit[u as usize].unplaced > self.tol(u) {
                     pending.push(u);
                 }
                 continue;
-            }
-            let range = self.inst.candidate_range(u);
-            let first = self.inst.cands.cluster[range.start];
+            };
             let d = self.inst.units.demand[u as usize];
             self.add(u, first, 0, None, d);
             self.unit[u as usize].unplaced = 0.0;
@@ -865,7 +857,8 @@ impl<'a> Solver<'a> {
             let k = self.inst.units.class[u as usize];
             let path = self.paths.id(first, k);
             count[path as usize] += 1;
-            seeded.push(self.key(u, range.start));
+            seeded.push(key);
+            seeded_path.push(path);
         }
         // Group the keys by path (a counting sort).
         let mut start = Vec::with_capacity(paths + 1);
@@ -876,16 +869,13 @@ impl<'a> Solver<'a> {
         }
         let mut fill = start.clone();
         let mut keys = vec![0u64; seeded.len()];
-        for &key in &seeded {
-            // The path, from the unit's one holding (its first choice).
-            let u = (key & UNIT_MASK) as usize;
-            let c = self.slots[self.unit[u].head as usize].cluster;
-            let path = self.paths.id(c, self.inst.units.class[u]);
+        for (&key, &path) in seeded.iter().zip(&seeded_path) {
             let at = &mut fill[path as usize];
             keys[*at as usize] = key;
             *at += 1;
         }
         drop(seeded);
+        drop(seeded_path);
         self.seeded_keys = keys;
         self.seeded_start = start;
         // The paths through each node.
@@ -909,13 +899,16 @@ impl<'a> Solver<'a> {
         }
         // Each node's worst seeded key, for `worst_bound`.
         for p in 0..paths {
-            let (x, y) = (self.seeded_start[p] as usize, self.seeded_start[p + 1] as usize);
+            let (x, y) = (
+                self.seeded_start[p] as usize,
+                self.seeded_start[p + 1] as usize,
+            );
             let Some(&worst) = self.seeded_keys[x..y].iter().max() else {
                 continue;
             };
             for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
                 let n = self.paths.node[pi] as usize;
-                self.worst_bound[n] = self.worst_bound[n].max(worst);
+                self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
             }
         }
         self.node_paths_start = through;
@@ -938,15 +931,11 @@ impl<'a> Solver<'a> {
     /// (its incumbent bonus usually brings it back where it was). Seeded units cannot be in a
     /// blocking pair, and the fresh proposals follow deferred acceptance, so repair has little
     /// left to do. `n`: the units both the instance and the seed have.
-    fn keep_seed(&self, seed: &Map, u: UnitIdx, n: usize) -> bool {
+    /// `first`: the cluster of its first candidate.
+    fn keep_seed(&self, seed: &Map, u: UnitIdx, n: usize, first: ClusterIdx) -> bool {
         if u as usize >= n {
             return false;
         }
-        let range = self.inst.candidate_range(u);
-        if range.is_empty() {
-            return false;
-        }
-        let first = self.inst.cands.cluster[range.start];
         let d = self.inst.units.demand[u as usize];
         let allocs = seed.allocations(u);
         let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
@@ -978,7 +967,7 @@ impl<'a> Solver<'a> {
     fn shed(&mut self, c: ClusterIdx, n: usize) {
         let mut last = u64::MAX;
         loop {
-            let excess = self.used[n] - self.cap[n];
+            let excess = self.node[n].used - self.node[n].cap;
             if excess <= self.node_tol(n) {
                 return;
             }
@@ -1040,8 +1029,7 @@ impl<'a> Solver<'a> {
             let mut s = self.unit[u as usize].head;
             while s != NONE {
                 let slot = self.slots[s as usize];
-                let list = &self.inst.cands.cluster[range.clone()];
-                if let Some(p) = list.iter().position(|&c| c == slot.cluster) {
+                if let Some(p) = self.inst.candidate_position(u, slot.cluster) {
                     held.push((p, slot.amount));
                 }
                 s = slot.next;
@@ -1073,7 +1061,8 @@ impl<'a> Solver<'a> {
             if skip && self.unit[u as usize].next == 0 {
                 assert!(self.unit[u as usize].worst == 0, "unit {u}");
                 assert!(
-                    self.unit[u as usize].unplaced <= self.tol(u) || self.inst.candidate_count(u) == 0,
+                    self.unit[u as usize].unplaced <= self.tol(u)
+                        || self.inst.candidate_count(u) == 0,
                     "unit {u}"
                 );
             }
@@ -1103,7 +1092,7 @@ impl<'a> Solver<'a> {
         if since == 0 || self.epoch == u32::MAX {
             return false;
         }
-        let c = self.inst.cands.cluster[i];
+        let c = self.inst.cand_cluster(u, i);
         let mut key = None;
         let mut scanned = 0;
         for &(epoch, k) in self.removals[c as usize].iter().rev() {
@@ -1124,7 +1113,7 @@ impl<'a> Solver<'a> {
     /// no room for `u` beyond the tolerances.
     #[cfg(debug_assertions)]
     fn check_full(&mut self, u: UnitIdx, i: usize, movable: f64) {
-        let c = self.inst.cands.cluster[i];
+        let c = self.inst.cand_cluster(u, i);
         let path = self.paths.range(c, self.inst.units.class[u as usize]);
         let band = self.tol(u)
             + path
@@ -1144,9 +1133,10 @@ impl<'a> Solver<'a> {
     /// improvement for the unit; the room a move leaves behind is found by the next scan.
     fn move_up(&mut self, u: UnitIdx, j: usize) {
         let range = self.inst.candidate_range(u);
-        let later = &self.inst.cands.cluster[range.start + j + 1..range.end];
-        let movable =
-            self.unit[u as usize].unplaced + later.iter().map(|&c| self.held(u, c)).sum::<f64>();
+        let movable = self.unit[u as usize].unplaced
+            + (range.start + j + 1..range.end)
+                .map(|i| self.held(u, self.inst.cand_cluster(u, i)))
+                .sum::<f64>();
         if movable <= self.tol(u) {
             return;
         }
@@ -1158,7 +1148,7 @@ impl<'a> Solver<'a> {
             if moved <= 0.0 {
                 break;
             }
-            let c = self.inst.cands.cluster[range.start + p];
+            let c = self.inst.cand_cluster(u, range.start + p);
             let held = self.held(u, c);
             if held > 0.0 {
                 let amount = held.min(moved);
@@ -1189,14 +1179,12 @@ impl<'a> Solver<'a> {
             }
             // The unit's holdings, put in its preference order.
             held.clear();
-            let range = self.inst.candidate_range(u);
-            let list = &self.inst.cands.cluster[range];
             let mut s = self.unit[u as usize].head;
             while s != NONE {
                 let slot = self.slots[s as usize];
-                let j = list
-                    .iter()
-                    .position(|&c| c == slot.cluster)
+                let j = self
+                    .inst
+                    .candidate_position(u, slot.cluster)
                     .unwrap_or(usize::MAX);
                 if slot.amount > 0.0 {
                     let a = Allocation {

@@ -31,7 +31,9 @@
 
 use crate::error::ModelError;
 use crate::map::Map;
-use crate::model::{CandidateColumns, Instance, UnitIdx, NO_RANK};
+use crate::model::{
+    CandidateColumns, ClusterIdx, Favour, FirstCandidate, Instance, UnitIdx, NO_RANK,
+};
 
 /// The largest margin accepted: at 1 an incumbent's score would be 0 and nothing could ever
 /// move.
@@ -108,78 +110,140 @@ pub fn favour_incumbents(
     if margin == 0.0 {
         return Ok(instance.clone());
     }
+    // Preferences derived once more start from the effective ones, written out.
+    let base = instance.flattened();
     let factor = (1.0 - margin) as f32;
-    let old = &instance.cands;
-    let total = old.cluster.len();
-    // One pass: each unit's candidates are copied and, while they are in cache, its incumbents
-    // get their bonus and move forward. (Copying the columns whole and then patching them reads
-    // the candidate arena twice.)
-    let mut cands = CandidateColumns {
-        cluster: Vec::with_capacity(total),
-        score: Vec::with_capacity(total),
-        rank: old.rank.as_ref().map(|_| Vec::with_capacity(total)),
-        incumbent: None,
+    let cands = &base.cands;
+    let arena_len = cands.cluster.len();
+    let n = base.unit_count();
+    // The effective preferences are kept as a difference (`Favour`): the favoured positions,
+    // and the candidates of the units whose order changed. Copying the whole arena instead
+    // was most of the cost of a warm round's preparation.
+    let mut start = Vec::with_capacity(n);
+    let mut promote = vec![[0u8; 2]; n];
+    let mut favoured = vec![0u64; arena_len.div_ceil(64)];
+    let mut moved = CandidateColumns {
+        rank: cands.rank.as_ref().map(|_| Vec::new()),
+        ..CandidateColumns::default()
     };
-    let mut marks = vec![0u64; total.div_ceil(64)];
-    for u in 0..instance.unit_count() as UnitIdx {
-        let range = instance.candidate_range(u);
-        debug_assert_eq!(range.start, cands.cluster.len());
-        cands.cluster.extend_from_slice(&old.cluster[range.clone()]);
-        cands.score.extend_from_slice(&old.score[range.clone()]);
-        if let (Some(r), Some(o)) = (cands.rank.as_mut(), old.rank.as_ref()) {
-            r.extend_from_slice(&o[range.clone()]);
-        }
+    let mut first = Vec::with_capacity(n);
+    let mut marks: Vec<usize> = Vec::new();
+    let mut order: Vec<(f32, ClusterIdx, usize)> = Vec::new();
+    let incumbents_first = stickiness.incumbents_first;
+    for u in 0..n as UnitIdx {
+        let range = base.candidate_range(u);
+        let list = &cands.cluster[range.clone()];
+        let scores = &cands.score[range.clone()];
+        let ranks = cands.rank.as_ref().map(|r| &r[range.clone()]);
+        // The first candidate: base position `j`, favoured or not.
+        let mut head = |j: usize, favoured: bool| {
+            let bonus = if favoured { factor } else { 1.0 };
+            let rank = match ranks.map(|r| r[j]) {
+                Some(r) if r != NO_RANK => r * bonus,
+                _ => scores[j] * bonus,
+            };
+            first.push(FirstCandidate {
+                cluster: list[j],
+                rank,
+                newcomer: incumbents_first && !favoured,
+            });
+        };
+        // The positions of the unit's incumbents (once each, should the map name a cluster
+        // twice).
+        marks.clear();
         for a in previous.allocations(u) {
             if a.amount.is_nan() || a.amount <= 0.0 {
                 continue;
             }
-            let list = &cands.cluster[range.clone()];
-            let Some(j) = list.iter().position(|&c| c == a.cluster) else {
-                continue;
-            };
-            let mut i = range.start + j;
-            if bit(&marks, i) {
-                continue; // the map named the cluster twice
-            }
-            cands.score[i] *= factor;
-            if let Some(r) = cands.rank.as_mut() {
-                // Without an explicit rank the rank is the score, which just got the bonus.
-                if r[i] != NO_RANK {
-                    r[i] *= factor;
+            if let Some(j) = list.iter().position(|&c| c == a.cluster) {
+                if !marks.contains(&j) {
+                    marks.push(j);
                 }
             }
-            set_bit(&mut marks, i, true);
-            // Insertion: the unit's preference is (score, cluster id); only this entry got
-            // better, so it moves forward past the entries it now beats.
-            while i > range.start
-                && (cands.score[i], cands.cluster[i]) < (cands.score[i - 1], cands.cluster[i - 1])
-            {
-                cands.cluster.swap(i, i - 1);
-                cands.score.swap(i, i - 1);
-                if let Some(r) = cands.rank.as_mut() {
-                    r.swap(i, i - 1);
-                }
-                let (a, b) = (bit(&marks, i), bit(&marks, i - 1));
-                set_bit(&mut marks, i, b);
-                set_bit(&mut marks, i - 1, a);
-                i -= 1;
+        }
+        if list.is_empty() {
+            first.push(FirstCandidate {
+                cluster: 0,
+                rank: 0.0,
+                newcomer: false,
+            });
+            start.push(range.start as u32);
+            continue;
+        }
+        if marks.is_empty() {
+            head(0, false);
+            start.push(range.start as u32);
+            continue;
+        }
+        let effective = |j: usize| {
+            if marks.contains(&j) {
+                scores[j] * factor
+            } else {
+                scores[j]
+            }
+        };
+        // Only a favoured entry got better, so the order can break only just before one.
+        let in_order = marks
+            .iter()
+            .all(|&j| j == 0 || (effective(j - 1), list[j - 1]) < (effective(j), list[j]));
+        if in_order {
+            head(0, marks.contains(&0));
+            start.push(range.start as u32);
+            for &j in &marks {
+                set_bit(&mut favoured, range.start + j);
+            }
+            continue;
+        }
+        if let [p] = marks[..] {
+            // One candidate moved forward, past the entries it now beats (all before it, and
+            // in order).
+            let key = (effective(p), list[p]);
+            let q = (0..p).take_while(|&j| (scores[j], list[j]) < key).count();
+            if q == 0 {
+                head(p, true);
+            } else {
+                head(0, false);
+            }
+            start.push(range.start as u32);
+            set_bit(&mut favoured, range.start + p);
+            promote[u as usize] = [p as u8, q as u8];
+            continue;
+        }
+        // The unit's preference is (score, cluster id), now with the bonus: its candidates
+        // move to `moved` in that order.
+        order.clear();
+        order.extend((0..list.len()).map(|j| (effective(j), list[j], j)));
+        order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let j0 = order[0].2;
+        head(j0, marks.contains(&j0));
+        let at = arena_len + moved.cluster.len();
+        start.push(at as u32);
+        favoured.resize((at + list.len()).div_ceil(64), 0);
+        for (k, &(_, cluster, j)) in order.iter().enumerate() {
+            moved.cluster.push(cluster);
+            moved.score.push(scores[j]);
+            if let (Some(r), Some(o)) = (moved.rank.as_mut(), ranks) {
+                r.push(o[j]);
+            }
+            if marks.contains(&j) {
+                set_bit(&mut favoured, at + k);
             }
         }
     }
-    cands.incumbent = stickiness.incumbents_first.then_some(marks);
-    Ok(instance.with_candidates(cands))
+    Ok(base.with_favour(Favour {
+        factor,
+        incumbents_first,
+        start,
+        promote,
+        arena_len,
+        moved,
+        favoured,
+        first,
+    }))
 }
 
-fn bit(bits: &[u64], i: usize) -> bool {
-    bits[i / 64] & (1 << (i % 64)) != 0
-}
-
-fn set_bit(bits: &mut [u64], i: usize, on: bool) {
-    if on {
-        bits[i / 64] |= 1 << (i % 64);
-    } else {
-        bits[i / 64] &= !(1 << (i % 64));
-    }
+fn set_bit(bits: &mut [u64], i: usize) {
+    bits[i / 64] |= 1 << (i % 64);
 }
 
 #[cfg(test)]

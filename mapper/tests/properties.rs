@@ -27,9 +27,9 @@
 
 use cdnmap_mapper::solve::Arrival;
 use cdnmap_mapper::{
-    solve, verify, CandidateSpec, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits,
-    MapUnitSpec, PerUnit, ResourceKind, ResourceNodeSpec, Solution, SolveOptions, TrafficClass,
-    UnitIdx,
+    favour_incumbents, solve, solve_seeded, verify, Allocation, Candidate, CandidateSpec,
+    ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, Map, MapUnitSpec, PerUnit,
+    ResourceKind, ResourceNodeSpec, Solution, SolveOptions, Stickiness, TrafficClass, UnitIdx,
 };
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
@@ -620,6 +620,106 @@ proptest! {
                 b
             );
         }
+    }
+}
+
+/// The effective preferences written out directly: each candidate the previous map used gets
+/// the bonus on its score and explicit rank (and the incumbent mark, with incumbents first);
+/// then the unit's order is (score, cluster id) again. Independent of `favour_incumbents`,
+/// which keeps the difference from the instance instead.
+fn effective_oracle(
+    inst: &Instance,
+    previous: &Map,
+    stickiness: &Stickiness,
+    u: UnitIdx,
+) -> Vec<Candidate> {
+    let factor = (1.0 - stickiness.margin) as f32;
+    let held = |c| {
+        previous
+            .allocations(u)
+            .iter()
+            .any(|a| a.cluster == c && a.amount > 0.0)
+    };
+    let mut out: Vec<Candidate> = inst
+        .candidates(u)
+        .map(|mut c| {
+            c.incumbent = false;
+            if held(c.cluster) {
+                c.score *= factor;
+                c.rank = if c.explicit_rank {
+                    c.rank * factor
+                } else {
+                    c.score
+                };
+                c.incumbent = stickiness.incumbents_first;
+            }
+            c
+        })
+        .collect();
+    out.sort_by(|a, b| a.score.total_cmp(&b.score).then(a.cluster.cmp(&b.cluster)));
+    out
+}
+
+fn check_effective(
+    inst: &Instance,
+    previous: &Map,
+    stickiness: &Stickiness,
+) -> Result<Instance, TestCaseError> {
+    let eff = favour_incumbents(inst, previous, stickiness)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for u in 0..inst.unit_count() as UnitIdx {
+        let got: Vec<Candidate> = eff.candidates(u).collect();
+        let want = effective_oracle(inst, previous, stickiness, u);
+        prop_assert_eq!(&got, &want, "unit {}", inst.unit_id(u));
+        for (j, c) in want.iter().enumerate() {
+            prop_assert_eq!(eff.candidate(u, j), *c);
+        }
+    }
+    Ok(eff)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Stickiness's effective preferences, kept as a difference from the instance (promoted
+    /// incumbents, reordered units copied aside), read back exactly as the preferences written
+    /// out directly; derived once more from themselves as well. A seeded solve of them
+    /// verifies against them.
+    #[test]
+    fn effective_preferences_equal_the_written_out_ones(
+        g in gen_with(mixed_classes(), small()),
+        margin in 0.01f64..0.9,
+        incumbents_first in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let inst = g.build(None);
+        let previous = solve(&inst, &SolveOptions::default()).map;
+        let stickiness = Stickiness { margin, incumbents_first };
+        let eff = check_effective(&inst, &previous, &stickiness)?;
+        // A previous map that split most units over several candidates (a cluster named
+        // twice, too), so that several incumbents move at once.
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut split = Map::with_capacity(inst.unit_count(), 0);
+        for u in 0..inst.unit_count() as UnitIdx {
+            let cands: Vec<Candidate> = inst.candidates(u).collect();
+            let mut picks = Vec::new();
+            for _ in 0..rng.random_range(0..4usize) {
+                if let Some(c) = cands.get(rng.random_range(0..cands.len().max(1))) {
+                    picks.push(Allocation { cluster: c.cluster, amount: rng.random_range(0.0..2.0) });
+                }
+            }
+            split.push_unit(picks, 0.0);
+        }
+        check_effective(&inst, &split, &stickiness)?;
+        let warm = solve_seeded(&eff, &previous, &SolveOptions::default());
+        let report = verify(&eff, &warm.map);
+        prop_assert!(report.is_ok(), "{}", report.describe(&eff, 5));
+        // Preferences derived from derived ones: the first bonus is part of the scores now.
+        check_effective(&eff, &warm.map, &stickiness)?;
     }
 }
 
