@@ -492,6 +492,7 @@ impl<'a> Solver<'a> {
             prefetch(&units.cand_start, v);
             if let Some(f) = &self.inst.favour {
                 prefetch(&f.start, v);
+                prefetch(&f.promote, v);
             }
             prefetch(&units.demand, v);
             prefetch(&units.class, v);
@@ -514,6 +515,7 @@ impl<'a> Solver<'a> {
             prefetch(&us.cand_start, v);
             if let Some(f) = &self.inst.favour {
                 prefetch(&f.start, v);
+                prefetch(&f.promote, v);
             }
             prefetch(&us.demand, v);
             prefetch(&us.class, v);
