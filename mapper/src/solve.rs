@@ -95,6 +95,10 @@ pub struct SolveStats {
     pub proposals: u64,
     /// Allocations evicted, in whole or in part.
     pub evictions: u64,
+    /// Evictions that took a unit's whole holding where a part was asked for, to turn a
+    /// rejection rotation in one step (see `Solver::evict`); they can leave room that the
+    /// repair rounds then fill.
+    pub whole_evictions: u64,
     /// Repair rounds that found blocking pairs and re-ran the pass.
     pub repair_rounds: u32,
     /// Map units still in a blocking pair when the repair rounds ran out (goal: 0).
@@ -740,7 +744,11 @@ impl<'a> Solver<'a> {
         let count = &mut self.unit[v as usize].evicted;
         *count = count.saturating_add(1);
         let amount = if *count > EVICTIONS_BEFORE_WHOLE {
-            self.held(v, c)
+            let held = self.held(v, c);
+            if held > amount {
+                self.stats.whole_evictions += 1;
+            }
+            held
         } else {
             amount
         };

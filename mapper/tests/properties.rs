@@ -597,18 +597,26 @@ proptest! {
     }
 
     /// Every class consumes Bps and Fps in the same proportion: clusters only ever get pickier,
-    /// so the single pass is stable and no repair round runs, in either arrival order; and the
-    /// stable allocation is then the unique map-unit-optimal one, so both orders find the same.
+    /// so the single pass is stable and no repair round runs, in either arrival order (unless
+    /// a rejection rotation was turned by whole evictions, which can leave room behind); and
+    /// the stable allocation is then the unique map-unit-optimal one, so both orders find the
+    /// same.
     #[test]
     fn proportional_instances_need_no_repair(
         g in gen_with(proportional_classes(), small()),
         shuffle_seed in any::<u64>(),
     ) {
         let (inst, sol) = check_gen(&g, shuffle_seed)?;
-        prop_assert_eq!(sol.stats.repair_rounds, 0, "stats: {:?}", sol.stats);
+        if sol.stats.whole_evictions == 0 {
+            prop_assert_eq!(sol.stats.repair_rounds, 0, "stats: {:?}", sol.stats);
+        }
         let textbook = solve(&inst, &by_id());
         check_solution(&inst, &textbook)?;
-        prop_assert_eq!(textbook.stats.repair_rounds, 0, "by id: stats: {:?}", textbook.stats);
+        if textbook.stats.whole_evictions == 0 {
+            prop_assert_eq!(
+                textbook.stats.repair_rounds, 0, "by id: stats: {:?}", textbook.stats
+            );
+        }
         for u in 0..inst.unit_count() as UnitIdx {
             let (a, b) = (amounts(&inst, &sol, u), amounts(&inst, &textbook, u));
             let tol = 1e-9 * inst.unit_demand(u).max(1.0);
