@@ -19,7 +19,14 @@
 //!
 //!    The result is a new [`Instance`] — the *effective preferences* — which the solver solves
 //!    and the verifier checks, exactly as any other instance. `margin = 0` returns the instance
-//!    unchanged: a cold solve.
+//!    unchanged: a cold solve. It shares the instance's candidates and keeps only what
+//!    stickiness changed (`model::Favour`): which candidates are favoured, a *promotion* for
+//!    each unit whose one incumbent moved forward (the usual reordering: the scores moved and
+//!    the bonus put the incumbent back in front), a copy of the candidates of the few units
+//!    reordered otherwise, and each unit's first candidate, which is all a seeded solve reads
+//!    of most units. Reading the preferences back through `Instance::candidates` gives the
+//!    same candidates, bit for bit, as writing them out (`mapper/tests/properties.rs` checks
+//!    it against a direct computation).
 //! 2. **Warm start** ([`crate::solve_seeded`]): the solve starts from the previous map's shares,
 //!    sheds what no longer fits, lets only the unplaced demand propose, and repairs blocking
 //!    pairs. Its work is proportional to what changed, and it ends at a stable allocation of the
