@@ -224,6 +224,15 @@ pub fn favour_incumbents(
         let j0 = order[0].2;
         head(j0, marks.contains(&j0));
         let at = arena_len + moved.cluster.len();
+        if at + list.len() > u32::MAX as usize {
+            // Positions are `u32`s: an arena this large leaves no room for the reordered copies.
+            return Err(ModelError::TooMany {
+                subject: "effective preferences".into(),
+                what: "candidates, with the reordered units' copies",
+                count: at + list.len(),
+                limit: u32::MAX as usize,
+            });
+        }
         start.push(at as u32);
         favoured.resize((at + list.len()).div_ceil(64), 0);
         for (k, &(_, cluster, j)) in order.iter().enumerate() {
