@@ -305,6 +305,8 @@ struct Solver<'a> {
     /// newest one dropped (0: none).
     removals: Vec<Vec<(u32, u64)>>,
     removal_floor: Vec<u32>,
+    /// Per cluster: the epoch of its newest removal (0: none).
+    last_removal: Vec<u32>,
     /// The units whose proposal pointer has moved, each with the epoch when it first did, in
     /// that order: the only units that can be in a blocking pair (see [`Self::find_blocking`]).
     moved: Vec<(UnitIdx, u32)>,
@@ -389,6 +391,7 @@ impl<'a> Solver<'a> {
             epoch: 1,
             removals: vec![Vec::new(); inst.clusters().len()],
             removal_floor: vec![0; inst.clusters().len()],
+            last_removal: vec![0; inst.clusters().len()],
             moved: Vec::new(),
             stats: SolveStats::default(),
         }
@@ -791,6 +794,7 @@ impl<'a> Solver<'a> {
             log.drain(..MAX_SCAN);
         }
         log.push((self.epoch, key));
+        self.last_removal[c as usize] = self.epoch;
         if !self.unit[v as usize].queued {
             self.unit[v as usize].queued = true;
             self.stack.push(v);
@@ -1103,6 +1107,9 @@ impl<'a> Solver<'a> {
             return false;
         }
         let c = self.inst.cand_cluster(u, i);
+        if self.last_removal[c as usize] <= since {
+            return true; // no removal there since: the log need not be read
+        }
         let mut key = None;
         let mut scanned = 0;
         for &(epoch, k) in self.removals[c as usize].iter().rev() {
