@@ -120,29 +120,111 @@ pub fn favour_incumbents(
     // Preferences derived once more start from the effective ones, written out.
     let base = instance.flattened();
     let factor = (1.0 - margin) as f32;
+    // The units in two halves, one on another thread, when there are enough of them to pay
+    // for it.
+    let parts = if base.unit_count() >= PARALLEL_UNITS {
+        2
+    } else {
+        1
+    };
+    let favour = favour_in_parts(&base, previous, factor, stickiness, parts)?;
+    Ok(base.with_favour(favour))
+}
+
+/// Instances with at least this many map units derive their preferences on two threads.
+const PARALLEL_UNITS: usize = 1 << 16;
+
+/// The [`Favour`] of `base`, its units split into `parts` ranges, each but the first on its
+/// own thread; the parts are joined in unit order, so the result does not depend on `parts`.
+fn favour_in_parts(
+    base: &Instance,
+    previous: &Map,
+    factor: f32,
+    stickiness: &Stickiness,
+    parts: usize,
+) -> Result<Favour, ModelError> {
+    let n = base.unit_count();
+    let parts = parts.clamp(1, n.max(1));
+    let bounds: Vec<UnitIdx> = (0..=parts).map(|k| (n * k / parts) as UnitIdx).collect();
+    let done = std::thread::scope(|scope| {
+        let others: Vec<_> = bounds[1..]
+            .windows(2)
+            .map(|w| {
+                scope.spawn(move || favour_part(base, previous, factor, stickiness, w[0]..w[1]))
+            })
+            .collect();
+        let mut done = vec![favour_part(
+            base,
+            previous,
+            factor,
+            stickiness,
+            bounds[0]..bounds[1],
+        )];
+        done.extend(others.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        }));
+        done
+    });
+    join_parts(base, factor, stickiness.incumbents_first, done)
+}
+
+/// The effective preferences of a range of units (see [`favour_incumbents`]): their
+/// [`Favour`] fields, with the favoured bits of their part of the arena (from word
+/// `word_base` on) and their moved candidates numbered from 0.
+struct Part {
+    start: Vec<u32>,
+    promote: Vec<[u8; 2]>,
+    first: Vec<FirstCandidate>,
+    word_base: usize,
+    favoured: Vec<u64>,
+    moved: CandidateColumns,
+    /// The favoured entries of `moved`.
+    moved_favoured: Vec<usize>,
+}
+
+fn favour_part(
+    base: &Instance,
+    previous: &Map,
+    factor: f32,
+    stickiness: &Stickiness,
+    units: std::ops::Range<UnitIdx>,
+) -> Part {
     let cands = &base.cands;
     let arena_len = cands.cluster.len();
-    let n = base.unit_count();
-    // The effective preferences are kept as a difference (`Favour`): the favoured positions,
-    // and the candidates of the units whose order changed. Copying the whole arena instead
-    // was most of the cost of a warm round's preparation.
-    let mut start = Vec::with_capacity(n);
-    let mut promote = vec![[0u8; 2]; n];
-    let mut favoured = vec![0u64; arena_len.div_ceil(64)];
-    let mut moved = CandidateColumns {
-        rank: cands.rank.as_ref().map(|_| Vec::new()),
-        ..CandidateColumns::default()
+    let count = (units.end - units.start) as usize;
+    let (from, to) = if units.is_empty() {
+        (0, 0)
+    } else {
+        (
+            base.candidate_range(units.start).start,
+            base.candidate_range(units.end - 1).end,
+        )
     };
-    let mut first = Vec::with_capacity(n);
+    let word_base = from / 64;
+    let mut part = Part {
+        start: Vec::with_capacity(count),
+        promote: vec![[0u8; 2]; count],
+        first: Vec::with_capacity(count),
+        word_base,
+        favoured: vec![0u64; to.div_ceil(64) - word_base],
+        moved: CandidateColumns {
+            rank: cands.rank.as_ref().map(|_| Vec::new()),
+            ..CandidateColumns::default()
+        },
+        moved_favoured: Vec::new(),
+    };
     let mut marks: Vec<usize> = Vec::new();
     let mut order: Vec<(f32, ClusterIdx, usize)> = Vec::new();
     let incumbents_first = stickiness.incumbents_first;
-    for u in 0..n as UnitIdx {
+    for u in units.clone() {
+        let local = (u - units.start) as usize;
         let range = base.candidate_range(u);
         let list = &cands.cluster[range.clone()];
         let scores = &cands.score[range.clone()];
         let ranks = cands.rank.as_ref().map(|r| &r[range.clone()]);
         // The first candidate: base position `j`, favoured or not.
+        let first = &mut part.first;
         let mut head = |j: usize, favoured: bool| {
             let bonus = if favoured { factor } else { 1.0 };
             let rank = match ranks.map(|r| r[j]) {
@@ -174,12 +256,12 @@ pub fn favour_incumbents(
                 rank: 0.0,
                 newcomer: false,
             });
-            start.push(range.start as u32);
+            part.start.push(range.start as u32);
             continue;
         }
         if marks.is_empty() {
             head(0, false);
-            start.push(range.start as u32);
+            part.start.push(range.start as u32);
             continue;
         }
         let effective = |j: usize| {
@@ -189,15 +271,16 @@ pub fn favour_incumbents(
                 scores[j]
             }
         };
+        let set = |bits: &mut [u64], i: usize| set_bit(bits, i - word_base * 64);
         // Only a favoured entry got better, so the order can break only just before one.
         let in_order = marks
             .iter()
             .all(|&j| j == 0 || (effective(j - 1), list[j - 1]) < (effective(j), list[j]));
         if in_order {
             head(0, marks.contains(&0));
-            start.push(range.start as u32);
+            part.start.push(range.start as u32);
             for &j in &marks {
-                set_bit(&mut favoured, range.start + j);
+                set(&mut part.favoured, range.start + j);
             }
             continue;
         }
@@ -211,9 +294,9 @@ pub fn favour_incumbents(
             } else {
                 head(0, false);
             }
-            start.push(range.start as u32);
-            set_bit(&mut favoured, range.start + p);
-            promote[u as usize] = [p as u8, q as u8];
+            part.start.push(range.start as u32);
+            set(&mut part.favoured, range.start + p);
+            part.promote[local] = [p as u8, q as u8];
             continue;
         }
         // The unit's preference is (score, cluster id), now with the bonus: its candidates
@@ -223,39 +306,86 @@ pub fn favour_incumbents(
         order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let j0 = order[0].2;
         head(j0, marks.contains(&j0));
-        let at = arena_len + moved.cluster.len();
-        if at + list.len() > u32::MAX as usize {
-            // Positions are `u32`s: an arena this large leaves no room for the reordered copies.
-            return Err(ModelError::TooMany {
-                subject: "effective preferences".into(),
-                what: "candidates, with the reordered units' copies",
-                count: at + list.len(),
-                limit: u32::MAX as usize,
-            });
-        }
-        start.push(at as u32);
-        favoured.resize((at + list.len()).div_ceil(64), 0);
+        let at = part.moved.cluster.len();
+        // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
+        part.start
+            .push(u32::try_from(arena_len + at).unwrap_or(u32::MAX));
         for (k, &(_, cluster, j)) in order.iter().enumerate() {
-            moved.cluster.push(cluster);
-            moved.score.push(scores[j]);
-            if let (Some(r), Some(o)) = (moved.rank.as_mut(), ranks) {
+            part.moved.cluster.push(cluster);
+            part.moved.score.push(scores[j]);
+            if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), ranks) {
                 r.push(o[j]);
             }
             if marks.contains(&j) {
-                set_bit(&mut favoured, at + k);
+                part.moved_favoured.push(at + k);
             }
         }
     }
-    Ok(base.with_favour(Favour {
+    part
+}
+
+/// Joins the parts of [`favour_incumbents`], in unit order.
+fn join_parts(
+    base: &Instance,
+    factor: f32,
+    incumbents_first: bool,
+    parts: Vec<Part>,
+) -> Result<Favour, ModelError> {
+    let arena_len = base.cands.cluster.len();
+    let moved_len: usize = parts.iter().map(|p| p.moved.cluster.len()).sum();
+    if arena_len + moved_len > u32::MAX as usize {
+        // Positions are `u32`s: an arena this large leaves no room for the reordered copies.
+        return Err(ModelError::TooMany {
+            subject: "effective preferences".into(),
+            what: "candidates, with the reordered units' copies",
+            count: arena_len + moved_len,
+            limit: u32::MAX as usize,
+        });
+    }
+    let n = base.unit_count();
+    let mut favour = Favour {
         factor,
         incumbents_first,
-        start,
-        promote,
+        start: Vec::with_capacity(n),
+        promote: Vec::with_capacity(n),
         arena_len,
-        moved,
-        favoured,
-        first,
-    }))
+        moved: CandidateColumns {
+            cluster: Vec::with_capacity(moved_len),
+            score: Vec::with_capacity(moved_len),
+            rank: base
+                .cands
+                .rank
+                .as_ref()
+                .map(|_| Vec::with_capacity(moved_len)),
+        },
+        favoured: vec![0u64; (arena_len + moved_len).div_ceil(64)],
+        first: Vec::with_capacity(n),
+    };
+    for part in parts {
+        let offset = favour.moved.cluster.len();
+        favour.start.extend(part.start.iter().map(|&s| {
+            if s as usize >= arena_len {
+                s + offset as u32
+            } else {
+                s
+            }
+        }));
+        favour.promote.extend_from_slice(&part.promote);
+        favour.first.extend_from_slice(&part.first);
+        // The parts' arena ranges touch at most in one word, where the bits are or-ed.
+        for (w, &bits) in part.favoured.iter().enumerate() {
+            favour.favoured[part.word_base + w] |= bits;
+        }
+        for &k in &part.moved_favoured {
+            set_bit(&mut favour.favoured, arena_len + offset + k);
+        }
+        favour.moved.cluster.extend_from_slice(&part.moved.cluster);
+        favour.moved.score.extend_from_slice(&part.moved.score);
+        if let (Some(r), Some(o)) = (favour.moved.rank.as_mut(), part.moved.rank.as_ref()) {
+            r.extend_from_slice(o);
+        }
+    }
+    Ok(favour)
 }
 
 fn set_bit(bits: &mut [u64], i: usize) {
@@ -352,6 +482,77 @@ mod tests {
             warm.allocations(m)[0].cluster,
             inst.cluster_index("a").expect("a")
         );
+    }
+
+    /// The preferences derived in parts (on threads) are the same whatever the number of
+    /// parts: a random instance, ranks on some candidates, a previous map splitting units over
+    /// several clusters and naming some twice, units without candidates.
+    #[test]
+    fn the_parts_join_to_the_same_preferences() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let clusters: Vec<String> = (0..12)
+            .map(|c| {
+                format!(
+                    r#"{{"id": "c{c:02}", "lat": 0, "lon": 0, "resources": {{"name": "r", "kind": "bps", "capacity": 50, "classes": ["web"]}}}}"#
+                )
+            })
+            .collect();
+        let units: Vec<String> = (0..3000)
+            .map(|u| {
+                let k = if u % 97 == 0 { 0 } else { rng.random_range(1..=12usize) };
+                let mut ids: Vec<usize> = (0..12).collect();
+                for i in 0..k {
+                    let j = rng.random_range(i..12);
+                    ids.swap(i, j);
+                }
+                let cands: Vec<String> = ids[..k]
+                    .iter()
+                    .map(|c| {
+                        let score = rng.random_range(1.0..2.0f64);
+                        if rng.random_bool(0.3) {
+                            let rank = rng.random_range(0.0..5.0f64);
+                            format!(r#"{{"cluster": "c{c:02}", "score": {score}, "cluster_rank": {rank}}}"#)
+                        } else {
+                            format!(r#"{{"cluster": "c{c:02}", "score": {score}}}"#)
+                        }
+                    })
+                    .collect();
+                format!(
+                    r#"{{"id": "u{u:05}", "class": "web", "demand": 1, "lat": 0, "lon": 0, "candidates": [{}]}}"#,
+                    cands.join(",")
+                )
+            })
+            .collect();
+        let json = format!(
+            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 0}}}}],
+               "clusters": [{}], "map_units": [{}]}}"#,
+            clusters.join(","),
+            units.join(",")
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let mut previous = Map::with_capacity(inst.unit_count(), 0);
+        for u in 0..inst.unit_count() as UnitIdx {
+            let cands: Vec<_> = inst.candidates(u).collect();
+            let mut picks = Vec::new();
+            for _ in 0..rng.random_range(0..4usize) {
+                if let Some(c) = cands.get(rng.random_range(0..cands.len().max(1))) {
+                    picks.push(Allocation {
+                        cluster: c.cluster,
+                        amount: rng.random_range(0.0..2.0),
+                    });
+                }
+            }
+            previous.push_unit(picks, 0.0);
+        }
+        let stickiness = Stickiness::margin(0.3);
+        let one = favour_in_parts(&inst, &previous, 0.7, &stickiness, 1).expect("favour");
+        assert!(!one.moved.cluster.is_empty(), "some units are copied aside");
+        assert!(one.promote.iter().any(|p| p[0] != 0), "some are promoted");
+        for parts in [2, 3, 7] {
+            let other = favour_in_parts(&inst, &previous, 0.7, &stickiness, parts).expect("favour");
+            assert!(one == other, "{parts} parts");
+        }
     }
 
     #[test]
