@@ -287,8 +287,7 @@ impl Favour {
     }
 }
 
-/// Where a promotion `[p, q]` shows the entry at position `j`: the position of the entry
-/// shown at `j`, and its inverse.
+/// Under a promotion `[p, q]`, the (instance) position of the entry shown at position `j`.
 fn promoted_entry([p, q]: [u8; 2], j: usize) -> usize {
     let (p, q) = (usize::from(p), usize::from(q));
     if j < q || j > p {
@@ -300,6 +299,8 @@ fn promoted_entry([p, q]: [u8; 2], j: usize) -> usize {
     }
 }
 
+/// Under a promotion `[p, q]`, the position where the entry at (instance) position `b` is
+/// shown: the inverse of [`promoted_entry`].
 fn promoted_position([p, q]: [u8; 2], b: usize) -> usize {
     let (p, q) = (usize::from(p), usize::from(q));
     if b < q || b > p {
