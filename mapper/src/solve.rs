@@ -406,12 +406,23 @@ impl<'a> Solver<'a> {
     }
 
     fn queue_in_order(&mut self, units: impl Iterator<Item = UnitIdx>, arrival: Arrival) {
-        let mut order: Vec<u64> = units
-            .map(|u| match self.first(u) {
-                Some((_, key)) if arrival == Arrival::Preference => key,
-                _ => u64::from(u),
-            })
+        let order: Vec<u64> = units
+            .map(|u| Self::arrival_key(u, self.first(u), arrival))
             .collect();
+        self.queue_keys(order);
+    }
+
+    /// What unit `u` is queued by: the key its first candidate gives it (`first`), or its
+    /// index (the low bits of a key are the unit's index in either case).
+    fn arrival_key(u: UnitIdx, first: Option<(ClusterIdx, u64)>, arrival: Arrival) -> u64 {
+        match first {
+            Some((_, key)) if arrival == Arrival::Preference => key,
+            _ => u64::from(u),
+        }
+    }
+
+    /// Queues the units of `order` (their [`Self::arrival_key`]s), lowest key first.
+    fn queue_keys(&mut self, mut order: Vec<u64>) {
         order.sort_unstable();
         for &k in order.iter().rev() {
             let u = (k & UNIT_MASK) as UnitIdx;
@@ -852,15 +863,14 @@ impl<'a> Solver<'a> {
         let paths = self.paths.start.len() - 1;
         let mut count = vec![0u32; paths + 1];
         let mut seeded_total = 0.0;
-        // The units that propose (not seeded, with demand), in id order.
-        let mut pending: Vec<UnitIdx> = Vec::new();
+        // The arrival keys of the units that propose (not seeded, with demand), taken here
+        // while the unit is in cache.
+        let mut pending: Vec<u64> = Vec::new();
         for u in 0..self.inst.unit_count() as UnitIdx {
-            let Some((first, key)) = self
-                .first(u)
-                .filter(|&(c, _)| self.keep_seed(seed, u, n, c))
-            else {
+            let head = self.first(u);
+            let Some((first, key)) = head.filter(|&(c, _)| self.keep_seed(seed, u, n, c)) else {
                 if self.unit[u as usize].unplaced > self.tol(u) {
-                    pending.push(u);
+                    pending.push(Self::arrival_key(u, head, arrival));
                 }
                 continue;
             };
@@ -937,7 +947,7 @@ impl<'a> Solver<'a> {
         }
         self.stats.seeded_demand = seeded_total - (self.removed - removed_before);
         // Units the shedding gave demand back to are queued already (they propose last).
-        self.queue_in_order(pending.into_iter(), arrival);
+        self.queue_keys(pending);
     }
 
     /// Whether unit `u` keeps its place from `seed`: only a unit whose whole demand sat at its
