@@ -51,6 +51,9 @@ const NONE: u32 = u32::MAX;
 /// After this many evictions of one unit in a solve, its holdings are evicted whole (see
 /// `Solver::evict`).
 const EVICTIONS_BEFORE_WHOLE: u8 = 64;
+/// How many units ahead the solver's loops prefetch a unit's columns, and its candidate.
+const PREFETCH_FAR: usize = 16;
+const PREFETCH_NEAR: usize = 8;
 /// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
 const MAX_SCAN: usize = 32;
 const UNIT_BITS: u32 = 24;
@@ -499,25 +502,14 @@ impl<'a> Solver<'a> {
 
     /// Hides the memory latency of the units about to be popped: their columns are scattered
     /// over the instance's arrays, so each pop would otherwise wait on several cache misses.
-    /// Two stages, because a unit's candidates are found through its `cand_start`.
+    /// Two stages, because a unit's candidates are found through its columns.
     fn prefetch_ahead(&self) {
-        const FAR: usize = 16;
-        const NEAR: usize = 8;
         let len = self.stack.len();
-        let units = &self.inst.units;
-        if len > FAR {
-            let v = self.stack[len - FAR] as usize;
-            prefetch(&units.cand_start, v);
-            if let Some(f) = &self.inst.favour {
-                prefetch(&f.start, v);
-                prefetch(&f.promote, v);
-            }
-            prefetch(&units.demand, v);
-            prefetch(&units.class, v);
-            prefetch(&self.unit, v);
+        if len > PREFETCH_FAR {
+            self.prefetch_unit(self.stack[len - PREFETCH_FAR]);
         }
-        if len > NEAR {
-            let v = self.stack[len - NEAR];
+        if len > PREFETCH_NEAR {
+            let v = self.stack[len - PREFETCH_NEAR];
             let i = self.inst.candidate_range(v).start + usize::from(self.unit[v as usize].next);
             self.inst.prefetch_candidate(v, i);
         }
@@ -525,21 +517,10 @@ impl<'a> Solver<'a> {
 
     /// Like [`Self::prefetch_ahead`], for a scan over `units` now at `at`.
     fn prefetch_units(&self, units: &[(UnitIdx, u32)], at: usize) {
-        const FAR: usize = 16;
-        const NEAR: usize = 8;
-        let us = &self.inst.units;
-        if let Some(&(v, _)) = units.get(at + FAR) {
-            let v = v as usize;
-            prefetch(&us.cand_start, v);
-            if let Some(f) = &self.inst.favour {
-                prefetch(&f.start, v);
-                prefetch(&f.promote, v);
-            }
-            prefetch(&us.demand, v);
-            prefetch(&us.class, v);
-            prefetch(&self.unit, v);
+        if let Some(&(v, _)) = units.get(at + PREFETCH_FAR) {
+            self.prefetch_unit(v);
         }
-        if let Some(&(v, _)) = units.get(at + NEAR) {
+        if let Some(&(v, _)) = units.get(at + PREFETCH_NEAR) {
             self.inst
                 .prefetch_candidate(v, self.inst.candidate_range(v).start);
             let s = self.unit[v as usize].head;
@@ -547,6 +528,19 @@ impl<'a> Solver<'a> {
                 prefetch(&self.slots, s as usize);
             }
         }
+    }
+
+    /// The first stage: unit `v`'s own columns and solver state.
+    fn prefetch_unit(&self, v: UnitIdx) {
+        let (units, v) = (&self.inst.units, v as usize);
+        prefetch(&units.cand_start, v);
+        if let Some(f) = &self.inst.favour {
+            prefetch(&f.start, v);
+            prefetch(&f.promote, v);
+        }
+        prefetch(&units.demand, v);
+        prefetch(&units.class, v);
+        prefetch(&self.unit, v);
     }
 
     fn propose(&mut self, u: UnitIdx) {

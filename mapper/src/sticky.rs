@@ -363,6 +363,8 @@ fn join_parts(
     };
     for part in parts {
         let offset = favour.moved.cluster.len();
+        // Starts at or past the arena are in this part's copies (or, for units without
+        // candidates at the very end, empty ranges, which the shift leaves empty).
         favour.start.extend(part.start.iter().map(|&s| {
             if s as usize >= arena_len {
                 s + offset as u32
