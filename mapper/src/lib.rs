@@ -8,6 +8,7 @@ pub mod error;
 pub mod format;
 pub mod map;
 pub mod model;
+mod parts;
 pub mod resolve;
 pub mod select;
 pub mod servers;

@@ -137,7 +137,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
 /// Solves `instance` warm, starting from `seed` (normally the previous round's map): every unit
 /// whose whole demand sat at its first choice (an up cluster) keeps it there, at its new demand;
 /// nodes pushed over capacity shed the holders they like least; then every other unit proposes
-/// from its first choice, and repair rounds remove any blocking pair left. With stickiness
+/// from its first choice (the units the seed left in overflow last), and repair rounds remove
+/// any blocking pair left. With stickiness
 /// ([`crate::sticky`]) most units' first choice is where they were, so little moves. The result
 /// is stable for `instance`'s preferences, like a cold solve's, but it is a stable allocation
 /// *near the seed* rather than the map-unit-optimal one. Work: one pass over the units plus the
@@ -860,11 +861,17 @@ impl<'a> Solver<'a> {
         // The arrival keys of the units that propose (not seeded, with demand), taken here
         // while the unit is in cache.
         let mut pending: Vec<u64> = Vec::new();
+        let mut late: Vec<u64> = Vec::new();
         for u in 0..self.inst.unit_count() as UnitIdx {
             let head = self.first(u);
             let Some((first, key)) = head.filter(|&(c, _)| self.keep_seed(seed, u, n, c)) else {
                 if self.unit[u as usize].unplaced > self.tol(u) {
-                    pending.push(Self::arrival_key(u, head, arrival));
+                    let key = Self::arrival_key(u, head, arrival);
+                    if (u as usize) < n && seed.overflow(u) != 0.0 {
+                        late.push(key);
+                    } else {
+                        pending.push(key);
+                    }
                 }
                 continue;
             };
@@ -940,7 +947,12 @@ impl<'a> Solver<'a> {
             }
         }
         self.stats.seeded_demand = seeded_total - (self.removed - removed_before);
-        // Units the shedding gave demand back to are queued already (they propose last).
+        // Units the shedding gave demand back to are queued already: they propose last. Before
+        // them, the units the seed left in overflow: most are refused by every candidate again,
+        // and a refusal made after the others have settled is rarely undone by a later removal,
+        // so the blocking-pair scan passes it (`surely_full`) instead of sizing the offer
+        // again; fewer of them are accepted and then evicted on the way, too.
+        self.queue_keys(late);
         self.queue_keys(pending);
     }
 

@@ -41,6 +41,7 @@ use crate::map::Map;
 use crate::model::{
     CandidateColumns, ClusterIdx, Favour, FirstCandidate, Instance, UnitIdx, NO_RANK,
 };
+use crate::parts;
 
 /// The largest margin accepted: at 1 an incumbent's score would be 0 and nothing could ever
 /// move.
@@ -122,17 +123,10 @@ pub fn favour_incumbents(
     let factor = (1.0 - margin) as f32;
     // The units in two halves, one on another thread, when there are enough of them to pay
     // for it.
-    let parts = if base.unit_count() >= PARALLEL_UNITS {
-        2
-    } else {
-        1
-    };
+    let parts = parts::parts_for(base.unit_count());
     let favour = favour_in_parts(&base, previous, factor, stickiness, parts)?;
     Ok(base.with_favour(favour))
 }
-
-/// Instances with at least this many map units derive their preferences on two threads.
-const PARALLEL_UNITS: usize = 1 << 16;
 
 /// The [`Favour`] of `base`, its units split into `parts` ranges, each but the first on its
 /// own thread; the parts are joined in unit order, so the result does not depend on `parts`.
@@ -143,28 +137,14 @@ fn favour_in_parts(
     stickiness: &Stickiness,
     parts: usize,
 ) -> Result<Favour, ModelError> {
-    let n = base.unit_count();
-    let parts = parts.clamp(1, n.max(1));
-    let bounds: Vec<UnitIdx> = (0..=parts).map(|k| (n * k / parts) as UnitIdx).collect();
-    let done = std::thread::scope(|scope| {
-        let others: Vec<_> = bounds[1..]
-            .windows(2)
-            .map(|w| {
-                scope.spawn(move || favour_part(base, previous, factor, stickiness, w[0]..w[1]))
-            })
-            .collect();
-        let mut done = vec![favour_part(
+    let done = parts::in_parts(base.unit_count(), parts, |r| {
+        favour_part(
             base,
             previous,
             factor,
             stickiness,
-            bounds[0]..bounds[1],
-        )];
-        done.extend(others.into_iter().map(|h| {
-            h.join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        }));
-        done
+            r.start as UnitIdx..r.end as UnitIdx,
+        )
     });
     join_parts(base, factor, stickiness.incumbents_first, done)
 }
