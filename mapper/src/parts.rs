@@ -7,10 +7,11 @@ use std::ops::Range;
 /// Below this many items, a second thread costs more than it saves.
 pub(crate) const PARALLEL_ITEMS: usize = 1 << 16;
 
-/// The number of parts `n` items are split into: two from [`PARALLEL_ITEMS`] on (the
-/// deployments cdnmap targets have at least two cores), else one.
-pub(crate) fn parts_for(n: usize) -> usize {
-    if n >= PARALLEL_ITEMS {
+/// The number of parts `n` items are split into: two from `min` on (the deployments cdnmap
+/// targets have at least two cores), else one. `min`: [`PARALLEL_ITEMS`] for light work per
+/// item, less for heavier.
+pub(crate) fn parts_for(n: usize, min: usize) -> usize {
+    if n >= min {
         2
     } else {
         1
@@ -24,21 +25,28 @@ pub(crate) fn bounds(n: usize, parts: usize) -> Vec<usize> {
     (0..=parts).map(|k| n * k / parts).collect()
 }
 
-/// `f` on each range of [`bounds`]`(n, parts)`, the first on this thread and each other on
-/// its own scoped thread; the results in range order. A panic in a part is resumed here.
+/// `f` on each range of [`bounds`]`(n, parts)`, as [`run_parts`] runs them.
 pub(crate) fn in_parts<T: Send>(
     n: usize,
     parts: usize,
     f: impl Fn(Range<usize>) -> T + Sync,
 ) -> Vec<T> {
-    let bounds = bounds(n, parts);
+    let ranges = bounds(n, parts).windows(2).map(|w| w[0]..w[1]).collect();
+    run_parts(ranges, f)
+}
+
+/// `f` on each input (a part's range, or the slices it may write), the first on this thread
+/// and each other on its own scoped thread; the results in input order. A panic in a part is
+/// resumed here.
+pub(crate) fn run_parts<I: Send, T: Send>(inputs: Vec<I>, f: impl Fn(I) -> T + Sync) -> Vec<T> {
     let f = &f;
+    let mut inputs = inputs.into_iter();
+    let Some(first) = inputs.next() else {
+        return Vec::new();
+    };
     std::thread::scope(|scope| {
-        let others: Vec<_> = bounds[1..]
-            .windows(2)
-            .map(|w| scope.spawn(move || f(w[0]..w[1])))
-            .collect();
-        let mut done = vec![f(bounds[0]..bounds[1])];
+        let others: Vec<_> = inputs.map(|i| scope.spawn(move || f(i))).collect();
+        let mut done = vec![f(first)];
         done.extend(others.into_iter().map(|h| {
             h.join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

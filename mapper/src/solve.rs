@@ -43,6 +43,7 @@ use std::collections::BinaryHeap;
 
 use crate::map::{Allocation, Map};
 use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
+use crate::parts;
 
 /// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise.
 pub const EPS_REL: f64 = 1e-9;
@@ -56,6 +57,9 @@ const PREFETCH_FAR: usize = 16;
 const PREFETCH_NEAR: usize = 8;
 /// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
 const MAX_SCAN: usize = 32;
+/// The blocking-pair scan splits over threads from this many units on (a unit's checks cost
+/// far more than one step of a pass over all units).
+const SCAN_PART: usize = 1 << 12;
 const UNIT_BITS: u32 = 24;
 const UNIT_MASK: u64 = (1 << UNIT_BITS) - 1;
 /// The key bit of a newcomer (see [`crate::sticky`]): every newcomer's key is above every
@@ -145,7 +149,18 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
 /// proposals of the units not at their first choice. Entries of `seed` that do not fit
 /// `instance` (units beyond its count, other clusters) are ignored.
 pub fn solve_seeded(instance: &Instance, seed: &Map, options: &SolveOptions) -> Solution {
+    seeded_in_parts(instance, seed, options, None)
+}
+
+/// [`solve_seeded`], its passes split into `parts` (by their size when `None`).
+fn seeded_in_parts(
+    instance: &Instance,
+    seed: &Map,
+    options: &SolveOptions,
+    parts: Option<usize>,
+) -> Solution {
     let mut s = Solver::new(instance);
+    s.parts = parts;
     s.seed(seed, options.arrival);
     finish(s, options)
 }
@@ -165,7 +180,7 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
     s.stats.blocking_pairs_left = left.len();
     // The heaps are not needed to read the map out: free them first, to lower the peak.
     s.heap = Vec::new();
-    s.seeded_keys = Vec::new();
+    s.seeded = Vec::new();
     let map = s.to_map();
     Solution {
         map,
@@ -244,6 +259,40 @@ struct Slot {
     amount: f64,
 }
 
+/// The keys of the units one part of a seeding pass seeded, grouped by (cluster, class) path
+/// id, in unit order: path `p`'s are `keys[start[p]..start[p + 1]]`.
+struct SeededKeys {
+    keys: Vec<u64>,
+    start: Vec<u32>,
+}
+
+impl SeededKeys {
+    fn of_path(&self, p: usize) -> &[u64] {
+        &self.keys[self.start[p] as usize..self.start[p + 1] as usize]
+    }
+}
+
+/// What one part of a seeding pass found, beyond the unit states and slots it wrote.
+struct SeedPart {
+    keys: SeededKeys,
+    /// Per path id: the demand seeded on it.
+    demand: Vec<f64>,
+    /// The arrival keys of the units that propose, and of those the seed left in overflow.
+    pending: Vec<u64>,
+    late: Vec<u64>,
+}
+
+/// What reading the state tells of a unit in the blocking-pair scan.
+enum Verdict {
+    /// In no blocking pair.
+    Clear,
+    /// In one with its candidate at this position.
+    Blocking(usize),
+    /// Unknown from this position on: the candidate there, offered this much demand, needs a
+    /// heap walk.
+    Unsure(usize, f64),
+}
+
 /// A resource node's state in a solve.
 #[derive(Clone, Copy)]
 struct NodeState {
@@ -285,10 +334,8 @@ struct Solver<'a> {
     heap: Vec<BinaryHeap<u64>>,
     /// Nodes whose heap still lacks the seeded holders' keys (see [`Self::heap_mut`]).
     lazy: Vec<bool>,
-    /// The seeded holders' keys, grouped by (cluster, class) path id: path `p`'s are
-    /// `seeded_keys[seeded_start[p]..seeded_start[p + 1]]`.
-    seeded_keys: Vec<u64>,
-    seeded_start: Vec<u32>,
+    /// The seeded holders' keys, per part of the seeding pass (see [`Self::seed`]).
+    seeded: Vec<SeededKeys>,
     /// The path ids through each node: `node_paths[node_paths_start[n]..node_paths_start[n + 1]]`
     /// (built by a seeded solve only).
     node_paths_start: Vec<u32>,
@@ -314,6 +361,9 @@ struct Solver<'a> {
     /// The units whose proposal pointer has moved, each with the epoch when it first did, in
     /// that order: the only units that can be in a blocking pair (see [`Self::find_blocking`]).
     moved: Vec<(UnitIdx, u32)>,
+    /// How many parts the passes that split over threads use (`None`: by their size, see
+    /// [`parts::parts_for`]); set by tests.
+    parts: Option<usize>,
     stats: SolveStats,
 }
 
@@ -370,8 +420,7 @@ impl<'a> Solver<'a> {
             node,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
             lazy: Vec::new(),
-            seeded_keys: Vec::new(),
-            seeded_start: Vec::new(),
+            seeded: Vec::new(),
             node_paths_start: Vec::new(),
             node_paths: Vec::new(),
             unit: inst
@@ -397,6 +446,7 @@ impl<'a> Solver<'a> {
             removal_floor: vec![0; inst.clusters().len()],
             last_removal: vec![0; inst.clusters().len()],
             moved: Vec::new(),
+            parts: None,
             stats: SolveStats::default(),
         }
     }
@@ -433,6 +483,12 @@ impl<'a> Solver<'a> {
             self.unit[u as usize].queued = true;
             self.stack.push(u);
         }
+    }
+
+    /// How many parts a pass over `n` items splits into ([`parts::parts_for`] with `min`,
+    /// unless a test set [`Self::parts`]).
+    fn parts_for(&self, n: usize, min: usize) -> usize {
+        self.parts.unwrap_or_else(|| parts::parts_for(n, min))
     }
 
     fn tol(&self, u: UnitIdx) -> f64 {
@@ -644,17 +700,10 @@ impl<'a> Solver<'a> {
             if need <= self.node_tol(n) {
                 continue;
             }
-            if newcomer && self.node[n].worst_bound < NEWCOMER {
-                // Only incumbents hold capacity here, and the cluster likes them all better.
+            let Some(key) = self.may_hold_worse(n, u, i, newcomer, &mut key) else {
                 accept = accept.min((free / q).max(0.0));
                 continue;
-            }
-            let key = *key.get_or_insert_with(|| self.key(u, i));
-            if self.node[n].worst_bound <= key {
-                // No holder here is worse than `u`: the heap would stop at its top.
-                accept = accept.min((free / q).max(0.0));
-                continue;
-            }
+            };
             let mut got = 0.0;
             let mut last = u64::MAX;
             while got < need {
@@ -681,6 +730,58 @@ impl<'a> Solver<'a> {
             accept = accept.min(((free + got) / q).max(0.0));
         }
         accept
+    }
+
+    /// Whether node `n` may hold units it likes less than `u` (reached through its candidate at
+    /// arena index `i`): `None` when it surely holds none, so an offer gets only its free
+    /// capacity there; else `u`'s key, to compare with the heap. `key` caches the key (it reads
+    /// the candidate's rank, often the one cache miss of a rejection).
+    fn may_hold_worse(
+        &self,
+        n: usize,
+        u: UnitIdx,
+        i: usize,
+        newcomer: bool,
+        key: &mut Option<u64>,
+    ) -> Option<u64> {
+        if newcomer && self.node[n].worst_bound < NEWCOMER {
+            return None; // only incumbents hold capacity here, and it likes them all better
+        }
+        let key = *key.get_or_insert_with(|| self.key(u, i));
+        // At or above the bound, no holder here is worse than `u`: the heap would stop at its
+        // top.
+        (self.node[n].worst_bound > key).then_some(key)
+    }
+
+    /// What [`Self::size_offer`] gives an offer of `x` of unit `u` at its candidate at arena
+    /// index `i`, when that can be told without taking entries off a heap: when no node short
+    /// of room for it may hold a unit it likes less (by `worst_bound`, or by the top of a
+    /// built heap). `None` otherwise. Reads only, so threads can share it.
+    fn room_without_heaps(&self, u: UnitIdx, i: usize, x: f64) -> Option<f64> {
+        let c = self.inst.cand_cluster(u, i);
+        if !self.up[c as usize] {
+            return Some(0.0);
+        }
+        let newcomer = self.inst.is_newcomer(u, i);
+        let mut key = None;
+        let mut accept = x;
+        for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
+            let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
+            let free = self.node[n].cap - self.node[n].used;
+            if x * q - free <= self.node_tol(n) {
+                continue;
+            }
+            if let Some(key) = self.may_hold_worse(n, u, i, newcomer, &mut key) {
+                if self.lazy.get(n).copied().unwrap_or(false) {
+                    return None; // the heap is not built: its top is unknown
+                }
+                if self.heap[n].peek().is_some_and(|&top| top > key) {
+                    return None; // a worse holder, or a stale entry: only a walk tells
+                }
+            }
+            accept = accept.min((free / q).max(0.0));
+        }
+        Some(accept)
     }
 
     /// Puts the entries [`Self::size_offer`] popped back into their heaps.
@@ -845,64 +946,54 @@ impl<'a> Solver<'a> {
         room
     }
 
-    /// Warm start from `seed` (see [`solve_seeded`]).
+    /// Warm start from `seed` (see [`solve_seeded`]). The pass over the units runs in parts
+    /// by unit range ([`parts`]), each on its own thread writing its own units' states and
+    /// home slots (slot `u` is unit `u`'s first); the parts' sums and keys are joined in
+    /// unit order, so the solve does not depend on the machine.
     fn seed(&mut self, seed: &Map, arrival: Arrival) {
-        let n = self.inst.unit_count().min(seed.unit_count());
-        // The key of every seeded holding, and the number per path. The heaps are not built
-        // here: a node's heap gets the seeded keys of the paths through it when first popped or
-        // peeked (`heap_mut`), which many nodes never are. Pushes before that go to the heap
-        // as usual and are merged then, so every pop sees the same keys as with heaps built
-        // up front: the solve is the same, only cheaper.
-        let mut seeded: Vec<u64> = Vec::with_capacity(n);
-        let mut seeded_path: Vec<u32> = Vec::with_capacity(n);
+        let units = self.inst.unit_count();
+        let n = units.min(seed.unit_count());
         let paths = self.paths.start.len() - 1;
-        let mut count = vec![0u32; paths + 1];
-        let mut seeded_total = 0.0;
-        // The arrival keys of the units that propose (not seeded, with demand), taken here
-        // while the unit is in cache.
-        let mut pending: Vec<u64> = Vec::new();
-        let mut late: Vec<u64> = Vec::new();
-        for u in 0..self.inst.unit_count() as UnitIdx {
-            let head = self.first(u);
-            let Some((first, key)) = head.filter(|&(c, _)| self.keep_seed(seed, u, n, c)) else {
-                if self.unit[u as usize].unplaced > self.tol(u) {
-                    let key = Self::arrival_key(u, head, arrival);
-                    if (u as usize) < n && seed.overflow(u) != 0.0 {
-                        late.push(key);
-                    } else {
-                        pending.push(key);
-                    }
-                }
-                continue;
+        // Every unit gets its home slot; a unit not seeded leaves its own unused.
+        let mut slots = vec![
+            Slot {
+                cluster: 0,
+                next: NONE,
+                amount: 0.0,
             };
-            let d = self.inst.units.demand[u as usize];
-            self.add(u, first, 0, None, d);
-            self.unit[u as usize].unplaced = 0.0;
-            seeded_total += d;
-            let k = self.inst.units.class[u as usize];
-            let path = self.paths.id(first, k);
-            count[path as usize] += 1;
-            seeded.push(key);
-            seeded_path.push(path);
+            units
+        ];
+        slots.reserve(units / 4);
+        let mut unit = std::mem::take(&mut self.unit);
+        let parts = self.parts_for(units, parts::PARALLEL_ITEMS);
+        let bounds = parts::bounds(units, parts);
+        let mut chunks = Vec::with_capacity(bounds.len() - 1);
+        let (mut unit_rest, mut slot_rest) = (&mut unit[..], &mut slots[..]);
+        for w in bounds.windows(2) {
+            let (u, u_rest) = std::mem::take(&mut unit_rest).split_at_mut(w[1] - w[0]);
+            let (sl, sl_rest) = std::mem::take(&mut slot_rest).split_at_mut(w[1] - w[0]);
+            chunks.push((w[0], u, sl));
+            (unit_rest, slot_rest) = (u_rest, sl_rest);
         }
-        // Group the keys by path (a counting sort).
-        let mut start = Vec::with_capacity(paths + 1);
-        let mut acc = 0u32;
-        for &c in &count {
-            start.push(acc);
-            acc += c;
+        let this = &*self;
+        let done = parts::run_parts(chunks, |(from, unit, slots)| {
+            this.seed_part(seed, n, arrival, from, unit, slots)
+        });
+        self.unit = unit;
+        self.slots = slots;
+        // Each node's usage, from the demand seeded per path.
+        let mut seeded_total = 0.0;
+        for part in &done {
+            for (p, &d) in part.demand.iter().enumerate() {
+                if d == 0.0 {
+                    continue;
+                }
+                seeded_total += d;
+                for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
+                    self.node[self.paths.node[pi] as usize].used += d * self.paths.coef[pi];
+                }
+            }
         }
-        let mut fill = start.clone();
-        let mut keys = vec![0u64; seeded.len()];
-        for (&key, &path) in seeded.iter().zip(&seeded_path) {
-            let at = &mut fill[path as usize];
-            keys[*at as usize] = key;
-            *at += 1;
-        }
-        drop(seeded);
-        drop(seeded_path);
-        self.seeded_keys = keys;
-        self.seeded_start = start;
         // The paths through each node.
         let nodes = self.heap.len();
         let mut through = vec![0u32; nodes + 1];
@@ -923,22 +1014,29 @@ impl<'a> Solver<'a> {
             }
         }
         // Each node's worst seeded key, for `worst_bound`.
-        for p in 0..paths {
-            let (x, y) = (
-                self.seeded_start[p] as usize,
-                self.seeded_start[p + 1] as usize,
-            );
-            let Some(&worst) = self.seeded_keys[x..y].iter().max() else {
-                continue;
-            };
-            for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
-                let n = self.paths.node[pi] as usize;
-                self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
+        for part in &done {
+            for p in 0..paths {
+                let Some(&worst) = part.keys.of_path(p).iter().max() else {
+                    continue;
+                };
+                for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
+                    let n = self.paths.node[pi] as usize;
+                    self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
+                }
             }
         }
         self.node_paths_start = through;
         self.node_paths = node_paths;
         self.lazy = vec![true; nodes];
+        let (mut pending, mut late) = (Vec::new(), Vec::new());
+        self.seeded = done
+            .into_iter()
+            .map(|part| {
+                pending.extend(part.pending);
+                late.extend(part.late);
+                part.keys
+            })
+            .collect();
         // Shed what no longer fits (demand grew, capacity shrank), children before parents.
         let removed_before = self.removed;
         for c in 0..self.inst.clusters().len() as ClusterIdx {
@@ -954,6 +1052,74 @@ impl<'a> Solver<'a> {
         // again; fewer of them are accepted and then evicted on the way, too.
         self.queue_keys(late);
         self.queue_keys(pending);
+    }
+
+    /// One part of the seeding pass: the units from `from` on, whose states are `unit` and
+    /// whose home slots are `slots`. A unit [`Self::keep_seed`] keeps is placed whole at its
+    /// first choice; every other unit's arrival key is taken here, while the unit is in cache.
+    fn seed_part(
+        &self,
+        seed: &Map,
+        n: usize,
+        arrival: Arrival,
+        from: usize,
+        unit: &mut [UnitState],
+        slots: &mut [Slot],
+    ) -> SeedPart {
+        let paths = self.paths.start.len() - 1;
+        let mut demand = vec![0.0; paths];
+        let mut count = vec![0u32; paths + 1];
+        let (mut seeded, mut seeded_path) = (Vec::with_capacity(unit.len()), Vec::new());
+        seeded_path.reserve(unit.len());
+        let (mut pending, mut late) = (Vec::new(), Vec::new());
+        for (local, (state, slot)) in unit.iter_mut().zip(slots.iter_mut()).enumerate() {
+            let u = (from + local) as UnitIdx;
+            let head = self.first(u);
+            let Some((first, key)) = head.filter(|&(c, _)| self.keep_seed(seed, u, n, c)) else {
+                if state.unplaced > self.tol(u) {
+                    let key = Self::arrival_key(u, head, arrival);
+                    if (u as usize) < n && seed.overflow(u) != 0.0 {
+                        late.push(key);
+                    } else {
+                        pending.push(key);
+                    }
+                }
+                continue;
+            };
+            let d = self.inst.units.demand[u as usize];
+            *slot = Slot {
+                cluster: first,
+                next: NONE,
+                amount: d,
+            };
+            state.head = u;
+            state.unplaced = 0.0;
+            let path = self.paths.id(first, self.inst.units.class[u as usize]) as usize;
+            demand[path] += d;
+            count[path] += 1;
+            seeded.push(key);
+            seeded_path.push(path as u32);
+        }
+        // Group the keys by path (a counting sort).
+        let mut start = Vec::with_capacity(paths + 1);
+        let mut acc = 0u32;
+        for &c in &count {
+            start.push(acc);
+            acc += c;
+        }
+        let mut fill = start.clone();
+        let mut keys = vec![0u64; seeded.len()];
+        for (&key, &path) in seeded.iter().zip(&seeded_path) {
+            let at = &mut fill[path as usize];
+            keys[*at as usize] = key;
+            *at += 1;
+        }
+        SeedPart {
+            keys: SeededKeys { keys, start },
+            demand,
+            pending,
+            late,
+        }
     }
 
     /// Whether unit `u` keeps its place from `seed`: only a unit whose whole demand sat at its
@@ -982,11 +1148,9 @@ impl<'a> Solver<'a> {
             let mut entries = std::mem::take(&mut self.heap[n]).into_vec();
             let (a, b) = (self.node_paths_start[n], self.node_paths_start[n + 1]);
             for &p in &self.node_paths[a as usize..b as usize] {
-                let (x, y) = (
-                    self.seeded_start[p as usize],
-                    self.seeded_start[p as usize + 1],
-                );
-                entries.extend_from_slice(&self.seeded_keys[x as usize..y as usize]);
+                for part in &self.seeded {
+                    entries.extend_from_slice(part.of_path(p as usize));
+                }
             }
             self.heap[n] = BinaryHeap::from(entries);
         }
@@ -1025,15 +1189,17 @@ impl<'a> Solver<'a> {
     }
 
     /// For every unit in a blocking pair, the position of its best blocking candidate.
+    ///
+    /// Only a unit whose pointer has moved can be in a blocking pair: one holds demand only at
+    /// candidates up to its pointer, and one left with unplaced demand after a pass has offered
+    /// it to every candidate (unless the proposal bound was hit). So only those are scanned,
+    /// in two sweeps: first, on several threads ([`parts`]), every check that reading the
+    /// state settles ([`Self::scan_unit`]); then, in unit order on this thread, the checks
+    /// that must walk a heap. A walk changes no decision (it only drops stale entries and
+    /// builds lazy heaps), so the pairs found are the same as in one sequential sweep.
     fn find_blocking(&mut self) -> Vec<(UnitIdx, usize)> {
-        let mut out = Vec::new();
-        let mut held: Vec<(usize, f64)> = Vec::new();
         // Past the proposal bound some units have candidates they never offered to.
         let skip = !self.stats.proposal_bound_hit;
-        // Only a unit whose pointer has moved can be in a blocking pair: one holds demand only
-        // at candidates up to its pointer, and one left with unplaced demand after a pass has
-        // offered it to every candidate (unless the bound was hit). So, in id order as before,
-        // only those are scanned.
         let units: Vec<(UnitIdx, u32)> = if skip {
             self.moved.sort_unstable();
             self.moved.clone()
@@ -1042,53 +1208,123 @@ impl<'a> Solver<'a> {
                 .map(|u| (u, 0))
                 .collect()
         };
-        for (at, &(u, since)) in units.iter().enumerate() {
-            self.prefetch_units(&units, at);
-            // Candidates before `worst` are ones u likes more than some of its demand's place.
+        let this = &*self;
+        let parts = self.parts_for(units.len(), SCAN_PART);
+        let verdicts = parts::in_parts(units.len(), parts, |r| {
+            let mut held = Vec::new();
+            r.map(|at| {
+                this.prefetch_units(&units, at);
+                this.scan_unit(units[at], skip, 0, &mut held)
+            })
+            .collect::<Vec<_>>()
+        });
+        let mut out = Vec::new();
+        let mut held = Vec::new();
+        for (&(u, since), verdict) in units.iter().zip(verdicts.into_iter().flatten()) {
+            let mut verdict = verdict;
+            while let Verdict::Unsure(j, movable) = verdict {
+                let i = self.inst.candidate_range(u).start + j;
+                verdict = if self.room_for(u, i, movable) > self.tol(u) {
+                    Verdict::Blocking(j)
+                } else {
+                    self.scan_unit((u, since), skip, j + 1, &mut held)
+                };
+            }
+            if let Verdict::Blocking(j) = verdict {
+                out.push((u, j));
+            }
+        }
+        #[cfg(debug_assertions)]
+        self.check_scan(&units, skip);
+        out
+    }
+
+    /// The blocking-pair scan of unit `u` (whose pointer first moved at epoch `since`) from
+    /// its candidate position `from` on, reading only: the first candidate it would rather
+    /// have more demand at that has room for it, or the first whose room only a heap walk can
+    /// tell. `held`: scratch.
+    fn scan_unit(
+        &self,
+        (u, since): (UnitIdx, u32),
+        skip: bool,
+        from: usize,
+        held: &mut Vec<(usize, f64)>,
+    ) -> Verdict {
+        // Candidates before `worst` are ones u likes more than some of its demand's place.
+        let worst = if self.unit[u as usize].unplaced > self.tol(u) {
+            self.inst.candidate_count(u)
+        } else {
+            usize::from(self.unit[u as usize].worst)
+        };
+        if worst <= from {
+            return Verdict::Clear;
+        }
+        self.held_positions(u, held);
+        let (range, tol) = (self.inst.candidate_range(u), self.tol(u));
+        for j in from..worst {
+            let movable = self.movable(u, j, held);
+            if movable <= tol || (skip && self.surely_full(u, range.start + j, since)) {
+                continue;
+            }
+            match self.room_without_heaps(u, range.start + j, movable) {
+                Some(room) if room <= tol => continue,
+                Some(_) => return Verdict::Blocking(j),
+                None => return Verdict::Unsure(j, movable),
+            }
+        }
+        Verdict::Clear
+    }
+
+    /// Unit `u`'s demand at each candidate position it holds some at (usually one), into
+    /// `held`.
+    fn held_positions(&self, u: UnitIdx, held: &mut Vec<(usize, f64)>) {
+        held.clear();
+        let mut s = self.unit[u as usize].head;
+        while s != NONE {
+            let slot = self.slots[s as usize];
+            if let Some(p) = self.inst.candidate_position(u, slot.cluster) {
+                held.push((p, slot.amount));
+            }
+            s = slot.next;
+        }
+    }
+
+    /// The demand unit `u` would move to its candidate at position `j` if it could: what is
+    /// unplaced and what it holds at candidates after `j` (`held`: [`Self::held_positions`]).
+    fn movable(&self, u: UnitIdx, j: usize, held: &[(usize, f64)]) -> f64 {
+        self.unit[u as usize].unplaced
+            + held
+                .iter()
+                .filter(|&&(p, _)| p > j)
+                .map(|&(_, a)| a)
+                .sum::<f64>()
+    }
+
+    /// Checks (in debug builds) every candidate the scan passed by [`Self::surely_full`], and
+    /// that every unit whose pointer never moved is placed.
+    #[cfg(debug_assertions)]
+    fn check_scan(&mut self, units: &[(UnitIdx, u32)], skip: bool) {
+        if !skip {
+            return;
+        }
+        let mut held = Vec::new();
+        for &(u, since) in units {
             let worst = if self.unit[u as usize].unplaced > self.tol(u) {
                 self.inst.candidate_count(u)
             } else {
                 usize::from(self.unit[u as usize].worst)
             };
-            if worst == 0 {
-                continue;
-            }
-            // Demand at each position (usually one holding), to know what could move up.
-            held.clear();
-            let range = self.inst.candidate_range(u);
-            let mut s = self.unit[u as usize].head;
-            while s != NONE {
-                let slot = self.slots[s as usize];
-                if let Some(p) = self.inst.candidate_position(u, slot.cluster) {
-                    held.push((p, slot.amount));
-                }
-                s = slot.next;
-            }
-            let tol = self.tol(u);
+            self.held_positions(u, &mut held);
+            let start = self.inst.candidate_range(u).start;
             for j in 0..worst {
-                let movable = self.unit[u as usize].unplaced
-                    + held
-                        .iter()
-                        .filter(|&&(p, _)| p > j)
-                        .map(|&(_, a)| a)
-                        .sum::<f64>();
-                if movable <= tol {
-                    continue;
-                }
-                if skip && self.surely_full(u, range.start + j, since) {
-                    #[cfg(debug_assertions)]
-                    self.check_full(u, range.start + j, movable);
-                    continue;
-                }
-                if self.room_for(u, range.start + j, movable) > tol {
-                    out.push((u, j));
-                    break;
+                let movable = self.movable(u, j, &held);
+                if movable > self.tol(u) && self.surely_full(u, start + j, since) {
+                    self.check_full(u, start + j, movable);
                 }
             }
         }
-        #[cfg(debug_assertions)]
         for u in 0..self.inst.unit_count() as UnitIdx {
-            if skip && self.unit[u as usize].next == 0 {
+            if self.unit[u as usize].next == 0 {
                 assert!(self.unit[u as usize].worst == 0, "unit {u}");
                 assert!(
                     self.unit[u as usize].unplaced <= self.tol(u)
@@ -1097,7 +1333,6 @@ impl<'a> Solver<'a> {
                 );
             }
         }
-        out
     }
 
     /// Whether the cluster at arena index `i` surely has no room for `u` (one of the
@@ -1291,5 +1526,93 @@ mod tests {
         let fast = solve(&inst, &SolveOptions::default());
         assert_eq!(fast.map, sol.map);
         assert_eq!(fast.stats.evictions, 0);
+    }
+
+    /// A random two-class world (Bps- and Fps-heavy classes over trees of both kinds), its
+    /// units' demand scaled by `scale(u)`: tight enough that some demand overflows.
+    fn two_class_world(seed: u64, scale: impl Fn(usize) -> f64) -> Instance {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let clusters: Vec<String> = (0..24)
+            .map(|c| {
+                let cap = rng.random_range(60.0..140.0f64);
+                format!(
+                    r#"{{"id": "c{c:02}", "lat": 0, "lon": 0, "resources": {{"name": "root", "kind": "bps", "capacity": {cap}, "children": [
+                        {{"name": "f", "kind": "fps", "capacity": {f}, "children": [
+                          {{"name": "v", "kind": "bps", "capacity": {v}, "classes": ["video"]}},
+                          {{"name": "a", "kind": "fps", "capacity": 1000, "classes": ["apps"]}}]}}]}}}}"#,
+                    f = cap * 0.8,
+                    v = cap * 0.7
+                )
+            })
+            .collect();
+        let units: Vec<String> = (0..4000)
+            .map(|u| {
+                let k = rng.random_range(1..=8usize);
+                let mut ids: Vec<usize> = (0..24).collect();
+                for i in 0..k {
+                    let j = rng.random_range(i..24);
+                    ids.swap(i, j);
+                }
+                let cands: Vec<String> = ids[..k]
+                    .iter()
+                    .map(|c| {
+                        let score = rng.random_range(1.0..2.0f64);
+                        let rank = rng.random_range(0.0..5.0f64);
+                        format!(r#"{{"cluster": "c{c:02}", "score": {score}, "cluster_rank": {rank}}}"#)
+                    })
+                    .collect();
+                let class = if u % 3 == 0 { "apps" } else { "video" };
+                let demand = rng.random_range(0.5..2.0f64) * scale(u);
+                format!(
+                    r#"{{"id": "u{u:05}", "class": "{class}", "demand": {demand}, "lat": 0, "lon": 0, "candidates": [{}]}}"#,
+                    cands.join(",")
+                )
+            })
+            .collect();
+        let json = format!(
+            r#"{{"traffic_classes": [
+                 {{"name": "video", "priority": 1, "per_unit": {{"bps": 1.0, "fps": 0.25}}}},
+                 {{"name": "apps", "priority": 0, "per_unit": {{"bps": 0.25, "fps": 1.0}}}}],
+               "clusters": [{}], "map_units": [{}]}}"#,
+            clusters.join(","),
+            units.join(",")
+        );
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid instance")
+    }
+
+    /// A seeded solve split into 1, 2 or 3 parts (its seeding pass and its blocking-pair
+    /// scan) finds the same map, up to the rounding of the usage sums, and each is stable for
+    /// the effective preferences.
+    #[test]
+    fn the_parts_do_not_change_a_seeded_solve() {
+        let options = SolveOptions::default();
+        let first = two_class_world(5, |_| 1.0);
+        let cold = solve(&first, &options);
+        assert!(cold.map.total_overflow() > 1.0, "the world must overflow");
+        // The same world, demand moved by up to ±10%.
+        let next = two_class_world(5, |u| 1.0 + 0.1 * ((u * 7919 % 201) as f64 / 100.0 - 1.0));
+        let eff = crate::sticky::favour_incumbents(&next, &cold.map, &Default::default())
+            .expect("effective preferences");
+        let one = seeded_in_parts(&eff, &cold.map, &options, Some(1));
+        assert!(one.stats.proposals > 100, "{:?}", one.stats);
+        for parts in [1, 2, 3] {
+            let got = seeded_in_parts(&eff, &cold.map, &options, Some(parts));
+            let report = crate::verify::verify(&eff, &got.map);
+            assert!(
+                report.is_ok(),
+                "{parts} parts: {}",
+                report.describe(&eff, 5)
+            );
+            for u in 0..eff.unit_count() as UnitIdx {
+                let tol = 1e-9 * eff.units.demand[u as usize];
+                let (a, b) = (one.map.allocations(u), got.map.allocations(u));
+                assert_eq!(a.len(), b.len(), "{parts} parts, unit {u}");
+                for (x, y) in a.iter().zip(b) {
+                    assert!(x.cluster == y.cluster && (x.amount - y.amount).abs() <= tol);
+                }
+                assert!((one.map.overflow(u) - got.map.overflow(u)).abs() <= tol);
+            }
+        }
     }
 }

@@ -123,7 +123,7 @@ pub fn favour_incumbents(
     let factor = (1.0 - margin) as f32;
     // The units in two halves, one on another thread, when there are enough of them to pay
     // for it.
-    let parts = parts::parts_for(base.unit_count());
+    let parts = parts::parts_for(base.unit_count(), parts::PARALLEL_ITEMS);
     let favour = favour_in_parts(&base, previous, factor, stickiness, parts)?;
     Ok(base.with_favour(favour))
 }
