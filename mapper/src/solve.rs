@@ -40,6 +40,7 @@
 //! (`Solver::surely_full`).
 
 use std::collections::BinaryHeap;
+use std::mem::MaybeUninit;
 
 use crate::map::{Allocation, Map};
 use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
@@ -322,6 +323,27 @@ struct UnitState {
     queued: bool,
 }
 
+impl UnitState {
+    /// A unit with all of its demand `d` still to place.
+    fn unplaced(d: f64) -> Self {
+        UnitState {
+            unplaced: d,
+            head: NONE,
+            next: 0,
+            worst: 0,
+            evicted: 0,
+            queued: false,
+        }
+    }
+}
+
+/// A slot holding nothing, linked to nothing.
+const BLANK_SLOT: Slot = Slot {
+    cluster: 0,
+    next: NONE,
+    amount: 0.0,
+};
+
 struct Solver<'a> {
     inst: &'a Instance,
     paths: Paths,
@@ -423,19 +445,8 @@ impl<'a> Solver<'a> {
             seeded: Vec::new(),
             node_paths_start: Vec::new(),
             node_paths: Vec::new(),
-            unit: inst
-                .units
-                .demand
-                .iter()
-                .map(|&d| UnitState {
-                    unplaced: d,
-                    head: NONE,
-                    next: 0,
-                    worst: 0,
-                    evicted: 0,
-                    queued: false,
-                })
-                .collect(),
+            // Filled by `push_all` or `seed`.
+            unit: Vec::new(),
             slots: Vec::with_capacity(n + n / 4),
             free_slots: Vec::new(),
             stack: Vec::with_capacity(n),
@@ -455,6 +466,13 @@ impl<'a> Solver<'a> {
     /// priority, then rank, then id): units a cluster likes best propose first, so few are
     /// evicted later. The order changes the work, not the result where the result is unique.
     fn push_all(&mut self, arrival: Arrival) {
+        self.unit = self
+            .inst
+            .units
+            .demand
+            .iter()
+            .map(|&d| UnitState::unplaced(d))
+            .collect();
         let n = self.inst.unit_count() as UnitIdx;
         self.queue_in_order(0..n, arrival);
     }
@@ -954,21 +972,15 @@ impl<'a> Solver<'a> {
         let units = self.inst.unit_count();
         let n = units.min(seed.unit_count());
         let paths = self.paths.start.len() - 1;
-        // Every unit gets its home slot; a unit not seeded leaves its own unused.
-        let mut slots = vec![
-            Slot {
-                cluster: 0,
-                next: NONE,
-                amount: 0.0,
-            };
-            units
-        ];
-        slots.reserve(units / 4);
-        let mut unit = std::mem::take(&mut self.unit);
+        // Every unit gets its home slot; a unit not seeded leaves its own unused. The parts
+        // write every unit's state and home slot, into memory not written before.
+        let mut unit: Vec<UnitState> = Vec::with_capacity(units);
+        let mut slots: Vec<Slot> = Vec::with_capacity(units + units / 4);
         let parts = self.parts_for(units, parts::PARALLEL_ITEMS);
         let bounds = parts::bounds(units, parts);
         let mut chunks = Vec::with_capacity(bounds.len() - 1);
-        let (mut unit_rest, mut slot_rest) = (&mut unit[..], &mut slots[..]);
+        let mut unit_rest = &mut unit.spare_capacity_mut()[..units];
+        let mut slot_rest = &mut slots.spare_capacity_mut()[..units];
         for w in bounds.windows(2) {
             let (u, u_rest) = std::mem::take(&mut unit_rest).split_at_mut(w[1] - w[0]);
             let (sl, sl_rest) = std::mem::take(&mut slot_rest).split_at_mut(w[1] - w[0]);
@@ -979,6 +991,13 @@ impl<'a> Solver<'a> {
         let done = parts::run_parts(chunks, |(from, unit, slots)| {
             this.seed_part(seed, n, arrival, from, unit, slots)
         });
+        // SAFETY: the chunks cover elements 0..units of both spare capacities, each part wrote
+        // every element of its chunks (`seed_part` writes both for each unit), and every part
+        // has returned (a panic in one would have been resumed above, leaving both empty).
+        unsafe {
+            unit.set_len(units);
+            slots.set_len(units);
+        }
         self.unit = unit;
         self.slots = slots;
         // Each node's usage, from the demand seeded per path.
@@ -1055,16 +1074,17 @@ impl<'a> Solver<'a> {
     }
 
     /// One part of the seeding pass: the units from `from` on, whose states are `unit` and
-    /// whose home slots are `slots`. A unit [`Self::keep_seed`] keeps is placed whole at its
-    /// first choice; every other unit's arrival key is taken here, while the unit is in cache.
+    /// whose home slots are `slots`, every one of which it writes. A unit [`Self::keep_seed`]
+    /// keeps is placed whole at its first choice; every other unit's arrival key is taken
+    /// here, while the unit is in cache.
     fn seed_part(
         &self,
         seed: &Map,
         n: usize,
         arrival: Arrival,
         from: usize,
-        unit: &mut [UnitState],
-        slots: &mut [Slot],
+        unit: &mut [MaybeUninit<UnitState>],
+        slots: &mut [MaybeUninit<Slot>],
     ) -> SeedPart {
         let paths = self.paths.start.len() - 1;
         let mut demand = vec![0.0; paths];
@@ -1074,9 +1094,12 @@ impl<'a> Solver<'a> {
         let (mut pending, mut late) = (Vec::new(), Vec::new());
         for (local, (state, slot)) in unit.iter_mut().zip(slots.iter_mut()).enumerate() {
             let u = (from + local) as UnitIdx;
+            let d = self.inst.units.demand[u as usize];
             let head = self.first(u);
             let Some((first, key)) = head.filter(|&(c, _)| self.keep_seed(seed, u, n, c)) else {
-                if state.unplaced > self.tol(u) {
+                state.write(UnitState::unplaced(d));
+                slot.write(BLANK_SLOT);
+                if d > self.tol(u) {
                     let key = Self::arrival_key(u, head, arrival);
                     if (u as usize) < n && seed.overflow(u) != 0.0 {
                         late.push(key);
@@ -1086,14 +1109,16 @@ impl<'a> Solver<'a> {
                 }
                 continue;
             };
-            let d = self.inst.units.demand[u as usize];
-            *slot = Slot {
+            slot.write(Slot {
                 cluster: first,
                 next: NONE,
                 amount: d,
-            };
-            state.head = u;
-            state.unplaced = 0.0;
+            });
+            state.write(UnitState {
+                unplaced: 0.0,
+                head: u,
+                ..UnitState::unplaced(d)
+            });
             let path = self.paths.id(first, self.inst.units.class[u as usize]) as usize;
             demand[path] += d;
             count[path] += 1;

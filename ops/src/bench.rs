@@ -68,7 +68,7 @@ fn sticky_round(
         a.stickiness
     );
     println!(
-        "               = effective preferences {:.1} ms (two threads) + seeded solve {:.1} ms (one); proposals {}   evictions {}   repair rounds {}   blocking pairs {}",
+        "               = effective preferences {:.1} ms (two threads) + seeded solve {:.1} ms (proposals on one thread, seeding and scan on two); proposals {}   evictions {}   repair rounds {}   blocking pairs {}",
         ms(prefs),
         ms(warm_solve),
         warm_sol.stats.proposals,
@@ -146,9 +146,20 @@ pub struct SolveBenchArgs {
     pub stickiness: f64,
 }
 
-/// Runs `f` `runs` times; returns the median time, the sorted times, and the last result.
+/// Every timed solve is first run once untimed. A mapping process is long-lived and keeps
+/// freed memory between rounds ([`crate::alloc::KEEP_FREED_MS`]); a process's first solve
+/// instead faults every page in fresh, which cost it about 3x (1 M map units: 295 ms for a
+/// seeded solve that takes 65 ms in later runs), and with 5 runs the median still caught the
+/// tail of that. The warm-up applies alike to cold and warm solves.
+const WARM_UP: usize = 1;
+
+/// Runs `f` once untimed (see [`WARM_UP`]), then `runs` times; returns the median time, the
+/// sorted times, and the last result.
 fn time_runs<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, Vec<Duration>, T) {
     let mut times = Vec::with_capacity(runs);
+    for _ in 0..WARM_UP {
+        drop(black_box(f()));
+    }
     let mut last = None;
     for _ in 0..runs.max(1) {
         drop(last.take());
@@ -204,6 +215,9 @@ pub fn solve(a: &SolveBenchArgs) -> Result<ExitCode> {
     let mut times = Vec::with_capacity(a.runs);
     let mut peak_extra = 0usize;
     let mut last = None;
+    for _ in 0..WARM_UP {
+        drop(black_box(solve_instance(black_box(&inst), &options)));
+    }
     for _ in 0..a.runs {
         drop(last.take());
         alloc::reset_peak();
@@ -231,7 +245,7 @@ pub fn solve(a: &SolveBenchArgs) -> Result<ExitCode> {
         ms(trivial)
     );
     println!(
-        "cold solve     median {:>9.1} ms   min {:.1} max {:.1} over {} runs, one thread",
+        "cold solve     median {:>9.1} ms   min {:.1} max {:.1} over {} runs after {WARM_UP} warm-up, one thread",
         ms(solve_median),
         ms(times[0]),
         ms(times[times.len() - 1]),
