@@ -137,13 +137,17 @@ fn favour_in_parts(
     stickiness: &Stickiness,
     parts: usize,
 ) -> Result<Favour, ModelError> {
-    let done = parts::in_parts(base.unit_count(), parts, |r| {
+    let n = base.unit_count();
+    let done = parts::in_parts(n, parts, |r| {
+        // The first part's columns get room for all units: the others are appended to them.
+        let room = if r.start == 0 { n } else { r.len() };
         favour_part(
             base,
             previous,
             factor,
             stickiness,
             r.start as UnitIdx..r.end as UnitIdx,
+            room,
         )
     });
     join_parts(base, factor, stickiness.incumbents_first, done)
@@ -152,6 +156,7 @@ fn favour_in_parts(
 /// The effective preferences of a range of units (see [`favour_incumbents`]): their
 /// [`Favour`] fields, with the favoured bits of their part of the arena (from word
 /// `word_base` on) and their moved candidates numbered from 0.
+#[derive(Default)]
 struct Part {
     start: Vec<u32>,
     promote: Vec<[u8; 2]>,
@@ -169,6 +174,7 @@ fn favour_part(
     factor: f32,
     stickiness: &Stickiness,
     units: std::ops::Range<UnitIdx>,
+    room: usize,
 ) -> Part {
     let cands = &base.cands;
     let arena_len = cands.cluster.len();
@@ -182,10 +188,12 @@ fn favour_part(
         )
     };
     let word_base = from / 64;
+    let mut promote = Vec::with_capacity(room.max(count));
+    promote.resize(count, [0u8; 2]);
     let mut part = Part {
-        start: Vec::with_capacity(count),
-        promote: vec![[0u8; 2]; count],
-        first: Vec::with_capacity(count),
+        start: Vec::with_capacity(room.max(count)),
+        promote,
+        first: Vec::with_capacity(room.max(count)),
         word_base,
         favoured: vec![0u64; to.div_ceil(64) - word_base],
         moved: CandidateColumns {
@@ -322,12 +330,15 @@ fn join_parts(
             limit: u32::MAX as usize,
         });
     }
-    let n = base.unit_count();
+    let mut parts = parts.into_iter();
+    let mut head = parts.next().unwrap_or_default();
+    // The first part's columns, with room for all units, take the others' (its moved
+    // copies come first, so its starts need no shift).
     let mut favour = Favour {
         factor,
         incumbents_first,
-        start: Vec::with_capacity(n),
-        promote: Vec::with_capacity(n),
+        start: std::mem::take(&mut head.start),
+        promote: std::mem::take(&mut head.promote),
         arena_len,
         moved: CandidateColumns {
             cluster: Vec::with_capacity(moved_len),
@@ -339,9 +350,9 @@ fn join_parts(
                 .map(|_| Vec::with_capacity(moved_len)),
         },
         favoured: vec![0u64; (arena_len + moved_len).div_ceil(64)],
-        first: Vec::with_capacity(n),
+        first: std::mem::take(&mut head.first),
     };
-    for part in parts {
+    for part in std::iter::once(head).chain(parts) {
         let offset = favour.moved.cluster.len();
         // Starts at or past the arena are in this part's copies (or, for units without
         // candidates at the very end, empty ranges, which the shift leaves empty).
