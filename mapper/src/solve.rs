@@ -1454,11 +1454,33 @@ impl<'a> Solver<'a> {
         }
     }
 
+    /// The map, read out in parts by unit range ([`parts`]): the first part's map has room
+    /// for all units and takes the others'.
     fn to_map(&self) -> Map {
         let n = self.inst.unit_count();
-        let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
+        let live = self.slots.len() - self.free_slots.len();
+        let parts = self.parts_for(n, parts::PARALLEL_ITEMS);
+        let mut maps = parts::in_parts(n, parts, |r| {
+            let room = if r.start == 0 {
+                (n, live)
+            } else {
+                (r.len(), r.len() + r.len() / 8)
+            };
+            self.map_part(r, room)
+        })
+        .into_iter();
+        let mut map = maps.next().unwrap_or_else(|| Map::with_capacity(0, 0));
+        for part in maps {
+            map.append(part);
+        }
+        map
+    }
+
+    /// The map of the units in `units`, with room for `room` (units, allocations).
+    fn map_part(&self, units: std::ops::Range<usize>, room: (usize, usize)) -> Map {
+        let mut map = Map::with_capacity(room.0, room.1);
         let mut held: Vec<(usize, Allocation)> = Vec::new();
-        for u in 0..n as UnitIdx {
+        for u in units.start as UnitIdx..units.end as UnitIdx {
             let s = self.unit[u as usize].head;
             if s != NONE && self.slots[s as usize].next == NONE {
                 // One holding (most units): no order to find.
