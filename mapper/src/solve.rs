@@ -354,8 +354,9 @@ struct Solver<'a> {
     /// Per global node, in one record: an offer reads all of it at each node of its path.
     node: Vec<NodeState>,
     heap: Vec<BinaryHeap<u64>>,
-    /// Nodes whose heap still lacks the seeded holders' keys (see [`Self::heap_mut`]).
-    lazy: Vec<bool>,
+    /// Per node: 0 once its heap holds the seeded holders' keys (or there are none); before
+    /// that, their largest plus one, see [`Self::heap_above`].
+    unmerged: Vec<u64>,
     /// The seeded holders' keys, per part of the seeding pass (see [`Self::seed`]).
     seeded: Vec<SeededKeys>,
     /// The path ids through each node: `node_paths[node_paths_start[n]..node_paths_start[n + 1]]`
@@ -441,7 +442,7 @@ impl<'a> Solver<'a> {
                 .collect(),
             node,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
-            lazy: Vec::new(),
+            unmerged: Vec::new(),
             seeded: Vec::new(),
             node_paths_start: Vec::new(),
             node_paths: Vec::new(),
@@ -725,7 +726,7 @@ impl<'a> Solver<'a> {
             let mut got = 0.0;
             let mut last = u64::MAX;
             while got < need {
-                let heap = self.heap_mut(n);
+                let heap = self.heap_above(n, key);
                 let Some(&top) = heap.peek() else {
                     break;
                 };
@@ -790,8 +791,12 @@ impl<'a> Solver<'a> {
                 continue;
             }
             if let Some(key) = self.may_hold_worse(n, u, i, newcomer, &mut key) {
-                if self.lazy.get(n).copied().unwrap_or(false) {
-                    return None; // the heap is not built: its top is unknown
+                if self
+                    .unmerged
+                    .get(n)
+                    .is_some_and(|&m| m > key.saturating_add(1))
+                {
+                    return None; // a seeded key may be above `key`: the heap lacks them yet
                 }
                 if self.heap[n].peek().is_some_and(|&top| top > key) {
                     return None; // a worse holder, or a stale entry: only a walk tells
@@ -1032,7 +1037,8 @@ impl<'a> Solver<'a> {
                 fill[node] += 1;
             }
         }
-        // Each node's worst seeded key, for `worst_bound`.
+        // Each node's worst seeded key, for `worst_bound` and `unmerged`.
+        self.unmerged = vec![0; nodes];
         for part in &done {
             for p in 0..paths {
                 let Some(&worst) = part.keys.of_path(p).iter().max() else {
@@ -1041,12 +1047,12 @@ impl<'a> Solver<'a> {
                 for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
                     let n = self.paths.node[pi] as usize;
                     self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
+                    self.unmerged[n] = self.unmerged[n].max(worst.saturating_add(1));
                 }
             }
         }
         self.node_paths_start = through;
         self.node_paths = node_paths;
-        self.lazy = vec![true; nodes];
         let (mut pending, mut late) = (Vec::new(), Vec::new());
         self.seeded = done
             .into_iter()
@@ -1168,8 +1174,8 @@ impl<'a> Solver<'a> {
     /// Node `n`'s heap, with the seeded holders' keys merged in on first use (see
     /// [`Self::seed`]).
     fn heap_mut(&mut self, n: usize) -> &mut BinaryHeap<u64> {
-        if self.lazy.get(n).copied().unwrap_or(false) {
-            self.lazy[n] = false;
+        if self.unmerged.get(n).is_some_and(|&m| m != 0) {
+            self.unmerged[n] = 0;
             let mut entries = std::mem::take(&mut self.heap[n]).into_vec();
             let (a, b) = (self.node_paths_start[n], self.node_paths_start[n + 1]);
             for &p in &self.node_paths[a as usize..b as usize] {
@@ -1178,6 +1184,21 @@ impl<'a> Solver<'a> {
                 }
             }
             self.heap[n] = BinaryHeap::from(entries);
+        }
+        &mut self.heap[n]
+    }
+
+    /// Node `n`'s heap, for a walk over the entries above `key` only: while no seeded key
+    /// there is above `key`, every such entry is among those pushed so far, so the heap need
+    /// not take the seeded keys in yet (a newcomer's offer, above every seeded incumbent, never
+    /// makes it). The walk pops the same entries in the same order as on the merged heap.
+    fn heap_above(&mut self, n: usize, key: u64) -> &mut BinaryHeap<u64> {
+        if self
+            .unmerged
+            .get(n)
+            .is_some_and(|&m| m > key.saturating_add(1))
+        {
+            return self.heap_mut(n);
         }
         &mut self.heap[n]
     }
