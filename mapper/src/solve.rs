@@ -294,6 +294,27 @@ enum Verdict {
     Unsure(usize, f64),
 }
 
+/// The sorted union (with repeats) of two sorted lists.
+fn merge_sorted(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i] <= b[j] {
+            out.push(a[i]);
+            i += 1;
+        } else {
+            out.push(b[j]);
+            j += 1;
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
+}
+
 /// A resource node's state in a solve.
 #[derive(Clone, Copy)]
 struct NodeState {
@@ -497,6 +518,11 @@ impl<'a> Solver<'a> {
     /// Queues the units of `order` (their [`Self::arrival_key`]s), lowest key first.
     fn queue_keys(&mut self, mut order: Vec<u64>) {
         order.sort_unstable();
+        self.queue_sorted(&order);
+    }
+
+    /// [`Self::queue_keys`] for keys sorted already.
+    fn queue_sorted(&mut self, order: &[u64]) {
         for &k in order.iter().rev() {
             let u = (k & UNIT_MASK) as UnitIdx;
             self.unit[u as usize].queued = true;
@@ -1057,8 +1083,8 @@ impl<'a> Solver<'a> {
         self.seeded = done
             .into_iter()
             .map(|part| {
-                pending.extend(part.pending);
-                late.extend(part.late);
+                pending = merge_sorted(std::mem::take(&mut pending), part.pending);
+                late = merge_sorted(std::mem::take(&mut late), part.late);
                 part.keys
             })
             .collect();
@@ -1075,8 +1101,8 @@ impl<'a> Solver<'a> {
         // and a refusal made after the others have settled is rarely undone by a later removal,
         // so the blocking-pair scan passes it (`surely_full`) instead of sizing the offer
         // again; fewer of them are accepted and then evicted on the way, too.
-        self.queue_keys(late);
-        self.queue_keys(pending);
+        self.queue_sorted(&late);
+        self.queue_sorted(&pending);
     }
 
     /// One part of the seeding pass: the units from `from` on, whose states are `unit` and
@@ -1145,6 +1171,9 @@ impl<'a> Solver<'a> {
             keys[*at as usize] = key;
             *at += 1;
         }
+        // Sorted here, on the part's thread: the join only merges.
+        pending.sort_unstable();
+        late.sort_unstable();
         SeedPart {
             keys: SeededKeys { keys, start },
             demand,
@@ -1546,6 +1575,21 @@ mod tests {
 
     /// DESIGN.md's worked example: 20 units of video arrive, then 26 of apps; the Fps node B
     /// would need 31, so 4 units of video are evicted to their next candidate and all apps fit.
+    #[test]
+    fn merging_sorted_lists_sorts_their_union() {
+        let cases: [(Vec<u64>, Vec<u64>); 4] = [
+            (vec![], vec![3, 5]),
+            (vec![1, 4, 9], vec![]),
+            (vec![1, 4, 4, 9], vec![0, 4, 10, 11]),
+            (vec![7], vec![2, 3]),
+        ];
+        for (a, b) in cases {
+            let mut want = [a.clone(), b.clone()].concat();
+            want.sort_unstable();
+            assert_eq!(merge_sorted(a, b), want);
+        }
+    }
+
     #[test]
     fn worked_eviction_example() {
         let json = r#"{
