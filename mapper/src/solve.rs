@@ -276,8 +276,9 @@ impl SeededKeys {
 /// What one part of a seeding pass found, beyond the unit states and slots it wrote.
 struct SeedPart {
     keys: SeededKeys,
-    /// Per path id: the demand seeded on it.
+    /// Per path id: the demand seeded on it, and the largest key seeded on it (0: none).
     demand: Vec<f64>,
+    worst: Vec<u64>,
     /// The arrival keys of the units that propose, and of those the seed left in overflow.
     pending: Vec<u64>,
     late: Vec<u64>,
@@ -1066,10 +1067,10 @@ impl<'a> Solver<'a> {
         // Each node's worst seeded key, for `worst_bound` and `unmerged`.
         self.unmerged = vec![0; nodes];
         for part in &done {
-            for p in 0..paths {
-                let Some(&worst) = part.keys.of_path(p).iter().max() else {
+            for (p, &worst) in part.worst.iter().enumerate() {
+                if part.keys.of_path(p).is_empty() {
                     continue;
-                };
+                }
                 for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
                     let n = self.paths.node[pi] as usize;
                     self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
@@ -1120,6 +1121,7 @@ impl<'a> Solver<'a> {
     ) -> SeedPart {
         let paths = self.paths.start.len() - 1;
         let mut demand = vec![0.0; paths];
+        let mut worst = vec![0u64; paths];
         let mut count = vec![0u32; paths + 1];
         let (mut seeded, mut seeded_path) = (Vec::with_capacity(unit.len()), Vec::new());
         seeded_path.reserve(unit.len());
@@ -1153,6 +1155,7 @@ impl<'a> Solver<'a> {
             });
             let path = self.paths.id(first, self.inst.units.class[u as usize]) as usize;
             demand[path] += d;
+            worst[path] = worst[path].max(key);
             count[path] += 1;
             seeded.push(key);
             seeded_path.push(path as u32);
@@ -1177,6 +1180,7 @@ impl<'a> Solver<'a> {
         SeedPart {
             keys: SeededKeys { keys, start },
             demand,
+            worst,
             pending,
             late,
         }
