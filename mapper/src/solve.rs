@@ -470,7 +470,7 @@ impl<'a> Solver<'a> {
             node_paths: Vec::new(),
             // Filled by `push_all` or `seed`.
             unit: Vec::new(),
-            slots: Vec::with_capacity(n + n / 4),
+            slots: Vec::new(),
             free_slots: Vec::new(),
             stack: Vec::with_capacity(n),
             scratch: vec![Vec::new(); depth],
@@ -497,6 +497,7 @@ impl<'a> Solver<'a> {
             .map(|&d| UnitState::unplaced(d))
             .collect();
         let n = self.inst.unit_count() as UnitIdx;
+        self.slots = Vec::with_capacity(n as usize + n as usize / 4);
         self.queue_in_order(0..n, arrival);
     }
 
@@ -801,8 +802,9 @@ impl<'a> Solver<'a> {
 
     /// What [`Self::size_offer`] gives an offer of `x` of unit `u` at its candidate at arena
     /// index `i`, when that can be told without taking entries off a heap: when no node short
-    /// of room for it may hold a unit it likes less (by `worst_bound`, or by the top of a
-    /// built heap). `None` otherwise. Reads only, so threads can share it.
+    /// of room for it may hold a unit it likes less (by `worst_bound`, or by the top of its
+    /// heap once no seeded key left out of it is above the unit's, see [`Self::heap_above`]).
+    /// `None` otherwise. Reads only, so threads can share it.
     fn room_without_heaps(&self, u: UnitIdx, i: usize, x: f64) -> Option<f64> {
         let c = self.inst.cand_cluster(u, i);
         if !self.up[c as usize] {
@@ -1005,7 +1007,11 @@ impl<'a> Solver<'a> {
         let n = units.min(seed.unit_count());
         let paths = self.paths.start.len() - 1;
         // Every unit gets its home slot; a unit not seeded leaves its own unused. The parts
-        // write every unit's state and home slot, into memory not written before.
+        // write every unit's state and home slot, into memory not written before. The heaps
+        // are not built here: a node's heap takes the seeded keys of the paths through it only
+        // when a walk may reach them (`heap_above`), which many nodes never need; pushes before
+        // that go to the heap as usual, so every walk sees the same keys as on heaps built up
+        // front: the solve is the same, only cheaper.
         let mut unit: Vec<UnitState> = Vec::with_capacity(units);
         let mut slots: Vec<Slot> = Vec::with_capacity(units + units / 4);
         let parts = self.parts_for(units, parts::PARALLEL_ITEMS);
