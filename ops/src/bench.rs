@@ -68,7 +68,7 @@ fn sticky_round(
         a.stickiness
     );
     println!(
-        "               = effective preferences {:.1} ms (two threads) + seeded solve {:.1} ms (proposals on one thread, seeding and scan on two); proposals {}   evictions {}   repair rounds {}   blocking pairs {}",
+        "               = effective preferences {:.1} ms (two threads) + seeded solve {:.1} ms (proposals on one thread; seeding, scan and map read-out on two); proposals {}   evictions {}   repair rounds {}   blocking pairs {}",
         ms(prefs),
         ms(warm_solve),
         warm_sol.stats.proposals,
