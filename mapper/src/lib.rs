@@ -14,6 +14,8 @@ pub mod select;
 pub mod servers;
 pub mod solve;
 pub mod sticky;
+#[cfg(test)]
+mod testing;
 pub mod verify;
 
 pub use error::ModelError;

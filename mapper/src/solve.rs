@@ -1335,12 +1335,7 @@ impl<'a> Solver<'a> {
         from: usize,
         held: &mut Vec<(usize, f64)>,
     ) -> Verdict {
-        // Candidates before `worst` are ones u likes more than some of its demand's place.
-        let worst = if self.unit[u as usize].unplaced > self.tol(u) {
-            self.inst.candidate_count(u)
-        } else {
-            usize::from(self.unit[u as usize].worst)
-        };
+        let worst = self.scan_limit(u);
         if worst <= from {
             return Verdict::Clear;
         }
@@ -1358,6 +1353,16 @@ impl<'a> Solver<'a> {
             }
         }
         Verdict::Clear
+    }
+
+    /// The candidate positions the scan checks for unit `u` are those before this one: the
+    /// candidates it likes more than some of its demand's place (all, if some is unplaced).
+    fn scan_limit(&self, u: UnitIdx) -> usize {
+        if self.unit[u as usize].unplaced > self.tol(u) {
+            self.inst.candidate_count(u)
+        } else {
+            usize::from(self.unit[u as usize].worst)
+        }
     }
 
     /// Unit `u`'s demand at each candidate position it holds some at (usually one), into
@@ -1394,11 +1399,7 @@ impl<'a> Solver<'a> {
         }
         let mut held = Vec::new();
         for &(u, since) in units {
-            let worst = if self.unit[u as usize].unplaced > self.tol(u) {
-                self.inst.candidate_count(u)
-            } else {
-                usize::from(self.unit[u as usize].worst)
-            };
+            let worst = self.scan_limit(u);
             self.held_positions(u, &mut held);
             let start = self.inst.candidate_range(u).start;
             for j in 0..worst {
@@ -1671,24 +1672,11 @@ mod tests {
         let units: Vec<String> = (0..4000)
             .map(|u| {
                 let k = rng.random_range(1..=8usize);
-                let mut ids: Vec<usize> = (0..24).collect();
-                for i in 0..k {
-                    let j = rng.random_range(i..24);
-                    ids.swap(i, j);
-                }
-                let cands: Vec<String> = ids[..k]
-                    .iter()
-                    .map(|c| {
-                        let score = rng.random_range(1.0..2.0f64);
-                        let rank = rng.random_range(0.0..5.0f64);
-                        format!(r#"{{"cluster": "c{c:02}", "score": {score}, "cluster_rank": {rank}}}"#)
-                    })
-                    .collect();
+                let cands = crate::testing::random_candidates(&mut rng, 24, k, 1.0);
                 let class = if u % 3 == 0 { "apps" } else { "video" };
                 let demand = rng.random_range(0.5..2.0f64) * scale(u);
                 format!(
-                    r#"{{"id": "u{u:05}", "class": "{class}", "demand": {demand}, "lat": 0, "lon": 0, "candidates": [{}]}}"#,
-                    cands.join(",")
+                    r#"{{"id": "u{u:05}", "class": "{class}", "demand": {demand}, "lat": 0, "lon": 0, "candidates": [{cands}]}}"#
                 )
             })
             .collect();

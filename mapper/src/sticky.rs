@@ -494,26 +494,9 @@ mod tests {
         let units: Vec<String> = (0..3000)
             .map(|u| {
                 let k = if u % 97 == 0 { 0 } else { rng.random_range(1..=12usize) };
-                let mut ids: Vec<usize> = (0..12).collect();
-                for i in 0..k {
-                    let j = rng.random_range(i..12);
-                    ids.swap(i, j);
-                }
-                let cands: Vec<String> = ids[..k]
-                    .iter()
-                    .map(|c| {
-                        let score = rng.random_range(1.0..2.0f64);
-                        if rng.random_bool(0.3) {
-                            let rank = rng.random_range(0.0..5.0f64);
-                            format!(r#"{{"cluster": "c{c:02}", "score": {score}, "cluster_rank": {rank}}}"#)
-                        } else {
-                            format!(r#"{{"cluster": "c{c:02}", "score": {score}}}"#)
-                        }
-                    })
-                    .collect();
+                let cands = crate::testing::random_candidates(&mut rng, 12, k, 0.3);
                 format!(
-                    r#"{{"id": "u{u:05}", "class": "web", "demand": 1, "lat": 0, "lon": 0, "candidates": [{}]}}"#,
-                    cands.join(",")
+                    r#"{{"id": "u{u:05}", "class": "web", "demand": 1, "lat": 0, "lon": 0, "candidates": [{cands}]}}"#
                 )
             })
             .collect();

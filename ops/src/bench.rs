@@ -148,7 +148,7 @@ pub struct SolveBenchArgs {
 
 /// Every timed solve is first run once untimed. A mapping process is long-lived and keeps
 /// freed memory between rounds ([`crate::alloc::KEEP_FREED_MS`]); a process's first solve
-/// instead faults every page in fresh, which cost it about 3x (1 M map units: 295 ms for a
+/// instead faults every page in fresh, which cost it about 4.5x (1 M map units: 295 ms for a
 /// seeded solve that takes 65 ms in later runs), and with 5 runs the median still caught the
 /// tail of that. The warm-up applies alike to cold and warm solves.
 const WARM_UP: usize = 1;
