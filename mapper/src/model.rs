@@ -236,6 +236,36 @@ pub(crate) struct CandidateColumns {
     /// Explicit cluster ranks, [`NO_RANK`] where none was given; absent when no candidate has
     /// one. (Input ranks are finite, so infinity is free to mean "none" and compares equal.)
     pub(crate) rank: Option<Vec<f32>>,
+    /// Each unit's first candidate (a placeholder for a unit without candidates), written
+    /// down with the unit: the passes over every unit of a warm round (stickiness, seeding)
+    /// read little else of most units, and 8 bytes a unit stream where a unit's candidate
+    /// lines (twice 64 bytes at 16 candidates) do not. Empty in [`Favour::moved`].
+    pub(crate) head: Vec<Head>,
+}
+
+/// A unit's first candidate in its instance's arena: its cluster, and the rank that cluster
+/// gives the unit (the explicit rank if any, else the score).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Head {
+    pub(crate) cluster: ClusterIdx,
+    pub(crate) rank: f32,
+}
+
+impl CandidateColumns {
+    /// Appends the head of a unit whose candidates are the arena's entries from `start` on.
+    fn push_head(&mut self, start: usize) {
+        let head = match self.cluster.get(start) {
+            None => Head::default(),
+            Some(&cluster) => Head {
+                cluster,
+                rank: match self.rank.as_ref().map(|r| r[start]) {
+                    Some(r) if r != NO_RANK => r,
+                    _ => self.score[start],
+                },
+            },
+        };
+        self.head.push(head);
+    }
 }
 
 /// How stickiness changed an instance's preferences ([`crate::sticky`]), kept beside the
@@ -505,22 +535,37 @@ impl Instance {
             .is_some_and(|f| f.incumbents_first && !f.is_favoured(self.entry(u, i)))
     }
 
-    /// Unit `u`'s most preferred candidate (`None` if it has none).
+    /// Unit `u`'s most preferred candidate (`None` if it has none), as written down with the
+    /// candidates (the head column, or stickiness's [`Favour::first`]); debug builds check it
+    /// against the candidates themselves.
     #[inline]
     pub(crate) fn first_candidate(&self, u: UnitIdx) -> Option<FirstCandidate> {
         if self.candidate_count(u) == 0 {
             return None;
         }
-        if let Some(f) = &self.favour {
-            return Some(f.first[u as usize]);
+        let first = match &self.favour {
+            Some(f) => f.first[u as usize],
+            None => {
+                let head = self.cands.head[u as usize];
+                FirstCandidate {
+                    cluster: head.cluster,
+                    rank: head.rank,
+                    newcomer: false,
+                }
+            }
+        };
+        #[cfg(debug_assertions)]
+        {
+            // What was written down is what the candidates say.
+            let i = self.candidate_range(u).start;
+            let read = FirstCandidate {
+                cluster: self.cand_cluster(u, i),
+                rank: self.cand_score_rank(u, i).2,
+                newcomer: self.is_newcomer(u, i),
+            };
+            debug_assert_eq!(first, read, "unit {u}'s first candidate");
         }
-        let i = self.candidate_range(u).start;
-        let (_, _, rank) = self.cand_score_rank(u, i);
-        Some(FirstCandidate {
-            cluster: self.cand_cluster(u, i),
-            rank,
-            newcomer: self.is_newcomer(u, i),
-        })
+        Some(first)
     }
 
     /// Asks the CPU to load unit `u`'s candidate at position `i`.
@@ -597,10 +642,12 @@ impl Instance {
             cluster: Vec::with_capacity(total),
             score: Vec::with_capacity(total),
             rank: self.cands.rank.as_ref().map(|_| Vec::with_capacity(total)),
+            head: Vec::with_capacity(self.unit_count()),
         };
         let mut cand_start = Vec::with_capacity(self.unit_count() + 1);
         cand_start.push(0);
         for u in 0..self.unit_count() as UnitIdx {
+            let start = cands.cluster.len();
             for i in self.candidate_range(u) {
                 let (score, explicit, _) = self.cand_score_rank(u, i);
                 cands.cluster.push(self.cand_cluster(u, i));
@@ -609,6 +656,7 @@ impl Instance {
                     r.push(explicit.unwrap_or(NO_RANK));
                 }
             }
+            cands.push_head(start);
             cand_start.push(cands.cluster.len() as u32);
         }
         debug_assert_eq!(cand_start, self.units.cand_start);
@@ -650,6 +698,7 @@ impl Instance {
             + self.cands.cluster.capacity() * 4
             + self.cands.score.capacity() * 4
             + self.cands.rank.as_ref().map_or(0, |r| r.capacity() * 4)
+            + self.cands.head.capacity() * std::mem::size_of::<Head>()
             + self.favour.as_ref().map_or(0, |f| {
                 f.start.capacity() * 4
                     + f.favoured.capacity() * 8
@@ -856,6 +905,7 @@ impl InstanceBuilder {
         u.cand_start.reserve_exact(units);
         self.cands.cluster.reserve_exact(candidates);
         self.cands.score.reserve_exact(candidates);
+        self.cands.head.reserve_exact(units);
     }
 
     pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
@@ -951,6 +1001,7 @@ impl InstanceBuilder {
             ranks.resize(cands.cluster.len(), NO_RANK);
             cands.rank = Some(ranks);
         }
+        let start = cands.cluster.len();
         for &(score, c, rank) in &self.scratch {
             cands.cluster.push(c);
             cands.score.push(score);
@@ -958,6 +1009,7 @@ impl InstanceBuilder {
                 ranks.push(rank);
             }
         }
+        cands.push_head(start);
         u.cand_start.push(cands.cluster.len() as u32);
         u.prefixes.extend_from_slice(spec.prefixes);
         u.prefix_start.push(u.prefixes.len() as u32);
@@ -1025,6 +1077,7 @@ fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateC
             units.cand_start[i] as usize,
             units.cand_start[i + 1] as usize,
         );
+        out_cands.head.push(cands.head[i]);
         out_cands.cluster.extend_from_slice(&cands.cluster[c0..c1]);
         out_cands.score.extend_from_slice(&cands.score[c0..c1]);
         if let (Some(dst), Some(src)) = (out_cands.rank.as_mut(), cands.rank.as_ref()) {

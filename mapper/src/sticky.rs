@@ -211,20 +211,64 @@ fn favour_part(
         let list = &cands.cluster[range.clone()];
         let scores = &cands.score[range.clone()];
         let ranks = cands.rank.as_ref().map(|r| &r[range.clone()]);
+        let base_head = cands.head[u as usize];
         // The first candidate: base position `j`, favoured or not.
         let first = &mut part.first;
         let mut head = |j: usize, favoured: bool| {
             let bonus = if favoured { factor } else { 1.0 };
-            let rank = match ranks.map(|r| r[j]) {
-                Some(r) if r != NO_RANK => r * bonus,
-                _ => scores[j] * bonus,
+            let (cluster, rank) = if j == 0 {
+                (base_head.cluster, base_head.rank)
+            } else {
+                let rank = match ranks.map(|r| r[j]) {
+                    Some(r) if r != NO_RANK => r,
+                    _ => scores[j],
+                };
+                (list[j], rank)
             };
             first.push(FirstCandidate {
-                cluster: list[j],
-                rank,
+                cluster,
+                rank: rank * bonus,
                 newcomer: incumbents_first && !favoured,
             });
         };
+        let set = |bits: &mut [u64], i: usize| set_bit(bits, i - word_base * 64);
+        if let ([a], false) = (previous.allocations(u), list.is_empty()) {
+            if a.amount > 0.0 {
+                // The usual case, one incumbent, directly (the general path below does the
+                // same with it). Most are the unit's first choice: its head says so, and the
+                // unit's candidates are not read at all.
+                let p = if a.cluster == base_head.cluster {
+                    Some(0)
+                } else {
+                    list.iter().position(|&c| c == a.cluster)
+                };
+                let Some(p) = p else {
+                    // Not a candidate any more.
+                    head(0, false);
+                    part.start.push(range.start as u32);
+                    continue;
+                };
+                // The incumbent moves forward past the entries it now beats (all before it,
+                // and in order); `q == p` is no move.
+                let q = if p == 0 {
+                    0
+                } else {
+                    let key = (scores[p] * factor, list[p]);
+                    (0..p).take_while(|&j| (scores[j], list[j]) < key).count()
+                };
+                if q == 0 {
+                    head(p, true);
+                } else {
+                    head(0, false);
+                }
+                part.start.push(range.start as u32);
+                set(&mut part.favoured, range.start + p);
+                if q < p {
+                    part.promote[local] = [p as u8, q as u8];
+                }
+                continue;
+            }
+        }
         // The positions of the unit's incumbents (once each, should the map name a cluster
         // twice).
         marks.clear();
@@ -259,7 +303,6 @@ fn favour_part(
                 scores[j]
             }
         };
-        let set = |bits: &mut [u64], i: usize| set_bit(bits, i - word_base * 64);
         // Only a favoured entry got better, so the order can break only just before one.
         let in_order = marks
             .iter()
@@ -348,6 +391,7 @@ fn join_parts(
                 .rank
                 .as_ref()
                 .map(|_| Vec::with_capacity(moved_len)),
+            head: Vec::new(),
         },
         favoured: vec![0u64; (arena_len + moved_len).div_ceil(64)],
         first: std::mem::take(&mut head.first),
