@@ -526,6 +526,19 @@ impl Instance {
             .is_some_and(|f| f.incumbents_first && f.is_favoured(self.entry(u, i)))
     }
 
+    /// The cluster of unit `u`'s candidate at position `i`, and whether the unit is a
+    /// newcomer there ([`Self::cand_cluster`] and [`Self::is_newcomer`] in one lookup).
+    #[inline]
+    pub(crate) fn cand_cluster_newcomer(&self, u: UnitIdx, i: usize) -> (ClusterIdx, bool) {
+        let entry = self.entry(u, i);
+        let (c, k) = self.columns(entry);
+        let newcomer = self
+            .favour
+            .as_ref()
+            .is_some_and(|f| f.incumbents_first && !f.is_favoured(entry));
+        (c.cluster[k], newcomer)
+    }
+
     /// Whether unit `u`'s candidate at position `i` is a newcomer its cluster likes less than
     /// every incumbent (only when stickiness puts incumbents first).
     #[inline]

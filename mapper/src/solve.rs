@@ -679,9 +679,9 @@ impl<'a> Solver<'a> {
     /// wherever it was).
     fn take(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
         self.stats.proposals += 1;
-        let accept = self.size_offer(u, i, x);
-        let c = self.inst.cand_cluster(u, i);
+        let (c, newcomer) = self.inst.cand_cluster_newcomer(u, i);
         let path = self.paths.range(c, self.inst.units.class[u as usize]);
+        let accept = self.size_offer(u, i, x, (c, newcomer, path.clone()));
         if accept <= self.tol(u) {
             self.restore_scratch(path);
             return 0.0;
@@ -722,26 +722,36 @@ impl<'a> Solver<'a> {
     /// How much of `x` of unit `u` the cluster at arena index `i` could hold if it evicted
     /// holders it likes less: the minimum over the path of (free + worse holders' usage) / the
     /// unit's coefficient. The worse holders it counted are left popped in `scratch`, for
-    /// [`Self::take`] to evict or [`Self::restore_scratch`] to put back.
-    fn size_offer(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
-        let c = self.inst.cand_cluster(u, i);
-        let k = self.inst.units.class[u as usize];
-        let path = self.paths.range(c, k);
+    /// [`Self::take`] to evict or [`Self::restore_scratch`] to put back. `target`: the
+    /// candidate's cluster, whether `u` is a newcomer there, and the path of `u`'s class.
+    ///
+    /// Every caller tells only whether the answer is above `u`'s tolerance, so once a node
+    /// leaves no more than that the rest of the path is not looked at: most offers of a warm
+    /// round's overflow are refused at their first full node.
+    fn size_offer(
+        &mut self,
+        u: UnitIdx,
+        i: usize,
+        x: f64,
+        (c, newcomer, path): (ClusterIdx, bool, std::ops::Range<usize>),
+    ) -> f64 {
         for p in 0..path.len() {
             self.scratch[p].clear();
         }
         if !self.up[c as usize] {
             return 0.0;
         }
+        let tol = self.tol(u);
         // The key is computed only when some node has to compare it (it reads the candidate's
         // rank, often the one cache miss of a rejection).
-        let newcomer = self.inst.is_newcomer(u, i);
         let mut key = None;
         // At each node, free capacity plus what worse holders could give up.
         let mut accept = x;
-        for (p, pi) in path.clone().enumerate() {
+        for (p, pi) in path.enumerate() {
+            if accept <= tol {
+                break;
+            }
             let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
-            self.scratch[p].clear();
             let free = self.node[n].cap - self.node[n].used;
             let need = x * q - free;
             if need <= self.node_tol(n) {
@@ -806,11 +816,10 @@ impl<'a> Solver<'a> {
     /// heap once no seeded key left out of it is above the unit's, see [`Self::heap_above`]).
     /// `None` otherwise. Reads only, so threads can share it.
     fn room_without_heaps(&self, u: UnitIdx, i: usize, x: f64) -> Option<f64> {
-        let c = self.inst.cand_cluster(u, i);
+        let (c, newcomer) = self.inst.cand_cluster_newcomer(u, i);
         if !self.up[c as usize] {
             return Some(0.0);
         }
-        let newcomer = self.inst.is_newcomer(u, i);
         let mut key = None;
         let mut accept = x;
         for pi in self.paths.range(c, self.inst.units.class[u as usize]) {
@@ -992,9 +1001,10 @@ impl<'a> Solver<'a> {
     /// How much more of `u` (up to `x`) its candidate at arena index `i` could take — the same
     /// sizing an offer makes, so a pair found blocking here is one an offer will improve.
     fn room_for(&mut self, u: UnitIdx, i: usize, x: f64) -> f64 {
-        let room = self.size_offer(u, i, x);
-        let c = self.inst.cand_cluster(u, i);
-        self.restore_scratch(self.paths.range(c, self.inst.units.class[u as usize]));
+        let (c, newcomer) = self.inst.cand_cluster_newcomer(u, i);
+        let path = self.paths.range(c, self.inst.units.class[u as usize]);
+        let room = self.size_offer(u, i, x, (c, newcomer, path.clone()));
+        self.restore_scratch(path);
         room
     }
 
