@@ -1237,16 +1237,16 @@ impl<'a> Solver<'a> {
         &mut self.heap[n]
     }
 
-    /// Node `n`'s heap, for a walk over the entries above `key` only: while no seeded key
-    /// there is above `key`, every such entry is among those pushed so far, so the heap need
-    /// not take the seeded keys in yet (a newcomer's offer, above every seeded incumbent, never
-    /// makes it). The walk pops the same entries in the same order as on the merged heap.
+    /// Node `n`'s heap, for the next step of a walk over the entries above `key`: its top is
+    /// the largest entry there is. The seeded keys are merged in only once the walk may reach
+    /// them: not while none is above `key` (a newcomer's offer, above every seeded incumbent,
+    /// never merges), nor while the top of what was pushed is at least the largest of them (an
+    /// incumbent's offer that the newcomers held there make room for). The walk pops the same
+    /// entries in the same order as on the merged heap.
     fn heap_above(&mut self, n: usize, key: u64) -> &mut BinaryHeap<u64> {
-        if self
-            .unmerged
-            .get(n)
-            .is_some_and(|&m| m > key.saturating_add(1))
-        {
+        // `m - 1` is the largest seeded key left out (none when `m` is 0).
+        let m = self.unmerged.get(n).copied().unwrap_or(0);
+        if m > key.saturating_add(1) && self.heap[n].peek().is_none_or(|&top| top < m - 1) {
             return self.heap_mut(n);
         }
         &mut self.heap[n]
