@@ -1704,6 +1704,32 @@ mod tests {
     /// A seeded solve split into 1, 2 or 3 parts (its seeding pass and its blocking-pair
     /// scan) finds the same map, up to the rounding of the usage sums, and each is stable for
     /// the effective preferences.
+    /// The seeded keys join a node's heap only when a walk reaches them ([`Solver::heap_above`]):
+    /// the same solve as with every heap merged up front, pop for pop.
+    #[test]
+    fn lazy_heaps_walk_as_merged_ones() {
+        let options = SolveOptions::default();
+        let first = two_class_world(7, |_| 1.0);
+        let cold = solve(&first, &options);
+        let next = two_class_world(7, |u| 1.0 + 0.1 * ((u * 7919 % 201) as f64 / 100.0 - 1.0));
+        let eff = crate::sticky::favour_incumbents(&next, &cold.map, &Default::default())
+            .expect("effective preferences");
+        let lazy = solve_seeded(&eff, &cold.map, &options);
+        let mut s = Solver::new(&eff);
+        s.seed(&cold.map, options.arrival);
+        for n in 0..s.heap.len() {
+            s.heap_mut(n);
+        }
+        let merged = finish(s, &options);
+        assert!(
+            lazy.stats.evictions > 10 && lazy.stats.proposals > 100,
+            "{:?}",
+            lazy.stats
+        );
+        assert_eq!(lazy.stats, merged.stats);
+        assert_eq!(lazy.map, merged.map);
+    }
+
     #[test]
     fn the_parts_do_not_change_a_seeded_solve() {
         let options = SolveOptions::default();
