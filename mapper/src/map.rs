@@ -31,6 +31,24 @@ impl Map {
         }
     }
 
+    /// A map from its columns, as the solver writes them: `start` has one entry more than
+    /// `overflow`, begins at 0, never decreases, and ends at `allocations.len()`.
+    pub(crate) fn from_columns(
+        start: Vec<u32>,
+        allocations: Vec<Allocation>,
+        overflow: Vec<f64>,
+    ) -> Self {
+        debug_assert_eq!(start.len(), overflow.len() + 1);
+        debug_assert_eq!(start.first(), Some(&0));
+        debug_assert!(start.windows(2).all(|w| w[0] <= w[1]));
+        debug_assert_eq!(start.last().map(|&s| s as usize), Some(allocations.len()));
+        Map {
+            start,
+            allocations,
+            overflow,
+        }
+    }
+
     /// Appends the next map unit's allocations and overflow.
     pub fn push_unit(&mut self, allocations: impl IntoIterator<Item = Allocation>, overflow: f64) {
         self.allocations.extend(allocations);

@@ -168,17 +168,7 @@ fn seeded_in_parts(
 
 /// The pass, the repair rounds, and reading out the map.
 fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
-    s.run();
-    let mut left = s.find_blocking();
-    while !left.is_empty() && s.stats.repair_rounds < options.max_repair_rounds {
-        s.stats.repair_rounds += 1;
-        for &(u, j) in &left {
-            s.move_up(u, j);
-        }
-        s.run();
-        left = s.find_blocking();
-    }
-    s.stats.blocking_pairs_left = left.len();
+    s.settle(options);
     // The heaps are not needed to read the map out: free them first, to lower the peak.
     s.heap = Vec::new();
     s.seeded = Vec::new();
@@ -409,6 +399,12 @@ struct Solver<'a> {
     /// How many parts the passes that split over threads use (`None`: by their size, see
     /// [`parts::parts_for`]); set by tests.
     parts: Option<usize>,
+    /// The unit ranges of the map read-out's parts (and of the seeding pass's), and how many
+    /// holdings (linked slots) the units of each have: each part writes its allocations
+    /// straight into the map, from the sum of the holdings before it on (see
+    /// [`Self::to_map`]). Set by `push_all` or `seed`, kept by `add` and `unlink`.
+    map_bounds: Vec<usize>,
+    holdings: Vec<usize>,
     stats: SolveStats,
 }
 
@@ -481,8 +477,25 @@ impl<'a> Solver<'a> {
             last_removal: vec![0; inst.clusters().len()],
             moved: Vec::new(),
             parts: None,
+            map_bounds: Vec::new(),
+            holdings: Vec::new(),
             stats: SolveStats::default(),
         }
+    }
+
+    /// The pass and the repair rounds.
+    fn settle(&mut self, options: &SolveOptions) {
+        self.run();
+        let mut left = self.find_blocking();
+        while !left.is_empty() && self.stats.repair_rounds < options.max_repair_rounds {
+            self.stats.repair_rounds += 1;
+            for &(u, j) in &left {
+                self.move_up(u, j);
+            }
+            self.run();
+            left = self.find_blocking();
+        }
+        self.stats.blocking_pairs_left = left.len();
     }
 
     /// Queues every unit, in the order of the key its first candidate gives it (class
@@ -498,7 +511,27 @@ impl<'a> Solver<'a> {
             .collect();
         let n = self.inst.unit_count() as UnitIdx;
         self.slots = Vec::with_capacity(n as usize + n as usize / 4);
+        self.map_bounds = self.read_out_bounds();
+        self.holdings = vec![0; self.map_bounds.len() - 1];
         self.queue_in_order(0..n, arrival);
+    }
+
+    /// The unit ranges the map is read out in: those of [`parts::in_parts`] for all units.
+    fn read_out_bounds(&self) -> Vec<usize> {
+        let n = self.inst.unit_count();
+        parts::bounds(n, self.parts_for(n, parts::PARALLEL_ITEMS))
+    }
+
+    /// Counts a holding of unit `u` linked (`true`) or unlinked, for [`Self::to_map`].
+    fn count_holding(&mut self, u: UnitIdx, linked: bool) {
+        let part = self.map_bounds.partition_point(|&b| b <= u as usize);
+        if let Some(h) = self.holdings.get_mut(part.wrapping_sub(1)) {
+            if linked {
+                *h += 1;
+            } else {
+                *h -= 1;
+            }
+        }
     }
 
     fn queue_in_order(&mut self, units: impl Iterator<Item = UnitIdx>, arrival: Arrival) {
@@ -878,6 +911,7 @@ impl<'a> Solver<'a> {
                     }
                 };
                 self.unit[u as usize].head = s;
+                self.count_holding(u, true);
                 self.unit[u as usize].worst = self.unit[u as usize].worst.max(pos as u8);
                 if let Some(key) = key {
                     for pi in path.clone() {
@@ -996,6 +1030,7 @@ impl<'a> Solver<'a> {
         }
         self.slots[s as usize].amount = 0.0;
         self.free_slots.push(s);
+        self.count_holding(v, false);
     }
 
     /// How much more of `u` (up to `x`) its candidate at arena index `i` could take — the same
@@ -1024,8 +1059,8 @@ impl<'a> Solver<'a> {
         // front: the solve is the same, only cheaper.
         let mut unit: Vec<UnitState> = Vec::with_capacity(units);
         let mut slots: Vec<Slot> = Vec::with_capacity(units + units / 4);
-        let parts = self.parts_for(units, parts::PARALLEL_ITEMS);
-        let bounds = parts::bounds(units, parts);
+        // The map read-out's parts: each part's seeded units are its first holdings.
+        let bounds = self.read_out_bounds();
         let mut chunks = Vec::with_capacity(bounds.len() - 1);
         let mut unit_rest = &mut unit.spare_capacity_mut()[..units];
         let mut slot_rest = &mut slots.spare_capacity_mut()[..units];
@@ -1048,6 +1083,8 @@ impl<'a> Solver<'a> {
         }
         self.unit = unit;
         self.slots = slots;
+        self.holdings = done.iter().map(|part| part.keys.keys.len()).collect();
+        self.map_bounds = bounds;
         // Each node's usage, from the demand seeded per path.
         let mut seeded_total = 0.0;
         for part in &done {
@@ -1525,66 +1562,147 @@ impl<'a> Solver<'a> {
         }
     }
 
-    /// The map, read out in parts by unit range ([`parts`]): the first part's map has room
-    /// for all units and takes the others'.
+    /// The map, read out in parts by unit range ([`parts`]), each part on its own thread
+    /// writing its units straight into the map's columns: its allocations go from the sum of
+    /// the holdings of the parts before it on, which the solver counted as it went, so no part
+    /// waits for another and nothing is copied after.
     fn to_map(&self) -> Map {
         let n = self.inst.unit_count();
-        let live = self.slots.len() - self.free_slots.len();
-        let parts = self.parts_for(n, parts::PARALLEL_ITEMS);
-        let mut maps = parts::in_parts(n, parts, |r| {
-            let room = if r.start == 0 {
-                (n, live)
-            } else {
-                (r.len(), r.len() + r.len() / 8)
-            };
-            self.map_part(r, room)
-        })
-        .into_iter();
-        let mut map = maps.next().unwrap_or_else(|| Map::with_capacity(0, 0));
-        for part in maps {
-            map.append(part);
+        let bounds = self.read_out_bounds();
+        let total: usize = self.holdings.iter().sum();
+        if bounds != self.map_bounds || bounds.len() != self.holdings.len() + 1 {
+            debug_assert!(false, "read-out parts {bounds:?} not counted");
+            return self.map_in_one_part();
+        }
+        let mut start: Vec<u32> = Vec::with_capacity(n + 1);
+        let mut allocations: Vec<Allocation> = Vec::with_capacity(total);
+        let mut overflow: Vec<f64> = Vec::with_capacity(n);
+        start.push(0);
+        let mut chunks = Vec::with_capacity(self.holdings.len());
+        let mut start_rest = &mut start.spare_capacity_mut()[..n];
+        let mut alloc_rest = &mut allocations.spare_capacity_mut()[..total];
+        let mut over_rest = &mut overflow.spare_capacity_mut()[..n];
+        let mut offset = 0;
+        for (w, &count) in bounds.windows(2).zip(&self.holdings) {
+            let len = w[1] - w[0];
+            let (st, st_rest) = std::mem::take(&mut start_rest).split_at_mut(len);
+            let (al, al_rest) = std::mem::take(&mut alloc_rest).split_at_mut(count);
+            let (ov, ov_rest) = std::mem::take(&mut over_rest).split_at_mut(len);
+            chunks.push((w[0]..w[1], offset, st, al, ov));
+            (start_rest, alloc_rest, over_rest) = (st_rest, al_rest, ov_rest);
+            offset += count;
+        }
+        let written = parts::run_parts(chunks, |(units, offset, st, al, ov)| {
+            self.map_part(units, offset, st, al, ov)
+        });
+        if written != self.holdings {
+            // A miscount would leave allocations unwritten: never read them, read the map
+            // out again in one part.
+            debug_assert!(
+                false,
+                "holdings {:?} counted, {written:?} written",
+                self.holdings
+            );
+            return self.map_in_one_part();
+        }
+        // SAFETY: the chunks cover elements 1..=n of `start`'s capacity, 0..total of
+        // `allocations`' and 0..n of `overflow`'s. Every part has returned (a panic in one
+        // would have been resumed above, before this), writing one start and one overflow per
+        // unit of its range, and as many allocations as its chunk holds: `written`, checked
+        // equal to the chunk lengths just above.
+        unsafe {
+            start.set_len(n + 1);
+            allocations.set_len(total);
+            overflow.set_len(n);
+        }
+        Map::from_columns(start, allocations, overflow)
+    }
+
+    /// The units in `units`, written to their chunks of the map's columns: `start` and
+    /// `overflow` take one entry per unit (its end in the allocations, counted from `offset`,
+    /// and its overflow), `allocations` the units' allocations. Returns how many allocations
+    /// the units have; only those that fit were written.
+    fn map_part(
+        &self,
+        units: std::ops::Range<usize>,
+        offset: usize,
+        start: &mut [MaybeUninit<u32>],
+        allocations: &mut [MaybeUninit<Allocation>],
+        overflow: &mut [MaybeUninit<f64>],
+    ) -> usize {
+        let mut at = 0;
+        let mut held = Vec::new();
+        for (k, u) in (units.start as UnitIdx..units.end as UnitIdx).enumerate() {
+            self.holdings_of(u, &mut held, |a| {
+                if let Some(slot) = allocations.get_mut(at) {
+                    slot.write(a);
+                }
+                at += 1;
+            });
+            start[k].write((offset + at) as u32);
+            overflow[k].write(self.unit[u as usize].unplaced);
+        }
+        at
+    }
+
+    /// The map read out on this thread alone (what [`Self::to_map`] falls back to).
+    fn map_in_one_part(&self) -> Map {
+        let n = self.inst.unit_count();
+        let mut map = Map::with_capacity(n, self.slots.len() - self.free_slots.len());
+        let (mut held, mut one) = (Vec::new(), Vec::new());
+        for u in 0..n as UnitIdx {
+            one.clear();
+            self.holdings_of(u, &mut held, |a| one.push(a));
+            map.push_unit(one.iter().copied(), self.unit[u as usize].unplaced);
         }
         map
     }
 
-    /// The map of the units in `units`, with room for `room` (units, allocations).
-    fn map_part(&self, units: std::ops::Range<usize>, room: (usize, usize)) -> Map {
-        let mut map = Map::with_capacity(room.0, room.1);
-        let mut held: Vec<(usize, Allocation)> = Vec::new();
-        for u in units.start as UnitIdx..units.end as UnitIdx {
-            let s = self.unit[u as usize].head;
-            if s != NONE && self.slots[s as usize].next == NONE {
-                // One holding (most units): no order to find.
-                let slot = self.slots[s as usize];
-                let a = (slot.amount > 0.0).then_some(Allocation {
-                    cluster: slot.cluster,
-                    amount: slot.amount,
-                });
-                map.push_unit(a, self.unit[u as usize].unplaced);
-                continue;
-            }
-            // The unit's holdings, put in its preference order.
-            held.clear();
-            let mut s = self.unit[u as usize].head;
-            while s != NONE {
-                let slot = self.slots[s as usize];
-                let j = self
-                    .inst
-                    .candidate_position(u, slot.cluster)
-                    .unwrap_or(usize::MAX);
-                if slot.amount > 0.0 {
-                    let a = Allocation {
-                        cluster: slot.cluster,
-                        amount: slot.amount,
-                    };
-                    held.push((j, a));
-                }
-                s = slot.next;
-            }
-            held.sort_unstable_by_key(|&(j, _)| j);
-            map.push_unit(held.iter().map(|&(_, a)| a), self.unit[u as usize].unplaced);
+    /// Unit `u`'s holdings, as allocations in its preference order, to `emit`. `held`:
+    /// scratch.
+    fn holdings_of(
+        &self,
+        u: UnitIdx,
+        held: &mut Vec<(usize, Allocation)>,
+        mut emit: impl FnMut(Allocation),
+    ) {
+        let s = self.unit[u as usize].head;
+        if s == NONE {
+            return;
         }
-        map
+        let slot = self.slots[s as usize];
+        debug_assert!(
+            slot.amount > 0.0,
+            "unit {u} holds {} at a slot",
+            slot.amount
+        );
+        if slot.next == NONE {
+            // One holding (most units): no order to find.
+            emit(Allocation {
+                cluster: slot.cluster,
+                amount: slot.amount,
+            });
+            return;
+        }
+        held.clear();
+        let mut s = s;
+        while s != NONE {
+            let slot = self.slots[s as usize];
+            let j = self
+                .inst
+                .candidate_position(u, slot.cluster)
+                .unwrap_or(usize::MAX);
+            let a = Allocation {
+                cluster: slot.cluster,
+                amount: slot.amount,
+            };
+            held.push((j, a));
+            s = slot.next;
+        }
+        held.sort_unstable_by_key(|&(j, _)| j);
+        for &(_, a) in held.iter() {
+            emit(a);
+        }
     }
 }
 
@@ -1704,6 +1822,37 @@ mod tests {
     /// A seeded solve split into 1, 2 or 3 parts (its seeding pass and its blocking-pair
     /// scan) finds the same map, up to the rounding of the usage sums, and each is stable for
     /// the effective preferences.
+    /// The map read-out's parts write where the holdings counted say, through every change
+    /// of a cold and of a seeded solve: the same map as read out on one thread.
+    #[test]
+    fn the_read_out_parts_write_where_their_holdings_say() {
+        let options = SolveOptions::default();
+        let first = two_class_world(11, |_| 1.0);
+        let next = two_class_world(11, |u| 1.0 + 0.1 * ((u * 7919 % 201) as f64 / 100.0 - 1.0));
+        let cold = solve(&first, &options);
+        let eff = crate::sticky::favour_incumbents(&next, &cold.map, &Default::default())
+            .expect("effective preferences");
+        for parts in [1, 2, 3] {
+            for seeded in [false, true] {
+                let mut s = Solver::new(if seeded { &eff } else { &first });
+                s.parts = Some(parts);
+                if seeded {
+                    s.seed(&cold.map, options.arrival);
+                } else {
+                    s.push_all(options.arrival);
+                }
+                s.settle(&options);
+                assert!(s.stats.evictions > 10, "{:?}", s.stats);
+                assert_eq!(s.holdings.len(), parts);
+                assert_eq!(
+                    s.to_map(),
+                    s.map_in_one_part(),
+                    "{parts} parts, seeded {seeded}"
+                );
+            }
+        }
+    }
+
     /// The seeded keys join a node's heap only when a walk reaches them ([`Solver::heap_above`]):
     /// the same solve as with every heap merged up front, pop for pop.
     #[test]
