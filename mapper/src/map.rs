@@ -56,15 +56,6 @@ impl Map {
         self.overflow.push(overflow);
     }
 
-    /// Appends `other`'s units after this map's.
-    pub fn append(&mut self, other: Map) {
-        let offset = self.allocations.len() as u32;
-        self.start
-            .extend(other.start.iter().skip(1).map(|&s| s + offset));
-        self.allocations.extend_from_slice(&other.allocations);
-        self.overflow.extend_from_slice(&other.overflow);
-    }
-
     pub fn unit_count(&self) -> usize {
         self.overflow.len()
     }
@@ -180,37 +171,4 @@ fn kept_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
         kept += f64::min(o_old / t_old, o_new / t_new);
     }
     kept
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn appending_maps_is_pushing_their_units() {
-        let a = |cluster, amount| Allocation { cluster, amount };
-        let units: [(Vec<Allocation>, f64); 4] = [
-            (vec![a(0, 1.0)], 0.0),
-            (vec![], 2.0),
-            (vec![a(1, 0.5), a(2, 0.25)], 0.25),
-            (vec![a(3, 4.0)], 0.0),
-        ];
-        let mut whole = Map::with_capacity(4, 4);
-        for (allocs, over) in &units {
-            whole.push_unit(allocs.iter().copied(), *over);
-        }
-        for cut in 0..=units.len() {
-            let mut head = Map::with_capacity(cut, 4);
-            let mut tail = Map::with_capacity(units.len() - cut, 4);
-            for (i, (allocs, over)) in units.iter().enumerate() {
-                let map = if i < cut { &mut head } else { &mut tail };
-                map.push_unit(allocs.iter().copied(), *over);
-            }
-            head.append(tail);
-            assert_eq!(head, whole, "cut at {cut}");
-        }
-        let mut empty = Map::default();
-        empty.append(Map::with_capacity(0, 0));
-        assert_eq!(empty.unit_count(), 0);
-    }
 }
