@@ -723,7 +723,7 @@ impl<'a> Solver<'a> {
         // Evict, leaf first, the least-liked holders until `accept` fits at every node.
         for (p, pi) in path.clone().enumerate() {
             let (n, q) = (self.paths.node[pi] as usize, self.paths.coef[pi]);
-            let entries = std::mem::take(&mut self.scratch[p]);
+            let mut entries = std::mem::take(&mut self.scratch[p]);
             for &e in &entries {
                 let need = accept * q - (self.node[n].cap - self.node[n].used);
                 if need <= self.node_tol(n) {
@@ -744,6 +744,7 @@ impl<'a> Solver<'a> {
                     self.heap[n].push(e);
                 }
             }
+            entries.clear();
             self.scratch[p] = entries;
         }
 
@@ -768,9 +769,8 @@ impl<'a> Solver<'a> {
         x: f64,
         (c, newcomer, path): (ClusterIdx, bool, std::ops::Range<usize>),
     ) -> f64 {
-        for p in 0..path.len() {
-            self.scratch[p].clear();
-        }
+        // Between offers the scratch lists are empty: `take` and `restore_scratch` empty them.
+        debug_assert!(self.scratch.iter().all(Vec::is_empty));
         if !self.up[c as usize] {
             return 0.0;
         }
@@ -881,6 +881,9 @@ impl<'a> Solver<'a> {
     /// Puts the entries [`Self::size_offer`] popped back into their heaps.
     fn restore_scratch(&mut self, path: std::ops::Range<usize>) {
         for (p, pi) in path.enumerate() {
+            if self.scratch[p].is_empty() {
+                continue; // most refusals take nothing off a heap
+            }
             let n = self.paths.node[pi] as usize;
             for e in self.scratch[p].drain(..) {
                 self.heap[n].push(e);
