@@ -80,9 +80,14 @@ fn sticky_round(
         "verifier       {:>12}   violations (warm map, effective preferences)",
         report.violation_count()
     );
+    // The ratio is against the cold solve of the same (perturbed) world, the solve the warm
+    // one stands in for; against the first world's, a different instance, for reference.
+    let ratio = |base: Duration| 100.0 * warm.as_secs_f64() / base.as_secs_f64().max(1e-9);
     println!(
-        "warm / cold    {:>15.1}%   (the first world's cold solve: {:.1} ms)",
-        100.0 * warm.as_secs_f64() / cold.as_secs_f64().max(1e-9),
+        "warm / cold    {:>15.1}%   (cold solve of this world {:.1} ms; {:.1}% of the first world's, {:.1} ms)",
+        ratio(cold),
+        ms(cold),
+        ratio(first_cold),
         ms(first_cold)
     );
     Ok(())
