@@ -603,6 +603,7 @@ impl Instance {
     }
 
     /// Unit `u`'s candidate at position `i` of the arena.
+    #[inline]
     pub(crate) fn candidate_at(&self, u: UnitIdx, i: usize) -> Candidate {
         let (score, explicit, rank) = self.cand_score_rank(u, i);
         Candidate {
@@ -615,6 +616,7 @@ impl Instance {
     }
 
     /// Unit `u`'s candidates, most preferred first.
+    #[inline]
     pub fn candidates(&self, u: UnitIdx) -> impl ExactSizeIterator<Item = Candidate> + '_ {
         self.candidate_range(u)
             .map(move |i| self.candidate_at(u, i))
