@@ -526,11 +526,12 @@ impl<'a> Solver<'a> {
     fn count_holding(&mut self, u: UnitIdx, linked: bool) {
         let part = self.map_bounds.partition_point(|&b| b <= u as usize);
         if let Some(h) = self.holdings.get_mut(part.wrapping_sub(1)) {
-            if linked {
-                *h += 1;
+            // Saturating: a miscount must not wrap into a size `to_map` would allocate.
+            *h = if linked {
+                h.saturating_add(1)
             } else {
-                *h -= 1;
-            }
+                h.saturating_sub(1)
+            };
         }
     }
 
@@ -1573,7 +1574,11 @@ impl<'a> Solver<'a> {
         let n = self.inst.unit_count();
         let bounds = self.read_out_bounds();
         let total: usize = self.holdings.iter().sum();
-        if bounds != self.map_bounds || bounds.len() != self.holdings.len() + 1 {
+        // Every holding is a slot: more would be a miscount.
+        if bounds != self.map_bounds
+            || bounds.len() != self.holdings.len() + 1
+            || total > self.slots.len()
+        {
             debug_assert!(false, "read-out parts {bounds:?} not counted");
             return self.map_in_one_part();
         }
