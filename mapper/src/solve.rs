@@ -58,6 +58,9 @@ const PREFETCH_FAR: usize = 16;
 const PREFETCH_NEAR: usize = 8;
 /// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
 const MAX_SCAN: usize = 32;
+/// How many of a path's worst seeded keys a node's heap takes before the rest
+/// ([`Solver::merge_worst`]).
+const WORST_KEPT: usize = 8;
 /// The blocking-pair scan splits over threads from this many units on (a unit's checks cost
 /// far more than one step of a pass over all units).
 const SCAN_PART: usize = 1 << 12;
@@ -367,8 +370,17 @@ struct Solver<'a> {
     node: Vec<NodeState>,
     heap: Vec<BinaryHeap<u64>>,
     /// Per node: 0 once its heap holds the seeded holders' keys (or there are none); before
-    /// that, their largest plus one, see [`Self::heap_above`].
+    /// that, a bound above every seeded key left out (their largest plus one, or after
+    /// [`Self::merge_worst`] the least key it took), see [`Self::heap_above`].
     unmerged: Vec<u64>,
+    /// Per node: whether its heap holds each path's worst seeded keys ([`Self::merge_worst`]),
+    /// the rest being below `unmerged`.
+    merged_worst: Vec<bool>,
+    /// Per path id, once a node on it needed them: its `WORST_KEPT` worst seeded keys, and the
+    /// least of them if the path has more (the rest are below it), else 0.
+    path_worst: Vec<Option<(Vec<u64>, u64)>>,
+    /// `WORST_KEPT`, but for tests.
+    worst_kept: usize,
     /// The seeded holders' keys, per part of the seeding pass (see [`Self::seed`]).
     seeded: Vec<SeededKeys>,
     /// The path ids through each node: `node_paths[node_paths_start[n]..node_paths_start[n + 1]]`
@@ -461,6 +473,9 @@ impl<'a> Solver<'a> {
             node,
             heap: (0..nodes).map(|_| BinaryHeap::new()).collect(),
             unmerged: Vec::new(),
+            merged_worst: Vec::new(),
+            path_worst: Vec::new(),
+            worst_kept: WORST_KEPT,
             seeded: Vec::new(),
             node_paths_start: Vec::new(),
             node_paths: Vec::new(),
@@ -798,7 +813,7 @@ impl<'a> Solver<'a> {
             let mut got = 0.0;
             let mut last = u64::MAX;
             while got < need {
-                let heap = self.heap_above(n, key);
+                let heap = self.heap_above(n, Some(key));
                 let Some(&top) = heap.peek() else {
                     break;
                 };
@@ -1123,6 +1138,8 @@ impl<'a> Solver<'a> {
         }
         // Each node's worst seeded key, for `worst_bound` and `unmerged`.
         self.unmerged = vec![0; nodes];
+        self.merged_worst = vec![false; nodes];
+        self.path_worst = vec![None; paths];
         for part in &done {
             for (p, &worst) in part.worst.iter().enumerate() {
                 if part.keys.of_path(p).is_empty() {
@@ -1269,13 +1286,63 @@ impl<'a> Solver<'a> {
             let mut entries = std::mem::take(&mut self.heap[n]).into_vec();
             let (a, b) = (self.node_paths_start[n], self.node_paths_start[n + 1]);
             for &p in &self.node_paths[a as usize..b as usize] {
+                // After `merge_worst`, only the keys below each path's worst few are left.
+                let below = match &self.path_worst[p as usize] {
+                    Some((_, least)) if self.merged_worst[n] => *least,
+                    _ => u64::MAX,
+                };
                 for part in &self.seeded {
-                    entries.extend_from_slice(part.of_path(p as usize));
+                    let keys = part.of_path(p as usize);
+                    if below == u64::MAX {
+                        entries.extend_from_slice(keys);
+                    } else {
+                        entries.extend(keys.iter().filter(|&&k| k < below));
+                    }
                 }
             }
             self.heap[n] = BinaryHeap::from(entries);
         }
         &mut self.heap[n]
+    }
+
+    /// Pushes the worst few seeded keys of each path through node `n` onto its heap (at most
+    /// `WORST_KEPT` a path, found once per path), and lowers `unmerged` to the least of them
+    /// where a path has more: a walk that stops before that (shedding one or two holders, an
+    /// offer making room by evicting a few) needs no more of them.
+    fn merge_worst(&mut self, n: usize) {
+        self.merged_worst[n] = true;
+        let (a, b) = (self.node_paths_start[n], self.node_paths_start[n + 1]);
+        let mut below = 0;
+        for pi in a as usize..b as usize {
+            let p = self.node_paths[pi] as usize;
+            if self.path_worst[p].is_none() {
+                let kept = self.worst_kept;
+                let mut worst: Vec<u64> = Vec::with_capacity(kept + 1);
+                let mut more = false;
+                for part in &self.seeded {
+                    for &k in part.of_path(p) {
+                        if worst.len() == kept && worst.last().is_some_and(|&w| k <= w) {
+                            more = true;
+                            continue;
+                        }
+                        let at = worst.partition_point(|&w| w > k);
+                        worst.insert(at, k);
+                        if worst.len() > kept {
+                            worst.pop();
+                            more = true;
+                        }
+                    }
+                }
+                let least = if more { worst[worst.len() - 1] } else { 0 };
+                self.path_worst[p] = Some((worst, least));
+            }
+            if let Some((worst, least)) = &self.path_worst[p] {
+                self.heap[n].extend(worst.iter().copied());
+                below = below.max(*least);
+            }
+        }
+        // The keys left out are below `below`: `m - 1` bounds them, as `heap_above` reads it.
+        self.unmerged[n] = below;
     }
 
     /// Node `n`'s heap, for the next step of a walk over the entries above `key`: its top is
@@ -1284,10 +1351,15 @@ impl<'a> Solver<'a> {
     /// never merges), nor while the top of what was pushed is at least the largest of them (an
     /// incumbent's offer that the newcomers held there make room for). The walk pops the same
     /// entries in the same order as on the merged heap.
-    fn heap_above(&mut self, n: usize, key: u64) -> &mut BinaryHeap<u64> {
-        // `m - 1` is the largest seeded key left out (none when `m` is 0).
+    fn heap_above(&mut self, n: usize, key: Option<u64>) -> &mut BinaryHeap<u64> {
+        // `m - 1` bounds the seeded keys left out (none when `m` is 0).
         let m = self.unmerged.get(n).copied().unwrap_or(0);
-        if m > key.saturating_add(1) && self.heap[n].peek().is_none_or(|&top| top < m - 1) {
+        let floor = key.map_or(0, |k| k.saturating_add(1));
+        if m > floor && self.heap[n].peek().is_none_or(|&top| top < m - 1) {
+            if !self.merged_worst[n] {
+                self.merge_worst(n);
+                return self.heap_above(n, key);
+            }
             return self.heap_mut(n);
         }
         &mut self.heap[n]
@@ -1301,7 +1373,7 @@ impl<'a> Solver<'a> {
             if excess <= self.node_tol(n) {
                 return;
             }
-            let Some(top) = self.heap_mut(n).pop() else {
+            let Some(top) = self.heap_above(n, None).pop() else {
                 return;
             };
             let v = (top & UNIT_MASK) as UnitIdx;
@@ -1872,6 +1944,15 @@ mod tests {
         let eff = crate::sticky::favour_incumbents(&next, &cold.map, &Default::default())
             .expect("effective preferences");
         let lazy = solve_seeded(&eff, &cold.map, &options);
+        // Heaps that take each path's worst key or two first, then the rest.
+        for kept in [1, 2] {
+            let mut s = Solver::new(&eff);
+            s.worst_kept = kept;
+            s.seed(&cold.map, options.arrival);
+            let staged = finish(s, &options);
+            assert_eq!(lazy.stats, staged.stats, "{kept} kept");
+            assert_eq!(lazy.map, staged.map, "{kept} kept");
+        }
         let mut s = Solver::new(&eff);
         s.seed(&cold.map, options.arrival);
         for n in 0..s.heap.len() {
