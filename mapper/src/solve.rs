@@ -1316,7 +1316,7 @@ impl<'a> Solver<'a> {
         for pi in a as usize..b as usize {
             let p = self.node_paths[pi] as usize;
             if self.path_worst[p].is_none() {
-                let kept = self.worst_kept;
+                let kept = self.worst_kept.max(1);
                 let mut worst: Vec<u64> = Vec::with_capacity(kept + 1);
                 let mut more = false;
                 for part in &self.seeded {
@@ -1349,7 +1349,9 @@ impl<'a> Solver<'a> {
     /// the largest entry there is. The seeded keys are merged in only once the walk may reach
     /// them: not while none is above `key` (a newcomer's offer, above every seeded incumbent,
     /// never merges), nor while the top of what was pushed is at least the largest of them (an
-    /// incumbent's offer that the newcomers held there make room for). The walk pops the same
+    /// incumbent's offer that the newcomers held there make room for); and then in two steps,
+    /// each path's worst few first ([`Self::merge_worst`]), the rest once the walk goes below
+    /// them. `key`: `None` for a walk over every entry (shedding). The walk pops the same
     /// entries in the same order as on the merged heap.
     fn heap_above(&mut self, n: usize, key: Option<u64>) -> &mut BinaryHeap<u64> {
         // `m - 1` bounds the seeded keys left out (none when `m` is 0).
