@@ -205,7 +205,7 @@ fn favour_part(
     let mut marks: Vec<usize> = Vec::new();
     let mut order: Vec<(f32, ClusterIdx, usize)> = Vec::new();
     let incumbents_first = stickiness.incumbents_first;
-    for u in units.clone() {
+    'units: for u in units.clone() {
         let local = (u - units.start) as usize;
         let range = base.candidate_range(u);
         let list = &cands.cluster[range.clone()];
@@ -232,124 +232,116 @@ fn favour_part(
             });
         };
         let set = |bits: &mut [u64], i: usize| set_bit(bits, i - word_base * 64);
-        if let ([a], false) = (previous.allocations(u), list.is_empty()) {
-            if a.amount > 0.0 {
-                // The usual case, one incumbent, directly (the general path below does the
-                // same with it). Most are the unit's first choice: its head says so, and the
-                // unit's candidates are not read at all.
-                let p = if a.cluster == base_head.cluster {
-                    Some(0)
-                } else {
-                    list.iter().position(|&c| c == a.cluster)
-                };
-                let Some(p) = p else {
+        // The position of the unit's one incumbent, if it has one; units with none or several
+        // are settled in the block.
+        let one = 'one: {
+            if let ([a], false) = (previous.allocations(u), list.is_empty()) {
+                if a.amount > 0.0 {
+                    // The usual case, without the bookkeeping below. Most are the unit's first
+                    // choice: its head says so, and the unit's candidates are not read at all.
+                    if a.cluster == base_head.cluster {
+                        break 'one 0;
+                    }
+                    if let Some(p) = list.iter().position(|&c| c == a.cluster) {
+                        break 'one p;
+                    }
                     // Not a candidate any more.
                     head(0, false);
                     part.start.push(range.start as u32);
-                    continue;
-                };
-                // The incumbent moves forward past the entries it now beats (all before it,
-                // and in order); `q == p` is no move.
-                let q = if p == 0 {
-                    0
-                } else {
-                    let key = (scores[p] * factor, list[p]);
-                    (0..p).take_while(|&j| (scores[j], list[j]) < key).count()
-                };
-                if q == 0 {
-                    head(p, true);
-                } else {
-                    head(0, false);
+                    continue 'units;
                 }
+            }
+            // The positions of the unit's incumbents (once each, should the map name a
+            // cluster twice).
+            marks.clear();
+            for a in previous.allocations(u) {
+                if a.amount.is_nan() || a.amount <= 0.0 {
+                    continue 'units;
+                }
+                if let Some(j) = list.iter().position(|&c| c == a.cluster) {
+                    if !marks.contains(&j) {
+                        marks.push(j);
+                    }
+                }
+            }
+            if list.is_empty() {
+                first.push(FirstCandidate {
+                    cluster: 0,
+                    rank: 0.0,
+                    newcomer: false,
+                });
                 part.start.push(range.start as u32);
-                set(&mut part.favoured, range.start + p);
-                if q < p {
-                    part.promote[local] = [p as u8, q as u8];
-                }
-                continue;
+                continue 'units;
             }
-        }
-        // The positions of the unit's incumbents (once each, should the map name a cluster
-        // twice).
-        marks.clear();
-        for a in previous.allocations(u) {
-            if a.amount.is_nan() || a.amount <= 0.0 {
-                continue;
-            }
-            if let Some(j) = list.iter().position(|&c| c == a.cluster) {
-                if !marks.contains(&j) {
-                    marks.push(j);
-                }
-            }
-        }
-        if list.is_empty() {
-            first.push(FirstCandidate {
-                cluster: 0,
-                rank: 0.0,
-                newcomer: false,
-            });
-            part.start.push(range.start as u32);
-            continue;
-        }
-        if marks.is_empty() {
-            head(0, false);
-            part.start.push(range.start as u32);
-            continue;
-        }
-        let effective = |j: usize| {
-            if marks.contains(&j) {
-                scores[j] * factor
-            } else {
-                scores[j]
-            }
-        };
-        // Only a favoured entry got better, so the order can break only just before one.
-        let in_order = marks
-            .iter()
-            .all(|&j| j == 0 || (effective(j - 1), list[j - 1]) < (effective(j), list[j]));
-        if in_order {
-            head(0, marks.contains(&0));
-            part.start.push(range.start as u32);
-            for &j in &marks {
-                set(&mut part.favoured, range.start + j);
-            }
-            continue;
-        }
-        if let [p] = marks[..] {
-            // One candidate moved forward, past the entries it now beats (all before it, and
-            // in order).
-            let key = (effective(p), list[p]);
-            let q = (0..p).take_while(|&j| (scores[j], list[j]) < key).count();
-            if q == 0 {
-                head(p, true);
-            } else {
+            if marks.is_empty() {
                 head(0, false);
+                part.start.push(range.start as u32);
+                continue 'units;
             }
-            part.start.push(range.start as u32);
-            set(&mut part.favoured, range.start + p);
-            part.promote[local] = [p as u8, q as u8];
-            continue;
+            if let [p] = marks[..] {
+                break 'one p;
+            }
+            // Several incumbents: only a favoured entry got better, so the order can break
+            // only just before one.
+            let effective = |j: usize| {
+                if marks.contains(&j) {
+                    scores[j] * factor
+                } else {
+                    scores[j]
+                }
+            };
+            let in_order = marks
+                .iter()
+                .all(|&j| j == 0 || (effective(j - 1), list[j - 1]) < (effective(j), list[j]));
+            if in_order {
+                head(0, marks.contains(&0));
+                part.start.push(range.start as u32);
+                for &j in &marks {
+                    set(&mut part.favoured, range.start + j);
+                }
+                continue 'units;
+            }
+            // The unit's preference is (score, cluster id), now with the bonus: its
+            // candidates move to `moved` in that order.
+            order.clear();
+            order.extend((0..list.len()).map(|j| (effective(j), list[j], j)));
+            order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let j0 = order[0].2;
+            head(j0, marks.contains(&j0));
+            let at = part.moved.cluster.len();
+            // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
+            part.start
+                .push(u32::try_from(arena_len + at).unwrap_or(u32::MAX));
+            for (k, &(_, cluster, j)) in order.iter().enumerate() {
+                part.moved.cluster.push(cluster);
+                part.moved.score.push(scores[j]);
+                if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), ranks) {
+                    r.push(o[j]);
+                }
+                if marks.contains(&j) {
+                    part.moved_favoured.push(at + k);
+                }
+            }
+            continue 'units;
+        };
+        // The one incumbent moves forward past the entries it now beats (all before it, and
+        // in order) to position `q`; `q == p` is no move.
+        let p = one;
+        let q = if p == 0 {
+            0
+        } else {
+            let key = (scores[p] * factor, list[p]);
+            (0..p).take_while(|&j| (scores[j], list[j]) < key).count()
+        };
+        if q == 0 {
+            head(p, true);
+        } else {
+            head(0, false);
         }
-        // The unit's preference is (score, cluster id), now with the bonus: its candidates
-        // move to `moved` in that order.
-        order.clear();
-        order.extend((0..list.len()).map(|j| (effective(j), list[j], j)));
-        order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let j0 = order[0].2;
-        head(j0, marks.contains(&j0));
-        let at = part.moved.cluster.len();
-        // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
-        part.start
-            .push(u32::try_from(arena_len + at).unwrap_or(u32::MAX));
-        for (k, &(_, cluster, j)) in order.iter().enumerate() {
-            part.moved.cluster.push(cluster);
-            part.moved.score.push(scores[j]);
-            if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), ranks) {
-                r.push(o[j]);
-            }
-            if marks.contains(&j) {
-                part.moved_favoured.push(at + k);
-            }
+        part.start.push(range.start as u32);
+        set(&mut part.favoured, range.start + p);
+        if q < p {
+            part.promote[local] = [p as u8, q as u8];
         }
     }
     part
