@@ -101,7 +101,9 @@ impl Stickiness {
 }
 
 /// The effective preferences of a round seeded from `previous` (a map of an instance with the
-/// same map units, e.g. the previous round's): see the module documentation.
+/// same map units, e.g. the previous round's): see the module documentation. An allocation of
+/// amount 0 in `previous` makes no incumbent (any positive amount, however tiny, does); a
+/// negative, infinite or NaN amount is refused with an error naming the unit.
 pub fn favour_incumbents(
     instance: &Instance,
     previous: &Map,
@@ -150,6 +152,21 @@ fn favour_in_parts(
             room,
         )
     });
+    if let Some(&(u, c, amount)) = done.iter().find_map(|p| p.bad.as_ref()) {
+        let cluster = base
+            .clusters()
+            .get(c as usize)
+            .map_or("?", |c| c.id.as_str());
+        return Err(ModelError::BadNumber {
+            subject: format!(
+                "previous map, map unit {:?} at cluster {cluster:?}",
+                base.unit_id(u)
+            ),
+            field: "amount",
+            value: amount,
+            rule: "must be a finite number >= 0",
+        });
+    }
     join_parts(base, factor, stickiness.incumbents_first, done)
 }
 
@@ -166,6 +183,9 @@ struct Part {
     moved: CandidateColumns,
     /// The favoured entries of `moved`.
     moved_favoured: Vec<usize>,
+    /// The first allocation of the previous map that is no amount (negative, infinite or
+    /// NaN): its unit and amount. The effective preferences are then refused.
+    bad: Option<(UnitIdx, ClusterIdx, f64)>,
 }
 
 fn favour_part(
@@ -201,6 +221,7 @@ fn favour_part(
             ..CandidateColumns::default()
         },
         moved_favoured: Vec::new(),
+        bad: None,
     };
     let mut marks: Vec<usize> = Vec::new();
     let mut order: Vec<(f32, ClusterIdx, usize)> = Vec::new();
@@ -236,7 +257,7 @@ fn favour_part(
         // are settled in the block.
         let one = 'one: {
             if let ([a], false) = (previous.allocations(u), list.is_empty()) {
-                if a.amount > 0.0 {
+                if a.amount > 0.0 && a.amount < f64::INFINITY {
                     // The usual case, without the bookkeeping below. Most are the unit's first
                     // choice: its head says so, and the unit's candidates are not read at all.
                     if a.cluster == base_head.cluster {
@@ -252,11 +273,16 @@ fn favour_part(
                 }
             }
             // The positions of the unit's incumbents (once each, should the map name a
-            // cluster twice).
+            // cluster twice). An amount of 0 makes no incumbent; one that is no amount at
+            // all refuses the previous map (`favour_in_parts` names it).
             marks.clear();
             for a in previous.allocations(u) {
-                if a.amount.is_nan() || a.amount <= 0.0 {
-                    continue 'units;
+                if !(a.amount >= 0.0 && a.amount < f64::INFINITY) {
+                    part.bad.get_or_insert((u, a.cluster, a.amount));
+                    continue;
+                }
+                if a.amount == 0.0 {
+                    continue;
                 }
                 if let Some(j) = list.iter().position(|&c| c == a.cluster) {
                     if !marks.contains(&j) {

@@ -709,20 +709,51 @@ proptest! {
         let stickiness = Stickiness { margin, incumbents_first };
         let eff = check_effective(&inst, &previous, &stickiness)?;
         // A previous map that split most units over several candidates (a cluster named
-        // twice, too), so that several incumbents move at once.
+        // twice, too), so that several incumbents move at once; some amounts are 0 (no
+        // incumbent) or tiny (an incumbent all the same).
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut split = Map::with_capacity(inst.unit_count(), 0);
+        let mut picks_of = Vec::new();
         for u in 0..inst.unit_count() as UnitIdx {
             let cands: Vec<Candidate> = inst.candidates(u).collect();
             let mut picks = Vec::new();
             for _ in 0..rng.random_range(0..4usize) {
                 if let Some(c) = cands.get(rng.random_range(0..cands.len().max(1))) {
-                    picks.push(Allocation { cluster: c.cluster, amount: rng.random_range(0.0..2.0) });
+                    let amount = match rng.random_range(0..8u8) {
+                        0 => 0.0,
+                        1 => 5e-324,
+                        2 => 1e-12,
+                        _ => rng.random_range(0.0..2.0),
+                    };
+                    picks.push(Allocation { cluster: c.cluster, amount });
                 }
             }
-            split.push_unit(picks, 0.0);
+            split.push_unit(picks.iter().copied(), 0.0);
+            picks_of.push(picks);
         }
-        check_effective(&inst, &split, &stickiness)?;
+        let eff_split = check_effective(&inst, &split, &stickiness)?;
+        let from_split = solve_seeded(&eff_split, &split, &SolveOptions::default());
+        let report = verify(&eff_split, &from_split.map);
+        prop_assert!(report.is_ok(), "{}", report.describe(&eff_split, 5));
+        // An amount that is no amount (negative, infinite, NaN) is refused, naming its unit.
+        let held: Vec<usize> = (0..picks_of.len()).filter(|&u| !picks_of[u].is_empty()).collect();
+        if !held.is_empty() {
+            let bad_unit = held[rng.random_range(0..held.len())];
+            let bad = [-1.0, -5e-324, f64::INFINITY, f64::NAN][rng.random_range(0..4usize)];
+            let mut broken = Map::with_capacity(inst.unit_count(), 0);
+            for (u, picks) in picks_of.iter().enumerate() {
+                let mut picks = picks.clone();
+                if u == bad_unit {
+                    let k = rng.random_range(0..picks.len());
+                    picks[k].amount = bad;
+                }
+                broken.push_unit(picks, 0.0);
+            }
+            let err = favour_incumbents(&inst, &broken, &stickiness)
+                .expect_err("a previous map with a bad amount");
+            let unit = inst.unit_id(bad_unit as UnitIdx);
+            prop_assert!(err.to_string().contains(&format!("{unit:?}")), "{}", err);
+        }
         let warm = solve_seeded(&eff, &previous, &SolveOptions::default());
         let report = verify(&eff, &warm.map);
         prop_assert!(report.is_ok(), "{}", report.describe(&eff, 5));

@@ -237,10 +237,11 @@ impl RoundArgs {
         // Checked even without --previous, so a bad value is never silently ignored.
         let context = || format!("--stickiness {}", self.stickiness);
         stickiness.validate().with_context(context)?;
-        let sticky = match &previous {
-            Some(map) if self.stickiness > 0.0 => {
-                Some(favour_incumbents(&instance, map, &stickiness).with_context(context)?)
-            }
+        let sticky = match (&previous, &self.previous) {
+            (Some(map), Some(path)) if self.stickiness > 0.0 => Some(
+                favour_incumbents(&instance, map, &stickiness)
+                    .with_context(|| format!("{} (with {})", path.display(), context()))?,
+            ),
             _ => None,
         };
         Ok(Round {

@@ -1062,6 +1062,54 @@ fn previous_with_an_unknown_map_unit_is_an_error_naming_the_file() {
     .assert_error(&["ghost.json", "\"u99999999-ghost\""]);
 }
 
+/// `--previous` with an allocation of amount 0 (no incumbent), a tiny one (an incumbent) or a
+/// negative one (refused, exit 2, naming the file and the unit), for `solve` and `verify`:
+/// never a panic (a 0 or negative amount used to shift every later unit's preferences).
+#[test]
+fn previous_with_zero_tiny_or_negative_amounts() {
+    let dir = tempdir();
+    let d = dir.path();
+    let (_, _, a0) = sticky_fixture(d);
+    let with_amount = |name: &str, amount: f64| -> String {
+        let mut v = a0.clone();
+        let mut unit = String::new();
+        for (i, e) in array_of(&v["assignments"]).clone().iter().enumerate() {
+            if !array_of(&e["allocations"]).is_empty() && i % 7 == 3 {
+                v["assignments"][i]["allocations"][0]["amount"] = Value::from(amount);
+                if unit.is_empty() {
+                    unit = str_of(&e["map_unit"]).to_string();
+                }
+            }
+        }
+        write_json(&d.join(name), &v);
+        unit
+    };
+    for (name, amount) in [("zero.json", 0.0), ("tiny.json", 1e-300)] {
+        with_amount(name, amount);
+        let out = format!("from-{name}");
+        cdnmap(d, &["solve", "w1.json", "--previous", name, "--out", &out]).assert_code(0);
+        cdnmap(d, &["verify", "w1.json", &out, "--previous", name]).assert_code(0);
+    }
+    let unit = with_amount("negative.json", -0.5);
+    let quoted = format!("{unit:?}");
+    cdnmap(d, &["solve", "w1.json", "--previous", "negative.json"]).assert_error(&[
+        "negative.json",
+        &quoted,
+        "amount",
+    ]);
+    cdnmap(
+        d,
+        &[
+            "verify",
+            "w1.json",
+            "a0.json",
+            "--previous",
+            "negative.json",
+        ],
+    )
+    .assert_error(&["negative.json", &quoted, "amount"]);
+}
+
 #[test]
 fn demo_runs_a_sticky_second_round() {
     let dir = tempdir();
