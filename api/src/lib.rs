@@ -9,6 +9,8 @@ pub mod round;
 pub mod selection;
 pub mod service;
 pub mod store;
+pub mod topology;
+pub mod watch;
 
 pub use config::{Config, ConfigError};
 pub use round::{round, RoundError, Snapshot};

@@ -14,6 +14,9 @@ use cdnmap_mapper::{
 /// One published map version: everything a query needs, never changed after it is built.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
+    /// The epoch of the start that published it; a map's identity is (epoch, version), ordered
+    /// as a pair.
+    pub epoch: u64,
     pub version: u64,
     pub solved_at_unix_ms: i64,
     /// The round's instance (real preferences, the cluster states of the round).
@@ -43,6 +46,7 @@ pub fn round(
     previous: Option<&Snapshot>,
     stickiness: &Stickiness,
     rules: ClassRules,
+    epoch: u64,
     now_unix_ms: i64,
     check: bool,
 ) -> Result<Snapshot, RoundError> {
@@ -77,6 +81,7 @@ pub fn round(
     };
     let resolver = Resolver::new(instance, &map, rules)?;
     Ok(Snapshot {
+        epoch,
         version: previous.map_or(1, |p| p.version + 1),
         solved_at_unix_ms: now_unix_ms,
         instance: instance.clone(),
@@ -172,35 +177,55 @@ fn backup_id(s: &Snapshot, u: UnitIdx) -> Option<&str> {
         .map(|c| s.instance.clusters()[c as usize].id.as_str())
 }
 
-/// The map units of `new` whose placement differs from `old`'s (by id: shares per cluster id,
-/// overflow share, backup cluster or prefixes), and the ids of `old`'s units that `new` no
-/// longer has: what a WatchMap delta carries.
+/// Unit `u`'s placement as shares of its demand, in the map's order: (cluster, share), each
+/// in (0, 1] (an allocation of nothing is left out), and its overflow share. The one
+/// definition of what WatchMap sends and of what a delta compares, so that a front end that
+/// applied every delta holds exactly the shares of a full map.
+pub fn shares(s: &Snapshot, u: UnitIdx) -> (Vec<(cdnmap_mapper::ClusterIdx, f64)>, f64) {
+    let d = s.instance.unit_demand(u);
+    let share = |amount: f64| {
+        if d > 0.0 && amount > 0.0 {
+            (amount / d).min(1.0)
+        } else {
+            0.0
+        }
+    };
+    let placed = s
+        .map
+        .allocations(u)
+        .iter()
+        .map(|a| (a.cluster, share(a.amount)))
+        .filter(|&(_, x)| x > 0.0)
+        .collect();
+    (placed, share(s.map.overflow(u)))
+}
+
+/// The map units of `new` whose answer may differ from `old`'s (by id: shares per cluster id,
+/// compared exactly, overflow share, backup cluster, class or prefixes), and the ids of
+/// `old`'s units that `new` no longer has: what a WatchMap delta carries.
 pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<String>) {
-    fn shares(s: &Snapshot, u: UnitIdx) -> Vec<(&str, f64)> {
-        let allocs = s.map.allocations(u);
-        let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + s.map.overflow(u);
-        let mut v: Vec<(&str, f64)> = allocs
-            .iter()
-            .map(|a| {
-                let id = s.instance.clusters()[a.cluster as usize].id.as_str();
-                (id, if total > 0.0 { a.amount / total } else { 0.0 })
-            })
+    fn by_id(s: &Snapshot, u: UnitIdx) -> (Vec<(&str, f64)>, f64) {
+        let (placed, overflow) = shares(s, u);
+        let mut v: Vec<(&str, f64)> = placed
+            .into_iter()
+            .map(|(c, x)| (s.instance.clusters()[c as usize].id.as_str(), x))
             .collect();
         v.sort_by(|a, b| a.0.cmp(b.0));
-        v
+        (v, overflow)
     }
-    const SAME: f64 = 1e-9;
+    fn class(s: &Snapshot, u: UnitIdx) -> &str {
+        s.instance.classes()[usize::from(s.instance.unit_class(u))]
+            .name
+            .as_str()
+    }
     let changed = (0..new.instance.unit_count() as UnitIdx)
         .filter(
             |&u| match old.instance.unit_index(new.instance.unit_id(u)) {
                 None => true,
                 Some(o) => {
-                    let (a, b) = (shares(old, o), shares(new, u));
-                    a.len() != b.len()
-                        || a.iter()
-                            .zip(&b)
-                            .any(|(x, y)| x.0 != y.0 || (x.1 - y.1).abs() > SAME)
+                    by_id(old, o) != by_id(new, u)
                         || backup_id(old, o) != backup_id(new, u)
+                        || class(old, o) != class(new, u)
                         || old.instance.unit_prefixes(o) != new.instance.unit_prefixes(u)
                 }
             },
@@ -256,6 +281,7 @@ mod tests {
             None,
             &Stickiness::default(),
             rules(&inst),
+            1,
             1_000,
             true,
         )
@@ -269,6 +295,7 @@ mod tests {
             Some(&s1),
             &Stickiness::default(),
             rules(&inst),
+            1,
             11_000,
             true,
         )
@@ -281,7 +308,16 @@ mod tests {
     #[test]
     fn draining_a_cluster_moves_its_units_and_only_them() {
         let inst = instance();
-        let s1 = round(&inst, None, &Stickiness::default(), rules(&inst), 0, true).expect("r1");
+        let s1 = round(
+            &inst,
+            None,
+            &Stickiness::default(),
+            rules(&inst),
+            1,
+            0,
+            true,
+        )
+        .expect("r1");
         let near = inst.cluster_index("near").expect("near");
         let drained = inst.with_cluster_state(near, ClusterState::Drained);
         let s2 = round(
@@ -289,6 +325,7 @@ mod tests {
             Some(&s1),
             &Stickiness::default(),
             rules(&drained),
+            1,
             0,
             true,
         )
@@ -317,7 +354,16 @@ mod tests {
     #[test]
     fn a_topology_change_carries_the_map_over_by_id() {
         let inst = instance();
-        let s1 = round(&inst, None, &Stickiness::default(), rules(&inst), 0, true).expect("r1");
+        let s1 = round(
+            &inst,
+            None,
+            &Stickiness::default(),
+            rules(&inst),
+            1,
+            0,
+            true,
+        )
+        .expect("r1");
         // The next round's instance lacks u4 (re-read from a file: ids, not indices, match).
         let mut file = serde_json_file(&inst);
         file.map_units.retain(|u| u.id != "u4");
@@ -327,6 +373,7 @@ mod tests {
             Some(&s1),
             &Stickiness::default(),
             rules(&smaller),
+            1,
             0,
             true,
         )

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::format::{
-    CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
-};
+use cdnmap_mapper::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use cdnmap_mapper::resolve::{ClassRules, MAX_QNAME_LEN};
+use cdnmap_mapper::servers::Servers;
 use cdnmap_mapper::{ClusterState, Instance, Limits, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::{MAX_BATCH_QUERIES, MAX_REPORT_SAMPLES};
@@ -25,9 +24,10 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::config::Config;
-use crate::round::{changed_units, round, Snapshot};
+use crate::round::{round, Snapshot};
 use crate::selection::{self, ServerLoads};
-use crate::store::{Store, StoredMapMeta};
+use crate::store::{Served, ServedRef, Store};
+use crate::topology::{Applied, Change, ChangeError, Topology};
 
 /// The most addresses one answer carries.
 pub const MAX_ANSWER_ADDRESSES: usize = 8;
@@ -45,26 +45,41 @@ pub struct RoundStatus {
     pub solve_ms: f64,
 }
 
+/// Everything a query reads, published as one value: the map version and the in-cluster
+/// selectors built for it. It is swapped whole, so no query sees parts of two versions.
+#[derive(Debug)]
+pub struct Published {
+    pub snapshot: Arc<Snapshot>,
+    /// `None` when building them failed (answers then name every address of their clusters).
+    pub servers: Option<Servers>,
+}
+
 /// The state shared by the loop and every handler.
 pub struct Shared {
     config: Config,
-    /// The topology the next round solves (admin changes land here).
-    topology: Mutex<Instance>,
-    /// The published map: swapped whole, so no query ever sees half a map.
-    current: ArcSwapOption<Snapshot>,
+    /// This start's epoch (stored before anything is served): a map's identity is
+    /// (epoch, version), so a version published before a crash and never stored is not
+    /// mistaken for the one the next start publishes under the same number.
+    epoch: u64,
+    /// The topology the next round solves: one writer, read without a lock.
+    topology: Topology,
+    /// The published map and its selectors.
+    published: ArcSwapOption<Published>,
     status: Mutex<RoundStatus>,
     store: Store,
     updates: broadcast::Sender<Arc<Snapshot>>,
-    /// Demand forecasts, learned coefficients, derating: fed by the reports, read each round.
+    /// Demand forecasts, learned coefficients, derating: fed by the reports, read each round,
+    /// saved with each published map.
     estimates: Mutex<Estimates>,
     /// What the reports brought since the last round.
     pending: Mutex<Pending>,
-    /// In-cluster selection: the last reported server loads, and the selectors of the
-    /// published map (built before the map is published).
+    /// In-cluster selection: the last reported server loads.
     server_loads: Mutex<ServerLoads>,
-    servers: ArcSwapOption<selection::Published>,
     /// The dashboard's round history, action log and per-version figures.
-    dash: crate::dashboard::DashState,
+    dash: Arc<crate::dashboard::DashState>,
+    /// Turns true when the service is asked to stop: the loop ends after its round, and
+    /// WatchMap streams end, so in-flight calls can finish.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// Observations waiting for the next round.
@@ -86,55 +101,105 @@ pub fn now_unix_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Why the round failed (the last good map stays published).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoopError {
+    #[error("{0} lock poisoned")]
+    Poisoned(&'static str),
+    #[error("observing the load reports: {0}")]
+    Learn(#[from] cdnmap_estimator::learn::LearnError),
+    #[error("applying the estimates: {0}")]
+    Estimates(cdnmap_mapper::ModelError),
+    #[error("the hostname rules: {0}")]
+    Rules(cdnmap_mapper::ModelError),
+    #[error(transparent)]
+    Round(#[from] crate::round::RoundError),
+    #[error("the round's task failed: {0}")]
+    Task(String),
+}
+
 impl Shared {
-    /// Opens the store and decides the starting state: the stored topology and newest map if
-    /// there are (served at once, before any round), else `initial` (stored for next time).
+    /// Opens the store, takes this start's epoch, and decides the starting state: the stored
+    /// topology, and the served map with the estimator's state saved with it (served at once,
+    /// before any round, exactly as it was published), else `initial` (stored for next time).
+    /// Nothing an acknowledged Admin change did can make a start fail: the served map carries
+    /// the instance it was solved with, and a selection override naming a cluster that is gone
+    /// is a warning.
     pub fn start(config: Config, initial: Instance) -> anyhow::Result<Arc<Shared>> {
         let store = Store::open(&config.data_dir)?;
-        let (topology, restored) = match store.topology(Limits::default())? {
-            Some(stored) => {
-                let map = store.latest_map(&stored)?;
-                (stored, map)
-            }
+        let epoch = store.next_epoch()?;
+        let topology = match store.topology(Limits::default())? {
+            Some(stored) => stored,
             None => {
                 store.put_topology(&initial)?;
-                (initial, None)
+                initial
             }
         };
-        config.selection.check_clusters(&topology)?;
+        if let Err(e) = config.selection.check_clusters(&topology) {
+            tracing::warn!(error = %e, "the selection override is not used");
+        }
+        let served = match store.served()? {
+            Some(s) => Some(s),
+            None => legacy_served(&store, &topology),
+        };
+        let estimates = match served
+            .as_ref()
+            .map(|s| Estimates::from_bytes(&s.estimates, &topology))
+        {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the estimator starts afresh");
+                Estimates::new(&topology)?
+            }
+            None => Estimates::new(&topology)?,
+        };
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
-        let estimates = Estimates::new(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let dash = Arc::new(crate::dashboard::DashState::default());
+        let log_to = Arc::clone(&dash);
+        let log: crate::topology::Log = Arc::new(move |change, result| {
+            if let Change::ClusterState {
+                id,
+                state,
+                reason,
+                actor,
+            } = change
+            {
+                log_to.log_action(actor, id, *state, reason, result, now_unix_ms());
+            }
+        });
         let shared = Arc::new(Shared {
             estimates: Mutex::new(estimates),
             pending: Mutex::new(Pending::default()),
             server_loads: Mutex::new(ServerLoads::default()),
-            servers: ArcSwapOption::empty(),
-            topology: Mutex::new(topology.clone()),
-            current: ArcSwapOption::empty(),
+            topology: Topology::start(store.clone(), topology, log),
+            published: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
             store,
             updates,
             config,
-            dash: crate::dashboard::DashState::default(),
+            epoch,
+            dash,
+            stopping: tokio::sync::watch::channel(false).0,
         });
-        if let Some((meta, map)) = restored {
-            let resolver =
-                cdnmap_mapper::resolve::Resolver::new(&topology, &map, shared.rules(&topology)?)?;
+        if let Some(s) = served {
+            let rules = shared.rules(&s.instance)?;
+            let resolver = cdnmap_mapper::resolve::Resolver::new(&s.instance, &s.map, rules)?;
             tracing::info!(
-                version = meta.version,
+                epoch = s.epoch,
+                version = s.version,
                 "serving the stored map until the first round"
             );
-            metrics::gauge!("cdnmap_map_version").set(meta.version as f64);
-            shared.publish_servers(meta.version, &topology);
-            shared.current.store(Some(Arc::new(Snapshot {
-                version: meta.version,
-                solved_at_unix_ms: meta.solved_at_unix_ms,
-                instance: topology,
-                map,
+            shared.publish(Arc::new(Snapshot {
+                epoch: s.epoch,
+                version: s.version,
+                solved_at_unix_ms: s.solved_at_unix_ms,
+                instance: s.instance,
+                map: s.map,
                 resolver,
                 stats: Default::default(),
                 churn: None,
-            })));
+            }));
         }
         Ok(shared)
     }
@@ -147,8 +212,32 @@ impl Shared {
         )
     }
 
+    /// The published map version.
     pub fn current(&self) -> Option<Arc<Snapshot>> {
-        self.current.load_full()
+        self.published
+            .load()
+            .as_ref()
+            .map(|p| Arc::clone(&p.snapshot))
+    }
+
+    /// The published map version with its selectors.
+    pub fn published(&self) -> Option<Arc<Published>> {
+        self.published.load_full()
+    }
+
+    /// This start's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Asks the loop and the WatchMap streams to end (a round in progress finishes first).
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Waits until every write acknowledged so far is on disk.
+    pub fn flush(&self) -> Result<(), crate::store::StoreError> {
+        self.store.flush_all()
     }
 
     /// The selection policy of each cluster of `instance`.
@@ -156,24 +245,28 @@ impl Shared {
         self.config.selection.policies(instance)
     }
 
-    /// Builds the in-cluster selectors of map `version` (of `instance`) with the last reported
-    /// server loads. A failure (the config's policies are validated, so only an internal
-    /// error) leaves answers naming every address of their clusters, and is logged.
-    fn publish_servers(&self, version: u64, instance: &Instance) {
+    /// Publishes `snapshot` with its in-cluster selectors (built with the last reported server
+    /// loads), in one swap. A failure to build the selectors (the config's policies are
+    /// validated, so only an internal error) leaves answers naming every address of their
+    /// clusters, and is logged.
+    fn publish(&self, snapshot: Arc<Snapshot>) {
+        let instance = &snapshot.instance;
         let built = match self.server_loads.lock() {
             Ok(loads) => selection::build(instance, &self.policies(instance), &loads, &[])
                 .map_err(|e| e.to_string()),
             Err(_) => Err("server load lock poisoned".to_string()),
         };
-        match built {
-            Ok(servers) => self
-                .servers
-                .store(Some(Arc::new(selection::Published { version, servers }))),
+        let servers = match built {
+            Ok(servers) => Some(servers),
             Err(e) => {
                 tracing::error!(error = %e, "building the in-cluster selectors failed");
-                self.servers.store(None);
+                None
             }
-        }
+        };
+        metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
+        metrics::gauge!("cdnmap_map_epoch").set(snapshot.epoch as f64);
+        self.published
+            .store(Some(Arc::new(Published { snapshot, servers })));
     }
 
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, publish,
@@ -182,27 +275,9 @@ impl Shared {
         let started = Instant::now();
         let now = now_unix_ms();
         let me = Arc::clone(self);
-        let result = tokio::task::spawn_blocking(move || {
-            let base = me
-                .topology
-                .lock()
-                .map_err(|_| "topology lock poisoned".to_string())?
-                .clone();
-            let previous = me.current();
-            let instance = me.estimated(&base, previous.as_deref(), now)?;
-            let rules = me.rules(&instance).map_err(|e| e.to_string())?;
-            round(
-                &instance,
-                previous.as_deref(),
-                &me.config.stickiness(),
-                rules,
-                now,
-                cfg!(debug_assertions),
-            )
-            .map_err(|e| e.to_string())
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("the round's task failed: {e}")));
+        let result = tokio::task::spawn_blocking(move || me.solve_round(now))
+            .await
+            .unwrap_or_else(|e| Err(LoopError::Task(e.to_string())));
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
         let mut status = RoundStatus {
             last_round_at_unix_ms: now,
@@ -220,55 +295,44 @@ impl Shared {
             );
         }
         match result {
-            Ok(snapshot) => {
+            Ok((snapshot, estimates)) => {
                 let snapshot = Arc::new(snapshot);
-                self.publish_servers(snapshot.version, &snapshot.instance);
                 // The round's history entry before its map: whoever sees the map sees it too.
                 self.dash.record_round(&snapshot, solve_ms);
-                self.current.store(Some(Arc::clone(&snapshot)));
-                let meta = StoredMapMeta {
-                    version: snapshot.version,
-                    solved_at_unix_ms: snapshot.solved_at_unix_ms,
-                };
-                if let Err(e) = self.store.put_map(
-                    &snapshot.instance,
-                    &snapshot.map,
-                    &meta,
-                    self.config.maps_kept,
-                ) {
-                    tracing::error!(error = %e, "persisting the map failed");
+                self.publish(Arc::clone(&snapshot));
+                let store = self.store.clone();
+                let keep = self.config.maps_kept;
+                let to_store = Arc::clone(&snapshot);
+                let stored = tokio::task::spawn_blocking(move || {
+                    store.put_served(
+                        &ServedRef {
+                            epoch: to_store.epoch,
+                            version: to_store.version,
+                            solved_at_unix_ms: to_store.solved_at_unix_ms,
+                            instance: &to_store.instance,
+                            map: &to_store.map,
+                            estimates: &estimates,
+                        },
+                        keep,
+                    )
+                })
+                .await;
+                match stored {
+                    Ok(Ok(())) => {
+                        metrics::gauge!("cdnmap_map_stored_version").set(snapshot.version as f64);
+                        metrics::gauge!("cdnmap_map_stored_epoch").set(snapshot.epoch as f64);
+                    }
+                    Ok(Err(e)) => tracing::error!(error = %e, "persisting the map failed"),
+                    Err(e) => tracing::error!(error = %e, "persisting the map failed"),
                 }
                 let _ = self.updates.send(Arc::clone(&snapshot));
-                metrics::counter!("cdnmap_rounds_total").increment(1);
-                metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
-                metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
-                metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
-                metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
-                let demand = snapshot.instance.total_demand();
-                metrics::gauge!("cdnmap_demand_total").set(demand);
-                let overflow = snapshot.map.total_overflow();
-                metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
-                    overflow / demand
-                } else {
-                    0.0
-                });
-                let utilization = crate::round::utilization(&snapshot.instance, &snapshot.map);
-                for (c, u) in snapshot.instance.clusters().iter().zip(utilization) {
-                    metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
-                }
-                tracing::info!(
-                    version = snapshot.version,
-                    solve_ms,
-                    churn = snapshot.churn.unwrap_or(0.0),
-                    overflow,
-                    "round published"
-                );
+                self.round_metrics(&snapshot, solve_ms);
             }
             Err(e) => {
                 metrics::counter!("cdnmap_rounds_failed_total").increment(1);
                 tracing::error!(error = %e, "round failed; serving the last good map");
                 status.failed = true;
-                status.error = e;
+                status.error = e.to_string();
             }
         }
         if let Ok(mut s) = self.status.lock() {
@@ -276,21 +340,71 @@ impl Shared {
         }
     }
 
+    /// The round itself, on a blocking thread: the estimates applied to the topology, then
+    /// [`round`]. Returns the new snapshot and the estimator's state to save with it.
+    fn solve_round(&self, now: i64) -> Result<(Snapshot, Vec<u8>), LoopError> {
+        let base = self.topology.current();
+        let previous = self.current();
+        let (instance, estimates) = self.estimated(&base, previous.as_deref(), now)?;
+        let rules = self.rules(&instance).map_err(LoopError::Rules)?;
+        let snapshot = round(
+            &instance,
+            previous.as_deref(),
+            &self.config.stickiness(),
+            rules,
+            self.epoch,
+            now,
+            cfg!(debug_assertions),
+        )?;
+        Ok((snapshot, estimates))
+    }
+
+    fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64) {
+        metrics::counter!("cdnmap_rounds_total").increment(1);
+        metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
+        metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
+        metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
+        let demand = snapshot.instance.total_demand();
+        metrics::gauge!("cdnmap_demand_total").set(demand);
+        let overflow = snapshot.map.total_overflow();
+        metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
+            overflow / demand
+        } else {
+            0.0
+        });
+        let utilization = crate::round::utilization(&snapshot.instance, &snapshot.map);
+        for (c, u) in snapshot.instance.clusters().iter().zip(utilization) {
+            metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
+        }
+        tracing::info!(
+            epoch = snapshot.epoch,
+            version = snapshot.version,
+            solve_ms,
+            churn = snapshot.churn.unwrap_or(0.0),
+            overflow,
+            "round published"
+        );
+    }
+
     /// Feeds what the reports brought since the last round to the estimator, and returns the
-    /// round's instance: `base` with forecast demand, and with learned coefficients and derated
-    /// capacities when `learning` is on.
+    /// round's instance (`base` with forecast demand, and with learned coefficients and derated
+    /// capacities when `learning` is on) and the estimator's state after it.
     fn estimated(
         &self,
         base: &Instance,
         previous: Option<&Snapshot>,
         now: i64,
-    ) -> Result<Instance, String> {
-        let pending =
-            std::mem::take(&mut *self.pending.lock().map_err(|_| "pending lock poisoned")?);
+    ) -> Result<(Instance, Vec<u8>), LoopError> {
+        let pending = std::mem::take(
+            &mut *self
+                .pending
+                .lock()
+                .map_err(|_| LoopError::Poisoned("pending"))?,
+        );
         let mut est = self
             .estimates
             .lock()
-            .map_err(|_| "estimator lock poisoned")?;
+            .map_err(|_| LoopError::Poisoned("estimator"))?;
         for (unit, queries) in &pending.demand {
             est.observe_demand(unit, now, *queries);
         }
@@ -309,43 +423,58 @@ impl Shared {
                 })
                 .collect();
             let flow = through(inst, &prev.map, None);
-            est.observe_loads(inst, &flow, &loads)
-                .map_err(|e| e.to_string())?;
+            est.observe_loads(inst, &flow, &loads)?;
         }
         est.next_round();
-        est.apply(base, now, true, self.config.learning)
-            .map_err(|e| format!("applying the estimates: {e}"))
+        let instance = est
+            .apply(base, now, true, self.config.learning)
+            .map_err(LoopError::Estimates)?;
+        Ok((instance, est.to_bytes()))
     }
 
-    /// The mapping loop: a round now, then every `cycle_secs`.
+    /// The mapping loop: a round every `cycle_secs`, until [`Shared::stop`].
     pub async fn run_loop(self: Arc<Self>) {
+        let mut stop = self.stopping.subscribe();
         let mut tick = tokio::time::interval(Duration::from_secs(self.config.cycle_secs));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         if self.current().is_some() {
             tick.tick().await; // a restored map is served until the first full cycle has passed
         }
-        loop {
-            tick.tick().await;
+        while !*stop.borrow() {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            // A round in progress finishes (and persists) before the loop looks at `stop`.
             self.run_round().await;
         }
     }
 }
 
-/// Why an operator action (Admin gRPC or the dashboard) was not carried out.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ActionError {
-    #[error("no cluster {0:?}")]
-    NoCluster(String),
-    #[error("storing the topology failed: {0}")]
-    Store(String),
-    #[error("{0}")]
-    Internal(String),
+/// The newest map of a store written before the served record existed, read against the
+/// stored topology; when an edit since makes it unreadable, the start goes on without it
+/// (the first round is then a cold one).
+fn legacy_served(store: &Store, topology: &Instance) -> Option<Served> {
+    match store.latest_map(topology) {
+        Ok(Some((meta, map))) => Some(Served {
+            epoch: 0,
+            version: meta.version,
+            solved_at_unix_ms: meta.solved_at_unix_ms,
+            instance: topology.clone(),
+            map,
+            estimates: Vec::new(),
+        }),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "the stored map is not served; the first round starts cold");
+            None
+        }
+    }
 }
 
 impl Shared {
-    /// Sets cluster `id`'s state in the topology (the next round maps with it), stores the
-    /// topology before returning, and logs the action with `actor`: the one code path of Admin
+    /// Sets cluster `id`'s state through the topology writer (stored, then published: the next
+    /// round maps with it) and logs the action with `actor`: the one code path of Admin
     /// `SetClusterState` and the dashboard's actions.
     pub(crate) async fn set_cluster_state(
         &self,
@@ -353,39 +482,19 @@ impl Shared {
         state: ClusterState,
         reason: &str,
         actor: crate::dashboard::Actor,
-    ) -> Result<Instance, ActionError> {
-        let result = self.set_cluster_state_unlogged(id, state).await;
-        self.dash
-            .log_action(&actor, id, state, reason, &result, now_unix_ms());
-        let (before, updated) = result?;
-        tracing::warn!(cluster = %id, ?before, ?state, reason = %reason, who = %actor.who, via = actor.via, "cluster state set");
-        Ok(updated)
-    }
-
-    async fn set_cluster_state_unlogged(
-        &self,
-        id: &str,
-        state: ClusterState,
-    ) -> Result<(ClusterState, Instance), ActionError> {
-        let (before, updated) = {
-            let mut topology = self
-                .topology
-                .lock()
-                .map_err(|_| ActionError::Internal("topology lock poisoned".into()))?;
-            let c = topology
-                .cluster_index(id)
-                .ok_or_else(|| ActionError::NoCluster(id.to_string()))?;
-            let before = topology.clusters()[c as usize].state;
-            *topology = topology.with_cluster_state(c, state);
-            (before, topology.clone())
-        };
-        let store = self.store.clone();
-        let to_store = updated.clone();
-        tokio::task::spawn_blocking(move || store.put_topology(&to_store))
-            .await
-            .map_err(|e| ActionError::Internal(e.to_string()))?
-            .map_err(|e| ActionError::Store(e.to_string()))?;
-        Ok((before, updated))
+    ) -> Result<Applied, ChangeError> {
+        let (who, via) = (actor.who.clone(), actor.via);
+        let applied = self
+            .topology
+            .change(Change::ClusterState {
+                id: id.to_string(),
+                state,
+                reason: reason.to_string(),
+                actor,
+            })
+            .await?;
+        tracing::warn!(cluster = %id, before = ?applied.before, ?state, reason = %reason, who = %who, via, "cluster state set");
+        Ok(applied)
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -397,8 +506,8 @@ impl Shared {
     }
 
     /// The topology the next round solves (with every Admin change so far).
-    pub(crate) fn topology_now(&self) -> Option<Instance> {
-        self.topology.lock().map(|t| t.clone()).ok()
+    pub(crate) fn topology_now(&self) -> Arc<Instance> {
+        self.topology.current()
     }
 
     pub(crate) fn dash(&self) -> &crate::dashboard::DashState {
@@ -454,19 +563,12 @@ fn client_of(q: &pb::ResolveRequest, index: Option<usize>) -> Result<IpNet, Stat
         })
 }
 
-fn state_pb(state: ClusterState) -> pb::ClusterState {
-    match state {
-        ClusterState::Up => pb::ClusterState::Up,
-        ClusterState::Drained => pb::ClusterState::Drained,
-        ClusterState::Down => pb::ClusterState::Down,
-    }
-}
-
 impl MappingService {
     fn resolve_one(&self, q: pb::ResolveRequest) -> Result<pb::ResolveResponse, Status> {
         let client = client_of(&q, None)?;
-        let s = self.snapshot()?;
-        Ok(self.response(&s, q.qtype, client, &q.qname))
+        let p = self.published()?;
+        let answer = p.snapshot.resolver.resolve(client, &q.qname);
+        Ok(self.to_pb(&p, q.qtype, &answer, &q.qname))
     }
 
     fn resolve_many(
@@ -485,7 +587,8 @@ impl MappingService {
             .enumerate()
             .map(|(i, q)| client_of(q, Some(i)))
             .collect::<Result<Vec<_>, _>>()?;
-        let s = self.snapshot()?;
+        let p = self.published()?;
+        let s = &p.snapshot;
         let pairs: Vec<(IpNet, &str)> = clients
             .iter()
             .zip(&batch.queries)
@@ -496,47 +599,37 @@ impl MappingService {
         let out = answers
             .iter()
             .zip(&batch.queries)
-            .map(|(a, q)| self.to_pb(&s, q.qtype, a, &q.qname))
+            .map(|(a, q)| self.to_pb(&p, q.qtype, a, &q.qname))
             .collect();
         Ok(pb::ResolveBatchResponse { answers: out })
     }
 
-    fn snapshot(&self) -> Result<Arc<Snapshot>, Status> {
+    /// The published map and its selectors, read once per call: every answer of a call comes
+    /// from one version.
+    fn published(&self) -> Result<Arc<Published>, Status> {
         self.0
-            .current()
+            .published()
             .ok_or_else(|| Status::unavailable("no map yet: the first round has not finished"))
-    }
-
-    fn response(
-        &self,
-        s: &Snapshot,
-        qtype: u32,
-        client: IpNet,
-        qname: &str,
-    ) -> pb::ResolveResponse {
-        let answer = s.resolver.resolve(client, qname);
-        self.to_pb(s, qtype, &answer, qname)
     }
 
     fn to_pb(
         &self,
-        s: &Snapshot,
+        p: &Published,
         qtype: u32,
         answer: &cdnmap_mapper::resolve::Answer,
         qname: &str,
     ) -> pb::ResolveResponse {
+        let s = &p.snapshot;
         let clusters = s.instance.clusters();
         let want_v6 = qtype == 28;
         let mut addresses = Vec::new();
         let mut cluster_ids = Vec::new();
         if qtype == 1 || want_v6 {
-            let servers = self.0.servers.load();
-            match servers.as_deref().filter(|p| p.version == s.version) {
+            match &p.servers {
                 // The selectors' servers for the hostname.
-                Some(p) => {
+                Some(servers) => {
                     let (mut key, mut picked) = (String::new(), Vec::new());
-                    p.servers
-                        .answer(answer, qname, want_v6, &mut key, &mut picked);
+                    servers.answer(answer, qname, want_v6, &mut key, &mut picked);
                     addresses.extend(picked.iter().map(|a| a.to_string()));
                 }
                 // No selectors for this version: every address of both clusters.
@@ -563,6 +656,7 @@ impl MappingService {
             scope_prefix_len: u32::from(answer.scope_prefix_len),
             cluster_ids,
             map_version: s.version,
+            map_epoch: s.epoch,
             map_unit: answer
                 .unit
                 .map_or(String::new(), |u| s.instance.unit_id(u).to_string()),
@@ -614,20 +708,28 @@ impl pb::mapping_server::Mapping for MappingService {
         &self,
         request: Request<pb::WatchMapRequest>,
     ) -> Result<Response<Self::WatchMapStream>, Status> {
-        let known = request.into_inner().known_version;
+        let r = request.into_inner();
+        let known = (r.known_epoch, r.known_version);
         let shared = Arc::clone(&self.0);
         let mut rx = shared.updates.subscribe();
+        let mut stop = shared.stopping.subscribe();
         let first = shared.current();
         let stream = async_stream(move |tx| async move {
             let mut last: Option<Arc<Snapshot>> = None;
             if let Some(s) = first {
-                if s.version != known && tx.send(Ok(full_update(&shared, &s))).await.is_err() {
+                if (s.epoch, s.version) != known
+                    && tx.send(Ok(full_update(&shared, &s))).await.is_err()
+                {
                     return;
                 }
                 last = Some(s);
             }
             loop {
-                let next = match rx.recv().await {
+                let received = tokio::select! {
+                    r = rx.recv() => r,
+                    _ = stop.wait_for(|&s| s) => return,
+                };
+                let next = match received {
                     Ok(s) => s,
                     Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
                         Some(s) => {
@@ -669,121 +771,33 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-fn unit_pb(s: &Snapshot, u: UnitIdx) -> pb::UnitMapping {
-    let d = s.instance.unit_demand(u);
-    let clusters = s.instance.clusters();
-    pb::UnitMapping {
-        id: s.instance.unit_id(u).to_string(),
-        traffic_class: s.instance.classes()[usize::from(s.instance.unit_class(u))]
-            .name
-            .clone(),
-        prefixes: s
-            .instance
-            .unit_prefixes(u)
-            .iter()
-            .map(|p| p.to_string())
-            .collect(),
-        shares: s
-            .map
-            .allocations(u)
-            .iter()
-            .map(|a| pb::ClusterShare {
-                cluster: clusters[a.cluster as usize].id.clone(),
-                share: if d > 0.0 { a.amount / d } else { 0.0 },
-            })
-            .collect(),
-        overflow_share: if d > 0.0 { s.map.overflow(u) / d } else { 0.0 },
-        backup_cluster: s
-            .resolver
-            .backup(u)
-            .map_or(String::new(), |c| clusters[c as usize].id.clone()),
-    }
-}
-
-fn clusters_pb(shared: &Shared, s: &Snapshot) -> Vec<pb::ClusterAddresses> {
-    let policies = shared.policies(&s.instance);
-    let loads = shared.server_loads.lock();
-    s.instance
-        .clusters()
-        .iter()
-        .zip(&policies)
-        .map(|(c, policy)| pb::ClusterAddresses {
-            id: c.id.clone(),
-            addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
-            state: state_pb(c.state) as i32,
-            selection: Some(selection::policy_pb(policy)),
-            server_loads: c
-                .addresses
-                .iter()
-                .map(|&a| loads.as_ref().map_or(0.0, |l| l.get(&c.id, a)))
-                .collect(),
-        })
-        .collect()
-}
-
-/// Per class, its fallback clusters.
-fn fallbacks_pb(s: &Snapshot) -> Vec<pb::ClassFallback> {
-    let clusters = s.instance.clusters();
-    s.instance
-        .classes()
-        .iter()
-        .enumerate()
-        .map(|(k, class)| pb::ClassFallback {
-            traffic_class: class.name.clone(),
-            clusters: s
-                .resolver
-                .fallback(k as cdnmap_mapper::ClassIdx)
-                .into_iter()
-                .flatten()
-                .map(|c| clusters[c as usize].id.clone())
-                .collect(),
-        })
-        .collect()
-}
-
-fn rules_pb(shared: &Shared) -> Vec<pb::ClassRule> {
-    shared
-        .config
-        .class_rules
-        .iter()
-        .map(|r| pb::ClassRule {
-            pattern: r.pattern.clone(),
-            traffic_class: r.class.clone(),
-        })
-        .collect()
+/// The edge settings a WatchMap message carries besides the snapshot.
+fn edge_of<'a>(
+    shared: &'a Shared,
+    s: &Snapshot,
+    loads: Option<&'a ServerLoads>,
+) -> (
+    Vec<cdnmap_mapper::servers::Policy>,
+    Option<&'a ServerLoads>,
+    &'a Config,
+) {
+    (shared.policies(&s.instance), loads, &shared.config)
 }
 
 fn full_update(shared: &Shared, s: &Snapshot) -> pb::MapUpdate {
-    pb::MapUpdate {
-        version: s.version,
-        full: true,
-        base_version: 0,
-        units: (0..s.instance.unit_count() as UnitIdx)
-            .map(|u| unit_pb(s, u))
-            .collect(),
-        removed_units: Vec::new(),
-        clusters: clusters_pb(shared, s),
-        class_rules: rules_pb(shared),
-        default_class: shared.config.default_class.clone(),
-        solved_at_unix_ms: s.solved_at_unix_ms,
-        fallbacks: fallbacks_pb(s),
-    }
+    let loads = shared.server_loads.lock().ok();
+    let (policies, loads, config) = edge_of(shared, s, loads.as_deref());
+    crate::watch::full_update(&crate::watch::Edge::new(&policies, loads, config), s)
 }
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
-    let (changed, removed) = changed_units(prev, next);
-    pb::MapUpdate {
-        version: next.version,
-        full: false,
-        base_version: prev.version,
-        units: changed.into_iter().map(|u| unit_pb(next, u)).collect(),
-        removed_units: removed,
-        clusters: clusters_pb(shared, next),
-        class_rules: rules_pb(shared),
-        default_class: shared.config.default_class.clone(),
-        solved_at_unix_ms: next.solved_at_unix_ms,
-        fallbacks: fallbacks_pb(next),
-    }
+    let loads = shared.server_loads.lock().ok();
+    let (policies, loads, config) = edge_of(shared, next, loads.as_deref());
+    crate::watch::delta_update(
+        &crate::watch::Edge::new(&policies, loads, config),
+        prev,
+        next,
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -842,12 +856,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
         if r.period_end_unix_ms < r.period_start_unix_ms {
             return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
         }
-        let topology = self
-            .0
-            .topology
-            .lock()
-            .map_err(|_| Status::internal("topology lock poisoned"))?
-            .clone();
+        let topology = self.0.topology.current();
         let snapshot = self.0.current();
         let mut samples = Vec::with_capacity(r.samples.len());
         let mut observed: Vec<(String, f64)> = Vec::with_capacity(r.samples.len());
@@ -936,12 +945,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 r.servers.len()
             )));
         }
-        let topology = self
-            .0
-            .topology
-            .lock()
-            .map_err(|_| Status::internal("topology lock poisoned"))?
-            .clone();
+        let topology = self.0.topology.current();
         for (i, l) in r.loads.iter().enumerate() {
             let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
                 invalid(format!("loads[{i}].cluster: no cluster {:?}", l.cluster))
@@ -1083,7 +1087,7 @@ fn cluster_pb(inst: &Instance, c: usize) -> pb::Cluster {
         lat: cl.lat,
         lon: cl.lon,
         addresses: cl.addresses.iter().map(|a| a.to_string()).collect(),
-        state: state_pb(cl.state) as i32,
+        state: crate::watch::state_pb(cl.state) as i32,
         resources: Some(node(inst, cl, 0)),
     }
 }
@@ -1110,15 +1114,6 @@ fn unit_admin_pb(inst: &Instance, u: UnitIdx) -> pb::MapUnit {
             })
             .collect(),
     }
-}
-
-/// Replaces the item of `list` with `item`'s id, or appends `item`; always a change.
-fn upsert<T>(list: &mut Vec<T>, item: T, id: impl Fn(&T) -> &String) -> bool {
-    match list.iter().position(|x| id(x) == id(&item)) {
-        Some(i) => list[i] = item,
-        None => list.push(item),
-    }
-    true
 }
 
 fn parse_list<T: std::str::FromStr>(items: &[String], field: &str) -> Result<Vec<T>, Status> {
@@ -1158,11 +1153,11 @@ fn node_from_pb(n: pb::ResourceNode, path: &str) -> Result<NestedNode, Status> {
 }
 
 fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
-    let state = match pb::ClusterState::try_from(c.state) {
-        Ok(pb::ClusterState::Unspecified | pb::ClusterState::Up) => ClusterState::Up,
-        Ok(pb::ClusterState::Drained) => ClusterState::Drained,
-        Ok(pb::ClusterState::Down) => ClusterState::Down,
-        Err(_) => {
+    // A cluster upserted without a state is up.
+    let state = match (c.state, crate::watch::state_from_pb(c.state)) {
+        (_, Some(s)) => s,
+        (0, None) => ClusterState::Up,
+        (_, None) => {
             return Err(invalid(format!(
                 "state: {} is not a cluster state",
                 c.state
@@ -1223,44 +1218,58 @@ fn page<'a>(ids: impl Iterator<Item = &'a str>, after: &str, size: u32) -> (Vec<
 }
 
 impl AdminService {
-    /// Applies `change` to the topology (as an instance file), validates the result like an
-    /// instance file, stores it, and makes it the next round's topology. `change` returns
-    /// whether it changed anything (also returned). The topology stays locked throughout, so
-    /// edits never race.
-    async fn edit(
-        &self,
-        change: impl FnOnce(&mut InstanceFile) -> bool + Send,
-    ) -> Result<(Instance, bool), Status> {
-        let shared = Arc::clone(&self.0);
-        tokio::task::block_in_place(move || {
-            let mut topology = shared
-                .topology
-                .lock()
-                .map_err(|_| Status::internal("topology lock poisoned"))?;
-            let mut file = InstanceFile::of(&topology);
-            if !change(&mut file) {
-                return Ok((topology.clone(), false));
-            }
-            let updated = file
-                .build(Limits::default())
-                .map_err(|e| invalid(format!("the change is refused: {e}")))?;
-            shared
-                .store
-                .put_topology(&updated)
-                .map_err(|e| Status::unavailable(e.to_string()))?;
-            *topology = updated.clone();
-            tracing::warn!("topology changed by Admin");
-            Ok((updated, true))
-        })
+    /// Carries out `change` through the topology writer: applied, validated like an instance
+    /// file, stored, published (the next round solves it), then answered. What the operator
+    /// should know (candidates dropped, a traffic class left with no up cluster) travels in
+    /// the answer's `cdnmap-warnings` metadata, one warning per entry.
+    async fn change(&self, change: Change) -> Result<Applied, Status> {
+        let applied = self
+            .0
+            .topology
+            .change(change)
+            .await
+            .map_err(change_status)?;
+        if applied.changed {
+            tracing::warn!(warnings = ?applied.warnings, "topology changed by Admin");
+        }
+        Ok(applied)
     }
 
-    fn topology(&self) -> Result<Instance, Status> {
-        self.0
-            .topology
-            .lock()
-            .map(|t| t.clone())
-            .map_err(|_| Status::internal("topology lock poisoned"))
+    fn topology(&self) -> Arc<Instance> {
+        self.0.topology.current()
     }
+}
+
+/// The status of a change the topology writer did not carry out.
+fn change_status(e: ChangeError) -> Status {
+    match e {
+        ChangeError::NoCluster(_) => Status::not_found(e.to_string()),
+        ChangeError::Refused(_) => invalid(e.to_string()),
+        ChangeError::Store(_) | ChangeError::Stopped => Status::unavailable(e.to_string()),
+    }
+}
+
+/// `body` as an answer carrying `warnings` in its metadata.
+fn with_warnings<T>(body: T, warnings: &[String]) -> Response<T> {
+    let mut response = Response::new(body);
+    for w in warnings {
+        // Metadata values are visible ASCII; a warning is the server's own text, but a cluster
+        // or class id in it may not be.
+        let ascii: String = w
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        if let Ok(v) = tonic::metadata::MetadataValue::try_from(ascii.as_str()) {
+            response.metadata_mut().append("cdnmap-warnings", v);
+        }
+    }
+    response
 }
 
 #[tonic::async_trait]
@@ -1270,7 +1279,7 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::GetClusterRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
         let id = request.into_inner().id;
-        let inst = self.topology()?;
+        let inst = self.topology();
         let c = inst
             .cluster_index(&id)
             .ok_or_else(|| Status::not_found(format!("no cluster {id:?}")))?;
@@ -1282,7 +1291,7 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListClustersResponse>, Status> {
         let r = request.into_inner();
-        let inst = self.topology()?;
+        let inst = self.topology();
         let (ids, next) = page(
             inst.clusters().iter().map(|c| c.id.as_str()),
             &r.after_id,
@@ -1305,11 +1314,12 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::Cluster>, Status> {
         let file = cluster_from_pb(request.into_inner())?;
         let id = file.id.clone();
-        let (updated, _) = self
-            .edit(move |f| upsert(&mut f.clusters, file, |c| &c.id))
-            .await?;
-        let c = updated.cluster_index(&id).unwrap_or_default();
-        Ok(Response::new(cluster_pb(&updated, c as usize)))
+        let applied = self.change(Change::UpsertCluster(file)).await?;
+        let c = applied.topology.cluster_index(&id).unwrap_or_default();
+        Ok(with_warnings(
+            cluster_pb(&applied.topology, c as usize),
+            &applied.warnings,
+        ))
     }
 
     async fn delete_cluster(
@@ -1317,18 +1327,13 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let id = request.into_inner().id;
-        let (_, deleted) = self
-            .edit(move |f| {
-                let before = f.clusters.len();
-                f.clusters.retain(|c| c.id != id);
-                // Its map units lose it as a candidate.
-                for u in &mut f.map_units {
-                    u.candidates.retain(|c| c.cluster != id);
-                }
-                f.clusters.len() < before
-            })
-            .await?;
-        Ok(Response::new(pb::DeleteResponse { deleted }))
+        let applied = self.change(Change::DeleteCluster(id)).await?;
+        Ok(with_warnings(
+            pb::DeleteResponse {
+                deleted: applied.changed,
+            },
+            &applied.warnings,
+        ))
     }
 
     async fn get_map_unit(
@@ -1336,7 +1341,7 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::GetMapUnitRequest>,
     ) -> Result<Response<pb::MapUnit>, Status> {
         let id = request.into_inner().id;
-        let inst = self.topology()?;
+        let inst = self.topology();
         let u = inst
             .unit_index(&id)
             .ok_or_else(|| Status::not_found(format!("no map unit {id:?}")))?;
@@ -1348,7 +1353,7 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListMapUnitsResponse>, Status> {
         let r = request.into_inner();
-        let inst = self.topology()?;
+        let inst = self.topology();
         let ids = (0..inst.unit_count() as UnitIdx).map(|u| inst.unit_id(u));
         let (ids, next) = page(ids, &r.after_id, r.page_size);
         let map_units = ids
@@ -1368,11 +1373,12 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::MapUnit>, Status> {
         let file = unit_from_pb(request.into_inner())?;
         let id = file.id.clone();
-        let (updated, _) = self
-            .edit(move |f| upsert(&mut f.map_units, file, |u| &u.id))
-            .await?;
-        let u = updated.unit_index(&id).unwrap_or_default();
-        Ok(Response::new(unit_admin_pb(&updated, u)))
+        let applied = self.change(Change::UpsertMapUnit(file)).await?;
+        let u = applied.topology.unit_index(&id).unwrap_or_default();
+        Ok(with_warnings(
+            unit_admin_pb(&applied.topology, u),
+            &applied.warnings,
+        ))
     }
 
     async fn delete_map_unit(
@@ -1380,14 +1386,13 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let id = request.into_inner().id;
-        let (_, deleted) = self
-            .edit(move |f| {
-                let before = f.map_units.len();
-                f.map_units.retain(|u| u.id != id);
-                f.map_units.len() < before
-            })
-            .await?;
-        Ok(Response::new(pb::DeleteResponse { deleted }))
+        let applied = self.change(Change::DeleteMapUnit(id)).await?;
+        Ok(with_warnings(
+            pb::DeleteResponse {
+                deleted: applied.changed,
+            },
+            &applied.warnings,
+        ))
     }
 
     async fn set_cluster_state(
@@ -1396,28 +1401,18 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::Cluster>, Status> {
         let actor = crate::dashboard::Actor::of_grpc(&request);
         let r = request.into_inner();
-        let state = match pb::ClusterState::try_from(r.state) {
-            Ok(pb::ClusterState::Up) => ClusterState::Up,
-            Ok(pb::ClusterState::Drained) => ClusterState::Drained,
-            Ok(pb::ClusterState::Down) => ClusterState::Down,
-            _ => {
-                return Err(invalid(format!(
-                    "state: {} is not UP, DRAINED or DOWN",
-                    r.state
-                )))
-            }
-        };
-        let updated = self
+        let state = crate::watch::state_from_pb(r.state)
+            .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
+        let applied = self
             .0
             .set_cluster_state(&r.id, state, &r.reason, actor)
             .await
-            .map_err(|e| match e {
-                ActionError::NoCluster(_) => Status::not_found(e.to_string()),
-                ActionError::Store(_) => Status::unavailable(e.to_string()),
-                ActionError::Internal(_) => Status::internal(e.to_string()),
-            })?;
-        let c = updated.cluster_index(&r.id).unwrap_or_default();
-        Ok(Response::new(cluster_pb(&updated, c as usize)))
+            .map_err(change_status)?;
+        let c = applied.topology.cluster_index(&r.id).unwrap_or_default();
+        Ok(with_warnings(
+            cluster_pb(&applied.topology, c as usize),
+            &applied.warnings,
+        ))
     }
 
     async fn get_status(
@@ -1426,7 +1421,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::Status>, Status> {
         let s = self.0.current();
         let status = self.0.status.lock().map(|s| s.clone()).unwrap_or_default();
-        let inst = self.topology()?;
+        let inst = self.topology();
         let overflow_share = s.as_ref().map_or(0.0, |s| {
             let d = s.instance.total_demand();
             if d > 0.0 {
@@ -1437,6 +1432,8 @@ impl pb::admin_server::Admin for AdminService {
         });
         Ok(Response::new(pb::Status {
             map_version: s.as_ref().map_or(0, |s| s.version),
+            map_epoch: s.as_ref().map_or(0, |s| s.epoch),
+            unserved_classes: crate::topology::unserved_classes(&inst),
             map_solved_at_unix_ms: s.as_ref().map_or(0, |s| s.solved_at_unix_ms),
             last_round_at_unix_ms: status.last_round_at_unix_ms,
             last_round_failed: status.failed,
@@ -1512,7 +1509,7 @@ pub async fn serve(
     if shared.current().is_none() {
         shared.run_round().await; // the first map before the first query
     }
-    tokio::spawn(Arc::clone(&shared).run_loop());
+    let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -1542,15 +1539,14 @@ pub async fn serve(
         )
         .merge(dashboard);
     let http = tokio::net::TcpListener::bind(http_addr).await?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut http_stop = stop_rx.clone();
+    let mut http_stop = shared.stopping.subscribe();
     let http_task = tokio::spawn(async move {
         axum::serve(
             http,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(async move {
-            let _ = http_stop.changed().await;
+            let _ = http_stop.wait_for(|&s| s).await;
         })
         .await
     });
@@ -1559,8 +1555,8 @@ pub async fn serve(
         http = %http_addr,
         "cdnmap serving: try `grpcurl -plaintext -d '{{\"resolver_ip\": \"1.0.0.1\", \"qname\": \"www.cdn.example.\", \"qtype\": 1}}' {grpc_addr} cdnmap.v1.Mapping/Resolve`"
     );
-    drop(stop_rx);
-    tonic::transport::Server::builder()
+    let stopper = Arc::clone(&shared);
+    let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(pb::mapping_server::MappingServer::new(MappingService(
@@ -1575,9 +1571,31 @@ pub async fn serve(
         ))
         .serve_with_shutdown(grpc_addr, async move {
             shutdown.await;
-            let _ = stop_tx.send(true);
-        })
-        .await?;
-    http_task.await??;
+            tracing::info!("stopping: finishing the calls in flight and the round in progress");
+            stopper.stop();
+        });
+    // Calls in flight get SHUTDOWN_GRACE to finish (tonic's and axum's graceful shutdowns wait
+    // for every connection, which a client that never closes would hold forever); the round in
+    // progress always finishes and is stored, then the store is flushed.
+    let mut stopped = shared.stopping.subscribe();
+    let grace = async move {
+        let _ = stopped.wait_for(|&s| s).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::pin!(grace);
+    tokio::select! {
+        r = grpc => r?,
+        _ = &mut grace => tracing::warn!(?SHUTDOWN_GRACE, "gRPC calls still open; stopping anyway"),
+    }
+    tokio::select! {
+        r = http_task => r??,
+        _ = &mut grace => tracing::warn!(?SHUTDOWN_GRACE, "HTTP connections still open; stopping anyway"),
+    }
+    loop_task.await?;
+    shared.flush()?;
+    tracing::info!("stopped; the store is flushed");
     Ok(())
 }
+
+/// How long calls in flight may take to finish once the service is asked to stop.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 /// Tunables.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DerateConfig {
     /// Measured may exceed predicted by this share before derating starts.
     pub tolerance: f64,
@@ -30,7 +30,7 @@ impl Default for DerateConfig {
 }
 
 /// Why a cluster is derated: its worst node this round.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Reason {
     pub node: String,
     pub measured: f64,
@@ -38,7 +38,7 @@ pub struct Reason {
 }
 
 /// One cluster's derating state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Derating {
     /// Multiply the cluster's capacities by this (in `[floor, 1]`).
     pub factor: f64,
@@ -55,7 +55,7 @@ impl Default for Derating {
 }
 
 /// Derating of every cluster, by id.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Derater {
     clusters: BTreeMap<String, Derating>,
 }

@@ -20,7 +20,7 @@ const DAY_MS: i64 = 24 * 3600 * 1000;
 pub const SPIKE_SIGMAS: f64 = 3.0;
 
 /// Smoothing constants, per round.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ForecastConfig {
     /// Level smoothing (0..1).
     pub alpha: f64,
@@ -47,16 +47,39 @@ impl Default for ForecastConfig {
 }
 
 /// The state of one map unit's forecast.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Forecaster {
     level: f64,
     /// Change of the level per millisecond.
     trend: f64,
+    #[serde(with = "season_serde")]
     season: [f32; SEASON_BUCKETS],
     /// Running mean absolute error, for the spike threshold.
     error: f64,
     last_ms: Option<i64>,
     observations: u64,
+}
+
+/// The seasonal profile as a list (serde derives arrays of at most 32 only); a stored list of
+/// another length is refused.
+mod season_serde {
+    use super::SEASON_BUCKETS;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        season: &[f32; SEASON_BUCKETS],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        season.as_slice().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[f32; SEASON_BUCKETS], D::Error> {
+        let v = Vec::<f32>::deserialize(d)?;
+        let n = v.len();
+        v.try_into().map_err(|_| {
+            serde::de::Error::custom(format!("a season of {n} buckets, not {SEASON_BUCKETS}"))
+        })
+    }
 }
 
 fn bucket(at_ms: i64) -> usize {

@@ -14,7 +14,7 @@
 pub const MAX_LEARNED_CLASSES: usize = 12;
 
 /// Tunables.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LearnConfig {
     /// Per round, the weight left to what was observed before (0..1; 1 = never forget).
     pub forgetting: f64,
@@ -79,7 +79,7 @@ impl std::fmt::Display for LearnError {
 impl std::error::Error for LearnError {}
 
 /// Recency-weighted normal equations for one resource kind.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Learner {
     configured: Vec<f64>,
     /// Σ w d dᵀ (row-major K×K), Σ w d L, Σ w L², Σ w, Σ w d.
@@ -91,6 +91,11 @@ pub struct Learner {
 }
 
 impl Learner {
+    /// How many classes it learns.
+    pub fn classes(&self) -> usize {
+        self.configured.len()
+    }
+
     /// A learner for classes whose configured coefficients (of this kind) are `configured`.
     pub fn new(configured: Vec<f64>) -> Result<Self, LearnError> {
         let k = configured.len();

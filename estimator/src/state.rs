@@ -49,8 +49,9 @@ pub fn through(instance: &Instance, map: &Map, actual: Option<&[Option<f64>]>) -
     out
 }
 
-/// The estimator's state.
-#[derive(Debug, Clone)]
+/// The estimator's state. It is saved with every published map ([`Estimates::to_bytes`]) and
+/// read back at start ([`Estimates::from_bytes`]), so a restart forgets nothing.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Estimates {
     pub forecast_config: ForecastConfig,
     pub learn_config: LearnConfig,
@@ -78,6 +79,39 @@ impl Estimates {
             derater: Derater::default(),
             configured,
         })
+    }
+
+    /// The whole state, encoded (JSON; numbers round-trip exactly).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing plain numbers, strings and maps cannot fail; an empty result is read
+        // back as an error, never as a state.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A state saved by [`Estimates::to_bytes`], for `instance`: refused (with the reason)
+    /// when it does not fit the instance's traffic classes. When the configured coefficients
+    /// changed since it was saved, the learners start afresh from the new ones (the forecasts
+    /// and deratings are kept).
+    pub fn from_bytes(bytes: &[u8], instance: &Instance) -> Result<Self, String> {
+        let mut est: Estimates =
+            serde_json::from_slice(bytes).map_err(|e| format!("the saved estimator state: {e}"))?;
+        let classes = instance.classes().len();
+        if est.configured.len() != classes
+            || est.learners.len() != KINDS.len()
+            || est.learners.iter().any(|l| l.classes() != classes)
+        {
+            return Err(format!(
+                "the saved estimator state has {} traffic classes, the topology {classes}",
+                est.configured.len()
+            ));
+        }
+        let configured: Vec<PerUnit> = instance.classes().iter().map(|c| c.per_unit).collect();
+        if configured != est.configured {
+            let fresh = Estimates::new(instance).map_err(|e| e.to_string())?;
+            est.learners = fresh.learners;
+            est.configured = fresh.configured;
+        }
+        Ok(est)
     }
 
     /// Unit `unit_id`'s demand over the round ending at `t_ms`.
@@ -294,5 +328,42 @@ mod tests {
         );
         let next = est.apply(&inst, 0, true, true).expect("apply");
         assert!(next.clusters()[0].nodes[1].capacity < 40.0 * 0.6);
+    }
+
+    #[test]
+    fn the_saved_state_reads_back_equal_and_forecasts_alike() {
+        let inst = instance();
+        let map = cdnmap_mapper::solve(&inst, &cdnmap_mapper::SolveOptions::default()).map;
+        let flow = through(&inst, &map, None);
+        let mut est = Estimates::new(&inst).expect("estimates");
+        for r in 0..30i64 {
+            est.observe_demand("u1", r * 10_000, 40.0 + (r % 7) as f64 * 1.37);
+            est.observe_demand("u2", r * 10_000, 0.1 + r as f64 / 3.0);
+            est.observe_loads(&inst, &flow, &[(1, 19.3 + r as f64 * 0.01)])
+                .expect("observe");
+            est.next_round();
+        }
+        let back = Estimates::from_bytes(&est.to_bytes(), &inst).expect("read back");
+        assert_eq!(back, est);
+        assert_eq!(
+            back.apply(&inst, 300_000, true, true).expect("apply"),
+            est.apply(&inst, 300_000, true, true).expect("apply")
+        );
+        // Another set of classes: refused, naming what does not fit.
+        let other = instance_with_two_classes();
+        let err = Estimates::from_bytes(&est.to_bytes(), &other).expect_err("two classes");
+        assert!(err.contains("traffic classes"), "{err}");
+        assert!(Estimates::from_bytes(b"{", &inst).is_err());
+    }
+
+    fn instance_with_two_classes() -> Instance {
+        let json = r#"{
+          "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 0.5}},
+                              {"name": "video", "priority": 1, "per_unit": {"bps": 4, "fps": 0.1}}],
+          "clusters": [{"id": "a", "lat": 0, "lon": 0, "resources":
+            {"name": "up", "kind": "bps", "capacity": 100, "classes": ["web", "video"]}}],
+          "map_units": []
+        }"#;
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
     }
 }

@@ -25,6 +25,7 @@ fn echo_answer() -> pb::ResolveResponse {
         scope_prefix_len: 24,
         cluster_ids: vec!["echo-1".into()],
         map_version: 1,
+        map_epoch: 1,
         map_unit: "echo".into(),
         traffic_class: "web".into(),
     }

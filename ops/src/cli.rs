@@ -651,7 +651,7 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(cdnmap_api::service::serve(config, instance, async {
-        let _ = tokio::signal::ctrl_c().await;
+        shutdown_signal().await;
         tracing::info!("shutting down");
     }))?;
     Ok(ExitCode::SUCCESS)

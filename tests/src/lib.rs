@@ -206,6 +206,26 @@ impl Running {
         }
     }
 
+    /// Sends SIGTERM (how systemd and Kubernetes stop a service).
+    pub fn send_sigterm(&mut self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap_or_else(|e| panic!("run kill -TERM {pid}: {e}"));
+        assert!(sent.success(), "kill -TERM {pid} failed");
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// What it is, for messages.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
     /// Kills the process (as a crash would) and waits for it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -199,6 +199,31 @@ impl Server {
         self.process.kill();
     }
 
+    /// Stops the server with SIGTERM and asserts that it exits cleanly (status 0) within 30 s,
+    /// having flushed its store; returns its log. (The test's runtime keeps running meanwhile,
+    /// so its clients see the server's goodbye and close their connections.)
+    pub async fn terminate(mut self) -> String {
+        self.channel = None;
+        self.process.send_sigterm();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.process.exited() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{} did not stop within 30 s of SIGTERM:\n{}",
+                self.process.what(),
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let log = self.log();
+        assert!(status.success(), "exit after SIGTERM: {status}\n{log}");
+        assert!(log.contains("the store is flushed"), "{log}");
+        log
+    }
+
     /// `GET path` over plain HTTP/1.1 on the HTTP listener: (status line, body).
     pub fn http_get(&self, path: &str) -> (String, String) {
         http_get(self.http, path)
@@ -215,6 +240,34 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .expect("send the request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the response");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, body.to_string())
+}
+
+/// `POST path` with a JSON `body` and `headers` over plain HTTP/1.1: (status line, body).
+pub fn http_post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("set a read timeout");
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("send the request head");
+    s.write_all(body.as_bytes()).expect("send the request body");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("read the response");
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));

@@ -1003,7 +1003,7 @@ async fn watch_drain_and_restart() {
 
     // The first message: the whole current map.
     let mut stream = ok(
-        m.watch_map(pb::WatchMapRequest { known_version: 0 }).await,
+        m.watch_map(pb::WatchMapRequest::default()).await,
         "WatchMap",
     );
     let first = next_update(&mut stream, Duration::from_secs(5), "the full map").await;
@@ -1049,6 +1049,7 @@ async fn watch_drain_and_restart() {
     let mut resumed = ok(
         m.watch_map(pb::WatchMapRequest {
             known_version: first.version,
+            known_epoch: first.epoch,
         })
         .await,
         "WatchMap from the current version",
@@ -1149,7 +1150,7 @@ async fn watch_drain_and_restart() {
         );
     }
     let mut fresh = ok(
-        m.watch_map(pb::WatchMapRequest { known_version: 0 }).await,
+        m.watch_map(pb::WatchMapRequest::default()).await,
         "a second WatchMap",
     );
     let full = next_update(&mut fresh, Duration::from_secs(5), "a fresh full map").await;

@@ -434,7 +434,7 @@ mod tests {
 
     fn snapshot(inst: &Instance) -> Snapshot {
         let rules = ClassRules::new(inst, &[], "apps").expect("rules");
-        crate::round::round(inst, None, &Stickiness::default(), rules, 0, true).expect("round")
+        crate::round::round(inst, None, &Stickiness::default(), rules, 1, 0, true).expect("round")
     }
 
     #[test]

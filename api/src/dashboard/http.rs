@@ -24,7 +24,8 @@ use serde_json::json;
 use super::figures::{self, CandidateView, View};
 use super::{clean, Actor, MAX_EVENTS, MAX_HISTORY_ROUNDS, MAX_REASON_LEN};
 use crate::round::Snapshot;
-use crate::service::{constant_time_eq, now_unix_ms, ActionError, RoundStatus, Shared};
+use crate::service::{constant_time_eq, now_unix_ms, RoundStatus, Shared};
+use crate::topology::ChangeError;
 
 /// A map older than this many cycles is reported stale.
 pub const STALE_AFTER_CYCLES: u64 = 3;
@@ -172,10 +173,8 @@ async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiError> {
     Ok((s, v))
 }
 
-fn topology(app: &App) -> Result<Instance, ApiError> {
-    app.shared
-        .topology_now()
-        .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "topology lock poisoned"))
+fn topology(app: &App) -> Result<Arc<Instance>, ApiError> {
+    Ok(app.shared.topology_now())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -589,6 +588,8 @@ struct StateAnswer {
     state: ClusterState,
     /// When the change reaches the map.
     takes_effect: &'static str,
+    /// What the operator should know (for example: a traffic class no up cluster serves).
+    warnings: Vec<String>,
 }
 
 /// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor.
@@ -644,18 +645,22 @@ async fn set_state(
     let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
     let actor = Actor::new(who, remote, "http");
     let reason = clean(&body.reason, MAX_REASON_LEN);
-    app.shared
+    let applied = app
+        .shared
         .set_cluster_state(&id, body.state, &reason, actor)
         .await
         .map_err(|e| match e {
-            ActionError::NoCluster(_) => ApiError::not_found(e.to_string()),
-            ActionError::Store(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-            other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+            ChangeError::NoCluster(_) => ApiError::not_found(e.to_string()),
+            ChangeError::Refused(_) => ApiError::bad(e.to_string()),
+            ChangeError::Store(_) | ChangeError::Stopped => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
         })?;
     Ok(Json(StateAnswer {
         cluster: id,
         state: body.state,
         takes_effect: "the next round",
+        warnings: applied.warnings,
     }))
 }
 

@@ -18,11 +18,11 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use cdnmap_mapper::{ClusterState, Instance};
+use cdnmap_mapper::ClusterState;
 use serde::Serialize;
 
 use crate::round::Snapshot;
-use crate::service::ActionError;
+use crate::topology::{Applied, ChangeError};
 
 pub use http::router;
 
@@ -184,7 +184,7 @@ impl DashState {
         cluster: &str,
         state: ClusterState,
         reason: &str,
-        result: &Result<(ClusterState, Instance), ActionError>,
+        result: &Result<Applied, ChangeError>,
         now_unix_ms: i64,
     ) {
         let Ok(mut log) = self.events.lock() else {
@@ -199,7 +199,7 @@ impl DashState {
             via: actor.via,
             action: action_name(state),
             cluster: clean(cluster, MAX_OPERATOR_LEN),
-            from_state: result.as_ref().ok().map(|(before, _)| *before),
+            from_state: result.as_ref().ok().and_then(|a| a.before),
             to_state: state,
             reason: clean(reason, MAX_REASON_LEN),
             ok: result.is_ok(),
@@ -259,8 +259,7 @@ mod tests {
     #[test]
     fn the_event_log_is_bounded_and_newest_first() {
         let d = DashState::default();
-        let failed: Result<(ClusterState, Instance), ActionError> =
-            Err(ActionError::NoCluster("nope".into()));
+        let failed: Result<Applied, ChangeError> = Err(ChangeError::NoCluster("nope".into()));
         for i in 0..MAX_EVENTS + 5 {
             d.log_action(
                 &actor(),

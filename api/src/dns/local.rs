@@ -18,8 +18,7 @@ use cdnmap_mapper::format::{
 use cdnmap_mapper::resolve::{ClassRules, Resolver};
 use cdnmap_mapper::servers::{Policy, Servers};
 use cdnmap_mapper::{
-    Allocation, ClassIdx, ClusterIdx, ClusterState, Limits, Map, PerUnit, ResourceKind,
-    TrafficClass,
+    Allocation, ClassIdx, ClusterIdx, Limits, Map, PerUnit, ResourceKind, TrafficClass,
 };
 use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
@@ -34,8 +33,8 @@ pub const MAX_LOCAL_CLUSTERS: usize = 100_000;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LocalError {
-    #[error("a delta against version {base} arrived while holding version {held}")]
-    Gap { base: u64, held: u64 },
+    #[error("a delta against version {base:?} (epoch, version) arrived while holding {held:?}")]
+    Gap { base: (u64, u64), held: (u64, u64) },
     #[error("{field}: {problem}")]
     Invalid { field: String, problem: String },
 }
@@ -50,6 +49,7 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> LocalError {
 /// The map as the stream has brought it so far.
 #[derive(Debug, Default, Clone)]
 pub struct LocalMap {
+    epoch: u64,
     version: u64,
     solved_at_unix_ms: i64,
     units: HashMap<String, pb::UnitMapping>,
@@ -65,18 +65,33 @@ impl LocalMap {
         self.version
     }
 
+    /// The epoch of the version held.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The identity of the map held, (epoch, version): ordered as a pair.
+    pub fn identity(&self) -> (u64, u64) {
+        (self.epoch, self.version)
+    }
+
     pub fn unit_count(&self) -> usize {
         self.units.len()
     }
 
-    /// Applies one update: a full map replaces everything, a delta must follow the version
-    /// held. On error nothing changes.
-    pub fn apply(&mut self, update: pb::MapUpdate) -> Result<(), LocalError> {
-        if !update.full && update.base_version != self.version {
+    /// Applies one update: a full map replaces everything, a delta must follow the map held
+    /// (its base is the identity held). A full map older than the one held (a lower
+    /// (epoch, version)) is not applied: `Ok(false)`. On error nothing changes.
+    pub fn apply(&mut self, update: pb::MapUpdate) -> Result<bool, LocalError> {
+        let held = self.identity();
+        if !update.full && (update.base_epoch, update.base_version) != held {
             return Err(LocalError::Gap {
-                base: update.base_version,
-                held: self.version,
+                base: (update.base_epoch, update.base_version),
+                held,
             });
+        }
+        if update.full && self.version != 0 && (update.epoch, update.version) < held {
+            return Ok(false);
         }
         if update.clusters.len() > MAX_LOCAL_CLUSTERS {
             return Err(invalid(
@@ -107,13 +122,14 @@ impl LocalMap {
         for u in update.units {
             self.units.insert(u.id.clone(), u);
         }
+        self.epoch = update.epoch;
         self.version = update.version;
         self.solved_at_unix_ms = update.solved_at_unix_ms;
         self.clusters = update.clusters;
         self.rules = update.class_rules;
         self.default_class = update.default_class;
         self.fallbacks = update.fallbacks;
-        Ok(())
+        Ok(true)
     }
 
     /// Indexes the copy for queries; `keys` are the hostnames (content keys) bounded-loads
@@ -148,17 +164,8 @@ impl LocalMap {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let state = match pb::ClusterState::try_from(c.state) {
-                Ok(pb::ClusterState::Up) => ClusterState::Up,
-                Ok(pb::ClusterState::Drained) => ClusterState::Drained,
-                Ok(pb::ClusterState::Down) => ClusterState::Down,
-                _ => {
-                    return Err(invalid(
-                        field("state"),
-                        format!("{} is not a state", c.state),
-                    ))
-                }
-            };
+            let state = crate::watch::state_from_pb(c.state)
+                .ok_or_else(|| invalid(field("state"), format!("{} is not a state", c.state)))?;
             let policy = crate::selection::policy_from_pb(c.selection.as_ref())
                 .map_err(|e| invalid(field("selection"), e))?;
             policies.insert(&c.id, policy);
@@ -289,6 +296,7 @@ impl LocalMap {
             }
         }
         let mut view = LocalView {
+            epoch: self.epoch,
             version: self.version,
             solved_at_unix_ms: self.solved_at_unix_ms,
             has_bounded: policies
@@ -308,6 +316,7 @@ impl LocalMap {
 /// One map version, indexed for queries.
 #[derive(Debug)]
 pub struct LocalView {
+    pub epoch: u64,
     pub version: u64,
     pub solved_at_unix_ms: i64,
     /// Some cluster selects with bounded loads (the front end then counts hostnames).

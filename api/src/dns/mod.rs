@@ -173,6 +173,7 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut LocalMap) -> anyho
     let mut stream = client
         .watch_map(pb::WatchMapRequest {
             known_version: local.version(),
+            known_epoch: local.epoch(),
         })
         .await?
         .into_inner();
@@ -181,16 +182,30 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut LocalMap) -> anyho
         let version = update.version;
         // The copy moves to the blocking thread and back; on any failure below it stays empty,
         // so the next stream starts from a full map.
+        let epoch = update.epoch;
         let mut next = std::mem::take(local);
-        if let Err(e) = next.apply(update) {
-            anyhow::bail!("update to version {version}: {e}");
+        match next.apply(update) {
+            Ok(true) => {}
+            Ok(false) => {
+                // Older than the map held (the mapper restarted and serves what it stored):
+                // keep answering from the newer one until the mapper's next round.
+                tracing::info!(epoch, version, held = ?next.identity(), "an older map was not applied");
+                *local = next;
+                continue;
+            }
+            Err(e) => anyhow::bail!("update to version {version} of epoch {epoch}: {e}"),
         }
         let hosts = front.hot_hosts.load_full();
         let (built, next) =
             tokio::task::spawn_blocking(move || (next.build(&keys(&hosts)), next)).await?;
         match built {
             Ok(view) => {
-                tracing::info!(version, units = next.unit_count(), "map version in use");
+                tracing::info!(
+                    epoch,
+                    version,
+                    units = next.unit_count(),
+                    "map version in use"
+                );
                 metrics::gauge!("cdnmap_dns_map_version").set(version as f64);
                 front.view.store(Some(Arc::new(view)));
                 *local = next;

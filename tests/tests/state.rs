@@ -1,0 +1,436 @@
+//! State that survives: what the running `cdnmap serve` acknowledged is what it holds after a
+//! graceful stop (SIGTERM), a crash (kill -9) and a restart, whatever Admin did before.
+//!
+//! - Deleting a map unit and a cluster, then restarting at once (SIGTERM, then kill -9): the
+//!   server starts and serves; a configuration naming the deleted cluster starts with a warning.
+//! - A front end joining right after a restart gets exactly the map that was published (shares
+//!   in (0, 1], the same epoch and version), and the first round after it churns like any other
+//!   (the estimator's state was stored with the map), under a new epoch.
+//! - Interleaved Admin and dashboard changes from four clients, then kill -9 at once: the store
+//!   holds exactly the last change each client had acknowledged.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::v1::admin_client::AdminClient;
+use cdnmap_tests::mapper::{
+    all_units, authed, http_post, ok, qname_of, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS,
+    TOKEN,
+};
+use tonic::transport::Channel;
+
+/// How long a test waits for the next round.
+const ROUND_WAIT: Duration = Duration::from_secs(3 * CYCLE_SECS);
+
+async fn status(server: &Server) -> pb::Status {
+    ok(
+        server
+            .admin()
+            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
+            .await,
+        "GetStatus",
+    )
+}
+
+/// Waits until the server publishes a map with a version above `version`; returns its status.
+async fn round_after(server: &Server, version: u64) -> pb::Status {
+    let started = Instant::now();
+    loop {
+        let s = status(server).await;
+        if s.map_version > version {
+            return s;
+        }
+        assert!(
+            started.elapsed() < ROUND_WAIT,
+            "no round after version {version} within {ROUND_WAIT:?}:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn clusters(server: &Server) -> Vec<pb::Cluster> {
+    ok(
+        server
+            .admin()
+            .list_clusters(authed(
+                pb::ListRequest {
+                    page_size: 1000,
+                    after_id: String::new(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "ListClusters",
+    )
+    .clusters
+}
+
+/// Resolves a host in the first prefix of `unit`; the answer must name addresses.
+async fn resolves(server: &Server, unit: &pb::MapUnit) -> pb::ResolveResponse {
+    let a = ok(
+        server
+            .mapping()
+            .resolve(pb::ResolveRequest {
+                client_subnet: unit.prefixes[0].clone(),
+                resolver_ip: String::new(),
+                qname: qname_of(&unit.traffic_class).into(),
+                qtype: if unit.prefixes[0].contains(':') {
+                    28
+                } else {
+                    1
+                },
+            })
+            .await,
+        "Resolve",
+    );
+    assert!(!a.addresses.is_empty(), "{a:?}");
+    a
+}
+
+/// The first message of a new WatchMap stream: the whole map.
+async fn full_map(server: &Server) -> pb::MapUpdate {
+    let mut stream = ok(
+        server
+            .mapping()
+            .watch_map(pb::WatchMapRequest::default())
+            .await,
+        "WatchMap",
+    );
+    let update = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("a full map within 30 s")
+        .expect("the stream")
+        .expect("a message");
+    assert!(update.full);
+    update
+}
+
+fn assert_shares_in_range(update: &pb::MapUpdate) {
+    for u in &update.units {
+        for s in &u.shares {
+            assert!(
+                s.share > 0.0 && s.share <= 1.0,
+                "unit {}: share {} not in (0, 1]",
+                u.id,
+                s.share
+            );
+        }
+        let total: f64 = u.shares.iter().map(|s| s.share).sum::<f64>() + u.overflow_share;
+        assert!((total - 1.0).abs() < 1e-9, "unit {}: total {total}", u.id);
+    }
+}
+
+/// Demand reports for every unit: its configured demand times `factor`.
+async fn report_demand(server: &Server, units: &[pb::MapUnit], factor: f64) {
+    let samples = units
+        .iter()
+        .map(|u| pb::DemandSample {
+            target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
+            traffic_class: u.traffic_class.clone(),
+            queries: u.demand * factor,
+        })
+        .collect::<Vec<_>>();
+    let n = samples.len() as u64;
+    let ack = ok(
+        server
+            .feedback()
+            .report_demand(pb::DemandReport {
+                reporter: "e2e-state".into(),
+                period_start_unix_ms: 0,
+                period_end_unix_ms: 0,
+                samples,
+            })
+            .await,
+        "ReportDemand",
+    );
+    assert_eq!(ack.accepted, n);
+}
+
+/// Waits until `/metrics` says map `version` is stored.
+async fn stored_version(server: &Server, version: u64) {
+    let started = Instant::now();
+    loop {
+        let (_, body) = server.http_get("/metrics");
+        let stored = body
+            .lines()
+            .find_map(|l| l.strip_prefix("cdnmap_map_stored_version "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if stored == Some(version as f64) {
+            return;
+        }
+        assert!(
+            started.elapsed() < ROUND_WAIT,
+            "map version {version} not stored within {ROUND_WAIT:?} ({stored:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn warnings<T>(r: &tonic::Response<T>) -> Vec<String> {
+    r.metadata()
+        .get_all("cdnmap-warnings")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn acknowledged_deletes_never_keep_the_server_from_starting() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let cls = clusters(&server).await;
+    let mut admin = server.admin();
+    let delete_unit = |id: &str| authed(pb::DeleteRequest { id: id.into() }, Some(TOKEN));
+    let (gone_unit, gone_cluster) = (units[0].id.clone(), cls[0].id.clone());
+    let r = admin
+        .delete_map_unit(delete_unit(&gone_unit))
+        .await
+        .expect("DeleteMapUnit");
+    assert!(r.get_ref().deleted);
+    let r = admin
+        .delete_cluster(delete_unit(&gone_cluster))
+        .await
+        .expect("DeleteCluster");
+    assert!(r.get_ref().deleted);
+    let said = warnings(&r);
+    assert!(
+        said.iter().any(|w| w.contains("candidate entries")),
+        "the dropped candidates are counted: {said:?}"
+    );
+
+    // A graceful stop right after (no round has stored a map since), then a configuration
+    // whose selection override names the deleted cluster.
+    drop(admin);
+    server.terminate().await;
+    let extra =
+        format!("\n[selection.clusters.{gone_cluster:?}]\npolicy = \"power-of-d\"\nd = 2\n");
+    let mut text = std::fs::read_to_string(&setup.config).expect("read the config");
+    text.push_str(&extra);
+    std::fs::write(&setup.config, text).expect("write the config");
+    let server = setup.start().await;
+    resolves(&server, &units[1]).await;
+    assert!(
+        server.log().contains("the selection override is not used"),
+        "{}",
+        server.log()
+    );
+    let s = status(&server).await;
+    assert_eq!(
+        (s.map_units, s.clusters),
+        (MAP_UNITS - 1, CLUSTERS - 1),
+        "the deletes were kept"
+    );
+
+    // Again, with a crash instead.
+    let mut admin = server.admin();
+    admin
+        .delete_map_unit(delete_unit(&units[1].id))
+        .await
+        .expect("DeleteMapUnit");
+    admin
+        .delete_cluster(delete_unit(&cls[1].id))
+        .await
+        .expect("DeleteCluster");
+    server.kill();
+    let server = setup.start().await;
+    resolves(&server, &units[2]).await;
+    let s = status(&server).await;
+    assert_eq!((s.map_units, s.clusters), (MAP_UNITS - 2, CLUSTERS - 2));
+    // And the next round maps the edited topology.
+    let after = round_after(&server, s.map_version).await;
+    assert!(!after.last_round_failed, "{}", after.last_round_error);
+    let update = full_map(&server).await;
+    assert_eq!(update.units.len() as u64, MAP_UNITS - 2);
+    assert!(update.clusters.iter().all(|c| c.id != cls[1].id));
+}
+
+#[tokio::test]
+async fn a_restart_serves_exactly_what_was_published_and_remembers_the_forecasts() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    // Demand reports far from the configured demand: the rounds map the forecast.
+    let mut version = status(&server).await.map_version;
+    let mut churns = Vec::new();
+    for _ in 0..3 {
+        report_demand(&server, &units, 2.5).await;
+        let s = round_after(&server, version).await;
+        version = s.map_version;
+        churns.push(s.churn);
+    }
+    let before = status(&server).await;
+    let published = full_map(&server).await;
+    assert_eq!(
+        (published.epoch, published.version),
+        (before.map_epoch, before.map_version)
+    );
+    // A map is published, then stored: the crash comes once this one is stored (a crash in
+    // between serves the one before, under its own identity).
+    stored_version(&server, published.version).await;
+    server.kill();
+
+    // A front end joining at once gets the restored map: the same identity and shares.
+    let server = setup.start().await;
+    let restored = full_map(&server).await;
+    assert_shares_in_range(&restored);
+    assert_eq!(
+        (restored.epoch, restored.version),
+        (published.epoch, published.version),
+        "the stored map is served as it was published"
+    );
+    let by_id = |u: &pb::MapUpdate| -> BTreeMap<String, Vec<(String, f64)>> {
+        u.units
+            .iter()
+            .map(|m| {
+                let shares = m
+                    .shares
+                    .iter()
+                    .map(|s| (s.cluster.clone(), s.share))
+                    .collect();
+                (m.id.clone(), shares)
+            })
+            .collect()
+    };
+    assert!(by_id(&restored) == by_id(&published), "the same shares");
+    let answer = resolves(&server, &units[3]).await;
+    assert_eq!(
+        (answer.map_epoch, answer.map_version),
+        (published.epoch, published.version)
+    );
+
+    // The first round after the restart: a new epoch, and the churn of a normal round (with
+    // the forecasts forgotten, the demand would fall back to the configured 1/2.5 of it).
+    let first = round_after(&server, published.version).await;
+    assert!(!first.last_round_failed, "{}", first.last_round_error);
+    assert!(first.map_epoch > published.epoch, "{first:?}");
+    let normal = churns[1..].iter().copied().fold(0.0, f64::max);
+    assert!(
+        first.churn <= 2.0 * normal + 0.002,
+        "churn after the restart {} vs {normal} in normal rounds ({churns:?})",
+        first.churn
+    );
+    let next = full_map(&server).await;
+    assert_shares_in_range(&next);
+    assert_eq!(
+        (next.epoch, next.version),
+        (first.map_epoch, first.map_version)
+    );
+}
+
+/// One client's changes: its own clusters drained, undrained and marked down, alternately
+/// through Admin and the dashboard, and its own units' demand through Admin upserts.
+async fn client_changes(
+    mut admin: AdminClient<Channel>,
+    http: SocketAddr,
+    clusters: Vec<String>,
+    mut units: Vec<pb::MapUnit>,
+    changes: usize,
+    seed: usize,
+) -> (BTreeMap<String, i32>, BTreeMap<String, f64>) {
+    let (mut states, mut demands) = (BTreeMap::new(), BTreeMap::new());
+    for i in 0..changes {
+        let k = (i * 7 + seed) % 3;
+        match (i + seed) % 3 {
+            0 | 1 => {
+                let id = clusters[(i / 3) % clusters.len()].clone();
+                let (state, name) = [
+                    (pb::ClusterState::Drained, "drained"),
+                    (pb::ClusterState::Up, "up"),
+                    (pb::ClusterState::Down, "down"),
+                ][k];
+                if (i + seed) % 3 == 0 {
+                    ok(
+                        admin
+                            .set_cluster_state(authed(
+                                pb::SetClusterStateRequest {
+                                    id: id.clone(),
+                                    state: state as i32,
+                                    reason: format!("e2e {seed}/{i}"),
+                                },
+                                Some(TOKEN),
+                            ))
+                            .await,
+                        "SetClusterState",
+                    );
+                } else {
+                    let path = format!("/api/clusters/{id}/state");
+                    let body = format!("{{\"state\": \"{name}\", \"reason\": \"e2e {seed}/{i}\"}}");
+                    let (line, body) = tokio::task::spawn_blocking(move || {
+                        let auth = format!("Bearer {TOKEN}");
+                        http_post(http, &path, &[("Authorization", &auth)], &body)
+                    })
+                    .await
+                    .expect("the POST");
+                    assert!(line.contains(" 200 "), "{line}\n{body}");
+                }
+                states.insert(id, state as i32);
+            }
+            _ => {
+                let n = units.len();
+                let u = &mut units[(i / 3) % n];
+                u.demand = (seed * 1000 + i) as f64 + 0.25;
+                ok(
+                    admin.upsert_map_unit(authed(u.clone(), Some(TOKEN))).await,
+                    "UpsertMapUnit",
+                );
+                demands.insert(u.id.clone(), u.demand);
+            }
+        }
+    }
+    (states, demands)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleaved_admin_and_dashboard_changes_survive_kill_minus_9() {
+    let mut setup = Setup::new(true);
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let cls: Vec<String> = clusters(&server).await.into_iter().map(|c| c.id).collect();
+    // Four clients at once, 25 changes each, each on its own clusters and units.
+    let mut jobs = Vec::new();
+    for w in 0..4 {
+        let mine: Vec<String> = cls.iter().skip(w).step_by(4).take(3).cloned().collect();
+        let my_units: Vec<pb::MapUnit> = units.iter().skip(w).step_by(4).take(3).cloned().collect();
+        jobs.push(tokio::spawn(client_changes(
+            server.admin(),
+            server.http,
+            mine,
+            my_units,
+            25,
+            w,
+        )));
+    }
+    let mut results = Vec::new();
+    for j in jobs {
+        results.push(j.await.expect("a client"));
+    }
+    // No quiet time: the crash comes right after the last acknowledgement.
+    server.kill();
+    let server = setup.start().await;
+    let now: BTreeMap<String, i32> = clusters(&server)
+        .await
+        .into_iter()
+        .map(|c| (c.id, c.state))
+        .collect();
+    let demand: BTreeMap<String, f64> = all_units(&server)
+        .await
+        .into_iter()
+        .map(|u| (u.id, u.demand))
+        .collect();
+    let mut checked = 0;
+    for (states, demands) in results {
+        for (id, state) in states {
+            assert_eq!(now[&id], state, "cluster {id}");
+            checked += 1;
+        }
+        for (id, d) in demands {
+            assert_eq!(demand[&id], d, "map unit {id}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4 * 5, "{checked} keys checked");
+}
