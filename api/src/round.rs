@@ -182,22 +182,9 @@ fn backup_id(s: &Snapshot, u: UnitIdx) -> Option<&str> {
 /// definition of what WatchMap sends and of what a delta compares, so that a front end that
 /// applied every delta holds exactly the shares of a full map.
 pub fn shares(s: &Snapshot, u: UnitIdx) -> (Vec<(cdnmap_mapper::ClusterIdx, f64)>, f64) {
-    let d = s.instance.unit_demand(u);
-    let share = |amount: f64| {
-        if d > 0.0 && amount > 0.0 {
-            (amount / d).min(1.0)
-        } else {
-            0.0
-        }
-    };
-    let placed = s
-        .map
-        .allocations(u)
-        .iter()
-        .map(|a| (a.cluster, share(a.amount)))
-        .filter(|&(_, x)| x > 0.0)
-        .collect();
-    (placed, share(s.map.overflow(u)))
+    let placed = cdnmap_mapper::map::unit_shares(&s.instance, &s.map, u).collect();
+    let overflow = cdnmap_mapper::map::share(s.map.overflow(u), s.instance.unit_demand(u));
+    (placed, overflow)
 }
 
 /// The map units of `new` whose answer may differ from `old`'s (by id: shares per cluster id,

@@ -169,3 +169,323 @@ pub fn delta_update(edge: &Edge<'_>, prev: &Snapshot, next: &Snapshot) -> pb::Ma
         fallbacks: fallbacks_pb(next),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+    use std::sync::Arc;
+
+    use cdnmap_mapper::format::{
+        CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
+    };
+    use cdnmap_mapper::resolve::{ClassRules, Resolver};
+    use cdnmap_mapper::{Instance, Limits, PerUnit, ResourceKind, Stickiness, TrafficClass};
+    use ipnet::IpNet;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use crate::dns::local::{LocalError, LocalMap};
+    use crate::round::round;
+    use crate::store::{Served, ServedRef, Store};
+
+    const CLASSES: [&str; 3] = ["web", "video", "apps"];
+    const QNAMES: [&str; 3] = [
+        "www.cdn.example",
+        "edge7.video.cdn.example",
+        "api.apps.cdn.example",
+    ];
+
+    fn prefix(i: usize) -> IpNet {
+        let text = if i % 5 == 4 {
+            format!("2001:db8:{:x}::/48", i)
+        } else {
+            format!("10.{}.{}.0/24", i / 256, i % 256)
+        };
+        text.parse().expect("a prefix")
+    }
+
+    fn unit(rng: &mut ChaCha8Rng, i: usize, clusters: usize) -> MapUnitFile {
+        let k = rng.random_range(1..=4usize);
+        let mut ids: Vec<usize> = (0..clusters).collect();
+        for j in 0..k {
+            let x = rng.random_range(j..clusters);
+            ids.swap(j, x);
+        }
+        MapUnitFile {
+            id: format!("u{i:04}"),
+            class: CLASSES[rng.random_range(0..3)].into(),
+            demand: rng.random_range(0.5..3.5),
+            prefixes: vec![prefix(i)],
+            lat: 0.0,
+            lon: 0.0,
+            candidates: ids[..k]
+                .iter()
+                .map(|&c| CandidateFile {
+                    cluster: format!("c{c:02}"),
+                    score: rng.random_range(1.0..2.0),
+                    cluster_rank: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// 300 units, 10 clusters of 2 servers, of 20 to 92 units of room (about as much as the
+    /// demand): split units, overflow and backups all occur.
+    fn world(rng: &mut ChaCha8Rng) -> InstanceFile {
+        let clusters = (0..10)
+            .map(|c| ClusterFile {
+                id: format!("c{c:02}"),
+                lat: 0.0,
+                lon: 0.0,
+                addresses: vec![
+                    IpAddr::from([198, 18, c as u8, 1]),
+                    IpAddr::from([198, 18, c as u8, 2]),
+                ],
+                state: ClusterState::Up,
+                classes: None,
+                resources: ResourcesFile::Nested(NestedNode {
+                    name: "r".into(),
+                    kind: ResourceKind::Bps,
+                    capacity: 20.0 + 8.0 * c as f64,
+                    classes: CLASSES.iter().map(|c| c.to_string()).collect(),
+                    children: Vec::new(),
+                }),
+            })
+            .collect();
+        InstanceFile {
+            traffic_classes: CLASSES
+                .iter()
+                .enumerate()
+                .map(|(k, name)| TrafficClass {
+                    name: name.to_string(),
+                    priority: k as u32,
+                    per_unit: PerUnit { bps: 1.0, fps: 0.0 },
+                })
+                .collect(),
+            clusters,
+            map_units: (0..300).map(|i| unit(rng, i, 10)).collect(),
+        }
+    }
+
+    /// Some change of the kinds a round brings: demand noise, a cluster's state, a unit gone,
+    /// new, or with another class or prefix.
+    fn perturb(rng: &mut ChaCha8Rng, file: &mut InstanceFile, next_id: &mut usize) {
+        for u in &mut file.map_units {
+            u.demand *= rng.random_range(0.8..1.25);
+        }
+        if rng.random_bool(0.3) {
+            let c = rng.random_range(0..file.clusters.len());
+            file.clusters[c].state = [ClusterState::Up, ClusterState::Drained, ClusterState::Down]
+                [rng.random_range(0..3)];
+        }
+        if rng.random_bool(0.2) && file.map_units.len() > 1 {
+            let i = rng.random_range(0..file.map_units.len());
+            file.map_units.remove(i);
+        }
+        if rng.random_bool(0.2) {
+            file.map_units.push(unit(rng, *next_id, 10));
+            *next_id += 1;
+        }
+        if rng.random_bool(0.1) {
+            let i = rng.random_range(0..file.map_units.len());
+            file.map_units[i].class = CLASSES[rng.random_range(0..3)].into();
+        }
+        if rng.random_bool(0.1) {
+            let i = rng.random_range(0..file.map_units.len());
+            file.map_units[i].prefixes = vec![prefix(*next_id)];
+            *next_id += 1;
+        }
+    }
+
+    fn rules(config: &Config, instance: &Instance) -> ClassRules {
+        ClassRules::new(instance, &config.class_rule_pairs(), &config.default_class)
+            .expect("the default rules")
+    }
+
+    /// What a restarted mapper serves: the snapshot through the store and back.
+    fn restored(config: &Config, s: &Snapshot, dir: &std::path::Path) -> Snapshot {
+        let store = Store::open(dir).expect("open");
+        store
+            .put_served(
+                &ServedRef {
+                    epoch: s.epoch,
+                    version: s.version,
+                    solved_at_unix_ms: s.solved_at_unix_ms,
+                    instance: &s.instance,
+                    map: &s.map,
+                    estimates: &[],
+                },
+                4,
+            )
+            .expect("store");
+        let Served {
+            epoch,
+            version,
+            solved_at_unix_ms,
+            instance,
+            map,
+            ..
+        } = store.served().expect("read").expect("stored");
+        let resolver = Resolver::new(&instance, &map, rules(config, &instance)).expect("index");
+        Snapshot {
+            epoch,
+            version,
+            solved_at_unix_ms,
+            instance,
+            map,
+            resolver,
+            stats: Default::default(),
+            churn: None,
+        }
+    }
+
+    /// Every unit's prefix, a few hosts in it, every class's name: the front end's view and
+    /// the mapper's resolver give the same unit, clusters and scope.
+    fn assert_same_answers(front: &LocalMap, s: &Snapshot, step: usize) -> usize {
+        assert_eq!(front.identity(), (s.epoch, s.version), "step {step}");
+        let view = front.build(&[]).expect("the front end indexes its copy");
+        let (mine, theirs) = (&s.resolver, &view.resolver);
+        let id = |r: &Resolver, c: Option<u32>| {
+            c.map(|c| r.instance().clusters()[c as usize].id.clone())
+        };
+        let mut checked = 0;
+        for u in 0..s.instance.unit_count() as u32 {
+            for p in s.instance.unit_prefixes(u) {
+                for host in 0..6u32 {
+                    let client: IpNet = match p.network() {
+                        IpAddr::V4(a) => IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(
+                            u32::from(a) + host * 37,
+                        ))),
+                        IpAddr::V6(a) => IpNet::from(IpAddr::from(std::net::Ipv6Addr::from(
+                            u128::from(a) + u128::from(host) * 9_973,
+                        ))),
+                    };
+                    for q in QNAMES {
+                        let (a, b) = (mine.resolve(client, q), theirs.resolve(client, q));
+                        let unit_of = |r: &Resolver, x: Option<u32>| {
+                            x.map(|u| r.instance().unit_id(u).to_string())
+                        };
+                        assert_eq!(
+                            (
+                                unit_of(mine, a.unit),
+                                id(mine, a.primary),
+                                id(mine, a.secondary),
+                                a.scope_prefix_len
+                            ),
+                            (
+                                unit_of(theirs, b.unit),
+                                id(theirs, b.primary),
+                                id(theirs, b.secondary),
+                                b.scope_prefix_len
+                            ),
+                            "step {step}: {client} {q} (unit {}: allocations {:?} overflow {} candidates {:?}, states {:?})",
+                            s.instance.unit_id(u),
+                            s.map.allocations(u),
+                            s.map.overflow(u),
+                            s.instance.candidates(u).map(|c| c.cluster).collect::<Vec<_>>(),
+                            s.instance.clusters().iter().map(|c| c.state).collect::<Vec<_>>()
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        checked
+    }
+
+    /// A front end following a long random run of rounds, with mapper restarts (a new epoch,
+    /// the stored map served first) and falls behind (a delta missed: the stream restarts
+    /// from a full map), answers every client exactly like the mapper's `Resolve` at the
+    /// same version, after every update.
+    #[test]
+    fn a_front_end_fed_deltas_and_restarts_answers_like_resolve() {
+        let config = Config::default();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = ChaCha8Rng::seed_from_u64(15);
+        let mut file = world(&mut rng);
+        let mut next_id = 300;
+        let mut epoch = 1;
+        let mut current: Option<Arc<Snapshot>> = None;
+        let mut front = LocalMap::default();
+        // The stream's last message, per connection: `None` right after a (re)connect.
+        let mut sent: Option<Arc<Snapshot>> = None;
+        let (mut deltas, mut fulls, mut restarts, mut gaps, mut split, mut checked) =
+            (0, 0, 0, 0, 0, 0);
+        for step in 0..60 {
+            perturb(&mut rng, &mut file, &mut next_id);
+            let instance = file.build(Limits::default()).expect("a valid world");
+            let snapshot = round(
+                &instance,
+                current.as_deref(),
+                &Stickiness::default(),
+                rules(&config, &instance),
+                epoch,
+                step as i64 * 10_000,
+                false,
+            )
+            .expect("a round");
+            let mut snapshot = Arc::new(snapshot);
+            if step % 13 == 12 {
+                // The mapper restarts: it serves what it stored, under its identity, and the
+                // next round takes a new epoch; the front end reconnects.
+                snapshot = Arc::new(restored(&config, &snapshot, dir.path()));
+                epoch += 1;
+                restarts += 1;
+                sent = None;
+            }
+            let policies = config.selection.policies(&snapshot.instance);
+            let edge = Edge::new(&policies, None, &config);
+            let missed = step % 7 == 5;
+            let update = match &sent {
+                Some(prev) if prev.version + 1 == snapshot.version => {
+                    delta_update(&edge, prev, &snapshot)
+                }
+                _ if front.identity() == (snapshot.epoch, snapshot.version) => {
+                    // A reconnect to the version held: nothing is sent.
+                    sent = Some(Arc::clone(&snapshot));
+                    current = Some(snapshot);
+                    continue;
+                }
+                _ => full_update(&edge, &snapshot),
+            };
+            sent = Some(Arc::clone(&snapshot));
+            current = Some(Arc::clone(&snapshot));
+            if missed && !update.full {
+                // This delta never reaches the front end; the next one does not follow what
+                // it holds, so the stream restarts from a full map.
+                gaps += 1;
+                continue;
+            }
+            match front.apply(update.clone()) {
+                Ok(applied) => assert!(applied, "step {step}"),
+                Err(LocalError::Gap { .. }) => {
+                    front
+                        .apply(full_update(&edge, &snapshot))
+                        .expect("a full map");
+                    fulls += 1;
+                }
+                Err(e) => panic!("step {step}: {e}"),
+            }
+            if update.full {
+                fulls += 1;
+            } else {
+                deltas += 1;
+            }
+            split += (0..snapshot.instance.unit_count() as u32)
+                .filter(|&u| snapshot.map.allocations(u).len() > 1)
+                .count();
+            checked += assert_same_answers(&front, &snapshot, step);
+        }
+        assert!(
+            deltas >= 30 && restarts >= 4 && gaps >= 3,
+            "{deltas} deltas, {restarts} restarts, {gaps} gaps"
+        );
+        assert!(fulls >= restarts, "{fulls} full maps");
+        assert!(
+            split >= 20,
+            "split units (hashed by client and name) are exercised: {split}"
+        );
+        assert!(checked > 100_000, "{checked}");
+    }
+}

@@ -94,6 +94,32 @@ impl Map {
     }
 }
 
+/// `amount` of a unit's `demand` as a share in [0, 1]: the one definition of a share. The
+/// resolver splits a unit's clients by it, WatchMap carries it, and a front end's copy (whose
+/// demand is 1 and amounts are these shares) computes the same values bit for bit, so both
+/// answer every client alike.
+pub fn share(amount: f64, demand: f64) -> f64 {
+    if demand > 0.0 && amount > 0.0 {
+        (amount / demand).min(1.0)
+    } else {
+        0.0
+    }
+}
+
+/// Unit `u`'s placed demand as (cluster, share in (0, 1]), in the map's order; allocations of
+/// nothing are left out.
+pub fn unit_shares<'a>(
+    instance: &Instance,
+    map: &'a Map,
+    u: UnitIdx,
+) -> impl Iterator<Item = (ClusterIdx, f64)> + 'a {
+    let demand = instance.unit_demand(u);
+    map.allocations(u)
+        .iter()
+        .map(move |a| (a.cluster, share(a.amount, demand)))
+        .filter(|&(_, s)| s > 0.0)
+}
+
 /// What `map` places on every resource node of `instance` (indexed by global node), in the
 /// node's own unit: the sum over allocations passing it of amount × the class's coefficient.
 pub fn node_usage(instance: &Instance, map: &Map) -> Vec<f64> {

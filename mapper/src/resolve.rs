@@ -407,12 +407,15 @@ impl Resolver {
         let mut alloc_cum = Vec::new();
         alloc_start.push(0);
         for u in 0..instance.unit_count() as UnitIdx {
-            let allocs = map.allocations(u);
-            let total: f64 = allocs.iter().map(|a| a.amount.max(0.0)).sum();
+            // From the shares (`map::unit_shares`), not the amounts: a front end holds only
+            // the shares, and splits alike.
+            let total: f64 = crate::map::unit_shares(instance, map, u)
+                .map(|(_, s)| s)
+                .sum();
             let mut cum = 0.0;
-            for a in allocs.iter().filter(|a| a.amount > 0.0) {
-                cum += a.amount / total;
-                alloc_cluster.push(a.cluster);
+            for (cluster, s) in crate::map::unit_shares(instance, map, u) {
+                cum += s / total;
+                alloc_cluster.push(cluster);
                 alloc_cum.push(cum as f32);
             }
             let pushed = alloc_cluster.len() > alloc_start[alloc_start.len() - 1] as usize;
@@ -657,6 +660,16 @@ impl Resolver {
     pub fn with_fallbacks(mut self, fallback: Vec<[Option<ClusterIdx>; 2]>) -> Self {
         if fallback.len() == self.classes {
             self.fallback = fallback;
+            // The answers computed ahead for units that are not split took the old fallbacks
+            // where nothing of the unit is placed (or nothing placed is up).
+            for i in 0..self.pre.len() {
+                let p = self.pre[i];
+                if p.unit != NO_GROUP && !p.split {
+                    let (primary, secondary) = self.pick(p.unit, 0.0);
+                    self.pre[i].primary = primary.unwrap_or(NONE_CLUSTER);
+                    self.pre[i].secondary = secondary.unwrap_or(NONE_CLUSTER);
+                }
+            }
         }
         self
     }

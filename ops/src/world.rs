@@ -821,7 +821,7 @@ fn unit_demand(
 
 /// The classes (indices into [`CLASSES`], in id order) of prefix `p` out of `prefixes`.
 fn prefix_classes(p: usize, prefixes: usize, map_units: usize) -> &'static [usize] {
-    if p + 1 == prefixes && map_units % 3 != 0 {
+    if p + 1 == prefixes && !map_units.is_multiple_of(3) {
         &ID_ORDER[..map_units % 3]
     } else {
         &ID_ORDER

@@ -342,7 +342,7 @@ async fn client_changes(
                     (pb::ClusterState::Up, "up"),
                     (pb::ClusterState::Down, "down"),
                 ][k];
-                if (i + seed) % 3 == 0 {
+                if (i + seed).is_multiple_of(3) {
                     ok(
                         admin
                             .set_cluster_state(authed(
