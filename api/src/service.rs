@@ -1599,3 +1599,151 @@ pub async fn serve(
 
 /// How long calls in flight may take to finish once the service is asked to stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cdnmap_mapper::format::parse_instance;
+    use pb::mapping_server::Mapping;
+
+    /// Four clusters of four servers, 60 units over 10.0.x.0/24 in three classes.
+    fn instance() -> Instance {
+        let clusters: Vec<String> = (0..4)
+            .map(|c| {
+                let addresses: Vec<String> =
+                    (1..=4).map(|a| format!("\"198.18.{c}.{a}\"")).collect();
+                format!(
+                    r#"{{"id": "c{c}", "lat": 0, "lon": 0, "addresses": [{}],
+                      "resources": {{"name": "r", "kind": "bps", "capacity": 40,
+                                     "classes": ["web", "video", "apps"]}}}}"#,
+                    addresses.join(",")
+                )
+            })
+            .collect();
+        let units: Vec<String> = (0..60)
+            .map(|u| {
+                let class = ["web", "video", "apps"][u % 3];
+                format!(
+                    r#"{{"id": "u{u:02}", "class": "{class}", "demand": 2, "prefixes": ["10.0.{u}.0/24"],
+                      "lat": 0, "lon": 0, "candidates": [{{"cluster": "c{}", "score": 1}},
+                      {{"cluster": "c{}", "score": 2}}, {{"cluster": "c{}", "score": 3}}]}}"#,
+                    u % 4,
+                    (u + 1) % 4,
+                    (u + 2) % 4
+                )
+            })
+            .collect();
+        let json = format!(
+            r#"{{"traffic_classes": [
+                {{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 0}}}},
+                {{"name": "video", "priority": 1, "per_unit": {{"bps": 1, "fps": 0}}}},
+                {{"name": "apps", "priority": 2, "per_unit": {{"bps": 1, "fps": 0}}}}],
+              "clusters": [{}], "map_units": [{}]}}"#,
+            clusters.join(","),
+            units.join(",")
+        );
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    fn query(u: usize) -> pb::ResolveRequest {
+        pb::ResolveRequest {
+            client_subnet: format!("10.0.{u}.7/32"),
+            resolver_ip: String::new(),
+            qname: [
+                "www.cdn.example.",
+                "a.video.cdn.example.",
+                "b.apps.cdn.example.",
+            ][u % 3]
+                .into(),
+            qtype: 1,
+        }
+    }
+
+    /// Rounds publish new versions (a cluster drained or undrained before each, so answers
+    /// change) while ResolveBatch runs in a loop: every batch comes from one version, and every
+    /// answer is that version's, its addresses chosen by that version's selectors.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resolve_during_publication_answers_from_one_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            ..Config::default()
+        };
+        let shared = Shared::start(config, instance()).expect("start");
+        shared.run_round().await;
+        let publisher = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let mut versions = std::collections::BTreeMap::new();
+                for i in 0..30 {
+                    let state = if i % 2 == 0 {
+                        ClusterState::Drained
+                    } else {
+                        ClusterState::Up
+                    };
+                    let actor = crate::dashboard::Actor::new(Some("test"), None, "test");
+                    shared
+                        .set_cluster_state(&format!("c{}", i % 4), state, "", actor)
+                        .await
+                        .expect("state");
+                    shared.run_round().await;
+                    let p = shared.published().expect("published");
+                    versions.insert(p.snapshot.version, p);
+                }
+                versions
+            })
+        };
+        let service = MappingService(Arc::clone(&shared));
+        let mut answers = Vec::new();
+        while !publisher.is_finished() {
+            let batch = pb::ResolveBatchRequest {
+                queries: (0..60).map(query).collect(),
+            };
+            let got = service
+                .resolve_batch(Request::new(batch))
+                .await
+                .expect("ResolveBatch")
+                .into_inner()
+                .answers;
+            answers.push(got);
+            tokio::task::yield_now().await;
+        }
+        let versions = publisher.await.expect("the publisher");
+        let mut seen = std::collections::BTreeSet::new();
+        for batch in &answers {
+            let v = batch[0].map_version;
+            seen.insert(v);
+            let Some(p) = versions.get(&v) else {
+                continue; // the version before the publisher's first
+            };
+            let s = &p.snapshot;
+            for (u, a) in batch.iter().enumerate() {
+                assert_eq!(a.map_version, v, "one batch, one version");
+                let q = query(u);
+                let client: IpNet = q.client_subnet.parse().expect("a prefix");
+                let want = s.resolver.resolve(client, &q.qname);
+                let ids: Vec<String> = [want.primary, want.secondary]
+                    .into_iter()
+                    .flatten()
+                    .map(|c| s.instance.clusters()[c as usize].id.clone())
+                    .collect();
+                assert_eq!(a.cluster_ids, ids, "version {v}, query {u}");
+                let (mut key, mut picked) = (String::new(), Vec::new());
+                p.servers.as_ref().expect("selectors").answer(
+                    &want,
+                    &q.qname,
+                    false,
+                    &mut key,
+                    &mut picked,
+                );
+                let picked: Vec<String> = picked.iter().map(|a| a.to_string()).collect();
+                assert_eq!(a.addresses, picked, "version {v}, query {u}");
+            }
+        }
+        assert!(
+            seen.len() >= 10,
+            "{} versions seen while publishing",
+            seen.len()
+        );
+    }
+}
