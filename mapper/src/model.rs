@@ -218,7 +218,9 @@ pub(crate) const NO_RANK: f32 = f32::INFINITY;
 pub(crate) struct MapUnits {
     pub(crate) ids: Vec<Box<str>>,
     pub(crate) class: Vec<ClassIdx>,
-    pub(crate) demand: Vec<f64>,
+    /// Filled while building only (empty in an instance, which keeps its demand apart in
+    /// `Instance::demand`; the name keeps instance code from reading it by mistake).
+    pub(crate) building_demand: Vec<f64>,
     pub(crate) lat: Vec<f32>,
     pub(crate) lon: Vec<f32>,
     pub(crate) prefix_start: Vec<u32>,
@@ -359,6 +361,9 @@ struct Topology {
 pub struct Instance {
     topology: Arc<Topology>,
     pub(crate) units: Arc<MapUnits>,
+    /// Each unit's demand, apart from the other unit columns: a round's forecast changes it
+    /// alone ([`Instance::with_demands`]).
+    pub(crate) demand: Arc<Vec<f64>>,
     pub(crate) cands: Arc<CandidateColumns>,
     /// Stickiness's changes to the candidates, if any.
     pub(crate) favour: Option<Arc<Favour>>,
@@ -413,7 +418,7 @@ impl Instance {
     }
 
     pub fn unit_demand(&self, u: UnitIdx) -> f64 {
-        self.units.demand[u as usize]
+        self.demand[u as usize]
     }
 
     pub fn unit_location(&self, u: UnitIdx) -> (f64, f64) {
@@ -628,7 +633,7 @@ impl Instance {
     }
 
     pub fn total_demand(&self) -> f64 {
-        self.units.demand.iter().sum()
+        self.demand.iter().sum()
     }
 
     /// The same instance with stickiness's changes to its candidates (built by
@@ -640,6 +645,7 @@ impl Instance {
         Instance {
             topology: Arc::clone(&self.topology),
             units: Arc::clone(&self.units),
+            demand: Arc::clone(&self.demand),
             cands: Arc::clone(&self.cands),
             favour: Some(Arc::new(favour)),
         }
@@ -678,6 +684,7 @@ impl Instance {
         Instance {
             topology: Arc::clone(&self.topology),
             units: Arc::clone(&self.units),
+            demand: Arc::clone(&self.demand),
             cands: Arc::new(cands),
             favour: None,
         }
@@ -693,9 +700,86 @@ impl Instance {
         Instance {
             topology: Arc::new(topology),
             units: Arc::clone(&self.units),
+            demand: Arc::clone(&self.demand),
             cands: Arc::clone(&self.cands),
             favour: self.favour.clone(),
         }
+    }
+
+    /// The same instance with each unit's demand replaced (`demands[u]` for unit index `u`),
+    /// sharing every other column: what a round's forecast changes. Refused, naming the unit,
+    /// when a demand is not a finite number >= 0 or the count is not the unit count.
+    pub fn with_demands(&self, demands: Vec<f64>) -> Result<Instance, ModelError> {
+        if demands.len() != self.unit_count() {
+            return Err(ModelError::MapShape {
+                map_units: demands.len(),
+                instance_units: self.unit_count(),
+            });
+        }
+        if let Some(u) = demands.iter().position(|d| !(d.is_finite() && *d >= 0.0)) {
+            check_number(
+                || format!("map unit {:?}", self.unit_id(u as UnitIdx)),
+                "demand",
+                demands[u],
+            )?;
+        }
+        Ok(Instance {
+            topology: Arc::clone(&self.topology),
+            units: Arc::clone(&self.units),
+            demand: Arc::new(demands),
+            cands: Arc::clone(&self.cands),
+            favour: self.favour.clone(),
+        })
+    }
+
+    /// The same instance with other costs: each class's coefficients (`per_unit`, by class
+    /// index) and each cluster's capacities multiplied by `capacity_factor` (by cluster index),
+    /// sharing the map units and candidates: what learned coefficients and derating change.
+    /// Refused, naming the class or cluster, when a number is not finite and >= 0 or a count
+    /// does not match.
+    pub fn with_costs(
+        &self,
+        per_unit: &[PerUnit],
+        capacity_factor: &[f64],
+    ) -> Result<Instance, ModelError> {
+        let mut topology = (*self.topology).clone();
+        if per_unit.len() != topology.classes.len() {
+            return Err(ModelError::TooMany {
+                subject: "the coefficients".into(),
+                what: "classes (one per traffic class is needed)",
+                count: per_unit.len(),
+                limit: topology.classes.len(),
+            });
+        }
+        if capacity_factor.len() != topology.clusters.len() {
+            return Err(ModelError::TooMany {
+                subject: "the capacity factors".into(),
+                what: "clusters (one per cluster is needed)",
+                count: capacity_factor.len(),
+                limit: topology.clusters.len(),
+            });
+        }
+        for (class, p) in topology.classes.iter_mut().zip(per_unit) {
+            let subject = || format!("traffic class {:?}", class.name);
+            check_number(subject, "per_unit.bps", p.bps)?;
+            check_number(subject, "per_unit.fps", p.fps)?;
+            class.per_unit = *p;
+        }
+        for (cluster, &f) in topology.clusters.iter_mut().zip(capacity_factor) {
+            check_number(|| format!("cluster {:?}", cluster.id), "capacity factor", f)?;
+            if f != 1.0 {
+                for n in &mut cluster.nodes {
+                    n.capacity *= f;
+                }
+            }
+        }
+        Ok(Instance {
+            topology: Arc::new(topology),
+            units: Arc::clone(&self.units),
+            demand: Arc::clone(&self.demand),
+            cands: Arc::clone(&self.cands),
+            favour: self.favour.clone(),
+        })
     }
 
     /// Bytes held by this instance's heap allocations (map units dominate; an estimate for the
@@ -705,7 +789,7 @@ impl Instance {
         let ids: usize = u.ids.iter().map(|s| s.len().max(8)).sum::<usize>()
             + u.ids.capacity() * std::mem::size_of::<Box<str>>();
         ids + u.class.capacity() * 2
-            + u.demand.capacity() * 8
+            + self.demand.capacity() * 8
             + (u.lat.capacity() + u.lon.capacity()) * 4
             + u.prefix_start.capacity() * 4
             + u.prefixes.capacity() * std::mem::size_of::<IpNet>()
@@ -913,7 +997,7 @@ impl InstanceBuilder {
         let u = &mut self.units;
         u.ids.reserve_exact(units);
         u.class.reserve_exact(units);
-        u.demand.reserve_exact(units);
+        u.building_demand.reserve_exact(units);
         u.lat.reserve_exact(units);
         u.lon.reserve_exact(units);
         u.prefix_start.reserve_exact(units);
@@ -1030,7 +1114,7 @@ impl InstanceBuilder {
         u.prefix_start.push(u.prefixes.len() as u32);
         u.ids.push(spec.id.into());
         u.class.push(class);
-        u.demand.push(spec.demand + 0.0);
+        u.building_demand.push(spec.demand + 0.0);
         u.lat.push(spec.lat as f32);
         u.lon.push(spec.lon as f32);
         Ok(())
@@ -1050,6 +1134,8 @@ impl InstanceBuilder {
                 context: String::new(),
             });
         }
+        // The demand column lives apart in an instance (`Instance::demand`).
+        let demand = Arc::new(std::mem::take(&mut units.building_demand));
         Ok(Instance {
             topology: Arc::new(Topology {
                 classes: self.classes,
@@ -1059,6 +1145,7 @@ impl InstanceBuilder {
                 cluster_by_id: self.cluster_by_id,
             }),
             units: Arc::new(units),
+            demand,
             cands: Arc::new(cands),
             favour: None,
         })
@@ -1101,7 +1188,7 @@ fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateC
         out.cand_start.push(out_cands.cluster.len() as u32);
         out.ids.push(units.ids[i].clone());
         out.class.push(units.class[i]);
-        out.demand.push(units.demand[i]);
+        out.building_demand.push(units.building_demand[i]);
         out.lat.push(units.lat[i]);
         out.lon.push(units.lon[i]);
     }

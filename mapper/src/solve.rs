@@ -519,7 +519,6 @@ impl<'a> Solver<'a> {
     fn push_all(&mut self, arrival: Arrival) {
         self.unit = self
             .inst
-            .units
             .demand
             .iter()
             .map(|&d| UnitState::unplaced(d))
@@ -588,7 +587,7 @@ impl<'a> Solver<'a> {
     }
 
     fn tol(&self, u: UnitIdx) -> f64 {
-        EPS_REL * self.inst.units.demand[u as usize]
+        EPS_REL * self.inst.demand[u as usize]
     }
 
     /// The cluster's preference key for unit `u` reached through candidate arena index `i`:
@@ -691,7 +690,7 @@ impl<'a> Solver<'a> {
             prefetch(&f.start, v);
             prefetch(&f.promote, v);
         }
-        prefetch(&units.demand, v);
+        prefetch(&self.inst.demand, v);
         prefetch(&units.class, v);
         prefetch(&self.unit, v);
     }
@@ -1202,7 +1201,7 @@ impl<'a> Solver<'a> {
         let (mut pending, mut late) = (Vec::new(), Vec::new());
         for (local, (state, slot)) in unit.iter_mut().zip(slots.iter_mut()).enumerate() {
             let u = (from + local) as UnitIdx;
-            let d = self.inst.units.demand[u as usize];
+            let d = self.inst.demand[u as usize];
             let head = self.first(u);
             let Some((first, key)) = head.filter(|&(c, _)| self.keep_seed(seed, u, n, c)) else {
                 state.write(UnitState::unplaced(d));
@@ -1270,7 +1269,7 @@ impl<'a> Solver<'a> {
         if u as usize >= n {
             return false;
         }
-        let d = self.inst.units.demand[u as usize];
+        let d = self.inst.demand[u as usize];
         let allocs = seed.allocations(u);
         let at_first = allocs.iter().any(|a| a.cluster == first && a.amount > 0.0);
         let elsewhere =
@@ -1991,7 +1990,7 @@ mod tests {
                 report.describe(&eff, 5)
             );
             for u in 0..eff.unit_count() as UnitIdx {
-                let tol = 1e-9 * eff.units.demand[u as usize];
+                let tol = 1e-9 * eff.demand[u as usize];
                 let (a, b) = (one.map.allocations(u), got.map.allocations(u));
                 assert_eq!(a.len(), b.len(), "{parts} parts, unit {u}");
                 for (x, y) in a.iter().zip(b) {

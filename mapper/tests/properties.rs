@@ -762,6 +762,75 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// `with_demands` and `with_costs` (what a round's estimates change, sharing the other
+    /// columns) give the instance the file form rebuilds with the same changes, and the same
+    /// map; bad numbers are refused naming their unit, class or cluster.
+    #[test]
+    fn edits_equal_the_rebuild_through_the_file_form(
+        g in gen_with(mixed_classes(), small()),
+        seed in any::<u64>(),
+    ) {
+        use cdnmap_mapper::format::{InstanceFile, NestedNode, ResourcesFile};
+        fn scale(n: &mut NestedNode, f: f64) {
+            n.capacity *= f;
+            n.children.iter_mut().for_each(|c| scale(c, f));
+        }
+        let inst = g.build(None);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let demands: Vec<f64> = (0..inst.unit_count())
+            .map(|_| if rng.random_bool(0.1) { 0.0 } else { rng.random_range(0.0..50.0) })
+            .collect();
+        let per_unit: Vec<PerUnit> = inst
+            .classes()
+            .iter()
+            .map(|_| PerUnit { bps: rng.random_range(0.0..3.0), fps: rng.random_range(0.0..3.0) })
+            .collect();
+        let factors: Vec<f64> = inst
+            .clusters()
+            .iter()
+            .map(|_| if rng.random_bool(0.5) { 1.0 } else { rng.random_range(0.25..1.0) })
+            .collect();
+        let edited = inst
+            .with_demands(demands.clone())
+            .and_then(|i| i.with_costs(&per_unit, &factors))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut file = InstanceFile::of(&inst);
+        for (u, d) in file.map_units.iter_mut().zip(&demands) {
+            u.demand = *d;
+        }
+        for (c, p) in file.traffic_classes.iter_mut().zip(&per_unit) {
+            c.per_unit = *p;
+        }
+        for (c, &f) in file.clusters.iter_mut().zip(&factors) {
+            if let ResourcesFile::Nested(root) = &mut c.resources {
+                scale(root, f);
+            }
+        }
+        let rebuilt = file.build(Limits::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&edited, &rebuilt);
+        let (a, b) = (solve(&edited, &SolveOptions::default()), solve(&rebuilt, &SolveOptions::default()));
+        prop_assert_eq!(a.map, b.map);
+        if inst.unit_count() > 0 {
+            let mut bad = demands.clone();
+            let u = rng.random_range(0..bad.len());
+            bad[u] = [-1.0, f64::NAN, f64::INFINITY][rng.random_range(0..3usize)];
+            let err = inst.with_demands(bad).expect_err("a bad demand");
+            prop_assert!(err.to_string().contains(&format!("{:?}", inst.unit_id(u as UnitIdx))), "{}", err);
+        }
+        let mut bad = factors.clone();
+        bad[0] = -0.5;
+        let err = inst.with_costs(&per_unit, &bad).expect_err("a bad factor");
+        prop_assert!(err.to_string().contains(&inst.clusters()[0].id), "{}", err);
+    }
+}
+
 /// The generators are not vacuous: a fixed sample of 256 instances from each contains, in a
 /// good share of cases, evictions, units split over several clusters, overflow at units with
 /// `Up` candidates (full clusters), and demand whose candidates include drained or down ones.
