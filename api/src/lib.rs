@@ -5,6 +5,7 @@
 pub mod config;
 pub mod dashboard;
 pub mod dns;
+pub mod driver;
 pub mod round;
 pub mod selection;
 pub mod service;

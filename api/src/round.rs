@@ -26,6 +26,24 @@ pub struct Snapshot {
     pub stats: SolveStats,
     /// Churn against the previous snapshot (`None` for the first).
     pub churn: Option<f64>,
+    /// How long the round's parts took (zero for a snapshot read back from the store).
+    pub timings: RoundTimings,
+}
+
+/// How long each part of [`round`] took, in milliseconds: measurements only (the clock is
+/// read for them and for nothing else).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoundTimings {
+    /// Stickiness's effective preferences.
+    pub effective_ms: f64,
+    /// The solve (seeded or cold), with the verifier when it runs.
+    pub solve_ms: f64,
+    /// Indexing the map for queries (the resolver).
+    pub index_ms: f64,
+}
+
+fn ms_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// Why a round produced no map (the last good one stays published).
@@ -51,35 +69,46 @@ pub fn round(
     check: bool,
 ) -> Result<Snapshot, RoundError> {
     let options = SolveOptions::default();
+    let mut timings = RoundTimings::default();
     let (map, stats, churn_now) = match previous {
         None => {
+            let t = std::time::Instant::now();
             let sol = solve(instance, &options);
             if check {
                 checked(instance, &sol.map)?;
             }
+            timings.solve_ms = ms_since(t);
             (sol.map, sol.stats, None)
         }
         Some(prev) => {
             let seed = carry_over(&prev.instance, &prev.map, instance);
             let sol = if stickiness.margin > 0.0 {
+                let t = std::time::Instant::now();
                 let effective = favour_incumbents(instance, &seed, stickiness)?;
+                timings.effective_ms = ms_since(t);
+                let t = std::time::Instant::now();
                 let sol = solve_seeded(&effective, &seed, &options);
                 if check {
                     checked(&effective, &sol.map)?;
                 }
+                timings.solve_ms = ms_since(t);
                 sol
             } else {
+                let t = std::time::Instant::now();
                 let sol = solve(instance, &options);
                 if check {
                     checked(instance, &sol.map)?;
                 }
+                timings.solve_ms = ms_since(t);
                 sol
             };
             let c = churn(instance, &seed, &sol.map);
             (sol.map, sol.stats, Some(c))
         }
     };
+    let t = std::time::Instant::now();
     let resolver = Resolver::new(instance, &map, rules)?;
+    timings.index_ms = ms_since(t);
     Ok(Snapshot {
         epoch,
         version: previous.map_or(1, |p| p.version + 1),
@@ -89,6 +118,7 @@ pub fn round(
         resolver,
         stats,
         churn: churn_now,
+        timings,
     })
 }
 

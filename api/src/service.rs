@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
-use cdnmap_estimator::state::{through, Estimates};
+use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use cdnmap_mapper::resolve::{ClassRules, MAX_QNAME_LEN};
 use cdnmap_mapper::servers::Servers;
@@ -24,7 +24,8 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::config::Config;
-use crate::round::{round, Snapshot};
+use crate::driver::{Driver, Observations, StepError, StepTimings};
+use crate::round::Snapshot;
 use crate::selection::{self, ServerLoads};
 use crate::store::{Served, ServedRef, Store};
 use crate::topology::{Applied, Change, ChangeError, Topology};
@@ -68,9 +69,9 @@ pub struct Shared {
     status: Mutex<RoundStatus>,
     store: Store,
     updates: broadcast::Sender<Arc<Snapshot>>,
-    /// Demand forecasts, learned coefficients, derating: fed by the reports, read each round,
-    /// saved with each published map.
-    estimates: Mutex<Estimates>,
+    /// The round driver with the estimator (demand forecasts, learned coefficients,
+    /// derating): fed by the reports, run each round, its state saved with each map.
+    driver: Mutex<Driver>,
     /// What the reports brought since the last round.
     pending: Mutex<Pending>,
     /// In-cluster selection: the last reported server loads.
@@ -107,14 +108,8 @@ pub fn now_unix_ms() -> i64 {
 pub enum LoopError {
     #[error("{0} lock poisoned")]
     Poisoned(&'static str),
-    #[error("observing the load reports: {0}")]
-    Learn(#[from] cdnmap_estimator::learn::LearnError),
-    #[error("applying the estimates: {0}")]
-    Estimates(cdnmap_mapper::ModelError),
-    #[error("the hostname rules: {0}")]
-    Rules(cdnmap_mapper::ModelError),
     #[error(transparent)]
-    Round(#[from] crate::round::RoundError),
+    Step(#[from] StepError),
     #[error("the round's task failed: {0}")]
     Task(String),
 }
@@ -168,8 +163,14 @@ impl Shared {
                 log_to.log_action(actor, id, *state, reason, result, now_unix_ms());
             }
         });
+        let driver = Driver::new(
+            estimates,
+            config.stickiness(),
+            config.learning,
+            cfg!(debug_assertions),
+        );
         let shared = Arc::new(Shared {
-            estimates: Mutex::new(estimates),
+            driver: Mutex::new(driver),
             pending: Mutex::new(Pending::default()),
             server_loads: Mutex::new(ServerLoads::default()),
             topology: Topology::start(store.clone(), topology, log),
@@ -199,6 +200,7 @@ impl Shared {
                 resolver,
                 stats: Default::default(),
                 churn: None,
+                timings: Default::default(),
             }));
         }
         Ok(shared)
@@ -272,8 +274,13 @@ impl Shared {
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, publish,
     /// persist, notify watchers. A failed round keeps the last good map and says so.
     pub async fn run_round(self: &Arc<Self>) {
+        self.run_round_at(now_unix_ms()).await;
+    }
+
+    /// [`Shared::run_round`] at time `now` (the loop passes the clock; tests and replays pass a
+    /// simulated one).
+    pub async fn run_round_at(self: &Arc<Self>, now: i64) {
         let started = Instant::now();
-        let now = now_unix_ms();
         let me = Arc::clone(self);
         let result = tokio::task::spawn_blocking(move || me.solve_round(now))
             .await
@@ -295,11 +302,14 @@ impl Shared {
             );
         }
         match result {
-            Ok((snapshot, estimates)) => {
+            Ok((snapshot, step_timings, estimates)) => {
                 let snapshot = Arc::new(snapshot);
                 // The round's history entry before its map: whoever sees the map sees it too.
                 self.dash.record_round(&snapshot, solve_ms);
+                let t = Instant::now();
                 self.publish(Arc::clone(&snapshot));
+                let publish_ms = t.elapsed().as_secs_f64() * 1e3;
+                let t = Instant::now();
                 let store = self.store.clone();
                 let keep = self.config.maps_kept;
                 let to_store = Arc::clone(&snapshot);
@@ -325,7 +335,29 @@ impl Shared {
                     Ok(Err(e)) => tracing::error!(error = %e, "persisting the map failed"),
                     Err(e) => tracing::error!(error = %e, "persisting the map failed"),
                 }
+                let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_estimates_ms;
                 let _ = self.updates.send(Arc::clone(&snapshot));
+                let parts = [
+                    ("estimator", step_timings.estimate_ms),
+                    ("effective_preferences", snapshot.timings.effective_ms),
+                    ("solve", snapshot.timings.solve_ms),
+                    ("index", snapshot.timings.index_ms),
+                    ("publish", publish_ms),
+                    ("persist", persist_ms),
+                ];
+                for (part, ms) in parts {
+                    metrics::histogram!("cdnmap_round_part_seconds", "part" => part)
+                        .record(ms / 1e3);
+                }
+                tracing::info!(
+                    estimator_ms = step_timings.estimate_ms,
+                    effective_ms = snapshot.timings.effective_ms,
+                    solve_ms = snapshot.timings.solve_ms,
+                    index_ms = snapshot.timings.index_ms,
+                    publish_ms,
+                    persist_ms,
+                    "round parts"
+                );
                 self.round_metrics(&snapshot, solve_ms);
             }
             Err(e) => {
@@ -340,23 +372,41 @@ impl Shared {
         }
     }
 
-    /// The round itself, on a blocking thread: the estimates applied to the topology, then
-    /// [`round`]. Returns the new snapshot and the estimator's state to save with it.
-    fn solve_round(&self, now: i64) -> Result<(Snapshot, Vec<u8>), LoopError> {
+    /// The round itself, on a blocking thread: the observations since the last round through
+    /// the round driver (the same step `cdnmap replay` runs). Returns the new snapshot, the
+    /// driver's timings and the estimator's state to save with it.
+    fn solve_round(&self, now: i64) -> Result<(Snapshot, StepTimings, Vec<u8>), LoopError> {
         let base = self.topology.current();
         let previous = self.current();
-        let (instance, estimates) = self.estimated(&base, previous.as_deref(), now)?;
-        let rules = self.rules(&instance).map_err(LoopError::Rules)?;
-        let snapshot = round(
-            &instance,
+        let pending = std::mem::take(
+            &mut *self
+                .pending
+                .lock()
+                .map_err(|_| LoopError::Poisoned("pending"))?,
+        );
+        let observations = Observations {
+            // The reports since the last round describe the period that began with it.
+            at_unix_ms: previous.as_ref().map_or(now, |p| p.solved_at_unix_ms),
+            demand: pending.demand,
+            loads: pending.loads.into_iter().collect(),
+        };
+        let mut driver = self
+            .driver
+            .lock()
+            .map_err(|_| LoopError::Poisoned("round driver"))?;
+        let step = driver.step(
+            &base,
             previous.as_deref(),
-            &self.config.stickiness(),
-            rules,
+            &observations,
+            |instance| self.rules(instance),
             self.epoch,
             now,
-            cfg!(debug_assertions),
         )?;
-        Ok((snapshot, estimates))
+        let t = Instant::now();
+        let estimates = driver.estimates().to_bytes();
+        let mut timings = step.timings;
+        timings.encode_estimates_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok((step.snapshot, timings, estimates))
     }
 
     fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64) {
@@ -384,52 +434,6 @@ impl Shared {
             overflow,
             "round published"
         );
-    }
-
-    /// Feeds what the reports brought since the last round to the estimator, and returns the
-    /// round's instance (`base` with forecast demand, and with learned coefficients and derated
-    /// capacities when `learning` is on) and the estimator's state after it.
-    fn estimated(
-        &self,
-        base: &Instance,
-        previous: Option<&Snapshot>,
-        now: i64,
-    ) -> Result<(Instance, Vec<u8>), LoopError> {
-        let pending = std::mem::take(
-            &mut *self
-                .pending
-                .lock()
-                .map_err(|_| LoopError::Poisoned("pending"))?,
-        );
-        let mut est = self
-            .estimates
-            .lock()
-            .map_err(|_| LoopError::Poisoned("estimator"))?;
-        for (unit, queries) in &pending.demand {
-            est.observe_demand(unit, now, *queries);
-        }
-        if let (Some(prev), false) = (previous, pending.loads.is_empty()) {
-            let inst = &prev.instance;
-            let loads: Vec<(usize, f64)> = pending
-                .loads
-                .iter()
-                .filter_map(|(c, n, v)| {
-                    let ci = inst.cluster_index(c)?;
-                    let ni = inst.clusters()[ci as usize]
-                        .nodes
-                        .iter()
-                        .position(|x| x.name == *n)?;
-                    Some((inst.global_node(ci, ni as u32), *v))
-                })
-                .collect();
-            let flow = through(inst, &prev.map, None);
-            est.observe_loads(inst, &flow, &loads)?;
-        }
-        est.next_round();
-        let instance = est
-            .apply(base, now, true, self.config.learning)
-            .map_err(LoopError::Estimates)?;
-        Ok((instance, est.to_bytes()))
     }
 
     /// The mapping loop: a round every `cycle_secs`, until [`Shared::stop`].
@@ -476,7 +480,7 @@ impl Shared {
     /// Sets cluster `id`'s state through the topology writer (stored, then published: the next
     /// round maps with it) and logs the action with `actor`: the one code path of Admin
     /// `SetClusterState` and the dashboard's actions.
-    pub(crate) async fn set_cluster_state(
+    pub async fn set_cluster_state(
         &self,
         id: &str,
         state: ClusterState,
@@ -516,7 +520,7 @@ impl Shared {
 
     /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
     pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
-        self.estimates.lock().ok().map(|e| f(&e))
+        self.driver.lock().ok().map(|d| f(d.estimates()))
     }
 }
 

@@ -337,6 +337,7 @@ mod tests {
             resolver,
             stats: Default::default(),
             churn: None,
+            timings: Default::default(),
         }
     }
 

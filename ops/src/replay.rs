@@ -5,15 +5,14 @@
 //!
 //! Each round `r` (time `t_r`):
 //! 1. cluster state changes of the round apply;
-//! 2. the map is solved for the *forecast* demand (what the mapper would have known: forecasts
-//!    from rounds before `r`; the instance's demand before any observation), with the learned
-//!    coefficients once confident and derated capacities (learning on), seeded from the
-//!    previous map (stickiness on);
+//! 2. the service's round driver (`cdnmap_api::driver`, the same step `cdnmap serve` runs)
+//!    takes what was observed in round `r − 1` and maps the *forecast* demand (what the mapper
+//!    would have known), with the learned coefficients once confident and derated capacities
+//!    (learning on), seeded from the previous map (stickiness on);
 //! 3. the round's *observed* demand lands on the map's shares; the true load of every node is
-//!    computed with the trace's true coefficients (or the configured ones when it has none),
-//!    compared with its capacity (violations, utilization), and fed to the learner and the
-//!    derater as the measured load;
-//! 4. the forecasters take the observed demand.
+//!    computed with the trace's true coefficients (or the configured ones when it has none) and
+//!    compared with its capacity (violations, utilization);
+//! 4. the observed demand and the measured loads are the next round's observations.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -21,12 +20,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use cdnmap_api::driver::{Driver, Observations};
+use cdnmap_api::round::Snapshot;
 use cdnmap_estimator::forecast::ForecastConfig;
 use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::{
-    churn, favour_incumbents, solve, solve_seeded, ClassIdx, ClusterState, Instance, Map, PerUnit,
-    ResourceKind, SolveOptions, Stickiness, UnitIdx,
-};
+use cdnmap_mapper::resolve::ClassRules;
+use cdnmap_mapper::{ClassIdx, ClusterState, Instance, PerUnit, ResourceKind, Stickiness, UnitIdx};
 use ipnet::IpNet;
 
 use crate::trace::{Header, Record};
@@ -190,6 +189,19 @@ pub fn replay(
     setting: &Setting,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Vec<Row>> {
+    replay_with(base, header, records, setting, progress, &mut |_, _| {})
+}
+
+/// [`replay`], handing each round's snapshot and what was then observed (the next round's
+/// input) to `sink`: how a test feeds the same observations to the service's loop.
+pub fn replay_with(
+    base: &Instance,
+    header: &Header,
+    records: &[Record],
+    setting: &Setting,
+    progress: &dyn Fn(usize, usize),
+    sink: &mut dyn FnMut(&Snapshot, &Observations),
+) -> Result<Vec<Row>> {
     let rounds = index(base, header, records)?;
     let classes = base.classes();
     let truth: Vec<PerUnit> = classes
@@ -212,37 +224,45 @@ pub fn replay(
             ..ForecastConfig::default()
         };
     }
+    let stickiness = if setting.stickiness > 0.0 {
+        Stickiness::margin(setting.stickiness)
+    } else {
+        Stickiness::OFF
+    };
+    // The service's round driver: the same step, on a simulated clock.
+    let mut driver = Driver::new(est, stickiness, setting.learning, false);
+    let default_class = classes.first().map(|c| c.name.clone()).unwrap_or_default();
     let mut current = base.clone();
-    let mut previous: Option<Map> = None;
+    let mut previous: Option<Snapshot> = None;
+    let mut observed_before = Observations::default();
     let mut rows = Vec::with_capacity(rounds.demand.len());
     for (r, (demand, changes)) in rounds.demand.iter().zip(&rounds.states).enumerate() {
         let t = header.start_ms + r as i64 * header.round_ms;
         for &(c, s) in changes {
             current = current.with_cluster_state(c, s);
         }
-        // The round's instance: forecast demand, learned coefficients, derated capacities.
-        let confident = setting.learning && est.confident();
-        let instance = est
-            .apply(&current, t, true, setting.learning)
-            .context("the round's instance")?;
         let started = Instant::now();
-        let sol = match (&previous, setting.stickiness > 0.0) {
-            (Some(prev), true) => {
-                let effective =
-                    favour_incumbents(&instance, prev, &Stickiness::margin(setting.stickiness))?;
-                solve_seeded(&effective, prev, &SolveOptions::default())
-            }
-            _ => solve(&instance, &SolveOptions::default()),
-        };
+        let step = driver
+            .step(
+                &current,
+                previous.as_ref(),
+                &observed_before,
+                |instance| ClassRules::new(instance, &[], &default_class),
+                1,
+                t,
+            )
+            .context("the round")?;
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
-        let map = sol.map;
+        let confident = setting.learning && driver.estimates().confident();
+        let snapshot = step.snapshot;
+        let (instance, map) = (&snapshot.instance, &snapshot.map);
 
         // What really happened: the observed demand on the map's shares, true coefficients.
         let mut observed = vec![None::<f64>; base.unit_count()];
         for &(u, d) in demand {
             *observed[u as usize].get_or_insert(0.0) += d;
         }
-        let flow = through(&instance, &map, Some(&observed));
+        let flow = through(instance, map, Some(&observed));
         let (mut violations, mut max_util) = (0usize, [0.0f64; 2]);
         let mut loads = Vec::new();
         for (ci, cl) in base.clusters().iter().enumerate() {
@@ -265,14 +285,9 @@ pub fn replay(
                 }
                 let kind = usize::from(node.kind == ResourceKind::Fps);
                 max_util[kind] = max_util[kind].max(util);
-                loads.push((g, load));
+                loads.push((cl.id.clone(), node.name.clone(), load));
             }
         }
-        if setting.learning {
-            est.observe_loads(&instance, &flow, &loads)
-                .map_err(|e| anyhow::anyhow!("learning: {e}"))?;
-        }
-        est.next_round();
         let (mut rtt, mut placed) = (0.0, 0.0);
         for u in 0..base.unit_count() as UnitIdx {
             let (Some(actual), planned) = (observed[u as usize], instance.unit_demand(u)) else {
@@ -290,22 +305,28 @@ pub fn replay(
                 }
             }
         }
-        // Forecast error, then the forecasters learn the round.
+        // Forecast error; the observations go to the next round's step.
         let (mut err, mut total) = (0.0, 0.0);
+        let mut by_id = HashMap::new();
         for (u, obs) in observed.iter().enumerate() {
             if let Some(actual) = *obs {
                 let u = u as UnitIdx;
                 err += (instance.unit_demand(u) - actual).abs();
                 total += actual;
-                est.observe_demand(base.unit_id(u), t, actual);
+                by_id.insert(base.unit_id(u).to_string(), actual);
             }
         }
+        observed_before = Observations {
+            at_unix_ms: t,
+            demand: by_id,
+            loads: if setting.learning { loads } else { Vec::new() },
+        };
         let demand_total = instance.total_demand();
         rows.push(Row {
             round: r,
             t_ms: t,
             solve_ms,
-            churn: previous.as_ref().map_or(0.0, |p| churn(&instance, p, &map)),
+            churn: snapshot.churn.unwrap_or(0.0),
             overflow_share: if demand_total > 0.0 {
                 map.total_overflow() / demand_total
             } else {
@@ -317,9 +338,10 @@ pub fn replay(
             violations,
             forecast_error: if total > 0.0 { err / total } else { 0.0 },
             learned_confident: confident,
-            derated_clusters: est.derater().derated().count(),
+            derated_clusters: driver.estimates().derater().derated().count(),
         });
-        previous = Some(map);
+        sink(&snapshot, &observed_before);
+        previous = Some(snapshot);
         progress(r + 1, rounds.demand.len());
     }
     Ok(rows)

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use cdnmap_mapper::{Instance, PerUnit, UnitIdx};
-use cdnmap_ops::replay::{replay, write_report, Row, Setting};
+use cdnmap_ops::replay::{replay, replay_with, write_report, Row, Setting};
 use cdnmap_ops::trace::{Header, Record};
 use cdnmap_ops::world::{generate, WorldParams};
 
@@ -131,4 +131,106 @@ fn replay_refuses_records_it_cannot_place() {
     let err = replay(&inst, &header, &records, &Setting::default(), &|_, _| {})
         .expect_err("unknown unit");
     assert!(format!("{err:#}").contains("no-such-unit"));
+}
+
+/// Replay and the service's loop are one code path: the same trace's observations, fed to a
+/// running mapper through its Feedback handlers between rounds on the same simulated clock,
+/// give the same map every round (forecasts, learned coefficients and deratings included: the
+/// true costs are 30% above the configured ones, so both learn and derate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_and_the_service_loop_make_the_same_maps() {
+    use cdnmap_api::service::{FeedbackService, Shared};
+    use cdnmap_proto::v1 as pb;
+    use pb::feedback_server::Feedback;
+
+    let inst = generate(
+        &WorldParams {
+            map_units: 600,
+            clusters: 16,
+            seed: 9,
+            headroom: 1.1,
+            ..WorldParams::default()
+        },
+        &|_| {},
+    )
+    .expect("world");
+    let (header, mut records) = trace(&inst, 14);
+    // Demand that moves, so forecasts matter.
+    for (i, r) in records.iter_mut().enumerate() {
+        if let Record::Unit { demand, .. } = r {
+            *demand *= 1.0 + 0.3 * ((i % 97) as f64 / 97.0 - 0.5);
+        }
+    }
+    let mut replayed = Vec::new();
+    let rows = replay_with(
+        &inst,
+        &header,
+        &records,
+        &Setting::default(),
+        &|_, _| {},
+        &mut |s, o| replayed.push((s.map.clone(), o.clone())),
+    )
+    .expect("replay");
+    assert!(rows
+        .iter()
+        .any(|r| r.derated_clusters > 0 || r.learned_confident));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = cdnmap_api::Config {
+        data_dir: dir.path().join("data"),
+        ..cdnmap_api::Config::default()
+    };
+    let shared = Shared::start(config, inst.clone()).expect("start");
+    let feedback = FeedbackService(std::sync::Arc::clone(&shared));
+    for (r, (map, _)) in replayed.iter().enumerate() {
+        if r > 0 {
+            let before = &replayed[r - 1].1;
+            let mut demand: Vec<(&String, &f64)> = before.demand.iter().collect();
+            demand.sort_by(|a, b| a.0.cmp(b.0));
+            let samples = demand
+                .into_iter()
+                .map(|(u, q)| pb::DemandSample {
+                    target: Some(pb::demand_sample::Target::MapUnit(u.clone())),
+                    traffic_class: String::new(),
+                    queries: *q,
+                })
+                .collect();
+            feedback
+                .report_demand(tonic::Request::new(pb::DemandReport {
+                    reporter: "replay".into(),
+                    period_start_unix_ms: 0,
+                    period_end_unix_ms: 0,
+                    samples,
+                }))
+                .await
+                .expect("ReportDemand");
+            let loads = before
+                .loads
+                .iter()
+                .map(|(c, n, l)| pb::NodeLoad {
+                    cluster: c.clone(),
+                    node: n.clone(),
+                    load: *l,
+                })
+                .collect();
+            feedback
+                .report_load(tonic::Request::new(pb::LoadReport {
+                    reporter: "replay".into(),
+                    measured_at_unix_ms: 0,
+                    loads,
+                    servers: Vec::new(),
+                }))
+                .await
+                .expect("ReportLoad");
+        }
+        shared
+            .run_round_at(header.start_ms + r as i64 * header.round_ms)
+            .await;
+        let served = shared.current().expect("a map");
+        assert!(
+            served.map == *map,
+            "round {r}: the service's map differs from replay's"
+        );
+    }
+    assert_eq!(replayed.len(), 14);
 }

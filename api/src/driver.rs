@@ -1,0 +1,161 @@
+//! The round driver: one step of the mapping loop, from what was observed since the last round
+//! to the next snapshot. The service's loop runs it on the real clock (`service.rs`) and
+//! `cdnmap replay` on a simulated one, so a replay exercises the code that runs in production:
+//! the same order, the same estimator calls, the same round.
+//!
+//! A step, in order:
+//! 1. the loads measured under the previous map teach the learners and the derater (the flow
+//!    through each node is the previous map's shares of the demand observed, or of the demand
+//!    planned for units nobody reported);
+//! 2. the demand observed over the period feeds the forecasters, at the period's start;
+//! 3. the learners age by one round;
+//! 4. the round's instance: the topology with the forecast demand for `now`, and — with
+//!    learning on — the learned coefficients (once confident) and derated capacities;
+//! 5. [`round`]: effective preferences, the seeded (or cold) solve, the resolver.
+//!
+//! No I/O and no clock but the timings it reports (measurements only: they change nothing).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cdnmap_estimator::state::{through, Estimates};
+use cdnmap_mapper::resolve::ClassRules;
+use cdnmap_mapper::{Instance, ModelError, Stickiness, UnitIdx};
+
+use crate::round::{round, RoundError, Snapshot};
+
+/// What was observed since the last round.
+#[derive(Debug, Clone, Default)]
+pub struct Observations {
+    /// When the observed period began (the previous round's time): the demand is the
+    /// forecasters' observation at that time.
+    pub at_unix_ms: i64,
+    /// Demand per map unit id over the period.
+    pub demand: HashMap<String, f64>,
+    /// Measured loads under the previous map: (cluster id, resource node name, load).
+    pub loads: Vec<(String, String, f64)>,
+}
+
+/// How long each part of a step took, in milliseconds (the round's own parts are in the
+/// snapshot's [`crate::round::RoundTimings`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimings {
+    /// Observing and applying the estimates (steps 1–4).
+    pub estimate_ms: f64,
+    /// Encoding the estimator's state to store it (the service fills it in).
+    pub encode_estimates_ms: f64,
+}
+
+/// What a step made (the estimator's state after it, to store with the snapshot, is
+/// [`Driver::estimates`]).
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub snapshot: Snapshot,
+    pub timings: StepTimings,
+}
+
+/// Why a step made no snapshot (the last good one stays published).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    #[error("observing the load reports: {0}")]
+    Learn(cdnmap_estimator::learn::LearnError),
+    #[error("applying the estimates: {0}")]
+    Estimates(ModelError),
+    #[error("the hostname rules: {0}")]
+    Rules(ModelError),
+    #[error(transparent)]
+    Round(#[from] RoundError),
+}
+
+/// The loop's state between steps: the estimator, and how rounds are solved.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    estimates: Estimates,
+    stickiness: Stickiness,
+    learning: bool,
+    /// Verify every map (debug builds of the service; replays may).
+    check: bool,
+}
+
+impl Driver {
+    pub fn new(estimates: Estimates, stickiness: Stickiness, learning: bool, check: bool) -> Self {
+        Driver {
+            estimates,
+            stickiness,
+            learning,
+            check,
+        }
+    }
+
+    pub fn estimates(&self) -> &Estimates {
+        &self.estimates
+    }
+
+    /// One step: `observations` (since `previous` was made) in, the snapshot of `base` for
+    /// `now` out, under `epoch`; `rules` gives the hostname rules of the round's instance.
+    pub fn step(
+        &mut self,
+        base: &Instance,
+        previous: Option<&Snapshot>,
+        observations: &Observations,
+        rules: impl FnOnce(&Instance) -> Result<ClassRules, ModelError>,
+        epoch: u64,
+        now: i64,
+    ) -> Result<Step, StepError> {
+        let started = Instant::now();
+        let est = &mut self.estimates;
+        if let (Some(prev), false) = (previous, observations.loads.is_empty()) {
+            let inst = &prev.instance;
+            let loads: Vec<(usize, f64)> = observations
+                .loads
+                .iter()
+                .filter_map(|(c, n, v)| {
+                    let ci = inst.cluster_index(c)?;
+                    let ni = inst.clusters()[ci as usize]
+                        .nodes
+                        .iter()
+                        .position(|x| x.name == *n)?;
+                    Some((inst.global_node(ci, ni as u32), *v))
+                })
+                .collect();
+            let actual: Vec<Option<f64>> = (0..inst.unit_count() as UnitIdx)
+                .map(|u| {
+                    let reported = observations.demand.get(inst.unit_id(u)).copied();
+                    Some(reported.unwrap_or_else(|| inst.unit_demand(u)))
+                })
+                .collect();
+            let flow = through(inst, &prev.map, Some(&actual));
+            est.observe_loads(inst, &flow, &loads)
+                .map_err(StepError::Learn)?;
+        }
+        // In id order, so that the same observations always make the same state.
+        let mut demand: Vec<(&String, &f64)> = observations.demand.iter().collect();
+        demand.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (unit, queries) in demand {
+            est.observe_demand(unit, observations.at_unix_ms, *queries);
+        }
+        est.next_round();
+        let instance = est
+            .apply(base, now, true, self.learning)
+            .map_err(StepError::Estimates)?;
+        let estimate_ms = started.elapsed().as_secs_f64() * 1e3;
+        let rules = rules(&instance).map_err(StepError::Rules)?;
+        let snapshot = round(
+            &instance,
+            previous,
+            &self.stickiness,
+            rules,
+            epoch,
+            now,
+            self.check,
+        )?;
+        Ok(Step {
+            snapshot,
+            timings: StepTimings {
+                estimate_ms,
+                ..StepTimings::default()
+            },
+        })
+    }
+}
