@@ -76,6 +76,9 @@ pub struct Shared {
     pending: Mutex<Pending>,
     /// In-cluster selection: the last reported server loads.
     server_loads: Mutex<ServerLoads>,
+    /// The topology the last stored record's round started from, and its generation: the
+    /// store writes the topology with a record only when it changed.
+    stored_base: Mutex<(Option<Arc<Instance>>, u64)>,
     /// The dashboard's round history, action log and per-version figures.
     dash: Arc<crate::dashboard::DashState>,
     /// Turns true when the service is asked to stop: the loop ends after its round, and
@@ -180,6 +183,7 @@ impl Shared {
             updates,
             config,
             epoch,
+            stored_base: Mutex::new((None, 0)),
             dash,
             stopping: tokio::sync::watch::channel(false).0,
         });
@@ -302,7 +306,7 @@ impl Shared {
             );
         }
         match result {
-            Ok((snapshot, step_timings, estimates)) => {
+            Ok((base, snapshot, step_timings, estimates)) => {
                 let snapshot = Arc::new(snapshot);
                 // The round's history entry before its map: whoever sees the map sees it too.
                 self.dash.record_round(&snapshot, solve_ms);
@@ -313,12 +317,25 @@ impl Shared {
                 let store = self.store.clone();
                 let keep = self.config.maps_kept;
                 let to_store = Arc::clone(&snapshot);
+                // The base topology is written with the record only when it changed (and is
+                // remembered as stored only once the write succeeded).
+                let (write_base, base_generation) = match self.stored_base.lock() {
+                    Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, &base)) => {
+                        (false, last.1)
+                    }
+                    Ok(last) => (true, last.1 + 1),
+                    Err(_) => (true, 0),
+                };
+                let stored_base = Arc::clone(&base);
                 let stored = tokio::task::spawn_blocking(move || {
                     store.put_served(
                         &ServedRef {
                             epoch: to_store.epoch,
                             version: to_store.version,
                             solved_at_unix_ms: to_store.solved_at_unix_ms,
+                            base: &base,
+                            base_generation,
+                            write_base,
                             instance: &to_store.instance,
                             map: &to_store.map,
                             estimates: &estimates,
@@ -329,6 +346,9 @@ impl Shared {
                 .await;
                 match stored {
                     Ok(Ok(())) => {
+                        if let (true, Ok(mut last)) = (write_base, self.stored_base.lock()) {
+                            *last = (Some(stored_base), base_generation);
+                        }
                         metrics::gauge!("cdnmap_map_stored_version").set(snapshot.version as f64);
                         metrics::gauge!("cdnmap_map_stored_epoch").set(snapshot.epoch as f64);
                     }
@@ -375,7 +395,11 @@ impl Shared {
     /// The round itself, on a blocking thread: the observations since the last round through
     /// the round driver (the same step `cdnmap replay` runs). Returns the new snapshot, the
     /// driver's timings and the estimator's state to save with it.
-    fn solve_round(&self, now: i64) -> Result<(Snapshot, StepTimings, Vec<u8>), LoopError> {
+    #[allow(clippy::type_complexity)]
+    fn solve_round(
+        &self,
+        now: i64,
+    ) -> Result<(Arc<Instance>, Snapshot, StepTimings, Vec<u8>), LoopError> {
         let base = self.topology.current();
         let previous = self.current();
         let pending = std::mem::take(
@@ -406,7 +430,7 @@ impl Shared {
         let estimates = driver.estimates().to_bytes();
         let mut timings = step.timings;
         timings.encode_estimates_ms = t.elapsed().as_secs_f64() * 1e3;
-        Ok((step.snapshot, timings, estimates))
+        Ok((base, step.snapshot, timings, estimates))
     }
 
     fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64) {

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use cdnmap_mapper::format::{parse_assignment, parse_instance, write_assignment, write_instance};
+use cdnmap_mapper::format::{parse_assignment, parse_instance, write_instance};
 use cdnmap_mapper::{Instance, Limits, Map};
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +22,111 @@ const EPOCH_KEY: &[u8] = b"epoch";
 /// The published map with what it was solved with, self-contained: see [`Store::put_served`].
 const SERVED_KEY: &[u8] = b"served";
 /// The served record's header: its format and version.
-const SERVED_MAGIC: &[u8; 8] = b"CDNSRV01";
+const SERVED_MAGIC: &[u8; 8] = b"CDNSRV02";
+/// The topology the served record's round started from: generation (8 bytes), then JSON.
+const BASE_KEY: &[u8] = b"served-base";
+
+/// The served record after its header (postcard): what the round changed of its base
+/// topology, the map, and the estimator's state.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    epoch: u64,
+    version: u64,
+    solved_at_unix_ms: i64,
+    base_generation: u64,
+    demands: Vec<f64>,
+    per_unit: Vec<cdnmap_mapper::PerUnit>,
+    capacities: Vec<f64>,
+    map: MapColumns,
+    estimates: Vec<u8>,
+}
+
+impl Record {
+    fn of(s: &ServedRef<'_>) -> Record {
+        let inst = s.instance;
+        Record {
+            epoch: s.epoch,
+            version: s.version,
+            solved_at_unix_ms: s.solved_at_unix_ms,
+            base_generation: s.base_generation,
+            demands: (0..inst.unit_count() as u32)
+                .map(|u| inst.unit_demand(u))
+                .collect(),
+            per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
+            capacities: inst.capacities(),
+            map: MapColumns::of(s.map),
+            estimates: s.estimates.to_vec(),
+        }
+    }
+}
+
+/// A map as columns: per unit its allocation count and overflow; per allocation its cluster
+/// index and amount.
+#[derive(Debug, Serialize, Deserialize)]
+struct MapColumns {
+    count: Vec<u32>,
+    overflow: Vec<f64>,
+    cluster: Vec<u32>,
+    amount: Vec<f64>,
+}
+
+impl MapColumns {
+    fn of(map: &Map) -> MapColumns {
+        let n = map.unit_count();
+        let mut out = MapColumns {
+            count: Vec::with_capacity(n),
+            overflow: Vec::with_capacity(n),
+            cluster: Vec::with_capacity(n),
+            amount: Vec::with_capacity(n),
+        };
+        for u in 0..n as u32 {
+            let a = map.allocations(u);
+            out.count.push(a.len() as u32);
+            out.overflow.push(map.overflow(u));
+            out.cluster.extend(a.iter().map(|x| x.cluster));
+            out.amount.extend(a.iter().map(|x| x.amount));
+        }
+        out
+    }
+
+    /// The map, checked against `instance`: one entry per unit, known clusters, amounts that
+    /// are numbers.
+    fn to_map(&self, instance: &Instance) -> Result<Map, String> {
+        let n = instance.unit_count();
+        if self.count.len() != n || self.overflow.len() != n {
+            return Err(format!("{} units, the instance {n}", self.count.len()));
+        }
+        if self.cluster.len() != self.amount.len() {
+            return Err("allocation columns of different lengths".into());
+        }
+        let clusters = instance.clusters().len() as u32;
+        let mut map = Map::with_capacity(n, self.cluster.len());
+        let mut at = 0usize;
+        for (u, &k) in self.count.iter().enumerate() {
+            let end = at
+                .checked_add(k as usize)
+                .filter(|&e| e <= self.cluster.len())
+                .ok_or_else(|| format!("unit {u}: allocations past the end"))?;
+            let mut allocs = Vec::with_capacity(k as usize);
+            for i in at..end {
+                let (c, x) = (self.cluster[i], self.amount[i]);
+                if c >= clusters || !x.is_finite() {
+                    return Err(format!("unit {u}: allocation ({c}, {x}) is not valid"));
+                }
+                allocs.push(cdnmap_mapper::Allocation {
+                    cluster: c,
+                    amount: x,
+                });
+            }
+            map.push_unit(allocs, self.overflow[u]);
+            at = end;
+        }
+        if at != self.cluster.len() {
+            return Err("allocations left after the last unit".into());
+        }
+        Ok(map)
+    }
+}
 
 /// Why the store failed, naming what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +183,12 @@ pub struct ServedRef<'a> {
     pub epoch: u64,
     pub version: u64,
     pub solved_at_unix_ms: i64,
+    /// The topology the round started from (with the cluster states of the round), its
+    /// generation (changed by every edit), and whether it changed since the last record.
+    pub base: &'a Instance,
+    pub base_generation: u64,
+    pub write_base: bool,
+    /// The round's instance: `base` with the round's demands, coefficients and capacities.
     pub instance: &'a Instance,
     pub map: &'a Map,
     pub estimates: &'a [u8],
@@ -90,6 +200,9 @@ impl Served {
             epoch: self.epoch,
             version: self.version,
             solved_at_unix_ms: self.solved_at_unix_ms,
+            base: &self.instance,
+            base_generation: 0,
+            write_base: true,
             instance: &self.instance,
             map: &self.map,
             estimates: &self.estimates,
@@ -219,40 +332,41 @@ impl Store {
         Ok(next)
     }
 
-    /// Replaces the served record (one insert, so a crash leaves the old record or the new
-    /// one, never a mix) and appends the map to the history of `keep` versions. Durable when
-    /// it returns.
+    /// Replaces the served record and appends the map to the history of `keep` versions.
+    /// The round's base topology is written with it when `served.write_base` says it changed
+    /// (an Admin edit since the last record): the two in one atomic batch, so a crash leaves
+    /// the old pair or the new one. Durable when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
-        let corrupt = |e: serde_json::Error| StoreError::Corrupt {
+        let record = Record::of(served);
+        let mut bytes = Vec::with_capacity(16 + 8 * (3 * served.instance.unit_count()));
+        bytes.extend_from_slice(SERVED_MAGIC);
+        postcard::to_io(&record, &mut bytes).map_err(|e| StoreError::Corrupt {
             what: format!("map version {} to store", served.version),
             problem: e.to_string(),
-        };
-        let mut instance = Vec::new();
-        write_instance(served.instance, &mut instance).map_err(corrupt)?;
-        let meta = StoredMapMeta {
-            version: served.version,
-            solved_at_unix_ms: served.solved_at_unix_ms,
-        };
-        let mut map = Vec::new();
-        write_assignment(served.instance, served.map, &meta, &mut map).map_err(corrupt)?;
-        let mut bytes =
-            Vec::with_capacity(48 + instance.len() + map.len() + served.estimates.len());
-        bytes.extend_from_slice(SERVED_MAGIC);
-        bytes.extend_from_slice(&served.epoch.to_le_bytes());
-        bytes.extend_from_slice(&served.version.to_le_bytes());
-        bytes.extend_from_slice(&served.solved_at_unix_ms.to_le_bytes());
-        for part in [&instance[..], &map[..], served.estimates] {
-            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(part);
+        })?;
+        let mut batch = sled::Batch::default();
+        if served.write_base {
+            let mut base = served.base_generation.to_be_bytes().to_vec();
+            write_instance(served.base, &mut base).map_err(|e| StoreError::Corrupt {
+                what: "the round's topology to store".into(),
+                problem: e.to_string(),
+            })?;
+            batch.insert(BASE_KEY, base);
         }
+        batch.insert(SERVED_KEY, bytes);
         self.served
-            .insert(SERVED_KEY, bytes)
+            .apply_batch(batch)
             .map_err(io(format!("writing map version {}", served.version)))?;
+        let map = postcard::to_stdvec(&record.map).map_err(|e| StoreError::Corrupt {
+            what: format!("map version {} to store", served.version),
+            problem: e.to_string(),
+        })?;
         self.put_history(served.version, map, keep)?;
         self.flush("a map")
     }
 
-    /// The served record, if one was stored.
+    /// The served record, if one was stored, with its instance rebuilt exactly: the base
+    /// topology it names, with the round's demands, coefficients and capacities.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
         let Some(bytes) = self
             .served
@@ -265,32 +379,45 @@ impl Store {
             what: "the stored served map".into(),
             problem,
         };
-        let mut r = Reader(&bytes);
-        if r.take(8).map_err(&corrupt)? != SERVED_MAGIC {
-            return Err(corrupt(format!(
+        let body = bytes.strip_prefix(SERVED_MAGIC.as_slice()).ok_or_else(|| {
+            corrupt(format!(
                 "its header is not {:?}",
                 String::from_utf8_lossy(SERVED_MAGIC)
+            ))
+        })?;
+        let record: Record = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+        let base = self
+            .served
+            .get(BASE_KEY)
+            .map_err(io("reading the served map's topology"))?
+            .ok_or_else(|| corrupt("its topology is missing".into()))?;
+        let (generation, json) = base.split_at(8.min(base.len()));
+        let generation = <[u8; 8]>::try_from(generation)
+            .map(u64::from_be_bytes)
+            .map_err(|_| corrupt("its topology is cut short".into()))?;
+        if generation != record.base_generation {
+            return Err(corrupt(format!(
+                "it names topology {} but the store holds {generation}",
+                record.base_generation
             )));
         }
-        let epoch = r.u64().map_err(&corrupt)?;
-        let version = r.u64().map_err(&corrupt)?;
-        let solved_at_unix_ms = r.u64().map_err(&corrupt)? as i64;
-        let instance = r.part().map_err(&corrupt)?;
-        let map = r.part().map_err(&corrupt)?;
-        let estimates = r.part().map_err(&corrupt)?.to_vec();
-        if !r.0.is_empty() {
-            return Err(corrupt(format!("{} bytes after its last part", r.0.len())));
-        }
-        let instance = parse_instance(instance, Limits::default())
+        let base = parse_instance(json, Limits::default())
+            .map_err(|e| corrupt(format!("its topology: {e}")))?;
+        let instance = base
+            .with_demands(record.demands)
+            .and_then(|i| i.with_capacities(&record.per_unit, &record.capacities))
             .map_err(|e| corrupt(format!("its instance: {e}")))?;
-        let map = parse_assignment(map, &instance).map_err(|e| corrupt(format!("its map: {e}")))?;
+        let map = record
+            .map
+            .to_map(&instance)
+            .map_err(|e| corrupt(format!("its map: {e}")))?;
         Ok(Some(Served {
-            epoch,
-            version,
-            solved_at_unix_ms,
+            epoch: record.epoch,
+            version: record.version,
+            solved_at_unix_ms: record.solved_at_unix_ms,
             instance,
             map,
-            estimates,
+            estimates: record.estimates,
         }))
     }
 
@@ -365,36 +492,6 @@ impl Store {
     }
 }
 
-/// Reads the served record's fixed fields and length-prefixed parts.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err(format!(
-                "cut short: {} bytes left where {n} were due",
-                self.0.len()
-            ));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u64(&mut self) -> Result<u64, String> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-
-    fn part(&mut self) -> Result<&'a [u8], String> {
-        let n = self.u64()?;
-        let n = usize::try_from(n).map_err(|_| format!("a part of {n} bytes"))?;
-        self.take(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,9 +546,26 @@ mod tests {
             .expect("stored");
         assert_eq!(back, inst);
         assert_eq!(store.served().expect("read"), Some(served(5)));
-        let (meta, back_map) = store.latest_map(&back).expect("read").expect("stored");
-        assert_eq!(meta.version, 5);
-        assert_eq!(back_map, map);
+    }
+
+    /// A store written before the served record existed: its history's newest map (JSON) is
+    /// read against the topology.
+    #[test]
+    fn a_legacy_history_is_read_against_the_topology() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inst = instance();
+        let map = solve(&inst, &SolveOptions::default()).map;
+        let store = Store::open(dir.path()).expect("open");
+        let meta = StoredMapMeta {
+            version: 3,
+            solved_at_unix_ms: 30,
+        };
+        let mut json = Vec::new();
+        cdnmap_mapper::format::write_assignment(&inst, &map, &meta, &mut json).expect("write");
+        store.maps.insert(3u64.to_be_bytes(), json).expect("insert");
+        assert!(store.served().expect("read").is_none());
+        let (back_meta, back_map) = store.latest_map(&inst).expect("read").expect("stored");
+        assert_eq!((back_meta, back_map), (meta, map));
     }
 
     /// The served record carries its own instance: a topology that lost a unit and a cluster
@@ -479,11 +593,59 @@ mod tests {
         }
         let edited = file.build(Limits::default()).expect("valid");
         store.put_topology(&edited).expect("topology");
-        assert!(
-            store.latest_map(&edited).is_err(),
-            "the history is read by id"
-        );
         assert_eq!(store.served().expect("read"), Some(record));
+    }
+
+    /// A round's instance differs from its base topology by demands, coefficients and
+    /// capacities: the record stores only those, and reads the round's instance back exactly;
+    /// a later record with the same base does not write it again.
+    #[test]
+    fn the_rounds_instance_is_read_back_from_its_base() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = instance();
+        let round = base
+            .with_demands(vec![0.75, 1.0 / 3.0])
+            .and_then(|i| {
+                i.with_costs(
+                    &[cdnmap_mapper::PerUnit { bps: 1.1, fps: 0.7 }],
+                    &[0.9, 1.0],
+                )
+            })
+            .expect("edits");
+        let map = solve(&round, &SolveOptions::default()).map;
+        let store = Store::open(dir.path()).expect("open");
+        let record = |version, write_base| ServedRef {
+            epoch: 2,
+            version,
+            solved_at_unix_ms: 7,
+            base: &base,
+            base_generation: 4,
+            write_base,
+            instance: &round,
+            map: &map,
+            estimates: b"e",
+        };
+        store.put_served(&record(1, true), 4).expect("first");
+        store.put_served(&record(2, false), 4).expect("second");
+        let back = store.served().expect("read").expect("stored");
+        assert_eq!(back.instance, round);
+        assert_eq!(back.map, map);
+        assert_eq!(
+            (back.epoch, back.version, back.estimates),
+            (2, 2, b"e".to_vec())
+        );
+        // A record naming another generation than the stored base is refused, naming both.
+        store
+            .put_served(
+                &ServedRef {
+                    base_generation: 5,
+                    ..record(3, false)
+                },
+                4,
+            )
+            .expect("third");
+        let err = store.served().expect_err("mismatch");
+        assert!(err.to_string().contains("names topology 5"), "{err}");
     }
 
     #[test]

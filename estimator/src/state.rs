@@ -80,11 +80,11 @@ impl Estimates {
         })
     }
 
-    /// The whole state, encoded (JSON; numbers round-trip exactly).
+    /// The whole state, encoded (postcard: compact, numbers bit for bit).
     pub fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain numbers, strings and maps cannot fail; an empty result is read
         // back as an error, never as a state.
-        serde_json::to_vec(self).unwrap_or_default()
+        postcard::to_stdvec(self).unwrap_or_default()
     }
 
     /// A state saved by [`Estimates::to_bytes`], for `instance`: refused (with the reason)
@@ -93,7 +93,7 @@ impl Estimates {
     /// and deratings are kept).
     pub fn from_bytes(bytes: &[u8], instance: &Instance) -> Result<Self, String> {
         let mut est: Estimates =
-            serde_json::from_slice(bytes).map_err(|e| format!("the saved estimator state: {e}"))?;
+            postcard::from_bytes(bytes).map_err(|e| format!("the saved estimator state: {e}"))?;
         let classes = instance.classes().len();
         if est.configured.len() != classes
             || est.learners.len() != KINDS.len()

@@ -773,13 +773,61 @@ impl Instance {
                 }
             }
         }
-        Ok(Instance {
+        Ok(self.with_topology(topology))
+    }
+
+    /// Every resource node's capacity (by global node index), as [`Instance::with_capacities`]
+    /// takes them back.
+    pub fn capacities(&self) -> Vec<f64> {
+        self.clusters()
+            .iter()
+            .flat_map(|c| c.nodes.iter().map(|n| n.capacity))
+            .collect()
+    }
+
+    /// The same instance with other coefficients (by class index) and node capacities (by
+    /// global node index), sharing the map units and candidates: how a stored round's instance
+    /// is read back exactly. Refused, naming the class or node, when a number is not finite
+    /// and >= 0 or a count does not match.
+    pub fn with_capacities(
+        &self,
+        per_unit: &[PerUnit],
+        capacities: &[f64],
+    ) -> Result<Instance, ModelError> {
+        let ones = vec![1.0; self.clusters().len()];
+        let costed = self.with_costs(per_unit, &ones)?;
+        if capacities.len() != costed.node_count() {
+            return Err(ModelError::TooMany {
+                subject: "the capacities".into(),
+                what: "resource nodes (one per node is needed)",
+                count: capacities.len(),
+                limit: costed.node_count(),
+            });
+        }
+        let mut topology = (*costed.topology).clone();
+        let mut next = capacities.iter();
+        for cluster in &mut topology.clusters {
+            for n in &mut cluster.nodes {
+                let c = next.next().copied().unwrap_or_default();
+                check_number(
+                    || format!("cluster {:?}, node {:?}", cluster.id, n.name),
+                    "capacity",
+                    c,
+                )?;
+                n.capacity = c;
+            }
+        }
+        Ok(costed.with_topology(topology))
+    }
+
+    fn with_topology(&self, topology: Topology) -> Instance {
+        Instance {
             topology: Arc::new(topology),
             units: Arc::clone(&self.units),
             demand: Arc::clone(&self.demand),
             cands: Arc::clone(&self.cands),
             favour: self.favour.clone(),
-        })
+        }
     }
 
     /// Bytes held by this instance's heap allocations (map units dominate; an estimate for the

@@ -112,7 +112,7 @@ pub struct BenchWorld {
 
 impl BenchWorld {
     /// Generates the world and prints its line.
-    fn generate(&self) -> Result<Instance> {
+    pub fn generate(&self) -> Result<Instance> {
         let params = WorldParams {
             map_units: self.map_units,
             clusters: self.clusters,

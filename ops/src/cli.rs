@@ -384,6 +384,10 @@ enum BenchCommand {
     /// Resolution of a pre-generated query set against a solved world's map: median lookups
     /// per second on one core, and the ratio to a trivial pass over the same queries.
     Resolve(bench::ResolveBenchArgs),
+    /// The service's round with demand reports for every map unit, part by part (estimator,
+    /// effective preferences, solve, index, publish, persist): medians and maxima over the
+    /// timed warm rounds, peak memory, the store's size.
+    Round(crate::bench_round::RoundBenchArgs),
     /// dnsperf against `cdnmap dns` (following a `cdnmap serve` it starts) and against gdnsd
     /// serving an equivalent static zone, on loopback: median queries per second, latency, and
     /// the ratio. Needs Debian's dnsperf and gdnsd.
@@ -406,6 +410,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Demo(a) => cmd_demo(&a),
         Command::Bench(BenchCommand::Solve(a)) => bench::solve(&a),
         Command::Bench(BenchCommand::Resolve(a)) => bench::resolve(&a),
+        Command::Bench(BenchCommand::Round(a)) => crate::bench_round::round(&a),
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),

@@ -1,0 +1,198 @@
+//! `cdnmap bench round`: the service's round with demand reports flowing, in process, part by
+//! part: the round driver (estimator, effective preferences, solve, index) that `cdnmap serve`
+//! runs each cycle, then publication (the in-cluster selectors) and persistence (the served
+//! record in a sled store of its own). Every round observes a demand report for every map unit
+//! (the configured demand with ±`noise`% of deterministic noise), as a fleet of front ends would
+//! send; the first round is cold, the others warm. Prints the median and the maximum of each
+//! part over the timed rounds, and the peak of live heap bytes.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{ensure, Context, Result};
+use cdnmap_api::driver::{Driver, Observations};
+use cdnmap_api::round::Snapshot;
+use cdnmap_api::selection::{self, ServerLoads};
+use cdnmap_api::store::{ServedRef, Store};
+use cdnmap_estimator::state::Estimates;
+use cdnmap_mapper::resolve::ClassRules;
+use cdnmap_mapper::{Stickiness, UnitIdx};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::alloc;
+use crate::bench::BenchWorld;
+
+#[derive(Args, Debug)]
+pub struct RoundBenchArgs {
+    #[command(flatten)]
+    pub world: BenchWorld,
+    /// Timed warm rounds (after one cold round and one untimed warm round).
+    #[arg(long, default_value_t = 10)]
+    pub rounds: usize,
+    /// Demand noise of the reports, in percent of each unit's configured demand.
+    #[arg(long, default_value_t = 5.0)]
+    pub noise: f64,
+    /// Skip persisting (to time the rest alone).
+    #[arg(long)]
+    pub no_persist: bool,
+}
+
+const PARTS: [&str; 7] = [
+    "estimator",
+    "effective preferences",
+    "solve",
+    "index",
+    "publish",
+    "persist",
+    "total",
+];
+
+pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
+    ensure!(a.rounds >= 1, "--rounds must be at least 1");
+    ensure!(
+        a.noise.is_finite() && (0.0..=50.0).contains(&a.noise),
+        "--noise {}: must be in [0, 50]",
+        a.noise
+    );
+    let base = a.world.generate()?;
+    let dir = tempfile::Builder::new()
+        .prefix("cdnmap-bench-round-")
+        .tempdir()
+        .context("a temporary store")?;
+    let store = Store::open(dir.path())?;
+    let estimates = Estimates::new(&base).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
+    let default_class = base
+        .classes()
+        .first()
+        .map(|c| c.name.clone())
+        .unwrap_or_default();
+    let policies = vec![Default::default(); base.clusters().len()];
+    let loads = ServerLoads::default();
+    let mut rng = ChaCha8Rng::seed_from_u64(a.world.seed ^ 0x5eed);
+    let mut previous: Option<Snapshot> = None;
+    let mut times: Vec<[f64; 7]> = Vec::new();
+    let round_ms = 10_000i64;
+    alloc::reset_peak();
+    let live_before = alloc::live_bytes();
+    for r in 0..a.rounds + 2 {
+        // The reports of the round before: every unit, its demand with noise.
+        let observations = Observations {
+            at_unix_ms: (r as i64 - 1) * round_ms,
+            demand: if r == 0 {
+                HashMap::new()
+            } else {
+                (0..base.unit_count() as UnitIdx)
+                    .map(|u| {
+                        let x = 1.0 + a.noise / 100.0 * rng.random_range(-1.0..1.0);
+                        (base.unit_id(u).to_string(), base.unit_demand(u) * x)
+                    })
+                    .collect()
+            },
+            loads: Vec::new(),
+        };
+        let t = Instant::now();
+        let step = driver
+            .step(
+                &base,
+                previous.as_ref(),
+                &observations,
+                |i| ClassRules::new(i, &[], &default_class),
+                1,
+                r as i64 * round_ms,
+            )
+            .context("a round")?;
+        let driver_ms = ms(t);
+        let s = step.snapshot;
+        let t = Instant::now();
+        let servers = selection::build(&s.instance, &policies, &loads, &[])?;
+        std::hint::black_box(&servers);
+        let publish_ms = ms(t);
+        let t = Instant::now();
+        if !a.no_persist {
+            let bytes = driver.estimates().to_bytes();
+            store.put_served(
+                &ServedRef {
+                    epoch: 1,
+                    version: s.version,
+                    solved_at_unix_ms: s.solved_at_unix_ms,
+                    base: &base,
+                    base_generation: 1,
+                    write_base: r == 0,
+                    instance: &s.instance,
+                    map: &s.map,
+                    estimates: &bytes,
+                },
+                4,
+            )?;
+        }
+        let persist_ms = ms(t);
+        let parts = [
+            step.timings.estimate_ms,
+            s.timings.effective_ms,
+            s.timings.solve_ms,
+            s.timings.index_ms,
+            publish_ms,
+            persist_ms,
+            driver_ms + publish_ms + persist_ms,
+        ];
+        let kind = if r == 0 { "cold" } else { "warm" };
+        println!(
+            "round {r:>3} ({kind})  {}  churn {:.3}%",
+            PARTS
+                .iter()
+                .zip(parts)
+                .map(|(p, v)| format!("{p} {v:.0} ms"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            100.0 * s.churn.unwrap_or(0.0)
+        );
+        if r >= 2 {
+            times.push(parts);
+        }
+        previous = Some(s);
+    }
+    println!(
+        "warm rounds    {} timed (after a cold and an untimed warm round), reports for all {} map units each",
+        times.len(),
+        base.unit_count()
+    );
+    for (i, part) in PARTS.iter().enumerate() {
+        let mut v: Vec<f64> = times.iter().map(|t| t[i]).collect();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "  {part:<22} median {:>8.1} ms   max {:>8.1} ms",
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
+    if alloc::installed() {
+        println!(
+            "memory         peak {:.0} MB live heap above the {:.0} MB before the rounds",
+            alloc::peak_bytes().saturating_sub(live_before) as f64 / 1e6,
+            live_before as f64 / 1e6
+        );
+    }
+    let size: u64 = walk_size(dir.path());
+    println!("store          {:.1} MB on disk", size as f64 / 1e6);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn walk_size(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => walk_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
