@@ -129,10 +129,8 @@ impl Driver {
             est.observe_loads(inst, &flow, &loads)
                 .map_err(StepError::Learn)?;
         }
-        // In id order, so that the same observations always make the same state.
-        let mut demand: Vec<(&String, &f64)> = observations.demand.iter().collect();
-        demand.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (unit, queries) in demand {
+        // Each unit's forecaster is its own: the order of the observations changes nothing.
+        for (unit, queries) in &observations.demand {
             est.observe_demand(unit, observations.at_unix_ms, *queries);
         }
         est.next_round();

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use cdnmap_mapper::{Instance, Map, ModelError, PerUnit, ResourceKind, UnitIdx};
 
 use crate::derate::{DerateConfig, Derater};
@@ -55,7 +57,8 @@ pub struct Estimates {
     pub forecast_config: ForecastConfig,
     pub learn_config: LearnConfig,
     pub derate_config: DerateConfig,
-    forecasters: HashMap<String, Forecaster>,
+    /// By unit id (Fx hashing: a round looks up every unit, twice).
+    forecasters: FxHashMap<Box<str>, Forecaster>,
     learners: Vec<Learner>,
     derater: Derater,
     configured: Vec<PerUnit>,
@@ -73,7 +76,7 @@ impl Estimates {
             forecast_config: ForecastConfig::default(),
             learn_config: LearnConfig::default(),
             derate_config: DerateConfig::default(),
-            forecasters: HashMap::new(),
+            forecasters: FxHashMap::default(),
             learners,
             derater: Derater::default(),
             configured,
@@ -116,10 +119,18 @@ impl Estimates {
     /// Unit `unit_id`'s demand over the round ending at `t_ms`.
     pub fn observe_demand(&mut self, unit_id: &str, t_ms: i64, demand: f64) {
         let config = self.forecast_config;
-        self.forecasters
-            .entry(unit_id.to_string())
-            .or_default()
-            .observe(t_ms, demand, &config);
+        // Most units were seen before: look up without allocating the key.
+        match self.forecasters.get_mut(unit_id) {
+            Some(f) => {
+                f.observe(t_ms, demand, &config);
+            }
+            None => {
+                self.forecasters
+                    .entry(unit_id.into())
+                    .or_default()
+                    .observe(t_ms, demand, &config);
+            }
+        }
     }
 
     /// The demand forecast of `unit_id` at `t_ms`, if it was ever observed.

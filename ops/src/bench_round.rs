@@ -168,6 +168,26 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             v[v.len() - 1]
         );
     }
+    // Baselines from before the estimator edited columns and the store wrote columns, measured
+    // once in the same run on the last round's instance: the rebuild through the file form
+    // that `Estimates::apply` did every round, and the JSON the store wrote every round.
+    if let Some(s) = &previous {
+        let t = Instant::now();
+        let rebuilt = cdnmap_mapper::format::InstanceFile::of(&s.instance)
+            .build(cdnmap_mapper::Limits::default())?;
+        let rebuild_ms = ms(t);
+        drop(std::hint::black_box(rebuilt));
+        let t = Instant::now();
+        let mut json = Vec::new();
+        cdnmap_mapper::format::write_instance(&s.instance, &mut json)?;
+        cdnmap_mapper::format::write_assignment(&s.instance, &s.map, &s.version, &mut json)?;
+        let json_ms = ms(t);
+        println!(
+            "baselines      the old estimator's rebuild through the file form {rebuild_ms:.0} ms; \
+             encoding the round's instance and map as JSON (the old served record) {json_ms:.0} ms, {:.0} MB",
+            json.len() as f64 / 1e6
+        );
+    }
     if alloc::installed() {
         println!(
             "memory         peak {:.0} MB live heap above the {:.0} MB before the rounds",
