@@ -201,36 +201,12 @@ pub fn apply(base: &Arc<Instance>, change: &Change) -> Result<Applied, ChangeErr
                 warnings: Vec::new(),
             }
         }
-        Change::UpsertCluster(cluster) => {
-            let cluster = cluster.clone();
-            edit(base, true, move |f| {
-                match f.clusters.iter().position(|c| c.id == cluster.id) {
-                    Some(i) => f.clusters[i] = cluster,
-                    None => f.clusters.push(cluster),
-                }
-                true
-            })?
+        Change::UpsertCluster(c) => edit(base, true, |f| upsert(&mut f.clusters, c, |c| &c.id))?,
+        Change::DeleteCluster(id) => edit(base, true, |f| remove(&mut f.clusters, id, |c| &c.id))?,
+        Change::UpsertMapUnit(u) => edit(base, false, |f| upsert(&mut f.map_units, u, |u| &u.id))?,
+        Change::DeleteMapUnit(id) => {
+            edit(base, false, |f| remove(&mut f.map_units, id, |u| &u.id))?
         }
-        Change::DeleteCluster(id) => edit(base, true, |f| {
-            let before = f.clusters.len();
-            f.clusters.retain(|c| c.id != *id);
-            f.clusters.len() < before
-        })?,
-        Change::UpsertMapUnit(unit) => {
-            let unit = unit.clone();
-            edit(base, false, move |f| {
-                match f.map_units.iter().position(|u| u.id == unit.id) {
-                    Some(i) => f.map_units[i] = unit,
-                    None => f.map_units.push(unit),
-                }
-                true
-            })?
-        }
-        Change::DeleteMapUnit(id) => edit(base, false, |f| {
-            let before = f.map_units.len();
-            f.map_units.retain(|u| u.id != *id);
-            f.map_units.len() < before
-        })?,
     };
     for class in unserved_classes(&applied.topology) {
         if !unserved_before.contains(&class) {
@@ -240,6 +216,22 @@ pub fn apply(base: &Arc<Instance>, change: &Change) -> Result<Applied, ChangeErr
         }
     }
     Ok(applied)
+}
+
+/// Replaces the item of `list` with `item`'s id, or appends it: always a change.
+fn upsert<T: Clone>(list: &mut Vec<T>, item: &T, id: impl Fn(&T) -> &String) -> bool {
+    match list.iter().position(|x| id(x) == id(item)) {
+        Some(i) => list[i] = item.clone(),
+        None => list.push(item.clone()),
+    }
+    true
+}
+
+/// Removes the item of `list` with id `gone`: whether there was one.
+fn remove<T>(list: &mut Vec<T>, gone: &str, id: impl Fn(&T) -> &String) -> bool {
+    let before = list.len();
+    list.retain(|x| id(x) != gone);
+    list.len() < before
 }
 
 /// A change made to the topology's file form. With `of_clusters` (the change is to the
