@@ -654,3 +654,68 @@ fn a_restored_map_is_described_before_the_first_round() {
         assert!(st["mean_rtt_ms"].as_f64().is_some(), "{st}");
     }
 }
+
+/// Draining every cluster is carried out, and warned of: the last drain's answer, the status's
+/// banner and `unserved_classes`, and the metrics say which classes no up cluster serves; an
+/// undrain clears it.
+#[test]
+fn draining_the_last_clusters_of_the_classes_warns() {
+    let s = DashServer::start(true);
+    let auth = format!("Bearer {TOKEN}");
+    let ids: Vec<String> = s.get_ok("/api/clusters")["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len() as u64, CLUSTERS);
+    let body = r#"{"state": "drained", "reason": "e2e: all of them"}"#;
+    let mut warned = Vec::new();
+    for id in &ids {
+        let r = s.post(
+            &format!("/api/clusters/{id}/state"),
+            &[("Authorization", &auth)],
+            body,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        for w in r.json()["warnings"].as_array().expect("warnings") {
+            warned.push(w.as_str().expect("text").to_string());
+        }
+    }
+    assert!(
+        warned.iter().any(|w| w.contains("no up cluster serves")),
+        "{warned:?}"
+    );
+    let st = s.get_ok("/api/status");
+    let unserved = st["unserved_classes"].as_array().expect("unserved");
+    assert!(!unserved.is_empty(), "{st}");
+    assert!(
+        st["banner"]
+            .as_str()
+            .is_some_and(|b| b.contains("no up cluster serves")),
+        "{st}"
+    );
+    let metrics = s.get("/metrics").body;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("cdnmap_classes_unserved "))
+        .unwrap_or_else(|| panic!("no cdnmap_classes_unserved in\n{metrics}"));
+    assert_eq!(
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<f64>().ok()),
+        Some(unserved.len() as f64)
+    );
+    let r = s.post(
+        &format!("/api/clusters/{}/state", ids[0]),
+        &[("Authorization", &auth)],
+        r#"{"state": "up", "reason": "e2e: one back"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let st = s.get_ok("/api/status");
+    assert_eq!(
+        st["unserved_classes"].as_array().map(Vec::len),
+        Some(0),
+        "{st}"
+    );
+}

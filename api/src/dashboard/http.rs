@@ -207,6 +207,10 @@ struct StatusBody {
     last_round: LastRound,
     /// What the page shows in its banner, when something is wrong.
     banner: Option<String>,
+    /// Traffic classes no up cluster serves.
+    unserved_classes: Vec<String>,
+    /// The epoch of the published map (with `map_version`, its identity).
+    map_epoch: u64,
     clusters: StateCounts,
     map_units: usize,
     demand: f64,
@@ -246,6 +250,17 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         .map_or((0, 0), |s| (s.version, s.solved_at_unix_ms));
     let age = if s.is_some() { now - solved_at } else { 0 };
     let (stale, banner) = banner(s.as_ref().map(|_| version), age, cycle_secs, &round);
+    // A traffic class that no up cluster serves (its last cluster drained or deleted) is
+    // shown too: its clients get no address.
+    let unserved_classes = crate::topology::unserved_classes(&topo);
+    let banner = banner.or_else(|| {
+        (!unserved_classes.is_empty()).then(|| {
+            format!(
+                "no up cluster serves traffic class {}: its clients get no address",
+                unserved_classes.join(", ")
+            )
+        })
+    });
     let (demand, overflow) = s.as_ref().map_or((0.0, 0.0), |s| {
         (s.instance.total_demand(), s.map.total_overflow())
     });
@@ -263,6 +278,8 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
             solve_ms: round.solve_ms,
         },
         banner,
+        unserved_classes,
+        map_epoch: s.as_ref().map_or(0, |s| s.epoch),
         clusters: counts,
         map_units: topo.unit_count(),
         demand,
