@@ -2,12 +2,16 @@
 //! snapshot are passed in), the sled store, the running mapper (`service`: the loop, gRPC,
 //! HTTP), the operator dashboard, in-cluster selection at the edge, and the DNS front end.
 
+pub mod admin;
 pub mod config;
 pub mod dashboard;
 pub mod dns;
 pub mod driver;
+pub mod feedback;
+pub mod mapping;
 pub mod round;
 pub mod selection;
+pub mod server;
 pub mod service;
 pub mod store;
 pub mod topology;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use cdnmap_api::service::{MappingService, Shared};
+use cdnmap_api::mapping::MappingService;
+use cdnmap_api::service::Shared;
 use cdnmap_api::Config;
 use cdnmap_mapper::Instance;
 use cdnmap_proto::v1 as pb;

@@ -655,7 +655,7 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(cdnmap_api::service::serve(config, instance, async {
+    runtime.block_on(cdnmap_api::server::serve(config, instance, async {
         shutdown_signal().await;
         tracing::info!("shutting down");
     }))?;

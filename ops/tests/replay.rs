@@ -139,7 +139,8 @@ fn replay_refuses_records_it_cannot_place() {
 /// true costs are 30% above the configured ones, so both learn and derate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_and_the_service_loop_make_the_same_maps() {
-    use cdnmap_api::service::{FeedbackService, Shared};
+    use cdnmap_api::feedback::FeedbackService;
+    use cdnmap_api::service::Shared;
     use cdnmap_proto::v1 as pb;
     use pb::feedback_server::Feedback;
 

@@ -23,8 +23,9 @@ use serde_json::json;
 
 use super::figures::{self, CandidateView, View};
 use super::{clean, Actor, MAX_EVENTS, MAX_HISTORY_ROUNDS, MAX_REASON_LEN};
+use crate::admin::constant_time_eq;
 use crate::round::Snapshot;
-use crate::service::{constant_time_eq, now_unix_ms, RoundStatus, Shared};
+use crate::service::{now_unix_ms, RoundStatus, Shared};
 use crate::topology::ChangeError;
 
 /// A map older than this many cycles is reported stale.

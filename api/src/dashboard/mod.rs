@@ -22,7 +22,6 @@ use cdnmap_mapper::ClusterState;
 use serde::Serialize;
 
 use crate::round::Snapshot;
-use crate::topology::{Applied, ChangeError};
 
 pub use http::router;
 
@@ -177,14 +176,15 @@ impl DashState {
         )
     }
 
-    /// Logs an action and its outcome (dropping the oldest beyond [`MAX_EVENTS`]).
+    /// Logs an action and its outcome (the state before, or why it was refused), dropping the
+    /// oldest beyond [`MAX_EVENTS`].
     pub fn log_action(
         &self,
         actor: &Actor,
         cluster: &str,
         state: ClusterState,
         reason: &str,
-        result: &Result<Applied, ChangeError>,
+        result: Result<Option<ClusterState>, String>,
         now_unix_ms: i64,
     ) {
         let Ok(mut log) = self.events.lock() else {
@@ -199,11 +199,11 @@ impl DashState {
             via: actor.via,
             action: action_name(state),
             cluster: clean(cluster, MAX_OPERATOR_LEN),
-            from_state: result.as_ref().ok().and_then(|a| a.before),
+            from_state: result.as_ref().ok().copied().flatten(),
             to_state: state,
             reason: clean(reason, MAX_REASON_LEN),
             ok: result.is_ok(),
-            error: result.as_ref().err().map(|e| e.to_string()),
+            error: result.err(),
         };
         if log.events.len() >= MAX_EVENTS {
             log.events.pop_front();
@@ -259,14 +259,14 @@ mod tests {
     #[test]
     fn the_event_log_is_bounded_and_newest_first() {
         let d = DashState::default();
-        let failed: Result<Applied, ChangeError> = Err(ChangeError::NoCluster("nope".into()));
+        let failed = || Err("no cluster \"nope\"".to_string());
         for i in 0..MAX_EVENTS + 5 {
             d.log_action(
                 &actor(),
                 "nope",
                 ClusterState::Drained,
                 "",
-                &failed,
+                failed(),
                 i as i64,
             );
         }

@@ -1,0 +1,429 @@
+//! The `cdnmap.v1.Admin` service behind its bearer-token interceptor: status, and every change
+//! of the topology through the topology writer.
+
+use std::sync::Arc;
+
+use cdnmap_mapper::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
+use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
+use cdnmap_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use crate::service::{invalid, Shared};
+use crate::topology::{Applied, Change, ChangeError};
+
+/// Checks `authorization: Bearer <token>` on every Admin call.
+#[derive(Clone)]
+pub struct AdminAuth(pub Option<Arc<str>>);
+
+impl tonic::service::Interceptor for AdminAuth {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Err(Status::unauthenticated(
+                "Admin is disabled: the server has no admin_token configured",
+            ));
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(request),
+            Some(_) => Err(Status::unauthenticated("wrong admin token")),
+            None => Err(Status::unauthenticated(
+                "Admin calls need \"authorization: Bearer <token>\"",
+            )),
+        }
+    }
+}
+
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The `Admin` service.
+pub struct AdminService(pub Arc<Shared>);
+
+fn cluster_pb(inst: &Instance, c: usize) -> pb::Cluster {
+    let cl = &inst.clusters()[c];
+    fn node(inst: &Instance, cl: &cdnmap_mapper::Cluster, i: u32) -> pb::ResourceNode {
+        let n = &cl.nodes[i as usize];
+        pb::ResourceNode {
+            name: n.name.clone(),
+            kind: match n.kind {
+                cdnmap_mapper::ResourceKind::Bps => "bps".into(),
+                cdnmap_mapper::ResourceKind::Fps => "fps".into(),
+            },
+            capacity: n.capacity,
+            classes: n
+                .classes
+                .iter()
+                .map(|&k| inst.classes()[usize::from(k)].name.clone())
+                .collect(),
+            children: n.children.iter().map(|&ch| node(inst, cl, ch)).collect(),
+        }
+    }
+    pb::Cluster {
+        id: cl.id.clone(),
+        lat: cl.lat,
+        lon: cl.lon,
+        addresses: cl.addresses.iter().map(|a| a.to_string()).collect(),
+        state: crate::watch::state_pb(cl.state) as i32,
+        resources: Some(node(inst, cl, 0)),
+    }
+}
+
+fn unit_admin_pb(inst: &Instance, u: UnitIdx) -> pb::MapUnit {
+    let (lat, lon) = inst.unit_location(u);
+    pb::MapUnit {
+        id: inst.unit_id(u).to_string(),
+        traffic_class: inst.classes()[usize::from(inst.unit_class(u))].name.clone(),
+        demand: inst.unit_demand(u),
+        prefixes: inst
+            .unit_prefixes(u)
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
+        lat,
+        lon,
+        candidates: inst
+            .candidates(u)
+            .map(|c| pb::Candidate {
+                cluster: inst.clusters()[c.cluster as usize].id.clone(),
+                score: f64::from(c.score),
+                cluster_rank: c.explicit_rank.then_some(f64::from(c.rank)),
+            })
+            .collect(),
+    }
+}
+
+fn parse_list<T: std::str::FromStr>(items: &[String], field: &str) -> Result<Vec<T>, Status> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.parse()
+                .map_err(|_| invalid(format!("{field}[{i}]: {a:?} is not valid")))
+        })
+        .collect()
+}
+
+fn node_from_pb(n: pb::ResourceNode, path: &str) -> Result<NestedNode, Status> {
+    let kind = match n.kind.as_str() {
+        "bps" => cdnmap_mapper::ResourceKind::Bps,
+        "fps" => cdnmap_mapper::ResourceKind::Fps,
+        other => {
+            return Err(invalid(format!(
+                "{path}.kind: {other:?} is not \"bps\" or \"fps\""
+            )))
+        }
+    };
+    let children = n
+        .children
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| node_from_pb(c, &format!("{path}.children[{i}]")))
+        .collect::<Result<_, _>>()?;
+    Ok(NestedNode {
+        name: n.name,
+        kind,
+        capacity: n.capacity,
+        classes: n.classes,
+        children,
+    })
+}
+
+fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
+    // A cluster upserted without a state is up.
+    let state = match (c.state, crate::watch::state_from_pb(c.state)) {
+        (_, Some(s)) => s,
+        (0, None) => ClusterState::Up,
+        (_, None) => {
+            return Err(invalid(format!(
+                "state: {} is not a cluster state",
+                c.state
+            )))
+        }
+    };
+    let root = c
+        .resources
+        .ok_or_else(|| invalid("resources: a cluster needs a resource tree"))?;
+    Ok(ClusterFile {
+        id: c.id,
+        lat: c.lat,
+        lon: c.lon,
+        addresses: parse_list(&c.addresses, "addresses")?,
+        state,
+        classes: None,
+        resources: ResourcesFile::Nested(node_from_pb(root, "resources")?),
+    })
+}
+
+fn unit_from_pb(u: pb::MapUnit) -> Result<MapUnitFile, Status> {
+    Ok(MapUnitFile {
+        id: u.id,
+        class: u.traffic_class,
+        demand: u.demand,
+        prefixes: parse_list(&u.prefixes, "prefixes")?,
+        lat: u.lat,
+        lon: u.lon,
+        candidates: u
+            .candidates
+            .into_iter()
+            .map(|c| CandidateFile {
+                cluster: c.cluster,
+                score: c.score,
+                cluster_rank: c.cluster_rank,
+            })
+            .collect(),
+    })
+}
+
+/// A page of ids after `after` (exclusive), at most `size` (0: 100; at most 1,000).
+fn page<'a>(ids: impl Iterator<Item = &'a str>, after: &str, size: u32) -> (Vec<&'a str>, String) {
+    let size = match size {
+        0 => 100,
+        n => n.min(1_000),
+    } as usize;
+    let mut out: Vec<&str> = ids
+        .filter(|id| after.is_empty() || *id > after)
+        .take(size + 1)
+        .collect();
+    let next = if out.len() > size {
+        out.truncate(size);
+        out.last().map_or(String::new(), |s| s.to_string())
+    } else {
+        String::new()
+    };
+    (out, next)
+}
+
+impl AdminService {
+    /// Carries out `change` through the topology writer: applied, validated like an instance
+    /// file, stored, published (the next round solves it), then answered. What the operator
+    /// should know (candidates dropped, a traffic class left with no up cluster) travels in
+    /// the answer's `cdnmap-warnings` metadata, one warning per entry.
+    async fn change(&self, change: Change) -> Result<Applied, Status> {
+        let applied = self
+            .0
+            .topology
+            .change(change)
+            .await
+            .map_err(change_status)?;
+        if applied.changed {
+            tracing::warn!(warnings = ?applied.warnings, "topology changed by Admin");
+        }
+        Ok(applied)
+    }
+
+    fn topology(&self) -> Arc<Instance> {
+        self.0.topology.current()
+    }
+}
+
+/// The status of a change the topology writer did not carry out.
+fn change_status(e: ChangeError) -> Status {
+    match e {
+        ChangeError::NoCluster(_) => Status::not_found(e.to_string()),
+        ChangeError::Refused(_) => invalid(e.to_string()),
+        ChangeError::Store(_) | ChangeError::Stopped => Status::unavailable(e.to_string()),
+    }
+}
+
+/// `body` as an answer carrying `warnings` in its metadata.
+fn with_warnings<T>(body: T, warnings: &[String]) -> Response<T> {
+    let mut response = Response::new(body);
+    for w in warnings {
+        // Metadata values are visible ASCII; a warning is the server's own text, but a cluster
+        // or class id in it may not be.
+        let ascii: String = w
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        if let Ok(v) = tonic::metadata::MetadataValue::try_from(ascii.as_str()) {
+            response.metadata_mut().append("cdnmap-warnings", v);
+        }
+    }
+    response
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminService {
+    async fn get_cluster(
+        &self,
+        request: Request<pb::GetClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let id = request.into_inner().id;
+        let inst = self.topology();
+        let c = inst
+            .cluster_index(&id)
+            .ok_or_else(|| Status::not_found(format!("no cluster {id:?}")))?;
+        Ok(Response::new(cluster_pb(&inst, c as usize)))
+    }
+
+    async fn list_clusters(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        let r = request.into_inner();
+        let inst = self.topology();
+        let (ids, next) = page(
+            inst.clusters().iter().map(|c| c.id.as_str()),
+            &r.after_id,
+            r.page_size,
+        );
+        let clusters = ids
+            .iter()
+            .filter_map(|id| inst.cluster_index(id))
+            .map(|c| cluster_pb(&inst, c as usize))
+            .collect();
+        Ok(Response::new(pb::ListClustersResponse {
+            clusters,
+            next_after_id: next,
+        }))
+    }
+
+    async fn upsert_cluster(
+        &self,
+        request: Request<pb::Cluster>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let file = cluster_from_pb(request.into_inner())?;
+        let id = file.id.clone();
+        let applied = self.change(Change::UpsertCluster(file)).await?;
+        let c = applied.topology.cluster_index(&id).unwrap_or_default();
+        Ok(with_warnings(
+            cluster_pb(&applied.topology, c as usize),
+            &applied.warnings,
+        ))
+    }
+
+    async fn delete_cluster(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let id = request.into_inner().id;
+        let applied = self.change(Change::DeleteCluster(id)).await?;
+        Ok(with_warnings(
+            pb::DeleteResponse {
+                deleted: applied.changed,
+            },
+            &applied.warnings,
+        ))
+    }
+
+    async fn get_map_unit(
+        &self,
+        request: Request<pb::GetMapUnitRequest>,
+    ) -> Result<Response<pb::MapUnit>, Status> {
+        let id = request.into_inner().id;
+        let inst = self.topology();
+        let u = inst
+            .unit_index(&id)
+            .ok_or_else(|| Status::not_found(format!("no map unit {id:?}")))?;
+        Ok(Response::new(unit_admin_pb(&inst, u)))
+    }
+
+    async fn list_map_units(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListMapUnitsResponse>, Status> {
+        let r = request.into_inner();
+        let inst = self.topology();
+        let ids = (0..inst.unit_count() as UnitIdx).map(|u| inst.unit_id(u));
+        let (ids, next) = page(ids, &r.after_id, r.page_size);
+        let map_units = ids
+            .iter()
+            .filter_map(|id| inst.unit_index(id))
+            .map(|u| unit_admin_pb(&inst, u))
+            .collect();
+        Ok(Response::new(pb::ListMapUnitsResponse {
+            map_units,
+            next_after_id: next,
+        }))
+    }
+
+    async fn upsert_map_unit(
+        &self,
+        request: Request<pb::MapUnit>,
+    ) -> Result<Response<pb::MapUnit>, Status> {
+        let file = unit_from_pb(request.into_inner())?;
+        let id = file.id.clone();
+        let applied = self.change(Change::UpsertMapUnit(file)).await?;
+        let u = applied.topology.unit_index(&id).unwrap_or_default();
+        Ok(with_warnings(
+            unit_admin_pb(&applied.topology, u),
+            &applied.warnings,
+        ))
+    }
+
+    async fn delete_map_unit(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let id = request.into_inner().id;
+        let applied = self.change(Change::DeleteMapUnit(id)).await?;
+        Ok(with_warnings(
+            pb::DeleteResponse {
+                deleted: applied.changed,
+            },
+            &applied.warnings,
+        ))
+    }
+
+    async fn set_cluster_state(
+        &self,
+        request: Request<pb::SetClusterStateRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let actor = crate::dashboard::Actor::of_grpc(&request);
+        let r = request.into_inner();
+        let state = crate::watch::state_from_pb(r.state)
+            .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
+        let applied = self
+            .0
+            .set_cluster_state(&r.id, state, &r.reason, actor)
+            .await
+            .map_err(change_status)?;
+        let c = applied.topology.cluster_index(&r.id).unwrap_or_default();
+        Ok(with_warnings(
+            cluster_pb(&applied.topology, c as usize),
+            &applied.warnings,
+        ))
+    }
+
+    async fn get_status(
+        &self,
+        _: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::Status>, Status> {
+        let s = self.0.current();
+        let status = self.0.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let inst = self.topology();
+        let overflow_share = s.as_ref().map_or(0.0, |s| {
+            let d = s.instance.total_demand();
+            if d > 0.0 {
+                s.map.total_overflow() / d
+            } else {
+                0.0
+            }
+        });
+        Ok(Response::new(pb::Status {
+            map_version: s.as_ref().map_or(0, |s| s.version),
+            map_epoch: s.as_ref().map_or(0, |s| s.epoch),
+            unserved_classes: crate::topology::unserved_classes(&inst),
+            map_solved_at_unix_ms: s.as_ref().map_or(0, |s| s.solved_at_unix_ms),
+            last_round_at_unix_ms: status.last_round_at_unix_ms,
+            last_round_failed: status.failed,
+            last_round_error: status.error,
+            last_solve_ms: status.solve_ms,
+            churn: s.as_ref().and_then(|s| s.churn).unwrap_or(0.0),
+            overflow_share,
+            map_units: inst.unit_count() as u64,
+            clusters: inst.clusters().len() as u64,
+        }))
+    }
+}

@@ -1,0 +1,236 @@
+//! The `cdnmap.v1.Feedback` service: demand and load reports, validated, written to the demand
+//! record before the ack, and handed to the next round.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::MAX_REPORT_SAMPLES;
+use ipnet::IpNet;
+use tonic::{Request, Response, Status};
+
+use crate::service::{invalid, now_unix_ms, Shared, MAX_PENDING_LOADS, MAX_REPORTS};
+
+/// The `Feedback` service: validated reports go to the demand record (durable before the ack).
+pub struct FeedbackService(pub Arc<Shared>);
+
+#[derive(serde::Serialize)]
+struct StoredReport<'a> {
+    kind: &'a str,
+    reporter: &'a str,
+    body: serde_json::Value,
+}
+
+impl FeedbackService {
+    async fn store(
+        &self,
+        kind: &str,
+        reporter: &str,
+        body: serde_json::Value,
+    ) -> Result<(), Status> {
+        let bytes = serde_json::to_vec(&StoredReport {
+            kind,
+            reporter,
+            body,
+        })
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let shared = Arc::clone(&self.0);
+        let retain_ms = shared.config.record_retention_hours as i64 * 3_600_000;
+        tokio::task::spawn_blocking(move || {
+            shared
+                .store
+                .append_report(now_unix_ms(), &bytes, retain_ms, MAX_REPORTS)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::feedback_server::Feedback for FeedbackService {
+    async fn report_demand(
+        &self,
+        request: Request<pb::DemandReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let r = request.into_inner();
+        if r.samples.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "samples: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.samples.len()
+            )));
+        }
+        if r.period_end_unix_ms < r.period_start_unix_ms {
+            return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
+        }
+        let topology = self.0.topology.current();
+        let snapshot = self.0.current();
+        let mut samples = Vec::with_capacity(r.samples.len());
+        let mut observed: Vec<(String, f64)> = Vec::with_capacity(r.samples.len());
+        for (i, s) in r.samples.iter().enumerate() {
+            let class = topology.class_index(&s.traffic_class);
+            if !(s.queries.is_finite() && s.queries >= 0.0) {
+                return Err(invalid(format!(
+                    "samples[{i}].queries: {} is not a count >= 0",
+                    s.queries
+                )));
+            }
+            let target = match &s.target {
+                Some(pb::demand_sample::Target::MapUnit(u)) if !u.is_empty() => {
+                    let unit = topology.unit_index(u).ok_or_else(|| {
+                        invalid(format!("samples[{i}].map_unit: no map unit {u:?}"))
+                    })?;
+                    let own = topology.unit_class(unit);
+                    if !s.traffic_class.is_empty() && class != Some(own) {
+                        return Err(invalid(format!(
+                            "samples[{i}].traffic_class: {:?} is not the class of map unit {u:?} ({:?})",
+                            s.traffic_class,
+                            topology.classes()[usize::from(own)].name
+                        )));
+                    }
+                    observed.push((u.clone(), s.queries));
+                    serde_json::json!({"map_unit": u})
+                }
+                Some(pb::demand_sample::Target::Prefix(p)) => {
+                    if class.is_none() {
+                        return Err(invalid(format!(
+                            "samples[{i}].traffic_class: {:?} is not a traffic class (a prefix sample needs one)",
+                            s.traffic_class
+                        )));
+                    }
+                    let p: IpNet = p.parse().map_err(|_| {
+                        invalid(format!("samples[{i}].prefix: {p:?} is not an IP prefix"))
+                    })?;
+                    // For the estimator: the map unit of that prefix and class, if the map has one
+                    // (the sample is in the record either way).
+                    if let (Some(snap), Some(k)) = (&snapshot, class) {
+                        if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
+                            observed.push((snap.instance.unit_id(u).to_string(), s.queries));
+                        }
+                    }
+                    serde_json::json!({"prefix": p.trunc().to_string()})
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "samples[{i}]: needs a map_unit or a prefix"
+                    )))
+                }
+            };
+            samples.push(serde_json::json!({
+                "target": target, "class": s.traffic_class, "queries": s.queries
+            }));
+        }
+        let n = samples.len() as u64;
+        let body = serde_json::json!({
+            "period_start_unix_ms": r.period_start_unix_ms,
+            "period_end_unix_ms": r.period_end_unix_ms,
+            "samples": samples,
+        });
+        self.store("demand", &r.reporter, body).await?;
+        if let Ok(mut pending) = self.0.pending.lock() {
+            for (unit, q) in observed {
+                *pending.demand.entry(unit).or_insert(0.0) += q;
+            }
+        }
+        Ok(Response::new(pb::ReportAck { accepted: n }))
+    }
+
+    async fn report_load(
+        &self,
+        request: Request<pb::LoadReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let r = request.into_inner();
+        if r.loads.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "loads: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.loads.len()
+            )));
+        }
+        if r.servers.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "servers: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.servers.len()
+            )));
+        }
+        let topology = self.0.topology.current();
+        for (i, l) in r.loads.iter().enumerate() {
+            let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
+                invalid(format!("loads[{i}].cluster: no cluster {:?}", l.cluster))
+            })?;
+            let nodes = &topology.clusters()[cluster as usize].nodes;
+            if !nodes.iter().any(|n| n.name == l.node) {
+                return Err(invalid(format!(
+                    "loads[{i}].node: cluster {:?} has no resource node {:?}",
+                    l.cluster, l.node
+                )));
+            }
+            if !(l.load.is_finite() && l.load >= 0.0) {
+                return Err(invalid(format!(
+                    "loads[{i}].load: {} is not a load >= 0",
+                    l.load
+                )));
+            }
+        }
+        let mut servers = Vec::with_capacity(r.servers.len());
+        for (i, l) in r.servers.iter().enumerate() {
+            let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
+                invalid(format!("servers[{i}].cluster: no cluster {:?}", l.cluster))
+            })?;
+            let address: IpAddr = l.address.parse().map_err(|_| {
+                invalid(format!(
+                    "servers[{i}].address: {:?} is not an IP address",
+                    l.address
+                ))
+            })?;
+            if !topology.clusters()[cluster as usize]
+                .addresses
+                .contains(&address)
+            {
+                return Err(invalid(format!(
+                    "servers[{i}].address: cluster {:?} has no server {address}",
+                    l.cluster
+                )));
+            }
+            if !(l.load.is_finite() && l.load >= 0.0) {
+                return Err(invalid(format!(
+                    "servers[{i}].load: {} is not a load >= 0",
+                    l.load
+                )));
+            }
+            servers.push((l.cluster.as_str(), address, l.load));
+        }
+        let n = (r.loads.len() + r.servers.len()) as u64;
+        let mut body = serde_json::json!({
+            "measured_at_unix_ms": r.measured_at_unix_ms,
+            "loads": r.loads.iter().map(|l| serde_json::json!({
+                "cluster": l.cluster, "node": l.node, "load": l.load
+            })).collect::<Vec<_>>(),
+        });
+        if !servers.is_empty() {
+            body["servers"] = servers
+                .iter()
+                .map(|(c, a, l)| serde_json::json!({"cluster": c, "address": a, "load": l}))
+                .collect();
+        }
+        self.store("load", &r.reporter, body).await?;
+        if let Ok(mut table) = self.0.server_loads.lock() {
+            for &(cluster, address, load) in &servers {
+                if !table.set(cluster, address, load) {
+                    tracing::warn!(cluster, %address, "server load table full; report dropped");
+                }
+            }
+        }
+        if let Ok(mut pending) = self.0.pending.lock() {
+            for l in &r.loads {
+                if pending.loads.len() >= MAX_PENDING_LOADS {
+                    pending.loads.pop_front();
+                }
+                pending
+                    .loads
+                    .push_back((l.cluster.clone(), l.node.clone(), l.load));
+            }
+        }
+        Ok(Response::new(pb::ReportAck { accepted: n }))
+    }
+}

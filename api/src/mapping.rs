@@ -1,0 +1,443 @@
+//! The `cdnmap.v1.Mapping` service: Resolve, ResolveBatch and WatchMap, each answered from one
+//! published state.
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cdnmap_mapper::resolve::MAX_QNAME_LEN;
+use cdnmap_proto::v1 as pb;
+use cdnmap_proto::MAX_BATCH_QUERIES;
+use ipnet::IpNet;
+use tokio::sync::broadcast;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::config::Config;
+use crate::round::Snapshot;
+use crate::selection::ServerLoads;
+use crate::service::{invalid, Published, Shared, MAX_ANSWER_ADDRESSES};
+
+/// The `Mapping` service.
+pub struct MappingService(pub Arc<Shared>);
+
+/// The client subnet of a query: its ECS subnet, else its resolver's address as a host prefix.
+fn client_of(q: &pb::ResolveRequest, index: Option<usize>) -> Result<IpNet, Status> {
+    let at = index.map_or(String::new(), |i| format!("queries[{i}]."));
+    let name = q.qname.strip_suffix('.').unwrap_or(&q.qname);
+    if name.is_empty() || name.len() > MAX_QNAME_LEN {
+        return Err(invalid(format!(
+            "{at}qname: must be 1..={MAX_QNAME_LEN} characters (without the trailing dot), got {}",
+            name.len()
+        )));
+    }
+    if !q.client_subnet.is_empty() {
+        return q
+            .client_subnet
+            .parse::<IpNet>()
+            .map(|n| n.trunc())
+            .map_err(|_| {
+                invalid(format!(
+                    "{at}client_subnet: {:?} is not an IP prefix",
+                    q.client_subnet
+                ))
+            });
+    }
+    q.resolver_ip
+        .parse::<IpAddr>()
+        .map(IpNet::from)
+        .map_err(|_| {
+            invalid(format!(
+                "{at}resolver_ip: {:?} is not an IP address (and client_subnet is empty)",
+                q.resolver_ip
+            ))
+        })
+}
+
+impl MappingService {
+    fn resolve_one(&self, q: pb::ResolveRequest) -> Result<pb::ResolveResponse, Status> {
+        let client = client_of(&q, None)?;
+        let p = self.published()?;
+        let answer = p.snapshot.resolver.resolve(client, &q.qname);
+        Ok(self.to_pb(&p, q.qtype, &answer, &q.qname))
+    }
+
+    fn resolve_many(
+        &self,
+        batch: pb::ResolveBatchRequest,
+    ) -> Result<pb::ResolveBatchResponse, Status> {
+        if batch.queries.len() > MAX_BATCH_QUERIES {
+            return Err(invalid(format!(
+                "queries: {} in one batch, more than {MAX_BATCH_QUERIES}",
+                batch.queries.len()
+            )));
+        }
+        let clients = batch
+            .queries
+            .iter()
+            .enumerate()
+            .map(|(i, q)| client_of(q, Some(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let p = self.published()?;
+        let s = &p.snapshot;
+        let pairs: Vec<(IpNet, &str)> = clients
+            .iter()
+            .zip(&batch.queries)
+            .map(|(&c, q)| (c, q.qname.as_str()))
+            .collect();
+        let mut answers = Vec::with_capacity(pairs.len());
+        s.resolver.resolve_batch(&pairs, &mut answers);
+        let out = answers
+            .iter()
+            .zip(&batch.queries)
+            .map(|(a, q)| self.to_pb(&p, q.qtype, a, &q.qname))
+            .collect();
+        Ok(pb::ResolveBatchResponse { answers: out })
+    }
+
+    /// The published map and its selectors, read once per call: every answer of a call comes
+    /// from one version.
+    fn published(&self) -> Result<Arc<Published>, Status> {
+        self.0
+            .published()
+            .ok_or_else(|| Status::unavailable("no map yet: the first round has not finished"))
+    }
+
+    fn to_pb(
+        &self,
+        p: &Published,
+        qtype: u32,
+        answer: &cdnmap_mapper::resolve::Answer,
+        qname: &str,
+    ) -> pb::ResolveResponse {
+        let s = &p.snapshot;
+        let clusters = s.instance.clusters();
+        let want_v6 = qtype == 28;
+        let mut addresses = Vec::new();
+        let mut cluster_ids = Vec::new();
+        if qtype == 1 || want_v6 {
+            match &p.servers {
+                // The selectors' servers for the hostname.
+                Some(servers) => {
+                    let (mut key, mut picked) = (String::new(), Vec::new());
+                    servers.answer(answer, qname, want_v6, &mut key, &mut picked);
+                    addresses.extend(picked.iter().map(|a| a.to_string()));
+                }
+                // No selectors for this version: every address of both clusters.
+                None => {
+                    for c in [answer.primary, answer.secondary].into_iter().flatten() {
+                        addresses.extend(
+                            clusters[c as usize]
+                                .addresses
+                                .iter()
+                                .filter(|a| a.is_ipv6() == want_v6)
+                                .map(|a| a.to_string()),
+                        );
+                    }
+                }
+            }
+            for c in [answer.primary, answer.secondary].into_iter().flatten() {
+                cluster_ids.push(clusters[c as usize].id.clone());
+            }
+        }
+        addresses.truncate(MAX_ANSWER_ADDRESSES);
+        pb::ResolveResponse {
+            addresses,
+            ttl_seconds: self.0.config.ttl_secs,
+            scope_prefix_len: u32::from(answer.scope_prefix_len),
+            cluster_ids,
+            map_version: s.version,
+            map_epoch: s.epoch,
+            map_unit: answer
+                .unit
+                .map_or(String::new(), |u| s.instance.unit_id(u).to_string()),
+            traffic_class: s.instance.classes()[usize::from(answer.class)].name.clone(),
+        }
+    }
+}
+
+/// Counts an RPC by method and outcome, and times it.
+fn record_rpc<T>(method: &'static str, started: Instant, result: &Result<T, Status>) {
+    let code = match result {
+        Ok(_) => "ok",
+        Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid_argument",
+        Err(s) if s.code() == tonic::Code::Unavailable => "unavailable",
+        Err(_) => "error",
+    };
+    metrics::counter!("cdnmap_rpc_total", "method" => method, "code" => code).increment(1);
+    metrics::histogram!("cdnmap_rpc_seconds", "method" => method)
+        .record(started.elapsed().as_secs_f64());
+}
+
+type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::MapUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::mapping_server::Mapping for MappingService {
+    async fn resolve(
+        &self,
+        request: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::ResolveResponse>, Status> {
+        let started = Instant::now();
+        let result = self.resolve_one(request.into_inner());
+        record_rpc("Resolve", started, &result);
+        result.map(Response::new)
+    }
+
+    async fn resolve_batch(
+        &self,
+        request: Request<pb::ResolveBatchRequest>,
+    ) -> Result<Response<pb::ResolveBatchResponse>, Status> {
+        let started = Instant::now();
+        let result = self.resolve_many(request.into_inner());
+        record_rpc("ResolveBatch", started, &result);
+        result.map(Response::new)
+    }
+
+    type WatchMapStream = UpdateStream;
+
+    async fn watch_map(
+        &self,
+        request: Request<pb::WatchMapRequest>,
+    ) -> Result<Response<Self::WatchMapStream>, Status> {
+        let r = request.into_inner();
+        let known = (r.known_epoch, r.known_version);
+        let shared = Arc::clone(&self.0);
+        let mut rx = shared.updates.subscribe();
+        let mut stop = shared.stopping.subscribe();
+        let first = shared.current();
+        let stream = async_stream(move |tx| async move {
+            let mut last: Option<Arc<Snapshot>> = None;
+            if let Some(s) = first {
+                if (s.epoch, s.version) != known
+                    && tx.send(Ok(full_update(&shared, &s))).await.is_err()
+                {
+                    return;
+                }
+                last = Some(s);
+            }
+            loop {
+                let received = tokio::select! {
+                    r = rx.recv() => r,
+                    _ = stop.wait_for(|&s| s) => return,
+                };
+                let next = match received {
+                    Ok(s) => s,
+                    Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
+                        Some(s) => {
+                            // Fell behind: start again from a full map.
+                            if tx.send(Ok(full_update(&shared, &s))).await.is_err() {
+                                return;
+                            }
+                            last = Some(s);
+                            continue;
+                        }
+                        None => continue,
+                    },
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let update = match &last {
+                    Some(prev) if prev.version + 1 == next.version => {
+                        delta_update(&shared, prev, &next)
+                    }
+                    _ => full_update(&shared, &next),
+                };
+                if tx.send(Ok(update)).await.is_err() {
+                    return;
+                }
+                last = Some(next);
+            }
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// A stream fed by a task through a bounded channel.
+fn async_stream<F, Fut>(f: F) -> UpdateStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The edge settings a WatchMap message carries besides the snapshot.
+fn edge_of<'a>(
+    shared: &'a Shared,
+    s: &Snapshot,
+    loads: Option<&'a ServerLoads>,
+) -> (
+    Vec<cdnmap_mapper::servers::Policy>,
+    Option<&'a ServerLoads>,
+    &'a Config,
+) {
+    (shared.policies(&s.instance), loads, &shared.config)
+}
+
+fn full_update(shared: &Shared, s: &Snapshot) -> pb::MapUpdate {
+    let loads = shared.server_loads.lock().ok();
+    let (policies, loads, config) = edge_of(shared, s, loads.as_deref());
+    crate::watch::full_update(&crate::watch::Edge::new(&policies, loads, config), s)
+}
+
+fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
+    let loads = shared.server_loads.lock().ok();
+    let (policies, loads, config) = edge_of(shared, next, loads.as_deref());
+    crate::watch::delta_update(
+        &crate::watch::Edge::new(&policies, loads, config),
+        prev,
+        next,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_mapper::{ClusterState, Instance, Limits};
+    use pb::mapping_server::Mapping;
+
+    /// Four clusters of four servers, 60 units over 10.0.x.0/24 in three classes.
+    fn instance() -> Instance {
+        let clusters: Vec<String> = (0..4)
+            .map(|c| {
+                let addresses: Vec<String> =
+                    (1..=4).map(|a| format!("\"198.18.{c}.{a}\"")).collect();
+                format!(
+                    r#"{{"id": "c{c}", "lat": 0, "lon": 0, "addresses": [{}],
+                      "resources": {{"name": "r", "kind": "bps", "capacity": 40,
+                                     "classes": ["web", "video", "apps"]}}}}"#,
+                    addresses.join(",")
+                )
+            })
+            .collect();
+        let units: Vec<String> = (0..60)
+            .map(|u| {
+                let class = ["web", "video", "apps"][u % 3];
+                format!(
+                    r#"{{"id": "u{u:02}", "class": "{class}", "demand": 2, "prefixes": ["10.0.{u}.0/24"],
+                      "lat": 0, "lon": 0, "candidates": [{{"cluster": "c{}", "score": 1}},
+                      {{"cluster": "c{}", "score": 2}}, {{"cluster": "c{}", "score": 3}}]}}"#,
+                    u % 4,
+                    (u + 1) % 4,
+                    (u + 2) % 4
+                )
+            })
+            .collect();
+        let json = format!(
+            r#"{{"traffic_classes": [
+                {{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 0}}}},
+                {{"name": "video", "priority": 1, "per_unit": {{"bps": 1, "fps": 0}}}},
+                {{"name": "apps", "priority": 2, "per_unit": {{"bps": 1, "fps": 0}}}}],
+              "clusters": [{}], "map_units": [{}]}}"#,
+            clusters.join(","),
+            units.join(",")
+        );
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    fn query(u: usize) -> pb::ResolveRequest {
+        pb::ResolveRequest {
+            client_subnet: format!("10.0.{u}.7/32"),
+            resolver_ip: String::new(),
+            qname: [
+                "www.cdn.example.",
+                "a.video.cdn.example.",
+                "b.apps.cdn.example.",
+            ][u % 3]
+                .into(),
+            qtype: 1,
+        }
+    }
+
+    /// Rounds publish new versions (a cluster drained or undrained before each, so answers
+    /// change) while ResolveBatch runs in a loop: every batch comes from one version, and every
+    /// answer is that version's, its addresses chosen by that version's selectors.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resolve_during_publication_answers_from_one_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            ..Config::default()
+        };
+        let shared = Shared::start(config, instance()).expect("start");
+        shared.run_round().await;
+        let publisher = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let mut versions = std::collections::BTreeMap::new();
+                for i in 0..30 {
+                    let state = if i % 2 == 0 {
+                        ClusterState::Drained
+                    } else {
+                        ClusterState::Up
+                    };
+                    let actor = crate::dashboard::Actor::new(Some("test"), None, "test");
+                    shared
+                        .set_cluster_state(&format!("c{}", i % 4), state, "", actor)
+                        .await
+                        .expect("state");
+                    shared.run_round().await;
+                    let p = shared.published().expect("published");
+                    versions.insert(p.snapshot.version, p);
+                }
+                versions
+            })
+        };
+        let service = MappingService(Arc::clone(&shared));
+        let mut answers = Vec::new();
+        while !publisher.is_finished() {
+            let batch = pb::ResolveBatchRequest {
+                queries: (0..60).map(query).collect(),
+            };
+            let got = service
+                .resolve_batch(Request::new(batch))
+                .await
+                .expect("ResolveBatch")
+                .into_inner()
+                .answers;
+            answers.push(got);
+            tokio::task::yield_now().await;
+        }
+        let versions = publisher.await.expect("the publisher");
+        let mut seen = std::collections::BTreeSet::new();
+        for batch in &answers {
+            let v = batch[0].map_version;
+            seen.insert(v);
+            let Some(p) = versions.get(&v) else {
+                continue; // the version before the publisher's first
+            };
+            let s = &p.snapshot;
+            for (u, a) in batch.iter().enumerate() {
+                assert_eq!(a.map_version, v, "one batch, one version");
+                let q = query(u);
+                let client: IpNet = q.client_subnet.parse().expect("a prefix");
+                let want = s.resolver.resolve(client, &q.qname);
+                let ids: Vec<String> = [want.primary, want.secondary]
+                    .into_iter()
+                    .flatten()
+                    .map(|c| s.instance.clusters()[c as usize].id.clone())
+                    .collect();
+                assert_eq!(a.cluster_ids, ids, "version {v}, query {u}");
+                let (mut key, mut picked) = (String::new(), Vec::new());
+                p.servers.as_ref().expect("selectors").answer(
+                    &want,
+                    &q.qname,
+                    false,
+                    &mut key,
+                    &mut picked,
+                );
+                let picked: Vec<String> = picked.iter().map(|a| a.to_string()).collect();
+                assert_eq!(a.addresses, picked, "version {v}, query {u}");
+            }
+        }
+        assert!(
+            seen.len() >= 10,
+            "{} versions seen while publishing",
+            seen.len()
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! The listeners of `cdnmap serve`: gRPC (Mapping, Feedback, Admin, health, reflection) and
+//! HTTP (`/metrics`, `/record`, the dashboard), the mapping loop, and the graceful stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cdnmap_mapper::Instance;
+use cdnmap_proto::v1 as pb;
+
+use crate::admin::{AdminAuth, AdminService};
+use crate::config::Config;
+use crate::feedback::FeedbackService;
+use crate::mapping::MappingService;
+use crate::service::Shared;
+
+/// `GET /record?from_ms=&to_ms=`: the demand record of a period.
+#[derive(Debug, serde::Deserialize)]
+pub struct RecordQuery {
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+/// The most reports one `/record` request returns (ask for a shorter period beyond it).
+pub const MAX_RECORD_REPORTS: usize = 1_000_000;
+
+/// The stored reports of `[from_ms, to_ms)` as JSON Lines, `{"at_unix_ms": T, "report": {...}}`
+/// each (`cdnmap record export` turns them into a trace).
+async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    if q.to_ms < q.from_ms {
+        return (StatusCode::BAD_REQUEST, "to_ms is before from_ms\n").into_response();
+    }
+    let (from, to) = (q.from_ms, q.to_ms);
+    let store = shared.store.clone();
+    let reports = tokio::task::spawn_blocking(move || store.reports(from, to)).await;
+    let reports = match reports {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    if reports.len() > MAX_RECORD_REPORTS {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} reports in that period, more than {MAX_RECORD_REPORTS}: ask for a shorter one\n",
+                reports.len()
+            ),
+        )
+            .into_response();
+    }
+    let mut body = String::new();
+    for (at, bytes) in reports {
+        let report = String::from_utf8_lossy(&bytes);
+        body.push_str(&format!("{{\"at_unix_ms\":{at},\"report\":{report}}}\n"));
+    }
+    ([("content-type", "application/x-ndjson")], body).into_response()
+}
+
+/// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
+/// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
+pub async fn serve(
+    config: Config,
+    initial: Instance,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let grpc_addr: SocketAddr = config.grpc_listen;
+    let http_addr: SocketAddr = config.http_listen;
+    let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);
+    let shared = Shared::start(config, initial)?;
+    if shared.current().is_none() {
+        shared.run_round().await; // the first map before the first query
+    }
+    let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::mapping_server::MappingServer<MappingService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(cdnmap_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let record_shared = Arc::clone(&shared);
+    let dashboard = crate::dashboard::router(Arc::clone(&shared), token.clone());
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let p = prometheus.clone();
+                async move { p.render() }
+            }),
+        )
+        .route(
+            "/record",
+            axum::routing::get(move |q: axum::extract::Query<RecordQuery>| {
+                let shared = Arc::clone(&record_shared);
+                async move { record(&shared, &q).await }
+            }),
+        )
+        .merge(dashboard);
+    let http = tokio::net::TcpListener::bind(http_addr).await?;
+    let mut http_stop = shared.stopping.subscribe();
+    let http_task = tokio::spawn(async move {
+        axum::serve(
+            http,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = http_stop.wait_for(|&s| s).await;
+        })
+        .await
+    });
+    tracing::info!(
+        grpc = %grpc_addr,
+        http = %http_addr,
+        "cdnmap serving: try `grpcurl -plaintext -d '{{\"resolver_ip\": \"1.0.0.1\", \"qname\": \"www.cdn.example.\", \"qtype\": 1}}' {grpc_addr} cdnmap.v1.Mapping/Resolve`"
+    );
+    let stopper = Arc::clone(&shared);
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(pb::mapping_server::MappingServer::new(MappingService(
+            Arc::clone(&shared),
+        )))
+        .add_service(pb::feedback_server::FeedbackServer::new(FeedbackService(
+            Arc::clone(&shared),
+        )))
+        .add_service(pb::admin_server::AdminServer::with_interceptor(
+            AdminService(Arc::clone(&shared)),
+            AdminAuth(token),
+        ))
+        .serve_with_shutdown(grpc_addr, async move {
+            shutdown.await;
+            tracing::info!("stopping: finishing the calls in flight and the round in progress");
+            stopper.stop();
+        });
+    // Calls in flight get SHUTDOWN_GRACE to finish (tonic's and axum's graceful shutdowns wait
+    // for every connection, which a client that never closes would hold forever); the round in
+    // progress always finishes and is stored, then the store is flushed.
+    let mut stopped = shared.stopping.subscribe();
+    let grace = async move {
+        let _ = stopped.wait_for(|&s| s).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::pin!(grace);
+    tokio::select! {
+        r = grpc => r?,
+        _ = &mut grace => tracing::warn!(?SHUTDOWN_GRACE, "gRPC calls still open; stopping anyway"),
+    }
+    tokio::select! {
+        r = http_task => r??,
+        _ = &mut grace => tracing::warn!(?SHUTDOWN_GRACE, "HTTP connections still open; stopping anyway"),
+    }
+    loop_task.await?;
+    shared.flush()?;
+    tracing::info!("stopped; the store is flushed");
+    Ok(())
+}
+
+/// How long calls in flight may take to finish once the service is asked to stop.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
