@@ -304,7 +304,7 @@ impl Config {
                 format!("{} is outside 1..=8760", self.record_retention_hours),
             ));
         }
-        if self.grpc_listen == self.http_listen {
+        if self.grpc_listen == self.http_listen && self.grpc_listen.port() != 0 {
             return Err(invalid(
                 "http_listen",
                 format!("{} is also grpc_listen", self.http_listen),

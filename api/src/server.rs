@@ -103,6 +103,11 @@ pub async fn serve(
         )
         .merge(dashboard);
     let http = tokio::net::TcpListener::bind(http_addr).await?;
+    // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
+    // tests find them without racing for free ports.
+    let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
+    let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
     let mut http_stop = shared.stopping.subscribe();
     let http_task = tokio::spawn(async move {
         axum::serve(
@@ -133,7 +138,7 @@ pub async fn serve(
             AdminService(Arc::clone(&shared)),
             AdminAuth(token),
         ))
-        .serve_with_shutdown(grpc_addr, async move {
+        .serve_with_incoming_shutdown(incoming(grpc_listener), async move {
             shutdown.await;
             tracing::info!("stopping: finishing the calls in flight and the round in progress");
             stopper.stop();
@@ -159,6 +164,18 @@ pub async fn serve(
     shared.flush()?;
     tracing::info!("stopped; the store is flushed");
     Ok(())
+}
+
+/// The connections `listener` accepts, with TCP_NODELAY (as tonic sets on its own listeners).
+fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        let s = s?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    })
 }
 
 /// How long calls in flight may take to finish once the service is asked to stop.

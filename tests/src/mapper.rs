@@ -52,6 +52,8 @@ pub fn free_ports() -> (SocketAddr, SocketAddr) {
 
 /// A configuration in its own temporary directory: the config file, the data directory, and the
 /// servers' logs. Servers started from it share the data directory (so a second one restarts).
+/// They listen on port 0, so no two tests race for a port: `grpc` and `http` are the addresses
+/// the last server started reported (its "listening" log line).
 pub struct Setup {
     pub dir: TempDir,
     pub config: PathBuf,
@@ -60,19 +62,40 @@ pub struct Setup {
     starts: usize,
 }
 
+/// The addresses a server reported in its "listening" line, once it has.
+pub fn listening(log: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let line = log.lines().find(|l| l.contains(" listening "))?;
+    let field = |name: &str| -> Option<SocketAddr> {
+        let at = line.find(&format!("{name}="))? + name.len() + 1;
+        line[at..].split_whitespace().next()?.parse().ok()
+    };
+    Some((field("grpc")?, field("http")?))
+}
+
 impl Setup {
     /// The small demo world with the admin token (`with_token`) or without one.
     pub fn new(with_token: bool) -> Setup {
         Setup::with_extra(with_token, "")
     }
 
+    /// [`Setup::new`] on fixed ports, picked free now: for a test that must know the mapper's
+    /// address before the mapper runs (a front end started first).
+    pub fn with_fixed_ports(with_token: bool) -> Setup {
+        Setup::with(with_token, "", Some(free_ports()))
+    }
+
     /// [`Setup::new`] with `extra` appended to the configuration (TOML tables, say).
     pub fn with_extra(with_token: bool, extra: &str) -> Setup {
+        Setup::with(with_token, extra, None)
+    }
+
+    fn with(with_token: bool, extra: &str, ports: Option<(SocketAddr, SocketAddr)>) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-serve-")
             .tempdir()
             .expect("a temporary directory");
-        let (grpc, http) = free_ports();
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (grpc, http) = ports.unwrap_or((any, any));
         let data = dir.path().join("data");
         let token = if with_token {
             format!("admin_token = {TOKEN:?}\n")
@@ -122,12 +145,28 @@ impl Setup {
         )
     }
 
-    /// Starts `cdnmap serve --config FILE` and waits until its health service says SERVING.
+    /// Starts `cdnmap serve --config FILE`, waits for the addresses it listens on and until its
+    /// health service says SERVING.
     pub async fn start(&mut self) -> Server {
+        let mut process = self.spawn();
+        let started = Instant::now();
+        let (grpc, http) = loop {
+            process.assert_running();
+            if let Some(addrs) = listening(&process.log()) {
+                break addrs;
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "cdnmap serve said on no address within {READY_TIMEOUT:?}:\n{}",
+                process.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        (self.grpc, self.http) = (grpc, http);
         let mut server = Server {
-            process: self.spawn(),
-            grpc: self.grpc,
-            http: self.http,
+            process,
+            grpc,
+            http,
             channel: None,
         };
         server.wait_ready().await;

@@ -400,7 +400,8 @@ async fn status_codes_apex_records_and_truncation() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
-    let mut setup = Setup::new(true);
+    // The front end is told the mapper's address before the mapper exists: fixed ports.
+    let mut setup = Setup::with_fixed_ports(true);
     // The front end first, with no mapper: SERVFAIL (no map), never a wrong answer.
     let mut dns = Dns::start(setup.dir.path(), setup.grpc, "");
     std::thread::sleep(Duration::from_millis(500));

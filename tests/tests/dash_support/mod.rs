@@ -199,6 +199,17 @@ impl DashServer {
         let started = Instant::now();
         loop {
             self.process.assert_running();
+            // The server listens on port 0 and says where.
+            let Some((grpc, http)) = cdnmap_tests::mapper::listening(&self.log()) else {
+                assert!(
+                    started.elapsed() < READY_TIMEOUT,
+                    "cdnmap serve said on no address within {READY_TIMEOUT:?}:\n{}",
+                    self.log()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            (self.grpc, self.http) = (grpc, http);
             if TcpStream::connect(self.http).is_ok() {
                 let r = self.get("/api/status");
                 if r.status == 200 && r.json()["map_version"].as_u64().unwrap_or(0) >= 1 {
