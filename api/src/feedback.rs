@@ -214,11 +214,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 .collect();
         }
         self.store("load", &r.reporter, body).await?;
-        if let Ok(mut table) = self.0.server_loads.lock() {
-            for &(cluster, address, load) in &servers {
-                if !table.set(cluster, address, load) {
-                    tracing::warn!(cluster, %address, "server load table full; report dropped");
-                }
+        for &(cluster, address, load) in &servers {
+            if !self.0.server_loads.set(cluster, address, load) {
+                tracing::warn!(cluster, %address, "server load table full; report dropped");
             }
         }
         if let Ok(mut pending) = self.0.pending.lock() {

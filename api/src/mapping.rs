@@ -277,14 +277,12 @@ fn edge_of<'a>(
 }
 
 fn full_update(shared: &Shared, s: &Snapshot) -> pb::MapUpdate {
-    let loads = shared.server_loads.lock().ok();
-    let (policies, loads, config) = edge_of(shared, s, loads.as_deref());
+    let (policies, loads, config) = edge_of(shared, s, Some(&shared.server_loads));
     crate::watch::full_update(&crate::watch::Edge::new(&policies, loads, config), s)
 }
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
-    let loads = shared.server_loads.lock().ok();
-    let (policies, loads, config) = edge_of(shared, next, loads.as_deref());
+    let (policies, loads, config) = edge_of(shared, next, Some(&shared.server_loads));
     crate::watch::delta_update(
         &crate::watch::Edge::new(&policies, loads, config),
         prev,

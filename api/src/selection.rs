@@ -2,8 +2,9 @@
 //! last reported server loads, and their protobuf form in `WatchMap` (so every front end builds
 //! the same selectors as the mapper's own `Resolve`).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
+
+use dashmap::DashMap;
 
 use cdnmap_mapper::servers::{Policy, Servers, ServersError};
 use cdnmap_mapper::{ClusterIdx, Instance};
@@ -12,18 +13,25 @@ use cdnmap_proto::v1 as pb;
 /// The most (cluster, server) loads remembered; beyond it new servers' reports are refused.
 pub const MAX_SERVER_LOADS: usize = 1_000_000;
 
-/// The last reported load of each server, by (cluster id, address).
+/// The last reported load of each server, by (cluster id, address). Concurrent: load reports
+/// from many front ends write it while WatchMap conversions and publication read it, each
+/// locking one shard for one entry (under one mutex, a full map's conversion held every
+/// report back for its whole length).
 #[derive(Debug, Default)]
 pub struct ServerLoads {
-    loads: HashMap<(String, IpAddr), f64>,
+    loads: DashMap<(String, IpAddr), f64>,
 }
 
 impl ServerLoads {
     /// Records `load` for a server; `false` (and nothing recorded) when the table is full and
-    /// the server is new.
-    pub fn set(&mut self, cluster: &str, server: IpAddr, load: f64) -> bool {
+    /// the server is new. (Writers racing at the bound may pass it by one entry each.)
+    pub fn set(&self, cluster: &str, server: IpAddr, load: f64) -> bool {
         let key = (cluster.to_string(), server);
-        if self.loads.len() >= MAX_SERVER_LOADS && !self.loads.contains_key(&key) {
+        if let Some(mut known) = self.loads.get_mut(&key) {
+            *known = load;
+            return true;
+        }
+        if self.loads.len() >= MAX_SERVER_LOADS {
             return false;
         }
         self.loads.insert(key, load);
@@ -35,8 +43,7 @@ impl ServerLoads {
         // server per map version, so the small allocation does not matter.
         self.loads
             .get(&(cluster.to_string(), server))
-            .copied()
-            .unwrap_or(0.0)
+            .map_or(0.0, |l| *l)
     }
 
     pub fn len(&self) -> usize {
@@ -143,7 +150,7 @@ mod tests {
 
     #[test]
     fn the_load_table_is_bounded() {
-        let mut t = ServerLoads::default();
+        let t = ServerLoads::default();
         let a: IpAddr = "192.0.2.1".parse().unwrap();
         assert!(t.set("x", a, 3.0));
         assert_eq!(t.get("x", a), 3.0);

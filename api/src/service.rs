@@ -68,7 +68,7 @@ pub struct Shared {
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// In-cluster selection: the last reported server loads.
-    pub(crate) server_loads: Mutex<ServerLoads>,
+    pub(crate) server_loads: ServerLoads,
     /// The topology the last stored record's round started from, and its generation: the
     /// store writes the topology with a record only when it changed.
     pub(crate) stored_base: Mutex<(Option<Arc<Instance>>, u64)>,
@@ -177,7 +177,7 @@ impl Shared {
         let shared = Arc::new(Shared {
             driver: Mutex::new(driver),
             pending: Mutex::new(Pending::default()),
-            server_loads: Mutex::new(ServerLoads::default()),
+            server_loads: ServerLoads::default(),
             topology: Topology::start(store.clone(), topology, log),
             published: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
@@ -259,11 +259,8 @@ impl Shared {
     /// clusters, and is logged.
     fn publish(&self, snapshot: Arc<Snapshot>) {
         let instance = &snapshot.instance;
-        let built = match self.server_loads.lock() {
-            Ok(loads) => selection::build(instance, &self.policies(instance), &loads, &[])
-                .map_err(|e| e.to_string()),
-            Err(_) => Err("server load lock poisoned".to_string()),
-        };
+        let built = selection::build(instance, &self.policies(instance), &self.server_loads, &[])
+            .map_err(|e| e.to_string());
         let servers = match built {
             Ok(servers) => Some(servers),
             Err(e) => {

@@ -388,6 +388,9 @@ enum BenchCommand {
     /// effective preferences, solve, index, publish, persist): medians and maxima over the
     /// timed warm rounds, peak memory, the store's size.
     Round(crate::bench_round::RoundBenchArgs),
+    /// The table of reported server loads (a DashMap) against a HashMap behind one mutex:
+    /// one report written, every load read, and both at once; medians and the ratio.
+    ServerLoads(crate::bench_loads::LoadsBenchArgs),
     /// dnsperf against `cdnmap dns` (following a `cdnmap serve` it starts) and against gdnsd
     /// serving an equivalent static zone, on loopback: median queries per second, latency, and
     /// the ratio. Needs Debian's dnsperf and gdnsd.
@@ -411,6 +414,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::Solve(a)) => bench::solve(&a),
         Command::Bench(BenchCommand::Resolve(a)) => bench::resolve(&a),
         Command::Bench(BenchCommand::Round(a)) => crate::bench_round::round(&a),
+        Command::Bench(BenchCommand::ServerLoads(a)) => crate::bench_loads::server_loads(&a),
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),

@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod bench;
 pub mod bench_dns;
 pub mod bench_grpc;
+pub mod bench_loads;
 pub mod bench_round;
 pub mod cli;
 pub mod record;
