@@ -46,6 +46,28 @@ fn ms_since(t: std::time::Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
+impl Snapshot {
+    /// A snapshot read back from the store, as it was published: its identity, instance and
+    /// map, indexed with `rules` (no stats, churn or timings: no round made it here).
+    pub fn restored(
+        served: crate::store::Served,
+        rules: ClassRules,
+    ) -> Result<Snapshot, ModelError> {
+        let resolver = Resolver::new(&served.instance, &served.map, rules)?;
+        Ok(Snapshot {
+            epoch: served.epoch,
+            version: served.version,
+            solved_at_unix_ms: served.solved_at_unix_ms,
+            instance: served.instance,
+            map: served.map,
+            resolver,
+            stats: SolveStats::default(),
+            churn: None,
+            timings: RoundTimings::default(),
+        })
+    }
+}
+
 /// Why a round produced no map (the last good one stays published).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

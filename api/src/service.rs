@@ -191,23 +191,13 @@ impl Shared {
         });
         if let Some(s) = served {
             let rules = shared.rules(&s.instance)?;
-            let resolver = cdnmap_mapper::resolve::Resolver::new(&s.instance, &s.map, rules)?;
+            let snapshot = Snapshot::restored(s, rules)?;
             tracing::info!(
-                epoch = s.epoch,
-                version = s.version,
+                epoch = snapshot.epoch,
+                version = snapshot.version,
                 "serving the stored map until the first round"
             );
-            shared.publish(Arc::new(Snapshot {
-                epoch: s.epoch,
-                version: s.version,
-                solved_at_unix_ms: s.solved_at_unix_ms,
-                instance: s.instance,
-                map: s.map,
-                resolver,
-                stats: Default::default(),
-                churn: None,
-                timings: Default::default(),
-            }));
+            shared.publish(Arc::new(snapshot));
         }
         Ok(shared)
     }

@@ -22,12 +22,14 @@ const EPOCH_KEY: &[u8] = b"epoch";
 /// The published map with what it was solved with, self-contained: see [`Store::put_served`].
 const SERVED_KEY: &[u8] = b"served";
 /// The served record's header: its format and version.
-const SERVED_MAGIC: &[u8; 8] = b"CDNSRV02";
+const SERVED_MAGIC: &[u8; 8] = b"CDNSRV03";
 /// The topology the served record's round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
 /// The served record after its header (postcard): what the round changed of its base
-/// topology, the map, and the estimator's state.
+/// topology, and the map. The estimator's state follows it as it is, after its length (u64
+/// LE), in its own encoding (copied
+/// into a serde field it would go through serde a byte at a time, and be copied once more).
 #[derive(Debug, Serialize, Deserialize)]
 struct Record {
     epoch: u64,
@@ -38,7 +40,6 @@ struct Record {
     per_unit: Vec<cdnmap_mapper::PerUnit>,
     capacities: Vec<f64>,
     map: MapColumns,
-    estimates: Vec<u8>,
 }
 
 impl Record {
@@ -55,7 +56,6 @@ impl Record {
             per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
             capacities: inst.capacities(),
             map: MapColumns::of(s.map),
-            estimates: s.estimates.to_vec(),
         }
     }
 }
@@ -338,12 +338,16 @@ impl Store {
     /// the old pair or the new one. Durable when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
         let record = Record::of(served);
-        let mut bytes = Vec::with_capacity(16 + 8 * (3 * served.instance.unit_count()));
+        let mut bytes = Vec::with_capacity(
+            16 + 8 * (3 * served.instance.unit_count()) + served.estimates.len(),
+        );
         bytes.extend_from_slice(SERVED_MAGIC);
         postcard::to_io(&record, &mut bytes).map_err(|e| StoreError::Corrupt {
             what: format!("map version {} to store", served.version),
             problem: e.to_string(),
         })?;
+        bytes.extend_from_slice(&(served.estimates.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(served.estimates);
         let mut batch = sled::Batch::default();
         if served.write_base {
             let mut base = served.base_generation.to_be_bytes().to_vec();
@@ -385,7 +389,18 @@ impl Store {
                 String::from_utf8_lossy(SERVED_MAGIC)
             ))
         })?;
-        let record: Record = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+        let (record, rest): (Record, &[u8]) =
+            postcard::take_from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+        let (len, estimates) = rest.split_at(8.min(rest.len()));
+        let len = <[u8; 8]>::try_from(len)
+            .map(u64::from_le_bytes)
+            .map_err(|_| corrupt("cut short before the estimator's state".into()))?;
+        if len != estimates.len() as u64 {
+            return Err(corrupt(format!(
+                "the estimator's state is {} bytes where {len} were written",
+                estimates.len()
+            )));
+        }
         let base = self
             .served
             .get(BASE_KEY)
@@ -417,7 +432,7 @@ impl Store {
             solved_at_unix_ms: record.solved_at_unix_ms,
             instance,
             map,
-            estimates: record.estimates,
+            estimates: estimates.to_vec(),
         }))
     }
 

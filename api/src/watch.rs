@@ -187,7 +187,7 @@ mod tests {
 
     use crate::dns::local::{LocalError, LocalMap};
     use crate::round::round;
-    use crate::store::{Served, ServedRef, Store};
+    use crate::store::{ServedRef, Store};
 
     const CLASSES: [&str; 3] = ["web", "video", "apps"];
     const QNAMES: [&str; 3] = [
@@ -322,26 +322,9 @@ mod tests {
                 4,
             )
             .expect("store");
-        let Served {
-            epoch,
-            version,
-            solved_at_unix_ms,
-            instance,
-            map,
-            ..
-        } = store.served().expect("read").expect("stored");
-        let resolver = Resolver::new(&instance, &map, rules(config, &instance)).expect("index");
-        Snapshot {
-            epoch,
-            version,
-            solved_at_unix_ms,
-            instance,
-            map,
-            resolver,
-            stats: Default::default(),
-            churn: None,
-            timings: Default::default(),
-        }
+        let served = store.served().expect("read").expect("stored");
+        let rules = rules(config, &served.instance);
+        Snapshot::restored(served, rules).expect("index")
     }
 
     /// Every unit's prefix, a few hosts in it, every class's name: the front end's view and

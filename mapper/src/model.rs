@@ -742,38 +742,27 @@ impl Instance {
         per_unit: &[PerUnit],
         capacity_factor: &[f64],
     ) -> Result<Instance, ModelError> {
-        let mut topology = (*self.topology).clone();
-        if per_unit.len() != topology.classes.len() {
-            return Err(ModelError::TooMany {
-                subject: "the coefficients".into(),
-                what: "classes (one per traffic class is needed)",
-                count: per_unit.len(),
-                limit: topology.classes.len(),
-            });
-        }
-        if capacity_factor.len() != topology.clusters.len() {
+        let clusters = self.clusters();
+        if capacity_factor.len() != clusters.len() {
             return Err(ModelError::TooMany {
                 subject: "the capacity factors".into(),
                 what: "clusters (one per cluster is needed)",
                 count: capacity_factor.len(),
-                limit: topology.clusters.len(),
+                limit: clusters.len(),
             });
         }
-        for (class, p) in topology.classes.iter_mut().zip(per_unit) {
-            let subject = || format!("traffic class {:?}", class.name);
-            check_number(subject, "per_unit.bps", p.bps)?;
-            check_number(subject, "per_unit.fps", p.fps)?;
-            class.per_unit = *p;
-        }
-        for (cluster, &f) in topology.clusters.iter_mut().zip(capacity_factor) {
+        let mut capacities = Vec::with_capacity(self.node_count());
+        for (cluster, &f) in clusters.iter().zip(capacity_factor) {
             check_number(|| format!("cluster {:?}", cluster.id), "capacity factor", f)?;
-            if f != 1.0 {
-                for n in &mut cluster.nodes {
-                    n.capacity *= f;
+            capacities.extend(cluster.nodes.iter().map(|n| {
+                if f == 1.0 {
+                    n.capacity
+                } else {
+                    n.capacity * f
                 }
-            }
+            }));
         }
-        Ok(self.with_topology(topology))
+        self.with_capacities(per_unit, &capacities)
     }
 
     /// Every resource node's capacity (by global node index), as [`Instance::with_capacities`]
@@ -794,17 +783,29 @@ impl Instance {
         per_unit: &[PerUnit],
         capacities: &[f64],
     ) -> Result<Instance, ModelError> {
-        let ones = vec![1.0; self.clusters().len()];
-        let costed = self.with_costs(per_unit, &ones)?;
-        if capacities.len() != costed.node_count() {
+        let mut topology = (*self.topology).clone();
+        if per_unit.len() != topology.classes.len() {
+            return Err(ModelError::TooMany {
+                subject: "the coefficients".into(),
+                what: "classes (one per traffic class is needed)",
+                count: per_unit.len(),
+                limit: topology.classes.len(),
+            });
+        }
+        if capacities.len() != self.node_count() {
             return Err(ModelError::TooMany {
                 subject: "the capacities".into(),
                 what: "resource nodes (one per node is needed)",
                 count: capacities.len(),
-                limit: costed.node_count(),
+                limit: self.node_count(),
             });
         }
-        let mut topology = (*costed.topology).clone();
+        for (class, p) in topology.classes.iter_mut().zip(per_unit) {
+            let subject = || format!("traffic class {:?}", class.name);
+            check_number(subject, "per_unit.bps", p.bps)?;
+            check_number(subject, "per_unit.fps", p.fps)?;
+            class.per_unit = *p;
+        }
         let mut next = capacities.iter();
         for cluster in &mut topology.clusters {
             for n in &mut cluster.nodes {
@@ -817,7 +818,7 @@ impl Instance {
                 n.capacity = c;
             }
         }
-        Ok(costed.with_topology(topology))
+        Ok(self.with_topology(topology))
     }
 
     fn with_topology(&self, topology: Topology) -> Instance {
