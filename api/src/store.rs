@@ -529,6 +529,22 @@ mod tests {
         parse_instance(json.as_bytes(), Limits::default()).expect("valid")
     }
 
+    /// Opens the store again once the dropped one's background threads let go of its lock
+    /// (sled releases it a moment after the last handle is dropped).
+    fn reopen(path: &Path) -> Store {
+        let started = std::time::Instant::now();
+        loop {
+            match Store::open(path) {
+                Ok(s) => return s,
+                Err(e) if started.elapsed() < std::time::Duration::from_secs(10) => {
+                    assert!(e.to_string().contains("lock"), "reopen: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("reopen: {e}"),
+            }
+        }
+    }
+
     #[test]
     fn topology_and_maps_survive_a_restart() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -553,7 +569,7 @@ mod tests {
             }
             assert_eq!(store.map_count(), 3);
         }
-        let store = Store::open(dir.path()).expect("reopen");
+        let store = reopen(dir.path());
         assert_eq!(store.next_epoch().expect("epoch"), 2);
         let back = store
             .topology(Limits::default())
