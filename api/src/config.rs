@@ -133,8 +133,8 @@ impl Default for PolicyConfig {
 }
 
 impl PolicyConfig {
-    pub fn policy(&self) -> cdnmap_mapper::servers::Policy {
-        use cdnmap_mapper::servers::Policy;
+    pub fn policy(&self) -> cdnmap_serve::servers::Policy {
+        use cdnmap_serve::servers::Policy;
         let vnodes = self.vnodes;
         match self.policy {
             PolicyName::Consistent => Policy::Consistent { vnodes },
@@ -149,7 +149,7 @@ impl SelectionConfig {
     pub fn policies(
         &self,
         instance: &cdnmap_mapper::Instance,
-    ) -> Vec<cdnmap_mapper::servers::Policy> {
+    ) -> Vec<cdnmap_serve::servers::Policy> {
         instance
             .clusters()
             .iter()

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::resolve::ClassRules;
 use cdnmap_mapper::{Instance, ModelError, Stickiness, UnitIdx};
+use cdnmap_serve::resolve::ClassRules;
 
 use crate::round::{round, RoundError, Snapshot};
 

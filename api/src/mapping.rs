@@ -6,9 +6,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cdnmap_mapper::resolve::MAX_QNAME_LEN;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_BATCH_QUERIES;
+use cdnmap_serve::resolve::MAX_QNAME_LEN;
 use ipnet::IpNet;
 use tokio::sync::broadcast;
 use tokio_stream::Stream;
@@ -108,7 +108,7 @@ impl MappingService {
         &self,
         p: &Published,
         qtype: u32,
-        answer: &cdnmap_mapper::resolve::Answer,
+        answer: &cdnmap_serve::resolve::Answer,
         qname: &str,
     ) -> pb::ResolveResponse {
         let s = &p.snapshot;
@@ -269,7 +269,7 @@ fn edge_of<'a>(
     s: &Snapshot,
     loads: Option<&'a ServerLoads>,
 ) -> (
-    Vec<cdnmap_mapper::servers::Policy>,
+    Vec<cdnmap_serve::servers::Policy>,
     Option<&'a ServerLoads>,
     &'a Config,
 ) {

@@ -5,11 +5,11 @@
 
 use std::collections::HashMap;
 
-use cdnmap_mapper::resolve::{ClassRules, Resolver};
 use cdnmap_mapper::{
     churn, favour_incumbents, solve, solve_seeded, verify, Allocation, Instance, Map, ModelError,
     SolveOptions, SolveStats, Stickiness, UnitIdx,
 };
+use cdnmap_serve::resolve::{ClassRules, Resolver};
 
 /// One published map version: everything a query needs, never changed after it is built.
 #[derive(Debug, Clone)]

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 
 use dashmap::DashMap;
 
-use cdnmap_mapper::servers::{Policy, Servers, ServersError};
 use cdnmap_mapper::{ClusterIdx, Instance};
 use cdnmap_proto::v1 as pb;
+use cdnmap_serve::servers::{Policy, Servers, ServersError};
 
 /// The most (cluster, server) loads remembered; beyond it new servers' reports are refused.
 pub const MAX_SERVER_LOADS: usize = 1_000_000;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use cdnmap_estimator::state::Estimates;
-use cdnmap_mapper::resolve::ClassRules;
-use cdnmap_mapper::servers::Servers;
 use cdnmap_mapper::{ClusterState, Instance, Limits};
+use cdnmap_serve::resolve::ClassRules;
+use cdnmap_serve::servers::Servers;
 use tokio::sync::broadcast;
 use tonic::Status;
 
@@ -239,7 +239,7 @@ impl Shared {
     }
 
     /// The selection policy of each cluster of `instance`.
-    pub(crate) fn policies(&self, instance: &Instance) -> Vec<cdnmap_mapper::servers::Policy> {
+    pub(crate) fn policies(&self, instance: &Instance) -> Vec<cdnmap_serve::servers::Policy> {
         self.config.selection.policies(instance)
     }
 

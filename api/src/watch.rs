@@ -3,9 +3,9 @@
 //! `dns::local` (which applies them) are the only places that convert WatchMap messages; every
 //! share a front end holds comes from [`crate::round::shares`], like the deltas' comparison.
 
-use cdnmap_mapper::servers::Policy;
 use cdnmap_mapper::{ClusterState, UnitIdx};
 use cdnmap_proto::v1 as pb;
+use cdnmap_serve::servers::Policy;
 
 use crate::config::Config;
 use crate::round::{changed_units, Snapshot};
@@ -179,8 +179,8 @@ mod tests {
     use cdnmap_mapper::format::{
         CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
     };
-    use cdnmap_mapper::resolve::{ClassRules, Resolver};
     use cdnmap_mapper::{Instance, Limits, PerUnit, ResourceKind, Stickiness, TrafficClass};
+    use cdnmap_serve::resolve::{ClassRules, Resolver};
     use ipnet::IpNet;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;

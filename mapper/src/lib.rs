@@ -9,9 +9,6 @@ pub mod format;
 pub mod map;
 pub mod model;
 mod parts;
-pub mod resolve;
-pub mod select;
-pub mod servers;
 pub mod solve;
 pub mod sticky;
 #[cfg(test)]

@@ -462,7 +462,7 @@ fn time_each(runs: usize, mut f: impl FnMut() -> u64) -> (Duration, Vec<Duration
 }
 
 pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
-    use cdnmap_mapper::resolve::{ClassRules, Resolver};
+    use cdnmap_serve::resolve::{ClassRules, Resolver};
 
     ensure!(a.runs >= 1, "--runs must be at least 1");
     ensure!(a.queries >= 1, "--queries must be at least 1");

@@ -24,8 +24,8 @@ use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::Snapshot;
 use cdnmap_estimator::forecast::ForecastConfig;
 use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::resolve::ClassRules;
 use cdnmap_mapper::{ClassIdx, ClusterState, Instance, PerUnit, ResourceKind, Stickiness, UnitIdx};
+use cdnmap_serve::resolve::ClassRules;
 use ipnet::IpNet;
 
 use crate::trace::{Header, Record};

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cdnmap_mapper::select::{key_hash, BoundedLoads, PowerOfD, Ring, Selector, ServerIdx};
+use cdnmap_select::{key_hash, BoundedLoads, PowerOfD, Ring, Selector, ServerIdx};
 use clap::Args;
 
 #[derive(Args, Debug)]

@@ -405,8 +405,8 @@ pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<Candi
 mod tests {
     use super::*;
     use cdnmap_mapper::format::parse_instance;
-    use cdnmap_mapper::resolve::ClassRules;
     use cdnmap_mapper::{Limits, Stickiness};
+    use cdnmap_serve::resolve::ClassRules;
 
     /// DESIGN.md's worked example, with a second cluster "far" for what is evicted: "near"
     /// (fps node B of capacity 30 under bps root A) prefers apps; 20 video then 26 apps.

@@ -114,7 +114,7 @@ pub struct Front {
     pub view: ArcSwapOption<LocalView>,
     /// Selectors rebuilt each report period over the hostnames seen (bounded loads), for the
     /// view version they were built for.
-    pub servers: ArcSwapOption<(u64, cdnmap_mapper::servers::Servers)>,
+    pub servers: ArcSwapOption<(u64, cdnmap_serve::servers::Servers)>,
     pub ttl: u32,
     pub max_udp_payload: u16,
     pub demand: DemandCounter,

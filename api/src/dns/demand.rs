@@ -101,7 +101,7 @@ impl DemandCounter {
     /// Counts a query for hostname `qname`.
     pub fn count_host(&self, qname: &str) {
         let mut key = String::with_capacity(qname.len());
-        cdnmap_mapper::servers::content_key(qname, &mut key);
+        cdnmap_serve::servers::content_key(qname, &mut key);
         let mut shard = self.shard();
         if let Some(c) = shard.hosts.get_mut(&key) {
             *c += 1;

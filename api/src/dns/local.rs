@@ -15,12 +15,12 @@ use std::sync::Arc;
 use cdnmap_mapper::format::{
     CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
 };
-use cdnmap_mapper::resolve::{ClassRules, Resolver};
-use cdnmap_mapper::servers::{Policy, Servers};
 use cdnmap_mapper::{
     Allocation, ClassIdx, ClusterIdx, Limits, Map, PerUnit, ResourceKind, TrafficClass,
 };
 use cdnmap_proto::v1 as pb;
+use cdnmap_serve::resolve::{ClassRules, Resolver};
+use cdnmap_serve::servers::{Policy, Servers};
 use ipnet::IpNet;
 
 /// Most map units a front end holds.

@@ -4,7 +4,7 @@
 //! Each round Poisson(λ·n) balls arrive at once. Each ball looks at d bins drawn uniformly (with
 //! replacement) and joins the least loaded of them by the loads *as they were at the start of the
 //! round* — it knows nothing of the other balls of its round — with power-of-d's own rule,
-//! [`cdnmap_mapper::select::least_loaded`]. Then every non-empty bin finishes one ball. The
+//! [`cdnmap_select::least_loaded`]. Then every non-empty bin finishes one ball. The
 //! max load is read at the end of a round.
 //!
 //! Two engines run this process:
@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use cdnmap_mapper::select::{least_loaded, ServerIdx, MAX_D};
+use cdnmap_select::{least_loaded, ServerIdx, MAX_D};
 use clap::{Args, ValueEnum};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;

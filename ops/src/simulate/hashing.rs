@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use cdnmap_mapper::select::{BoundedLoads, Ring, ServerIdx, MAX_D};
+use cdnmap_select::{BoundedLoads, Ring, ServerIdx, MAX_D};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -12,7 +12,7 @@
 //! - On arrival a user picks k distinct servers at random and tries them in turn (request r goes
 //!   to candidate r mod k) until each has served τ of its requests; it then stays for good with
 //!   the one that had the fewest misses — the least "loaded" by misses, chosen with power-of-d's
-//!   own rule [`cdnmap_mapper::select::least_loaded`] (ties: the earliest candidate).
+//!   own rule [`cdnmap_select::least_loaded`] (ties: the earliest candidate).
 //! - A user is *at 100%* when its last `judge` requests since choosing all hit.
 //!
 //! Reported per scenario, over `runs` seeds: the share of users at 100% over time, the runs in
@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use cdnmap_mapper::select::{least_loaded, ServerIdx};
+use cdnmap_select::{least_loaded, ServerIdx};
 use clap::Args;
 use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};

@@ -19,12 +19,12 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use cdnmap_mapper::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
 use cdnmap_mapper::{
     solve, Allocation, CandidateSpec, ClassIdx, ClusterIdx, ClusterSpec, ClusterState, Instance,
     InstanceBuilder, Limits, Map, MapUnitSpec, ModelError, PerUnit, ResourceKind, ResourceNodeSpec,
     SolveOptions, TrafficClass, UnitIdx,
 };
+use cdnmap_serve::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};

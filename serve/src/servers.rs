@@ -13,9 +13,10 @@
 
 use std::net::IpAddr;
 
-use crate::model::{ClusterIdx, Instance};
+use cdnmap_mapper::model::{ClusterIdx, Instance};
+use cdnmap_select::{BoundedLoads, PowerOfD, Ring, SelectError, Selector, ServerIdx};
+
 use crate::resolve::{Answer, MAX_QNAME_LEN};
-use crate::select::{BoundedLoads, PowerOfD, Ring, SelectError, Selector, ServerIdx};
 
 /// Servers an answer takes from its primary cluster.
 pub const PRIMARY_SERVERS: usize = 2;
@@ -80,7 +81,7 @@ impl Policy {
                 Err(bad("c", c, "must be above 1 and at most 100"))
             }
             Policy::BoundedLoads { .. } => Ok(()),
-            Policy::PowerOfD { d, .. } if !(1..=crate::select::MAX_D as u32).contains(&d) => {
+            Policy::PowerOfD { d, .. } if !(1..=cdnmap_select::MAX_D as u32).contains(&d) => {
                 Err(bad("d", f64::from(d), "must be in 1..=16"))
             }
             Policy::PowerOfD { .. } => Ok(()),
@@ -268,8 +269,8 @@ impl Servers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::parse_instance;
-    use crate::model::Limits;
+    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_mapper::model::Limits;
 
     fn instance() -> Instance {
         let cluster = |id: &str, addrs: &[&str]| {

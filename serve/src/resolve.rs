@@ -27,10 +27,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::error::ModelError;
-use crate::map::Map;
-use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
-use crate::solve::prefetch;
+use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
+use cdnmap_mapper::{Map, ModelError};
+
+use crate::prefetch;
 
 /// At most this many hostname rules.
 pub const MAX_CLASS_RULES: usize = 10_000;
@@ -409,11 +409,11 @@ impl Resolver {
         for u in 0..instance.unit_count() as UnitIdx {
             // From the shares (`map::unit_shares`), not the amounts: a front end holds only
             // the shares, and splits alike.
-            let total: f64 = crate::map::unit_shares(instance, map, u)
+            let total: f64 = cdnmap_mapper::map::unit_shares(instance, map, u)
                 .map(|(_, s)| s)
                 .sum();
             let mut cum = 0.0;
-            for (cluster, s) in crate::map::unit_shares(instance, map, u) {
+            for (cluster, s) in cdnmap_mapper::map::unit_shares(instance, map, u) {
                 cum += s / total;
                 alloc_cluster.push(cluster);
                 alloc_cum.push(cum as f32);
@@ -708,7 +708,7 @@ fn hash(client: IpNet, qname: &str) -> u64 {
 /// Per class, the two up clusters serving it with the most room for one more unit of demand
 /// (the smallest free share along the class's path).
 fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
-    let used = crate::map::node_usage(instance, map);
+    let used = cdnmap_mapper::map::node_usage(instance, map);
     (0..instance.classes().len())
         .map(|k| {
             let k = k as ClassIdx;
@@ -742,9 +742,9 @@ fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::parse_instance;
-    use crate::model::Limits;
-    use crate::{solve, SolveOptions};
+    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_mapper::model::Limits;
+    use cdnmap_mapper::{solve, SolveOptions};
 
     fn instance() -> Instance {
         let json = r#"{

@@ -8,7 +8,7 @@
 //! - power-of-d picks the least loaded of the key's first d distinct ring servers;
 //! - the balance of consistent hashing (max / average load) improves with more virtual nodes.
 
-use cdnmap_mapper::select::{BoundedLoads, PowerOfD, Ring, Selector, ServerIdx};
+use cdnmap_select::{BoundedLoads, PowerOfD, Ring, Selector, ServerIdx};
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
