@@ -68,7 +68,7 @@ fn cluster_pb(inst: &Instance, c: usize) -> pb::Cluster {
         lat: cl.lat,
         lon: cl.lon,
         addresses: cl.addresses.iter().map(|a| a.to_string()).collect(),
-        state: crate::watch::state_pb(cl.state) as i32,
+        state: cdnmap_serve::watch::state_pb(cl.state) as i32,
         resources: Some(node(inst, cl, 0)),
     }
 }
@@ -135,7 +135,7 @@ fn node_from_pb(n: pb::ResourceNode, path: &str) -> Result<NestedNode, Status> {
 
 fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
     // A cluster upserted without a state is up.
-    let state = match (c.state, crate::watch::state_from_pb(c.state)) {
+    let state = match (c.state, cdnmap_serve::watch::state_from_pb(c.state)) {
         (_, Some(s)) => s,
         (0, None) => ClusterState::Up,
         (_, None) => {
@@ -382,7 +382,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::Cluster>, Status> {
         let actor = crate::dashboard::Actor::of_grpc(&request);
         let r = request.into_inner();
-        let state = crate::watch::state_from_pb(r.state)
+        let state = cdnmap_serve::watch::state_from_pb(r.state)
             .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
         let applied = self
             .0

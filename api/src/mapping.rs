@@ -14,10 +14,9 @@ use tokio::sync::broadcast;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::config::Config;
 use crate::round::Snapshot;
-use crate::selection::ServerLoads;
 use crate::service::{invalid, Published, Shared, MAX_ANSWER_ADDRESSES};
+use crate::watch::EdgeParts;
 
 /// The `Mapping` service.
 pub struct MappingService(pub Arc<Shared>);
@@ -209,9 +208,7 @@ impl pb::mapping_server::Mapping for MappingService {
         let stream = async_stream(move |tx| async move {
             let mut last: Option<Arc<Snapshot>> = None;
             if let Some(s) = first {
-                if (s.epoch, s.version) != known
-                    && tx.send(Ok(full_update(&shared, &s))).await.is_err()
-                {
+                if (s.epoch, s.version) != known && !send_full(&shared, &s, &tx).await {
                     return;
                 }
                 last = Some(s);
@@ -226,7 +223,7 @@ impl pb::mapping_server::Mapping for MappingService {
                     Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
                         Some(s) => {
                             // Fell behind: start again from a full map.
-                            if tx.send(Ok(full_update(&shared, &s))).await.is_err() {
+                            if !send_full(&shared, &s, &tx).await {
                                 return;
                             }
                             last = Some(s);
@@ -236,13 +233,15 @@ impl pb::mapping_server::Mapping for MappingService {
                     },
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                let update = match &last {
-                    Some(prev) if prev.version + 1 == next.version => {
-                        delta_update(&shared, prev, &next)
+                let sent = match &last {
+                    Some(prev) if (prev.epoch, prev.version + 1) == (next.epoch, next.version) => {
+                        tx.send(Ok(delta_update(&shared, prev, &next)))
+                            .await
+                            .is_ok()
                     }
-                    _ => full_update(&shared, &next),
+                    _ => send_full(&shared, &next, &tx).await,
                 };
-                if tx.send(Ok(update)).await.is_err() {
+                if !sent {
                     return;
                 }
                 last = Some(next);
@@ -263,31 +262,30 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// The edge settings a WatchMap message carries besides the snapshot.
-fn edge_of<'a>(
-    shared: &'a Shared,
+/// Sends the whole map of `s`, part by part (each made when the channel has room, so a stream
+/// holds one part at a time); `false` when the client is gone.
+async fn send_full(
+    shared: &Shared,
     s: &Snapshot,
-    loads: Option<&'a ServerLoads>,
-) -> (
-    Vec<cdnmap_serve::servers::Policy>,
-    Option<&'a ServerLoads>,
-    &'a Config,
-) {
-    (shared.policies(&s.instance), loads, &shared.config)
-}
-
-fn full_update(shared: &Shared, s: &Snapshot) -> pb::MapUpdate {
-    let (policies, loads, config) = edge_of(shared, s, Some(&shared.server_loads));
-    crate::watch::full_update(&crate::watch::Edge::new(&policies, loads, config), s)
+    tx: &tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>,
+) -> bool {
+    let policies = shared.policies(&s.instance);
+    for part in 0..crate::watch::full_parts(s) {
+        let msg = {
+            let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
+            crate::watch::full_part(&edge, s, part)
+        };
+        if tx.send(Ok(msg)).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
-    let (policies, loads, config) = edge_of(shared, next, Some(&shared.server_loads));
-    crate::watch::delta_update(
-        &crate::watch::Edge::new(&policies, loads, config),
-        prev,
-        next,
-    )
+    let policies = shared.policies(&next.instance);
+    let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
+    crate::watch::delta_update(&edge, prev, next)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use cdnmap_mapper::{
     SolveOptions, SolveStats, Stickiness, UnitIdx,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
+use cdnmap_serve::ServeError;
 
 /// One published map version: everything a query needs, never changed after it is built.
 #[derive(Debug, Clone)]
@@ -52,8 +53,8 @@ impl Snapshot {
     pub fn restored(
         served: crate::store::Served,
         rules: ClassRules,
-    ) -> Result<Snapshot, ModelError> {
-        let resolver = Resolver::new(&served.instance, &served.map, rules)?;
+    ) -> Result<Snapshot, ServeError> {
+        let resolver = Resolver::of_solution(&served.instance, &served.map, rules)?;
         Ok(Snapshot {
             epoch: served.epoch,
             version: served.version,
@@ -74,6 +75,8 @@ impl Snapshot {
 pub enum RoundError {
     #[error("building the round's preferences: {0}")]
     Model(#[from] ModelError),
+    #[error("indexing the map for queries: {0}")]
+    Serve(#[from] ServeError),
     #[error("the map failed verification: {0}")]
     Verify(String),
 }
@@ -129,7 +132,7 @@ pub fn round(
         }
     };
     let t = std::time::Instant::now();
-    let resolver = Resolver::new(instance, &map, rules)?;
+    let resolver = Resolver::of_solution(instance, &map, rules)?;
     timings.index_ms = ms_since(t);
     Ok(Snapshot {
         epoch,
@@ -222,60 +225,10 @@ pub fn utilization(instance: &Instance, map: &Map) -> Vec<f64> {
         .collect()
 }
 
-/// The id of the cluster unit `u` of `s` names second when its demand sits at one cluster.
-fn backup_id(s: &Snapshot, u: UnitIdx) -> Option<&str> {
-    s.resolver
-        .backup(u)
-        .map(|c| s.instance.clusters()[c as usize].id.as_str())
-}
-
-/// Unit `u`'s placement as shares of its demand, in the map's order: (cluster, share), each
-/// in (0, 1] (an allocation of nothing is left out), and its overflow share. The one
-/// definition of what WatchMap sends and of what a delta compares, so that a front end that
-/// applied every delta holds exactly the shares of a full map.
-pub fn shares(s: &Snapshot, u: UnitIdx) -> (Vec<(cdnmap_mapper::ClusterIdx, f64)>, f64) {
-    let placed = cdnmap_mapper::map::unit_shares(&s.instance, &s.map, u).collect();
-    let overflow = cdnmap_mapper::map::share(s.map.overflow(u), s.instance.unit_demand(u));
-    (placed, overflow)
-}
-
-/// The map units of `new` whose answer may differ from `old`'s (by id: shares per cluster id,
-/// compared exactly, overflow share, backup cluster, class or prefixes), and the ids of
-/// `old`'s units that `new` no longer has: what a WatchMap delta carries.
+/// The map units of `new` whose answer may differ from `old`'s, and the ids of `old`'s units
+/// that `new` no longer has: what a WatchMap delta carries (`cdnmap_serve::watch` compares).
 pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<String>) {
-    fn by_id(s: &Snapshot, u: UnitIdx) -> (Vec<(&str, f64)>, f64) {
-        let (placed, overflow) = shares(s, u);
-        let mut v: Vec<(&str, f64)> = placed
-            .into_iter()
-            .map(|(c, x)| (s.instance.clusters()[c as usize].id.as_str(), x))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(b.0));
-        (v, overflow)
-    }
-    fn class(s: &Snapshot, u: UnitIdx) -> &str {
-        s.instance.classes()[usize::from(s.instance.unit_class(u))]
-            .name
-            .as_str()
-    }
-    let changed = (0..new.instance.unit_count() as UnitIdx)
-        .filter(
-            |&u| match old.instance.unit_index(new.instance.unit_id(u)) {
-                None => true,
-                Some(o) => {
-                    by_id(old, o) != by_id(new, u)
-                        || backup_id(old, o) != backup_id(new, u)
-                        || class(old, o) != class(new, u)
-                        || old.instance.unit_prefixes(o) != new.instance.unit_prefixes(u)
-                }
-            },
-        )
-        .collect();
-    let removed = (0..old.instance.unit_count() as UnitIdx)
-        .map(|u| old.instance.unit_id(u))
-        .filter(|id| new.instance.unit_index(id).is_none())
-        .map(str::to_string)
-        .collect();
-    (changed, removed)
+    cdnmap_serve::watch::changed_units(old.resolver.map(), new.resolver.map())
 }
 
 #[cfg(test)]
@@ -309,7 +262,7 @@ mod tests {
     }
 
     fn rules(inst: &Instance) -> ClassRules {
-        ClassRules::new(inst, &[], "web").expect("rules")
+        ClassRules::for_instance(inst, &[], "web").expect("rules")
     }
 
     #[test]
@@ -381,7 +334,8 @@ mod tests {
             .collect();
         assert_eq!(backup_only.len(), 1, "{backup_only:?}");
         assert_eq!(
-            backup_id(&s2, s2.instance.unit_index(backup_only[0]).expect("unit")),
+            s2.resolver
+                .backup(s2.instance.unit_index(backup_only[0]).expect("unit")),
             None
         );
         assert!((s2.churn.expect("churn") - 0.75).abs() < 1e-12);

@@ -1,14 +1,13 @@
-//! In-cluster server selection at the service edge: the policies from the configuration, the
-//! last reported server loads, and their protobuf form in `WatchMap` (so every front end builds
-//! the same selectors as the mapper's own `Resolve`).
+//! In-cluster server selection at the service edge: the selectors of a published map, over the
+//! last reported server loads (their protobuf form is `cdnmap_serve::watch`'s).
 
 use std::net::IpAddr;
 
 use dashmap::DashMap;
 
-use cdnmap_mapper::{ClusterIdx, Instance};
-use cdnmap_proto::v1 as pb;
+use cdnmap_mapper::ClusterIdx;
 use cdnmap_serve::servers::{Policy, Servers, ServersError};
+use cdnmap_serve::ServingCluster;
 
 /// The most (cluster, server) loads remembered; beyond it new servers' reports are refused.
 pub const MAX_SERVER_LOADS: usize = 1_000_000;
@@ -66,87 +65,22 @@ pub struct Published {
 /// bounded-loads selectors answer like the plain ring; front ends build theirs over the
 /// hostnames they see.
 pub fn build(
-    instance: &Instance,
+    clusters: &[ServingCluster],
     policies: &[Policy],
     loads: &ServerLoads,
     keys: &[(&str, f64)],
 ) -> Result<Servers, ServersError> {
-    let clusters = instance.clusters();
     Servers::build(
-        instance,
+        clusters,
         policies,
         |c: ClusterIdx, a| loads.get(&clusters[c as usize].id, a),
         keys,
     )
 }
 
-pub fn policy_pb(policy: &Policy) -> pb::ServerSelection {
-    let mut out = pb::ServerSelection {
-        policy: policy.name().to_string(),
-        vnodes: policy.vnodes(),
-        c: 0.0,
-        d: 0,
-    };
-    match *policy {
-        Policy::Consistent { .. } => {}
-        Policy::BoundedLoads { c, .. } => out.c = c,
-        Policy::PowerOfD { d, .. } => out.d = d,
-    }
-    out
-}
-
-/// The policy a `WatchMap` cluster carries; an absent selection is the default policy.
-pub fn policy_from_pb(s: Option<&pb::ServerSelection>) -> Result<Policy, String> {
-    let Some(s) = s else {
-        return Ok(Policy::default());
-    };
-    let policy = match s.policy.as_str() {
-        "consistent" => Policy::Consistent { vnodes: s.vnodes },
-        "bounded" => Policy::BoundedLoads {
-            vnodes: s.vnodes,
-            c: s.c,
-        },
-        "power-of-d" => Policy::PowerOfD {
-            vnodes: s.vnodes,
-            d: s.d,
-        },
-        other => {
-            return Err(format!(
-                "unknown policy {other:?} (consistent, bounded or power-of-d)"
-            ))
-        }
-    };
-    policy.validate().map_err(|e| e.to_string())?;
-    Ok(policy)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn policies_survive_the_wire() {
-        for p in [
-            Policy::Consistent { vnodes: 7 },
-            Policy::BoundedLoads { vnodes: 9, c: 1.5 },
-            Policy::PowerOfD { vnodes: 3, d: 4 },
-        ] {
-            assert_eq!(policy_from_pb(Some(&policy_pb(&p))), Ok(p));
-        }
-        assert_eq!(policy_from_pb(None), Ok(Policy::default()));
-        let bad = pb::ServerSelection {
-            policy: "random".into(),
-            ..Default::default()
-        };
-        assert!(policy_from_pb(Some(&bad)).unwrap_err().contains("random"));
-        let bad = pb::ServerSelection {
-            policy: "bounded".into(),
-            vnodes: 10,
-            c: 0.5,
-            d: 0,
-        };
-        assert!(policy_from_pb(Some(&bad)).unwrap_err().contains("c is 0.5"));
-    }
 
     #[test]
     fn the_load_table_is_bounded() {

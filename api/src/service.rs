@@ -203,7 +203,7 @@ impl Shared {
     }
 
     fn rules(&self, instance: &Instance) -> Result<ClassRules, cdnmap_mapper::ModelError> {
-        ClassRules::new(
+        ClassRules::for_instance(
             instance,
             &self.config.class_rule_pairs(),
             &self.config.default_class,
@@ -248,8 +248,9 @@ impl Shared {
     /// validated, so only an internal error) leaves answers naming every address of their
     /// clusters, and is logged.
     fn publish(&self, snapshot: Arc<Snapshot>) {
-        let instance = &snapshot.instance;
-        let built = selection::build(instance, &self.policies(instance), &self.server_loads, &[])
+        let clusters = snapshot.resolver.map().clusters();
+        let policies = self.policies(&snapshot.instance);
+        let built = selection::build(clusters, &policies, &self.server_loads, &[])
             .map_err(|e| e.to_string());
         let servers = match built {
             Ok(servers) => Some(servers),

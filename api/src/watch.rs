@@ -1,173 +1,80 @@
-//! WatchMap's messages, the mapper's side: a published [`Snapshot`] as a full map or as the
-//! delta from the version before, and the protobuf form of a cluster's state. This module and
-//! `dns::local` (which applies them) are the only places that convert WatchMap messages; every
-//! share a front end holds comes from [`crate::round::shares`], like the deltas' comparison.
+//! WatchMap on the mapper's side: a published [`Snapshot`] as a full map (in parts) or as the
+//! delta from the version before. The messages themselves are made by `cdnmap_serve::watch`,
+//! the one place that converts WatchMap, from the snapshot's serving map; this module gives
+//! them what the service adds (selection policies, server loads, hostname rules).
 
-use cdnmap_mapper::{ClusterState, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use cdnmap_serve::servers::Policy;
+use cdnmap_serve::watch::{self as wire, Edge, Identity};
 
 use crate::config::Config;
-use crate::round::{changed_units, Snapshot};
+use crate::round::Snapshot;
 use crate::selection::ServerLoads;
 
 /// What a message carries besides the snapshot: each cluster's selection policy (by cluster
 /// index of the snapshot's instance), the last reported server loads, and the configuration's
 /// hostname rules and default class.
-pub struct Edge<'a> {
+pub struct EdgeParts<'a> {
     policies: &'a [Policy],
     loads: Option<&'a ServerLoads>,
-    config: &'a Config,
+    rules: Vec<(String, String)>,
+    default_class: &'a str,
 }
 
-impl<'a> Edge<'a> {
+impl<'a> EdgeParts<'a> {
     pub fn new(policies: &'a [Policy], loads: Option<&'a ServerLoads>, config: &'a Config) -> Self {
-        Edge {
+        EdgeParts {
             policies,
             loads,
-            config,
+            rules: config.class_rule_pairs(),
+            default_class: &config.default_class,
         }
     }
-}
 
-/// A cluster's state on the wire.
-pub fn state_pb(state: ClusterState) -> pb::ClusterState {
-    match state {
-        ClusterState::Up => pb::ClusterState::Up,
-        ClusterState::Drained => pb::ClusterState::Drained,
-        ClusterState::Down => pb::ClusterState::Down,
+    fn with<R>(&self, f: impl FnOnce(&Edge<'_>) -> R) -> R {
+        let loads = self.loads;
+        let load = move |cluster: &str, a| loads.map_or(0.0, |l| l.get(cluster, a));
+        f(&Edge {
+            policies: self.policies,
+            load: &load,
+            rules: &self.rules,
+            default_class: self.default_class,
+        })
     }
 }
 
-/// A cluster's state from the wire: `None` for `UNSPECIFIED` (each caller says what that
-/// means) and for a number that is no state.
-pub fn state_from_pb(value: i32) -> Option<ClusterState> {
-    match pb::ClusterState::try_from(value) {
-        Ok(pb::ClusterState::Up) => Some(ClusterState::Up),
-        Ok(pb::ClusterState::Drained) => Some(ClusterState::Drained),
-        Ok(pb::ClusterState::Down) => Some(ClusterState::Down),
-        Ok(pb::ClusterState::Unspecified) | Err(_) => None,
-    }
-}
-
-fn unit_pb(s: &Snapshot, u: UnitIdx) -> pb::UnitMapping {
-    let (placed, overflow_share) = crate::round::shares(s, u);
-    let clusters = s.instance.clusters();
-    pb::UnitMapping {
-        id: s.instance.unit_id(u).to_string(),
-        traffic_class: s.instance.classes()[usize::from(s.instance.unit_class(u))]
-            .name
-            .clone(),
-        prefixes: s
-            .instance
-            .unit_prefixes(u)
-            .iter()
-            .map(|p| p.to_string())
-            .collect(),
-        shares: placed
-            .into_iter()
-            .map(|(c, share)| pb::ClusterShare {
-                cluster: clusters[c as usize].id.clone(),
-                share,
-            })
-            .collect(),
-        overflow_share,
-        backup_cluster: s
-            .resolver
-            .backup(u)
-            .map_or(String::new(), |c| clusters[c as usize].id.clone()),
-    }
-}
-
-fn clusters_pb(edge: &Edge<'_>, s: &Snapshot) -> Vec<pb::ClusterAddresses> {
-    let (policies, loads) = (edge.policies, edge.loads);
-    s.instance
-        .clusters()
-        .iter()
-        .zip(policies)
-        .map(|(c, policy)| pb::ClusterAddresses {
-            id: c.id.clone(),
-            addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
-            state: state_pb(c.state) as i32,
-            selection: Some(crate::selection::policy_pb(policy)),
-            server_loads: c
-                .addresses
-                .iter()
-                .map(|&a| loads.map_or(0.0, |l| l.get(&c.id, a)))
-                .collect(),
-        })
-        .collect()
-}
-
-/// Per class, its fallback clusters.
-fn fallbacks_pb(s: &Snapshot) -> Vec<pb::ClassFallback> {
-    let clusters = s.instance.clusters();
-    s.instance
-        .classes()
-        .iter()
-        .enumerate()
-        .map(|(k, class)| pb::ClassFallback {
-            traffic_class: class.name.clone(),
-            clusters: s
-                .resolver
-                .fallback(k as cdnmap_mapper::ClassIdx)
-                .into_iter()
-                .flatten()
-                .map(|c| clusters[c as usize].id.clone())
-                .collect(),
-        })
-        .collect()
-}
-
-fn rules_pb(edge: &Edge<'_>) -> Vec<pb::ClassRule> {
-    edge.config
-        .class_rules
-        .iter()
-        .map(|r| pb::ClassRule {
-            pattern: r.pattern.clone(),
-            traffic_class: r.class.clone(),
-        })
-        .collect()
-}
-
-/// The whole map of `s`: what a front end joining, or fallen behind, starts from.
-pub fn full_update(edge: &Edge<'_>, s: &Snapshot) -> pb::MapUpdate {
-    pb::MapUpdate {
+/// A snapshot's identity on the wire.
+pub fn identity(s: &Snapshot) -> Identity {
+    Identity {
         epoch: s.epoch,
         version: s.version,
-        full: true,
-        base_epoch: 0,
-        base_version: 0,
-        units: (0..s.instance.unit_count() as UnitIdx)
-            .map(|u| unit_pb(s, u))
-            .collect(),
-        removed_units: Vec::new(),
-        clusters: clusters_pb(edge, s),
-        class_rules: rules_pb(edge),
-        default_class: edge.config.default_class.clone(),
         solved_at_unix_ms: s.solved_at_unix_ms,
-        fallbacks: fallbacks_pb(s),
     }
+}
+
+/// How many messages the whole map of `s` takes.
+pub fn full_parts(s: &Snapshot) -> usize {
+    wire::full_parts(s.resolver.map())
+}
+
+/// Message `part` of the whole map of `s`: what a front end joining, or fallen behind, starts
+/// from.
+pub fn full_part(edge: &EdgeParts<'_>, s: &Snapshot, part: usize) -> pb::MapUpdate {
+    edge.with(|e| wire::full_part(e, identity(s), s.resolver.map(), part))
 }
 
 /// What changed from `prev` to `next` (by map unit id): the units whose answer may differ,
 /// the units gone, and the clusters, rules and fallbacks whole.
-pub fn delta_update(edge: &Edge<'_>, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
-    let (changed, removed) = changed_units(prev, next);
-    pb::MapUpdate {
-        epoch: next.epoch,
-        version: next.version,
-        full: false,
-        base_epoch: prev.epoch,
-        base_version: prev.version,
-        units: changed.into_iter().map(|u| unit_pb(next, u)).collect(),
-        removed_units: removed,
-        clusters: clusters_pb(edge, next),
-        class_rules: rules_pb(edge),
-        default_class: edge.config.default_class.clone(),
-        solved_at_unix_ms: next.solved_at_unix_ms,
-        fallbacks: fallbacks_pb(next),
-    }
+pub fn delta_update(edge: &EdgeParts<'_>, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
+    edge.with(|e| {
+        wire::delta_update(
+            e,
+            identity(prev),
+            prev.resolver.map(),
+            identity(next),
+            next.resolver.map(),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -185,7 +92,10 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    use crate::dns::local::{LocalError, LocalMap};
+    use cdnmap_mapper::ClusterState;
+    use cdnmap_serve::watch::{Applied, FollowError, Follower};
+
+    use crate::dns::local::LocalView;
     use crate::round::round;
     use crate::store::{ServedRef, Store};
 
@@ -299,7 +209,7 @@ mod tests {
     }
 
     fn rules(config: &Config, instance: &Instance) -> ClassRules {
-        ClassRules::new(instance, &config.class_rule_pairs(), &config.default_class)
+        ClassRules::for_instance(instance, &config.class_rule_pairs(), &config.default_class)
             .expect("the default rules")
     }
 
@@ -329,13 +239,18 @@ mod tests {
 
     /// Every unit's prefix, a few hosts in it, every class's name: the front end's view and
     /// the mapper's resolver give the same unit, clusters and scope.
-    fn assert_same_answers(front: &LocalMap, s: &Snapshot, step: usize) -> usize {
+    fn assert_same_answers(front: &Follower, s: &Snapshot, step: usize) -> usize {
         assert_eq!(front.identity(), (s.epoch, s.version), "step {step}");
-        let view = front.build(&[]).expect("the front end indexes its copy");
+        let held = front.held().expect("a map held");
+        let view = LocalView::build(held, &[]).expect("the front end indexes its copy");
         let (mine, theirs) = (&s.resolver, &view.resolver);
-        let id = |r: &Resolver, c: Option<u32>| {
-            c.map(|c| r.instance().clusters()[c as usize].id.clone())
-        };
+        assert_eq!(
+            **mine.map(),
+            *held.map,
+            "step {step}: the front end's serving map is the mapper's"
+        );
+        let id =
+            |r: &Resolver, c: Option<u32>| c.map(|c| r.map().clusters()[c as usize].id.clone());
         let mut checked = 0;
         for u in 0..s.instance.unit_count() as u32 {
             for p in s.instance.unit_prefixes(u) {
@@ -351,7 +266,7 @@ mod tests {
                     for q in QNAMES {
                         let (a, b) = (mine.resolve(client, q), theirs.resolve(client, q));
                         let unit_of = |r: &Resolver, x: Option<u32>| {
-                            x.map(|u| r.instance().unit_id(u).to_string())
+                            x.map(|u| r.map().unit_id(u).to_string())
                         };
                         assert_eq!(
                             (
@@ -394,7 +309,7 @@ mod tests {
         let mut next_id = 300;
         let mut epoch = 1;
         let mut current: Option<Arc<Snapshot>> = None;
-        let mut front = LocalMap::default();
+        let mut front = Follower::default();
         // The stream's last message, per connection: `None` right after a (re)connect.
         let mut sent: Option<Arc<Snapshot>> = None;
         let (mut deltas, mut fulls, mut restarts, mut gaps, mut split, mut checked) =
@@ -422,7 +337,7 @@ mod tests {
                 sent = None;
             }
             let policies = config.selection.policies(&snapshot.instance);
-            let edge = Edge::new(&policies, None, &config);
+            let edge = EdgeParts::new(&policies, None, &config);
             let missed = step % 7 == 5;
             let update = match &sent {
                 Some(prev) if prev.version + 1 == snapshot.version => {
@@ -434,7 +349,15 @@ mod tests {
                     current = Some(snapshot);
                     continue;
                 }
-                _ => full_update(&edge, &snapshot),
+                _ => {
+                    // A full map: its parts up to the last, which the loop below applies.
+                    let parts = full_parts(&snapshot);
+                    for part in 0..parts - 1 {
+                        let applied = front.apply(full_part(&edge, &snapshot, part));
+                        assert_eq!(applied, Ok(Applied::Part), "step {step}");
+                    }
+                    full_part(&edge, &snapshot, parts - 1)
+                }
             };
             sent = Some(Arc::clone(&snapshot));
             current = Some(Arc::clone(&snapshot));
@@ -445,11 +368,13 @@ mod tests {
                 continue;
             }
             match front.apply(update.clone()) {
-                Ok(applied) => assert!(applied, "step {step}"),
-                Err(LocalError::Gap { .. }) => {
-                    front
-                        .apply(full_update(&edge, &snapshot))
-                        .expect("a full map");
+                Ok(applied) => assert_eq!(applied, Applied::New, "step {step}"),
+                Err(FollowError::Gap { .. }) => {
+                    for part in 0..full_parts(&snapshot) {
+                        front
+                            .apply(full_part(&edge, &snapshot, part))
+                            .expect("a full map");
+                    }
                     fulls += 1;
                 }
                 Err(e) => panic!("step {step}: {e}"),

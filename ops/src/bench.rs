@@ -496,10 +496,10 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         .iter()
         .map(|(p, c)| (p.to_string(), c.to_string()))
         .collect();
-    let rules = ClassRules::new(&inst, &rules, RESOLVE_DEFAULT_CLASS)?;
+    let rules = ClassRules::for_instance(&inst, &rules, RESOLVE_DEFAULT_CLASS)?;
     let live = alloc::live_bytes();
     let t = Instant::now();
-    let resolver = Resolver::new(&inst, &sol.map, rules)?;
+    let resolver = Resolver::of_solution(&inst, &sol.map, rules)?;
     let built = t.elapsed();
     let resolver_bytes = alloc::live_bytes().saturating_sub(live);
     drop(sol);

@@ -70,7 +70,7 @@ const NAMES_PER_CLASS: u32 = 1000;
 const READY: Duration = Duration::from_secs(60);
 
 /// A child process killed when dropped.
-struct Proc(Child, &'static str);
+pub(crate) struct Proc(pub(crate) Child, pub(crate) &'static str);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -88,7 +88,7 @@ fn program(name: &str) -> Result<PathBuf> {
         .with_context(|| format!("{name} is not installed (Debian: apt-get install dnsperf gdnsd)"))
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     for _ in 0..50 {
         let u = UdpSocket::bind("127.0.0.1:0")?;
         let port = u.local_addr()?.port();
@@ -115,7 +115,7 @@ fn query(id: u16, name: &str, qtype: RecordType, subnet: Option<IpNet>) -> Resul
 }
 
 /// Whether `addr` answers `www.<zone> A` with NOERROR and an address.
-fn answers(addr: SocketAddr, zone: &str) -> bool {
+pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
     let Ok(socket) = UdpSocket::bind("127.0.0.1:0") else {
         return false;
     };
@@ -158,7 +158,7 @@ fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Resu
     Ok(())
 }
 
-fn spawn(cmd: &mut Command, log: &Path, name: &'static str) -> Result<Proc> {
+pub(crate) fn spawn(cmd: &mut Command, log: &Path, name: &'static str) -> Result<Proc> {
     let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
     let child = cmd

@@ -99,7 +99,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
                 &base,
                 previous.as_ref(),
                 &observations,
-                |i| ClassRules::new(i, &[], &default_class),
+                |i| ClassRules::for_instance(i, &[], &default_class),
                 1,
                 r as i64 * round_ms,
             )
@@ -107,7 +107,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         let driver_ms = ms(t);
         let s = step.snapshot;
         let t = Instant::now();
-        let servers = selection::build(&s.instance, &policies, &loads, &[])?;
+        let servers = selection::build(s.resolver.map().clusters(), &policies, &loads, &[])?;
         std::hint::black_box(&servers);
         let publish_ms = ms(t);
         let t = Instant::now();

@@ -395,6 +395,10 @@ enum BenchCommand {
     /// serving an equivalent static zone, on loopback: median queries per second, latency, and
     /// the ratio. Needs Debian's dnsperf and gdnsd.
     Dns(crate::bench_dns::DnsBenchArgs),
+    /// `cdnmap serve` on a demo world and one `cdnmap dns` following it, as processes: the time
+    /// to the first DNS answer from the map, then a few rounds followed, and each process's
+    /// peak resident memory.
+    Follow(crate::bench_follow::FollowBenchArgs),
 }
 
 pub fn run() -> Result<ExitCode> {
@@ -416,6 +420,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::Round(a)) => crate::bench_round::round(&a),
         Command::Bench(BenchCommand::ServerLoads(a)) => crate::bench_loads::server_loads(&a),
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
+        Command::Bench(BenchCommand::Follow(a)) => crate::bench_follow::follow(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),
     }

@@ -247,7 +247,7 @@ pub fn replay_with(
                 &current,
                 previous.as_ref(),
                 &observed_before,
-                |instance| ClassRules::new(instance, &[], &default_class),
+                |instance| ClassRules::for_instance(instance, &[], &default_class),
                 1,
                 t,
             )

@@ -8,6 +8,10 @@
 
 pub mod resolve;
 pub mod servers;
+pub mod serving;
+pub mod watch;
+
+pub use serving::{ServeError, ServingCluster, ServingMap};
 
 /// Asks the CPU to start loading `slice[i]` into the cache (no effect if `i` is out of range,
 /// or off x86_64): the batch resolver starts the reads of several queries before it needs any.

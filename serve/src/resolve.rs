@@ -24,13 +24,15 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
+use cdnmap_mapper::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use cdnmap_mapper::{Map, ModelError};
 
 use crate::prefetch;
+use crate::serving::{ServeError, ServingMap};
 
 /// At most this many hostname rules.
 pub const MAX_CLASS_RULES: usize = 10_000;
@@ -69,15 +71,18 @@ fn normalise(name: &str) -> Option<String> {
 }
 
 impl ClassRules {
-    /// Rules `(pattern, class name)`: a pattern is a hostname or `*.` followed by one.
+    /// Rules `(pattern, class name)`: a pattern is a hostname or `*.` followed by one;
+    /// `classes` are the class names by class index.
     pub fn new(
-        instance: &Instance,
+        classes: &[impl AsRef<str>],
         rules: &[(String, String)],
         default: &str,
     ) -> Result<Self, ModelError> {
         let class = |name: &str, subject: &str| {
-            instance
-                .class_index(name)
+            classes
+                .iter()
+                .position(|c| c.as_ref() == name)
+                .map(|k| k as ClassIdx)
                 .ok_or_else(|| ModelError::UnknownClass {
                     subject: subject.to_string(),
                     class: name.to_string(),
@@ -129,6 +134,16 @@ impl ClassRules {
             }
         }
         Ok(out)
+    }
+
+    /// [`Self::new`] over an instance's classes.
+    pub fn for_instance(
+        instance: &Instance,
+        rules: &[(String, String)],
+        default: &str,
+    ) -> Result<Self, ModelError> {
+        let names: Vec<&str> = instance.classes().iter().map(|c| c.name.as_str()).collect();
+        Self::new(&names, rules, default)
     }
 
     /// Every name gets `class`.
@@ -198,7 +213,7 @@ pub struct Answer {
 /// One map version, indexed for queries.
 #[derive(Debug, Clone)]
 pub struct Resolver {
-    instance: Instance,
+    map: Arc<ServingMap>,
     rules: ClassRules,
     v4: Table<u32>,
     /// `v4_dir[b]`: the first IPv4 interval starting at or after `b << 16`, so a lookup searches
@@ -208,12 +223,8 @@ pub struct Resolver {
     /// Per (group, class): the answer, computed once per map version (`classes` per group).
     pre: Vec<Pre>,
     classes: usize,
-    /// Per unit, its allocations: cluster and cumulative share in (0, 1].
-    alloc_start: Vec<u32>,
-    alloc_cluster: Vec<ClusterIdx>,
+    /// Beside the map's share column: each unit's cumulative shares, in (0, 1].
     alloc_cum: Vec<f32>,
-    /// Per class, the two up clusters with the most room.
-    fallback: Vec<[Option<ClusterIdx>; 2]>,
 }
 
 /// The answer for one (prefix group, class), computed when the map is indexed: a lookup is then
@@ -350,33 +361,26 @@ fn span(net: &IpNet) -> (u128, u128) {
 }
 
 impl Resolver {
-    /// Indexes `map` (a map of `instance`) for queries. Refuses two map units of one class
-    /// claiming the same prefix.
-    pub fn new(instance: &Instance, map: &Map, rules: ClassRules) -> Result<Self, ModelError> {
-        if map.unit_count() != instance.unit_count() {
-            return Err(ModelError::MapShape {
-                map_units: map.unit_count(),
-                instance_units: instance.unit_count(),
-            });
-        }
+    /// Indexes `map` for queries. Refuses two map units of one class claiming the same prefix.
+    pub fn new(map: Arc<ServingMap>, rules: ClassRules) -> Result<Self, ServeError> {
         // Groups: one per distinct (truncated) prefix.
         let mut group_of: HashMap<IpNet, u32> = HashMap::new();
         let mut members: Vec<Vec<UnitIdx>> = Vec::new();
-        for u in 0..instance.unit_count() as UnitIdx {
-            for p in instance.unit_prefixes(u) {
+        for u in 0..map.unit_count() as UnitIdx {
+            for p in map.unit_prefixes(u) {
                 let key = canonical(p);
                 let g = *group_of.entry(key).or_insert_with(|| {
                     members.push(Vec::new());
                     (members.len() - 1) as u32
                 });
                 let list = &mut members[g as usize];
-                let k = instance.unit_class(u);
-                if let Some(&other) = list.iter().find(|&&o| instance.unit_class(o) == k) {
+                let k = map.unit_class(u);
+                if let Some(&other) = list.iter().find(|&&o| map.unit_class(o) == k) {
                     if other != u {
-                        return Err(ModelError::PrefixClaimedTwice {
+                        return Err(ServeError::PrefixClaimedTwice {
                             prefix: key.to_string(),
-                            first: instance.unit_id(other).to_string(),
-                            second: instance.unit_id(u).to_string(),
+                            first: map.unit_id(other).to_string(),
+                            second: map.unit_id(u).to_string(),
                         });
                     }
                     continue;
@@ -394,6 +398,7 @@ impl Resolver {
                 IpNet::V6(_) => v6.push((a, b, g, net.prefix_len())),
             }
         }
+        drop(group_of);
         let (v4, v6) = (Table::build(v4, 32).narrow(), Table::build(v6, 128));
         let v4_dir = (0..=1u64 << 16)
             .map(|b| {
@@ -401,43 +406,30 @@ impl Resolver {
                 v4.starts.partition_point(|&s| u64::from(s) < at) as u32
             })
             .collect();
-        // Cumulative shares of each unit's placed demand.
-        let mut alloc_start = Vec::with_capacity(instance.unit_count() + 1);
-        let mut alloc_cluster = Vec::new();
-        let mut alloc_cum = Vec::new();
-        alloc_start.push(0);
-        for u in 0..instance.unit_count() as UnitIdx {
-            // From the shares (`map::unit_shares`), not the amounts: a front end holds only
-            // the shares, and splits alike.
-            let total: f64 = cdnmap_mapper::map::unit_shares(instance, map, u)
-                .map(|(_, s)| s)
-                .sum();
+        // Cumulative shares of each unit's placed demand, beside the map's share column.
+        let mut alloc_cum = Vec::with_capacity(map.share_total());
+        for u in 0..map.unit_count() as UnitIdx {
+            let (_, shares) = map.shares(u);
+            let total: f64 = shares.iter().sum();
             let mut cum = 0.0;
-            for (cluster, s) in cdnmap_mapper::map::unit_shares(instance, map, u) {
+            for s in shares {
                 cum += s / total;
-                alloc_cluster.push(cluster);
                 alloc_cum.push(cum as f32);
             }
-            let pushed = alloc_cluster.len() > alloc_start[alloc_start.len() - 1] as usize;
-            if let (true, Some(last)) = (pushed, alloc_cum.last_mut()) {
+            if let (false, Some(last)) = (shares.is_empty(), alloc_cum.last_mut()) {
                 *last = 1.0; // no rounding gap at the top
             }
-            alloc_start.push(alloc_cluster.len() as u32);
         }
-        let fallback = fallbacks(instance, map);
-        let classes = instance.classes().len();
+        let classes = map.classes().len();
         let mut r = Resolver {
-            instance: instance.clone(),
+            map,
             rules,
             v4,
             v4_dir,
             v6,
             pre: Vec::new(),
             classes,
-            alloc_start,
-            alloc_cluster,
             alloc_cum,
-            fallback,
         };
         let none = Pre {
             unit: NO_GROUP,
@@ -448,8 +440,8 @@ impl Resolver {
         let mut pre = vec![none; members.len() * classes];
         for (g, units) in members.iter().enumerate() {
             for &u in units {
-                let k = usize::from(instance.unit_class(u));
-                let split = r.allocations_of(u).0.len() > 1;
+                let k = usize::from(r.map.unit_class(u));
+                let split = r.map.shares(u).0.len() > 1;
                 let (primary, secondary) = if split { (None, None) } else { r.pick(u, 0.0) };
                 pre[g * classes + k] = Pre {
                     unit: u,
@@ -463,8 +455,18 @@ impl Resolver {
         Ok(r)
     }
 
-    pub fn instance(&self) -> &Instance {
-        &self.instance
+    /// Indexes the map of a solution: [`ServingMap::of_solution`], then [`Self::new`].
+    pub fn of_solution(
+        instance: &Instance,
+        map: &Map,
+        rules: ClassRules,
+    ) -> Result<Self, ServeError> {
+        Self::new(Arc::new(ServingMap::of_solution(instance, map)?), rules)
+    }
+
+    /// The map this resolver indexes.
+    pub fn map(&self) -> &Arc<ServingMap> {
+        &self.map
     }
 
     pub fn rules(&self) -> &ClassRules {
@@ -507,11 +509,10 @@ impl Resolver {
 
     /// Unit `u`'s placed clusters and their cumulative shares.
     fn allocations_of(&self, u: UnitIdx) -> (&[ClusterIdx], &[f32]) {
-        let (a, b) = (
-            self.alloc_start[u as usize] as usize,
-            self.alloc_start[u as usize + 1] as usize,
-        );
-        (&self.alloc_cluster[a..b], &self.alloc_cum[a..b])
+        (
+            self.map.shares(u).0,
+            &self.alloc_cum[self.map.share_range(u)],
+        )
     }
 
     /// Unit `u`'s two clusters; `x` in [0, 1) picks among a split unit's allocations by share.
@@ -519,25 +520,28 @@ impl Resolver {
     fn pick(&self, u: UnitIdx, x: f32) -> (Option<ClusterIdx>, Option<ClusterIdx>) {
         let (clusters, cum) = self.allocations_of(u);
         let fallback = || {
-            let [p, s] = self.fallback[usize::from(self.instance.unit_class(u))];
+            let [p, s] = self.map.fallback(self.map.unit_class(u));
             (p, s)
         };
         if clusters.is_empty() {
             return fallback(); // all of it overflow
         }
         let chosen = clusters[cum.partition_point(|&c| c <= x).min(clusters.len() - 1)];
-        let up = |c: ClusterIdx| self.instance.clusters()[c as usize].state == ClusterState::Up;
-        // The second: another allocation, else the best other up candidate.
+        let up = |c: ClusterIdx| self.map.clusters()[c as usize].is_up();
+        // The second: another allocation, else the best up candidate outside the allocations
+        // (the backups: any up allocation other than `p` is found first, so the candidate
+        // is the first backup, or the second when `p` is the first).
         let other = |p: Option<ClusterIdx>| {
             clusters
                 .iter()
                 .copied()
                 .find(|&c| Some(c) != p && up(c))
                 .or_else(|| {
-                    self.instance
-                        .candidates(u)
-                        .map(|c| c.cluster)
-                        .find(|&c| Some(c) != p && up(c))
+                    self.map
+                        .backups(u)
+                        .into_iter()
+                        .flatten()
+                        .find(|&c| Some(c) != p)
                 })
         };
         let primary = Some(chosen).filter(|&c| up(c)).or_else(|| other(None));
@@ -610,7 +614,7 @@ impl Resolver {
             (pre.unit != NO_GROUP).then_some((pre, len))
         });
         let Some((pre, len)) = pre else {
-            let [primary, secondary] = self.fallback[usize::from(class)];
+            let [primary, secondary] = self.map.fallback(class);
             return Answer {
                 class,
                 unit: None,
@@ -634,50 +638,21 @@ impl Resolver {
         }
     }
 
-    /// The cluster an answer names second when unit `u`'s demand sits wholly at one cluster:
-    /// its best up candidate other than its placed clusters (`None` if there is none). With the
-    /// unit's placements and the class fallbacks it is all a front end needs to answer exactly
-    /// as this resolver does (see `WatchMap`).
+    /// The cluster an answer names second when unit `u`'s demand sits wholly at one cluster
+    /// (see [`ServingMap::backup`]).
     pub fn backup(&self, u: UnitIdx) -> Option<ClusterIdx> {
-        let (placed, _) = self.allocations_of(u);
-        let up = |c: ClusterIdx| self.instance.clusters()[c as usize].state == ClusterState::Up;
-        self.instance
-            .candidates(u)
-            .map(|c| c.cluster)
-            .find(|&c| up(c) && !placed.contains(&c))
+        self.map.backup(u)
     }
 
     /// The class's two fallback clusters: the up clusters serving it with the most room.
     pub fn fallback(&self, class: ClassIdx) -> [Option<ClusterIdx>; 2] {
-        self.fallback
-            .get(usize::from(class))
-            .copied()
-            .unwrap_or([None, None])
-    }
-
-    /// The same resolver with the class fallbacks given (a front end's copy of the map knows no
-    /// capacities; it takes the mapper's fallbacks instead of computing its own).
-    pub fn with_fallbacks(mut self, fallback: Vec<[Option<ClusterIdx>; 2]>) -> Self {
-        if fallback.len() == self.classes {
-            self.fallback = fallback;
-            // The answers computed ahead for units that are not split took the old fallbacks
-            // where nothing of the unit is placed (or nothing placed is up).
-            for i in 0..self.pre.len() {
-                let p = self.pre[i];
-                if p.unit != NO_GROUP && !p.split {
-                    let (primary, secondary) = self.pick(p.unit, 0.0);
-                    self.pre[i].primary = primary.unwrap_or(NONE_CLUSTER);
-                    self.pre[i].secondary = secondary.unwrap_or(NONE_CLUSTER);
-                }
-            }
-        }
-        self
+        self.map.fallback(class)
     }
 
     /// The addresses to hand out for `answer`: the primary cluster's, then the secondary's,
     /// at most `max`.
     pub fn addresses(&self, answer: &Answer, max: usize) -> Vec<IpAddr> {
-        let clusters = self.instance.clusters();
+        let clusters = self.map.clusters();
         [answer.primary, answer.secondary]
             .into_iter()
             .flatten()
@@ -703,40 +678,6 @@ fn hash(client: IpNet, qname: &str) -> u64 {
     tail.copy_from_slice(name);
     tail.make_ascii_lowercase();
     xxhash_rust::xxh3::xxh3_64(&buf[..17 + name.len()])
-}
-
-/// Per class, the two up clusters serving it with the most room for one more unit of demand
-/// (the smallest free share along the class's path).
-fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
-    let used = cdnmap_mapper::map::node_usage(instance, map);
-    (0..instance.classes().len())
-        .map(|k| {
-            let k = k as ClassIdx;
-            let mut best: Vec<(f64, ClusterIdx)> = instance
-                .clusters()
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.state == ClusterState::Up && c.serves(k))
-                .map(|(ci, c)| {
-                    let room = c
-                        .path(k)
-                        .map(|n| {
-                            let cap = c.nodes[n as usize].capacity;
-                            let free = cap - used[instance.global_node(ci as ClusterIdx, n)];
-                            if cap > 0.0 {
-                                free / cap
-                            } else {
-                                0.0
-                            }
-                        })
-                        .fold(f64::INFINITY, f64::min);
-                    (room, ci as ClusterIdx)
-                })
-                .collect();
-            best.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            [best.first().map(|b| b.1), best.get(1).map(|b| b.1)]
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -769,9 +710,10 @@ mod tests {
 
     fn resolver(inst: &Instance) -> Resolver {
         let map = solve(inst, &SolveOptions::default()).map;
-        let rules = ClassRules::new(inst, &[("*.video.example".into(), "video".into())], "web")
-            .expect("rules");
-        Resolver::new(inst, &map, rules).expect("resolver")
+        let rules =
+            ClassRules::for_instance(inst, &[("*.video.example".into(), "video".into())], "web")
+                .expect("rules");
+        Resolver::of_solution(inst, &map, rules).expect("resolver")
     }
 
     fn net(s: &str) -> IpNet {
@@ -868,7 +810,8 @@ mod tests {
     #[test]
     fn bad_rules_and_shared_prefixes_are_refused() {
         let inst = instance();
-        let bad = |p: &str, c: &str| ClassRules::new(&inst, &[(p.into(), c.into())], "web");
+        let bad =
+            |p: &str, c: &str| ClassRules::for_instance(&inst, &[(p.into(), c.into())], "web");
         assert!(matches!(
             bad("*.x", "nope"),
             Err(ModelError::UnknownClass { .. })
@@ -882,6 +825,6 @@ mod tests {
             Err(ModelError::BadName { .. })
         ));
         assert!(matches!(bad("", "web"), Err(ModelError::BadName { .. })));
-        assert!(ClassRules::new(&inst, &[], "nope").is_err());
+        assert!(ClassRules::for_instance(&inst, &[], "nope").is_err());
     }
 }

@@ -13,10 +13,11 @@
 
 use std::net::IpAddr;
 
-use cdnmap_mapper::model::{ClusterIdx, Instance};
+use cdnmap_mapper::model::ClusterIdx;
 use cdnmap_select::{BoundedLoads, PowerOfD, Ring, SelectError, Selector, ServerIdx};
 
 use crate::resolve::{Answer, MAX_QNAME_LEN};
+use crate::serving::ServingCluster;
 
 /// Servers an answer takes from its primary cluster.
 pub const PRIMARY_SERVERS: usize = 2;
@@ -144,12 +145,11 @@ impl Servers {
     /// the last reported load of a server (power-of-d; 0 when none was reported); `keys` the
     /// weighted hostnames bounded loads place (content keys, see [`content_key`]).
     pub fn build(
-        instance: &Instance,
+        clusters: &[ServingCluster],
         policies: &[Policy],
         load: impl Fn(ClusterIdx, IpAddr) -> f64,
         keys: &[(&str, f64)],
     ) -> Result<Servers, ServersError> {
-        let clusters = instance.clusters();
         if policies.len() != clusters.len() {
             return Err(ServersError::PolicyCount {
                 got: policies.len(),
@@ -270,7 +270,7 @@ impl Servers {
 mod tests {
     use super::*;
     use cdnmap_mapper::format::parse_instance;
-    use cdnmap_mapper::model::Limits;
+    use cdnmap_mapper::model::{Instance, Limits};
 
     fn instance() -> Instance {
         let cluster = |id: &str, addrs: &[&str]| {
@@ -313,8 +313,13 @@ mod tests {
             },
             Policy::PowerOfD { vnodes: 50, d: 2 },
         ] {
-            let s =
-                Servers::build(&inst, &[policy; 2], |_, _| 0.0, &[("www.x", 1.0)]).expect("builds");
+            let s = Servers::build(
+                &ServingCluster::of_instance(&inst),
+                &[policy; 2],
+                |_, _| 0.0,
+                &[("www.x", 1.0)],
+            )
+            .expect("builds");
             let (mut buf, mut out) = (String::new(), Vec::new());
             s.answer(&answer(0, Some(1)), "WWW.X.", false, &mut buf, &mut out);
             assert_eq!(out.len(), 3, "{policy:?}: {out:?}");
@@ -341,7 +346,7 @@ mod tests {
         let inst = instance();
         let loaded: IpAddr = "192.0.2.1".parse().unwrap();
         let s = Servers::build(
-            &inst,
+            &ServingCluster::of_instance(&inst),
             &[Policy::PowerOfD { vnodes: 50, d: 3 }; 2],
             |c, a| if c == 0 && a == loaded { 100.0 } else { 1.0 },
             &[],
@@ -366,7 +371,13 @@ mod tests {
     #[test]
     fn bad_policies_and_counts_are_refused() {
         let inst = instance();
-        let e = Servers::build(&inst, &[Policy::default()], |_, _| 0.0, &[]).unwrap_err();
+        let e = Servers::build(
+            &ServingCluster::of_instance(&inst),
+            &[Policy::default()],
+            |_, _| 0.0,
+            &[],
+        )
+        .unwrap_err();
         assert_eq!(
             e,
             ServersError::PolicyCount {
@@ -378,9 +389,12 @@ mod tests {
             Policy::BoundedLoads { vnodes: 10, c: 1.0 },
             Policy::default(),
         ];
-        let e = Servers::build(&inst, &bad, |_, _| 0.0, &[]).unwrap_err();
+        let e =
+            Servers::build(&ServingCluster::of_instance(&inst), &bad, |_, _| 0.0, &[]).unwrap_err();
         assert!(e.to_string().contains("cluster \"a\"") && e.to_string().contains("c is 1"));
         let bad = [Policy::PowerOfD { vnodes: 0, d: 2 }, Policy::default()];
-        assert!(Servers::build(&inst, &bad, |_, _| 0.0, &[]).is_err());
+        assert!(
+            Servers::build(&ServingCluster::of_instance(&inst), &bad, |_, _| 0.0, &[]).is_err()
+        );
     }
 }

@@ -25,6 +25,7 @@ use cdnmap_mapper::{
     SolveOptions, TrafficClass, UnitIdx,
 };
 use cdnmap_serve::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
+use cdnmap_serve::ServeError;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -127,12 +128,12 @@ fn class_rules(inst: &Instance) -> ClassRules {
         .iter()
         .map(|c| (format!("{c}.test"), (*c).to_string()))
         .collect();
-    ClassRules::new(inst, &rules, CLASSES[0]).expect("rules")
+    ClassRules::for_instance(inst, &rules, CLASSES[0]).expect("rules")
 }
 
-fn resolver(inst: &Instance) -> Result<Resolver, ModelError> {
+fn resolver(inst: &Instance) -> Result<Resolver, ServeError> {
     let map = solve(inst, &SolveOptions::default()).map;
-    Resolver::new(inst, &map, class_rules(inst))
+    Resolver::of_solution(inst, &map, class_rules(inst))
 }
 
 fn net(s: &str) -> IpNet {
@@ -440,7 +441,7 @@ proptest! {
         let clash = claimers.values().any(|s| s.len() > 1);
         match resolver(&inst) {
             Ok(_) => prop_assert!(!clash, "a clash was accepted"),
-            Err(ModelError::PrefixClaimedTwice { prefix, first, second }) => {
+            Err(ServeError::PrefixClaimedTwice { prefix, first, second }) => {
                 prop_assert!(clash);
                 prop_assert_ne!(&first, &second);
                 let (a, b) = (
@@ -607,7 +608,7 @@ fn a_prefix_claimed_twice_names_both_units() {
     let e = refused(&[unit(1, &["10.1.2.0/24"]), unit(1, &["10.1.2.77/24"])]);
     assert_eq!(
         e,
-        Some(ModelError::PrefixClaimedTwice {
+        Some(ServeError::PrefixClaimedTwice {
             prefix: "10.1.2.0/24".into(),
             first: "u0000".into(),
             second: "u0001".into(),
@@ -620,7 +621,7 @@ fn a_prefix_claimed_twice_names_both_units() {
     ]);
     assert_eq!(
         e,
-        Some(ModelError::PrefixClaimedTwice {
+        Some(ServeError::PrefixClaimedTwice {
             prefix: "2001:db8::/48".into(),
             first: "u0000".into(),
             second: "u0002".into(),
@@ -756,7 +757,7 @@ proptest! {
             }
             rules.push((pattern, CLASSES[*class].to_string()));
         }
-        let r = ClassRules::new(&inst, &rules, CLASSES[default]).expect("valid rules");
+        let r = ClassRules::for_instance(&inst, &rules, CLASSES[default]).expect("valid rules");
         let default = default as ClassIdx;
         let mut queries: Vec<String> = names.iter().map(name_from).collect();
         // Every rule's own name, and one label below it, as names.
@@ -786,7 +787,7 @@ fn class_rules_fixed_cases() {
             .iter()
             .map(|(p, c)| (p.to_string(), c.to_string()))
             .collect();
-        ClassRules::new(&inst, &list, "c0")
+        ClassRules::for_instance(&inst, &list, "c0")
     };
     let r = rules(&[
         ("*.video.example", "c1"),
@@ -909,8 +910,8 @@ proptest! {
             weights.iter().enumerate().map(|(c, &w)| (c, f64::from(w) * 0.37)).collect();
         allocs.push((n, 0.0));
         let (inst, map) = split_world(n + 1, &[], &allocs);
-        let r = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
-        let again = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+        let r = Resolver::of_solution(&inst, &map, class_rules(&inst)).expect("resolver");
+        let again = Resolver::of_solution(&inst, &map, class_rules(&inst)).expect("resolver");
         let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
         let queries = split_queries(seed, 20_000);
         let mut count = vec![0usize; n + 1];
@@ -954,7 +955,7 @@ proptest! {
         let allocs: Vec<(usize, f64)> =
             weights.iter().enumerate().map(|(c, &w)| (c, f64::from(w))).collect();
         let (inst, map) = split_world(n, &states, &allocs);
-        let r = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+        let r = Resolver::of_solution(&inst, &map, class_rules(&inst)).expect("resolver");
         let up = |c: ClusterIdx| states[c as usize] == ClusterState::Up;
         let up_candidates = (0..n as ClusterIdx).filter(|&c| up(c)).count();
         let up_placed = allocs.iter().any(|&(c, a)| a > 0.0 && up(c as ClusterIdx));
@@ -1119,13 +1120,13 @@ proptest! {
     ) {
         let inst = fallback_world(&clusters, &units);
         let map = solve(&inst, &SolveOptions::default()).map;
-        let rules = ClassRules::new(
+        let rules = ClassRules::for_instance(
             &inst,
             &[("*.c1.test".into(), "c1".into()), ("*.c2.test".into(), "c2".into())],
             "c0",
         )
         .expect("rules");
-        let r = Resolver::new(&inst, &map, rules).expect("resolver");
+        let r = Resolver::of_solution(&inst, &map, rules).expect("resolver");
         let fallback: Vec<Vec<ClusterIdx>> =
             (0..3).map(|k| oracle_fallback(&inst, &map, k)).collect();
         let mut qnames: Vec<String> = names;
@@ -1242,7 +1243,7 @@ fn v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form() {
     );
     assert!(matches!(
         resolver(&inst),
-        Err(ModelError::PrefixClaimedTwice { .. })
+        Err(ServeError::PrefixClaimedTwice { .. })
     ));
 }
 
@@ -1291,7 +1292,7 @@ fn a_unit_with_nothing_placed_gets_the_fallback() {
     );
     let map = solve(&inst, &SolveOptions::default()).map;
     assert!(map.allocations(0).is_empty() && map.overflow(0) == 5.0);
-    let r = Resolver::new(&inst, &map, class_rules(&inst)).expect("resolver");
+    let r = Resolver::of_solution(&inst, &map, class_rules(&inst)).expect("resolver");
     let a = r.resolve(net("10.1.2.3/32"), "c0.test");
     assert_eq!(a.unit, Some(0));
     assert_eq!(a.primary, Some(1), "{a:?}");

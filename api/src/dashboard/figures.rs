@@ -433,7 +433,7 @@ mod tests {
     }
 
     fn snapshot(inst: &Instance) -> Snapshot {
-        let rules = ClassRules::new(inst, &[], "apps").expect("rules");
+        let rules = ClassRules::for_instance(inst, &[], "apps").expect("rules");
         crate::round::round(inst, None, &Stickiness::default(), rules, 1, 0, true).expect("round")
     }
 

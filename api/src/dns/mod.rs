@@ -2,7 +2,7 @@
 //!
 //! Three tasks share one [`answer::Front`]:
 //! - the watcher holds a `WatchMap` stream to the mapper, applies each update to its
-//!   [`local::LocalMap`], indexes the new version on a blocking thread and swaps it in whole;
+//!   [`local::Follower`], indexes the new version on a blocking thread and swaps it in whole;
 //!   when the stream breaks it reconnects with backoff, asking only for what it lacks, and the
 //!   last map keeps answering meanwhile;
 //! - hickory's server answers UDP and TCP queries from the published view, with no round trip;
@@ -27,8 +27,9 @@ use tokio::net::TcpListener;
 pub use config::DnsConfig;
 
 use answer::{Front, Handler, Zone};
+use cdnmap_serve::watch::Applied;
 use demand::DemandCounter;
-use local::LocalMap;
+use local::{Follower, LocalView};
 
 /// Backoff between reconnection attempts to the mapper.
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
@@ -147,16 +148,16 @@ async fn connect(mapper: &str) -> Result<tonic::transport::Channel, tonic::trans
 
 /// Holds the WatchMap stream, forever: applies updates, publishes views, reconnects.
 async fn watch(mapper: String, front: Arc<Front>) {
-    let mut local = LocalMap::default();
+    let mut local = Follower::default();
     let mut backoff = RECONNECT_MIN;
     loop {
-        let before = local.version();
+        let before = local.identity();
         match follow(&mapper, &front, &mut local).await {
             Ok(()) => tracing::warn!("the mapper ended the map stream; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, version = local.version(),
+            Err(e) => tracing::warn!(error = %e, held = ?local.identity(),
                 "map stream lost; answering from the last map and reconnecting"),
         }
-        if local.version() != before {
+        if local.identity() != before {
             backoff = RECONNECT_MIN; // the stream worked for a while
         }
         metrics::counter!("cdnmap_dns_reconnects_total").increment(1);
@@ -166,51 +167,63 @@ async fn watch(mapper: String, front: Arc<Front>) {
 }
 
 /// One stream: from connection to its end.
-async fn follow(mapper: &str, front: &Arc<Front>, local: &mut LocalMap) -> anyhow::Result<()> {
+async fn follow(mapper: &str, front: &Arc<Front>, local: &mut Follower) -> anyhow::Result<()> {
     let channel = connect(mapper).await?;
     let mut client =
         pb::mapping_client::MappingClient::new(channel).max_decoding_message_size(1 << 30);
+    let (known_epoch, known_version) = local.identity();
     let mut stream = client
         .watch_map(pb::WatchMapRequest {
-            known_version: local.version(),
-            known_epoch: local.epoch(),
+            known_version,
+            known_epoch,
         })
         .await?
         .into_inner();
-    tracing::info!(known = local.version(), "following the mapper's map");
+    tracing::info!(known_epoch, known_version, "following the mapper's map");
     while let Some(update) = stream.message().await? {
-        let version = update.version;
-        // The copy moves to the blocking thread and back; on any failure below it stays empty,
-        // so the next stream starts from a full map.
-        let epoch = update.epoch;
+        let (epoch, version) = (update.epoch, update.version);
+        // The copy moves to a blocking thread (applying a delta merges every unit) and back;
+        // on a failure it keeps the version held and drops a full map half received.
+        let hosts = front.hot_hosts.load_full();
         let mut next = std::mem::take(local);
-        match next.apply(update) {
-            Ok(true) => {}
-            Ok(false) => {
+        let (applied, built, next) = tokio::task::spawn_blocking(move || {
+            let applied = next.apply(update);
+            let built = match (&applied, next.held()) {
+                (Ok(Applied::New), Some(f)) => Some(LocalView::build(f, &keys(&hosts))),
+                _ => None,
+            };
+            (applied, built, next)
+        })
+        .await?;
+        *local = next;
+        match applied {
+            Ok(Applied::New) => {}
+            Ok(Applied::Part) => continue,
+            Ok(Applied::Stale) => {
                 // Older than the map held (the mapper restarted and serves what it stored):
                 // keep answering from the newer one until the mapper's next round.
-                tracing::info!(epoch, version, held = ?next.identity(), "an older map was not applied");
-                *local = next;
+                tracing::info!(epoch, version, held = ?local.identity(), "an older map was not applied");
                 continue;
             }
             Err(e) => anyhow::bail!("update to version {version} of epoch {epoch}: {e}"),
         }
-        let hosts = front.hot_hosts.load_full();
-        let (built, next) =
-            tokio::task::spawn_blocking(move || (next.build(&keys(&hosts)), next)).await?;
         match built {
-            Ok(view) => {
+            Some(Ok(view)) => {
                 tracing::info!(
                     epoch,
                     version,
-                    units = next.unit_count(),
+                    units = view.resolver.map().unit_count(),
                     "map version in use"
                 );
                 metrics::gauge!("cdnmap_dns_map_version").set(version as f64);
                 front.view.store(Some(Arc::new(view)));
-                *local = next;
             }
-            Err(e) => anyhow::bail!("indexing map version {version}: {e}"),
+            Some(Err(e)) => {
+                // Held but not answerable: forget it, so the next stream starts whole.
+                *local = Follower::default();
+                anyhow::bail!("indexing map version {version}: {e}")
+            }
+            None => anyhow::bail!("map version {version} of epoch {epoch} was not held"),
         }
     }
     Ok(())

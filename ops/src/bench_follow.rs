@@ -1,0 +1,177 @@
+//! `cdnmap bench follow`: what a DNS front end costs to follow a big map. Starts `cdnmap serve`
+//! on a demo world and one `cdnmap dns` following it, as processes on loopback, and measures
+//! the time until the front end first answers from the map (the mapper's first round and the
+//! whole map over WatchMap), then follows the rounds that come, and prints each process's peak
+//! resident memory (the kernel's `VmHWM`) and its resident memory at the end.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::bench_dns::{answers, free_port, spawn, Proc};
+
+#[derive(Args, Debug)]
+pub struct FollowBenchArgs {
+    /// Map units of the demo world the mapper serves.
+    #[arg(long, default_value_t = 100_000)]
+    pub map_units: usize,
+    /// Clusters of the demo world.
+    #[arg(long, default_value_t = 200)]
+    pub clusters: usize,
+    /// The world's seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Map versions to follow after the first (each a WatchMap delta).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// The mapper's cycle, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub cycle_secs: u64,
+    /// Longest wait for the first answer, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+    /// Keep the configuration, store and logs here (default: a temporary directory).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// A process's memory from /proc, in MB: (peak resident, resident now).
+fn memory_mb(pid: u32) -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// How many map versions the front end's log says it took into use.
+fn versions_in_use(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|s| s.matches("map version in use").count())
+        .unwrap_or(0)
+}
+
+fn check_running(procs: &mut [&mut Proc], dir: &std::path::Path) -> Result<()> {
+    for p in procs.iter_mut() {
+        if let Ok(Some(status)) = p.0.try_wait() {
+            bail!(
+                "{} exited with {status}; see the logs in {}",
+                p.1,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
+    if a.map_units == 0 || a.clusters == 0 || a.cycle_secs == 0 {
+        bail!("--map-units, --clusters and --cycle-secs must be at least 1");
+    }
+    let tmp;
+    let dir = match &a.out {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let exe = std::env::current_exe().context("finding the cdnmap binary")?;
+    let (grpc, http, dns_port) = (free_port()?, free_port()?, free_port()?);
+    let serve_conf = dir.join("serve.toml");
+    std::fs::write(
+        &serve_conf,
+        format!(
+            "grpc_listen = \"127.0.0.1:{grpc}\"\nhttp_listen = \"127.0.0.1:{http}\"\n\
+             data_dir = {:?}\ncycle_secs = {}\n[demo]\nmap_units = {}\nclusters = {}\nseed = {}\n",
+            dir.join("data").display().to_string(),
+            a.cycle_secs,
+            a.map_units,
+            a.clusters,
+            a.seed
+        ),
+    )?;
+    eprintln!(
+        "bench follow: {} map units, {} clusters, cycle {} s; logs in {}",
+        a.map_units,
+        a.clusters,
+        a.cycle_secs,
+        dir.display()
+    );
+    let started = Instant::now();
+    let mut serve = spawn(
+        Command::new(&exe)
+            .arg("serve")
+            .arg("--config")
+            .arg(&serve_conf),
+        &dir.join("serve.log"),
+        "cdnmap serve",
+    )?;
+    let dns_addr = std::net::SocketAddr::from(([127, 0, 0, 1], dns_port));
+    let dns_log = dir.join("dns.log");
+    let mut front = spawn(
+        Command::new(&exe)
+            .arg("dns")
+            .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
+            .args(["--listen", &dns_addr.to_string()])
+            .args(["--zone", "cdn.example."])
+            .env("RUST_LOG", "info"),
+        &dns_log,
+        "cdnmap dns",
+    )?;
+    let timeout = Duration::from_secs(a.timeout_secs);
+    while !answers(dns_addr, "cdn.example.") {
+        check_running(&mut [&mut serve, &mut front], &dir)?;
+        if started.elapsed() > timeout {
+            bail!(
+                "no answer within {timeout:?}; see the logs in {}",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let first = started.elapsed();
+    let joined = versions_in_use(&dns_log);
+    eprintln!("first answer after {:.1} s", first.as_secs_f64());
+    // Follow the rounds that come.
+    let follow_started = Instant::now();
+    let limit = Duration::from_secs(a.cycle_secs * 3 * (a.rounds as u64 + 1) + 60);
+    while versions_in_use(&dns_log) < joined + a.rounds {
+        check_running(&mut [&mut serve, &mut front], &dir)?;
+        if follow_started.elapsed() > limit {
+            bail!(
+                "{} of {} map versions followed within {limit:?}; see the logs in {}",
+                versions_in_use(&dns_log) - joined,
+                a.rounds,
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let followed = versions_in_use(&dns_log) - joined;
+    let (serve_peak, serve_now) = memory_mb(serve.0.id()).context("reading the mapper's memory")?;
+    let (dns_peak, dns_now) = memory_mb(front.0.id()).context("reading the front end's memory")?;
+    println!(
+        "bench follow: {} map units, {} clusters, {} map versions followed after the first",
+        a.map_units, a.clusters, followed
+    );
+    println!(
+        "  first DNS answer from the map: {:.1} s after start (the mapper's first round, \
+         then the whole map over WatchMap)",
+        first.as_secs_f64()
+    );
+    println!("  cdnmap serve: peak RSS {serve_peak:.0} MB, now {serve_now:.0} MB");
+    println!("  cdnmap dns:   peak RSS {dns_peak:.0} MB, now {dns_now:.0} MB");
+    Ok(ExitCode::SUCCESS)
+}

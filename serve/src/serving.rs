@@ -1,0 +1,507 @@
+//! The serving map: one map version as answering needs it, and nothing more. For each map unit
+//! (in id order): its id, class and prefixes, the shares of its demand placed per cluster (in
+//! the unit's preference order), its overflow share and its two backup clusters; for each cluster
+//! (in id order): its id, addresses and state; per class, the two fallback clusters.
+//!
+//! The mapper builds it from a solution ([`ServingMap::of_solution`]); a front end builds it
+//! from the WatchMap stream ([`crate::watch`]). Both then index it with the same
+//! [`crate::resolve::Resolver`], so they answer every query alike by construction, and a front
+//! end holds this (about 70 bytes a unit) instead of an instance with resource trees and
+//! candidate lists.
+//!
+//! Units are columns (one string arena for the ids, offsets for the variable parts), so a map
+//! of 10 M units is a few dozen allocations, not tens of millions.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
+use cdnmap_mapper::Map;
+use ipnet::IpNet;
+
+/// No cluster (a unit without a backup).
+const NONE: ClusterIdx = ClusterIdx::MAX;
+
+/// A share may exceed 1 by this much (rounding in the division that made it).
+pub const SHARE_SLACK: f64 = 1e-9;
+
+/// Why a serving map could not be built or indexed: the input named.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    #[error(
+        "map unit {id:?} comes after {previous:?}: units must be in strictly increasing id order"
+    )]
+    UnitOrder { id: String, previous: String },
+    #[error(
+        "cluster {id:?} comes after {previous:?}: clusters must be in strictly increasing id order"
+    )]
+    ClusterOrder { id: String, previous: String },
+    #[error("map unit {id:?}: {problem}")]
+    Unit { id: String, problem: String },
+    #[error("the map has {map_units} map units but the instance has {instance_units}")]
+    MapShape {
+        map_units: usize,
+        instance_units: usize,
+    },
+    #[error("prefix {prefix} is claimed by two map units of one class, {first:?} and {second:?}")]
+    PrefixClaimedTwice {
+        prefix: String,
+        first: String,
+        second: String,
+    },
+    #[error("{what}: {count}, at most {limit}")]
+    TooMany {
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
+}
+
+/// A cluster as answering needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServingCluster {
+    pub id: String,
+    pub addresses: Vec<IpAddr>,
+    pub state: ClusterState,
+}
+
+impl ServingCluster {
+    /// The clusters of `instance`, by cluster index.
+    pub fn of_instance(instance: &Instance) -> Vec<ServingCluster> {
+        instance
+            .clusters()
+            .iter()
+            .map(|c| ServingCluster {
+                id: c.id.clone(),
+                addresses: c.addresses.clone(),
+                state: c.state,
+            })
+            .collect()
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state == ClusterState::Up
+    }
+}
+
+/// One map version, for answering.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServingMap {
+    classes: Vec<Arc<str>>,
+    clusters: Vec<ServingCluster>,
+    units: Units,
+    fallback: Vec<[Option<ClusterIdx>; 2]>,
+}
+
+/// The unit columns, in strictly increasing id order.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Units {
+    id_text: String,
+    id_end: Vec<u32>,
+    class: Vec<ClassIdx>,
+    prefix_end: Vec<u32>,
+    prefixes: Vec<IpNet>,
+    share_end: Vec<u32>,
+    share_cluster: Vec<ClusterIdx>,
+    share: Vec<f64>,
+    overflow: Vec<f64>,
+    backup: Vec<[ClusterIdx; 2]>,
+}
+
+/// Builds a [`ServingMap`] unit by unit, in id order, checking each as it comes.
+#[derive(Debug)]
+pub struct Builder {
+    map: ServingMap,
+}
+
+/// Most bytes of unit ids, prefixes or shares one serving map holds (offsets are `u32`).
+pub const MAX_COLUMN: usize = u32::MAX as usize;
+
+impl Builder {
+    /// An empty map over `classes` (by class index) and `clusters` (in strictly increasing id
+    /// order: cluster index = position).
+    pub fn new(
+        classes: Vec<Arc<str>>,
+        clusters: Vec<ServingCluster>,
+    ) -> Result<Builder, ServeError> {
+        for w in clusters.windows(2) {
+            if w[0].id >= w[1].id {
+                return Err(ServeError::ClusterOrder {
+                    id: w[1].id.clone(),
+                    previous: w[0].id.clone(),
+                });
+            }
+        }
+        if classes.len() > usize::from(ClassIdx::MAX) + 1 {
+            return Err(ServeError::TooMany {
+                what: "traffic classes",
+                count: classes.len(),
+                limit: usize::from(ClassIdx::MAX) + 1,
+            });
+        }
+        let fallback = vec![[None, None]; classes.len()];
+        Ok(Builder {
+            map: ServingMap {
+                classes,
+                clusters,
+                units: Units::default(),
+                fallback,
+            },
+        })
+    }
+
+    /// Reserves room for `units` more units.
+    pub fn reserve(&mut self, units: usize) {
+        let u = &mut self.map.units;
+        u.id_end.reserve(units);
+        u.class.reserve(units);
+        u.prefix_end.reserve(units);
+        u.prefixes.reserve(units);
+        u.share_end.reserve(units);
+        u.share_cluster.reserve(units);
+        u.share.reserve(units);
+        u.overflow.reserve(units);
+        u.backup.reserve(units);
+    }
+
+    pub fn unit_count(&self) -> usize {
+        self.map.units.class.len()
+    }
+
+    /// The id of the last unit pushed.
+    pub fn last_id(&self) -> Option<&str> {
+        let n = self.unit_count();
+        (n > 0).then(|| self.map.unit_id((n - 1) as UnitIdx))
+    }
+
+    /// Appends a unit: its id must follow the last one's; `shares` are (cluster, share of its
+    /// demand) in the unit's preference order, each in (0, 1], distinct clusters; `overflow`
+    /// in [0, 1].
+    pub fn push(
+        &mut self,
+        id: &str,
+        class: ClassIdx,
+        prefixes: &[IpNet],
+        shares: impl IntoIterator<Item = (ClusterIdx, f64)>,
+        overflow: f64,
+        backups: [Option<ClusterIdx>; 2],
+    ) -> Result<(), ServeError> {
+        let bad = |problem: String| ServeError::Unit {
+            id: id.to_string(),
+            problem,
+        };
+        if let Some(previous) = self.last_id() {
+            if previous >= id {
+                return Err(ServeError::UnitOrder {
+                    id: id.to_string(),
+                    previous: previous.to_string(),
+                });
+            }
+        }
+        if usize::from(class) >= self.map.classes.len() {
+            return Err(bad(format!(
+                "class index {class} of {}",
+                self.map.classes.len()
+            )));
+        }
+        let clusters = self.map.clusters.len();
+        let cluster_ok = |c: ClusterIdx| (c as usize) < clusters;
+        if !(overflow.is_finite() && (0.0..=1.0 + SHARE_SLACK).contains(&overflow)) {
+            return Err(bad(format!("overflow share {overflow} is not in [0, 1]")));
+        }
+        for b in backups.into_iter().flatten() {
+            if !cluster_ok(b) {
+                return Err(bad(format!("backup cluster index {b} of {clusters}")));
+            }
+        }
+        if backups[1].is_some() && (backups[0].is_none() || backups[0] == backups[1]) {
+            return Err(bad(
+                "a second backup cluster without a distinct first".into()
+            ));
+        }
+        let u = &mut self.map.units;
+        let start = u.share_cluster.len();
+        for (c, s) in shares {
+            let problem = if !cluster_ok(c) {
+                Some(format!("cluster index {c} of {clusters}"))
+            } else if !(s.is_finite() && s > 0.0 && s <= 1.0 + SHARE_SLACK) {
+                Some(format!("share {s} is not in (0, 1]"))
+            } else if u.share_cluster[start..].contains(&c) {
+                Some(format!("cluster index {c} holds two shares"))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                u.share_cluster.truncate(start);
+                u.share.truncate(start);
+                return Err(bad(problem));
+            }
+            u.share_cluster.push(c);
+            u.share.push(s);
+        }
+        let too_big = u.id_text.len() + id.len() > MAX_COLUMN
+            || u.prefixes.len() + prefixes.len() > MAX_COLUMN
+            || u.share.len() > MAX_COLUMN;
+        if too_big {
+            u.share_cluster.truncate(start);
+            u.share.truncate(start);
+            return Err(ServeError::TooMany {
+                what: "entries in one column of the serving map",
+                count: MAX_COLUMN + 1,
+                limit: MAX_COLUMN,
+            });
+        }
+        u.id_text.push_str(id);
+        u.id_end.push(u.id_text.len() as u32);
+        u.class.push(class);
+        u.prefixes.extend(prefixes.iter().map(IpNet::trunc));
+        u.prefix_end.push(u.prefixes.len() as u32);
+        u.share_end.push(u.share.len() as u32);
+        u.overflow.push(overflow);
+        u.backup
+            .push([backups[0].unwrap_or(NONE), backups[1].unwrap_or(NONE)]);
+        Ok(())
+    }
+
+    /// The cluster with this id.
+    pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
+        self.map.cluster_index(id)
+    }
+
+    /// Sets each class's two fallback clusters (by class index; missing ones none, and so
+    /// are indices past the clusters).
+    pub fn set_fallback(&mut self, fallback: &[[Option<ClusterIdx>; 2]]) {
+        let clusters = self.map.clusters.len();
+        for (k, f) in self.map.fallback.iter_mut().enumerate() {
+            if let Some(&[a, b]) = fallback.get(k) {
+                let ok = |c: Option<ClusterIdx>| c.filter(|&c| (c as usize) < clusters);
+                *f = [ok(a), ok(b)];
+            }
+        }
+    }
+
+    /// The map.
+    pub fn finish(self) -> ServingMap {
+        self.map
+    }
+}
+
+impl ServingMap {
+    /// The serving map of `map`, a map of `instance`: shares by [`cdnmap_mapper::map::share`]
+    /// (the one definition), each unit's backups its two best up candidates outside its
+    /// placements,
+    /// each class's fallbacks the two up clusters serving it with the most room.
+    pub fn of_solution(instance: &Instance, map: &Map) -> Result<ServingMap, ServeError> {
+        if map.unit_count() != instance.unit_count() {
+            return Err(ServeError::MapShape {
+                map_units: map.unit_count(),
+                instance_units: instance.unit_count(),
+            });
+        }
+        let classes = instance
+            .classes()
+            .iter()
+            .map(|c| Arc::from(c.name.as_str()))
+            .collect();
+        let clusters = ServingCluster::of_instance(instance);
+        let up: Vec<bool> = clusters.iter().map(ServingCluster::is_up).collect();
+        let mut b = Builder::new(classes, clusters)?;
+        b.reserve(instance.unit_count());
+        let mut placed = Vec::new();
+        for u in 0..instance.unit_count() as UnitIdx {
+            placed.clear();
+            placed.extend(cdnmap_mapper::map::unit_shares(instance, map, u));
+            let overflow = cdnmap_mapper::map::share(map.overflow(u), instance.unit_demand(u));
+            let mut outside = instance
+                .candidates(u)
+                .map(|c| c.cluster)
+                .filter(|&c| up[c as usize] && !placed.iter().any(|&(p, _)| p == c));
+            let backups = [outside.next(), outside.next()];
+            b.push(
+                instance.unit_id(u),
+                instance.unit_class(u),
+                instance.unit_prefixes(u),
+                placed.iter().copied(),
+                overflow,
+                backups,
+            )?;
+        }
+        b.set_fallback(&fallbacks(instance, map));
+        Ok(b.finish())
+    }
+
+    /// Class names by class index.
+    pub fn classes(&self) -> &[Arc<str>] {
+        &self.classes
+    }
+
+    pub fn class_index(&self, name: &str) -> Option<ClassIdx> {
+        self.classes
+            .iter()
+            .position(|c| &**c == name)
+            .map(|k| k as ClassIdx)
+    }
+
+    /// Clusters by cluster index (id order).
+    pub fn clusters(&self) -> &[ServingCluster] {
+        &self.clusters
+    }
+
+    pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
+        self.clusters
+            .binary_search_by(|c| c.id.as_str().cmp(id))
+            .ok()
+            .map(|c| c as ClusterIdx)
+    }
+
+    pub fn unit_count(&self) -> usize {
+        self.units.class.len()
+    }
+
+    fn range(ends: &[u32], u: UnitIdx) -> std::ops::Range<usize> {
+        let u = u as usize;
+        let start = if u == 0 { 0 } else { ends[u - 1] as usize };
+        start..ends[u] as usize
+    }
+
+    pub fn unit_id(&self, u: UnitIdx) -> &str {
+        &self.units.id_text[Self::range(&self.units.id_end, u)]
+    }
+
+    /// The unit with this id (a binary search: units are in id order).
+    pub fn unit_index(&self, id: &str) -> Option<UnitIdx> {
+        let (mut lo, mut hi) = (0usize, self.unit_count());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.unit_id(mid as UnitIdx).cmp(id) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(mid as UnitIdx),
+            }
+        }
+        None
+    }
+
+    pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
+        self.units.class[u as usize]
+    }
+
+    pub fn unit_class_name(&self, u: UnitIdx) -> &str {
+        &self.classes[usize::from(self.unit_class(u))]
+    }
+
+    pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
+        &self.units.prefixes[Self::range(&self.units.prefix_end, u)]
+    }
+
+    /// Unit `u`'s placements: clusters and shares of its demand, in its preference order.
+    pub fn shares(&self, u: UnitIdx) -> (&[ClusterIdx], &[f64]) {
+        let r = Self::range(&self.units.share_end, u);
+        (&self.units.share_cluster[r.clone()], &self.units.share[r])
+    }
+
+    /// Where share `i` of the whole map starts for unit `u` (the resolver keeps a column
+    /// parallel to the shares).
+    pub(crate) fn share_range(&self, u: UnitIdx) -> std::ops::Range<usize> {
+        Self::range(&self.units.share_end, u)
+    }
+
+    pub(crate) fn share_total(&self) -> usize {
+        self.units.share.len()
+    }
+
+    /// The share of unit `u`'s demand no candidate took.
+    pub fn overflow(&self, u: UnitIdx) -> f64 {
+        self.units.overflow[u as usize]
+    }
+
+    /// The cluster an answer names second when `u`'s demand sits wholly at one cluster: its
+    /// best up candidate outside its placements.
+    pub fn backup(&self, u: UnitIdx) -> Option<ClusterIdx> {
+        self.backups(u)[0]
+    }
+
+    /// Unit `u`'s two best up candidates outside its placements: the second is the answer's
+    /// second cluster when none of the placements is up (the first is then its first).
+    pub fn backups(&self, u: UnitIdx) -> [Option<ClusterIdx>; 2] {
+        self.units.backup[u as usize].map(|b| (b != NONE).then_some(b))
+    }
+
+    /// The class's two fallback clusters.
+    pub fn fallback(&self, class: ClassIdx) -> [Option<ClusterIdx>; 2] {
+        self.fallback
+            .get(usize::from(class))
+            .copied()
+            .unwrap_or([None, None])
+    }
+
+    /// Whether unit `u` answers alike in `self` and unit `v` in `other` (same id assumed):
+    /// class name, prefixes, shares per cluster id (exactly), overflow and backups.
+    pub fn same_unit(&self, u: UnitIdx, other: &ServingMap, v: UnitIdx) -> bool {
+        fn by_id(m: &ServingMap, u: UnitIdx) -> Vec<(&str, u64)> {
+            let (c, s) = m.shares(u);
+            let mut v: Vec<(&str, u64)> = c
+                .iter()
+                .zip(s)
+                .map(|(&c, &s)| (m.clusters[c as usize].id.as_str(), s.to_bits()))
+                .collect();
+            v.sort_unstable();
+            v
+        }
+        fn backup(m: &ServingMap, u: UnitIdx) -> [Option<&str>; 2] {
+            m.backups(u)
+                .map(|b| b.map(|c| m.clusters[c as usize].id.as_str()))
+        }
+        self.unit_class_name(u) == other.unit_class_name(v)
+            && self.unit_prefixes(u) == other.unit_prefixes(v)
+            && self.overflow(u).to_bits() == other.overflow(v).to_bits()
+            && backup(self, u) == backup(other, v)
+            && by_id(self, u) == by_id(other, v)
+    }
+
+    /// Bytes this map holds on the heap (about).
+    pub fn heap_bytes(&self) -> usize {
+        let u = &self.units;
+        u.id_text.capacity()
+            + 4 * (u.id_end.capacity() + u.prefix_end.capacity() + u.share_end.capacity())
+            + std::mem::size_of::<ClassIdx>() * u.class.capacity()
+            + std::mem::size_of::<IpNet>() * u.prefixes.capacity()
+            + 4 * (u.share_cluster.capacity() + 2 * u.backup.capacity())
+            + 8 * (u.share.capacity() + u.overflow.capacity())
+    }
+}
+
+/// Per class, the two up clusters serving it with the most room for one more unit of demand
+/// (the smallest free share along the class's path).
+fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
+    let used = cdnmap_mapper::map::node_usage(instance, map);
+    (0..instance.classes().len())
+        .map(|k| {
+            let k = k as ClassIdx;
+            let mut best: Vec<(f64, ClusterIdx)> = instance
+                .clusters()
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.state == ClusterState::Up && c.serves(k))
+                .map(|(ci, c)| {
+                    let room = c
+                        .path(k)
+                        .map(|n| {
+                            let cap = c.nodes[n as usize].capacity;
+                            let free = cap - used[instance.global_node(ci as ClusterIdx, n)];
+                            if cap > 0.0 {
+                                free / cap
+                            } else {
+                                0.0
+                            }
+                        })
+                        .fold(f64::INFINITY, f64::min);
+                    (room, ci as ClusterIdx)
+                })
+                .collect();
+            best.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            [best.first().map(|b| b.1), best.get(1).map(|b| b.1)]
+        })
+        .collect()
+}

@@ -1,0 +1,992 @@
+//! WatchMap's messages, both sides, and the only place that converts them: a [`ServingMap`] as
+//! a full map (in parts) or as the delta from the version before, on the mapper's side; a
+//! [`Follower`] that applies them into the next [`ServingMap`], on the front end's side. The
+//! protobuf forms of a cluster's state and of a selection policy are here too.
+//!
+//! **Order.** Units travel in strictly increasing id order and clusters in id order, in full
+//! maps and deltas alike, so a front end builds its map by one merge, without sorting or a
+//! table keyed by id beside it.
+//!
+//! **Parts.** A full map of many units is sent as several messages of at most
+//! [`PART_UNITS`] units, each but the last with `more` set; the first carries the clusters,
+//! rules and fallbacks, later ones units only. A front end applies nothing until the last, and
+//! holds each part's units in the compact columns of the map it is building, not as messages.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, UnitIdx};
+use cdnmap_proto::v1 as pb;
+use ipnet::IpNet;
+
+use crate::servers::Policy;
+use crate::serving::{Builder, ServeError, ServingCluster, ServingMap};
+
+/// Most map units in one message of a full map.
+pub const PART_UNITS: usize = 65_536;
+/// Most map units a front end holds.
+pub const MAX_UNITS: usize = 10_000_000;
+/// Most clusters a front end holds.
+pub const MAX_CLUSTERS: usize = 100_000;
+/// Most prefixes of one map unit, and most shares.
+pub const MAX_UNIT_PREFIXES: usize = 4_096;
+/// Most traffic classes (names in fallbacks, rules and the default).
+pub const MAX_CLASSES: usize = 256;
+
+/// A cluster's state on the wire.
+pub fn state_pb(state: ClusterState) -> pb::ClusterState {
+    match state {
+        ClusterState::Up => pb::ClusterState::Up,
+        ClusterState::Drained => pb::ClusterState::Drained,
+        ClusterState::Down => pb::ClusterState::Down,
+    }
+}
+
+/// A cluster's state from the wire: `None` for `UNSPECIFIED` (each caller says what that
+/// means) and for a number that is no state.
+pub fn state_from_pb(value: i32) -> Option<ClusterState> {
+    match pb::ClusterState::try_from(value) {
+        Ok(pb::ClusterState::Up) => Some(ClusterState::Up),
+        Ok(pb::ClusterState::Drained) => Some(ClusterState::Drained),
+        Ok(pb::ClusterState::Down) => Some(ClusterState::Down),
+        Ok(pb::ClusterState::Unspecified) | Err(_) => None,
+    }
+}
+
+/// A selection policy on the wire.
+pub fn policy_pb(policy: &Policy) -> pb::ServerSelection {
+    let mut out = pb::ServerSelection {
+        policy: policy.name().to_string(),
+        vnodes: policy.vnodes(),
+        c: 0.0,
+        d: 0,
+    };
+    match *policy {
+        Policy::Consistent { .. } => {}
+        Policy::BoundedLoads { c, .. } => out.c = c,
+        Policy::PowerOfD { d, .. } => out.d = d,
+    }
+    out
+}
+
+/// The policy a `WatchMap` cluster carries; an absent selection is the default policy.
+pub fn policy_from_pb(s: Option<&pb::ServerSelection>) -> Result<Policy, String> {
+    let Some(s) = s else {
+        return Ok(Policy::default());
+    };
+    let policy = match s.policy.as_str() {
+        "consistent" => Policy::Consistent { vnodes: s.vnodes },
+        "bounded" => Policy::BoundedLoads {
+            vnodes: s.vnodes,
+            c: s.c,
+        },
+        "power-of-d" => Policy::PowerOfD {
+            vnodes: s.vnodes,
+            d: s.d,
+        },
+        other => {
+            return Err(format!(
+                "unknown policy {other:?} (consistent, bounded or power-of-d)"
+            ))
+        }
+    };
+    policy.validate().map_err(|e| e.to_string())?;
+    Ok(policy)
+}
+
+/// A map version's identity and time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Identity {
+    pub epoch: u64,
+    pub version: u64,
+    pub solved_at_unix_ms: i64,
+}
+
+impl Identity {
+    /// (epoch, version): ordered as a pair.
+    pub fn key(&self) -> (u64, u64) {
+        (self.epoch, self.version)
+    }
+}
+
+/// What a message carries besides the map: each cluster's selection policy (by cluster
+/// index), the last reported load of a server, and the hostname rules and default class.
+pub struct Edge<'a> {
+    pub policies: &'a [Policy],
+    pub load: &'a (dyn Fn(&str, IpAddr) -> f64 + Sync),
+    pub rules: &'a [(String, String)],
+    pub default_class: &'a str,
+}
+
+fn unit_pb(m: &ServingMap, u: UnitIdx) -> pb::UnitMapping {
+    let clusters = m.clusters();
+    let (placed, shares) = m.shares(u);
+    let backups = m.backups(u);
+    pb::UnitMapping {
+        id: m.unit_id(u).to_string(),
+        traffic_class: m.unit_class_name(u).to_string(),
+        prefixes: m.unit_prefixes(u).iter().map(|p| p.to_string()).collect(),
+        shares: placed
+            .iter()
+            .zip(shares)
+            .map(|(&c, &share)| pb::ClusterShare {
+                cluster: clusters[c as usize].id.clone(),
+                share,
+            })
+            .collect(),
+        overflow_share: m.overflow(u),
+        backup_cluster: backups[0].map_or(String::new(), |c| clusters[c as usize].id.clone()),
+        second_backup_cluster: backups[1]
+            .map_or(String::new(), |c| clusters[c as usize].id.clone()),
+    }
+}
+
+fn clusters_pb(edge: &Edge<'_>, m: &ServingMap) -> Vec<pb::ClusterAddresses> {
+    m.clusters()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| pb::ClusterAddresses {
+            id: c.id.clone(),
+            addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
+            state: state_pb(c.state) as i32,
+            selection: Some(policy_pb(
+                &edge.policies.get(i).copied().unwrap_or_default(),
+            )),
+            server_loads: c.addresses.iter().map(|&a| (edge.load)(&c.id, a)).collect(),
+        })
+        .collect()
+}
+
+fn fallbacks_pb(m: &ServingMap) -> Vec<pb::ClassFallback> {
+    let clusters = m.clusters();
+    m.classes()
+        .iter()
+        .enumerate()
+        .map(|(k, class)| pb::ClassFallback {
+            traffic_class: class.to_string(),
+            clusters: m
+                .fallback(k as ClassIdx)
+                .into_iter()
+                .flatten()
+                .map(|c| clusters[c as usize].id.clone())
+                .collect(),
+        })
+        .collect()
+}
+
+/// The message of `m` without units: identity, clusters, rules, fallbacks.
+fn frame(edge: &Edge<'_>, id: Identity, m: &ServingMap) -> pb::MapUpdate {
+    pb::MapUpdate {
+        epoch: id.epoch,
+        version: id.version,
+        solved_at_unix_ms: id.solved_at_unix_ms,
+        clusters: clusters_pb(edge, m),
+        class_rules: edge
+            .rules
+            .iter()
+            .map(|(pattern, class)| pb::ClassRule {
+                pattern: pattern.clone(),
+                traffic_class: class.clone(),
+            })
+            .collect(),
+        default_class: edge.default_class.to_string(),
+        fallbacks: fallbacks_pb(m),
+        ..Default::default()
+    }
+}
+
+/// How many messages the full map of `m` takes.
+pub fn full_parts(m: &ServingMap) -> usize {
+    m.unit_count().div_ceil(PART_UNITS).max(1)
+}
+
+/// Message `part` (of [`full_parts`]) of the whole map `m`: what a front end joining, or fallen
+/// behind, starts from. Made one at a time, so a stream holds one part, not the whole map.
+pub fn full_part(edge: &Edge<'_>, id: Identity, m: &ServingMap, part: usize) -> pb::MapUpdate {
+    let parts = full_parts(m);
+    let mut msg = if part == 0 {
+        frame(edge, id, m)
+    } else {
+        pb::MapUpdate {
+            epoch: id.epoch,
+            version: id.version,
+            solved_at_unix_ms: id.solved_at_unix_ms,
+            ..Default::default()
+        }
+    };
+    msg.full = true;
+    msg.more = part + 1 < parts;
+    let start = part * PART_UNITS;
+    let end = (start + PART_UNITS).min(m.unit_count());
+    msg.units = (start..end).map(|u| unit_pb(m, u as UnitIdx)).collect();
+    msg
+}
+
+/// What changed from `prev` to `next`: the units whose answer may differ (by id; see
+/// [`ServingMap::same_unit`]) in id order, the ids gone, and the clusters, rules and fallbacks
+/// whole.
+pub fn delta_update(
+    edge: &Edge<'_>,
+    prev_id: Identity,
+    prev: &ServingMap,
+    id: Identity,
+    next: &ServingMap,
+) -> pb::MapUpdate {
+    let mut msg = frame(edge, id, next);
+    msg.base_epoch = prev_id.epoch;
+    msg.base_version = prev_id.version;
+    let (changed, removed) = changed_units(prev, next);
+    msg.units = changed.into_iter().map(|u| unit_pb(next, u)).collect();
+    msg.removed_units = removed;
+    msg
+}
+
+/// The units of `next` whose answer may differ from `prev`'s, in id order, and the ids of
+/// `prev`'s units that `next` no longer has: one merge over the two id orders.
+pub fn changed_units(prev: &ServingMap, next: &ServingMap) -> (Vec<UnitIdx>, Vec<String>) {
+    let (mut changed, mut removed) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0 as UnitIdx, 0 as UnitIdx);
+    let (n, m) = (prev.unit_count() as UnitIdx, next.unit_count() as UnitIdx);
+    while i < n || j < m {
+        let order = match (i < n, j < m) {
+            (true, true) => prev.unit_id(i).cmp(next.unit_id(j)),
+            (true, false) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                removed.push(prev.unit_id(i).to_string());
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                changed.push(j);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                if !prev.same_unit(i, next, j) {
+                    changed.push(j);
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    (changed, removed)
+}
+
+/// Why an update could not be applied (the copy is then unchanged; the stream is restarted
+/// with a full map).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FollowError {
+    #[error("a delta against version {base:?} (epoch, version) arrived while holding {held:?}")]
+    Gap { base: (u64, u64), held: (u64, u64) },
+    #[error(
+        "part of a full map of {got:?} (epoch, version) arrived while {building:?} was coming"
+    )]
+    Parts {
+        got: (u64, u64),
+        building: Option<(u64, u64)>,
+    },
+    #[error("{field}: {problem}")]
+    Invalid { field: String, problem: String },
+    #[error(transparent)]
+    Map(#[from] ServeError),
+}
+
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FollowError {
+    FollowError::Invalid {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// What the front end answers with besides the map: per cluster (by index) its selection
+/// policy and its servers' last reported loads, and the hostname rules.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    pub policies: Vec<Policy>,
+    pub loads: Vec<Vec<f64>>,
+    pub rules: Vec<(String, String)>,
+    pub default_class: String,
+}
+
+/// A version the stream has brought in whole.
+#[derive(Debug, Clone)]
+pub struct Followed {
+    pub identity: Identity,
+    pub map: Arc<ServingMap>,
+    pub extras: Arc<Extras>,
+}
+
+/// What [`Follower::apply`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// A new version is held.
+    New,
+    /// A part of a full map was taken; more are to come.
+    Part,
+    /// A full map older than the one held: not applied.
+    Stale,
+}
+
+/// A full map being received in parts.
+struct Building {
+    identity: Identity,
+    builder: Builder,
+    extras: Extras,
+    classes: Vec<Arc<str>>,
+}
+
+/// The front end's side of WatchMap: the versions the stream brought, applied in order.
+#[derive(Default)]
+pub struct Follower {
+    held: Option<Followed>,
+    building: Option<Building>,
+}
+
+impl Follower {
+    /// The version held.
+    pub fn held(&self) -> Option<&Followed> {
+        self.held.as_ref()
+    }
+
+    /// The identity held ((0, 0): none yet).
+    pub fn identity(&self) -> (u64, u64) {
+        self.held.as_ref().map_or((0, 0), |h| h.identity.key())
+    }
+
+    /// Applies one message. A full map (its last part) replaces what is held; a delta must
+    /// follow the version held. A full map older than the one held is not applied. On error
+    /// nothing held changes (a full map being received is dropped).
+    pub fn apply(&mut self, update: pb::MapUpdate) -> Result<Applied, FollowError> {
+        let result = self.apply_inner(update);
+        if result.is_err() {
+            self.building = None;
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, update: pb::MapUpdate) -> Result<Applied, FollowError> {
+        let identity = Identity {
+            epoch: update.epoch,
+            version: update.version,
+            solved_at_unix_ms: update.solved_at_unix_ms,
+        };
+        let held = self.identity();
+        if !update.full {
+            if self.building.is_some() {
+                return Err(FollowError::Parts {
+                    got: identity.key(),
+                    building: self.building.as_ref().map(|b| b.identity.key()),
+                });
+            }
+            if (update.base_epoch, update.base_version) != held || self.held.is_none() {
+                return Err(FollowError::Gap {
+                    base: (update.base_epoch, update.base_version),
+                    held,
+                });
+            }
+            let next = self.delta(identity, update)?;
+            self.held = Some(next);
+            return Ok(Applied::New);
+        }
+        let more = update.more;
+        match &mut self.building {
+            Some(b) if b.identity.key() == identity.key() => {
+                if !update.clusters.is_empty() || !update.fallbacks.is_empty() {
+                    return Err(invalid(
+                        "clusters",
+                        "a full map's later parts carry units only",
+                    ));
+                }
+                push_units(&mut b.builder, &b.classes, update.units)?;
+            }
+            Some(b) => {
+                return Err(FollowError::Parts {
+                    got: identity.key(),
+                    building: Some(b.identity.key()),
+                })
+            }
+            None => {
+                let (extras, classes, clusters) = frame_of(&update)?;
+                let builder = Builder::new(classes.clone(), clusters)?;
+                let mut b = Building {
+                    identity,
+                    builder,
+                    extras,
+                    classes,
+                };
+                let fallback = fallback_of(&update, &b.classes, &|id| b.builder.cluster_index(id));
+                b.builder.set_fallback(&fallback);
+                push_units(&mut b.builder, &b.classes, update.units)?;
+                self.building = Some(b);
+            }
+        }
+        if more {
+            return Ok(Applied::Part);
+        }
+        let Some(b) = self.building.take() else {
+            return Ok(Applied::Part);
+        };
+        if self.held.is_some() && b.identity.key() < held {
+            return Ok(Applied::Stale);
+        }
+        self.held = Some(Followed {
+            identity: b.identity,
+            map: Arc::new(b.builder.finish()),
+            extras: Arc::new(b.extras),
+        });
+        Ok(Applied::New)
+    }
+
+    /// The held version with `update` (a delta) applied: one merge of the held units and the
+    /// update's, in id order.
+    fn delta(&self, identity: Identity, update: pb::MapUpdate) -> Result<Followed, FollowError> {
+        let Some(held) = &self.held else {
+            return Err(FollowError::Gap {
+                base: (update.base_epoch, update.base_version),
+                held: (0, 0),
+            });
+        };
+        let old = &held.map;
+        let (extras, classes, clusters) = frame_of(&update)?;
+        let removed: HashSet<&str> = update.removed_units.iter().map(String::as_str).collect();
+        let mut b = Builder::new(classes.clone(), clusters)?;
+        let fallback = fallback_of(&update, &classes, &|id| b.cluster_index(id));
+        b.set_fallback(&fallback);
+        // Old indices to new, by id: a cluster or class gone must leave no unit behind.
+        let cluster_map: Vec<Option<ClusterIdx>> = old
+            .clusters()
+            .iter()
+            .map(|c| b.cluster_index(&c.id))
+            .collect();
+        let class_map: Vec<Option<ClassIdx>> = old
+            .classes()
+            .iter()
+            .map(|name| class_in(&classes, name))
+            .collect();
+        let total = old.unit_count() + update.units.len();
+        if total > MAX_UNITS {
+            return Err(invalid(
+                "units",
+                format!("{total} map units, at most {MAX_UNITS}"),
+            ));
+        }
+        b.reserve(old.unit_count());
+        let mut incoming = update.units.into_iter().peekable();
+        let mut u = 0 as UnitIdx;
+        let n = old.unit_count() as UnitIdx;
+        loop {
+            let next_new = incoming.peek().map(|x| x.id.as_str());
+            let take_old = match (u < n, next_new) {
+                (false, None) => break,
+                (true, None) => true,
+                (false, Some(_)) => false,
+                (true, Some(id)) => old.unit_id(u) < id,
+            };
+            if take_old {
+                let id = old.unit_id(u);
+                if !removed.contains(id) {
+                    copy_unit(&mut b, old, u, &cluster_map, &class_map)?;
+                }
+                u += 1;
+                continue;
+            }
+            let Some(unit) = incoming.next() else {
+                break;
+            };
+            if u < n && old.unit_id(u) == unit.id {
+                u += 1; // replaced
+            }
+            let lookup = |id: &str| b.cluster_index(id);
+            let parsed = parse_unit(&classes, &unit, &lookup)?;
+            b.push(
+                &unit.id,
+                parsed.class,
+                &parsed.prefixes,
+                parsed.shares,
+                unit.overflow_share,
+                parsed.backups,
+            )?;
+        }
+        Ok(Followed {
+            identity,
+            map: Arc::new(b.finish()),
+            extras: Arc::new(extras),
+        })
+    }
+}
+
+/// An unchanged unit of `old` into the map being built, its clusters and class renumbered.
+fn copy_unit(
+    b: &mut Builder,
+    old: &ServingMap,
+    u: UnitIdx,
+    cluster_map: &[Option<ClusterIdx>],
+    class_map: &[Option<ClassIdx>],
+) -> Result<(), FollowError> {
+    let id = old.unit_id(u);
+    let gone = |what: &str| invalid(format!("units[{id:?}]"), format!("its {what} is gone"));
+    let class = class_map[usize::from(old.unit_class(u))].ok_or_else(|| gone("class"))?;
+    let (clusters, shares) = old.shares(u);
+    let mut placed = Vec::with_capacity(clusters.len());
+    for (&c, &s) in clusters.iter().zip(shares) {
+        placed.push((cluster_map[c as usize].ok_or_else(|| gone("cluster"))?, s));
+    }
+    let mut backups = [None, None];
+    for (i, b) in old.backups(u).into_iter().enumerate() {
+        if let Some(c) = b {
+            backups[i] = Some(cluster_map[c as usize].ok_or_else(|| gone("backup cluster"))?);
+        }
+    }
+    b.push(
+        id,
+        class,
+        old.unit_prefixes(u),
+        placed,
+        old.overflow(u),
+        backups,
+    )?;
+    Ok(())
+}
+
+fn class_in(classes: &[Arc<str>], name: &str) -> Option<ClassIdx> {
+    classes
+        .iter()
+        .position(|c| &**c == name)
+        .map(|k| k as ClassIdx)
+}
+
+/// What a message's frame holds: the extras, the class names, the clusters.
+type Frame = (Extras, Vec<Arc<str>>, Vec<ServingCluster>);
+
+/// The extras, the classes (the fallbacks' classes in order, then any other the rules or the
+/// default name, by name) and the clusters of a message that carries them.
+fn frame_of(update: &pb::MapUpdate) -> Result<Frame, FollowError> {
+    if update.clusters.len() > MAX_CLUSTERS {
+        return Err(invalid(
+            "clusters",
+            format!("{} clusters, at most {MAX_CLUSTERS}", update.clusters.len()),
+        ));
+    }
+    let mut classes: Vec<Arc<str>> = Vec::new();
+    let mut add = |name: &str| {
+        if !classes.iter().any(|c| &**c == name) {
+            classes.push(Arc::from(name));
+        }
+    };
+    for f in &update.fallbacks {
+        add(&f.traffic_class);
+    }
+    let mut more: Vec<&str> = update
+        .class_rules
+        .iter()
+        .map(|r| r.traffic_class.as_str())
+        .chain(std::iter::once(update.default_class.as_str()))
+        .collect();
+    more.sort_unstable();
+    for name in more {
+        add(name);
+    }
+    if classes.len() > MAX_CLASSES {
+        return Err(invalid(
+            "fallbacks",
+            format!("{} traffic classes, at most {MAX_CLASSES}", classes.len()),
+        ));
+    }
+    let mut extras = Extras {
+        rules: update
+            .class_rules
+            .iter()
+            .map(|r| (r.pattern.clone(), r.traffic_class.clone()))
+            .collect(),
+        default_class: update.default_class.clone(),
+        ..Extras::default()
+    };
+    let mut clusters = Vec::with_capacity(update.clusters.len());
+    for (i, c) in update.clusters.iter().enumerate() {
+        let field = |f: &str| format!("clusters[{i}] ({:?}).{f}", c.id);
+        let addresses = c
+            .addresses
+            .iter()
+            .map(|a| {
+                a.parse::<IpAddr>()
+                    .map_err(|_| invalid(field("addresses"), format!("{a:?} is not an address")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let state = state_from_pb(c.state)
+            .ok_or_else(|| invalid(field("state"), format!("{} is not a state", c.state)))?;
+        let policy =
+            policy_from_pb(c.selection.as_ref()).map_err(|e| invalid(field("selection"), e))?;
+        let loads = addresses
+            .iter()
+            .enumerate()
+            .map(|(j, _)| {
+                c.server_loads
+                    .get(j)
+                    .copied()
+                    .filter(|l| l.is_finite() && *l >= 0.0)
+                    .unwrap_or(0.0)
+            })
+            .collect();
+        extras.policies.push(policy);
+        extras.loads.push(loads);
+        clusters.push(ServingCluster {
+            id: c.id.clone(),
+            addresses,
+            state,
+        });
+    }
+    Ok((extras, classes, clusters))
+}
+
+/// Per class, its fallback clusters as the message names them (unknown ids left out).
+fn fallback_of(
+    update: &pb::MapUpdate,
+    classes: &[Arc<str>],
+    cluster: &dyn Fn(&str) -> Option<ClusterIdx>,
+) -> Vec<[Option<ClusterIdx>; 2]> {
+    let mut out = vec![[None, None]; classes.len()];
+    for f in &update.fallbacks {
+        let Some(k) = class_in(classes, &f.traffic_class) else {
+            continue;
+        };
+        let ids: Vec<Option<ClusterIdx>> = f.clusters.iter().map(|c| cluster(c)).collect();
+        out[usize::from(k)] = [
+            ids.first().copied().flatten(),
+            ids.get(1).copied().flatten(),
+        ];
+    }
+    out
+}
+
+struct ParsedUnit {
+    class: ClassIdx,
+    prefixes: Vec<IpNet>,
+    shares: Vec<(ClusterIdx, f64)>,
+    backups: [Option<ClusterIdx>; 2],
+}
+
+fn parse_unit(
+    classes: &[Arc<str>],
+    u: &pb::UnitMapping,
+    cluster: &dyn Fn(&str) -> Option<ClusterIdx>,
+) -> Result<ParsedUnit, FollowError> {
+    let field = |f: &str| format!("units[{:?}].{f}", u.id);
+    if u.prefixes.len() > MAX_UNIT_PREFIXES || u.shares.len() > MAX_UNIT_PREFIXES {
+        return Err(invalid(
+            field("prefixes"),
+            format!("more than {MAX_UNIT_PREFIXES} prefixes or shares"),
+        ));
+    }
+    let class = class_in(classes, &u.traffic_class).ok_or_else(|| {
+        invalid(
+            field("traffic_class"),
+            format!("{:?} is no class the fallbacks name", u.traffic_class),
+        )
+    })?;
+    let prefixes = u
+        .prefixes
+        .iter()
+        .map(|p| {
+            p.parse::<IpNet>()
+                .map_err(|_| invalid(field("prefixes"), format!("{p:?} is not a prefix")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let known = |id: &str, what: &str| {
+        cluster(id).ok_or_else(|| invalid(field(what), format!("{id:?} is no cluster of the map")))
+    };
+    let shares = u
+        .shares
+        .iter()
+        .map(|s| Ok((known(&s.cluster, "shares")?, s.share)))
+        .collect::<Result<Vec<_>, FollowError>>()?;
+    let mut backups = [None, None];
+    for (i, (id, what)) in [
+        (&u.backup_cluster, "backup_cluster"),
+        (&u.second_backup_cluster, "second_backup_cluster"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !id.is_empty() {
+            backups[i] = Some(known(id, what)?);
+        }
+    }
+    Ok(ParsedUnit {
+        class,
+        prefixes,
+        shares,
+        backups,
+    })
+}
+
+fn push_units(
+    b: &mut Builder,
+    classes: &[Arc<str>],
+    units: Vec<pb::UnitMapping>,
+) -> Result<(), FollowError> {
+    let total = b.unit_count() + units.len();
+    if total > MAX_UNITS {
+        return Err(invalid(
+            "units",
+            format!("{total} map units, at most {MAX_UNITS}"),
+        ));
+    }
+    b.reserve(units.len());
+    for u in &units {
+        let lookup = |id: &str| b.cluster_index(id);
+        let parsed = parse_unit(classes, u, &lookup)?;
+        b.push(
+            &u.id,
+            parsed.class,
+            &parsed.prefixes,
+            parsed.shares,
+            u.overflow_share,
+            parsed.backups,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn cluster(id: &str, state: ClusterState) -> ServingCluster {
+        ServingCluster {
+            id: id.to_string(),
+            addresses: vec!["192.0.2.1".parse().expect("address")],
+            state,
+        }
+    }
+
+    /// A random map: `units` units ("u00001", ... in id order, some ids skipped), classes
+    /// "video" and "web", clusters from `ids`.
+    fn map(rng: &mut ChaCha8Rng, units: usize, ids: &[&str]) -> ServingMap {
+        let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
+        let states = [ClusterState::Up, ClusterState::Drained, ClusterState::Down];
+        let clusters = ids
+            .iter()
+            .map(|id| cluster(id, states[rng.random_range(0..3)]))
+            .collect();
+        let mut b = Builder::new(classes, clusters).expect("clusters in order");
+        let n = ids.len() as ClusterIdx;
+        for i in 0..units {
+            if rng.random_bool(0.1) {
+                continue;
+            }
+            let prefix: IpNet = format!("10.{}.{}.0/24", i >> 8 & 255, i & 255)
+                .parse()
+                .expect("prefix");
+            let first = rng.random_range(0..n);
+            let mut shares = vec![(first, 1.0)];
+            if rng.random_bool(0.2) {
+                shares = vec![(first, 0.25), ((first + 1) % n, 0.75)];
+            }
+            let backups = [Some((first + 2) % n), None];
+            let id = format!("u{i:06}");
+            b.push(&id, (i % 2) as ClassIdx, &[prefix], shares, 0.0, backups)
+                .expect("a valid unit");
+        }
+        b.set_fallback(&[[Some(0), Some(1)], [Some(1), None]]);
+        b.finish()
+    }
+
+    fn edge_parts() -> (Vec<Policy>, Vec<(String, String)>) {
+        (
+            vec![Policy::default(); 8],
+            vec![("*.video.example".to_string(), "video".to_string())],
+        )
+    }
+
+    fn with_edge<R>(f: impl FnOnce(&Edge<'_>) -> R) -> R {
+        let (policies, rules) = edge_parts();
+        let load = |_: &str, _: IpAddr| 0.5;
+        f(&Edge {
+            policies: &policies,
+            load: &load,
+            rules: &rules,
+            default_class: "web",
+        })
+    }
+
+    fn id(epoch: u64, version: u64) -> Identity {
+        Identity {
+            epoch,
+            version,
+            solved_at_unix_ms: 7,
+        }
+    }
+
+    fn send_full(f: &mut Follower, m: &ServingMap, at: Identity) -> Vec<Applied> {
+        (0..full_parts(m))
+            .map(|p| {
+                let msg = with_edge(|e| full_part(e, at, m, p));
+                f.apply(msg).expect("a part applies")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn policies_survive_the_wire() {
+        for p in [
+            Policy::Consistent { vnodes: 7 },
+            Policy::BoundedLoads { vnodes: 9, c: 1.5 },
+            Policy::PowerOfD { vnodes: 3, d: 4 },
+        ] {
+            assert_eq!(policy_from_pb(Some(&policy_pb(&p))), Ok(p));
+        }
+        assert_eq!(policy_from_pb(None), Ok(Policy::default()));
+        let bad = pb::ServerSelection {
+            policy: "random".into(),
+            ..Default::default()
+        };
+        assert!(policy_from_pb(Some(&bad)).unwrap_err().contains("random"));
+        let bad = pb::ServerSelection {
+            policy: "bounded".into(),
+            vnodes: 10,
+            c: 0.5,
+            d: 0,
+        };
+        assert!(policy_from_pb(Some(&bad)).unwrap_err().contains("c is 0.5"));
+    }
+
+    /// A map of more than two parts' units arrives in three messages and is held, equal to
+    /// what was sent, only after the last; nothing is held before.
+    #[test]
+    fn a_full_map_in_parts_is_the_map_sent() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let m = map(&mut rng, PART_UNITS * 2 + PART_UNITS / 2, &["a", "b", "c"]);
+        assert!(m.unit_count() > 2 * PART_UNITS, "{}", m.unit_count());
+        assert_eq!(full_parts(&m), 3);
+        let mut f = Follower::default();
+        let first = with_edge(|e| full_part(e, id(1, 1), &m, 0));
+        assert!(first.more && first.full && !first.clusters.is_empty());
+        assert_eq!(f.apply(first), Ok(Applied::Part));
+        assert!(f.held().is_none(), "nothing held before the last part");
+        let second = with_edge(|e| full_part(e, id(1, 1), &m, 1));
+        assert!(second.clusters.is_empty() && second.fallbacks.is_empty());
+        assert_eq!(f.apply(second), Ok(Applied::Part));
+        let last = with_edge(|e| full_part(e, id(1, 1), &m, 2));
+        assert!(!last.more);
+        assert_eq!(f.apply(last), Ok(Applied::New));
+        let held = f.held().expect("held");
+        assert_eq!(*held.map, m);
+        assert_eq!(held.identity, id(1, 1));
+        assert_eq!(held.extras.loads, vec![vec![0.5]; 3]);
+        // A full map older than the one held is not applied.
+        let older = with_edge(|e| full_part(e, id(0, 9), &m, 0));
+        assert_eq!(f.apply(older), Ok(Applied::Part));
+    }
+
+    /// A part of another version while one is coming is refused, and the half-received map
+    /// dropped; the version held stays.
+    #[test]
+    fn parts_of_two_versions_do_not_mix() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let small = map(&mut rng, 50, &["a", "b", "c"]);
+        let big = map(&mut rng, PART_UNITS * 3 / 2, &["a", "b", "c"]);
+        let mut f = Follower::default();
+        assert_eq!(send_full(&mut f, &small, id(1, 1)), vec![Applied::New]);
+        let p0 = with_edge(|e| full_part(e, id(1, 3), &big, 0));
+        assert_eq!(f.apply(p0), Ok(Applied::Part));
+        let other = with_edge(|e| full_part(e, id(1, 4), &big, 1));
+        assert!(matches!(f.apply(other), Err(FollowError::Parts { .. })));
+        let late = with_edge(|e| full_part(e, id(1, 3), &big, 1));
+        // The map being built was dropped: a later part alone starts a new one, which then
+        // lacks the first part's clusters.
+        assert!(f.apply(late).is_err());
+        assert_eq!(*f.held().expect("held").map, small);
+        // A delta in the middle of a full map is refused too.
+        let p0 = with_edge(|e| full_part(e, id(1, 3), &big, 0));
+        assert_eq!(f.apply(p0), Ok(Applied::Part));
+        let delta = with_edge(|e| delta_update(e, id(1, 1), &small, id(1, 2), &small));
+        assert!(matches!(f.apply(delta), Err(FollowError::Parts { .. })));
+    }
+
+    /// Random pairs of maps, over cluster lists that gain and lose clusters: the delta from
+    /// one to the other, applied to the first, gives exactly the second; a delta not based on
+    /// the version held is a gap.
+    #[test]
+    fn a_delta_applied_gives_the_next_map() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let lists: [&[&str]; 3] = [&["a", "b", "c"], &["a", "b", "c", "d"], &["b", "c", "d"]];
+        for case in 0..30 {
+            let prev = map(&mut rng, 400, lists[case % 2]);
+            let mut next = map(&mut rng, 400, lists[case % 3]);
+            if case % 5 == 0 {
+                next = prev.clone();
+            }
+            let mut f = Follower::default();
+            send_full(&mut f, &prev, id(2, 5));
+            let delta = with_edge(|e| delta_update(e, id(2, 5), &prev, id(2, 6), &next));
+            let (changed, removed) = changed_units(&prev, &next);
+            assert_eq!(delta.units.len(), changed.len());
+            assert_eq!(delta.removed_units, removed);
+            if case % 5 == 0 {
+                assert!(changed.is_empty() && removed.is_empty());
+            }
+            match f.apply(delta) {
+                Ok(Applied::New) => assert_eq!(*f.held().expect("held").map, next, "case {case}"),
+                // An unchanged unit on a cluster the next list lacks: the front end asks for a
+                // full map instead (the mapper never sends such a delta: a unit on a removed
+                // cluster changed).
+                Err(FollowError::Invalid { problem, .. }) => {
+                    assert!(problem.contains("gone"), "case {case}: {problem}");
+                }
+                other => panic!("case {case}: {other:?}"),
+            }
+            let gap = with_edge(|e| delta_update(e, id(2, 4), &prev, id(2, 7), &next));
+            assert!(matches!(f.apply(gap), Err(FollowError::Gap { .. })));
+        }
+    }
+
+    /// Units out of id order, an unknown class or cluster, a share out of (0, 1]: refused,
+    /// naming the unit, and nothing held changes.
+    #[test]
+    fn bad_units_are_refused_by_name() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let m = map(&mut rng, 20, &["a", "b", "c"]);
+        let mut f = Follower::default();
+        send_full(&mut f, &m, id(1, 1));
+        let good = with_edge(|e| full_part(e, id(1, 2), &m, 0));
+        type Break = Box<dyn Fn(&mut pb::MapUpdate)>;
+        let cases: Vec<(Break, &str)> = vec![
+            (Box::new(|u| u.units.swap(0, 1)), "increasing id order"),
+            (
+                Box::new(|u| u.units[3].traffic_class = "apps".into()),
+                "no class the fallbacks name",
+            ),
+            (
+                Box::new(|u| u.units[2].shares[0].cluster = "zz".into()),
+                "no cluster of the map",
+            ),
+            (
+                Box::new(|u| u.units[1].shares[0].share = 1.5),
+                "not in (0, 1]",
+            ),
+            (
+                Box::new(|u| u.units[1].shares[0].share = f64::NAN),
+                "not in (0, 1]",
+            ),
+            (
+                Box::new(|u| u.units[4].prefixes = vec!["10.0.0.0/99".into()]),
+                "is not a prefix",
+            ),
+            (Box::new(|u| u.clusters.swap(0, 2)), "increasing id order"),
+        ];
+        for (break_it, want) in cases {
+            let mut bad = good.clone();
+            break_it(&mut bad);
+            let e = f.apply(bad).expect_err(want);
+            assert!(e.to_string().contains(want), "{e} (wanted {want:?})");
+            assert_eq!(f.identity(), (1, 1));
+            assert_eq!(*f.held().expect("held").map, m);
+        }
+    }
+}
