@@ -1009,7 +1009,7 @@ mod tests {
         );
     }
 
-    /// `cargo test -p cdnmap-ops --release -- --ignored --nocapture trace_30k_timing`
+    /// `cargo test -p cdnmap-world --release -- --ignored --nocapture trace_30k_timing`
     #[test]
     #[ignore]
     fn trace_30k_timing() {

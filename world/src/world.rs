@@ -1711,7 +1711,7 @@ mod tests {
         assert_eq!(seen.get(), inst.unit_count());
     }
 
-    /// `cargo test -p cdnmap-ops --release -- --ignored --nocapture world_1m`
+    /// `cargo test -p cdnmap-world --release -- --ignored --nocapture world_1m`
     #[test]
     #[ignore]
     fn world_1m_timing() {
