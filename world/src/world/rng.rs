@@ -13,6 +13,7 @@ pub(super) mod stream {
     pub(in crate::world) const PREFIX_FAMILY: u64 = 6;
 }
 
+/// Stream `stream` of the ChaCha8 generator seeded from `seed`: equal arguments, equal draws.
 pub(super) fn rng_for(seed: u64, stream: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(stream);
@@ -20,7 +21,7 @@ pub(super) fn rng_for(seed: u64, stream: u64) -> ChaCha8Rng {
 }
 
 /// A standard normal draw (Box–Muller).
-pub(super) fn normal(rng: &mut ChaCha8Rng) -> f64 {
+fn normal(rng: &mut ChaCha8Rng) -> f64 {
     let u1 = 1.0 - rng.random::<f64>(); // (0, 1]
     let u2 = rng.random::<f64>();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
