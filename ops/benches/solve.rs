@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use cdnmap_mapper::{solve, SolveOptions};
 use cdnmap_ops::bench::trivial_pass;
-use cdnmap_ops::world::{generate, WorldParams};
+use cdnmap_world::world::{generate, WorldParams};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn bench_solve(c: &mut Criterion) {

@@ -17,7 +17,7 @@ use clap::Args;
 use crate::alloc;
 use crate::cli::generate_world;
 use crate::report::Summary;
-use crate::world::{perturb, WorldParams};
+use cdnmap_world::world::{perturb, WorldParams};
 
 /// The second half of `bench solve --perturb`: cold and seeded solves of a jittered world.
 fn sticky_round(

@@ -29,7 +29,7 @@ use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::world::{self, WorldParams};
+use cdnmap_world::world::{self, WorldParams};
 
 #[derive(Args, Debug)]
 pub struct DnsBenchArgs {

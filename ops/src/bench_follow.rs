@@ -36,6 +36,10 @@ pub struct FollowBenchArgs {
     /// Keep the configuration, store and logs here (default: a temporary directory).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The cdnmap binary to start as `serve` and `dns` (default: this one): an older build, to
+    /// measure a baseline in the same session.
+    #[arg(long)]
+    pub exe: Option<PathBuf>,
 }
 
 /// A process's memory from /proc, in MB: (peak resident, resident now).
@@ -87,7 +91,10 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
             tmp.path().to_path_buf()
         }
     };
-    let exe = std::env::current_exe().context("finding the cdnmap binary")?;
+    let exe = match &a.exe {
+        Some(e) => e.clone(),
+        None => std::env::current_exe().context("finding the cdnmap binary")?,
+    };
     let (grpc, http, dns_port) = (free_port()?, free_port()?, free_port()?);
     let serve_conf = dir.join("serve.toml");
     std::fs::write(

@@ -17,8 +17,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench;
 use crate::report::Summary;
-use crate::synth;
-use crate::world::{self, WorldParams};
+use cdnmap_world::synth;
+use cdnmap_world::world::{self, WorldParams};
 
 #[derive(Parser, Debug)]
 #[command(name = "cdnmap", version, about = "CDN mapping control plane")]
@@ -743,7 +743,7 @@ fn cmd_replay(a: &ReplayArgs) -> Result<ExitCode> {
     let instance = read_instance(&a.instance, Limits::default())?;
     let file = File::open(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
     let name = a.trace.display().to_string();
-    let (header, records) = crate::trace::read(std::io::BufReader::new(file), &name)?;
+    let (header, records) = cdnmap_world::trace::read(std::io::BufReader::new(file), &name)?;
     let mut settings = vec![Setting::default()];
     for spec in &a.compare {
         settings.push(Setting::parse(spec)?);
@@ -786,9 +786,9 @@ fn cmd_export(a: &ExportArgs) -> Result<ExitCode> {
     };
     let (header, records) = crate::record::to_trace(&lines, a.from, a.round_ms)?;
     write_atomically(&a.out, |w| {
-        crate::trace::write_header(w, &header)?;
+        cdnmap_world::trace::write_header(w, &header)?;
         for r in &records {
-            crate::trace::write_record(w, r)?;
+            cdnmap_world::trace::write_record(w, r)?;
         }
         Ok(())
     })?;

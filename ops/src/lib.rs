@@ -16,9 +16,6 @@ pub mod replay;
 pub mod report;
 pub mod ring;
 pub mod simulate;
-pub mod synth;
-pub mod trace;
-pub mod world;
 
 use std::process::ExitCode;
 

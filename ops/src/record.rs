@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::trace::{Header, Load, Record};
+use cdnmap_world::trace::{Header, Load, Record};
 
 #[derive(Deserialize)]
 struct Line {

@@ -28,7 +28,7 @@ use cdnmap_mapper::{ClassIdx, ClusterState, Instance, PerUnit, ResourceKind, Sti
 use cdnmap_serve::resolve::ClassRules;
 use ipnet::IpNet;
 
-use crate::trace::{Header, Record};
+use cdnmap_world::trace::{Header, Record};
 
 /// One way of running the pipeline; several can be compared in one report.
 #[derive(Debug, Clone, PartialEq)]

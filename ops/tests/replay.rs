@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use cdnmap_mapper::{Instance, PerUnit, UnitIdx};
 use cdnmap_ops::replay::{replay, replay_with, write_report, Row, Setting};
-use cdnmap_ops::trace::{Header, Record};
-use cdnmap_ops::world::{generate, WorldParams};
+use cdnmap_world::trace::{Header, Record};
+use cdnmap_world::world::{generate, WorldParams};
 
 fn world() -> Instance {
     let params = WorldParams {

@@ -6,7 +6,7 @@ use cdnmap_mapper::{
     churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Map,
     SolveOptions, Stickiness, UnitIdx,
 };
-use cdnmap_ops::world::{generate, perturb, WorldParams};
+use cdnmap_world::world::{generate, perturb, WorldParams};
 
 fn world(seed: u64) -> Instance {
     let params = WorldParams {

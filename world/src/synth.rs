@@ -225,6 +225,11 @@ impl TraceParams {
         (ms / self.round_ms as f64).round() as u64
     }
 
+    /// The time of round `r`'s start, Unix ms.
+    fn round_start(&self, r: u64) -> i64 {
+        self.start_ms + r as i64 * self.round_ms
+    }
+
     /// Rounds in `minutes`, at least 1.
     fn rounds_in(&self, minutes: f64) -> u64 {
         self.round_of(minutes * 60_000.0).max(1)
@@ -511,8 +516,6 @@ pub fn write_trace(
 ) -> Result<TraceSummary> {
     params.validate()?;
     let rounds = params.rounds();
-    let t_of = |r: u64| params.start_ms + r as i64 * params.round_ms;
-    let n = instance.unit_count();
 
     let true_per_unit = true_per_unit(instance, params);
     let header = Header {
@@ -522,39 +525,106 @@ pub fn write_trace(
     };
     trace::write_header(out, &header)?;
 
-    // The failure: the cluster and when.
-    let failure = match window(
+    let failure = plan_failure(instance, params)?;
+    let (flash, in_flash) = plan_flash(instance, params);
+    let lines = UnitLines::new(instance)?;
+    let mut writer = RoundWriter {
+        instance,
+        params,
+        lines: &lines,
+        failure: failure.as_ref(),
+        flash: flash.as_ref().map(|(w, _)| *w),
+        in_flash: &in_flash,
+        noise_rng: rng_for(params.seed, stream::NOISE),
+        records: 0,
+        total_demand: 0.0,
+    };
+    let mut buf: Vec<u8> = Vec::with_capacity(lines.round_bytes());
+    for r in 0..rounds {
+        buf.clear();
+        writer.write_round(r, &mut buf)?;
+        out.write_all(&buf)?;
+        progress(r + 1);
+    }
+    out.flush()?;
+    let (records, total_demand) = (writer.records, writer.total_demand);
+
+    Ok(TraceSummary {
+        rounds,
+        records,
+        round_ms: params.round_ms,
+        start_ms: params.start_ms,
+        end_ms: params.round_start(rounds),
+        true_per_unit,
+        flash: flash.map(|(_, s)| s),
+        failure: failure.map(|f| FailureSummary {
+            cluster: instance.clusters()[f.cluster as usize].id.clone(),
+            down_ms: params.round_start(f.down),
+            up_ms: f.up.map(|up| params.round_start(up)),
+            first_choice_demand: f.first_choice_demand,
+        }),
+        total_demand,
+    })
+}
+
+/// The cluster failure to write.
+struct Failure {
+    cluster: ClusterIdx,
+    /// The demand that ranks the cluster first (the instance's demand).
+    first_choice_demand: f64,
+    /// The round of the `down` record.
+    down: u64,
+    /// The round of the `up` record (`None`: at or after the trace's end, not written).
+    up: Option<u64>,
+}
+
+/// The cluster failure (see the module documentation), if the trace has one.
+fn plan_failure(instance: &Instance, params: &TraceParams) -> Result<Option<Failure>> {
+    let rounds = params.rounds();
+    let Some(w) = window(
         params,
         params.failure_start_h,
         0.6,
         params.failure_minutes,
         0.25,
-    ) {
-        None => None,
-        Some(w) => {
-            let chosen = match &params.failure_cluster {
-                Some(id) => {
-                    let c = instance
-                        .cluster_index(id)
-                        .with_context(|| format!("failure_cluster: no cluster {id:?}"))?;
-                    Some((c, first_choice_demand(instance, c)))
-                }
-                None => busiest_cluster(instance),
-            };
-            chosen.map(|(c, demand)| {
-                // Defaulted windows end at least one round before the trace's end.
-                let up = if params.failure_start_h.is_none() {
-                    Some(w.to.min(rounds - 1).max(w.from + 1))
-                } else {
-                    Some(w.to)
-                }
-                .filter(|&up| up < rounds);
-                (c, demand, w.from, up)
-            })
-        }
+    ) else {
+        return Ok(None);
     };
+    let chosen = match &params.failure_cluster {
+        Some(id) => {
+            let c = instance
+                .cluster_index(id)
+                .with_context(|| format!("failure_cluster: no cluster {id:?}"))?;
+            Some((c, first_choice_demand(instance, c)))
+        }
+        None => busiest_cluster(instance),
+    };
+    Ok(chosen.map(|(cluster, first_choice_demand)| {
+        // Defaulted windows end at least one round before the trace's end.
+        let up = if params.failure_start_h.is_none() {
+            Some(w.to.min(rounds - 1).max(w.from + 1))
+        } else {
+            Some(w.to)
+        }
+        .filter(|&up| up < rounds);
+        Failure {
+            cluster,
+            first_choice_demand,
+            down: w.from,
+            up,
+        }
+    }))
+}
 
-    // The flash crowd: the region and the window.
+/// The flash crowd (see the module documentation), if the trace has one: its window of rounds
+/// and its summary; and, per map unit, whether it is in the crowd's region (all `false`
+/// without one).
+fn plan_flash(
+    instance: &Instance,
+    params: &TraceParams,
+) -> (Option<(Window, FlashSummary)>, Vec<bool>) {
+    let rounds = params.rounds();
+    let n = instance.unit_count();
     let flash_window = window(params, params.flash_start_h, 0.4, params.flash_minutes, 0.2);
     let mut in_flash = vec![false; n];
     let flash = match (flash_window, flash_center(instance, params)) {
@@ -571,8 +641,8 @@ pub fn write_trace(
             Some((
                 Window { from: w.from, to },
                 FlashSummary {
-                    from_ms: t_of(w.from),
-                    to_ms: t_of(to),
+                    from_ms: params.round_start(w.from),
+                    to_ms: params.round_start(to),
                     center,
                     radius_km: params.flash_radius_km,
                     factor: params.flash_factor,
@@ -582,92 +652,118 @@ pub fn write_trace(
         }
         _ => None,
     };
+    (flash, in_flash)
+}
 
-    // Per map unit: its line's middle (`,"map_unit":"ID","demand":`), base demand and time
-    // zone (an index into the per-round rhythm table, offsets -12..=12 and beyond clamped).
-    let mut middles: Vec<u8> = Vec::new();
-    let mut middle_end: Vec<usize> = Vec::with_capacity(n + 1);
-    middle_end.push(0);
-    let mut zone: Vec<u8> = Vec::with_capacity(n);
-    let mut base: Vec<f64> = Vec::with_capacity(n);
-    for u in 0..n as UnitIdx {
-        middles.extend_from_slice(b",\"map_unit\":");
-        serde_json::to_writer(&mut middles, instance.unit_id(u))?;
-        middles.extend_from_slice(b",\"demand\":");
-        middle_end.push(middles.len());
-        let (_, lon) = instance.unit_location(u);
-        zone.push((utc_offset_hours(lon).clamp(-12, 12) + 12) as u8);
-        base.push(instance.unit_demand(u));
+/// What a map unit's line is the same in every round: its middle
+/// (`,"map_unit":"ID","demand":`), its base demand and its time zone (an index into the
+/// per-round rhythm table, offsets -12..=12 and beyond clamped).
+struct UnitLines {
+    middles: Vec<u8>,
+    /// Unit `u`'s middle is `middles[middle_end[u]..middle_end[u + 1]]`.
+    middle_end: Vec<usize>,
+    zone: Vec<u8>,
+    base: Vec<f64>,
+}
+
+impl UnitLines {
+    fn new(instance: &Instance) -> Result<UnitLines> {
+        let n = instance.unit_count();
+        let mut lines = UnitLines {
+            middles: Vec::new(),
+            middle_end: Vec::with_capacity(n + 1),
+            zone: Vec::with_capacity(n),
+            base: Vec::with_capacity(n),
+        };
+        lines.middle_end.push(0);
+        for u in 0..n as UnitIdx {
+            lines.middles.extend_from_slice(b",\"map_unit\":");
+            serde_json::to_writer(&mut lines.middles, instance.unit_id(u))?;
+            lines.middles.extend_from_slice(b",\"demand\":");
+            lines.middle_end.push(lines.middles.len());
+            let (_, lon) = instance.unit_location(u);
+            lines
+                .zone
+                .push((utc_offset_hours(lon).clamp(-12, 12) + 12) as u8);
+            lines.base.push(instance.unit_demand(u));
+        }
+        Ok(lines)
     }
-    let line_bytes = middles.len() + 40 * n;
 
-    let mut noise_rng = rng_for(params.seed, stream::NOISE);
-    let (noise_lo, noise_span) = (1.0 - params.noise, 2.0 * params.noise);
-    let mut buf: Vec<u8> = Vec::with_capacity(line_bytes);
-    let mut records = 0u64;
-    let mut total_demand = 0.0;
-    for r in 0..rounds {
-        let t = t_of(r);
-        buf.clear();
-        if let Some((c, _, down, up)) = &failure {
-            let to = if r == *down {
+    fn middle(&self, u: usize) -> &[u8] {
+        &self.middles[self.middle_end[u]..self.middle_end[u + 1]]
+    }
+
+    /// About the size of one round's lines, for the buffer's capacity.
+    fn round_bytes(&self) -> usize {
+        self.middles.len() + 40 * self.base.len()
+    }
+}
+
+/// Writes the rounds one after the other: what stays the same between them, the noise stream
+/// (one draw per map unit and round, whatever the flash crowd and the failure), and the counts
+/// for the summary.
+struct RoundWriter<'a> {
+    instance: &'a Instance,
+    params: &'a TraceParams,
+    lines: &'a UnitLines,
+    failure: Option<&'a Failure>,
+    flash: Option<Window>,
+    in_flash: &'a [bool],
+    noise_rng: ChaCha8Rng,
+    /// Records written so far (after the header).
+    records: u64,
+    /// Demand written so far, summed line by line.
+    total_demand: f64,
+}
+
+impl RoundWriter<'_> {
+    /// Appends round `r` to `buf`: the failure's state record if it falls in this round, then
+    /// one demand record per map unit, in map unit order.
+    fn write_round(&mut self, r: u64, buf: &mut Vec<u8>) -> Result<()> {
+        let params = self.params;
+        let t = params.round_start(r);
+        if let Some(f) = self.failure {
+            let to = if r == f.down {
                 Some(ClusterState::Down)
-            } else if Some(r) == *up {
+            } else if Some(r) == f.up {
                 Some(ClusterState::Up)
             } else {
                 None
             };
             if let Some(to) = to {
                 let state = StateChange {
-                    cluster: instance.clusters()[*c as usize].id.clone(),
+                    cluster: self.instance.clusters()[f.cluster as usize].id.clone(),
                     to,
                 };
-                trace::write_record(&mut buf, &Record::State { t, state })?;
-                records += 1;
+                trace::write_record(buf, &Record::State { t, state })?;
+                self.records += 1;
             }
         }
         let hour = utc_hour(t);
         let factor: [f64; 25] = std::array::from_fn(|z| rhythm(hour + z as f64 - 12.0));
-        let flashing = flash
-            .as_ref()
-            .is_some_and(|(w, _)| (w.from..w.to).contains(&r));
+        let flashing = self.flash.is_some_and(|w| (w.from..w.to).contains(&r));
+        let (noise_lo, noise_span) = (1.0 - params.noise, 2.0 * params.noise);
         let mut head = b"{\"t\":".to_vec();
         serde_json::to_writer(&mut head, &t)?;
+        let lines = self.lines;
+        let n = lines.base.len();
         for u in 0..n {
-            let noise = noise_lo + noise_span * noise_rng.random::<f64>();
-            let mut d = base[u] * factor[usize::from(zone[u])] * noise;
-            if flashing && in_flash[u] {
+            let noise = noise_lo + noise_span * self.noise_rng.random::<f64>();
+            let mut d = lines.base[u] * factor[usize::from(lines.zone[u])] * noise;
+            if flashing && self.in_flash[u] {
                 d *= params.flash_factor;
             }
             let d = round_demand(d.max(0.0));
-            total_demand += d;
+            self.total_demand += d;
             buf.extend_from_slice(&head);
-            buf.extend_from_slice(&middles[middle_end[u]..middle_end[u + 1]]);
-            serde_json::to_writer(&mut buf, &d)?;
+            buf.extend_from_slice(lines.middle(u));
+            serde_json::to_writer(&mut *buf, &d)?;
             buf.extend_from_slice(b"}\n");
         }
-        records += n as u64;
-        out.write_all(&buf)?;
-        progress(r + 1);
+        self.records += n as u64;
+        Ok(())
     }
-    out.flush()?;
-
-    Ok(TraceSummary {
-        rounds,
-        records,
-        round_ms: params.round_ms,
-        start_ms: params.start_ms,
-        end_ms: t_of(rounds),
-        true_per_unit,
-        flash: flash.map(|(_, s)| s),
-        failure: failure.map(|(c, demand, down, up)| FailureSummary {
-            cluster: instance.clusters()[c as usize].id.clone(),
-            down_ms: t_of(down),
-            up_ms: up.map(t_of),
-            first_choice_demand: demand,
-        }),
-        total_demand,
-    })
 }
 
 /// Refuses a trace duration out of range before any work is done (the command line checks
@@ -1009,7 +1105,7 @@ mod tests {
         );
     }
 
-    /// `cargo test -p cdnmap-ops --release -- --ignored --nocapture trace_30k_timing`
+    /// `cargo test -p cdnmap-world --release -- --ignored --nocapture trace_30k_timing`
     #[test]
     #[ignore]
     fn trace_30k_timing() {

@@ -1,0 +1,93 @@
+//! Geometry: great-circle distances, the RTT estimate, and the unit-vector form of a point used
+//! on the hot path.
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// Mean Earth radius (IUGG), km.
+pub const EARTH_RADIUS_KM: f64 = 6371.0088;
+/// Fibre routes are longer than the great circle by about this factor.
+pub const ROUTE_INFLATION: f64 = 1.5;
+/// Light in fibre covers about 200 km per ms (refractive index ~1.5).
+pub const FIBRE_KM_PER_MS: f64 = 200.0;
+/// Fixed RTT overhead (last mile, queueing, server), ms.
+pub const RTT_BASE_MS: f64 = 2.0;
+
+/// Great-circle distance in km (haversine formula, mean Earth radius).
+pub fn distance_km(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
+    let (p1, p2) = (lat1.to_radians(), lat2.to_radians());
+    let dp = p2 - p1;
+    let dl = (lon2 - lon1).to_radians();
+    let a = (dp / 2.0).sin().powi(2) + p1.cos() * p2.cos() * (dl / 2.0).sin().powi(2);
+    2.0 * EARTH_RADIUS_KM * a.sqrt().min(1.0).asin()
+}
+
+/// RTT estimate for a great-circle distance: `RTT_BASE_MS + 2 × km × ROUTE_INFLATION /
+/// FIBRE_KM_PER_MS`, i.e. 2 ms plus 0.015 ms per km (London–New York, 5,570 km: about 85.6 ms).
+pub fn rtt_from_km(km: f64) -> f64 {
+    RTT_BASE_MS + 2.0 * km * ROUTE_INFLATION / FIBRE_KM_PER_MS
+}
+
+/// RTT estimate in ms between two points: [`rtt_from_km`] of their haversine [`distance_km`].
+pub fn rtt_ms(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
+    rtt_from_km(distance_km(lat1, lon1, lat2, lon2))
+}
+
+/// A point as a unit vector: the chord between two of them gives the same distance as the
+/// haversine formula (`d = 2R asin(chord / 2)`), with one `asin` per pair.
+pub(super) fn unit_vector(lat: f64, lon: f64) -> [f64; 3] {
+    let (p, l) = (lat.to_radians(), lon.to_radians());
+    [p.cos() * l.cos(), p.cos() * l.sin(), p.sin()]
+}
+
+pub(super) fn chord2(a: &[f64; 3], b: &[f64; 3]) -> f64 {
+    let (x, y, z) = (a[0] - b[0], a[1] - b[1], a[2] - b[2]);
+    x * x + y * y + z * z
+}
+
+pub(super) fn chord2_to_km(c2: f64) -> f64 {
+    2.0 * EARTH_RADIUS_KM * (c2.sqrt() / 2.0).min(1.0).asin()
+}
+
+/// A uniformly random point within `radius_km` of (lat, lon) (flat approximation, fine at a few
+/// km; longitude wrapped, latitude clamped).
+pub(super) fn jitter(rng: &mut ChaCha8Rng, lat: f64, lon: f64, radius_km: f64) -> (f64, f64) {
+    let r = radius_km * rng.random::<f64>().sqrt();
+    let theta = std::f64::consts::TAU * rng.random::<f64>();
+    let km_per_deg = EARTH_RADIUS_KM.to_radians();
+    let new_lat = (lat + r * theta.cos() / km_per_deg).clamp(-90.0, 90.0);
+    let mut new_lon = lon + r * theta.sin() / (km_per_deg * lat.to_radians().cos().max(0.01));
+    if new_lon > 180.0 {
+        new_lon -= 360.0;
+    } else if new_lon < -180.0 {
+        new_lon += 360.0;
+    }
+    (new_lat, new_lon.clamp(-180.0, 180.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn haversine_sanity() {
+        let (lon_lat, lon_lon, ny_lat, ny_lon) = (51.5074, -0.1278, 40.7128, -74.0060);
+        let d = distance_km(lon_lat, lon_lon, ny_lat, ny_lon);
+        assert!((5_540.0..5_600.0).contains(&d), "{d}");
+        let rtt = rtt_ms(lon_lat, lon_lon, ny_lat, ny_lon);
+        assert!((70.0..100.0).contains(&rtt), "{rtt}");
+        assert_eq!(rtt, rtt_ms(ny_lat, ny_lon, lon_lat, lon_lon));
+        assert_eq!(rtt_ms(10.0, 20.0, 10.0, 20.0), RTT_BASE_MS);
+        let half = distance_km(0.0, 0.0, 0.0, 180.0);
+        assert!((half - std::f64::consts::PI * EARTH_RADIUS_KM).abs() < 1e-6);
+        // The chord form used on the hot path agrees with the haversine form.
+        for &(a, b, c, e) in &[
+            (51.5, -0.1, 40.7, -74.0),
+            (1.0, 2.0, 1.0001, 2.0001),
+            (-33.9, 151.2, 35.7, 139.7),
+        ] {
+            let fast = chord2_to_km(chord2(&unit_vector(a, b), &unit_vector(c, e)));
+            assert!((fast - distance_km(a, b, c, e)).abs() < 1e-6, "{fast}");
+        }
+    }
+}
