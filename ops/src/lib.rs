@@ -22,7 +22,6 @@ use std::process::ExitCode;
 /// Runs the command line and turns its outcome into an exit code: 0 success, 1 a verification
 /// found violations, 2 an error (bad input, unreadable file).
 pub fn main() -> ExitCode {
-    alloc::keep_freed_memory();
     match cli::run() {
         Ok(code) => code,
         Err(e) => {

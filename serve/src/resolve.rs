@@ -363,42 +363,45 @@ fn span(net: &IpNet) -> (u128, u128) {
 impl Resolver {
     /// Indexes `map` for queries. Refuses two map units of one class claiming the same prefix.
     pub fn new(map: Arc<ServingMap>, rules: ClassRules) -> Result<Self, ServeError> {
-        // Groups: one per distinct (truncated) prefix.
-        let mut group_of: HashMap<IpNet, u32> = HashMap::new();
-        let mut members: Vec<Vec<UnitIdx>> = Vec::new();
+        // Groups: one per distinct canonical prefix, from the (prefix, unit) claims sorted (a
+        // sort, not a table keyed by prefix: at a million units it holds half the memory).
+        let classes = map.classes().len();
+        let mut claims: Vec<(IpNet, UnitIdx)> = Vec::with_capacity(map.sizes().prefixes);
         for u in 0..map.unit_count() as UnitIdx {
-            for p in map.unit_prefixes(u) {
-                let key = canonical(p);
-                let g = *group_of.entry(key).or_insert_with(|| {
-                    members.push(Vec::new());
-                    (members.len() - 1) as u32
-                });
-                let list = &mut members[g as usize];
-                let k = map.unit_class(u);
-                if let Some(&other) = list.iter().find(|&&o| map.unit_class(o) == k) {
-                    if other != u {
-                        return Err(ServeError::PrefixClaimedTwice {
-                            prefix: key.to_string(),
-                            first: map.unit_id(other).to_string(),
-                            second: map.unit_id(u).to_string(),
-                        });
-                    }
-                    continue;
-                }
-                list.push(u);
-            }
+            claims.extend(map.unit_prefixes(u).iter().map(|p| (canonical(p), u)));
         }
-
-        // Flatten each family's nested prefixes into disjoint intervals.
+        claims.sort_unstable();
+        claims.dedup();
+        let none = Pre {
+            unit: NO_GROUP,
+            primary: NONE_CLUSTER,
+            secondary: NONE_CLUSTER,
+            split: false,
+        };
+        let mut pre: Vec<Pre> = Vec::new();
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for (net, &g) in &group_of {
-            let (a, b) = span(net);
+        for run in claims.chunk_by(|x, y| x.0 == y.0) {
+            let net = run[0].0;
+            let g = (pre.len() / classes.max(1)) as u32;
+            pre.extend(std::iter::repeat_n(none, classes));
+            for &(_, u) in run {
+                let slot = &mut pre[g as usize * classes + usize::from(map.unit_class(u))];
+                if slot.unit != NO_GROUP {
+                    return Err(ServeError::PrefixClaimedTwice {
+                        prefix: net.to_string(),
+                        first: map.unit_id(slot.unit).to_string(),
+                        second: map.unit_id(u).to_string(),
+                    });
+                }
+                slot.unit = u;
+            }
+            let (a, b) = span(&net);
             match net {
                 IpNet::V4(_) => v4.push((a, b, g, net.prefix_len())),
                 IpNet::V6(_) => v6.push((a, b, g, net.prefix_len())),
             }
         }
-        drop(group_of);
+        drop(claims);
         let (v4, v6) = (Table::build(v4, 32).narrow(), Table::build(v6, 128));
         let v4_dir = (0..=1u64 << 16)
             .map(|b| {
@@ -420,7 +423,6 @@ impl Resolver {
                 *last = 1.0; // no rounding gap at the top
             }
         }
-        let classes = map.classes().len();
         let mut r = Resolver {
             map,
             rules,
@@ -431,24 +433,13 @@ impl Resolver {
             classes,
             alloc_cum,
         };
-        let none = Pre {
-            unit: NO_GROUP,
-            primary: NONE_CLUSTER,
-            secondary: NONE_CLUSTER,
-            split: false,
-        };
-        let mut pre = vec![none; members.len() * classes];
-        for (g, units) in members.iter().enumerate() {
-            for &u in units {
-                let k = usize::from(r.map.unit_class(u));
-                let split = r.map.shares(u).0.len() > 1;
-                let (primary, secondary) = if split { (None, None) } else { r.pick(u, 0.0) };
-                pre[g * classes + k] = Pre {
-                    unit: u,
-                    primary: primary.unwrap_or(NONE_CLUSTER),
-                    secondary: secondary.unwrap_or(NONE_CLUSTER),
-                    split,
-                };
+        // Each unit's answer, ahead (a split unit's is picked per query).
+        for p in pre.iter_mut().filter(|p| p.unit != NO_GROUP) {
+            p.split = r.map.shares(p.unit).0.len() > 1;
+            if !p.split {
+                let (primary, secondary) = r.pick(p.unit, 0.0);
+                p.primary = primary.unwrap_or(NONE_CLUSTER);
+                p.secondary = secondary.unwrap_or(NONE_CLUSTER);
             }
         }
         r.pre = pre;

@@ -109,6 +109,27 @@ struct Units {
     backup: Vec<[ClusterIdx; 2]>,
 }
 
+/// How much a map holds, column by column (to reserve room for a map about to be built).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    pub units: usize,
+    pub id_bytes: usize,
+    pub prefixes: usize,
+    pub shares: usize,
+}
+
+impl std::ops::Add for Sizes {
+    type Output = Sizes;
+    fn add(self, o: Sizes) -> Sizes {
+        Sizes {
+            units: self.units + o.units,
+            id_bytes: self.id_bytes + o.id_bytes,
+            prefixes: self.prefixes + o.prefixes,
+            shares: self.shares + o.shares,
+        }
+    }
+}
+
 /// Builds a [`ServingMap`] unit by unit, in id order, checking each as it comes.
 #[derive(Debug)]
 pub struct Builder {
@@ -151,18 +172,36 @@ impl Builder {
         })
     }
 
-    /// Reserves room for `units` more units.
-    pub fn reserve(&mut self, units: usize) {
+    /// Reserves room for `more` (exactly: a map of a million units grown by doubling would
+    /// hold up to twice its size).
+    pub fn reserve(&mut self, more: Sizes) {
         let u = &mut self.map.units;
-        u.id_end.reserve(units);
-        u.class.reserve(units);
-        u.prefix_end.reserve(units);
-        u.prefixes.reserve(units);
-        u.share_end.reserve(units);
-        u.share_cluster.reserve(units);
-        u.share.reserve(units);
-        u.overflow.reserve(units);
-        u.backup.reserve(units);
+        u.id_text.reserve_exact(more.id_bytes);
+        for v in [&mut u.id_end, &mut u.prefix_end, &mut u.share_end] {
+            v.reserve_exact(more.units);
+        }
+        u.class.reserve_exact(more.units);
+        u.overflow.reserve_exact(more.units);
+        u.backup.reserve_exact(more.units);
+        u.prefixes.reserve_exact(more.prefixes);
+        u.share_cluster.reserve_exact(more.shares);
+        u.share.reserve_exact(more.shares);
+    }
+
+    /// Makes room for `more`, growing by doubling (no copy when there is room already, as
+    /// after [`Self::reserve`] with a good guess).
+    pub fn grow(&mut self, more: Sizes) {
+        let u = &mut self.map.units;
+        u.id_text.reserve(more.id_bytes);
+        for v in [&mut u.id_end, &mut u.prefix_end, &mut u.share_end] {
+            v.reserve(more.units);
+        }
+        u.class.reserve(more.units);
+        u.overflow.reserve(more.units);
+        u.backup.reserve(more.units);
+        u.prefixes.reserve(more.prefixes);
+        u.share_cluster.reserve(more.shares);
+        u.share.reserve(more.shares);
     }
 
     pub fn unit_count(&self) -> usize {
@@ -307,7 +346,13 @@ impl ServingMap {
         let clusters = ServingCluster::of_instance(instance);
         let up: Vec<bool> = clusters.iter().map(ServingCluster::is_up).collect();
         let mut b = Builder::new(classes, clusters)?;
-        b.reserve(instance.unit_count());
+        let units = instance.unit_count() as UnitIdx;
+        b.reserve(Sizes {
+            units: units as usize,
+            id_bytes: (0..units).map(|u| instance.unit_id(u).len()).sum(),
+            prefixes: (0..units).map(|u| instance.unit_prefixes(u).len()).sum(),
+            shares: (0..units).map(|u| map.allocations(u).len()).sum(),
+        });
         let mut placed = Vec::new();
         for u in 0..instance.unit_count() as UnitIdx {
             placed.clear();
@@ -458,6 +503,17 @@ impl ServingMap {
             && self.overflow(u).to_bits() == other.overflow(v).to_bits()
             && backup(self, u) == backup(other, v)
             && by_id(self, u) == by_id(other, v)
+    }
+
+    /// What the map holds, column by column.
+    pub fn sizes(&self) -> Sizes {
+        let u = &self.units;
+        Sizes {
+            units: u.class.len(),
+            id_bytes: u.id_text.len(),
+            prefixes: u.prefixes.len(),
+            shares: u.share.len(),
+        }
     }
 
     /// Bytes this map holds on the heap (about).

@@ -21,7 +21,7 @@ use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
 
 use crate::servers::Policy;
-use crate::serving::{Builder, ServeError, ServingCluster, ServingMap};
+use crate::serving::{Builder, ServeError, ServingCluster, ServingMap, Sizes};
 
 /// Most map units in one message of a full map.
 pub const PART_UNITS: usize = 65_536;
@@ -420,6 +420,10 @@ impl Follower {
                 };
                 let fallback = fallback_of(&update, &b.classes, &|id| b.builder.cluster_index(id));
                 b.builder.set_fallback(&fallback);
+                // The map held is the best guess of the size of the one coming.
+                if let Some(h) = &self.held {
+                    b.builder.reserve(h.map.sizes());
+                }
                 push_units(&mut b.builder, &b.classes, update.units)?;
                 self.building = Some(b);
             }
@@ -474,7 +478,7 @@ impl Follower {
                 format!("{total} map units, at most {MAX_UNITS}"),
             ));
         }
-        b.reserve(old.unit_count());
+        b.reserve(old.sizes() + sizes_of(&update.units));
         let mut incoming = update.units.into_iter().peekable();
         let mut u = 0 as UnitIdx;
         let n = old.unit_count() as UnitIdx;
@@ -723,6 +727,16 @@ fn parse_unit(
     })
 }
 
+/// What a message's units take in a serving map.
+fn sizes_of(units: &[pb::UnitMapping]) -> Sizes {
+    Sizes {
+        units: units.len(),
+        id_bytes: units.iter().map(|u| u.id.len()).sum(),
+        prefixes: units.iter().map(|u| u.prefixes.len()).sum(),
+        shares: units.iter().map(|u| u.shares.len()).sum(),
+    }
+}
+
 fn push_units(
     b: &mut Builder,
     classes: &[Arc<str>],
@@ -735,7 +749,7 @@ fn push_units(
             format!("{total} map units, at most {MAX_UNITS}"),
         ));
     }
-    b.reserve(units.len());
+    b.grow(sizes_of(&units));
     for u in &units {
         let lookup = |id: &str| b.cluster_index(id);
         let parsed = parse_unit(classes, u, &lookup)?;

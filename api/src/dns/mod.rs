@@ -213,6 +213,7 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut Follower) -> anyho
                     epoch,
                     version,
                     units = view.resolver.map().unit_count(),
+                    map_mb = view.resolver.map().heap_bytes() / (1 << 20),
                     "map version in use"
                 );
                 metrics::gauge!("cdnmap_dns_map_version").set(version as f64);
