@@ -15,7 +15,7 @@ use cdnmap_mapper::{
 use clap::Args;
 
 use crate::alloc;
-use crate::cli::generate_world;
+use crate::io::generate_world;
 use crate::report::Summary;
 use cdnmap_world::world::{perturb, WorldParams};
 

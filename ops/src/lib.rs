@@ -11,6 +11,7 @@ pub mod bench_grpc;
 pub mod bench_loads;
 pub mod bench_round;
 pub mod cli;
+pub mod io;
 pub mod record;
 pub mod replay;
 pub mod report;

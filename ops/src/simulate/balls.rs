@@ -772,7 +772,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
         _ => bail!("--bins: give one number without --sweep"),
     };
     let p = params(a, bins)?;
-    let bar = crate::cli::progress(0, "balls");
+    let bar = crate::io::progress(0, "balls");
     // From a bad start, a reference run from empty (another seed) fixes the steady-state band.
     let reference = BallsParams {
         initial: Initial::Empty,
@@ -1038,7 +1038,7 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
             std::cmp::Reverse(p.bins),
         )
     });
-    let bar = crate::cli::progress(base.rounds * points.len() as u64, "balls sweep");
+    let bar = crate::io::progress(base.rounds * points.len() as u64, "balls sweep");
     let jobs: Vec<Point> = order.iter().map(|&i| points[i]).collect();
     let results = par_map(&jobs, threads, |pt| {
         let p = BallsParams {

@@ -198,7 +198,7 @@ pub fn simulate(a: &HashingArgs) -> Result<HashingRun> {
     let mut next_id = a.nodes as u32;
     let mut states = Vec::new();
     let mut previous: Option<Vec<Owners>> = None;
-    let bar = crate::cli::progress(a.events as u64 + 1, "hashing");
+    let bar = crate::io::progress(a.events as u64 + 1, "hashing");
     for e in 0..=a.events {
         let event = if e == 0 {
             Event::Start

@@ -54,7 +54,7 @@ pub(crate) fn out_dir(out: &Option<PathBuf>, kind: &str) -> Result<PathBuf> {
 /// Writes `text` to `dir/name` through a temporary name and a rename.
 pub(crate) fn write_text(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
     let path = dir.join(name);
-    crate::cli::write_atomically(&path, |w| {
+    crate::io::write_atomically(&path, |w| {
         use std::io::Write;
         w.write_all(text.as_bytes())?;
         Ok(())

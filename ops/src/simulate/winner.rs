@@ -585,7 +585,7 @@ pub fn run_scenarios(a: &WinnerArgs, threads: usize) -> Result<Vec<Scenario>> {
     let jobs: Vec<(usize, usize)> = (0..list.len())
         .flat_map(|s| (0..a.runs).map(move |r| (s, r)))
         .collect();
-    let bar = crate::cli::progress(jobs.len() as u64, "winner");
+    let bar = crate::io::progress(jobs.len() as u64, "winner");
     let results = par_map(&jobs, threads, |&(s, r)| {
         let out = simulate(&list[s].2, sub_seed(a.seed, r as u64));
         bar.inc(1);
