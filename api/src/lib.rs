@@ -5,7 +5,6 @@
 pub mod admin;
 pub mod config;
 pub mod dashboard;
-pub mod dns;
 pub mod driver;
 pub mod feedback;
 pub mod mapping;

@@ -95,9 +95,9 @@ mod tests {
     use cdnmap_mapper::ClusterState;
     use cdnmap_serve::watch::{Applied, FollowError, Follower};
 
-    use crate::dns::local::LocalView;
     use crate::round::round;
     use crate::store::{ServedRef, Store};
+    use cdnmap_dns::local::LocalView;
 
     const CLASSES: [&str; 3] = ["web", "video", "apps"];
     const QNAMES: [&str; 3] = [

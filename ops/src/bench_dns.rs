@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cdnmap_api::dns::config::fqdn;
+use cdnmap_dns::config::fqdn;
 use cdnmap_mapper::{Instance, UnitIdx};
 use clap::Args;
 use hickory_server::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};

@@ -117,7 +117,7 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct DnsArgs {
-    /// The configuration file (TOML; see the api crate's dns::config module). The flags below
+    /// The configuration file (TOML; see the dns crate's config module). The flags below
     /// override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -608,7 +608,7 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
-    use cdnmap_api::dns::DnsConfig;
+    use cdnmap_dns::DnsConfig;
     let mut config = match &a.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -643,7 +643,7 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(cdnmap_api::dns::run(config, shutdown_signal()))?;
+    runtime.block_on(cdnmap_dns::run(config, shutdown_signal()))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -37,6 +37,14 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// Response buffer per TCP connection (hickory's).
 const TCP_RESPONSE_BUFFER: usize = 64;
 
+/// The wall clock in milliseconds since the Unix epoch: read for the SOA serial and the report
+/// periods only.
+fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// Runs the front end until `shutdown` resolves. Binds UDP and TCP on `config.listen` before
 /// returning its first error, so a port in use is reported at once.
 pub async fn run(
@@ -49,7 +57,7 @@ pub async fn run(
         Some(addr) => Some(serve_metrics(addr).await?),
         None => None,
     };
-    let serial = (crate::service::now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
+    let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
     let front = Arc::new(Front {
         zones: zones
             .iter()
@@ -61,7 +69,7 @@ pub async fn run(
         max_udp_payload: config.max_udp_payload,
         demand: DemandCounter::default(),
         hot_hosts: arc_swap::ArcSwap::default(),
-        period_start_unix_ms: std::sync::atomic::AtomicI64::new(crate::service::now_unix_ms()),
+        period_start_unix_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
         counters: answer::Counters::register(),
     });
     // UDP: one answering loop per core, each on its own socket (SO_REUSEPORT); TCP: hickory's
@@ -273,7 +281,7 @@ fn keys(hosts: &[(String, f64)]) -> Vec<(&str, f64)> {
 /// back for the next period.
 async fn send_demand(config: &DnsConfig, front: &Front) {
     let counts = front.demand.take();
-    let now = crate::service::now_unix_ms();
+    let now = now_unix_ms();
     let start = front
         .period_start_unix_ms
         .swap(now, std::sync::atomic::Ordering::Relaxed);

@@ -22,7 +22,26 @@ use std::net::SocketAddr;
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
-use crate::config::{invalid, ConfigError, TTL_SECS};
+/// The TTLs an answer may carry, in seconds (the service's `ttl_secs` takes the same range).
+pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
+
+/// Why the front end's configuration was refused: which key, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("{key}: {problem}")]
+    Invalid { key: String, problem: String },
+}
+
+/// The error for a bad value of `key`.
+fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        problem: problem.into(),
+    }
+}
 
 /// Most zones one front end serves.
 pub const MAX_ZONES: usize = 64;
@@ -208,9 +227,21 @@ impl DnsConfig {
 mod tests {
     use super::*;
 
+    /// The TOML example in a module's doc comment (between "//! ```toml" and "//! ```").
+    fn doc_example(source: &str) -> String {
+        source
+            .lines()
+            .skip_while(|l| !l.starts_with("//! ```toml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("//! ```"))
+            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     #[test]
     fn the_documented_example_parses() {
-        let doc = crate::config::doc_example(include_str!("config.rs"));
+        let doc = doc_example(include_str!("config.rs"));
         let c = DnsConfig::from_toml(&doc).expect("the module doc's example is valid");
         assert_eq!(c.name, "dns-1");
         let zones = c.zones().expect("zones");
