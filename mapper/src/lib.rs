@@ -9,6 +9,7 @@ pub mod format;
 pub mod map;
 pub mod model;
 mod parts;
+mod prefetch;
 pub mod resolve;
 pub mod select;
 pub mod servers;

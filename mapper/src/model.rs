@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
+use crate::prefetch::prefetch;
 
 /// At most this many map units: the solver packs a map unit's index into 24 bits of a key.
 pub const MAX_MAP_UNITS: usize = 1 << 24;
@@ -591,13 +592,13 @@ impl Instance {
     pub(crate) fn prefetch_candidate(&self, u: UnitIdx, i: usize) {
         let entry = self.entry(u, i);
         let (c, k) = self.columns(entry);
-        crate::solve::prefetch(&c.cluster, k);
-        crate::solve::prefetch(&c.score, k);
+        prefetch(&c.cluster, k);
+        prefetch(&c.score, k);
         if let Some(r) = &c.rank {
-            crate::solve::prefetch(r, k);
+            prefetch(r, k);
         }
         if let Some(f) = &self.favour {
-            crate::solve::prefetch(&f.favoured, entry / 64);
+            prefetch(&f.favoured, entry / 64);
         }
     }
 

@@ -45,6 +45,8 @@ use std::mem::MaybeUninit;
 use crate::map::{Allocation, Map};
 use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
 use crate::parts;
+/// Re-exported where it used to live (the resolver reads it from here).
+pub(crate) use crate::prefetch::prefetch;
 
 /// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise.
 pub const EPS_REL: f64 = 1e-9;
@@ -180,23 +182,6 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
         map,
         stats: s.stats,
     }
-}
-
-/// Asks the CPU to start loading `slice[i]` into cache; a hint with no other effect.
-#[inline(always)]
-pub(crate) fn prefetch<T>(slice: &[T], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(r) = slice.get(i) {
-        // SAFETY: a prefetch has no architectural effect; the address is that of a live
-        // element in any case. SSE (which provides it) is part of the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                (r as *const T).cast::<i8>(),
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (slice, i);
 }
 
 /// The resource nodes (global index, coefficient > 0) that demand of each (cluster, class)
