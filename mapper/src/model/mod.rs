@@ -29,7 +29,7 @@ mod topology;
 pub use builder::{CandidateSpec, InstanceBuilder, MapUnitSpec};
 pub use candidates::Candidate;
 pub(crate) use candidates::{Favour, FirstCandidate};
-pub(crate) use columns::{CandidateColumns, NO_RANK};
+pub(crate) use columns::{CandidateColumns, Head, NO_RANK};
 pub use instance::Instance;
 pub use limits::{
     ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_ADDRESSES,
