@@ -12,12 +12,12 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::columns::{CandidateColumns, MapUnits, NO_RANK};
+use super::instance::Instance;
 use super::limits::{
     check_f32, check_location, check_number, too_many, ClassIdx, ClusterIdx, Limits,
     MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_PREFIXES_PER_UNIT,
 };
 use super::topology::{build_cluster, Cluster, ClusterSpec, Topology, TrafficClass};
-use super::Instance;
 use crate::error::ModelError;
 
 /// A candidate as given in input.

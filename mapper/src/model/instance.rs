@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::candidates::Favour;
 use super::columns::{CandidateColumns, Head, MapUnits};
+use super::favour::Favour;
 use super::limits::{check_number, ClassIdx, ClusterIdx, UnitIdx};
 use super::topology::{Cluster, ClusterState, PerUnit, Topology, TrafficClass};
 use crate::error::ModelError;

@@ -15,21 +15,23 @@
 //! - `builder`: [`InstanceBuilder`], validating map units as they are pushed;
 //! - `columns`: the unit columns and the candidate arena with each unit's head;
 //! - `instance`: [`Instance`], its accessors and the instances derived from it;
-//! - `candidates`: the candidate accessors, and stickiness's `Favour` they apply.
+//! - `favour`: stickiness's changes to the preferences, kept beside the candidate arena;
+//! - `candidates`: the candidate accessors, which apply them.
 //!
 //! [`ModelError`]: crate::error::ModelError
 
 mod builder;
 mod candidates;
 mod columns;
+mod favour;
 mod instance;
 mod limits;
 mod topology;
 
 pub use builder::{CandidateSpec, InstanceBuilder, MapUnitSpec};
 pub use candidates::Candidate;
-pub(crate) use candidates::{Favour, FirstCandidate};
 pub(crate) use columns::{CandidateColumns, Head, NO_RANK};
+pub(crate) use favour::{Favour, FirstCandidate};
 pub use instance::Instance;
 pub use limits::{
     ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_ADDRESSES,

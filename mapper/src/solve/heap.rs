@@ -1,6 +1,6 @@
 //! The heaps of a seeded solve and their merge protocol: a node's heap takes the seeded
 //! holders' keys of the paths through it only when a walk may reach them, first each path's
-//! [`WORST_KEPT`] worst ([`Solver::merge_worst`]), then the rest ([`Solver::heap_mut`]).
+//! `WORST_KEPT` worst ([`Solver::merge_worst`]), then the rest ([`Solver::heap_mut`]).
 //!
 //! Promises: a walk over a node's entries above a key ([`Solver::heap_above`]) pops the same
 //! entries in the same order as on the heap with every seeded key merged up front (a unit
@@ -10,24 +10,6 @@
 use std::collections::BinaryHeap;
 
 use super::state::Solver;
-
-/// How many of a path's worst seeded keys a node's heap takes before the rest
-/// ([`Solver::merge_worst`]).
-pub(super) const WORST_KEPT: usize = 8;
-
-/// The keys of the units one part of a seeding pass seeded, grouped by (cluster, class) path
-/// id, in unit order: path `p`'s are `keys[start[p]..start[p + 1]]`.
-pub(super) struct SeededKeys {
-    pub(super) keys: Vec<u64>,
-    pub(super) start: Vec<u32>,
-}
-
-impl SeededKeys {
-    #[inline]
-    pub(super) fn of_path(&self, p: usize) -> &[u64] {
-        &self.keys[self.start[p] as usize..self.start[p + 1] as usize]
-    }
-}
 
 impl Solver<'_> {
     /// Node `n`'s heap, for the next step of a walk over the entries above `key`: its top is

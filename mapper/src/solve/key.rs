@@ -7,11 +7,9 @@
 //! [`UNIT_BITS`] bits of a key are the unit's index. The layout is tied to the model's limits
 //! by the assertions below, so raising a limit past what the layout holds fails to compile.
 
+use super::options::Arrival;
 use super::state::Solver;
-use super::Arrival;
-use crate::model::{
-    ClusterIdx, Instance, UnitIdx, MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_MAP_UNITS,
-};
+use crate::model::{ClusterIdx, UnitIdx, MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_MAP_UNITS};
 
 /// The low bits of a key: the unit's index.
 pub(super) const UNIT_BITS: u32 = 24;
@@ -33,22 +31,11 @@ const _: () = assert!(PRIO_SHIFT == 55 && PRIO_SHIFT + PRIO_BITS + 1 == u64::BIT
 // Every unit index fits its bits, and in a `UnitIdx`.
 const _: () = assert!(MAX_MAP_UNITS <= 1 << UNIT_BITS);
 const _: () = assert!(MAX_MAP_UNITS - 1 <= UnitIdx::MAX as usize);
-// A priority rank is below the number of classes, and fits its bits.
+// A priority rank (`Solver::prio_rank`: a class's among the distinct priorities) is below
+// the number of classes, and fits its bits.
 const _: () = assert!(MAX_CLASSES <= 1 << PRIO_BITS);
 // A proposal pointer (and a unit's worst position) is one byte.
 const _: () = assert!(MAX_CANDIDATES_CEILING <= u8::MAX as usize);
-
-/// Per class: its priority rank among the instance's distinct priorities (dense, from 0, lower
-/// preferred), as [`Solver::pack_key`] packs it: below `MAX_CLASSES`.
-pub(super) fn priority_ranks(inst: &Instance) -> Vec<u64> {
-    let mut prios: Vec<u32> = inst.classes().iter().map(|c| c.priority).collect();
-    prios.sort_unstable();
-    prios.dedup();
-    inst.classes()
-        .iter()
-        .map(|c| prios.partition_point(|&p| p < c.priority) as u64)
-        .collect()
-}
 
 impl Solver<'_> {
     /// The cluster's preference key for unit `u` reached through candidate arena index `i`:

@@ -9,8 +9,8 @@
 //! [`EVICTIONS_BEFORE_WHOLE`] times is evicted whole, so a rejection rotation turns in one step.
 
 use super::key::{NEWCOMER, UNIT_MASK};
+use super::options::{proposal_bound, Arrival};
 use super::state::{Solver, UnitState};
-use super::{proposal_bound, Arrival};
 use crate::model::{ClusterIdx, UnitIdx};
 
 /// After this many evictions of one unit in a solve, its holdings are evicted whole (see

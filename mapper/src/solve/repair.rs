@@ -8,12 +8,10 @@
 //! tolerances (debug builds size the offer anyway and assert it); `move_up` moves only what the
 //! blocking cluster takes, each move a strict improvement for the unit.
 
-use super::state::{Solver, NONE};
+use super::state::{Solver, MAX_SCAN, NONE};
 use crate::model::UnitIdx;
 use crate::parts;
 
-/// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
-pub(super) const MAX_SCAN: usize = 32;
 /// The blocking-pair scan splits over threads from this many units on (a unit's checks cost
 /// far more than one step of a pass over all units).
 const SCAN_PART: usize = 1 << 12;

@@ -11,10 +11,9 @@
 
 use std::mem::MaybeUninit;
 
-use super::heap::SeededKeys;
 use super::key::UNIT_MASK;
-use super::state::{Slot, Solver, UnitState, BLANK_SLOT, NONE};
-use super::Arrival;
+use super::options::Arrival;
+use super::state::{SeededKeys, Slot, Solver, UnitState, BLANK_SLOT, NONE};
 use crate::map::Map;
 use crate::model::{ClusterIdx, UnitIdx};
 use crate::parts;

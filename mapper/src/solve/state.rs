@@ -11,12 +11,29 @@
 
 use std::collections::BinaryHeap;
 
-use super::heap::{SeededKeys, WORST_KEPT};
-use super::key::priority_ranks;
-use super::repair::MAX_SCAN;
-use super::{SolveStats, EPS_REL};
+use super::options::{SolveStats, EPS_REL};
 use crate::model::{ClassIdx, ClusterIdx, ClusterState, Instance, ResourceKind, UnitIdx};
 use crate::parts;
+
+/// The most removals [`Solver::surely_full`] looks at before sizing the offer instead.
+pub(super) const MAX_SCAN: usize = 32;
+/// How many of a path's worst seeded keys a node's heap takes before the rest
+/// ([`Solver::merge_worst`]).
+pub(super) const WORST_KEPT: usize = 8;
+
+/// The keys of the units one part of a seeding pass seeded, grouped by (cluster, class) path
+/// id, in unit order: path `p`'s are `keys[start[p]..start[p + 1]]`.
+pub(super) struct SeededKeys {
+    pub(super) keys: Vec<u64>,
+    pub(super) start: Vec<u32>,
+}
+
+impl SeededKeys {
+    #[inline]
+    pub(super) fn of_path(&self, p: usize) -> &[u64] {
+        &self.keys[self.start[p] as usize..self.start[p + 1] as usize]
+    }
+}
 
 /// No slot (the end of a unit's list of holdings).
 pub(super) const NONE: u32 = u32::MAX;
@@ -198,7 +215,14 @@ pub(super) fn kind_index(kind: ResourceKind) -> usize {
 
 impl<'a> Solver<'a> {
     pub(super) fn new(inst: &'a Instance) -> Self {
-        let prio_rank = priority_ranks(inst);
+        let mut prios: Vec<u32> = inst.classes().iter().map(|c| c.priority).collect();
+        prios.sort_unstable();
+        prios.dedup();
+        let prio_rank = inst
+            .classes()
+            .iter()
+            .map(|c| prios.partition_point(|&p| p < c.priority) as u64)
+            .collect();
         let coef = inst
             .classes()
             .iter()
