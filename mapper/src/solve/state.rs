@@ -206,7 +206,8 @@ pub(super) struct Solver<'a> {
     pub(super) stats: SolveStats,
 }
 
-pub(super) fn kind_index(kind: ResourceKind) -> usize {
+#[inline]
+fn kind_index(kind: ResourceKind) -> usize {
     match kind {
         ResourceKind::Bps => 0,
         ResourceKind::Fps => 1,
