@@ -30,7 +30,7 @@ pub(super) struct SeedPart {
 }
 
 /// The sorted union (with repeats) of two sorted lists.
-pub(super) fn merge_sorted(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
+fn merge_sorted(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
     if a.is_empty() {
         return b;
     }
