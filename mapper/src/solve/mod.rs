@@ -121,7 +121,7 @@ fn finish(mut s: Solver<'_>, options: &SolveOptions) -> Solution {
 
 impl Solver<'_> {
     /// The pass and the repair rounds.
-    pub(super) fn settle(&mut self, options: &SolveOptions) {
+    fn settle(&mut self, options: &SolveOptions) {
         self.run();
         let mut left = self.find_blocking();
         while !left.is_empty() && self.stats.repair_rounds < options.max_repair_rounds {
