@@ -7,9 +7,9 @@
 pub mod error;
 pub mod format;
 pub mod map;
+mod mem;
 pub mod model;
 mod parts;
-mod prefetch;
 pub mod resolve;
 pub mod select;
 pub mod servers;

@@ -14,7 +14,7 @@ use super::columns::{CandidateColumns, NO_RANK};
 use super::favour::{promoted_entry, promoted_position, Favour, FirstCandidate};
 use super::instance::Instance;
 use super::limits::{ClusterIdx, UnitIdx};
-use crate::prefetch::prefetch;
+use crate::mem::prefetch;
 
 /// A validated candidate: a cluster, the unit's score for it, and the rank the cluster gives the
 /// unit (the explicit `cluster_rank`, or the score when none was given).

@@ -5,8 +5,8 @@
 //! Promises: hints only: nothing here changes any result.
 
 use super::state::{Solver, NONE};
+use crate::mem::prefetch;
 use crate::model::UnitIdx;
-use crate::prefetch::prefetch;
 
 /// How many units ahead the solver's loops prefetch a unit's columns, and its candidate.
 const PREFETCH_FAR: usize = 16;

@@ -65,9 +65,9 @@ mod seed;
 mod state;
 
 use crate::map::Map;
-use crate::model::Instance;
 /// Re-exported where it used to live (the resolver reads it from here).
-pub(crate) use crate::prefetch::prefetch;
+pub(crate) use crate::mem::prefetch;
+use crate::model::Instance;
 pub use options::{proposal_bound, Arrival, Solution, SolveOptions, SolveStats, EPS_REL};
 use state::Solver;
 
