@@ -100,8 +100,10 @@ impl Instance {
     }
 
     /// The unit's score for its candidate at position `i`, the explicit rank if any, and
-    /// the rank the cluster gives the unit.
-    #[inline]
+    /// the rank the cluster gives the unit. Always inlined: every caller inlined it while it
+    /// shared a file with the solver, and the solver's key, its hottest caller, reads it on
+    /// every offer.
+    #[inline(always)]
     pub(crate) fn cand_score_rank(&self, u: UnitIdx, i: usize) -> (f32, Option<f32>, f32) {
         let entry = self.entry(u, i);
         let (c, k) = self.columns(entry);
