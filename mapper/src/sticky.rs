@@ -39,7 +39,7 @@
 use crate::error::ModelError;
 use crate::map::Map;
 use crate::model::{
-    CandidateColumns, ClusterIdx, Favour, FirstCandidate, Instance, UnitIdx, NO_RANK,
+    CandidateColumns, ClusterIdx, Favour, FirstCandidate, Head, Instance, UnitIdx, NO_RANK,
 };
 use crate::parts;
 
@@ -188,6 +188,7 @@ struct Part {
     bad: Option<(UnitIdx, ClusterIdx, f64)>,
 }
 
+/// One part of [`favour_in_parts`]: the units of `units`, with room for `room` of them.
 fn favour_part(
     base: &Instance,
     previous: &Map,
@@ -197,7 +198,6 @@ fn favour_part(
     room: usize,
 ) -> Part {
     let cands = &base.cands;
-    let arena_len = cands.cluster.len();
     let count = (units.end - units.start) as usize;
     let (from, to) = if units.is_empty() {
         (0, 0)
@@ -223,154 +223,261 @@ fn favour_part(
         moved_favoured: Vec::new(),
         bad: None,
     };
+    let favouring = Favouring {
+        base,
+        previous,
+        factor,
+        incumbents_first: stickiness.incumbents_first,
+        word_base,
+        arena_len: cands.cluster.len(),
+    };
     let mut marks: Vec<usize> = Vec::new();
     let mut order: Vec<(f32, ClusterIdx, usize)> = Vec::new();
-    let incumbents_first = stickiness.incumbents_first;
-    'units: for u in units.clone() {
+    for u in units.clone() {
         let local = (u - units.start) as usize;
-        let range = base.candidate_range(u);
-        let list = &cands.cluster[range.clone()];
-        let scores = &cands.score[range.clone()];
-        let ranks = cands.rank.as_ref().map(|r| &r[range.clone()]);
-        let base_head = cands.head[u as usize];
-        // The first candidate: base position `j`, favoured or not.
-        let first = &mut part.first;
-        let mut head = |j: usize, favoured: bool| {
-            let bonus = if favoured { factor } else { 1.0 };
-            let (cluster, rank) = if j == 0 {
-                (base_head.cluster, base_head.rank)
-            } else {
-                let rank = match ranks.map(|r| r[j]) {
-                    Some(r) if r != NO_RANK => r,
-                    _ => scores[j],
-                };
-                (list[j], rank)
+        let c = favouring.candidates(u);
+        let one = match favouring.quick(u, &c) {
+            Quick::One(p) => p,
+            Quick::Gone => {
+                favouring.unmoved(&mut part, &c, false);
+                continue;
+            }
+            Quick::Other => match favouring.general(&mut part, &mut marks, &mut order, u, &c) {
+                Some(p) => p,
+                None => continue,
+            },
+        };
+        favouring.promote(&mut part, local, &c, one);
+    }
+    part
+}
+
+/// What [`favour_part`] needs of every unit: the base instance, the previous map and the
+/// settings, and where its part's favoured bits start (`word_base`, in words of the arena).
+struct Favouring<'a> {
+    base: &'a Instance,
+    previous: &'a Map,
+    factor: f32,
+    incumbents_first: bool,
+    word_base: usize,
+    arena_len: usize,
+}
+
+/// A unit's candidates in the base instance's arena (from `start` on), and its head.
+struct UnitCands<'a> {
+    start: usize,
+    list: &'a [ClusterIdx],
+    scores: &'a [f32],
+    ranks: Option<&'a [f32]>,
+    head: Head,
+}
+
+/// What the previous map says of a unit, read the quick way.
+enum Quick {
+    /// Its one incumbent (a positive amount) is its candidate at this position.
+    One(usize),
+    /// Its one incumbent is not a candidate any more.
+    Gone,
+    /// Anything else (none, several, an amount of 0 or no amount, no candidates): see
+    /// [`Favouring::general`].
+    Other,
+}
+
+impl<'a> Favouring<'a> {
+    #[inline(always)]
+    fn candidates(&self, u: UnitIdx) -> UnitCands<'a> {
+        let cands = &self.base.cands;
+        let range = self.base.candidate_range(u);
+        UnitCands {
+            start: range.start,
+            list: &cands.cluster[range.clone()],
+            scores: &cands.score[range.clone()],
+            ranks: cands.rank.as_ref().map(|r| &r[range.clone()]),
+            head: cands.head[u as usize],
+        }
+    }
+
+    /// The usual case, without the bookkeeping of [`Self::general`]: one incumbent. Most are
+    /// the unit's first choice: its head says so, and the unit's candidates are not read at
+    /// all.
+    #[inline(always)]
+    fn quick(&self, u: UnitIdx, c: &UnitCands<'_>) -> Quick {
+        if let ([a], false) = (self.previous.allocations(u), c.list.is_empty()) {
+            if a.amount > 0.0 && a.amount < f64::INFINITY {
+                if a.cluster == c.head.cluster {
+                    return Quick::One(0);
+                }
+                if let Some(p) = c.list.iter().position(|&x| x == a.cluster) {
+                    return Quick::One(p);
+                }
+                return Quick::Gone;
+            }
+        }
+        Quick::Other
+    }
+
+    /// Writes down the unit's first candidate: base position `j`, favoured or not.
+    #[inline(always)]
+    fn push_first(
+        &self,
+        first: &mut Vec<FirstCandidate>,
+        c: &UnitCands<'_>,
+        j: usize,
+        favoured: bool,
+    ) {
+        let bonus = if favoured { self.factor } else { 1.0 };
+        let (cluster, rank) = if j == 0 {
+            (c.head.cluster, c.head.rank)
+        } else {
+            let rank = match c.ranks.map(|r| r[j]) {
+                Some(r) if r != NO_RANK => r,
+                _ => c.scores[j],
             };
-            first.push(FirstCandidate {
-                cluster,
-                rank: rank * bonus,
-                newcomer: incumbents_first && !favoured,
+            (c.list[j], rank)
+        };
+        first.push(FirstCandidate {
+            cluster,
+            rank: rank * bonus,
+            newcomer: self.incumbents_first && !favoured,
+        });
+    }
+
+    /// A unit whose candidates keep their order: its first is its base head, favoured or not.
+    #[inline(always)]
+    fn unmoved(&self, part: &mut Part, c: &UnitCands<'_>, favoured: bool) {
+        self.push_first(&mut part.first, c, 0, favoured);
+        part.start.push(c.start as u32);
+    }
+
+    /// Sets the favoured bit of arena entry `i`.
+    #[inline(always)]
+    fn set(&self, bits: &mut [u64], i: usize) {
+        set_bit(bits, i - self.word_base * 64);
+    }
+
+    /// Every unit the quick way does not settle: the position of its one incumbent, or
+    /// `None` when it is settled here (no candidates, no incumbent, several).
+    #[inline]
+    fn general(
+        &self,
+        part: &mut Part,
+        marks: &mut Vec<usize>,
+        order: &mut Vec<(f32, ClusterIdx, usize)>,
+        u: UnitIdx,
+        c: &UnitCands<'_>,
+    ) -> Option<usize> {
+        // The positions of the unit's incumbents (once each, should the map name a cluster
+        // twice). An amount of 0 makes no incumbent; one that is no amount at all refuses the
+        // previous map (`favour_in_parts` names it).
+        marks.clear();
+        for a in self.previous.allocations(u) {
+            if !(a.amount >= 0.0 && a.amount < f64::INFINITY) {
+                part.bad.get_or_insert((u, a.cluster, a.amount));
+                continue;
+            }
+            if a.amount == 0.0 {
+                continue;
+            }
+            if let Some(j) = c.list.iter().position(|&x| x == a.cluster) {
+                if !marks.contains(&j) {
+                    marks.push(j);
+                }
+            }
+        }
+        if c.list.is_empty() {
+            part.first.push(FirstCandidate {
+                cluster: 0,
+                rank: 0.0,
+                newcomer: false,
             });
+            part.start.push(c.start as u32);
+            return None;
+        }
+        if marks.is_empty() {
+            self.unmoved(part, c, false);
+            return None;
+        }
+        if let [p] = marks[..] {
+            return Some(p);
+        }
+        self.several(part, marks, order, c);
+        None
+    }
+
+    /// A unit with several incumbents: only a favoured entry got better, so the order can
+    /// break only just before one; if it does, the unit's candidates move to `moved` in their
+    /// new order.
+    #[inline]
+    fn several(
+        &self,
+        part: &mut Part,
+        marks: &[usize],
+        order: &mut Vec<(f32, ClusterIdx, usize)>,
+        c: &UnitCands<'_>,
+    ) {
+        let (list, scores, factor) = (c.list, c.scores, self.factor);
+        let effective = |j: usize| {
+            if marks.contains(&j) {
+                scores[j] * factor
+            } else {
+                scores[j]
+            }
         };
-        let set = |bits: &mut [u64], i: usize| set_bit(bits, i - word_base * 64);
-        // The position of the unit's one incumbent, if it has one; units with none or several
-        // are settled in the block.
-        let one = 'one: {
-            if let ([a], false) = (previous.allocations(u), list.is_empty()) {
-                if a.amount > 0.0 && a.amount < f64::INFINITY {
-                    // The usual case, without the bookkeeping below. Most are the unit's first
-                    // choice: its head says so, and the unit's candidates are not read at all.
-                    if a.cluster == base_head.cluster {
-                        break 'one 0;
-                    }
-                    if let Some(p) = list.iter().position(|&c| c == a.cluster) {
-                        break 'one p;
-                    }
-                    // Not a candidate any more.
-                    head(0, false);
-                    part.start.push(range.start as u32);
-                    continue 'units;
-                }
+        let in_order = marks
+            .iter()
+            .all(|&j| j == 0 || (effective(j - 1), list[j - 1]) < (effective(j), list[j]));
+        if in_order {
+            self.unmoved(part, c, marks.contains(&0));
+            for &j in marks {
+                self.set(&mut part.favoured, c.start + j);
             }
-            // The positions of the unit's incumbents (once each, should the map name a
-            // cluster twice). An amount of 0 makes no incumbent; one that is no amount at
-            // all refuses the previous map (`favour_in_parts` names it).
-            marks.clear();
-            for a in previous.allocations(u) {
-                if !(a.amount >= 0.0 && a.amount < f64::INFINITY) {
-                    part.bad.get_or_insert((u, a.cluster, a.amount));
-                    continue;
-                }
-                if a.amount == 0.0 {
-                    continue;
-                }
-                if let Some(j) = list.iter().position(|&c| c == a.cluster) {
-                    if !marks.contains(&j) {
-                        marks.push(j);
-                    }
-                }
+            return;
+        }
+        // The unit's preference is (score, cluster id), now with the bonus: its candidates
+        // move to `moved` in that order.
+        order.clear();
+        order.extend((0..list.len()).map(|j| (effective(j), list[j], j)));
+        order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let j0 = order[0].2;
+        self.push_first(&mut part.first, c, j0, marks.contains(&j0));
+        let at = part.moved.cluster.len();
+        // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
+        part.start
+            .push(u32::try_from(self.arena_len + at).unwrap_or(u32::MAX));
+        for (k, &(_, cluster, j)) in order.iter().enumerate() {
+            part.moved.cluster.push(cluster);
+            part.moved.score.push(scores[j]);
+            if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), c.ranks) {
+                r.push(o[j]);
             }
-            if list.is_empty() {
-                first.push(FirstCandidate {
-                    cluster: 0,
-                    rank: 0.0,
-                    newcomer: false,
-                });
-                part.start.push(range.start as u32);
-                continue 'units;
+            if marks.contains(&j) {
+                part.moved_favoured.push(at + k);
             }
-            if marks.is_empty() {
-                head(0, false);
-                part.start.push(range.start as u32);
-                continue 'units;
-            }
-            if let [p] = marks[..] {
-                break 'one p;
-            }
-            // Several incumbents: only a favoured entry got better, so the order can break
-            // only just before one.
-            let effective = |j: usize| {
-                if marks.contains(&j) {
-                    scores[j] * factor
-                } else {
-                    scores[j]
-                }
-            };
-            let in_order = marks
-                .iter()
-                .all(|&j| j == 0 || (effective(j - 1), list[j - 1]) < (effective(j), list[j]));
-            if in_order {
-                head(0, marks.contains(&0));
-                part.start.push(range.start as u32);
-                for &j in &marks {
-                    set(&mut part.favoured, range.start + j);
-                }
-                continue 'units;
-            }
-            // The unit's preference is (score, cluster id), now with the bonus: its
-            // candidates move to `moved` in that order.
-            order.clear();
-            order.extend((0..list.len()).map(|j| (effective(j), list[j], j)));
-            order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            let j0 = order[0].2;
-            head(j0, marks.contains(&j0));
-            let at = part.moved.cluster.len();
-            // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
-            part.start
-                .push(u32::try_from(arena_len + at).unwrap_or(u32::MAX));
-            for (k, &(_, cluster, j)) in order.iter().enumerate() {
-                part.moved.cluster.push(cluster);
-                part.moved.score.push(scores[j]);
-                if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), ranks) {
-                    r.push(o[j]);
-                }
-                if marks.contains(&j) {
-                    part.moved_favoured.push(at + k);
-                }
-            }
-            continue 'units;
-        };
-        // The one incumbent moves forward past the entries it now beats (all before it, and
-        // in order) to position `q`; `q == p` is no move.
-        let p = one;
+        }
+    }
+
+    /// A unit with one incumbent, at position `p`: it moves forward past the entries it now
+    /// beats (all before it, and in order) to position `q`; `q == p` is no move.
+    #[inline(always)]
+    fn promote(&self, part: &mut Part, local: usize, c: &UnitCands<'_>, p: usize) {
+        let (list, scores) = (c.list, c.scores);
         let q = if p == 0 {
             0
         } else {
-            let key = (scores[p] * factor, list[p]);
+            let key = (scores[p] * self.factor, list[p]);
             (0..p).take_while(|&j| (scores[j], list[j]) < key).count()
         };
         if q == 0 {
-            head(p, true);
+            self.push_first(&mut part.first, c, p, true);
         } else {
-            head(0, false);
+            self.push_first(&mut part.first, c, 0, false);
         }
-        part.start.push(range.start as u32);
-        set(&mut part.favoured, range.start + p);
+        part.start.push(c.start as u32);
+        self.set(&mut part.favoured, c.start + p);
         if q < p {
             part.promote[local] = [p as u8, q as u8];
         }
     }
-    part
 }
 
 /// Joins the parts of [`favour_incumbents`], in unit order.

@@ -1,0 +1,353 @@
+//! The builder: the only way to an [`Instance`] but deriving one from another. Classes and
+//! clusters first, then map units one at a time, each validated as it is pushed.
+//!
+//! Promises: an input refused leaves the builder as it was; `finish` gives map units in id
+//! order (no duplicate id), clusters in id order, each unit's candidates in its preference
+//! order `(score, cluster id)`, each unit's head written with its candidates, and the demand
+//! column apart from the other unit columns.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+use super::columns::{CandidateColumns, MapUnits, NO_RANK};
+use super::instance::Instance;
+use super::limits::{
+    check_f32, check_location, check_number, too_many, ClassIdx, ClusterIdx, Limits,
+    MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_PREFIXES_PER_UNIT,
+};
+use super::topology::{build_cluster, Cluster, ClusterSpec, Topology, TrafficClass};
+use crate::error::ModelError;
+
+/// A candidate as given in input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CandidateSpec<'a> {
+    pub cluster: &'a str,
+    pub score: f64,
+    pub cluster_rank: Option<f64>,
+}
+
+/// A map unit as given in input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MapUnitSpec<'a> {
+    pub id: &'a str,
+    pub class: &'a str,
+    pub demand: f64,
+    pub lat: f64,
+    pub lon: f64,
+    pub prefixes: &'a [IpNet],
+    pub candidates: &'a [CandidateSpec<'a>],
+}
+
+/// Builds an [`Instance`], validating as it goes. Classes and clusters come first (so candidates
+/// can be resolved by cluster id); map units are then pushed one at a time, so a generator or a
+/// streaming parser never needs a second copy of them.
+#[derive(Debug)]
+pub struct InstanceBuilder {
+    limits: Limits,
+    classes: Vec<TrafficClass>,
+    clusters: Vec<Cluster>,
+    node_offset: Vec<u32>,
+    class_by_name: HashMap<String, ClassIdx>,
+    cluster_by_id: HashMap<String, ClusterIdx>,
+    units: MapUnits,
+    cands: CandidateColumns,
+    /// Per cluster, the `push_unit` call that last named it as a candidate: finds duplicates.
+    seen_stamp: Vec<u32>,
+    /// Counts `push_unit` calls (refused ones too, so their marks never match a later call).
+    stamp: u32,
+    scratch: Vec<(f32, ClusterIdx, f32)>,
+}
+
+impl InstanceBuilder {
+    /// Validates the classes and clusters.
+    pub fn new(
+        classes: Vec<TrafficClass>,
+        clusters: Vec<ClusterSpec>,
+        limits: Limits,
+    ) -> Result<Self, ModelError> {
+        too_many(
+            || "limits".into(),
+            "candidates per map unit allowed",
+            limits.max_candidates,
+            MAX_CANDIDATES_CEILING,
+        )?;
+        too_many(
+            || "instance".into(),
+            "traffic classes",
+            classes.len(),
+            MAX_CLASSES,
+        )?;
+        too_many(
+            || "instance".into(),
+            "clusters",
+            clusters.len(),
+            MAX_CLUSTERS,
+        )?;
+        let mut class_by_name = HashMap::with_capacity(classes.len());
+        for (i, class) in classes.iter().enumerate() {
+            if class.name.is_empty() {
+                return Err(ModelError::EmptyId {
+                    what: "traffic class",
+                    context: String::new(),
+                });
+            }
+            let subject = || format!("traffic class {:?}", class.name);
+            check_number(subject, "per_unit.bps", class.per_unit.bps)?;
+            check_number(subject, "per_unit.fps", class.per_unit.fps)?;
+            if class_by_name
+                .insert(class.name.clone(), i as ClassIdx)
+                .is_some()
+            {
+                return Err(ModelError::DuplicateId {
+                    what: "traffic class",
+                    id: class.name.clone(),
+                    context: String::new(),
+                });
+            }
+        }
+        let mut clusters: Vec<Cluster> = clusters
+            .into_iter()
+            .map(|spec| build_cluster(spec, &class_by_name))
+            .collect::<Result<_, _>>()?;
+        clusters.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(w) = clusters.windows(2).find(|w| w[0].id == w[1].id) {
+            return Err(ModelError::DuplicateId {
+                what: "cluster",
+                id: w[0].id.clone(),
+                context: String::new(),
+            });
+        }
+        let cluster_by_id = clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.clone(), i as ClusterIdx))
+            .collect();
+        let mut node_offset = Vec::with_capacity(clusters.len() + 1);
+        let mut total = 0u32;
+        for c in &clusters {
+            node_offset.push(total);
+            total += c.nodes.len() as u32;
+        }
+        node_offset.push(total);
+        let mut units = MapUnits::default();
+        units.prefix_start.push(0);
+        units.cand_start.push(0);
+        Ok(InstanceBuilder {
+            limits,
+            seen_stamp: vec![0; clusters.len()],
+            stamp: 0,
+            classes,
+            clusters,
+            node_offset,
+            class_by_name,
+            cluster_by_id,
+            units,
+            cands: CandidateColumns::default(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Reserves room for `units` more map units with `candidates` candidates in all.
+    pub fn reserve(&mut self, units: usize, candidates: usize) {
+        let u = &mut self.units;
+        u.ids.reserve_exact(units);
+        u.class.reserve_exact(units);
+        u.building_demand.reserve_exact(units);
+        u.lat.reserve_exact(units);
+        u.lon.reserve_exact(units);
+        u.prefix_start.reserve_exact(units);
+        u.cand_start.reserve_exact(units);
+        self.cands.cluster.reserve_exact(candidates);
+        self.cands.score.reserve_exact(candidates);
+        self.cands.head.reserve_exact(units);
+    }
+
+    pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
+        self.cluster_by_id.get(id).copied()
+    }
+
+    /// Validates one map unit and appends it. On error nothing is appended.
+    pub fn push_unit(&mut self, spec: &MapUnitSpec<'_>) -> Result<(), ModelError> {
+        if spec.id.is_empty() {
+            return Err(ModelError::EmptyId {
+                what: "map unit",
+                context: format!(" (map unit #{})", self.units.ids.len()),
+            });
+        }
+        let unit_index = self.units.ids.len();
+        too_many(
+            || "instance".into(),
+            "map units",
+            unit_index + 1,
+            MAX_MAP_UNITS,
+        )?;
+        let subject = || format!("map unit {:?}", spec.id);
+        let class =
+            *self
+                .class_by_name
+                .get(spec.class)
+                .ok_or_else(|| ModelError::UnknownClass {
+                    subject: subject(),
+                    class: spec.class.to_string(),
+                })?;
+        check_number(subject, "demand", spec.demand)?;
+        check_location(subject, spec.lat, spec.lon)?;
+        too_many(
+            subject,
+            "prefixes",
+            spec.prefixes.len(),
+            MAX_PREFIXES_PER_UNIT,
+        )?;
+        too_many(
+            subject,
+            "candidates",
+            spec.candidates.len(),
+            self.limits.max_candidates,
+        )?;
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.seen_stamp.fill(0);
+            self.stamp = 1;
+        }
+        let stamp = self.stamp;
+        self.scratch.clear();
+        let mut any_rank = false;
+        for cand in spec.candidates {
+            let c = *self.cluster_by_id.get(cand.cluster).ok_or_else(|| {
+                ModelError::UnknownCluster {
+                    map_unit: spec.id.to_string(),
+                    cluster: cand.cluster.to_string(),
+                }
+            })?;
+            if self.seen_stamp[c as usize] == stamp {
+                return Err(ModelError::DuplicateCandidate {
+                    map_unit: spec.id.to_string(),
+                    cluster: cand.cluster.to_string(),
+                });
+            }
+            self.seen_stamp[c as usize] = stamp;
+            if !self.clusters[c as usize].serves(class) {
+                return Err(ModelError::ClassNotServed {
+                    map_unit: spec.id.to_string(),
+                    cluster: cand.cluster.to_string(),
+                    class: spec.class.to_string(),
+                });
+            }
+            let cand_subject = || format!("map unit {:?}: candidate {:?}", spec.id, cand.cluster);
+            let score = check_f32(cand_subject, "score", cand.score)?;
+            let rank = match cand.cluster_rank {
+                Some(r) => {
+                    any_rank = true;
+                    check_f32(cand_subject, "cluster_rank", r)?
+                }
+                None => NO_RANK,
+            };
+            self.scratch.push((score, c, rank));
+        }
+        // A map unit prefers lower score; ties broken by cluster id (= cluster index).
+        self.scratch
+            .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+
+        let u = &mut self.units;
+        let cands = &mut self.cands;
+        if any_rank && cands.rank.is_none() {
+            let mut ranks = Vec::with_capacity(cands.cluster.capacity());
+            ranks.resize(cands.cluster.len(), NO_RANK);
+            cands.rank = Some(ranks);
+        }
+        let start = cands.cluster.len();
+        for &(score, c, rank) in &self.scratch {
+            cands.cluster.push(c);
+            cands.score.push(score);
+            if let Some(ranks) = cands.rank.as_mut() {
+                ranks.push(rank);
+            }
+        }
+        cands.push_head(start);
+        u.cand_start.push(cands.cluster.len() as u32);
+        u.prefixes.extend_from_slice(spec.prefixes);
+        u.prefix_start.push(u.prefixes.len() as u32);
+        u.ids.push(spec.id.into());
+        u.class.push(class);
+        u.building_demand.push(spec.demand + 0.0);
+        u.lat.push(spec.lat as f32);
+        u.lon.push(spec.lon as f32);
+        Ok(())
+    }
+
+    /// Sorts the map units by id (a no-op when they came sorted) and refuses duplicates.
+    pub fn finish(self) -> Result<Instance, ModelError> {
+        let (mut units, mut cands) = (self.units, self.cands);
+        let sorted = units.ids.windows(2).all(|w| w[0] <= w[1]);
+        if !sorted {
+            (units, cands) = sort_units(units, cands);
+        }
+        if let Some(w) = units.ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ModelError::DuplicateId {
+                what: "map unit",
+                id: w[0].to_string(),
+                context: String::new(),
+            });
+        }
+        // The demand column lives apart in an instance (`Instance::demand`).
+        let demand = Arc::new(std::mem::take(&mut units.building_demand));
+        Ok(Instance {
+            topology: Arc::new(Topology {
+                classes: self.classes,
+                clusters: self.clusters,
+                node_offset: self.node_offset,
+                class_by_name: self.class_by_name,
+                cluster_by_id: self.cluster_by_id,
+            }),
+            units: Arc::new(units),
+            demand,
+            cands: Arc::new(cands),
+            favour: None,
+        })
+    }
+}
+
+/// Reorders the columns of `units` into id order.
+fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateColumns) {
+    let n = units.ids.len();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by(|&a, &b| units.ids[a as usize].cmp(&units.ids[b as usize]));
+    let mut out = MapUnits::default();
+    let mut out_cands = CandidateColumns {
+        rank: cands
+            .rank
+            .as_ref()
+            .map(|_| Vec::with_capacity(cands.cluster.len())),
+        ..CandidateColumns::default()
+    };
+    out.prefix_start.push(0);
+    out.cand_start.push(0);
+    for &i in &order {
+        let i = i as usize;
+        let (p0, p1) = (
+            units.prefix_start[i] as usize,
+            units.prefix_start[i + 1] as usize,
+        );
+        out.prefixes.extend_from_slice(&units.prefixes[p0..p1]);
+        out.prefix_start.push(out.prefixes.len() as u32);
+        let (c0, c1) = (
+            units.cand_start[i] as usize,
+            units.cand_start[i + 1] as usize,
+        );
+        out_cands.head.push(cands.head[i]);
+        out_cands.cluster.extend_from_slice(&cands.cluster[c0..c1]);
+        out_cands.score.extend_from_slice(&cands.score[c0..c1]);
+        if let (Some(dst), Some(src)) = (out_cands.rank.as_mut(), cands.rank.as_ref()) {
+            dst.extend_from_slice(&src[c0..c1]);
+        }
+        out.cand_start.push(out_cands.cluster.len() as u32);
+        out.ids.push(units.ids[i].clone());
+        out.class.push(units.class[i]);
+        out.building_demand.push(units.building_demand[i]);
+        out.lat.push(units.lat[i]);
+        out.lon.push(units.lon[i]);
+    }
+    (out, out_cands)
+}

@@ -1,0 +1,44 @@
+//! The domain model: traffic classes, clusters with resource trees, map units with candidates.
+//!
+//! An [`Instance`] is built once through an [`InstanceBuilder`], which validates every input and
+//! refuses bad input with a [`ModelError`] naming it. After that the instance is immutable and
+//! indexed: clusters and map units are sorted by id, so an index order *is* the id order that the
+//! preference tie-breaks use, and each map unit's candidates are sorted by the unit's preference
+//! (score, then cluster id).
+//!
+//! Map units are stored column-wise (one vector per field, candidates in one flat arena) so that
+//! ten million of them fit in a few GB: see `ARCHITECTURE.md`, "Memory".
+//!
+//! Its parts, whose items are re-exported here (every path stays `model::...`):
+//! - `limits`: the named limits, the index types, and the number checks validation shares;
+//! - `topology`: classes, clusters and resource trees, and the validation of a cluster;
+//! - `builder`: [`InstanceBuilder`], validating map units as they are pushed;
+//! - `columns`: the unit columns and the candidate arena with each unit's head;
+//! - `instance`: [`Instance`], its accessors and the instances derived from it;
+//! - `favour`: stickiness's changes to the preferences, kept beside the candidate arena;
+//! - `candidates`: the candidate accessors, which apply them.
+//!
+//! [`ModelError`]: crate::error::ModelError
+
+mod builder;
+mod candidates;
+mod columns;
+mod favour;
+mod instance;
+mod limits;
+mod topology;
+
+pub use builder::{CandidateSpec, InstanceBuilder, MapUnitSpec};
+pub use candidates::Candidate;
+pub(crate) use columns::{CandidateColumns, Head, NO_RANK};
+pub(crate) use favour::{Favour, FirstCandidate};
+pub use instance::Instance;
+pub use limits::{
+    ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_ADDRESSES,
+    MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_PREFIXES_PER_UNIT,
+    MAX_TREE_NODES,
+};
+pub use topology::{
+    Cluster, ClusterSpec, ClusterState, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
+    TrafficClass,
+};
