@@ -7,7 +7,7 @@
 pub mod error;
 pub mod format;
 pub mod map;
-mod mem;
+pub mod mem;
 pub mod model;
 mod parts;
 pub mod solve;

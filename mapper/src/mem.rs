@@ -5,7 +5,7 @@
 
 /// Asks the CPU to start loading `slice[i]` into cache; a hint with no other effect.
 #[inline(always)]
-pub(crate) fn prefetch<T>(slice: &[T], i: usize) {
+pub fn prefetch<T>(slice: &[T], i: usize) {
     #[cfg(target_arch = "x86_64")]
     if let Some(r) = slice.get(i) {
         // SAFETY: a prefetch has no architectural effect; the address is that of a live

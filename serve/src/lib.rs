@@ -12,21 +12,3 @@ pub mod serving;
 pub mod watch;
 
 pub use serving::{ServeError, ServingCluster, ServingMap};
-
-/// Asks the CPU to start loading `slice[i]` into the cache (no effect if `i` is out of range,
-/// or off x86_64): the batch resolver starts the reads of several queries before it needs any.
-#[inline(always)]
-pub(crate) fn prefetch<T>(slice: &[T], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(r) = slice.get(i) {
-        // SAFETY: a prefetch has no architectural effect; the address is that of a live
-        // element in any case. SSE (which provides it) is part of the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                (r as *const T).cast::<i8>(),
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (slice, i);
-}

@@ -31,8 +31,8 @@ use ipnet::IpNet;
 use cdnmap_mapper::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use cdnmap_mapper::{Map, ModelError};
 
-use crate::prefetch;
 use crate::serving::{ServeError, ServingMap};
+use cdnmap_mapper::mem::prefetch;
 
 /// At most this many hostname rules.
 pub const MAX_CLASS_RULES: usize = 10_000;

@@ -65,8 +65,6 @@ mod seed;
 mod state;
 
 use crate::map::Map;
-/// Re-exported where it used to live (the resolver reads it from here).
-pub(crate) use crate::mem::prefetch;
 use crate::model::Instance;
 pub use options::{proposal_bound, Arrival, Solution, SolveOptions, SolveStats, EPS_REL};
 use state::Solver;
