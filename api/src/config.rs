@@ -393,20 +393,6 @@ impl Config {
     }
 }
 
-/// The TOML example in a module's `//!` documentation (the text between "```toml" and "```"),
-/// so a test can check that the documented example is valid.
-#[cfg(test)]
-pub(crate) fn doc_example(source: &str) -> String {
-    source
-        .lines()
-        .skip_while(|l| !l.starts_with("//! ```toml"))
-        .skip(1)
-        .take_while(|l| !l.starts_with("//! ```"))
-        .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +408,7 @@ mod tests {
 
     #[test]
     fn the_documented_example_parses() {
-        let doc = doc_example(include_str!("config.rs"));
+        let doc = cdnmap_dns::config::doc_example(include_str!("config.rs"));
         let c = Config::from_toml(&doc).expect("the module doc's example is valid");
         assert_eq!(c.admin_token.as_deref(), Some("change-me"));
         assert_eq!(c.class_rules.len(), 1);

@@ -223,21 +223,23 @@ impl DnsConfig {
     }
 }
 
+/// The TOML example in a module's doc comment (between "//! ```toml" and "//! ```"), so a
+/// test can check that the documented example is valid (this module's and the service's).
+#[doc(hidden)]
+pub fn doc_example(source: &str) -> String {
+    source
+        .lines()
+        .skip_while(|l| !l.starts_with("//! ```toml"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("//! ```"))
+        .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The TOML example in a module's doc comment (between "//! ```toml" and "//! ```").
-    fn doc_example(source: &str) -> String {
-        source
-            .lines()
-            .skip_while(|l| !l.starts_with("//! ```toml"))
-            .skip(1)
-            .take_while(|l| !l.starts_with("//! ```"))
-            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
 
     #[test]
     fn the_documented_example_parses() {

@@ -175,33 +175,38 @@ impl Builder {
     /// Reserves room for `more` (exactly: a map of a million units grown by doubling would
     /// hold up to twice its size).
     pub fn reserve(&mut self, more: Sizes) {
-        let u = &mut self.map.units;
-        u.id_text.reserve_exact(more.id_bytes);
-        for v in [&mut u.id_end, &mut u.prefix_end, &mut u.share_end] {
-            v.reserve_exact(more.units);
-        }
-        u.class.reserve_exact(more.units);
-        u.overflow.reserve_exact(more.units);
-        u.backup.reserve_exact(more.units);
-        u.prefixes.reserve_exact(more.prefixes);
-        u.share_cluster.reserve_exact(more.shares);
-        u.share.reserve_exact(more.shares);
+        self.make_room(more, true);
     }
 
     /// Makes room for `more`, growing by doubling (no copy when there is room already, as
     /// after [`Self::reserve`] with a good guess).
     pub fn grow(&mut self, more: Sizes) {
-        let u = &mut self.map.units;
-        u.id_text.reserve(more.id_bytes);
-        for v in [&mut u.id_end, &mut u.prefix_end, &mut u.share_end] {
-            v.reserve(more.units);
+        self.make_room(more, false);
+    }
+
+    fn make_room(&mut self, more: Sizes, exact: bool) {
+        fn room<T>(v: &mut Vec<T>, n: usize, exact: bool) {
+            if exact {
+                v.reserve_exact(n);
+            } else {
+                v.reserve(n);
+            }
         }
-        u.class.reserve(more.units);
-        u.overflow.reserve(more.units);
-        u.backup.reserve(more.units);
-        u.prefixes.reserve(more.prefixes);
-        u.share_cluster.reserve(more.shares);
-        u.share.reserve(more.shares);
+        let u = &mut self.map.units;
+        if exact {
+            u.id_text.reserve_exact(more.id_bytes);
+        } else {
+            u.id_text.reserve(more.id_bytes);
+        }
+        for v in [&mut u.id_end, &mut u.prefix_end, &mut u.share_end] {
+            room(v, more.units, exact);
+        }
+        room(&mut u.class, more.units, exact);
+        room(&mut u.overflow, more.units, exact);
+        room(&mut u.backup, more.units, exact);
+        room(&mut u.prefixes, more.prefixes, exact);
+        room(&mut u.share_cluster, more.shares, exact);
+        room(&mut u.share, more.shares, exact);
     }
 
     pub fn unit_count(&self) -> usize {
