@@ -12,6 +12,10 @@
 //! Truncation is hickory's: a UDP response larger than the smaller of the client's EDNS buffer
 //! and `max_udp_payload` (512 bytes without EDNS) is cut with TC set, and the client asks again
 //! over TCP.
+//!
+//! `decide` makes the `Decision` from the parsed query and the view alone (no socket, no
+//! `ResponseHandler`: unit tested below); the handler counts its demand and outcome, and
+//! `send` encodes it with hickory.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -26,6 +30,8 @@ use hickory_server::proto::rr::{DNSClass, LowerName, Name, RData, Record, Record
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
+
+use cdnmap_mapper::ClassIdx;
 
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
@@ -187,136 +193,460 @@ fn client_subnet(edns: Option<&Edns>) -> Result<Option<ClientSubnet>, ()> {
     Ok(Some(*ecs))
 }
 
-async fn answer<R: ResponseHandler>(
-    front: &Front,
-    request: &Request,
-    mut response: R,
-) -> Result<ResponseInfo, hickory_server::net::NetError> {
-    let query = &request.queries.queries()[0];
-    let builder = MessageResponseBuilder::from_message_request(request);
-    let name = query.name();
-    let Some(zone) = front.zones.iter().find(|z| z.apex.zone_of(name)) else {
-        front.counters.refused.increment(1);
-        let m = metadata(request, ResponseCode::Refused, false);
-        return response.send_response(builder.build_no_records(m)).await;
-    };
-    if query.query_class() != DNSClass::IN {
-        front.counters.refused.increment(1);
-        let m = metadata(request, ResponseCode::Refused, false);
-        return response.send_response(builder.build_no_records(m)).await;
-    }
-    let ecs = match client_subnet(request.edns.as_ref()) {
-        Ok(ecs) => ecs,
-        Err(()) => {
-            front.counters.formerr.increment(1);
-            let m = metadata(request, ResponseCode::FormErr, false);
-            return response.send_response(builder.build_no_records(m)).await;
+/// The parsed query a decision reads.
+struct Query<'q> {
+    pub name: &'q LowerName,
+    pub class: DNSClass,
+    pub qtype: RecordType,
+    pub edns: Option<&'q Edns>,
+    /// The resolver's address (the client when the query carries no ECS option).
+    pub src: IpAddr,
+}
+
+/// What a decision reads besides the query and the view: the zones, the selectors rebuilt for
+/// bounded loads, the answers' TTL and our UDP buffer size.
+struct Source<'a> {
+    pub zones: &'a [Zone],
+    pub rebuilt: &'a ArcSwapOption<(u64, cdnmap_serve::servers::Servers)>,
+    pub ttl: u32,
+    pub max_udp_payload: u16,
+}
+
+/// A query counted as demand: its client, the matched unit's prefix length, its class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Demand {
+    pub client: IpNet,
+    pub scope_prefix_len: u8,
+    pub class: ClassIdx,
+}
+
+/// An authoritative response: NOERROR (with records, or NODATA) or NXDOMAIN.
+#[derive(Debug)]
+struct Answer<'a> {
+    pub code: ResponseCode,
+    pub records: Vec<Record>,
+    /// The authority section's NS records (with the apex SOA).
+    pub ns: &'a [Record],
+    /// The authority section's SOA (negative answers), else empty.
+    pub soa: &'a [Record],
+    /// The response's OPT record (when the query had one), with the ECS option echoed.
+    pub edns: Option<Edns>,
+    /// What to count as demand for the matched unit.
+    pub demand: Option<Demand>,
+    /// Count the query's hostname (some cluster selects with bounded loads).
+    pub count_host: bool,
+}
+
+/// What to answer one query with, decided without sockets or hickory's `ResponseHandler`.
+#[derive(Debug)]
+enum Decision<'a> {
+    /// No records, no OPT record, not authoritative: REFUSED (outside the zones, or not class
+    /// IN), FORMERR (a malformed ECS option), SERVFAIL (no map yet).
+    Bare(ResponseCode),
+    Answer(Answer<'a>),
+}
+
+impl Decision<'_> {
+    /// The `cdnmap_dns_queries_total` counter this outcome counts in.
+    fn counter<'c>(&self, c: &'c Counters) -> &'c metrics::Counter {
+        match self {
+            Decision::Bare(ResponseCode::Refused) => &c.refused,
+            Decision::Bare(ResponseCode::FormErr) => &c.formerr,
+            Decision::Bare(_) => &c.servfail,
+            Decision::Answer(a) if a.code == ResponseCode::NXDomain => &c.nxdomain,
+            Decision::Answer(a) if a.records.is_empty() => &c.nodata,
+            Decision::Answer(_) => &c.answer,
         }
+    }
+}
+
+/// The decision for `q` from the view held (`None` before the first map); the query's name is
+/// left in `scratch.qname` for counting.
+fn decide<'a>(
+    src: &Source<'a>,
+    view: Option<&LocalView>,
+    q: &Query<'_>,
+    scratch: &mut Scratch,
+) -> Decision<'a> {
+    let Some(zone) = src.zones.iter().find(|z| z.apex.zone_of(q.name)) else {
+        return Decision::Bare(ResponseCode::Refused);
+    };
+    if q.class != DNSClass::IN {
+        return Decision::Bare(ResponseCode::Refused);
+    }
+    let Ok(ecs) = client_subnet(q.edns) else {
+        return Decision::Bare(ResponseCode::FormErr);
     };
     // The response's OPT record: our buffer size, and the ECS option echoed with its scope.
-    let mut edns_out = request.edns.as_ref().map(|req| {
+    let edns = q.edns.map(|req| {
         let mut e = Edns::new();
-        e.set_max_payload(req.max_payload().clamp(512, front.max_udp_payload));
+        e.set_max_payload(req.max_payload().clamp(512, src.max_udp_payload));
         e.set_version(0);
         e
     });
-    let qtype = query.query_type();
-    let apex = zone.apex == *name;
+    let mut answer = Answer {
+        code: ResponseCode::NoError,
+        records: Vec::new(),
+        ns: &[],
+        soa: &[],
+        edns,
+        demand: None,
+        count_host: false,
+    };
     let soa = std::slice::from_ref(&zone.soa);
-    let mut records: Vec<Record> = Vec::new();
-    let mut code = ResponseCode::NoError;
-    let mut with_soa = false;
-    let mut ns: &[Record] = &[];
-    if apex {
-        match qtype {
-            RecordType::SOA => records.push(zone.soa.clone()),
-            RecordType::NS => records.extend(zone.ns.iter().cloned()),
-            _ => with_soa = true,
+    if zone.apex == *q.name {
+        match q.qtype {
+            RecordType::SOA => {
+                answer.records.push(zone.soa.clone());
+                answer.ns = &zone.ns;
+            }
+            RecordType::NS => answer.records.extend(zone.ns.iter().cloned()),
+            _ => answer.soa = soa,
         }
-        if qtype == RecordType::SOA {
-            ns = &zone.ns;
-        }
-    } else {
-        let guard = front.view.load();
-        let Some(view) = guard.as_deref() else {
-            front.counters.servfail.increment(1);
-            let m = metadata(request, ResponseCode::ServFail, false);
-            return response.send_response(builder.build_no_records(m)).await;
+        return Decision::Answer(answer);
+    }
+    let Some(view) = view else {
+        return Decision::Bare(ResponseCode::ServFail);
+    };
+    let Scratch { qname, key, addrs } = scratch;
+    qname.clear();
+    let _ = write!(qname, "{}", q.name);
+    if view.resolver.rules().rule_class(qname).is_none() {
+        answer.code = ResponseCode::NXDomain;
+        answer.soa = soa;
+        return Decision::Answer(answer);
+    }
+    if !matches!(q.qtype, RecordType::A | RecordType::AAAA) {
+        answer.soa = soa;
+        return Decision::Answer(answer);
+    }
+    let client = match &ecs {
+        Some(e) if e.source_prefix() > 0 => IpNet::new(e.addr(), e.source_prefix())
+            .map(|n| n.trunc())
+            .ok(),
+        _ => None,
+    }
+    .unwrap_or_else(|| IpNet::from(q.src));
+    let a = view.resolver.resolve(client, qname);
+    let v6 = q.qtype == RecordType::AAAA;
+    let rebuilt = src.rebuilt.load();
+    let servers = match rebuilt.as_deref() {
+        Some((version, s)) if *version == view.version => Some(s),
+        _ => view.servers(),
+    };
+    addrs.clear();
+    if let Some(servers) = servers {
+        servers.answer(&a, qname, v6, key, addrs);
+    }
+    let owner: Name = q.name.into();
+    for &ip in addrs.iter() {
+        let rdata = match ip {
+            IpAddr::V4(v4) => RData::A(A(v4)),
+            IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
         };
-        SCRATCH.with_borrow_mut(|scratch| {
-            let Scratch { qname, key, addrs } = scratch;
-            qname.clear();
-            let _ = write!(qname, "{name}");
-            if view.resolver.rules().rule_class(qname).is_none() {
-                code = ResponseCode::NXDomain;
-                with_soa = true;
-                return;
-            }
-            if !matches!(qtype, RecordType::A | RecordType::AAAA) {
-                with_soa = true;
-                return;
-            }
-            let client = match &ecs {
-                Some(e) if e.source_prefix() > 0 => IpNet::new(e.addr(), e.source_prefix())
-                    .map(|n| n.trunc())
-                    .ok(),
-                _ => None,
-            }
-            .unwrap_or_else(|| IpNet::from(request.src().ip()));
-            let a = view.resolver.resolve(client, qname);
-            let v6 = qtype == RecordType::AAAA;
-            let rebuilt = front.servers.load();
-            let servers = match rebuilt.as_deref() {
-                Some((version, s)) if *version == view.version => Some(s),
-                _ => view.servers(),
-            };
-            addrs.clear();
-            if let Some(servers) = servers {
-                servers.answer(&a, qname, v6, key, addrs);
-            }
-            let owner: Name = name.into();
-            for &ip in addrs.iter() {
-                let rdata = match ip {
-                    IpAddr::V4(v4) => RData::A(A(v4)),
-                    IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
-                };
-                records.push(Record::from_rdata(owner.clone(), front.ttl, rdata));
-            }
-            if records.is_empty() {
-                with_soa = true; // no server of the family: NODATA
-            }
-            if let (Some(e), Some(ecs)) = (edns_out.as_mut(), &ecs) {
-                let mut echo = *ecs;
-                echo.set_scope_prefix(if ecs.source_prefix() == 0 {
-                    0
-                } else {
-                    a.scope_prefix_len
-                });
-                e.options_mut().insert(EdnsOption::Subnet(echo));
-            }
-            if a.unit.is_some() {
-                front
-                    .demand
-                    .count(view, &client, a.scope_prefix_len, a.class);
-            }
-            if view.has_bounded {
-                front.demand.count_host(qname);
-            }
+        answer
+            .records
+            .push(Record::from_rdata(owner.clone(), src.ttl, rdata));
+    }
+    if answer.records.is_empty() {
+        answer.soa = soa; // no server of the family: NODATA
+    }
+    if let (Some(e), Some(ecs)) = (answer.edns.as_mut(), &ecs) {
+        let mut echo = *ecs;
+        echo.set_scope_prefix(if ecs.source_prefix() == 0 {
+            0
+        } else {
+            a.scope_prefix_len
+        });
+        e.options_mut().insert(EdnsOption::Subnet(echo));
+    }
+    if a.unit.is_some() {
+        answer.demand = Some(Demand {
+            client,
+            scope_prefix_len: a.scope_prefix_len,
+            class: a.class,
         });
     }
-    match code {
-        ResponseCode::NXDomain => &front.counters.nxdomain,
-        _ if records.is_empty() => &front.counters.nodata,
-        _ => &front.counters.answer,
+    answer.count_host = view.has_bounded;
+    Decision::Answer(answer)
+}
+
+/// Decides the request's (single) query from what `front` holds, counts its demand and its
+/// outcome.
+fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
+    let query = &request.queries.queries()[0];
+    let q = Query {
+        name: query.name(),
+        class: query.query_class(),
+        qtype: query.query_type(),
+        edns: request.edns.as_ref(),
+        src: request.src().ip(),
+    };
+    let guard = front.view.load();
+    let view = guard.as_deref();
+    let src = Source {
+        zones: &front.zones,
+        rebuilt: &front.servers,
+        ttl: front.ttl,
+        max_udp_payload: front.max_udp_payload,
+    };
+    let decision = SCRATCH.with_borrow_mut(|scratch| {
+        let decision = decide(&src, view, &q, scratch);
+        if let (Decision::Answer(a), Some(view)) = (&decision, view) {
+            if let Some(d) = a.demand {
+                front
+                    .demand
+                    .count(view, &d.client, d.scope_prefix_len, d.class);
+            }
+            if a.count_host {
+                front.demand.count_host(&scratch.qname);
+            }
+        }
+        decision
+    });
+    decision.counter(&front.counters).increment(1);
+    decision
+}
+
+/// Encodes a decision with hickory and sends it.
+async fn send<R: ResponseHandler>(
+    request: &Request,
+    mut response: R,
+    decision: &Decision<'_>,
+) -> Result<ResponseInfo, hickory_server::net::NetError> {
+    let mut builder = MessageResponseBuilder::from_message_request(request);
+    match decision {
+        Decision::Bare(code) => {
+            let m = metadata(request, *code, false);
+            response.send_response(builder.build_no_records(m)).await
+        }
+        Decision::Answer(a) => {
+            let m = metadata(request, a.code, true);
+            if let Some(e) = a.edns.as_ref() {
+                builder.edns(e);
+            }
+            let msg = builder.build(m, a.records.iter(), a.ns.iter(), a.soa.iter(), []);
+            response.send_response(msg).await
+        }
     }
-    .increment(1);
-    let m = metadata(request, code, true);
-    let mut builder = builder;
-    if let Some(e) = edns_out.as_ref() {
-        builder.edns(e);
+}
+
+async fn answer<R: ResponseHandler>(
+    front: &Front,
+    request: &Request,
+    response: R,
+) -> Result<ResponseInfo, hickory_server::net::NetError> {
+    let decision = decide_and_count(front, request);
+    send(request, response, &decision).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use cdnmap_mapper::model::ClusterState;
+    use cdnmap_serve::servers::Policy;
+    use cdnmap_serve::serving::{Builder, ServingCluster};
+    use cdnmap_serve::watch::{full_part, Applied, Edge, Follower, Identity};
+
+    use super::*;
+
+    /// A view of one unit (10.0.0.0/24, class "video") on one cluster with one IPv4 server,
+    /// the fallback of both classes, names "*.video.example" of class "video".
+    fn view() -> LocalView {
+        let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
+        let clusters = vec![ServingCluster {
+            id: "a".to_string(),
+            addresses: vec!["192.0.2.1".parse().expect("address")],
+            state: ClusterState::Up,
+        }];
+        let mut b = Builder::new(classes, clusters).expect("one cluster");
+        let prefix: IpNet = "10.0.0.0/24".parse().expect("prefix");
+        b.push("u1", 0, &[prefix], [(0, 1.0)], 0.0, [None, None])
+            .expect("a valid unit");
+        b.set_fallback(&[[Some(0), None], [Some(0), None]]);
+        let m = b.finish();
+        let policies = vec![Policy::default()];
+        let rules = vec![("*.video.example".to_string(), "video".to_string())];
+        let load = |_: &str, _: IpAddr| 0.5;
+        let edge = Edge {
+            policies: &policies,
+            load: &load,
+            rules: &rules,
+            default_class: "web",
+        };
+        let id = Identity {
+            epoch: 1,
+            version: 1,
+            solved_at_unix_ms: 7,
+        };
+        let mut f = Follower::default();
+        let applied = f
+            .apply(full_part(&edge, id, &m, 0))
+            .expect("the map applies");
+        assert_eq!(applied, Applied::New);
+        LocalView::build(f.held().expect("a map held"), &[]).expect("the view indexes")
     }
-    let soa_iter: &[Record] = if with_soa { soa } else { &[] };
-    response
-        .send_response(builder.build(m, records.iter(), ns.iter(), soa_iter.iter(), []))
-        .await
+
+    fn zone() -> Zone {
+        let name = |s: &str| Name::from_ascii(s).expect("a name");
+        let config = ZoneConfig {
+            apex: name("example."),
+            nameservers: vec![name("ns1.example.")],
+            hostmaster: name("hostmaster.example."),
+        };
+        Zone::new(&config, 1, 20)
+    }
+
+    /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any.
+    fn check(
+        view: Option<&LocalView>,
+        qname: &str,
+        qtype: RecordType,
+        ecs: Option<(&str, u8)>,
+        f: impl FnOnce(&Decision<'_>),
+    ) {
+        let zones = [zone()];
+        let rebuilt = ArcSwapOption::empty();
+        let src = Source {
+            zones: &zones,
+            rebuilt: &rebuilt,
+            ttl: 20,
+            max_udp_payload: 1232,
+        };
+        let edns = ecs.map(|(addr, len)| {
+            let mut e = Edns::new();
+            e.set_max_payload(4096);
+            let subnet = ClientSubnet::new(addr.parse().expect("an address"), len, 0);
+            e.options_mut().insert(EdnsOption::Subnet(subnet));
+            e
+        });
+        let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
+        let q = Query {
+            name: &name,
+            class: DNSClass::IN,
+            qtype,
+            edns: edns.as_ref(),
+            src: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)),
+        };
+        f(&decide(&src, view, &q, &mut Scratch::default()));
+    }
+
+    fn answer<'d>(d: &'d Decision<'_>) -> &'d Answer<'d> {
+        match d {
+            Decision::Answer(a) => a,
+            Decision::Bare(code) => panic!("a bare {code:?}, not an answer"),
+        }
+    }
+
+    fn echoed_scope(a: &Answer<'_>) -> Option<u8> {
+        match a.edns.as_ref()?.option(EdnsCode::Subnet)? {
+            EdnsOption::Subnet(s) => Some(s.scope_prefix()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn names_outside_the_zones_are_refused_and_no_map_is_servfail() {
+        let v = view();
+        check(Some(&v), "www.other.test.", RecordType::A, None, |d| {
+            assert!(matches!(d, Decision::Bare(ResponseCode::Refused)), "{d:?}");
+        });
+        check(None, "www.video.example.", RecordType::A, None, |d| {
+            assert!(matches!(d, Decision::Bare(ResponseCode::ServFail)), "{d:?}");
+        });
+        // A query's ECS scope must be 0; a source prefix beyond the family's bits is malformed.
+        check(
+            Some(&v),
+            "www.video.example.",
+            RecordType::A,
+            Some(("10.0.0.0", 33)),
+            |d| {
+                assert!(matches!(d, Decision::Bare(ResponseCode::FormErr)), "{d:?}");
+            },
+        );
+    }
+
+    #[test]
+    fn the_apex_answers_soa_and_ns_without_a_map() {
+        check(None, "example.", RecordType::SOA, None, |d| {
+            let a = answer(d);
+            assert_eq!(a.code, ResponseCode::NoError);
+            assert_eq!(a.records.len(), 1);
+            assert_eq!(a.records[0].record_type(), RecordType::SOA);
+            assert_eq!(a.ns.len(), 1);
+            assert!(a.soa.is_empty());
+        });
+        check(None, "example.", RecordType::A, None, |d| {
+            let a = answer(d);
+            assert!(a.records.is_empty());
+            assert_eq!(a.soa.len(), 1);
+        });
+    }
+
+    #[test]
+    fn a_name_no_rule_names_is_nxdomain_with_the_soa() {
+        let v = view();
+        check(Some(&v), "www.unknown.example.", RecordType::A, None, |d| {
+            let a = answer(d);
+            assert_eq!(a.code, ResponseCode::NXDomain);
+            assert!(a.records.is_empty());
+            assert_eq!(a.soa.len(), 1);
+            assert_eq!(a.demand, None);
+        });
+    }
+
+    #[test]
+    fn the_ecs_scope_is_the_units_prefix_and_the_query_counts_as_demand() {
+        let v = view();
+        check(
+            Some(&v),
+            "www.video.example.",
+            RecordType::A,
+            Some(("10.0.0.77", 32)),
+            |d| {
+                let a = answer(d);
+                assert_eq!(a.code, ResponseCode::NoError);
+                let ips: Vec<RData> = a.records.iter().map(|r| r.data.clone()).collect();
+                assert_eq!(ips, [RData::A(A(Ipv4Addr::new(192, 0, 2, 1)))]);
+                assert!(a.soa.is_empty());
+                assert_eq!(echoed_scope(a), Some(24));
+                let d = a.demand.expect("the unit's demand");
+                assert_eq!(d.client, "10.0.0.77/32".parse::<IpNet>().expect("a net"));
+                assert_eq!((d.scope_prefix_len, d.class), (24, 0));
+                assert!(!a.count_host, "no cluster selects with bounded loads");
+            },
+        );
+        // A source prefix of 0: the resolver's address is the client, the scope echoed 0.
+        check(
+            Some(&v),
+            "www.video.example.",
+            RecordType::A,
+            Some(("0.0.0.0", 0)),
+            |d| {
+                assert_eq!(echoed_scope(answer(d)), Some(0));
+            },
+        );
+        // No ECS in the query: none echoed; the resolver's address is in no unit (the class's
+        // fallback answers), so nothing counts as demand.
+        check(Some(&v), "www.video.example.", RecordType::A, None, |d| {
+            let a = answer(d);
+            assert!(a.edns.is_none());
+            assert_eq!(a.records.len(), 1);
+            assert_eq!(a.demand, None);
+        });
+    }
+
+    #[test]
+    fn aaaa_without_an_ipv6_server_and_other_types_are_nodata() {
+        let v = view();
+        for qtype in [RecordType::AAAA, RecordType::TXT] {
+            check(Some(&v), "www.video.example.", qtype, None, |d| {
+                let a = answer(d);
+                assert_eq!(a.code, ResponseCode::NoError, "{qtype}");
+                assert!(a.records.is_empty(), "{qtype}");
+                assert_eq!(a.soa.len(), 1, "{qtype}");
+            });
+        }
+    }
 }

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use cdnmap_mapper::ClassIdx;
 use cdnmap_mapper::{
-    churn, favour_incumbents, solve as solve_instance, solve_seeded, Instance, Map, SolveOptions,
-    Stickiness, UnitIdx, DEFAULT_STICKINESS,
+    churn, favour_incumbents, solve as solve_instance, solve_seeded, Instance, Map, Solution,
+    SolveOptions, Stickiness, UnitIdx, DEFAULT_STICKINESS,
 };
+use cdnmap_serve::resolve::{ClassRules, Resolver};
 use clap::Args;
 
 use crate::alloc;
@@ -461,20 +462,11 @@ fn time_each(runs: usize, mut f: impl FnMut() -> u64) -> (Duration, Vec<Duration
     (m, times)
 }
 
-pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
-    use cdnmap_serve::resolve::{ClassRules, Resolver};
-
-    ensure!(a.runs >= 1, "--runs must be at least 1");
-    ensure!(a.queries >= 1, "--queries must be at least 1");
-    ensure!(
-        (0.0..=1.0).contains(&a.outside),
-        "--outside must be in [0, 1], got {}",
-        a.outside
-    );
-    let inst = a.world.generate()?;
+/// The cold solve the resolver is built from; prints its time, overflow and split units.
+fn resolve_cold_solve(inst: &Instance) -> Solution {
     let units = inst.unit_count();
     let t = Instant::now();
-    let sol = solve_instance(&inst, &SolveOptions::default());
+    let sol = solve_instance(inst, &SolveOptions::default());
     let split = (0..units as UnitIdx)
         .filter(|&u| {
             sol.map
@@ -491,15 +483,20 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         100.0 * sol.map.total_overflow() / inst.total_demand().max(f64::MIN_POSITIVE),
         100.0 * split as f64 / units.max(1) as f64
     );
+    sol
+}
 
+/// The resolver of `sol` (dropped once built); prints its build time and memory.
+fn resolve_build(inst: &Instance, sol: Solution) -> Result<Resolver> {
+    let units = inst.unit_count();
     let rules: Vec<(String, String)> = RESOLVE_RULES
         .iter()
         .map(|(p, c)| (p.to_string(), c.to_string()))
         .collect();
-    let rules = ClassRules::for_instance(&inst, &rules, RESOLVE_DEFAULT_CLASS)?;
+    let rules = ClassRules::for_instance(inst, &rules, RESOLVE_DEFAULT_CLASS)?;
     let live = alloc::live_bytes();
     let t = Instant::now();
-    let resolver = Resolver::of_solution(&inst, &sol.map, rules)?;
+    let resolver = Resolver::of_solution(inst, &sol.map, rules)?;
     let built = t.elapsed();
     let resolver_bytes = alloc::live_bytes().saturating_sub(live);
     drop(sol);
@@ -516,11 +513,13 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         "resolver       built in {:.1} ms, {memory} on top of the instance",
         ms(built)
     );
+    Ok(resolver)
+}
 
-    let t = Instant::now();
-    let qs = query_set(&inst, a.queries, a.outside, a.world.seed)?;
+/// One untimed pass over the queries for the answer mix; prints the queries (generated since
+/// `t`) and where their answers come from.
+fn resolve_mix(inst: &Instance, resolver: &Resolver, qs: &QuerySet, t: Instant) {
     let n = qs.queries.len();
-    // One untimed pass for the answer mix.
     let (mut from_unit, mut no_unit_inside, mut per_class) = (0usize, 0usize, vec![0usize; 3]);
     for q in &qs.queries {
         let ans = resolver.resolve(q.client, qs.name(q));
@@ -557,9 +556,24 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         pct(n - from_unit),
         pct(no_unit_inside)
     );
+}
 
+/// The medians `bench resolve` measures.
+struct ResolveTimes {
+    base: Duration,
+    med: Duration,
+    /// The resolve runs, sorted.
+    times: Vec<Duration>,
+    batch: Duration,
+    class_of: Duration,
+    unit_for: Duration,
+}
+
+/// Times the baseline, resolve, resolve_batch (checked against resolve) and the parts of
+/// resolve over `runs` runs of the queries.
+fn resolve_measure(runs: usize, resolver: &Resolver, qs: &QuerySet) -> Result<ResolveTimes> {
     // The baseline: touch every query and hash its qname with the same xxh3 the split uses.
-    let (base, _) = time_each(a.runs, || {
+    let (base, _) = time_each(runs, || {
         let mut acc = 0u64;
         for q in black_box(&qs.queries) {
             acc ^= xxhash_rust::xxh3::xxh3_64(qs.name(q).as_bytes())
@@ -567,7 +581,7 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         }
         acc
     });
-    let (med, times) = time_each(a.runs, || {
+    let (med, times) = time_each(runs, || {
         let mut acc = 0u64;
         for q in black_box(&qs.queries) {
             let ans = resolver.resolve(q.client, qs.name(q));
@@ -592,7 +606,7 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
             );
         }
     }
-    let (batch, _) = time_each(a.runs, || {
+    let (batch, _) = time_each(runs, || {
         let mut acc = 0u64;
         for chunk in black_box(&pairs).chunks(1_000) {
             resolver.resolve_batch(chunk, &mut answers);
@@ -604,7 +618,7 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
     });
     // Where the time goes: the hostname rules alone, and the prefix lookup alone (with the
     // classes computed beforehand); the rest is the split, the liveness checks, the second cluster.
-    let (class_of, _) = time_each(a.runs, || {
+    let (class_of, _) = time_each(runs, || {
         let mut acc = 0u64;
         for q in black_box(&qs.queries) {
             acc = acc.wrapping_add(u64::from(resolver.rules().class_of(qs.name(q))));
@@ -616,7 +630,7 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         .iter()
         .map(|q| resolver.rules().class_of(qs.name(q)))
         .collect();
-    let (unit_for, _) = time_each(a.runs, || {
+    let (unit_for, _) = time_each(runs, || {
         let mut acc = 0u64;
         for (q, &k) in black_box(&qs.queries).iter().zip(&classes) {
             if let Some((u, len)) = resolver.unit_for(q.client.network(), k) {
@@ -625,6 +639,26 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         }
         acc
     });
+    Ok(ResolveTimes {
+        base,
+        med,
+        times,
+        batch,
+        class_of,
+        unit_for,
+    })
+}
+
+/// Prints the rates of `m` over `n` queries and the target's verdict.
+fn resolve_print(m: &ResolveTimes, n: usize, units: usize, runs: usize) {
+    let ResolveTimes {
+        base,
+        med,
+        ref times,
+        batch,
+        class_of,
+        unit_for,
+    } = *m;
     let rate = |d: Duration| n as f64 / d.as_secs_f64().max(1e-12);
     println!(
         "baseline       median {:>8.1} ms   {:>7.2} M/s   {:>6.1} ns/query   (xxh3 of each qname)",
@@ -639,7 +673,7 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
         1e9 / rate(med),
         ms(times[0]),
         ms(times[times.len() - 1]),
-        a.runs
+        runs
     );
     println!(
         "resolve_batch  median {:>8.1} ms   {:>7.2} M lookups/s   {:>6.1} ns/lookup   (blocks of 1,000 as ResolveBatch carries; same answers as resolve, checked)",
@@ -670,40 +704,64 @@ pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
             format!(", at {units} map units")
         }
     );
-    if a.grpc_calls > 0 {
-        ensure!(
-            (1..=cdnmap_proto::MAX_BATCH_QUERIES).contains(&a.grpc_batch),
-            "--grpc-batch must be in 1..={}",
-            cdnmap_proto::MAX_BATCH_QUERIES
-        );
-        ensure!(a.concurrency >= 1, "--concurrency must be at least 1");
-        let dir = tempfile::tempdir()?;
-        let config = cdnmap_api::Config {
-            data_dir: dir.path().join("store"),
-            class_rules: RESOLVE_RULES
-                .iter()
-                .map(|(p, c)| cdnmap_api::config::ClassRuleConfig {
-                    pattern: p.to_string(),
-                    class: c.to_string(),
-                })
-                .collect(),
-            default_class: RESOLVE_DEFAULT_CLASS.into(),
-            ..cdnmap_api::Config::default()
-        };
-        let clients: Vec<(ipnet::IpNet, String)> = qs
-            .queries
+}
+
+/// `--grpc-calls`: the same queries through the service's gRPC API.
+fn resolve_grpc(a: &ResolveBenchArgs, inst: &Instance, qs: &QuerySet) -> Result<()> {
+    ensure!(
+        (1..=cdnmap_proto::MAX_BATCH_QUERIES).contains(&a.grpc_batch),
+        "--grpc-batch must be in 1..={}",
+        cdnmap_proto::MAX_BATCH_QUERIES
+    );
+    ensure!(a.concurrency >= 1, "--concurrency must be at least 1");
+    let dir = tempfile::tempdir()?;
+    let config = cdnmap_api::Config {
+        data_dir: dir.path().join("store"),
+        class_rules: RESOLVE_RULES
             .iter()
-            .take(100_000)
-            .map(|q| (q.client, qs.name(q).to_string()))
-            .collect();
-        crate::bench_grpc::run(
-            &inst,
-            config,
-            &clients,
-            a.grpc_calls,
-            a.grpc_batch,
-            a.concurrency,
-        )?;
+            .map(|(p, c)| cdnmap_api::config::ClassRuleConfig {
+                pattern: p.to_string(),
+                class: c.to_string(),
+            })
+            .collect(),
+        default_class: RESOLVE_DEFAULT_CLASS.into(),
+        ..cdnmap_api::Config::default()
+    };
+    let clients: Vec<(ipnet::IpNet, String)> = qs
+        .queries
+        .iter()
+        .take(100_000)
+        .map(|q| (q.client, qs.name(q).to_string()))
+        .collect();
+    crate::bench_grpc::run(
+        inst,
+        config,
+        &clients,
+        a.grpc_calls,
+        a.grpc_batch,
+        a.concurrency,
+    )?;
+    Ok(())
+}
+
+pub fn resolve(a: &ResolveBenchArgs) -> Result<ExitCode> {
+    ensure!(a.runs >= 1, "--runs must be at least 1");
+    ensure!(a.queries >= 1, "--queries must be at least 1");
+    ensure!(
+        (0.0..=1.0).contains(&a.outside),
+        "--outside must be in [0, 1], got {}",
+        a.outside
+    );
+    let inst = a.world.generate()?;
+    let sol = resolve_cold_solve(&inst);
+    let resolver = resolve_build(&inst, sol)?;
+    let t = Instant::now();
+    let qs = query_set(&inst, a.queries, a.outside, a.world.seed)?;
+    resolve_mix(&inst, &resolver, &qs, t);
+    let m = resolve_measure(a.runs, &resolver, &qs)?;
+    resolve_print(&m, qs.queries.len(), inst.unit_count(), a.runs);
+    if a.grpc_calls > 0 {
+        resolve_grpc(a, &inst, &qs)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -325,7 +325,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
+/// Refuses arguments out of their bounds.
+fn check_args(a: &DnsBenchArgs) -> Result<()> {
     if a.queries == 0 || a.queries > MAX_QUERIES {
         bail!("--queries {}: must be in 1..={MAX_QUERIES}", a.queries);
     }
@@ -335,24 +336,29 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     if a.seconds == 0 || a.seconds > 3600 {
         bail!("--seconds {}: must be in 1..=3600", a.seconds);
     }
-    let dnsperf = program("dnsperf")?;
-    let gdnsd = program("gdnsd")?;
-    let temp;
-    let dir: PathBuf = match &a.out {
+    Ok(())
+}
+
+/// Where the files go: `--out`, else a temporary directory (returned, to be kept while the
+/// servers run).
+fn out_dir(a: &DnsBenchArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    Ok(match &a.out {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            d.clone()
+            (d.clone(), None)
         }
         None => {
-            temp = tempfile::Builder::new()
+            let temp = tempfile::Builder::new()
                 .prefix("cdnmap-bench-dns-")
                 .tempdir()?;
-            temp.path().to_path_buf()
+            (temp.path().to_path_buf(), Some(temp))
         }
-    };
-    let exe = std::env::current_exe().context("finding the cdnmap binary")?;
+    })
+}
 
-    // The world (the same one `cdnmap serve` builds from the same demo settings).
+/// The world (the same one `cdnmap serve` builds from the same demo settings) and dnsperf's
+/// query file from it, in `dir`.
+fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<PathBuf> {
     let params = WorldParams {
         map_units: a.map_units,
         clusters: a.clusters,
@@ -368,10 +374,17 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         instance.unit_count(),
         queries.display()
     );
+    Ok(queries)
+}
 
-    // The mapper and the front end.
-    let (grpc, http, dns_port, gdnsd_port) =
-        (free_port()?, free_port()?, free_port()?, free_port()?);
+/// The mapper (`cdnmap serve`, gRPC on `grpc`, HTTP on `http`) and the front end (`cdnmap
+/// dns` on `dns_port`), once the front end answers: (mapper, front end, its address).
+fn start_cdnmap(
+    a: &DnsBenchArgs,
+    exe: &Path,
+    dir: &Path,
+    (grpc, http, dns_port): (u16, u16, u16),
+) -> Result<(Proc, Proc, SocketAddr)> {
     let serve_conf = dir.join("serve.toml");
     std::fs::write(
         &serve_conf,
@@ -385,7 +398,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         ),
     )?;
     let mut serve = spawn(
-        Command::new(&exe)
+        Command::new(exe)
             .arg("serve")
             .arg("--config")
             .arg(&serve_conf),
@@ -394,7 +407,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     )?;
     let dns_addr = SocketAddr::from(([127, 0, 0, 1], dns_port));
     let mut front = spawn(
-        Command::new(&exe)
+        Command::new(exe)
             .arg("dns")
             .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
             .args(["--listen", &dns_addr.to_string()])
@@ -402,31 +415,43 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         &dir.join("dns.log"),
         "cdnmap dns",
     )?;
-    wait_answering(dns_addr, &mut [&mut serve, &mut front], &dir)?;
+    wait_answering(dns_addr, &mut [&mut serve, &mut front], dir)?;
+    Ok((serve, front, dns_addr))
+}
 
+/// gdnsd on `port`, serving the static zone, once it answers.
+fn start_gdnsd(gdnsd: &Path, dir: &Path, port: u16) -> Result<(Proc, SocketAddr)> {
     let gdir = dir.join("gdnsd");
-    write_gdnsd(&gdir, gdnsd_port)?;
-    let gdnsd_addr = SocketAddr::from(([127, 0, 0, 1], gdnsd_port));
+    write_gdnsd(&gdir, port)?;
+    let gdnsd_addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut peer = spawn(
         Command::new(gdnsd).arg("-c").arg(&gdir).arg("start"),
         &dir.join("gdnsd.log"),
         "gdnsd",
     )?;
-    wait_answering(gdnsd_addr, &mut [&mut peer], &dir)?;
+    wait_answering(gdnsd_addr, &mut [&mut peer], dir)?;
+    Ok((peer, gdnsd_addr))
+}
 
+/// The dnsperf runs, alternating between the two servers (`targets`: name, address, process);
+/// prints each run.
+fn measure(
+    a: &DnsBenchArgs,
+    dnsperf: &Path,
+    queries: &Path,
+    targets: [(&str, SocketAddr, &Proc); 2],
+) -> Result<[Vec<Run>; 2]> {
+    let (dns_port, gdnsd_port) = (targets[0].1.port(), targets[1].1.port());
     println!(
         "dnsperf -B -l {} -c {} -q {}, {} runs each, alternating (cdnmap dns on :{dns_port}, gdnsd on :{gdnsd_port})",
         a.seconds, a.clients, a.outstanding, a.runs
     );
     let mut results: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for r in 0..a.runs {
-        let pids = [front.0.id(), peer.0.id()];
-        for (i, (name, addr)) in [("cdnmap dns", dns_addr), ("gdnsd", gdnsd_addr)]
-            .into_iter()
-            .enumerate()
-        {
+        let pids = [targets[0].2 .0.id(), targets[1].2 .0.id()];
+        for (i, (name, addr, _)) in targets.into_iter().enumerate() {
             let cpu_before = cpu_secs(pids[i]);
-            let out = Command::new(&dnsperf)
+            let out = Command::new(dnsperf)
                 .args([
                     "-s",
                     "127.0.0.1",
@@ -435,7 +460,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
                     "-B",
                     "-d",
                 ])
-                .arg(&queries)
+                .arg(queries)
                 .args(["-l", &a.seconds.to_string()])
                 .args(["-c", &a.clients.to_string()])
                 .args(["-q", &a.outstanding.to_string()])
@@ -466,6 +491,11 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
             results[i].push(run);
         }
     }
+    Ok(results)
+}
+
+/// The table of medians and the ratios to gdnsd.
+fn print_medians(results: &[Vec<Run>; 2]) {
     let med = |i: usize, f: fn(&Run) -> f64| median(results[i].iter().map(f).collect());
     let (q_ours, q_peer) = (med(0, |r| r.qps), med(1, |r| r.qps));
     println!();
@@ -494,6 +524,25 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         "ratio cdnmap dns / gdnsd, queries per CPU second: {cpu_ratio:.2} (the same comparison, \
          less sensitive to what else the machine runs)"
     );
+}
+
+pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
+    check_args(a)?;
+    let dnsperf = program("dnsperf")?;
+    let gdnsd = program("gdnsd")?;
+    let (dir, _temp) = out_dir(a)?;
+    let exe = std::env::current_exe().context("finding the cdnmap binary")?;
+    let queries = query_file(a, &dir)?;
+    let (grpc, http, dns_port, gdnsd_port) =
+        (free_port()?, free_port()?, free_port()?, free_port()?);
+    let (serve, front, dns_addr) = start_cdnmap(a, &exe, &dir, (grpc, http, dns_port))?;
+    let (peer, gdnsd_addr) = start_gdnsd(&gdnsd, &dir, gdnsd_port)?;
+    let targets = [
+        ("cdnmap dns", dns_addr, &front),
+        ("gdnsd", gdnsd_addr, &peer),
+    ];
+    let results = measure(a, &dnsperf, &queries, targets)?;
+    print_medians(&results);
     drop((peer, front, serve));
     Ok(std::process::ExitCode::SUCCESS)
 }

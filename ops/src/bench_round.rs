@@ -15,7 +15,7 @@ use cdnmap_api::round::Snapshot;
 use cdnmap_api::selection::{self, ServerLoads};
 use cdnmap_api::store::{ServedRef, Store};
 use cdnmap_estimator::state::Estimates;
-use cdnmap_mapper::{Stickiness, UnitIdx};
+use cdnmap_mapper::{Instance, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use clap::Args;
 use rand::{Rng, SeedableRng};
@@ -49,6 +49,107 @@ const PARTS: [&str; 7] = [
     "total",
 ];
 
+/// The reports of the round before round `r`: every unit, its demand with `noise` percent of
+/// noise (none before the first round).
+fn observations(
+    base: &Instance,
+    r: usize,
+    noise: f64,
+    rng: &mut ChaCha8Rng,
+    round_ms: i64,
+) -> Observations {
+    Observations {
+        at_unix_ms: (r as i64 - 1) * round_ms,
+        demand: if r == 0 {
+            HashMap::new()
+        } else {
+            (0..base.unit_count() as UnitIdx)
+                .map(|u| {
+                    let x = 1.0 + noise / 100.0 * rng.random_range(-1.0..1.0);
+                    (base.unit_id(u).to_string(), base.unit_demand(u) * x)
+                })
+                .collect()
+        },
+        loads: Vec::new(),
+    }
+}
+
+/// Writes round `r`'s served record (with the base in the first round); returns the time it took.
+fn persist(store: &Store, driver: &Driver, base: &Instance, s: &Snapshot, r: usize) -> Result<f64> {
+    let t = Instant::now();
+    let bytes = driver.estimates().to_bytes();
+    store.put_served(
+        &ServedRef {
+            epoch: 1,
+            version: s.version,
+            solved_at_unix_ms: s.solved_at_unix_ms,
+            base,
+            base_generation: 1,
+            write_base: r == 0,
+            instance: &s.instance,
+            map: &s.map,
+            estimates: &bytes,
+        },
+        4,
+    )?;
+    Ok(ms(t))
+}
+
+/// One round's line: its parts' times and its churn.
+fn print_round(r: usize, parts: &[f64; 7], churn: Option<f64>) {
+    let kind = if r == 0 { "cold" } else { "warm" };
+    println!(
+        "round {r:>3} ({kind})  {}  churn {:.3}%",
+        PARTS
+            .iter()
+            .zip(parts)
+            .map(|(p, v)| format!("{p} {v:.0} ms"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        100.0 * churn.unwrap_or(0.0)
+    );
+}
+
+/// The median and max of each part over the timed warm rounds.
+fn print_medians(times: &[[f64; 7]], units: usize) {
+    println!(
+        "warm rounds    {} timed (after a cold and an untimed warm round), reports for all {} map units each",
+        times.len(),
+        units
+    );
+    for (i, part) in PARTS.iter().enumerate() {
+        let mut v: Vec<f64> = times.iter().map(|t| t[i]).collect();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "  {part:<22} median {:>8.1} ms   max {:>8.1} ms",
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
+}
+
+/// Baselines from before the estimator edited columns and the store wrote columns, measured
+/// once in the same run on the last round's instance: the rebuild through the file form that
+/// `Estimates::apply` did every round, and the JSON the store wrote every round.
+fn print_baselines(s: &Snapshot) -> Result<()> {
+    let t = Instant::now();
+    let rebuilt = cdnmap_mapper::format::InstanceFile::of(&s.instance)
+        .build(cdnmap_mapper::Limits::default())?;
+    let rebuild_ms = ms(t);
+    drop(std::hint::black_box(rebuilt));
+    let t = Instant::now();
+    let mut json = Vec::new();
+    cdnmap_mapper::format::write_instance(&s.instance, &mut json)?;
+    cdnmap_mapper::format::write_assignment(&s.instance, &s.map, &s.version, &mut json)?;
+    let json_ms = ms(t);
+    println!(
+        "baselines      the old estimator's rebuild through the file form {rebuild_ms:.0} ms; \
+         encoding the round's instance and map as JSON (the old served record) {json_ms:.0} ms, {:.0} MB",
+        json.len() as f64 / 1e6
+    );
+    Ok(())
+}
+
 pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     ensure!(a.rounds >= 1, "--rounds must be at least 1");
     ensure!(
@@ -78,21 +179,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     alloc::reset_peak();
     let live_before = alloc::live_bytes();
     for r in 0..a.rounds + 2 {
-        // The reports of the round before: every unit, its demand with noise.
-        let observations = Observations {
-            at_unix_ms: (r as i64 - 1) * round_ms,
-            demand: if r == 0 {
-                HashMap::new()
-            } else {
-                (0..base.unit_count() as UnitIdx)
-                    .map(|u| {
-                        let x = 1.0 + a.noise / 100.0 * rng.random_range(-1.0..1.0);
-                        (base.unit_id(u).to_string(), base.unit_demand(u) * x)
-                    })
-                    .collect()
-            },
-            loads: Vec::new(),
-        };
+        let observations = observations(&base, r, a.noise, &mut rng, round_ms);
         let t = Instant::now();
         let step = driver
             .step(
@@ -110,25 +197,11 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         let servers = selection::build(s.resolver.map().clusters(), &policies, &loads, &[])?;
         std::hint::black_box(&servers);
         let publish_ms = ms(t);
-        let t = Instant::now();
-        if !a.no_persist {
-            let bytes = driver.estimates().to_bytes();
-            store.put_served(
-                &ServedRef {
-                    epoch: 1,
-                    version: s.version,
-                    solved_at_unix_ms: s.solved_at_unix_ms,
-                    base: &base,
-                    base_generation: 1,
-                    write_base: r == 0,
-                    instance: &s.instance,
-                    map: &s.map,
-                    estimates: &bytes,
-                },
-                4,
-            )?;
-        }
-        let persist_ms = ms(t);
+        let persist_ms = if a.no_persist {
+            ms(Instant::now())
+        } else {
+            persist(&store, &driver, &base, &s, r)?
+        };
         let parts = [
             step.timings.estimate_ms,
             s.timings.effective_ms,
@@ -138,55 +211,15 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             persist_ms,
             driver_ms + publish_ms + persist_ms,
         ];
-        let kind = if r == 0 { "cold" } else { "warm" };
-        println!(
-            "round {r:>3} ({kind})  {}  churn {:.3}%",
-            PARTS
-                .iter()
-                .zip(parts)
-                .map(|(p, v)| format!("{p} {v:.0} ms"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            100.0 * s.churn.unwrap_or(0.0)
-        );
+        print_round(r, &parts, s.churn);
         if r >= 2 {
             times.push(parts);
         }
         previous = Some(s);
     }
-    println!(
-        "warm rounds    {} timed (after a cold and an untimed warm round), reports for all {} map units each",
-        times.len(),
-        base.unit_count()
-    );
-    for (i, part) in PARTS.iter().enumerate() {
-        let mut v: Vec<f64> = times.iter().map(|t| t[i]).collect();
-        v.sort_by(f64::total_cmp);
-        println!(
-            "  {part:<22} median {:>8.1} ms   max {:>8.1} ms",
-            v[v.len() / 2],
-            v[v.len() - 1]
-        );
-    }
-    // Baselines from before the estimator edited columns and the store wrote columns, measured
-    // once in the same run on the last round's instance: the rebuild through the file form
-    // that `Estimates::apply` did every round, and the JSON the store wrote every round.
+    print_medians(&times, base.unit_count());
     if let Some(s) = &previous {
-        let t = Instant::now();
-        let rebuilt = cdnmap_mapper::format::InstanceFile::of(&s.instance)
-            .build(cdnmap_mapper::Limits::default())?;
-        let rebuild_ms = ms(t);
-        drop(std::hint::black_box(rebuilt));
-        let t = Instant::now();
-        let mut json = Vec::new();
-        cdnmap_mapper::format::write_instance(&s.instance, &mut json)?;
-        cdnmap_mapper::format::write_assignment(&s.instance, &s.map, &s.version, &mut json)?;
-        let json_ms = ms(t);
-        println!(
-            "baselines      the old estimator's rebuild through the file form {rebuild_ms:.0} ms; \
-             encoding the round's instance and map as JSON (the old served record) {json_ms:.0} ms, {:.0} MB",
-            json.len() as f64 / 1e6
-        );
+        print_baselines(s)?;
     }
     if alloc::installed() {
         println!(

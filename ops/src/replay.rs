@@ -23,8 +23,10 @@ use anyhow::{bail, Context, Result};
 use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::Snapshot;
 use cdnmap_estimator::forecast::ForecastConfig;
-use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::{ClassIdx, ClusterState, Instance, PerUnit, ResourceKind, Stickiness, UnitIdx};
+use cdnmap_estimator::state::{through, Estimates, Through};
+use cdnmap_mapper::{
+    ClassIdx, ClusterState, Instance, Map, PerUnit, ResourceKind, Stickiness, UnitIdx,
+};
 use cdnmap_serve::resolve::ClassRules;
 use ipnet::IpNet;
 
@@ -194,6 +196,114 @@ pub fn replay(
 
 /// [`replay`], handing each round's snapshot and what was then observed (the next round's
 /// input) to `sink`: how a test feeds the same observations to the service's loop.
+/// The service's round driver for `setting`: the estimator (without forecasting, the last
+/// observed value) and the stickiness.
+fn driver(base: &Instance, setting: &Setting) -> Result<Driver> {
+    let mut est = Estimates::new(base).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !setting.forecast {
+        // The last observed value, as a forecaster that forgets at once.
+        est.forecast_config = ForecastConfig {
+            alpha: 1.0,
+            beta: 0.0,
+            gamma: 0.0,
+            ..ForecastConfig::default()
+        };
+    }
+    let stickiness = if setting.stickiness > 0.0 {
+        Stickiness::margin(setting.stickiness)
+    } else {
+        Stickiness::OFF
+    };
+    Ok(Driver::new(est, stickiness, setting.learning, false))
+}
+
+/// What the resource nodes carried: the violations of capacity, the highest utilisation per
+/// kind (bps, fps), the loads (cluster id, node name, load).
+struct NodeLoads {
+    violations: usize,
+    max_util: [f64; 2],
+    loads: Vec<(String, String, f64)>,
+}
+
+/// The loads of `flow` (demand per node and class) with the true coefficients `truth`.
+fn node_loads(base: &Instance, truth: &[PerUnit], flow: &Through) -> NodeLoads {
+    let (mut violations, mut max_util) = (0usize, [0.0f64; 2]);
+    let mut loads = Vec::new();
+    for (ci, cl) in base.clusters().iter().enumerate() {
+        for (n, node) in cl.nodes.iter().enumerate() {
+            let g = base.global_node(ci as u32, n as u32);
+            let load: f64 = flow[g]
+                .iter()
+                .zip(truth)
+                .map(|(d, p)| d * p.get(node.kind))
+                .sum();
+            let util = if node.capacity > 0.0 {
+                load / node.capacity
+            } else if load > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            };
+            if util > 1.0 + 1e-9 {
+                violations += 1;
+            }
+            let kind = usize::from(node.kind == ResourceKind::Fps);
+            max_util[kind] = max_util[kind].max(util);
+            loads.push((cl.id.clone(), node.name.clone(), load));
+        }
+    }
+    NodeLoads {
+        violations,
+        max_util,
+        loads,
+    }
+}
+
+/// The mean RTT of the observed demand on the map's shares (0 with none placed).
+fn mean_rtt_ms(base: &Instance, instance: &Instance, map: &Map, observed: &[Option<f64>]) -> f64 {
+    let (mut rtt, mut placed) = (0.0, 0.0);
+    for u in 0..base.unit_count() as UnitIdx {
+        let (Some(actual), planned) = (observed[u as usize], instance.unit_demand(u)) else {
+            continue;
+        };
+        for a in map.allocations(u) {
+            if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
+                let amount = if planned > 0.0 {
+                    a.amount / planned * actual
+                } else {
+                    0.0
+                };
+                rtt += amount * f64::from(c.score);
+                placed += amount;
+            }
+        }
+    }
+    if placed > 0.0 {
+        rtt / placed
+    } else {
+        0.0
+    }
+}
+
+/// The forecast error (relative to the observed total) and the observed demand by unit id.
+fn forecast_error(
+    base: &Instance,
+    instance: &Instance,
+    observed: &[Option<f64>],
+) -> (f64, HashMap<String, f64>) {
+    let (mut err, mut total) = (0.0, 0.0);
+    let mut by_id = HashMap::new();
+    for (u, obs) in observed.iter().enumerate() {
+        if let Some(actual) = *obs {
+            let u = u as UnitIdx;
+            err += (instance.unit_demand(u) - actual).abs();
+            total += actual;
+            by_id.insert(base.unit_id(u).to_string(), actual);
+        }
+    }
+    (if total > 0.0 { err / total } else { 0.0 }, by_id)
+}
+
 pub fn replay_with(
     base: &Instance,
     header: &Header,
@@ -214,23 +324,8 @@ pub fn replay_with(
                 .unwrap_or(c.per_unit)
         })
         .collect();
-    let mut est = Estimates::new(base).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if !setting.forecast {
-        // The last observed value, as a forecaster that forgets at once.
-        est.forecast_config = ForecastConfig {
-            alpha: 1.0,
-            beta: 0.0,
-            gamma: 0.0,
-            ..ForecastConfig::default()
-        };
-    }
-    let stickiness = if setting.stickiness > 0.0 {
-        Stickiness::margin(setting.stickiness)
-    } else {
-        Stickiness::OFF
-    };
     // The service's round driver: the same step, on a simulated clock.
-    let mut driver = Driver::new(est, stickiness, setting.learning, false);
+    let mut driver = driver(base, setting)?;
     let default_class = classes.first().map(|c| c.name.clone()).unwrap_or_default();
     let mut current = base.clone();
     let mut previous: Option<Snapshot> = None;
@@ -263,59 +358,14 @@ pub fn replay_with(
             *observed[u as usize].get_or_insert(0.0) += d;
         }
         let flow = through(instance, map, Some(&observed));
-        let (mut violations, mut max_util) = (0usize, [0.0f64; 2]);
-        let mut loads = Vec::new();
-        for (ci, cl) in base.clusters().iter().enumerate() {
-            for (n, node) in cl.nodes.iter().enumerate() {
-                let g = base.global_node(ci as u32, n as u32);
-                let load: f64 = flow[g]
-                    .iter()
-                    .zip(&truth)
-                    .map(|(d, p)| d * p.get(node.kind))
-                    .sum();
-                let util = if node.capacity > 0.0 {
-                    load / node.capacity
-                } else if load > 0.0 {
-                    f64::INFINITY
-                } else {
-                    0.0
-                };
-                if util > 1.0 + 1e-9 {
-                    violations += 1;
-                }
-                let kind = usize::from(node.kind == ResourceKind::Fps);
-                max_util[kind] = max_util[kind].max(util);
-                loads.push((cl.id.clone(), node.name.clone(), load));
-            }
-        }
-        let (mut rtt, mut placed) = (0.0, 0.0);
-        for u in 0..base.unit_count() as UnitIdx {
-            let (Some(actual), planned) = (observed[u as usize], instance.unit_demand(u)) else {
-                continue;
-            };
-            for a in map.allocations(u) {
-                if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
-                    let amount = if planned > 0.0 {
-                        a.amount / planned * actual
-                    } else {
-                        0.0
-                    };
-                    rtt += amount * f64::from(c.score);
-                    placed += amount;
-                }
-            }
-        }
+        let NodeLoads {
+            violations,
+            max_util,
+            loads,
+        } = node_loads(base, &truth, &flow);
+        let mean_rtt_ms = mean_rtt_ms(base, instance, map, &observed);
         // Forecast error; the observations go to the next round's step.
-        let (mut err, mut total) = (0.0, 0.0);
-        let mut by_id = HashMap::new();
-        for (u, obs) in observed.iter().enumerate() {
-            if let Some(actual) = *obs {
-                let u = u as UnitIdx;
-                err += (instance.unit_demand(u) - actual).abs();
-                total += actual;
-                by_id.insert(base.unit_id(u).to_string(), actual);
-            }
-        }
+        let (forecast_error, by_id) = forecast_error(base, instance, &observed);
         observed_before = Observations {
             at_unix_ms: t,
             demand: by_id,
@@ -332,11 +382,11 @@ pub fn replay_with(
             } else {
                 0.0
             },
-            mean_rtt_ms: if placed > 0.0 { rtt / placed } else { 0.0 },
+            mean_rtt_ms,
             max_util_bps: max_util[0],
             max_util_fps: max_util[1],
             violations,
-            forecast_error: if total > 0.0 { err / total } else { 0.0 },
+            forecast_error,
             learned_confident: confident,
             derated_clusters: driver.estimates().derater().derated().count(),
         });
