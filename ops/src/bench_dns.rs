@@ -135,18 +135,24 @@ pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
     }
 }
 
+/// Fails, naming the process and the logs, if any of `procs` has exited.
+pub(crate) fn check_running(procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
+    for p in procs.iter_mut() {
+        if let Ok(Some(status)) = p.0.try_wait() {
+            bail!(
+                "{} exited with {status}; see the logs in {}",
+                p.1,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
     let started = Instant::now();
     while !answers(addr, "cdn.example.") {
-        for p in procs.iter_mut() {
-            if let Ok(Some(status)) = p.0.try_wait() {
-                bail!(
-                    "{} exited with {status}; see the logs in {}",
-                    p.1,
-                    dir.display()
-                );
-            }
-        }
+        check_running(procs, dir)?;
         if started.elapsed() > READY {
             bail!(
                 "{addr} did not answer within {READY:?}; see the logs in {}",

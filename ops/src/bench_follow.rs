@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::bench_dns::{answers, free_port, spawn, Proc};
+use crate::bench_dns::{answers, check_running, free_port, spawn};
 
 #[derive(Args, Debug)]
 pub struct FollowBenchArgs {
@@ -63,22 +63,18 @@ fn versions_in_use(log: &std::path::Path) -> usize {
         .unwrap_or(0)
 }
 
-fn check_running(procs: &mut [&mut Proc], dir: &std::path::Path) -> Result<()> {
-    for p in procs.iter_mut() {
-        if let Ok(Some(status)) = p.0.try_wait() {
-            bail!(
-                "{} exited with {status}; see the logs in {}",
-                p.1,
-                dir.display()
-            );
-        }
-    }
-    Ok(())
-}
-
 pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
-    if a.map_units == 0 || a.clusters == 0 || a.cycle_secs == 0 {
-        bail!("--map-units, --clusters and --cycle-secs must be at least 1");
+    if a.map_units == 0 || a.clusters == 0 {
+        bail!("--map-units and --clusters must be at least 1");
+    }
+    let cycles = cdnmap_api::config::CYCLE_SECS;
+    if !cycles.contains(&a.cycle_secs) {
+        bail!(
+            "--cycle-secs {} is outside {}..={} (the service's range)",
+            a.cycle_secs,
+            cycles.start(),
+            cycles.end()
+        );
     }
     let tmp;
     let dir = match &a.out {

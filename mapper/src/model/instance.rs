@@ -117,13 +117,7 @@ impl Instance {
         if let Some(c) = topology.clusters.get_mut(cluster as usize) {
             c.state = state;
         }
-        Instance {
-            topology: Arc::new(topology),
-            units: Arc::clone(&self.units),
-            demand: Arc::clone(&self.demand),
-            cands: Arc::clone(&self.cands),
-            favour: self.favour.clone(),
-        }
+        self.with_topology(topology)
     }
 
     /// The same instance with each unit's demand replaced (`demands[u]` for unit index `u`),
