@@ -270,11 +270,9 @@ async fn send_full(
     tx: &tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>,
 ) -> bool {
     let policies = shared.policies(&s.instance);
+    let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
     for part in 0..crate::watch::full_parts(s) {
-        let msg = {
-            let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
-            crate::watch::full_part(&edge, s, part)
-        };
+        let msg = crate::watch::full_part(&edge, s, part);
         if tx.send(Ok(msg)).await.is_err() {
             return false;
         }

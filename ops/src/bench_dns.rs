@@ -383,12 +383,21 @@ fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<PathBuf> {
     Ok(queries)
 }
 
-/// The mapper (`cdnmap serve`, gRPC on `grpc`, HTTP on `http`) and the front end (`cdnmap
-/// dns` on `dns_port`), once the front end answers: (mapper, front end, its address).
-fn start_cdnmap(
-    a: &DnsBenchArgs,
+/// The demo world a benchmark's mapper serves, and its cycle.
+pub(crate) struct DemoWorld {
+    pub map_units: usize,
+    pub clusters: usize,
+    pub seed: u64,
+    pub cycle_secs: u64,
+}
+
+/// Starts the mapper (`cdnmap serve` on `world`, gRPC on `grpc`, HTTP on `http`, its store,
+/// config and log in `dir`) and the front end (`cdnmap dns` on `dns_port` following it, logging
+/// at info): (mapper, front end, the front end's address). Does not wait for either.
+pub(crate) fn spawn_mapper_and_front_end(
     exe: &Path,
     dir: &Path,
+    world: &DemoWorld,
     (grpc, http, dns_port): (u16, u16, u16),
 ) -> Result<(Proc, Proc, SocketAddr)> {
     let serve_conf = dir.join("serve.toml");
@@ -396,14 +405,15 @@ fn start_cdnmap(
         &serve_conf,
         format!(
             "grpc_listen = \"127.0.0.1:{grpc}\"\nhttp_listen = \"127.0.0.1:{http}\"\n\
-             data_dir = {:?}\ncycle_secs = 30\n[demo]\nmap_units = {}\nclusters = {}\nseed = {}\n",
+             data_dir = {:?}\ncycle_secs = {}\n[demo]\nmap_units = {}\nclusters = {}\nseed = {}\n",
             dir.join("data").display().to_string(),
-            a.map_units,
-            a.clusters,
-            a.seed
+            world.cycle_secs,
+            world.map_units,
+            world.clusters,
+            world.seed
         ),
     )?;
-    let mut serve = spawn(
+    let serve = spawn(
         Command::new(exe)
             .arg("serve")
             .arg("--config")
@@ -412,15 +422,33 @@ fn start_cdnmap(
         "cdnmap serve",
     )?;
     let dns_addr = SocketAddr::from(([127, 0, 0, 1], dns_port));
-    let mut front = spawn(
+    let front = spawn(
         Command::new(exe)
             .arg("dns")
             .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
             .args(["--listen", &dns_addr.to_string()])
-            .args(["--zone", "cdn.example."]),
+            .args(["--zone", "cdn.example."])
+            .env("RUST_LOG", "info"),
         &dir.join("dns.log"),
         "cdnmap dns",
     )?;
+    Ok((serve, front, dns_addr))
+}
+
+/// The mapper and the front end, once the front end answers: (mapper, front end, its address).
+fn start_cdnmap(
+    a: &DnsBenchArgs,
+    exe: &Path,
+    dir: &Path,
+    ports: (u16, u16, u16),
+) -> Result<(Proc, Proc, SocketAddr)> {
+    let world = DemoWorld {
+        map_units: a.map_units,
+        clusters: a.clusters,
+        seed: a.seed,
+        cycle_secs: 30,
+    };
+    let (mut serve, mut front, dns_addr) = spawn_mapper_and_front_end(exe, dir, &world, ports)?;
     wait_answering(dns_addr, &mut [&mut serve, &mut front], dir)?;
     Ok((serve, front, dns_addr))
 }

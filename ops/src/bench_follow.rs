@@ -5,13 +5,13 @@
 //! resident memory (the kernel's `VmHWM`) and its resident memory at the end.
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::bench_dns::{answers, check_running, free_port, spawn};
+use crate::bench_dns::{answers, check_running, free_port, spawn_mapper_and_front_end, DemoWorld};
 
 #[derive(Args, Debug)]
 pub struct FollowBenchArgs {
@@ -91,20 +91,13 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("finding the cdnmap binary")?,
     };
-    let (grpc, http, dns_port) = (free_port()?, free_port()?, free_port()?);
-    let serve_conf = dir.join("serve.toml");
-    std::fs::write(
-        &serve_conf,
-        format!(
-            "grpc_listen = \"127.0.0.1:{grpc}\"\nhttp_listen = \"127.0.0.1:{http}\"\n\
-             data_dir = {:?}\ncycle_secs = {}\n[demo]\nmap_units = {}\nclusters = {}\nseed = {}\n",
-            dir.join("data").display().to_string(),
-            a.cycle_secs,
-            a.map_units,
-            a.clusters,
-            a.seed
-        ),
-    )?;
+    let ports = (free_port()?, free_port()?, free_port()?);
+    let world = DemoWorld {
+        map_units: a.map_units,
+        clusters: a.clusters,
+        seed: a.seed,
+        cycle_secs: a.cycle_secs,
+    };
     eprintln!(
         "bench follow: {} map units, {} clusters, cycle {} s; logs in {}",
         a.map_units,
@@ -113,26 +106,8 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
         dir.display()
     );
     let started = Instant::now();
-    let mut serve = spawn(
-        Command::new(&exe)
-            .arg("serve")
-            .arg("--config")
-            .arg(&serve_conf),
-        &dir.join("serve.log"),
-        "cdnmap serve",
-    )?;
-    let dns_addr = std::net::SocketAddr::from(([127, 0, 0, 1], dns_port));
+    let (mut serve, mut front, dns_addr) = spawn_mapper_and_front_end(&exe, &dir, &world, ports)?;
     let dns_log = dir.join("dns.log");
-    let mut front = spawn(
-        Command::new(&exe)
-            .arg("dns")
-            .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
-            .args(["--listen", &dns_addr.to_string()])
-            .args(["--zone", "cdn.example."])
-            .env("RUST_LOG", "info"),
-        &dns_log,
-        "cdnmap dns",
-    )?;
     let timeout = Duration::from_secs(a.timeout_secs);
     while !answers(dns_addr, "cdn.example.") {
         check_running(&mut [&mut serve, &mut front], &dir)?;

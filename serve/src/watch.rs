@@ -334,6 +334,8 @@ pub enum Applied {
 /// A full map being received in parts.
 struct Building {
     identity: Identity,
+    /// Older than the map held: its parts are taken (the stream goes on) but not kept.
+    stale: bool,
     builder: Builder,
     extras: Extras,
     classes: Vec<Arc<str>>,
@@ -401,7 +403,9 @@ impl Follower {
                         "a full map's later parts carry units only",
                     ));
                 }
-                push_units(&mut b.builder, &b.classes, update.units)?;
+                if !b.stale {
+                    push_units(&mut b.builder, &b.classes, update.units)?;
+                }
             }
             Some(b) => {
                 return Err(FollowError::Parts {
@@ -414,17 +418,21 @@ impl Follower {
                 let builder = Builder::new(classes.clone(), clusters)?;
                 let mut b = Building {
                     identity,
+                    stale: self.held.is_some() && identity.key() < held,
                     builder,
                     extras,
                     classes,
                 };
-                let fallback = fallback_of(&update, &b.classes, &|id| b.builder.cluster_index(id));
-                b.builder.set_fallback(&fallback);
-                // The map held is the best guess of the size of the one coming.
-                if let Some(h) = &self.held {
-                    b.builder.reserve(h.map.sizes());
+                if !b.stale {
+                    let fallback =
+                        fallback_of(&update, &b.classes, &|id| b.builder.cluster_index(id));
+                    b.builder.set_fallback(&fallback);
+                    // The map held is the best guess of the size of the one coming.
+                    if let Some(h) = &self.held {
+                        b.builder.reserve(h.map.sizes());
+                    }
+                    push_units(&mut b.builder, &b.classes, update.units)?;
                 }
-                push_units(&mut b.builder, &b.classes, update.units)?;
                 self.building = Some(b);
             }
         }
@@ -434,7 +442,7 @@ impl Follower {
         let Some(b) = self.building.take() else {
             return Ok(Applied::Part);
         };
-        if self.held.is_some() && b.identity.key() < held {
+        if b.stale {
             return Ok(Applied::Stale);
         }
         self.held = Some(Followed {
@@ -893,9 +901,19 @@ mod tests {
         assert_eq!(*held.map, m);
         assert_eq!(held.identity, id(1, 1));
         assert_eq!(held.extras.loads, vec![vec![0.5]; 3]);
-        // A full map older than the one held is not applied.
-        let older = with_edge(|e| full_part(e, id(0, 9), &m, 0));
-        assert_eq!(f.apply(older), Ok(Applied::Part));
+        // A full map older than the one held is taken part by part and not applied.
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let other = map(&mut rng, PART_UNITS + PART_UNITS / 2, &["a", "b"]);
+        let applied = send_full(&mut f, &other, id(0, 9));
+        assert_eq!(applied, vec![Applied::Part, Applied::Stale]);
+        assert_eq!(f.identity(), (1, 1));
+        assert_eq!(*f.held().expect("held").map, m);
+        // A newer one after it is applied.
+        assert_eq!(
+            send_full(&mut f, &other, id(2, 1)).last(),
+            Some(&Applied::New)
+        );
+        assert_eq!(*f.held().expect("held").map, other);
     }
 
     /// A part of another version while one is coming is refused, and the half-received map
