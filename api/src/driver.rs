@@ -15,9 +15,9 @@
 //!
 //! No I/O and no clock but the timings it reports (measurements only: they change nothing).
 
-use std::collections::HashMap;
 use std::time::Instant;
 
+use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates};
 use cdnmap_mapper::{Instance, ModelError, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
@@ -30,8 +30,9 @@ pub struct Observations {
     /// When the observed period began (the previous round's time): the demand is the
     /// forecasters' observation at that time.
     pub at_unix_ms: i64,
-    /// Demand per map unit id over the period.
-    pub demand: HashMap<String, f64>,
+    /// Demand per map unit over the period (a column by unit index of the instance the
+    /// reports were resolved against; matched by id when the round's topology differs).
+    pub demand: UnitDemand,
     /// Measured loads under the previous map: (cluster id, resource node name, load).
     pub loads: Vec<(String, String, f64)>,
 }
@@ -119,20 +120,18 @@ impl Driver {
                     Some((inst.global_node(ci, ni as u32), *v))
                 })
                 .collect();
+            let reported = observations.demand.values_for(inst);
             let actual: Vec<Option<f64>> = (0..inst.unit_count() as UnitIdx)
                 .map(|u| {
-                    let reported = observations.demand.get(inst.unit_id(u)).copied();
-                    Some(reported.unwrap_or_else(|| inst.unit_demand(u)))
+                    let r = reported[u as usize];
+                    Some(if r.is_nan() { inst.unit_demand(u) } else { r })
                 })
                 .collect();
             let flow = through(inst, &prev.map, Some(&actual));
             est.observe_loads(inst, &flow, &loads)
                 .map_err(StepError::Learn)?;
         }
-        // Each unit's forecaster is its own: the order of the observations changes nothing.
-        for (unit, queries) in &observations.demand {
-            est.observe_demand(unit, observations.at_unix_ms, *queries);
-        }
+        est.observe_demand(base, observations.at_unix_ms, &observations.demand);
         est.next_round();
         let instance = est
             .apply(base, now, true, self.learning)

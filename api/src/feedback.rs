@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use cdnmap_mapper::UnitIdx;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_REPORT_SAMPLES;
 use ipnet::IpNet;
@@ -67,7 +68,8 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let topology = self.0.topology.current();
         let snapshot = self.0.current();
         let mut samples = Vec::with_capacity(r.samples.len());
-        let mut observed: Vec<(String, f64)> = Vec::with_capacity(r.samples.len());
+        // By unit index of `topology` (what the next round maps).
+        let mut observed: Vec<(UnitIdx, f64)> = Vec::with_capacity(r.samples.len());
         for (i, s) in r.samples.iter().enumerate() {
             let class = topology.class_index(&s.traffic_class);
             if !(s.queries.is_finite() && s.queries >= 0.0) {
@@ -89,7 +91,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                             topology.classes()[usize::from(own)].name
                         )));
                     }
-                    observed.push((u.clone(), s.queries));
+                    observed.push((unit, s.queries));
                     serde_json::json!({"map_unit": u})
                 }
                 Some(pb::demand_sample::Target::Prefix(p)) => {
@@ -106,7 +108,13 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     // (the sample is in the record either way).
                     if let (Some(snap), Some(k)) = (&snapshot, class) {
                         if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
-                            observed.push((snap.instance.unit_id(u).to_string(), s.queries));
+                            // The map's units are the topology's unless an edit came since.
+                            let unit = if snap.instance.same_unit_ids(&topology) {
+                                Some(u)
+                            } else {
+                                topology.unit_index(snap.instance.unit_id(u))
+                            };
+                            observed.extend(unit.map(|u| (u, s.queries)));
                         }
                     }
                     serde_json::json!({"prefix": p.trunc().to_string()})
@@ -129,8 +137,15 @@ impl pb::feedback_server::Feedback for FeedbackService {
         });
         self.store("demand", &r.reporter, body).await?;
         if let Ok(mut pending) = self.0.pending.lock() {
+            if !pending
+                .demand
+                .units()
+                .is_some_and(|u| u.same_unit_ids(&topology))
+            {
+                pending.demand = std::mem::take(&mut pending.demand).realigned(&topology);
+            }
             for (unit, q) in observed {
-                *pending.demand.entry(unit).or_insert(0.0) += q;
+                pending.demand.add(unit, q);
             }
         }
         Ok(Response::new(pb::ReportAck { accepted: n }))

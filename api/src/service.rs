@@ -4,7 +4,6 @@
 //! Handlers are thin (house style): validate → convert → call the core → map errors to a
 //! `Status`. Protobuf stops here.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -82,8 +81,8 @@ pub struct Shared {
 /// Observations waiting for the next round.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
-    /// Queries per map unit id.
-    pub(crate) demand: HashMap<String, f64>,
+    /// Queries per map unit, by unit index of the topology they were reported against.
+    pub(crate) demand: cdnmap_estimator::observed::UnitDemand,
     /// (cluster, node, load), oldest first.
     pub(crate) loads: std::collections::VecDeque<(String, String, f64)>,
 }

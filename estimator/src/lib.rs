@@ -8,10 +8,12 @@
 //!   non-negative least squares), with a confidence and bounds.
 //! - [`derate`]: clusters whose measured load runs ahead of what the model predicts get their
 //!   effective capacity lowered until the model catches up, with the reason kept.
+//! - [`observed`]: the demand reported per map unit over a period, as a column by unit index.
 //! - [`state`]: all three together as the mapping loop and the replay use them: observations
 //!   in, the next round's instance out.
 
 pub mod derate;
 pub mod forecast;
 pub mod learn;
+pub mod observed;
 pub mod state;

@@ -4,13 +4,12 @@
 
 use std::collections::HashMap;
 
-use rustc_hash::FxHashMap;
-
 use cdnmap_mapper::{Instance, Map, ModelError, PerUnit, ResourceKind, UnitIdx};
 
 use crate::derate::{DerateConfig, Derater};
 use crate::forecast::{ForecastConfig, Forecaster};
 use crate::learn::{LearnConfig, LearnError, Learner};
+use crate::observed::{merge_by_id, UnitDemand};
 
 const KINDS: [ResourceKind; 2] = [ResourceKind::Bps, ResourceKind::Fps];
 
@@ -50,18 +49,138 @@ pub fn through(instance: &Instance, map: &Map, actual: Option<&[Option<f64>]>) -
     out
 }
 
-/// The estimator's state. It is saved with every published map ([`Estimates::to_bytes`]) and
-/// read back at start ([`Estimates::from_bytes`]), so a restart forgets nothing.
+/// The estimator's state. A checkpoint of it is the whole ([`Estimates::to_bytes`], read back
+/// by [`Estimates::from_bytes`]); between checkpoints each round's [`Estimates::round_entry`]
+/// (the demand it observed and the small state after it) is enough to replay the round
+/// ([`Estimates::replay`]), so a restart forgets nothing and no round writes the whole state.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Estimates {
     pub forecast_config: ForecastConfig,
     pub learn_config: LearnConfig,
     pub derate_config: DerateConfig,
-    /// By unit id (Fx hashing: a round looks up every unit, twice).
-    forecasters: FxHashMap<Box<str>, Forecaster>,
+    learned: Learned,
+    forecasts: Forecasts,
+}
+
+/// What the loads teach: small (a few numbers per class and per derated cluster), so each
+/// round's entry carries it whole.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Learned {
     learners: Vec<Learner>,
     derater: Derater,
     configured: Vec<PerUnit>,
+}
+
+/// The forecasters as a column by unit index of `ids` (map unit ids in id order: the units of
+/// the last base topology the demand was observed for). A topology whose units differ is
+/// matched by id ([`Forecasts::align`]): units it adds start afresh, units it drops are
+/// forgotten, and `generation` counts such changes (a round entry replays only onto the
+/// generation it was made in).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Forecasts {
+    ids: Vec<Box<str>>,
+    by_unit: Vec<Forecaster>,
+    generation: u64,
+    /// The instance the column was last found aligned with (not stored): the next check is a
+    /// pointer comparison when the units are shared.
+    #[serde(skip)]
+    aligned: Option<Instance>,
+}
+
+impl PartialEq for Forecasts {
+    fn eq(&self, other: &Self) -> bool {
+        self.ids == other.ids
+            && self.by_unit == other.by_unit
+            && self.generation == other.generation
+    }
+}
+
+impl Forecasts {
+    /// Whether the column is by unit index of `base`'s units.
+    fn is_aligned(&self, base: &Instance) -> bool {
+        match &self.aligned {
+            Some(a) if a.same_unit_ids(base) => true,
+            _ => {
+                self.ids.len() == base.unit_count()
+                    && self
+                        .ids
+                        .iter()
+                        .enumerate()
+                        .all(|(u, id)| **id == *base.unit_id(u as UnitIdx))
+            }
+        }
+    }
+
+    /// Makes the column by unit index of `base`'s units (matched by id).
+    fn align(&mut self, base: &Instance) {
+        if self.is_aligned(base) {
+            self.aligned = Some(base.clone());
+            return;
+        }
+        let ids = &self.ids;
+        self.by_unit = merge_by_id(
+            ids.len(),
+            |i| &ids[i],
+            &self.by_unit,
+            base,
+            Forecaster::default(),
+        );
+        self.ids = (0..base.unit_count() as UnitIdx)
+            .map(|u| base.unit_id(u).into())
+            .collect();
+        self.generation += 1;
+        self.aligned = Some(base.clone());
+    }
+
+    fn any_observed(&self) -> bool {
+        self.by_unit.iter().any(|f| f.observations() > 0)
+    }
+
+    /// Each of `base`'s units' demand at `t_ms`: its forecast if it was ever observed, else
+    /// its configured demand.
+    fn demands(&self, base: &Instance, t_ms: i64, config: &ForecastConfig) -> Vec<f64> {
+        let pick = |u: usize, f: Option<&Forecaster>| match f {
+            Some(f) if f.observations() > 0 => f.forecast(t_ms, config),
+            _ => base.unit_demand(u as UnitIdx),
+        };
+        if self.is_aligned(base) {
+            return self
+                .by_unit
+                .iter()
+                .enumerate()
+                .map(|(u, f)| pick(u, Some(f)))
+                .collect();
+        }
+        // Not yet aligned (a topology edit since the last observation): by id.
+        let at: Vec<usize> = (0..self.ids.len()).collect();
+        merge_by_id(self.ids.len(), |i| &self.ids[i], &at, base, usize::MAX)
+            .into_iter()
+            .enumerate()
+            .map(|(u, i)| pick(u, self.by_unit.get(i)))
+            .collect()
+    }
+
+    /// Each observed unit's forecaster takes its demand (NaN: not observed).
+    fn observe(&mut self, t_ms: i64, demand: &[f64], config: &ForecastConfig) {
+        for (f, &q) in self.by_unit.iter_mut().zip(demand) {
+            if !q.is_nan() {
+                f.observe(t_ms, q, config);
+            }
+        }
+    }
+}
+
+/// One round's entry: the demand its forecasters observed (by the forecasters' unit order of
+/// `generation`; empty when none was) and the learned state after it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct RoundEntry {
+    generation: u64,
+    forecast_config: ForecastConfig,
+    learn_config: LearnConfig,
+    derate_config: DerateConfig,
+    learned: Learned,
+    at_ms: i64,
+    demand: Vec<f64>,
 }
 
 impl Estimates {
@@ -76,14 +195,16 @@ impl Estimates {
             forecast_config: ForecastConfig::default(),
             learn_config: LearnConfig::default(),
             derate_config: DerateConfig::default(),
-            forecasters: FxHashMap::default(),
-            learners,
-            derater: Derater::default(),
-            configured,
+            learned: Learned {
+                learners,
+                derater: Derater::default(),
+                configured,
+            },
+            forecasts: Forecasts::default(),
         })
     }
 
-    /// The whole state, encoded (postcard: compact, numbers bit for bit).
+    /// The whole state, encoded (postcard: compact, numbers bit for bit): a checkpoint.
     pub fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain numbers, strings and maps cannot fail; an empty result is read
         // back as an error, never as a state.
@@ -97,50 +218,111 @@ impl Estimates {
     pub fn from_bytes(bytes: &[u8], instance: &Instance) -> Result<Self, String> {
         let mut est: Estimates =
             postcard::from_bytes(bytes).map_err(|e| format!("the saved estimator state: {e}"))?;
-        let classes = instance.classes().len();
-        if est.configured.len() != classes
-            || est.learners.len() != KINDS.len()
-            || est.learners.iter().any(|l| l.classes() != classes)
+        if est.forecasts.ids.len() != est.forecasts.by_unit.len()
+            || est.forecasts.ids.windows(2).any(|w| w[0] >= w[1])
         {
-            return Err(format!(
-                "the saved estimator state has {} traffic classes, the topology {classes}",
-                est.configured.len()
-            ));
+            return Err(
+                "the saved estimator state: its forecasters do not match their unit ids".into(),
+            );
         }
-        let configured: Vec<PerUnit> = instance.classes().iter().map(|c| c.per_unit).collect();
-        if configured != est.configured {
-            let fresh = Estimates::new(instance).map_err(|e| e.to_string())?;
-            est.learners = fresh.learners;
-            est.configured = fresh.configured;
-        }
+        est.check_classes(instance)?;
         Ok(est)
     }
 
-    /// Unit `unit_id`'s demand over the round ending at `t_ms`.
-    pub fn observe_demand(&mut self, unit_id: &str, t_ms: i64, demand: f64) {
-        let config = self.forecast_config;
-        // Most units were seen before: look up without allocating the key.
-        match self.forecasters.get_mut(unit_id) {
-            Some(f) => {
-                f.observe(t_ms, demand, &config);
-            }
-            None => {
-                self.forecasters
-                    .entry(unit_id.into())
-                    .or_default()
-                    .observe(t_ms, demand, &config);
-            }
+    /// Refuses learned state for another set of traffic classes; restarts the learners when
+    /// the configured coefficients changed.
+    fn check_classes(&mut self, instance: &Instance) -> Result<(), String> {
+        let classes = instance.classes().len();
+        let l = &self.learned;
+        if l.configured.len() != classes
+            || l.learners.len() != KINDS.len()
+            || l.learners.iter().any(|l| l.classes() != classes)
+        {
+            return Err(format!(
+                "the saved estimator state has {} traffic classes, the topology {classes}",
+                l.configured.len()
+            ));
         }
+        let configured: Vec<PerUnit> = instance.classes().iter().map(|c| c.per_unit).collect();
+        if configured != self.learned.configured {
+            let fresh = Estimates::new(instance).map_err(|e| e.to_string())?;
+            self.learned.learners = fresh.learned.learners;
+            self.learned.configured = fresh.learned.configured;
+        }
+        Ok(())
+    }
+
+    /// How many times the forecasters' units changed (an entry replays only onto its own).
+    pub fn generation(&self) -> u64 {
+        self.forecasts.generation
+    }
+
+    /// The last round's entry, to store beside its map: `demand` is what that round observed
+    /// (at the period's start `at_ms`), by unit index of the base topology it was observed
+    /// for ([`Estimates::observe_demand`] aligned the forecasters with it).
+    pub fn round_entry(&self, at_ms: i64, demand: &UnitDemand) -> Vec<u8> {
+        let column = match (&self.forecasts.aligned, demand.is_empty()) {
+            (Some(base), false) => demand.values_for(base).into_owned(),
+            _ => Vec::new(),
+        };
+        let entry = RoundEntry {
+            generation: self.forecasts.generation,
+            forecast_config: self.forecast_config,
+            learn_config: self.learn_config,
+            derate_config: self.derate_config,
+            learned: self.learned.clone(),
+            at_ms,
+            demand: column,
+        };
+        postcard::to_stdvec(&entry).unwrap_or_default()
+    }
+
+    /// Replays a round's entry ([`Estimates::round_entry`]) onto the state it was made after:
+    /// its demand through the forecasters, and its learned state. Refused, leaving the state
+    /// as it was, when it was made in another generation of units or does not decode.
+    pub fn replay(&mut self, entry: &[u8]) -> Result<(), String> {
+        let e: RoundEntry =
+            postcard::from_bytes(entry).map_err(|e| format!("a round's estimator entry: {e}"))?;
+        if e.generation != self.forecasts.generation {
+            return Err(format!(
+                "a round's estimator entry is of unit generation {}, the state {}",
+                e.generation, self.forecasts.generation
+            ));
+        }
+        if !e.demand.is_empty() && e.demand.len() != self.forecasts.by_unit.len() {
+            return Err(format!(
+                "a round's estimator entry has demand for {} units, the state {}",
+                e.demand.len(),
+                self.forecasts.by_unit.len()
+            ));
+        }
+        self.forecasts
+            .observe(e.at_ms, &e.demand, &e.forecast_config);
+        self.forecast_config = e.forecast_config;
+        self.learn_config = e.learn_config;
+        self.derate_config = e.derate_config;
+        self.learned = e.learned;
+        Ok(())
+    }
+
+    /// The demand observed over the period starting at `t_ms`, for `base`'s map units: each
+    /// observed unit's forecaster takes it (the forecasters follow `base`'s units, by id).
+    pub fn observe_demand(&mut self, base: &Instance, t_ms: i64, demand: &UnitDemand) {
+        self.forecasts.align(base);
+        if demand.is_empty() {
+            return;
+        }
+        let column = demand.values_for(base);
+        self.forecasts.observe(t_ms, &column, &self.forecast_config);
     }
 
     /// The demand forecast of `unit_id` at `t_ms`, if it was ever observed.
     pub fn forecast(&self, unit_id: &str, t_ms: i64) -> Option<f64> {
-        self.forecasters
-            .get(unit_id)
-            .filter(|f| f.observations() > 0)
-            .map(|f| f.forecast(t_ms, &self.forecast_config))
+        let ids = &self.forecasts.ids;
+        let i = ids.binary_search_by(|p| (**p).cmp(unit_id)).ok()?;
+        let f = &self.forecasts.by_unit[i];
+        (f.observations() > 0).then(|| f.forecast(t_ms, &self.forecast_config))
     }
-
     /// Measured loads of `instance`'s nodes `(global node, load)`, with `through` the demand
     /// per class that passed each node: the learners learn, and each cluster with a measured
     /// node is derated (or recovers) by measured vs predicted.
@@ -170,7 +352,7 @@ impl Estimates {
                 continue;
             }
             let kind = usize::from(node.kind == ResourceKind::Fps);
-            self.learners[kind].observe(demand, load)?;
+            self.learned.learners[kind].observe(demand, load)?;
             let predicted: f64 = demand
                 .iter()
                 .zip(&coefficients)
@@ -183,7 +365,8 @@ impl Estimates {
         }
         let config = self.derate_config;
         for (c, nodes) in per_cluster {
-            self.derater
+            self.learned
+                .derater
                 .observe(&instance.clusters()[c].id, &nodes, &config);
         }
         Ok(())
@@ -192,12 +375,16 @@ impl Estimates {
     /// Ages the learners' observations by one round.
     pub fn next_round(&mut self) {
         let config = self.learn_config;
-        self.learners.iter_mut().for_each(|l| l.next_round(&config));
+        self.learned
+            .learners
+            .iter_mut()
+            .for_each(|l| l.next_round(&config));
     }
 
     /// Whether every learner is confident.
     pub fn confident(&self) -> bool {
-        self.learners
+        self.learned
+            .learners
             .iter()
             .all(|l| l.estimate(&self.learn_config).confident)
     }
@@ -206,14 +393,15 @@ impl Estimates {
     /// not yet confident — the configured ones (what the mapper uses).
     pub fn coefficients(&self, require_confidence: bool) -> Vec<PerUnit> {
         let estimates: Vec<_> = self
+            .learned
             .learners
             .iter()
             .map(|l| l.estimate(&self.learn_config))
             .collect();
         if require_confidence && !estimates.iter().all(|e| e.confident) {
-            return self.configured.clone();
+            return self.learned.configured.clone();
         }
-        (0..self.configured.len())
+        (0..self.learned.configured.len())
             .map(|k| PerUnit {
                 bps: estimates[0].coefficients[k],
                 fps: estimates[1].coefficients[k],
@@ -222,7 +410,7 @@ impl Estimates {
     }
 
     pub fn derater(&self) -> &Derater {
-        &self.derater
+        &self.learned.derater
     }
 
     /// `base` as the next round (at `t_ms`) should see it: forecast demand for the units that
@@ -237,9 +425,9 @@ impl Estimates {
     ) -> Result<Instance, ModelError> {
         // Nothing to change (no unit observed, nothing learned or derated yet): the base itself,
         // without rebuilding it.
-        let changes_demand = forecast && !self.forecasters.is_empty();
+        let changes_demand = forecast && self.forecasts.any_observed();
         let changes_costs =
-            learning && (self.confident() || self.derater.derated().next().is_some());
+            learning && (self.confident() || self.learned.derater.derated().next().is_some());
         if !changes_demand && !changes_costs {
             return Ok(base.clone());
         }
@@ -247,19 +435,13 @@ impl Estimates {
         // form: at 1 M units that took 3-4 s a round).
         let mut next = base.clone();
         if changes_demand {
-            let demands = (0..base.unit_count() as UnitIdx)
-                .map(|u| {
-                    self.forecast(base.unit_id(u), t_ms)
-                        .unwrap_or_else(|| base.unit_demand(u))
-                })
-                .collect();
-            next = next.with_demands(demands)?;
+            next = next.with_demands(self.forecasts.demands(base, t_ms, &self.forecast_config))?;
         }
         if learning {
             let factors: Vec<f64> = base
                 .clusters()
                 .iter()
-                .map(|c| self.derater.factor(&c.id).min(1.0))
+                .map(|c| self.learned.derater.factor(&c.id).min(1.0))
                 .collect();
             next = next.with_costs(&self.coefficients(true), &factors)?;
         }
@@ -272,6 +454,15 @@ mod tests {
     use super::*;
     use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::Limits;
+
+    /// The demand `reports` (unit id, queries) of `inst`'s units.
+    fn demand(inst: &Instance, reports: &[(&str, f64)]) -> UnitDemand {
+        let mut d = UnitDemand::new(inst);
+        for &(id, q) in reports {
+            d.add(inst.unit_index(id).expect("a unit of the instance"), q);
+        }
+        d
+    }
 
     fn instance() -> Instance {
         let json = r#"{
@@ -297,7 +488,7 @@ mod tests {
     fn observed_demand_replaces_the_configured_demand_of_that_unit_only() {
         let inst = instance();
         let mut est = Estimates::new(&inst).expect("estimates");
-        est.observe_demand("u1", 10_000, 55.0);
+        est.observe_demand(&inst, 10_000, &demand(&inst, &[("u1", 55.0)]));
         let next = est.apply(&inst, 20_000, true, true).expect("apply");
         let (u1, u2) = (
             next.unit_index("u1").expect("u1"),
@@ -339,8 +530,14 @@ mod tests {
         let flow = through(&inst, &map, None);
         let mut est = Estimates::new(&inst).expect("estimates");
         for r in 0..30i64 {
-            est.observe_demand("u1", r * 10_000, 40.0 + (r % 7) as f64 * 1.37);
-            est.observe_demand("u2", r * 10_000, 0.1 + r as f64 / 3.0);
+            let d = demand(
+                &inst,
+                &[
+                    ("u1", 40.0 + (r % 7) as f64 * 1.37),
+                    ("u2", 0.1 + r as f64 / 3.0),
+                ],
+            );
+            est.observe_demand(&inst, r * 10_000, &d);
             est.observe_loads(&inst, &flow, &[(1, 19.3 + r as f64 * 0.01)])
                 .expect("observe");
             est.next_round();
@@ -356,6 +553,110 @@ mod tests {
         let err = Estimates::from_bytes(&est.to_bytes(), &other).expect_err("two classes");
         assert!(err.contains("traffic classes"), "{err}");
         assert!(Estimates::from_bytes(b"{", &inst).is_err());
+    }
+
+    /// `inst` with its units `keep`-filtered and `extra` added (same class, demand, candidates).
+    fn with_units(inst: &Instance, keep: &[&str], extra: &[&str]) -> Instance {
+        let mut file = cdnmap_mapper::format::InstanceFile::of(inst);
+        let template = file.map_units[0].clone();
+        file.map_units.retain(|u| keep.contains(&u.id.as_str()));
+        for id in extra {
+            let mut u = template.clone();
+            u.id = id.to_string();
+            file.map_units.push(u);
+        }
+        file.build(Limits::default()).expect("valid")
+    }
+
+    /// Rounds of demand and loads through `est`, returning each round's entry.
+    fn run_rounds(
+        est: &mut Estimates,
+        inst: &Instance,
+        rounds: std::ops::Range<i64>,
+    ) -> Vec<Vec<u8>> {
+        let map = cdnmap_mapper::solve(inst, &cdnmap_mapper::SolveOptions::default()).map;
+        let flow = through(inst, &map, None);
+        let mut entries = Vec::new();
+        for r in rounds {
+            let mut reports = vec![("u1", 40.0 + (r % 5) as f64 * 2.5)];
+            if r % 3 != 0 {
+                reports.push(("u2", 7.0 + r as f64 / 7.0)); // u2 is missing some rounds
+            }
+            let d = demand(inst, &reports);
+            est.observe_loads(inst, &flow, &[(1, 18.0 + (r % 4) as f64)])
+                .expect("observe");
+            est.observe_demand(inst, r * 10_000, &d);
+            est.next_round();
+            entries.push(est.round_entry(r * 10_000, &d));
+        }
+        entries
+    }
+
+    #[test]
+    fn a_checkpoint_and_the_rounds_after_it_replay_to_the_same_state() {
+        let inst = instance();
+        let mut est = Estimates::new(&inst).expect("estimates");
+        run_rounds(&mut est, &inst, 0..20);
+        let checkpoint = est.to_bytes();
+        let entries = run_rounds(&mut est, &inst, 20..45);
+        let mut back = Estimates::from_bytes(&checkpoint, &inst).expect("read back");
+        assert_ne!(
+            back, est,
+            "the rounds after the checkpoint changed the state"
+        );
+        for e in &entries {
+            back.replay(e).expect("replay");
+        }
+        assert_eq!(back, est);
+        assert_eq!(
+            back.apply(&inst, 460_000, true, true).expect("apply"),
+            est.apply(&inst, 460_000, true, true).expect("apply")
+        );
+        // An entry is small: the demand column and the learned state, not the forecasters.
+        assert!(entries[0].len() < checkpoint.len());
+        // An entry of another unit generation is refused and changes nothing.
+        let other = with_units(&inst, &["u1"], &["u0"]);
+        let mut moved = est.clone();
+        moved.observe_demand(&other, 460_000, &demand(&other, &[("u0", 3.0)]));
+        assert_eq!(moved.generation(), est.generation() + 1);
+        let before = moved.clone();
+        let err = moved.replay(&entries[0]).expect_err("another generation");
+        assert!(err.contains("generation"), "{err}");
+        assert_eq!(moved, before);
+        assert!(Estimates::from_bytes(b"\x01\x02", &inst).is_err());
+    }
+
+    #[test]
+    fn forecasts_follow_their_units_by_id_across_topology_edits() {
+        let inst = instance();
+        let mut est = Estimates::new(&inst).expect("estimates");
+        run_rounds(&mut est, &inst, 0..10);
+        let u1 = est.forecast("u1", 100_000).expect("u1 observed");
+        // u2 goes, u0 and u3 come (u0 sorts before u1: every index moves).
+        let edited = with_units(&inst, &["u1"], &["u0", "u3"]);
+        let next = est.apply(&edited, 100_000, true, false).expect("apply");
+        let at = |i: &Instance, id: &str| i.unit_demand(i.unit_index(id).expect(id));
+        assert_eq!(at(&next, "u1"), u1, "u1's forecast, before any observation");
+        assert_eq!(
+            at(&next, "u0"),
+            at(&edited, "u0"),
+            "a new unit keeps its configured demand"
+        );
+        est.observe_demand(&edited, 100_000, &demand(&edited, &[("u3", 5.0)]));
+        assert_eq!(
+            est.forecast("u2", 110_000),
+            None,
+            "a dropped unit is forgotten"
+        );
+        assert!(est.forecast("u1", 110_000).is_some());
+        assert!((est.forecast("u3", 110_000).expect("u3") - 5.0).abs() < 1e-9);
+        // Demand reported against the old units reaches the same units in the new order.
+        let old = demand(&inst, &[("u1", 11.0), ("u2", 12.0)]);
+        let column = old.values_for(&edited);
+        assert_eq!(column[edited.unit_index("u1").expect("u1") as usize], 11.0);
+        assert!(column[edited.unit_index("u0").expect("u0") as usize].is_nan());
+        let moved = old.realigned(&edited);
+        assert_eq!(moved.reported(), 1);
     }
 
     fn instance_with_two_classes() -> Instance {

@@ -6,7 +6,6 @@
 //! send; the first round is cold, the others warm. Prints the median and the maximum of each
 //! part over the timed rounds, and the peak of live heap bytes.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
@@ -14,6 +13,7 @@ use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::Snapshot;
 use cdnmap_api::selection::{self, ServerLoads};
 use cdnmap_api::store::{ServedRef, Store};
+use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{Instance, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
@@ -60,15 +60,15 @@ fn observations(
 ) -> Observations {
     Observations {
         at_unix_ms: (r as i64 - 1) * round_ms,
-        demand: if r == 0 {
-            HashMap::new()
-        } else {
-            (0..base.unit_count() as UnitIdx)
-                .map(|u| {
+        demand: {
+            let mut d = UnitDemand::new(base);
+            if r > 0 {
+                for u in 0..base.unit_count() as UnitIdx {
                     let x = 1.0 + noise / 100.0 * rng.random_range(-1.0..1.0);
-                    (base.unit_id(u).to_string(), base.unit_demand(u) * x)
-                })
-                .collect()
+                    d.add(u, base.unit_demand(u) * x);
+                }
+            }
+            d
         },
         loads: Vec::new(),
     }

@@ -23,6 +23,7 @@ use anyhow::{bail, Context, Result};
 use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::Snapshot;
 use cdnmap_estimator::forecast::ForecastConfig;
+use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates, Through};
 use cdnmap_mapper::{
     ClassIdx, ClusterState, Instance, Map, PerUnit, ResourceKind, Stickiness, UnitIdx,
@@ -290,18 +291,18 @@ fn forecast_error(
     base: &Instance,
     instance: &Instance,
     observed: &[Option<f64>],
-) -> (f64, HashMap<String, f64>) {
+) -> (f64, UnitDemand) {
     let (mut err, mut total) = (0.0, 0.0);
-    let mut by_id = HashMap::new();
+    let mut column = UnitDemand::new(base);
     for (u, obs) in observed.iter().enumerate() {
         if let Some(actual) = *obs {
             let u = u as UnitIdx;
             err += (instance.unit_demand(u) - actual).abs();
             total += actual;
-            by_id.insert(base.unit_id(u).to_string(), actual);
+            column.add(u, actual);
         }
     }
-    (if total > 0.0 { err / total } else { 0.0 }, by_id)
+    (if total > 0.0 { err / total } else { 0.0 }, column)
 }
 
 pub fn replay_with(
@@ -365,10 +366,10 @@ pub fn replay_with(
         } = node_loads(base, &truth, &flow);
         let mean_rtt_ms = mean_rtt_ms(base, instance, map, &observed);
         // Forecast error; the observations go to the next round's step.
-        let (forecast_error, by_id) = forecast_error(base, instance, &observed);
+        let (forecast_error, column) = forecast_error(base, instance, &observed);
         observed_before = Observations {
             at_unix_ms: t,
-            demand: by_id,
+            demand: column,
             loads: if setting.learning { loads } else { Vec::new() },
         };
         let demand_total = instance.total_demand();

@@ -186,14 +186,17 @@ async fn replay_and_the_service_loop_make_the_same_maps() {
     for (r, (map, _)) in replayed.iter().enumerate() {
         if r > 0 {
             let before = &replayed[r - 1].1;
-            let mut demand: Vec<(&String, &f64)> = before.demand.iter().collect();
-            demand.sort_by(|a, b| a.0.cmp(b.0));
-            let samples = demand
-                .into_iter()
+            // In unit order, which is id order.
+            let units = before
+                .demand
+                .units()
+                .expect("the replay's demand names its units");
+            let samples = (0..units.unit_count() as u32)
+                .filter_map(|u| Some((units.unit_id(u), before.demand.get(u)?)))
                 .map(|(u, q)| pb::DemandSample {
-                    target: Some(pb::demand_sample::Target::MapUnit(u.clone())),
+                    target: Some(pb::demand_sample::Target::MapUnit(u.to_string())),
                     traffic_class: String::new(),
-                    queries: *q,
+                    queries: q,
                 })
                 .collect();
             feedback

@@ -74,6 +74,13 @@ impl Instance {
         &self.units.ids[u as usize]
     }
 
+    /// Whether `other` has the same map units by id, in the same order, so that a column by
+    /// unit index of one is one of the other. Instances derived from one another share their
+    /// unit columns, and the check is then a pointer comparison; otherwise the ids are compared.
+    pub fn same_unit_ids(&self, other: &Instance) -> bool {
+        Arc::ptr_eq(&self.units, &other.units) || self.units.ids == other.units.ids
+    }
+
     pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
         self.units.class[u as usize]
     }
