@@ -287,7 +287,7 @@ fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpd
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
     use cdnmap_mapper::format::parse_instance;
@@ -295,7 +295,7 @@ mod tests {
     use pb::mapping_server::Mapping;
 
     /// Four clusters of four servers, 60 units over 10.0.x.0/24 in three classes.
-    fn instance() -> Instance {
+    pub(crate) fn instance() -> Instance {
         let clusters: Vec<String> = (0..4)
             .map(|c| {
                 let addresses: Vec<String> =

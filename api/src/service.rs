@@ -71,6 +71,8 @@ pub struct Shared {
     /// The topology the last stored record's round started from, and its generation: the
     /// store writes the topology with a record only when it changed.
     pub(crate) stored_base: Mutex<(Option<Arc<Instance>>, u64)>,
+    /// The estimator's last stored checkpoint, and whether one is being written.
+    pub(crate) checkpoint: Mutex<Checkpointed>,
     /// The dashboard's round history, action log and per-version figures.
     pub(crate) dash: Arc<crate::dashboard::DashState>,
     /// Turns true when the service is asked to stop: the loop ends after its round, and
@@ -90,6 +92,32 @@ pub(crate) struct Pending {
 /// The most pending observations kept between two rounds (beyond it the oldest loads are
 /// dropped from the estimator's input; every report is still in the record).
 pub(crate) const MAX_PENDING_LOADS: usize = 1_000_000;
+
+/// A checkpoint of the estimator's whole state is stored at most this many rounds apart (and
+/// at once when its units change): between two, each round stores only its entry (the demand
+/// it observed and the small learned state), and a start replays the entries onto the last
+/// checkpoint. At 1 M map units the whole state is about 250 MB and an entry 8 MB.
+pub const CHECKPOINT_ROUNDS: u64 = 30;
+
+/// The estimator's last stored checkpoint: after which record version, for which generation
+/// of units; and whether a checkpoint is being written now (one at a time).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Checkpointed {
+    pub(crate) stored: Option<(u64, u64)>,
+    pub(crate) writing: bool,
+}
+
+impl Checkpointed {
+    /// Whether the round of record `version`, with the estimator at unit `generation`, should
+    /// store a checkpoint.
+    fn due(&self, version: u64, generation: u64) -> bool {
+        !self.writing
+            && match self.stored {
+                None => true,
+                Some((v, g)) => g != generation || version.saturating_sub(v) >= CHECKPOINT_ROUNDS,
+            }
+    }
+}
 
 /// An INVALID_ARGUMENT status naming what was wrong.
 pub(crate) fn invalid(what: impl std::fmt::Display) -> Status {
@@ -112,6 +140,18 @@ pub enum LoopError {
     Step(#[from] StepError),
     #[error("the round's task failed: {0}")]
     Task(String),
+}
+
+/// What a round made, to publish and store.
+struct Round {
+    /// The topology it started from.
+    base: Arc<Instance>,
+    snapshot: Snapshot,
+    timings: StepTimings,
+    /// The estimator's entry for the round ([`Estimates::round_entry`]).
+    entry: Vec<u8>,
+    /// The estimator's generation of units after it.
+    generation: u64,
 }
 
 impl Shared {
@@ -138,17 +178,7 @@ impl Shared {
             Some(s) => Some(s),
             None => legacy_served(&store, &topology),
         };
-        let estimates = match served
-            .as_ref()
-            .map(|s| Estimates::from_bytes(&s.estimates, &topology))
-        {
-            Some(Ok(e)) => e,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "the estimator starts afresh");
-                Estimates::new(&topology)?
-            }
-            None => Estimates::new(&topology)?,
-        };
+        let (estimates, checkpointed) = restore_estimates(served.as_ref(), &topology)?;
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
         let dash = Arc::new(crate::dashboard::DashState::default());
         let log_to = Arc::clone(&dash);
@@ -185,6 +215,7 @@ impl Shared {
             config,
             epoch,
             stored_base: Mutex::new((None, 0)),
+            checkpoint: Mutex::new(checkpointed),
             dash,
             stopping: tokio::sync::watch::channel(false).0,
         });
@@ -295,7 +326,13 @@ impl Shared {
             );
         }
         match result {
-            Ok((base, snapshot, step_timings, estimates)) => {
+            Ok(Round {
+                base,
+                snapshot,
+                timings: step_timings,
+                entry,
+                generation,
+            }) => {
                 let snapshot = Arc::new(snapshot);
                 // The round's history entry before its map: whoever sees the map sees it too.
                 self.dash.record_round(&snapshot, solve_ms);
@@ -303,47 +340,7 @@ impl Shared {
                 self.publish(Arc::clone(&snapshot));
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
                 let t = Instant::now();
-                let store = self.store.clone();
-                let keep = self.config.maps_kept;
-                let to_store = Arc::clone(&snapshot);
-                // The base topology is written with the record only when it changed (and is
-                // remembered as stored only once the write succeeded).
-                let (write_base, base_generation) = match self.stored_base.lock() {
-                    Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, &base)) => {
-                        (false, last.1)
-                    }
-                    Ok(last) => (true, last.1 + 1),
-                    Err(_) => (true, 0),
-                };
-                let stored_base = Arc::clone(&base);
-                let stored = tokio::task::spawn_blocking(move || {
-                    store.put_served(
-                        &ServedRef {
-                            epoch: to_store.epoch,
-                            version: to_store.version,
-                            solved_at_unix_ms: to_store.solved_at_unix_ms,
-                            base: &base,
-                            base_generation,
-                            write_base,
-                            instance: &to_store.instance,
-                            map: &to_store.map,
-                            estimates: &estimates,
-                        },
-                        keep,
-                    )
-                })
-                .await;
-                match stored {
-                    Ok(Ok(())) => {
-                        if let (true, Ok(mut last)) = (write_base, self.stored_base.lock()) {
-                            *last = (Some(stored_base), base_generation);
-                        }
-                        metrics::gauge!("cdnmap_map_stored_version").set(snapshot.version as f64);
-                        metrics::gauge!("cdnmap_map_stored_epoch").set(snapshot.epoch as f64);
-                    }
-                    Ok(Err(e)) => tracing::error!(error = %e, "persisting the map failed"),
-                    Err(e) => tracing::error!(error = %e, "persisting the map failed"),
-                }
+                let persisted = self.persist(base, Arc::clone(&snapshot), entry).await;
                 let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_estimates_ms;
                 let _ = self.updates.send(Arc::clone(&snapshot));
                 let parts = [
@@ -368,6 +365,9 @@ impl Shared {
                     "round parts"
                 );
                 self.round_metrics(&snapshot, solve_ms);
+                if persisted {
+                    self.checkpoint_if_due(snapshot.version, generation).await;
+                }
             }
             Err(e) => {
                 metrics::counter!("cdnmap_rounds_failed_total").increment(1);
@@ -381,14 +381,111 @@ impl Shared {
         }
     }
 
+    /// Stores the served record of `snapshot` (solved from `base`) with the round's estimator
+    /// `entry`; returns whether it was stored (a failure is logged: the map stays published).
+    async fn persist(&self, base: Arc<Instance>, snapshot: Arc<Snapshot>, entry: Vec<u8>) -> bool {
+        let store = self.store.clone();
+        let keep = self.config.maps_kept;
+        let to_store = Arc::clone(&snapshot);
+        // The base topology is written with the record only when it changed (and is
+        // remembered as stored only once the write succeeded).
+        let (write_base, base_generation) = match self.stored_base.lock() {
+            Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, &base)) => (false, last.1),
+            Ok(last) => (true, last.1 + 1),
+            Err(_) => (true, 0),
+        };
+        let stored_base = Arc::clone(&base);
+        let stored = tokio::task::spawn_blocking(move || {
+            store.put_served(
+                &ServedRef {
+                    epoch: to_store.epoch,
+                    version: to_store.version,
+                    solved_at_unix_ms: to_store.solved_at_unix_ms,
+                    base: &base,
+                    base_generation,
+                    write_base,
+                    instance: &to_store.instance,
+                    map: &to_store.map,
+                    round_entry: &entry,
+                },
+                keep,
+            )
+        })
+        .await;
+        match stored {
+            Ok(Ok(())) => {
+                if let (true, Ok(mut last)) = (write_base, self.stored_base.lock()) {
+                    *last = (Some(stored_base), base_generation);
+                }
+                metrics::gauge!("cdnmap_map_stored_version").set(snapshot.version as f64);
+                metrics::gauge!("cdnmap_map_stored_epoch").set(snapshot.epoch as f64);
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "persisting the map failed");
+                false
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "persisting the map failed");
+                false
+            }
+        }
+    }
+
+    /// After the round of record `version` was stored and announced: when a checkpoint is due
+    /// (none yet, the estimator's units changed, or [`CHECKPOINT_ROUNDS`] since the last),
+    /// encodes the estimator's whole state now, before the next round can change it (awaited,
+    /// so the state is exactly the one after `version`), and stores it on a blocking thread of
+    /// its own, off the loop: the next round does not wait for the write. One at a time.
+    async fn checkpoint_if_due(self: &Arc<Self>, version: u64, generation: u64) {
+        match self.checkpoint.lock() {
+            Ok(mut c) if c.due(version, generation) => c.writing = true,
+            _ => return,
+        }
+        let me = Arc::clone(self);
+        let t = Instant::now();
+        let state = tokio::task::spawn_blocking(move || match me.driver.lock() {
+            Ok(d) => d.estimates().to_bytes(),
+            Err(_) => Vec::new(),
+        })
+        .await
+        .unwrap_or_default();
+        let encode_ms = t.elapsed().as_secs_f64() * 1e3;
+        let me = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            let stored = !state.is_empty()
+                && match me.store.put_checkpoint(version, &state) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(error = %e, "storing the estimator's checkpoint failed");
+                        false
+                    }
+                };
+            let write_ms = t.elapsed().as_secs_f64() * 1e3;
+            metrics::histogram!("cdnmap_estimator_checkpoint_seconds")
+                .record((encode_ms + write_ms) / 1e3);
+            tracing::info!(
+                version,
+                bytes = state.len(),
+                encode_ms,
+                write_ms,
+                stored,
+                "estimator checkpoint"
+            );
+            if let Ok(mut c) = me.checkpoint.lock() {
+                c.writing = false;
+                if stored {
+                    c.stored = Some((version, generation));
+                }
+            }
+        });
+    }
+
     /// The round itself, on a blocking thread: the observations since the last round through
     /// the round driver (the same step `cdnmap replay` runs). Returns the new snapshot, the
-    /// driver's timings and the estimator's state to save with it.
-    #[allow(clippy::type_complexity)]
-    fn solve_round(
-        &self,
-        now: i64,
-    ) -> Result<(Arc<Instance>, Snapshot, StepTimings, Vec<u8>), LoopError> {
+    /// driver's timings and the estimator's entry to store with it.
+    fn solve_round(&self, now: i64) -> Result<Round, LoopError> {
         let base = self.topology.current();
         let previous = self.current();
         let pending = std::mem::take(
@@ -416,10 +513,19 @@ impl Shared {
             now,
         )?;
         let t = Instant::now();
-        let estimates = driver.estimates().to_bytes();
+        let entry = driver
+            .estimates()
+            .round_entry(observations.at_unix_ms, &observations.demand);
+        let generation = driver.estimates().generation();
         let mut timings = step.timings;
         timings.encode_estimates_ms = t.elapsed().as_secs_f64() * 1e3;
-        Ok((base, step.snapshot, timings, estimates))
+        Ok(Round {
+            base,
+            snapshot: step.snapshot,
+            timings,
+            entry,
+            generation,
+        })
     }
 
     fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64) {
@@ -468,6 +574,41 @@ impl Shared {
     }
 }
 
+/// The estimator's state at start: the stored checkpoint with the round entries after it
+/// replayed (the state after the served round, exactly), else a fresh one; and what the store
+/// holds as the last checkpoint (the next round writes one when there is none).
+fn restore_estimates(
+    served: Option<&Served>,
+    topology: &Instance,
+) -> anyhow::Result<(Estimates, Checkpointed)> {
+    let log = served.map(|s| &s.estimator);
+    let Some((version, state)) = log.and_then(|l| l.checkpoint.as_ref()) else {
+        return Ok((Estimates::new(topology)?, Checkpointed::default()));
+    };
+    let entries = log.map_or(&[][..], |l| &l.entries[..]);
+    match Estimates::restore(state, entries.iter().map(|(_, e)| &e[..]), topology) {
+        Ok((est, replayed, stopped)) => {
+            if let Some(e) = stopped {
+                tracing::warn!(error = %e, replayed, "the estimator's state is that of an earlier round");
+            } else {
+                tracing::info!(checkpoint = version, replayed, "estimator state restored");
+            }
+            let stored = Some((*version, est.generation()));
+            Ok((
+                est,
+                Checkpointed {
+                    stored,
+                    writing: false,
+                },
+            ))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the estimator starts afresh");
+            Ok((Estimates::new(topology)?, Checkpointed::default()))
+        }
+    }
+}
+
 /// The newest map of a store written before the served record existed, read against the
 /// stored topology; when an edit since makes it unreadable, the start goes on without it
 /// (the first round is then a cold one).
@@ -479,7 +620,7 @@ fn legacy_served(store: &Store, topology: &Instance) -> Option<Served> {
             solved_at_unix_ms: meta.solved_at_unix_ms,
             instance: topology.clone(),
             map,
-            estimates: Vec::new(),
+            estimator: crate::store::EstimatorLog::default(),
         }),
         Ok(None) => None,
         Err(e) => {
@@ -534,5 +675,112 @@ impl Shared {
     /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
     pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
         self.driver.lock().ok().map(|d| f(d.estimates()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cdnmap_proto::v1 as pb;
+    use pb::feedback_server::Feedback;
+
+    /// Starts the service on `config`'s store once the last start's store has let go of its
+    /// lock (sled releases it a moment after the last handle is dropped).
+    fn start(config: &Config) -> Arc<Shared> {
+        let started = Instant::now();
+        loop {
+            match Shared::start(config.clone(), crate::mapping::tests::instance()) {
+                Ok(s) => return s,
+                Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                    assert!(e.to_string().contains("lock"), "start: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("start: {e}"),
+            }
+        }
+    }
+
+    /// Demand for most units (a few unreported each round), different every round.
+    async fn report(shared: &Arc<Shared>, r: i64) {
+        let units = crate::mapping::tests::instance();
+        let samples = (0..units.unit_count() as u32)
+            .filter(|u| !(u + r as u32).is_multiple_of(7))
+            .map(|u| pb::DemandSample {
+                target: Some(pb::demand_sample::Target::MapUnit(units.unit_id(u).into())),
+                traffic_class: String::new(),
+                queries: 1.0 + f64::from(u % 5) * 0.37 + r as f64 * 0.11,
+            })
+            .collect();
+        crate::feedback::FeedbackService(Arc::clone(shared))
+            .report_demand(tonic::Request::new(pb::DemandReport {
+                reporter: "test".into(),
+                period_start_unix_ms: 0,
+                period_end_unix_ms: 0,
+                samples,
+            }))
+            .await
+            .expect("ReportDemand");
+    }
+
+    async fn checkpoint_written(shared: &Shared) -> Option<(u64, u64)> {
+        for _ in 0..500 {
+            match shared.checkpoint.lock() {
+                Ok(c) if !c.writing => return c.stored,
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        panic!("the checkpoint is still being written after 5 s");
+    }
+
+    /// Rounds with demand reports, then a restart: the estimator's state is the one before,
+    /// bit for bit, rebuilt from the checkpoint of the first round and the entries of every
+    /// round after it; a checkpoint [`CHECKPOINT_ROUNDS`] later covers the entries before it,
+    /// and a restart from it is exact too.
+    #[test]
+    fn a_restart_restores_the_estimators_state_exactly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            ..Config::default()
+        };
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        };
+        let mut rounds = 0i64;
+        let mut before: Option<(Vec<u8>, u64)> = None;
+        for (run, more) in [(0, 6), (1, CHECKPOINT_ROUNDS as i64 + 2), (2, 1)] {
+            let rt = runtime();
+            let after = rt.block_on(async {
+                let shared = start(&config);
+                if let Some((state, version)) = before.take() {
+                    // What this start serves and estimates with, before any round of its own.
+                    let restored = shared.with_estimates(Estimates::to_bytes);
+                    assert!(
+                        restored == Some(state),
+                        "start {run}: another estimator state"
+                    );
+                    assert_eq!(shared.current().map(|s| s.version), Some(version));
+                }
+                for _ in 0..more {
+                    if rounds > 0 {
+                        report(&shared, rounds).await;
+                    }
+                    shared.run_round_at(rounds * 10_000).await;
+                    rounds += 1;
+                }
+                let stored = checkpoint_written(&shared).await.expect("a checkpoint");
+                if run == 1 {
+                    assert!(stored.0 > 1, "a later checkpoint: {stored:?}");
+                }
+                let version = shared.current().expect("a map").version;
+                (shared.with_estimates(Estimates::to_bytes), version)
+            });
+            drop(rt);
+            before = Some((after.0.expect("the state"), after.1));
+        }
     }
 }

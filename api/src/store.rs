@@ -22,16 +22,57 @@ const EPOCH_KEY: &[u8] = b"epoch";
 /// The published map with what it was solved with, self-contained: see [`Store::put_served`].
 const SERVED_KEY: &[u8] = b"served";
 /// The served record's header: its format and version.
-const SERVED_MAGIC: &[u8; 8] = b"CDNSRV03";
+const SERVED_MAGIC: &[u8; 8] = b"CDNSRV04";
+/// The served record of the format before (the whole estimator state inline), still read.
+const SERVED_MAGIC_03: &[u8; 8] = b"CDNSRV03";
+/// The estimator's last checkpoint: its header, the version of the record it was taken after
+/// (u64 BE), then the whole state ([`Store::put_checkpoint`]).
+const CHECKPOINT_KEY: &[u8] = b"estimator";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"CDNEST01";
+/// Each round's estimator entry since the checkpoint: this prefix, then the record's version
+/// (u64 BE, so entries list in version order).
+const ENTRY_PREFIX: &[u8] = b"round/";
 /// The topology the served record's round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
 /// The served record after its header (postcard): what the round changed of its base
-/// topology, and the map. The estimator's state follows it as it is, after its length (u64
-/// LE), in its own encoding (copied
-/// into a serde field it would go through serde a byte at a time, and be copied once more).
+/// topology, and the map. The estimator's state is not in it: the round's entry is written
+/// beside it in the same batch, and the whole state now and then ([`Store::put_checkpoint`]).
 #[derive(Debug, Serialize, Deserialize)]
 struct Record {
+    epoch: u64,
+    version: u64,
+    solved_at_unix_ms: i64,
+    base_generation: u64,
+    demands: Vec<f64>,
+    per_unit: Vec<cdnmap_mapper::PerUnit>,
+    capacities: Vec<f64>,
+    map: CompactMap,
+}
+
+impl Record {
+    fn of(s: &ServedRef<'_>) -> Record {
+        let inst = s.instance;
+        let demands: Vec<f64> = (0..inst.unit_count() as u32)
+            .map(|u| inst.unit_demand(u))
+            .collect();
+        Record {
+            epoch: s.epoch,
+            version: s.version,
+            solved_at_unix_ms: s.solved_at_unix_ms,
+            base_generation: s.base_generation,
+            map: CompactMap::of(s.map, Some(&demands)),
+            demands,
+            per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
+            capacities: inst.capacities(),
+        }
+    }
+}
+
+/// The record of format 03 (read only): the map as [`MapColumns`], the estimator's whole
+/// state after it.
+#[derive(Debug, Deserialize)]
+struct Record03 {
     epoch: u64,
     version: u64,
     solved_at_unix_ms: i64,
@@ -42,26 +83,144 @@ struct Record {
     map: MapColumns,
 }
 
-impl Record {
-    fn of(s: &ServedRef<'_>) -> Record {
-        let inst = s.instance;
-        Record {
-            epoch: s.epoch,
-            version: s.version,
-            solved_at_unix_ms: s.solved_at_unix_ms,
-            base_generation: s.base_generation,
-            demands: (0..inst.unit_count() as u32)
-                .map(|u| inst.unit_demand(u))
-                .collect(),
-            per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
-            capacities: inst.capacities(),
-            map: MapColumns::of(s.map),
+/// A served record as read, of either format.
+enum Stored {
+    Now(Record),
+    Format03(Record03),
+}
+
+impl Stored {
+    /// (epoch, version, solved at, base generation).
+    fn identity(&self) -> (u64, u64, i64, u64) {
+        match self {
+            Stored::Now(r) => (r.epoch, r.version, r.solved_at_unix_ms, r.base_generation),
+            Stored::Format03(r) => (r.epoch, r.version, r.solved_at_unix_ms, r.base_generation),
         }
+    }
+
+    /// The round's instance (`base` with the round's demands, coefficients and capacities)
+    /// and its map, checked against it.
+    fn instance_and_map(self, base: &Instance) -> Result<(Instance, Map), String> {
+        let (demands, per_unit, capacities) = match &self {
+            Stored::Now(r) => (r.demands.clone(), &r.per_unit, &r.capacities),
+            Stored::Format03(r) => (r.demands.clone(), &r.per_unit, &r.capacities),
+        };
+        let instance = base
+            .with_demands(demands)
+            .and_then(|i| i.with_capacities(per_unit, capacities))
+            .map_err(|e| format!("its instance: {e}"))?;
+        let map = match &self {
+            Stored::Now(r) => r.map.to_map(&instance),
+            Stored::Format03(r) => r.map.to_map(&instance),
+        }
+        .map_err(|e| format!("its map: {e}"))?;
+        Ok((instance, map))
     }
 }
 
-/// A map as columns: per unit its allocation count and overflow; per allocation its cluster
-/// index and amount.
+/// A map, compactly: per unit `count << 1 | whole`, where `whole` says the unit's one
+/// allocation is its whole demand (bit for bit, so its amount is not stored: most units at
+/// most rounds); the clusters and the other amounts in unit order; overflow only where there
+/// is some. About 3 bytes a unit where [`MapColumns`] took 17 or more.
+#[derive(Debug, Serialize, Deserialize)]
+struct CompactMap {
+    count: Vec<u32>,
+    cluster: Vec<u32>,
+    amount: Vec<f64>,
+    overflow: Vec<(u32, f64)>,
+}
+
+impl CompactMap {
+    /// `map` with `demands` (by unit) to leave whole-demand amounts out; `None` stores every
+    /// amount (a map read without its instance).
+    fn of(map: &Map, demands: Option<&[f64]>) -> CompactMap {
+        let n = map.unit_count();
+        let mut out = CompactMap {
+            count: Vec::with_capacity(n),
+            cluster: Vec::with_capacity(n),
+            amount: Vec::new(),
+            overflow: Vec::new(),
+        };
+        for u in 0..n as u32 {
+            let a = map.allocations(u);
+            let overflow = map.overflow(u);
+            let whole = match (a, demands.and_then(|d| d.get(u as usize))) {
+                ([only], Some(d)) => overflow == 0.0 && only.amount.to_bits() == d.to_bits(),
+                _ => false,
+            };
+            out.count.push((a.len() as u32) << 1 | u32::from(whole));
+            out.cluster.extend(a.iter().map(|x| x.cluster));
+            if !whole {
+                out.amount.extend(a.iter().map(|x| x.amount));
+            }
+            if overflow != 0.0 || overflow.is_sign_negative() {
+                out.overflow.push((u, overflow));
+            }
+        }
+        out
+    }
+
+    /// The map, checked against `instance` (whose demands the whole amounts are): one entry
+    /// per unit, known clusters, amounts that are numbers, every column used up exactly.
+    fn to_map(&self, instance: &Instance) -> Result<Map, String> {
+        let n = instance.unit_count();
+        if self.count.len() != n {
+            return Err(format!("{} units, the instance {n}", self.count.len()));
+        }
+        let clusters = instance.clusters().len() as u32;
+        let mut map = Map::with_capacity(n, self.cluster.len());
+        let (mut at, mut amounts, mut over) = (0usize, self.amount.iter(), self.overflow.iter());
+        let mut next_over = over.next();
+        for (u, &c) in self.count.iter().enumerate() {
+            let (k, whole) = ((c >> 1) as usize, c & 1 == 1);
+            if whole && k != 1 {
+                return Err(format!("unit {u}: a whole demand in {k} allocations"));
+            }
+            let end = at
+                .checked_add(k)
+                .filter(|&e| e <= self.cluster.len())
+                .ok_or_else(|| format!("unit {u}: allocations past the end"))?;
+            let mut allocs = Vec::with_capacity(k);
+            for &cl in &self.cluster[at..end] {
+                let amount = if whole {
+                    instance.unit_demand(u as u32)
+                } else {
+                    *amounts
+                        .next()
+                        .ok_or_else(|| format!("unit {u}: amounts past the end"))?
+                };
+                if cl >= clusters || !amount.is_finite() {
+                    return Err(format!(
+                        "unit {u}: allocation ({cl}, {amount}) is not valid"
+                    ));
+                }
+                allocs.push(cdnmap_mapper::Allocation {
+                    cluster: cl,
+                    amount,
+                });
+            }
+            let overflow = match next_over {
+                Some(&(v, x)) if v as usize == u => {
+                    next_over = over.next();
+                    if !x.is_finite() {
+                        return Err(format!("unit {u}: overflow {x} is not a number"));
+                    }
+                    x
+                }
+                _ => 0.0,
+            };
+            map.push_unit(allocs, overflow);
+            at = end;
+        }
+        if at != self.cluster.len() || amounts.next().is_some() || next_over.is_some() {
+            return Err("allocations or overflow left after the last unit".into());
+        }
+        Ok(map)
+    }
+}
+
+/// A map as format 03 stored it (read only): per unit its allocation count and overflow; per
+/// allocation its cluster index and amount.
 #[derive(Debug, Serialize, Deserialize)]
 struct MapColumns {
     count: Vec<u32>,
@@ -71,24 +230,6 @@ struct MapColumns {
 }
 
 impl MapColumns {
-    fn of(map: &Map) -> MapColumns {
-        let n = map.unit_count();
-        let mut out = MapColumns {
-            count: Vec::with_capacity(n),
-            overflow: Vec::with_capacity(n),
-            cluster: Vec::with_capacity(n),
-            amount: Vec::with_capacity(n),
-        };
-        for u in 0..n as u32 {
-            let a = map.allocations(u);
-            out.count.push(a.len() as u32);
-            out.overflow.push(map.overflow(u));
-            out.cluster.extend(a.iter().map(|x| x.cluster));
-            out.amount.extend(a.iter().map(|x| x.amount));
-        }
-        out
-    }
-
     /// The map, checked against `instance`: one entry per unit, known clusters, amounts that
     /// are numbers.
     fn to_map(&self, instance: &Instance) -> Result<Map, String> {
@@ -164,9 +305,9 @@ pub struct Store {
 
 /// The published map as stored: its identity, the round's own instance (forecast demand,
 /// learned coefficients, derated capacities, the cluster states of that round), the map, and
-/// the estimator's state after that round (opaque bytes, the estimator's own encoding). It
-/// needs nothing else to be read, so no later topology edit can make it unreadable, and a
-/// restart serves exactly what was published.
+/// what rebuilds the estimator's state after that round. It needs nothing else to be read, so
+/// no later topology edit can make it unreadable, and a restart serves exactly what was
+/// published.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Served {
     pub epoch: u64,
@@ -174,7 +315,19 @@ pub struct Served {
     pub solved_at_unix_ms: i64,
     pub instance: Instance,
     pub map: Map,
-    pub estimates: Vec<u8>,
+    pub estimator: EstimatorLog,
+}
+
+/// The estimator's state as stored (opaque bytes, the estimator's own encodings): the last
+/// checkpoint of the whole state and the entries of the rounds after it, up to the served
+/// one. Replaying the entries onto the checkpoint gives the state after the served round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EstimatorLog {
+    /// The whole state, and the version of the round it was taken after.
+    pub checkpoint: Option<(u64, Vec<u8>)>,
+    /// `(version, entry)` of each round after the checkpoint, in version order, up to the
+    /// served version; it stops before the first missing version (a round whose write failed).
+    pub entries: Vec<(u64, Vec<u8>)>,
 }
 
 /// What [`Store::put_served`] writes: a [`Served`] by reference.
@@ -191,10 +344,13 @@ pub struct ServedRef<'a> {
     /// The round's instance: `base` with the round's demands, coefficients and capacities.
     pub instance: &'a Instance,
     pub map: &'a Map,
-    pub estimates: &'a [u8],
+    /// The round's estimator entry (what it observed, the small state after it).
+    pub round_entry: &'a [u8],
 }
 
 impl Served {
+    /// The record as written (its last estimator entry as the round's; a checkpoint is written
+    /// apart, [`Store::put_checkpoint`]).
     pub fn as_ref(&self) -> ServedRef<'_> {
         ServedRef {
             epoch: self.epoch,
@@ -205,9 +361,15 @@ impl Served {
             write_base: true,
             instance: &self.instance,
             map: &self.map,
-            estimates: &self.estimates,
+            round_entry: self.estimator.entries.last().map_or(&[], |(_, e)| e),
         }
     }
+}
+
+fn entry_key(version: u64) -> Vec<u8> {
+    let mut key = ENTRY_PREFIX.to_vec();
+    key.extend_from_slice(&version.to_be_bytes());
+    key
 }
 
 impl Store {
@@ -332,22 +494,19 @@ impl Store {
         Ok(next)
     }
 
-    /// Replaces the served record and appends the map to the history of `keep` versions.
-    /// The round's base topology is written with it when `served.write_base` says it changed
-    /// (an Admin edit since the last record): the two in one atomic batch, so a crash leaves
-    /// the old pair or the new one. Durable when it returns.
+    /// Replaces the served record, writes the round's estimator entry, and appends the map to
+    /// the history of `keep` versions. The round's base topology is written with it when
+    /// `served.write_base` says it changed (an Admin edit since the last record): record,
+    /// entry and base in one atomic batch, so a crash leaves the old set or the new one.
+    /// Durable when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
         let record = Record::of(served);
-        let mut bytes = Vec::with_capacity(
-            16 + 8 * (3 * served.instance.unit_count()) + served.estimates.len(),
-        );
+        let mut bytes = Vec::with_capacity(16 + 12 * served.instance.unit_count());
         bytes.extend_from_slice(SERVED_MAGIC);
         postcard::to_io(&record, &mut bytes).map_err(|e| StoreError::Corrupt {
             what: format!("map version {} to store", served.version),
             problem: e.to_string(),
         })?;
-        bytes.extend_from_slice(&(served.estimates.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(served.estimates);
         let mut batch = sled::Batch::default();
         if served.write_base {
             let mut base = served.base_generation.to_be_bytes().to_vec();
@@ -358,19 +517,50 @@ impl Store {
             batch.insert(BASE_KEY, base);
         }
         batch.insert(SERVED_KEY, bytes);
+        batch.insert(entry_key(served.version), served.round_entry);
         self.served
             .apply_batch(batch)
             .map_err(io(format!("writing map version {}", served.version)))?;
-        let map = postcard::to_stdvec(&record.map).map_err(|e| StoreError::Corrupt {
-            what: format!("map version {} to store", served.version),
-            problem: e.to_string(),
+        // The history stores every amount: it is read without the round's demands.
+        let map = postcard::to_stdvec(&CompactMap::of(served.map, None)).map_err(|e| {
+            StoreError::Corrupt {
+                what: format!("map version {} to store", served.version),
+                problem: e.to_string(),
+            }
         })?;
         self.put_history(served.version, map, keep)?;
         self.flush("a map")
     }
 
+    /// Stores `state`, the estimator's whole state after the round of record `version`, as
+    /// the checkpoint, then drops the round entries it covers (up to `version`). Entries after
+    /// it are kept, so a crash at any point leaves a checkpoint and the entries that follow
+    /// it. Durable when it returns.
+    pub fn put_checkpoint(&self, version: u64, state: &[u8]) -> Result<(), StoreError> {
+        let mut bytes = Vec::with_capacity(16 + state.len());
+        bytes.extend_from_slice(CHECKPOINT_MAGIC);
+        bytes.extend_from_slice(&version.to_be_bytes());
+        bytes.extend_from_slice(state);
+        self.served
+            .insert(CHECKPOINT_KEY, bytes)
+            .map_err(io("writing the estimator's checkpoint"))?;
+        self.flush("the estimator's checkpoint")?;
+        let covered = self
+            .served
+            .range(ENTRY_PREFIX.to_vec()..=entry_key(version))
+            .keys();
+        for key in covered {
+            let key = key.map_err(io("listing round entries"))?;
+            self.served
+                .remove(key)
+                .map_err(io("dropping a round entry"))?;
+        }
+        self.flush("the round entries")
+    }
+
     /// The served record, if one was stored, with its instance rebuilt exactly: the base
-    /// topology it names, with the round's demands, coefficients and capacities.
+    /// topology it names, with the round's demands, coefficients and capacities; and the
+    /// estimator's checkpoint and the round entries after it, up to the served version.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
         let Some(bytes) = self
             .served
@@ -383,24 +573,34 @@ impl Store {
             what: "the stored served map".into(),
             problem,
         };
-        let body = bytes.strip_prefix(SERVED_MAGIC.as_slice()).ok_or_else(|| {
-            corrupt(format!(
+        let (record, estimator) = if let Some(body) = bytes.strip_prefix(SERVED_MAGIC.as_slice()) {
+            let record: Record = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+            let estimator = self.estimator_log(record.version)?;
+            (Stored::Now(record), estimator)
+        } else if let Some(body) = bytes.strip_prefix(SERVED_MAGIC_03.as_slice()) {
+            let (record, rest): (Record03, &[u8]) =
+                postcard::take_from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+            let (len, state) = rest.split_at(8.min(rest.len()));
+            let len = <[u8; 8]>::try_from(len)
+                .map(u64::from_le_bytes)
+                .map_err(|_| corrupt("cut short before the estimator's state".into()))?;
+            if len != state.len() as u64 {
+                return Err(corrupt(format!(
+                    "the estimator's state is {} bytes where {len} were written",
+                    state.len()
+                )));
+            }
+            let estimator = EstimatorLog {
+                checkpoint: (!state.is_empty()).then(|| (record.version, state.to_vec())),
+                entries: Vec::new(),
+            };
+            (Stored::Format03(record), estimator)
+        } else {
+            return Err(corrupt(format!(
                 "its header is not {:?}",
                 String::from_utf8_lossy(SERVED_MAGIC)
-            ))
-        })?;
-        let (record, rest): (Record, &[u8]) =
-            postcard::take_from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
-        let (len, estimates) = rest.split_at(8.min(rest.len()));
-        let len = <[u8; 8]>::try_from(len)
-            .map(u64::from_le_bytes)
-            .map_err(|_| corrupt("cut short before the estimator's state".into()))?;
-        if len != estimates.len() as u64 {
-            return Err(corrupt(format!(
-                "the estimator's state is {} bytes where {len} were written",
-                estimates.len()
             )));
-        }
+        };
         let base = self
             .served
             .get(BASE_KEY)
@@ -410,30 +610,72 @@ impl Store {
         let generation = <[u8; 8]>::try_from(generation)
             .map(u64::from_be_bytes)
             .map_err(|_| corrupt("its topology is cut short".into()))?;
-        if generation != record.base_generation {
+        let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
+        if generation != base_generation {
             return Err(corrupt(format!(
-                "it names topology {} but the store holds {generation}",
-                record.base_generation
+                "it names topology {base_generation} but the store holds {generation}"
             )));
         }
         let base = parse_instance(json, Limits::default())
             .map_err(|e| corrupt(format!("its topology: {e}")))?;
-        let instance = base
-            .with_demands(record.demands)
-            .and_then(|i| i.with_capacities(&record.per_unit, &record.capacities))
-            .map_err(|e| corrupt(format!("its instance: {e}")))?;
-        let map = record
-            .map
-            .to_map(&instance)
-            .map_err(|e| corrupt(format!("its map: {e}")))?;
+        let (instance, map) = record.instance_and_map(&base).map_err(corrupt)?;
         Ok(Some(Served {
-            epoch: record.epoch,
-            version: record.version,
-            solved_at_unix_ms: record.solved_at_unix_ms,
+            epoch,
+            version,
+            solved_at_unix_ms,
             instance,
             map,
-            estimates: estimates.to_vec(),
+            estimator,
         }))
+    }
+
+    /// The estimator's checkpoint and the round entries after it up to `served` (in version
+    /// order, stopping before a missing version).
+    fn estimator_log(&self, served: u64) -> Result<EstimatorLog, StoreError> {
+        let corrupt = |problem: String| StoreError::Corrupt {
+            what: "the estimator's checkpoint".into(),
+            problem,
+        };
+        let checkpoint = match self
+            .served
+            .get(CHECKPOINT_KEY)
+            .map_err(io("reading the estimator's checkpoint"))?
+        {
+            None => None,
+            Some(bytes) => {
+                let body = bytes
+                    .strip_prefix(CHECKPOINT_MAGIC.as_slice())
+                    .ok_or_else(|| corrupt("its header is wrong".into()))?;
+                let (version, state) = body.split_at(8.min(body.len()));
+                let version = <[u8; 8]>::try_from(version)
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| corrupt("cut short".into()))?;
+                Some((version, state.to_vec()))
+            }
+        };
+        // Entries replay onto a checkpoint only (the first round's is written after it).
+        let Some(after) = checkpoint.as_ref().map(|(v, _)| *v) else {
+            return Ok(EstimatorLog::default());
+        };
+        let mut entries = Vec::new();
+        let from = entry_key(after.saturating_add(1));
+        for kv in self.served.range(from..=entry_key(served)) {
+            let (key, entry) = kv.map_err(io("reading round entries"))?;
+            let version = key
+                .strip_prefix(ENTRY_PREFIX)
+                .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| corrupt(format!("a round entry's key of {} bytes", key.len())))?;
+            let expected = entries.last().map_or(after + 1, |(v, _): &(u64, _)| v + 1);
+            if version != expected {
+                break; // a round whose write failed: the state replays up to it
+            }
+            entries.push((version, entry.to_vec()));
+        }
+        Ok(EstimatorLog {
+            checkpoint,
+            entries,
+        })
     }
 
     fn put_history(&self, version: u64, map: Vec<u8>, keep: usize) -> Result<(), StoreError> {
@@ -550,13 +792,17 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let inst = instance().with_cluster_state(1, ClusterState::Drained);
         let map = solve(&inst, &SolveOptions::default()).map;
+        let entry = |version: u64| format!("entry {version}").into_bytes();
         let served = |version: u64| Served {
             epoch: 3,
             version,
             solved_at_unix_ms: 1_000 * version as i64,
             instance: inst.clone(),
             map: map.clone(),
-            estimates: format!("state {version}").into_bytes(),
+            estimator: EstimatorLog {
+                checkpoint: Some((1, b"state 1".to_vec())),
+                entries: (2..=version).map(|v| (v, entry(v))).collect(),
+            },
         };
         {
             let store = Store::open(dir.path()).expect("open");
@@ -566,6 +812,9 @@ mod tests {
             store.put_topology(&inst).expect("topology");
             for version in 1..=5 {
                 store.put_served(&served(version).as_ref(), 3).expect("map");
+                if version == 1 {
+                    store.put_checkpoint(1, b"state 1").expect("checkpoint");
+                }
             }
             assert_eq!(store.map_count(), 3);
         }
@@ -577,6 +826,76 @@ mod tests {
             .expect("stored");
         assert_eq!(back, inst);
         assert_eq!(store.served().expect("read"), Some(served(5)));
+    }
+
+    /// A checkpoint drops the entries it covers and keeps the later ones; a missing entry
+    /// (a round whose write failed) ends the replayable entries before it; without a
+    /// checkpoint no entry is replayable.
+    #[test]
+    fn the_estimator_log_is_a_checkpoint_and_the_entries_after_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inst = instance();
+        let map = solve(&inst, &SolveOptions::default()).map;
+        let store = Store::open(dir.path()).expect("open");
+        let put = |version: u64| {
+            let e = format!("e{version}").into_bytes();
+            store
+                .put_served(
+                    &ServedRef {
+                        epoch: 1,
+                        version,
+                        solved_at_unix_ms: 0,
+                        base: &inst,
+                        base_generation: 1,
+                        write_base: version == 1,
+                        instance: &inst,
+                        map: &map,
+                        round_entry: &e,
+                    },
+                    4,
+                )
+                .expect("served");
+        };
+        let log = |store: &Store| store.served().expect("read").expect("stored").estimator;
+        let versions = |l: &EstimatorLog| l.entries.iter().map(|(v, _)| *v).collect::<Vec<_>>();
+        for v in 1..=3 {
+            put(v);
+        }
+        assert_eq!(log(&store), EstimatorLog::default(), "no checkpoint yet");
+        store.put_checkpoint(2, b"s2").expect("checkpoint");
+        for v in 4..=7 {
+            put(v);
+        }
+        let l = log(&store);
+        assert_eq!(l.checkpoint, Some((2, b"s2".to_vec())));
+        assert_eq!(versions(&l), vec![3, 4, 5, 6, 7]);
+        assert_eq!(l.entries[0].1, b"e3".to_vec());
+        store.put_checkpoint(5, b"s5").expect("checkpoint");
+        assert_eq!(versions(&log(&store)), vec![6, 7]);
+        let left: Vec<_> = store
+            .served
+            .scan_prefix(ENTRY_PREFIX)
+            .keys()
+            .map(|k| k.expect("key").to_vec())
+            .collect();
+        assert_eq!(
+            left,
+            vec![entry_key(6), entry_key(7)],
+            "covered entries are dropped"
+        );
+        store.served.remove(entry_key(6)).expect("remove");
+        assert_eq!(
+            versions(&log(&store)),
+            Vec::<u64>::new(),
+            "stops before the gap"
+        );
+        // A cut checkpoint is an error naming it.
+        store
+            .served
+            .insert(CHECKPOINT_KEY, &b"CDNEST01\x00"[..])
+            .expect("insert");
+        let err = store.served().expect_err("cut checkpoint");
+        assert!(err.to_string().contains("checkpoint"), "{err}");
     }
 
     /// A store written before the served record existed: its history's newest map (JSON) is
@@ -613,7 +932,7 @@ mod tests {
             solved_at_unix_ms: 5,
             instance: inst.clone(),
             map,
-            estimates: Vec::new(),
+            estimator: EstimatorLog::default(),
         };
         store.put_served(&record.as_ref(), 4).expect("map");
         let mut file = cdnmap_mapper::format::InstanceFile::of(&inst);
@@ -654,17 +973,14 @@ mod tests {
             write_base,
             instance: &round,
             map: &map,
-            estimates: b"e",
+            round_entry: b"e",
         };
         store.put_served(&record(1, true), 4).expect("first");
         store.put_served(&record(2, false), 4).expect("second");
         let back = store.served().expect("read").expect("stored");
         assert_eq!(back.instance, round);
         assert_eq!(back.map, map);
-        assert_eq!(
-            (back.epoch, back.version, back.estimates),
-            (2, 2, b"e".to_vec())
-        );
+        assert_eq!((back.epoch, back.version), (2, 2));
         // A record naming another generation than the stored base is refused, naming both.
         store
             .put_served(
@@ -679,6 +995,55 @@ mod tests {
         assert!(err.to_string().contains("names topology 5"), "{err}");
     }
 
+    /// The compact map reads back bit for bit: a whole-demand unit (no amount stored), a split
+    /// unit, one allocation short of its demand, overflow (and a negative zero), no
+    /// allocation at all; with and without the demands; and a column cut short is refused.
+    #[test]
+    fn a_compact_map_reads_back_bit_for_bit() {
+        let inst = instance();
+        let four = |demands: Vec<f64>| {
+            let mut file = cdnmap_mapper::format::InstanceFile::of(&inst);
+            let mut u = file.map_units[0].clone();
+            for (i, d) in demands.iter().enumerate() {
+                u.id = format!("v{i}");
+                u.demand = *d;
+                u.prefixes = vec![format!("10.1.{i}.0/24").parse().expect("prefix")];
+                file.map_units.push(u.clone());
+            }
+            file.map_units.retain(|u| u.id.starts_with('v'));
+            file.build(Limits::default()).expect("valid")
+        };
+        let inst = four(vec![1.0 / 3.0, 2.0, 1.0, 5.0, 0.0]);
+        let a = |cluster, amount| cdnmap_mapper::Allocation { cluster, amount };
+        let mut map = Map::with_capacity(5, 6);
+        map.push_unit([a(0, 1.0 / 3.0)], 0.0); // whole
+        map.push_unit([a(0, 1.25), a(1, 0.75)], 0.0); // split
+        map.push_unit([a(1, 0.5)], 0.5); // overflow
+        map.push_unit([a(1, 5.0)], -0.0); // whole amount, but a negative-zero overflow
+        map.push_unit([], 0.0); // nothing placed
+        for demands in [
+            Some((0..5).map(|u| inst.unit_demand(u)).collect::<Vec<_>>()),
+            None,
+        ] {
+            let compact = CompactMap::of(&map, demands.as_deref());
+            let back = compact.to_map(&inst).expect("reads back");
+            assert_eq!(back, map);
+            for u in 0..5 {
+                assert_eq!(back.overflow(u).to_bits(), map.overflow(u).to_bits());
+            }
+            if demands.is_some() {
+                assert_eq!(
+                    compact.amount.len(),
+                    3,
+                    "the whole demand of v0 is not stored"
+                );
+            }
+            let mut cut = CompactMap::of(&map, demands.as_deref());
+            cut.amount.pop();
+            assert!(cut.to_map(&inst).is_err());
+        }
+    }
+
     #[test]
     fn a_cut_served_record_is_an_error_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -691,7 +1056,7 @@ mod tests {
             solved_at_unix_ms: 0,
             instance: inst,
             map,
-            estimates: vec![1, 2, 3],
+            estimator: EstimatorLog::default(),
         };
         store.put_served(&record.as_ref(), 4).expect("map");
         let bytes = store.served.get(SERVED_KEY).expect("get").expect("stored");

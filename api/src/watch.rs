@@ -227,7 +227,7 @@ mod tests {
                     write_base: true,
                     instance: &s.instance,
                     map: &s.map,
-                    estimates: &[],
+                    round_entry: &[],
                 },
                 4,
             )

@@ -229,6 +229,30 @@ impl Estimates {
         Ok(est)
     }
 
+    /// The state from a checkpoint ([`Estimates::to_bytes`]) and the entries of the rounds
+    /// after it, in order ([`Estimates::round_entry`]), for `instance`. A checkpoint that does
+    /// not decode or fit is an error; replay stops at the first entry that does not fit (the
+    /// state is then that of the round before it), and the reason is returned beside the
+    /// state with the number of entries replayed.
+    pub fn restore<'a>(
+        checkpoint: &[u8],
+        entries: impl IntoIterator<Item = &'a [u8]>,
+        instance: &Instance,
+    ) -> Result<(Self, usize, Option<String>), String> {
+        let mut est = Estimates::from_bytes(checkpoint, instance)?;
+        let (mut replayed, mut stopped) = (0, None);
+        for entry in entries {
+            if let Err(e) = est.replay(entry) {
+                stopped = Some(e);
+                break;
+            }
+            replayed += 1;
+        }
+        // An entry brings its round's learned state: checked against the instance again.
+        est.check_classes(instance)?;
+        Ok((est, replayed, stopped))
+    }
+
     /// Refuses learned state for another set of traffic classes; restarts the learners when
     /// the configured coefficients changed.
     fn check_classes(&mut self, instance: &Instance) -> Result<(), String> {

@@ -74,10 +74,20 @@ fn observations(
     }
 }
 
-/// Writes round `r`'s served record (with the base in the first round); returns the time it took.
-fn persist(store: &Store, driver: &Driver, base: &Instance, s: &Snapshot, r: usize) -> Result<f64> {
+/// Writes round `r`'s served record with its estimator entry (with the base in the first
+/// round), as the service does; returns the time it took, encoding the entry included.
+fn persist(
+    store: &Store,
+    driver: &Driver,
+    base: &Instance,
+    s: &Snapshot,
+    observations: &Observations,
+    r: usize,
+) -> Result<f64> {
     let t = Instant::now();
-    let bytes = driver.estimates().to_bytes();
+    let entry = driver
+        .estimates()
+        .round_entry(observations.at_unix_ms, &observations.demand);
     store.put_served(
         &ServedRef {
             epoch: 1,
@@ -88,11 +98,23 @@ fn persist(store: &Store, driver: &Driver, base: &Instance, s: &Snapshot, r: usi
             write_base: r == 0,
             instance: &s.instance,
             map: &s.map,
-            estimates: &bytes,
+            round_entry: &entry,
         },
         4,
     )?;
     Ok(ms(t))
+}
+
+/// The estimator's checkpoint, as the service writes it every
+/// [`cdnmap_api::service::CHECKPOINT_ROUNDS`] rounds off the round: (encode ms, write ms,
+/// bytes).
+fn checkpoint(store: &Store, driver: &Driver, version: u64) -> Result<(f64, f64, usize)> {
+    let t = Instant::now();
+    let state = driver.estimates().to_bytes();
+    let encode_ms = ms(t);
+    let t = Instant::now();
+    store.put_checkpoint(version, &state)?;
+    Ok((encode_ms, ms(t), state.len()))
 }
 
 /// One round's line: its parts' times and its churn.
@@ -175,6 +197,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     let mut rng = ChaCha8Rng::seed_from_u64(a.world.seed ^ 0x5eed);
     let mut previous: Option<Snapshot> = None;
     let mut times: Vec<[f64; 7]> = Vec::new();
+    let mut checkpoints = Vec::new();
     let round_ms = 10_000i64;
     alloc::reset_peak();
     let live_before = alloc::live_bytes();
@@ -200,8 +223,13 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         let persist_ms = if a.no_persist {
             ms(Instant::now())
         } else {
-            persist(&store, &driver, &base, &s, r)?
+            persist(&store, &driver, &base, &s, &observations, r)?
         };
+        // The service writes its first checkpoint after the first round with observations;
+        // here, after the last timed round too (the one the store then restarts from).
+        if !a.no_persist && (r == 1 || r == a.rounds + 1) {
+            checkpoints.push(checkpoint(&store, &driver, s.version)?);
+        }
         let parts = [
             step.timings.estimate_ms,
             s.timings.effective_ms,
@@ -218,6 +246,14 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         previous = Some(s);
     }
     print_medians(&times, base.unit_count());
+    for (encode_ms, write_ms, bytes) in &checkpoints {
+        println!(
+            "checkpoint     the estimator's whole state, {:.0} MB: encode {encode_ms:.0} ms, write {write_ms:.0} ms \
+             (off the round, at most every {} rounds)",
+            *bytes as f64 / 1e6,
+            cdnmap_api::service::CHECKPOINT_ROUNDS
+        );
+    }
     if let Some(s) = &previous {
         print_baselines(s)?;
     }
