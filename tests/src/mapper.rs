@@ -5,7 +5,7 @@
 use std::fmt::Debug;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
@@ -55,6 +55,7 @@ pub fn free_ports() -> (SocketAddr, SocketAddr) {
 /// They listen on port 0, so no two tests race for a port: `grpc` and `http` are the addresses
 /// the last server started reported (its "listening" log line).
 pub struct Setup {
+    bin: PathBuf,
     pub dir: TempDir,
     pub config: PathBuf,
     pub grpc: SocketAddr,
@@ -73,23 +74,29 @@ pub fn listening(log: &str) -> Option<(SocketAddr, SocketAddr)> {
 }
 
 impl Setup {
-    /// The small demo world with the admin token (`with_token`) or without one.
-    pub fn new(with_token: bool) -> Setup {
-        Setup::with_extra(with_token, "")
+    /// The small demo world with the admin token (`with_token`) or without one, for the
+    /// `cdnmap` binary `bin` (see [`crate::bin!`]).
+    pub fn new(bin: &Path, with_token: bool) -> Setup {
+        Setup::with_extra(bin, with_token, "")
     }
 
     /// [`Setup::new`] on fixed ports, picked free now: for a test that must know the mapper's
     /// address before the mapper runs (a front end started first).
-    pub fn with_fixed_ports(with_token: bool) -> Setup {
-        Setup::with(with_token, "", Some(free_ports()))
+    pub fn with_fixed_ports(bin: &Path, with_token: bool) -> Setup {
+        Setup::with(bin, with_token, "", Some(free_ports()))
     }
 
     /// [`Setup::new`] with `extra` appended to the configuration (TOML tables, say).
-    pub fn with_extra(with_token: bool, extra: &str) -> Setup {
-        Setup::with(with_token, extra, None)
+    pub fn with_extra(bin: &Path, with_token: bool, extra: &str) -> Setup {
+        Setup::with(bin, with_token, extra, None)
     }
 
-    fn with(with_token: bool, extra: &str, ports: Option<(SocketAddr, SocketAddr)>) -> Setup {
+    fn with(
+        bin: &Path,
+        with_token: bool,
+        extra: &str,
+        ports: Option<(SocketAddr, SocketAddr)>,
+    ) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-serve-")
             .tempdir()
@@ -120,6 +127,7 @@ impl Setup {
         let config = dir.path().join("cdnmap.toml");
         std::fs::write(&config, text).expect("write the config");
         Setup {
+            bin: bin.to_path_buf(),
             dir,
             config,
             grpc,
@@ -135,6 +143,7 @@ impl Setup {
         let log = self.dir.path().join(format!("server-{}.log", self.starts));
         let config = self.config.clone();
         Running::cdnmap(
+            &self.bin,
             self.dir.path(),
             [
                 std::ffi::OsStr::new("serve"),

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_tests::mapper::{all_units, http_get, ok, qname_of, Server, Setup};
-use cdnmap_tests::{ensure_debian_tool, Running};
+use cdnmap_tests::{bin, ensure_debian_tool, Running};
 use ipnet::IpNet;
 
 /// How long a front end may take to load its first map.
@@ -55,6 +55,7 @@ impl Dns {
         std::fs::write(&conf, config).expect("write the DNS config");
         let (mapper, listen) = (format!("http://{mapper}"), addr.to_string());
         let process = Running::cdnmap(
+            bin!(),
             dir,
             [
                 "dns".as_ref(),
@@ -226,6 +227,7 @@ async fn resolve(
 #[tokio::test(flavor = "multi_thread")]
 async fn answers_agree_with_the_mappers_resolve() {
     let mut setup = Setup::with_extra(
+        bin!(),
         true,
         "[selection.default]\npolicy = \"consistent\"\nvnodes = 40\n",
     );
@@ -304,7 +306,7 @@ async fn answers_agree_with_the_mappers_resolve() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_codes_apex_records_and_truncation() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     // Sixteen long NS names: the apex's NS answer does not fit in 512 bytes.
     let ns: Vec<String> = (0..16)
@@ -401,7 +403,7 @@ async fn status_codes_apex_records_and_truncation() {
 #[tokio::test(flavor = "multi_thread")]
 async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     // The front end is told the mapper's address before the mapper exists: fixed ports.
-    let mut setup = Setup::with_fixed_ports(true);
+    let mut setup = Setup::with_fixed_ports(bin!(), true);
     // The front end first, with no mapper: SERVFAIL (no map), never a wrong answer.
     let mut dns = Dns::start(setup.dir.path(), setup.grpc, "");
     std::thread::sleep(Duration::from_millis(500));

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use cdnmap_tests::mapper::Setup;
-use cdnmap_tests::Running;
+use cdnmap_tests::{bin, Running};
 use serde_json::Value;
 
 #[allow(unused_imports)] // each test file uses its part
@@ -170,7 +170,7 @@ impl DashServer {
     /// Starts a server (with the Admin token if `with_token`) and waits until `/api/status`
     /// answers with a map.
     pub fn start(with_token: bool) -> DashServer {
-        let mut setup = Setup::new(with_token);
+        let mut setup = Setup::new(bin!(), with_token);
         let process = setup.spawn();
         let mut server = DashServer {
             http: setup.http,
