@@ -4,6 +4,7 @@
 //! that variable (Cargo sets it for integration tests only): each test hands the path in,
 //! through [`bin!`].
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -16,6 +17,16 @@ macro_rules! bin {
     () => {
         ::std::path::Path::new(::std::env!("CARGO_BIN_EXE_cdnmap"))
     };
+}
+
+/// The address named `field` (`grpc`, `http`, `dns`, `metrics`) in the `listening` line a
+/// `cdnmap serve` or `cdnmap dns` logs once it has bound its sockets, if it has: servers in the
+/// tests listen on port 0, and this is how a test learns where.
+pub fn listening_addr(log: &str, field: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains(" listening "))?;
+    let key = format!(" {field}=");
+    let at = line.find(&key)? + key.len();
+    line[at..].split_whitespace().next()?.parse().ok()
 }
 
 pub fn workspace_root() -> PathBuf {
