@@ -5,7 +5,7 @@
 //!
 //! ```toml
 //! mapper = "http://127.0.0.1:50051"   # the mapper's gRPC address
-//! listen = "127.0.0.1:5353"           # UDP and TCP
+//! listen = "127.0.0.1:5353"           # UDP and TCP (port 0: any port free for both)
 //! zones = ["cdn.example."]            # authoritative for these (and every name below them)
 //! ttl_secs = 20                       # TTL of A/AAAA answers
 //! name = "dns-1"                      # the reporter name in demand reports
@@ -16,6 +16,9 @@
 //! tcp_timeout_secs = 10               # idle TCP connections are closed after this
 //! metrics_listen = "127.0.0.1:9153"   # Prometheus /metrics (absent: none)
 //! ```
+//!
+//! Port 0 takes a free port; the log's `listening` line names the addresses bound
+//! (`dns=` for UDP and TCP, `metrics=`).
 
 use std::net::SocketAddr;
 
@@ -151,7 +154,8 @@ impl DnsConfig {
                 format!("{} is outside 512..=4096", self.max_udp_payload),
             ));
         }
-        if self.metrics_listen == Some(self.listen) {
+        // Port 0 takes any free port, a different one for each.
+        if self.listen.port() != 0 && self.metrics_listen == Some(self.listen) {
             return Err(invalid(
                 "metrics_listen",
                 format!("{} is also listen", self.listen),
@@ -269,10 +273,16 @@ mod tests {
             ("nameservers = [\"\"]", "nameservers[0]"),
             ("listen = \"nowhere\"", "listen"),
             ("zone = \"x.\"", "zone"),
+            ("metrics_listen = \"127.0.0.1:5353\"", "metrics_listen"),
         ];
         for (text, key) in cases {
             let e = DnsConfig::from_toml(text).expect_err(text).to_string();
             assert!(e.contains(key), "{text}: {e}");
+        }
+        // Port 0 for both is two free ports, not one address twice.
+        let any = "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"";
+        if let Err(e) = DnsConfig::from_toml(any) {
+            panic!("{any}: {e}");
         }
     }
 }

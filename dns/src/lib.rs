@@ -16,6 +16,7 @@ pub mod demand;
 pub mod local;
 mod udp;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,16 +47,21 @@ fn now_unix_ms() -> i64 {
 }
 
 /// Runs the front end until `shutdown` resolves. Binds UDP and TCP on `config.listen` before
-/// returning its first error, so a port in use is reported at once.
+/// returning its first error, so a port in use is reported at once. Port 0 takes a port free for
+/// both (and `metrics_listen` port 0 any free port): the log's `listening` line names the
+/// addresses bound.
 pub async fn run(
     config: DnsConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
-    let metrics_task = match config.metrics_listen {
-        Some(addr) => Some(serve_metrics(addr).await?),
-        None => None,
+    let (metrics_task, metrics_addr) = match config.metrics_listen {
+        Some(addr) => {
+            let (task, bound) = serve_metrics(addr).await?;
+            (Some(task), Some(bound))
+        }
+        None => (None, None),
     };
     let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
     let front = Arc::new(Front {
@@ -73,13 +79,16 @@ pub async fn run(
         counters: answer::Counters::register(),
     });
     // UDP: one answering loop per core, each on its own socket (SO_REUSEPORT); TCP: hickory's
-    // server. TCP binds first so a port in use is reported before any UDP socket takes it.
-    let tcp = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("listen {}: TCP: {e}", config.listen))?;
+    // server.
     let loops = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let sockets = udp::bind(tcp.local_addr()?, loops)
-        .map_err(|e| anyhow::anyhow!("listen {}: UDP: {e}", config.listen))?;
+    let (tcp, sockets) = bind(config.listen, loops).await?;
+    let listen = tcp.local_addr()?;
+    // The addresses bound (port 0 takes any free port), which is how tests find them without
+    // racing for free ports.
+    match metrics_addr {
+        Some(metrics) => tracing::info!(dns = %listen, metrics = %metrics, "listening"),
+        None => tracing::info!(dns = %listen, "listening"),
+    }
     let handler = Arc::new(Handler(Arc::clone(&front)));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let udp_threads = sockets
@@ -100,12 +109,12 @@ pub async fn run(
         TCP_RESPONSE_BUFFER,
     );
     tracing::info!(
-        listen = %config.listen,
+        listen = %listen,
         mapper = %config.mapper,
         zones = ?config.zones,
         "cdnmap dns serving: try `dig @{} -p {} www.{} A +subnet=1.2.3.0/24`",
-        config.listen.ip(),
-        config.listen.port(),
+        listen.ip(),
+        listen.port(),
         config.zones[0].trim_end_matches('.'),
     );
     let watcher = tokio::spawn(watch(config.mapper.clone(), Arc::clone(&front)));
@@ -126,8 +135,43 @@ pub async fn run(
     Ok(())
 }
 
-/// Installs the Prometheus recorder and serves `/metrics` on `addr`.
-async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// How many ports `listen` port 0 tries: each is one the kernel found free for TCP, so it is
+/// taken for UDP only by chance.
+const ANY_PORT_TRIES: usize = 16;
+
+/// TCP and `loops` UDP sockets on one address: TCP first, so a port in use is reported before
+/// any UDP socket takes it, then UDP on the port TCP got. With port 0, a port whose UDP side is
+/// in use elsewhere is passed over for another (each held until the end, so the kernel does not
+/// hand it out again).
+async fn bind(
+    listen: SocketAddr,
+    loops: usize,
+) -> anyhow::Result<(TcpListener, Vec<Arc<std::net::UdpSocket>>)> {
+    let mut passed_over = Vec::new();
+    loop {
+        let tcp = TcpListener::bind(listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen {listen}: TCP: {e}"))?;
+        let bound = tcp.local_addr()?;
+        match udp::bind(bound, loops) {
+            Ok(sockets) => return Ok((tcp, sockets)),
+            Err(e)
+                if listen.port() == 0
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                    && passed_over.len() + 1 < ANY_PORT_TRIES =>
+            {
+                passed_over.push(tcp);
+            }
+            Err(e) => return Err(anyhow::anyhow!("listen {listen}: UDP on {bound}: {e}")),
+        }
+    }
+}
+
+/// Installs the Prometheus recorder and serves `/metrics` on `addr`; returns the task and the
+/// address bound.
+async fn serve_metrics(
+    addr: SocketAddr,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let app = axum::Router::new().route(
         "/metrics",
@@ -139,11 +183,13 @@ async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<tokio::task
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("metrics_listen {addr}: {e}"))?;
-    Ok(tokio::spawn(async move {
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "the metrics listener failed");
         }
-    }))
+    });
+    Ok((task, bound))
 }
 
 async fn connect(mapper: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {

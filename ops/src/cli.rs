@@ -124,7 +124,8 @@ struct DnsArgs {
     /// The mapper's gRPC address, e.g. http://127.0.0.1:50051.
     #[arg(long)]
     mapper: Option<String>,
-    /// Where to answer DNS, UDP and TCP.
+    /// Where to answer DNS, UDP and TCP (port 0: any port free for both; the log's
+    /// `listening` line names it).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
     /// A zone to be authoritative for (repeatable; replaces the config's list).
@@ -139,7 +140,8 @@ struct DnsArgs {
     /// Seconds between demand reports.
     #[arg(long)]
     report_secs: Option<u64>,
-    /// Serve Prometheus /metrics here (queries by outcome, map version, reconnects, reports).
+    /// Serve Prometheus /metrics here (queries by outcome, map version, reconnects, reports;
+    /// port 0: any free port, named in the log's `listening` line).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
 }

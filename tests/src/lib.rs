@@ -1,20 +1,32 @@
-//! Helpers shared by the end-to-end tests of the `cdnmap` binary (in `tests/tests/`).
+//! Helpers shared by the end-to-end tests of the `cdnmap` binary: the workspace's `tests/*.rs`,
+//! which are the root package's integration tests, so Cargo builds the binary before them and
+//! tells them where it is (`CARGO_BIN_EXE_cdnmap`, at compile time). This library cannot see
+//! that variable (Cargo sets it for integration tests only): each test hands the path in,
+//! through [`bin!`].
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-
-use serde_json::Value;
 
 pub mod mapper;
 
-/// The `cdnmap` binary, built on first use.
-pub fn cdnmap_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| match std::env::var_os("CDNMAP_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => build_binary(),
-    })
+/// The path of the `cdnmap` binary Cargo built for the calling test, a `&'static Path`:
+/// `env!("CARGO_BIN_EXE_cdnmap")`, expanded in the test crate (where Cargo sets it).
+#[macro_export]
+macro_rules! bin {
+    () => {
+        ::std::path::Path::new(::std::env!("CARGO_BIN_EXE_cdnmap"))
+    };
+}
+
+/// The address named `field` (`grpc`, `http`, `dns`, `metrics`) in the `listening` line a
+/// `cdnmap serve` or `cdnmap dns` logs once it has bound its sockets, if it has: servers in the
+/// tests listen on port 0, and this is how a test learns where.
+pub fn listening_addr(log: &str, field: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains(" listening "))?;
+    let key = format!(" {field}=");
+    let at = line.find(&key)? + key.len();
+    line[at..].split_whitespace().next()?.parse().ok()
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -22,86 +34,6 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .expect("the tests crate lives in the workspace")
         .to_path_buf()
-}
-
-fn cargo() -> PathBuf {
-    std::env::var_os("CARGO")
-        .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("cargo"))
-}
-
-/// `cargo build --bin cdnmap` for the profile (and target directory and triple) this test
-/// executable comes from: `<target>[/<triple>]/<profile>/deps/<test>-<hash>`.
-fn build_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test executable lives in <target>/<profile>/deps");
-    let profile = profile_dir
-        .file_name()
-        .and_then(|s| s.to_str())
-        .unwrap_or("debug")
-        .to_string();
-
-    let mut cmd = Command::new(cargo());
-    cmd.current_dir(workspace_root())
-        .args(["build", "--bin", "cdnmap", "--message-format=json"])
-        .arg("--manifest-path")
-        .arg(workspace_root().join("Cargo.toml"));
-    match profile.as_str() {
-        "debug" => {}
-        "release" => {
-            cmd.arg("--release");
-        }
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    // Cargo marks the root of a target directory with CACHEDIR.TAG; one level further up means
-    // the executable was built for an explicit `--target <triple>`.
-    if let Some(up) = profile_dir.parent() {
-        if up.join("CACHEDIR.TAG").is_file() {
-            cmd.arg("--target-dir").arg(up);
-        } else if let (Some(root), Some(triple)) = (up.parent(), up.file_name()) {
-            if root.join("CACHEDIR.TAG").is_file() {
-                cmd.arg("--target-dir")
-                    .arg(root)
-                    .arg("--target")
-                    .arg(triple);
-            }
-        }
-    }
-    let fallback = profile_dir.join(format!("cdnmap{}", std::env::consts::EXE_SUFFIX));
-    let out = match cmd.stdin(Stdio::null()).output() {
-        Ok(out) => out,
-        Err(e) if fallback.is_file() => {
-            eprintln!("could not run cargo ({e}); using {}", fallback.display());
-            return fallback;
-        }
-        Err(e) => panic!("could not run cargo to build cdnmap: {e}"),
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "cargo build --bin cdnmap failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        stdout
-    );
-    let exe = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cdnmap")
-        .filter(|m| {
-            m["target"]["kind"]
-                .as_array()
-                .is_some_and(|k| k.iter().any(|k| k == "bin"))
-        })
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .unwrap_or(fallback);
-    assert!(exe.is_file(), "no cdnmap binary at {}", exe.display());
-    exe
 }
 
 /// The path of `program`, installing Debian's `packages` with apt-get first when it is not on
@@ -166,8 +98,9 @@ pub struct Running {
 }
 
 impl Running {
-    /// Starts `cdnmap ARGS` in `dir` (`RUST_LOG=info`, no colours), logging to `log`.
-    pub fn cdnmap<I, S>(dir: &Path, args: I, log: PathBuf) -> Running
+    /// Starts the `cdnmap` binary `bin` (see [`bin!`]) with `ARGS` in `dir` (`RUST_LOG=info`,
+    /// no colours), logging to `log`.
+    pub fn cdnmap<I, S>(bin: &Path, dir: &Path, args: I, log: PathBuf) -> Running
     where
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
@@ -181,7 +114,7 @@ impl Running {
         );
         let out = std::fs::File::create(&log).expect("create the process log");
         let err = out.try_clone().expect("clone the log handle");
-        let child = Command::new(cdnmap_bin())
+        let child = Command::new(bin)
             .current_dir(dir)
             .args(&args)
             .env("RUST_LOG", "info")

@@ -4,8 +4,8 @@
 
 use std::fmt::Debug;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
@@ -40,21 +40,13 @@ pub fn qname_of(class: &str) -> &'static str {
     }
 }
 
-/// Two ports that were free a moment ago (bound together on 127.0.0.1:0, then released).
-pub fn free_ports() -> (SocketAddr, SocketAddr) {
-    let a = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    let b = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    (
-        a.local_addr().expect("its address"),
-        b.local_addr().expect("its address"),
-    )
-}
-
 /// A configuration in its own temporary directory: the config file, the data directory, and the
 /// servers' logs. Servers started from it share the data directory (so a second one restarts).
 /// They listen on port 0, so no two tests race for a port: `grpc` and `http` are the addresses
-/// the last server started reported (its "listening" log line).
+/// the last server started reported (its "listening" log line). A test whose front end must
+/// follow one mapper address across restarts pins them ([`Setup::pin`]).
 pub struct Setup {
+    bin: PathBuf,
     pub dir: TempDir,
     pub config: PathBuf,
     pub grpc: SocketAddr,
@@ -64,38 +56,26 @@ pub struct Setup {
 
 /// The addresses a server reported in its "listening" line, once it has.
 pub fn listening(log: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let line = log.lines().find(|l| l.contains(" listening "))?;
-    let field = |name: &str| -> Option<SocketAddr> {
-        let at = line.find(&format!("{name}="))? + name.len() + 1;
-        line[at..].split_whitespace().next()?.parse().ok()
-    };
-    Some((field("grpc")?, field("http")?))
+    Some((
+        crate::listening_addr(log, "grpc")?,
+        crate::listening_addr(log, "http")?,
+    ))
 }
 
 impl Setup {
-    /// The small demo world with the admin token (`with_token`) or without one.
-    pub fn new(with_token: bool) -> Setup {
-        Setup::with_extra(with_token, "")
-    }
-
-    /// [`Setup::new`] on fixed ports, picked free now: for a test that must know the mapper's
-    /// address before the mapper runs (a front end started first).
-    pub fn with_fixed_ports(with_token: bool) -> Setup {
-        Setup::with(with_token, "", Some(free_ports()))
+    /// The small demo world with the admin token (`with_token`) or without one, for the
+    /// `cdnmap` binary `bin` (see [`crate::bin!`]).
+    pub fn new(bin: &Path, with_token: bool) -> Setup {
+        Setup::with_extra(bin, with_token, "")
     }
 
     /// [`Setup::new`] with `extra` appended to the configuration (TOML tables, say).
-    pub fn with_extra(with_token: bool, extra: &str) -> Setup {
-        Setup::with(with_token, extra, None)
-    }
-
-    fn with(with_token: bool, extra: &str, ports: Option<(SocketAddr, SocketAddr)>) -> Setup {
+    pub fn with_extra(bin: &Path, with_token: bool, extra: &str) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-serve-")
             .tempdir()
             .expect("a temporary directory");
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let (grpc, http) = ports.unwrap_or((any, any));
         let data = dir.path().join("data");
         let token = if with_token {
             format!("admin_token = {TOKEN:?}\n")
@@ -104,8 +84,8 @@ impl Setup {
         };
         let text = format!(
             "cycle_secs = {CYCLE_SECS}\n\
-             grpc_listen = \"{grpc}\"\n\
-             http_listen = \"{http}\"\n\
+             grpc_listen = \"{any}\"\n\
+             http_listen = \"{any}\"\n\
              data_dir = {data:?}\n\
              ttl_secs = {TTL_SECS}\n\
              {token}\
@@ -120,12 +100,55 @@ impl Setup {
         let config = dir.path().join("cdnmap.toml");
         std::fs::write(&config, text).expect("write the config");
         Setup {
+            bin: bin.to_path_buf(),
             dir,
             config,
-            grpc,
-            http,
+            grpc: any,
+            http: any,
             starts: 0,
         }
+    }
+
+    /// Pins the configuration to the addresses the last server reported (`grpc`, `http`), so
+    /// the servers started next listen where it did, instead of on port 0: for a front end,
+    /// which follows one mapper address, to see the mapper come back. (A restart binds with
+    /// SO_REUSEADDR, so the old connections' TIME_WAIT does not stand in the way.)
+    ///
+    /// This is the one place the tests release a port and bind it again, and it cannot be
+    /// avoided: a process that has exited holds no port. Between the last server's exit and
+    /// the next one's bind, another process binding port 0 may be given one of these ports
+    /// (the kernel picks among some 28,000, so it is unlikely); the next start then fails with
+    /// "address in use", and the test with it.
+    pub fn pin(&mut self) {
+        assert!(
+            self.grpc.port() != 0 && self.http.port() != 0,
+            "pin: no server has reported its addresses yet"
+        );
+        let text = std::fs::read_to_string(&self.config).expect("read the config");
+        let pinned: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("grpc_listen =") {
+                    format!("grpc_listen = \"{}\"\n", self.grpc)
+                } else if l.starts_with("http_listen =") {
+                    format!("http_listen = \"{}\"\n", self.http)
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&self.config, pinned).expect("write the config");
+    }
+
+    /// Learns the addresses a mapper will listen on before it runs: starts a server on port 0
+    /// only until it says where it listens, kills it, and [`Setup::pin`]s those addresses, for a
+    /// test that must give a front end the mapper's address before the mapper is up. (The data
+    /// directory may keep what the short run stored; the next start restarts from it.)
+    pub async fn pin_from_a_first_run(&mut self) {
+        let mut process = self.spawn();
+        (self.grpc, self.http) = wait_listening(&mut process).await;
+        process.kill();
+        self.pin();
     }
 
     /// Starts `cdnmap serve --config FILE` without waiting for it (each start logs to its own
@@ -135,6 +158,7 @@ impl Setup {
         let log = self.dir.path().join(format!("server-{}.log", self.starts));
         let config = self.config.clone();
         Running::cdnmap(
+            &self.bin,
             self.dir.path(),
             [
                 std::ffi::OsStr::new("serve"),
@@ -149,19 +173,7 @@ impl Setup {
     /// health service says SERVING.
     pub async fn start(&mut self) -> Server {
         let mut process = self.spawn();
-        let started = Instant::now();
-        let (grpc, http) = loop {
-            process.assert_running();
-            if let Some(addrs) = listening(&process.log()) {
-                break addrs;
-            }
-            assert!(
-                started.elapsed() < READY_TIMEOUT,
-                "cdnmap serve said on no address within {READY_TIMEOUT:?}:\n{}",
-                process.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let (grpc, http) = wait_listening(&mut process).await;
         (self.grpc, self.http) = (grpc, http);
         let mut server = Server {
             process,
@@ -171,6 +183,23 @@ impl Setup {
         };
         server.wait_ready().await;
         server
+    }
+}
+
+/// Waits until `process` (a `cdnmap serve`) says where it listens: (gRPC, HTTP).
+async fn wait_listening(process: &mut Running) -> (SocketAddr, SocketAddr) {
+    let started = Instant::now();
+    loop {
+        process.assert_running();
+        if let Some(addrs) = listening(&process.log()) {
+            return addrs;
+        }
+        assert!(
+            started.elapsed() < READY_TIMEOUT,
+            "cdnmap serve said on no address within {READY_TIMEOUT:?}:\n{}",
+            process.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -10,10 +10,8 @@
 //! ([`Server`] is a guard). Only `watch_drain_and_restart` waits for rounds (one or two, ~10–20
 //! s); the others need none, so they run alongside it.
 //!
-//! The binary is found (built) as in `cli.rs`: the root package's binary gets no
-//! `CARGO_BIN_EXE_cdnmap` here, so the first test to need it runs `cargo build --bin cdnmap` for
-//! the profile and target directory of this test executable (a no-op when it is up to date).
-//! `CDNMAP_BIN=/path/to/cdnmap` skips the build.
+//! The binary is the one Cargo built for these tests (`CARGO_BIN_EXE_cdnmap`, through
+//! `cdnmap_tests::bin!`), as in `cli.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -23,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::mapping_client::MappingClient;
-use cdnmap_tests::cdnmap_bin;
+use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
     all_units, authed, ok, qname_of, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN,
     TTL_SECS,
@@ -226,7 +224,7 @@ async fn resolve_all(server: &Server, units: &[pb::MapUnit]) -> Vec<pb::ResolveR
 /// fallback (no map unit, scope 0), never an error.
 #[tokio::test]
 async fn resolve_answers_v4_and_v6_clients_with_and_without_ecs() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     assert_eq!(units.len() as u64, MAP_UNITS);
@@ -320,7 +318,7 @@ async fn resolve_answers_v4_and_v6_clients_with_and_without_ecs() {
 /// are INVALID_ARGUMENT, and a bad query is named by its index.
 #[tokio::test]
 async fn resolve_batch_answers_like_resolve_and_refuses_oversized_batches() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let mut m = server.mapping();
@@ -425,7 +423,7 @@ async fn resolve_batch_answers_like_resolve_and_refuses_oversized_batches() {
 /// and none of them stops the server from answering.
 #[tokio::test]
 async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let mut m = server.mapping();
     let good = query("", "1.0.0.1", "www.cdn.example.", 1);
@@ -489,7 +487,7 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
 /// A 254-character name without a trailing dot is over the proto's limit of 253 characters.
 #[tokio::test]
 async fn a_254_character_name_without_a_trailing_dot_is_invalid_argument() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let mut m = server.mapping();
     let name = format!("{}.cdn.example", "a".repeat(254 - ".cdn.example".len()));
@@ -506,7 +504,7 @@ async fn a_254_character_name_without_a_trailing_dot_is_invalid_argument() {
 /// one works (GetStatus, GetCluster, ListClusters). Mapping needs no token.
 #[tokio::test]
 async fn admin_needs_the_bearer_token() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let mut admin = server.admin();
 
@@ -634,7 +632,7 @@ async fn admin_needs_the_bearer_token() {
 /// With no admin_token configured, Admin is refused even to a caller that sends one.
 #[tokio::test]
 async fn admin_is_refused_when_no_token_is_configured() {
-    let mut setup = Setup::new(false);
+    let mut setup = Setup::new(bin!(), false);
     let server = setup.start().await;
     let mut admin = server.admin();
     for token in [None, Some(TOKEN)] {
@@ -658,7 +656,7 @@ async fn admin_is_refused_when_no_token_is_configured() {
 /// naming it (samples[i].queries, loads[i].load, ...).
 #[tokio::test]
 async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let mut fb = server.feedback();
@@ -853,7 +851,7 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
 /// with a map unit it must be the unit's.
 #[tokio::test]
 async fn demand_samples_with_a_missing_or_wrong_class_are_invalid_argument() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let web = pick_unit(&units, "web", false);
@@ -911,7 +909,7 @@ async fn demand_samples_with_a_missing_or_wrong_class_are_invalid_argument() {
 /// `/metrics` is Prometheus text with the map version and the RPC counts.
 #[tokio::test]
 async fn metrics_are_served_over_http() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let mut m = server.mapping();
     let a = resolve(&mut m, query("", "1.0.0.1", "www.cdn.example.", 1)).await;
@@ -962,7 +960,7 @@ fn metric(body: &str, name: &str) -> Option<f64> {
 /// Issue 4 lists per-cluster utilization among the metrics.
 #[tokio::test]
 async fn metrics_include_per_cluster_utilization() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let (_, body) = server.http_get("/metrics");
     assert!(
@@ -976,7 +974,7 @@ async fn metrics_include_per_cluster_utilization() {
 /// map version should say so too.
 #[tokio::test]
 async fn metrics_show_the_restored_map_version_before_the_first_round() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let before = status(&server).await.map_version;
     server.kill();
@@ -995,7 +993,7 @@ async fn metrics_show_the_restored_map_version_before_the_first_round() {
 /// any new round.
 #[tokio::test]
 async fn watch_drain_and_restart() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let mut m = server.mapping();
@@ -1246,7 +1244,7 @@ async fn watch_drain_and_restart() {
 /// `cdnmap replay` runs on it.
 #[tokio::test]
 async fn reported_demand_round_trips_through_export_and_replay() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let mut fb = server.feedback();
@@ -1288,7 +1286,7 @@ async fn reported_demand_round_trips_through_export_and_replay() {
         .as_millis() as i64;
     let dir = setup.dir.path();
     let run = |args: &[&str]| {
-        let out = Command::new(cdnmap_bin())
+        let out = Command::new(bin!())
             .current_dir(dir)
             .args(args)
             .output()
@@ -1346,7 +1344,7 @@ async fn reported_demand_round_trips_through_export_and_replay() {
 /// configured demand (the total demand mapped, in /metrics, grows by the report).
 #[tokio::test]
 async fn reported_demand_feeds_the_next_round() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let (_, body) = server.http_get("/metrics");
     let before = metric(&body, "cdnmap_demand_total").expect("cdnmap_demand_total");
@@ -1399,7 +1397,7 @@ async fn reported_demand_feeds_the_next_round() {
 /// there was something to delete.
 #[tokio::test]
 async fn admin_upserts_and_deletes_topology() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let mut admin = server.admin();
     let cluster = ok(

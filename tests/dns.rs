@@ -11,14 +11,15 @@
 //! - with no mapper yet it answers SERVFAIL, then answers once the mapper is up, keeps answering
 //!   when the mapper dies, reconnects when it returns, and reports per-prefix demand.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_tests::mapper::{all_units, http_get, ok, qname_of, Server, Setup};
-use cdnmap_tests::{ensure_debian_tool, Running};
+use cdnmap_tests::{bin, ensure_debian_tool, listening_addr, Running};
 use ipnet::IpNet;
 
 /// How long a front end may take to load its first map.
@@ -28,33 +29,27 @@ fn dig_bin() -> PathBuf {
     ensure_debian_tool("dig", &["dnsutils"]).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A free UDP port on 127.0.0.1 (also free for TCP, checked).
-fn free_dns_addr() -> SocketAddr {
-    for _ in 0..50 {
-        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port");
-        let addr = udp.local_addr().expect("its address");
-        if std::net::TcpListener::bind(addr).is_ok() {
-            return addr;
-        }
-    }
-    panic!("no port free for both UDP and TCP");
-}
-
 /// A running `cdnmap dns`; killed when dropped.
 struct Dns {
     process: Running,
+    /// Where it answers (UDP and TCP), as it reported.
     addr: SocketAddr,
+    /// Where it serves /metrics, if its config asks for it.
+    metrics: Option<SocketAddr>,
 }
 
 impl Dns {
     /// Starts a front end for zone `cdn.example.` following the mapper at `mapper`, with the
-    /// config file `config` (TOML text).
+    /// config file `config` (TOML text), on port 0 (as `metrics_listen` should be); waits until
+    /// it says where it listens.
     fn start(dir: &Path, mapper: SocketAddr, config: &str) -> Dns {
-        let addr = free_dns_addr();
-        let conf = dir.join(format!("dns-{}.toml", addr.port()));
+        static STARTS: AtomicUsize = AtomicUsize::new(0);
+        let n = STARTS.fetch_add(1, Ordering::Relaxed) + 1;
+        let conf = dir.join(format!("dns-{n}.toml"));
         std::fs::write(&conf, config).expect("write the DNS config");
-        let (mapper, listen) = (format!("http://{mapper}"), addr.to_string());
-        let process = Running::cdnmap(
+        let mapper = format!("http://{mapper}");
+        let mut process = Running::cdnmap(
+            bin!(),
             dir,
             [
                 "dns".as_ref(),
@@ -63,7 +58,7 @@ impl Dns {
                 "--mapper".as_ref(),
                 mapper.as_ref(),
                 "--listen".as_ref(),
-                listen.as_ref(),
+                "127.0.0.1:0".as_ref(),
                 "--zone".as_ref(),
                 "cdn.example.".as_ref(),
                 "--name".as_ref(),
@@ -71,9 +66,27 @@ impl Dns {
                 "--report-secs".as_ref(),
                 std::ffi::OsStr::new("1"),
             ],
-            dir.join(format!("dns-{}.log", addr.port())),
+            dir.join(format!("dns-{n}.log")),
         );
-        Dns { process, addr }
+        let started = Instant::now();
+        let addr = loop {
+            process.assert_running();
+            if let Some(addr) = listening_addr(&process.log(), "dns") {
+                break addr;
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "cdnmap dns said on no address within {READY_TIMEOUT:?}:\n{}",
+                process.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let metrics = listening_addr(&process.log(), "metrics");
+        Dns {
+            process,
+            addr,
+            metrics,
+        }
     }
 
     fn log(&self) -> String {
@@ -226,6 +239,7 @@ async fn resolve(
 #[tokio::test(flavor = "multi_thread")]
 async fn answers_agree_with_the_mappers_resolve() {
     let mut setup = Setup::with_extra(
+        bin!(),
         true,
         "[selection.default]\npolicy = \"consistent\"\nvnodes = 40\n",
     );
@@ -304,18 +318,20 @@ async fn answers_agree_with_the_mappers_resolve() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_codes_apex_records_and_truncation() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     // Sixteen long NS names: the apex's NS answer does not fit in 512 bytes.
     let ns: Vec<String> = (0..16)
         .map(|i| format!("\"ns{i}-{}.cdn.example.\"", "x".repeat(40)))
         .collect();
-    let metrics = free_dns_addr();
     let config = format!(
-        "nameservers = [{}]\nmetrics_listen = \"{metrics}\"\n",
+        "nameservers = [{}]\nmetrics_listen = \"127.0.0.1:0\"\n",
         ns.join(", ")
     );
     let mut dns = Dns::start(setup.dir.path(), server.grpc, &config);
+    let metrics = dns
+        .metrics
+        .expect("cdnmap dns says where it serves /metrics");
     dns.wait_answering();
 
     let soa = dns.dig(&["cdn.example", "SOA"]);
@@ -400,8 +416,10 @@ async fn status_codes_apex_records_and_truncation() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
-    // The front end is told the mapper's address before the mapper exists: fixed ports.
-    let mut setup = Setup::with_fixed_ports(true);
+    // The front end is told the mapper's address before the mapper is up, and follows that
+    // one address across the mapper's restart below: the addresses of a first run, pinned.
+    let mut setup = Setup::new(bin!(), true);
+    setup.pin_from_a_first_run().await;
     // The front end first, with no mapper: SERVFAIL (no map), never a wrong answer.
     let mut dns = Dns::start(setup.dir.path(), setup.grpc, "");
     std::thread::sleep(Duration::from_millis(500));

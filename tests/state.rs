@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::admin_client::AdminClient;
+use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
     all_units, authed, http_post, ok, qname_of, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS,
     TOKEN,
@@ -179,7 +180,7 @@ fn warnings<T>(r: &tonic::Response<T>) -> Vec<String> {
 
 #[tokio::test]
 async fn acknowledged_deletes_never_keep_the_server_from_starting() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let cls = clusters(&server).await;
@@ -250,7 +251,7 @@ async fn acknowledged_deletes_never_keep_the_server_from_starting() {
 
 #[tokio::test]
 async fn a_restart_serves_exactly_what_was_published_and_remembers_the_forecasts() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     // Demand reports far from the configured demand: the rounds map the forecast.
@@ -386,7 +387,7 @@ async fn client_changes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interleaved_admin_and_dashboard_changes_survive_kill_minus_9() {
-    let mut setup = Setup::new(true);
+    let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
     let cls: Vec<String> = clusters(&server).await.into_iter().map(|c| c.id).collect();

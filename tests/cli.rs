@@ -4,23 +4,18 @@
 //!
 //! Exit codes (ARCHITECTURE.md, `ops/`): 0 success, 1 violations found, 2 error.
 //!
-//! The binary belongs to the root package, so Cargo does not hand this package a
-//! `CARGO_BIN_EXE_cdnmap`, and `cargo test --workspace` builds `cdnmap` only as a unit-test
-//! harness, never as `target/<profile>/cdnmap`. So the first test to need it runs
-//! `cargo build --bin cdnmap` once, for the profile and target directory this test executable was
-//! built in (a no-op when the binary is up to date, so it is never stale), and takes the
-//! binary's path from Cargo's JSON messages. `CDNMAP_BIN=/path/to/cdnmap` skips the build.
+//! Cargo builds the binary before these tests (they are the root package's integration tests)
+//! and hands them its path at compile time (`CARGO_BIN_EXE_cdnmap`, through
+//! `cdnmap_tests::bin!`): the binary is always the one built from this checkout, in the same
+//! profile and target directory.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use cdnmap_tests::{cdnmap_bin, workspace_root};
+use cdnmap_tests::{bin, workspace_root};
 use serde_json::Value;
 use tempfile::TempDir;
-
-// ---------------------------------------------------------------------------------------------
-// Finding (building) the binary.
 
 // ---------------------------------------------------------------------------------------------
 // Running it.
@@ -75,7 +70,7 @@ impl Run {
 
 /// Runs `cdnmap args...` in `dir`.
 fn cdnmap(dir: &Path, args: &[&str]) -> Run {
-    let out = Command::new(cdnmap_bin())
+    let out = Command::new(bin!())
         .current_dir(dir)
         .args(args)
         .stdin(Stdio::null())

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use cdnmap_tests::{ensure_debian_tool, find_program};
-use dash_support::{free_port, request, DashServer, CLUSTERS, ROUND_TIMEOUT, TOKEN};
+use dash_support::{request, DashServer, CLUSTERS, ROUND_TIMEOUT, TOKEN};
 use serde_json::{json, Value};
 
 /// The W3C WebDriver element reference key.
@@ -68,19 +68,34 @@ impl Drop for Driver {
 
 impl Driver {
     fn start(chromium: PathBuf, chromedriver: PathBuf) -> Driver {
-        let addr = free_port();
-        let log = std::env::temp_dir().join(format!("chromedriver-{}.log", addr.port()));
+        // On port 0: chromedriver says which port it took on its standard output ("ChromeDriver
+        // was started successfully on port N.").
+        let name = format!("chromedriver-{}", std::process::id());
+        let log = std::env::temp_dir().join(format!("{name}.log"));
+        let said = std::env::temp_dir().join(format!("{name}.out"));
+        let out = std::fs::File::create(&said).expect("create chromedriver's output file");
         let child = Command::new(&chromedriver)
             .process_group(0)
-            .arg(format!("--port={}", addr.port()))
+            .arg("--port=0")
             .arg(format!("--log-path={}", log.display()))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", chromedriver.display()));
         let group = Group(child);
         let started = Instant::now();
+        let addr = loop {
+            let text = std::fs::read_to_string(&said).unwrap_or_default();
+            if let Some(port) = started_on_port(&text) {
+                break SocketAddr::from(([127, 0, 0, 1], port));
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver said on no port:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
         while TcpStream::connect(addr).is_err() {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
@@ -238,6 +253,14 @@ impl Driver {
             .decode(b64.as_str().expect("base64 text"))
             .expect("valid base64")
     }
+}
+
+/// The port in chromedriver's "ChromeDriver was started successfully on port N." line.
+fn started_on_port(said: &str) -> Option<u16> {
+    let key = "started successfully on port ";
+    let line = said.lines().find(|l| l.contains(key))?;
+    let at = line.find(key)? + key.len();
+    line[at..].trim_end().trim_end_matches('.').parse().ok()
 }
 
 /// `<target>/test-artifacts`, next to the profile directory this test runs from.

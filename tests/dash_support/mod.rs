@@ -5,12 +5,12 @@
 #![allow(dead_code)] // each test file uses its part
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 
 use std::time::{Duration, Instant};
 
 use cdnmap_tests::mapper::Setup;
-use cdnmap_tests::Running;
+use cdnmap_tests::{bin, Running};
 use serde_json::Value;
 
 #[allow(unused_imports)] // each test file uses its part
@@ -19,13 +19,6 @@ pub use cdnmap_tests::mapper::{CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN};
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a test waits for the next round (a cycle, plus slack for a loaded machine).
 pub const ROUND_TIMEOUT: Duration = Duration::from_secs(3 * CYCLE_SECS + 30);
-
-/// A port that was free a moment ago.
-pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("an ephemeral port")
-}
 
 /// A response: status code, headers (names lower-cased) and body.
 #[derive(Debug)]
@@ -170,7 +163,7 @@ impl DashServer {
     /// Starts a server (with the Admin token if `with_token`) and waits until `/api/status`
     /// answers with a map.
     pub fn start(with_token: bool) -> DashServer {
-        let mut setup = Setup::new(with_token);
+        let mut setup = Setup::new(bin!(), with_token);
         let process = setup.spawn();
         let mut server = DashServer {
             http: setup.http,
