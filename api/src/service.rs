@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::driver::{Driver, Observations, StepError, StepTimings};
 use crate::round::Snapshot;
 use crate::selection::{self, ServerLoads};
-use crate::store::{Served, ServedRef, Store};
+use crate::store::{PreviousMap, Served, ServedRef, Store};
 use crate::topology::{Applied, Change, ChangeError, Topology};
 
 /// The most addresses one answer carries.
@@ -334,13 +334,16 @@ impl Shared {
                 generation,
             }) => {
                 let snapshot = Arc::new(snapshot);
+                let previous = self.current();
                 // The round's history entry before its map: whoever sees the map sees it too.
                 self.dash.record_round(&snapshot, solve_ms);
                 let t = Instant::now();
                 self.publish(Arc::clone(&snapshot));
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
                 let t = Instant::now();
-                let persisted = self.persist(base, Arc::clone(&snapshot), entry).await;
+                let persisted = self
+                    .persist(base, Arc::clone(&snapshot), previous, entry)
+                    .await;
                 let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_estimates_ms;
                 let _ = self.updates.send(Arc::clone(&snapshot));
                 let parts = [
@@ -382,8 +385,15 @@ impl Shared {
     }
 
     /// Stores the served record of `snapshot` (solved from `base`) with the round's estimator
-    /// `entry`; returns whether it was stored (a failure is logged: the map stays published).
-    async fn persist(&self, base: Arc<Instance>, snapshot: Arc<Snapshot>, entry: Vec<u8>) -> bool {
+    /// `entry`, and the history entry of `previous`; returns whether it was stored (a failure
+    /// is logged: the map stays published).
+    async fn persist(
+        &self,
+        base: Arc<Instance>,
+        snapshot: Arc<Snapshot>,
+        previous: Option<Arc<Snapshot>>,
+        entry: Vec<u8>,
+    ) -> bool {
         let store = self.store.clone();
         let keep = self.config.maps_kept;
         let to_store = Arc::clone(&snapshot);
@@ -407,6 +417,11 @@ impl Shared {
                     instance: &to_store.instance,
                     map: &to_store.map,
                     round_entry: &entry,
+                    previous: previous.as_ref().map(|p| PreviousMap {
+                        version: p.version,
+                        instance: &p.instance,
+                        map: &p.map,
+                    }),
                 },
                 keep,
             )

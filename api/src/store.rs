@@ -32,6 +32,8 @@ const CHECKPOINT_MAGIC: &[u8; 8] = b"CDNEST01";
 /// Each round's estimator entry since the checkpoint: this prefix, then the record's version
 /// (u64 BE, so entries list in version order).
 const ENTRY_PREFIX: &[u8] = b"round/";
+/// A history entry's header: [`BackDelta`], how to get its version from the version after it.
+const BACK_MAGIC: &[u8; 8] = b"CDNBACK1";
 /// The topology the served record's round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
@@ -346,6 +348,9 @@ pub struct ServedRef<'a> {
     pub map: &'a Map,
     /// The round's estimator entry (what it observed, the small state after it).
     pub round_entry: &'a [u8],
+    /// The version before, for the history: kept when it is `version - 1` with the same units
+    /// (the history reaches back to the last change of units).
+    pub previous: Option<PreviousMap<'a>>,
 }
 
 impl Served {
@@ -362,6 +367,7 @@ impl Served {
             instance: &self.instance,
             map: &self.map,
             round_entry: self.estimator.entries.last().map_or(&[], |(_, e)| e),
+            previous: None,
         }
     }
 }
@@ -370,6 +376,94 @@ fn entry_key(version: u64) -> Vec<u8> {
     let mut key = ENTRY_PREFIX.to_vec();
     key.extend_from_slice(&version.to_be_bytes());
     key
+}
+
+/// A history entry: version `v` as the changes to make to version `v + 1`'s map (the units
+/// whose allocations or overflow differ, with their values in `v`), so a version costs what
+/// changed, not the whole map. The newest version is the served record's; older ones are read
+/// by walking back from it ([`Store::stored_map`]).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct BackDelta {
+    units: u32,
+    changed: Vec<UnitBefore>,
+}
+
+/// A unit as it was: (unit index, its allocations as (cluster, amount), its overflow).
+type UnitBefore = (u32, Vec<(u32, f64)>, f64);
+
+impl BackDelta {
+    /// What turns `newer` back into `older` (of the same units).
+    fn between(older: &Map, newer: &Map) -> BackDelta {
+        let same = |a: &[cdnmap_mapper::Allocation], b: &[cdnmap_mapper::Allocation]| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    x.cluster == y.cluster && x.amount.to_bits() == y.amount.to_bits()
+                })
+        };
+        let changed = (0..older.unit_count() as u32)
+            .filter(|&u| {
+                older.overflow(u).to_bits() != newer.overflow(u).to_bits()
+                    || !same(older.allocations(u), newer.allocations(u))
+            })
+            .map(|u| {
+                let allocs = older
+                    .allocations(u)
+                    .iter()
+                    .map(|a| (a.cluster, a.amount))
+                    .collect();
+                (u, allocs, older.overflow(u))
+            })
+            .collect();
+        BackDelta {
+            units: older.unit_count() as u32,
+            changed,
+        }
+    }
+
+    /// `newer` with the changes made, checked: the same unit count, units in order and in
+    /// range, clusters below `clusters`, numbers that are numbers.
+    fn apply(&self, newer: &Map, clusters: u32) -> Result<Map, String> {
+        let n = newer.unit_count();
+        if self.units as usize != n {
+            return Err(format!("{} units, the version after it {n}", self.units));
+        }
+        let mut out = Map::with_capacity(n, n);
+        let mut changed = self.changed.iter().peekable();
+        let mut last = None;
+        for u in 0..n as u32 {
+            match changed.peek() {
+                Some((c, allocs, overflow)) if *c == u => {
+                    if last.is_some_and(|l| l >= *c) {
+                        return Err(format!("unit {c} out of order"));
+                    }
+                    last = Some(*c);
+                    if allocs.iter().any(|&(k, x)| k >= clusters || !x.is_finite())
+                        || !overflow.is_finite()
+                    {
+                        return Err(format!("unit {u}: an allocation that is not valid"));
+                    }
+                    let allocs = allocs
+                        .iter()
+                        .map(|&(cluster, amount)| cdnmap_mapper::Allocation { cluster, amount });
+                    out.push_unit(allocs, *overflow);
+                    changed.next();
+                }
+                _ => out.push_unit(newer.allocations(u).iter().copied(), newer.overflow(u)),
+            }
+        }
+        if let Some((c, _, _)) = changed.next() {
+            return Err(format!("unit {c} is beyond the last unit"));
+        }
+        Ok(out)
+    }
+}
+
+/// The previous map version, to write the history entry that gets it back from the new one.
+#[derive(Debug, Clone, Copy)]
+pub struct PreviousMap<'a> {
+    pub version: u64,
+    pub instance: &'a Instance,
+    pub map: &'a Map,
 }
 
 impl Store {
@@ -521,14 +615,7 @@ impl Store {
         self.served
             .apply_batch(batch)
             .map_err(io(format!("writing map version {}", served.version)))?;
-        // The history stores every amount: it is read without the round's demands.
-        let map = postcard::to_stdvec(&CompactMap::of(served.map, None)).map_err(|e| {
-            StoreError::Corrupt {
-                what: format!("map version {} to store", served.version),
-                problem: e.to_string(),
-            }
-        })?;
-        self.put_history(served.version, map, keep)?;
+        self.put_history(served, keep)?;
         self.flush("a map")
     }
 
@@ -678,22 +765,72 @@ impl Store {
         })
     }
 
-    fn put_history(&self, version: u64, map: Vec<u8>, keep: usize) -> Result<(), StoreError> {
-        self.maps
-            .insert(version.to_be_bytes(), map)
-            .map_err(io(format!("writing map version {version}")))?;
-        // Versions are big-endian keys, so iteration is in version order: drop the oldest.
-        let stored = self.maps.len();
-        for key in self
-            .maps
-            .iter()
-            .keys()
-            .take(stored.saturating_sub(keep.max(1)))
-        {
+    /// The history entry of the version before `served` ([`BackDelta`]), when it is that
+    /// version's predecessor with the same units; then the oldest entries beyond `keep`
+    /// versions (the served one counts) are dropped. A version that cannot be walked back to
+    /// (its successor has no entry) is dropped too.
+    fn put_history(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
+        let v = served.version;
+        let kept = match served.previous {
+            Some(p)
+                if v.checked_sub(1) == Some(p.version)
+                    && p.instance.same_unit_ids(served.instance)
+                    && keep > 1 =>
+            {
+                let delta = BackDelta::between(p.map, served.map);
+                let mut bytes = BACK_MAGIC.to_vec();
+                postcard::to_io(&delta, &mut bytes).map_err(|e| StoreError::Corrupt {
+                    what: format!("map version {} to store", p.version),
+                    problem: e.to_string(),
+                })?;
+                self.maps
+                    .insert(p.version.to_be_bytes(), bytes)
+                    .map_err(io(format!("writing map version {}", p.version)))?;
+                v.saturating_sub(keep as u64 - 1)
+            }
+            // No way back past this version: the older entries cannot be read any more.
+            _ => v,
+        };
+        // Versions are big-endian keys, so iteration is in version order.
+        for key in self.maps.range(..kept.to_be_bytes()).keys() {
             let key = key.map_err(io("listing stored maps"))?;
             self.maps.remove(key).map_err(io("dropping an old map"))?;
         }
         Ok(())
+    }
+
+    /// Map version `version` as stored: the served record's map, or an older version walked
+    /// back to from it through the history; `None` when it is not stored (older than the
+    /// history, newer than the served one, or from before a change of units).
+    pub fn stored_map(&self, version: u64) -> Result<Option<Map>, StoreError> {
+        let Some(served) = self.served()? else {
+            return Ok(None);
+        };
+        if version > served.version {
+            return Ok(None);
+        }
+        let clusters = served.instance.clusters().len() as u32;
+        let mut map = served.map;
+        for v in (version..served.version).rev() {
+            let Some(bytes) = self
+                .maps
+                .get(v.to_be_bytes())
+                .map_err(io(format!("reading map version {v}")))?
+            else {
+                return Ok(None);
+            };
+            let corrupt = |problem: String| StoreError::Corrupt {
+                what: format!("stored map version {v}"),
+                problem,
+            };
+            let body = bytes
+                .strip_prefix(BACK_MAGIC.as_slice())
+                .ok_or_else(|| corrupt("its header is not a history entry's".into()))?;
+            let delta: BackDelta =
+                postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
+            map = delta.apply(&map, clusters).map_err(corrupt)?;
+        }
+        Ok(Some(map))
     }
 
     /// Appends one feedback report (already validated, as JSON) received at `at_unix_ms`, then
@@ -816,7 +953,6 @@ mod tests {
                     store.put_checkpoint(1, b"state 1").expect("checkpoint");
                 }
             }
-            assert_eq!(store.map_count(), 3);
         }
         let store = reopen(dir.path());
         assert_eq!(store.next_epoch().expect("epoch"), 2);
@@ -826,6 +962,105 @@ mod tests {
             .expect("stored");
         assert_eq!(back, inst);
         assert_eq!(store.served().expect("read"), Some(served(5)));
+    }
+
+    /// The history keeps `keep` versions (the served one counts), each read back exactly by
+    /// walking back from the served map; a change of units ends the way back.
+    #[test]
+    fn older_versions_are_read_back_through_the_history() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inst = instance();
+        let store = Store::open(dir.path()).expect("open");
+        let a = |cluster, amount| cdnmap_mapper::Allocation { cluster, amount };
+        // Version v: u1 on a or b by parity, u2 split by v (or overflowing).
+        let map_of = |v: u64| {
+            let mut m = Map::with_capacity(2, 3);
+            m.push_unit([a((v % 2) as u32, 1.0)], 0.0);
+            if v.is_multiple_of(3) {
+                m.push_unit([a(1, 0.5)], 0.5);
+            } else {
+                m.push_unit([a(0, 1.0 / v as f64), a(1, 1.0 - 1.0 / v as f64)], 0.0);
+            }
+            m
+        };
+        let maps: Vec<Map> = (0..=8).map(map_of).collect();
+        let put = |v: u64, units: &Instance, previous: Option<PreviousMap<'_>>| {
+            store
+                .put_served(
+                    &ServedRef {
+                        epoch: 1,
+                        version: v,
+                        solved_at_unix_ms: 0,
+                        base: units,
+                        base_generation: v,
+                        write_base: true,
+                        instance: units,
+                        map: &maps[v as usize],
+                        round_entry: &[],
+                        previous,
+                    },
+                    4,
+                )
+                .expect("served");
+        };
+        for v in 1..=8u64 {
+            let previous = (v > 1).then(|| PreviousMap {
+                version: v - 1,
+                instance: &inst,
+                map: &maps[v as usize - 1],
+            });
+            put(v, &inst, previous);
+        }
+        assert_eq!(store.map_count(), 3, "three entries and the served map");
+        for v in 5..=8 {
+            assert_eq!(
+                store.stored_map(v).expect("read"),
+                Some(maps[v as usize].clone()),
+                "v{v}"
+            );
+        }
+        assert_eq!(
+            store.stored_map(4).expect("read"),
+            None,
+            "beyond the history"
+        );
+        assert_eq!(store.stored_map(9).expect("read"), None, "not yet");
+        // An entry that is not one is refused, naming its version.
+        store
+            .maps
+            .insert(6u64.to_be_bytes(), &b"CDNBACK1\xff"[..])
+            .expect("insert");
+        let err = store.stored_map(5).expect_err("corrupt");
+        assert!(err.to_string().contains("version 6"), "{err}");
+        // Other units: the way back ends there.
+        let mut file = cdnmap_mapper::format::InstanceFile::of(&inst);
+        file.map_units[0].id = "u0".into();
+        let other = file.build(Limits::default()).expect("valid");
+        let previous = PreviousMap {
+            version: 8,
+            instance: &inst,
+            map: &maps[8],
+        };
+        store
+            .put_served(
+                &ServedRef {
+                    epoch: 1,
+                    version: 9,
+                    solved_at_unix_ms: 0,
+                    base: &other,
+                    base_generation: 9,
+                    write_base: true,
+                    instance: &other,
+                    map: &maps[1],
+                    round_entry: &[],
+                    previous: Some(previous),
+                },
+                4,
+            )
+            .expect("served");
+        assert_eq!(store.map_count(), 0);
+        assert_eq!(store.stored_map(8).expect("read"), None);
+        assert_eq!(store.stored_map(9).expect("read"), Some(maps[1].clone()));
     }
 
     /// A checkpoint drops the entries it covers and keeps the later ones; a missing entry
@@ -851,6 +1086,7 @@ mod tests {
                         instance: &inst,
                         map: &map,
                         round_entry: &e,
+                        previous: None,
                     },
                     4,
                 )
@@ -974,6 +1210,7 @@ mod tests {
             instance: &round,
             map: &map,
             round_entry: b"e",
+            previous: None,
         };
         store.put_served(&record(1, true), 4).expect("first");
         store.put_served(&record(2, false), 4).expect("second");

@@ -228,6 +228,7 @@ mod tests {
                     instance: &s.instance,
                     map: &s.map,
                     round_entry: &[],
+                    previous: None,
                 },
                 4,
             )

@@ -12,7 +12,7 @@ use anyhow::{ensure, Context, Result};
 use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::Snapshot;
 use cdnmap_api::selection::{self, ServerLoads};
-use cdnmap_api::store::{ServedRef, Store};
+use cdnmap_api::store::{PreviousMap, ServedRef, Store};
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{Instance, Stickiness, UnitIdx};
@@ -80,7 +80,7 @@ fn persist(
     store: &Store,
     driver: &Driver,
     base: &Instance,
-    s: &Snapshot,
+    (s, previous): (&Snapshot, Option<&Snapshot>),
     observations: &Observations,
     r: usize,
 ) -> Result<f64> {
@@ -99,6 +99,11 @@ fn persist(
             instance: &s.instance,
             map: &s.map,
             round_entry: &entry,
+            previous: previous.map(|p| PreviousMap {
+                version: p.version,
+                instance: &p.instance,
+                map: &p.map,
+            }),
         },
         4,
     )?;
@@ -223,7 +228,14 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         let persist_ms = if a.no_persist {
             ms(Instant::now())
         } else {
-            persist(&store, &driver, &base, &s, &observations, r)?
+            persist(
+                &store,
+                &driver,
+                &base,
+                (&s, previous.as_ref()),
+                &observations,
+                r,
+            )?
         };
         // The service writes its first checkpoint after the first round with observations;
         // here, after the last timed round too (the one the store then restarts from).
