@@ -132,7 +132,10 @@ pub fn round(
         }
     };
     let t = std::time::Instant::now();
-    let resolver = Resolver::of_solution(instance, &map, rules)?;
+    // The previous round's prefix index and unit columns, when the units are the same (they
+    // are unless the topology's units changed): only the answers are computed again.
+    let resolver =
+        Resolver::of_solution_after(instance, &map, rules, previous.map(|p| &p.resolver))?;
     timings.index_ms = ms_since(t);
     Ok(Snapshot {
         epoch,
@@ -295,6 +298,8 @@ mod tests {
         assert_eq!(s2.version, 2);
         assert_eq!(s2.churn, Some(0.0));
         assert_eq!(changed_units(&s1, &s2), (vec![], vec![]));
+        // The same units: the second round's resolver kept the first's prefix index.
+        assert!(s2.resolver.shares_index_with(&s1.resolver));
     }
 
     #[test]
@@ -324,6 +329,7 @@ mod tests {
         .expect("r2");
         let (changed, removed) = changed_units(&s1, &s2);
         assert!(removed.is_empty());
+        assert!(s2.resolver.shares_index_with(&s1.resolver));
         // Three units sat at "near" (its capacity); they move, the fourth stays at "far" but
         // loses "near" as its backup: all four change for a front end, one of them only there.
         assert_eq!(changed.len(), 4);
@@ -373,6 +379,10 @@ mod tests {
         .expect("r2");
         let (changed, removed) = changed_units(&s1, &s2);
         assert_eq!(removed, vec!["u4".to_string()]);
+        // Other units: indexed again, and u4's prefix no longer answers.
+        assert!(!s2.resolver.shares_index_with(&s1.resolver));
+        let client = "10.0.4.1/32".parse().expect("net");
+        assert_eq!(s2.resolver.resolve(client, "www.cdn.example").unit, None);
         // u4 was at "far"; with it gone nobody has a reason to move.
         assert!(changed.is_empty(), "{changed:?}");
     }

@@ -243,7 +243,7 @@ mod tests {
     fn assert_same_answers(front: &Follower, s: &Snapshot, step: usize) -> usize {
         assert_eq!(front.identity(), (s.epoch, s.version), "step {step}");
         let held = front.held().expect("a map held");
-        let view = LocalView::build(held, &[]).expect("the front end indexes its copy");
+        let view = LocalView::build(held, &[], None).expect("the front end indexes its copy");
         let (mine, theirs) = (&s.resolver, &view.resolver);
         assert_eq!(
             **mine.map(),

@@ -485,7 +485,7 @@ mod tests {
             .apply(full_part(&edge, id, &m, 0))
             .expect("the map applies");
         assert_eq!(applied, Applied::New);
-        LocalView::build(f.held().expect("a map held"), &[]).expect("the view indexes")
+        LocalView::build(f.held().expect("a map held"), &[], None).expect("the view indexes")
     }
 
     fn zone() -> Zone {

@@ -239,11 +239,15 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut Follower) -> anyho
         // The copy moves to a blocking thread (applying a delta merges every unit) and back;
         // on a failure it keeps the version held and drops a full map half received.
         let hosts = front.hot_hosts.load_full();
+        // The view in use: the next one shares its prefix index when the units are the same.
+        let in_use = front.view.load_full();
         let mut next = std::mem::take(local);
         let (applied, built, next) = tokio::task::spawn_blocking(move || {
             let applied = next.apply(update);
             let built = match (&applied, next.held()) {
-                (Ok(Applied::New), Some(f)) => Some(LocalView::build(f, &keys(&hosts))),
+                (Ok(Applied::New), Some(f)) => {
+                    Some(LocalView::build(f, &keys(&hosts), in_use.as_deref()))
+                }
                 _ => None,
             };
             (applied, built, next)

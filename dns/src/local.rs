@@ -38,11 +38,18 @@ pub struct LocalView {
 
 impl LocalView {
     /// Indexes a followed version; `keys` are the hostnames (content keys) bounded-loads
-    /// selectors place, with their weights.
-    pub fn build(f: &Followed, keys: &[(&str, f64)]) -> Result<LocalView, LocalError> {
+    /// selectors place, with their weights. `previous` is the view in use, if any: when the
+    /// version has the same map units (the usual case: a round changes the map, not the
+    /// units) its prefix index is shared instead of built a second time beside it.
+    pub fn build(
+        f: &Followed,
+        keys: &[(&str, f64)],
+        previous: Option<&LocalView>,
+    ) -> Result<LocalView, LocalError> {
         let rules = ClassRules::new(f.map.classes(), &f.extras.rules, &f.extras.default_class)
             .map_err(|e| invalid("class_rules", e))?;
-        let resolver = Resolver::new(Arc::clone(&f.map), rules)?;
+        let resolver =
+            Resolver::new_after(Arc::clone(&f.map), rules, previous.map(|v| &v.resolver))?;
         let mut view = LocalView {
             epoch: f.identity.epoch,
             version: f.identity.version,
@@ -96,5 +103,115 @@ impl LocalView {
 
     pub fn class_arc(&self, k: ClassIdx) -> Option<Arc<str>> {
         self.resolver.map().classes().get(usize::from(k)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use cdnmap_mapper::model::ClusterState;
+    use cdnmap_serve::serving::{Builder, ServingCluster, ServingMap};
+    use cdnmap_serve::watch::{delta_update, full_part, Applied, Edge, Identity};
+    use ipnet::IpNet;
+
+    use super::*;
+
+    /// Two clusters; units `(id, class, prefix, share at cluster a)` (the rest at b).
+    fn map(units: &[(&str, ClassIdx, &str, f64)]) -> ServingMap {
+        let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
+        let clusters = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ServingCluster {
+                id: id.to_string(),
+                addresses: vec![IpAddr::from([192, 0, 2, i as u8 + 1])],
+                state: ClusterState::Up,
+            })
+            .collect();
+        let mut b = Builder::new(classes, clusters).expect("clusters");
+        for &(id, class, prefix, at_a) in units {
+            let prefix: IpNet = prefix.parse().expect("prefix");
+            let shares = [(0, at_a), (1, 1.0 - at_a)]
+                .into_iter()
+                .filter(|s| s.1 > 0.0);
+            b.push(id, class, &[prefix], shares, 0.0, [None, None])
+                .expect("a valid unit");
+        }
+        b.set_fallback(&[[Some(1), None], [Some(1), None]]);
+        b.finish()
+    }
+
+    /// The version held after each map of `maps` (a full map, then deltas), its view built
+    /// after the one before, and a view of it built afresh.
+    fn follow(maps: &[ServingMap]) -> Vec<(LocalView, LocalView)> {
+        let policies = vec![cdnmap_serve::servers::Policy::default(); 2];
+        let rules = vec![("*.video.example".to_string(), "video".to_string())];
+        let load = |_: &str, _: IpAddr| 0.5;
+        let edge = Edge {
+            policies: &policies,
+            load: &load,
+            rules: &rules,
+            default_class: "web",
+        };
+        let id = |version| Identity {
+            epoch: 1,
+            version,
+            solved_at_unix_ms: 0,
+        };
+        let mut f = Follower::default();
+        let mut views: Vec<(LocalView, LocalView)> = Vec::new();
+        for (i, m) in maps.iter().enumerate() {
+            let v = i as u64 + 1;
+            let update = match i {
+                0 => full_part(&edge, id(v), m, 0),
+                _ => delta_update(&edge, id(v - 1), &maps[i - 1], id(v), m),
+            };
+            assert_eq!(f.apply(update).expect("applies"), Applied::New);
+            let held = f.held().expect("held");
+            let after = LocalView::build(held, &[], views.last().map(|v| &v.0)).expect("after");
+            let fresh = LocalView::build(held, &[], None).expect("fresh");
+            views.push((after, fresh));
+        }
+        views
+    }
+
+    /// A version of the same units shares the view in use's prefix index and answers as a
+    /// view built afresh; a version with a unit added builds its own.
+    #[test]
+    fn a_view_of_the_same_units_shares_the_index_of_the_one_in_use() {
+        let units = [("u1", 0, "10.0.0.0/24", 1.0), ("u2", 1, "10.0.0.0/16", 0.5)];
+        let mut moved = units;
+        moved[0].3 = 0.0;
+        moved[1].3 = 0.25;
+        let mut more = moved.to_vec();
+        more.push(("u3", 1, "10.0.0.0/24", 1.0));
+        let views = follow(&[map(&units), map(&moved), map(&more)]);
+        assert!(views[1].0.resolver.shares_index_with(&views[0].0.resolver));
+        assert!(!views[2].0.resolver.shares_index_with(&views[1].0.resolver));
+        for (after, fresh) in &views {
+            for client in ["10.0.0.7/32", "10.0.9.1/32", "10.0.0.0/24", "192.0.2.9/32"] {
+                let client: IpNet = client.parse().expect("client");
+                for i in 0..50 {
+                    for name in [format!("h{i}.video.example"), format!("h{i}.example")] {
+                        let (a, b) = (
+                            after.resolver.resolve(client, &name),
+                            fresh.resolver.resolve(client, &name),
+                        );
+                        assert_eq!(a, b, "{client} {name}");
+                    }
+                }
+            }
+        }
+        // The moved shares are answered: u1 now wholly at b.
+        let client: IpNet = "10.0.0.7/32".parse().expect("client");
+        assert_eq!(
+            views[1]
+                .0
+                .resolver
+                .resolve(client, "x.video.example")
+                .primary,
+            Some(1)
+        );
     }
 }

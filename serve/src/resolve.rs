@@ -2,7 +2,10 @@
 //! one published map. The first piece of the service (issue 4), pure and testable on its own.
 //!
 //! A [`Resolver`] is built once per map version and then only read ("build once, then query;
-//! swap whole snapshots"):
+//! swap whole snapshots"). What depends only on the map units' prefixes and classes (the
+//! prefix tables below, and which unit answers each prefix and class) is a prefix index of its
+//! own, which the next version's resolver shares when its map has the same units
+//! ([`Resolver::new_after`]): a round changes the map, rarely the units.
 //!
 //! - **Prefix tables.** Every map unit's prefixes are flattened into disjoint address intervals,
 //!   each labelled with the most specific prefix covering it; a lookup is one binary search.
@@ -215,16 +218,31 @@ pub struct Answer {
 pub struct Resolver {
     map: Arc<ServingMap>,
     rules: ClassRules,
+    /// Which unit a client of a class belongs to: shared with the resolver of the map before
+    /// when the units are the same.
+    index: Arc<PrefixIndex>,
+    /// Per (group, class): the answer, computed once per map version (`classes` per group).
+    pre: Vec<Pre>,
+    /// Beside the map's share column: each unit's cumulative shares, in (0, 1].
+    alloc_cum: Vec<f32>,
+}
+
+/// The part of the index that depends on the map units' prefixes and classes only, not on the
+/// map: the prefix tables and each (prefix group, class)'s unit. Building it sorts every
+/// (prefix, unit) claim and then the intervals, most of the indexing time at a million units,
+/// while from one round to the next it is the same unless the topology's units changed; so a
+/// resolver takes the previous one's when its map has the same units ([`Resolver::new_after`]).
+#[derive(Debug)]
+struct PrefixIndex {
     v4: Table<u32>,
     /// `v4_dir[b]`: the first IPv4 interval starting at or after `b << 16`, so a lookup searches
     /// only the intervals of its /16 (one or two cache lines instead of ~19 misses).
     v4_dir: Vec<u32>,
     v6: Table<u128>,
-    /// Per (group, class): the answer, computed once per map version (`classes` per group).
-    pre: Vec<Pre>,
+    /// Per (group, class), `classes` per group: the group's unit of the class, or `NO_GROUP`.
+    unit: Vec<u32>,
+    /// The map's class count when it was built (the layout of `unit`).
     classes: usize,
-    /// Beside the map's share column: each unit's cumulative shares, in (0, 1].
-    alloc_cum: Vec<f32>,
 }
 
 /// The answer for one (prefix group, class), computed when the map is indexed: a lookup is then
@@ -360,9 +378,9 @@ fn span(net: &IpNet) -> (u128, u128) {
     (start, last)
 }
 
-impl Resolver {
-    /// Indexes `map` for queries. Refuses two map units of one class claiming the same prefix.
-    pub fn new(map: Arc<ServingMap>, rules: ClassRules) -> Result<Self, ServeError> {
+impl PrefixIndex {
+    /// Indexes `map`'s prefixes. Refuses two map units of one class claiming the same prefix.
+    fn build(map: &ServingMap) -> Result<Self, ServeError> {
         // Groups: one per distinct canonical prefix, from the (prefix, unit) claims sorted (a
         // sort, not a table keyed by prefix: at a million units it holds half the memory).
         let classes = map.classes().len();
@@ -372,28 +390,22 @@ impl Resolver {
         }
         claims.sort_unstable();
         claims.dedup();
-        let none = Pre {
-            unit: NO_GROUP,
-            primary: NONE_CLUSTER,
-            secondary: NONE_CLUSTER,
-            split: false,
-        };
-        let mut pre: Vec<Pre> = Vec::new();
+        let mut unit: Vec<u32> = Vec::new();
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for run in claims.chunk_by(|x, y| x.0 == y.0) {
             let net = run[0].0;
-            let g = (pre.len() / classes.max(1)) as u32;
-            pre.extend(std::iter::repeat_n(none, classes));
+            let g = (unit.len() / classes.max(1)) as u32;
+            unit.extend(std::iter::repeat_n(NO_GROUP, classes));
             for &(_, u) in run {
-                let slot = &mut pre[g as usize * classes + usize::from(map.unit_class(u))];
-                if slot.unit != NO_GROUP {
+                let slot = &mut unit[g as usize * classes + usize::from(map.unit_class(u))];
+                if *slot != NO_GROUP {
                     return Err(ServeError::PrefixClaimedTwice {
                         prefix: net.to_string(),
-                        first: map.unit_id(slot.unit).to_string(),
+                        first: map.unit_id(*slot).to_string(),
                         second: map.unit_id(u).to_string(),
                     });
                 }
-                slot.unit = u;
+                *slot = u;
             }
             let (a, b) = span(&net);
             match net {
@@ -409,59 +421,18 @@ impl Resolver {
                 v4.starts.partition_point(|&s| u64::from(s) < at) as u32
             })
             .collect();
-        // Cumulative shares of each unit's placed demand, beside the map's share column.
-        let mut alloc_cum = Vec::with_capacity(map.share_total());
-        for u in 0..map.unit_count() as UnitIdx {
-            let (_, shares) = map.shares(u);
-            let total: f64 = shares.iter().sum();
-            let mut cum = 0.0;
-            for s in shares {
-                cum += s / total;
-                alloc_cum.push(cum as f32);
-            }
-            if let (false, Some(last)) = (shares.is_empty(), alloc_cum.last_mut()) {
-                *last = 1.0; // no rounding gap at the top
-            }
-        }
-        let mut r = Resolver {
-            map,
-            rules,
+        Ok(PrefixIndex {
             v4,
             v4_dir,
             v6,
-            pre: Vec::new(),
+            unit,
             classes,
-            alloc_cum,
-        };
-        // Each unit's answer, ahead (a split unit's is picked per query).
-        for p in pre.iter_mut().filter(|p| p.unit != NO_GROUP) {
-            p.split = r.map.shares(p.unit).0.len() > 1;
-            if !p.split {
-                let (primary, secondary) = r.pick(p.unit, 0.0);
-                p.primary = primary.unwrap_or(NONE_CLUSTER);
-                p.secondary = secondary.unwrap_or(NONE_CLUSTER);
-            }
-        }
-        r.pre = pre;
-        Ok(r)
+        })
     }
 
-    /// Indexes the map of a solution: [`ServingMap::of_solution`], then [`Self::new`].
-    pub fn of_solution(
-        instance: &Instance,
-        map: &Map,
-        rules: ClassRules,
-    ) -> Result<Self, ServeError> {
-        Self::new(Arc::new(ServingMap::of_solution(instance, map)?), rules)
-    }
-
-    /// The map this resolver indexes.
-    pub fn map(&self) -> &Arc<ServingMap> {
-        &self.map
-    }
-
-    pub fn rules(&self) -> &ClassRules {
-        &self.rules
+    /// Whether this index, built for some map, holds for `map`: the same units and classes.
+    fn fits(&self, built_for: &ServingMap, map: &ServingMap) -> bool {
+        self.classes == map.classes().len() && built_for.same_units(map)
     }
 
     /// The group (map units of one prefix) covering `ip`, and the prefix's length.
@@ -486,10 +457,120 @@ impl Resolver {
         (g != NO_GROUP).then(|| (g, self.v4.len[i]))
     }
 
+    /// The slot of (group, class) in `unit` (and in a resolver's `pre`).
+    fn slot(&self, g: u32, class: ClassIdx) -> usize {
+        g as usize * self.classes + usize::from(class)
+    }
+}
+
+impl Resolver {
+    /// Indexes `map` for queries. Refuses two map units of one class claiming the same prefix.
+    pub fn new(map: Arc<ServingMap>, rules: ClassRules) -> Result<Self, ServeError> {
+        Self::new_after(map, rules, None)
+    }
+
+    /// [`Self::new`], taking `previous`'s prefix index when `map` has the same units (ids,
+    /// classes and prefixes, in order) and classes as `previous`'s map, which is the usual
+    /// round: then only the answers are computed again, not the prefix tables. Any other map
+    /// is indexed whole, as by [`Self::new`].
+    pub fn new_after(
+        map: Arc<ServingMap>,
+        rules: ClassRules,
+        previous: Option<&Resolver>,
+    ) -> Result<Self, ServeError> {
+        let index = match previous.filter(|p| p.index.fits(&p.map, &map)) {
+            Some(p) => Arc::clone(&p.index),
+            None => Arc::new(PrefixIndex::build(&map)?),
+        };
+        // Cumulative shares of each unit's placed demand, beside the map's share column.
+        let mut alloc_cum = Vec::with_capacity(map.share_total());
+        for u in 0..map.unit_count() as UnitIdx {
+            let (_, shares) = map.shares(u);
+            let total: f64 = shares.iter().sum();
+            let mut cum = 0.0;
+            for s in shares {
+                cum += s / total;
+                alloc_cum.push(cum as f32);
+            }
+            if let (false, Some(last)) = (shares.is_empty(), alloc_cum.last_mut()) {
+                *last = 1.0; // no rounding gap at the top
+            }
+        }
+        let mut r = Resolver {
+            map,
+            rules,
+            index,
+            pre: Vec::new(),
+            alloc_cum,
+        };
+        // Each unit's answer, ahead (a split unit's is picked per query).
+        let pre = r
+            .index
+            .unit
+            .iter()
+            .map(|&unit| {
+                let mut p = Pre {
+                    unit,
+                    primary: NONE_CLUSTER,
+                    secondary: NONE_CLUSTER,
+                    split: false,
+                };
+                if unit != NO_GROUP {
+                    p.split = r.map.shares(unit).0.len() > 1;
+                    if !p.split {
+                        let (primary, secondary) = r.pick(unit, 0.0);
+                        p.primary = primary.unwrap_or(NONE_CLUSTER);
+                        p.secondary = secondary.unwrap_or(NONE_CLUSTER);
+                    }
+                }
+                p
+            })
+            .collect();
+        r.pre = pre;
+        Ok(r)
+    }
+
+    /// Indexes the map of a solution: [`ServingMap::of_solution`], then [`Self::new`].
+    pub fn of_solution(
+        instance: &Instance,
+        map: &Map,
+        rules: ClassRules,
+    ) -> Result<Self, ServeError> {
+        Self::of_solution_after(instance, map, rules, None)
+    }
+
+    /// [`Self::of_solution`] after `previous`, the resolver of the round before:
+    /// [`ServingMap::of_solution_after`] (sharing its unit columns when the units are the
+    /// same), then [`Self::new_after`] (sharing its prefix index then).
+    pub fn of_solution_after(
+        instance: &Instance,
+        map: &Map,
+        rules: ClassRules,
+        previous: Option<&Resolver>,
+    ) -> Result<Self, ServeError> {
+        let serving = ServingMap::of_solution_after(instance, map, previous.map(|p| &*p.map))?;
+        Self::new_after(Arc::new(serving), rules, previous)
+    }
+
+    /// Whether `self` and `other` share one prefix index (one was built after the other, over
+    /// the same units): what [`Self::new_after`] reused, for tests and measurements.
+    pub fn shares_index_with(&self, other: &Resolver) -> bool {
+        Arc::ptr_eq(&self.index, &other.index)
+    }
+
+    /// The map this resolver indexes.
+    pub fn map(&self) -> &Arc<ServingMap> {
+        &self.map
+    }
+
+    pub fn rules(&self) -> &ClassRules {
+        &self.rules
+    }
+
     /// The precomputed answer for client address `ip` and `class`, with the prefix length.
     fn pre_for(&self, ip: IpAddr, class: ClassIdx) -> Option<(&Pre, u8)> {
-        let (g, len) = self.group(ip)?;
-        let pre = &self.pre[g as usize * self.classes + usize::from(class)];
+        let (g, len) = self.index.group(ip)?;
+        let pre = &self.pre[self.index.slot(g, class)];
         (pre.unit != NO_GROUP).then_some((pre, len))
     }
 
@@ -546,7 +627,7 @@ impl Resolver {
     /// address as a host prefix) for `qname`. Never fails.
     pub fn resolve(&self, client: IpNet, qname: &str) -> Answer {
         let class = self.rules.class_of(qname);
-        self.answer(class, self.group(client.network()), client, qname)
+        self.answer(class, self.index.group(client.network()), client, qname)
     }
 
     /// Answers many queries at once, like [`Self::resolve`] on each, in order, into `out`.
@@ -559,6 +640,7 @@ impl Resolver {
         let mut class = [0 as ClassIdx; BLOCK];
         let mut v4 = [None::<u32>; BLOCK];
         let mut found = [None::<(u32, u8)>; BLOCK];
+        let index = &*self.index;
         for block in queries.chunks(BLOCK) {
             // 1: the class, and the /16 directory entry of each IPv4 client.
             for (i, (client, qname)) in block.iter().enumerate() {
@@ -568,21 +650,21 @@ impl Resolver {
                     IpAddr::V6(a) => a.to_ipv4_mapped().map(u32::from),
                 };
                 if let Some(p) = v4[i] {
-                    prefetch(&self.v4_dir, (p >> 16) as usize);
+                    prefetch(&index.v4_dir, (p >> 16) as usize);
                 }
             }
             // 2: the start of each /16's intervals.
             for p in v4.iter().take(block.len()).flatten() {
-                prefetch(&self.v4.starts, self.v4_dir[(p >> 16) as usize] as usize);
+                prefetch(&index.v4.starts, index.v4_dir[(p >> 16) as usize] as usize);
             }
             // 3: the interval, and the answer entry it leads to.
             for (i, (client, _)) in block.iter().enumerate() {
                 found[i] = match v4[i] {
-                    Some(p) => self.lookup_v4(p),
-                    None => self.group(client.network()),
+                    Some(p) => index.lookup_v4(p),
+                    None => index.group(client.network()),
                 };
                 if let Some((g, _)) = found[i] {
-                    prefetch(&self.pre, g as usize * self.classes + usize::from(class[i]));
+                    prefetch(&self.pre, index.slot(g, class[i]));
                 }
             }
             // 4: the answers.
@@ -601,7 +683,7 @@ impl Resolver {
         qname: &str,
     ) -> Answer {
         let pre = found.and_then(|(g, len)| {
-            let pre = &self.pre[g as usize * self.classes + usize::from(class)];
+            let pre = &self.pre[self.index.slot(g, class)];
             (pre.unit != NO_GROUP).then_some((pre, len))
         });
         let Some((pre, len)) = pre else {

@@ -9,7 +9,11 @@
 //! end holds this instead of an instance with resource trees and candidate lists.
 //!
 //! Units are columns (one string arena for the ids, offsets for the variable parts), so a map
-//! of 10 M units is a few dozen allocations, not tens of millions.
+//! of 10 M units is a few dozen allocations, not tens of millions. The columns saying which
+//! units there are (ids, classes, prefixes) are shared with the previous map when they are
+//! equal ([`ServingMap::of_solution_after`]): they change only when the topology's units do,
+//! and sharing them makes "the same units as before" one pointer comparison for the resolver,
+//! which then keeps its prefix index ([`crate::resolve::Resolver::new_after`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -96,16 +100,24 @@ pub struct ServingMap {
 /// The unit columns, in strictly increasing id order.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Units {
-    id_text: String,
-    id_end: Vec<u32>,
-    class: Vec<ClassIdx>,
-    prefix_end: Vec<u32>,
-    prefixes: Vec<IpNet>,
+    keys: Arc<UnitKeys>,
     share_end: Vec<u32>,
     share_cluster: Vec<ClusterIdx>,
     share: Vec<f64>,
     overflow: Vec<f64>,
     backup: Vec<[ClusterIdx; 2]>,
+}
+
+/// Which units there are: ids, classes and (truncated) prefixes, everything a prefix index
+/// depends on and nothing that a round's map changes. Behind an `Arc` so that successive maps
+/// of the same units hold one copy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct UnitKeys {
+    id_text: String,
+    id_end: Vec<u32>,
+    class: Vec<ClassIdx>,
+    prefix_end: Vec<u32>,
+    prefixes: Vec<IpNet>,
 }
 
 /// How much a map holds, column by column (to reserve room for a map about to be built).
@@ -192,24 +204,27 @@ impl Builder {
             }
         }
         let u = &mut self.map.units;
-        if exact {
-            u.id_text.reserve_exact(more.id_bytes);
-        } else {
-            u.id_text.reserve(more.id_bytes);
+        // Keys shared with another map are complete: never grown (nor copied to be).
+        if let Some(k) = Arc::get_mut(&mut u.keys) {
+            if exact {
+                k.id_text.reserve_exact(more.id_bytes);
+            } else {
+                k.id_text.reserve(more.id_bytes);
+            }
+            room(&mut k.id_end, more.units, exact);
+            room(&mut k.prefix_end, more.units, exact);
+            room(&mut k.class, more.units, exact);
+            room(&mut k.prefixes, more.prefixes, exact);
         }
-        for v in [&mut u.id_end, &mut u.prefix_end, &mut u.share_end] {
-            room(v, more.units, exact);
-        }
-        room(&mut u.class, more.units, exact);
+        room(&mut u.share_end, more.units, exact);
         room(&mut u.overflow, more.units, exact);
         room(&mut u.backup, more.units, exact);
-        room(&mut u.prefixes, more.prefixes, exact);
         room(&mut u.share_cluster, more.shares, exact);
         room(&mut u.share, more.shares, exact);
     }
 
     pub fn unit_count(&self) -> usize {
-        self.map.units.class.len()
+        self.map.units.keys.class.len()
     }
 
     /// The id of the last unit pushed.
@@ -230,10 +245,6 @@ impl Builder {
         overflow: f64,
         backups: [Option<ClusterIdx>; 2],
     ) -> Result<(), ServeError> {
-        let bad = |problem: String| ServeError::Unit {
-            id: id.to_string(),
-            problem,
-        };
         if let Some(previous) = self.last_id() {
             if previous >= id {
                 return Err(ServeError::UnitOrder {
@@ -243,11 +254,36 @@ impl Builder {
             }
         }
         if usize::from(class) >= self.map.classes.len() {
-            return Err(bad(format!(
-                "class index {class} of {}",
-                self.map.classes.len()
-            )));
+            return Err(ServeError::Unit {
+                id: id.to_string(),
+                problem: format!("class index {class} of {}", self.map.classes.len()),
+            });
         }
+        self.push_placement(id, (id.len(), prefixes.len()), shares, overflow, backups)?;
+        let k = Arc::make_mut(&mut self.map.units.keys);
+        k.id_text.push_str(id);
+        k.id_end.push(k.id_text.len() as u32);
+        k.class.push(class);
+        k.prefixes.extend(prefixes.iter().map(IpNet::trunc));
+        k.prefix_end.push(k.prefixes.len() as u32);
+        Ok(())
+    }
+
+    /// Checks and appends the placement of unit `id` (its shares, overflow and backups, as
+    /// [`Self::push`] takes them), all or nothing; `more_keys` (id bytes, prefixes) are about to
+    /// be appended to the key columns and must fit too.
+    fn push_placement(
+        &mut self,
+        id: &str,
+        more_keys: (usize, usize),
+        shares: impl IntoIterator<Item = (ClusterIdx, f64)>,
+        overflow: f64,
+        backups: [Option<ClusterIdx>; 2],
+    ) -> Result<(), ServeError> {
+        let bad = |problem: String| ServeError::Unit {
+            id: id.to_string(),
+            problem,
+        };
         let clusters = self.map.clusters.len();
         let cluster_ok = |c: ClusterIdx| (c as usize) < clusters;
         if !(overflow.is_finite() && (0.0..=1.0 + SHARE_SLACK).contains(&overflow)) {
@@ -283,8 +319,8 @@ impl Builder {
             u.share_cluster.push(c);
             u.share.push(s);
         }
-        let too_big = u.id_text.len() + id.len() > MAX_COLUMN
-            || u.prefixes.len() + prefixes.len() > MAX_COLUMN
+        let too_big = u.keys.id_text.len() + more_keys.0 > MAX_COLUMN
+            || u.keys.prefixes.len() + more_keys.1 > MAX_COLUMN
             || u.share.len() > MAX_COLUMN;
         if too_big {
             u.share_cluster.truncate(start);
@@ -295,11 +331,6 @@ impl Builder {
                 limit: MAX_COLUMN,
             });
         }
-        u.id_text.push_str(id);
-        u.id_end.push(u.id_text.len() as u32);
-        u.class.push(class);
-        u.prefixes.extend(prefixes.iter().map(IpNet::trunc));
-        u.prefix_end.push(u.prefixes.len() as u32);
         u.share_end.push(u.share.len() as u32);
         u.overflow.push(overflow);
         u.backup
@@ -336,6 +367,18 @@ impl ServingMap {
     /// placements,
     /// each class's fallbacks the two up clusters serving it with the most room.
     pub fn of_solution(instance: &Instance, map: &Map) -> Result<ServingMap, ServeError> {
+        Self::of_solution_after(instance, map, None)
+    }
+
+    /// [`Self::of_solution`], sharing the unit ids, classes and prefixes with `previous` (the
+    /// serving map of the round before) when `instance` has exactly those: the usual round,
+    /// where only demand and the map changed. Those columns are then not copied again, and
+    /// the resolver sees the same units with one pointer comparison.
+    pub fn of_solution_after(
+        instance: &Instance,
+        map: &Map,
+        previous: Option<&ServingMap>,
+    ) -> Result<ServingMap, ServeError> {
         if map.unit_count() != instance.unit_count() {
             return Err(ServeError::MapShape {
                 map_units: map.unit_count(),
@@ -351,12 +394,20 @@ impl ServingMap {
         let up: Vec<bool> = clusters.iter().map(ServingCluster::is_up).collect();
         let mut b = Builder::new(classes, clusters)?;
         let units = instance.unit_count() as UnitIdx;
-        b.reserve(Sizes {
+        let shared = previous.filter(|p| p.has_units_of(instance));
+        let mut sizes = Sizes {
             units: units as usize,
-            id_bytes: (0..units).map(|u| instance.unit_id(u).len()).sum(),
-            prefixes: (0..units).map(|u| instance.unit_prefixes(u).len()).sum(),
             shares: (0..units).map(|u| map.allocations(u).len()).sum(),
-        });
+            ..Sizes::default()
+        };
+        match shared {
+            Some(p) => b.map.units.keys = Arc::clone(&p.units.keys),
+            None => {
+                sizes.id_bytes = (0..units).map(|u| instance.unit_id(u).len()).sum();
+                sizes.prefixes = (0..units).map(|u| instance.unit_prefixes(u).len()).sum();
+            }
+        }
+        b.reserve(sizes);
         let mut placed = Vec::new();
         for u in 0..instance.unit_count() as UnitIdx {
             placed.clear();
@@ -367,14 +418,20 @@ impl ServingMap {
                 .map(|c| c.cluster)
                 .filter(|&c| up[c as usize] && !placed.iter().any(|&(p, _)| p == c));
             let backups = [outside.next(), outside.next()];
-            b.push(
-                instance.unit_id(u),
-                instance.unit_class(u),
-                instance.unit_prefixes(u),
-                placed.iter().copied(),
-                overflow,
-                backups,
-            )?;
+            if shared.is_some() {
+                // Unit `u`'s keys are there already (and were checked when first pushed).
+                let id = instance.unit_id(u);
+                b.push_placement(id, (0, 0), placed.iter().copied(), overflow, backups)?;
+            } else {
+                b.push(
+                    instance.unit_id(u),
+                    instance.unit_class(u),
+                    instance.unit_prefixes(u),
+                    placed.iter().copied(),
+                    overflow,
+                    backups,
+                )?;
+            }
         }
         b.set_fallback(&fallbacks(instance, map));
         Ok(b.finish())
@@ -405,7 +462,28 @@ impl ServingMap {
     }
 
     pub fn unit_count(&self) -> usize {
-        self.units.class.len()
+        self.units.keys.class.len()
+    }
+
+    /// Whether `self` and `other` have the same units: ids, classes and prefixes, in the same
+    /// order (one pointer comparison when they share them, a comparison of the columns
+    /// otherwise). What a prefix index depends on.
+    pub fn same_units(&self, other: &ServingMap) -> bool {
+        Arc::ptr_eq(&self.units.keys, &other.units.keys) || self.units.keys == other.units.keys
+    }
+
+    /// Whether this map's units are exactly `instance`'s: ids, classes and prefixes (as the
+    /// map holds them, truncated), in order.
+    fn has_units_of(&self, instance: &Instance) -> bool {
+        let n = instance.unit_count();
+        n == self.unit_count()
+            && (0..n as UnitIdx).all(|u| {
+                let (mine, theirs) = (self.unit_prefixes(u), instance.unit_prefixes(u));
+                self.unit_class(u) == instance.unit_class(u)
+                    && mine.len() == theirs.len()
+                    && mine.iter().zip(theirs).all(|(a, b)| *a == b.trunc())
+                    && self.unit_id(u) == instance.unit_id(u)
+            })
     }
 
     fn range(ends: &[u32], u: UnitIdx) -> std::ops::Range<usize> {
@@ -415,7 +493,8 @@ impl ServingMap {
     }
 
     pub fn unit_id(&self, u: UnitIdx) -> &str {
-        &self.units.id_text[Self::range(&self.units.id_end, u)]
+        let k = &self.units.keys;
+        &k.id_text[Self::range(&k.id_end, u)]
     }
 
     /// The unit with this id (a binary search: units are in id order).
@@ -433,7 +512,7 @@ impl ServingMap {
     }
 
     pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
-        self.units.class[u as usize]
+        self.units.keys.class[u as usize]
     }
 
     pub fn unit_class_name(&self, u: UnitIdx) -> &str {
@@ -441,7 +520,8 @@ impl ServingMap {
     }
 
     pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
-        &self.units.prefixes[Self::range(&self.units.prefix_end, u)]
+        let k = &self.units.keys;
+        &k.prefixes[Self::range(&k.prefix_end, u)]
     }
 
     /// Unit `u`'s placements: clusters and shares of its demand, in its preference order.
@@ -521,22 +601,23 @@ impl ServingMap {
 
     /// What the map holds, column by column.
     pub fn sizes(&self) -> Sizes {
-        let u = &self.units;
+        let (u, k) = (&self.units, &self.units.keys);
         Sizes {
-            units: u.class.len(),
-            id_bytes: u.id_text.len(),
-            prefixes: u.prefixes.len(),
+            units: k.class.len(),
+            id_bytes: k.id_text.len(),
+            prefixes: k.prefixes.len(),
             shares: u.share.len(),
         }
     }
 
-    /// Bytes this map holds on the heap (about).
+    /// Bytes this map holds on the heap (about; unit keys shared with another map count in
+    /// both).
     pub fn heap_bytes(&self) -> usize {
-        let u = &self.units;
-        u.id_text.capacity()
-            + 4 * (u.id_end.capacity() + u.prefix_end.capacity() + u.share_end.capacity())
-            + std::mem::size_of::<ClassIdx>() * u.class.capacity()
-            + std::mem::size_of::<IpNet>() * u.prefixes.capacity()
+        let (u, k) = (&self.units, &self.units.keys);
+        k.id_text.capacity()
+            + 4 * (k.id_end.capacity() + k.prefix_end.capacity() + u.share_end.capacity())
+            + std::mem::size_of::<ClassIdx>() * k.class.capacity()
+            + std::mem::size_of::<IpNet>() * k.prefixes.capacity()
             + 4 * (u.share_cluster.capacity() + 2 * u.backup.capacity())
             + 8 * (u.share.capacity() + u.overflow.capacity())
     }

@@ -1,6 +1,7 @@
 //! Resolution (`mapper/src/resolve.rs`) against brute-force oracles: longest-prefix match over
 //! nested and disjoint IPv4/IPv6 prefixes, the prefix-claimed-twice refusal, hostname class
-//! rules, the weighted split of a unit over several clusters, and the fallback.
+//! rules, the weighted split of a unit over several clusters, and the fallback; and a resolver
+//! reusing the previous version's prefix index against one built afresh.
 //!
 //! **The prefix semantic the oracles encode.** IPv4 and IPv6 are separate families: an IPv4
 //! client (or a v4-mapped IPv6 address, `::ffff:a.b.c.d`) is matched only against IPv4
@@ -18,6 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use cdnmap_mapper::{
     solve, Allocation, CandidateSpec, ClassIdx, ClusterIdx, ClusterSpec, ClusterState, Instance,
@@ -25,7 +27,8 @@ use cdnmap_mapper::{
     SolveOptions, TrafficClass, UnitIdx,
 };
 use cdnmap_serve::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
-use cdnmap_serve::ServeError;
+use cdnmap_serve::serving::Builder;
+use cdnmap_serve::{ServeError, ServingCluster, ServingMap};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -1209,6 +1212,406 @@ fn outside_every_prefix_is_a_fallback_answer() {
     // Inside a prefix, but no c1 unit there: the fallback for c1.
     assert_eq!((a.unit, a.scope_prefix_len), (None, 0));
     assert_eq!((a.primary, a.secondary), (Some(0), Some(3)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reusing the prefix index from one map version to the next
+
+/// Exact `c0.test`.. and wildcard `*.c0.test`.. → their classes; default c0: names of every
+/// class that hash differently (a split unit's pick).
+fn wildcard_rules(inst: &Instance) -> ClassRules {
+    let rules: Vec<(String, String)> = CLASSES
+        .iter()
+        .flat_map(|c| {
+            [
+                (format!("{c}.test"), (*c).to_string()),
+                (format!("*.{c}.test"), (*c).to_string()),
+            ]
+        })
+        .collect();
+    ClassRules::for_instance(inst, &rules, CLASSES[0]).expect("rules")
+}
+
+/// Names of every class: the exact one and a few below its wildcard, and one no rule names.
+fn reuse_names() -> Vec<String> {
+    let mut names: Vec<String> = CLASSES
+        .iter()
+        .flat_map(|c| {
+            std::iter::once(format!("{c}.test"))
+                .chain((0..4).map(move |j| format!("h{j}.{c}.test")))
+        })
+        .collect();
+    names.push("nobody.example".into());
+    names
+}
+
+/// Clients at `points`: each address as a host, and as an ECS subnet around it.
+fn clients_at(points: &[u128]) -> Vec<IpNet> {
+    points
+        .iter()
+        .flat_map(|&p| addresses_of(p))
+        .flat_map(|a| {
+            let len = if a.is_ipv4() { 24 } else { 56 };
+            [IpNet::from(a), IpNet::new(a, len).expect("len")]
+        })
+        .collect()
+}
+
+/// Query points at every prefix of `inst`'s units (their ends and neighbours) and elsewhere.
+fn points_of(inst: &Instance) -> Vec<u128> {
+    let pool: Vec<IpNet> = claims_of(inst).iter().map(|c| c.0).collect();
+    query_points(
+        &pool,
+        &[7; 16],
+        &[0x0A01_0203, 0xC000_0201, 0x0808_0808],
+        &[0x2001_0db8u128 << 96 | 1, 0x2a00u128 << 112],
+    )
+}
+
+/// The same units as `inst` with random cluster states and demands, and a random map of them:
+/// each unit's demand spread over a random few of its candidates (often several: split units),
+/// with a random part of it overflow, allocations to clusters not up included.
+fn random_round(inst: &Instance, seed: u64) -> (Instance, Map) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut next = inst.clone();
+    for c in 0..inst.clusters().len() as ClusterIdx {
+        let state = [
+            ClusterState::Up,
+            ClusterState::Up,
+            ClusterState::Drained,
+            ClusterState::Down,
+        ][rng.random_range(0..4)];
+        next = next.with_cluster_state(c, state);
+    }
+    let n = inst.unit_count();
+    let demands = (0..n)
+        .map(|_| f64::from(rng.random_range(0..20u32)))
+        .collect();
+    let next = next.with_demands(demands).expect("demands");
+    let mut map = Map::with_capacity(n, 3 * n);
+    for u in 0..n as UnitIdx {
+        let d = next.unit_demand(u);
+        let weights: Vec<(ClusterIdx, u32)> = next
+            .candidates(u)
+            .map(|c| (c.cluster, rng.random_range(0..4u32)))
+            .collect();
+        let over = rng.random_range(0..3u32);
+        let total = f64::from(weights.iter().map(|w| w.1).sum::<u32>() + over);
+        let part = |w: u32| {
+            if total > 0.0 {
+                d * f64::from(w) / total
+            } else {
+                0.0
+            }
+        };
+        map.push_unit(
+            weights
+                .iter()
+                .filter(|w| w.1 > 0)
+                .map(|&(cluster, w)| Allocation {
+                    cluster,
+                    amount: part(w),
+                }),
+            if total > 0.0 { part(over) } else { d },
+        );
+    }
+    (next, map)
+}
+
+/// `a` and `b` answer alike: every client for every name (one by one and batched), and the
+/// unit of every class.
+fn same_answers(
+    a: &Resolver,
+    b: &Resolver,
+    clients: &[IpNet],
+    names: &[String],
+) -> Result<(), TestCaseError> {
+    let mut queries = Vec::new();
+    for &client in clients {
+        for k in 0..CLASSES.len() as ClassIdx {
+            let ip = client.network();
+            prop_assert_eq!(a.unit_for(ip, k), b.unit_for(ip, k), "{} class {}", ip, k);
+        }
+        for name in names {
+            prop_assert_eq!(
+                a.resolve(client, name),
+                b.resolve(client, name),
+                "{} {:?}",
+                client,
+                name
+            );
+            queries.push((client, name.as_str()));
+        }
+    }
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    a.resolve_batch(&queries, &mut x);
+    b.resolve_batch(&queries, &mut y);
+    prop_assert_eq!(x, y);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Rounds of random maps over the same units (other cluster states, demands, shares): each
+    /// resolver built after the one before shares its prefix index (and the serving map its
+    /// unit columns) and answers every query exactly as one built afresh, whose serving map it
+    /// equals; so does one built from a serving map that only equals the previous one's units
+    /// (the front end's case, which compares the columns).
+    #[test]
+    fn a_resolver_after_the_same_units_answers_as_a_fresh_one(
+        (pool, claims) in world_strategy(),
+        inside in prop::collection::vec(any::<u128>(), 10),
+        anywhere in prop::collection::vec(any::<u128>(), 0..8),
+        seeds in prop::collection::vec(any::<u64>(), 2..4),
+    ) {
+        let units = units_of(&pool, &claims, true);
+        let base = build(three_clusters(), &units);
+        let clients = clients_at(&query_points(&pool, &inside, &[0x0A01_0203], &anywhere));
+        let names = reuse_names();
+        let mut previous: Option<Resolver> = None;
+        for &seed in &seeds {
+            let (inst, map) = random_round(&base, seed);
+            let rules = wildcard_rules(&inst);
+            let fresh = Resolver::of_solution(&inst, &map, rules.clone()).expect("fresh");
+            let after = Resolver::of_solution_after(&inst, &map, rules.clone(), previous.as_ref())
+                .expect("after");
+            prop_assert_eq!(&**after.map(), &**fresh.map());
+            if let Some(p) = &previous {
+                prop_assert!(after.shares_index_with(p), "the index was built again");
+                prop_assert!(after.map().same_units(p.map()));
+                prop_assert!(!fresh.shares_index_with(p));
+                let copied = Arc::new(
+                    ServingMap::of_solution(&inst, &map).expect("serving map"),
+                );
+                let compared = Resolver::new_after(copied, rules, Some(p)).expect("compared");
+                prop_assert!(compared.shares_index_with(p), "equal columns were not reused");
+                same_answers(&compared, &fresh, &clients, &names)?;
+            }
+            same_answers(&after, &fresh, &clients, &names)?;
+            check_lookups(&inst, &after, &query_points(&pool, &inside, &[], &anywhere))?;
+            previous = Some(after);
+        }
+    }
+}
+
+/// Units that nest, share prefixes across classes and cover both families, some of their
+/// clients outside every prefix.
+fn reuse_units() -> Vec<UnitDef> {
+    let unit = |class, prefixes: &[&str]| UnitDef {
+        class,
+        prefixes: prefixes.iter().map(|s| net(s)).collect(),
+        demand: 10.0,
+        candidates: vec![0, 1, 2],
+    };
+    vec![
+        unit(0, &["10.0.0.0/8", "2001:db8::/32"]),     // u0000
+        unit(1, &["10.0.0.0/8"]),                      // u0001
+        unit(0, &["10.1.2.0/24"]),                     // u0002
+        unit(2, &["192.0.2.0/24", "2001:db8:1::/48"]), // u0003
+    ]
+}
+
+/// Over many random rounds of the same units, the reused index answers as a fresh one, and the
+/// rounds do reach split units, units with nothing up, and clients outside every prefix.
+#[test]
+fn a_reused_index_answers_split_units_and_outsiders_as_a_fresh_one() {
+    let base = build(three_clusters(), &reuse_units());
+    let clients = clients_at(&points_of(&base));
+    let names = reuse_names();
+    let (mut split, mut outside, mut unanswered) = (0, 0, 0);
+    let mut previous: Option<Resolver> = None;
+    for seed in 0..40 {
+        let (inst, map) = random_round(&base, seed);
+        let rules = wildcard_rules(&inst);
+        let fresh = Resolver::of_solution(&inst, &map, rules.clone()).expect("fresh");
+        let after =
+            Resolver::of_solution_after(&inst, &map, rules, previous.as_ref()).expect("after");
+        if let Some(p) = &previous {
+            assert!(after.shares_index_with(p), "round {seed}");
+        }
+        same_answers(&after, &fresh, &clients, &names).expect("the same answers");
+        for &client in &clients {
+            for name in &names {
+                let a = after.resolve(client, name);
+                match a.unit {
+                    Some(u) if after.map().shares(u).0.len() > 1 => split += 1,
+                    Some(_) if a.primary.is_none() => unanswered += 1,
+                    Some(_) => {}
+                    None => outside += 1,
+                }
+            }
+        }
+        previous = Some(after);
+    }
+    assert!(
+        split > 1000 && outside > 1000 && unanswered > 10,
+        "split {split}, outside {outside}, no cluster up {unanswered}"
+    );
+}
+
+/// A unit added or removed, a prefix changed or added, a class changed: the next resolver
+/// builds its own index (and the serving map its own unit columns) and answers as a fresh
+/// one, and as the oracle says. Host bits alone change no prefix: the index is reused.
+#[test]
+fn a_changed_unit_set_is_indexed_again() {
+    let base_units = reuse_units();
+    let base = build(three_clusters(), &base_units);
+    let first = resolver(&base).expect("first");
+    let variants: Vec<(&str, Vec<UnitDef>, bool)> = {
+        let with = |f: &dyn Fn(&mut Vec<UnitDef>)| {
+            let mut u = base_units.clone();
+            f(&mut u);
+            u
+        };
+        vec![
+            ("the same units", with(&|_| {}), true),
+            (
+                "host bits set",
+                with(&|u| u[2].prefixes = vec![net("10.1.2.77/24")]),
+                true,
+            ),
+            (
+                "a unit added",
+                with(&|u| {
+                    u.push(UnitDef {
+                        class: 1,
+                        prefixes: vec![net("10.1.2.0/24")],
+                        demand: 1.0,
+                        candidates: vec![0],
+                    })
+                }),
+                false,
+            ),
+            (
+                "a unit removed",
+                with(&|u| {
+                    u.pop();
+                }),
+                false,
+            ),
+            (
+                "a prefix changed",
+                with(&|u| u[2].prefixes = vec![net("10.1.3.0/24")]),
+                false,
+            ),
+            (
+                "a prefix added",
+                with(&|u| u[0].prefixes.push(net("198.51.100.0/24"))),
+                false,
+            ),
+            ("a class changed", with(&|u| u[1].class = 2), false),
+        ]
+    };
+    let names = reuse_names();
+    for (what, units, reused) in variants {
+        let inst = build(three_clusters(), &units);
+        let map = solve(&inst, &SolveOptions::default()).map;
+        let rules = wildcard_rules(&inst);
+        let after =
+            Resolver::of_solution_after(&inst, &map, rules.clone(), Some(&first)).expect("after");
+        let fresh = Resolver::of_solution(&inst, &map, rules).expect("fresh");
+        assert_eq!(after.shares_index_with(&first), reused, "{what}");
+        assert_eq!(after.map().same_units(first.map()), reused, "{what}");
+        assert_eq!(**after.map(), **fresh.map(), "{what}");
+        let mut points = points_of(&inst);
+        points.extend(points_of(&base));
+        same_answers(&after, &fresh, &clients_at(&points), &names)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        check_lookups(&inst, &after, &points).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}
+
+/// A serving map with the same units but another class count (the layout of the index) is
+/// indexed again; with the same classes, equal columns are enough (no shared pointer).
+#[test]
+fn another_class_count_is_indexed_again() {
+    let serving = |classes: &[&str]| {
+        let clusters = (0..2)
+            .map(|i| ServingCluster {
+                id: cluster_id(i),
+                addresses: vec![IpAddr::from([198, 18, i as u8, 1])],
+                state: ClusterState::Up,
+            })
+            .collect();
+        let classes = classes.iter().map(|&c| Arc::from(c)).collect();
+        let mut b = Builder::new(classes, clusters).expect("builder");
+        b.push(
+            "a",
+            0,
+            &[net("10.0.0.0/8")],
+            [(0, 1.0)],
+            0.0,
+            [Some(1), None],
+        )
+        .expect("a");
+        b.push(
+            "b",
+            1,
+            &[net("10.1.0.0/16")],
+            [(0, 0.5), (1, 0.5)],
+            0.0,
+            [None, None],
+        )
+        .expect("b");
+        Arc::new(b.finish())
+    };
+    let rules = |m: &ServingMap| {
+        ClassRules::new(m.classes(), &[("v.test".into(), "c1".into())], "c0").expect("rules")
+    };
+    let three = serving(&["c0", "c1", "c2"]);
+    let first = Resolver::new(Arc::clone(&three), rules(&three)).expect("first");
+    let again = serving(&["c0", "c1", "c2"]);
+    let same = Resolver::new_after(Arc::clone(&again), rules(&again), Some(&first)).expect("same");
+    assert!(same.shares_index_with(&first));
+    let four = serving(&["c0", "c1", "c2", "c3"]);
+    let more = Resolver::new_after(Arc::clone(&four), rules(&four), Some(&first)).expect("more");
+    assert!(!more.shares_index_with(&first));
+    let fresh = Resolver::new(Arc::clone(&four), rules(&four)).expect("fresh");
+    for client in ["10.1.2.3", "10.2.0.1", "192.0.2.1"] {
+        for name in ["v.test", "w.test"] {
+            let c = IpNet::from(ip(client));
+            assert_eq!(more.resolve(c, name), fresh.resolve(c, name), "{client}");
+        }
+        for k in 0..4 {
+            let a = ip(client);
+            assert_eq!(
+                more.unit_for(a, k),
+                fresh.unit_for(a, k),
+                "{client} class {k}"
+            );
+        }
+    }
+}
+
+/// After a resolver of good units, units claiming one prefix twice in one class are refused
+/// exactly as without one.
+#[test]
+fn a_prefix_claimed_twice_is_refused_after_a_previous_resolver() {
+    let mut units = reuse_units();
+    let first = resolver(&build(three_clusters(), &units)).expect("first");
+    units.push(UnitDef {
+        class: 0,
+        prefixes: vec![net("10.1.2.77/24")],
+        demand: 1.0,
+        candidates: vec![0],
+    });
+    let inst = build(three_clusters(), &units);
+    let map = solve(&inst, &SolveOptions::default()).map;
+    let e = Resolver::of_solution_after(&inst, &map, class_rules(&inst), Some(&first)).err();
+    assert_eq!(
+        e,
+        Some(ServeError::PrefixClaimedTwice {
+            prefix: "10.1.2.0/24".into(),
+            first: "u0002".into(),
+            second: "u0004".into(),
+        })
+    );
+    assert_eq!(e, resolver(&inst).err());
 }
 
 // ---------------------------------------------------------------------------------------------
