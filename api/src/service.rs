@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::driver::{Driver, Observations, StepError, StepTimings};
 use crate::round::Snapshot;
 use crate::selection::{self, ServerLoads};
-use crate::store::{PreviousMap, Served, ServedRef, Store};
+use crate::store::{Served, ServedRef, Store};
 use crate::topology::{Applied, Change, ChangeError, Topology};
 
 /// The most addresses one answer carries.
@@ -334,16 +334,13 @@ impl Shared {
                 generation,
             }) => {
                 let snapshot = Arc::new(snapshot);
-                let previous = self.current();
                 // The round's history entry before its map: whoever sees the map sees it too.
                 self.dash.record_round(&snapshot, solve_ms);
                 let t = Instant::now();
                 self.publish(Arc::clone(&snapshot));
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
                 let t = Instant::now();
-                let persisted = self
-                    .persist(base, Arc::clone(&snapshot), previous, entry)
-                    .await;
+                let persisted = self.persist(base, Arc::clone(&snapshot), entry).await;
                 let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_estimates_ms;
                 let _ = self.updates.send(Arc::clone(&snapshot));
                 let parts = [
@@ -385,24 +382,17 @@ impl Shared {
     }
 
     /// Stores the served record of `snapshot` (solved from `base`) with the round's estimator
-    /// `entry`, and the history entry of `previous`; returns whether it was stored (a failure
-    /// is logged: the map stays published).
-    async fn persist(
-        &self,
-        base: Arc<Instance>,
-        snapshot: Arc<Snapshot>,
-        previous: Option<Arc<Snapshot>>,
-        entry: Vec<u8>,
-    ) -> bool {
+    /// `entry`; returns whether it was stored (a failure is logged: the map stays published).
+    async fn persist(&self, base: Arc<Instance>, snapshot: Arc<Snapshot>, entry: Vec<u8>) -> bool {
         let store = self.store.clone();
         let keep = self.config.maps_kept;
         let to_store = Arc::clone(&snapshot);
         // The base topology is written with the record only when it changed (and is
-        // remembered as stored only once the write succeeded).
+        // remembered as stored only once the write succeeded), under the version of the first
+        // record solved from it: unique among stored records, and growing with them.
         let (write_base, base_generation) = match self.stored_base.lock() {
             Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, &base)) => (false, last.1),
-            Ok(last) => (true, last.1 + 1),
-            Err(_) => (true, 0),
+            _ => (true, snapshot.version),
         };
         let stored_base = Arc::clone(&base);
         let stored = tokio::task::spawn_blocking(move || {
@@ -417,11 +407,6 @@ impl Shared {
                     instance: &to_store.instance,
                     map: &to_store.map,
                     round_entry: &entry,
-                    previous: previous.as_ref().map(|p| PreviousMap {
-                        version: p.version,
-                        instance: &p.instance,
-                        map: &p.map,
-                    }),
                 },
                 keep,
             )

@@ -19,8 +19,16 @@ use serde::{Deserialize, Serialize};
 const TOPOLOGY_KEY: &[u8] = b"instance";
 /// The start counter: every start takes the next epoch (a map's identity is (epoch, version)).
 const EPOCH_KEY: &[u8] = b"epoch";
-/// The published map with what it was solved with, self-contained: see [`Store::put_served`].
+/// The published map with what it was solved with, self-contained, from a build before the
+/// history of records (read when no record is under [`RECORD_PREFIX`]).
 const SERVED_KEY: &[u8] = b"served";
+/// Each stored map version's record ([`Store::put_served`]): this prefix, then the version
+/// (u64 BE, so records list in version order). The newest is the served one; the older ones
+/// are the history of `maps_kept` versions.
+const RECORD_PREFIX: &[u8] = b"map/";
+/// The base topologies the kept records were solved from: this prefix, then the generation
+/// (u64 BE: the version of the first record solved from it), then JSON.
+const BASE_PREFIX: &[u8] = b"base/";
 /// The served record's header: its format and version.
 const SERVED_MAGIC: &[u8; 8] = b"CDNSRV04";
 /// The served record of the format before (the whole estimator state inline), still read.
@@ -32,9 +40,8 @@ const CHECKPOINT_MAGIC: &[u8; 8] = b"CDNEST01";
 /// Each round's estimator entry since the checkpoint: this prefix, then the record's version
 /// (u64 BE, so entries list in version order).
 const ENTRY_PREFIX: &[u8] = b"round/";
-/// A history entry's header: [`BackDelta`], how to get its version from the version after it.
-const BACK_MAGIC: &[u8; 8] = b"CDNBACK1";
-/// The topology the served record's round started from: generation (8 bytes), then JSON.
+
+/// The topology [`SERVED_KEY`]'s round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
 /// The served record after its header (postcard): what the round changed of its base
@@ -74,6 +81,7 @@ impl Record {
 /// The record of format 03 (read only): the map as [`MapColumns`], the estimator's whole
 /// state after it.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct Record03 {
     epoch: u64,
     version: u64,
@@ -339,7 +347,8 @@ pub struct ServedRef<'a> {
     pub version: u64,
     pub solved_at_unix_ms: i64,
     /// The topology the round started from (with the cluster states of the round), its
-    /// generation (changed by every edit), and whether it changed since the last record.
+    /// generation (the version of the first record solved from it: a new one after every
+    /// edit), and whether it changed since the last record.
     pub base: &'a Instance,
     pub base_generation: u64,
     pub write_base: bool,
@@ -348,9 +357,6 @@ pub struct ServedRef<'a> {
     pub map: &'a Map,
     /// The round's estimator entry (what it observed, the small state after it).
     pub round_entry: &'a [u8],
-    /// The version before, for the history: kept when it is `version - 1` with the same units
-    /// (the history reaches back to the last change of units).
-    pub previous: Option<PreviousMap<'a>>,
 }
 
 impl Served {
@@ -367,103 +373,40 @@ impl Served {
             instance: &self.instance,
             map: &self.map,
             round_entry: self.estimator.entries.last().map_or(&[], |(_, e)| e),
-            previous: None,
         }
     }
 }
 
-fn entry_key(version: u64) -> Vec<u8> {
-    let mut key = ENTRY_PREFIX.to_vec();
-    key.extend_from_slice(&version.to_be_bytes());
+fn prefixed(prefix: &[u8], n: u64) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(&n.to_be_bytes());
     key
 }
 
-/// A history entry: version `v` as the changes to make to version `v + 1`'s map (the units
-/// whose allocations or overflow differ, with their values in `v`), so a version costs what
-/// changed, not the whole map. The newest version is the served record's; older ones are read
-/// by walking back from it ([`Store::stored_map`]).
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct BackDelta {
-    units: u32,
-    changed: Vec<UnitBefore>,
+/// A record's key: the version and the generation of the base it names.
+fn record_key(version: u64, generation: u64) -> Vec<u8> {
+    let mut key = prefixed(RECORD_PREFIX, version);
+    key.extend_from_slice(&generation.to_be_bytes());
+    key
 }
 
-/// A unit as it was: (unit index, its allocations as (cluster, amount), its overflow).
-type UnitBefore = (u32, Vec<(u32, f64)>, f64);
-
-impl BackDelta {
-    /// What turns `newer` back into `older` (of the same units).
-    fn between(older: &Map, newer: &Map) -> BackDelta {
-        let same = |a: &[cdnmap_mapper::Allocation], b: &[cdnmap_mapper::Allocation]| {
-            a.len() == b.len()
-                && a.iter().zip(b).all(|(x, y)| {
-                    x.cluster == y.cluster && x.amount.to_bits() == y.amount.to_bits()
-                })
-        };
-        let changed = (0..older.unit_count() as u32)
-            .filter(|&u| {
-                older.overflow(u).to_bits() != newer.overflow(u).to_bits()
-                    || !same(older.allocations(u), newer.allocations(u))
-            })
-            .map(|u| {
-                let allocs = older
-                    .allocations(u)
-                    .iter()
-                    .map(|a| (a.cluster, a.amount))
-                    .collect();
-                (u, allocs, older.overflow(u))
-            })
-            .collect();
-        BackDelta {
-            units: older.unit_count() as u32,
-            changed,
-        }
-    }
-
-    /// `newer` with the changes made, checked: the same unit count, units in order and in
-    /// range, clusters below `clusters`, numbers that are numbers.
-    fn apply(&self, newer: &Map, clusters: u32) -> Result<Map, String> {
-        let n = newer.unit_count();
-        if self.units as usize != n {
-            return Err(format!("{} units, the version after it {n}", self.units));
-        }
-        let mut out = Map::with_capacity(n, n);
-        let mut changed = self.changed.iter().peekable();
-        let mut last = None;
-        for u in 0..n as u32 {
-            match changed.peek() {
-                Some((c, allocs, overflow)) if *c == u => {
-                    if last.is_some_and(|l| l >= *c) {
-                        return Err(format!("unit {c} out of order"));
-                    }
-                    last = Some(*c);
-                    if allocs.iter().any(|&(k, x)| k >= clusters || !x.is_finite())
-                        || !overflow.is_finite()
-                    {
-                        return Err(format!("unit {u}: an allocation that is not valid"));
-                    }
-                    let allocs = allocs
-                        .iter()
-                        .map(|&(cluster, amount)| cdnmap_mapper::Allocation { cluster, amount });
-                    out.push_unit(allocs, *overflow);
-                    changed.next();
-                }
-                _ => out.push_unit(newer.allocations(u).iter().copied(), newer.overflow(u)),
-            }
-        }
-        if let Some((c, _, _)) = changed.next() {
-            return Err(format!("unit {c} is beyond the last unit"));
-        }
-        Ok(out)
-    }
+/// (version, base generation) of a record's key.
+fn record_key_parts(key: &[u8]) -> Option<(u64, u64)> {
+    let rest = key.strip_prefix(RECORD_PREFIX)?;
+    let version = <[u8; 8]>::try_from(rest.get(..8)?).ok()?;
+    let generation = <[u8; 8]>::try_from(rest.get(8..)?).ok()?;
+    Some((u64::from_be_bytes(version), u64::from_be_bytes(generation)))
 }
 
-/// The previous map version, to write the history entry that gets it back from the new one.
-#[derive(Debug, Clone, Copy)]
-pub struct PreviousMap<'a> {
-    pub version: u64,
-    pub instance: &'a Instance,
-    pub map: &'a Map,
+fn entry_key(version: u64) -> Vec<u8> {
+    prefixed(ENTRY_PREFIX, version)
+}
+
+/// The number after `prefix` in `key`.
+fn key_number(key: &[u8], prefix: &[u8]) -> Option<u64> {
+    key.strip_prefix(prefix)
+        .and_then(|v| <[u8; 8]>::try_from(v).ok())
+        .map(u64::from_be_bytes)
 }
 
 impl Store {
@@ -558,7 +501,7 @@ impl Store {
 
     /// How many map versions are stored.
     pub fn map_count(&self) -> usize {
-        self.maps.len()
+        self.served.scan_prefix(RECORD_PREFIX).count()
     }
 
     /// Takes the next epoch (1 for a new store) and stores it before returning, so no two
@@ -588,11 +531,12 @@ impl Store {
         Ok(next)
     }
 
-    /// Replaces the served record, writes the round's estimator entry, and appends the map to
-    /// the history of `keep` versions. The round's base topology is written with it when
-    /// `served.write_base` says it changed (an Admin edit since the last record): record,
-    /// entry and base in one atomic batch, so a crash leaves the old set or the new one.
-    /// Durable when it returns.
+    /// Stores the record of map version `served.version` (the served one from now on, the
+    /// newest of the history) with the round's estimator entry, and the round's base topology
+    /// when `served.write_base` says it changed (an Admin edit since the last record): the
+    /// three in one atomic batch, so a crash leaves the old set or the new one. Then drops the
+    /// records beyond the newest `keep` and the bases no kept record names. Durable when it
+    /// returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
         let record = Record::of(served);
         let mut bytes = Vec::with_capacity(16 + 12 * served.instance.unit_count());
@@ -603,20 +547,56 @@ impl Store {
         })?;
         let mut batch = sled::Batch::default();
         if served.write_base {
-            let mut base = served.base_generation.to_be_bytes().to_vec();
+            let mut base = Vec::new();
             write_instance(served.base, &mut base).map_err(|e| StoreError::Corrupt {
                 what: "the round's topology to store".into(),
                 problem: e.to_string(),
             })?;
-            batch.insert(BASE_KEY, base);
+            batch.insert(prefixed(BASE_PREFIX, served.base_generation), base);
         }
-        batch.insert(SERVED_KEY, bytes);
+        batch.insert(record_key(served.version, served.base_generation), bytes);
         batch.insert(entry_key(served.version), served.round_entry);
         self.served
             .apply_batch(batch)
             .map_err(io(format!("writing map version {}", served.version)))?;
-        self.put_history(served, keep)?;
+        self.prune(served.version, keep)?;
         self.flush("a map")
+    }
+
+    /// Drops the records older than the newest `keep` versions up to `version`, the bases no
+    /// kept record names (a record's key carries its base's generation, so no record is read
+    /// for it), and a served record of a build before the history.
+    fn prune(&self, version: u64, keep: usize) -> Result<(), StoreError> {
+        let oldest = version.saturating_sub(keep.max(1) as u64 - 1);
+        let mut kept_base = u64::MAX;
+        for key in self.served.scan_prefix(RECORD_PREFIX).keys() {
+            let key = key.map_err(io("listing stored maps"))?;
+            match record_key_parts(&key) {
+                Some((v, _)) if v < oldest => {
+                    self.served
+                        .remove(&key)
+                        .map_err(io("dropping an old map"))?;
+                }
+                Some((_, g)) => kept_base = kept_base.min(g),
+                None => {}
+            }
+        }
+        let unused = self
+            .served
+            .range(BASE_PREFIX.to_vec()..prefixed(BASE_PREFIX, kept_base))
+            .keys();
+        for key in unused {
+            let key = key.map_err(io("listing stored topologies"))?;
+            self.served
+                .remove(key)
+                .map_err(io("dropping an old topology"))?;
+        }
+        for legacy in [SERVED_KEY, BASE_KEY] {
+            self.served
+                .remove(legacy)
+                .map_err(io("dropping a record of an older build"))?;
+        }
+        Ok(())
     }
 
     /// Stores `state`, the estimator's whole state after the round of record `version`, as
@@ -645,24 +625,87 @@ impl Store {
         self.flush("the round entries")
     }
 
-    /// The served record, if one was stored, with its instance rebuilt exactly: the base
-    /// topology it names, with the round's demands, coefficients and capacities; and the
-    /// estimator's checkpoint and the round entries after it, up to the served version.
+    /// The served record (the newest stored map version), if one was stored, with its
+    /// instance rebuilt exactly: the base topology it names, with the round's demands,
+    /// coefficients and capacities; and the estimator's checkpoint and the round entries after
+    /// it, up to the served version.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
-        let Some(bytes) = self
+        let newest = self
             .served
-            .get(SERVED_KEY)
-            .map_err(io("reading the served map"))?
-        else {
+            .scan_prefix(RECORD_PREFIX)
+            .keys()
+            .next_back()
+            .transpose()
+            .map_err(io("listing stored maps"))?;
+        let (bytes, base) = match newest.as_deref().and_then(record_key_parts) {
+            Some((version, generation)) => {
+                let bytes = self.get_served(&record_key(version, generation), "the served map")?;
+                let base = self.get_served(&prefixed(BASE_PREFIX, generation), "its topology")?;
+                (bytes, base.map(|b| (generation, b.to_vec())))
+            }
+            None => {
+                // A store of a build before the history: one record and its base.
+                let bytes = self.get_served(SERVED_KEY, "the served map")?;
+                let base = self.get_served(BASE_KEY, "its topology")?.map(|b| {
+                    let (generation, json) = b.split_at(8.min(b.len()));
+                    let generation = <[u8; 8]>::try_from(generation).map(u64::from_be_bytes);
+                    (generation.unwrap_or(u64::MAX), json.to_vec())
+                });
+                (bytes, base)
+            }
+        };
+        let Some(bytes) = bytes else {
             return Ok(None);
         };
+        self.read_record(&bytes, base, true).map(Some)
+    }
+
+    /// Map version `version` as stored, with the instance it was solved for: the served one
+    /// or an older one of the history; `None` when it is not kept.
+    pub fn stored_map(&self, version: u64) -> Result<Option<(Instance, Map)>, StoreError> {
+        let key = self
+            .served
+            .scan_prefix(prefixed(RECORD_PREFIX, version))
+            .keys()
+            .next()
+            .transpose()
+            .map_err(io("listing stored maps"))?;
+        let Some((_, generation)) = key.as_deref().and_then(record_key_parts) else {
+            return Ok(None);
+        };
+        let what = format!("stored map version {version}");
+        let bytes = self.get_served(&record_key(version, generation), &what)?;
+        let base = self.get_served(&prefixed(BASE_PREFIX, generation), &what)?;
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        let served = self.read_record(&bytes, base.map(|b| (generation, b.to_vec())), false)?;
+        Ok(Some((served.instance, served.map)))
+    }
+
+    fn get_served(&self, key: &[u8], what: &str) -> Result<Option<sled::IVec>, StoreError> {
+        self.served.get(key).map_err(io(format!("reading {what}")))
+    }
+
+    /// A record's bytes with its base (generation, JSON), read back; the estimator's log with
+    /// it when `with_estimator` (the served record's).
+    fn read_record(
+        &self,
+        bytes: &[u8],
+        base: Option<(u64, Vec<u8>)>,
+        with_estimator: bool,
+    ) -> Result<Served, StoreError> {
         let corrupt = |problem: String| StoreError::Corrupt {
             what: "the stored served map".into(),
             problem,
         };
         let (record, estimator) = if let Some(body) = bytes.strip_prefix(SERVED_MAGIC.as_slice()) {
             let record: Record = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
-            let estimator = self.estimator_log(record.version)?;
+            let estimator = if with_estimator {
+                self.estimator_log(record.version)?
+            } else {
+                EstimatorLog::default()
+            };
             (Stored::Now(record), estimator)
         } else if let Some(body) = bytes.strip_prefix(SERVED_MAGIC_03.as_slice()) {
             let (record, rest): (Record03, &[u8]) =
@@ -688,32 +731,24 @@ impl Store {
                 String::from_utf8_lossy(SERVED_MAGIC)
             )));
         };
-        let base = self
-            .served
-            .get(BASE_KEY)
-            .map_err(io("reading the served map's topology"))?
-            .ok_or_else(|| corrupt("its topology is missing".into()))?;
-        let (generation, json) = base.split_at(8.min(base.len()));
-        let generation = <[u8; 8]>::try_from(generation)
-            .map(u64::from_be_bytes)
-            .map_err(|_| corrupt("its topology is cut short".into()))?;
+        let (generation, json) = base.ok_or_else(|| corrupt("its topology is missing".into()))?;
         let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
         if generation != base_generation {
             return Err(corrupt(format!(
                 "it names topology {base_generation} but the store holds {generation}"
             )));
         }
-        let base = parse_instance(json, Limits::default())
+        let base = parse_instance(&json, Limits::default())
             .map_err(|e| corrupt(format!("its topology: {e}")))?;
         let (instance, map) = record.instance_and_map(&base).map_err(corrupt)?;
-        Ok(Some(Served {
+        Ok(Served {
             epoch,
             version,
             solved_at_unix_ms,
             instance,
             map,
             estimator,
-        }))
+        })
     }
 
     /// The estimator's checkpoint and the round entries after it up to `served` (in version
@@ -748,10 +783,7 @@ impl Store {
         let from = entry_key(after.saturating_add(1));
         for kv in self.served.range(from..=entry_key(served)) {
             let (key, entry) = kv.map_err(io("reading round entries"))?;
-            let version = key
-                .strip_prefix(ENTRY_PREFIX)
-                .and_then(|v| <[u8; 8]>::try_from(v).ok())
-                .map(u64::from_be_bytes)
+            let version = key_number(&key, ENTRY_PREFIX)
                 .ok_or_else(|| corrupt(format!("a round entry's key of {} bytes", key.len())))?;
             let expected = entries.last().map_or(after + 1, |(v, _): &(u64, _)| v + 1);
             if version != expected {
@@ -763,74 +795,6 @@ impl Store {
             checkpoint,
             entries,
         })
-    }
-
-    /// The history entry of the version before `served` ([`BackDelta`]), when it is that
-    /// version's predecessor with the same units; then the oldest entries beyond `keep`
-    /// versions (the served one counts) are dropped. A version that cannot be walked back to
-    /// (its successor has no entry) is dropped too.
-    fn put_history(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
-        let v = served.version;
-        let kept = match served.previous {
-            Some(p)
-                if v.checked_sub(1) == Some(p.version)
-                    && p.instance.same_unit_ids(served.instance)
-                    && keep > 1 =>
-            {
-                let delta = BackDelta::between(p.map, served.map);
-                let mut bytes = BACK_MAGIC.to_vec();
-                postcard::to_io(&delta, &mut bytes).map_err(|e| StoreError::Corrupt {
-                    what: format!("map version {} to store", p.version),
-                    problem: e.to_string(),
-                })?;
-                self.maps
-                    .insert(p.version.to_be_bytes(), bytes)
-                    .map_err(io(format!("writing map version {}", p.version)))?;
-                v.saturating_sub(keep as u64 - 1)
-            }
-            // No way back past this version: the older entries cannot be read any more.
-            _ => v,
-        };
-        // Versions are big-endian keys, so iteration is in version order.
-        for key in self.maps.range(..kept.to_be_bytes()).keys() {
-            let key = key.map_err(io("listing stored maps"))?;
-            self.maps.remove(key).map_err(io("dropping an old map"))?;
-        }
-        Ok(())
-    }
-
-    /// Map version `version` as stored: the served record's map, or an older version walked
-    /// back to from it through the history; `None` when it is not stored (older than the
-    /// history, newer than the served one, or from before a change of units).
-    pub fn stored_map(&self, version: u64) -> Result<Option<Map>, StoreError> {
-        let Some(served) = self.served()? else {
-            return Ok(None);
-        };
-        if version > served.version {
-            return Ok(None);
-        }
-        let clusters = served.instance.clusters().len() as u32;
-        let mut map = served.map;
-        for v in (version..served.version).rev() {
-            let Some(bytes) = self
-                .maps
-                .get(v.to_be_bytes())
-                .map_err(io(format!("reading map version {v}")))?
-            else {
-                return Ok(None);
-            };
-            let corrupt = |problem: String| StoreError::Corrupt {
-                what: format!("stored map version {v}"),
-                problem,
-            };
-            let body = bytes
-                .strip_prefix(BACK_MAGIC.as_slice())
-                .ok_or_else(|| corrupt("its header is not a history entry's".into()))?;
-            let delta: BackDelta =
-                postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
-            map = delta.apply(&map, clusters).map_err(corrupt)?;
-        }
-        Ok(Some(map))
     }
 
     /// Appends one feedback report (already validated, as JSON) received at `at_unix_ms`, then
@@ -964,12 +928,13 @@ mod tests {
         assert_eq!(store.served().expect("read"), Some(served(5)));
     }
 
-    /// The history keeps `keep` versions (the served one counts), each read back exactly by
-    /// walking back from the served map; a change of units ends the way back.
+    /// The history keeps `keep` records (the served one counts), each read back exactly with
+    /// the instance it was solved for, and the bases only the records still kept name.
     #[test]
-    fn older_versions_are_read_back_through_the_history() {
+    fn older_versions_are_read_back_from_the_history() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let inst = instance();
+        let first = instance();
+        let edited = first.with_cluster_state(0, ClusterState::Drained);
         let store = Store::open(dir.path()).expect("open");
         let a = |cluster, amount| cdnmap_mapper::Allocation { cluster, amount };
         // Version v: u1 on a or b by parity, u2 split by v (or overflowing).
@@ -984,40 +949,42 @@ mod tests {
             m
         };
         let maps: Vec<Map> = (0..=8).map(map_of).collect();
-        let put = |v: u64, units: &Instance, previous: Option<PreviousMap<'_>>| {
+        // Versions 1-4 from the first topology, 5-8 from the edited one.
+        let base_of = |v: u64| if v < 5 { (&first, 1) } else { (&edited, 5) };
+        for v in 1..=8u64 {
+            let (base, generation) = base_of(v);
             store
                 .put_served(
                     &ServedRef {
                         epoch: 1,
                         version: v,
-                        solved_at_unix_ms: 0,
-                        base: units,
-                        base_generation: v,
-                        write_base: true,
-                        instance: units,
+                        solved_at_unix_ms: v as i64,
+                        base,
+                        base_generation: generation,
+                        write_base: v == generation,
+                        instance: base,
                         map: &maps[v as usize],
                         round_entry: &[],
-                        previous,
                     },
                     4,
                 )
                 .expect("served");
-        };
-        for v in 1..=8u64 {
-            let previous = (v > 1).then(|| PreviousMap {
-                version: v - 1,
-                instance: &inst,
-                map: &maps[v as usize - 1],
-            });
-            put(v, &inst, previous);
+            let (instance, map) = store.stored_map(v).expect("read").expect("stored");
+            assert_eq!((&instance, &map), (base, &maps[v as usize]), "v{v}");
+            if v == 4 {
+                assert_eq!(store.map_count(), 4);
+                let (instance, map) = store.stored_map(1).expect("read").expect("kept");
+                assert_eq!((&instance, &map), (&first, &maps[1]));
+            }
         }
-        assert_eq!(store.map_count(), 3, "three entries and the served map");
+        assert_eq!(
+            store.map_count(),
+            4,
+            "the served version and three before it"
+        );
         for v in 5..=8 {
-            assert_eq!(
-                store.stored_map(v).expect("read"),
-                Some(maps[v as usize].clone()),
-                "v{v}"
-            );
+            let (instance, map) = store.stored_map(v).expect("read").expect("kept");
+            assert_eq!((&instance, &map), (&edited, &maps[v as usize]), "v{v}");
         }
         assert_eq!(
             store.stored_map(4).expect("read"),
@@ -1025,42 +992,20 @@ mod tests {
             "beyond the history"
         );
         assert_eq!(store.stored_map(9).expect("read"), None, "not yet");
-        // An entry that is not one is refused, naming its version.
+        let bases: Vec<_> = store.served.scan_prefix(BASE_PREFIX).keys().collect();
+        assert_eq!(
+            bases.len(),
+            1,
+            "the first topology is named by no kept record"
+        );
+        assert_eq!(store.served().expect("read").expect("stored").version, 8);
+        // A record cut short is refused, naming what it is.
         store
-            .maps
-            .insert(6u64.to_be_bytes(), &b"CDNBACK1\xff"[..])
+            .served
+            .insert(record_key(6, 5), &b"CDNSRV04\xff"[..])
             .expect("insert");
-        let err = store.stored_map(5).expect_err("corrupt");
-        assert!(err.to_string().contains("version 6"), "{err}");
-        // Other units: the way back ends there.
-        let mut file = cdnmap_mapper::format::InstanceFile::of(&inst);
-        file.map_units[0].id = "u0".into();
-        let other = file.build(Limits::default()).expect("valid");
-        let previous = PreviousMap {
-            version: 8,
-            instance: &inst,
-            map: &maps[8],
-        };
-        store
-            .put_served(
-                &ServedRef {
-                    epoch: 1,
-                    version: 9,
-                    solved_at_unix_ms: 0,
-                    base: &other,
-                    base_generation: 9,
-                    write_base: true,
-                    instance: &other,
-                    map: &maps[1],
-                    round_entry: &[],
-                    previous: Some(previous),
-                },
-                4,
-            )
-            .expect("served");
-        assert_eq!(store.map_count(), 0);
-        assert_eq!(store.stored_map(8).expect("read"), None);
-        assert_eq!(store.stored_map(9).expect("read"), Some(maps[1].clone()));
+        let err = store.stored_map(6).expect_err("corrupt");
+        assert!(err.to_string().contains("served map"), "{err}");
     }
 
     /// A checkpoint drops the entries it covers and keeps the later ones; a missing entry
@@ -1086,7 +1031,6 @@ mod tests {
                         instance: &inst,
                         map: &map,
                         round_entry: &e,
-                        previous: None,
                     },
                     4,
                 )
@@ -1210,7 +1154,6 @@ mod tests {
             instance: &round,
             map: &map,
             round_entry: b"e",
-            previous: None,
         };
         store.put_served(&record(1, true), 4).expect("first");
         store.put_served(&record(2, false), 4).expect("second");
@@ -1229,7 +1172,7 @@ mod tests {
             )
             .expect("third");
         let err = store.served().expect_err("mismatch");
-        assert!(err.to_string().contains("names topology 5"), "{err}");
+        assert!(err.to_string().contains("topology is missing"), "{err}");
     }
 
     /// The compact map reads back bit for bit: a whole-demand unit (no amount stored), a split
@@ -1281,6 +1224,60 @@ mod tests {
         }
     }
 
+    /// A store of the build before the history: its one served record (format 03, the
+    /// estimator's whole state inline) and base are read, and the next record replaces them.
+    #[test]
+    fn a_record_of_the_build_before_is_read_then_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inst = instance();
+        let map = solve(&inst, &SolveOptions::default()).map;
+        let store = Store::open(dir.path()).expect("open");
+        let n = map.unit_count() as u32;
+        let old = Record03 {
+            epoch: 2,
+            version: 7,
+            solved_at_unix_ms: 70,
+            base_generation: 3,
+            demands: (0..n).map(|u| inst.unit_demand(u)).collect(),
+            per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
+            capacities: inst.capacities(),
+            map: MapColumns {
+                count: (0..n).map(|u| map.allocations(u).len() as u32).collect(),
+                overflow: (0..n).map(|u| map.overflow(u)).collect(),
+                cluster: (0..n)
+                    .flat_map(|u| map.allocations(u).iter().map(|a| a.cluster))
+                    .collect(),
+                amount: (0..n)
+                    .flat_map(|u| map.allocations(u).iter().map(|a| a.amount))
+                    .collect(),
+            },
+        };
+        let mut bytes = SERVED_MAGIC_03.to_vec();
+        bytes.extend(postcard::to_stdvec(&old).expect("encode"));
+        bytes.extend(3u64.to_le_bytes());
+        bytes.extend(b"est");
+        store.served.insert(SERVED_KEY, bytes).expect("insert");
+        let mut base = 3u64.to_be_bytes().to_vec();
+        write_instance(&inst, &mut base).expect("json");
+        store.served.insert(BASE_KEY, base).expect("insert");
+        let back = store.served().expect("read").expect("stored");
+        assert_eq!((back.epoch, back.version, &back.map), (2, 7, &map));
+        assert_eq!(back.estimator.checkpoint, Some((7, b"est".to_vec())));
+        store
+            .put_served(
+                &ServedRef {
+                    version: 8,
+                    base_generation: 8,
+                    ..back.as_ref()
+                },
+                4,
+            )
+            .expect("next");
+        assert_eq!(store.served().expect("read").expect("stored").version, 8);
+        assert!(store.served.get(SERVED_KEY).expect("get").is_none());
+        assert!(store.served.get(BASE_KEY).expect("get").is_none());
+    }
+
     #[test]
     fn a_cut_served_record_is_an_error_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1296,12 +1293,10 @@ mod tests {
             estimator: EstimatorLog::default(),
         };
         store.put_served(&record.as_ref(), 4).expect("map");
-        let bytes = store.served.get(SERVED_KEY).expect("get").expect("stored");
+        let key = record_key(1, 0);
+        let bytes = store.served.get(&key).expect("get").expect("stored");
         for cut in [0, 7, 8, 20, bytes.len() / 2, bytes.len() - 1] {
-            store
-                .served
-                .insert(SERVED_KEY, &bytes[..cut])
-                .expect("insert");
+            store.served.insert(&key, &bytes[..cut]).expect("insert");
             let err = store.served().expect_err("cut short");
             assert!(err.to_string().contains("served map"), "{err}");
         }

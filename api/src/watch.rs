@@ -228,7 +228,6 @@ mod tests {
                     instance: &s.instance,
                     map: &s.map,
                     round_entry: &[],
-                    previous: None,
                 },
                 4,
             )

@@ -12,7 +12,7 @@ use anyhow::{ensure, Context, Result};
 use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::Snapshot;
 use cdnmap_api::selection::{self, ServerLoads};
-use cdnmap_api::store::{PreviousMap, ServedRef, Store};
+use cdnmap_api::store::{ServedRef, Store};
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{Instance, Stickiness, UnitIdx};
@@ -80,9 +80,9 @@ fn persist(
     store: &Store,
     driver: &Driver,
     base: &Instance,
-    (s, previous): (&Snapshot, Option<&Snapshot>),
+    s: &Snapshot,
     observations: &Observations,
-    r: usize,
+    base_generation: u64,
 ) -> Result<f64> {
     let t = Instant::now();
     let entry = driver
@@ -94,16 +94,11 @@ fn persist(
             version: s.version,
             solved_at_unix_ms: s.solved_at_unix_ms,
             base,
-            base_generation: 1,
-            write_base: r == 0,
+            base_generation,
+            write_base: s.version == base_generation,
             instance: &s.instance,
             map: &s.map,
             round_entry: &entry,
-            previous: previous.map(|p| PreviousMap {
-                version: p.version,
-                instance: &p.instance,
-                map: &p.map,
-            }),
         },
         4,
     )?;
@@ -203,6 +198,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     let mut previous: Option<Snapshot> = None;
     let mut times: Vec<[f64; 7]> = Vec::new();
     let mut checkpoints = Vec::new();
+    let mut first_version = 0;
     let round_ms = 10_000i64;
     alloc::reset_peak();
     let live_before = alloc::live_bytes();
@@ -221,6 +217,9 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             .context("a round")?;
         let driver_ms = ms(t);
         let s = step.snapshot;
+        if r == 0 {
+            first_version = s.version; // the base's generation: the version of its first record
+        }
         let t = Instant::now();
         let servers = selection::build(s.resolver.map().clusters(), &policies, &loads, &[])?;
         std::hint::black_box(&servers);
@@ -228,14 +227,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         let persist_ms = if a.no_persist {
             ms(Instant::now())
         } else {
-            persist(
-                &store,
-                &driver,
-                &base,
-                (&s, previous.as_ref()),
-                &observations,
-                r,
-            )?
+            persist(&store, &driver, &base, &s, &observations, first_version)?
         };
         // The service writes its first checkpoint after the first round with observations;
         // here, after the last timed round too (the one the store then restarts from).
