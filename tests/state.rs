@@ -5,7 +5,7 @@
 //!   server starts and serves; a configuration naming the deleted cluster starts with a warning.
 //! - A front end joining right after a restart gets exactly the map that was published (shares
 //!   in (0, 1], the same epoch and version), and the first round after it churns like any other
-//!   (the estimator's state was stored with the map), under a new epoch.
+//!   (the estimator's checkpoint and the rounds' entries after it were stored with the maps), under a new epoch.
 //! - Interleaved Admin and dashboard changes from four clients, then kill -9 at once: the store
 //!   holds exactly the last change each client had acknowledged.
 

@@ -62,7 +62,8 @@ pub struct Shared {
     pub(crate) store: Store,
     pub(crate) updates: broadcast::Sender<Arc<Snapshot>>,
     /// The round driver with the estimator (demand forecasts, learned coefficients,
-    /// derating): fed by the reports, run each round, its state saved with each map.
+    /// derating): fed by the reports, run each round; each round's entry is stored with its map
+    /// and the whole state checkpointed now and then.
     pub(crate) driver: Mutex<Driver>,
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
