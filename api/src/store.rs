@@ -596,6 +596,12 @@ impl Store {
                 .remove(legacy)
                 .map_err(io("dropping a record of an older build"))?;
         }
+        // The history of an older build (whole maps, read only when no record exists).
+        if !self.maps.is_empty() {
+            self.maps
+                .clear()
+                .map_err(io("dropping the history of an older build"))?;
+        }
         Ok(())
     }
 
@@ -1260,6 +1266,7 @@ mod tests {
         let mut base = 3u64.to_be_bytes().to_vec();
         write_instance(&inst, &mut base).expect("json");
         store.served.insert(BASE_KEY, base).expect("insert");
+        store.maps.insert(6u64.to_be_bytes(), &b"old"[..]).expect("insert");
         let back = store.served().expect("read").expect("stored");
         assert_eq!((back.epoch, back.version, &back.map), (2, 7, &map));
         assert_eq!(back.estimator.checkpoint, Some((7, b"est".to_vec())));
@@ -1276,6 +1283,7 @@ mod tests {
         assert_eq!(store.served().expect("read").expect("stored").version, 8);
         assert!(store.served.get(SERVED_KEY).expect("get").is_none());
         assert!(store.served.get(BASE_KEY).expect("get").is_none());
+        assert!(store.maps.is_empty(), "the older build's history is dropped too");
     }
 
     #[test]
