@@ -1266,7 +1266,10 @@ mod tests {
         let mut base = 3u64.to_be_bytes().to_vec();
         write_instance(&inst, &mut base).expect("json");
         store.served.insert(BASE_KEY, base).expect("insert");
-        store.maps.insert(6u64.to_be_bytes(), &b"old"[..]).expect("insert");
+        store
+            .maps
+            .insert(6u64.to_be_bytes(), &b"old"[..])
+            .expect("insert");
         let back = store.served().expect("read").expect("stored");
         assert_eq!((back.epoch, back.version, &back.map), (2, 7, &map));
         assert_eq!(back.estimator.checkpoint, Some((7, b"est".to_vec())));
@@ -1283,7 +1286,10 @@ mod tests {
         assert_eq!(store.served().expect("read").expect("stored").version, 8);
         assert!(store.served.get(SERVED_KEY).expect("get").is_none());
         assert!(store.served.get(BASE_KEY).expect("get").is_none());
-        assert!(store.maps.is_empty(), "the older build's history is dropped too");
+        assert!(
+            store.maps.is_empty(),
+            "the older build's history is dropped too"
+        );
     }
 
     #[test]
