@@ -43,8 +43,8 @@ pub struct Observations {
 pub struct StepTimings {
     /// Observing and applying the estimates (steps 1–4).
     pub estimate_ms: f64,
-    /// Encoding the estimator's state to store it (the service fills it in).
-    pub encode_estimates_ms: f64,
+    /// Encoding the estimator's round entry to store it (the service fills it in).
+    pub encode_entry_ms: f64,
 }
 
 /// What a step made (the estimator's state after it, to store with the snapshot, is

@@ -342,7 +342,7 @@ impl Shared {
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
                 let t = Instant::now();
                 let persisted = self.persist(base, Arc::clone(&snapshot), entry).await;
-                let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_estimates_ms;
+                let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_entry_ms;
                 let _ = self.updates.send(Arc::clone(&snapshot));
                 let parts = [
                     ("estimator", step_timings.estimate_ms),
@@ -519,7 +519,7 @@ impl Shared {
             .round_entry(observations.at_unix_ms, &observations.demand);
         let generation = driver.estimates().generation();
         let mut timings = step.timings;
-        timings.encode_estimates_ms = t.elapsed().as_secs_f64() * 1e3;
+        timings.encode_entry_ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(Round {
             base,
             snapshot: step.snapshot,

@@ -663,7 +663,8 @@ impl Store {
         let Some(bytes) = bytes else {
             return Ok(None);
         };
-        self.read_record(&bytes, base, true).map(Some)
+        self.read_record(&bytes, base, "the stored served map", true)
+            .map(Some)
     }
 
     /// Map version `version` as stored, with the instance it was solved for: the served one
@@ -685,7 +686,8 @@ impl Store {
         let Some(bytes) = bytes else {
             return Ok(None);
         };
-        let served = self.read_record(&bytes, base.map(|b| (generation, b.to_vec())), false)?;
+        let base = base.map(|b| (generation, b.to_vec()));
+        let served = self.read_record(&bytes, base, &what, false)?;
         Ok(Some((served.instance, served.map)))
     }
 
@@ -693,16 +695,17 @@ impl Store {
         self.served.get(key).map_err(io(format!("reading {what}")))
     }
 
-    /// A record's bytes with its base (generation, JSON), read back; the estimator's log with
-    /// it when `with_estimator` (the served record's).
+    /// A record's bytes with its base (generation, JSON), read back (errors name it `what`);
+    /// the estimator's log with it when `with_estimator` (the served record's).
     fn read_record(
         &self,
         bytes: &[u8],
         base: Option<(u64, Vec<u8>)>,
+        what: &str,
         with_estimator: bool,
     ) -> Result<Served, StoreError> {
         let corrupt = |problem: String| StoreError::Corrupt {
-            what: "the stored served map".into(),
+            what: what.to_string(),
             problem,
         };
         let (record, estimator) = if let Some(body) = bytes.strip_prefix(SERVED_MAGIC.as_slice()) {
@@ -1011,7 +1014,7 @@ mod tests {
             .insert(record_key(6, 5), &b"CDNSRV04\xff"[..])
             .expect("insert");
         let err = store.stored_map(6).expect_err("corrupt");
-        assert!(err.to_string().contains("served map"), "{err}");
+        assert!(err.to_string().contains("stored map version 6"), "{err}");
     }
 
     /// A checkpoint drops the entries it covers and keeps the later ones; a missing entry

@@ -74,8 +74,9 @@ fn observations(
     }
 }
 
-/// Writes round `r`'s served record with its estimator entry (with the base in the first
-/// round), as the service does; returns the time it took, encoding the entry included.
+/// Writes the record of `s` with its estimator entry (with the base when `s` is the first
+/// record solved from it, version `base_generation`), as the service does; returns the time it
+/// took, encoding the entry included.
 fn persist(
     store: &Store,
     driver: &Driver,
