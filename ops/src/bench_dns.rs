@@ -79,7 +79,7 @@ impl Drop for Proc {
     }
 }
 
-fn program(name: &str) -> Result<PathBuf> {
+pub(crate) fn program(name: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
@@ -197,7 +197,12 @@ fn host(net: IpNet, offset: u128) -> IpAddr {
 }
 
 /// Writes the query file; returns how many queries of each type it holds.
-fn write_queries(instance: &Instance, n: usize, seed: u64, path: &Path) -> Result<(usize, usize)> {
+pub(crate) fn write_queries(
+    instance: &Instance,
+    n: usize,
+    seed: u64,
+    path: &Path,
+) -> Result<(usize, usize)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd115);
     let units: Vec<UnitIdx> = (0..instance.unit_count() as UnitIdx)
         .filter(|&u| !instance.unit_prefixes(u).is_empty() && instance.unit_demand(u) > 0.0)
@@ -276,7 +281,7 @@ fn write_gdnsd(dir: &Path, port: u16) -> Result<()> {
 }
 
 /// CPU seconds (user + system) a process has used, from /proc (Linux; `None` elsewhere).
-fn cpu_secs(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_secs(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces) in parentheses.
     let rest = stat.rsplit_once(')')?.1;
@@ -287,17 +292,17 @@ fn cpu_secs(pid: u32) -> Option<f64> {
 
 /// One dnsperf run's figures.
 #[derive(Debug, Clone, Default)]
-struct Run {
-    qps: f64,
+pub(crate) struct Run {
+    pub(crate) qps: f64,
     /// The server's CPU time per query answered, microseconds.
-    cpu_us: f64,
-    latency_ms: f64,
-    stddev_ms: f64,
-    lost: f64,
-    noerror_pct: f64,
+    pub(crate) cpu_us: f64,
+    pub(crate) latency_ms: f64,
+    pub(crate) stddev_ms: f64,
+    pub(crate) lost: f64,
+    pub(crate) noerror_pct: f64,
 }
 
-fn parse_dnsperf(out: &str) -> Result<Run> {
+pub(crate) fn parse_dnsperf(out: &str) -> Result<Run> {
     let field = |label: &str| -> Option<f64> {
         out.lines()
             .find_map(|l| l.trim().strip_prefix(label))

@@ -400,6 +400,10 @@ enum BenchCommand {
     /// to the first DNS answer from the map, then a few rounds followed, and each process's
     /// peak resident memory.
     Follow(crate::bench_follow::FollowBenchArgs),
+    /// The whole service as processes: `cdnmap serve` and `cdnmap dns` on a demo world with
+    /// Feedback reports flowing; each round's parts, memory, the store, a front end joining,
+    /// the deltas, DNS queries per second and a restart from the store.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 pub fn run() -> Result<ExitCode> {
@@ -428,6 +432,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::ServerLoads(a)) => crate::bench_loads::server_loads(&a),
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
         Command::Bench(BenchCommand::Follow(a)) => crate::bench_follow::follow(&a),
+        Command::Bench(BenchCommand::Serve(a)) => crate::bench_serve::serve(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),
     }

@@ -1,0 +1,42 @@
+//! `cdnmap bench serve` refuses bad arguments, with exit code 2 and a message naming the
+//! argument, before it generates a world or starts a process. (The benchmark itself runs for
+//! minutes, at least ten cycles of 10 s: it is not part of the test suite; its figures are in
+//! `docs/perf/bench-serve.md`.)
+
+use std::process::{Command, Stdio};
+
+use cdnmap_tests::bin;
+
+/// `cdnmap bench serve args...` fails with exit code 2 and `needle` on stderr.
+fn refused(args: &[&str], needle: &str) {
+    let out = Command::new(bin!())
+        .args(["bench", "serve"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cdnmap");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: stderr should mention {needle:?}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_starts() {
+    refused(&["--rounds", "3"], "--rounds 3");
+    refused(&["--rounds", "100000"], "--rounds 100000");
+    refused(&["--cycle-secs", "5"], "--cycle-secs 5");
+    refused(&["--map-units", "0"], "--map-units");
+    refused(&["--clusters", "0"], "--clusters");
+    refused(&["--report-rate", "2000000"], "--report-rate 2000000");
+    refused(&["--noise", "80"], "--noise 80");
+    refused(&["--queries", "0"], "--queries 0");
+    refused(
+        &["--exe", "/nonexistent/cdnmap"],
+        "--exe /nonexistent/cdnmap",
+    );
+    refused(&["--rounds", "ten"], "--rounds");
+}
