@@ -210,6 +210,8 @@ enum Event {
     Restored { epoch: u64, version: u64 },
     /// A front end took a map version into use.
     InUse { epoch: u64, version: u64 },
+    /// A front end opened its WatchMap stream.
+    Following,
     /// The estimator's checkpoint: bytes, encode and write ms.
     Checkpoint { bytes: f64, ms: f64 },
     /// A line logged at ERROR.
@@ -318,6 +320,9 @@ fn parse_event(line: &str) -> Option<Event> {
             epoch: num(line, "epoch")?,
             version: num(line, "version")?,
         });
+    }
+    if line.contains("following the mapper's map") {
+        return Some(Event::Following);
     }
     if line.contains(" estimator checkpoint ") {
         let ms = num::<f64>(line, "encode_ms")? + num::<f64>(line, "write_ms")?;
@@ -1495,6 +1500,26 @@ fn run_rounds(
     })
 }
 
+/// Waits (at most a minute) until the first front end and the bench's WatchMap client hold
+/// version `last`, so that the last round's delta is counted too.
+fn wait_followed(ctx: &mut Ctx, front: &mut Front, watched: &Watched, last: u64) -> Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        front.log.poll();
+        let at_front = front
+            .log
+            .events
+            .iter()
+            .any(|(_, e)| matches!(e, Event::InUse { version, .. } if *version >= last));
+        if at_front && *watched.version.borrow() >= last {
+            break;
+        }
+        ctx.kids.check(&ctx.dir)?;
+        std::thread::sleep(POLL);
+    }
+    Ok(())
+}
+
 /// What the restart gave (times in seconds after the `kill -9`).
 struct Restart {
     stored: u64,
@@ -1503,6 +1528,8 @@ struct Restart {
     fresh: Front,
     killed_ms: f64,
     running_took: Option<(f64, (u64, u64))>,
+    /// The version the running front end held at the kill.
+    running_held: Option<(u64, u64)>,
     probes: (usize, usize),
     peak_mb: Option<f64>,
 }
@@ -1583,6 +1610,16 @@ fn restart(ctx: &mut Ctx, mapper: &mut Mapper, front: &mut Front, last: u64) -> 
         fresh,
         killed_ms,
         running_took: running_took.map(|(t, id)| (s(t), id)),
+        running_held: front
+            .log
+            .events
+            .iter()
+            .rev()
+            .filter(|(t, _)| *t <= killed_ms)
+            .find_map(|(_, e)| match e {
+                Event::InUse { epoch, version } => Some((*epoch, *version)),
+                _ => None,
+            }),
         probes: (ok, probes),
         peak_mb: peak_rss_mb(ctx.kids.pid(idx)),
     })
@@ -1604,6 +1641,25 @@ fn mb(bytes: f64) -> f64 {
     bytes / 1e6
 }
 
+/// For each round of `rounds`, the time from its `round published` line (written after the
+/// round is persisted, when WatchMap announces it) to the front end of `log` taking it into
+/// use, ms.
+fn front_lags(rounds: &[RoundRec], log: &LogTail) -> Vec<f64> {
+    rounds
+        .iter()
+        .filter_map(|r| {
+            let (t, ()) = log.find(|e| {
+                (*e == Event::InUse {
+                    epoch: r.epoch,
+                    version: r.version,
+                })
+                .then_some(())
+            })?;
+            Some(t - r.at_ms)
+        })
+        .collect()
+}
+
 /// Everything measured before the restart.
 struct Figures {
     first_map_s: f64,
@@ -1617,6 +1673,10 @@ struct Figures {
     peaks: [Option<f64>; 3],
     deltas: Vec<UpdateRec>,
     units: usize,
+    /// [`front_lags`] of the first front end over the counted rounds.
+    lags: Vec<f64>,
+    /// The first round's persist, ms (the first map is served after it).
+    first_persist_ms: f64,
 }
 
 fn fmt_mb(x: Option<f64>) -> String {
@@ -1691,8 +1751,17 @@ fn print_rounds(a: &ServeBenchArgs, c: &Counted) {
 fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats: &ReportStats) {
     println!(
         "first published map: {:.1} s after the mapper's start (the demo world generated, the cold \
-         round; listening at {:.1} s)",
-        f.first_map_s, f.listening_s
+         round; its `round published` line, after its persist of {:.1} s; listening at {:.1} s)",
+        f.first_map_s,
+        f.first_persist_ms / 1e3,
+        f.listening_s
+    );
+    let (m, x) = median_max(f.lags.clone());
+    println!(
+        "a round's map in use at the first front end {m:.0} ms (median) after the round's `round \
+         published` line, max {x:.0} ms, over {} counted rounds (WatchMap announces a round after \
+         its persist)",
+        f.lags.len()
     );
     let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
     println!(
@@ -1716,10 +1785,14 @@ fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats: &ReportSta
         ld(&stats.latency_us_max) as f64 / 1e3
     );
     println!(
-        "peak RSS (VmHWM): cdnmap serve {}; cdnmap dns {} (started with it), {} (joined late)",
+        "peak RSS (VmHWM): cdnmap serve {}; cdnmap dns {} (started with it), {} (joined late); \
+         this bench's own process (the world, its WatchMap client's map, the reports) {}, {:.0} s \
+         of CPU so far",
         fmt_mb(f.peaks[0]),
         fmt_mb(f.peaks[1]),
-        fmt_mb(f.peaks[2])
+        fmt_mb(f.peaks[2]),
+        fmt_mb(peak_rss_mb(Some(std::process::id()))),
+        cpu_secs(std::process::id()).unwrap_or(f64::NAN)
     );
     println!(
         "store on disk: {:.1} MB after the first round; {:.1} MB after {} rounds (versions 1..={}), \
@@ -1740,13 +1813,17 @@ fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats: &ReportSta
     let d = &c.dns;
     println!(
         "DNS during the last {} counted rounds, {} against the first cdnmap dns: {:.0} queries/s, NOERROR {:.2}%, \
-         lost {}, mean latency {:.3} ms; the front end's CPU {:.2} µs per query",
+         lost {}, mean latency {}; the front end's CPU {:.2} µs per query",
         c.rounds.len() - c.quiet.min(c.rounds.len()),
         d.tool,
         d.qps,
         d.noerror_pct,
         d.lost,
-        d.latency_ms,
+        if d.latency_ms.is_nan() {
+            "not measured".to_string()
+        } else {
+            format!("{:.3} ms", d.latency_ms)
+        },
         c.dns_cpu_us
     );
 }
@@ -1786,10 +1863,16 @@ fn print_restart(r: &Restart) {
     } else {
         "NOT the stored map"
     };
+    let stream = r
+        .fresh
+        .log
+        .find(|e| (*e == Event::Following).then_some(()))
+        .map_or("—".into(), |(t, ())| format!("{:.1} s", s(t)));
     println!(
         "restart (kill -9, then a start on the same store, version {} stored): the stored map served \
-         {}; listening {:.1} s; a cdnmap dns started with it: map in use {:.1} s (epoch {e} version {v}: \
-         {stored}), first DNS answer {:.1} s after the kill",
+         {}; listening {:.1} s; a cdnmap dns started with it: WatchMap stream open {stream} (after its \
+         reconnection backoff), map in use {:.1} s (epoch {e} version {v}: {stored}), first DNS \
+         answer {:.1} s after the kill",
         r.stored,
         r.restored.map_or("— no `serving the stored map` line".into(), |(t, e, v)| format!(
             "{t:.1} s after the kill (epoch {e} version {v})"
@@ -1806,8 +1889,10 @@ fn print_restart(r: &Restart) {
         r.running_took.map_or(
             "took no new map version within 30 s".into(),
             |(t, (e, v))| format!(
-                "took its first new map version after the kill into use {t:.1} s after it \
-                 (epoch {e} version {v}; the stored version is the one it held)"
+                "took its first map version after the kill, epoch {e} version {v}, into use \
+                 {t:.1} s after it (it held {})",
+                r.running_held
+                    .map_or("none".into(), |(e, v)| format!("epoch {e} version {v}"))
             )
         ),
         fmt_mb(r.peak_mb)
@@ -1925,9 +2010,9 @@ fn run(
     let conf = write_serve_config(a, &ctx.dir, "serve.toml", None)?;
     let mut mapper = start_mapper(ctx, &conf, "serve.log")?;
     let secs = |t: f64, from: f64| (t - from) / 1e3;
-    let first_map_s = rounds_of(&mapper.log.events)
-        .first()
-        .map_or(f64::NAN, |r| secs(r.at_ms, mapper.spawned_ms));
+    let first = rounds_of(&mapper.log.events).first().copied();
+    let first_map_s = first.map_or(f64::NAN, |r| secs(r.at_ms, mapper.spawned_ms));
+    let first_persist_ms = first.map_or(f64::NAN, |r| r.parts[5]);
     let listening_s = mapper
         .log
         .listening()
@@ -1944,6 +2029,12 @@ fn run(
         &front,
         (&inst, &watched, &stats, rate),
         queries,
+    )?;
+    wait_followed(
+        ctx,
+        &mut front,
+        &watched,
+        c.rounds.last().map_or(0, |r| r.version),
     )?;
     let pid = |i| ctx.kids.pid(i);
     let peaks = [pid(mapper.idx), pid(front.idx), pid(c.late.idx)].map(peak_rss_mb);
@@ -1976,6 +2067,11 @@ fn run(
         peaks,
         deltas,
         units: inst.unit_count(),
+        lags: {
+            front.log.poll();
+            front_lags(&c.rounds, &front.log)
+        },
+        first_persist_ms,
     };
     let first_log = std::mem::replace(&mut mapper.log, LogTail::new(PathBuf::new()));
     let r = restart(ctx, &mut mapper, &mut front, versions)?;
