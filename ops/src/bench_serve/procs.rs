@@ -1,0 +1,200 @@
+//! The processes: their configurations, starting and waiting for them, and what is read of them from outside (peak resident memory, the store's size, `/metrics`). Every child is killed when its guard drops.
+
+use super::*;
+
+/// The child processes; each is killed (SIGKILL) and reaped when dropped, on every exit path.
+#[derive(Default)]
+pub(super) struct Children {
+    pub(super) procs: Vec<(Option<Proc>, PathBuf)>,
+}
+
+/// The last lines of a log, for an error message (the temporary directory goes with the bench).
+pub(super) fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<String> = text.lines().rev().take(5).map(strip_ansi).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n    ")
+}
+
+impl Children {
+    /// Adds `p`, which logs to `log`.
+    pub(super) fn add(&mut self, p: Proc, log: &Path) -> usize {
+        self.procs.push((Some(p), log.to_path_buf()));
+        self.procs.len() - 1
+    }
+
+    pub(super) fn pid(&self, i: usize) -> Option<u32> {
+        self.procs.get(i)?.0.as_ref().map(|p| p.0.id())
+    }
+
+    /// `kill -9` of child `i`, reaped.
+    pub(super) fn kill(&mut self, i: usize) {
+        if let Some(p) = self.procs.get_mut(i) {
+            drop(p.0.take());
+        }
+    }
+
+    /// Fails, naming the process and the logs, if one that was not killed has exited, or
+    /// when the bench was interrupted.
+    pub(super) fn check(&mut self, dir: &Path) -> Result<()> {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            bail!("interrupted; the servers are stopped");
+        }
+        for (p, log) in &mut self.procs {
+            let Some(p) = p else { continue };
+            if let Ok(Some(status)) = p.0.try_wait() {
+                bail!(
+                    "{} exited with {status}; the end of its log ({}; all logs in {}):\n    {}",
+                    p.1,
+                    log.display(),
+                    dir.display(),
+                    log_tail(log)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits for `f` to give a value, failing after `timeout` or if a child exits; prints a
+/// progress line now and then.
+pub(super) fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    kids: &mut Children,
+    dir: &Path,
+    mut f: impl FnMut() -> Option<T>,
+) -> Result<T> {
+    let started = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        if let Some(x) = f() {
+            return Ok(x);
+        }
+        kids.check(dir)?;
+        if started.elapsed() > timeout {
+            bail!(
+                "no {what} within {timeout:?}; see the logs in {}",
+                dir.display()
+            );
+        }
+        if said.elapsed() > PROGRESS_EVERY {
+            eprintln!(
+                "  ... waiting for {what} ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            );
+            said = Instant::now();
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The mapper's configuration (`grpc` may name a fixed address, else port 0), its store in
+/// `dir`.
+pub(super) fn serve_config(a: &ServeBenchArgs, dir: &Path, grpc: Option<SocketAddr>) -> String {
+    let grpc = grpc.map_or_else(|| "127.0.0.1:0".to_string(), |g| g.to_string());
+    format!(
+        "grpc_listen = \"{grpc}\"\nhttp_listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n\
+         cycle_secs = {}\n[demo]\nmap_units = {}\nclusters = {}\nseed = {}\n",
+        dir.join("data").display().to_string(),
+        a.cycle_secs,
+        a.map_units,
+        a.clusters,
+        a.seed
+    )
+}
+
+/// Writes the mapper's configuration into `dir` as `name`.
+pub(super) fn write_serve_config(
+    a: &ServeBenchArgs,
+    dir: &Path,
+    name: &str,
+    grpc: Option<SocketAddr>,
+) -> Result<PathBuf> {
+    let conf = dir.join(name);
+    std::fs::write(&conf, serve_config(a, dir, grpc))
+        .with_context(|| format!("writing {}", conf.display()))?;
+    Ok(conf)
+}
+
+pub(super) fn spawn_serve(exe: &Path, conf: &Path, log: &Path) -> Result<Proc> {
+    spawn(
+        Command::new(exe)
+            .arg("serve")
+            .arg("--config")
+            .arg(conf)
+            .env("NO_COLOR", "1"),
+        log,
+        "cdnmap serve",
+    )
+}
+
+pub(super) fn spawn_dns(
+    exe: &Path,
+    grpc: SocketAddr,
+    (log, name): (&Path, &'static str),
+    reports: bool,
+) -> Result<Proc> {
+    let report_secs = if reports { "10" } else { "3600" };
+    spawn(
+        Command::new(exe)
+            .arg("dns")
+            .args(["--report-secs", report_secs])
+            .args(["--mapper", &format!("http://{grpc}")])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--zone", "cdn.example."])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1"),
+        log,
+        name,
+    )
+}
+
+/// A process's peak resident memory (`VmHWM`), MB.
+pub(super) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Bytes of the files under `dir`.
+pub(super) fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// `GET path` over HTTP/1.1, the body.
+pub(super) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.take(MAX_HTTP_BYTES).read_to_string(&mut text)?;
+    let (_, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path} from {addr}: no HTTP answer"))?;
+    Ok(body.to_string())
+}
+
+/// The value of an unlabelled metric in a Prometheus text page.
+pub(super) fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
