@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use cdnmap_mapper::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
 use cdnmap_proto::v1 as pb;
+use cdnmap_topology::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use tonic::{Request, Response, Status};
 
 use crate::service::{invalid, Shared};

@@ -290,8 +290,8 @@ fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpd
 pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::{ClusterState, Instance, Limits};
+    use cdnmap_topology::format::parse_instance;
     use pb::mapping_server::Mapping;
 
     /// Four clusters of four servers, 60 units over 10.0.x.0/24 in three classes.

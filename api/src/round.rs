@@ -237,8 +237,8 @@ pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::{ClusterState, Limits};
+    use cdnmap_topology::format::parse_instance;
 
     /// Four units, two clusters; "far" is everyone's second choice.
     fn instance() -> Instance {
@@ -387,9 +387,9 @@ mod tests {
         assert!(changed.is_empty(), "{changed:?}");
     }
 
-    fn serde_json_file(inst: &Instance) -> cdnmap_mapper::format::InstanceFile {
+    fn serde_json_file(inst: &Instance) -> cdnmap_topology::format::InstanceFile {
         let mut bytes = Vec::new();
-        cdnmap_mapper::format::write_instance(inst, &mut bytes).expect("write");
+        cdnmap_topology::format::write_instance(inst, &mut bytes).expect("write");
         serde_json::from_slice(&bytes).expect("read back")
     }
 }

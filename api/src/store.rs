@@ -12,8 +12,8 @@
 
 use std::path::Path;
 
-use cdnmap_mapper::format::{parse_assignment, parse_instance, write_instance};
 use cdnmap_mapper::{Instance, Limits, Map};
+use cdnmap_topology::format::{parse_assignment, parse_instance, write_instance};
 use serde::{Deserialize, Serialize};
 
 const TOPOLOGY_KEY: &[u8] = b"instance";
@@ -1100,7 +1100,7 @@ mod tests {
             solved_at_unix_ms: 30,
         };
         let mut json = Vec::new();
-        cdnmap_mapper::format::write_assignment(&inst, &map, &meta, &mut json).expect("write");
+        cdnmap_topology::format::write_assignment(&inst, &map, &meta, &mut json).expect("write");
         store.maps.insert(3u64.to_be_bytes(), json).expect("insert");
         assert!(store.served().expect("read").is_none());
         let (back_meta, back_map) = store.latest_map(&inst).expect("read").expect("stored");
@@ -1124,7 +1124,7 @@ mod tests {
             estimator: EstimatorLog::default(),
         };
         store.put_served(&record.as_ref(), 4).expect("map");
-        let mut file = cdnmap_mapper::format::InstanceFile::of(&inst);
+        let mut file = cdnmap_topology::format::InstanceFile::of(&inst);
         file.map_units.retain(|u| u.id != "u1");
         file.clusters.retain(|c| c.id != "b");
         for u in &mut file.map_units {
@@ -1191,7 +1191,7 @@ mod tests {
     fn a_compact_map_reads_back_bit_for_bit() {
         let inst = instance();
         let four = |demands: Vec<f64>| {
-            let mut file = cdnmap_mapper::format::InstanceFile::of(&inst);
+            let mut file = cdnmap_topology::format::InstanceFile::of(&inst);
             let mut u = file.map_units[0].clone();
             for (i, d) in demands.iter().enumerate() {
                 u.id = format!("v{i}");

@@ -19,8 +19,8 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use cdnmap_mapper::format::{ClusterFile, InstanceFile, MapUnitFile};
 use cdnmap_mapper::{ClusterState, Instance, Limits};
+use cdnmap_topology::format::{ClusterFile, InstanceFile, MapUnitFile};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::Store;
@@ -309,7 +309,7 @@ fn drop_unservable(file: &mut InstanceFile) -> Result<(usize, usize), ChangeErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_topology::format::parse_instance;
     use std::sync::Mutex;
 
     /// Two classes; "a" serves both, "b" only web, "c" only video; units list a and b or a and c.
@@ -373,7 +373,7 @@ mod tests {
         let base = Arc::new(instance());
         let mut file = InstanceFile::of(&base);
         let mut a = file.clusters.remove(0);
-        if let cdnmap_mapper::format::ResourcesFile::Nested(root) = &mut a.resources {
+        if let cdnmap_topology::format::ResourcesFile::Nested(root) = &mut a.resources {
             root.classes = vec!["web".into()];
         }
         let applied = apply(&base, &Change::UpsertCluster(a)).expect("applied");

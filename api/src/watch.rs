@@ -83,11 +83,11 @@ mod tests {
     use std::net::IpAddr;
     use std::sync::Arc;
 
-    use cdnmap_mapper::format::{
-        CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
-    };
     use cdnmap_mapper::{Instance, Limits, PerUnit, ResourceKind, Stickiness, TrafficClass};
     use cdnmap_serve::resolve::{ClassRules, Resolver};
+    use cdnmap_topology::format::{
+        CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
+    };
     use ipnet::IpNet;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;

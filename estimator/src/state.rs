@@ -481,8 +481,8 @@ impl Estimates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::Limits;
+    use cdnmap_topology::format::parse_instance;
 
     /// The demand `reports` (unit id, queries) of `inst`'s units.
     fn demand(inst: &Instance, reports: &[(&str, f64)]) -> UnitDemand {
@@ -590,7 +590,7 @@ mod tests {
 
     /// `inst` with its units `keep`-filtered and `extra` added (same class, demand, candidates).
     fn with_units(inst: &Instance, keep: &[&str], extra: &[&str]) -> Instance {
-        let mut file = cdnmap_mapper::format::InstanceFile::of(inst);
+        let mut file = cdnmap_topology::format::InstanceFile::of(inst);
         let template = file.map_units[0].clone();
         file.map_units.retain(|u| keep.contains(&u.id.as_str()));
         for id in extra {

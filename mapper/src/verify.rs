@@ -726,9 +726,9 @@ fn find_blocking_pairs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::parse_instance;
     use crate::map::Allocation;
     use crate::model::Limits;
+    use crate::testing::parse_instance;
     use serde_json::{json, Value};
 
     fn build(v: &Value) -> Instance {

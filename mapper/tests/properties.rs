@@ -777,7 +777,7 @@ proptest! {
         g in gen_with(mixed_classes(), small()),
         seed in any::<u64>(),
     ) {
-        use cdnmap_mapper::format::{InstanceFile, NestedNode, ResourcesFile};
+        use cdnmap_topology::format::{InstanceFile, NestedNode, ResourcesFile};
         fn scale(n: &mut NestedNode, f: f64) {
             n.capacity *= f;
             n.children.iter_mut().for_each(|c| scale(c, f));

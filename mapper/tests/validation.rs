@@ -2,11 +2,11 @@
 //! that names the offending input; JSON-level failures that must be errors, never panics; and the
 //! equivalences the formats promise (nested and flat trees, extra fields ignored).
 
-use cdnmap_mapper::format::{parse_instance, FormatError, InstanceFile};
 use cdnmap_mapper::{
     CandidateSpec, ClusterSpec, Instance, InstanceBuilder, Limits, MapUnitSpec, ModelError,
     TrafficClass,
 };
+use cdnmap_topology::format::{parse_instance, FormatError, InstanceFile};
 use serde_json::{json, Value};
 
 /// A small valid world: two classes, cluster "fra1" with a flat tree, "ams1" with a nested one,

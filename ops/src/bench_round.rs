@@ -156,14 +156,14 @@ fn print_medians(times: &[[f64; 7]], units: usize) {
 /// `Estimates::apply` did every round, and the JSON the store wrote every round.
 fn print_baselines(s: &Snapshot) -> Result<()> {
     let t = Instant::now();
-    let rebuilt = cdnmap_mapper::format::InstanceFile::of(&s.instance)
+    let rebuilt = cdnmap_topology::format::InstanceFile::of(&s.instance)
         .build(cdnmap_mapper::Limits::default())?;
     let rebuild_ms = ms(t);
     drop(std::hint::black_box(rebuilt));
     let t = Instant::now();
     let mut json = Vec::new();
-    cdnmap_mapper::format::write_instance(&s.instance, &mut json)?;
-    cdnmap_mapper::format::write_assignment(&s.instance, &s.map, &s.version, &mut json)?;
+    cdnmap_topology::format::write_instance(&s.instance, &mut json)?;
+    cdnmap_topology::format::write_assignment(&s.instance, &s.map, &s.version, &mut json)?;
     let json_ms = ms(t);
     println!(
         "baselines      the old estimator's rebuild through the file form {rebuild_ms:.0} ms; \

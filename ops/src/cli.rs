@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_mapper::format::{parse_assignment, write_assignment, write_instance};
 use cdnmap_mapper::{
     churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Limits, Map,
     SolveOptions, Stickiness, DEFAULT_STICKINESS,
 };
+use cdnmap_topology::format::{parse_assignment, write_assignment, write_instance};
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench;

@@ -7,8 +7,8 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_mapper::format::parse_instance;
 use cdnmap_mapper::{Instance, Limits};
+use cdnmap_topology::format::parse_instance;
 use cdnmap_world::world::{self, WorldParams};
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -756,9 +756,9 @@ fn hash(client: IpNet, qname: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::model::Limits;
     use cdnmap_mapper::{solve, SolveOptions};
+    use cdnmap_topology::format::parse_instance;
 
     fn instance() -> Instance {
         let json = r#"{

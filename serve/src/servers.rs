@@ -269,8 +269,8 @@ impl Servers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::model::{Instance, Limits};
+    use cdnmap_topology::format::parse_instance;
 
     fn instance() -> Instance {
         let cluster = |id: &str, addrs: &[&str]| {

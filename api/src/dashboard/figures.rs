@@ -404,9 +404,9 @@ pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<Candi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::{Limits, Stickiness};
     use cdnmap_serve::resolve::ClassRules;
+    use cdnmap_topology::format::parse_instance;
 
     /// DESIGN.md's worked example, with a second cluster "far" for what is evicted: "near"
     /// (fps node B of capacity 30 under bps root A) prefers apps; 20 video then 26 apps.

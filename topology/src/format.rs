@@ -13,9 +13,9 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
-use crate::error::ModelError;
-use crate::map::{Allocation, Map};
-use crate::model::{
+use cdnmap_mapper::error::ModelError;
+use cdnmap_mapper::map::{Allocation, Map};
+use cdnmap_mapper::model::{
     CandidateSpec, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, MapUnitSpec,
     ResourceKind, ResourceNodeSpec, TrafficClass, UnitIdx,
 };
@@ -217,7 +217,7 @@ pub fn parse_instance(bytes: &[u8], limits: Limits) -> Result<Instance, FormatEr
 }
 
 /// The nested form of a validated cluster's tree.
-fn nested(cluster: &crate::model::Cluster, i: u32, instance: &Instance) -> NestedNode {
+fn nested(cluster: &cdnmap_mapper::model::Cluster, i: u32, instance: &Instance) -> NestedNode {
     let n = &cluster.nodes[i as usize];
     NestedNode {
         name: n.name.clone(),
@@ -256,7 +256,7 @@ impl Serialize for UnitView<'_> {
 }
 
 /// A validated cluster in the file form (its tree nested).
-pub fn cluster_file(instance: &Instance, c: crate::model::ClusterIdx) -> ClusterFile {
+pub fn cluster_file(instance: &Instance, c: cdnmap_mapper::model::ClusterIdx) -> ClusterFile {
     let c = &instance.clusters()[c as usize];
     ClusterFile {
         id: c.id.clone(),
@@ -297,7 +297,7 @@ impl InstanceFile {
     pub fn of(instance: &Instance) -> InstanceFile {
         InstanceFile {
             traffic_classes: instance.classes().to_vec(),
-            clusters: (0..instance.clusters().len() as crate::model::ClusterIdx)
+            clusters: (0..instance.clusters().len() as cdnmap_mapper::model::ClusterIdx)
                 .map(|c| cluster_file(instance, c))
                 .collect(),
             map_units: (0..instance.unit_count() as UnitIdx)
@@ -309,7 +309,8 @@ impl InstanceFile {
 
 /// Writes `instance` in the instance file format, streaming the map units.
 pub fn write_instance<W: Write>(instance: &Instance, w: W) -> Result<(), serde_json::Error> {
-    let clusters: Vec<ClusterFile> = (0..instance.clusters().len() as crate::model::ClusterIdx)
+    let clusters: Vec<ClusterFile> = (0..instance.clusters().len()
+        as cdnmap_mapper::model::ClusterIdx)
         .map(|c| cluster_file(instance, c))
         .collect();
     let mut ser = serde_json::Serializer::new(w);
