@@ -14,6 +14,7 @@ use std::path::Path;
 
 use cdnmap_mapper::{Instance, Limits, Map};
 use cdnmap_topology::format::{parse_assignment, parse_instance, write_instance};
+use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
 const TOPOLOGY_KEY: &[u8] = b"instance";
@@ -110,7 +111,7 @@ impl Stored {
 
     /// The round's instance (`base` with the round's demands, coefficients and capacities)
     /// and its map, checked against it.
-    fn instance_and_map(self, base: &Instance) -> Result<(Instance, Map), String> {
+    fn instance_and_map(self, base: &Topology) -> Result<(Topology, Map), String> {
         let (demands, per_unit, capacities) = match &self {
             Stored::Now(r) => (r.demands.clone(), &r.per_unit, &r.capacities),
             Stored::Format03(r) => (r.demands.clone(), &r.per_unit, &r.capacities),
@@ -119,6 +120,7 @@ impl Stored {
             .with_demands(demands)
             .and_then(|i| i.with_capacities(per_unit, capacities))
             .map_err(|e| format!("its instance: {e}"))?;
+        let instance = base.with_instance(instance);
         let map = match &self {
             Stored::Now(r) => r.map.to_map(&instance),
             Stored::Format03(r) => r.map.to_map(&instance),
@@ -323,7 +325,8 @@ pub struct Served {
     pub epoch: u64,
     pub version: u64,
     pub solved_at_unix_ms: i64,
-    pub instance: Instance,
+    /// The round's topology: its base with the round's demands, coefficients and capacities.
+    pub topology: Topology,
     pub map: Map,
     pub estimator: EstimatorLog,
 }
@@ -349,7 +352,7 @@ pub struct ServedRef<'a> {
     /// The topology the round started from (with the cluster states of the round), its
     /// generation (the version of the first record solved from it: a new one after every
     /// edit), and whether it changed since the last record.
-    pub base: &'a Instance,
+    pub base: &'a Topology,
     pub base_generation: u64,
     pub write_base: bool,
     /// The round's instance: `base` with the round's demands, coefficients and capacities.
@@ -367,10 +370,10 @@ impl Served {
             epoch: self.epoch,
             version: self.version,
             solved_at_unix_ms: self.solved_at_unix_ms,
-            base: &self.instance,
+            base: &self.topology,
             base_generation: 0,
             write_base: true,
-            instance: &self.instance,
+            instance: &self.topology,
             map: &self.map,
             round_entry: self.estimator.entries.last().map_or(&[], |(_, e)| e),
         }
@@ -441,9 +444,9 @@ impl Store {
     }
 
     /// Replaces the stored topology.
-    pub fn put_topology(&self, instance: &Instance) -> Result<(), StoreError> {
+    pub fn put_topology(&self, topology: &Topology) -> Result<(), StoreError> {
         let mut bytes = Vec::new();
-        write_instance(instance, &mut bytes).map_err(|e| StoreError::Corrupt {
+        write_instance(topology, &mut bytes).map_err(|e| StoreError::Corrupt {
             what: "the topology to store".into(),
             problem: e.to_string(),
         })?;
@@ -454,7 +457,7 @@ impl Store {
     }
 
     /// The stored topology, validated like an instance file.
-    pub fn topology(&self, limits: Limits) -> Result<Option<Instance>, StoreError> {
+    pub fn topology(&self, limits: Limits) -> Result<Option<Topology>, StoreError> {
         let Some(bytes) = self
             .topology
             .get(TOPOLOGY_KEY)
@@ -669,7 +672,7 @@ impl Store {
 
     /// Map version `version` as stored, with the instance it was solved for: the served one
     /// or an older one of the history; `None` when it is not kept.
-    pub fn stored_map(&self, version: u64) -> Result<Option<(Instance, Map)>, StoreError> {
+    pub fn stored_map(&self, version: u64) -> Result<Option<(Topology, Map)>, StoreError> {
         let key = self
             .served
             .scan_prefix(prefixed(RECORD_PREFIX, version))
@@ -688,7 +691,7 @@ impl Store {
         };
         let base = base.map(|b| (generation, b.to_vec()));
         let served = self.read_record(&bytes, base, &what, false)?;
-        Ok(Some((served.instance, served.map)))
+        Ok(Some((served.topology, served.map)))
     }
 
     fn get_served(&self, key: &[u8], what: &str) -> Result<Option<sled::IVec>, StoreError> {
@@ -749,12 +752,12 @@ impl Store {
         }
         let base = parse_instance(&json, Limits::default())
             .map_err(|e| corrupt(format!("its topology: {e}")))?;
-        let (instance, map) = record.instance_and_map(&base).map_err(corrupt)?;
+        let (topology, map) = record.instance_and_map(&base).map_err(corrupt)?;
         Ok(Served {
             epoch,
             version,
             solved_at_unix_ms,
-            instance,
+            topology,
             map,
             estimator,
         })
@@ -864,7 +867,7 @@ mod tests {
     use super::*;
     use cdnmap_mapper::{solve, ClusterState, SolveOptions};
 
-    fn instance() -> Instance {
+    fn instance() -> Topology {
         let json = r#"{
           "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
           "clusters": [
@@ -907,7 +910,7 @@ mod tests {
             epoch: 3,
             version,
             solved_at_unix_ms: 1_000 * version as i64,
-            instance: inst.clone(),
+            topology: inst.clone(),
             map: map.clone(),
             estimator: EstimatorLog {
                 checkpoint: Some((1, b"state 1".to_vec())),
@@ -1119,7 +1122,7 @@ mod tests {
             epoch: 1,
             version: 9,
             solved_at_unix_ms: 5,
-            instance: inst.clone(),
+            topology: inst.clone(),
             map,
             estimator: EstimatorLog::default(),
         };
@@ -1167,7 +1170,7 @@ mod tests {
         store.put_served(&record(1, true), 4).expect("first");
         store.put_served(&record(2, false), 4).expect("second");
         let back = store.served().expect("read").expect("stored");
-        assert_eq!(back.instance, round);
+        assert_eq!(back.topology.instance, round);
         assert_eq!(back.map, map);
         assert_eq!((back.epoch, back.version), (2, 2));
         // A record naming another generation than the stored base is refused, naming both.
@@ -1305,7 +1308,7 @@ mod tests {
             epoch: 1,
             version: 1,
             solved_at_unix_ms: 0,
-            instance: inst,
+            topology: inst,
             map,
             estimator: EstimatorLog::default(),
         };

@@ -31,8 +31,8 @@ pub(crate) fn random_candidates(
     cands.join(",")
 }
 
-/// An instance from JSON in the instance file's shape (nested resource trees only, no
-/// addresses or prefixes): what the crate's unit tests write their small worlds in. The file
+/// An instance from JSON in the instance file's shape (nested resource trees only, and only
+/// the fields allocation reads): what the crate's unit tests write their small worlds in. The file
 /// format itself, with every form and field, is `cdnmap-topology`'s; this reader only spares the
 /// mapper's own tests a dependency on it.
 pub(crate) fn parse_instance(
@@ -110,7 +110,6 @@ pub(crate) fn parse_instance(
                 id: c.id,
                 lat: c.lat,
                 lon: c.lon,
-                addresses: Vec::new(),
                 state: c.state,
                 serves: c.classes,
                 resources,
@@ -134,7 +133,6 @@ pub(crate) fn parse_instance(
             demand: u.demand,
             lat: u.lat,
             lon: u.lon,
-            prefixes: &[],
             candidates: &cands,
         })?;
     }

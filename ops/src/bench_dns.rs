@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cdnmap_dns::config::fqdn;
-use cdnmap_mapper::{Instance, UnitIdx};
+use cdnmap_mapper::UnitIdx;
+use cdnmap_topology::Topology;
 use clap::Args;
 use hickory_server::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
@@ -197,7 +198,7 @@ fn host(net: IpNet, offset: u128) -> IpAddr {
 }
 
 /// Writes the query file; returns how many queries of each type it holds.
-fn write_queries(instance: &Instance, n: usize, seed: u64, path: &Path) -> Result<(usize, usize)> {
+fn write_queries(instance: &Topology, n: usize, seed: u64, path: &Path) -> Result<(usize, usize)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd115);
     let units: Vec<UnitIdx> = (0..instance.unit_count() as UnitIdx)
         .filter(|&u| !instance.unit_prefixes(u).is_empty() && instance.unit_demand(u) > 0.0)

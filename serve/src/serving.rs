@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
 use cdnmap_mapper::Map;
+use cdnmap_topology::Topology;
 use ipnet::IpNet;
 
 /// No cluster (a unit without a backup).
@@ -70,14 +71,16 @@ pub struct ServingCluster {
 }
 
 impl ServingCluster {
-    /// The clusters of `instance`, by cluster index.
-    pub fn of_instance(instance: &Instance) -> Vec<ServingCluster> {
-        instance
+    /// The clusters of `topology`, by cluster index.
+    pub fn of_topology(topology: &Topology) -> Vec<ServingCluster> {
+        topology
+            .instance
             .clusters()
             .iter()
-            .map(|c| ServingCluster {
+            .enumerate()
+            .map(|(ci, c)| ServingCluster {
                 id: c.id.clone(),
-                addresses: c.addresses.clone(),
+                addresses: topology.cluster_addresses(ci as ClusterIdx).to_vec(),
                 state: c.state,
             })
             .collect()
@@ -362,23 +365,24 @@ impl Builder {
 }
 
 impl ServingMap {
-    /// The serving map of `map`, a map of `instance`: shares by [`cdnmap_mapper::map::share`]
+    /// The serving map of `map`, a map of `topology`'s instance: shares by [`cdnmap_mapper::map::share`]
     /// (the one definition), each unit's backups its two best up candidates outside its
     /// placements,
     /// each class's fallbacks the two up clusters serving it with the most room.
-    pub fn of_solution(instance: &Instance, map: &Map) -> Result<ServingMap, ServeError> {
-        Self::of_solution_after(instance, map, None)
+    pub fn of_solution(topology: &Topology, map: &Map) -> Result<ServingMap, ServeError> {
+        Self::of_solution_after(topology, map, None)
     }
 
     /// [`Self::of_solution`], sharing the unit ids, classes and prefixes with `previous` (the
-    /// serving map of the round before) when `instance` has exactly those: the usual round,
+    /// serving map of the round before) when `topology` has exactly those: the usual round,
     /// where only demand and the map changed. Those columns are then not copied again, and
     /// the resolver sees the same units with one pointer comparison.
     pub fn of_solution_after(
-        instance: &Instance,
+        topology: &Topology,
         map: &Map,
         previous: Option<&ServingMap>,
     ) -> Result<ServingMap, ServeError> {
+        let instance = &topology.instance;
         if map.unit_count() != instance.unit_count() {
             return Err(ServeError::MapShape {
                 map_units: map.unit_count(),
@@ -390,11 +394,11 @@ impl ServingMap {
             .iter()
             .map(|c| Arc::from(c.name.as_str()))
             .collect();
-        let clusters = ServingCluster::of_instance(instance);
+        let clusters = ServingCluster::of_topology(topology);
         let up: Vec<bool> = clusters.iter().map(ServingCluster::is_up).collect();
         let mut b = Builder::new(classes, clusters)?;
         let units = instance.unit_count() as UnitIdx;
-        let shared = previous.filter(|p| p.has_units_of(instance));
+        let shared = previous.filter(|p| p.has_units_of(topology));
         let mut sizes = Sizes {
             units: units as usize,
             shares: (0..units).map(|u| map.allocations(u).len()).sum(),
@@ -404,7 +408,7 @@ impl ServingMap {
             Some(p) => b.map.units.keys = Arc::clone(&p.units.keys),
             None => {
                 sizes.id_bytes = (0..units).map(|u| instance.unit_id(u).len()).sum();
-                sizes.prefixes = (0..units).map(|u| instance.unit_prefixes(u).len()).sum();
+                sizes.prefixes = topology.addressing.prefix_count();
             }
         }
         b.reserve(sizes);
@@ -426,7 +430,7 @@ impl ServingMap {
                 b.push(
                     instance.unit_id(u),
                     instance.unit_class(u),
-                    instance.unit_prefixes(u),
+                    topology.unit_prefixes(u),
                     placed.iter().copied(),
                     overflow,
                     backups,
@@ -472,13 +476,14 @@ impl ServingMap {
         Arc::ptr_eq(&self.units.keys, &other.units.keys) || self.units.keys == other.units.keys
     }
 
-    /// Whether this map's units are exactly `instance`'s: ids, classes and prefixes (as the
+    /// Whether this map's units are exactly `topology`'s: ids, classes and prefixes (as the
     /// map holds them, truncated), in order.
-    fn has_units_of(&self, instance: &Instance) -> bool {
+    fn has_units_of(&self, topology: &Topology) -> bool {
+        let instance = &topology.instance;
         let n = instance.unit_count();
         n == self.unit_count()
             && (0..n as UnitIdx).all(|u| {
-                let (mine, theirs) = (self.unit_prefixes(u), instance.unit_prefixes(u));
+                let (mine, theirs) = (self.unit_prefixes(u), topology.unit_prefixes(u));
                 self.unit_class(u) == instance.unit_class(u)
                     && mine.len() == theirs.len()
                     && mine.iter().zip(theirs).all(|(a, b)| *a == b.trunc())

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use cdnmap_mapper::{ClusterState, Instance, PerUnit, UnitIdx};
+use cdnmap_topology::Topology;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -174,7 +175,7 @@ async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiError> {
     Ok((s, v))
 }
 
-fn topology(app: &App) -> Result<Arc<Instance>, ApiError> {
+fn topology(app: &App) -> Result<Arc<Topology>, ApiError> {
     Ok(app.shared.topology_now())
 }
 
@@ -263,7 +264,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         })
     });
     let (demand, overflow) = s.as_ref().map_or((0.0, 0.0), |s| {
-        (s.instance.total_demand(), s.map.total_overflow())
+        (s.topology.total_demand(), s.map.total_overflow())
     });
     Ok(Json(StatusBody {
         now_unix_ms: now,
@@ -411,7 +412,7 @@ fn cluster_row(
 ) -> ClusterRow {
     let cl = &topo.clusters()[c];
     let (capacity_factor, derated_because) = derated.get(&cl.id).cloned().unwrap_or((1.0, None));
-    let in_map = s.instance.cluster_index(&cl.id);
+    let in_map = s.topology.cluster_index(&cl.id);
     let class_name = |k: cdnmap_mapper::ClassIdx| {
         topo.classes()
             .get(usize::from(k))
@@ -425,10 +426,10 @@ fn cluster_row(
             // node of the same name (the topology may have changed since).
             let (load, capacity) = in_map
                 .and_then(|m| {
-                    let mc = &s.instance.clusters()[m as usize];
+                    let mc = &s.topology.clusters()[m as usize];
                     let mn = mc.nodes.iter().position(|x| x.name == node.name)?;
                     Some((
-                        v.usage[s.instance.global_node(m, mn as u32)],
+                        v.usage[s.topology.global_node(m, mn as u32)],
                         mc.nodes[mn].capacity,
                     ))
                 })
@@ -462,11 +463,11 @@ fn cluster_row(
                 .iter()
                 .take(top)
                 .map(|&(u, amount)| UnitShare {
-                    id: s.instance.unit_id(u).to_string(),
+                    id: s.topology.unit_id(u).to_string(),
                     class: s
-                        .instance
+                        .topology
                         .classes()
-                        .get(usize::from(s.instance.unit_class(u)))
+                        .get(usize::from(s.topology.unit_class(u)))
                         .map_or_else(String::new, |c| c.name.clone()),
                     amount,
                 })
@@ -480,7 +481,7 @@ fn cluster_row(
         lat: cl.lat,
         lon: cl.lon,
         state: cl.state,
-        map_state: in_map.map(|m| s.instance.clusters()[m as usize].state),
+        map_state: in_map.map(|m| s.topology.clusters()[m as usize].state),
         demand,
         utilization,
         units,
@@ -711,7 +712,7 @@ async fn world_map(State(app): State<App>) -> ApiResult<MapBody> {
         .clusters()
         .iter()
         .map(|cl| {
-            let m = s.instance.cluster_index(&cl.id).map(|m| m as usize);
+            let m = s.topology.cluster_index(&cl.id).map(|m| m as usize);
             MapCluster {
                 id: cl.id.clone(),
                 lat: cl.lat,
@@ -895,7 +896,7 @@ struct LookupBody {
 }
 
 fn unit_lookup(s: &Snapshot, v: &View, u: UnitIdx, len: Option<u8>) -> UnitLookup {
-    let inst = &s.instance;
+    let inst = &s.topology;
     let (lat, lon) = inst.unit_location(u);
     let allocs = s.map.allocations(u);
     let overflow = s.map.overflow(u);
@@ -948,7 +949,7 @@ async fn lookup(
         )));
     }
     let (s, v) = view(&app).await?;
-    let inst = &s.instance;
+    let inst = &s.topology;
     let classes: Vec<cdnmap_mapper::ClassIdx> = match q.class.as_deref() {
         None | Some("") => (0..inst.classes().len() as cdnmap_mapper::ClassIdx).collect(),
         Some(name) => vec![inst.class_index(name).ok_or_else(|| {

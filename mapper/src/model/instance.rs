@@ -8,8 +8,6 @@
 
 use std::sync::Arc;
 
-use ipnet::IpNet;
-
 use super::columns::{CandidateColumns, Head, MapUnits};
 use super::favour::Favour;
 use super::limits::{check_number, ClassIdx, ClusterIdx, UnitIdx};
@@ -94,12 +92,6 @@ impl Instance {
             f64::from(self.units.lat[u as usize]),
             f64::from(self.units.lon[u as usize]),
         )
-    }
-
-    pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
-        let u = u as usize;
-        let (a, b) = (self.units.prefix_start[u], self.units.prefix_start[u + 1]);
-        &self.units.prefixes[a as usize..b as usize]
     }
 
     /// Number of candidates of unit `u`.
@@ -261,8 +253,6 @@ impl Instance {
         ids + u.class.capacity() * 2
             + self.demand.capacity() * 8
             + (u.lat.capacity() + u.lon.capacity()) * 4
-            + u.prefix_start.capacity() * 4
-            + u.prefixes.capacity() * std::mem::size_of::<IpNet>()
             + u.cand_start.capacity() * 4
             + self.cands.cluster.capacity() * 4
             + self.cands.score.capacity() * 4
