@@ -1,14 +1,18 @@
-//! Persistence in sled: the topology, the last maps (versioned, a bounded number kept), and the
-//! demand record (feedback reports, bounded by age and count).
+//! Persistence: the topology, the last maps (versioned, a bounded number kept) with what
+//! rebuilds the estimator, and the demand record (feedback reports, bounded by age and count).
+//! What is large is a value file of its own ([`values`]: the topology, each map version's
+//! record, the base topologies they name, the estimator's round entries and checkpoint); what
+//! is small is in sled (the epoch, the reports).
 //!
-//! **What is durable when.** Every write method returns only after `sled::Db::flush`: once it
-//! returns `Ok`, the write survives a crash or restart. The service acknowledges a feedback
-//! report only after [`Store::append_report`] returned, so an acknowledged report is never lost;
-//! a map is published to queries before it is persisted (a crash in between loses that version,
-//! and the restart serves the previous one, which is then the last version stored).
+//! **What is durable when.** Every write method returns only after its bytes are synced (a
+//! value file, then its directory; `sled::Db::flush`): once it returns `Ok`, the write
+//! survives a crash or restart. The service acknowledges a feedback report only after
+//! [`Store::append_report`] returned, so an acknowledged report is never lost; a map is
+//! published to queries before it is persisted (a crash in between loses that version, and the
+//! restart serves the previous one, which is then the last version stored).
 //!
-//! Values are the project's JSON file formats (`docs/formats.md`: instance and assignment), so
-//! a store can be inspected with ordinary tools and read back by the same validating parsers.
+//! The topology and the bases are the project's instance file format (`docs/formats.md`), so
+//! they can be inspected with ordinary tools and read back by the same validating parser.
 
 use std::path::Path;
 
@@ -18,34 +22,45 @@ use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
 mod record;
+mod values;
 
-use record::{Record, Record03, Stored};
+use record::{Record, Stored, SERVED_MAGIC};
+use values::Values;
 
-const TOPOLOGY_KEY: &[u8] = b"instance";
-/// The start counter: every start takes the next epoch (a map's identity is (epoch, version)).
-const EPOCH_KEY: &[u8] = b"epoch";
-/// The published map with what it was solved with, self-contained, from a build before the
-/// history of records (read when no record is under [`RECORD_PREFIX`]).
-const SERVED_KEY: &[u8] = b"served";
-/// Each stored map version's record ([`Store::put_served`]): this prefix, then the version
-/// (u64 BE, so records list in version order). The newest is the served one; the older ones
-/// are the history of `maps_kept` versions.
-const RECORD_PREFIX: &[u8] = b"map/";
+/// The directory of value files, inside the store's.
+const VALUES_DIR: &str = "values";
+/// The topology's value file (the instance file format).
+const TOPOLOGY_FILE: &str = "topology";
+/// Each stored map version's record ([`Store::put_served`]): this prefix, the version and the
+/// generation of the base it was solved from (zero-padded, so records list in version order).
+/// The newest is the served one; the older ones are the history of `maps_kept` versions.
+const RECORD_FILE: &str = "map-";
 /// The base topologies the kept records were solved from: this prefix, then the generation
-/// (u64 BE: the version of the first record solved from it), then JSON.
-const BASE_PREFIX: &[u8] = b"base/";
-/// The served record's header: its format and version.
-const SERVED_MAGIC: &[u8; 8] = b"CDNSRV04";
-/// The served record of the format before (the whole estimator state inline), still read.
-const SERVED_MAGIC_03: &[u8; 8] = b"CDNSRV03";
+/// (the version of the first record solved from it); the instance file format.
+const BASE_FILE: &str = "base-";
+/// Each round's estimator entry since the checkpoint: this prefix, then the record's version.
+const ENTRY_FILE: &str = "round-";
 /// The estimator's last checkpoint: its header, the version of the record it was taken after
 /// (u64 BE), then the whole state ([`Store::put_checkpoint`]).
-const CHECKPOINT_KEY: &[u8] = b"estimator";
+const CHECKPOINT_FILE: &str = "estimator";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"CDNEST01";
-/// Each round's estimator entry since the checkpoint: this prefix, then the record's version
-/// (u64 BE, so entries list in version order).
-const ENTRY_PREFIX: &[u8] = b"round/";
+/// The start counter (in sled): every start takes the next epoch (a map's identity is
+/// (epoch, version)).
+const EPOCH_KEY: &[u8] = b"epoch";
 
+// Where an older build kept its values in sled (moved to value files by `Store::migrate`).
+/// The topology (tree `topology`).
+const TOPOLOGY_KEY: &[u8] = b"instance";
+/// The published map of a build before the history of records.
+const SERVED_KEY: &[u8] = b"served";
+/// Records: this prefix, then the version and the base's generation (u64 BE each).
+const RECORD_PREFIX: &[u8] = b"map/";
+/// Bases: this prefix, then the generation (u64 BE).
+const BASE_PREFIX: &[u8] = b"base/";
+/// The checkpoint, as [`CHECKPOINT_FILE`] holds it.
+const CHECKPOINT_KEY: &[u8] = b"estimator";
+/// Round entries: this prefix, then the version (u64 BE).
+const ENTRY_PREFIX: &[u8] = b"round/";
 /// The topology [`SERVED_KEY`]'s round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
@@ -57,6 +72,11 @@ pub enum StoreError {
     Open { path: String, source: sled::Error },
     #[error("store: {what}: {source}")]
     Io { what: String, source: sled::Error },
+    #[error("store: {what}: {source}")]
+    File {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("store: {what} is unreadable: {problem}")]
     Corrupt { what: String, problem: String },
 }
@@ -73,14 +93,18 @@ pub struct StoredMapMeta {
     pub solved_at_unix_ms: i64,
 }
 
-/// The persistent state of one mapper.
+/// The persistent state of one mapper: sled for what is small (the epoch, the feedback
+/// reports, an older build's whole-map history) and [`Values`] files for what is large.
 #[derive(Debug, Clone)]
 pub struct Store {
     db: sled::Db,
     topology: sled::Tree,
     maps: sled::Tree,
     reports: sled::Tree,
+    /// Where an older build kept its records, bases, entries and checkpoint: moved to
+    /// `values` when the store is opened ([`Store::open`]), empty after.
     served: sled::Tree,
+    values: Values,
 }
 
 /// The published map as stored: its identity, the round's own instance (forecast demand,
@@ -148,6 +172,7 @@ impl Served {
     }
 }
 
+#[cfg(test)]
 fn prefixed(prefix: &[u8], n: u64) -> Vec<u8> {
     let mut key = prefix.to_vec();
     key.extend_from_slice(&n.to_be_bytes());
@@ -155,6 +180,7 @@ fn prefixed(prefix: &[u8], n: u64) -> Vec<u8> {
 }
 
 /// A record's key: the version and the generation of the base it names.
+#[cfg(test)]
 fn record_key(version: u64, generation: u64) -> Vec<u8> {
     let mut key = prefixed(RECORD_PREFIX, version);
     key.extend_from_slice(&generation.to_be_bytes());
@@ -169,8 +195,29 @@ fn record_key_parts(key: &[u8]) -> Option<(u64, u64)> {
     Some((u64::from_be_bytes(version), u64::from_be_bytes(generation)))
 }
 
-fn entry_key(version: u64) -> Vec<u8> {
-    prefixed(ENTRY_PREFIX, version)
+/// The value file of record `version` (solved from base `generation`): the numbers
+/// zero-padded, so the names list in version order.
+fn record_name(version: u64, generation: u64) -> String {
+    format!("{RECORD_FILE}{version:020}-{generation:020}")
+}
+
+/// (version, base generation) of a record's file name.
+fn record_name_parts(name: &str) -> Option<(u64, u64)> {
+    let (v, g) = name.strip_prefix(RECORD_FILE)?.split_once('-')?;
+    Some((v.parse().ok()?, g.parse().ok()?))
+}
+
+fn base_name(generation: u64) -> String {
+    format!("{BASE_FILE}{generation:020}")
+}
+
+fn entry_name(version: u64) -> String {
+    format!("{ENTRY_FILE}{version:020}")
+}
+
+/// The number of a base's or an entry's file name.
+fn name_number(name: &str, prefix: &str) -> Option<u64> {
+    name.strip_prefix(prefix)?.parse().ok()
 }
 
 /// The number after `prefix` in `key`.
@@ -181,6 +228,8 @@ fn key_number(key: &[u8], prefix: &[u8]) -> Option<u64> {
 }
 
 impl Store {
+    /// Opens (creating) the store at `path`: sled's files and the `values/` directory. Values
+    /// an older build kept in sled are moved to their files first ([`Self::migrate`]).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let db = sled::open(path).map_err(|source| StoreError::Open {
             path: path.display().to_string(),
@@ -190,13 +239,68 @@ impl Store {
             db.open_tree(name)
                 .map_err(io(format!("opening tree {name}")))
         };
-        Ok(Store {
+        let store = Store {
             topology: tree("topology")?,
             maps: tree("maps")?,
             reports: tree("reports")?,
             served: tree("served")?,
+            values: Values::open(&path.join(VALUES_DIR))?,
             db,
-        })
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Moves the values an older build kept in sled (the topology; the records, bases, round
+    /// entries and checkpoint; a served record and its base of a build before the history)
+    /// to their files, each written and synced before its key is removed, so a crash in
+    /// between only repeats the move. A value this build cannot place is left where it is.
+    fn migrate(&self) -> Result<(), StoreError> {
+        let mut moved: Vec<(sled::Tree, sled::IVec)> = Vec::new();
+        if let Some(json) = self
+            .topology
+            .get(TOPOLOGY_KEY)
+            .map_err(io("reading an older build's topology"))?
+        {
+            self.values.put(TOPOLOGY_FILE, &[&json])?;
+            moved.push((self.topology.clone(), TOPOLOGY_KEY.into()));
+        }
+        for kv in self.served.iter() {
+            let (key, value) = kv.map_err(io("reading an older build's records"))?;
+            let (name, body): (String, &[u8]) = if let Some((v, g)) = record_key_parts(&key) {
+                (record_name(v, g), &value)
+            } else if let Some(g) = key_number(&key, BASE_PREFIX) {
+                (base_name(g), &value)
+            } else if let Some(v) = key_number(&key, ENTRY_PREFIX) {
+                (entry_name(v), &value)
+            } else if key == CHECKPOINT_KEY {
+                (CHECKPOINT_FILE.to_string(), &value)
+            } else if key == SERVED_KEY {
+                match record::decode(&value) {
+                    Ok((r, _)) => {
+                        let (_, version, _, generation) = r.identity();
+                        (record_name(version, generation), &value)
+                    }
+                    Err(_) => continue, // read (and reported) as it is
+                }
+            } else if key == BASE_KEY && value.len() >= 8 {
+                let (generation, json) = value.split_at(8);
+                let generation = <[u8; 8]>::try_from(generation).map_or(0, u64::from_be_bytes);
+                (base_name(generation), json)
+            } else {
+                continue;
+            };
+            self.values.put(&name, &[body])?;
+            moved.push((self.served.clone(), key));
+        }
+        if moved.is_empty() {
+            return Ok(());
+        }
+        for (tree, key) in moved {
+            tree.remove(key)
+                .map_err(io("removing an older build's moved value"))?;
+        }
+        self.flush("the values moved out of sled")
     }
 
     /// Waits until every write so far is on disk.
@@ -211,26 +315,19 @@ impl Store {
             .map_err(io(format!("flushing {what}")))
     }
 
-    /// Replaces the stored topology.
+    /// Replaces the stored topology (its instance file form). Durable when it returns.
     pub fn put_topology(&self, topology: &Topology) -> Result<(), StoreError> {
         let mut bytes = Vec::new();
         write_instance(topology, &mut bytes).map_err(|e| StoreError::Corrupt {
             what: "the topology to store".into(),
             problem: e.to_string(),
         })?;
-        self.topology
-            .insert(TOPOLOGY_KEY, bytes)
-            .map_err(io("writing the topology"))?;
-        self.flush("the topology")
+        self.values.put(TOPOLOGY_FILE, &[&bytes])
     }
 
     /// The stored topology, validated like an instance file.
     pub fn topology(&self, limits: Limits) -> Result<Option<Topology>, StoreError> {
-        let Some(bytes) = self
-            .topology
-            .get(TOPOLOGY_KEY)
-            .map_err(io("reading the topology"))?
-        else {
+        let Some(bytes) = self.values.get(TOPOLOGY_FILE)? else {
             return Ok(None);
         };
         parse_instance(&bytes, limits)
@@ -271,8 +368,8 @@ impl Store {
     }
 
     /// How many map versions are stored.
-    pub fn map_count(&self) -> usize {
-        self.served.scan_prefix(RECORD_PREFIX).count()
+    pub fn map_count(&self) -> Result<usize, StoreError> {
+        Ok(self.values.names(RECORD_FILE)?.len())
     }
 
     /// Takes the next epoch (1 for a new store) and stores it before returning, so no two
@@ -304,10 +401,11 @@ impl Store {
 
     /// Stores the record of map version `served.version` (the served one from now on, the
     /// newest of the history) with the round's estimator entry, and the round's base topology
-    /// when `served.write_base` says it changed (an Admin edit since the last record): the
-    /// three in one atomic batch, so a crash leaves the old set or the new one. Then drops the
-    /// records beyond the newest `keep` and the bases no kept record names. Durable when it
-    /// returns.
+    /// when `served.write_base` says it changed (an Admin edit since the last record). Each is
+    /// a value file of its own; the record is written last, so it is the commit: a crash
+    /// before it leaves the old served record, and a base or entry no record names, which the
+    /// next write drops or replaces. Then drops the records beyond the newest `keep` and the
+    /// bases no kept record names. Durable when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
         let record = Record::of(served);
         let mut bytes = Vec::with_capacity(16 + 12 * served.instance.unit_count());
@@ -316,62 +414,50 @@ impl Store {
             what: format!("map version {} to store", served.version),
             problem: e.to_string(),
         })?;
-        let mut batch = sled::Batch::default();
         if served.write_base {
             let mut base = Vec::new();
             write_instance(served.base, &mut base).map_err(|e| StoreError::Corrupt {
                 what: "the round's topology to store".into(),
                 problem: e.to_string(),
             })?;
-            batch.insert(prefixed(BASE_PREFIX, served.base_generation), base);
+            self.values
+                .put(&base_name(served.base_generation), &[&base])?;
         }
-        batch.insert(record_key(served.version, served.base_generation), bytes);
-        batch.insert(entry_key(served.version), served.round_entry);
-        self.served
-            .apply_batch(batch)
-            .map_err(io(format!("writing map version {}", served.version)))?;
-        self.prune(served.version, keep)?;
-        self.flush("a map")
+        self.values
+            .put(&entry_name(served.version), &[served.round_entry])?;
+        self.values.put(
+            &record_name(served.version, served.base_generation),
+            &[&bytes],
+        )?;
+        self.prune(served.version, keep)
     }
 
     /// Drops the records older than the newest `keep` versions up to `version`, the bases no
-    /// kept record names (a record's key carries its base's generation, so no record is read
-    /// for it), and a served record of a build before the history.
+    /// kept record names (a record's name carries its base's generation, so no record is read
+    /// for it), and an older build's whole-map history.
     fn prune(&self, version: u64, keep: usize) -> Result<(), StoreError> {
         let oldest = version.saturating_sub(keep.max(1) as u64 - 1);
-        let mut kept_base = u64::MAX;
-        for key in self.served.scan_prefix(RECORD_PREFIX).keys() {
-            let key = key.map_err(io("listing stored maps"))?;
-            match record_key_parts(&key) {
-                Some((v, _)) if v < oldest => {
-                    self.served
-                        .remove(&key)
-                        .map_err(io("dropping an old map"))?;
+        let mut named = std::collections::BTreeSet::new();
+        for name in self.values.names(RECORD_FILE)? {
+            match record_name_parts(&name) {
+                Some((v, _)) if v < oldest => self.values.remove(&name)?,
+                Some((_, g)) => {
+                    named.insert(g);
                 }
-                Some((_, g)) => kept_base = kept_base.min(g),
                 None => {}
             }
         }
-        let unused = self
-            .served
-            .range(BASE_PREFIX.to_vec()..prefixed(BASE_PREFIX, kept_base))
-            .keys();
-        for key in unused {
-            let key = key.map_err(io("listing stored topologies"))?;
-            self.served
-                .remove(key)
-                .map_err(io("dropping an old topology"))?;
-        }
-        for legacy in [SERVED_KEY, BASE_KEY] {
-            self.served
-                .remove(legacy)
-                .map_err(io("dropping a record of an older build"))?;
+        for name in self.values.names(BASE_FILE)? {
+            if name_number(&name, BASE_FILE).is_some_and(|g| !named.contains(&g)) {
+                self.values.remove(&name)?;
+            }
         }
         // The history of an older build (whole maps, read only when no record exists).
         if !self.maps.is_empty() {
             self.maps
                 .clear()
                 .map_err(io("dropping the history of an older build"))?;
+            self.flush("dropping the history of an older build")?;
         }
         Ok(())
     }
@@ -381,25 +467,16 @@ impl Store {
     /// it are kept, so a crash at any point leaves a checkpoint and the entries that follow
     /// it. Durable when it returns.
     pub fn put_checkpoint(&self, version: u64, state: &[u8]) -> Result<(), StoreError> {
-        let mut bytes = Vec::with_capacity(16 + state.len());
-        bytes.extend_from_slice(CHECKPOINT_MAGIC);
-        bytes.extend_from_slice(&version.to_be_bytes());
-        bytes.extend_from_slice(state);
-        self.served
-            .insert(CHECKPOINT_KEY, bytes)
-            .map_err(io("writing the estimator's checkpoint"))?;
-        self.flush("the estimator's checkpoint")?;
-        let covered = self
-            .served
-            .range(ENTRY_PREFIX.to_vec()..=entry_key(version))
-            .keys();
-        for key in covered {
-            let key = key.map_err(io("listing round entries"))?;
-            self.served
-                .remove(key)
-                .map_err(io("dropping a round entry"))?;
+        self.values.put(
+            CHECKPOINT_FILE,
+            &[CHECKPOINT_MAGIC, &version.to_be_bytes(), state],
+        )?;
+        for name in self.values.names(ENTRY_FILE)? {
+            if name_number(&name, ENTRY_FILE).is_some_and(|v| v <= version) {
+                self.values.remove(&name)?;
+            }
         }
-        self.flush("the round entries")
+        Ok(())
     }
 
     /// The served record (the newest stored map version), if one was stored, with its
@@ -407,128 +484,78 @@ impl Store {
     /// coefficients and capacities; and the estimator's checkpoint and the round entries after
     /// it, up to the served version.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
-        let newest = self
-            .served
-            .scan_prefix(RECORD_PREFIX)
-            .keys()
-            .next_back()
-            .transpose()
-            .map_err(io("listing stored maps"))?;
-        let (bytes, base) = match newest.as_deref().and_then(record_key_parts) {
+        let newest = self.values.names(RECORD_FILE)?.into_iter().next_back();
+        match newest.as_deref().and_then(record_name_parts) {
             Some((version, generation)) => {
-                let bytes = self.get_served(&record_key(version, generation), "the served map")?;
-                let base = self.get_served(&prefixed(BASE_PREFIX, generation), "its topology")?;
-                (bytes, base.map(|b| (generation, b.to_vec())))
+                self.read_record(version, generation, "the stored served map", true)
             }
-            None => {
-                // A store of a build before the history: one record and its base.
-                let bytes = self.get_served(SERVED_KEY, "the served map")?;
-                let base = self.get_served(BASE_KEY, "its topology")?.map(|b| {
-                    let (generation, json) = b.split_at(8.min(b.len()));
-                    let generation = <[u8; 8]>::try_from(generation).map(u64::from_be_bytes);
-                    (generation.unwrap_or(u64::MAX), json.to_vec())
-                });
-                (bytes, base)
-            }
-        };
-        let Some(bytes) = bytes else {
-            return Ok(None);
-        };
-        self.read_record(&bytes, base, "the stored served map", true)
-            .map(Some)
+            None => Ok(None),
+        }
     }
 
     /// Map version `version` as stored, with the instance it was solved for: the served one
     /// or an older one of the history; `None` when it is not kept.
     pub fn stored_map(&self, version: u64) -> Result<Option<(Topology, Map)>, StoreError> {
-        let key = self
-            .served
-            .scan_prefix(prefixed(RECORD_PREFIX, version))
-            .keys()
-            .next()
-            .transpose()
-            .map_err(io("listing stored maps"))?;
-        let Some((_, generation)) = key.as_deref().and_then(record_key_parts) else {
+        let prefix = format!("{RECORD_FILE}{version:020}-");
+        let Some(name) = self.values.names(&prefix)?.into_iter().next() else {
+            return Ok(None);
+        };
+        let Some((_, generation)) = record_name_parts(&name) else {
             return Ok(None);
         };
         let what = format!("stored map version {version}");
-        let bytes = self.get_served(&record_key(version, generation), &what)?;
-        let base = self.get_served(&prefixed(BASE_PREFIX, generation), &what)?;
-        let Some(bytes) = bytes else {
-            return Ok(None);
-        };
-        let base = base.map(|b| (generation, b.to_vec()));
-        let served = self.read_record(&bytes, base, &what, false)?;
-        Ok(Some((served.topology, served.map)))
+        Ok(self
+            .read_record(version, generation, &what, false)?
+            .map(|served| (served.topology, served.map)))
     }
 
-    fn get_served(&self, key: &[u8], what: &str) -> Result<Option<sled::IVec>, StoreError> {
-        self.served.get(key).map_err(io(format!("reading {what}")))
-    }
-
-    /// A record's bytes with its base (generation, JSON), read back (errors name it `what`);
-    /// the estimator's log with it when `with_estimator` (the served record's).
+    /// Record `version` (of base `generation`) read back with its base (errors name it
+    /// `what`); the estimator's log with it when `with_estimator` (the served record's).
     fn read_record(
         &self,
-        bytes: &[u8],
-        base: Option<(u64, Vec<u8>)>,
+        version: u64,
+        generation: u64,
         what: &str,
         with_estimator: bool,
-    ) -> Result<Served, StoreError> {
+    ) -> Result<Option<Served>, StoreError> {
         let corrupt = |problem: String| StoreError::Corrupt {
             what: what.to_string(),
             problem,
         };
-        let (record, estimator) = if let Some(body) = bytes.strip_prefix(SERVED_MAGIC.as_slice()) {
-            let record: Record = postcard::from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
-            let estimator = if with_estimator {
-                self.estimator_log(record.version)?
-            } else {
-                EstimatorLog::default()
-            };
-            (Stored::Now(record), estimator)
-        } else if let Some(body) = bytes.strip_prefix(SERVED_MAGIC_03.as_slice()) {
-            let (record, rest): (Record03, &[u8]) =
-                postcard::take_from_bytes(body).map_err(|e| corrupt(e.to_string()))?;
-            let (len, state) = rest.split_at(8.min(rest.len()));
-            let len = <[u8; 8]>::try_from(len)
-                .map(u64::from_le_bytes)
-                .map_err(|_| corrupt("cut short before the estimator's state".into()))?;
-            if len != state.len() as u64 {
-                return Err(corrupt(format!(
-                    "the estimator's state is {} bytes where {len} were written",
-                    state.len()
-                )));
-            }
-            let estimator = EstimatorLog {
-                checkpoint: (!state.is_empty()).then(|| (record.version, state.to_vec())),
-                entries: Vec::new(),
-            };
-            (Stored::Format03(record), estimator)
-        } else {
-            return Err(corrupt(format!(
-                "its header is not {:?}",
-                String::from_utf8_lossy(SERVED_MAGIC)
-            )));
+        let Some(bytes) = self.values.get(&record_name(version, generation))? else {
+            return Ok(None);
         };
-        let (generation, json) = base.ok_or_else(|| corrupt("its topology is missing".into()))?;
+        let (record, inline) = record::decode(&bytes).map_err(corrupt)?;
+        let estimator = match (&record, inline) {
+            // A record of format 03 carries the estimator's whole state.
+            (Stored::Format03(r), Some(state)) => EstimatorLog {
+                checkpoint: (!state.is_empty()).then_some((r.version, state)),
+                entries: Vec::new(),
+            },
+            (Stored::Now(r), _) if with_estimator => self.estimator_log(r.version)?,
+            _ => EstimatorLog::default(),
+        };
+        let json = self
+            .values
+            .get(&base_name(generation))?
+            .ok_or_else(|| corrupt("its topology is missing".into()))?;
         let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
         if generation != base_generation {
             return Err(corrupt(format!(
-                "it names topology {base_generation} but the store holds {generation}"
+                "it names topology {base_generation} but is stored under {generation}"
             )));
         }
         let base = parse_instance(&json, Limits::default())
             .map_err(|e| corrupt(format!("its topology: {e}")))?;
         let (topology, map) = record.instance_and_map(&base).map_err(corrupt)?;
-        Ok(Served {
+        Ok(Some(Served {
             epoch,
             version,
             solved_at_unix_ms,
             topology,
             map,
             estimator,
-        })
+        }))
     }
 
     /// The estimator's checkpoint and the round entries after it up to `served` (in version
@@ -538,11 +565,7 @@ impl Store {
             what: "the estimator's checkpoint".into(),
             problem,
         };
-        let checkpoint = match self
-            .served
-            .get(CHECKPOINT_KEY)
-            .map_err(io("reading the estimator's checkpoint"))?
-        {
+        let checkpoint = match self.values.get(CHECKPOINT_FILE)? {
             None => None,
             Some(bytes) => {
                 let body = bytes
@@ -560,21 +583,22 @@ impl Store {
             return Ok(EstimatorLog::default());
         };
         let mut entries = Vec::new();
-        let from = entry_key(after.saturating_add(1));
-        for kv in self.served.range(from..=entry_key(served)) {
-            let (key, entry) = kv.map_err(io("reading round entries"))?;
-            let version = key_number(&key, ENTRY_PREFIX)
-                .ok_or_else(|| corrupt(format!("a round entry's key of {} bytes", key.len())))?;
-            let expected = entries.last().map_or(after + 1, |(v, _): &(u64, _)| v + 1);
-            if version != expected {
-                break; // a round whose write failed: the state replays up to it
-            }
-            entries.push((version, entry.to_vec()));
+        for version in after.saturating_add(1)..=served {
+            // A round whose write failed: the state replays up to it.
+            let Some(entry) = self.values.get(&entry_name(version))? else {
+                break;
+            };
+            entries.push((version, entry));
         }
         Ok(EstimatorLog {
             checkpoint,
             entries,
         })
+    }
+
+    /// Bytes the store's value files take on disk (sled's own files apart).
+    pub fn values_size(&self) -> Result<u64, StoreError> {
+        self.values.size_on_disk()
     }
 
     /// Appends one feedback report (already validated, as JSON) received at `at_unix_ms`, then

@@ -7,6 +7,39 @@ use serde::{Deserialize, Serialize};
 
 use super::ServedRef;
 
+/// The served record's header: its format and version.
+pub(super) const SERVED_MAGIC: &[u8; 8] = b"CDNSRV04";
+/// The served record of the format before (the whole estimator state inline), still read.
+pub(super) const SERVED_MAGIC_03: &[u8; 8] = b"CDNSRV03";
+
+/// A record's bytes decoded: the record, and the estimator state a record of format 03
+/// carries inline after it.
+pub(super) fn decode(bytes: &[u8]) -> Result<(Stored, Option<Vec<u8>>), String> {
+    if let Some(body) = bytes.strip_prefix(SERVED_MAGIC.as_slice()) {
+        let record: Record = postcard::from_bytes(body).map_err(|e| e.to_string())?;
+        return Ok((Stored::Now(record), None));
+    }
+    let Some(body) = bytes.strip_prefix(SERVED_MAGIC_03.as_slice()) else {
+        return Err(format!(
+            "its header is not {:?}",
+            String::from_utf8_lossy(SERVED_MAGIC)
+        ));
+    };
+    let (record, rest): (Record03, &[u8]) =
+        postcard::take_from_bytes(body).map_err(|e| e.to_string())?;
+    let (len, state) = rest.split_at(8.min(rest.len()));
+    let len = <[u8; 8]>::try_from(len)
+        .map(u64::from_le_bytes)
+        .map_err(|_| "cut short before the estimator's state".to_string())?;
+    if len != state.len() as u64 {
+        return Err(format!(
+            "the estimator's state is {} bytes where {len} were written",
+            state.len()
+        ));
+    }
+    Ok((Stored::Format03(record), Some(state.to_vec())))
+}
+
 /// The served record after its header (postcard): what the round changed of its base
 /// topology, and the map. The estimator's state is not in it: the round's entry is written
 /// beside it in the same batch, and the whole state now and then ([`Store::put_checkpoint`]).

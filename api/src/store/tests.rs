@@ -1,6 +1,6 @@
 //! The store's tests.
 
-use super::record::{CompactMap, MapColumns};
+use super::record::{CompactMap, MapColumns, Record03, SERVED_MAGIC_03};
 use super::*;
 use cdnmap_mapper::{solve, ClusterState, SolveOptions};
 
@@ -121,13 +121,13 @@ fn older_versions_are_read_back_from_the_history() {
         let (instance, map) = store.stored_map(v).expect("read").expect("stored");
         assert_eq!((&instance, &map), (base, &maps[v as usize]), "v{v}");
         if v == 4 {
-            assert_eq!(store.map_count(), 4);
+            assert_eq!(store.map_count().expect("count"), 4);
             let (instance, map) = store.stored_map(1).expect("read").expect("kept");
             assert_eq!((&instance, &map), (&first, &maps[1]));
         }
     }
     assert_eq!(
-        store.map_count(),
+        store.map_count().expect("count"),
         4,
         "the served version and three before it"
     );
@@ -141,18 +141,17 @@ fn older_versions_are_read_back_from_the_history() {
         "beyond the history"
     );
     assert_eq!(store.stored_map(9).expect("read"), None, "not yet");
-    let bases: Vec<_> = store.served.scan_prefix(BASE_PREFIX).keys().collect();
     assert_eq!(
-        bases.len(),
-        1,
+        store.values.names(BASE_FILE).expect("list"),
+        vec![base_name(5)],
         "the first topology is named by no kept record"
     );
     assert_eq!(store.served().expect("read").expect("stored").version, 8);
     // A record cut short is refused, naming what it is.
     store
-        .served
-        .insert(record_key(6, 5), &b"CDNSRV04\xff"[..])
-        .expect("insert");
+        .values
+        .put(&record_name(6, 5), &[&b"CDNSRV04\xff"[..]])
+        .expect("write");
     let err = store.stored_map(6).expect_err("corrupt");
     assert!(err.to_string().contains("stored map version 6"), "{err}");
 }
@@ -201,18 +200,12 @@ fn the_estimator_log_is_a_checkpoint_and_the_entries_after_it() {
     assert_eq!(l.entries[0].1, b"e3".to_vec());
     store.put_checkpoint(5, b"s5").expect("checkpoint");
     assert_eq!(versions(&log(&store)), vec![6, 7]);
-    let left: Vec<_> = store
-        .served
-        .scan_prefix(ENTRY_PREFIX)
-        .keys()
-        .map(|k| k.expect("key").to_vec())
-        .collect();
     assert_eq!(
-        left,
-        vec![entry_key(6), entry_key(7)],
+        store.values.names(ENTRY_FILE).expect("list"),
+        vec![entry_name(6), entry_name(7)],
         "covered entries are dropped"
     );
-    store.served.remove(entry_key(6)).expect("remove");
+    store.values.remove(&entry_name(6)).expect("remove");
     assert_eq!(
         versions(&log(&store)),
         Vec::<u64>::new(),
@@ -220,9 +213,9 @@ fn the_estimator_log_is_a_checkpoint_and_the_entries_after_it() {
     );
     // A cut checkpoint is an error naming it.
     store
-        .served
-        .insert(CHECKPOINT_KEY, &b"CDNEST01\x00"[..])
-        .expect("insert");
+        .values
+        .put(CHECKPOINT_FILE, &[&b"CDNEST01\x00"[..]])
+        .expect("write");
     let err = store.served().expect_err("cut checkpoint");
     assert!(err.to_string().contains("checkpoint"), "{err}");
 }
@@ -413,6 +406,12 @@ fn a_record_of_the_build_before_is_read_then_replaced() {
         .maps
         .insert(6u64.to_be_bytes(), &b"old"[..])
         .expect("insert");
+    store.flush_all().expect("flush");
+    drop(store);
+    // Opening moves the record and its base to value files.
+    let store = reopen(dir.path());
+    assert!(store.served.get(SERVED_KEY).expect("get").is_none());
+    assert!(store.served.get(BASE_KEY).expect("get").is_none());
     let back = store.served().expect("read").expect("stored");
     assert_eq!((back.epoch, back.version, &back.map), (2, 7, &map));
     assert_eq!(back.estimator.checkpoint, Some((7, b"est".to_vec())));
@@ -427,8 +426,6 @@ fn a_record_of_the_build_before_is_read_then_replaced() {
         )
         .expect("next");
     assert_eq!(store.served().expect("read").expect("stored").version, 8);
-    assert!(store.served.get(SERVED_KEY).expect("get").is_none());
-    assert!(store.served.get(BASE_KEY).expect("get").is_none());
     assert!(
         store.maps.is_empty(),
         "the older build's history is dropped too"
@@ -450,13 +447,98 @@ fn a_cut_served_record_is_an_error_naming_it() {
         estimator: EstimatorLog::default(),
     };
     store.put_served(&record.as_ref(), 4).expect("map");
-    let key = record_key(1, 0);
-    let bytes = store.served.get(&key).expect("get").expect("stored");
+    let name = record_name(1, 0);
+    let bytes = store.values.get(&name).expect("get").expect("stored");
+    // A record cut short inside a sound value file: the record's decoder refuses it.
     for cut in [0, 7, 8, 20, bytes.len() / 2, bytes.len() - 1] {
-        store.served.insert(&key, &bytes[..cut]).expect("insert");
+        store.values.put(&name, &[&bytes[..cut]]).expect("write");
         let err = store.served().expect_err("cut short");
         assert!(err.to_string().contains("served map"), "{err}");
     }
+    // The value file itself cut short: its header refuses it, naming the file.
+    store.values.put(&name, &[&bytes]).expect("write");
+    let path = dir.path().join(VALUES_DIR).join(&name);
+    let file = std::fs::read(&path).expect("read");
+    std::fs::write(&path, &file[..file.len() - 3]).expect("cut");
+    let err = store.served().expect_err("cut file");
+    assert!(err.to_string().contains(&name), "{err}");
+}
+
+/// A store of the build before, which kept its values in sled (records, bases, round entries,
+/// the checkpoint, the topology): opening it moves them to value files, and it reads back
+/// exactly what it held, then goes on from there.
+#[test]
+fn a_store_that_kept_its_values_in_sled_is_moved_to_files_and_reads_back_the_same() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let map = solve(&inst, &SolveOptions::default()).map;
+    let store = Store::open(dir.path()).expect("open");
+    let mut json = Vec::new();
+    write_instance(&inst, &mut json).expect("json");
+    store
+        .topology
+        .insert(TOPOLOGY_KEY, json.clone())
+        .expect("topology");
+    store
+        .served
+        .insert(prefixed(BASE_PREFIX, 1), json)
+        .expect("base");
+    for version in 1..=3u64 {
+        let served = ServedRef {
+            epoch: 4,
+            version,
+            solved_at_unix_ms: 10 * version as i64,
+            base: &inst,
+            base_generation: 1,
+            write_base: false,
+            instance: &inst,
+            map: &map,
+            round_entry: &[],
+        };
+        let mut bytes = SERVED_MAGIC.to_vec();
+        bytes.extend(postcard::to_stdvec(&Record::of(&served)).expect("encode"));
+        store
+            .served
+            .insert(record_key(version, 1), bytes)
+            .expect("record");
+        let entry = format!("e{version}").into_bytes();
+        store
+            .served
+            .insert(prefixed(ENTRY_PREFIX, version), entry)
+            .expect("entry");
+    }
+    let mut checkpoint = CHECKPOINT_MAGIC.to_vec();
+    checkpoint.extend(1u64.to_be_bytes());
+    checkpoint.extend(b"s1");
+    store
+        .served
+        .insert(CHECKPOINT_KEY, checkpoint)
+        .expect("checkpoint");
+    store.flush_all().expect("flush");
+    drop(store);
+
+    let store = reopen(dir.path());
+    assert!(store.served.is_empty(), "every value moved out of sled");
+    assert_eq!(store.topology.get(TOPOLOGY_KEY).expect("get"), None);
+    assert_eq!(
+        store.topology(Limits::default()).expect("read"),
+        Some(inst.clone())
+    );
+    assert_eq!(store.map_count().expect("count"), 3);
+    let back = store.served().expect("read").expect("stored");
+    assert_eq!(
+        (back.epoch, back.version, &back.topology, &back.map),
+        (4, 3, &inst, &map)
+    );
+    assert_eq!(back.estimator.checkpoint, Some((1, b"s1".to_vec())));
+    let entries: Vec<(u64, Vec<u8>)> = vec![(2, b"e2".to_vec()), (3, b"e3".to_vec())];
+    assert_eq!(back.estimator.entries, entries);
+    let (old, old_map) = store.stored_map(1).expect("read").expect("kept");
+    assert_eq!((&old, &old_map), (&inst, &map));
+    drop(store);
+    // A second open finds nothing left to move and reads the same.
+    let store = reopen(dir.path());
+    assert_eq!(store.served().expect("read").expect("stored"), back);
 }
 
 #[test]
