@@ -98,6 +98,30 @@ pub struct ServingMap {
     clusters: Vec<ServingCluster>,
     units: Units,
     fallback: Vec<[Option<ClusterIdx>; 2]>,
+    source: Source,
+}
+
+/// The topology a serving map's units were taken from, on the mapper's side (`None` for a map
+/// built from WatchMap): it lets the next round see "the same units" with two pointer
+/// comparisons instead of comparing every unit's id and prefixes. Not part of the map's
+/// value: two maps of the same contents are equal wherever they were built.
+#[derive(Clone, Default)]
+struct Source(Option<Topology>);
+
+impl PartialEq for Source {
+    fn eq(&self, _: &Source) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Source(topology)"
+        } else {
+            "Source(none)"
+        })
+    }
 }
 
 /// The unit columns, in strictly increasing id order.
@@ -182,6 +206,7 @@ impl Builder {
                 clusters,
                 units: Units::default(),
                 fallback,
+                source: Source::default(),
             },
         })
     }
@@ -438,6 +463,7 @@ impl ServingMap {
             }
         }
         b.set_fallback(&fallbacks(instance, map));
+        b.map.source = Source(Some(topology.clone()));
         Ok(b.finish())
     }
 
@@ -480,6 +506,15 @@ impl ServingMap {
     /// map holds them, truncated), in order.
     fn has_units_of(&self, topology: &Topology) -> bool {
         let instance = &topology.instance;
+        // Built from this topology's units and addressing (the usual round): the same units
+        // by construction, classes included.
+        if let Some(source) = &self.source.0 {
+            if Arc::ptr_eq(&source.addressing, &topology.addressing)
+                && source.instance.shares_units(instance)
+            {
+                return true;
+            }
+        }
         let n = instance.unit_count();
         n == self.unit_count()
             && (0..n as UnitIdx).all(|u| {

@@ -49,10 +49,18 @@ impl Topology {
     ///
     /// # Panics
     ///
-    /// When `instance` has other unit or cluster counts: a caller's bug, not bad input.
+    /// When `instance` has other units or clusters (by id, in order): a caller's bug, not bad
+    /// input.
     pub fn with_instance(&self, instance: Instance) -> Topology {
+        let same_clusters = || {
+            let (a, b) = (self.instance.clusters(), instance.clusters());
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.id == y.id)
+        };
+        // A pointer comparison for an instance derived from this one, the ids otherwise.
         assert!(
-            self.addressing.fits(&instance),
+            self.addressing.fits(&instance)
+                && self.instance.same_unit_ids(&instance)
+                && same_clusters(),
             "with_instance: the instance has other units or clusters than its addressing"
         );
         Topology {

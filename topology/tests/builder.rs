@@ -161,3 +161,26 @@ fn a_bare_topology_has_no_addresses_and_keeps_its_instance() {
     assert_eq!(drained.clusters()[0].state, ClusterState::Drained);
     assert!(std::sync::Arc::ptr_eq(&drained.addressing, &t.addressing));
 }
+
+/// `with_instance` pairs the addressing only with an instance of the same units and clusters:
+/// another instance of as many units is a caller's bug, caught, not a silent mismatch of
+/// prefixes and units.
+#[test]
+#[should_panic(expected = "other units or clusters")]
+fn an_addressing_is_never_paired_with_other_units() {
+    let build = |ids: [&str; 2]| {
+        let mut b = TopologyBuilder::new(
+            classes(),
+            vec![(cluster("c0"), vec![address(1)])],
+            Limits::default(),
+        )
+        .expect("cluster");
+        for (i, id) in ids.into_iter().enumerate() {
+            push(&mut b, id, "c0", &[prefix(i as u32)]).expect("unit");
+        }
+        b.finish().expect("topology")
+    };
+    let a = build(["u1", "u2"]);
+    let b = build(["u1", "u3"]);
+    let _ = a.with_instance(b.instance.clone());
+}

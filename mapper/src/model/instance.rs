@@ -76,7 +76,14 @@ impl Instance {
     /// unit index of one is one of the other. Instances derived from one another share their
     /// unit columns, and the check is then a pointer comparison; otherwise the ids are compared.
     pub fn same_unit_ids(&self, other: &Instance) -> bool {
-        Arc::ptr_eq(&self.units, &other.units) || self.units.ids == other.units.ids
+        self.shares_units(other) || self.units.ids == other.units.ids
+    }
+
+    /// Whether `other` shares this instance's unit columns (ids, classes, locations): one
+    /// pointer comparison, true for instances derived from one another by their demand,
+    /// costs, cluster states or preferences.
+    pub fn shares_units(&self, other: &Instance) -> bool {
+        Arc::ptr_eq(&self.units, &other.units)
     }
 
     pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
