@@ -18,6 +18,7 @@ pub mod format;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use cdnmap_mapper::model::too_many;
 use cdnmap_mapper::{
     ClusterIdx, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, MapUnitSpec,
     ModelError, TrafficClass, UnitIdx,
@@ -165,21 +166,4 @@ impl TopologyBuilder {
             addressing,
         })
     }
-}
-
-fn too_many(
-    subject: impl FnOnce() -> String,
-    what: &'static str,
-    count: usize,
-    limit: usize,
-) -> Result<(), ModelError> {
-    if count > limit {
-        return Err(ModelError::TooMany {
-            subject: subject(),
-            what,
-            count,
-            limit,
-        });
-    }
-    Ok(())
 }

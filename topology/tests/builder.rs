@@ -39,6 +39,16 @@ fn cluster(id: &str) -> ClusterSpec {
     }
 }
 
+/// A builder with one cluster, `c0`, at one address.
+fn one_cluster() -> TopologyBuilder {
+    TopologyBuilder::new(
+        classes(),
+        vec![(cluster("c0"), vec![address(1)])],
+        Limits::default(),
+    )
+    .expect("cluster")
+}
+
 fn address(i: u32) -> IpAddr {
     IpAddr::from((0xc612_0000u32 + i).to_be_bytes())
 }
@@ -121,12 +131,7 @@ fn limits_are_refused_naming_the_input_and_a_refusal_changes_nothing() {
     assert!(err.to_string().contains("cluster \"big\""), "{err}");
     assert!(err.to_string().contains("addresses"), "{err}");
 
-    let mut b = TopologyBuilder::new(
-        classes(),
-        vec![(cluster("c0"), vec![address(1)])],
-        Limits::default(),
-    )
-    .expect("cluster");
+    let mut b = one_cluster();
     push(&mut b, "u1", "c0", &[prefix(1)]).expect("unit");
     let many: Vec<IpNet> = (0..=MAX_PREFIXES_PER_UNIT as u32).map(prefix).collect();
     let err = push(&mut b, "u2", "c0", &many).expect_err("too many prefixes");
@@ -146,12 +151,7 @@ fn limits_are_refused_naming_the_input_and_a_refusal_changes_nothing() {
 
 #[test]
 fn a_bare_topology_has_no_addresses_and_keeps_its_instance() {
-    let mut b = TopologyBuilder::new(
-        classes(),
-        vec![(cluster("c0"), vec![address(1)])],
-        Limits::default(),
-    )
-    .expect("cluster");
+    let mut b = one_cluster();
     push(&mut b, "u1", "c0", &[prefix(1)]).expect("unit");
     let t = b.finish().expect("topology");
     let bare = Topology::bare(t.instance.clone());
@@ -169,12 +169,7 @@ fn a_bare_topology_has_no_addresses_and_keeps_its_instance() {
 #[should_panic(expected = "other units or clusters")]
 fn an_addressing_is_never_paired_with_other_units() {
     let build = |ids: [&str; 2]| {
-        let mut b = TopologyBuilder::new(
-            classes(),
-            vec![(cluster("c0"), vec![address(1)])],
-            Limits::default(),
-        )
-        .expect("cluster");
+        let mut b = one_cluster();
         for (i, id) in ids.into_iter().enumerate() {
             push(&mut b, id, "c0", &[prefix(i as u32)]).expect("unit");
         }

@@ -104,7 +104,9 @@ pub(super) fn check_location(
     Ok(())
 }
 
-pub(super) fn too_many(
+/// `Err(TooMany)` naming `subject` when `count` is over `limit`: how every validation of a
+/// count says so (the topology's addressing too).
+pub fn too_many(
     subject: impl FnOnce() -> String,
     what: &'static str,
     count: usize,
