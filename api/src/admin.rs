@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use cdnmap_mapper::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
 use cdnmap_proto::v1 as pb;
+use cdnmap_topology::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
+use cdnmap_topology::Topology;
 use tonic::{Request, Response, Status};
 
 use crate::service::{invalid, Shared};
@@ -44,7 +45,7 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The `Admin` service.
 pub struct AdminService(pub Arc<Shared>);
 
-fn cluster_pb(inst: &Instance, c: usize) -> pb::Cluster {
+fn cluster_pb(inst: &Topology, c: usize) -> pb::Cluster {
     let cl = &inst.clusters()[c];
     fn node(inst: &Instance, cl: &cdnmap_mapper::Cluster, i: u32) -> pb::ResourceNode {
         let n = &cl.nodes[i as usize];
@@ -67,13 +68,17 @@ fn cluster_pb(inst: &Instance, c: usize) -> pb::Cluster {
         id: cl.id.clone(),
         lat: cl.lat,
         lon: cl.lon,
-        addresses: cl.addresses.iter().map(|a| a.to_string()).collect(),
+        addresses: inst
+            .cluster_addresses(c as u32)
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
         state: cdnmap_serve::watch::state_pb(cl.state) as i32,
         resources: Some(node(inst, cl, 0)),
     }
 }
 
-fn unit_admin_pb(inst: &Instance, u: UnitIdx) -> pb::MapUnit {
+fn unit_admin_pb(inst: &Topology, u: UnitIdx) -> pb::MapUnit {
     let (lat, lon) = inst.unit_location(u);
     pb::MapUnit {
         id: inst.unit_id(u).to_string(),
@@ -216,7 +221,7 @@ impl AdminService {
         Ok(applied)
     }
 
-    fn topology(&self) -> Arc<Instance> {
+    fn topology(&self) -> Arc<Topology> {
         self.0.topology.current()
     }
 }
@@ -404,7 +409,7 @@ impl pb::admin_server::Admin for AdminService {
         let status = self.0.status.lock().map(|s| s.clone()).unwrap_or_default();
         let inst = self.topology();
         let overflow_share = s.as_ref().map_or(0.0, |s| {
-            let d = s.instance.total_demand();
+            let d = s.topology.total_demand();
             if d > 0.0 {
                 s.map.total_overflow() / d
             } else {

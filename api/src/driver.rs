@@ -21,6 +21,7 @@ use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates};
 use cdnmap_mapper::{Instance, ModelError, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
+use cdnmap_topology::Topology;
 
 use crate::round::{round, RoundError, Snapshot};
 
@@ -97,7 +98,7 @@ impl Driver {
     /// `now` out, under `epoch`; `rules` gives the hostname rules of the round's instance.
     pub fn step(
         &mut self,
-        base: &Instance,
+        base: &Topology,
         previous: Option<&Snapshot>,
         observations: &Observations,
         rules: impl FnOnce(&Instance) -> Result<ClassRules, ModelError>,
@@ -107,7 +108,7 @@ impl Driver {
         let started = Instant::now();
         let est = &mut self.estimates;
         if let (Some(prev), false) = (previous, observations.loads.is_empty()) {
-            let inst = &prev.instance;
+            let inst = &prev.topology.instance;
             let loads: Vec<(usize, f64)> = observations
                 .loads
                 .iter()
@@ -133,13 +134,14 @@ impl Driver {
         }
         est.observe_demand(base, observations.at_unix_ms, &observations.demand);
         est.next_round();
-        let instance = est
-            .apply(base, now, true, self.learning)
-            .map_err(StepError::Estimates)?;
+        let topology = base.with_instance(
+            est.apply(base, now, true, self.learning)
+                .map_err(StepError::Estimates)?,
+        );
         let estimate_ms = started.elapsed().as_secs_f64() * 1e3;
-        let rules = rules(&instance).map_err(StepError::Rules)?;
+        let rules = rules(&topology).map_err(StepError::Rules)?;
         let snapshot = round(
-            &instance,
+            &topology,
             previous,
             &self.stickiness,
             rules,

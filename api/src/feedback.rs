@@ -109,10 +109,10 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     if let (Some(snap), Some(k)) = (&snapshot, class) {
                         if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
                             // The map's units are the topology's unless an edit came since.
-                            let unit = if snap.instance.same_unit_ids(&topology) {
+                            let unit = if snap.topology.same_unit_ids(&topology) {
                                 Some(u)
                             } else {
-                                topology.unit_index(snap.instance.unit_id(u))
+                                topology.unit_index(snap.topology.unit_id(u))
                             };
                             observed.extend(unit.map(|u| (u, s.queries)));
                         }
@@ -198,10 +198,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     l.address
                 ))
             })?;
-            if !topology.clusters()[cluster as usize]
-                .addresses
-                .contains(&address)
-            {
+            if !topology.cluster_addresses(cluster).contains(&address) {
                 return Err(invalid(format!(
                     "servers[{i}].address: cluster {:?} has no server {address}",
                     l.cluster

@@ -111,7 +111,7 @@ impl MappingService {
         qname: &str,
     ) -> pb::ResolveResponse {
         let s = &p.snapshot;
-        let clusters = s.instance.clusters();
+        let clusters = s.topology.clusters();
         let want_v6 = qtype == 28;
         let mut addresses = Vec::new();
         let mut cluster_ids = Vec::new();
@@ -127,8 +127,8 @@ impl MappingService {
                 None => {
                     for c in [answer.primary, answer.secondary].into_iter().flatten() {
                         addresses.extend(
-                            clusters[c as usize]
-                                .addresses
+                            s.topology
+                                .cluster_addresses(c)
                                 .iter()
                                 .filter(|a| a.is_ipv6() == want_v6)
                                 .map(|a| a.to_string()),
@@ -150,8 +150,8 @@ impl MappingService {
             map_epoch: s.epoch,
             map_unit: answer
                 .unit
-                .map_or(String::new(), |u| s.instance.unit_id(u).to_string()),
-            traffic_class: s.instance.classes()[usize::from(answer.class)].name.clone(),
+                .map_or(String::new(), |u| s.topology.unit_id(u).to_string()),
+            traffic_class: s.topology.classes()[usize::from(answer.class)].name.clone(),
         }
     }
 }
@@ -269,7 +269,7 @@ async fn send_full(
     s: &Snapshot,
     tx: &tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>,
 ) -> bool {
-    let policies = shared.policies(&s.instance);
+    let policies = shared.policies(&s.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
     for part in 0..crate::watch::full_parts(s) {
         let msg = crate::watch::full_part(&edge, s, part);
@@ -281,7 +281,7 @@ async fn send_full(
 }
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
-    let policies = shared.policies(&next.instance);
+    let policies = shared.policies(&next.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
     crate::watch::delta_update(&edge, prev, next)
 }
@@ -290,12 +290,13 @@ fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpd
 pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
-    use cdnmap_mapper::format::parse_instance;
-    use cdnmap_mapper::{ClusterState, Instance, Limits};
+    use cdnmap_mapper::{ClusterState, Limits};
+    use cdnmap_topology::format::parse_instance;
+    use cdnmap_topology::Topology;
     use pb::mapping_server::Mapping;
 
     /// Four clusters of four servers, 60 units over 10.0.x.0/24 in three classes.
-    pub(crate) fn instance() -> Instance {
+    pub(crate) fn instance() -> Topology {
         let clusters: Vec<String> = (0..4)
             .map(|c| {
                 let addresses: Vec<String> =
@@ -413,7 +414,7 @@ pub(crate) mod tests {
                 let ids: Vec<String> = [want.primary, want.secondary]
                     .into_iter()
                     .flatten()
-                    .map(|c| s.instance.clusters()[c as usize].id.clone())
+                    .map(|c| s.topology.clusters()[c as usize].id.clone())
                     .collect();
                 assert_eq!(a.cluster_ids, ids, "version {v}, query {u}");
                 let (mut key, mut picked) = (String::new(), Vec::new());

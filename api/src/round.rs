@@ -11,6 +11,7 @@ use cdnmap_mapper::{
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_serve::ServeError;
+use cdnmap_topology::Topology;
 
 /// One published map version: everything a query needs, never changed after it is built.
 #[derive(Debug, Clone)]
@@ -20,8 +21,9 @@ pub struct Snapshot {
     pub epoch: u64,
     pub version: u64,
     pub solved_at_unix_ms: i64,
-    /// The round's instance (real preferences, the cluster states of the round).
-    pub instance: Instance,
+    /// The round's topology: its instance (real preferences, the cluster states and demand
+    /// of the round) and the addressing it was answered with.
+    pub topology: Topology,
     pub map: Map,
     pub resolver: Resolver,
     pub stats: SolveStats,
@@ -54,12 +56,12 @@ impl Snapshot {
         served: crate::store::Served,
         rules: ClassRules,
     ) -> Result<Snapshot, ServeError> {
-        let resolver = Resolver::of_solution(&served.instance, &served.map, rules)?;
+        let resolver = Resolver::of_solution(&served.topology, &served.map, rules)?;
         Ok(Snapshot {
             epoch: served.epoch,
             version: served.version,
             solved_at_unix_ms: served.solved_at_unix_ms,
-            instance: served.instance,
+            topology: served.topology,
             map: served.map,
             resolver,
             stats: SolveStats::default(),
@@ -85,7 +87,7 @@ pub enum RoundError {
 /// is checked by the independent verifier against the preferences it was solved with when
 /// `check` is set (the service sets it in debug builds; it costs about a solve).
 pub fn round(
-    instance: &Instance,
+    topology: &Topology,
     previous: Option<&Snapshot>,
     stickiness: &Stickiness,
     rules: ClassRules,
@@ -93,6 +95,7 @@ pub fn round(
     now_unix_ms: i64,
     check: bool,
 ) -> Result<Snapshot, RoundError> {
+    let instance = &topology.instance;
     let options = SolveOptions::default();
     let mut timings = RoundTimings::default();
     let (map, stats, churn_now) = match previous {
@@ -106,7 +109,7 @@ pub fn round(
             (sol.map, sol.stats, None)
         }
         Some(prev) => {
-            let seed = carry_over(&prev.instance, &prev.map, instance);
+            let seed = carry_over(&prev.topology, &prev.map, instance);
             let sol = if stickiness.margin > 0.0 {
                 let t = std::time::Instant::now();
                 let effective = favour_incumbents(instance, &seed, stickiness)?;
@@ -135,13 +138,13 @@ pub fn round(
     // The previous round's prefix index and unit columns, when the units are the same (they
     // are unless the topology's units changed): only the answers are computed again.
     let resolver =
-        Resolver::of_solution_after(instance, &map, rules, previous.map(|p| &p.resolver))?;
+        Resolver::of_solution_after(topology, &map, rules, previous.map(|p| &p.resolver))?;
     timings.index_ms = ms_since(t);
     Ok(Snapshot {
         epoch,
         version: previous.map_or(1, |p| p.version + 1),
         solved_at_unix_ms: now_unix_ms,
-        instance: instance.clone(),
+        topology: topology.clone(),
         map,
         resolver,
         stats,
@@ -237,11 +240,11 @@ pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::{ClusterState, Limits};
+    use cdnmap_topology::format::parse_instance;
 
     /// Four units, two clusters; "far" is everyone's second choice.
-    fn instance() -> Instance {
+    fn instance() -> Topology {
         let unit = |id: &str, prefix: &str| {
             format!(
                 r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
@@ -336,12 +339,12 @@ mod tests {
         let backup_only: Vec<&str> = changed
             .iter()
             .filter(|&&u| s2.map.allocations(u) == s1.map.allocations(u))
-            .map(|&u| s2.instance.unit_id(u))
+            .map(|&u| s2.topology.unit_id(u))
             .collect();
         assert_eq!(backup_only.len(), 1, "{backup_only:?}");
         assert_eq!(
             s2.resolver
-                .backup(s2.instance.unit_index(backup_only[0]).expect("unit")),
+                .backup(s2.topology.unit_index(backup_only[0]).expect("unit")),
             None
         );
         assert!((s2.churn.expect("churn") - 0.75).abs() < 1e-12);
@@ -387,9 +390,9 @@ mod tests {
         assert!(changed.is_empty(), "{changed:?}");
     }
 
-    fn serde_json_file(inst: &Instance) -> cdnmap_mapper::format::InstanceFile {
+    fn serde_json_file(inst: &Topology) -> cdnmap_topology::format::InstanceFile {
         let mut bytes = Vec::new();
-        cdnmap_mapper::format::write_instance(inst, &mut bytes).expect("write");
+        cdnmap_topology::format::write_instance(inst, &mut bytes).expect("write");
         serde_json::from_slice(&bytes).expect("read back")
     }
 }

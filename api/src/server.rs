@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cdnmap_mapper::Instance;
 use cdnmap_proto::v1 as pb;
 
 use crate::admin::{AdminAuth, AdminService};
@@ -62,7 +61,7 @@ async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Respon
 /// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
 pub async fn serve(
     config: Config,
-    initial: Instance,
+    initial: cdnmap_topology::Topology,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;

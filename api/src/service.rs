@@ -12,6 +12,7 @@ use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{ClusterState, Instance, Limits};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_serve::servers::Servers;
+use cdnmap_topology::Topology;
 use tokio::sync::broadcast;
 use tonic::Status;
 
@@ -20,7 +21,7 @@ use crate::driver::{Driver, Observations, StepError, StepTimings};
 use crate::round::Snapshot;
 use crate::selection::{self, ServerLoads};
 use crate::store::{Served, ServedRef, Store};
-use crate::topology::{Applied, Change, ChangeError, Topology};
+use crate::topology::{Applied, Change, ChangeError, SharedTopology};
 
 /// The most addresses one answer carries.
 pub const MAX_ANSWER_ADDRESSES: usize = 8;
@@ -55,7 +56,7 @@ pub struct Shared {
     /// mistaken for the one the next start publishes under the same number.
     pub(crate) epoch: u64,
     /// The topology the next round solves: one writer, read without a lock.
-    pub(crate) topology: Topology,
+    pub(crate) topology: SharedTopology,
     /// The published map and its selectors.
     pub(crate) published: ArcSwapOption<Published>,
     pub(crate) status: Mutex<RoundStatus>,
@@ -71,7 +72,7 @@ pub struct Shared {
     pub(crate) server_loads: ServerLoads,
     /// The topology the last stored record's round started from, and its generation: the
     /// store writes the topology with a record only when it changed.
-    pub(crate) stored_base: Mutex<(Option<Arc<Instance>>, u64)>,
+    pub(crate) stored_base: Mutex<(Option<Arc<Topology>>, u64)>,
     /// The estimator's last stored checkpoint, and whether one is being written.
     pub(crate) checkpoint: Mutex<Checkpointed>,
     /// The dashboard's round history, action log and per-version figures.
@@ -146,7 +147,7 @@ pub enum LoopError {
 /// What a round made, to publish and store.
 struct Round {
     /// The topology it started from.
-    base: Arc<Instance>,
+    base: Arc<Topology>,
     snapshot: Snapshot,
     timings: StepTimings,
     /// The estimator's entry for the round ([`Estimates::round_entry`]).
@@ -162,7 +163,7 @@ impl Shared {
     /// Nothing an acknowledged Admin change did can make a start fail: the served map carries
     /// the instance it was solved with, and a selection override naming a cluster that is gone
     /// is a warning.
-    pub fn start(config: Config, initial: Instance) -> anyhow::Result<Arc<Shared>> {
+    pub fn start(config: Config, initial: Topology) -> anyhow::Result<Arc<Shared>> {
         let store = Store::open(&config.data_dir)?;
         let epoch = store.next_epoch()?;
         let topology = match store.topology(Limits::default())? {
@@ -208,7 +209,7 @@ impl Shared {
             driver: Mutex::new(driver),
             pending: Mutex::new(Pending::default()),
             server_loads: ServerLoads::default(),
-            topology: Topology::start(store.clone(), topology, log),
+            topology: SharedTopology::start(store.clone(), topology, log),
             published: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
             store,
@@ -221,7 +222,7 @@ impl Shared {
             stopping: tokio::sync::watch::channel(false).0,
         });
         if let Some(s) = served {
-            let rules = shared.rules(&s.instance)?;
+            let rules = shared.rules(&s.topology)?;
             let snapshot = Snapshot::restored(s, rules)?;
             tracing::info!(
                 epoch = snapshot.epoch,
@@ -280,7 +281,7 @@ impl Shared {
     /// clusters, and is logged.
     fn publish(&self, snapshot: Arc<Snapshot>) {
         let clusters = snapshot.resolver.map().clusters();
-        let policies = self.policies(&snapshot.instance);
+        let policies = self.policies(&snapshot.topology);
         let built = selection::build(clusters, &policies, &self.server_loads, &[])
             .map_err(|e| e.to_string());
         let servers = match built {
@@ -384,7 +385,7 @@ impl Shared {
 
     /// Stores the served record of `snapshot` (solved from `base`) with the round's estimator
     /// `entry`; returns whether it was stored (a failure is logged: the map stays published).
-    async fn persist(&self, base: Arc<Instance>, snapshot: Arc<Snapshot>, entry: Vec<u8>) -> bool {
+    async fn persist(&self, base: Arc<Topology>, snapshot: Arc<Snapshot>, entry: Vec<u8>) -> bool {
         let store = self.store.clone();
         let keep = self.config.maps_kept;
         let to_store = Arc::clone(&snapshot);
@@ -405,7 +406,7 @@ impl Shared {
                     base: &base,
                     base_generation,
                     write_base,
-                    instance: &to_store.instance,
+                    instance: &to_store.topology,
                     map: &to_store.map,
                     round_entry: &entry,
                 },
@@ -534,7 +535,7 @@ impl Shared {
         metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
         metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
         metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
-        let demand = snapshot.instance.total_demand();
+        let demand = snapshot.topology.total_demand();
         metrics::gauge!("cdnmap_demand_total").set(demand);
         let overflow = snapshot.map.total_overflow();
         metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
@@ -542,8 +543,8 @@ impl Shared {
         } else {
             0.0
         });
-        let utilization = crate::round::utilization(&snapshot.instance, &snapshot.map);
-        for (c, u) in snapshot.instance.clusters().iter().zip(utilization) {
+        let utilization = crate::round::utilization(&snapshot.topology, &snapshot.map);
+        for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
             metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
         }
         tracing::info!(
@@ -580,7 +581,7 @@ impl Shared {
 /// holds as the last checkpoint (the next round writes one when there is none).
 fn restore_estimates(
     served: Option<&Served>,
-    topology: &Instance,
+    topology: &Topology,
 ) -> anyhow::Result<(Estimates, Checkpointed)> {
     let log = served.map(|s| &s.estimator);
     let Some((version, state)) = log.and_then(|l| l.checkpoint.as_ref()) else {
@@ -613,13 +614,13 @@ fn restore_estimates(
 /// The newest map of a store written before the served record existed, read against the
 /// stored topology; when an edit since makes it unreadable, the start goes on without it
 /// (the first round is then a cold one).
-fn legacy_served(store: &Store, topology: &Instance) -> Option<Served> {
+fn legacy_served(store: &Store, topology: &Topology) -> Option<Served> {
     match store.latest_map(topology) {
         Ok(Some((meta, map))) => Some(Served {
             epoch: 0,
             version: meta.version,
             solved_at_unix_ms: meta.solved_at_unix_ms,
-            instance: topology.clone(),
+            topology: topology.clone(),
             map,
             estimator: crate::store::EstimatorLog::default(),
         }),
@@ -665,7 +666,7 @@ impl Shared {
     }
 
     /// The topology the next round solves (with every Admin change so far).
-    pub(crate) fn topology_now(&self) -> Arc<Instance> {
+    pub(crate) fn topology_now(&self) -> Arc<Topology> {
         self.topology.current()
     }
 

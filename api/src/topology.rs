@@ -19,8 +19,9 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use cdnmap_mapper::format::{ClusterFile, InstanceFile, MapUnitFile};
 use cdnmap_mapper::{ClusterState, Instance, Limits};
+use cdnmap_topology::format::{ClusterFile, InstanceFile, MapUnitFile};
+use cdnmap_topology::Topology;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::Store;
@@ -49,7 +50,7 @@ pub enum Change {
 #[derive(Debug, Clone)]
 pub struct Applied {
     /// The topology after the change (published and stored).
-    pub topology: Arc<Instance>,
+    pub topology: Arc<Topology>,
     /// Whether anything changed (a delete of nothing, or a state set to what it was, did not).
     pub changed: bool,
     /// For a cluster-state change: the state before.
@@ -85,23 +86,23 @@ struct Request {
 
 /// The handle every reader and writer of the topology holds.
 #[derive(Clone)]
-pub struct Topology {
-    current: Arc<ArcSwap<Instance>>,
+pub struct SharedTopology {
+    current: Arc<ArcSwap<Topology>>,
     tx: mpsc::Sender<Request>,
 }
 
-impl Topology {
+impl SharedTopology {
     /// Starts the writer task (on the current tokio runtime) over `initial`, the stored
     /// topology.
-    pub fn start(store: Store, initial: Instance, log: Log) -> Topology {
+    pub fn start(store: Store, initial: Topology, log: Log) -> SharedTopology {
         let current = Arc::new(ArcSwap::from_pointee(initial));
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(writer(rx, Arc::clone(&current), store, log));
-        Topology { current, tx }
+        SharedTopology { current, tx }
     }
 
     /// The published topology (the next round solves it).
-    pub fn current(&self) -> Arc<Instance> {
+    pub fn current(&self) -> Arc<Topology> {
         self.current.load_full()
     }
 
@@ -118,7 +119,7 @@ impl Topology {
 
 async fn writer(
     mut rx: mpsc::Receiver<Request>,
-    current: Arc<ArcSwap<Instance>>,
+    current: Arc<ArcSwap<Topology>>,
     store: Store,
     log: Log,
 ) {
@@ -181,7 +182,7 @@ pub fn unserved_classes(instance: &Instance) -> Vec<String> {
 }
 
 /// `change` applied to `base`, validated like an instance file: the pure part of the writer.
-pub fn apply(base: &Arc<Instance>, change: &Change) -> Result<Applied, ChangeError> {
+pub fn apply(base: &Arc<Topology>, change: &Change) -> Result<Applied, ChangeError> {
     let unserved_before = unserved_classes(base);
     let mut applied = match change {
         Change::ClusterState { id, state, .. } => {
@@ -239,7 +240,7 @@ fn remove<T>(list: &mut Vec<T>, gone: &str, id: impl Fn(&T) -> &String) -> bool 
 /// dropped and counted; an edit of a map unit that names such a candidate is refused, as in an
 /// instance file.
 fn edit(
-    base: &Instance,
+    base: &Topology,
     of_clusters: bool,
     change: impl FnOnce(&mut InstanceFile) -> bool,
 ) -> Result<Applied, ChangeError> {
@@ -309,11 +310,11 @@ fn drop_unservable(file: &mut InstanceFile) -> Result<(usize, usize), ChangeErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
+    use cdnmap_topology::format::parse_instance;
     use std::sync::Mutex;
 
     /// Two classes; "a" serves both, "b" only web, "c" only video; units list a and b or a and c.
-    fn instance() -> Instance {
+    fn instance() -> Topology {
         let cluster = |id: &str, classes: &str| {
             format!(
                 r#"{{"id": "{id}", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
@@ -373,7 +374,7 @@ mod tests {
         let base = Arc::new(instance());
         let mut file = InstanceFile::of(&base);
         let mut a = file.clusters.remove(0);
-        if let cdnmap_mapper::format::ResourcesFile::Nested(root) = &mut a.resources {
+        if let cdnmap_topology::format::ResourcesFile::Nested(root) = &mut a.resources {
             root.classes = vec!["web".into()];
         }
         let applied = apply(&base, &Change::UpsertCluster(a)).expect("applied");
@@ -424,7 +425,7 @@ mod tests {
                 to_log.lock().expect("log").push((id.clone(), *state));
             }
         });
-        let topology = Topology::start(store.clone(), base, log);
+        let topology = SharedTopology::start(store.clone(), base, log);
         let mut tasks = Vec::new();
         for (w, (cluster, unit)) in [("a", "u1"), ("b", "u2"), ("c", "u3")]
             .into_iter()

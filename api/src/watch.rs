@@ -83,11 +83,11 @@ mod tests {
     use std::net::IpAddr;
     use std::sync::Arc;
 
-    use cdnmap_mapper::format::{
-        CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
-    };
     use cdnmap_mapper::{Instance, Limits, PerUnit, ResourceKind, Stickiness, TrafficClass};
     use cdnmap_serve::resolve::{ClassRules, Resolver};
+    use cdnmap_topology::format::{
+        CandidateFile, ClusterFile, InstanceFile, MapUnitFile, NestedNode, ResourcesFile,
+    };
     use ipnet::IpNet;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -222,10 +222,10 @@ mod tests {
                     epoch: s.epoch,
                     version: s.version,
                     solved_at_unix_ms: s.solved_at_unix_ms,
-                    base: &s.instance,
+                    base: &s.topology,
                     base_generation: 1,
                     write_base: true,
-                    instance: &s.instance,
+                    instance: &s.topology,
                     map: &s.map,
                     round_entry: &[],
                 },
@@ -233,7 +233,7 @@ mod tests {
             )
             .expect("store");
         let served = store.served().expect("read").expect("stored");
-        let rules = rules(config, &served.instance);
+        let rules = rules(config, &served.topology);
         Snapshot::restored(served, rules).expect("index")
     }
 
@@ -252,8 +252,8 @@ mod tests {
         let id =
             |r: &Resolver, c: Option<u32>| c.map(|c| r.map().clusters()[c as usize].id.clone());
         let mut checked = 0;
-        for u in 0..s.instance.unit_count() as u32 {
-            for p in s.instance.unit_prefixes(u) {
+        for u in 0..s.topology.unit_count() as u32 {
+            for p in s.topology.unit_prefixes(u) {
                 for host in 0..6u32 {
                     let client: IpNet = match p.network() {
                         IpAddr::V4(a) => IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(
@@ -282,11 +282,11 @@ mod tests {
                                 b.scope_prefix_len
                             ),
                             "step {step}: {client} {q} (unit {}: allocations {:?} overflow {} candidates {:?}, states {:?})",
-                            s.instance.unit_id(u),
+                            s.topology.unit_id(u),
                             s.map.allocations(u),
                             s.map.overflow(u),
-                            s.instance.candidates(u).map(|c| c.cluster).collect::<Vec<_>>(),
-                            s.instance.clusters().iter().map(|c| c.state).collect::<Vec<_>>()
+                            s.topology.candidates(u).map(|c| c.cluster).collect::<Vec<_>>(),
+                            s.topology.clusters().iter().map(|c| c.state).collect::<Vec<_>>()
                         );
                         checked += 1;
                     }
@@ -336,7 +336,7 @@ mod tests {
                 restarts += 1;
                 sent = None;
             }
-            let policies = config.selection.policies(&snapshot.instance);
+            let policies = config.selection.policies(&snapshot.topology);
             let edge = EdgeParts::new(&policies, None, &config);
             let missed = step % 7 == 5;
             let update = match &sent {
@@ -384,7 +384,7 @@ mod tests {
             } else {
                 deltas += 1;
             }
-            split += (0..snapshot.instance.unit_count() as u32)
+            split += (0..snapshot.topology.unit_count() as u32)
                 .filter(|&u| snapshot.map.allocations(u).len() > 1)
                 .count();
             checked += assert_same_answers(&front, &snapshot, step);

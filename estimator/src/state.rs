@@ -481,8 +481,8 @@ impl Estimates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::Limits;
+    use cdnmap_topology::format::parse_instance;
 
     /// The demand `reports` (unit id, queries) of `inst`'s units.
     fn demand(inst: &Instance, reports: &[(&str, f64)]) -> UnitDemand {
@@ -503,7 +503,9 @@ mod tests {
             {"id": "u1", "class": "web", "demand": 10, "lat": 0, "lon": 0, "candidates": [{"cluster": "a", "score": 1}]},
             {"id": "u2", "class": "web", "demand": 20, "lat": 0, "lon": 0, "candidates": [{"cluster": "a", "score": 1}]}]
         }"#;
-        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+        parse_instance(json.as_bytes(), Limits::default())
+            .expect("valid")
+            .instance
     }
 
     #[test]
@@ -590,7 +592,9 @@ mod tests {
 
     /// `inst` with its units `keep`-filtered and `extra` added (same class, demand, candidates).
     fn with_units(inst: &Instance, keep: &[&str], extra: &[&str]) -> Instance {
-        let mut file = cdnmap_mapper::format::InstanceFile::of(inst);
+        let mut file = cdnmap_topology::format::InstanceFile::of(&cdnmap_topology::Topology::bare(
+            inst.clone(),
+        ));
         let template = file.map_units[0].clone();
         file.map_units.retain(|u| keep.contains(&u.id.as_str()));
         for id in extra {
@@ -598,7 +602,7 @@ mod tests {
             u.id = id.to_string();
             file.map_units.push(u);
         }
-        file.build(Limits::default()).expect("valid")
+        file.build(Limits::default()).expect("valid").instance
     }
 
     /// Rounds of demand and loads through `est`, returning each round's entry.
@@ -700,6 +704,8 @@ mod tests {
             {"name": "up", "kind": "bps", "capacity": 100, "classes": ["web", "video"]}}],
           "map_units": []
         }"#;
-        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+        parse_instance(json.as_bytes(), Limits::default())
+            .expect("valid")
+            .instance
     }
 }

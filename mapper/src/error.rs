@@ -88,12 +88,6 @@ pub enum ModelError {
         subject: String,
         problem: &'static str,
     },
-    #[error("prefix {prefix} is claimed by two map units of one class, {first:?} and {second:?}")]
-    PrefixClaimedTwice {
-        prefix: String,
-        first: String,
-        second: String,
-    },
     #[error("map unit {map_unit:?} appears twice in the assignment")]
     DuplicateAssignment { map_unit: String },
     #[error("assignment names map unit {map_unit:?}, which the instance does not have")]

@@ -5,7 +5,6 @@
 //! byte for byte. See `ARCHITECTURE.md` for the invariants this crate keeps.
 
 pub mod error;
-pub mod format;
 pub mod map;
 pub mod mem;
 pub mod model;

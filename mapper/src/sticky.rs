@@ -557,9 +557,9 @@ fn set_bit(bits: &mut [u64], i: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::parse_instance;
     use crate::map::Allocation;
     use crate::model::Limits;
+    use crate::testing::parse_instance;
     use crate::{solve, solve_seeded, verify, SolveOptions};
 
     /// Two clusters 5% apart; unit "m" sat at the worse one last round.

@@ -726,9 +726,9 @@ fn find_blocking_pairs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::parse_instance;
     use crate::map::Allocation;
     use crate::model::Limits;
+    use crate::testing::parse_instance;
     use serde_json::{json, Value};
 
     fn build(v: &Value) -> Instance {
@@ -1689,7 +1689,6 @@ mod tests {
                 id: format!("c{i:04}"),
                 lat: 0.0,
                 lon: 0.0,
-                addresses: Vec::new(),
                 state: ClusterState::Up,
                 serves: None,
                 resources: vec![
@@ -1721,7 +1720,6 @@ mod tests {
                 demand: rng.random_range(0.0..2.0),
                 lat: 0.0,
                 lon: 0.0,
-                prefixes: &[],
                 candidates: &cands,
             })
             .unwrap();

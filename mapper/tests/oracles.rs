@@ -22,7 +22,6 @@ fn single_node_cluster(id: &str, capacity: f64, classes: &[&str]) -> ClusterSpec
         id: id.into(),
         lat: 0.0,
         lon: 0.0,
-        addresses: vec![],
         state: ClusterState::Up,
         serves: None,
         resources: vec![ResourceNodeSpec {
@@ -63,7 +62,6 @@ fn build(
             demand: *demand,
             lat: 0.0,
             lon: 0.0,
-            prefixes: &[],
             candidates: &cands,
         })
         .expect("valid unit");

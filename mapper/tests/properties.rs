@@ -343,7 +343,6 @@ impl ClusterGen {
             id,
             lat: 0.0,
             lon: 0.0,
-            addresses: vec![],
             state: self.state,
             serves: None,
             resources: nodes,
@@ -406,7 +405,6 @@ impl Gen {
                 demand: u.demand,
                 lat: 0.0,
                 lon: 0.0,
-                prefixes: &[],
                 candidates: &cands,
             })
             .expect("valid map unit");
@@ -777,7 +775,7 @@ proptest! {
         g in gen_with(mixed_classes(), small()),
         seed in any::<u64>(),
     ) {
-        use cdnmap_mapper::format::{InstanceFile, NestedNode, ResourcesFile};
+        use cdnmap_topology::format::{InstanceFile, NestedNode, ResourcesFile};
         fn scale(n: &mut NestedNode, f: f64) {
             n.capacity *= f;
             n.children.iter_mut().for_each(|c| scale(c, f));
@@ -801,7 +799,7 @@ proptest! {
             .with_demands(demands.clone())
             .and_then(|i| i.with_costs(&per_unit, &factors))
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let mut file = InstanceFile::of(&inst);
+        let mut file = InstanceFile::of(&cdnmap_topology::Topology::bare(inst.clone()));
         for (u, d) in file.map_units.iter_mut().zip(&demands) {
             u.demand = *d;
         }
@@ -814,7 +812,7 @@ proptest! {
             }
         }
         let rebuilt = file.build(Limits::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        prop_assert_eq!(&edited, &rebuilt);
+        prop_assert_eq!(&edited, &rebuilt.instance);
         let (a, b) = (solve(&edited, &SolveOptions::default()), solve(&rebuilt, &SolveOptions::default()));
         prop_assert_eq!(a.map, b.map);
         if inst.unit_count() > 0 {
@@ -1018,7 +1016,6 @@ impl World {
                 demand: u.demand,
                 lat: 0.0,
                 lon: 0.0,
-                prefixes: &[],
                 candidates: &cands,
             })
             .expect("valid map unit");
@@ -1116,7 +1113,6 @@ fn world_like(seed: u64, units: usize, headroom: f64) -> World {
                 id: format!("c{i:02}"),
                 lat: 0.0,
                 lon: 0.0,
-                addresses: vec![],
                 state,
                 serves: None,
                 resources: nodes,
@@ -1207,7 +1203,6 @@ fn rotation_instance(delta: f64) -> Instance {
         id: id.into(),
         lat: 0.0,
         lon: 0.0,
-        addresses: vec![],
         state: ClusterState::Up,
         serves: None,
         resources: vec![ResourceNodeSpec {
@@ -1235,7 +1230,6 @@ fn rotation_instance(delta: f64) -> Instance {
             demand: *demand,
             lat: 0.0,
             lon: 0.0,
-            prefixes: &[],
             candidates: cands,
         })
         .expect("valid map unit");

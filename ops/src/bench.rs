@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use cdnmap_mapper::ClassIdx;
 use cdnmap_mapper::{
-    churn, favour_incumbents, solve as solve_instance, solve_seeded, Instance, Map, Solution,
-    SolveOptions, Stickiness, UnitIdx, DEFAULT_STICKINESS,
+    churn, favour_incumbents, solve as solve_instance, solve_seeded, Map, Solution, SolveOptions,
+    Stickiness, UnitIdx, DEFAULT_STICKINESS,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
+use cdnmap_topology::Topology;
 use clap::Args;
 
 use crate::alloc;
@@ -23,7 +24,7 @@ use cdnmap_world::world::{perturb, WorldParams};
 /// The second half of `bench solve --perturb`: cold and seeded solves of a jittered world.
 fn sticky_round(
     a: &SolveBenchArgs,
-    inst: &Instance,
+    inst: &Topology,
     first: &Map,
     pct: f64,
     first_cold: Duration,
@@ -113,7 +114,7 @@ pub struct BenchWorld {
 
 impl BenchWorld {
     /// Generates the world and prints its line.
-    pub fn generate(&self) -> Result<Instance> {
+    pub fn generate(&self) -> Result<Topology> {
         let params = WorldParams {
             map_units: self.map_units,
             clusters: self.clusters,
@@ -192,7 +193,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The baseline: one pass that sums every map unit's demand into its first candidate.
-pub fn trivial_pass(inst: &Instance) -> Vec<f64> {
+pub fn trivial_pass(inst: &Topology) -> Vec<f64> {
     let mut per_cluster = vec![0.0; inst.clusters().len()];
     for u in 0..inst.unit_count() as UnitIdx {
         if let Some(c) = inst.candidates(u).next() {
@@ -352,7 +353,7 @@ impl QuerySet {
 /// 198.18.0.0/15 and 2001:db8::/32 (which the world generator never allocates); hostnames by
 /// the classes' demand shares (web 50%, video 35%, apps 15%) over a few hundred thousand
 /// names, one in ten with DNS 0x20 random case, all with the trailing dot.
-fn query_set(inst: &Instance, count: usize, outside: f64, seed: u64) -> Result<QuerySet> {
+fn query_set(inst: &Topology, count: usize, outside: f64, seed: u64) -> Result<QuerySet> {
     use ipnet::IpNet;
     use rand::{Rng, SeedableRng};
     use std::fmt::Write as _;
@@ -463,7 +464,7 @@ fn time_each(runs: usize, mut f: impl FnMut() -> u64) -> (Duration, Vec<Duration
 }
 
 /// The cold solve the resolver is built from; prints its time, overflow and split units.
-fn resolve_cold_solve(inst: &Instance) -> Solution {
+fn resolve_cold_solve(inst: &Topology) -> Solution {
     let units = inst.unit_count();
     let t = Instant::now();
     let sol = solve_instance(inst, &SolveOptions::default());
@@ -487,7 +488,7 @@ fn resolve_cold_solve(inst: &Instance) -> Solution {
 }
 
 /// The resolver of `sol` (dropped once built); prints its build time and memory.
-fn resolve_build(inst: &Instance, sol: Solution) -> Result<Resolver> {
+fn resolve_build(inst: &Topology, sol: Solution) -> Result<Resolver> {
     let units = inst.unit_count();
     let rules: Vec<(String, String)> = RESOLVE_RULES
         .iter()
@@ -518,7 +519,7 @@ fn resolve_build(inst: &Instance, sol: Solution) -> Result<Resolver> {
 
 /// One untimed pass over the queries for the answer mix; prints the queries (generated since
 /// `t`) and where their answers come from.
-fn resolve_mix(inst: &Instance, resolver: &Resolver, qs: &QuerySet, t: Instant) {
+fn resolve_mix(inst: &Topology, resolver: &Resolver, qs: &QuerySet, t: Instant) {
     let n = qs.queries.len();
     let (mut from_unit, mut no_unit_inside, mut per_class) = (0usize, 0usize, vec![0usize; 3]);
     for q in &qs.queries {
@@ -707,7 +708,7 @@ fn resolve_print(m: &ResolveTimes, n: usize, units: usize, runs: usize) {
 }
 
 /// `--grpc-calls`: the same queries through the service's gRPC API.
-fn resolve_grpc(a: &ResolveBenchArgs, inst: &Instance, qs: &QuerySet) -> Result<()> {
+fn resolve_grpc(a: &ResolveBenchArgs, inst: &Topology, qs: &QuerySet) -> Result<()> {
     ensure!(
         (1..=cdnmap_proto::MAX_BATCH_QUERIES).contains(&a.grpc_batch),
         "--grpc-batch must be in 1..={}",

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cdnmap_dns::config::fqdn;
-use cdnmap_mapper::{Instance, UnitIdx};
+use cdnmap_mapper::UnitIdx;
+use cdnmap_topology::Topology;
 use clap::Args;
 use hickory_server::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
@@ -198,7 +199,7 @@ fn host(net: IpNet, offset: u128) -> IpAddr {
 
 /// Writes the query file; returns how many queries of each type it holds.
 pub(crate) fn write_queries(
-    instance: &Instance,
+    instance: &Topology,
     n: usize,
     seed: u64,
     path: &Path,

@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 use cdnmap_api::mapping::MappingService;
 use cdnmap_api::service::Shared;
 use cdnmap_api::Config;
-use cdnmap_mapper::Instance;
 use cdnmap_proto::v1 as pb;
+use cdnmap_topology::Topology;
 use ipnet::IpNet;
 use tonic::{Request, Response, Status};
 
@@ -151,7 +151,7 @@ async fn load(
 
 /// Runs the gRPC half and prints it.
 pub fn run(
-    instance: &Instance,
+    instance: &Topology,
     config: Config,
     clients: &[(IpNet, String)],
     calls: usize,

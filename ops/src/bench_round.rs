@@ -15,8 +15,9 @@ use cdnmap_api::selection::{self, ServerLoads};
 use cdnmap_api::store::{ServedRef, Store};
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::Estimates;
-use cdnmap_mapper::{Instance, Stickiness, UnitIdx};
+use cdnmap_mapper::{Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
+use cdnmap_topology::Topology;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,7 +53,7 @@ const PARTS: [&str; 7] = [
 /// The reports of the round before round `r`: every unit, its demand with `noise` percent of
 /// noise (none before the first round).
 fn observations(
-    base: &Instance,
+    base: &Topology,
     r: usize,
     noise: f64,
     rng: &mut ChaCha8Rng,
@@ -80,7 +81,7 @@ fn observations(
 fn persist(
     store: &Store,
     driver: &Driver,
-    base: &Instance,
+    base: &Topology,
     s: &Snapshot,
     observations: &Observations,
     base_generation: u64,
@@ -97,7 +98,7 @@ fn persist(
             base,
             base_generation,
             write_base: s.version == base_generation,
-            instance: &s.instance,
+            instance: &s.topology,
             map: &s.map,
             round_entry: &entry,
         },
@@ -156,14 +157,14 @@ fn print_medians(times: &[[f64; 7]], units: usize) {
 /// `Estimates::apply` did every round, and the JSON the store wrote every round.
 fn print_baselines(s: &Snapshot) -> Result<()> {
     let t = Instant::now();
-    let rebuilt = cdnmap_mapper::format::InstanceFile::of(&s.instance)
+    let rebuilt = cdnmap_topology::format::InstanceFile::of(&s.topology)
         .build(cdnmap_mapper::Limits::default())?;
     let rebuild_ms = ms(t);
     drop(std::hint::black_box(rebuilt));
     let t = Instant::now();
     let mut json = Vec::new();
-    cdnmap_mapper::format::write_instance(&s.instance, &mut json)?;
-    cdnmap_mapper::format::write_assignment(&s.instance, &s.map, &s.version, &mut json)?;
+    cdnmap_topology::format::write_instance(&s.topology, &mut json)?;
+    cdnmap_topology::format::write_assignment(&s.topology, &s.map, &s.version, &mut json)?;
     let json_ms = ms(t);
     println!(
         "baselines      the old estimator's rebuild through the file form {rebuild_ms:.0} ms; \

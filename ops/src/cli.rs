@@ -6,11 +6,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_mapper::format::{parse_assignment, write_assignment, write_instance};
 use cdnmap_mapper::{
     churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Limits, Map,
     SolveOptions, Stickiness, DEFAULT_STICKINESS,
 };
+use cdnmap_topology::format::{parse_assignment, write_assignment, write_instance};
+use cdnmap_topology::Topology;
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench;
@@ -192,7 +193,7 @@ struct RoundArgs {
 /// An instance as a round sees it.
 struct Round {
     /// The instance with the command line's cluster states.
-    instance: Instance,
+    instance: Topology,
     /// The previous map, if any: churn is measured against it.
     previous: Option<Map>,
     /// The effective preferences built from the previous map, when stickiness is on: the

@@ -7,13 +7,14 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_mapper::format::parse_instance;
-use cdnmap_mapper::{Instance, Limits};
+use cdnmap_mapper::Limits;
+use cdnmap_topology::format::parse_instance;
+use cdnmap_topology::Topology;
 use cdnmap_world::world::{self, WorldParams};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Reads and validates an instance file; errors name the file.
-pub fn read_instance(path: &Path, limits: Limits) -> Result<Instance> {
+pub fn read_instance(path: &Path, limits: Limits) -> Result<Topology> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     parse_instance(&bytes, limits).with_context(|| format!("{}", path.display()))
 }
@@ -30,7 +31,7 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
 }
 
 /// Generates a world with a progress bar.
-pub fn generate_world(params: &WorldParams) -> Result<Instance> {
+pub fn generate_world(params: &WorldParams) -> Result<Topology> {
     let bar = progress(params.map_units as u64, "world");
     let inst = world::generate(params, &|done| bar.set_position(done as u64))?;
     bar.finish_and_clear();

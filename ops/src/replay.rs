@@ -25,10 +25,9 @@ use cdnmap_api::round::Snapshot;
 use cdnmap_estimator::forecast::ForecastConfig;
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates, Through};
-use cdnmap_mapper::{
-    ClassIdx, ClusterState, Instance, Map, PerUnit, ResourceKind, Stickiness, UnitIdx,
-};
+use cdnmap_mapper::{ClassIdx, ClusterState, Map, PerUnit, ResourceKind, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
+use cdnmap_topology::Topology;
 use ipnet::IpNet;
 
 use cdnmap_world::trace::{Header, Record};
@@ -121,7 +120,7 @@ struct Rounds {
     states: Vec<Vec<(u32, ClusterState)>>,
 }
 
-fn index(instance: &Instance, header: &Header, records: &[Record]) -> Result<Rounds> {
+fn index(instance: &Topology, header: &Header, records: &[Record]) -> Result<Rounds> {
     let by_prefix: HashMap<(IpNet, ClassIdx), UnitIdx> = (0..instance.unit_count() as UnitIdx)
         .flat_map(|u| {
             instance
@@ -186,7 +185,7 @@ fn index(instance: &Instance, header: &Header, records: &[Record]) -> Result<Rou
 
 /// Runs one setting over the whole trace.
 pub fn replay(
-    base: &Instance,
+    base: &Topology,
     header: &Header,
     records: &[Record],
     setting: &Setting,
@@ -199,7 +198,7 @@ pub fn replay(
 /// input) to `sink`: how a test feeds the same observations to the service's loop.
 /// The service's round driver for `setting`: the estimator (without forecasting, the last
 /// observed value) and the stickiness.
-fn driver(base: &Instance, setting: &Setting) -> Result<Driver> {
+fn driver(base: &Topology, setting: &Setting) -> Result<Driver> {
     let mut est = Estimates::new(base).map_err(|e| anyhow::anyhow!("{e}"))?;
     if !setting.forecast {
         // The last observed value, as a forecaster that forgets at once.
@@ -227,7 +226,7 @@ struct NodeLoads {
 }
 
 /// The loads of `flow` (demand per node and class) with the true coefficients `truth`.
-fn node_loads(base: &Instance, truth: &[PerUnit], flow: &Through) -> NodeLoads {
+fn node_loads(base: &Topology, truth: &[PerUnit], flow: &Through) -> NodeLoads {
     let (mut violations, mut max_util) = (0usize, [0.0f64; 2]);
     let mut loads = Vec::new();
     for (ci, cl) in base.clusters().iter().enumerate() {
@@ -261,7 +260,7 @@ fn node_loads(base: &Instance, truth: &[PerUnit], flow: &Through) -> NodeLoads {
 }
 
 /// The mean RTT of the observed demand on the map's shares (0 with none placed).
-fn mean_rtt_ms(base: &Instance, instance: &Instance, map: &Map, observed: &[Option<f64>]) -> f64 {
+fn mean_rtt_ms(base: &Topology, instance: &Topology, map: &Map, observed: &[Option<f64>]) -> f64 {
     let (mut rtt, mut placed) = (0.0, 0.0);
     for u in 0..base.unit_count() as UnitIdx {
         let (Some(actual), planned) = (observed[u as usize], instance.unit_demand(u)) else {
@@ -288,8 +287,8 @@ fn mean_rtt_ms(base: &Instance, instance: &Instance, map: &Map, observed: &[Opti
 
 /// The forecast error (relative to the observed total) and the observed demand by unit id.
 fn forecast_error(
-    base: &Instance,
-    instance: &Instance,
+    base: &Topology,
+    instance: &Topology,
     observed: &[Option<f64>],
 ) -> (f64, UnitDemand) {
     let (mut err, mut total) = (0.0, 0.0);
@@ -306,7 +305,7 @@ fn forecast_error(
 }
 
 pub fn replay_with(
-    base: &Instance,
+    base: &Topology,
     header: &Header,
     records: &[Record],
     setting: &Setting,
@@ -351,7 +350,7 @@ pub fn replay_with(
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
         let confident = setting.learning && driver.estimates().confident();
         let snapshot = step.snapshot;
-        let (instance, map) = (&snapshot.instance, &snapshot.map);
+        let (instance, map) = (&snapshot.topology, &snapshot.map);
 
         // What really happened: the observed demand on the map's shares, true coefficients.
         let mut observed = vec![None::<f64>; base.unit_count()];

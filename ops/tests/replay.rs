@@ -9,7 +9,7 @@ use cdnmap_ops::replay::{replay, replay_with, write_report, Row, Setting};
 use cdnmap_world::trace::{Header, Record};
 use cdnmap_world::world::{generate, WorldParams};
 
-fn world() -> Instance {
+fn world() -> cdnmap_topology::Topology {
     let params = WorldParams {
         map_units: 3_000,
         clusters: 40,

@@ -8,7 +8,7 @@ use cdnmap_mapper::{
 };
 use cdnmap_world::world::{generate, perturb, WorldParams};
 
-fn world(seed: u64) -> Instance {
+fn world(seed: u64) -> cdnmap_topology::Topology {
     let params = WorldParams {
         map_units: 20_000,
         clusters: 80,
@@ -144,7 +144,7 @@ fn stickiness_zero_is_a_cold_solve() {
     let m0 = cold(&base);
     let next = perturb(&base, 5.0, 7).expect("perturb");
     let effective = favour_incumbents(&next, &m0, &Stickiness::OFF).expect("effective");
-    assert_eq!(effective, next);
+    assert_eq!(effective, next.instance);
     assert!(favour_incumbents(&next, &m0, &Stickiness::margin(0.95)).is_err());
     assert!(favour_incumbents(&next, &m0, &Stickiness::margin(f64::NAN)).is_err());
 }

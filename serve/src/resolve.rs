@@ -33,6 +33,7 @@ use ipnet::IpNet;
 
 use cdnmap_mapper::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use cdnmap_mapper::{Map, ModelError};
+use cdnmap_topology::Topology;
 
 use crate::serving::{ServeError, ServingMap};
 use cdnmap_mapper::mem::prefetch;
@@ -532,23 +533,23 @@ impl Resolver {
 
     /// Indexes the map of a solution: [`ServingMap::of_solution`], then [`Self::new`].
     pub fn of_solution(
-        instance: &Instance,
+        topology: &Topology,
         map: &Map,
         rules: ClassRules,
     ) -> Result<Self, ServeError> {
-        Self::of_solution_after(instance, map, rules, None)
+        Self::of_solution_after(topology, map, rules, None)
     }
 
     /// [`Self::of_solution`] after `previous`, the resolver of the round before:
     /// [`ServingMap::of_solution_after`] (sharing its unit columns when the units are the
     /// same), then [`Self::new_after`] (sharing its prefix index then).
     pub fn of_solution_after(
-        instance: &Instance,
+        topology: &Topology,
         map: &Map,
         rules: ClassRules,
         previous: Option<&Resolver>,
     ) -> Result<Self, ServeError> {
-        let serving = ServingMap::of_solution_after(instance, map, previous.map(|p| &*p.map))?;
+        let serving = ServingMap::of_solution_after(topology, map, previous.map(|p| &*p.map))?;
         Self::new_after(Arc::new(serving), rules, previous)
     }
 
@@ -756,11 +757,11 @@ fn hash(client: IpNet, qname: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::model::Limits;
     use cdnmap_mapper::{solve, SolveOptions};
+    use cdnmap_topology::format::parse_instance;
 
-    fn instance() -> Instance {
+    fn instance() -> Topology {
         let json = r#"{
           "traffic_classes": [
             {"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}},
@@ -781,7 +782,7 @@ mod tests {
         parse_instance(json.as_bytes(), Limits::default()).expect("valid")
     }
 
-    fn resolver(inst: &Instance) -> Resolver {
+    fn resolver(inst: &Topology) -> Resolver {
         let map = solve(inst, &SolveOptions::default()).map;
         let rules =
             ClassRules::for_instance(inst, &[("*.video.example".into(), "video".into())], "web")

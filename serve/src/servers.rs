@@ -269,10 +269,11 @@ impl Servers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
-    use cdnmap_mapper::model::{Instance, Limits};
+    use cdnmap_mapper::model::Limits;
+    use cdnmap_topology::format::parse_instance;
+    use cdnmap_topology::Topology;
 
-    fn instance() -> Instance {
+    fn instance() -> Topology {
         let cluster = |id: &str, addrs: &[&str]| {
             serde_json::json!({
                 "id": id, "lat": 0.0, "lon": 0.0, "addresses": addrs,
@@ -314,7 +315,7 @@ mod tests {
             Policy::PowerOfD { vnodes: 50, d: 2 },
         ] {
             let s = Servers::build(
-                &ServingCluster::of_instance(&inst),
+                &ServingCluster::of_topology(&inst),
                 &[policy; 2],
                 |_, _| 0.0,
                 &[("www.x", 1.0)],
@@ -346,7 +347,7 @@ mod tests {
         let inst = instance();
         let loaded: IpAddr = "192.0.2.1".parse().unwrap();
         let s = Servers::build(
-            &ServingCluster::of_instance(&inst),
+            &ServingCluster::of_topology(&inst),
             &[Policy::PowerOfD { vnodes: 50, d: 3 }; 2],
             |c, a| if c == 0 && a == loaded { 100.0 } else { 1.0 },
             &[],
@@ -372,7 +373,7 @@ mod tests {
     fn bad_policies_and_counts_are_refused() {
         let inst = instance();
         let e = Servers::build(
-            &ServingCluster::of_instance(&inst),
+            &ServingCluster::of_topology(&inst),
             &[Policy::default()],
             |_, _| 0.0,
             &[],
@@ -390,11 +391,11 @@ mod tests {
             Policy::default(),
         ];
         let e =
-            Servers::build(&ServingCluster::of_instance(&inst), &bad, |_, _| 0.0, &[]).unwrap_err();
+            Servers::build(&ServingCluster::of_topology(&inst), &bad, |_, _| 0.0, &[]).unwrap_err();
         assert!(e.to_string().contains("cluster \"a\"") && e.to_string().contains("c is 1"));
         let bad = [Policy::PowerOfD { vnodes: 0, d: 2 }, Policy::default()];
         assert!(
-            Servers::build(&ServingCluster::of_instance(&inst), &bad, |_, _| 0.0, &[]).is_err()
+            Servers::build(&ServingCluster::of_topology(&inst), &bad, |_, _| 0.0, &[]).is_err()
         );
     }
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, Instance, UnitIdx};
 use cdnmap_mapper::Map;
+use cdnmap_topology::Topology;
 use ipnet::IpNet;
 
 /// No cluster (a unit without a backup).
@@ -70,14 +71,16 @@ pub struct ServingCluster {
 }
 
 impl ServingCluster {
-    /// The clusters of `instance`, by cluster index.
-    pub fn of_instance(instance: &Instance) -> Vec<ServingCluster> {
-        instance
+    /// The clusters of `topology`, by cluster index.
+    pub fn of_topology(topology: &Topology) -> Vec<ServingCluster> {
+        topology
+            .instance
             .clusters()
             .iter()
-            .map(|c| ServingCluster {
+            .enumerate()
+            .map(|(ci, c)| ServingCluster {
                 id: c.id.clone(),
-                addresses: c.addresses.clone(),
+                addresses: topology.cluster_addresses(ci as ClusterIdx).to_vec(),
                 state: c.state,
             })
             .collect()
@@ -95,6 +98,30 @@ pub struct ServingMap {
     clusters: Vec<ServingCluster>,
     units: Units,
     fallback: Vec<[Option<ClusterIdx>; 2]>,
+    source: Source,
+}
+
+/// The topology a serving map's units were taken from, on the mapper's side (`None` for a map
+/// built from WatchMap): it lets the next round see "the same units" with two pointer
+/// comparisons instead of comparing every unit's id and prefixes. Not part of the map's
+/// value: two maps of the same contents are equal wherever they were built.
+#[derive(Clone, Default)]
+struct Source(Option<Topology>);
+
+impl PartialEq for Source {
+    fn eq(&self, _: &Source) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Source(topology)"
+        } else {
+            "Source(none)"
+        })
+    }
 }
 
 /// The unit columns, in strictly increasing id order.
@@ -179,6 +206,7 @@ impl Builder {
                 clusters,
                 units: Units::default(),
                 fallback,
+                source: Source::default(),
             },
         })
     }
@@ -362,23 +390,24 @@ impl Builder {
 }
 
 impl ServingMap {
-    /// The serving map of `map`, a map of `instance`: shares by [`cdnmap_mapper::map::share`]
+    /// The serving map of `map`, a map of `topology`'s instance: shares by [`cdnmap_mapper::map::share`]
     /// (the one definition), each unit's backups its two best up candidates outside its
     /// placements,
     /// each class's fallbacks the two up clusters serving it with the most room.
-    pub fn of_solution(instance: &Instance, map: &Map) -> Result<ServingMap, ServeError> {
-        Self::of_solution_after(instance, map, None)
+    pub fn of_solution(topology: &Topology, map: &Map) -> Result<ServingMap, ServeError> {
+        Self::of_solution_after(topology, map, None)
     }
 
     /// [`Self::of_solution`], sharing the unit ids, classes and prefixes with `previous` (the
-    /// serving map of the round before) when `instance` has exactly those: the usual round,
+    /// serving map of the round before) when `topology` has exactly those: the usual round,
     /// where only demand and the map changed. Those columns are then not copied again, and
     /// the resolver sees the same units with one pointer comparison.
     pub fn of_solution_after(
-        instance: &Instance,
+        topology: &Topology,
         map: &Map,
         previous: Option<&ServingMap>,
     ) -> Result<ServingMap, ServeError> {
+        let instance = &topology.instance;
         if map.unit_count() != instance.unit_count() {
             return Err(ServeError::MapShape {
                 map_units: map.unit_count(),
@@ -390,11 +419,11 @@ impl ServingMap {
             .iter()
             .map(|c| Arc::from(c.name.as_str()))
             .collect();
-        let clusters = ServingCluster::of_instance(instance);
+        let clusters = ServingCluster::of_topology(topology);
         let up: Vec<bool> = clusters.iter().map(ServingCluster::is_up).collect();
         let mut b = Builder::new(classes, clusters)?;
         let units = instance.unit_count() as UnitIdx;
-        let shared = previous.filter(|p| p.has_units_of(instance));
+        let shared = previous.filter(|p| p.has_units_of(topology));
         let mut sizes = Sizes {
             units: units as usize,
             shares: (0..units).map(|u| map.allocations(u).len()).sum(),
@@ -404,7 +433,7 @@ impl ServingMap {
             Some(p) => b.map.units.keys = Arc::clone(&p.units.keys),
             None => {
                 sizes.id_bytes = (0..units).map(|u| instance.unit_id(u).len()).sum();
-                sizes.prefixes = (0..units).map(|u| instance.unit_prefixes(u).len()).sum();
+                sizes.prefixes = topology.addressing.prefix_count();
             }
         }
         b.reserve(sizes);
@@ -426,7 +455,7 @@ impl ServingMap {
                 b.push(
                     instance.unit_id(u),
                     instance.unit_class(u),
-                    instance.unit_prefixes(u),
+                    topology.unit_prefixes(u),
                     placed.iter().copied(),
                     overflow,
                     backups,
@@ -434,6 +463,7 @@ impl ServingMap {
             }
         }
         b.set_fallback(&fallbacks(instance, map));
+        b.map.source = Source(Some(topology.clone()));
         Ok(b.finish())
     }
 
@@ -472,13 +502,23 @@ impl ServingMap {
         Arc::ptr_eq(&self.units.keys, &other.units.keys) || self.units.keys == other.units.keys
     }
 
-    /// Whether this map's units are exactly `instance`'s: ids, classes and prefixes (as the
+    /// Whether this map's units are exactly `topology`'s: ids, classes and prefixes (as the
     /// map holds them, truncated), in order.
-    fn has_units_of(&self, instance: &Instance) -> bool {
+    fn has_units_of(&self, topology: &Topology) -> bool {
+        let instance = &topology.instance;
+        // Built from this topology's units and addressing (the usual round): the same units
+        // by construction, classes included.
+        if let Some(source) = &self.source.0 {
+            if Arc::ptr_eq(&source.addressing, &topology.addressing)
+                && source.instance.shares_units(instance)
+            {
+                return true;
+            }
+        }
         let n = instance.unit_count();
         n == self.unit_count()
             && (0..n as UnitIdx).all(|u| {
-                let (mine, theirs) = (self.unit_prefixes(u), instance.unit_prefixes(u));
+                let (mine, theirs) = (self.unit_prefixes(u), topology.unit_prefixes(u));
                 self.unit_class(u) == instance.unit_class(u)
                     && mine.len() == theirs.len()
                     && mine.iter().zip(theirs).all(|(a, b)| *a == b.trunc())

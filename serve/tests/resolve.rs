@@ -22,13 +22,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use cdnmap_mapper::{
-    solve, Allocation, CandidateSpec, ClassIdx, ClusterIdx, ClusterSpec, ClusterState, Instance,
-    InstanceBuilder, Limits, Map, MapUnitSpec, ModelError, PerUnit, ResourceKind, ResourceNodeSpec,
-    SolveOptions, TrafficClass, UnitIdx,
+    solve, Allocation, CandidateSpec, ClassIdx, ClusterIdx, ClusterSpec, ClusterState, Limits, Map,
+    MapUnitSpec, ModelError, PerUnit, ResourceKind, ResourceNodeSpec, SolveOptions, TrafficClass,
+    UnitIdx,
 };
 use cdnmap_serve::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
 use cdnmap_serve::serving::Builder;
 use cdnmap_serve::{ServeError, ServingCluster, ServingMap};
+use cdnmap_topology::{Topology, TopologyBuilder};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -63,15 +64,16 @@ fn unit_id(i: usize) -> String {
 }
 
 /// A one-node cluster serving `serves` (class indices).
-fn cluster(i: usize, capacity: f64, state: ClusterState, serves: &[usize]) -> ClusterSpec {
-    ClusterSpec {
+fn cluster(
+    i: usize,
+    capacity: f64,
+    state: ClusterState,
+    serves: &[usize],
+) -> (ClusterSpec, Vec<IpAddr>) {
+    let spec = ClusterSpec {
         id: cluster_id(i),
         lat: 0.0,
         lon: 0.0,
-        addresses: vec![
-            IpAddr::from([198, 18, i as u8, 1]),
-            IpAddr::from([198, 18, i as u8, 2]),
-        ],
         state,
         serves: None,
         resources: vec![ResourceNodeSpec {
@@ -81,7 +83,12 @@ fn cluster(i: usize, capacity: f64, state: ClusterState, serves: &[usize]) -> Cl
             classes: serves.iter().map(|&k| CLASSES[k].to_string()).collect(),
             children: vec![],
         }],
-    }
+    };
+    let addresses = vec![
+        IpAddr::from([198, 18, i as u8, 1]),
+        IpAddr::from([198, 18, i as u8, 2]),
+    ];
+    (spec, addresses)
 }
 
 /// A map unit: class, prefixes as given, demand, candidate cluster indices (best first).
@@ -93,8 +100,8 @@ struct UnitDef {
     candidates: Vec<usize>,
 }
 
-fn build(clusters: Vec<ClusterSpec>, units: &[UnitDef]) -> Instance {
-    let mut b = InstanceBuilder::new(classes(), clusters, Limits::default()).expect("clusters");
+fn build(clusters: Vec<(ClusterSpec, Vec<IpAddr>)>, units: &[UnitDef]) -> Topology {
+    let mut b = TopologyBuilder::new(classes(), clusters, Limits::default()).expect("clusters");
     let cluster_ids: Vec<String> = (0..100).map(cluster_id).collect();
     for (i, u) in units.iter().enumerate() {
         let cands: Vec<CandidateSpec<'_>> = u
@@ -107,16 +114,15 @@ fn build(clusters: Vec<ClusterSpec>, units: &[UnitDef]) -> Instance {
                 cluster_rank: None,
             })
             .collect();
-        b.push_unit(&MapUnitSpec {
+        let spec = MapUnitSpec {
             id: &unit_id(i),
             class: CLASSES[u.class],
             demand: u.demand,
             lat: 0.0,
             lon: 0.0,
-            prefixes: &u.prefixes,
             candidates: &cands,
-        })
-        .expect("unit");
+        };
+        b.push_unit(&spec, &u.prefixes).expect("unit");
     }
     let inst = b.finish().expect("instance");
     for i in 0..units.len() {
@@ -126,7 +132,7 @@ fn build(clusters: Vec<ClusterSpec>, units: &[UnitDef]) -> Instance {
 }
 
 /// Exact names `c0.test`, `c1.test`, `c2.test` → their classes; default c0.
-fn class_rules(inst: &Instance) -> ClassRules {
+fn class_rules(inst: &Topology) -> ClassRules {
     let rules: Vec<(String, String)> = CLASSES
         .iter()
         .map(|c| (format!("{c}.test"), (*c).to_string()))
@@ -134,7 +140,7 @@ fn class_rules(inst: &Instance) -> ClassRules {
     ClassRules::for_instance(inst, &rules, CLASSES[0]).expect("rules")
 }
 
-fn resolver(inst: &Instance) -> Result<Resolver, ServeError> {
+fn resolver(inst: &Topology) -> Result<Resolver, ServeError> {
     let map = solve(inst, &SolveOptions::default()).map;
     Resolver::of_solution(inst, &map, class_rules(inst))
 }
@@ -233,7 +239,7 @@ fn oracle_unit(claims: &[Claim], ip: IpAddr, class: ClassIdx) -> Option<(UnitIdx
         .map(|(c, s)| (c.1, s.3 as u8))
 }
 
-fn claims_of(inst: &Instance) -> Vec<Claim> {
+fn claims_of(inst: &Topology) -> Vec<Claim> {
     (0..inst.unit_count() as UnitIdx)
         .flat_map(|u| {
             inst.unit_prefixes(u)
@@ -364,7 +370,7 @@ fn units_of(pool: &[IpNet], claims: &UnitClaims, dedup: bool) -> Vec<UnitDef> {
         .collect()
 }
 
-fn three_clusters() -> Vec<ClusterSpec> {
+fn three_clusters() -> Vec<(ClusterSpec, Vec<IpAddr>)> {
     (0..3)
         .map(|i| cluster(i, 100.0, ClusterState::Up, &[0, 1, 2]))
         .collect()
@@ -391,7 +397,7 @@ fn query_points(pool: &[IpNet], inside: &[u128], v4: &[u32], anywhere: &[u128]) 
 }
 
 /// Checks `unit_for` and `resolve` against the oracle at every point, for every class.
-fn check_lookups(inst: &Instance, r: &Resolver, points: &[u128]) -> Result<(), TestCaseError> {
+fn check_lookups(inst: &Topology, r: &Resolver, points: &[u128]) -> Result<(), TestCaseError> {
     let claims = claims_of(inst);
     for &p in points {
         for addr in addresses_of(p) {
@@ -850,7 +856,7 @@ fn class_rules_fixed_cases() {
 
 /// One unit (10.0.0.0/8 and 2001:db8::/32, class c0) with the given allocations (cluster,
 /// amount) over `n` up clusters, each a candidate.
-fn split_world(n: usize, states: &[ClusterState], allocs: &[(usize, f64)]) -> (Instance, Map) {
+fn split_world(n: usize, states: &[ClusterState], allocs: &[(usize, f64)]) -> (Topology, Map) {
     let clusters = (0..n)
         .map(|i| cluster(i, 1000.0, states.get(i).copied().unwrap_or_default(), &[0]))
         .collect();
@@ -988,7 +994,7 @@ type ClusterSeed = (u32, u8, u8);
 /// (class, v4?, prefix seed, prefix length, demand, candidate mask)
 type UnitSeed = (usize, bool, u32, u8, u32, u8);
 
-fn fallback_world(clusters: &[ClusterSeed], units: &[UnitSeed]) -> Instance {
+fn fallback_world(clusters: &[ClusterSeed], units: &[UnitSeed]) -> Topology {
     let specs = clusters
         .iter()
         .enumerate()
@@ -1033,7 +1039,7 @@ fn fallback_world(clusters: &[ClusterSeed], units: &[UnitSeed]) -> Instance {
 
 /// Brute force of the fallback order for one-node clusters with unit coefficients: the up
 /// clusters serving `class`, by free share of their capacity (most first), then by index.
-fn oracle_fallback(inst: &Instance, map: &Map, class: ClassIdx) -> Vec<ClusterIdx> {
+fn oracle_fallback(inst: &Topology, map: &Map, class: ClassIdx) -> Vec<ClusterIdx> {
     let used = map.demand_per_cluster(inst);
     let mut up: Vec<(f64, ClusterIdx)> = inst
         .clusters()
@@ -1055,7 +1061,7 @@ fn oracle_fallback(inst: &Instance, map: &Map, class: ClassIdx) -> Vec<ClusterId
 }
 
 fn check_answer(
-    inst: &Instance,
+    inst: &Topology,
     r: &Resolver,
     fallback: &[Vec<ClusterIdx>],
     client: IpNet,
@@ -1094,7 +1100,7 @@ fn check_answer(
         let want: Vec<IpAddr> = [ans.primary, ans.secondary]
             .into_iter()
             .flatten()
-            .flat_map(|c| inst.clusters()[c as usize].addresses.clone())
+            .flat_map(|c| inst.cluster_addresses(c).to_vec())
             .take(max)
             .collect();
         prop_assert_eq!(addrs, want);
@@ -1219,7 +1225,7 @@ fn outside_every_prefix_is_a_fallback_answer() {
 
 /// Exact `c0.test`.. and wildcard `*.c0.test`.. → their classes; default c0: names of every
 /// class that hash differently (a split unit's pick).
-fn wildcard_rules(inst: &Instance) -> ClassRules {
+fn wildcard_rules(inst: &Topology) -> ClassRules {
     let rules: Vec<(String, String)> = CLASSES
         .iter()
         .flat_map(|c| {
@@ -1258,7 +1264,7 @@ fn clients_at(points: &[u128]) -> Vec<IpNet> {
 }
 
 /// Query points at every prefix of `inst`'s units (their ends and neighbours) and elsewhere.
-fn points_of(inst: &Instance) -> Vec<u128> {
+fn points_of(inst: &Topology) -> Vec<u128> {
     let pool: Vec<IpNet> = claims_of(inst).iter().map(|c| c.0).collect();
     query_points(
         &pool,
@@ -1271,9 +1277,9 @@ fn points_of(inst: &Instance) -> Vec<u128> {
 /// The same units as `inst` with random cluster states and demands, and a random map of them:
 /// each unit's demand spread over a random few of its candidates (often several: split units),
 /// with a random part of it overflow, allocations to clusters not up included.
-fn random_round(inst: &Instance, seed: u64) -> (Instance, Map) {
+fn random_round(inst: &Topology, seed: u64) -> (Topology, Map) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut next = inst.clone();
+    let mut next = inst.instance.clone();
     for c in 0..inst.clusters().len() as ClusterIdx {
         let state = [
             ClusterState::Up,
@@ -1287,7 +1293,7 @@ fn random_round(inst: &Instance, seed: u64) -> (Instance, Map) {
     let demands = (0..n)
         .map(|_| f64::from(rng.random_range(0..20u32)))
         .collect();
-    let next = next.with_demands(demands).expect("demands");
+    let next = inst.with_instance(next.with_demands(demands).expect("demands"));
     let mut map = Map::with_capacity(n, 3 * n);
     for u in 0..n as UnitIdx {
         let d = next.unit_demand(u);

@@ -780,7 +780,7 @@ mod tests {
     use super::*;
     use crate::world::{generate, WorldParams};
 
-    fn world(map_units: usize, clusters: usize, seed: u64) -> Instance {
+    fn world(map_units: usize, clusters: usize, seed: u64) -> cdnmap_topology::Topology {
         generate(
             &WorldParams {
                 map_units,
@@ -793,7 +793,7 @@ mod tests {
         .expect("world")
     }
 
-    fn small() -> Instance {
+    fn small() -> cdnmap_topology::Topology {
         world(300, 20, 3)
     }
 

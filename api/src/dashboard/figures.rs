@@ -58,7 +58,7 @@ pub struct View {
 
 impl View {
     pub fn new(s: &Snapshot) -> View {
-        let (inst, map) = (&s.instance, &s.map);
+        let (inst, map) = (&s.topology, &s.map);
         let usage = cdnmap_mapper::node_usage(inst, map);
         let demand = map.demand_per_cluster(inst);
         let utilization = crate::round::utilization(inst, map);
@@ -404,13 +404,14 @@ pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<Candi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_mapper::format::parse_instance;
     use cdnmap_mapper::{Limits, Stickiness};
     use cdnmap_serve::resolve::ClassRules;
+    use cdnmap_topology::format::parse_instance;
+    use cdnmap_topology::Topology;
 
     /// DESIGN.md's worked example, with a second cluster "far" for what is evicted: "near"
     /// (fps node B of capacity 30 under bps root A) prefers apps; 20 video then 26 apps.
-    fn instance(near_state: &str) -> Instance {
+    fn instance(near_state: &str) -> Topology {
         let json = format!(
             r#"{{"traffic_classes": [
                 {{"name": "apps", "priority": 0, "per_unit": {{"bps": 0.25, "fps": 1}}}},
@@ -432,7 +433,7 @@ mod tests {
         parse_instance(json.as_bytes(), Limits::default()).expect("valid")
     }
 
-    fn snapshot(inst: &Instance) -> Snapshot {
+    fn snapshot(inst: &Topology) -> Snapshot {
         let rules = ClassRules::for_instance(inst, &[], "apps").expect("rules");
         crate::round::round(inst, None, &Stickiness::default(), rules, 1, 0, true).expect("round")
     }

@@ -5,28 +5,26 @@
 //! same function as Admin `SetClusterState` ([`Shared::set_cluster_state`]). Every error is a
 //! JSON body `{"error": "..."}` naming the input, with 400, 401, 404 or 503.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{header, Extensions, HeaderMap, StatusCode};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use cdnmap_mapper::{ClusterState, Instance, PerUnit, UnitIdx};
+use cdnmap_mapper::{ClusterState, PerUnit, UnitIdx};
+use cdnmap_topology::Topology;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::clusters::{cluster, clusters, deratings, set_state, world_map};
 use super::figures::{self, CandidateView, View};
-use super::{clean, Actor, MAX_EVENTS, MAX_HISTORY_ROUNDS, MAX_REASON_LEN};
-use crate::admin::constant_time_eq;
+use super::{clean, MAX_EVENTS, MAX_HISTORY_ROUNDS};
 use crate::round::Snapshot;
 use crate::service::{now_unix_ms, RoundStatus, Shared};
-use crate::topology::ChangeError;
 
 /// A map older than this many cycles is reported stale.
 pub const STALE_AFTER_CYCLES: u64 = 3;
@@ -50,9 +48,9 @@ const APP_CSS: &str = include_str!("../../assets/app.css");
 const LAND_JS: &str = include_str!("../../assets/land.js");
 
 #[derive(Clone)]
-struct App {
-    shared: Arc<Shared>,
-    token: Option<Arc<str>>,
+pub(super) struct App {
+    pub(super) shared: Arc<Shared>,
+    pub(super) token: Option<Arc<str>>,
 }
 
 /// The dashboard's routes: `/`, `/assets/*` and `/api/*`.
@@ -117,20 +115,20 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    message: String,
+    pub(super) message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
         }
     }
-    fn bad(message: impl Into<String>) -> ApiError {
+    pub(super) fn bad(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
-    fn not_found(message: impl Into<String>) -> ApiError {
+    pub(super) fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)
     }
 }
@@ -148,14 +146,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<Json<T>, ApiError>;
+pub(super) type ApiResult<T> = Result<Json<T>, ApiError>;
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(q)| q)
         .map_err(|e| ApiError::bad(format!("query string: {}", e.body_text())))
 }
 
-fn snapshot(app: &App) -> Result<Arc<Snapshot>, ApiError> {
+pub(super) fn snapshot(app: &App) -> Result<Arc<Snapshot>, ApiError> {
     app.shared.current().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -165,7 +163,7 @@ fn snapshot(app: &App) -> Result<Arc<Snapshot>, ApiError> {
 }
 
 /// The current snapshot and its figures (computed off the async threads once per version).
-async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiError> {
+pub(super) async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiError> {
     let s = snapshot(app)?;
     let (shared, s2) = (Arc::clone(&app.shared), Arc::clone(&s));
     let v = tokio::task::spawn_blocking(move || shared.dash().view(&s2))
@@ -174,7 +172,7 @@ async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiError> {
     Ok((s, v))
 }
 
-fn topology(app: &App) -> Result<Arc<Instance>, ApiError> {
+pub(super) fn topology(app: &App) -> Result<Arc<Topology>, ApiError> {
     Ok(app.shared.topology_now())
 }
 
@@ -263,7 +261,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         })
     });
     let (demand, overflow) = s.as_ref().map_or((0.0, 0.0), |s| {
-        (s.instance.total_demand(), s.map.total_overflow())
+        (s.topology.total_demand(), s.map.total_overflow())
     });
     Ok(Json(StatusBody {
         now_unix_ms: now,
@@ -324,411 +322,6 @@ pub fn banner(
         None
     };
     (stale, text)
-}
-
-// ---------------------------------------------------------------------------------------------
-// GET /api/clusters, /api/clusters/{id}
-
-#[derive(Serialize)]
-struct NodeRow {
-    name: String,
-    kind: cdnmap_mapper::ResourceKind,
-    parent: Option<String>,
-    classes: Vec<String>,
-    load: f64,
-    /// The capacity the published map was solved with (the estimator may have derated it).
-    capacity: f64,
-    /// The capacity in the topology.
-    configured_capacity: f64,
-    utilization: f64,
-}
-
-#[derive(Serialize)]
-struct UnitShare {
-    id: String,
-    class: String,
-    amount: f64,
-}
-
-#[derive(Serialize)]
-struct ClusterRow {
-    id: String,
-    lat: f64,
-    lon: f64,
-    /// The state set now (what the next round maps with).
-    state: ClusterState,
-    /// The state in the round that made the published map (`null`: not in that map yet).
-    map_state: Option<ClusterState>,
-    demand: f64,
-    utilization: f64,
-    /// Map units holding demand here.
-    units: usize,
-    nodes: Vec<NodeRow>,
-    top_units: Vec<UnitShare>,
-    /// The estimator's capacity factor (1: not derated); the capacities above include it from
-    /// the round after it changed.
-    capacity_factor: f64,
-    /// Why the cluster is derated (its node whose measured load ran ahead of the model).
-    derated_because: Option<String>,
-}
-
-/// The derated clusters by id: (capacity factor, why).
-type Deratings = HashMap<String, (f64, Option<String>)>;
-
-fn deratings(app: &App) -> Deratings {
-    app.shared
-        .with_estimates(|e| {
-            e.derater()
-                .derated()
-                .map(|(id, d)| {
-                    let why = d.reason.as_ref().map(|r| {
-                        format!(
-                            "node {:?} measured {:.3} against {:.3} predicted ({:.2}x)",
-                            r.node,
-                            r.measured,
-                            r.predicted,
-                            if r.predicted > 0.0 {
-                                r.measured / r.predicted
-                            } else {
-                                0.0
-                            }
-                        )
-                    });
-                    (id.to_string(), (d.factor, why))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn cluster_row(
-    topo: &Instance,
-    c: usize,
-    s: &Snapshot,
-    v: &View,
-    top: usize,
-    derated: &Deratings,
-) -> ClusterRow {
-    let cl = &topo.clusters()[c];
-    let (capacity_factor, derated_because) = derated.get(&cl.id).cloned().unwrap_or((1.0, None));
-    let in_map = s.instance.cluster_index(&cl.id);
-    let class_name = |k: cdnmap_mapper::ClassIdx| {
-        topo.classes()
-            .get(usize::from(k))
-            .map_or_else(String::new, |c| c.name.clone())
-    };
-    let nodes = cl
-        .nodes
-        .iter()
-        .map(|node| {
-            // The published map's load and capacity (derated by the estimator, if so) of the
-            // node of the same name (the topology may have changed since).
-            let (load, capacity) = in_map
-                .and_then(|m| {
-                    let mc = &s.instance.clusters()[m as usize];
-                    let mn = mc.nodes.iter().position(|x| x.name == node.name)?;
-                    Some((
-                        v.usage[s.instance.global_node(m, mn as u32)],
-                        mc.nodes[mn].capacity,
-                    ))
-                })
-                .unwrap_or((0.0, node.capacity));
-            NodeRow {
-                name: node.name.clone(),
-                kind: node.kind,
-                parent: node
-                    .parent
-                    .and_then(|p| cl.nodes.get(p as usize))
-                    .map(|p| p.name.clone()),
-                classes: node.classes.iter().map(|&k| class_name(k)).collect(),
-                load,
-                capacity,
-                configured_capacity: node.capacity,
-                utilization: if capacity > 0.0 {
-                    load / capacity
-                } else if load > 0.0 {
-                    1.0
-                } else {
-                    0.0
-                },
-            }
-        })
-        .collect();
-    let (demand, utilization, units, top_units) = match in_map {
-        Some(m) => {
-            let m = m as usize;
-            let holders = &v.holders[m];
-            let top_units = holders
-                .iter()
-                .take(top)
-                .map(|&(u, amount)| UnitShare {
-                    id: s.instance.unit_id(u).to_string(),
-                    class: s
-                        .instance
-                        .classes()
-                        .get(usize::from(s.instance.unit_class(u)))
-                        .map_or_else(String::new, |c| c.name.clone()),
-                    amount,
-                })
-                .collect();
-            (v.demand[m], v.utilization[m], holders.len(), top_units)
-        }
-        None => (0.0, 0.0, 0, Vec::new()),
-    };
-    ClusterRow {
-        id: cl.id.clone(),
-        lat: cl.lat,
-        lon: cl.lon,
-        state: cl.state,
-        map_state: in_map.map(|m| s.instance.clusters()[m as usize].state),
-        demand,
-        utilization,
-        units,
-        nodes,
-        top_units,
-        capacity_factor,
-        derated_because,
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ClustersQuery {
-    sort: Option<String>,
-    order: Option<String>,
-    limit: Option<usize>,
-    top: Option<usize>,
-}
-
-#[derive(Serialize)]
-struct ClustersBody {
-    map_version: u64,
-    clusters: Vec<ClusterRow>,
-}
-
-fn top_of(top: Option<usize>) -> Result<usize, ApiError> {
-    match top {
-        None => Ok(DEFAULT_TOP_UNITS),
-        Some(t) if t <= MAX_TOP_UNITS => Ok(t),
-        Some(t) => Err(ApiError::bad(format!(
-            "top: {t} is more than {MAX_TOP_UNITS}"
-        ))),
-    }
-}
-
-async fn clusters(
-    State(app): State<App>,
-    q: Result<Query<ClustersQuery>, QueryRejection>,
-) -> ApiResult<ClustersBody> {
-    let q = query(q)?;
-    let top = top_of(q.top)?;
-    let desc = match q.order.as_deref() {
-        None | Some("asc") => false,
-        Some("desc") => true,
-        Some(o) => {
-            return Err(ApiError::bad(format!(
-                "order: {o:?} is not \"asc\" or \"desc\""
-            )))
-        }
-    };
-    let (s, v) = view(&app).await?;
-    let topo = topology(&app)?;
-    let derated = deratings(&app);
-    let mut rows: Vec<ClusterRow> = (0..topo.clusters().len())
-        .map(|c| cluster_row(&topo, c, &s, &v, top, &derated))
-        .collect();
-    let sort = q.sort.as_deref().unwrap_or("id");
-    match sort {
-        "id" => {} // the topology's order
-        "demand" => rows.sort_by(|a, b| a.demand.total_cmp(&b.demand)),
-        "utilization" => rows.sort_by(|a, b| a.utilization.total_cmp(&b.utilization)),
-        "units" => rows.sort_by_key(|r| r.units),
-        "state" => rows.sort_by_key(|r| r.state as u8),
-        other => {
-            return Err(ApiError::bad(format!(
-                "sort: {other:?} is not one of id, demand, utilization, units, state"
-            )))
-        }
-    }
-    if desc {
-        rows.reverse();
-    }
-    if let Some(limit) = q.limit {
-        rows.truncate(limit);
-    }
-    Ok(Json(ClustersBody {
-        map_version: s.version,
-        clusters: rows,
-    }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ClusterQuery {
-    top: Option<usize>,
-}
-
-async fn cluster(
-    State(app): State<App>,
-    Path(id): Path<String>,
-    q: Result<Query<ClusterQuery>, QueryRejection>,
-) -> ApiResult<ClusterRow> {
-    let top = top_of(query(q)?.top)?;
-    let (s, v) = view(&app).await?;
-    let topo = topology(&app)?;
-    let c = topo
-        .cluster_index(&id)
-        .ok_or_else(|| ApiError::not_found(format!("no cluster {:?}", clean(&id, 64))))?;
-    Ok(Json(cluster_row(
-        &topo,
-        c as usize,
-        &s,
-        &v,
-        top,
-        &deratings(&app),
-    )))
-}
-
-// ---------------------------------------------------------------------------------------------
-// POST /api/clusters/{id}/state
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StateBody {
-    state: ClusterState,
-    #[serde(default)]
-    reason: String,
-}
-
-#[derive(Serialize)]
-struct StateAnswer {
-    cluster: String,
-    state: ClusterState,
-    /// When the change reaches the map.
-    takes_effect: &'static str,
-    /// What the operator should know (for example: a traffic class no up cluster serves).
-    warnings: Vec<String>,
-}
-
-/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor.
-fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = token else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "actions are disabled: the server has no admin_token configured",
-        ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
-        None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "actions need \"Authorization: Bearer <admin token>\"",
-        )),
-    }
-}
-
-async fn set_state(
-    State(app): State<App>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    extensions: Extensions,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<StateAnswer> {
-    let remote = extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(a)| *a);
-    if let Err(e) = authorize(app.token.as_deref(), &headers) {
-        tracing::warn!(cluster = %clean(&id, 64), ?remote, error = %e.message, "dashboard action refused");
-        return Err(e);
-    }
-    let body = body.map_err(|e| {
-        ApiError::new(
-            e.status(),
-            format!(
-                "body: {} (at most {MAX_ACTION_BODY_BYTES} bytes)",
-                e.body_text()
-            ),
-        )
-    })?;
-    let body: StateBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad(format!(
-            "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"
-        ))
-    })?;
-    let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
-    let actor = Actor::new(who, remote, "http");
-    let reason = clean(&body.reason, MAX_REASON_LEN);
-    let applied = app
-        .shared
-        .set_cluster_state(&id, body.state, &reason, actor)
-        .await
-        .map_err(|e| match e {
-            ChangeError::NoCluster(_) => ApiError::not_found(e.to_string()),
-            ChangeError::Refused(_) => ApiError::bad(e.to_string()),
-            ChangeError::Store(_) | ChangeError::Stopped => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-            }
-        })?;
-    Ok(Json(StateAnswer {
-        cluster: id,
-        state: body.state,
-        takes_effect: "the next round",
-        warnings: applied.warnings,
-    }))
-}
-
-// ---------------------------------------------------------------------------------------------
-// GET /api/map
-
-#[derive(Serialize)]
-struct MapCluster {
-    id: String,
-    lat: f64,
-    lon: f64,
-    state: ClusterState,
-    demand: f64,
-    utilization: f64,
-}
-
-#[derive(Serialize)]
-struct MapBody {
-    map_version: u64,
-    region_deg: f64,
-    clusters: Vec<MapCluster>,
-    regions: Vec<figures::Region>,
-    flows: Vec<figures::Flow>,
-}
-
-async fn world_map(State(app): State<App>) -> ApiResult<MapBody> {
-    let (s, v) = view(&app).await?;
-    let topo = topology(&app)?;
-    let clusters = topo
-        .clusters()
-        .iter()
-        .map(|cl| {
-            let m = s.instance.cluster_index(&cl.id).map(|m| m as usize);
-            MapCluster {
-                id: cl.id.clone(),
-                lat: cl.lat,
-                lon: cl.lon,
-                state: cl.state,
-                demand: m.map_or(0.0, |m| v.demand[m]),
-                utilization: m.map_or(0.0, |m| v.utilization[m]),
-            }
-        })
-        .collect();
-    Ok(Json(MapBody {
-        map_version: s.version,
-        region_deg: figures::REGION_DEG,
-        clusters,
-        regions: v.regions.clone(),
-        flows: v.flows.clone(),
-    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -895,7 +488,7 @@ struct LookupBody {
 }
 
 fn unit_lookup(s: &Snapshot, v: &View, u: UnitIdx, len: Option<u8>) -> UnitLookup {
-    let inst = &s.instance;
+    let inst = &s.topology;
     let (lat, lon) = inst.unit_location(u);
     let allocs = s.map.allocations(u);
     let overflow = s.map.overflow(u);
@@ -948,7 +541,7 @@ async fn lookup(
         )));
     }
     let (s, v) = view(&app).await?;
-    let inst = &s.instance;
+    let inst = &s.topology;
     let classes: Vec<cdnmap_mapper::ClassIdx> = match q.class.as_deref() {
         None | Some("") => (0..inst.classes().len() as cdnmap_mapper::ClassIdx).collect(),
         Some(name) => vec![inst.class_index(name).ok_or_else(|| {

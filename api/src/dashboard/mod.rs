@@ -11,6 +11,7 @@
 //!   bounded log of actions, and the figures of the current map version, computed once per
 //!   version on first request.
 
+mod clusters;
 pub mod figures;
 pub mod http;
 
@@ -141,7 +142,7 @@ impl DashState {
     /// Adds a published round to the history (dropping the oldest beyond
     /// [`MAX_HISTORY_ROUNDS`]).
     pub fn record_round(&self, s: &Snapshot, solve_ms: f64) {
-        let demand = s.instance.total_demand();
+        let demand = s.topology.total_demand();
         let overflow = s.map.total_overflow();
         let point = RoundPoint {
             version: s.version,
@@ -151,7 +152,7 @@ impl DashState {
             demand,
             overflow,
             overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
-            mean_rtt_ms: figures::mean_score(&s.instance, &s.map),
+            mean_rtt_ms: figures::mean_score(&s.topology, &s.map),
             proposals: s.stats.proposals,
             repair_rounds: s.stats.repair_rounds,
         };

@@ -9,13 +9,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ipnet::IpNet;
-
 use super::columns::{CandidateColumns, MapUnits, NO_RANK};
 use super::instance::Instance;
 use super::limits::{
     check_f32, check_location, check_number, too_many, ClassIdx, ClusterIdx, Limits,
-    MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_PREFIXES_PER_UNIT,
+    MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS,
 };
 use super::topology::{build_cluster, Cluster, ClusterSpec, Topology, TrafficClass};
 use crate::error::ModelError;
@@ -36,7 +34,6 @@ pub struct MapUnitSpec<'a> {
     pub demand: f64,
     pub lat: f64,
     pub lon: f64,
-    pub prefixes: &'a [IpNet],
     pub candidates: &'a [CandidateSpec<'a>],
 }
 
@@ -132,7 +129,6 @@ impl InstanceBuilder {
         }
         node_offset.push(total);
         let mut units = MapUnits::default();
-        units.prefix_start.push(0);
         units.cand_start.push(0);
         Ok(InstanceBuilder {
             limits,
@@ -157,7 +153,6 @@ impl InstanceBuilder {
         u.building_demand.reserve_exact(units);
         u.lat.reserve_exact(units);
         u.lon.reserve_exact(units);
-        u.prefix_start.reserve_exact(units);
         u.cand_start.reserve_exact(units);
         self.cands.cluster.reserve_exact(candidates);
         self.cands.score.reserve_exact(candidates);
@@ -194,12 +189,6 @@ impl InstanceBuilder {
                 })?;
         check_number(subject, "demand", spec.demand)?;
         check_location(subject, spec.lat, spec.lon)?;
-        too_many(
-            subject,
-            "prefixes",
-            spec.prefixes.len(),
-            MAX_PREFIXES_PER_UNIT,
-        )?;
         too_many(
             subject,
             "candidates",
@@ -267,8 +256,6 @@ impl InstanceBuilder {
         }
         cands.push_head(start);
         u.cand_start.push(cands.cluster.len() as u32);
-        u.prefixes.extend_from_slice(spec.prefixes);
-        u.prefix_start.push(u.prefixes.len() as u32);
         u.ids.push(spec.id.into());
         u.class.push(class);
         u.building_demand.push(spec.demand + 0.0);
@@ -279,10 +266,20 @@ impl InstanceBuilder {
 
     /// Sorts the map units by id (a no-op when they came sorted) and refuses duplicates.
     pub fn finish(self) -> Result<Instance, ModelError> {
+        self.finish_with_order().map(|(instance, _)| instance)
+    }
+
+    /// [`Self::finish`], and the order the units were sorted into: `order[u]` is the push
+    /// (0 for the first `push_unit` that was accepted) that became unit `u`; `None` when they
+    /// came in id order. What lets a caller keep columns of its own beside the instance's.
+    pub fn finish_with_order(self) -> Result<(Instance, Option<Vec<u32>>), ModelError> {
         let (mut units, mut cands) = (self.units, self.cands);
         let sorted = units.ids.windows(2).all(|w| w[0] <= w[1]);
+        let mut order = None;
         if !sorted {
-            (units, cands) = sort_units(units, cands);
+            let by_id;
+            (units, cands, by_id) = sort_units(units, cands);
+            order = Some(by_id);
         }
         if let Some(w) = units.ids.windows(2).find(|w| w[0] == w[1]) {
             return Err(ModelError::DuplicateId {
@@ -293,7 +290,7 @@ impl InstanceBuilder {
         }
         // The demand column lives apart in an instance (`Instance::demand`).
         let demand = Arc::new(std::mem::take(&mut units.building_demand));
-        Ok(Instance {
+        let instance = Instance {
             topology: Arc::new(Topology {
                 classes: self.classes,
                 clusters: self.clusters,
@@ -305,12 +302,13 @@ impl InstanceBuilder {
             demand,
             cands: Arc::new(cands),
             favour: None,
-        })
+        };
+        Ok((instance, order))
     }
 }
 
-/// Reorders the columns of `units` into id order.
-fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateColumns) {
+/// Reorders the columns of `units` into id order; also returns the order (old index by new).
+fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateColumns, Vec<u32>) {
     let n = units.ids.len();
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_by(|&a, &b| units.ids[a as usize].cmp(&units.ids[b as usize]));
@@ -322,16 +320,9 @@ fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateC
             .map(|_| Vec::with_capacity(cands.cluster.len())),
         ..CandidateColumns::default()
     };
-    out.prefix_start.push(0);
     out.cand_start.push(0);
     for &i in &order {
         let i = i as usize;
-        let (p0, p1) = (
-            units.prefix_start[i] as usize,
-            units.prefix_start[i + 1] as usize,
-        );
-        out.prefixes.extend_from_slice(&units.prefixes[p0..p1]);
-        out.prefix_start.push(out.prefixes.len() as u32);
         let (c0, c1) = (
             units.cand_start[i] as usize,
             units.cand_start[i + 1] as usize,
@@ -349,5 +340,5 @@ fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateC
         out.lat.push(units.lat[i]);
         out.lon.push(units.lon[i]);
     }
-    (out, out_cands)
+    (out, out_cands, order)
 }

@@ -6,8 +6,6 @@
 //! cluster gives the unit), written when the unit's candidates are; explicit ranks exist only
 //! when some candidate has one, [`NO_RANK`] standing for none.
 
-use ipnet::IpNet;
-
 use super::limits::{ClassIdx, ClusterIdx};
 
 /// The stored rank of a candidate without an explicit `cluster_rank`.
@@ -24,8 +22,6 @@ pub(crate) struct MapUnits {
     pub(crate) building_demand: Vec<f64>,
     pub(crate) lat: Vec<f32>,
     pub(crate) lon: Vec<f32>,
-    pub(crate) prefix_start: Vec<u32>,
-    pub(crate) prefixes: Vec<IpNet>,
     pub(crate) cand_start: Vec<u32>,
 }
 

@@ -8,8 +8,6 @@
 
 use std::sync::Arc;
 
-use ipnet::IpNet;
-
 use super::columns::{CandidateColumns, Head, MapUnits};
 use super::favour::Favour;
 use super::limits::{check_number, ClassIdx, ClusterIdx, UnitIdx};
@@ -78,7 +76,14 @@ impl Instance {
     /// unit index of one is one of the other. Instances derived from one another share their
     /// unit columns, and the check is then a pointer comparison; otherwise the ids are compared.
     pub fn same_unit_ids(&self, other: &Instance) -> bool {
-        Arc::ptr_eq(&self.units, &other.units) || self.units.ids == other.units.ids
+        self.shares_units(other) || self.units.ids == other.units.ids
+    }
+
+    /// Whether `other` shares this instance's unit columns (ids, classes, locations): one
+    /// pointer comparison, true for instances derived from one another by their demand,
+    /// costs, cluster states or preferences.
+    pub fn shares_units(&self, other: &Instance) -> bool {
+        Arc::ptr_eq(&self.units, &other.units)
     }
 
     pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
@@ -94,12 +99,6 @@ impl Instance {
             f64::from(self.units.lat[u as usize]),
             f64::from(self.units.lon[u as usize]),
         )
-    }
-
-    pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
-        let u = u as usize;
-        let (a, b) = (self.units.prefix_start[u], self.units.prefix_start[u + 1]);
-        &self.units.prefixes[a as usize..b as usize]
     }
 
     /// Number of candidates of unit `u`.
@@ -261,8 +260,6 @@ impl Instance {
         ids + u.class.capacity() * 2
             + self.demand.capacity() * 8
             + (u.lat.capacity() + u.lon.capacity()) * 4
-            + u.prefix_start.capacity() * 4
-            + u.prefixes.capacity() * std::mem::size_of::<IpNet>()
             + u.cand_start.capacity() * 4
             + self.cands.cluster.capacity() * 4
             + self.cands.score.capacity() * 4

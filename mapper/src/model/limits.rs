@@ -16,10 +16,6 @@ pub const MAX_CLASSES: usize = 255;
 pub const MAX_CLUSTERS: usize = 1 << 20;
 /// At most this many resource nodes in one cluster's tree.
 pub const MAX_TREE_NODES: usize = 1024;
-/// At most this many addresses per cluster.
-pub const MAX_ADDRESSES: usize = 1024;
-/// At most this many prefixes per map unit.
-pub const MAX_PREFIXES_PER_UNIT: usize = 4096;
 /// The hard ceiling on [`Limits::max_candidates`]: a proposal pointer is one byte.
 pub const MAX_CANDIDATES_CEILING: usize = 255;
 /// The default limit on candidates per map unit.
@@ -108,7 +104,9 @@ pub(super) fn check_location(
     Ok(())
 }
 
-pub(super) fn too_many(
+/// `Err(TooMany)` naming `subject` when `count` is over `limit`: how every validation of a
+/// count says so (the topology's addressing too).
+pub fn too_many(
     subject: impl FnOnce() -> String,
     what: &'static str,
     count: usize,

@@ -33,10 +33,10 @@ pub use candidates::Candidate;
 pub(crate) use columns::{CandidateColumns, Head, NO_RANK};
 pub(crate) use favour::{Favour, FirstCandidate};
 pub use instance::Instance;
+pub use limits::too_many;
 pub use limits::{
-    ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_ADDRESSES,
-    MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_PREFIXES_PER_UNIT,
-    MAX_TREE_NODES,
+    ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING,
+    MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_TREE_NODES,
 };
 pub use topology::{
     Cluster, ClusterSpec, ClusterState, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,

@@ -7,13 +7,10 @@
 //! class it serves sits on exactly one leaf, and every class its `serves` names has one.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::limits::{
-    check_location, check_number, too_many, ClassIdx, ClusterIdx, MAX_ADDRESSES, MAX_TREE_NODES,
-};
+use super::limits::{check_location, check_number, too_many, ClassIdx, ClusterIdx, MAX_TREE_NODES};
 use crate::error::ModelError;
 
 /// What a resource node measures.
@@ -79,7 +76,6 @@ pub struct ClusterSpec {
     pub id: String,
     pub lat: f64,
     pub lon: f64,
-    pub addresses: Vec<IpAddr>,
     pub state: ClusterState,
     /// The classes the cluster claims to serve; each must be carried by a leaf. `None`: the
     /// classes carried by its leaves.
@@ -106,7 +102,6 @@ pub struct Cluster {
     pub id: String,
     pub lat: f64,
     pub lon: f64,
-    pub addresses: Vec<IpAddr>,
     pub state: ClusterState,
     pub nodes: Vec<ResourceNode>,
     /// For each class, the leaf that carries it, if the cluster serves it.
@@ -173,12 +168,6 @@ pub(super) fn build_cluster(
     check_location(|| format!("cluster {cid:?}"), spec.lat, spec.lon)?;
     too_many(
         || format!("cluster {cid:?}"),
-        "addresses",
-        spec.addresses.len(),
-        MAX_ADDRESSES,
-    )?;
-    too_many(
-        || format!("cluster {cid:?}"),
         "resource nodes",
         spec.resources.len(),
         MAX_TREE_NODES,
@@ -207,7 +196,6 @@ pub(super) fn build_cluster(
         id: cid,
         lat: spec.lat,
         lon: spec.lon,
-        addresses: spec.addresses,
         state: spec.state,
         nodes: out,
         leaf_of_class,

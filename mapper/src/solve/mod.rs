@@ -137,8 +137,8 @@ impl Solver<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::parse_instance;
     use crate::model::Limits;
+    use crate::testing::parse_instance;
 
     /// A random two-class world (Bps- and Fps-heavy classes over trees of both kinds), its
     /// units' demand scaled by `scale(u)`: tight enough that some demand overflows.

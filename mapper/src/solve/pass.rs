@@ -304,9 +304,9 @@ impl Solver<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::format::parse_instance;
     use crate::model::Limits;
     use crate::solve::{solve, Arrival, SolveOptions};
+    use crate::testing::parse_instance;
 
     /// DESIGN.md's worked example: 20 units of video arrive, then 26 of apps; the Fps node B
     /// would need 31, so 4 units of video are evicted to their next candidate and all apps fit.

@@ -237,7 +237,7 @@ fn prepare_world(a: &ServeBenchArgs, dir: &Path) -> Result<(Arc<Instance>, PathB
         a.queries,
         queries.display()
     );
-    Ok((Arc::new(inst), queries))
+    Ok((Arc::new(inst.instance), queries))
 }
 
 /// Where the files go: `--out`, else a temporary directory (returned, to be kept while the

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use std::net::IpAddr;
+
 use cdnmap_mapper::{ClusterSpec, ClusterState, ResourceKind, ResourceNodeSpec};
 
 use super::classes::CLASSES;
@@ -62,7 +64,7 @@ pub(super) fn cluster_specs(
     voronoi_population: &[f64],
     class_demand: &[f64; 3],
     params: &WorldParams,
-) -> Vec<ClusterSpec> {
+) -> Vec<(ClusterSpec, Vec<IpAddr>)> {
     let mut rng = rng_for(params.seed, stream::CAPACITY);
     let used = voronoi_population.len();
     // One factor per country, drawn in country-code order; then one per site.
@@ -136,15 +138,15 @@ pub(super) fn cluster_specs(
                 };
                 cpu * (LEAF_MARGIN + split).min(1.0)
             });
-            ClusterSpec {
+            let spec = ClusterSpec {
                 id: c.id.clone(),
                 lat: c.lat,
                 lon: c.lon,
-                addresses: cluster_addresses(j),
                 state: ClusterState::Up,
                 serves: None,
                 resources: resource_tree(u * uplink_scale, cpu, leaves),
-            }
+            };
+            (spec, cluster_addresses(j))
         })
         .collect()
 }

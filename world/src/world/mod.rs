@@ -85,7 +85,8 @@ mod units;
 
 use anyhow::{ensure, Result};
 use cdnmap_mapper::model::{DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING, MAX_MAP_UNITS};
-use cdnmap_mapper::{Instance, InstanceBuilder, Limits};
+use cdnmap_mapper::Limits;
+use cdnmap_topology::{Topology, TopologyBuilder};
 
 use candidates::{shortlists, SiteIndex};
 use capacity::cluster_specs;
@@ -185,7 +186,7 @@ impl WorldParams {
 /// Generates a world (see the module documentation). `progress` is called now and then with the
 /// number of map units generated so far, and once at the end with `params.map_units`.
 /// Deterministic given `params`.
-pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instance> {
+pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Topology> {
     params.validate()?;
     let cities = cities()?;
     let sites = sites()?;
@@ -207,8 +208,13 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Instan
     let limits = Limits {
         max_candidates: params.candidates.max(DEFAULT_MAX_CANDIDATES),
     };
-    let mut builder = InstanceBuilder::new(traffic_classes(), specs, limits)?;
-    builder.reserve(params.map_units, placement.reserve_candidates);
+    let mut builder = TopologyBuilder::new(traffic_classes(), specs, limits)?;
+    // One prefix per unit.
+    builder.reserve(
+        params.map_units,
+        placement.reserve_candidates,
+        params.map_units,
+    );
 
     // Pass 2: the map units, streamed into the builder.
     let ids: Vec<String> = clusters.iter().map(|c| c.id.clone()).collect();

@@ -4,17 +4,18 @@
 use anyhow::{ensure, Result};
 use cdnmap_mapper::model::{DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING};
 use cdnmap_mapper::{
-    CandidateSpec, ClusterSpec, Instance, InstanceBuilder, Limits, MapUnitSpec, ResourceNodeSpec,
-    UnitIdx,
+    CandidateSpec, ClusterSpec, InstanceBuilder, Limits, MapUnitSpec, ResourceNodeSpec, UnitIdx,
 };
+use cdnmap_topology::Topology;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// The same world with every map unit's demand and every candidate's score multiplied by an
 /// independent factor uniform in [1 − pct/100, 1 + pct/100] (`pct` in [0, 100]). Ids, classes,
-/// locations, prefixes, candidate clusters, explicit cluster ranks and clusters are kept.
-/// Deterministic given `seed`.
-pub fn perturb(instance: &Instance, pct: f64, seed: u64) -> Result<Instance> {
+/// locations, prefixes, candidate clusters, explicit cluster ranks and clusters are kept (the
+/// addressing is shared). Deterministic given `seed`.
+pub fn perturb(topology: &Topology, pct: f64, seed: u64) -> Result<Topology> {
+    let instance = &topology.instance;
     ensure!(
         pct.is_finite() && (0.0..=100.0).contains(&pct),
         "pct must be a percentage in [0, 100], got {pct}"
@@ -27,7 +28,6 @@ pub fn perturb(instance: &Instance, pct: f64, seed: u64) -> Result<Instance> {
             id: c.id.clone(),
             lat: c.lat,
             lon: c.lon,
-            addresses: c.addresses.clone(),
             state: c.state,
             serves: None,
             resources: c
@@ -82,11 +82,10 @@ pub fn perturb(instance: &Instance, pct: f64, seed: u64) -> Result<Instance> {
             demand: instance.unit_demand(u) * factor,
             lat,
             lon,
-            prefixes: instance.unit_prefixes(u),
             candidates: &candidates,
         })?;
     }
-    Ok(builder.finish()?)
+    Ok(topology.with_instance(builder.finish()?))
 }
 
 #[cfg(test)]

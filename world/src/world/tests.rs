@@ -20,7 +20,7 @@ fn small(seed: u64) -> WorldParams {
     }
 }
 
-fn gen(params: &WorldParams) -> Instance {
+fn gen(params: &WorldParams) -> Topology {
     generate(params, &|_| {}).expect("generate")
 }
 
@@ -75,10 +75,8 @@ fn cluster_ids_and_trees() {
         "big metros get several"
     );
     assert!(ids.contains(&"mrs-1") && !ids.contains(&"mrs-2"));
-    let mut addresses: Vec<IpAddr> = inst
-        .clusters()
-        .iter()
-        .flat_map(|c| c.addresses.clone())
+    let mut addresses: Vec<IpAddr> = (0..inst.clusters().len() as u32)
+        .flat_map(|c| inst.cluster_addresses(c).to_vec())
         .collect();
     let n = addresses.len();
     addresses.sort();

@@ -5,7 +5,8 @@
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use cdnmap_mapper::{CandidateSpec, InstanceBuilder, MapUnitSpec};
+use cdnmap_mapper::{CandidateSpec, MapUnitSpec};
+use cdnmap_topology::TopologyBuilder;
 use rand::Rng;
 
 use super::candidates::{prefix_key, within_reach, Shortlists, SiteIndex};
@@ -153,7 +154,7 @@ impl<'a> UnitPass<'a> {
     /// `progress` is called every 16,384 prefixes with the number so far.
     pub(super) fn push_all(
         &self,
-        builder: &mut InstanceBuilder,
+        builder: &mut TopologyBuilder,
         progress: &dyn Fn(usize),
     ) -> Result<usize> {
         let params = self.params;
@@ -203,15 +204,15 @@ impl<'a> UnitPass<'a> {
                     );
                     previous_id.clone_from(&id);
                 }
-                builder.push_unit(&MapUnitSpec {
+                let spec = MapUnitSpec {
                     id: &id,
                     class: CLASSES[k].name,
                     demand,
                     lat,
                     lon,
-                    prefixes: std::slice::from_ref(&prefix),
                     candidates: &candidates,
-                })?;
+                };
+                builder.push_unit(&spec, std::slice::from_ref(&prefix))?;
                 done += 1;
             }
             if p % 16_384 == 16_383 {

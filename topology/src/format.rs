@@ -1,7 +1,7 @@
 //! The JSON instance and assignment file formats (documented in `docs/formats.md`).
 //!
-//! Parsing goes JSON → plain serde structs → [`InstanceBuilder`], so every semantic check lives in
-//! one place (the model). Fields not named here are ignored, so files may carry extra fields.
+//! Parsing goes JSON → plain serde structs → [`TopologyBuilder`], so every semantic check lives in
+//! one place (the model, and the addressing's limits). Fields not named here are ignored, so files may carry extra fields.
 //! Writing streams map units one at a time, so a large world never exists twice in memory.
 
 use std::fmt;
@@ -13,12 +13,14 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
-use crate::error::ModelError;
-use crate::map::{Allocation, Map};
-use crate::model::{
-    CandidateSpec, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, MapUnitSpec,
-    ResourceKind, ResourceNodeSpec, TrafficClass, UnitIdx,
+use cdnmap_mapper::error::ModelError;
+use cdnmap_mapper::map::{Allocation, Map};
+use cdnmap_mapper::model::{
+    CandidateSpec, ClusterSpec, ClusterState, Instance, Limits, MapUnitSpec, ResourceKind,
+    ResourceNodeSpec, TrafficClass, UnitIdx,
 };
+
+use crate::{Topology, TopologyBuilder};
 
 /// Why a file could not be read as an instance or an assignment.
 #[derive(Debug, thiserror::Error)]
@@ -173,7 +175,6 @@ impl ClusterFile {
             id: self.id.clone(),
             lat: self.lat,
             lon: self.lon,
-            addresses: self.addresses.clone(),
             state: self.state,
             serves: self.classes.clone(),
             resources: self.resources.to_specs(),
@@ -183,11 +184,16 @@ impl ClusterFile {
 
 impl InstanceFile {
     /// Validates and indexes the file's contents.
-    pub fn build(&self, limits: Limits) -> Result<Instance, ModelError> {
-        let clusters = self.clusters.iter().map(ClusterFile::to_spec).collect();
-        let mut b = InstanceBuilder::new(self.traffic_classes.clone(), clusters, limits)?;
+    pub fn build(&self, limits: Limits) -> Result<Topology, ModelError> {
+        let clusters = self
+            .clusters
+            .iter()
+            .map(|c| (c.to_spec(), c.addresses.clone()))
+            .collect();
+        let mut b = TopologyBuilder::new(self.traffic_classes.clone(), clusters, limits)?;
         let total: usize = self.map_units.iter().map(|u| u.candidates.len()).sum();
-        b.reserve(self.map_units.len(), total);
+        let prefixes: usize = self.map_units.iter().map(|u| u.prefixes.len()).sum();
+        b.reserve(self.map_units.len(), total, prefixes);
         let mut cands = Vec::new();
         for u in &self.map_units {
             cands.clear();
@@ -196,28 +202,28 @@ impl InstanceFile {
                 score: c.score,
                 cluster_rank: c.cluster_rank,
             }));
-            b.push_unit(&MapUnitSpec {
+            let spec = MapUnitSpec {
                 id: &u.id,
                 class: &u.class,
                 demand: u.demand,
                 lat: u.lat,
                 lon: u.lon,
-                prefixes: &u.prefixes,
                 candidates: &cands,
-            })?;
+            };
+            b.push_unit(&spec, &u.prefixes)?;
         }
         b.finish()
     }
 }
 
 /// Parses and validates an instance file.
-pub fn parse_instance(bytes: &[u8], limits: Limits) -> Result<Instance, FormatError> {
+pub fn parse_instance(bytes: &[u8], limits: Limits) -> Result<Topology, FormatError> {
     let file: InstanceFile = serde_json::from_slice(bytes)?;
     Ok(file.build(limits)?)
 }
 
 /// The nested form of a validated cluster's tree.
-fn nested(cluster: &crate::model::Cluster, i: u32, instance: &Instance) -> NestedNode {
+fn nested(cluster: &cdnmap_mapper::model::Cluster, i: u32, instance: &Instance) -> NestedNode {
     let n = &cluster.nodes[i as usize];
     NestedNode {
         name: n.name.clone(),
@@ -236,13 +242,14 @@ fn nested(cluster: &crate::model::Cluster, i: u32, instance: &Instance) -> Neste
     }
 }
 
-struct UnitsView<'a>(&'a Instance);
-struct UnitView<'a>(&'a Instance, UnitIdx);
+struct UnitsView<'a>(&'a Topology);
+struct UnitView<'a>(&'a Topology, UnitIdx);
 
 impl Serialize for UnitsView<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.unit_count()))?;
-        for u in 0..self.0.unit_count() as UnitIdx {
+        let n = self.0.instance.unit_count();
+        let mut seq = s.serialize_seq(Some(n))?;
+        for u in 0..n as UnitIdx {
             seq.serialize_element(&UnitView(self.0, u))?;
         }
         seq.end()
@@ -256,13 +263,14 @@ impl Serialize for UnitView<'_> {
 }
 
 /// A validated cluster in the file form (its tree nested).
-pub fn cluster_file(instance: &Instance, c: crate::model::ClusterIdx) -> ClusterFile {
-    let c = &instance.clusters()[c as usize];
+pub fn cluster_file(topology: &Topology, ci: cdnmap_mapper::model::ClusterIdx) -> ClusterFile {
+    let instance = &topology.instance;
+    let c = &instance.clusters()[ci as usize];
     ClusterFile {
         id: c.id.clone(),
         lat: c.lat,
         lon: c.lon,
-        addresses: c.addresses.clone(),
+        addresses: topology.cluster_addresses(ci).to_vec(),
         state: c.state,
         classes: None,
         resources: ResourcesFile::Nested(nested(c, 0, instance)),
@@ -270,7 +278,8 @@ pub fn cluster_file(instance: &Instance, c: crate::model::ClusterIdx) -> Cluster
 }
 
 /// A validated map unit in the file form.
-pub fn unit_file(instance: &Instance, u: UnitIdx) -> MapUnitFile {
+pub fn unit_file(topology: &Topology, u: UnitIdx) -> MapUnitFile {
+    let instance = &topology.instance;
     let (lat, lon) = instance.unit_location(u);
     MapUnitFile {
         id: instance.unit_id(u).to_string(),
@@ -278,7 +287,7 @@ pub fn unit_file(instance: &Instance, u: UnitIdx) -> MapUnitFile {
             .name
             .clone(),
         demand: instance.unit_demand(u),
-        prefixes: instance.unit_prefixes(u).to_vec(),
+        prefixes: topology.unit_prefixes(u).to_vec(),
         lat,
         lon,
         candidates: instance
@@ -293,30 +302,33 @@ pub fn unit_file(instance: &Instance, u: UnitIdx) -> MapUnitFile {
 }
 
 impl InstanceFile {
-    /// The file form of a validated instance (to edit and build again).
-    pub fn of(instance: &Instance) -> InstanceFile {
+    /// The file form of a validated topology (to edit and build again).
+    pub fn of(topology: &Topology) -> InstanceFile {
+        let instance = &topology.instance;
         InstanceFile {
             traffic_classes: instance.classes().to_vec(),
-            clusters: (0..instance.clusters().len() as crate::model::ClusterIdx)
-                .map(|c| cluster_file(instance, c))
+            clusters: (0..instance.clusters().len() as cdnmap_mapper::model::ClusterIdx)
+                .map(|c| cluster_file(topology, c))
                 .collect(),
             map_units: (0..instance.unit_count() as UnitIdx)
-                .map(|u| unit_file(instance, u))
+                .map(|u| unit_file(topology, u))
                 .collect(),
         }
     }
 }
 
-/// Writes `instance` in the instance file format, streaming the map units.
-pub fn write_instance<W: Write>(instance: &Instance, w: W) -> Result<(), serde_json::Error> {
-    let clusters: Vec<ClusterFile> = (0..instance.clusters().len() as crate::model::ClusterIdx)
-        .map(|c| cluster_file(instance, c))
+/// Writes `topology` in the instance file format, streaming the map units.
+pub fn write_instance<W: Write>(topology: &Topology, w: W) -> Result<(), serde_json::Error> {
+    let instance = &topology.instance;
+    let clusters: Vec<ClusterFile> = (0..instance.clusters().len()
+        as cdnmap_mapper::model::ClusterIdx)
+        .map(|c| cluster_file(topology, c))
         .collect();
     let mut ser = serde_json::Serializer::new(w);
     let mut st = ser.serialize_struct("Instance", 3)?;
     st.serialize_field("traffic_classes", instance.classes())?;
     st.serialize_field("clusters", &clusters)?;
-    st.serialize_field("map_units", &UnitsView(instance))?;
+    st.serialize_field("map_units", &UnitsView(topology))?;
     SerializeStruct::end(st)
 }
 

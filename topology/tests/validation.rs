@@ -2,11 +2,11 @@
 //! that names the offending input; JSON-level failures that must be errors, never panics; and the
 //! equivalences the formats promise (nested and flat trees, extra fields ignored).
 
-use cdnmap_mapper::format::{parse_instance, FormatError, InstanceFile};
 use cdnmap_mapper::{
-    CandidateSpec, ClusterSpec, Instance, InstanceBuilder, Limits, MapUnitSpec, ModelError,
-    TrafficClass,
+    CandidateSpec, ClusterSpec, InstanceBuilder, Limits, MapUnitSpec, ModelError, TrafficClass,
 };
+use cdnmap_topology::format::{parse_instance, FormatError, InstanceFile};
+use cdnmap_topology::Topology;
 use serde_json::{json, Value};
 
 /// A small valid world: two classes, cluster "fra1" with a flat tree, "ams1" with a nested one,
@@ -48,7 +48,7 @@ fn base() -> Value {
     })
 }
 
-fn parse(v: &Value, limits: Limits) -> Result<Instance, FormatError> {
+fn parse(v: &Value, limits: Limits) -> Result<Topology, FormatError> {
     parse_instance(v.to_string().as_bytes(), limits)
 }
 
@@ -544,7 +544,6 @@ fn unit_error(f: impl FnOnce(&mut MapUnitSpec<'_>, &mut Vec<CandidateSpec<'_>>))
         demand: 1.0,
         lat: 0.0,
         lon: 0.0,
-        prefixes: &[],
         candidates: &[],
     };
     f(&mut spec, &mut cands);
@@ -601,7 +600,6 @@ fn builder_refuses_bad_units_without_appending_them() {
         demand,
         lat: 0.0,
         lon: 0.0,
-        prefixes: &[],
         candidates: &good,
     };
     b.push_unit(&unit("a", 1.0)).unwrap();
@@ -638,7 +636,6 @@ fn a_refused_unit_does_not_poison_the_next_one() {
         demand: 1.0,
         lat: 0.0,
         lon: 0.0,
-        prefixes: &[],
         candidates,
     };
     let e = b.push_unit(&unit("a", &bad)).unwrap_err();
@@ -759,9 +756,12 @@ fn malformed_json_is_an_error() {
 
 /// Asserts that two instances have the same contents, through the public accessors (`Instance`'s
 /// derived `PartialEq` cannot be used: see `an_instance_equals_its_clone`).
-fn assert_same(a: &Instance, b: &Instance) {
+fn assert_same(a: &Topology, b: &Topology) {
     assert_eq!(a.classes(), b.classes());
     assert_eq!(a.clusters(), b.clusters());
+    for c in 0..a.clusters().len() as u32 {
+        assert_eq!(a.cluster_addresses(c), b.cluster_addresses(c));
+    }
     assert_eq!(a.unit_count(), b.unit_count());
     for u in 0..a.unit_count() as u32 {
         assert_eq!(a.unit_id(u), b.unit_id(u));

@@ -1,0 +1,658 @@
+//! Persistence: the topology, the last maps (versioned, a bounded number kept) with what
+//! rebuilds the estimator, and the demand record (feedback reports, bounded by age and count).
+//! What is large is a value file of its own ([`values`]: the topology, each map version's
+//! record, the base topologies they name, the estimator's round entries and checkpoint); what
+//! is small is in sled (the epoch, the reports).
+//!
+//! **What is durable when.** Every write method returns only after its bytes are synced (a
+//! value file, then its directory; `sled::Db::flush`): once it returns `Ok`, the write
+//! survives a crash or restart. The service acknowledges a feedback report only after
+//! [`Store::append_report`] returned, so an acknowledged report is never lost; a map is
+//! published to queries before it is persisted (a crash in between loses that version, and the
+//! restart serves the previous one, which is then the last version stored).
+//!
+//! The topology and the bases are the project's instance file format (`docs/formats.md`), so
+//! they can be inspected with ordinary tools and read back by the same validating parser.
+
+use std::path::Path;
+
+use cdnmap_mapper::{Instance, Limits, Map};
+use cdnmap_topology::format::{parse_assignment, parse_instance, write_instance};
+use cdnmap_topology::Topology;
+use serde::{Deserialize, Serialize};
+
+mod record;
+mod values;
+
+use record::{Record, Stored, SERVED_MAGIC};
+use values::Values;
+
+/// The directory of value files, inside the store's.
+const VALUES_DIR: &str = "values";
+/// The topology's value file (the instance file format).
+const TOPOLOGY_FILE: &str = "topology";
+/// Each stored map version's record ([`Store::put_served`]): this prefix, the version and the
+/// generation of the base it was solved from (zero-padded, so records list in version order).
+/// The newest is the served one; the older ones are the history of `maps_kept` versions.
+const RECORD_FILE: &str = "map-";
+/// The base topologies the kept records were solved from: this prefix, then the generation
+/// (the version of the first record solved from it); the instance file format.
+const BASE_FILE: &str = "base-";
+/// Each round's estimator entry since the checkpoint: this prefix, then the record's version.
+const ENTRY_FILE: &str = "round-";
+/// The estimator's last checkpoint: its header, the version of the record it was taken after
+/// (u64 BE), then the whole state ([`Store::put_checkpoint`]).
+const CHECKPOINT_FILE: &str = "estimator";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"CDNEST01";
+/// The start counter (in sled): every start takes the next epoch (a map's identity is
+/// (epoch, version)).
+const EPOCH_KEY: &[u8] = b"epoch";
+
+// Where an older build kept its values in sled (moved to value files by `Store::migrate`).
+/// The topology (tree `topology`).
+const TOPOLOGY_KEY: &[u8] = b"instance";
+/// The published map of a build before the history of records.
+const SERVED_KEY: &[u8] = b"served";
+/// Records: this prefix, then the version and the base's generation (u64 BE each).
+const RECORD_PREFIX: &[u8] = b"map/";
+/// Bases: this prefix, then the generation (u64 BE).
+const BASE_PREFIX: &[u8] = b"base/";
+/// The checkpoint, as [`CHECKPOINT_FILE`] holds it.
+const CHECKPOINT_KEY: &[u8] = b"estimator";
+/// Round entries: this prefix, then the version (u64 BE).
+const ENTRY_PREFIX: &[u8] = b"round/";
+/// The topology [`SERVED_KEY`]'s round started from: generation (8 bytes), then JSON.
+const BASE_KEY: &[u8] = b"served-base";
+
+/// Why the store failed, naming what it was doing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("store at {path}: {source}")]
+    Open { path: String, source: sled::Error },
+    #[error("store: {what}: {source}")]
+    Io { what: String, source: sled::Error },
+    #[error("store: {what}: {source}")]
+    File {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("store: {what} is unreadable: {problem}")]
+    Corrupt { what: String, problem: String },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(sled::Error) -> StoreError {
+    let what = what.into();
+    move |source| StoreError::Io { what, source }
+}
+
+/// A map as stored: its version metadata and the map in the assignment format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMapMeta {
+    pub version: u64,
+    pub solved_at_unix_ms: i64,
+}
+
+/// The persistent state of one mapper: sled for what is small (the epoch, the feedback
+/// reports, an older build's whole-map history) and [`Values`] files for what is large.
+#[derive(Debug, Clone)]
+pub struct Store {
+    db: sled::Db,
+    topology: sled::Tree,
+    maps: sled::Tree,
+    reports: sled::Tree,
+    /// Where an older build kept its records, bases, entries and checkpoint: moved to
+    /// `values` when the store is opened ([`Store::open`]), empty after.
+    served: sled::Tree,
+    values: Values,
+}
+
+/// The published map as stored: its identity, the round's own instance (forecast demand,
+/// learned coefficients, derated capacities, the cluster states of that round), the map, and
+/// what rebuilds the estimator's state after that round. It needs nothing else to be read, so
+/// no later topology edit can make it unreadable, and a restart serves exactly what was
+/// published.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    pub epoch: u64,
+    pub version: u64,
+    pub solved_at_unix_ms: i64,
+    /// The round's topology: its base with the round's demands, coefficients and capacities.
+    pub topology: Topology,
+    pub map: Map,
+    pub estimator: EstimatorLog,
+}
+
+/// The estimator's state as stored (opaque bytes, the estimator's own encodings): the last
+/// checkpoint of the whole state and the entries of the rounds after it, up to the served
+/// one. Replaying the entries onto the checkpoint gives the state after the served round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EstimatorLog {
+    /// The whole state, and the version of the round it was taken after.
+    pub checkpoint: Option<(u64, Vec<u8>)>,
+    /// `(version, entry)` of each round after the checkpoint, in version order, up to the
+    /// served version; it stops before the first missing version (a round whose write failed).
+    pub entries: Vec<(u64, Vec<u8>)>,
+}
+
+/// What [`Store::put_served`] writes: a [`Served`] by reference.
+#[derive(Debug, Clone, Copy)]
+pub struct ServedRef<'a> {
+    pub epoch: u64,
+    pub version: u64,
+    pub solved_at_unix_ms: i64,
+    /// The topology the round started from (with the cluster states of the round), its
+    /// generation (the version of the first record solved from it: a new one after every
+    /// edit), and whether it changed since the last record.
+    pub base: &'a Topology,
+    pub base_generation: u64,
+    pub write_base: bool,
+    /// The round's instance: `base` with the round's demands, coefficients and capacities.
+    pub instance: &'a Instance,
+    pub map: &'a Map,
+    /// The round's estimator entry (what it observed, the small state after it).
+    pub round_entry: &'a [u8],
+}
+
+impl Served {
+    /// The record as written (its last estimator entry as the round's; a checkpoint is written
+    /// apart, [`Store::put_checkpoint`]).
+    pub fn as_ref(&self) -> ServedRef<'_> {
+        ServedRef {
+            epoch: self.epoch,
+            version: self.version,
+            solved_at_unix_ms: self.solved_at_unix_ms,
+            base: &self.topology,
+            base_generation: 0,
+            write_base: true,
+            instance: &self.topology,
+            map: &self.map,
+            round_entry: self.estimator.entries.last().map_or(&[], |(_, e)| e),
+        }
+    }
+}
+
+#[cfg(test)]
+fn prefixed(prefix: &[u8], n: u64) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// A record's key: the version and the generation of the base it names.
+#[cfg(test)]
+fn record_key(version: u64, generation: u64) -> Vec<u8> {
+    let mut key = prefixed(RECORD_PREFIX, version);
+    key.extend_from_slice(&generation.to_be_bytes());
+    key
+}
+
+/// (version, base generation) of a record's key.
+fn record_key_parts(key: &[u8]) -> Option<(u64, u64)> {
+    let rest = key.strip_prefix(RECORD_PREFIX)?;
+    let version = <[u8; 8]>::try_from(rest.get(..8)?).ok()?;
+    let generation = <[u8; 8]>::try_from(rest.get(8..)?).ok()?;
+    Some((u64::from_be_bytes(version), u64::from_be_bytes(generation)))
+}
+
+/// The value file of record `version` (solved from base `generation`): the numbers
+/// zero-padded, so the names list in version order.
+fn record_name(version: u64, generation: u64) -> String {
+    format!("{RECORD_FILE}{version:020}-{generation:020}")
+}
+
+/// (version, base generation) of a record's file name.
+fn record_name_parts(name: &str) -> Option<(u64, u64)> {
+    let (v, g) = name.strip_prefix(RECORD_FILE)?.split_once('-')?;
+    Some((v.parse().ok()?, g.parse().ok()?))
+}
+
+fn base_name(generation: u64) -> String {
+    format!("{BASE_FILE}{generation:020}")
+}
+
+fn entry_name(version: u64) -> String {
+    format!("{ENTRY_FILE}{version:020}")
+}
+
+/// The number of a base's or an entry's file name.
+fn name_number(name: &str, prefix: &str) -> Option<u64> {
+    name.strip_prefix(prefix)?.parse().ok()
+}
+
+/// The number after `prefix` in `key`.
+fn key_number(key: &[u8], prefix: &[u8]) -> Option<u64> {
+    key.strip_prefix(prefix)
+        .and_then(|v| <[u8; 8]>::try_from(v).ok())
+        .map(u64::from_be_bytes)
+}
+
+impl Store {
+    /// Opens (creating) the store at `path`: sled's files and the `values/` directory. Values
+    /// an older build kept in sled are moved to their files first ([`Self::migrate`]).
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let db = sled::open(path).map_err(|source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let tree = |name: &str| {
+            db.open_tree(name)
+                .map_err(io(format!("opening tree {name}")))
+        };
+        let store = Store {
+            topology: tree("topology")?,
+            maps: tree("maps")?,
+            reports: tree("reports")?,
+            served: tree("served")?,
+            values: Values::open(&path.join(VALUES_DIR))?,
+            db,
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Moves the values an older build kept in sled (the topology; the records, bases, round
+    /// entries and checkpoint; a served record and its base of a build before the history)
+    /// to their files, each written and synced before its key is removed, so a crash in
+    /// between only repeats the move. A value this build cannot place is left where it is.
+    fn migrate(&self) -> Result<(), StoreError> {
+        let mut moved: Vec<(sled::Tree, sled::IVec)> = Vec::new();
+        if let Some(json) = self
+            .topology
+            .get(TOPOLOGY_KEY)
+            .map_err(io("reading an older build's topology"))?
+        {
+            self.values.put(TOPOLOGY_FILE, &[&json])?;
+            moved.push((self.topology.clone(), TOPOLOGY_KEY.into()));
+        }
+        for kv in self.served.iter() {
+            let (key, value) = kv.map_err(io("reading an older build's records"))?;
+            let (name, body): (String, &[u8]) = if let Some((v, g)) = record_key_parts(&key) {
+                (record_name(v, g), &value)
+            } else if let Some(g) = key_number(&key, BASE_PREFIX) {
+                (base_name(g), &value)
+            } else if let Some(v) = key_number(&key, ENTRY_PREFIX) {
+                (entry_name(v), &value)
+            } else if key == CHECKPOINT_KEY {
+                (CHECKPOINT_FILE.to_string(), &value)
+            } else if key == SERVED_KEY {
+                match record::decode(&value) {
+                    Ok((r, _)) => {
+                        let (_, version, _, generation) = r.identity();
+                        (record_name(version, generation), &value)
+                    }
+                    Err(_) => continue, // read (and reported) as it is
+                }
+            } else if key == BASE_KEY && value.len() >= 8 {
+                let (generation, json) = value.split_at(8);
+                let generation = <[u8; 8]>::try_from(generation).map_or(0, u64::from_be_bytes);
+                (base_name(generation), json)
+            } else {
+                continue;
+            };
+            self.values.put(&name, &[body])?;
+            moved.push((self.served.clone(), key));
+        }
+        if moved.is_empty() {
+            return Ok(());
+        }
+        for (tree, key) in moved {
+            tree.remove(key)
+                .map_err(io("removing an older build's moved value"))?;
+        }
+        self.flush("the values moved out of sled")
+    }
+
+    /// Waits until every write so far is on disk.
+    pub fn flush_all(&self) -> Result<(), StoreError> {
+        self.flush("the store")
+    }
+
+    fn flush(&self, what: &str) -> Result<(), StoreError> {
+        self.db
+            .flush()
+            .map(|_| ())
+            .map_err(io(format!("flushing {what}")))
+    }
+
+    /// Replaces the stored topology (its instance file form). Durable when it returns.
+    pub fn put_topology(&self, topology: &Topology) -> Result<(), StoreError> {
+        let mut bytes = Vec::new();
+        write_instance(topology, &mut bytes).map_err(|e| StoreError::Corrupt {
+            what: "the topology to store".into(),
+            problem: e.to_string(),
+        })?;
+        self.values.put(TOPOLOGY_FILE, &[&bytes])
+    }
+
+    /// The stored topology, validated like an instance file.
+    pub fn topology(&self, limits: Limits) -> Result<Option<Topology>, StoreError> {
+        let Some(bytes) = self.values.get(TOPOLOGY_FILE)? else {
+            return Ok(None);
+        };
+        parse_instance(&bytes, limits)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                what: "the stored topology".into(),
+                problem: e.to_string(),
+            })
+    }
+
+    /// The newest map of the history, read against `instance`: how a store written before the
+    /// served record existed is read (by map unit and cluster id, so it fails when the
+    /// topology was edited since; the caller then starts without it).
+    pub fn latest_map(
+        &self,
+        instance: &Instance,
+    ) -> Result<Option<(StoredMapMeta, Map)>, StoreError> {
+        let Some((key, bytes)) = self.maps.last().map_err(io("reading the newest map"))? else {
+            return Ok(None);
+        };
+        let version = <[u8; 8]>::try_from(key.as_ref())
+            .map(u64::from_be_bytes)
+            .map_err(|_| StoreError::Corrupt {
+                what: "a stored map's key".into(),
+                problem: format!("{} bytes, not 8", key.len()),
+            })?;
+        let corrupt = |problem: String| StoreError::Corrupt {
+            what: format!("stored map version {version}"),
+            problem,
+        };
+        #[derive(Deserialize)]
+        struct Summary {
+            summary: StoredMapMeta,
+        }
+        let meta: Summary = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let map = parse_assignment(&bytes, instance).map_err(|e| corrupt(e.to_string()))?;
+        Ok(Some((meta.summary, map)))
+    }
+
+    /// How many map versions are stored.
+    pub fn map_count(&self) -> Result<usize, StoreError> {
+        Ok(self.values.names(RECORD_FILE)?.len())
+    }
+
+    /// Takes the next epoch (1 for a new store) and stores it before returning, so no two
+    /// starts of this store ever share one.
+    pub fn next_epoch(&self) -> Result<u64, StoreError> {
+        let last = match self
+            .topology
+            .get(EPOCH_KEY)
+            .map_err(io("reading the epoch"))?
+        {
+            None => 0,
+            Some(b) => <[u8; 8]>::try_from(b.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt {
+                    what: "the stored epoch".into(),
+                    problem: format!("{} bytes, not 8", b.len()),
+                })?,
+        };
+        let next = last.checked_add(1).ok_or_else(|| StoreError::Corrupt {
+            what: "the stored epoch".into(),
+            problem: "it is at its maximum".into(),
+        })?;
+        self.topology
+            .insert(EPOCH_KEY, &next.to_be_bytes())
+            .map_err(io("writing the epoch"))?;
+        self.flush("the epoch")?;
+        Ok(next)
+    }
+
+    /// Stores the record of map version `served.version` (the served one from now on, the
+    /// newest of the history) with the round's estimator entry, and the round's base topology
+    /// when `served.write_base` says it changed (an Admin edit since the last record). Each is
+    /// a value file of its own; the record is written last, so it is the commit: a crash
+    /// before it leaves the old served record, and a base or entry no record names, which the
+    /// next write drops or replaces. Then drops the records beyond the newest `keep` and the
+    /// bases no kept record names. Durable when it returns.
+    pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
+        let record = Record::of(served);
+        let mut bytes = Vec::with_capacity(16 + 12 * served.instance.unit_count());
+        bytes.extend_from_slice(SERVED_MAGIC);
+        postcard::to_io(&record, &mut bytes).map_err(|e| StoreError::Corrupt {
+            what: format!("map version {} to store", served.version),
+            problem: e.to_string(),
+        })?;
+        if served.write_base {
+            let mut base = Vec::new();
+            write_instance(served.base, &mut base).map_err(|e| StoreError::Corrupt {
+                what: "the round's topology to store".into(),
+                problem: e.to_string(),
+            })?;
+            self.values
+                .put(&base_name(served.base_generation), &[&base])?;
+        }
+        self.values
+            .put(&entry_name(served.version), &[served.round_entry])?;
+        self.values.put(
+            &record_name(served.version, served.base_generation),
+            &[&bytes],
+        )?;
+        self.prune(served.version, keep)
+    }
+
+    /// Drops the records older than the newest `keep` versions up to `version`, the bases no
+    /// kept record names (a record's name carries its base's generation, so no record is read
+    /// for it), and an older build's whole-map history.
+    fn prune(&self, version: u64, keep: usize) -> Result<(), StoreError> {
+        let oldest = version.saturating_sub(keep.max(1) as u64 - 1);
+        let mut named = std::collections::BTreeSet::new();
+        for name in self.values.names(RECORD_FILE)? {
+            match record_name_parts(&name) {
+                Some((v, _)) if v < oldest => self.values.remove(&name)?,
+                Some((_, g)) => {
+                    named.insert(g);
+                }
+                None => {}
+            }
+        }
+        for name in self.values.names(BASE_FILE)? {
+            if name_number(&name, BASE_FILE).is_some_and(|g| !named.contains(&g)) {
+                self.values.remove(&name)?;
+            }
+        }
+        // The history of an older build (whole maps, read only when no record exists).
+        if !self.maps.is_empty() {
+            self.maps
+                .clear()
+                .map_err(io("dropping the history of an older build"))?;
+            self.flush("dropping the history of an older build")?;
+        }
+        Ok(())
+    }
+
+    /// Stores `state`, the estimator's whole state after the round of record `version`, as
+    /// the checkpoint, then drops the round entries it covers (up to `version`). Entries after
+    /// it are kept, so a crash at any point leaves a checkpoint and the entries that follow
+    /// it. Durable when it returns.
+    pub fn put_checkpoint(&self, version: u64, state: &[u8]) -> Result<(), StoreError> {
+        self.values.put(
+            CHECKPOINT_FILE,
+            &[CHECKPOINT_MAGIC, &version.to_be_bytes(), state],
+        )?;
+        for name in self.values.names(ENTRY_FILE)? {
+            if name_number(&name, ENTRY_FILE).is_some_and(|v| v <= version) {
+                self.values.remove(&name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The served record (the newest stored map version), if one was stored, with its
+    /// instance rebuilt exactly: the base topology it names, with the round's demands,
+    /// coefficients and capacities; and the estimator's checkpoint and the round entries after
+    /// it, up to the served version.
+    pub fn served(&self) -> Result<Option<Served>, StoreError> {
+        let newest = self.values.names(RECORD_FILE)?.into_iter().next_back();
+        match newest.as_deref().and_then(record_name_parts) {
+            Some((version, generation)) => {
+                self.read_record(version, generation, "the stored served map", true)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Map version `version` as stored, with the instance it was solved for: the served one
+    /// or an older one of the history; `None` when it is not kept.
+    pub fn stored_map(&self, version: u64) -> Result<Option<(Topology, Map)>, StoreError> {
+        let prefix = format!("{RECORD_FILE}{version:020}-");
+        let Some(name) = self.values.names(&prefix)?.into_iter().next() else {
+            return Ok(None);
+        };
+        let Some((_, generation)) = record_name_parts(&name) else {
+            return Ok(None);
+        };
+        let what = format!("stored map version {version}");
+        Ok(self
+            .read_record(version, generation, &what, false)?
+            .map(|served| (served.topology, served.map)))
+    }
+
+    /// Record `version` (of base `generation`) read back with its base (errors name it
+    /// `what`); the estimator's log with it when `with_estimator` (the served record's).
+    fn read_record(
+        &self,
+        version: u64,
+        generation: u64,
+        what: &str,
+        with_estimator: bool,
+    ) -> Result<Option<Served>, StoreError> {
+        let corrupt = |problem: String| StoreError::Corrupt {
+            what: what.to_string(),
+            problem,
+        };
+        let Some(bytes) = self.values.get(&record_name(version, generation))? else {
+            return Ok(None);
+        };
+        let (record, inline) = record::decode(&bytes).map_err(corrupt)?;
+        let estimator = match (&record, inline) {
+            // A record of format 03 carries the estimator's whole state.
+            (Stored::Format03(r), Some(state)) => EstimatorLog {
+                checkpoint: (!state.is_empty()).then_some((r.version, state)),
+                entries: Vec::new(),
+            },
+            (Stored::Now(r), _) if with_estimator => self.estimator_log(r.version)?,
+            _ => EstimatorLog::default(),
+        };
+        let json = self
+            .values
+            .get(&base_name(generation))?
+            .ok_or_else(|| corrupt("its topology is missing".into()))?;
+        let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
+        if generation != base_generation {
+            return Err(corrupt(format!(
+                "it names topology {base_generation} but is stored under {generation}"
+            )));
+        }
+        let base = parse_instance(&json, Limits::default())
+            .map_err(|e| corrupt(format!("its topology: {e}")))?;
+        let (topology, map) = record.instance_and_map(&base).map_err(corrupt)?;
+        Ok(Some(Served {
+            epoch,
+            version,
+            solved_at_unix_ms,
+            topology,
+            map,
+            estimator,
+        }))
+    }
+
+    /// The estimator's checkpoint and the round entries after it up to `served` (in version
+    /// order, stopping before a missing version).
+    fn estimator_log(&self, served: u64) -> Result<EstimatorLog, StoreError> {
+        let corrupt = |problem: String| StoreError::Corrupt {
+            what: "the estimator's checkpoint".into(),
+            problem,
+        };
+        let checkpoint = match self.values.get(CHECKPOINT_FILE)? {
+            None => None,
+            Some(bytes) => {
+                let body = bytes
+                    .strip_prefix(CHECKPOINT_MAGIC.as_slice())
+                    .ok_or_else(|| corrupt("its header is wrong".into()))?;
+                let (version, state) = body.split_at(8.min(body.len()));
+                let version = <[u8; 8]>::try_from(version)
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| corrupt("cut short".into()))?;
+                Some((version, state.to_vec()))
+            }
+        };
+        // Entries replay onto a checkpoint only (the first round's is written after it).
+        let Some(after) = checkpoint.as_ref().map(|(v, _)| *v) else {
+            return Ok(EstimatorLog::default());
+        };
+        let mut entries = Vec::new();
+        for version in after.saturating_add(1)..=served {
+            // A round whose write failed: the state replays up to it.
+            let Some(entry) = self.values.get(&entry_name(version))? else {
+                break;
+            };
+            entries.push((version, entry));
+        }
+        Ok(EstimatorLog {
+            checkpoint,
+            entries,
+        })
+    }
+
+    /// Bytes the store's value files take on disk (sled's own files apart).
+    pub fn values_size(&self) -> Result<u64, StoreError> {
+        self.values.size_on_disk()
+    }
+
+    /// Appends one feedback report (already validated, as JSON) received at `at_unix_ms`, then
+    /// drops reports older than `retain_ms` before it and all but the newest `max_reports`.
+    /// Durable when it returns.
+    pub fn append_report(
+        &self,
+        at_unix_ms: i64,
+        report: &[u8],
+        retain_ms: i64,
+        max_reports: usize,
+    ) -> Result<u64, StoreError> {
+        let id = self.db.generate_id().map_err(io("numbering a report"))?;
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&(at_unix_ms as u64).to_be_bytes());
+        key[8..].copy_from_slice(&id.to_be_bytes());
+        self.reports
+            .insert(key, report)
+            .map_err(io("writing a report"))?;
+        let cutoff = (at_unix_ms.saturating_sub(retain_ms).max(0) as u64).to_be_bytes();
+        for old in self.reports.range(..cutoff.as_slice()).keys() {
+            let old = old.map_err(io("listing old reports"))?;
+            self.reports
+                .remove(old)
+                .map_err(io("dropping an old report"))?;
+        }
+        let excess = self.reports.len().saturating_sub(max_reports.max(1));
+        for old in self.reports.iter().keys().take(excess) {
+            let old = old.map_err(io("listing reports"))?;
+            self.reports.remove(old).map_err(io("dropping a report"))?;
+        }
+        self.flush("a report")?;
+        Ok(id)
+    }
+
+    /// The stored reports received in `[from_ms, to_ms)`, oldest first, with their times.
+    pub fn reports(&self, from_ms: i64, to_ms: i64) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        let lo = (from_ms.max(0) as u64).to_be_bytes();
+        let hi = (to_ms.max(0) as u64).to_be_bytes();
+        self.reports
+            .range(lo.as_slice()..hi.as_slice())
+            .map(|kv| {
+                let (k, v) = kv.map_err(io("reading reports"))?;
+                let at = <[u8; 8]>::try_from(&k[..8.min(k.len())])
+                    .map(|b| u64::from_be_bytes(b) as i64)
+                    .map_err(|_| StoreError::Corrupt {
+                        what: "a stored report's key".into(),
+                        problem: format!("{} bytes", k.len()),
+                    })?;
+                Ok((at, v.to_vec()))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,221 @@
+//! The store's large values (map records, base topologies, estimator entries and its
+//! checkpoint), each a file of its own in the store's `values/` directory, beside sled's.
+//!
+//! Why not sled: a round at 1 M map units writes about 20 MB, a checkpoint 235 MB, a base
+//! topology hundreds of MB; in sled 0.34 such writes stall for seconds every few rounds while
+//! it cleans its segments, and the directory keeps every overwritten value for a while
+//! (`docs/perf/round-with-reports.md`, reproduced with sled alone). A file written whole and
+//! renamed into place costs its bytes once, and deleting it gives the space back at once.
+//!
+//! **What is durable when.** [`Values::put`] writes the value to `NAME.tmp`, syncs it,
+//! renames it to `NAME` and syncs the directory before it returns: a reader sees the old value
+//! or the new one, never a part, and a crash at any point leaves one of the two (a `.tmp` left
+//! behind is never read, and is removed at the next open). Every file carries a header (magic,
+//! length, xxh3-64 of the payload), checked on read, so a cut or damaged file is an error
+//! naming it, never a value.
+
+use std::fs::{self, File};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+use super::StoreError;
+
+/// A value file's header: magic, payload length (u64 LE), xxh3-64 of the payload (u64 LE).
+const MAGIC: &[u8; 8] = b"CDNVAL01";
+const HEADER: usize = 24;
+const TMP: &str = ".tmp";
+
+/// The directory of value files.
+#[derive(Debug, Clone)]
+pub(super) struct Values {
+    dir: PathBuf,
+}
+
+fn file_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::File { what, source }
+}
+
+impl Values {
+    /// Opens (creating) `dir`, removing what a write cut short left.
+    pub(super) fn open(dir: &Path) -> Result<Values, StoreError> {
+        fs::create_dir_all(dir).map_err(file_error(format!("creating {}", dir.display())))?;
+        let values = Values {
+            dir: dir.to_path_buf(),
+        };
+        for name in values.names_ending(TMP)? {
+            values.remove(&name)?;
+        }
+        Ok(values)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Stores `parts`, one after the other, as the value `name`; durable when it returns.
+    pub(super) fn put(&self, name: &str, parts: &[&[u8]]) -> Result<(), StoreError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        parts.iter().for_each(|p| hash.update(p));
+        let tmp = self.path(&format!("{name}{TMP}"));
+        let what = || format!("writing {}", tmp.display());
+        let mut f = File::create(&tmp).map_err(file_error(what()))?;
+        f.write_all(MAGIC)
+            .and_then(|()| f.write_all(&(len as u64).to_le_bytes()))
+            .and_then(|()| f.write_all(&hash.digest().to_le_bytes()))
+            .and_then(|()| parts.iter().try_for_each(|p| f.write_all(p)))
+            .and_then(|()| f.sync_all())
+            .map_err(file_error(what()))?;
+        drop(f);
+        fs::rename(&tmp, self.path(name))
+            .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
+        self.sync_dir()
+    }
+
+    /// The value `name`, checked against its header; `None` when there is none.
+    pub(super) fn get(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.path(name);
+        let mut bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
+        };
+        let corrupt = |problem: String| StoreError::Corrupt {
+            what: format!("the value file {}", path.display()),
+            problem,
+        };
+        if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+            return Err(corrupt(format!(
+                "its header is not {:?} and two numbers",
+                String::from_utf8_lossy(MAGIC)
+            )));
+        }
+        let number = |at: usize| {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(n)
+        };
+        let (len, sum) = (number(8), number(16));
+        if len != (bytes.len() - HEADER) as u64 {
+            return Err(corrupt(format!(
+                "it holds {} bytes where its header says {len}",
+                bytes.len() - HEADER
+            )));
+        }
+        if xxhash_rust::xxh3::xxh3_64(&bytes[HEADER..]) != sum {
+            return Err(corrupt("its checksum does not match its contents".into()));
+        }
+        bytes.drain(..HEADER);
+        Ok(Some(bytes))
+    }
+
+    /// Removes the value `name` (nothing when there is none). Not synced: every removal is of
+    /// a value nothing reads any more (a record beyond the history, a base no record names, an
+    /// entry a checkpoint covers), so one a crash undoes is only done again by the next write.
+    pub(super) fn remove(&self, name: &str) -> Result<(), StoreError> {
+        match fs::remove_file(self.path(name)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(file_error(format!(
+                "removing {}",
+                self.path(name).display()
+            ))(e)),
+        }
+    }
+
+    /// The names of the values starting with `prefix`, sorted (numbers in names are
+    /// zero-padded, so this is their numeric order).
+    pub(super) fn names(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let mut names: Vec<String> = self
+            .all_names()?
+            .into_iter()
+            .filter(|n| n.starts_with(prefix) && !n.ends_with(TMP))
+            .collect();
+        names.sort_unstable();
+        Ok(names)
+    }
+
+    fn names_ending(&self, suffix: &str) -> Result<Vec<String>, StoreError> {
+        let mut names = self.all_names()?;
+        names.retain(|n| n.ends_with(suffix));
+        Ok(names)
+    }
+
+    fn all_names(&self) -> Result<Vec<String>, StoreError> {
+        let what = || format!("listing {}", self.dir.display());
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(file_error(what()))? {
+            let entry = entry.map_err(file_error(what()))?;
+            // Names this module did not write (not UTF-8) are not values.
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
+    /// Bytes the value files take.
+    pub(super) fn size_on_disk(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        for name in self.all_names()? {
+            let meta = fs::metadata(self.path(&name))
+                .map_err(file_error(format!("reading the size of {name}")))?;
+            total += meta.len();
+        }
+        Ok(total)
+    }
+
+    fn sync_dir(&self) -> Result<(), StoreError> {
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(file_error(format!("syncing {}", self.dir.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_reads_back_and_a_damaged_one_is_an_error_naming_its_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let values = Values::open(dir.path()).expect("open");
+        assert_eq!(values.get("map-1").expect("read"), None);
+        values.put("map-1", &[b"abc", b"", b"def"]).expect("put");
+        values.put("map-2", &[b"x"]).expect("put");
+        assert_eq!(values.get("map-1").expect("read"), Some(b"abcdef".to_vec()));
+        values.put("map-1", &[b"new"]).expect("replace");
+        assert_eq!(values.get("map-1").expect("read"), Some(b"new".to_vec()));
+        assert_eq!(values.names("map-").expect("list"), ["map-1", "map-2"]);
+
+        let path = dir.path().join("map-2");
+        let good = fs::read(&path).expect("read");
+        for (damage, expect) in [
+            (good[..good.len() - 1].to_vec(), "header says"),
+            (good[..10].to_vec(), "header"),
+            ([&good[..HEADER], b"y"].concat(), "checksum"),
+            ([b"CDNVAL99", &good[8..]].concat(), "header"),
+        ] {
+            fs::write(&path, damage).expect("damage");
+            let err = values.get("map-2").expect_err("damaged");
+            let text = err.to_string();
+            assert!(text.contains("map-2") && text.contains(expect), "{text}");
+        }
+        values.remove("map-2").expect("remove");
+        values.remove("map-2").expect("removing nothing");
+        assert_eq!(values.names("map-").expect("list"), ["map-1"]);
+    }
+
+    #[test]
+    fn a_write_cut_short_is_never_read_and_is_cleaned_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let values = Values::open(dir.path()).expect("open");
+        values.put("base-1", &[b"old"]).expect("put");
+        // A crash between creating the temporary file and renaming it.
+        fs::write(dir.path().join("base-1.tmp"), b"half a new val").expect("tmp");
+        assert_eq!(values.names("base-").expect("list"), ["base-1"]);
+        let values = Values::open(dir.path()).expect("reopen");
+        assert_eq!(values.get("base-1").expect("read"), Some(b"old".to_vec()));
+        assert!(!dir.path().join("base-1.tmp").exists());
+    }
+}

@@ -1,0 +1,169 @@
+//! cdnmap's topology as operators describe it: the mapper's [`Instance`] (classes, clusters with
+//! their resource trees, map units with demand and candidates) together with its
+//! [`Addressing`] (each unit's client networks, each cluster's server addresses), and the JSON
+//! instance and assignment file formats (documented in `docs/formats.md`) that carry both.
+//!
+//! The split is the crate's reason to be: allocation reads the instance only, answering reads
+//! the addressing too, so `cdnmap-mapper` knows nothing of prefixes or addresses and the
+//! serving side ([`cdnmap-serve`]) takes them from here.
+//!
+//! Promises: a [`Topology`]'s addressing has an entry for each unit and cluster of its
+//! instance, at the same index ([`Addressing::fits`]); every way to a topology but
+//! [`Topology::with_instance`] (which keeps the units and clusters) goes through
+//! [`TopologyBuilder`], which validates both halves.
+
+pub mod addressing;
+pub mod format;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use cdnmap_mapper::model::too_many;
+use cdnmap_mapper::{
+    ClusterIdx, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, MapUnitSpec,
+    ModelError, TrafficClass, UnitIdx,
+};
+use ipnet::IpNet;
+
+pub use addressing::{Addressing, MAX_ADDRESSES, MAX_PREFIXES_PER_UNIT};
+
+/// An instance and its addressing: one topology, as the service publishes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    pub instance: Instance,
+    pub addressing: Arc<Addressing>,
+}
+
+impl Topology {
+    /// `instance` with no prefixes and no addresses: for what is only solved, never answered
+    /// from.
+    pub fn bare(instance: Instance) -> Topology {
+        let addressing = Arc::new(Addressing::none_for(&instance));
+        Topology {
+            instance,
+            addressing,
+        }
+    }
+
+    /// This topology's addressing beside `instance`, an instance derived from this one that
+    /// kept its units and clusters in their order (a cluster's state, a round's demand).
+    ///
+    /// # Panics
+    ///
+    /// When `instance` has other units or clusters (by id, in order): a caller's bug, not bad
+    /// input.
+    pub fn with_instance(&self, instance: Instance) -> Topology {
+        let same_clusters = || {
+            let (a, b) = (self.instance.clusters(), instance.clusters());
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.id == y.id)
+        };
+        // A pointer comparison for an instance derived from this one, the ids otherwise.
+        assert!(
+            self.addressing.fits(&instance)
+                && self.instance.same_unit_ids(&instance)
+                && same_clusters(),
+            "with_instance: the instance has other units or clusters than its addressing"
+        );
+        Topology {
+            instance,
+            addressing: Arc::clone(&self.addressing),
+        }
+    }
+
+    /// The topology with cluster `c` in `state` (the instance's
+    /// [`Instance::with_cluster_state`], the addressing shared).
+    pub fn with_cluster_state(&self, c: ClusterIdx, state: ClusterState) -> Topology {
+        self.with_instance(self.instance.with_cluster_state(c, state))
+    }
+
+    /// Unit `u`'s client networks.
+    pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
+        self.addressing.unit_prefixes(u)
+    }
+
+    /// Cluster `c`'s server addresses.
+    pub fn cluster_addresses(&self, c: ClusterIdx) -> &[IpAddr] {
+        self.addressing.cluster_addresses(c)
+    }
+}
+
+/// A topology reads as its instance, so what allocates takes `&topology` where it takes
+/// `&Instance` and only what answers asks for the addressing.
+impl std::ops::Deref for Topology {
+    type Target = Instance;
+    fn deref(&self) -> &Instance {
+        &self.instance
+    }
+}
+
+/// Builds a [`Topology`]: the mapper's [`InstanceBuilder`], with the prefixes of each unit and
+/// the addresses of each cluster kept beside it and put in the instance's order at the end.
+#[derive(Debug)]
+pub struct TopologyBuilder {
+    instance: InstanceBuilder,
+    addressing: addressing::Collector,
+}
+
+impl TopologyBuilder {
+    /// Validates the classes and clusters (each cluster with its addresses).
+    pub fn new(
+        classes: Vec<TrafficClass>,
+        clusters: Vec<(ClusterSpec, Vec<IpAddr>)>,
+        limits: Limits,
+    ) -> Result<TopologyBuilder, ModelError> {
+        let mut specs = Vec::with_capacity(clusters.len());
+        let mut addresses = Vec::with_capacity(clusters.len());
+        for (spec, a) in clusters {
+            too_many(
+                || format!("cluster {:?}", spec.id),
+                "addresses",
+                a.len(),
+                MAX_ADDRESSES,
+            )?;
+            addresses.push((spec.id.clone(), a));
+            specs.push(spec);
+        }
+        Ok(TopologyBuilder {
+            instance: InstanceBuilder::new(classes, specs, limits)?,
+            addressing: addressing::Collector::new(addresses),
+        })
+    }
+
+    /// Reserves room for `units` more units with `candidates` and `prefixes` among them.
+    pub fn reserve(&mut self, units: usize, candidates: usize, prefixes: usize) {
+        self.instance.reserve(units, candidates);
+        self.addressing.reserve(units, prefixes);
+    }
+
+    pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
+        self.instance.cluster_index(id)
+    }
+
+    /// Validates one map unit with its client networks and appends it. On error nothing is
+    /// appended.
+    pub fn push_unit(
+        &mut self,
+        spec: &MapUnitSpec<'_>,
+        prefixes: &[IpNet],
+    ) -> Result<(), ModelError> {
+        too_many(
+            || format!("map unit {:?}", spec.id),
+            "prefixes",
+            prefixes.len(),
+            MAX_PREFIXES_PER_UNIT,
+        )?;
+        self.instance.push_unit(spec)?;
+        self.addressing.push_unit(prefixes);
+        Ok(())
+    }
+
+    /// The topology: units in id order (duplicates refused), their prefixes with them.
+    pub fn finish(self) -> Result<Topology, ModelError> {
+        let (instance, order) = self.instance.finish_with_order()?;
+        let addressing = Arc::new(self.addressing.finish(&instance, order.as_deref()));
+        Ok(Topology {
+            instance,
+            addressing,
+        })
+    }
+}
