@@ -351,18 +351,19 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where the files go: `--out`, else a temporary directory (returned, to be kept while the
-/// servers run).
-fn out_dir(a: &DnsBenchArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
-    Ok(match &a.out {
+/// Where a benchmark's files go: `out` (`--out`), else a temporary directory named after
+/// `prefix` (returned, to be kept while the servers run).
+pub(crate) fn out_dir(
+    out: Option<&Path>,
+    prefix: &str,
+) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    Ok(match out {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            (d.clone(), None)
+            (d.to_path_buf(), None)
         }
         None => {
-            let temp = tempfile::Builder::new()
-                .prefix("cdnmap-bench-dns-")
-                .tempdir()?;
+            let temp = tempfile::Builder::new().prefix(prefix).tempdir()?;
             (temp.path().to_path_buf(), Some(temp))
         }
     })
@@ -570,7 +571,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     check_args(a)?;
     let dnsperf = program("dnsperf")?;
     let gdnsd = program("gdnsd")?;
-    let (dir, _temp) = out_dir(a)?;
+    let (dir, _temp) = out_dir(a.out.as_deref(), "cdnmap-bench-dns-")?;
     let exe = std::env::current_exe().context("finding the cdnmap binary")?;
     let queries = query_file(a, &dir)?;
     let (grpc, http, dns_port, gdnsd_port) =

@@ -43,7 +43,7 @@ pub struct FollowBenchArgs {
 }
 
 /// A process's memory from /proc, in MB: (peak resident, resident now).
-fn memory_mb(pid: u32) -> Option<(f64, f64)> {
+pub(crate) fn memory_mb(pid: u32) -> Option<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| {
         status
@@ -76,17 +76,7 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
             cycles.end()
         );
     }
-    let tmp;
-    let dir = match &a.out {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            d.clone()
-        }
-        None => {
-            tmp = tempfile::tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (dir, _tmp) = crate::bench_dns::out_dir(a.out.as_deref(), "cdnmap-bench-follow-")?;
     let exe = match &a.exe {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("finding the cdnmap binary")?,

@@ -43,7 +43,9 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::bench_dns::{answers, cpu_secs, parse_dnsperf, program, spawn, write_queries, Proc};
+use crate::bench_dns::{
+    answers, cpu_secs, out_dir, parse_dnsperf, program, spawn, write_queries, Proc,
+};
 use cdnmap_world::world::{self, WorldParams};
 
 mod dns_load;
@@ -240,23 +242,6 @@ fn prepare_world(a: &ServeBenchArgs, dir: &Path) -> Result<(Arc<Instance>, PathB
     Ok((Arc::new(inst.instance), queries))
 }
 
-/// Where the files go: `--out`, else a temporary directory (returned, to be kept while the
-/// servers run).
-fn out_dir(a: &ServeBenchArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
-    Ok(match &a.out {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            (d.clone(), None)
-        }
-        None => {
-            let temp = tempfile::Builder::new()
-                .prefix("cdnmap-bench-serve-")
-                .tempdir()?;
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    })
-}
-
 /// Ctrl-C or SIGTERM: the waiting loops fail (and the children are killed on the way out).
 async fn watch_signals() {
     let term = async {
@@ -383,7 +368,7 @@ fn run(
 
 pub fn serve(a: &ServeBenchArgs) -> Result<ExitCode> {
     let rate = check_args(a)?;
-    let (dir, _temp) = out_dir(a)?;
+    let (dir, _temp) = out_dir(a.out.as_deref(), "cdnmap-bench-serve-")?;
     // The service's own checks of its settings (the demo world's limits among them), first.
     cdnmap_api::Config::from_toml(&serve_config(a, &dir, None))
         .context("the mapper's settings from these arguments")?;

@@ -151,15 +151,7 @@ pub(super) fn spawn_dns(
 
 /// A process's peak resident memory (`VmHWM`), MB.
 pub(super) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    crate::bench_follow::memory_mb(pid?).map(|(peak, _)| peak)
 }
 
 /// Bytes of the files under `dir`.
