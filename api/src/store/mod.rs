@@ -596,11 +596,6 @@ impl Store {
         })
     }
 
-    /// Bytes the store's value files take on disk (sled's own files apart).
-    pub fn values_size(&self) -> Result<u64, StoreError> {
-        self.values.size_on_disk()
-    }
-
     /// Appends one feedback report (already validated, as JSON) received at `at_unix_ms`, then
     /// drops reports older than `retain_ms` before it and all but the newest `max_reports`.
     /// Durable when it returns.

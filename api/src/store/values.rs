@@ -154,17 +154,6 @@ impl Values {
         Ok(names)
     }
 
-    /// Bytes the value files take.
-    pub(super) fn size_on_disk(&self) -> Result<u64, StoreError> {
-        let mut total = 0;
-        for name in self.all_names()? {
-            let meta = fs::metadata(self.path(&name))
-                .map_err(file_error(format!("reading the size of {name}")))?;
-            total += meta.len();
-        }
-        Ok(total)
-    }
-
     fn sync_dir(&self) -> Result<(), StoreError> {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
