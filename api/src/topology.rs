@@ -391,6 +391,28 @@ mod tests {
         assert!(matches!(err, ChangeError::Refused(_)), "{err}");
     }
 
+    /// A unit edit claiming a client network that another unit of its class has is refused,
+    /// naming both; in another class the same network is fine.
+    #[test]
+    fn a_unit_claiming_another_units_network_is_refused() {
+        let base = Arc::new(instance());
+        let file = InstanceFile::of(&base);
+        let mut u1 = file.map_units[0].clone();
+        u1.prefixes = vec!["10.1.2.0/24".parse().expect("net")];
+        let with = apply(&base, &Change::UpsertMapUnit(u1)).expect("applied");
+        let mut u2 = file.map_units[1].clone(); // web, as u1
+        u2.prefixes = vec!["10.1.2.99/24".parse().expect("net")];
+        let err = apply(&with.topology, &Change::UpsertMapUnit(u2)).expect_err("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("10.1.2.0/24") && msg.contains("\"u1\"") && msg.contains("\"u2\""),
+            "{msg}"
+        );
+        let mut u3 = file.map_units[2].clone(); // video
+        u3.prefixes = vec!["10.1.2.0/24".parse().expect("net")];
+        apply(&with.topology, &Change::UpsertMapUnit(u3)).expect("another class");
+    }
+
     #[test]
     fn draining_the_last_cluster_of_a_class_warns() {
         let base = Arc::new(instance());

@@ -33,7 +33,7 @@ use ipnet::IpNet;
 
 use cdnmap_mapper::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use cdnmap_mapper::{Map, ModelError};
-use cdnmap_topology::Topology;
+use cdnmap_topology::{canonical, Topology};
 
 use crate::serving::{ServeError, ServingMap};
 use cdnmap_mapper::mem::prefetch;
@@ -342,22 +342,6 @@ impl Table<u128> {
         }
         t
     }
-}
-
-/// A prefix in its canonical form: truncated, and a v4-mapped IPv6 prefix (`::ffff:0:0/96` or
-/// longer) as the IPv4 prefix it is.
-fn canonical(net: &IpNet) -> IpNet {
-    let net = net.trunc();
-    if let IpNet::V6(n) = net {
-        if n.prefix_len() >= 96 {
-            if let Some(v4) = n.network().to_ipv4_mapped() {
-                if let Ok(p) = ipnet::Ipv4Net::new(v4, n.prefix_len() - 96) {
-                    return IpNet::V4(p.trunc());
-                }
-            }
-        }
-    }
-    net
 }
 
 /// First and last address of a canonical prefix, as integers of its family.

@@ -29,7 +29,7 @@ use cdnmap_mapper::{
 use cdnmap_serve::resolve::{Answer, ClassRules, Resolver, MAX_QNAME_LEN};
 use cdnmap_serve::serving::Builder;
 use cdnmap_serve::{ServeError, ServingCluster, ServingMap};
-use cdnmap_topology::{Topology, TopologyBuilder};
+use cdnmap_topology::{Topology, TopologyBuilder, TopologyError};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -101,6 +101,18 @@ struct UnitDef {
 }
 
 fn build(clusters: Vec<(ClusterSpec, Vec<IpAddr>)>, units: &[UnitDef]) -> Topology {
+    let inst = try_build(clusters, units).expect("instance");
+    for i in 0..units.len() {
+        assert_eq!(inst.unit_index(&unit_id(i)), Some(i as UnitIdx));
+    }
+    inst
+}
+
+/// The topology of `units` (unit `i` named [`unit_id`]`(i)`), or the builder's refusal.
+fn try_build(
+    clusters: Vec<(ClusterSpec, Vec<IpAddr>)>,
+    units: &[UnitDef],
+) -> Result<Topology, TopologyError> {
     let mut b = TopologyBuilder::new(classes(), clusters, Limits::default()).expect("clusters");
     let cluster_ids: Vec<String> = (0..100).map(cluster_id).collect();
     for (i, u) in units.iter().enumerate() {
@@ -124,11 +136,7 @@ fn build(clusters: Vec<(ClusterSpec, Vec<IpAddr>)>, units: &[UnitDef]) -> Topolo
         };
         b.push_unit(&spec, &u.prefixes).expect("unit");
     }
-    let inst = b.finish().expect("instance");
-    for i in 0..units.len() {
-        assert_eq!(inst.unit_index(&unit_id(i)), Some(i as UnitIdx));
-    }
-    inst
+    b.finish()
 }
 
 /// Exact names `c0.test`, `c1.test`, `c2.test` → their classes; default c0.
@@ -436,33 +444,39 @@ proptest! {
         check_lookups(&inst, &r, &query_points(&pool, &inside, &v4, &anywhere))?;
     }
 
-    /// Two units of one class claiming one prefix (after truncation) are refused, naming both
-    /// units and the prefix; any other set of claims is accepted.
+    /// Two units of one class claiming one client network (the same addresses, however
+    /// spelled) are refused by the topology's builder, naming both units, the class and the
+    /// network; any other set of claims is accepted and indexed.
     #[test]
     fn a_prefix_claimed_twice_in_one_class_is_refused((pool, claims) in world_strategy()) {
         let units = units_of(&pool, &claims, false);
-        let inst = build(three_clusters(), &units);
-        // Brute force: some (class, prefix) claimed by two different units?
-        let mut claimers: HashMap<(ClassIdx, IpNet), HashSet<UnitIdx>> = HashMap::new();
-        for (p, u, k) in claims_of(&inst) {
-            claimers.entry((k, p.trunc())).or_default().insert(u);
+        // Brute force: some (class, address range) claimed by two different units?
+        let mut claimers: HashMap<(usize, u128, u128), HashSet<usize>> = HashMap::new();
+        for (i, u) in units.iter().enumerate() {
+            for p in &u.prefixes {
+                let (a, b) = mapped_range(p);
+                claimers.entry((u.class, a, b)).or_default().insert(i);
+            }
         }
         let clash = claimers.values().any(|s| s.len() > 1);
-        match resolver(&inst) {
-            Ok(_) => prop_assert!(!clash, "a clash was accepted"),
-            Err(ServeError::PrefixClaimedTwice { prefix, first, second }) => {
+        match try_build(three_clusters(), &units) {
+            Ok(inst) => {
+                prop_assert!(!clash, "a clash was accepted");
+                prop_assert!(resolver(&inst).is_ok(), "an accepted topology is indexed");
+            }
+            Err(TopologyError::PrefixClaimedTwice { prefix, class, first, second }) => {
                 prop_assert!(clash);
                 prop_assert_ne!(&first, &second);
+                let index = |id: &str| (0..units.len()).position(|i| unit_id(i) == id);
                 let (a, b) = (
-                    inst.unit_index(&first).expect("first is a unit"),
-                    inst.unit_index(&second).expect("second is a unit"),
+                    index(&first).expect("first is a unit"),
+                    index(&second).expect("second is a unit"),
                 );
-                let k = inst.unit_class(a);
-                prop_assert_eq!(k, inst.unit_class(b));
-                let set = claimers
-                    .iter()
-                    .find(|((kk, p), _)| *kk == k && p.to_string() == prefix)
-                    .map(|(_, s)| s.clone());
+                let k = units[a].class;
+                prop_assert_eq!(k, units[b].class);
+                prop_assert_eq!(class.as_str(), CLASSES[k]);
+                let (lo, hi) = mapped_range(&net(&prefix));
+                let set = claimers.get(&(k, lo, hi));
                 prop_assert!(
                     set.is_some_and(|s| s.contains(&a) && s.contains(&b)),
                     "{} and {} do not both claim {}", first, second, prefix
@@ -471,6 +485,24 @@ proptest! {
             Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
     }
+}
+
+/// The addresses `p` covers, as a range of IPv6 addresses (an IPv4 prefix as the v4-mapped
+/// range it is): an oracle of "the same client network" written apart from the builder's.
+fn mapped_range(p: &IpNet) -> (u128, u128) {
+    let (start, len) = match p {
+        IpNet::V4(n) => (
+            V4_MAPPED | u128::from(u32::from(n.addr())),
+            96 + u32::from(n.prefix_len()),
+        ),
+        IpNet::V6(n) => (u128::from(n.addr()), u32::from(n.prefix_len())),
+    };
+    let host = if len == 0 {
+        u128::MAX
+    } else {
+        (1u128 << (128 - len)) - 1
+    };
+    (start & !host, (start & !host) | host)
 }
 
 /// The prefix generator is not vacuous: over a fixed sample of 256 worlds, many contain
@@ -612,32 +644,32 @@ fn a_prefix_claimed_twice_names_both_units() {
         demand: 1.0,
         candidates: vec![0],
     };
-    let refused = |units: &[UnitDef]| resolver(&build(three_clusters(), units)).err();
+    let refused = |units: &[UnitDef]| try_build(three_clusters(), units).err();
+    let claimed = |prefix: &str, class: &str, first: &str, second: &str| {
+        Some(TopologyError::PrefixClaimedTwice {
+            prefix: prefix.into(),
+            class: class.into(),
+            first: first.into(),
+            second: second.into(),
+        })
+    };
     // Host bits differ; the truncated prefix is the same.
     let e = refused(&[unit(1, &["10.1.2.0/24"]), unit(1, &["10.1.2.77/24"])]);
-    assert_eq!(
-        e,
-        Some(ServeError::PrefixClaimedTwice {
-            prefix: "10.1.2.0/24".into(),
-            first: "u0000".into(),
-            second: "u0001".into(),
-        })
-    );
+    assert_eq!(e, claimed("10.1.2.0/24", "c1", "u0000", "u0001"));
     let e = refused(&[
         unit(0, &["2001:db8::/48"]),
         unit(1, &["2001:db8::/48"]),
         unit(0, &["192.0.2.0/24", "2001:db8:0:1::/48"]),
     ]);
-    assert_eq!(
-        e,
-        Some(ServeError::PrefixClaimedTwice {
-            prefix: "2001:db8::/48".into(),
-            first: "u0000".into(),
-            second: "u0002".into(),
-        })
-    );
+    assert_eq!(e, claimed("2001:db8::/48", "c0", "u0000", "u0002"));
     let msg = e.map(|e| e.to_string()).unwrap_or_default();
-    assert!(msg.contains("u0000") && msg.contains("u0002") && msg.contains("2001:db8::/48"));
+    assert!(
+        msg.contains("u0000") && msg.contains("u0002") && msg.contains("2001:db8::/48"),
+        "{msg}"
+    );
+    // A v4-mapped IPv6 prefix is the IPv4 prefix it maps.
+    let e = refused(&[unit(2, &["10.0.0.0/8"]), unit(2, &["::ffff:10.0.0.0/104"])]);
+    assert_eq!(e, claimed("10.0.0.0/8", "c2", "u0000", "u0001"));
     // One unit listing a prefix twice, and one prefix in several classes, are fine.
     assert_eq!(
         refused(&[
@@ -1594,30 +1626,43 @@ fn another_class_count_is_indexed_again() {
     }
 }
 
-/// After a resolver of good units, units claiming one prefix twice in one class are refused
-/// exactly as without one.
+/// A serving map made from a WatchMap stream has no topology behind it: the front end's
+/// resolver refuses units claiming one prefix twice in one class itself, after a previous
+/// resolver exactly as without one.
 #[test]
-fn a_prefix_claimed_twice_is_refused_after_a_previous_resolver() {
-    let mut units = reuse_units();
-    let first = resolver(&build(three_clusters(), &units)).expect("first");
-    units.push(UnitDef {
-        class: 0,
-        prefixes: vec![net("10.1.2.77/24")],
-        demand: 1.0,
-        candidates: vec![0],
-    });
-    let inst = build(three_clusters(), &units);
-    let map = solve(&inst, &SolveOptions::default()).map;
-    let e = Resolver::of_solution_after(&inst, &map, class_rules(&inst), Some(&first)).err();
+fn a_prefix_claimed_twice_in_a_streamed_map_is_refused() {
+    let serving = |units: &[(&str, ClassIdx, &str)]| {
+        let clusters = vec![ServingCluster {
+            id: cluster_id(0),
+            addresses: vec![IpAddr::from([198, 18, 0, 1])],
+            state: ClusterState::Up,
+        }];
+        let classes = CLASSES.iter().map(|&c| Arc::from(c)).collect();
+        let mut b = Builder::new(classes, clusters).expect("builder");
+        for &(id, class, prefix) in units {
+            b.push(id, class, &[net(prefix)], [(0, 1.0)], 0.0, [None, None])
+                .expect("unit");
+        }
+        Arc::new(b.finish())
+    };
+    let rules = |m: &ServingMap| ClassRules::new(m.classes(), &[], "c0").expect("rules");
+    let good = serving(&[("a", 0, "10.1.2.0/24"), ("b", 1, "10.1.2.0/24")]);
+    let first = Resolver::new(Arc::clone(&good), rules(&good)).expect("first");
+    let bad = serving(&[
+        ("a", 0, "10.1.2.0/24"),
+        ("b", 1, "10.1.2.0/24"),
+        ("c", 0, "10.1.2.77/24"),
+    ]);
+    let e = Resolver::new_after(Arc::clone(&bad), rules(&bad), Some(&first)).err();
     assert_eq!(
         e,
         Some(ServeError::PrefixClaimedTwice {
             prefix: "10.1.2.0/24".into(),
-            first: "u0002".into(),
-            second: "u0004".into(),
+            first: "a".into(),
+            second: "c".into(),
         })
     );
-    assert_eq!(e, resolver(&inst).err());
+    assert_eq!(e, Resolver::new(Arc::clone(&bad), rules(&bad)).err());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1645,14 +1690,13 @@ fn v4_mapped_v6_prefix_is_the_same_prefix_as_its_v4_form() {
         assert_eq!(r.unit_for(a, 0).map(|x| x.0), Some(0), "{a} c0");
         assert_eq!(r.unit_for(a, 1).map(|x| x.0), Some(1), "{a} c1");
     }
-    // One class: a prefix claimed twice.
-    let inst = build(
-        three_clusters(),
-        &[unit(0, "10.0.0.0/8"), unit(0, "::ffff:10.0.0.0/104")],
-    );
+    // One class: a prefix claimed twice, refused by the topology's builder.
     assert!(matches!(
-        resolver(&inst),
-        Err(ServeError::PrefixClaimedTwice { .. })
+        try_build(
+            three_clusters(),
+            &[unit(0, "10.0.0.0/8"), unit(0, "::ffff:10.0.0.0/104")],
+        ),
+        Err(TopologyError::PrefixClaimedTwice { .. })
     ));
 }
 

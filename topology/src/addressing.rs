@@ -4,11 +4,13 @@
 //!
 //! Promises: an [`Addressing`] built for an instance has exactly one entry per unit and per
 //! cluster of it, at that unit's and that cluster's index; no unit has more than
-//! [`MAX_PREFIXES_PER_UNIT`] prefixes and no cluster more than [`MAX_ADDRESSES`] addresses.
+//! [`MAX_PREFIXES_PER_UNIT`] prefixes and no cluster more than [`MAX_ADDRESSES`] addresses;
+//! in a [`crate::Topology`], no two units of one class claim the same client network (by
+//! [`canonical`] form), so every topology can be indexed for queries.
 
 use std::net::IpAddr;
 
-use cdnmap_mapper::{ClusterIdx, Instance, UnitIdx};
+use cdnmap_mapper::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use ipnet::IpNet;
 
 /// At most this many addresses per cluster.
@@ -136,4 +138,46 @@ impl Collector {
             addresses,
         }
     }
+}
+
+/// A prefix in its canonical form: truncated, and a v4-mapped IPv6 prefix (`::ffff:0:0/96` or
+/// longer) as the IPv4 prefix it is. Two prefixes cover the same addresses exactly when their
+/// canonical forms are equal.
+pub fn canonical(net: &IpNet) -> IpNet {
+    let net = net.trunc();
+    if let IpNet::V6(n) = net {
+        if n.prefix_len() >= 96 {
+            if let Some(v4) = n.network().to_ipv4_mapped() {
+                if let Ok(p) = ipnet::Ipv4Net::new(v4, n.prefix_len() - 96) {
+                    return IpNet::V4(p.trunc());
+                }
+            }
+        }
+    }
+    net
+}
+
+/// The first client network (canonical, in sort order) that two map units of one class
+/// claim, with the two units: a query from it could not tell them apart.
+pub(crate) fn claimed_twice(
+    instance: &Instance,
+    addressing: &Addressing,
+) -> Option<(IpNet, UnitIdx, UnitIdx)> {
+    // A sort, not a table keyed by prefix: at a million units it holds half the memory.
+    let mut claims: Vec<(ClassIdx, IpNet, UnitIdx)> = Vec::with_capacity(addressing.prefix_count());
+    for u in 0..instance.unit_count() as UnitIdx {
+        let class = instance.unit_class(u);
+        claims.extend(
+            addressing
+                .unit_prefixes(u)
+                .iter()
+                .map(|p| (class, canonical(p), u)),
+        );
+    }
+    claims.sort_unstable();
+    claims.dedup(); // one unit naming a network twice claims it once
+    claims
+        .windows(2)
+        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+        .map(|w| (w[0].1, w[0].2, w[1].2))
 }

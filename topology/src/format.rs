@@ -20,7 +20,7 @@ use cdnmap_mapper::model::{
     ResourceNodeSpec, TrafficClass, UnitIdx,
 };
 
-use crate::{Topology, TopologyBuilder};
+use crate::{Topology, TopologyBuilder, TopologyError};
 
 /// Why a file could not be read as an instance or an assignment.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,8 @@ pub enum FormatError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
 }
 
 /// The instance file, as serde sees it.
@@ -184,7 +186,7 @@ impl ClusterFile {
 
 impl InstanceFile {
     /// Validates and indexes the file's contents.
-    pub fn build(&self, limits: Limits) -> Result<Topology, ModelError> {
+    pub fn build(&self, limits: Limits) -> Result<Topology, TopologyError> {
         let clusters = self
             .clusters
             .iter()

@@ -10,7 +10,8 @@
 //! Promises: a [`Topology`]'s addressing has an entry for each unit and cluster of its
 //! instance, at the same index ([`Addressing::fits`]); every way to a topology but
 //! [`Topology::with_instance`] (which keeps the units and clusters) goes through
-//! [`TopologyBuilder`], which validates both halves.
+//! [`TopologyBuilder`], which validates both halves: no two units of one class claim one
+//! client network.
 
 pub mod addressing;
 pub mod format;
@@ -25,7 +26,24 @@ use cdnmap_mapper::{
 };
 use ipnet::IpNet;
 
-pub use addressing::{Addressing, MAX_ADDRESSES, MAX_PREFIXES_PER_UNIT};
+pub use addressing::{canonical, Addressing, MAX_ADDRESSES, MAX_PREFIXES_PER_UNIT};
+
+/// Why a topology was refused: its instance, or its addressing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TopologyError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(
+        "client network {prefix} is claimed by two map units of class {class:?}, {first:?} and {second:?}"
+    )]
+    PrefixClaimedTwice {
+        prefix: String,
+        class: String,
+        first: String,
+        second: String,
+    },
+}
 
 /// An instance and its addressing: one topology, as the service publishes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,10 +175,21 @@ impl TopologyBuilder {
         Ok(())
     }
 
-    /// The topology: units in id order (duplicates refused), their prefixes with them.
-    pub fn finish(self) -> Result<Topology, ModelError> {
+    /// The topology: units in id order (duplicates refused), their prefixes with them; a
+    /// client network claimed by two units of one class is refused.
+    pub fn finish(self) -> Result<Topology, TopologyError> {
         let (instance, order) = self.instance.finish_with_order()?;
         let addressing = Arc::new(self.addressing.finish(&instance, order.as_deref()));
+        if let Some((prefix, a, b)) = addressing::claimed_twice(&instance, &addressing) {
+            return Err(TopologyError::PrefixClaimedTwice {
+                prefix: prefix.to_string(),
+                class: instance.classes()[usize::from(instance.unit_class(a))]
+                    .name
+                    .clone(),
+                first: instance.unit_id(a).to_string(),
+                second: instance.unit_id(b).to_string(),
+            });
+        }
         Ok(Topology {
             instance,
             addressing,
