@@ -11,7 +11,8 @@
 //! 3. the learners age by one round;
 //! 4. the round's instance: the topology with the forecast demand for `now`, and — with
 //!    learning on — the learned coefficients (once confident) and derated capacities;
-//! 5. [`round`]: effective preferences, the seeded (or cold) solve, the resolver.
+//! 5. [`crate::round::round`]: effective preferences, the seeded (or cold) solve, the resolver
+//!    (which [`Driver::step_alongside`] builds while the caller stores the map).
 //!
 //! No I/O and no clock but the timings it reports (measurements only: they change nothing).
 
@@ -23,7 +24,7 @@ use cdnmap_mapper::{Instance, ModelError, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_topology::Topology;
 
-use crate::round::{round, RoundError, Snapshot};
+use crate::round::{solve_round, RoundError, Snapshot, Solved};
 
 /// What was observed since the last round.
 #[derive(Debug, Clone, Default)]
@@ -44,8 +45,6 @@ pub struct Observations {
 pub struct StepTimings {
     /// Observing and applying the estimates (steps 1–4).
     pub estimate_ms: f64,
-    /// Encoding the estimator's round entry to store it (the service fills it in).
-    pub encode_entry_ms: f64,
 }
 
 /// What a step made (the estimator's state after it, to store with the snapshot, is
@@ -105,6 +104,53 @@ impl Driver {
         epoch: u64,
         now: i64,
     ) -> Result<Step, StepError> {
+        let (solved, rules, estimate_ms) =
+            self.solve(base, previous, observations, rules, epoch, now)?;
+        Ok(Step {
+            snapshot: solved.index(rules, previous)?,
+            timings: StepTimings { estimate_ms },
+        })
+    }
+
+    /// [`Driver::step`], with `alongside` run on a thread of its own while the map is indexed
+    /// ([`Solved::index_alongside`]), given the solved map and the estimator's state after the
+    /// step: the service stores the round there. When the index fails (only on a broken
+    /// invariant: every topology can be indexed), `alongside` has run and its result is
+    /// dropped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_alongside<R: Send>(
+        &mut self,
+        base: &Topology,
+        previous: Option<&Snapshot>,
+        observations: &Observations,
+        rules: impl FnOnce(&Instance) -> Result<ClassRules, ModelError>,
+        epoch: u64,
+        now: i64,
+        alongside: impl FnOnce(&Solved, &Estimates) -> R + Send,
+    ) -> Result<(Step, R), StepError> {
+        let (solved, rules, estimate_ms) =
+            self.solve(base, previous, observations, rules, epoch, now)?;
+        let estimates = &self.estimates;
+        let (snapshot, beside) =
+            solved.index_alongside(rules, previous, |s| alongside(s, estimates));
+        let step = Step {
+            snapshot: snapshot?,
+            timings: StepTimings { estimate_ms },
+        };
+        Ok((step, beside))
+    }
+
+    /// Steps 1–4 and the solve of step 5: the round's map before it is indexed, the round's
+    /// hostname rules, and how long the estimator took.
+    fn solve(
+        &mut self,
+        base: &Topology,
+        previous: Option<&Snapshot>,
+        observations: &Observations,
+        rules: impl FnOnce(&Instance) -> Result<ClassRules, ModelError>,
+        epoch: u64,
+        now: i64,
+    ) -> Result<(Solved, ClassRules, f64), StepError> {
         let started = Instant::now();
         let est = &mut self.estimates;
         if let (Some(prev), false) = (previous, observations.loads.is_empty()) {
@@ -140,21 +186,14 @@ impl Driver {
         );
         let estimate_ms = started.elapsed().as_secs_f64() * 1e3;
         let rules = rules(&topology).map_err(StepError::Rules)?;
-        let snapshot = round(
+        let solved = solve_round(
             &topology,
             previous,
             &self.stickiness,
-            rules,
             epoch,
             now,
             self.check,
         )?;
-        Ok(Step {
-            snapshot,
-            timings: StepTimings {
-                estimate_ms,
-                ..StepTimings::default()
-            },
-        })
+        Ok((solved, rules, estimate_ms))
     }
 }

@@ -83,9 +83,22 @@ pub enum RoundError {
     Verify(String),
 }
 
-/// Solves one round: seeded from `previous` (sticky) when there is one, cold otherwise. The map
-/// is checked by the independent verifier against the preferences it was solved with when
-/// `check` is set (the service sets it in debug builds; it costs about a solve).
+/// A round's map, solved and not yet indexed for queries: everything of a [`Snapshot`] but its
+/// resolver, which is what the store keeps of a round.
+#[derive(Debug, Clone)]
+pub struct Solved {
+    pub epoch: u64,
+    pub version: u64,
+    pub solved_at_unix_ms: i64,
+    pub topology: Topology,
+    pub map: Map,
+    pub stats: SolveStats,
+    pub churn: Option<f64>,
+    /// The effective preferences and the solve (the index is timed by [`Solved::index`]).
+    pub timings: RoundTimings,
+}
+
+/// Solves one round and indexes it for queries: [`solve_round`], then [`Solved::index`].
 pub fn round(
     topology: &Topology,
     previous: Option<&Snapshot>,
@@ -95,6 +108,20 @@ pub fn round(
     now_unix_ms: i64,
     check: bool,
 ) -> Result<Snapshot, RoundError> {
+    solve_round(topology, previous, stickiness, epoch, now_unix_ms, check)?.index(rules, previous)
+}
+
+/// Solves one round: seeded from `previous` (sticky) when there is one, cold otherwise. The map
+/// is checked by the independent verifier against the preferences it was solved with when
+/// `check` is set (the service sets it in debug builds; it costs about a solve).
+pub fn solve_round(
+    topology: &Topology,
+    previous: Option<&Snapshot>,
+    stickiness: &Stickiness,
+    epoch: u64,
+    now_unix_ms: i64,
+    check: bool,
+) -> Result<Solved, RoundError> {
     let instance = &topology.instance;
     let options = SolveOptions::default();
     let mut timings = RoundTimings::default();
@@ -134,23 +161,86 @@ pub fn round(
             (sol.map, sol.stats, Some(c))
         }
     };
-    let t = std::time::Instant::now();
-    // The previous round's prefix index and unit columns, when the units are the same (they
-    // are unless the topology's units changed): only the answers are computed again.
-    let resolver =
-        Resolver::of_solution_after(topology, &map, rules, previous.map(|p| &p.resolver))?;
-    timings.index_ms = ms_since(t);
-    Ok(Snapshot {
+    Ok(Solved {
         epoch,
         version: previous.map_or(1, |p| p.version + 1),
         solved_at_unix_ms: now_unix_ms,
         topology: topology.clone(),
         map,
-        resolver,
         stats,
         churn: churn_now,
         timings,
     })
+}
+
+impl Solved {
+    /// The snapshot: the map indexed for queries. The previous round's prefix index and unit
+    /// columns are reused when the units are the same (they are unless the topology's units
+    /// changed): only the answers are computed again. A [`Topology`] can always be indexed
+    /// (its builder refuses what the index would), so this fails only on a broken invariant.
+    pub fn index(
+        self,
+        rules: ClassRules,
+        previous: Option<&Snapshot>,
+    ) -> Result<Snapshot, RoundError> {
+        let t = std::time::Instant::now();
+        let resolver = self.resolver(rules, previous)?;
+        Ok(self.with_resolver(resolver, ms_since(t)))
+    }
+
+    /// [`Solved::index`], with `alongside` run on a thread of its own meanwhile: the service
+    /// stores the map while it is indexed, so a round costs the longer of the two, not their
+    /// sum. `alongside`'s result comes back even when the index fails; a panic in it is
+    /// resumed here.
+    pub fn index_alongside<R: Send>(
+        self,
+        rules: ClassRules,
+        previous: Option<&Snapshot>,
+        alongside: impl FnOnce(&Solved) -> R + Send,
+    ) -> (Result<Snapshot, RoundError>, R) {
+        let (indexed, beside) = std::thread::scope(|scope| {
+            let beside = scope.spawn(|| alongside(&self));
+            let t = std::time::Instant::now();
+            let resolver = self.resolver(rules, previous);
+            (resolver.map(|r| (r, ms_since(t))), beside.join())
+        });
+        let beside = beside.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let snapshot = match indexed {
+            Ok((resolver, index_ms)) => Ok(self.with_resolver(resolver, index_ms)),
+            Err(e) => Err(e.into()),
+        };
+        (snapshot, beside)
+    }
+
+    fn resolver(
+        &self,
+        rules: ClassRules,
+        previous: Option<&Snapshot>,
+    ) -> Result<Resolver, ServeError> {
+        Resolver::of_solution_after(
+            &self.topology,
+            &self.map,
+            rules,
+            previous.map(|p| &p.resolver),
+        )
+    }
+
+    fn with_resolver(self, resolver: Resolver, index_ms: f64) -> Snapshot {
+        Snapshot {
+            epoch: self.epoch,
+            version: self.version,
+            solved_at_unix_ms: self.solved_at_unix_ms,
+            topology: self.topology,
+            map: self.map,
+            resolver,
+            stats: self.stats,
+            churn: self.churn,
+            timings: RoundTimings {
+                index_ms,
+                ..self.timings
+            },
+        }
+    }
 }
 
 fn checked(instance: &Instance, map: &Map) -> Result<(), RoundError> {
@@ -269,6 +359,34 @@ mod tests {
 
     fn rules(inst: &Instance) -> ClassRules {
         ClassRules::for_instance(inst, &[], "web").expect("rules")
+    }
+
+    /// Indexing beside another job gives the snapshot indexing alone gives, hands the job the
+    /// solved map, and returns its result; a panic in the job is the caller's.
+    #[test]
+    fn a_map_indexed_alongside_is_the_map_indexed_alone() {
+        let inst = instance();
+        let solved = || {
+            solve_round(&inst, None, &Stickiness::default(), 1, 1_000, true).expect("solved")
+        };
+        let alone = solved().index(rules(&inst), None).expect("alone");
+        let (beside, seen) = solved().index_alongside(rules(&inst), None, |s| {
+            (s.version, s.map.clone(), s.topology.unit_count())
+        });
+        let beside = beside.expect("beside");
+        assert_eq!(seen, (1, alone.map.clone(), 4));
+        assert_eq!(beside.map, alone.map);
+        assert_eq!(beside.version, alone.version);
+        for u in 0..inst.unit_count() as UnitIdx {
+            assert_eq!(
+                beside.resolver.map().shares(u),
+                alone.resolver.map().shares(u)
+            );
+        }
+        let panicked = std::panic::catch_unwind(|| {
+            solved().index_alongside(rules(&inst), None, |_| panic!("the job failed"))
+        });
+        assert!(panicked.is_err());
     }
 
     #[test]

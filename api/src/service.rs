@@ -18,7 +18,7 @@ use tonic::Status;
 
 use crate::config::Config;
 use crate::driver::{Driver, Observations, StepError, StepTimings};
-use crate::round::Snapshot;
+use crate::round::{Snapshot, Solved};
 use crate::selection::{self, ServerLoads};
 use crate::store::{Served, ServedRef, Store};
 use crate::topology::{Applied, Change, ChangeError, SharedTopology};
@@ -144,15 +144,20 @@ pub enum LoopError {
     Task(String),
 }
 
-/// What a round made, to publish and store.
+/// What a round made, stored (or not) and to publish.
 struct Round {
-    /// The topology it started from.
-    base: Arc<Topology>,
     snapshot: Snapshot,
     timings: StepTimings,
-    /// The estimator's entry for the round ([`Estimates::round_entry`]).
-    entry: Vec<u8>,
-    /// The estimator's generation of units after it.
+    stored: Stored,
+}
+
+/// How storing a round went ([`Shared::store_round`]).
+struct Stored {
+    /// Whether the record was stored (a failure is logged; the map is published anyway).
+    ok: bool,
+    /// How long encoding the estimator's entry and writing the record took, in milliseconds.
+    ms: f64,
+    /// The estimator's generation of units after the round.
     generation: u64,
 }
 
@@ -297,8 +302,9 @@ impl Shared {
             .store(Some(Arc::new(Published { snapshot, servers })));
     }
 
-    /// Runs one round now: solve (on a blocking thread), verify in debug builds, publish,
-    /// persist, notify watchers. A failed round keeps the last good map and says so.
+    /// Runs one round now: solve (on a blocking thread), verify in debug builds, store the
+    /// record while the map is indexed, publish, notify watchers. A failed round keeps the last
+    /// good map and says so.
     pub async fn run_round(self: &Arc<Self>) {
         self.run_round_at(now_unix_ms()).await;
     }
@@ -329,11 +335,9 @@ impl Shared {
         }
         match result {
             Ok(Round {
-                base,
                 snapshot,
                 timings: step_timings,
-                entry,
-                generation,
+                stored,
             }) => {
                 let snapshot = Arc::new(snapshot);
                 // The round's history entry before its map: whoever sees the map sees it too.
@@ -341,9 +345,6 @@ impl Shared {
                 let t = Instant::now();
                 self.publish(Arc::clone(&snapshot));
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
-                let t = Instant::now();
-                let persisted = self.persist(base, Arc::clone(&snapshot), entry).await;
-                let persist_ms = t.elapsed().as_secs_f64() * 1e3 + step_timings.encode_entry_ms;
                 let _ = self.updates.send(Arc::clone(&snapshot));
                 let parts = [
                     ("estimator", step_timings.estimate_ms),
@@ -351,7 +352,7 @@ impl Shared {
                     ("solve", snapshot.timings.solve_ms),
                     ("index", snapshot.timings.index_ms),
                     ("publish", publish_ms),
-                    ("persist", persist_ms),
+                    ("persist", stored.ms),
                 ];
                 for (part, ms) in parts {
                     metrics::histogram!("cdnmap_round_part_seconds", "part" => part)
@@ -363,12 +364,13 @@ impl Shared {
                     solve_ms = snapshot.timings.solve_ms,
                     index_ms = snapshot.timings.index_ms,
                     publish_ms,
-                    persist_ms,
-                    "round parts"
+                    persist_ms = stored.ms,
+                    "round parts (persist ran beside index)"
                 );
                 self.round_metrics(&snapshot, solve_ms);
-                if persisted {
-                    self.checkpoint_if_due(snapshot.version, generation).await;
+                if stored.ok {
+                    self.checkpoint_if_due(snapshot.version, stored.generation)
+                        .await;
                 }
             }
             Err(e) => {
@@ -383,54 +385,56 @@ impl Shared {
         }
     }
 
-    /// Stores the served record of `snapshot` (solved from `base`) with the round's estimator
-    /// `entry`; returns whether it was stored (a failure is logged: the map stays published).
-    async fn persist(&self, base: Arc<Topology>, snapshot: Arc<Snapshot>, entry: Vec<u8>) -> bool {
-        let store = self.store.clone();
-        let keep = self.config.maps_kept;
-        let to_store = Arc::clone(&snapshot);
-        // The base topology is written with the record only when it changed (and is
-        // remembered as stored only once the write succeeded), under the version of the first
-        // record solved from it: unique among stored records, and growing with them.
+    /// Stores the record of the round `solved` (from `base`) with the estimator's entry for
+    /// it, on the round's thread while the map is indexed. The base topology is written with
+    /// the record only when it changed (and is remembered as stored only once the write
+    /// succeeded), under the version of the first record solved from it: unique among stored
+    /// records, and growing with them.
+    fn store_round(
+        &self,
+        base: &Arc<Topology>,
+        solved: &Solved,
+        estimates: &Estimates,
+        observations: &Observations,
+    ) -> Stored {
+        let t = Instant::now();
+        let entry = estimates.round_entry(observations.at_unix_ms, &observations.demand);
         let (write_base, base_generation) = match self.stored_base.lock() {
-            Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, &base)) => (false, last.1),
-            _ => (true, snapshot.version),
+            Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, base)) => (false, last.1),
+            _ => (true, solved.version),
         };
-        let stored_base = Arc::clone(&base);
-        let stored = tokio::task::spawn_blocking(move || {
-            store.put_served(
-                &ServedRef {
-                    epoch: to_store.epoch,
-                    version: to_store.version,
-                    solved_at_unix_ms: to_store.solved_at_unix_ms,
-                    base: &base,
-                    base_generation,
-                    write_base,
-                    instance: &to_store.topology,
-                    map: &to_store.map,
-                    round_entry: &entry,
-                },
-                keep,
-            )
-        })
-        .await;
-        match stored {
-            Ok(Ok(())) => {
+        let result = self.store.put_served(
+            &ServedRef {
+                epoch: solved.epoch,
+                version: solved.version,
+                solved_at_unix_ms: solved.solved_at_unix_ms,
+                base,
+                base_generation,
+                write_base,
+                instance: &solved.topology,
+                map: &solved.map,
+                round_entry: &entry,
+            },
+            self.config.maps_kept,
+        );
+        let ok = match result {
+            Ok(()) => {
                 if let (true, Ok(mut last)) = (write_base, self.stored_base.lock()) {
-                    *last = (Some(stored_base), base_generation);
+                    *last = (Some(Arc::clone(base)), base_generation);
                 }
-                metrics::gauge!("cdnmap_map_stored_version").set(snapshot.version as f64);
-                metrics::gauge!("cdnmap_map_stored_epoch").set(snapshot.epoch as f64);
+                metrics::gauge!("cdnmap_map_stored_version").set(solved.version as f64);
+                metrics::gauge!("cdnmap_map_stored_epoch").set(solved.epoch as f64);
                 true
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "persisting the map failed");
-                false
             }
             Err(e) => {
                 tracing::error!(error = %e, "persisting the map failed");
                 false
             }
+        };
+        Stored {
+            ok,
+            ms: t.elapsed().as_secs_f64() * 1e3,
+            generation: estimates.generation(),
         }
     }
 
@@ -485,8 +489,9 @@ impl Shared {
     }
 
     /// The round itself, on a blocking thread: the observations since the last round through
-    /// the round driver (the same step `cdnmap replay` runs). Returns the new snapshot, the
-    /// driver's timings and the estimator's entry to store with it.
+    /// the round driver (the same step `cdnmap replay` runs), the record stored while the map
+    /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
+    /// how storing went.
     fn solve_round(&self, now: i64) -> Result<Round, LoopError> {
         let base = self.topology.current();
         let previous = self.current();
@@ -506,27 +511,19 @@ impl Shared {
             .driver
             .lock()
             .map_err(|_| LoopError::Poisoned("round driver"))?;
-        let step = driver.step(
+        let (step, stored) = driver.step_alongside(
             &base,
             previous.as_deref(),
             &observations,
             |instance| self.rules(instance),
             self.epoch,
             now,
+            |solved, estimates| self.store_round(&base, solved, estimates, &observations),
         )?;
-        let t = Instant::now();
-        let entry = driver
-            .estimates()
-            .round_entry(observations.at_unix_ms, &observations.demand);
-        let generation = driver.estimates().generation();
-        let mut timings = step.timings;
-        timings.encode_entry_ms = t.elapsed().as_secs_f64() * 1e3;
         Ok(Round {
-            base,
             snapshot: step.snapshot,
-            timings,
-            entry,
-            generation,
+            timings: step.timings,
+            stored,
         })
     }
 
