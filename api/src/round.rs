@@ -366,9 +366,8 @@ mod tests {
     #[test]
     fn a_map_indexed_alongside_is_the_map_indexed_alone() {
         let inst = instance();
-        let solved = || {
-            solve_round(&inst, None, &Stickiness::default(), 1, 1_000, true).expect("solved")
-        };
+        let solved =
+            || solve_round(&inst, None, &Stickiness::default(), 1, 1_000, true).expect("solved");
         let alone = solved().index(rules(&inst), None).expect("alone");
         let (beside, seen) = solved().index_alongside(rules(&inst), None, |s| {
             (s.version, s.map.clone(), s.topology.unit_count())
