@@ -31,7 +31,18 @@ pub enum FormatError {
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
-    Topology(#[from] TopologyError),
+    Topology(TopologyError),
+}
+
+/// A topology's model error is the file's model error (one variant for each error, however
+/// it was found).
+impl From<TopologyError> for FormatError {
+    fn from(e: TopologyError) -> FormatError {
+        match e {
+            TopologyError::Model(e) => FormatError::Model(e),
+            e => FormatError::Topology(e),
+        }
+    }
 }
 
 /// The instance file, as serde sees it.
