@@ -154,8 +154,10 @@ fn print_medians(times: &[[f64; 7]], units: usize) {
 
 /// Baselines from before the estimator edited columns and the store wrote columns, measured
 /// once in the same run on the last round's instance: the rebuild through the file form that
-/// `Estimates::apply` did every round, and the JSON the store wrote every round.
-fn print_baselines(s: &Snapshot) -> Result<()> {
+/// `Estimates::apply` did every round, and the JSON the store wrote every round. Then the base
+/// topology as the store keeps it (the compact form) against the JSON instance file it kept
+/// before: size, encoding and decoding (what a restart reads).
+fn print_baselines(s: &Snapshot, base: &Topology) -> Result<()> {
     let t = Instant::now();
     let rebuilt = cdnmap_topology::format::InstanceFile::of(&s.topology)
         .build(cdnmap_mapper::Limits::default())?;
@@ -169,6 +171,33 @@ fn print_baselines(s: &Snapshot) -> Result<()> {
     println!(
         "baselines      the old estimator's rebuild through the file form {rebuild_ms:.0} ms; \
          encoding the round's instance and map as JSON (the old served record) {json_ms:.0} ms, {:.0} MB",
+        json.len() as f64 / 1e6
+    );
+    drop(json);
+    let limits = cdnmap_mapper::Limits::default();
+    let t = Instant::now();
+    let compact = cdnmap_topology::compact::encode(base);
+    let compact_encode_ms = ms(t);
+    let t = Instant::now();
+    let back = cdnmap_topology::compact::decode(&compact, limits)?;
+    let compact_decode_ms = ms(t);
+    ensure!(
+        back == *base,
+        "the compact topology did not decode to the base"
+    );
+    drop(back);
+    let t = Instant::now();
+    let mut json = Vec::new();
+    cdnmap_topology::format::write_instance(base, &mut json)?;
+    let json_encode_ms = ms(t);
+    let t = Instant::now();
+    let back = cdnmap_topology::format::parse_instance(&json, limits)?;
+    let json_decode_ms = ms(t);
+    drop(std::hint::black_box(back));
+    println!(
+        "base topology  compact {:.0} MB, encode {compact_encode_ms:.0} ms, decode {compact_decode_ms:.0} ms; \
+         JSON (before) {:.0} MB, encode {json_encode_ms:.0} ms, parse {json_decode_ms:.0} ms",
+        compact.len() as f64 / 1e6,
         json.len() as f64 / 1e6
     );
     Ok(())
@@ -268,9 +297,6 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             cdnmap_api::service::CHECKPOINT_ROUNDS
         );
     }
-    if let Some(s) = &previous {
-        print_baselines(s)?;
-    }
     if alloc::installed() {
         println!(
             "memory         peak {:.0} MB live heap above the {:.0} MB before the rounds",
@@ -280,6 +306,10 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     }
     let size: u64 = walk_size(dir.path());
     println!("store          {:.1} MB on disk", size as f64 / 1e6);
+    // After the rounds' figures: the baselines' JSON is not the rounds' memory.
+    if let Some(s) = &previous {
+        print_baselines(s, &base)?;
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }
 

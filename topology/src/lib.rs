@@ -14,6 +14,7 @@
 //! client network.
 
 pub mod addressing;
+pub mod compact;
 pub mod format;
 
 use std::net::IpAddr;

@@ -17,14 +17,14 @@
 use std::path::Path;
 
 use cdnmap_mapper::{Instance, Limits, Map};
-use cdnmap_topology::format::{parse_assignment, parse_instance, write_instance};
+use cdnmap_topology::format::parse_assignment;
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
 mod record;
 mod values;
 
-use record::{Record, Stored, SERVED_MAGIC};
+use record::{decode_topology, Record, Stored, SERVED_MAGIC};
 use values::Values;
 
 /// The directory of value files, inside the store's.
@@ -315,14 +315,12 @@ impl Store {
             .map_err(io(format!("flushing {what}")))
     }
 
-    /// Replaces the stored topology (its instance file form). Durable when it returns.
+    /// Replaces the stored topology (in the compact form). Durable when it returns.
     pub fn put_topology(&self, topology: &Topology) -> Result<(), StoreError> {
-        let mut bytes = Vec::new();
-        write_instance(topology, &mut bytes).map_err(|e| StoreError::Corrupt {
-            what: "the topology to store".into(),
-            problem: e.to_string(),
-        })?;
-        self.values.put(TOPOLOGY_FILE, &[&bytes])
+        self.values.put(
+            TOPOLOGY_FILE,
+            &[&cdnmap_topology::compact::encode(topology)],
+        )
     }
 
     /// The stored topology, validated like an instance file.
@@ -330,11 +328,11 @@ impl Store {
         let Some(bytes) = self.values.get(TOPOLOGY_FILE)? else {
             return Ok(None);
         };
-        parse_instance(&bytes, limits)
+        decode_topology(&bytes, limits)
             .map(Some)
-            .map_err(|e| StoreError::Corrupt {
+            .map_err(|problem| StoreError::Corrupt {
                 what: "the stored topology".into(),
-                problem: e.to_string(),
+                problem,
             })
     }
 
@@ -415,11 +413,7 @@ impl Store {
             problem: e.to_string(),
         })?;
         if served.write_base {
-            let mut base = Vec::new();
-            write_instance(served.base, &mut base).map_err(|e| StoreError::Corrupt {
-                what: "the round's topology to store".into(),
-                problem: e.to_string(),
-            })?;
+            let base = cdnmap_topology::compact::encode(served.base);
             self.values
                 .put(&base_name(served.base_generation), &[&base])?;
         }
@@ -535,7 +529,7 @@ impl Store {
             (Stored::Now(r), _) if with_estimator => self.estimator_log(r.version)?,
             _ => EstimatorLog::default(),
         };
-        let json = self
+        let base = self
             .values
             .get(&base_name(generation))?
             .ok_or_else(|| corrupt("its topology is missing".into()))?;
@@ -545,7 +539,7 @@ impl Store {
                 "it names topology {base_generation} but is stored under {generation}"
             )));
         }
-        let base = parse_instance(&json, Limits::default())
+        let base = decode_topology(&base, Limits::default())
             .map_err(|e| corrupt(format!("its topology: {e}")))?;
         let (topology, map) = record.instance_and_map(&base).map_err(corrupt)?;
         Ok(Some(Served {

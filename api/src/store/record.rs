@@ -1,7 +1,7 @@
 //! The encodings of a stored map version: the record (what the round changed of its base
 //! topology, and the map, compactly) and the record of the format before, still read.
 
-use cdnmap_mapper::{Instance, Map};
+use cdnmap_mapper::{Instance, Limits, Map};
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
@@ -11,6 +11,16 @@ use super::ServedRef;
 pub(super) const SERVED_MAGIC: &[u8; 8] = b"CDNSRV04";
 /// The served record of the format before (the whole estimator state inline), still read.
 pub(super) const SERVED_MAGIC_03: &[u8; 8] = b"CDNSRV03";
+
+/// A stored topology (the store's own, or a record's base): the compact form, or the JSON
+/// instance file an older build wrote.
+pub(super) fn decode_topology(bytes: &[u8], limits: Limits) -> Result<Topology, String> {
+    if bytes.starts_with(cdnmap_topology::compact::MAGIC) {
+        cdnmap_topology::compact::decode(bytes, limits).map_err(|e| e.to_string())
+    } else {
+        cdnmap_topology::format::parse_instance(bytes, limits).map_err(|e| e.to_string())
+    }
+}
 
 /// A record's bytes decoded: the record, and the estimator state a record of format 03
 /// carries inline after it.

@@ -3,6 +3,7 @@
 use super::record::{CompactMap, MapColumns, Record03, SERVED_MAGIC_03};
 use super::*;
 use cdnmap_mapper::{solve, ClusterState, SolveOptions};
+use cdnmap_topology::format::{parse_instance, write_instance};
 
 fn instance() -> Topology {
     let json = r#"{
@@ -75,6 +76,11 @@ fn topology_and_maps_survive_a_restart() {
         .expect("stored");
     assert_eq!(back, inst);
     assert_eq!(store.served().expect("read"), Some(served(5)));
+    // The topology and the records' base are kept in the compact form.
+    for name in [TOPOLOGY_FILE.to_string(), base_name(0)] {
+        let bytes = store.values.get(&name).expect("read").expect(&name);
+        assert!(bytes.starts_with(cdnmap_topology::compact::MAGIC), "{name}");
+    }
 }
 
 /// The history keeps `keep` records (the served one counts), each read back exactly with

@@ -1,0 +1,316 @@
+//! The compact binary form of a [`Topology`]: what the store keeps, and what `cdnmap world
+//! --compact` writes, instead of the JSON instance file (about 900 MB at a million map units,
+//! and seconds to parse).
+//!
+//! Layout: the header `CDNTOP01`, then one postcard value of [`Columns`]: the traffic classes
+//! and clusters as a small JSON head (an instance file without map units: a few thousand
+//! clusters, whose resource trees already have a file form), then the map units as columns
+//! (ids, classes, demands, locations, candidates by cluster index, prefixes as packed bytes).
+//! Decoding goes through [`TopologyBuilder`], so a decoded topology is validated exactly as a
+//! parsed instance file is; a cut or damaged encoding is an error naming what was wrong, never
+//! a panic. (The store's value files add a length and a checksum around it.)
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use cdnmap_mapper::{CandidateSpec, ClusterIdx, Limits, MapUnitSpec, UnitIdx};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::format::{cluster_file, InstanceFile};
+use crate::{Topology, TopologyBuilder, TopologyError};
+
+/// The header of the compact form: its format and version.
+pub const MAGIC: &[u8; 8] = b"CDNTOP01";
+
+/// Why bytes are not a compact topology.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompactError {
+    #[error(
+        "not a compact topology: the header is not {:?}",
+        String::from_utf8_lossy(MAGIC)
+    )]
+    Header,
+    #[error("the compact topology is cut short or damaged: {0}")]
+    Encoding(String),
+    #[error("the compact topology's classes and clusters: {0}")]
+    Head(serde_json::Error),
+    #[error("the compact topology's {what}: {problem}")]
+    Shape { what: String, problem: String },
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+}
+
+/// The encoded value after the header.
+#[derive(Debug, Serialize, Deserialize)]
+struct Columns {
+    /// `{"traffic_classes": [...], "clusters": [...], "map_units": []}`, clusters in id order.
+    head: Vec<u8>,
+    /// Unit `u`'s id is `ids[id_end[u - 1]..id_end[u]]` (from 0 for the first).
+    ids: String,
+    id_end: Vec<u32>,
+    class: Vec<u16>,
+    demand: Vec<f64>,
+    lat: Vec<f32>,
+    lon: Vec<f32>,
+    /// Unit `u`'s candidates are entries `cand_end[u - 1]..cand_end[u]`.
+    cand_end: Vec<u32>,
+    cand_cluster: Vec<u32>,
+    cand_score: Vec<f32>,
+    /// The entries with an explicit `cluster_rank`: (entry, rank).
+    cand_rank: Vec<(u32, f32)>,
+    /// Unit `u`'s prefixes are `prefix_end[u - 1]..prefix_end[u]` of the packed prefixes:
+    /// each a family byte (4 or 6), a length byte, then 4 or 16 address bytes.
+    prefix_end: Vec<u32>,
+    prefixes: Vec<u8>,
+}
+
+/// `topology` in the compact form.
+pub fn encode(topology: &Topology) -> Vec<u8> {
+    let inst = &topology.instance;
+    let head = InstanceFile {
+        traffic_classes: inst.classes().to_vec(),
+        clusters: (0..inst.clusters().len() as ClusterIdx)
+            .map(|c| cluster_file(topology, c))
+            .collect(),
+        map_units: Vec::new(),
+    };
+    let n = inst.unit_count();
+    let mut c = Columns {
+        // Serializing plain structs of strings and numbers to a Vec cannot fail.
+        head: serde_json::to_vec(&head).unwrap_or_default(),
+        ids: String::new(),
+        id_end: Vec::with_capacity(n),
+        class: Vec::with_capacity(n),
+        demand: Vec::with_capacity(n),
+        lat: Vec::with_capacity(n),
+        lon: Vec::with_capacity(n),
+        cand_end: Vec::with_capacity(n),
+        cand_cluster: Vec::new(),
+        cand_score: Vec::new(),
+        cand_rank: Vec::new(),
+        prefix_end: Vec::with_capacity(n),
+        prefixes: Vec::new(),
+    };
+    for u in 0..n as UnitIdx {
+        c.ids.push_str(inst.unit_id(u));
+        c.id_end.push(c.ids.len() as u32);
+        c.class.push(inst.unit_class(u));
+        c.demand.push(inst.unit_demand(u));
+        let (lat, lon) = inst.unit_location(u);
+        c.lat.push(lat as f32);
+        c.lon.push(lon as f32);
+        for cand in inst.candidates(u) {
+            if cand.explicit_rank {
+                c.cand_rank.push((c.cand_cluster.len() as u32, cand.rank));
+            }
+            c.cand_cluster.push(cand.cluster);
+            c.cand_score.push(cand.score);
+        }
+        c.cand_end.push(c.cand_cluster.len() as u32);
+        for p in topology.unit_prefixes(u) {
+            pack(p, &mut c.prefixes);
+        }
+        c.prefix_end.push(c.prefixes.len() as u32);
+    }
+    let mut out = MAGIC.to_vec();
+    // postcard writes plain vectors and numbers into a Vec without failing.
+    out.extend(postcard::to_stdvec(&c).unwrap_or_default());
+    out
+}
+
+/// Decodes and validates a compact topology (as [`crate::format::parse_instance`] does a
+/// file).
+pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
+    let body = bytes
+        .strip_prefix(MAGIC.as_slice())
+        .ok_or(CompactError::Header)?;
+    let c: Columns =
+        postcard::from_bytes(body).map_err(|e| CompactError::Encoding(e.to_string()))?;
+    let head: InstanceFile = serde_json::from_slice(&c.head).map_err(CompactError::Head)?;
+    let n = c.id_end.len();
+    for (what, len) in [
+        ("classes", c.class.len()),
+        ("demands", c.demand.len()),
+        ("latitudes", c.lat.len()),
+        ("longitudes", c.lon.len()),
+        ("candidate lists", c.cand_end.len()),
+        ("prefix lists", c.prefix_end.len()),
+    ] {
+        if len != n {
+            return Err(shape(what, format!("{len} entries for {n} map units")));
+        }
+    }
+    if c.cand_score.len() != c.cand_cluster.len() {
+        return Err(shape(
+            "candidate scores",
+            format!(
+                "{} for {} candidates",
+                c.cand_score.len(),
+                c.cand_cluster.len()
+            ),
+        ));
+    }
+    let clusters = head
+        .clusters
+        .iter()
+        .map(|c| (c.to_spec(), c.addresses.clone()))
+        .collect();
+    let mut b = TopologyBuilder::new(head.traffic_classes.clone(), clusters, limits)
+        .map_err(TopologyError::from)?;
+    // At most one prefix per six packed bytes (an IPv4 prefix's size).
+    b.reserve(n, c.cand_cluster.len(), c.prefixes.len() / 6);
+    let mut ranks = c.cand_rank.iter().peekable();
+    let (mut id_at, mut cand_at, mut prefix_at) = (0usize, 0usize, 0usize);
+    let mut cands = Vec::new();
+    let mut prefixes = Vec::new();
+    for u in 0..n {
+        let id = span(&c.ids, &mut id_at, c.id_end[u], "ids", u)?;
+        let class = head
+            .traffic_classes
+            .get(usize::from(c.class[u]))
+            .ok_or_else(|| {
+                shape(
+                    "classes",
+                    format!("map unit {id:?} has class {}", c.class[u]),
+                )
+            })?;
+        let cand_end = end(
+            &mut cand_at,
+            c.cand_end[u],
+            c.cand_cluster.len(),
+            "candidates",
+            id,
+        )?;
+        cands.clear();
+        for e in std::mem::replace(&mut cand_at, cand_end)..cand_end {
+            let cluster = head
+                .clusters
+                .get(c.cand_cluster[e] as usize)
+                .ok_or_else(|| {
+                    shape(
+                        "candidates",
+                        format!("map unit {id:?} names cluster {}", c.cand_cluster[e]),
+                    )
+                })?;
+            let cluster_rank = match ranks.peek() {
+                Some(&&(at, rank)) if at as usize == e => {
+                    ranks.next();
+                    Some(f64::from(rank))
+                }
+                _ => None,
+            };
+            cands.push(CandidateSpec {
+                cluster: &cluster.id,
+                score: f64::from(c.cand_score[e]),
+                cluster_rank,
+            });
+        }
+        let prefix_end = end(
+            &mut prefix_at,
+            c.prefix_end[u],
+            c.prefixes.len(),
+            "prefixes",
+            id,
+        )?;
+        prefixes.clear();
+        let mut packed = &c.prefixes[std::mem::replace(&mut prefix_at, prefix_end)..prefix_end];
+        while !packed.is_empty() {
+            prefixes.push(
+                unpack(&mut packed)
+                    .map_err(|p| shape("prefixes", format!("map unit {id:?}: {p}")))?,
+            );
+        }
+        let spec = MapUnitSpec {
+            id,
+            class: &class.name,
+            demand: c.demand[u],
+            lat: f64::from(c.lat[u]),
+            lon: f64::from(c.lon[u]),
+            candidates: &cands,
+        };
+        b.push_unit(&spec, &prefixes).map_err(TopologyError::from)?;
+    }
+    if let Some((at, _)) = ranks.next() {
+        return Err(shape(
+            "candidate ranks",
+            format!("entry {at} is not a candidate in order"),
+        ));
+    }
+    Ok(b.finish()?)
+}
+
+fn shape(what: &str, problem: String) -> CompactError {
+    CompactError::Shape {
+        what: what.to_string(),
+        problem,
+    }
+}
+
+/// Checks that a column's next end is at or after `*at` and within `len`.
+fn end(at: &mut usize, end: u32, len: usize, what: &str, id: &str) -> Result<usize, CompactError> {
+    let end = end as usize;
+    if end < *at || end > len {
+        return Err(shape(
+            what,
+            format!("map unit {id:?} ends at {end}, outside {}..={len}", *at),
+        ));
+    }
+    Ok(end)
+}
+
+/// The next id of the id column (advancing `*at`).
+fn span<'a>(
+    ids: &'a str,
+    at: &mut usize,
+    end_at: u32,
+    what: &str,
+    u: usize,
+) -> Result<&'a str, CompactError> {
+    let end = end_at as usize;
+    let id = ids.get(*at..end).filter(|_| end >= *at).ok_or_else(|| {
+        shape(
+            what,
+            format!("map unit {u} ends at {end}, not a boundary after {}", *at),
+        )
+    })?;
+    *at = end;
+    Ok(id)
+}
+
+fn pack(p: &IpNet, out: &mut Vec<u8>) {
+    match p {
+        IpNet::V4(n) => {
+            out.extend([4, n.prefix_len()]);
+            out.extend(n.addr().octets());
+        }
+        IpNet::V6(n) => {
+            out.extend([6, n.prefix_len()]);
+            out.extend(n.addr().octets());
+        }
+    }
+}
+
+/// The next packed prefix of `packed` (advancing it).
+fn unpack(packed: &mut &[u8]) -> Result<IpNet, String> {
+    let (family, len, size) = match packed {
+        [4, len, ..] => (4, *len, 4),
+        [6, len, ..] => (6, *len, 16),
+        [f, ..] => return Err(format!("unknown address family byte {f}")),
+        [] => return Err("cut short".into()),
+    };
+    let bytes = packed
+        .get(2..2 + size)
+        .ok_or_else(|| format!("an IPv{family} prefix cut short"))?;
+    let addr = if family == 4 {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(bytes);
+        IpAddr::V4(Ipv4Addr::from(a))
+    } else {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(bytes);
+        IpAddr::V6(Ipv6Addr::from(a))
+    };
+    *packed = &packed[2 + size..];
+    IpNet::new(addr, len).map_err(|_| format!("{addr}/{len} is not a prefix"))
+}
