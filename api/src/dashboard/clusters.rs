@@ -13,15 +13,17 @@ use axum::Json;
 use cdnmap_mapper::{ClusterState, Instance};
 use serde::{Deserialize, Serialize};
 
+use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
 use super::figures::{self, View};
-use super::http::{
-    query, topology, view, ApiError, ApiResult, App, DEFAULT_TOP_UNITS, MAX_ACTION_BODY_BYTES,
-    MAX_TOP_UNITS,
-};
 use super::{clean, Actor, MAX_REASON_LEN};
 use crate::admin::constant_time_eq;
 use crate::round::Snapshot;
 use crate::topology::ChangeError;
+
+/// Map units listed per cluster in `/api/clusters` unless `top` says otherwise.
+pub const DEFAULT_TOP_UNITS: usize = 5;
+/// The most map units listed per cluster (`top`).
+pub const MAX_TOP_UNITS: usize = 100;
 
 // ---------------------------------------------------------------------------------------------
 // GET /api/clusters, /api/clusters/{id}

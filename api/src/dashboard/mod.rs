@@ -11,6 +11,7 @@
 //!   bounded log of actions, and the figures of the current map version, computed once per
 //!   version on first request.
 
+mod app;
 mod clusters;
 pub mod figures;
 pub mod http;
