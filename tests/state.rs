@@ -435,3 +435,86 @@ async fn interleaved_admin_and_dashboard_changes_survive_kill_minus_9() {
     }
     assert!(checked >= 4 * 5, "{checked} keys checked");
 }
+
+/// `cdnmap store list` and `cdnmap store dump` read a running server's store (whose sled lock
+/// the server holds) from its value files: the first version is listed under the server's
+/// epoch, dumped with the instance it was solved for, and the independent verifier accepts
+/// the pair (the first round is a cold solve, checked against the plain preferences); a
+/// version the store does not keep is refused, naming the ones it keeps.
+#[tokio::test]
+async fn a_running_servers_stored_versions_are_listed_and_dumped() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let s = round_after(&server, 0).await;
+    stored_version(&server, s.map_version).await;
+    let data = setup.dir.path().join("data");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin!())
+            .args(args)
+            .output()
+            .expect("run cdnmap");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let data_dir = data.to_str().expect("a UTF-8 path");
+    let (ok, stdout, stderr) = run(&["store", "list", "--data-dir", data_dir]);
+    assert!(ok, "store list: {stderr}");
+    let listed: Vec<(u64, u64)> = stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?))
+        })
+        .collect();
+    assert!(listed.contains(&(s.map_epoch, 1)), "{stdout}");
+
+    let instance = setup.dir.path().join("dumped-instance.json");
+    let assignment = setup.dir.path().join("dumped-assignment.json");
+    let (ok, _, stderr) = run(&[
+        "store",
+        "dump",
+        "--data-dir",
+        data_dir,
+        "--version",
+        "1",
+        "--instance",
+        instance.to_str().expect("path"),
+        "--out",
+        assignment.to_str().expect("path"),
+    ]);
+    assert!(ok, "store dump: {stderr}");
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&assignment).expect("read")).expect("JSON");
+    assert_eq!(file["summary"]["version"], 1);
+    assert_eq!(file["summary"]["epoch"], s.map_epoch);
+    let units = all_units(&server).await;
+    assert_eq!(
+        file["assignments"].as_array().map(Vec::len),
+        Some(units.len())
+    );
+    let (ok, stdout, stderr) = run(&[
+        "verify",
+        instance.to_str().expect("path"),
+        assignment.to_str().expect("path"),
+    ]);
+    assert!(ok, "verify the dumped version:\n{stdout}\n{stderr}");
+
+    let (ok, _, stderr) = run(&[
+        "store",
+        "dump",
+        "--data-dir",
+        data_dir,
+        "--version",
+        "999999",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("map version 999999 is not stored") && stderr.contains("kept: 1"),
+        "{stderr}"
+    );
+    server.terminate().await;
+}

@@ -54,6 +54,10 @@ enum Command {
     /// The demand record of a running (or stopped) system.
     #[command(subcommand)]
     Record(RecordCommand),
+    /// The map versions a store keeps: list them, or write one as an assignment file (also
+    /// beside a running server).
+    #[command(subcommand)]
+    Store(crate::store_cmd::StoreCommand),
     /// In-cluster server selection at work: place servers and keys, add or remove a server,
     /// and print each policy's max/avg load, the keys moved, and ring lookups per second.
     Ring(crate::ring::RingArgs),
@@ -423,6 +427,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Dns(a) => cmd_dns(a),
         Command::Replay(a) => cmd_replay(&a),
         Command::Record(RecordCommand::Export(a)) => cmd_export(&a),
+        Command::Store(c) => crate::store_cmd::run(&c),
         Command::Solve(a) => cmd_solve(&a),
         Command::Verify(a) => cmd_verify(&a),
         Command::World(a) => cmd_world(&a),

@@ -18,6 +18,7 @@ pub mod replay;
 pub mod report;
 pub mod ring;
 pub mod simulate;
+pub mod store_cmd;
 
 use std::process::ExitCode;
 

@@ -21,10 +21,13 @@ use cdnmap_topology::format::parse_assignment;
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
+mod read;
 mod record;
 mod values;
 
-use record::{decode_topology, Record, Stored, SERVED_MAGIC};
+pub use read::{StoredMaps, VersionInfo};
+
+use record::{decode_topology, Record, SERVED_MAGIC};
 use values::Values;
 
 /// The directory of value files, inside the store's.
@@ -490,17 +493,15 @@ impl Store {
     /// Map version `version` as stored, with the instance it was solved for: the served one
     /// or an older one of the history; `None` when it is not kept.
     pub fn stored_map(&self, version: u64) -> Result<Option<(Topology, Map)>, StoreError> {
-        let prefix = format!("{RECORD_FILE}{version:020}-");
-        let Some(name) = self.values.names(&prefix)?.into_iter().next() else {
-            return Ok(None);
-        };
-        let Some((_, generation)) = record_name_parts(&name) else {
-            return Ok(None);
-        };
-        let what = format!("stored map version {version}");
         Ok(self
-            .read_record(version, generation, &what, false)?
+            .maps()
+            .get(version)?
             .map(|served| (served.topology, served.map)))
+    }
+
+    /// The stored map versions (what `cdnmap store list|dump` reads without sled).
+    pub fn maps(&self) -> StoredMaps {
+        StoredMaps::of(self.values.clone())
     }
 
     /// Record `version` (of base `generation`) read back with its base (errors name it
@@ -512,44 +513,19 @@ impl Store {
         what: &str,
         with_estimator: bool,
     ) -> Result<Option<Served>, StoreError> {
-        let corrupt = |problem: String| StoreError::Corrupt {
-            what: what.to_string(),
-            problem,
-        };
-        let Some(bytes) = self.values.get(&record_name(version, generation))? else {
+        let Some((mut served, inline)) = self.maps().record(version, generation, what)? else {
             return Ok(None);
         };
-        let (record, inline) = record::decode(&bytes).map_err(corrupt)?;
-        let estimator = match (&record, inline) {
+        served.estimator = match inline {
             // A record of format 03 carries the estimator's whole state.
-            (Stored::Format03(r), Some(state)) => EstimatorLog {
-                checkpoint: (!state.is_empty()).then_some((r.version, state)),
+            Some(state) => EstimatorLog {
+                checkpoint: (!state.is_empty()).then_some((served.version, state)),
                 entries: Vec::new(),
             },
-            (Stored::Now(r), _) if with_estimator => self.estimator_log(r.version)?,
-            _ => EstimatorLog::default(),
+            None if with_estimator => self.estimator_log(served.version)?,
+            None => EstimatorLog::default(),
         };
-        let base = self
-            .values
-            .get(&base_name(generation))?
-            .ok_or_else(|| corrupt("its topology is missing".into()))?;
-        let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
-        if generation != base_generation {
-            return Err(corrupt(format!(
-                "it names topology {base_generation} but is stored under {generation}"
-            )));
-        }
-        let base = decode_topology(&base, Limits::default())
-            .map_err(|e| corrupt(format!("its topology: {e}")))?;
-        let (topology, map) = record.instance_and_map(&base).map_err(corrupt)?;
-        Ok(Some(Served {
-            epoch,
-            version,
-            solved_at_unix_ms,
-            topology,
-            map,
-            estimator,
-        }))
+        Ok(Some(served))
     }
 
     /// The estimator's checkpoint and the round entries after it up to `served` (in version

@@ -153,6 +153,29 @@ fn older_versions_are_read_back_from_the_history() {
         "the first topology is named by no kept record"
     );
     assert_eq!(store.served().expect("read").expect("stored").version, 8);
+    // The value files alone, read while the store (and sled's lock) is open, list and give
+    // back the same versions.
+    let read_only = StoredMaps::open(dir.path()).expect("read only");
+    let listed: Vec<(u64, u64, i64, u64)> = read_only
+        .versions()
+        .expect("versions")
+        .iter()
+        .map(|v| (v.epoch, v.version, v.solved_at_unix_ms, v.base_generation))
+        .collect();
+    assert_eq!(
+        listed,
+        (5..=8).map(|v| (1, v, v as i64, 5)).collect::<Vec<_>>()
+    );
+    assert_eq!(read_only.newest().expect("newest"), Some(8));
+    for v in 5..=8 {
+        let got = read_only.get(v).expect("read").expect("kept");
+        assert_eq!(
+            (&got.topology, &got.map),
+            (&edited, &maps[v as usize]),
+            "v{v}"
+        );
+    }
+    assert_eq!(read_only.get(4).expect("read").map(|s| s.version), None);
     // A record cut short is refused, naming what it is.
     store
         .values
@@ -160,6 +183,11 @@ fn older_versions_are_read_back_from_the_history() {
         .expect("write");
     let err = store.stored_map(6).expect_err("corrupt");
     assert!(err.to_string().contains("stored map version 6"), "{err}");
+    let err = read_only.versions().expect_err("corrupt");
+    assert!(err.to_string().contains("stored map version 6"), "{err}");
+    // A directory that is not a store is named.
+    let err = StoredMaps::open(&dir.path().join("nowhere")).expect_err("no store");
+    assert!(err.to_string().contains("nowhere"), "{err}");
 }
 
 /// A checkpoint drops the entries it covers and keeps the later ones; a missing entry

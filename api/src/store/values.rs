@@ -48,6 +48,24 @@ impl Values {
         Ok(values)
     }
 
+    /// Opens an existing `dir` to read: nothing is created or cleaned up (a writer may be in
+    /// the middle of a write).
+    pub(super) fn open_existing(dir: &Path) -> Result<Values, StoreError> {
+        match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(Values {
+                dir: dir.to_path_buf(),
+            }),
+            Ok(_) => Err(StoreError::Corrupt {
+                what: dir.display().to_string(),
+                problem: "it is not a directory".into(),
+            }),
+            Err(e) => Err(file_error(format!(
+                "opening {} (a store's values directory)",
+                dir.display()
+            ))(e)),
+        }
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
