@@ -4,7 +4,7 @@
 //! - The apex: SOA and NS; other types there: NOERROR with no answers and the SOA.
 //! - Names below the apex that a hostname rule names: A/AAAA from the map (the client subnet of
 //!   the query's EDNS Client Subnet option, else the resolver's address), the ECS option echoed
-//!   with the scope set to the matched map unit's prefix length; other types: NOERROR, no
+//!   with the answer's scope (`Answer::scope_prefix_len`: the addresses it holds for); other types: NOERROR, no
 //!   answers, the SOA. Names no rule names: NXDOMAIN with the SOA.
 //! - No map yet: SERVFAIL. Anything but a standard query: NOTIMP; not exactly one question:
 //!   FORMERR.
@@ -216,7 +216,7 @@ struct Source<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Demand {
     pub client: IpNet,
-    pub scope_prefix_len: u8,
+    pub prefix_len: u8,
     pub class: ClassIdx,
 }
 
@@ -363,7 +363,7 @@ fn decide<'a>(
     if a.unit.is_some() {
         answer.demand = Some(Demand {
             client,
-            scope_prefix_len: a.scope_prefix_len,
+            prefix_len: a.prefix_len,
             class: a.class,
         });
     }
@@ -394,9 +394,7 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
         let decision = decide(&src, view, &q, scratch);
         if let (Decision::Answer(a), Some(view)) = (&decision, view) {
             if let Some(d) = a.demand {
-                front
-                    .demand
-                    .count(view, &d.client, d.scope_prefix_len, d.class);
+                front.demand.count(view, &d.client, d.prefix_len, d.class);
             }
             if a.count_host {
                 front.demand.count_host(&scratch.qname);
@@ -613,7 +611,7 @@ mod tests {
                 assert_eq!(echoed_scope(a), Some(24));
                 let d = a.demand.expect("the unit's demand");
                 assert_eq!(d.client, "10.0.0.77/32".parse::<IpNet>().expect("a net"));
-                assert_eq!((d.scope_prefix_len, d.class), (24, 0));
+                assert_eq!((d.prefix_len, d.class), (24, 0));
                 assert!(!a.count_host, "no cluster selects with bounded loads");
             },
         );

@@ -24,6 +24,12 @@
 //! - **Fallback.** A client outside every prefix, or a unit with nothing placed (all of it
 //!   overflow, or its clusters no longer up), gets the up cluster serving the class with the
 //!   most room: an answer, never an error.
+//! - **Scopes.** Every answer says for which addresses it holds (the ECS scope, RFC 7871
+//!   §7.2.1): the widest prefix around the client inside the client's interval of the prefix
+//!   table, so no other prefix starts or ends inside it (two bit comparisons against the
+//!   interval's neighbours, [`widest_within`]); a split unit's answer holds for the client's
+//!   subnet only. A client outside every prefix gets the widest prefix around it that holds
+//!   none, never /0.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -207,8 +213,15 @@ pub struct Answer {
     pub class: ClassIdx,
     /// The map unit the client belongs to (`None`: outside every prefix; the fallback).
     pub unit: Option<UnitIdx>,
-    /// The prefix length the answer holds for: the ECS scope of the reply (0 for a fallback).
+    /// The prefix length the answer holds for, the ECS scope of the reply: every address of
+    /// the client's prefix of this length gets this answer (RFC 7871 §7.2.1), so a caching
+    /// resolver may hand it to all of them. Never wider than the unit's prefix, never over a
+    /// prefix nested in it, not wider than the client's subnet for a split unit; for a client
+    /// outside every prefix, the widest prefix around it that holds none.
     pub scope_prefix_len: u8,
+    /// The length of the unit's prefix that matched (0 outside every prefix), in the family
+    /// it was matched in (IPv4 for a v4-mapped client): what demand is counted by.
+    pub prefix_len: u8,
     /// The cluster to answer with, and a second one to fall back to (if the topology has one).
     pub primary: Option<ClusterIdx>,
     pub secondary: Option<ClusterIdx>,
@@ -273,14 +286,84 @@ struct Table<K> {
     len: Vec<u8>,
 }
 
-impl<K: Copy + Ord> Table<K> {
-    fn lookup(&self, point: K) -> Option<(u32, u8)> {
-        let i = self
+/// Where a client address fell: the most specific prefix group holding it (`NO_GROUP`: none)
+/// with that prefix's length, and the **scope**: the widest prefix around the address that
+/// lies inside the address's interval, so that every address of it falls in the same group
+/// (no other prefix starts or ends inside it). Lengths are in the table's family (IPv4 for a
+/// v4-mapped client too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hit {
+    group: u32,
+    len: u8,
+    scope: u8,
+}
+
+impl Hit {
+    fn group(&self) -> Option<(u32, u8)> {
+        (self.group != NO_GROUP).then_some((self.group, self.len))
+    }
+}
+
+/// `client`'s prefix length in its table's family (a v4-mapped IPv6 client's as IPv4).
+fn table_len(client: IpNet) -> u8 {
+    match client {
+        IpNet::V4(n) => n.prefix_len(),
+        IpNet::V6(n) if n.network().to_ipv4_mapped().is_some() => n.prefix_len().saturating_sub(96),
+        IpNet::V6(n) => n.prefix_len(),
+    }
+}
+
+/// A scope of `client`'s table (see [`table_len`]) in `client`'s own family: a v4-mapped IPv6
+/// client's IPv4 scope as the IPv6 length it is.
+fn client_scope(client: IpNet, scope: u8) -> u8 {
+    match client {
+        IpNet::V6(n) if n.network().to_ipv4_mapped().is_some() => scope + 96,
+        _ => scope,
+    }
+}
+
+/// The length of the widest prefix (of a `bits`-wide family) holding `a` whose addresses all
+/// lie in `[lo, hi]` (`lo <= a <= hi`). The block of `a` with its low `k` bits free starts at
+/// or after `lo` exactly when `a` and `lo - 1` differ above bit `k` (and always for `lo = 0`),
+/// and ends at or before `hi` exactly when `a` and `hi + 1` do (and always at the top).
+fn widest_within(a: u128, lo: u128, hi: u128, bits: u32) -> u8 {
+    let top = if bits == 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
+    };
+    // The number of low bits that may be free given one bound: the highest bit where `a`
+    // and the address just beyond the bound differ.
+    let free = |beyond: u128| 127 - (a ^ beyond).leading_zeros();
+    let mut k = bits;
+    if lo > 0 {
+        k = k.min(free(lo - 1));
+    }
+    if hi < top {
+        k = k.min(free(hi + 1));
+    }
+    (bits - k) as u8
+}
+
+impl<K: Copy + Ord + Into<u128>> Table<K> {
+    /// The interval of `point` (a `bits`-wide address), searching intervals `from..to` only (an
+    /// interval starting at or before `point` is among them): its group and length, and its
+    /// first and last address.
+    fn interval_in(&self, point: K, from: usize, to: usize, bits: u32) -> (u32, u8, u128, u128) {
+        let top = if bits == 128 {
+            u128::MAX
+        } else {
+            (1u128 << bits) - 1
+        };
+        let found = from + self.starts[from..to].partition_point(|&s| s <= point);
+        let Some(i) = found.checked_sub(1) else {
+            return (NO_GROUP, 0, 0, top); // an empty table: no prefix anywhere
+        };
+        let hi = self
             .starts
-            .partition_point(|&s| s <= point)
-            .checked_sub(1)?;
-        let g = self.group[i];
-        (g != NO_GROUP).then(|| (g, self.len[i]))
+            .get(i + 1)
+            .map_or(top, |&next| Into::<u128>::into(next) - 1);
+        (self.group[i], self.len[i], self.starts[i].into(), hi)
     }
 }
 
@@ -421,25 +504,51 @@ impl PrefixIndex {
     }
 
     /// The group (map units of one prefix) covering `ip`, and the prefix's length.
-    fn group(&self, ip: IpAddr) -> Option<(u32, u8)> {
+    fn hit(&self, ip: IpAddr) -> Hit {
         match ip {
             IpAddr::V4(a) => self.lookup_v4(u32::from(a)),
             IpAddr::V6(a) => match a.to_ipv4_mapped() {
                 Some(v4) => self.lookup_v4(u32::from(v4)),
-                None => self.v6.lookup(u128::from(a)),
+                None => self.lookup_v6(u128::from(a)),
             },
         }
     }
 
-    /// The IPv4 interval containing `p`, searched within its /16 only.
-    fn lookup_v4(&self, p: u32) -> Option<(u32, u8)> {
+    /// The IPv6 interval containing `p` (not v4-mapped). The v4-mapped addresses are answered
+    /// by the IPv4 table, so they bound the scope as a prefix of their own would.
+    fn lookup_v6(&self, p: u128) -> Hit {
+        const MAPPED: (u128, u128) = (0xffff << 32, (0xffff << 32) | 0xffff_ffff);
+        let (group, len, mut lo, mut hi) = self.v6.interval_in(p, 0, self.v6.starts.len(), 128);
+        if p < MAPPED.0 {
+            hi = hi.min(MAPPED.0 - 1);
+        } else {
+            lo = lo.max(MAPPED.1 + 1);
+        }
+        Hit {
+            group,
+            len,
+            scope: widest_within(p, lo, hi, 128),
+        }
+    }
+
+    /// The most specific prefix group holding `ip`, with its prefix's length.
+    fn group(&self, ip: IpAddr) -> Option<(u32, u8)> {
+        self.hit(ip).group()
+    }
+
+    /// The IPv4 interval containing `p`, searched within its /16 only (the last interval
+    /// starting at or before `p`: inside the block, or the one before it).
+    fn lookup_v4(&self, p: u32) -> Hit {
         let b = (p >> 16) as usize;
         let (lo, hi) = (self.v4_dir[b] as usize, self.v4_dir[b + 1] as usize);
-        // The last interval starting at or before p: inside the block, or the one before it.
-        let i = lo + self.v4.starts[lo..hi].partition_point(|&s| s <= p);
-        let i = i.checked_sub(1)?;
-        let g = self.v4.group[i];
-        (g != NO_GROUP).then(|| (g, self.v4.len[i]))
+        // From the interval before the block's first, so that one is found when no interval
+        // starts inside the block.
+        let (group, len, first, last) = self.v4.interval_in(p, lo.saturating_sub(1), hi, 32);
+        Hit {
+            group,
+            len,
+            scope: widest_within(u128::from(p), first, last, 32),
+        }
     }
 
     /// The slot of (group, class) in `unit` (and in a resolver's `pre`).
@@ -612,7 +721,7 @@ impl Resolver {
     /// address as a host prefix) for `qname`. Never fails.
     pub fn resolve(&self, client: IpNet, qname: &str) -> Answer {
         let class = self.rules.class_of(qname);
-        self.answer(class, self.index.group(client.network()), client, qname)
+        self.answer(class, self.index.hit(client.network()), client, qname)
     }
 
     /// Answers many queries at once, like [`Self::resolve`] on each, in order, into `out`.
@@ -624,7 +733,11 @@ impl Resolver {
         out.reserve(queries.len());
         let mut class = [0 as ClassIdx; BLOCK];
         let mut v4 = [None::<u32>; BLOCK];
-        let mut found = [None::<(u32, u8)>; BLOCK];
+        let mut found = [Hit {
+            group: NO_GROUP,
+            len: 0,
+            scope: 0,
+        }; BLOCK];
         let index = &*self.index;
         for block in queries.chunks(BLOCK) {
             // 1: the class, and the /16 directory entry of each IPv4 client.
@@ -646,9 +759,9 @@ impl Resolver {
             for (i, (client, _)) in block.iter().enumerate() {
                 found[i] = match v4[i] {
                     Some(p) => index.lookup_v4(p),
-                    None => index.group(client.network()),
+                    None => index.hit(client.network()),
                 };
-                if let Some((g, _)) = found[i] {
+                if let Some((g, _)) = found[i].group() {
                     prefetch(&self.pre, index.slot(g, class[i]));
                 }
             }
@@ -659,38 +772,43 @@ impl Resolver {
         }
     }
 
-    /// The answer for a query of `class` whose client fell in prefix group `found`.
-    fn answer(
-        &self,
-        class: ClassIdx,
-        found: Option<(u32, u8)>,
-        client: IpNet,
-        qname: &str,
-    ) -> Answer {
-        let pre = found.and_then(|(g, len)| {
+    /// The answer for a query of `class` from `client`, which fell where `hit` says. Its ECS
+    /// scope covers only addresses that get the same answer: the hit's scope (inside the
+    /// client's interval, so inside its unit's prefix and clear of every prefix nested in
+    /// it); for a split unit, whose cluster is picked by a hash of the client's subnet, not
+    /// wider than that subnet.
+    fn answer(&self, class: ClassIdx, hit: Hit, client: IpNet, qname: &str) -> Answer {
+        let pre = hit.group().and_then(|(g, _)| {
             let pre = &self.pre[self.index.slot(g, class)];
-            (pre.unit != NO_GROUP).then_some((pre, len))
+            (pre.unit != NO_GROUP).then_some(pre)
         });
-        let Some((pre, len)) = pre else {
+        let Some(pre) = pre else {
             let [primary, secondary] = self.map.fallback(class);
             return Answer {
                 class,
                 unit: None,
-                scope_prefix_len: 0,
+                scope_prefix_len: client_scope(client, hit.scope),
+                prefix_len: 0,
                 primary,
                 secondary,
             };
         };
-        let (primary, secondary) = if pre.split {
+        let (primary, secondary, scope) = if pre.split {
             let x = (hash(client, qname) >> 40) as f32 / (1u64 << 24) as f32;
-            self.pick(pre.unit, x)
+            let (p, s) = self.pick(pre.unit, x);
+            (p, s, hit.scope.max(table_len(client)))
         } else {
-            (cluster_opt(pre.primary), cluster_opt(pre.secondary))
+            (
+                cluster_opt(pre.primary),
+                cluster_opt(pre.secondary),
+                hit.scope,
+            )
         };
         Answer {
             class,
             unit: Some(pre.unit),
-            scope_prefix_len: len,
+            scope_prefix_len: client_scope(client, scope),
+            prefix_len: hit.len,
             primary,
             secondary,
         }
@@ -805,8 +923,12 @@ mod tests {
             id(r.resolve(net("::ffff:10.1.2.9/128"), "www")).as_deref(),
             Some("narrow-web")
         );
-        assert_eq!(r.resolve(net("10.1.2.3/32"), "www").scope_prefix_len, 24);
-        assert_eq!(r.resolve(net("10.7.7.7/32"), "www").scope_prefix_len, 8);
+        // Scopes: narrow-web is split (picked by the client's subnet), so its answer holds for
+        // the client's subnet within its /24; wide-web's /8 holds narrow's /24, so the widest
+        // prefix around 10.7.7.7 clear of it is 10.4.0.0/14.
+        assert_eq!(r.resolve(net("10.1.2.3/32"), "www").scope_prefix_len, 32);
+        assert_eq!(r.resolve(net("10.1.2.0/24"), "www").scope_prefix_len, 24);
+        assert_eq!(r.resolve(net("10.7.7.7/32"), "www").scope_prefix_len, 14);
     }
 
     #[test]
@@ -861,7 +983,10 @@ mod tests {
         let r = resolver(&inst);
         let ans = r.resolve(net("192.0.2.1/32"), "www.example");
         assert_eq!(ans.unit, None);
-        assert_eq!(ans.scope_prefix_len, 0);
+        // The widest prefix around it holding no mapped prefix: 128.0.0.0/1 (the world's
+        // IPv4 prefixes are all in 10.0.0.0/8), not /0, which would hand this fallback to
+        // every client of a caching resolver.
+        assert_eq!(ans.scope_prefix_len, 1);
         assert_eq!(ans.primary, inst.cluster_index("b"));
     }
 

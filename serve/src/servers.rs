@@ -298,6 +298,7 @@ mod tests {
             class: 0,
             unit: Some(0),
             scope_prefix_len: 8,
+            prefix_len: 8,
             primary: Some(primary),
             secondary,
         }

@@ -247,6 +247,56 @@ fn oracle_unit(claims: &[Claim], ip: IpAddr, class: ClassIdx) -> Option<(UnitIdx
         .map(|(c, s)| (c.1, s.3 as u8))
 }
 
+/// The ECS scope the answer for host address `ip` must carry, by brute force: the widest
+/// prefix around it that every claimed prefix of its family either contains or misses, so all
+/// its addresses fall under one most specific prefix; a split unit's answer (picked by the
+/// client's subnet) holds for the client's own address only. In the client's family (a
+/// v4-mapped IPv6 client's IPv4 scope as an IPv6 length).
+fn oracle_scope(claims: &[Claim], ip: IpAddr, split: bool) -> u8 {
+    let (v4, p) = client_point(ip);
+    let bits = if v4 { 32 } else { 128 };
+    let canons: Vec<Canon> = claims
+        .iter()
+        .map(|c| canon(&c.0))
+        .filter(|c| c.0 == v4)
+        .collect();
+    let top = mask(bits, 128) >> (128 - bits);
+    // A native IPv6 client's scope never reaches the v4-mapped addresses (the IPv4 table
+    // answers them).
+    let mapped_space = (V4_MAPPED, V4_MAPPED | 0xffff_ffff);
+    let scope = if split {
+        bits
+    } else {
+        (0..=bits)
+            .find(|&len| {
+                let m = mask(len, bits);
+                let (a, b) = (p & m, (p & m) | (!m & top));
+                let clear_of_v4 = v4 || b < mapped_space.0 || a > mapped_space.1;
+                clear_of_v4
+                    && canons
+                        .iter()
+                        .all(|&(_, s, e, _)| (s <= a && b <= e) || e < a || b < s)
+            })
+            .unwrap_or(bits)
+    };
+    let mapped = matches!(ip, IpAddr::V6(_)) && v4;
+    scope as u8 + if mapped { 96 } else { 0 }
+}
+
+/// The first and last address of `ip`'s prefix of length `scope` (in `ip`'s family).
+fn scope_ends(ip: IpAddr, scope: u8) -> [IpAddr; 2] {
+    match ip {
+        IpAddr::V4(a) => {
+            let n = Ipv4Net::new(a, scope).expect("a v4 scope");
+            [IpAddr::V4(n.network()), IpAddr::V4(n.broadcast())]
+        }
+        IpAddr::V6(a) => {
+            let n = Ipv6Net::new(a, scope).expect("a v6 scope");
+            [IpAddr::V6(n.network()), IpAddr::V6(n.broadcast())]
+        }
+    }
+}
+
 fn claims_of(inst: &Topology) -> Vec<Claim> {
     (0..inst.unit_count() as UnitIdx)
         .flat_map(|u| {
@@ -415,7 +465,24 @@ fn check_lookups(inst: &Topology, r: &Resolver, points: &[u128]) -> Result<(), T
                 let ans = r.resolve(IpNet::from(addr), &format!("{}.test", CLASSES[k as usize]));
                 prop_assert_eq!(ans.class, k);
                 prop_assert_eq!(ans.unit, want.map(|w| w.0), "resolve({})", addr);
-                prop_assert_eq!(ans.scope_prefix_len, want.map_or(0, |w| w.1));
+                let split = ans.unit.is_some_and(|u| r.map().shares(u).0.len() > 1);
+                let scope = oracle_scope(&claims, addr, split);
+                prop_assert_eq!(ans.scope_prefix_len, scope, "scope of {}", addr);
+                // Every address of the scope gets the same answer (its ends, asked as hosts).
+                if !split {
+                    for end in scope_ends(addr, scope) {
+                        let other =
+                            r.resolve(IpNet::from(end), &format!("{}.test", CLASSES[k as usize]));
+                        prop_assert_eq!(
+                            (other.unit, other.primary, other.secondary),
+                            (ans.unit, ans.primary, ans.secondary),
+                            "{} is in the scope /{} of {}",
+                            end,
+                            scope,
+                            addr
+                        );
+                    }
+                }
             }
         }
     }
@@ -1122,7 +1189,16 @@ fn check_answer(
     let any_up = (0..inst.clusters().len() as ClusterIdx).any(serving_up);
     prop_assert_eq!(ans.primary.is_some(), any_up, "{:?}", ans);
     if ans.unit.is_none() {
-        prop_assert_eq!(ans.scope_prefix_len, 0);
+        // The fallback holds for the whole scope: no unit of the class is found in it.
+        for end in scope_ends(client.network(), ans.scope_prefix_len) {
+            prop_assert_eq!(
+                r.unit_for(end, ans.class),
+                None,
+                "{} in the scope of {}",
+                end,
+                client
+            );
+        }
         let fb = &fallback[usize::from(ans.class)];
         prop_assert_eq!(ans.primary, fb.first().copied(), "fallback {:?}", fb);
         prop_assert_eq!(ans.secondary, fb.get(1).copied(), "fallback {:?}", fb);
@@ -1237,18 +1313,19 @@ fn outside_every_prefix_is_a_fallback_answer() {
     let inst = build(clusters, &units);
     let r = resolver(&inst).expect("resolver");
     let a = r.resolve(net("192.0.2.1/32"), "c0.test");
-    // k02 holds 60 of 100, k00 nothing: k00 has the most room.
+    // k02 holds 60 of 100, k00 nothing: k00 has the most room; the answer holds for
+    // 128.0.0.0/1, the widest prefix around the client clear of 10.0.0.0/8.
     assert_eq!(
         (a.unit, a.scope_prefix_len, a.primary, a.secondary),
-        (None, 0, Some(0), Some(2))
+        (None, 1, Some(0), Some(2))
     );
     let a = r.resolve(net("192.0.2.1/32"), "c2.test");
     // c2 is served only by the down k01: no cluster to answer with.
     assert_eq!((a.unit, a.primary, a.secondary), (None, None, None));
     assert!(r.addresses(&a, 4).is_empty());
     let a = r.resolve(net("10.1.1.1/32"), "c1.test");
-    // Inside a prefix, but no c1 unit there: the fallback for c1.
-    assert_eq!((a.unit, a.scope_prefix_len), (None, 0));
+    // Inside a prefix, but no c1 unit there: the fallback for c1, for the prefix's /8.
+    assert_eq!((a.unit, a.scope_prefix_len), (None, 8));
     assert_eq!((a.primary, a.secondary), (Some(0), Some(3)));
 }
 
