@@ -11,8 +11,10 @@ pub(super) enum Event {
         http: Option<SocketAddr>,
         dns: Option<SocketAddr>,
     },
-    /// A round's parts, ms: estimator, effective preferences, solve, index, publish, persist.
-    Parts([f64; 6]),
+    /// A round's parts, ms: estimator, effective preferences, solve, index, publish, persist;
+    /// and whether persist ran beside the index, inside the loop's step (builds from 849f255
+    /// on say so in the line), or after it.
+    Parts([f64; 6], bool),
     /// A round published: its identity, the loop's step (estimator to index) in ms, its churn.
     Published {
         epoch: u64,
@@ -104,7 +106,10 @@ pub(super) fn parse_event(line: &str) -> Option<Event> {
         for (p, k) in parts.iter_mut().zip(keys) {
             *p = num(line, k)?;
         }
-        return Some(Event::Parts(parts));
+        return Some(Event::Parts(
+            parts,
+            line.contains("persist ran beside index"),
+        ));
     }
     if line.contains(" round published ") {
         return Some(Event::Published {
@@ -222,16 +227,24 @@ pub(super) struct RoundRec {
     pub(super) version: u64,
     /// Estimator, effective preferences, solve, index, publish, persist, ms.
     pub(super) parts: [f64; 6],
-    /// The loop's step (estimator to index, with the entry's encoding), ms.
+    /// The loop's step (estimator to index, with persist beside the index when
+    /// `persist_in_step`), ms.
     pub(super) step_ms: f64,
+    pub(super) persist_in_step: bool,
     pub(super) churn: f64,
 }
 
 impl RoundRec {
-    /// The whole round: the step, then publish and persist (the estimator entry's encoding,
-    /// a part of both the step and persist, is counted twice: well under a millisecond).
+    /// The whole round: the step, then publish, and persist when it ran after the step (in
+    /// builds before 849f255; the estimator entry's encoding, a part of both the step and
+    /// persist there, is counted twice: well under a millisecond).
     pub(super) fn total_ms(&self) -> f64 {
-        self.step_ms + self.parts[4] + self.parts[5]
+        let after = if self.persist_in_step {
+            0.0
+        } else {
+            self.parts[5]
+        };
+        self.step_ms + self.parts[4] + after
     }
 }
 
@@ -241,20 +254,21 @@ pub(super) fn rounds_of(events: &[(f64, Event)]) -> Vec<RoundRec> {
     let mut parts = None;
     for (at, e) in events {
         match e {
-            Event::Parts(p) => parts = Some(*p),
+            Event::Parts(p, beside) => parts = Some((*p, *beside)),
             Event::Published {
                 epoch,
                 version,
                 step_ms,
                 churn,
             } => {
-                if let Some(parts) = parts.take() {
+                if let Some((parts, persist_in_step)) = parts.take() {
                     out.push(RoundRec {
                         at_ms: *at,
                         epoch: *epoch,
                         version: *version,
                         parts,
                         step_ms: *step_ms,
+                        persist_in_step,
                         churn: *churn,
                     });
                 }

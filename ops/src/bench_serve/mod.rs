@@ -413,7 +413,12 @@ mod tests {
         assert!(!parts.contains('\u{1b}'));
         assert_eq!(
             parse_event(&parts),
-            Some(Event::Parts([0.5, 1.0, 2.5, 3.0, 4.0, 5.25]))
+            Some(Event::Parts([0.5, 1.0, 2.5, 3.0, 4.0, 5.25], false))
+        );
+        let beside = parts.replace("round parts ", "round parts (persist ran beside index) ");
+        assert_eq!(
+            parse_event(&beside),
+            Some(Event::Parts([0.5, 1.0, 2.5, 3.0, 4.0, 5.25], true))
         );
         assert_eq!(
             parse_event(PUBLISHED),

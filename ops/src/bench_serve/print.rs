@@ -122,7 +122,7 @@ pub(super) fn print_rounds(a: &ServeBenchArgs, c: &Counted) {
     }
     print_row("the loop's step (estimator to index)", c, |r| r.step_ms, 1);
     print_row(
-        "**round in all** (step + publish + persist)",
+        "**round in all** (step + publish; + persist when it ran after the step)",
         c,
         RoundRec::total_ms,
         1,
