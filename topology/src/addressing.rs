@@ -143,6 +143,7 @@ impl Collector {
 /// A prefix in its canonical form: truncated, and a v4-mapped IPv6 prefix (`::ffff:0:0/96` or
 /// longer) as the IPv4 prefix it is. Two prefixes cover the same addresses exactly when their
 /// canonical forms are equal.
+#[inline]
 pub fn canonical(net: &IpNet) -> IpNet {
     let net = net.trunc();
     if let IpNet::V6(n) = net {
