@@ -181,9 +181,11 @@ impl Shared {
         if let Err(e) = config.selection.check_clusters(&topology) {
             tracing::warn!(error = %e, "the selection override is not used");
         }
-        let served = match store.served()? {
-            Some(s) => Some(s),
-            None => legacy_served(&store, &topology),
+        // The served record's base is most often the stored topology itself (no edit since):
+        // then it is not decoded twice, and the first round writes no base again.
+        let (served, base_generation) = match store.served_on(&topology)? {
+            Some((s, generation)) => (Some(s), generation),
+            None => (legacy_served(&store, &topology), None),
         };
         let (estimates, checkpointed) = restore_estimates(served.as_ref(), &topology)?;
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
@@ -226,6 +228,10 @@ impl Shared {
             dash,
             stopping: tokio::sync::watch::channel(false).0,
         });
+        // Nothing has changed the topology yet (no one can reach Admin before this returns).
+        if let (Some(generation), Ok(mut last)) = (base_generation, shared.stored_base.lock()) {
+            *last = (Some(shared.topology.current()), generation);
+        }
         if let Some(s) = served {
             let rules = shared.rules(&s.topology)?;
             let snapshot = Snapshot::restored(s, rules)?;

@@ -481,13 +481,35 @@ impl Store {
     /// coefficients and capacities; and the estimator's checkpoint and the round entries after
     /// it, up to the served version.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
+        Ok(self.served_read(None)?.map(|(served, _)| served))
+    }
+
+    /// [`Self::served`], given `topology`, the stored topology ([`Self::topology`], or what
+    /// was just [`Self::put_topology`]'d): when the served record's base file holds the same
+    /// bytes as the topology's, the base is `topology` (not read and decoded a second time)
+    /// and its generation comes back too, so that a round solved from `topology` writes no
+    /// base of its own.
+    pub fn served_on(
+        &self,
+        topology: &Topology,
+    ) -> Result<Option<(Served, Option<u64>)>, StoreError> {
+        self.served_read(Some(topology))
+    }
+
+    fn served_read(
+        &self,
+        topology: Option<&Topology>,
+    ) -> Result<Option<(Served, Option<u64>)>, StoreError> {
         let newest = self.values.names(RECORD_FILE)?.into_iter().next_back();
-        match newest.as_deref().and_then(record_name_parts) {
-            Some((version, generation)) => {
-                self.read_record(version, generation, "the stored served map", true)
-            }
-            None => Ok(None),
-        }
+        let Some((version, generation)) = newest.as_deref().and_then(record_name_parts) else {
+            return Ok(None);
+        };
+        let known = match topology {
+            Some(t) if self.values.same(TOPOLOGY_FILE, &base_name(generation))? => Some(t),
+            _ => None,
+        };
+        let served = self.read_record(version, generation, "the stored served map", known)?;
+        Ok(served.map(|s| (s, known.map(|_| generation))))
     }
 
     /// Map version `version` as stored, with the instance it was solved for: the served one
@@ -504,16 +526,18 @@ impl Store {
         StoredMaps::of(self.values.clone())
     }
 
-    /// Record `version` (of base `generation`) read back with its base (errors name it
-    /// `what`); the estimator's log with it when `with_estimator` (the served record's).
+    /// The served record `version` (of base `generation`) read back with its base (errors
+    /// name it `what`; `known_base`: see [`StoredMaps::record`]) and the estimator's log.
     fn read_record(
         &self,
         version: u64,
         generation: u64,
         what: &str,
-        with_estimator: bool,
+        known_base: Option<&Topology>,
     ) -> Result<Option<Served>, StoreError> {
-        let Some((mut served, inline)) = self.maps().record(version, generation, what)? else {
+        let Some((mut served, inline)) =
+            self.maps().record(version, generation, what, known_base)?
+        else {
             return Ok(None);
         };
         served.estimator = match inline {
@@ -522,8 +546,7 @@ impl Store {
                 checkpoint: (!state.is_empty()).then_some((served.version, state)),
                 entries: Vec::new(),
             },
-            None if with_estimator => self.estimator_log(served.version)?,
-            None => EstimatorLog::default(),
+            None => self.estimator_log(served.version)?,
         };
         Ok(Some(served))
     }

@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use cdnmap_mapper::Limits;
+use cdnmap_topology::Topology;
 
 use super::record::{decode, decode_topology};
 use super::values::Values;
@@ -111,17 +112,20 @@ impl StoredMaps {
         };
         let what = format!("stored map version {version}");
         Ok(self
-            .record(version, generation, &what)?
+            .record(version, generation, &what, None)?
             .map(|(served, _)| served))
     }
 
     /// Record `version` (of base `generation`) read back with its base (errors name it
-    /// `what`), and the estimator state a record of format 03 carries inline.
+    /// `what`), and the estimator state a record of format 03 carries inline. `known_base` is
+    /// the base already decoded, when the caller knows it (the stored topology, when the base
+    /// file holds the same bytes).
     pub(super) fn record(
         &self,
         version: u64,
         generation: u64,
         what: &str,
+        known_base: Option<&Topology>,
     ) -> Result<Option<(Served, InlineState)>, StoreError> {
         let corrupt = |problem: String| StoreError::Corrupt {
             what: what.to_string(),
@@ -131,19 +135,26 @@ impl StoredMaps {
             return Ok(None);
         };
         let (record, inline) = decode(&bytes).map_err(corrupt)?;
-        let base = self
-            .values
-            .get(&base_name(generation))?
-            .ok_or_else(|| corrupt("its topology is missing".into()))?;
         let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
         if generation != base_generation {
             return Err(corrupt(format!(
                 "it names topology {base_generation} but is stored under {generation}"
             )));
         }
-        let base = decode_topology(&base, Limits::default())
-            .map_err(|e| corrupt(format!("its topology: {e}")))?;
-        let (topology, map) = record.instance_and_map(&base).map_err(corrupt)?;
+        let decoded;
+        let base = match known_base {
+            Some(base) => base,
+            None => {
+                let bytes = self
+                    .values
+                    .get(&base_name(generation))?
+                    .ok_or_else(|| corrupt("its topology is missing".into()))?;
+                decoded = decode_topology(&bytes, Limits::default())
+                    .map_err(|e| corrupt(format!("its topology: {e}")))?;
+                &decoded
+            }
+        };
+        let (topology, map) = record.instance_and_map(base).map_err(corrupt)?;
         let served = Served {
             epoch,
             version,

@@ -610,3 +610,40 @@ fn a_corrupt_map_is_an_error_naming_it() {
     let err = store.latest_map(&inst).expect_err("corrupt");
     assert!(err.to_string().contains("map version 7"), "{err}");
 }
+
+/// The served record's base is read as the stored topology when its file holds the same
+/// bytes (and its generation is given, so a round writes no base again); after an edit of the
+/// topology it is read from its own file, and no generation is given.
+#[test]
+fn a_base_that_is_the_stored_topology_is_read_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let map = solve(&inst, &SolveOptions::default()).map;
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&inst).expect("topology");
+    let served = |version: u64, generation: u64| ServedRef {
+        epoch: 1,
+        version,
+        solved_at_unix_ms: 0,
+        base: &inst,
+        base_generation: generation,
+        write_base: version == generation,
+        instance: &inst,
+        map: &map,
+        round_entry: &[],
+    };
+    store.put_served(&served(7, 7), 4).expect("served");
+    let (on, generation) = store.served_on(&inst).expect("read").expect("stored");
+    assert_eq!(generation, Some(7));
+    assert_eq!(Some(on), store.served().expect("read"));
+    // An edit since: the base is no longer the stored topology.
+    let edited = inst.with_cluster_state(0, ClusterState::Drained);
+    store.put_topology(&edited).expect("topology");
+    let (on, generation) = store.served_on(&edited).expect("read").expect("stored");
+    assert_eq!(generation, None);
+    assert_eq!(on.topology, inst, "the base read from its own file");
+    assert!(!store
+        .values
+        .same(TOPOLOGY_FILE, "no-such-value")
+        .expect("same"));
+}
