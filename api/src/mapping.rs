@@ -358,7 +358,7 @@ pub(crate) mod tests {
             data_dir: dir.path().join("data"),
             ..Config::default()
         };
-        let shared = Shared::start(config, instance()).expect("start");
+        let shared = Shared::start(config, || Ok(instance())).expect("start");
         shared.run_round().await;
         let publisher = {
             let shared = Arc::clone(&shared);

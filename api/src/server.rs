@@ -59,9 +59,11 @@ async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Respon
 
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
 /// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
+///
+/// `initial` gives the topology when the store has none (see [`Shared::start`]).
 pub async fn serve(
     config: Config,
-    initial: cdnmap_topology::Topology,
+    initial: impl FnOnce() -> anyhow::Result<cdnmap_topology::Topology>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;

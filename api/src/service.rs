@@ -168,12 +168,36 @@ impl Shared {
     /// Nothing an acknowledged Admin change did can make a start fail: the served map carries
     /// the instance it was solved with, and a selection override naming a cluster that is gone
     /// is a warning.
-    pub fn start(config: Config, initial: Topology) -> anyhow::Result<Arc<Shared>> {
+    ///
+    /// `initial` is called only when the store has no topology (a world of millions of units
+    /// takes seconds to generate or read, which a restart then does not spend).
+    pub fn start(
+        config: Config,
+        initial: impl FnOnce() -> anyhow::Result<Topology>,
+    ) -> anyhow::Result<Arc<Shared>> {
+        let started = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let store = Store::open(&config.data_dir)?;
         let epoch = store.next_epoch()?;
         let topology = match store.topology(Limits::default())? {
-            Some(stored) => stored,
+            Some(stored) => {
+                tracing::info!(
+                    map_units = stored.unit_count(),
+                    clusters = stored.clusters().len(),
+                    "serving the stored topology (with every acknowledged edit)"
+                );
+                if let Some(path) = &config.instance {
+                    tracing::warn!(
+                        instance = %path.display(),
+                        data_dir = %config.data_dir.display(),
+                        "the configured instance file is not read: the store's topology is \
+                         served (start on an empty data_dir to serve the file)"
+                    );
+                }
+                stored
+            }
             None => {
+                let initial = initial()?;
                 store.put_topology(&initial)?;
                 initial
             }
@@ -181,13 +205,18 @@ impl Shared {
         if let Err(e) = config.selection.check_clusters(&topology) {
             tracing::warn!(error = %e, "the selection override is not used");
         }
+        let topology_ms = ms(started);
         // The served record's base is most often the stored topology itself (no edit since):
         // then it is not decoded twice, and the first round writes no base again.
+        let t = Instant::now();
         let (served, base_generation) = match store.served_on(&topology)? {
             Some((s, generation)) => (Some(s), generation),
             None => (legacy_served(&store, &topology), None),
         };
+        let served_ms = ms(t);
+        let t = Instant::now();
         let (estimates, checkpointed) = restore_estimates(served.as_ref(), &topology)?;
+        let estimator_ms = ms(t);
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
         let dash = Arc::new(crate::dashboard::DashState::default());
         let log_to = Arc::clone(&dash);
@@ -233,11 +262,17 @@ impl Shared {
             *last = (Some(shared.topology.current()), generation);
         }
         if let Some(s) = served {
+            let t = Instant::now();
             let rules = shared.rules(&s.topology)?;
             let snapshot = Snapshot::restored(s, rules)?;
             tracing::info!(
                 epoch = snapshot.epoch,
                 version = snapshot.version,
+                topology_ms,
+                served_ms,
+                estimator_ms,
+                index_ms = ms(t),
+                base_read_once = base_generation.is_some(),
                 "serving the stored map until the first round"
             );
             shared.publish(Arc::new(snapshot));
@@ -694,7 +729,7 @@ mod tests {
     fn start(config: &Config) -> Arc<Shared> {
         let started = Instant::now();
         loop {
-            match Shared::start(config.clone(), crate::mapping::tests::instance()) {
+            match Shared::start(config.clone(), || Ok(crate::mapping::tests::instance())) {
                 Ok(s) => return s,
                 Err(e) if started.elapsed() < Duration::from_secs(10) => {
                     assert!(e.to_string().contains("lock"), "start: {e}");

@@ -183,7 +183,7 @@ pub fn run(
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let shared = Shared::start(config, instance.clone())?;
+        let shared = Shared::start(config, || Ok(instance.clone()))?;
         shared.run_round().await;
         let mapper = spawn(MappingService(Arc::clone(&shared))).await?;
         let echo = spawn(Echo).await?;

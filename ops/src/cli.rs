@@ -589,13 +589,16 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         }
         None => cdnmap_api::Config::default(),
     };
-    let instance = match &config.instance {
-        Some(path) => read_instance(path, Limits::default())?,
+    // The topology to start from when the store has none (a restart keeps the stored one,
+    // with every acknowledged edit, and does not read or generate this).
+    let (instance_file, demo) = (config.instance.clone(), config.demo.clone());
+    let initial = move || match &instance_file {
+        Some(path) => read_instance(path, Limits::default()),
         None => {
             let params = WorldParams {
-                map_units: config.demo.map_units,
-                clusters: config.demo.clusters,
-                seed: config.demo.seed,
+                map_units: demo.map_units,
+                clusters: demo.clusters,
+                seed: demo.seed,
                 ..WorldParams::default()
             };
             tracing::info!(
@@ -603,14 +606,14 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
                 clusters = params.clusters,
                 "no instance configured: serving the demo world"
             );
-            world::generate(&params, &|_| {})?
+            world::generate(&params, &|_| {})
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(cdnmap_api::server::serve(config, instance, async {
+    runtime.block_on(cdnmap_api::server::serve(config, initial, async {
         shutdown_signal().await;
         tracing::info!("shutting down");
     }))?;

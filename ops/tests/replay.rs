@@ -181,7 +181,7 @@ async fn replay_and_the_service_loop_make_the_same_maps() {
         data_dir: dir.path().join("data"),
         ..cdnmap_api::Config::default()
     };
-    let shared = Shared::start(config, inst.clone()).expect("start");
+    let shared = Shared::start(config, || Ok(inst.clone())).expect("start");
     let feedback = FeedbackService(std::sync::Arc::clone(&shared));
     for (r, (map, _)) in replayed.iter().enumerate() {
         if r > 0 {
