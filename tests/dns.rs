@@ -450,9 +450,9 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
         let counted: f64 = body
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|r| r["report"]["reporter"] == "dns-e2e")
+            .filter(|r| r["reporter"] == "dns-e2e")
             .flat_map(|r| {
-                r["report"]["body"]["samples"]
+                r["report"]["demand"]["samples"]
                     .as_array()
                     .cloned()
                     .unwrap_or_default()

@@ -10,31 +10,21 @@ use cdnmap_proto::MAX_REPORT_SAMPLES;
 use ipnet::IpNet;
 use tonic::{Request, Response, Status};
 
+use crate::record::{
+    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, Sample, ServerLoad, Target,
+};
 use crate::service::{invalid, now_unix_ms, Shared, MAX_PENDING_LOADS, MAX_REPORTS};
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
 pub struct FeedbackService(pub Arc<Shared>);
 
-#[derive(serde::Serialize)]
-struct StoredReport<'a> {
-    kind: &'a str,
-    reporter: &'a str,
-    body: serde_json::Value,
-}
-
 impl FeedbackService {
-    async fn store(
-        &self,
-        kind: &str,
-        reporter: &str,
-        body: serde_json::Value,
-    ) -> Result<(), Status> {
-        let bytes = serde_json::to_vec(&StoredReport {
-            kind,
-            reporter,
-            body,
-        })
-        .map_err(|e| Status::internal(e.to_string()))?;
+    /// Writes `report` from `reporter` to the demand record; durable when it returns.
+    async fn store(&self, reporter: &str, report: Report) -> Result<(), Status> {
+        let bytes = record::encode(&RecordedReport {
+            reporter: reporter.to_string(),
+            report,
+        });
         let shared = Arc::clone(&self.0);
         let retain_ms = shared.config.record_retention_hours as i64 * 3_600_000;
         tokio::task::spawn_blocking(move || {
@@ -92,7 +82,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                         )));
                     }
                     observed.push((unit, s.queries));
-                    serde_json::json!({"map_unit": u})
+                    Target::MapUnit(u.clone())
                 }
                 Some(pb::demand_sample::Target::Prefix(p)) => {
                     if class.is_none() {
@@ -117,7 +107,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                             observed.extend(unit.map(|u| (u, s.queries)));
                         }
                     }
-                    serde_json::json!({"prefix": p.trunc().to_string()})
+                    Target::Prefix(p.trunc())
                 }
                 _ => {
                     return Err(invalid(format!(
@@ -125,17 +115,19 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     )))
                 }
             };
-            samples.push(serde_json::json!({
-                "target": target, "class": s.traffic_class, "queries": s.queries
-            }));
+            samples.push(Sample {
+                target,
+                class: s.traffic_class.clone(),
+                queries: s.queries,
+            });
         }
         let n = samples.len() as u64;
-        let body = serde_json::json!({
-            "period_start_unix_ms": r.period_start_unix_ms,
-            "period_end_unix_ms": r.period_end_unix_ms,
-            "samples": samples,
-        });
-        self.store("demand", &r.reporter, body).await?;
+        let body = DemandBody {
+            period_start_unix_ms: r.period_start_unix_ms,
+            period_end_unix_ms: r.period_end_unix_ms,
+            samples,
+        };
+        self.store(&r.reporter, Report::Demand(body)).await?;
         if let Ok(mut pending) = self.0.pending.lock() {
             if !pending
                 .demand
@@ -213,19 +205,27 @@ impl pb::feedback_server::Feedback for FeedbackService {
             servers.push((l.cluster.as_str(), address, l.load));
         }
         let n = (r.loads.len() + r.servers.len()) as u64;
-        let mut body = serde_json::json!({
-            "measured_at_unix_ms": r.measured_at_unix_ms,
-            "loads": r.loads.iter().map(|l| serde_json::json!({
-                "cluster": l.cluster, "node": l.node, "load": l.load
-            })).collect::<Vec<_>>(),
-        });
-        if !servers.is_empty() {
-            body["servers"] = servers
+        let body = LoadBody {
+            measured_at_unix_ms: r.measured_at_unix_ms,
+            loads: r
+                .loads
                 .iter()
-                .map(|(c, a, l)| serde_json::json!({"cluster": c, "address": a, "load": l}))
-                .collect();
-        }
-        self.store("load", &r.reporter, body).await?;
+                .map(|l| NodeLoad {
+                    cluster: l.cluster.clone(),
+                    node: l.node.clone(),
+                    load: l.load,
+                })
+                .collect(),
+            servers: servers
+                .iter()
+                .map(|&(cluster, address, load)| ServerLoad {
+                    cluster: cluster.to_string(),
+                    address,
+                    load,
+                })
+                .collect(),
+        };
+        self.store(&r.reporter, Report::Load(body)).await?;
         for &(cluster, address, load) in &servers {
             if !self.0.server_loads.set(cluster, address, load) {
                 tracing::warn!(cluster, %address, "server load table full; report dropped");

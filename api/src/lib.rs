@@ -8,6 +8,7 @@ pub mod dashboard;
 pub mod driver;
 pub mod feedback;
 pub mod mapping;
+pub mod record;
 pub mod round;
 pub mod selection;
 pub mod server;

@@ -49,12 +49,10 @@ async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Respon
         )
             .into_response();
     }
-    let mut body = String::new();
-    for (at, bytes) in reports {
-        let report = String::from_utf8_lossy(&bytes);
-        body.push_str(&format!("{{\"at_unix_ms\":{at},\"report\":{report}}}\n"));
+    match crate::record::json_lines(&reports) {
+        Ok(body) => ([("content-type", "application/x-ndjson")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
-    ([("content-type", "application/x-ndjson")], body).into_response()
 }
 
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`

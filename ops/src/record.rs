@@ -3,8 +3,8 @@
 //!
 //! A running server holds its sled store locked, so the record is read through its HTTP
 //! listener (`GET /record?from_ms=&to_ms=`); a stopped server's store can be read directly
-//! (`--data-dir`). Either way the stored reports are JSON Lines
-//! `{"at_unix_ms": T, "report": {"kind": "demand" | "load", "reporter": ..., "body": {...}}}`.
+//! (`--data-dir`). Either way the reports come as JSON Lines of
+//! [`cdnmap_api::record::RecordLine`], the one type the service writes them with.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,55 +12,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use cdnmap_api::record::{RecordLine, Report, Target};
 
 use cdnmap_world::trace::{Header, Load, Record};
-
-#[derive(Deserialize)]
-struct Line {
-    #[serde(rename = "at_unix_ms")]
-    _at: i64,
-    report: Report,
-}
-
-#[derive(Deserialize)]
-struct Report {
-    kind: String,
-    body: serde_json::Value,
-}
-
-#[derive(Deserialize)]
-struct DemandBody {
-    period_start_unix_ms: i64,
-    samples: Vec<Sample>,
-}
-
-#[derive(Deserialize)]
-struct Sample {
-    target: Target,
-    class: String,
-    queries: f64,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Target {
-    MapUnit(String),
-    Prefix(ipnet::IpNet),
-}
-
-#[derive(Deserialize)]
-struct LoadBody {
-    measured_at_unix_ms: i64,
-    loads: Vec<StoredLoad>,
-}
-
-#[derive(Deserialize)]
-struct StoredLoad {
-    cluster: String,
-    node: String,
-    load: f64,
-}
 
 /// The stored reports (JSON Lines as `/record` serves them) as a trace. A demand sample becomes
 /// a record at its period's start, with its query count as the demand; a load report, load
@@ -75,13 +29,12 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let n = i + 1;
-        let line: Line = serde_json::from_str(line).with_context(|| format!("record line {n}"))?;
-        match line.report.kind.as_str() {
-            "demand" => {
-                let body: DemandBody = serde_json::from_value(line.report.body)
-                    .with_context(|| format!("record line {n}: a demand report"))?;
+        let line: RecordLine =
+            serde_json::from_str(line).with_context(|| format!("record line {n}"))?;
+        match line.report {
+            Report::Demand(body) => {
+                let t = body.period_start_unix_ms;
                 for s in body.samples {
-                    let t = body.period_start_unix_ms;
                     records.push(match s.target {
                         Target::MapUnit(map_unit) => Record::Unit {
                             t,
@@ -97,9 +50,7 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
                     });
                 }
             }
-            "load" => {
-                let body: LoadBody = serde_json::from_value(line.report.body)
-                    .with_context(|| format!("record line {n}: a load report"))?;
+            Report::Load(body) => {
                 for l in body.loads {
                     records.push(Record::Load {
                         t: body.measured_at_unix_ms,
@@ -111,7 +62,6 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
                     });
                 }
             }
-            other => bail!("record line {n}: unknown report kind {other:?}"),
         }
     }
     records.sort_by_key(Record::t);
@@ -157,14 +107,7 @@ pub fn fetch(addr: SocketAddr, from_ms: i64, to_ms: i64) -> Result<String> {
 pub fn read_store(data_dir: &Path, from_ms: i64, to_ms: i64) -> Result<String> {
     let store = cdnmap_api::Store::open(data_dir)
         .context("opening the store (if `cdnmap serve` is running on it, use --http instead)")?;
-    let mut out = String::new();
-    for (at, bytes) in store.reports(from_ms, to_ms)? {
-        out.push_str(&format!(
-            "{{\"at_unix_ms\":{at},\"report\":{}}}\n",
-            String::from_utf8_lossy(&bytes)
-        ));
-    }
-    Ok(out)
+    cdnmap_api::record::json_lines(&store.reports(from_ms, to_ms)?).map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]
@@ -173,8 +116,8 @@ mod tests {
 
     #[test]
     fn demand_and_load_reports_become_trace_records_in_time_order() {
-        let lines = r#"{"at_unix_ms":20,"report":{"kind":"demand","reporter":"fe1","body":{"period_start_unix_ms":20000,"period_end_unix_ms":30000,"samples":[{"target":{"map_unit":"u1"},"class":"","queries":5.0},{"target":{"prefix":"1.0.1.0/24"},"class":"web","queries":2.5}]}}}
-{"at_unix_ms":10,"report":{"kind":"load","reporter":"c1","body":{"measured_at_unix_ms":10000,"loads":[{"cluster":"fra-1","node":"cpu","load":7.0}]}}}
+        let lines = r#"{"at_unix_ms":20,"reporter":"fe1","report":{"demand":{"period_start_unix_ms":20000,"period_end_unix_ms":30000,"samples":[{"target":{"map_unit":"u1"},"class":"","queries":5.0},{"target":{"prefix":"1.0.1.0/24"},"class":"web","queries":2.5}]}}}
+{"at_unix_ms":10,"reporter":"c1","report":{"load":{"measured_at_unix_ms":10000,"loads":[{"cluster":"fra-1","node":"cpu","load":7.0}]}}}
 "#;
         let (h, records) = to_trace(lines, 0, 10_000).expect("converts");
         assert_eq!((h.start_ms, h.round_ms), (10_000, 10_000));
@@ -187,7 +130,7 @@ mod tests {
             matches!(&records[2], Record::Prefix { class, demand, .. } if class == "web" && *demand == 2.5)
         );
         assert!(to_trace(
-            "{\"at_unix_ms\":1,\"report\":{\"kind\":\"x\",\"body\":{}}}",
+            "{\"at_unix_ms\":1,\"reporter\":\"r\",\"report\":{\"x\":{}}}",
             0,
             1
         )
