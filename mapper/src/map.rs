@@ -140,6 +140,30 @@ pub fn node_usage(instance: &Instance, map: &Map) -> Vec<f64> {
     used
 }
 
+/// The demand-weighted mean score of what `map` places (DESIGN.md: a candidate's score is its
+/// estimated RTT in ms plus penalties), each unit's placed amounts scaled by `scale(u)`
+/// (`None`: the unit left out): 1 for the map's own demand, observed / planned for the demand
+/// that landed on it. `None` when nothing is placed.
+pub fn mean_score(
+    instance: &Instance,
+    map: &Map,
+    scale: impl Fn(UnitIdx) -> Option<f64>,
+) -> Option<f64> {
+    let (mut sum, mut placed) = (0.0, 0.0);
+    for u in 0..instance.unit_count().min(map.unit_count()) as UnitIdx {
+        let Some(x) = scale(u) else {
+            continue;
+        };
+        for a in map.allocations(u) {
+            if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
+                sum += a.amount * x * f64::from(c.score);
+                placed += a.amount * x;
+            }
+        }
+    }
+    (placed > 0.0).then(|| sum / placed)
+}
+
 /// Churn between two maps of the same instance shape (DESIGN.md, "Stickiness"): the
 /// demand-weighted share of demand whose cluster changed, overflow counting as one more
 /// "cluster", using the demands of `instance` (the new round's).

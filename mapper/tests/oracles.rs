@@ -676,3 +676,48 @@ fn brute_force_finds_all_three_textbook_matchings() {
     assert_eq!(stable, 3);
     compare_with_brute_force(&tiny).expect("matches the oracle");
 }
+
+/// The demand-weighted mean score, by hand: u1 (demand 2) at "a" (score 10), u2 (demand 1)
+/// split half at "a" (score 30) and half at "b" (score 40); scaled, and with a unit left out.
+#[test]
+fn mean_score_weighs_placed_demand_by_its_scale() {
+    let inst = build(
+        one_class(),
+        vec![
+            single_node_cluster("a", 10.0, &["web"]),
+            single_node_cluster("b", 10.0, &["web"]),
+        ],
+        &[
+            (
+                "u1",
+                "web",
+                2.0,
+                vec![("a".into(), 10.0, None), ("b".into(), 20.0, None)],
+            ),
+            (
+                "u2",
+                "web",
+                1.0,
+                vec![("a".into(), 30.0, None), ("b".into(), 40.0, None)],
+            ),
+        ],
+    );
+    let a = |cluster, amount| cdnmap_mapper::Allocation { cluster, amount };
+    let mut map = cdnmap_mapper::Map::with_capacity(2, 3);
+    map.push_unit([a(0, 2.0)], 0.0);
+    map.push_unit([a(0, 0.5), a(1, 0.5)], 0.0);
+    let mean = |scale: &dyn Fn(u32) -> Option<f64>| {
+        cdnmap_mapper::map::mean_score(&inst, &map, scale).expect("placed")
+    };
+    // (2·10 + 0.5·30 + 0.5·40) / 3
+    assert!((mean(&|_| Some(1.0)) - 55.0 / 3.0).abs() < 1e-12);
+    // u2's demand doubled: (2·10 + 1·30 + 1·40) / 4
+    assert!((mean(&|u| Some(if u == 1 { 2.0 } else { 1.0 })) - 90.0 / 4.0).abs() < 1e-12);
+    // u1 left out: u2's mean, 35
+    assert!((mean(&|u| (u == 1).then_some(1.0)) - 35.0).abs() < 1e-12);
+    assert_eq!(
+        cdnmap_mapper::map::mean_score(&inst, &map, |_| None),
+        None,
+        "nothing placed"
+    );
+}

@@ -261,28 +261,13 @@ fn node_loads(base: &Topology, truth: &[PerUnit], flow: &Through) -> NodeLoads {
 
 /// The mean RTT of the observed demand on the map's shares (0 with none placed).
 fn mean_rtt_ms(base: &Topology, instance: &Topology, map: &Map, observed: &[Option<f64>]) -> f64 {
-    let (mut rtt, mut placed) = (0.0, 0.0);
-    for u in 0..base.unit_count() as UnitIdx {
-        let (Some(actual), planned) = (observed[u as usize], instance.unit_demand(u)) else {
-            continue;
-        };
-        for a in map.allocations(u) {
-            if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
-                let amount = if planned > 0.0 {
-                    a.amount / planned * actual
-                } else {
-                    0.0
-                };
-                rtt += amount * f64::from(c.score);
-                placed += amount;
-            }
-        }
-    }
-    if placed > 0.0 {
-        rtt / placed
-    } else {
-        0.0
-    }
+    let units = base.unit_count();
+    cdnmap_mapper::map::mean_score(instance, map, |u| {
+        let actual = observed.get(u as usize).copied().flatten()?;
+        let planned = instance.unit_demand(u);
+        Some(if planned > 0.0 { actual / planned } else { 0.0 }).filter(|_| (u as usize) < units)
+    })
+    .unwrap_or(0.0)
 }
 
 /// The forecast error (relative to the observed total) and the observed demand by unit id.

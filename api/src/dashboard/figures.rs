@@ -173,17 +173,7 @@ pub fn regions_and_flows(inst: &Instance, map: &Map) -> (Vec<Region>, Vec<Flow>)
 /// estimated RTT in ms plus penalties; in the demo world exactly the RTT estimate). `None`
 /// when nothing is placed.
 pub fn mean_score(inst: &Instance, map: &Map) -> Option<f64> {
-    let mut sum = 0.0;
-    let mut placed = 0.0;
-    for u in 0..inst.unit_count().min(map.unit_count()) as UnitIdx {
-        for a in map.allocations(u) {
-            if let Some(c) = inst.candidates(u).find(|c| c.cluster == a.cluster) {
-                sum += a.amount * f64::from(c.score);
-                placed += a.amount;
-            }
-        }
-    }
-    (placed > 0.0).then(|| sum / placed)
+    cdnmap_mapper::map::mean_score(inst, map, |_| Some(1.0))
 }
 
 /// A cluster's preference key for a map unit (DESIGN.md: lower first).
