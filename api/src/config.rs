@@ -47,7 +47,9 @@ pub const CYCLE_SECS: std::ops::RangeInclusive<u64> = 10..=30;
 pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
 pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
 pub const MAX_CLASS_RULES: usize = 10_000;
-pub const MAX_DEMO_MAP_UNITS: usize = 4_000_000;
+/// The demo world may be as large as the model allows: the field's scale (about 3.8 M client
+/// /24 blocks × a few classes) runs from the compact store.
+pub const MAX_DEMO_MAP_UNITS: usize = cdnmap_mapper::model::MAX_MAP_UNITS;
 
 /// Why a configuration was refused: which key, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
@@ -437,6 +439,7 @@ mod tests {
             ("[stickiness]\nmargin = 0.95", "stickiness.margin"),
             ("[stickiness]\nmargin = nan", "stickiness.margin"),
             ("[demo]\nmap_units = 0", "demo.map_units"),
+            ("[demo]\nmap_units = 16777217", "demo.map_units"),
             (
                 "[selection.default]\npolicy = \"bounded\"\nc = 1.0",
                 "selection.default",
