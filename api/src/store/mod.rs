@@ -416,9 +416,11 @@ impl Store {
             problem: e.to_string(),
         })?;
         if served.write_base {
+            // Most often the base is the stored topology (the round after an edit, or the
+            // first): then it is the same file, linked.
             let base = cdnmap_topology::compact::encode(served.base);
             self.values
-                .put(&base_name(served.base_generation), &[&base])?;
+                .put_or_link(&base_name(served.base_generation), &base, TOPOLOGY_FILE)?;
         }
         self.values
             .put(&entry_name(served.version), &[served.round_entry])?;

@@ -633,6 +633,14 @@ fn a_base_that_is_the_stored_topology_is_read_once() {
         round_entry: &[],
     };
     store.put_served(&served(7, 7), 4).expect("served");
+    // The base was linked to the topology's file, not written again.
+    let inode = |name: &str| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dir.path().join(VALUES_DIR).join(name))
+            .expect("a value file")
+            .ino()
+    };
+    assert_eq!(inode(TOPOLOGY_FILE), inode(&base_name(7)));
     let (on, generation) = store.served_on(&inst).expect("read").expect("stored");
     assert_eq!(generation, Some(7));
     assert_eq!(Some(on), store.served().expect("read"));
@@ -641,7 +649,15 @@ fn a_base_that_is_the_stored_topology_is_read_once() {
     store.put_topology(&edited).expect("topology");
     let (on, generation) = store.served_on(&edited).expect("read").expect("stored");
     assert_eq!(generation, None);
+    assert_ne!(inode(TOPOLOGY_FILE), inode(&base_name(7)));
     assert_eq!(on.topology, inst, "the base read from its own file");
+    // A base that is not the stored topology is a file of its own.
+    store.put_served(&served(8, 8), 4).expect("served");
+    assert_ne!(inode(TOPOLOGY_FILE), inode(&base_name(8)));
+    assert_eq!(
+        store.stored_map(8).expect("read").map(|(t, _)| t),
+        Some(inst.clone())
+    );
     assert!(!store
         .values
         .same(TOPOLOGY_FILE, "no-such-value")

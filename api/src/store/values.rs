@@ -94,26 +94,59 @@ impl Values {
     /// (length and xxh3-64 of the payload; 24 bytes read of each): for a value written twice,
     /// to read or write it once. A damaged file is caught when it is read.
     pub(super) fn same(&self, a: &str, b: &str) -> Result<bool, StoreError> {
-        let header = |name: &str| -> Result<Option<[u8; HEADER]>, StoreError> {
-            let path = self.path(name);
-            let mut f = match File::open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
-            };
-            let mut h = [0u8; HEADER];
-            match std::io::Read::read_exact(&mut f, &mut h) {
-                Ok(()) if &h[..8] == MAGIC => Ok(Some(h)),
-                // Cut short or not a value file: not the same as anything.
-                Ok(()) => Ok(None),
-                Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(None),
-                Err(e) => Err(file_error(format!("reading {}", path.display()))(e)),
-            }
-        };
-        Ok(match (header(a)?, header(b)?) {
+        Ok(match (self.header(a)?, self.header(b)?) {
             (Some(x), Some(y)) => x == y,
             _ => false,
         })
+    }
+
+    /// Value `name`'s header, if it has a whole one (a file cut short, or not a value file,
+    /// has none: it is the same as nothing).
+    fn header(&self, name: &str) -> Result<Option<[u8; HEADER]>, StoreError> {
+        let path = self.path(name);
+        let mut f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
+        };
+        let mut h = [0u8; HEADER];
+        match std::io::Read::read_exact(&mut f, &mut h) {
+            Ok(()) if &h[..8] == MAGIC => Ok(Some(h)),
+            Ok(()) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(file_error(format!("reading {}", path.display()))(e)),
+        }
+    }
+
+    /// Stores `bytes` as the value `name`, like [`Self::put`], but as a hard link to the value
+    /// `copy_of` when that file holds exactly these bytes (its header's length and checksum):
+    /// a second copy of a large value (a round's base topology that is the stored topology)
+    /// then costs no space and no write. Files are never changed once renamed into place, so
+    /// the two names stay the same bytes until one is replaced or removed.
+    pub(super) fn put_or_link(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        copy_of: &str,
+    ) -> Result<(), StoreError> {
+        let mut want = [0u8; HEADER];
+        want[..8].copy_from_slice(MAGIC);
+        want[8..16].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+        want[16..].copy_from_slice(&xxhash_rust::xxh3::xxh3_64(bytes).to_le_bytes());
+        if self.header(copy_of)? != Some(want) {
+            return self.put(name, &[bytes]);
+        }
+        let tmp = self.path(&format!("{name}{TMP}"));
+        let what = || format!("linking {} to {copy_of}", tmp.display());
+        match fs::remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(file_error(what())(e)),
+        }
+        fs::hard_link(self.path(copy_of), &tmp).map_err(file_error(what()))?;
+        fs::rename(&tmp, self.path(name))
+            .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
+        self.sync_dir()
     }
 
     /// The value `name`, checked against its header; `None` when there is none.
