@@ -985,6 +985,34 @@ async fn metrics_are_served_over_http() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("unreadable: {resolves}"));
     assert!(count >= 1.0, "{resolves}");
+
+    // A WatchMap client's whole map is counted: messages, units and bytes by kind.
+    let mut stream = ok(
+        m.watch_map(pb::WatchMapRequest::default()).await,
+        "WatchMap",
+    );
+    let first = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("a full map within 30 s")
+        .expect("the stream")
+        .expect("a message");
+    assert!(first.full && !first.more, "the demo's map is one part");
+    let (_, body) = server.http_get("/metrics");
+    let full = |name: &str| {
+        body.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix("{kind=\"full\"} ")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name}{{kind=\"full\"}}:\n{body}"))
+    };
+    use cdnmap_proto::prost::Message;
+    assert_eq!(full("cdnmap_watch_messages_total"), 1.0);
+    assert_eq!(full("cdnmap_watch_units_total"), first.units.len() as f64);
+    assert_eq!(full("cdnmap_watch_bytes_total"), first.encoded_len() as f64);
 }
 
 /// The value of an unlabelled metric in Prometheus text.

@@ -235,7 +235,7 @@ impl pb::mapping_server::Mapping for MappingService {
                 };
                 let sent = match &last {
                     Some(prev) if (prev.epoch, prev.version + 1) == (next.epoch, next.version) => {
-                        tx.send(Ok(delta_update(&shared, prev, &next)))
+                        tx.send(Ok(counted("delta", delta_update(&shared, prev, &next))))
                             .await
                             .is_ok()
                     }
@@ -272,12 +272,23 @@ async fn send_full(
     let policies = shared.policies(&s.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
     for part in 0..crate::watch::full_parts(s) {
-        let msg = crate::watch::full_part(&edge, s, part);
+        let msg = counted("full", crate::watch::full_part(&edge, s, part));
         if tx.send(Ok(msg)).await.is_err() {
             return false;
         }
     }
     true
+}
+
+/// `msg`, counted in the WatchMap metrics by `kind` ("full": a part of a whole map, "delta"):
+/// messages, map units and encoded bytes sent, so a round's delta size is a metric.
+fn counted(kind: &'static str, msg: pb::MapUpdate) -> pb::MapUpdate {
+    use cdnmap_proto::prost::Message;
+    metrics::counter!("cdnmap_watch_messages_total", "kind" => kind).increment(1);
+    metrics::counter!("cdnmap_watch_units_total", "kind" => kind).increment(msg.units.len() as u64);
+    metrics::counter!("cdnmap_watch_bytes_total", "kind" => kind)
+        .increment(msg.encoded_len() as u64);
+    msg
 }
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {

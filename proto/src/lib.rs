@@ -13,6 +13,9 @@ pub mod v1 {
         tonic::include_file_descriptor_set!("cdnmap_v1_descriptor");
 }
 
+/// The protobuf runtime the messages are built on (`Message::encoded_len`, say).
+pub use prost;
+
 /// The most queries one `ResolveBatch` call may carry.
 pub const MAX_BATCH_QUERIES: usize = 1_000;
 /// The most samples (or loads) one feedback report may carry.
