@@ -143,7 +143,10 @@ impl Values {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(file_error(what())(e)),
         }
-        fs::hard_link(self.path(copy_of), &tmp).map_err(file_error(what()))?;
+        if fs::hard_link(self.path(copy_of), &tmp).is_err() {
+            // A file system without hard links: a copy of our own, as `put` writes it.
+            return self.put(name, &[bytes]);
+        }
         fs::rename(&tmp, self.path(name))
             .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
         self.sync_dir()
