@@ -557,13 +557,21 @@ fn print_medians(results: &[Vec<Run>; 2]) {
     let ratio = q_ours / q_peer;
     let cpu_ratio = med(1, |r| r.cpu_us) / med(0, |r| r.cpu_us);
     println!();
+    // Issue 16's targets: at least the static zone's queries per second, and (not measured
+    // here yet) at least gdnsd-geoip's with no more CPU per query than it.
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
-        "ratio cdnmap dns / gdnsd, queries per second: {ratio:.2} (target >= 0.5: {})",
-        if ratio >= 0.5 { "met" } else { "NOT met" }
+        "ratio cdnmap dns / gdnsd, queries per second: {ratio:.2} (target >= 1.0: {})",
+        met(ratio >= 1.0)
     );
     println!(
-        "ratio cdnmap dns / gdnsd, queries per CPU second: {cpu_ratio:.2} (the same comparison, \
-         less sensitive to what else the machine runs)"
+        "ratio cdnmap dns / gdnsd, queries per CPU second: {cpu_ratio:.2} (target >= 1.0: {}; \
+         the same comparison, less sensitive to what else the machine runs)",
+        met(cpu_ratio >= 1.0)
+    );
+    println!(
+        "not measured here: gdnsd with plugin_geoip answering from a nets map (a lookup per \
+         query, as cdnmap does), issue 16's other peer"
     );
 }
 
