@@ -104,12 +104,8 @@ impl Driver {
         epoch: u64,
         now: i64,
     ) -> Result<Step, StepError> {
-        let (solved, rules, estimate_ms) =
-            self.solve(base, previous, observations, rules, epoch, now)?;
-        Ok(Step {
-            snapshot: solved.index(rules, previous)?,
-            timings: StepTimings { estimate_ms },
-        })
+        self.step_alongside(base, previous, observations, rules, epoch, now, |_, _| ())
+            .map(|(step, ())| step)
     }
 
     /// [`Driver::step`], with `alongside` run on a thread of its own while the map is indexed

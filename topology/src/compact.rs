@@ -165,7 +165,13 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
     let mut cands = Vec::new();
     let mut prefixes = Vec::new();
     for u in 0..n {
-        let id = span(&c.ids, &mut id_at, c.id_end[u], "ids", u)?;
+        let ids = next_range(&mut id_at, c.id_end[u], c.ids.len(), "ids", u)?;
+        let id = c.ids.get(ids).ok_or_else(|| {
+            shape(
+                "ids",
+                format!("map unit {u}'s id does not end on a character boundary"),
+            )
+        })?;
         let class = head
             .traffic_classes
             .get(usize::from(c.class[u]))
@@ -175,15 +181,15 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
                     format!("map unit {id:?} has class {}", c.class[u]),
                 )
             })?;
-        let cand_end = end(
+        let entries = next_range(
             &mut cand_at,
             c.cand_end[u],
             c.cand_cluster.len(),
             "candidates",
-            id,
+            format_args!("{id:?}"),
         )?;
         cands.clear();
-        for e in std::mem::replace(&mut cand_at, cand_end)..cand_end {
+        for e in entries {
             let cluster = head
                 .clusters
                 .get(c.cand_cluster[e] as usize)
@@ -206,15 +212,15 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
                 cluster_rank,
             });
         }
-        let prefix_end = end(
+        let packed = next_range(
             &mut prefix_at,
             c.prefix_end[u],
             c.prefixes.len(),
             "prefixes",
-            id,
+            format_args!("{id:?}"),
         )?;
         prefixes.clear();
-        let mut packed = &c.prefixes[std::mem::replace(&mut prefix_at, prefix_end)..prefix_end];
+        let mut packed = &c.prefixes[packed];
         while !packed.is_empty() {
             prefixes.push(
                 unpack(&mut packed)
@@ -247,35 +253,23 @@ fn shape(what: &str, problem: String) -> CompactError {
     }
 }
 
-/// Checks that a column's next end is at or after `*at` and within `len`.
-fn end(at: &mut usize, end: u32, len: usize, what: &str, id: &str) -> Result<usize, CompactError> {
+/// The next entries of a column with offsets, `*at..end`, checked to lie within the column's
+/// `len` (a forged end is an error naming `unit`, never a panic); `*at` moves past them.
+fn next_range(
+    at: &mut usize,
+    end: u32,
+    len: usize,
+    what: &str,
+    unit: impl std::fmt::Display,
+) -> Result<std::ops::Range<usize>, CompactError> {
     let end = end as usize;
     if end < *at || end > len {
         return Err(shape(
             what,
-            format!("map unit {id:?} ends at {end}, outside {}..={len}", *at),
+            format!("map unit {unit} ends at {end}, outside {}..={len}", *at),
         ));
     }
-    Ok(end)
-}
-
-/// The next id of the id column (advancing `*at`).
-fn span<'a>(
-    ids: &'a str,
-    at: &mut usize,
-    end_at: u32,
-    what: &str,
-    u: usize,
-) -> Result<&'a str, CompactError> {
-    let end = end_at as usize;
-    let id = ids.get(*at..end).filter(|_| end >= *at).ok_or_else(|| {
-        shape(
-            what,
-            format!("map unit {u} ends at {end}, not a boundary after {}", *at),
-        )
-    })?;
-    *at = end;
-    Ok(id)
+    Ok(std::mem::replace(at, end)..end)
 }
 
 fn pack(p: &IpNet, out: &mut Vec<u8>) {
