@@ -46,32 +46,104 @@ impl Default for ForecastConfig {
     }
 }
 
-/// The state of one map unit's forecast.
+/// The state of one map unit's forecast: 120 bytes (a service at 11 M map units keeps one per
+/// unit, and checkpoints them all). Numbers are kept as `f32` (a demand forecast needs no more
+/// than 7 digits) and the seasonal factors as [`Factor`]s; arithmetic is in `f64`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Forecaster {
-    level: f64,
+    level: f32,
     /// Change of the level per millisecond.
-    trend: f64,
-    #[serde(with = "season_serde")]
-    season: [f32; SEASON_BUCKETS],
+    trend: f32,
     /// Running mean absolute error, for the spike threshold.
+    error: f32,
+    /// Observations taken (saturating).
+    observations: u32,
+    /// The time of the last observation (meaningless while `observations` is 0).
+    last_ms: i64,
+    #[serde(with = "season_serde")]
+    season: [Factor; SEASON_BUCKETS],
+}
+
+/// A seasonal factor in two bytes: its base-2 logarithm in [`Factor::STEPS`]ths of an octave,
+/// offset so that 1.0 is [`Factor::ONE`]. Factors from 2^-8 to just under 2^8 are kept
+/// (others are clamped), each to 0.017% of itself: finer than any season a round's noise
+/// lets one learn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Factor(u16);
+
+impl Factor {
+    const ONE: Factor = Factor(1 << 15);
+    const STEPS: f64 = 4096.0;
+
+    /// The factor nearest `x` (the smallest for 0, a negative number or NaN).
+    pub fn of(x: f64) -> Factor {
+        let q = (x.max(f64::MIN_POSITIVE).log2() * Self::STEPS + f64::from(Self::ONE.0)).round();
+        Factor(q.clamp(0.0, f64::from(u16::MAX)) as u16)
+    }
+
+    pub fn get(self) -> f64 {
+        ((f64::from(self.0) - f64::from(Self::ONE.0)) / Self::STEPS).exp2()
+    }
+}
+
+/// `x` as an `f32`, saturating at the largest finite one (no forecast becomes infinite).
+fn narrow(x: f64) -> f32 {
+    x.clamp(-f64::from(f32::MAX), f64::from(f32::MAX)) as f32
+}
+
+/// The seasonal profile as bytes (two a bucket, little-endian): serde derives arrays of at
+/// most 32 only, and a list of numbers would cost a length and a varint each. A stored profile
+/// of another length is refused.
+mod season_serde {
+    use super::{Factor, SEASON_BUCKETS};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        season: &[Factor; SEASON_BUCKETS],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut bytes = [0u8; 2 * SEASON_BUCKETS];
+        for (b, f) in bytes.chunks_exact_mut(2).zip(season) {
+            b.copy_from_slice(&f.0.to_le_bytes());
+        }
+        s.serialize_bytes(&bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<[Factor; SEASON_BUCKETS], D::Error> {
+        let bytes = <&[u8]>::deserialize(d)?;
+        if bytes.len() != 2 * SEASON_BUCKETS {
+            return Err(serde::de::Error::custom(format!(
+                "a season of {} bytes, not {}",
+                bytes.len(),
+                2 * SEASON_BUCKETS
+            )));
+        }
+        let mut season = [Factor::ONE; SEASON_BUCKETS];
+        for (f, b) in season.iter_mut().zip(bytes.chunks_exact(2)) {
+            *f = Factor(u16::from_le_bytes([b[0], b[1]]));
+        }
+        Ok(season)
+    }
+}
+
+/// A forecaster as builds before the compact [`Forecaster`] stored it (`f64`s, `f32`
+/// factors): read from their checkpoints, never written.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct LegacyForecaster {
+    level: f64,
+    trend: f64,
+    #[serde(with = "legacy_season")]
+    season: [f32; SEASON_BUCKETS],
     error: f64,
     last_ms: Option<i64>,
     observations: u64,
 }
 
-/// The seasonal profile as a list (serde derives arrays of at most 32 only); a stored list of
-/// another length is refused.
-mod season_serde {
+mod legacy_season {
     use super::SEASON_BUCKETS;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(
-        season: &[f32; SEASON_BUCKETS],
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        season.as_slice().serialize(s)
-    }
+    use serde::{Deserialize, Deserializer};
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[f32; SEASON_BUCKETS], D::Error> {
         let v = Vec::<f32>::deserialize(d)?;
@@ -79,6 +151,19 @@ mod season_serde {
         v.try_into().map_err(|_| {
             serde::de::Error::custom(format!("a season of {n} buckets, not {SEASON_BUCKETS}"))
         })
+    }
+}
+
+impl From<LegacyForecaster> for Forecaster {
+    fn from(f: LegacyForecaster) -> Self {
+        Forecaster {
+            level: narrow(f.level),
+            trend: narrow(f.trend),
+            error: narrow(f.error),
+            observations: u32::try_from(f.observations).unwrap_or(u32::MAX),
+            last_ms: f.last_ms.unwrap_or(0),
+            season: f.season.map(|s| Factor::of(f64::from(s))),
+        }
     }
 }
 
@@ -91,10 +176,10 @@ impl Default for Forecaster {
         Forecaster {
             level: 0.0,
             trend: 0.0,
-            season: [1.0; SEASON_BUCKETS],
             error: 0.0,
-            last_ms: None,
             observations: 0,
+            last_ms: 0,
+            season: [Factor::ONE; SEASON_BUCKETS],
         }
     }
 }
@@ -102,9 +187,13 @@ impl Default for Forecaster {
 impl Forecaster {
     /// The forecast for time `at_ms` (the next round's time).
     pub fn forecast(&self, at_ms: i64, config: &ForecastConfig) -> f64 {
-        let ahead = self.last_ms.map_or(0, |t| (at_ms - t).max(0)) as f64;
-        let base = (self.level + self.trend * ahead).max(0.0);
-        (base * f64::from(self.season[bucket(at_ms)])).max(config.floor)
+        let ahead = if self.observations > 0 {
+            at_ms.saturating_sub(self.last_ms).max(0) as f64
+        } else {
+            0.0
+        };
+        let base = (f64::from(self.level) + f64::from(self.trend) * ahead).max(0.0);
+        (base * self.season[bucket(at_ms)].get()).max(config.floor)
     }
 
     /// Takes the demand `observed` over the round ending at `at_ms`. Observations must come in
@@ -113,25 +202,28 @@ impl Forecaster {
         if !observed.is_finite() || observed < 0.0 {
             return false;
         }
-        if let Some(last) = self.last_ms {
-            if at_ms <= last {
-                return false;
-            }
+        if self.observations > 0 && at_ms <= self.last_ms {
+            return false;
         }
         let b = bucket(at_ms);
-        let s = f64::from(self.season[b]).max(1e-6);
+        let s = self.season[b].get();
         if self.observations == 0 {
-            self.level = observed / s;
-            self.last_ms = Some(at_ms);
+            self.level = narrow(observed / s);
+            self.last_ms = at_ms;
             self.observations = 1;
             return true;
         }
-        let dt = (at_ms - self.last_ms.unwrap_or(at_ms)) as f64;
-        let predicted_level = (self.level + self.trend * dt).max(0.0);
+        let (level0, trend0, error0) = (
+            f64::from(self.level),
+            f64::from(self.trend),
+            f64::from(self.error),
+        );
+        let dt = at_ms.saturating_sub(self.last_ms) as f64;
+        let predicted_level = (level0 + trend0 * dt).max(0.0);
         let predicted = predicted_level * s;
         // Clip the innovation: a spike moves the state by at most SPIKE_SIGMAS errors.
         let innovation = observed - predicted;
-        let limit = SPIKE_SIGMAS * self.error.max(1e-9 * predicted.max(1.0));
+        let limit = SPIKE_SIGMAS * error0.max(1e-9 * predicted.max(1.0));
         let clipped = if self.observations > 10 {
             innovation.clamp(-limit, limit)
         } else {
@@ -145,21 +237,21 @@ impl Forecaster {
         } else {
             innovation.abs()
         };
-        self.error += config.error_alpha * (counted - self.error);
+        self.error = narrow(error0 + config.error_alpha * (counted - error0));
         let level = predicted_level + config.alpha * (seen / s - predicted_level);
-        self.trend += config.beta * ((level - self.level) / dt.max(1.0) - self.trend);
+        self.trend = narrow(trend0 + config.beta * ((level - level0) / dt.max(1.0) - trend0));
         if level > 0.0 {
             let factor = seen / level;
-            self.season[b] = (s + config.gamma * (factor - s)) as f32;
+            self.season[b] = Factor::of(s + config.gamma * (factor - s));
         }
-        self.level = level.max(0.0);
-        self.last_ms = Some(at_ms);
-        self.observations += 1;
+        self.level = narrow(level.max(0.0));
+        self.last_ms = at_ms;
+        self.observations = self.observations.saturating_add(1);
         true
     }
 
     pub fn observations(&self) -> u64 {
-        self.observations
+        u64::from(self.observations)
     }
 }
 
@@ -186,6 +278,59 @@ mod tests {
                 (t, (truth + sigma * z).max(0.0))
             })
             .collect()
+    }
+
+    #[test]
+    fn a_factor_is_kept_to_half_a_step_and_clamped_outside_its_range() {
+        assert_eq!(std::mem::size_of::<Forecaster>(), 120);
+        assert_eq!(Factor::of(1.0), Factor::ONE);
+        assert_eq!(Factor::ONE.get(), 1.0);
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..10_000 {
+            let x: f64 = rng.random_range(-8.0f64..8.0).exp2();
+            let back = Factor::of(x).get();
+            assert!(
+                (back / x).log2().abs() <= 0.5 / Factor::STEPS + 1e-12,
+                "{x} read back as {back}"
+            );
+        }
+        assert_eq!(Factor::of(1e9), Factor(u16::MAX));
+        assert!(Factor(u16::MAX).get() > 255.9);
+        assert_eq!(Factor::of(0.0).get(), 1.0 / 256.0);
+        assert_eq!(Factor::of(-3.0), Factor::of(f64::NAN));
+    }
+
+    #[test]
+    fn a_legacy_forecaster_reads_as_the_compact_one_it_rounds_to() {
+        #[derive(serde::Serialize)]
+        struct Old {
+            level: f64,
+            trend: f64,
+            season: Vec<f32>,
+            error: f64,
+            last_ms: Option<i64>,
+            observations: u64,
+        }
+        let old = Old {
+            level: 123.25,
+            trend: -0.5,
+            season: (0..SEASON_BUCKETS).map(|b| 0.5 + b as f32 / 32.0).collect(),
+            error: 7.0,
+            last_ms: Some(86_400_000),
+            observations: 1 << 40,
+        };
+        let bytes = postcard::to_stdvec(&old).unwrap();
+        let f: Forecaster = postcard::from_bytes::<LegacyForecaster>(&bytes)
+            .unwrap()
+            .into();
+        assert_eq!((f.level, f.trend, f.error), (123.25, -0.5, 7.0));
+        assert_eq!((f.last_ms, f.observations), (86_400_000, u32::MAX));
+        for (b, s) in f.season.iter().zip(&old.season) {
+            assert!((b.get() / f64::from(*s) - 1.0).abs() < 1e-4);
+        }
+        // And the compact one round-trips bit for bit.
+        let again: Forecaster = postcard::from_bytes(&postcard::to_stdvec(&f).unwrap()).unwrap();
+        assert_eq!(again, f);
     }
 
     #[test]

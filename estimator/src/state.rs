@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use cdnmap_mapper::{Instance, Map, ModelError, PerUnit, ResourceKind, UnitIdx};
 
 use crate::derate::{DerateConfig, Derater};
-use crate::forecast::{ForecastConfig, Forecaster};
+use crate::forecast::{ForecastConfig, Forecaster, LegacyForecaster};
 use crate::learn::{LearnConfig, LearnError, Learner};
 use crate::observed::{merge_by_id, UnitDemand};
 
@@ -62,6 +62,33 @@ pub struct Estimates {
     forecasts: Forecasts,
 }
 
+/// The first bytes of a checkpoint ([`Estimates::to_bytes`]): its format. A build before it
+/// wrote postcard alone, with forecasters of `f64`s ([`LegacyForecaster`]); such a checkpoint
+/// is still read.
+const STATE_FORMAT: &[u8; 4] = b"EST2";
+
+/// [`Estimates`] as a build before [`STATE_FORMAT`] stored them.
+#[derive(serde::Deserialize)]
+struct LegacyEstimates {
+    forecast_config: ForecastConfig,
+    learn_config: LearnConfig,
+    derate_config: DerateConfig,
+    learned: Learned,
+    forecasts: StoredForecasts<LegacyForecaster>,
+}
+
+impl From<LegacyEstimates> for Estimates {
+    fn from(l: LegacyEstimates) -> Self {
+        Estimates {
+            forecast_config: l.forecast_config,
+            learn_config: l.learn_config,
+            derate_config: l.derate_config,
+            learned: l.learned,
+            forecasts: l.forecasts.into(),
+        }
+    }
+}
+
 /// What the loads teach: small (a few numbers per class and per derated cluster), so each
 /// round's entry carries it whole.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -71,39 +98,105 @@ struct Learned {
     configured: Vec<PerUnit>,
 }
 
-/// The forecasters as a column by unit index of `ids` (map unit ids in id order: the units of
-/// the last base topology the demand was observed for). A topology whose units differ is
-/// matched by id ([`Forecasts::align`]): units it adds start afresh, units it drops are
-/// forgotten, and `generation` counts such changes (a round entry replays only onto the
-/// generation it was made in).
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+/// The forecasters as a column by unit index of the units of the last base topology the
+/// demand was observed for (in id order). A topology whose units differ is matched by id
+/// ([`Forecasts::align`]): units it adds start afresh, units it drops are forgotten, and
+/// `generation` counts such changes (a round entry replays only onto the generation it was
+/// made in).
+///
+/// The column's unit ids are that instance's own (`aligned`), not a copy: at 11 M map units a
+/// second column of ids is half a gigabyte. Only a state read from a checkpoint, before its
+/// first alignment, has ids of its own (`own_ids`; empty otherwise).
+#[derive(Debug, Clone, Default)]
 struct Forecasts {
-    ids: Vec<Box<str>>,
+    own_ids: Vec<Box<str>>,
     by_unit: Vec<Forecaster>,
     generation: u64,
-    /// The instance the column was last found aligned with (not stored): the next check is a
-    /// pointer comparison when the units are shared.
-    #[serde(skip)]
+    /// The instance the column was last aligned with: its unit ids are the column's, and the
+    /// next check is a pointer comparison when the units are shared.
     aligned: Option<Instance>,
+}
+
+/// [`Forecasts`] as a checkpoint holds them: the ids, the forecasters, the generation.
+#[derive(serde::Deserialize)]
+struct StoredForecasts<F> {
+    ids: Vec<Box<str>>,
+    by_unit: Vec<F>,
+    generation: u64,
+}
+
+impl<F: Into<Forecaster>> From<StoredForecasts<F>> for Forecasts {
+    fn from(s: StoredForecasts<F>) -> Self {
+        Forecasts {
+            own_ids: s.ids,
+            by_unit: s.by_unit.into_iter().map(Into::into).collect(),
+            generation: s.generation,
+            aligned: None,
+        }
+    }
+}
+
+impl serde::Serialize for Forecasts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Ids<'a>(&'a Forecasts);
+        impl serde::Serialize for Ids<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq((0..self.0.len()).map(|i| self.0.id(i)))
+            }
+        }
+        let mut st = s.serialize_struct("Forecasts", 3)?;
+        st.serialize_field("ids", &Ids(self))?;
+        st.serialize_field("by_unit", &self.by_unit)?;
+        st.serialize_field("generation", &self.generation)?;
+        st.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Forecasts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        StoredForecasts::<Forecaster>::deserialize(d).map(Into::into)
+    }
 }
 
 impl PartialEq for Forecasts {
     fn eq(&self, other: &Self) -> bool {
-        self.ids == other.ids
+        self.len() == other.len()
+            && (0..self.len()).all(|i| self.id(i) == other.id(i))
             && self.by_unit == other.by_unit
             && self.generation == other.generation
     }
 }
 
 impl Forecasts {
+    fn len(&self) -> usize {
+        self.by_unit.len()
+    }
+
+    /// The unit id of forecaster `i`.
+    fn id(&self, i: usize) -> &str {
+        match &self.aligned {
+            Some(a) => a.unit_id(i as UnitIdx),
+            None => &self.own_ids[i],
+        }
+    }
+
+    /// The forecaster of `unit_id`'s index, if it has one.
+    fn index_of(&self, unit_id: &str) -> Option<usize> {
+        match &self.aligned {
+            Some(a) => a.unit_index(unit_id).map(|u| u as usize),
+            None => self.own_ids.binary_search_by(|p| (**p).cmp(unit_id)).ok(),
+        }
+    }
+
     /// Whether the column is by unit index of `base`'s units.
     fn is_aligned(&self, base: &Instance) -> bool {
         match &self.aligned {
-            Some(a) if a.same_unit_ids(base) => true,
-            _ => {
-                self.ids.len() == base.unit_count()
+            Some(a) => a.same_unit_ids(base),
+            None => {
+                self.own_ids.len() == base.unit_count()
                     && self
-                        .ids
+                        .own_ids
                         .iter()
                         .enumerate()
                         .all(|(u, id)| **id == *base.unit_id(u as UnitIdx))
@@ -113,22 +206,18 @@ impl Forecasts {
 
     /// Makes the column by unit index of `base`'s units (matched by id).
     fn align(&mut self, base: &Instance) {
-        if self.is_aligned(base) {
-            self.aligned = Some(base.clone());
-            return;
+        if !self.is_aligned(base) {
+            let merged = merge_by_id(
+                self.len(),
+                |i| self.id(i),
+                &self.by_unit,
+                base,
+                Forecaster::default(),
+            );
+            self.by_unit = merged;
+            self.generation += 1;
         }
-        let ids = &self.ids;
-        self.by_unit = merge_by_id(
-            ids.len(),
-            |i| &ids[i],
-            &self.by_unit,
-            base,
-            Forecaster::default(),
-        );
-        self.ids = (0..base.unit_count() as UnitIdx)
-            .map(|u| base.unit_id(u).into())
-            .collect();
-        self.generation += 1;
+        self.own_ids = Vec::new();
         self.aligned = Some(base.clone());
     }
 
@@ -152,8 +241,8 @@ impl Forecasts {
                 .collect();
         }
         // Not yet aligned (a topology edit since the last observation): by id.
-        let at: Vec<usize> = (0..self.ids.len()).collect();
-        merge_by_id(self.ids.len(), |i| &self.ids[i], &at, base, usize::MAX)
+        let at: Vec<usize> = (0..self.len()).collect();
+        merge_by_id(self.len(), |i| self.id(i), &at, base, usize::MAX)
             .into_iter()
             .enumerate()
             .map(|(u, i)| pick(u, self.by_unit.get(i)))
@@ -204,23 +293,27 @@ impl Estimates {
         })
     }
 
-    /// The whole state, encoded (postcard: compact, numbers bit for bit): a checkpoint.
+    /// The whole state, encoded: a checkpoint. [`STATE_FORMAT`], then postcard (compact,
+    /// numbers bit for bit).
     pub fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain numbers, strings and maps cannot fail; an empty result is read
         // back as an error, never as a state.
-        postcard::to_stdvec(self).unwrap_or_default()
+        postcard::to_extend(self, STATE_FORMAT.to_vec()).unwrap_or_default()
     }
 
-    /// A state saved by [`Estimates::to_bytes`], for `instance`: refused (with the reason)
+    /// A state saved by [`Estimates::to_bytes`] (or by a build before [`STATE_FORMAT`], whose
+    /// forecasters are read into the compact ones), for `instance`: refused (with the reason)
     /// when it does not fit the instance's traffic classes. When the configured coefficients
     /// changed since it was saved, the learners start afresh from the new ones (the forecasts
     /// and deratings are kept).
     pub fn from_bytes(bytes: &[u8], instance: &Instance) -> Result<Self, String> {
-        let mut est: Estimates =
-            postcard::from_bytes(bytes).map_err(|e| format!("the saved estimator state: {e}"))?;
-        if est.forecasts.ids.len() != est.forecasts.by_unit.len()
-            || est.forecasts.ids.windows(2).any(|w| w[0] >= w[1])
-        {
+        let decoded = match bytes.strip_prefix(STATE_FORMAT.as_slice()) {
+            Some(body) => postcard::from_bytes::<Estimates>(body),
+            None => postcard::from_bytes::<LegacyEstimates>(bytes).map(Into::into),
+        };
+        let mut est = decoded.map_err(|e| format!("the saved estimator state: {e}"))?;
+        let ids = &est.forecasts.own_ids;
+        if ids.len() != est.forecasts.by_unit.len() || ids.windows(2).any(|w| w[0] >= w[1]) {
             return Err(
                 "the saved estimator state: its forecasters do not match their unit ids".into(),
             );
@@ -347,9 +440,7 @@ impl Estimates {
 
     /// The demand forecast of `unit_id` at `t_ms`, if it was ever observed.
     pub fn forecast(&self, unit_id: &str, t_ms: i64) -> Option<f64> {
-        let ids = &self.forecasts.ids;
-        let i = ids.binary_search_by(|p| (**p).cmp(unit_id)).ok()?;
-        let f = &self.forecasts.by_unit[i];
+        let f = &self.forecasts.by_unit[self.forecasts.index_of(unit_id)?];
         (f.observations() > 0).then(|| f.forecast(t_ms, &self.forecast_config))
     }
     /// Measured loads of `instance`'s nodes `(global node, load)`, with `through` the demand
@@ -588,6 +679,65 @@ mod tests {
         let err = Estimates::from_bytes(&est.to_bytes(), &other).expect_err("two classes");
         assert!(err.contains("traffic classes"), "{err}");
         assert!(Estimates::from_bytes(b"{", &inst).is_err());
+    }
+
+    #[test]
+    fn a_checkpoint_of_a_build_before_the_compact_forecasters_is_read() {
+        #[derive(serde::Serialize)]
+        struct OldForecaster {
+            level: f64,
+            trend: f64,
+            season: Vec<f32>,
+            error: f64,
+            last_ms: Option<i64>,
+            observations: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct OldForecasts {
+            ids: Vec<&'static str>,
+            by_unit: Vec<OldForecaster>,
+            generation: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct Old<'a> {
+            forecast_config: ForecastConfig,
+            learn_config: LearnConfig,
+            derate_config: DerateConfig,
+            learned: &'a Learned,
+            forecasts: OldForecasts,
+        }
+        let inst = instance();
+        let est = Estimates::new(&inst).expect("estimates");
+        let old = |observations| OldForecaster {
+            level: 40.0,
+            trend: 0.0,
+            season: vec![1.5; crate::forecast::SEASON_BUCKETS],
+            error: 1.0,
+            last_ms: Some(0),
+            observations,
+        };
+        let bytes = postcard::to_stdvec(&Old {
+            forecast_config: est.forecast_config,
+            learn_config: est.learn_config,
+            derate_config: est.derate_config,
+            learned: &est.learned,
+            forecasts: OldForecasts {
+                ids: vec!["u1", "u2"],
+                by_unit: vec![old(5), old(0)],
+                generation: 3,
+            },
+        })
+        .expect("encode");
+        let back = Estimates::from_bytes(&bytes, &inst).expect("a legacy checkpoint");
+        assert_eq!(back.generation(), 3);
+        let u1 = back.forecast("u1", 10_000).expect("u1 was observed");
+        assert!((u1 / 60.0 - 1.0).abs() < 1e-4, "{u1}");
+        assert_eq!(back.forecast("u2", 10_000), None);
+        // Written again, it is in the new format, and reads back equal.
+        let again = back.to_bytes();
+        assert!(again.starts_with(STATE_FORMAT));
+        assert!(again.len() < bytes.len());
+        assert_eq!(Estimates::from_bytes(&again, &inst).expect("new"), back);
     }
 
     /// `inst` with its units `keep`-filtered and `extra` added (same class, demand, candidates).

@@ -67,6 +67,12 @@ const ENTRY_PREFIX: &[u8] = b"round/";
 /// The topology [`SERVED_KEY`]'s round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
+/// sled's page cache (its default is 1 GiB). sled holds the small, hot part of the store
+/// (the epoch, the demand reports, which are appended and rarely read back); a cache of the
+/// default size fills with reports in a minute of a busy feed and stays full, a gigabyte of
+/// the mapper's memory for nothing.
+const SLED_CACHE_BYTES: u64 = 64 << 20;
+
 /// Why the store failed, naming what it was doing.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -104,6 +110,10 @@ pub struct Store {
     topology: sled::Tree,
     maps: sled::Tree,
     reports: sled::Tree,
+    /// How many reports `reports` holds: counted once at open, then kept by every insert and
+    /// every removal that found its key (sled's `len` walks the whole tree, and an append
+    /// that called it took longer the longer the record).
+    reports_held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Where an older build kept its records, bases, entries and checkpoint: moved to
     /// `values` when the store is opened ([`Store::open`]), empty after.
     served: sled::Tree,
@@ -234,10 +244,14 @@ impl Store {
     /// Opens (creating) the store at `path`: sled's files and the `values/` directory. Values
     /// an older build kept in sled are moved to their files first ([`Self::migrate`]).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let db = sled::open(path).map_err(|source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(SLED_CACHE_BYTES)
+            .open()
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
         let tree = |name: &str| {
             db.open_tree(name)
                 .map_err(io(format!("opening tree {name}")))
@@ -246,11 +260,15 @@ impl Store {
             topology: tree("topology")?,
             maps: tree("maps")?,
             reports: tree("reports")?,
+            reports_held: Default::default(),
             served: tree("served")?,
             values: Values::open(&path.join(VALUES_DIR))?,
             db,
         };
         store.migrate()?;
+        store
+            .reports_held
+            .store(store.reports.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(store)
     }
 
@@ -605,20 +623,44 @@ impl Store {
         let mut key = [0u8; 16];
         key[..8].copy_from_slice(&(at_unix_ms as u64).to_be_bytes());
         key[8..].copy_from_slice(&id.to_be_bytes());
-        self.reports
-            .insert(key, report)
-            .map_err(io("writing a report"))?;
+        use std::sync::atomic::Ordering::Relaxed;
+        let one_fewer = || {
+            // Saturating, so no interleaving of appenders can wrap the count around.
+            let _ = self
+                .reports_held
+                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        };
+        // Counted before it is inserted: whoever removes it again counts after.
+        self.reports_held.fetch_add(1, Relaxed);
+        match self.reports.insert(key, report) {
+            Ok(None) => {}
+            Ok(Some(_)) => one_fewer(),
+            Err(e) => {
+                one_fewer();
+                return Err(io("writing a report")(e));
+            }
+        }
+        let drop_report = |old: sled::IVec| -> Result<(), StoreError> {
+            if self
+                .reports
+                .remove(old)
+                .map_err(io("dropping a report"))?
+                .is_some()
+            {
+                one_fewer();
+            }
+            Ok(())
+        };
         let cutoff = (at_unix_ms.saturating_sub(retain_ms).max(0) as u64).to_be_bytes();
         for old in self.reports.range(..cutoff.as_slice()).keys() {
-            let old = old.map_err(io("listing old reports"))?;
-            self.reports
-                .remove(old)
-                .map_err(io("dropping an old report"))?;
+            drop_report(old.map_err(io("listing old reports"))?)?;
         }
-        let excess = self.reports.len().saturating_sub(max_reports.max(1));
+        let excess = self
+            .reports_held
+            .load(Relaxed)
+            .saturating_sub(max_reports.max(1));
         for old in self.reports.iter().keys().take(excess) {
-            let old = old.map_err(io("listing reports"))?;
-            self.reports.remove(old).map_err(io("dropping a report"))?;
+            drop_report(old.map_err(io("listing reports"))?)?;
         }
         self.flush("a report")?;
         Ok(id)

@@ -597,6 +597,40 @@ fn reports_are_kept_by_age_and_count() {
     assert_eq!(store.reports(8_000, 9_000).expect("read").len(), 1);
 }
 
+/// The count `append_report` bounds the record by is kept without walking the tree: equal to
+/// the reports held after appenders race, and counted again when the store is opened.
+#[test]
+fn the_report_count_holds_under_racing_appenders_and_across_a_reopen() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = Store::open(dir.path()).expect("open");
+        std::thread::scope(|s| {
+            for w in 0..4i64 {
+                let store = store.clone();
+                s.spawn(move || {
+                    for t in 0..200i64 {
+                        store
+                            .append_report(1_000 + t * 4 + w, b"{}", i64::MAX, 50)
+                            .expect("append");
+                    }
+                });
+            }
+        });
+        // Racing appenders may each drop the same excess, so a few fewer may be left.
+        let held = store.reports(0, i64::MAX).expect("read").len();
+        assert!((40..=50).contains(&held), "{held} reports held");
+        assert_eq!(store.reports_held.load(Relaxed), held);
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    assert!(store.reports_held.load(Relaxed) >= 40);
+    store
+        .append_report(10_000, b"{}", i64::MAX, 10)
+        .expect("append");
+    assert_eq!(store.reports(0, i64::MAX).expect("read").len(), 10);
+    assert_eq!(store.reports_held.load(Relaxed), 10);
+}
+
 #[test]
 fn a_corrupt_map_is_an_error_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
