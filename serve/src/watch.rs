@@ -25,8 +25,9 @@ use crate::serving::{Builder, ServeError, ServingCluster, ServingMap, Sizes};
 
 /// Most map units in one message of a full map.
 pub const PART_UNITS: usize = 65_536;
-/// Most map units a front end holds.
-pub const MAX_UNITS: usize = 10_000_000;
+/// Most map units a front end holds: as many as an instance may have (a front end that
+/// refused a map the mapper can make would answer from its last one forever).
+pub const MAX_UNITS: usize = cdnmap_mapper::model::MAX_MAP_UNITS;
 /// Most clusters a front end holds.
 pub const MAX_CLUSTERS: usize = 100_000;
 /// Most prefixes of one map unit, and most shares.

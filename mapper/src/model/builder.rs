@@ -148,7 +148,7 @@ impl InstanceBuilder {
     /// Reserves room for `units` more map units with `candidates` candidates in all.
     pub fn reserve(&mut self, units: usize, candidates: usize) {
         let u = &mut self.units;
-        u.ids.reserve_exact(units);
+        u.ids.reserve_exact(units, 0);
         u.class.reserve_exact(units);
         u.building_demand.reserve_exact(units);
         u.lat.reserve_exact(units);
@@ -178,6 +178,14 @@ impl InstanceBuilder {
             unit_index + 1,
             MAX_MAP_UNITS,
         )?;
+        if !self.units.ids.fits(spec.id) {
+            return Err(ModelError::TooMany {
+                subject: "instance".into(),
+                what: "bytes of map unit ids",
+                count: self.units.ids.text_len().saturating_add(spec.id.len()),
+                limit: u32::MAX as usize,
+            });
+        }
         let subject = || format!("map unit {:?}", spec.id);
         let class =
             *self
@@ -256,7 +264,8 @@ impl InstanceBuilder {
         }
         cands.push_head(start);
         u.cand_start.push(cands.cluster.len() as u32);
-        u.ids.push(spec.id.into());
+        // Checked with the unit's other limits, before anything was appended.
+        let _fits = u.ids.push(spec.id);
         u.class.push(class);
         u.building_demand.push(spec.demand + 0.0);
         u.lat.push(spec.lat as f32);
@@ -274,17 +283,19 @@ impl InstanceBuilder {
     /// came in id order. What lets a caller keep columns of its own beside the instance's.
     pub fn finish_with_order(self) -> Result<(Instance, Option<Vec<u32>>), ModelError> {
         let (mut units, mut cands) = (self.units, self.cands);
-        let sorted = units.ids.windows(2).all(|w| w[0] <= w[1]);
+        let ids = &units.ids;
+        let sorted = (1..ids.len()).all(|i| ids.get(i - 1) <= ids.get(i));
         let mut order = None;
         if !sorted {
             let by_id;
             (units, cands, by_id) = sort_units(units, cands);
             order = Some(by_id);
         }
-        if let Some(w) = units.ids.windows(2).find(|w| w[0] == w[1]) {
+        let ids = &units.ids;
+        if let Some(i) = (1..ids.len()).find(|&i| ids.get(i - 1) == ids.get(i)) {
             return Err(ModelError::DuplicateId {
                 what: "map unit",
-                id: w[0].to_string(),
+                id: ids.get(i).to_string(),
                 context: String::new(),
             });
         }
@@ -311,8 +322,9 @@ impl InstanceBuilder {
 fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateColumns, Vec<u32>) {
     let n = units.ids.len();
     let mut order: Vec<u32> = (0..n as u32).collect();
-    order.sort_by(|&a, &b| units.ids[a as usize].cmp(&units.ids[b as usize]));
+    order.sort_by(|&a, &b| units.ids.get(a as usize).cmp(units.ids.get(b as usize)));
     let mut out = MapUnits::default();
+    out.ids.reserve_exact(n, units.ids.heap_bytes());
     let mut out_cands = CandidateColumns {
         rank: cands
             .rank
@@ -334,7 +346,8 @@ fn sort_units(units: MapUnits, cands: CandidateColumns) -> (MapUnits, CandidateC
             dst.extend_from_slice(&src[c0..c1]);
         }
         out.cand_start.push(out_cands.cluster.len() as u32);
-        out.ids.push(units.ids[i].clone());
+        // Never past u32::MAX bytes: the same names as the columns being sorted.
+        out.ids.push(units.ids.get(i));
         out.class.push(units.class[i]);
         out.building_demand.push(units.building_demand[i]);
         out.lat.push(units.lat[i]);

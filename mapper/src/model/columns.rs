@@ -11,11 +11,76 @@ use super::limits::{ClassIdx, ClusterIdx};
 /// The stored rank of a candidate without an explicit `cluster_rank`.
 pub(crate) const NO_RANK: f32 = f32::INFINITY;
 
+/// Strings in one buffer: string `i` is `text[end[i - 1]..end[i]]` (from 0 for the first).
+/// Millions of map unit ids cost their bytes and 4 more each, where a `Box<str>` each cost 16
+/// more and the allocator's rounding. The text is at most `u32::MAX` bytes ([`Names::push`]
+/// refuses more).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Names {
+    text: String,
+    end: Vec<u32>,
+}
+
+impl Names {
+    pub(crate) fn len(&self) -> usize {
+        self.end.len()
+    }
+
+    pub(crate) fn get(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.end[i - 1] as usize };
+        &self.text[start..self.end[i] as usize]
+    }
+
+    /// Whether `name` can be appended (the text stays within `u32::MAX` bytes).
+    pub(crate) fn fits(&self, name: &str) -> bool {
+        u32::try_from(self.text.len() + name.len()).is_ok()
+    }
+
+    /// Appends `name`, if it [`fits`](Self::fits); false (and nothing appended) if not.
+    pub(crate) fn push(&mut self, name: &str) -> bool {
+        let Ok(end) = u32::try_from(self.text.len() + name.len()) else {
+            return false;
+        };
+        self.text.push_str(name);
+        self.end.push(end);
+        true
+    }
+
+    pub(crate) fn reserve_exact(&mut self, names: usize, bytes: usize) {
+        self.end.reserve_exact(names);
+        self.text.reserve_exact(bytes);
+    }
+
+    /// The index of `name` in names sorted in increasing order.
+    pub(crate) fn binary_search(&self, name: &str) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.get(mid).cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
+    }
+
+    /// Bytes of text.
+    pub(crate) fn text_len(&self) -> usize {
+        self.text.len()
+    }
+
+    /// Bytes held (the text's and the ends' capacity).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.text.capacity() + self.end.capacity() * 4
+    }
+}
+
 /// Map units, column-wise. Candidates of unit `u` are at `cand_start[u]..cand_start[u + 1]`
 /// of the [`CandidateColumns`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct MapUnits {
-    pub(crate) ids: Vec<Box<str>>,
+    pub(crate) ids: Names,
     pub(crate) class: Vec<ClassIdx>,
     /// Filled while building only (empty in an instance, which keeps its demand apart in
     /// `Instance::demand`; the name keeps instance code from reading it by mistake).
@@ -65,5 +130,44 @@ impl CandidateColumns {
             },
         };
         self.head.push(head);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+
+    #[test]
+    fn names_read_back_as_pushed_and_are_found_as_a_sorted_list_would_find_them() {
+        let list: Vec<String> = (0..500u32)
+            .map(|i| format!("u{}", i.wrapping_mul(2_654_435_761) % 10_007))
+            .chain(["".to_string(), "ü-ñ".to_string()])
+            .collect();
+        let mut sorted = list.clone();
+        sorted.sort();
+        sorted.dedup();
+        let mut names = Names::default();
+        for n in &sorted {
+            assert!(names.fits(n) && names.push(n));
+        }
+        assert_eq!(names.len(), sorted.len());
+        assert_eq!(
+            names.text_len(),
+            sorted.iter().map(String::len).sum::<usize>()
+        );
+        for (i, n) in sorted.iter().enumerate() {
+            assert_eq!(names.get(i), n);
+        }
+        for probe in list
+            .iter()
+            .map(String::as_str)
+            .chain(["", "u", "u99999", "zz", "a"])
+        {
+            assert_eq!(
+                names.binary_search(probe),
+                sorted.binary_search_by(|s| s.as_str().cmp(probe)),
+                "{probe:?}"
+            );
+        }
     }
 }

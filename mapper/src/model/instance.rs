@@ -47,11 +47,7 @@ impl Instance {
 
     /// The map unit with this id (binary search: units are sorted by id).
     pub fn unit_index(&self, id: &str) -> Option<UnitIdx> {
-        self.units
-            .ids
-            .binary_search_by(|probe| (**probe).cmp(id))
-            .ok()
-            .map(|i| i as UnitIdx)
+        self.units.ids.binary_search(id).ok().map(|i| i as UnitIdx)
     }
 
     /// Number of resource nodes over all clusters.
@@ -69,7 +65,7 @@ impl Instance {
     }
 
     pub fn unit_id(&self, u: UnitIdx) -> &str {
-        &self.units.ids[u as usize]
+        self.units.ids.get(u as usize)
     }
 
     /// Whether `other` has the same map units by id, in the same order, so that a column by
@@ -255,9 +251,8 @@ impl Instance {
     /// string and hash-map parts).
     pub fn heap_bytes(&self) -> usize {
         let u = &self.units;
-        let ids: usize = u.ids.iter().map(|s| s.len().max(8)).sum::<usize>()
-            + u.ids.capacity() * std::mem::size_of::<Box<str>>();
-        ids + u.class.capacity() * 2
+        u.ids.heap_bytes()
+            + u.class.capacity() * 2
             + self.demand.capacity() * 8
             + (u.lat.capacity() + u.lon.capacity()) * 4
             + u.cand_start.capacity() * 4
