@@ -491,30 +491,36 @@ impl Shared {
         }
         let me = Arc::clone(self);
         let t = Instant::now();
-        let state = tokio::task::spawn_blocking(move || match me.driver.lock() {
-            Ok(d) => d.estimates().to_bytes(),
-            Err(_) => Vec::new(),
+        // Streamed to the file under the driver's lock (the state must be the one after
+        // `version`; a copy of it would be as large as the state), synced after the lock is
+        // released.
+        let pending = tokio::task::spawn_blocking(move || match me.driver.lock() {
+            Ok(d) => me
+                .store
+                .write_checkpoint(version, |w| d.estimates().write_to(w))
+                .map_err(|e| e.to_string()),
+            Err(_) => Err("the round driver's lock is poisoned".to_string()),
         })
         .await
-        .unwrap_or_default();
+        .unwrap_or_else(|e| Err(e.to_string()));
         let encode_ms = t.elapsed().as_secs_f64() * 1e3;
         let me = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
             let t = Instant::now();
-            let stored = !state.is_empty()
-                && match me.store.put_checkpoint(version, &state) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::error!(error = %e, "storing the estimator's checkpoint failed");
-                        false
-                    }
-                };
+            let bytes = pending.as_ref().map_or(0, |p| p.bytes());
+            let stored = match pending.map(|p| p.commit().map_err(|e| e.to_string())) {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) | Err(e) => {
+                    tracing::error!(error = %e, "storing the estimator's checkpoint failed");
+                    false
+                }
+            };
             let write_ms = t.elapsed().as_secs_f64() * 1e3;
             metrics::histogram!("cdnmap_estimator_checkpoint_seconds")
                 .record((encode_ms + write_ms) / 1e3);
             tracing::info!(
                 version,
-                bytes = state.len(),
+                bytes,
                 encode_ms,
                 write_ms,
                 stored,

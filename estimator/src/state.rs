@@ -301,6 +301,15 @@ impl Estimates {
         postcard::to_extend(self, STATE_FORMAT.to_vec()).unwrap_or_default()
     }
 
+    /// [`Self::to_bytes`], written to `out` as it is encoded (a state of 11 M forecasters is
+    /// over a gigabyte: it need not be whole in memory a second time).
+    pub fn write_to(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        out.write_all(STATE_FORMAT)?;
+        postcard::to_io(self, out)
+            .map(|_| ())
+            .map_err(std::io::Error::other)
+    }
+
     /// A state saved by [`Estimates::to_bytes`] (or by a build before [`STATE_FORMAT`], whose
     /// forecasters are read into the compact ones), for `instance`: refused (with the reason)
     /// when it does not fit the instance's traffic classes. When the configured coefficients

@@ -67,56 +67,130 @@ struct Columns {
 
 /// `topology` in the compact form.
 pub fn encode(topology: &Topology) -> Vec<u8> {
-    let inst = &topology.instance;
-    let head = InstanceFile {
-        traffic_classes: inst.classes().to_vec(),
-        clusters: (0..inst.clusters().len() as ClusterIdx)
-            .map(|c| cluster_file(topology, c))
-            .collect(),
-        map_units: Vec::new(),
-    };
-    let n = inst.unit_count();
-    let mut c = Columns {
-        // Serializing plain structs of strings and numbers to a Vec cannot fail.
-        head: serde_json::to_vec(&head).unwrap_or_default(),
-        ids: String::new(),
-        id_end: Vec::with_capacity(n),
-        class: Vec::with_capacity(n),
-        demand: Vec::with_capacity(n),
-        lat: Vec::with_capacity(n),
-        lon: Vec::with_capacity(n),
-        cand_end: Vec::with_capacity(n),
-        cand_cluster: Vec::new(),
-        cand_score: Vec::new(),
-        cand_rank: Vec::new(),
-        prefix_end: Vec::with_capacity(n),
-        prefixes: Vec::new(),
-    };
-    for u in 0..n as UnitIdx {
-        c.ids.push_str(inst.unit_id(u));
-        c.id_end.push(c.ids.len() as u32);
-        c.class.push(inst.unit_class(u));
-        c.demand.push(inst.unit_demand(u));
-        let (lat, lon) = inst.unit_location(u);
-        c.lat.push(lat as f32);
-        c.lon.push(lon as f32);
-        for cand in inst.candidates(u) {
-            if cand.explicit_rank {
-                c.cand_rank.push((c.cand_cluster.len() as u32, cand.rank));
-            }
-            c.cand_cluster.push(cand.cluster);
-            c.cand_score.push(cand.score);
-        }
-        c.cand_end.push(c.cand_cluster.len() as u32);
-        for p in topology.unit_prefixes(u) {
-            pack(p, &mut c.prefixes);
-        }
-        c.prefix_end.push(c.prefixes.len() as u32);
-    }
-    let mut out = MAGIC.to_vec();
-    // postcard writes plain vectors and numbers into a Vec without failing.
-    out.extend(postcard::to_stdvec(&c).unwrap_or_default());
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = encode_to(topology, &mut out);
     out
+}
+
+/// `topology` in the compact form, written to `out` as it is made: no column is gathered in
+/// memory first (at 11 M map units the columns and their encoding were gigabytes beside the
+/// topology itself). The bytes are [`encode`]'s; the wire layout is [`Columns`]'s.
+pub fn encode_to(topology: &Topology, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    out.write_all(MAGIC)?;
+    postcard::to_io(&View(topology), out)
+        .map(|_| ())
+        .map_err(std::io::Error::other)
+}
+
+/// [`Columns`] of a topology, serialized straight from it.
+struct View<'a>(&'a Topology);
+
+/// A column of `len` items made by a fresh run of the iterator `items` (postcard writes the
+/// length first). An iterator that yields another number of items is an error, not a column
+/// the decoder would misread.
+struct Column<F>(usize, F);
+
+impl<T, I, F> Serialize for Column<F>
+where
+    T: Serialize,
+    I: Iterator<Item = T>,
+    F: Fn() -> I,
+{
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = s.serialize_seq(Some(self.0))?;
+        let mut n = 0;
+        for item in (self.1)() {
+            n += 1;
+            seq.serialize_element(&item)?;
+        }
+        if n != self.0 {
+            return Err(S::Error::custom(format!(
+                "a column of {n} items where {} were counted",
+                self.0
+            )));
+        }
+        seq.end()
+    }
+}
+
+/// The column of each of `n` units' end in a column of entries `lens(u)` long each.
+struct Ends<'a>(usize, &'a dyn Fn(UnitIdx) -> usize);
+
+impl Serialize for Ends<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Ends(n, lens) = *self;
+        Column(n, || {
+            let mut end = 0usize;
+            (0..n as UnitIdx).map(move |u| {
+                end += lens(u);
+                end as u32
+            })
+        })
+        .serialize(s)
+    }
+}
+
+impl Serialize for View<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let topology = self.0;
+        let inst = &topology.instance;
+        let head = InstanceFile {
+            traffic_classes: inst.classes().to_vec(),
+            clusters: (0..inst.clusters().len() as ClusterIdx)
+                .map(|c| cluster_file(topology, c))
+                .collect(),
+            map_units: Vec::new(),
+        };
+        // Serializing plain structs of strings and numbers to a Vec cannot fail.
+        let head = serde_json::to_vec(&head).unwrap_or_default();
+        let n = inst.unit_count();
+        let units = move || 0..n as UnitIdx;
+        let (ids, id_end) = inst.unit_id_column();
+        let cands = move || units().flat_map(move |u| inst.candidates(u));
+        let total = units().map(|u| inst.candidates(u).len()).sum::<usize>();
+        let ranked = cands().filter(|c| c.explicit_rank).count();
+        let prefixes = move || units().flat_map(move |u| topology.unit_prefixes(u));
+        let packed_len = |p: &IpNet| if p.addr().is_ipv4() { 6 } else { 18 };
+        let prefix_bytes = prefixes().map(packed_len).sum::<usize>();
+        let cand_lens = |u| inst.candidates(u).len();
+        let prefix_lens = |u| topology.unit_prefixes(u).iter().map(packed_len).sum();
+        let mut st = s.serialize_struct("Columns", 14)?;
+        st.serialize_field("head", &head)?;
+        st.serialize_field("ids", ids)?;
+        st.serialize_field("id_end", id_end)?;
+        st.serialize_field("class", &Column(n, || units().map(|u| inst.unit_class(u))))?;
+        st.serialize_field(
+            "demand",
+            &Column(n, || units().map(|u| inst.unit_demand(u))),
+        )?;
+        let location = move |u| inst.unit_location(u);
+        st.serialize_field("lat", &Column(n, || units().map(|u| location(u).0 as f32)))?;
+        st.serialize_field("lon", &Column(n, || units().map(|u| location(u).1 as f32)))?;
+        st.serialize_field("cand_end", &Ends(n, &cand_lens))?;
+        st.serialize_field(
+            "cand_cluster",
+            &Column(total, || cands().map(|c| c.cluster)),
+        )?;
+        st.serialize_field("cand_score", &Column(total, || cands().map(|c| c.score)))?;
+        st.serialize_field(
+            "cand_rank",
+            &Column(ranked, || {
+                cands()
+                    .enumerate()
+                    .filter(|(_, c)| c.explicit_rank)
+                    .map(|(e, c)| (e as u32, c.rank))
+            }),
+        )?;
+        st.serialize_field("prefix_end", &Ends(n, &prefix_lens))?;
+        st.serialize_field(
+            "prefixes",
+            &Column(prefix_bytes, || prefixes().flat_map(packed)),
+        )?;
+        st.end()
+    }
 }
 
 /// Decodes and validates a compact topology (as [`crate::format::parse_instance`] does a
@@ -272,17 +346,22 @@ fn next_range(
     Ok(std::mem::replace(at, end)..end)
 }
 
-fn pack(p: &IpNet, out: &mut Vec<u8>) {
-    match p {
+/// A prefix packed: its family byte (4 or 6), its length byte, then its 4 or 16 address bytes.
+fn packed(p: &IpNet) -> impl Iterator<Item = u8> {
+    let mut b = [0u8; 18];
+    let size = match p {
         IpNet::V4(n) => {
-            out.extend([4, n.prefix_len()]);
-            out.extend(n.addr().octets());
+            b[..2].copy_from_slice(&[4, n.prefix_len()]);
+            b[2..6].copy_from_slice(&n.addr().octets());
+            6
         }
         IpNet::V6(n) => {
-            out.extend([6, n.prefix_len()]);
-            out.extend(n.addr().octets());
+            b[..2].copy_from_slice(&[6, n.prefix_len()]);
+            b[2..].copy_from_slice(&n.addr().octets());
+            18
         }
-    }
+    };
+    b.into_iter().take(size)
 }
 
 /// The next packed prefix of `packed` (advancing it).

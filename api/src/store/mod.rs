@@ -73,6 +73,35 @@ const BASE_KEY: &[u8] = b"served-base";
 /// the mapper's memory for nothing.
 const SLED_CACHE_BYTES: u64 = 64 << 20;
 
+/// A checkpoint written but not yet durable ([`Store::write_checkpoint`]).
+#[derive(Debug)]
+pub struct PendingCheckpoint {
+    store: Store,
+    version: u64,
+    value: values::Pending,
+}
+
+impl PendingCheckpoint {
+    /// Bytes of the checkpoint.
+    pub fn bytes(&self) -> u64 {
+        self.value.len
+    }
+
+    /// Makes the checkpoint durable and in place, then drops the round entries it covers (up
+    /// to its version). Entries after it are kept, so a crash at any point leaves a checkpoint
+    /// and the entries that follow it. Durable when it returns.
+    pub fn commit(self) -> Result<(), StoreError> {
+        self.value.commit()?;
+        let values = &self.store.values;
+        for name in values.names(ENTRY_FILE)? {
+            if name_number(&name, ENTRY_FILE).is_some_and(|v| v <= self.version) {
+                values.remove(&name)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why the store failed, naming what it was doing.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -338,10 +367,9 @@ impl Store {
 
     /// Replaces the stored topology (in the compact form). Durable when it returns.
     pub fn put_topology(&self, topology: &Topology) -> Result<(), StoreError> {
-        self.values.put(
-            TOPOLOGY_FILE,
-            &[&cdnmap_topology::compact::encode(topology)],
-        )
+        self.values.put_with(TOPOLOGY_FILE, |w| {
+            cdnmap_topology::compact::encode_to(topology, w)
+        })
     }
 
     /// The stored topology, validated like an instance file.
@@ -427,25 +455,24 @@ impl Store {
     /// bases no kept record names. Durable when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
         let record = Record::of(served);
-        let mut bytes = Vec::with_capacity(16 + 12 * served.instance.unit_count());
-        bytes.extend_from_slice(SERVED_MAGIC);
-        postcard::to_io(&record, &mut bytes).map_err(|e| StoreError::Corrupt {
-            what: format!("map version {} to store", served.version),
-            problem: e.to_string(),
-        })?;
         if served.write_base {
             // Most often the base is the stored topology (the round after an edit, or the
             // first): then it is the same file, linked.
-            let base = cdnmap_topology::compact::encode(served.base);
-            self.values
-                .put_or_link(&base_name(served.base_generation), &base, TOPOLOGY_FILE)?;
+            self.values.put_or_link_with(
+                &base_name(served.base_generation),
+                |w| cdnmap_topology::compact::encode_to(served.base, w),
+                TOPOLOGY_FILE,
+            )?;
         }
         self.values
             .put(&entry_name(served.version), &[served.round_entry])?;
-        self.values.put(
-            &record_name(served.version, served.base_generation),
-            &[&bytes],
-        )?;
+        self.values
+            .put_with(&record_name(served.version, served.base_generation), |w| {
+                w.write_all(SERVED_MAGIC)?;
+                postcard::to_io(&record, w)
+                    .map(|_| ())
+                    .map_err(std::io::Error::other)
+            })?;
         self.prune(served.version, keep)
     }
 
@@ -484,16 +511,29 @@ impl Store {
     /// it are kept, so a crash at any point leaves a checkpoint and the entries that follow
     /// it. Durable when it returns.
     pub fn put_checkpoint(&self, version: u64, state: &[u8]) -> Result<(), StoreError> {
-        self.values.put(
-            CHECKPOINT_FILE,
-            &[CHECKPOINT_MAGIC, &version.to_be_bytes(), state],
-        )?;
-        for name in self.values.names(ENTRY_FILE)? {
-            if name_number(&name, ENTRY_FILE).is_some_and(|v| v <= version) {
-                self.values.remove(&name)?;
-            }
-        }
-        Ok(())
+        self.write_checkpoint(version, |w| w.write_all(state))?
+            .commit()
+    }
+
+    /// Writes what `write` writes (the estimator's whole state after the round of record
+    /// `version`, streamed: at 11 M map units it is over a gigabyte) as the next checkpoint,
+    /// unsynced and not yet in place: the caller can let go of the state before
+    /// [`PendingCheckpoint::commit`] makes it durable, as [`Self::put_checkpoint`] does.
+    pub fn write_checkpoint(
+        &self,
+        version: u64,
+        write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+    ) -> Result<PendingCheckpoint, StoreError> {
+        let value = self.values.write_pending(CHECKPOINT_FILE, |w| {
+            w.write_all(CHECKPOINT_MAGIC)?;
+            w.write_all(&version.to_be_bytes())?;
+            write(w)
+        })?;
+        Ok(PendingCheckpoint {
+            store: self.clone(),
+            version,
+            value,
+        })
     }
 
     /// The served record (the newest stored map version), if one was stored, with its

@@ -25,6 +25,69 @@ const MAGIC: &[u8; 8] = b"CDNVAL01";
 const HEADER: usize = 24;
 const TMP: &str = ".tmp";
 
+/// A value written but not yet synced and in place ([`Values::write_pending`]).
+#[derive(Debug)]
+pub(super) struct Pending {
+    values: Values,
+    name: String,
+    file: File,
+    /// Bytes of the value (without the header).
+    pub(super) len: u64,
+}
+
+impl Pending {
+    /// Syncs the value and renames it into place: durable when it returns.
+    pub(super) fn commit(self) -> Result<(), StoreError> {
+        let tmp = self.values.path(&format!("{}{TMP}", self.name));
+        self.file
+            .sync_all()
+            .map_err(file_error(format!("writing {}", tmp.display())))?;
+        drop(self.file);
+        fs::rename(&tmp, self.values.path(&self.name))
+            .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
+        self.values.sync_dir()
+    }
+}
+
+/// A writer that counts and hashes what passes through it: a value's header.
+struct Hashing<W> {
+    inner: W,
+    hash: xxhash_rust::xxh3::Xxh3,
+    len: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    fn new(inner: W) -> Self {
+        Hashing {
+            inner,
+            hash: xxhash_rust::xxh3::Xxh3::new(),
+            len: 0,
+        }
+    }
+
+    /// The header of a value of the bytes written so far.
+    fn header(&self) -> [u8; HEADER] {
+        let mut h = [0u8; HEADER];
+        h[..8].copy_from_slice(MAGIC);
+        h[8..16].copy_from_slice(&self.len.to_le_bytes());
+        h[16..].copy_from_slice(&self.hash.digest().to_le_bytes());
+        h
+    }
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The directory of value files.
 #[derive(Debug, Clone)]
 pub(super) struct Values {
@@ -72,22 +135,48 @@ impl Values {
 
     /// Stores `parts`, one after the other, as the value `name`; durable when it returns.
     pub(super) fn put(&self, name: &str, parts: &[&[u8]]) -> Result<(), StoreError> {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut hash = xxhash_rust::xxh3::Xxh3::new();
-        parts.iter().for_each(|p| hash.update(p));
+        self.put_with(name, |w| parts.iter().try_for_each(|p| w.write_all(p)))
+    }
+
+    /// Stores what `write` writes as the value `name`, streamed to the file (a value of
+    /// gigabytes is never whole in memory); durable when it returns.
+    pub(super) fn put_with(
+        &self,
+        name: &str,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), StoreError> {
+        self.write_pending(name, write)?.commit()
+    }
+
+    /// Writes what `write` writes to the value `name`'s temporary file, header and all, but
+    /// neither syncs it nor puts it in place: [`Pending::commit`] does (a writer holding a lock
+    /// while it encodes can let go before the sync). The header's length and checksum are
+    /// written last, over the room left for them. A pending value never committed is never
+    /// read.
+    pub(super) fn write_pending(
+        &self,
+        name: &str,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<Pending, StoreError> {
+        use std::os::unix::fs::FileExt;
         let tmp = self.path(&format!("{name}{TMP}"));
         let what = || format!("writing {}", tmp.display());
-        let mut f = File::create(&tmp).map_err(file_error(what()))?;
-        f.write_all(MAGIC)
-            .and_then(|()| f.write_all(&(len as u64).to_le_bytes()))
-            .and_then(|()| f.write_all(&hash.digest().to_le_bytes()))
-            .and_then(|()| parts.iter().try_for_each(|p| f.write_all(p)))
-            .and_then(|()| f.sync_all())
+        let f = File::create(&tmp).map_err(file_error(what()))?;
+        let mut out = Hashing::new(std::io::BufWriter::with_capacity(1 << 20, &f));
+        out.inner
+            .write_all(&[0u8; HEADER])
+            .and_then(|()| write(&mut out))
+            .and_then(|()| out.inner.flush())
             .map_err(file_error(what()))?;
-        drop(f);
-        fs::rename(&tmp, self.path(name))
-            .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
-        self.sync_dir()
+        let (header, len) = (out.header(), out.len);
+        drop(out);
+        f.write_all_at(&header, 0).map_err(file_error(what()))?;
+        Ok(Pending {
+            values: self.clone(),
+            name: name.to_string(),
+            file: f,
+            len,
+        })
     }
 
     /// Whether values `a` and `b` both exist and hold the same bytes, by their headers alone
@@ -118,23 +207,25 @@ impl Values {
         }
     }
 
-    /// Stores `bytes` as the value `name`, like [`Self::put`], but as a hard link to the value
-    /// `copy_of` when that file holds exactly these bytes (its header's length and checksum):
-    /// a second copy of a large value (a round's base topology that is the stored topology)
-    /// then costs no space and no write. Files are never changed once renamed into place, so
-    /// the two names stay the same bytes until one is replaced or removed.
-    pub(super) fn put_or_link(
+    /// Stores what `write` writes as the value `name`, like [`Self::put_with`], but as a hard
+    /// link to the value `copy_of` when that file holds exactly these bytes (its header's
+    /// length and checksum, against those of a first run of `write` into nothing): a second
+    /// copy of a large value (a round's base topology that is the stored topology) then costs
+    /// no space and no write. Files are never changed once renamed into place, so the two
+    /// names stay the same bytes until one is replaced or removed.
+    pub(super) fn put_or_link_with(
         &self,
         name: &str,
-        bytes: &[u8],
+        write: impl Fn(&mut dyn Write) -> std::io::Result<()>,
         copy_of: &str,
     ) -> Result<(), StoreError> {
-        let mut want = [0u8; HEADER];
-        want[..8].copy_from_slice(MAGIC);
-        want[8..16].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
-        want[16..].copy_from_slice(&xxhash_rust::xxh3::xxh3_64(bytes).to_le_bytes());
-        if self.header(copy_of)? != Some(want) {
-            return self.put(name, &[bytes]);
+        let Some(existing) = self.header(copy_of)? else {
+            return self.put_with(name, write);
+        };
+        let mut probe = Hashing::new(std::io::sink());
+        write(&mut probe).map_err(file_error(format!("encoding {name}")))?;
+        if probe.header() != existing {
+            return self.put_with(name, write);
         }
         let tmp = self.path(&format!("{name}{TMP}"));
         let what = || format!("linking {} to {copy_of}", tmp.display());
@@ -145,7 +236,7 @@ impl Values {
         }
         if fs::hard_link(self.path(copy_of), &tmp).is_err() {
             // A file system without hard links: a copy of our own, as `put` writes it.
-            return self.put(name, &[bytes]);
+            return self.put_with(name, write);
         }
         fs::rename(&tmp, self.path(name))
             .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
@@ -244,6 +335,42 @@ impl Values {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A streamed value is the value of its bytes (header and all); a writer that fails
+    /// leaves the value as it was; one written as a link to a value of the same bytes shares
+    /// its file, and one of other bytes does not.
+    #[test]
+    fn a_streamed_value_is_the_value_of_its_bytes_and_a_failed_one_is_none() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let values = Values::open(dir.path()).expect("open");
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        values
+            .put_with("a", |w| {
+                w.write_all(&big[..10])?;
+                w.write_all(&big[10..])
+            })
+            .expect("put_with");
+        values.put("b", &[&big]).expect("put");
+        assert_eq!(values.get("a").expect("read"), Some(big.clone()));
+        assert!(values.same("a", "b").expect("headers"));
+        let err = values.put_with("c", |w| {
+            w.write_all(b"partial")?;
+            Err(std::io::Error::other("the encoder gave up"))
+        });
+        assert!(err.is_err());
+        assert_eq!(values.get("c").expect("read"), None);
+        values
+            .put_or_link_with("d", |w| w.write_all(&big), "a")
+            .expect("link");
+        values
+            .put_or_link_with("e", |w| w.write_all(b"other"), "a")
+            .expect("copy");
+        let ino = |n: &str| fs::metadata(dir.path().join(n)).expect("file").ino();
+        assert_eq!(ino("d"), ino("a"));
+        assert_ne!(ino("e"), ino("a"));
+        assert_eq!(values.get("e").expect("read"), Some(b"other".to_vec()));
+    }
 
     #[test]
     fn a_value_reads_back_and_a_damaged_one_is_an_error_naming_its_file() {

@@ -65,6 +65,11 @@ impl Names {
         Err(lo)
     }
 
+    /// The text, and each name's end in it.
+    pub(crate) fn parts(&self) -> (&str, &[u32]) {
+        (&self.text, &self.end)
+    }
+
     /// Bytes of text.
     pub(crate) fn text_len(&self) -> usize {
         self.text.len()

@@ -68,6 +68,12 @@ impl Instance {
         self.units.ids.get(u as usize)
     }
 
+    /// Every unit's id, concatenated in unit order, and where each one ends in that text (a
+    /// column to store as it is).
+    pub fn unit_id_column(&self) -> (&str, &[u32]) {
+        self.units.ids.parts()
+    }
+
     /// Whether `other` has the same map units by id, in the same order, so that a column by
     /// unit index of one is one of the other. Instances derived from one another share their
     /// unit columns, and the check is then a pointer comparison; otherwise the ids are compared.
