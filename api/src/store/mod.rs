@@ -1,11 +1,11 @@
 //! Persistence: the topology, the last maps (versioned, a bounded number kept) with what
 //! rebuilds the estimator, and the demand record (feedback reports, bounded by age and count).
 //! What is large is a value file of its own ([`values`]: the topology, each map version's
-//! record, the base topologies they name, the estimator's round entries and checkpoint); what
-//! is small is in sled (the epoch, the reports).
+//! record, the base topologies they name, the estimator's round entries and checkpoint); the
+//! demand record is a log of segment files ([`reports`]); sled keeps the epoch.
 //!
 //! **What is durable when.** Every write method returns only after its bytes are synced (a
-//! value file, then its directory; `sled::Db::flush`): once it returns `Ok`, the write
+//! value file, then its directory; a report's record in its segment): once it returns `Ok`, the write
 //! survives a crash or restart. The service acknowledges a feedback report only after
 //! [`Store::append_report`] returned, so an acknowledged report is never lost; a map is
 //! published to queries before it is persisted (a crash in between loses that version, and the
@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 mod read;
 mod record;
+mod reports;
 mod values;
 
 pub use read::{StoredMaps, VersionInfo};
@@ -32,6 +33,8 @@ use values::Values;
 
 /// The directory of value files, inside the store's.
 const VALUES_DIR: &str = "values";
+/// The directory of the demand record's segments ([`reports`]).
+const REPORTS_DIR: &str = "reports";
 /// The topology's value file (the instance file format).
 const TOPOLOGY_FILE: &str = "topology";
 /// Each stored map version's record ([`Store::put_served`]): this prefix, the version and the
@@ -138,11 +141,11 @@ pub struct Store {
     db: sled::Db,
     topology: sled::Tree,
     maps: sled::Tree,
+    /// Where an older build kept the demand record: moved to `report_log` when the store is
+    /// opened, empty after.
     reports: sled::Tree,
-    /// How many reports `reports` holds: counted once at open, then kept by every insert and
-    /// every removal that found its key (sled's `len` walks the whole tree, and an append
-    /// that called it took longer the longer the record).
-    reports_held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The demand record ([`reports`]).
+    report_log: reports::ReportLog,
     /// Where an older build kept its records, bases, entries and checkpoint: moved to
     /// `values` when the store is opened ([`Store::open`]), empty after.
     served: sled::Tree,
@@ -289,16 +292,37 @@ impl Store {
             topology: tree("topology")?,
             maps: tree("maps")?,
             reports: tree("reports")?,
-            reports_held: Default::default(),
+            report_log: reports::ReportLog::open(&path.join(REPORTS_DIR))?,
             served: tree("served")?,
             values: Values::open(&path.join(VALUES_DIR))?,
             db,
         };
         store.migrate()?;
-        store
-            .reports_held
-            .store(store.reports.len(), std::sync::atomic::Ordering::Relaxed);
+        store.migrate_reports()?;
         Ok(store)
+    }
+
+    /// Moves the reports an older build kept in sled to the report log (all in one segment,
+    /// written whole), then clears them from sled. A crash in between moves nothing twice: the
+    /// log is only written when empty, and the next open finds it written and only clears.
+    fn migrate_reports(&self) -> Result<(), StoreError> {
+        if self.reports.is_empty() {
+            return Ok(());
+        }
+        let mut records = Vec::new();
+        for kv in self.reports.iter() {
+            let (k, v) = kv.map_err(io("reading an older build's reports"))?;
+            let (Some(at), Some(id)) = (key_number(&k[..8.min(k.len())], b""), k.get(8..16)) else {
+                continue;
+            };
+            let id = <[u8; 8]>::try_from(id).map(u64::from_be_bytes).unwrap_or(0);
+            records.push((at as i64, id, v.to_vec()));
+        }
+        self.report_log.import(&records)?;
+        self.reports
+            .clear()
+            .map_err(io("clearing an older build's reports"))?;
+        self.flush("the moved reports")
     }
 
     /// Moves the values an older build kept in sled (the topology; the records, bases, round
@@ -649,9 +673,9 @@ impl Store {
         })
     }
 
-    /// Appends one feedback report (already validated, as JSON) received at `at_unix_ms`, then
-    /// drops reports older than `retain_ms` before it and all but the newest `max_reports`.
-    /// Durable when it returns.
+    /// Appends one feedback report (already validated, encoded) received at `at_unix_ms`,
+    /// then keeps only the reports received at most `retain_ms` before it, and of those the
+    /// newest `max_reports` ([`reports`]). Durable when it returns.
     pub fn append_report(
         &self,
         at_unix_ms: i64,
@@ -660,69 +684,19 @@ impl Store {
         max_reports: usize,
     ) -> Result<u64, StoreError> {
         let id = self.db.generate_id().map_err(io("numbering a report"))?;
-        let mut key = [0u8; 16];
-        key[..8].copy_from_slice(&(at_unix_ms as u64).to_be_bytes());
-        key[8..].copy_from_slice(&id.to_be_bytes());
-        use std::sync::atomic::Ordering::Relaxed;
-        let one_fewer = || {
-            // Saturating, so no interleaving of appenders can wrap the count around.
-            let _ = self
-                .reports_held
-                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
-        };
-        // Counted before it is inserted: whoever removes it again counts after.
-        self.reports_held.fetch_add(1, Relaxed);
-        match self.reports.insert(key, report) {
-            Ok(None) => {}
-            Ok(Some(_)) => one_fewer(),
-            Err(e) => {
-                one_fewer();
-                return Err(io("writing a report")(e));
-            }
-        }
-        let drop_report = |old: sled::IVec| -> Result<(), StoreError> {
-            if self
-                .reports
-                .remove(old)
-                .map_err(io("dropping a report"))?
-                .is_some()
-            {
-                one_fewer();
-            }
-            Ok(())
-        };
-        let cutoff = (at_unix_ms.saturating_sub(retain_ms).max(0) as u64).to_be_bytes();
-        for old in self.reports.range(..cutoff.as_slice()).keys() {
-            drop_report(old.map_err(io("listing old reports"))?)?;
-        }
-        let excess = self
-            .reports_held
-            .load(Relaxed)
-            .saturating_sub(max_reports.max(1));
-        for old in self.reports.iter().keys().take(excess) {
-            drop_report(old.map_err(io("listing reports"))?)?;
-        }
-        self.flush("a report")?;
+        self.report_log
+            .append(at_unix_ms, id, report, retain_ms, max_reports)?;
         Ok(id)
     }
 
-    /// The stored reports received in `[from_ms, to_ms)`, oldest first, with their times.
+    /// The kept reports received in `[from_ms, to_ms)`, oldest first, with their times.
     pub fn reports(&self, from_ms: i64, to_ms: i64) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
-        let lo = (from_ms.max(0) as u64).to_be_bytes();
-        let hi = (to_ms.max(0) as u64).to_be_bytes();
-        self.reports
-            .range(lo.as_slice()..hi.as_slice())
-            .map(|kv| {
-                let (k, v) = kv.map_err(io("reading reports"))?;
-                let at = <[u8; 8]>::try_from(&k[..8.min(k.len())])
-                    .map(|b| u64::from_be_bytes(b) as i64)
-                    .map_err(|_| StoreError::Corrupt {
-                        what: "a stored report's key".into(),
-                        problem: format!("{} bytes", k.len()),
-                    })?;
-                Ok((at, v.to_vec()))
-            })
-            .collect()
+        self.report_log.read(from_ms, to_ms)
+    }
+
+    /// How many reports the store holds (kept, or in a segment not yet deleted).
+    pub fn report_count(&self) -> Result<usize, StoreError> {
+        self.report_log.count()
     }
 }
 

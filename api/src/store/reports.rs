@@ -1,0 +1,513 @@
+//! The demand record: feedback reports appended to segment files in the store's `reports/`
+//! directory, beside sled's files and the value files.
+//!
+//! Why not sled: sled 0.34 keeps what was inserted in memory whatever its `cache_capacity`
+//! (measured at 1 M map units with 100 k demand samples a second: the mapper grew by about
+//! 40 MB a round, with a cache of 64 MiB or of 4 MiB alike; `docs/perf/bench-serve.md`), and
+//! its `len` walks the whole tree. An append-only log costs its bytes once, in memory only
+//! what one segment's count and times take.
+//!
+//! **Layout.** Segment `seg-NNNNNNNNNNNNNNNNNNNN` (its number, 20 digits) holds records one
+//! after the other, each: payload length (u32 LE), xxh3-64 of the rest (u64 LE), the time it
+//! was received (i64 LE, Unix ms), its id (u64 LE), then the payload. A new segment starts
+//! when the last passes [`SEGMENT_BYTES`].
+//!
+//! **What is durable when.** [`ReportLog::append`] returns after the record is synced (and a
+//! new segment's directory entry), so an acknowledged report survives kill -9. A record cut
+//! short by a crash can only be the last segment's last, which was never acknowledged: it is
+//! cut off when the log is opened. A damaged record elsewhere ends its segment's reading
+//! there (what follows cannot be framed), with a warning.
+//!
+//! **Retention.** Reads see exactly the reports the last append's bounds keep (received no
+//! more than `retain_ms` before the newest, and the newest `max_reports` of those; the bounds
+//! are stored when they change, so a reopened log reads the same); whole segments are deleted
+//! once nothing in them is kept, so the disk holds at most one segment more than the bounds.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::StoreError;
+
+/// A segment is closed and a new one started once it holds this many bytes.
+pub(super) const SEGMENT_BYTES: u64 = 32 << 20;
+/// A record's frame before its payload: length, checksum, time, id.
+const FRAME: usize = 4 + 8 + 8 + 8;
+/// The largest payload (a report is bounded far below this by the gRPC message limit).
+const MAX_PAYLOAD: usize = 64 << 20;
+const PREFIX: &str = "seg-";
+/// The file of the bounds the last append gave: `retain_ms` (i64 LE), `max_reports` (u64 LE).
+const BOUNDS: &str = "bounds";
+
+fn file_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::File { what, source }
+}
+
+/// The report log of one store (cloning shares it).
+#[derive(Debug, Clone)]
+pub(super) struct ReportLog {
+    dir: PathBuf,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Oldest first; the last is the one appended to.
+    segments: VecDeque<Segment>,
+    /// The last segment, open to append.
+    file: Option<File>,
+    /// The bounds of the last append (stored in [`BOUNDS`] when they change, so a reopened
+    /// log reads as it did): reports received more than `retain_ms` before the newest, and
+    /// all but the newest `max_reports`, are not kept.
+    retain_ms: i64,
+    max_reports: usize,
+    /// The newest time appended.
+    newest_ms: i64,
+}
+
+impl Inner {
+    fn cutoff_ms(&self) -> i64 {
+        self.newest_ms.saturating_sub(self.retain_ms)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    number: u64,
+    count: usize,
+    /// Bytes of whole records.
+    bytes: u64,
+    newest_ms: i64,
+    /// Appended to no more (damaged, or a write to it failed).
+    closed: bool,
+}
+
+/// One record read back.
+struct Record {
+    at_ms: i64,
+    id: u64,
+    payload: Vec<u8>,
+}
+
+impl ReportLog {
+    /// Opens (creating) the log in `dir`, cutting off a record a crash left cut short.
+    pub(super) fn open(dir: &Path) -> Result<ReportLog, StoreError> {
+        fs::create_dir_all(dir).map_err(file_error(format!("creating {}", dir.display())))?;
+        let log = ReportLog {
+            dir: dir.to_path_buf(),
+            inner: Arc::new(Mutex::new(Inner {
+                max_reports: usize::MAX,
+                retain_ms: i64::MAX,
+                newest_ms: i64::MIN,
+                ..Inner::default()
+            })),
+        };
+        let mut numbers = Vec::new();
+        for entry in fs::read_dir(dir).map_err(file_error(format!("listing {}", dir.display())))? {
+            let entry = entry.map_err(file_error(format!("listing {}", dir.display())))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name
+                .strip_prefix(PREFIX)
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                numbers.push(n);
+            }
+        }
+        numbers.sort_unstable();
+        let mut segments = VecDeque::new();
+        for (i, &number) in numbers.iter().enumerate() {
+            let last = i + 1 == numbers.len();
+            let path = log.path(number);
+            let bytes =
+                fs::read(&path).map_err(file_error(format!("reading {}", path.display())))?;
+            let (records, valid) = parse(&bytes);
+            let mut closed = false;
+            if valid < bytes.len() {
+                if last && torn(&bytes[valid..]) {
+                    // An append a crash cut short: never acknowledged.
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(file_error(format!("opening {}", path.display())))?;
+                    f.set_len(valid as u64)
+                        .and_then(|()| f.sync_all())
+                        .map_err(file_error(format!("cutting {}", path.display())))?;
+                } else {
+                    closed = true;
+                    tracing::warn!(
+                        segment = %path.display(),
+                        at = valid,
+                        "a damaged record in the demand record: the rest of its segment is not read"
+                    );
+                }
+            }
+            segments.push_back(Segment {
+                number,
+                count: records.len(),
+                bytes: valid as u64,
+                newest_ms: records.iter().map(|r| r.at_ms).max().unwrap_or(i64::MIN),
+                closed,
+            });
+        }
+        let bounds_path = dir.join(BOUNDS);
+        let bounds = match fs::read(&bounds_path) {
+            Ok(b) => <[u8; 16]>::try_from(b.as_slice()).ok(),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(file_error(format!("reading {}", bounds_path.display()))(e)),
+        };
+        if let Ok(mut inner) = log.inner.lock() {
+            inner.newest_ms = segments
+                .iter()
+                .map(|s| s.newest_ms)
+                .max()
+                .unwrap_or(i64::MIN);
+            inner.segments = segments;
+            if let Some(b) = bounds {
+                let (r, m) = b.split_at(8);
+                inner.retain_ms = i64::from_le_bytes(r.try_into().unwrap_or([0xff; 8])).max(0);
+                inner.max_reports =
+                    usize::try_from(u64::from_le_bytes(m.try_into().unwrap_or([0xff; 8])))
+                        .unwrap_or(usize::MAX)
+                        .max(1);
+            }
+        }
+        Ok(log)
+    }
+
+    fn path(&self, number: u64) -> PathBuf {
+        self.dir.join(format!("{PREFIX}{number:020}"))
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
+        self.inner.lock().map_err(|_| StoreError::Corrupt {
+            what: "the demand record".into(),
+            problem: "a writer panicked while holding it".into(),
+        })
+    }
+
+    /// How many reports the log holds (kept or not yet deleted).
+    pub(super) fn count(&self) -> Result<usize, StoreError> {
+        Ok(self.lock()?.segments.iter().map(|s| s.count).sum())
+    }
+
+    /// Appends the report `payload` received at `at_ms` with `id`, synced, then applies the
+    /// bounds: reports received more than `retain_ms` before `at_ms`, and all but the newest
+    /// `max_reports`, are no longer kept (and their segments deleted once wholly so).
+    pub(super) fn append(
+        &self,
+        at_ms: i64,
+        id: u64,
+        payload: &[u8],
+        retain_ms: i64,
+        max_reports: usize,
+    ) -> Result<(), StoreError> {
+        if payload.len() > MAX_PAYLOAD {
+            return Err(StoreError::Corrupt {
+                what: "a report to store".into(),
+                problem: format!("{} bytes, more than {MAX_PAYLOAD}", payload.len()),
+            });
+        }
+        let mut inner = self.lock()?;
+        let full = inner
+            .segments
+            .back()
+            .is_none_or(|s| s.closed || s.bytes >= SEGMENT_BYTES);
+        if full || inner.file.is_none() {
+            let number = match inner.segments.back() {
+                Some(s) if !full => s.number,
+                Some(s) => s.number + 1,
+                None => 0,
+            };
+            let path = self.path(number);
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(file_error(format!("opening {}", path.display())))?;
+            if full {
+                self.sync_dir()?;
+                inner.segments.push_back(Segment {
+                    number,
+                    count: 0,
+                    bytes: 0,
+                    newest_ms: i64::MIN,
+                    closed: false,
+                });
+            }
+            inner.file = Some(file);
+        }
+        let record = frame(at_ms, id, payload);
+        let what = || format!("appending a report to {}", self.dir.display());
+        let Some(file) = inner.file.as_mut() else {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                problem: "no segment is open".into(),
+            });
+        };
+        if let Err(e) = file.write_all(&record).and_then(|()| file.sync_data()) {
+            // A part may be on disk: the next open cuts it off; append to a fresh segment.
+            inner.file = None;
+            if let Some(s) = inner.segments.back_mut() {
+                s.closed = true;
+            }
+            return Err(file_error(what())(e));
+        }
+        if let Some(s) = inner.segments.back_mut() {
+            s.count += 1;
+            s.bytes += record.len() as u64;
+            s.newest_ms = s.newest_ms.max(at_ms);
+        }
+        inner.newest_ms = inner.newest_ms.max(at_ms);
+        let (retain_ms, max_reports) = (retain_ms.max(0), max_reports.max(1));
+        if (retain_ms, max_reports) != (inner.retain_ms, inner.max_reports) {
+            self.put_bounds(retain_ms, max_reports)?;
+            inner.retain_ms = retain_ms;
+            inner.max_reports = max_reports;
+        }
+        let cutoff = inner.cutoff_ms();
+        // Whole segments nothing is kept of, oldest first (never the one appended to).
+        let mut total: usize = inner.segments.iter().map(|s| s.count).sum();
+        while inner.segments.len() > 1 {
+            let Some(&oldest) = inner.segments.front() else {
+                break;
+            };
+            let too_old = oldest.newest_ms < cutoff;
+            let too_many = total - oldest.count >= inner.max_reports;
+            if !(too_old || too_many) {
+                break;
+            }
+            remove(&self.path(oldest.number))?;
+            inner.segments.pop_front();
+            total -= oldest.count;
+        }
+        Ok(())
+    }
+
+    /// The kept reports received in `[from_ms, to_ms)`, oldest first (by time, then id), with
+    /// their times.
+    pub(super) fn read(&self, from_ms: i64, to_ms: i64) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        let (segments, cutoff, max) = {
+            let inner = self.lock()?;
+            (inner.segments.clone(), inner.cutoff_ms(), inner.max_reports)
+        };
+        let total: usize = segments.iter().map(|s| s.count).sum();
+        // Records before this position (in append order) are beyond the count bound.
+        let first_kept = total.saturating_sub(max);
+        let mut at = 0usize;
+        let mut out = Vec::new();
+        for s in &segments {
+            let start = at;
+            at += s.count;
+            if at <= first_kept || s.newest_ms < from_ms.max(cutoff) {
+                continue;
+            }
+            let path = self.path(s.number);
+            let bytes = match fs::read(&path) {
+                Ok(b) => b,
+                // Deleted by an append since the list was taken: nothing of it is kept.
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
+            };
+            let (records, _) = parse(&bytes[..(s.bytes as usize).min(bytes.len())]);
+            for (i, r) in records.into_iter().enumerate() {
+                if start + i >= first_kept
+                    && r.at_ms >= cutoff
+                    && (from_ms..to_ms).contains(&r.at_ms)
+                {
+                    out.push((r.at_ms, r.id, r.payload));
+                }
+            }
+        }
+        out.sort_by_key(|&(at, id, _)| (at, id));
+        Ok(out.into_iter().map(|(at, _, p)| (at, p)).collect())
+    }
+
+    /// Writes `records` (time, id, payload; an older build's record, moved from sled) as the
+    /// first segment, whole: written and synced under a temporary name, then renamed, so a
+    /// crash leaves all of them or none. Only into an empty log.
+    pub(super) fn import(&self, records: &[(i64, u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if !inner.segments.is_empty() || records.is_empty() {
+            return Ok(());
+        }
+        let path = self.path(0);
+        let tmp = self.dir.join("import.tmp");
+        let what = || format!("writing {}", tmp.display());
+        let mut bytes = Vec::new();
+        for (at, id, payload) in records {
+            bytes.extend(frame(*at, *id, payload));
+        }
+        File::create(&tmp)
+            .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+            .map_err(file_error(what()))?;
+        fs::rename(&tmp, &path).map_err(file_error(format!("renaming {}", tmp.display())))?;
+        self.sync_dir()?;
+        inner.segments.push_back(Segment {
+            number: 0,
+            count: records.len(),
+            bytes: bytes.len() as u64,
+            newest_ms: records.iter().map(|r| r.0).max().unwrap_or(i64::MIN),
+            closed: false,
+        });
+        Ok(())
+    }
+
+    /// Stores the bounds (written whole, then renamed; synced).
+    fn put_bounds(&self, retain_ms: i64, max_reports: usize) -> Result<(), StoreError> {
+        let tmp = self.dir.join(format!("{BOUNDS}.tmp"));
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&retain_ms.to_le_bytes());
+        b[8..].copy_from_slice(&(max_reports as u64).to_le_bytes());
+        File::create(&tmp)
+            .and_then(|mut f| f.write_all(&b).and_then(|()| f.sync_all()))
+            .and_then(|()| fs::rename(&tmp, self.dir.join(BOUNDS)))
+            .map_err(file_error(format!("writing {}", tmp.display())))?;
+        self.sync_dir()
+    }
+
+    fn sync_dir(&self) -> Result<(), StoreError> {
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(file_error(format!("syncing {}", self.dir.display())))
+    }
+}
+
+fn remove(path: &Path) -> Result<(), StoreError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(file_error(format!("removing {}", path.display()))(e)),
+    }
+}
+
+/// One record, framed.
+fn frame(at_ms: i64, id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16 + payload.len());
+    body.extend(at_ms.to_le_bytes());
+    body.extend(id.to_le_bytes());
+    body.extend(payload);
+    let mut out = Vec::with_capacity(12 + body.len());
+    out.extend((payload.len() as u32).to_le_bytes());
+    out.extend(xxhash_rust::xxh3::xxh3_64(&body).to_le_bytes());
+    out.extend(body);
+    out
+}
+
+/// Whether `rest`, what follows a log's whole records, is one record cut short by a crash: a
+/// frame that runs to the end of the file or past it (a damaged record with whole records
+/// after it is not).
+fn torn(rest: &[u8]) -> bool {
+    let Some(len) = rest.get(..4) else {
+        return true;
+    };
+    let mut n = [0u8; 4];
+    n.copy_from_slice(len);
+    FRAME.saturating_add(u32::from_le_bytes(n) as usize) >= rest.len()
+}
+
+/// The whole records at the start of `bytes`, and how many bytes they take (where the first
+/// cut short or damaged one begins, or the end).
+fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
+    let mut records = Vec::new();
+    let mut at = 0usize;
+    while let Some(head) = bytes.get(at..at + FRAME) {
+        let number = |i: usize| {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&head[i..i + 8]);
+            n
+        };
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&head[..4]);
+        let len = u32::from_le_bytes(len) as usize;
+        let Some(body) = (len <= MAX_PAYLOAD)
+            .then(|| bytes.get(at + 12..at + FRAME + len))
+            .flatten()
+        else {
+            break;
+        };
+        if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(number(4)) {
+            break;
+        }
+        records.push(Record {
+            at_ms: i64::from_le_bytes(number(12)),
+            id: u64::from_le_bytes(number(20)),
+            payload: body[16..].to_vec(),
+        });
+        at += FRAME + len;
+    }
+    (records, at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_cut_short_by_a_crash_is_cut_off_and_the_log_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = ReportLog::open(dir.path()).expect("open");
+        for i in 0..5u64 {
+            log.append(1_000 + i as i64, i, &[i as u8; 100], i64::MAX, 100)
+                .expect("append");
+        }
+        drop(log);
+        // A sixth append, cut after 60 of its bytes.
+        let seg = dir.path().join(format!("{PREFIX}{:020}", 0));
+        let whole = frame(2_000, 5, &[5; 100]);
+        let mut f = OpenOptions::new().append(true).open(&seg).expect("segment");
+        f.write_all(&whole[..60]).expect("write");
+        drop(f);
+        let log = ReportLog::open(dir.path()).expect("reopen");
+        assert_eq!(log.count().expect("count"), 5);
+        log.append(3_000, 6, b"after", i64::MAX, 100)
+            .expect("append");
+        let back = log.read(0, i64::MAX).expect("read");
+        let times: Vec<i64> = back.iter().map(|r| r.0).collect();
+        assert_eq!(times, vec![1_000, 1_001, 1_002, 1_003, 1_004, 3_000]);
+        assert_eq!(back[5].1, b"after".to_vec());
+        // A damaged byte in a record: it and what follows in its segment are not read, the
+        // segment is left as it is, and appends go to a new one.
+        let mut bytes = fs::read(&seg).expect("read");
+        bytes[2 * (FRAME + 100) + FRAME + 3] ^= 0xff;
+        fs::write(&seg, &bytes).expect("write");
+        let log = ReportLog::open(dir.path()).expect("reopen");
+        assert_eq!(log.read(0, i64::MAX).expect("read").len(), 2);
+        assert_eq!(fs::read(&seg).expect("read").len(), bytes.len());
+        log.append(4_000, 7, b"new", i64::MAX, 100).expect("append");
+        let times: Vec<i64> = log
+            .read(0, i64::MAX)
+            .expect("read")
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(times, vec![1_000, 1_001, 4_000]);
+    }
+
+    #[test]
+    fn segments_are_deleted_once_nothing_in_them_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = ReportLog::open(dir.path()).expect("open");
+        let payload = vec![7u8; (SEGMENT_BYTES / 4) as usize];
+        for i in 0..20i64 {
+            log.append(i * 1_000, i as u64, &payload, 5_500, 1_000)
+                .expect("append");
+        }
+        // Kept: received from 14 s on (6 reports); on disk: at most one segment more.
+        let kept = log.read(0, i64::MAX).expect("read");
+        assert_eq!(kept.first().map(|r| r.0), Some(14_000));
+        assert_eq!(kept.len(), 6);
+        let files = fs::read_dir(dir.path()).expect("list").count();
+        assert!(
+            files <= 4,
+            "{files} segments for 6 reports of a quarter segment"
+        );
+        // The count bound alone.
+        for i in 20..30i64 {
+            log.append(i * 1_000, i as u64, b"x", i64::MAX, 3)
+                .expect("append");
+        }
+        assert_eq!(log.read(0, i64::MAX).expect("read").len(), 3);
+    }
+}
