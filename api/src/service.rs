@@ -89,7 +89,32 @@ pub(crate) struct Pending {
     pub(crate) demand: cdnmap_estimator::observed::UnitDemand,
     /// (cluster, node, load), oldest first.
     pub(crate) loads: std::collections::VecDeque<(String, String, f64)>,
+    /// When these observations began to be gathered (Unix ms): the service's start, then
+    /// each round's time.
+    pub(crate) since_ms: Option<i64>,
 }
+
+/// The demand of a period of `period_ms` (counts summed over it) as the demand of one cycle
+/// of `cycle_ms`, which is what a map unit's demand means: a round that ran long, or the
+/// first after a start, must not see more (or less) demand for its period being longer (or
+/// shorter). Measured at 11 M map units, rounds of 25–86 s took each period's counts as
+/// 2.5–8.6 times the demand, and the map moved by 18% a round. A period within
+/// [`PERIOD_SLACK`] of the cycle is a cycle (the timer's ticks are a cycle apart, give or take
+/// a round's jitter: their counts are kept exactly as reported); periods under a second count
+/// as a second.
+pub(crate) fn per_cycle(
+    demand: &mut cdnmap_estimator::observed::UnitDemand,
+    period_ms: i64,
+    cycle_ms: i64,
+) {
+    let ratio = cycle_ms as f64 / period_ms.max(1_000) as f64;
+    if (ratio - 1.0).abs() > PERIOD_SLACK {
+        demand.scale(ratio);
+    }
+}
+
+/// How far (as a fraction) a round's period may be from the cycle and still count as one.
+pub(crate) const PERIOD_SLACK: f64 = 0.1;
 
 /// The most pending observations kept between two rounds (beyond it the oldest loads are
 /// dropped from the estimator's input; every report is still in the record).
@@ -243,7 +268,10 @@ impl Shared {
         );
         let shared = Arc::new(Shared {
             driver: Mutex::new(driver),
-            pending: Mutex::new(Pending::default()),
+            pending: Mutex::new(Pending {
+                since_ms: Some(now_unix_ms()),
+                ..Pending::default()
+            }),
             server_loads: ServerLoads::default(),
             topology: SharedTopology::start(store.clone(), topology, log),
             published: ArcSwapOption::empty(),
@@ -542,11 +570,23 @@ impl Shared {
     fn solve_round(&self, now: i64) -> Result<Round, LoopError> {
         let base = self.topology.current();
         let previous = self.current();
-        let pending = std::mem::take(
-            &mut *self
+        let mut pending = {
+            let mut p = self
                 .pending
                 .lock()
-                .map_err(|_| LoopError::Poisoned("pending"))?,
+                .map_err(|_| LoopError::Poisoned("pending"))?;
+            let taken = std::mem::take(&mut *p);
+            p.since_ms = Some(now);
+            taken
+        };
+        let period_start = pending
+            .since_ms
+            .or(previous.as_ref().map(|p| p.solved_at_unix_ms))
+            .unwrap_or(now);
+        per_cycle(
+            &mut pending.demand,
+            now.saturating_sub(period_start),
+            self.config.cycle_secs as i64 * 1_000,
         );
         let observations = Observations {
             // The reports since the last round describe the period that began with it.
@@ -729,6 +769,29 @@ mod tests {
     use super::*;
     use cdnmap_proto::v1 as pb;
     use pb::feedback_server::Feedback;
+
+    /// A period's counts are the demand of a cycle: kept as reported within the slack, scaled
+    /// beyond it (a long round's period down, a short one's up), unreported units untouched.
+    #[test]
+    fn a_period_longer_or_shorter_than_the_cycle_is_counted_as_one_cycle() {
+        let inst = crate::mapping::tests::instance();
+        let column = |period_ms: i64| {
+            let mut d = cdnmap_estimator::observed::UnitDemand::new(&inst);
+            d.add(0, 100.0);
+            per_cycle(&mut d, period_ms, 10_000);
+            d.values_for(&inst).into_owned()
+        };
+        assert_eq!(column(10_000)[0], 100.0);
+        assert_eq!(column(10_900)[0], 100.0, "within the slack");
+        assert_eq!(column(25_000)[0], 40.0);
+        assert_eq!(column(5_000)[0], 200.0);
+        assert_eq!(
+            column(10)[0],
+            1_000.0,
+            "a period under a second is a second"
+        );
+        assert!(column(25_000)[1..].iter().all(|v| v.is_nan()));
+    }
 
     /// Starts the service on `config`'s store once the last start's store has let go of its
     /// lock (sled releases it a moment after the last handle is dropped).

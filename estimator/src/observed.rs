@@ -45,6 +45,17 @@ impl UnitDemand {
         self.reported == 0
     }
 
+    /// Every reported demand times `factor` (a finite number >= 0; anything else changes
+    /// nothing): a period's counts as a rate over another length of time.
+    pub fn scale(&mut self, factor: f64) {
+        if !(factor.is_finite() && factor >= 0.0) {
+            return;
+        }
+        for v in self.values.iter_mut().filter(|v| !v.is_nan()) {
+            *v *= factor;
+        }
+    }
+
     /// Adds `queries` to unit `u`'s demand. A value that is not a finite number >= 0, or a
     /// unit out of range, is ignored (reports are validated before they get here).
     pub fn add(&mut self, u: UnitIdx, queries: f64) {
