@@ -141,6 +141,18 @@ pub struct LegacyForecaster {
     observations: u64,
 }
 
+/// [`LegacyForecaster`]'s layout, to write one (tests of reading old checkpoints).
+#[cfg(test)]
+#[derive(serde::Serialize)]
+pub(crate) struct OldForecaster {
+    pub(crate) level: f64,
+    pub(crate) trend: f64,
+    pub(crate) season: Vec<f32>,
+    pub(crate) error: f64,
+    pub(crate) last_ms: Option<i64>,
+    pub(crate) observations: u64,
+}
+
 mod legacy_season {
     use super::SEASON_BUCKETS;
     use serde::{Deserialize, Deserializer};
@@ -302,16 +314,7 @@ mod tests {
 
     #[test]
     fn a_legacy_forecaster_reads_as_the_compact_one_it_rounds_to() {
-        #[derive(serde::Serialize)]
-        struct Old {
-            level: f64,
-            trend: f64,
-            season: Vec<f32>,
-            error: f64,
-            last_ms: Option<i64>,
-            observations: u64,
-        }
-        let old = Old {
+        let old = OldForecaster {
             level: 123.25,
             trend: -0.5,
             season: (0..SEASON_BUCKETS).map(|b| 0.5 + b as f32 / 32.0).collect(),

@@ -692,15 +692,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_of_a_build_before_the_compact_forecasters_is_read() {
-        #[derive(serde::Serialize)]
-        struct OldForecaster {
-            level: f64,
-            trend: f64,
-            season: Vec<f32>,
-            error: f64,
-            last_ms: Option<i64>,
-            observations: u64,
-        }
+        use crate::forecast::OldForecaster;
         #[derive(serde::Serialize)]
         struct OldForecasts {
             ids: Vec<&'static str>,
