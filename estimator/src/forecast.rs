@@ -46,12 +46,14 @@ impl Default for ForecastConfig {
     }
 }
 
-/// The state of one map unit's forecast: 120 bytes (a service at 11 M map units keeps one per
-/// unit, and checkpoints them all). Numbers are kept as `f32` (a demand forecast needs no more
-/// than 7 digits) and the seasonal factors as [`Factor`]s; arithmetic is in `f64`.
+/// The state of one map unit's forecast: 128 bytes (a service at 11 M map units keeps one per
+/// unit, and checkpoints them all). The level is an `f64`, so a steady demand is forecast
+/// exactly as reported (a map planned for a demand rounded down overloads its clusters by
+/// the rounding); trend and error are `f32` and the seasonal factors [`Factor`]s; arithmetic
+/// is in `f64`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Forecaster {
-    level: f32,
+    level: f64,
     /// Change of the level per millisecond.
     trend: f32,
     /// Running mean absolute error, for the spike threshold.
@@ -169,7 +171,7 @@ mod legacy_season {
 impl From<LegacyForecaster> for Forecaster {
     fn from(f: LegacyForecaster) -> Self {
         Forecaster {
-            level: narrow(f.level),
+            level: f.level,
             trend: narrow(f.trend),
             error: narrow(f.error),
             observations: u32::try_from(f.observations).unwrap_or(u32::MAX),
@@ -204,7 +206,7 @@ impl Forecaster {
         } else {
             0.0
         };
-        let base = (f64::from(self.level) + f64::from(self.trend) * ahead).max(0.0);
+        let base = (self.level + f64::from(self.trend) * ahead).max(0.0);
         (base * self.season[bucket(at_ms)].get()).max(config.floor)
     }
 
@@ -220,16 +222,12 @@ impl Forecaster {
         let b = bucket(at_ms);
         let s = self.season[b].get();
         if self.observations == 0 {
-            self.level = narrow(observed / s);
+            self.level = observed / s;
             self.last_ms = at_ms;
             self.observations = 1;
             return true;
         }
-        let (level0, trend0, error0) = (
-            f64::from(self.level),
-            f64::from(self.trend),
-            f64::from(self.error),
-        );
+        let (level0, trend0, error0) = (self.level, f64::from(self.trend), f64::from(self.error));
         let dt = at_ms.saturating_sub(self.last_ms) as f64;
         let predicted_level = (level0 + trend0 * dt).max(0.0);
         let predicted = predicted_level * s;
@@ -256,7 +254,7 @@ impl Forecaster {
             let factor = seen / level;
             self.season[b] = Factor::of(s + config.gamma * (factor - s));
         }
-        self.level = narrow(level.max(0.0));
+        self.level = level.max(0.0);
         self.last_ms = at_ms;
         self.observations = self.observations.saturating_add(1);
         true
@@ -294,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_factor_is_kept_to_half_a_step_and_clamped_outside_its_range() {
-        assert_eq!(std::mem::size_of::<Forecaster>(), 120);
+        assert_eq!(std::mem::size_of::<Forecaster>(), 128);
         assert_eq!(Factor::of(1.0), Factor::ONE);
         assert_eq!(Factor::ONE.get(), 1.0);
         let mut rng = ChaCha8Rng::seed_from_u64(7);
