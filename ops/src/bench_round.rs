@@ -110,13 +110,15 @@ fn persist(
 /// The estimator's checkpoint, as the service writes it every
 /// [`cdnmap_api::service::CHECKPOINT_ROUNDS`] rounds off the round: (encode ms, write ms,
 /// bytes).
+/// Encoding is the state streamed to its unsynced file (what the service does under the
+/// driver's lock), writing the sync and rename after it.
 fn checkpoint(store: &Store, driver: &Driver, version: u64) -> Result<(f64, f64, usize)> {
     let t = Instant::now();
-    let state = driver.estimates().to_bytes();
-    let encode_ms = ms(t);
+    let pending = store.write_checkpoint(version, |w| driver.estimates().write_to(w))?;
+    let (encode_ms, bytes) = (ms(t), pending.bytes() as usize);
     let t = Instant::now();
-    store.put_checkpoint(version, &state)?;
-    Ok((encode_ms, ms(t), state.len()))
+    pending.commit()?;
+    Ok((encode_ms, ms(t), bytes))
 }
 
 /// One round's line: its parts' times and its churn.

@@ -29,6 +29,7 @@ use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::values::{remove_if_present, sync_dir};
 use super::StoreError;
 
 /// A segment is closed and a new one started once it holds this many bytes.
@@ -84,11 +85,11 @@ struct Segment {
     closed: bool,
 }
 
-/// One record read back.
+/// One record read back: its time, id, and where its payload is in the bytes it was read from.
 struct Record {
     at_ms: i64,
     id: u64,
-    payload: Vec<u8>,
+    payload: std::ops::Range<usize>,
 }
 
 impl ReportLog {
@@ -278,7 +279,7 @@ impl ReportLog {
             if !(too_old || too_many) {
                 break;
             }
-            remove(&self.path(oldest.number))?;
+            remove_if_present(&self.path(oldest.number))?;
             inner.segments.pop_front();
             total -= oldest.count;
         }
@@ -316,7 +317,7 @@ impl ReportLog {
                     && r.at_ms >= cutoff
                     && (from_ms..to_ms).contains(&r.at_ms)
                 {
-                    out.push((r.at_ms, r.id, r.payload));
+                    out.push((r.at_ms, r.id, bytes[r.payload].to_vec()));
                 }
             }
         }
@@ -368,17 +369,7 @@ impl ReportLog {
     }
 
     fn sync_dir(&self) -> Result<(), StoreError> {
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(file_error(format!("syncing {}", self.dir.display())))
-    }
-}
-
-fn remove(path: &Path) -> Result<(), StoreError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(file_error(format!("removing {}", path.display()))(e)),
+        sync_dir(&self.dir)
     }
 }
 
@@ -407,7 +398,8 @@ fn torn(rest: &[u8]) -> bool {
     FRAME.saturating_add(u32::from_le_bytes(n) as usize) >= rest.len()
 }
 
-/// The whole records at the start of `bytes`, and how many bytes they take (where the first
+/// The whole records at the start of `bytes` (payloads as ranges of it: a log opened is
+/// counted, not copied), and how many bytes they take (where the first
 /// cut short or damaged one begins, or the end).
 fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
     let mut records = Vec::new();
@@ -433,7 +425,7 @@ fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
         records.push(Record {
             at_ms: i64::from_le_bytes(number(12)),
             id: u64::from_le_bytes(number(20)),
-            payload: body[16..].to_vec(),
+            payload: at + FRAME..at + FRAME + len,
         });
         at += FRAME + len;
     }

@@ -25,6 +25,22 @@ const MAGIC: &[u8; 8] = b"CDNVAL01";
 const HEADER: usize = 24;
 const TMP: &str = ".tmp";
 
+/// Syncs directory `dir` (so the names created or renamed in it are durable).
+pub(super) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(file_error(format!("syncing {}", dir.display())))
+}
+
+/// Removes the file at `path` (nothing when there is none).
+pub(super) fn remove_if_present(path: &Path) -> Result<(), StoreError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(file_error(format!("removing {}", path.display()))(e)),
+    }
+}
+
 /// A value written but not yet synced and in place ([`Values::write_pending`]).
 #[derive(Debug)]
 pub(super) struct Pending {
@@ -284,14 +300,7 @@ impl Values {
     /// a value nothing reads any more (a record beyond the history, a base no record names, an
     /// entry a checkpoint covers), so one a crash undoes is only done again by the next write.
     pub(super) fn remove(&self, name: &str) -> Result<(), StoreError> {
-        match fs::remove_file(self.path(name)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(file_error(format!(
-                "removing {}",
-                self.path(name).display()
-            ))(e)),
-        }
+        remove_if_present(&self.path(name))
     }
 
     /// The names of the values starting with `prefix`, sorted (numbers in names are
@@ -326,9 +335,7 @@ impl Values {
     }
 
     fn sync_dir(&self) -> Result<(), StoreError> {
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(file_error(format!("syncing {}", self.dir.display())))
+        sync_dir(&self.dir)
     }
 }
 
