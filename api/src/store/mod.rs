@@ -11,8 +11,9 @@
 //! published to queries before it is persisted (a crash in between loses that version, and the
 //! restart serves the previous one, which is then the last version stored).
 //!
-//! The topology and the bases are the project's instance file format (`docs/formats.md`), so
-//! they can be inspected with ordinary tools and read back by the same validating parser.
+//! The topology and the bases are in the compact form of `cdnmap_topology::compact` (a JSON
+//! instance file an older build wrote is still read), every value file compressed with zstd;
+//! `cdnmap store dump` prints any stored version as the JSON assignment format.
 
 use std::path::Path;
 
