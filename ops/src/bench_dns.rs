@@ -1,15 +1,27 @@
-//! `cdnmap bench dns`: dnsperf against `cdnmap dns` (following a real `cdnmap serve`) and against
-//! gdnsd serving an equivalent static zone, on loopback, in one run.
+//! `cdnmap bench dns`: dnsperf against `cdnmap dns` (following a real `cdnmap serve`), against
+//! gdnsd with `plugin_geoip` answering from a `nets` map of the same world (a longest-prefix
+//! match per query, as `cdnmap dns` does), and against gdnsd serving a static zone, on
+//! loopback, in one run.
 //!
 //! The query file holds realistic ECS queries: map units drawn by demand from the world the
 //! mapper serves, a client subnet inside each (/24 for IPv4, /56 for IPv6, or the unit's prefix
 //! when shorter), A for IPv4 clients and AAAA for IPv6 ones, hostnames of every traffic class
 //! (with a thousand content names per class). It is written in dnsperf's binary format (`-B`:
 //! each message prefixed by its 2-byte length), since dnsperf's text format cannot give each
-//! query its own ECS option. gdnsd answers the same names from a static zone (every name a
-//! fixed set of addresses: no lookup at all), so the ratio says what the per-query map lookup,
-//! server selection and ECS scope cost. The two servers are measured alternately, `--runs`
-//! times each, and the medians compared.
+//! query its own ECS option.
+//!
+//! The two peers: **gdnsd-geoip** has one map per traffic class whose `nets` are every map
+//! unit's prefixes of that class, each to the unit's first two candidates (a resource per class
+//! names each datacenter's addresses), so each query is a longest-prefix match over the world's
+//! prefixes and an answer with the matched net's scope: the job `cdnmap dns` does, but for the
+//! map's contents (the candidates' order, not the solved map, which moves every round; the cost
+//! of a lookup does not depend on which cluster it finds). gdnsd allows 254 datacenters a map:
+//! a world of more clusters shares them (cluster `c` is datacenter `c mod 254`), which changes
+//! no lookup. **gdnsd-static** answers the same names from a static zone (every name a fixed
+//! set of addresses: no lookup at all), so its ratio says what the lookup costs altogether.
+//! The three servers are measured in turn, `--runs` times each, and the medians compared
+//! against issue 16's targets: at least both peers' queries per second, and no more CPU per
+//! query than gdnsd-geoip.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -115,25 +127,24 @@ fn query(id: u16, name: &str, qtype: RecordType, subnet: Option<IpNet>) -> Resul
     Ok(m.to_vec()?)
 }
 
+/// `addr`'s answer to the query `q` (encoded), if one came within 300 ms.
+fn ask(addr: SocketAddr, q: &[u8]) -> Option<Message> {
+    let socket = UdpSocket::bind("127.0.0.1:0").ok()?;
+    socket
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .ok()?;
+    socket.send_to(q, addr).ok()?;
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).ok()?;
+    Message::from_vec(&buf[..n]).ok()
+}
+
 /// Whether `addr` answers `www.<zone> A` with NOERROR and an address.
 pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
-    let Ok(socket) = UdpSocket::bind("127.0.0.1:0") else {
-        return false;
-    };
-    let _ = socket.set_read_timeout(Some(Duration::from_millis(300)));
-    let Ok(q) = query(7, &format!("www.{zone}"), RecordType::A, None) else {
-        return false;
-    };
-    if socket.send_to(&q, addr).is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 4096];
-    match socket.recv(&mut buf) {
-        Ok(n) => Message::from_vec(&buf[..n]).is_ok_and(|m| {
-            m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty()
-        }),
-        Err(_) => false,
-    }
+    query(7, &format!("www.{zone}"), RecordType::A, None)
+        .ok()
+        .and_then(|q| ask(addr, &q))
+        .is_some_and(|m| m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty())
 }
 
 /// Fails, naming the process and the logs, if any of `procs` has exited.
@@ -252,33 +263,134 @@ pub(crate) fn write_queries(
     Ok((a, aaaa))
 }
 
-/// gdnsd's configuration and the static zone with the same names.
-fn write_gdnsd(dir: &Path, port: u16) -> Result<()> {
-    for sub in ["zones", "run", "state"] {
+/// The names of the query file and the traffic class each stands for.
+const NAMES: [(&str, &str); 4] = [
+    ("www", "web"),
+    ("*.web", "web"),
+    ("*.video", "video"),
+    ("*.apps", "apps"),
+];
+/// The most datacenters gdnsd's geoip plugin allows in one map.
+const GDNSD_MAX_DCS: usize = 254;
+
+/// gdnsd's configuration in `dir` (listening on `port`, with `plugins`, a config fragment),
+/// and its zone: the SOA, NS and `records`.
+fn write_gdnsd_config(dir: &Path, port: u16, plugins: &str, records: &str) -> Result<()> {
+    for sub in ["zones", "run", "state", "geoip"] {
         std::fs::create_dir_all(dir.join(sub))?;
     }
     std::fs::write(
         dir.join("config"),
         format!(
-            "options => {{\n  listen => [ 127.0.0.1:{port} ]\n  run_dir => {}\n  state_dir => {}\n}}\n",
+            "options => {{\n  listen => [ 127.0.0.1:{port} ]\n  run_dir => {}\n  state_dir => {}\n}}\n{plugins}",
             dir.join("run").display(),
             dir.join("state").display()
         ),
     )?;
-    let mut zone = String::from(
+    let zone = format!(
         "$TTL 20\n@ SOA ns1 hostmaster 1 3600 600 86400 60\n@ NS ns1\n@ NS ns2\n\
-         ns1 A 127.0.0.1\nns2 A 127.0.0.1\n",
+         ns1 A 127.0.0.1\nns2 A 127.0.0.1\n{records}"
     );
-    for name in ["www", "*.web", "*.video", "*.apps"] {
+    std::fs::write(dir.join("zones").join("cdn.example"), zone)?;
+    Ok(())
+}
+
+/// gdnsd serving the query file's names from a static zone.
+fn write_gdnsd_static(dir: &Path, port: u16) -> Result<()> {
+    let mut records = String::new();
+    for (name, _) in NAMES {
         for i in 1..=3 {
-            zone.push_str(&format!("{name} A 198.18.0.{i}\n"));
+            records.push_str(&format!("{name} A 198.18.0.{i}\n"));
         }
-        zone.push_str(&format!(
+        records.push_str(&format!(
             "{name} AAAA 2001:db8::1\n{name} AAAA 2001:db8::2\n"
         ));
     }
-    std::fs::write(dir.join("zones").join("cdn.example"), zone)?;
-    Ok(())
+    write_gdnsd_config(dir, port, "", &records)
+}
+
+/// gdnsd with `plugin_geoip` answering the query file's names from `world` (module docs): a
+/// map and a resource per class, each map's `nets` in a file of its own (`geoip/nets-CLASS`).
+/// Returns how many nets it wrote.
+fn write_gdnsd_geoip(dir: &Path, port: u16, world: &Topology) -> Result<usize> {
+    let geoip_dir = dir.join("geoip");
+    std::fs::create_dir_all(&geoip_dir)
+        .with_context(|| format!("creating {}", geoip_dir.display()))?;
+    let dcs = world.clusters().len().clamp(1, GDNSD_MAX_DCS);
+    let dc_names: Vec<String> = (0..dcs).map(|d| format!("dc{d}")).collect();
+    let mut nets = 0;
+    let mut maps = String::new();
+    let mut resources = String::new();
+    for (c, class) in world.classes().iter().enumerate() {
+        let file = format!("nets-{}", class.name);
+        let path = geoip_dir.join(&file);
+        let mut w = BufWriter::new(
+            File::create(&path).with_context(|| format!("creating {}", path.display()))?,
+        );
+        for u in 0..world.unit_count() as UnitIdx {
+            if usize::from(world.unit_class(u)) != c {
+                continue;
+            }
+            let list: Vec<String> = world
+                .candidates(u)
+                .take(2)
+                .map(|k| dc_names[k.cluster as usize % dcs].clone())
+                .collect();
+            if list.is_empty() {
+                continue;
+            }
+            for net in world.unit_prefixes(u) {
+                writeln!(w, "{net} => [ {} ]", list.join(", "))?;
+                nets += 1;
+            }
+        }
+        w.flush()?;
+        maps.push_str(&format!(
+            "      m-{0} => {{\n        datacenters => [ {1} ]\n        nets => {file}\n      }}\n",
+            class.name,
+            dc_names.join(", ")
+        ));
+        // Each datacenter's addresses: those of the first cluster it stands for, by family
+        // (multifo's `addrs_v4` and `addrs_v6`); a family it has none of, a stand-in.
+        let mut dcmap = String::new();
+        for (d, name) in dc_names.iter().enumerate() {
+            let addrs = world.cluster_addresses(d as u32);
+            let family = |v4: bool, stand_in: &str| {
+                let list: Vec<String> = addrs
+                    .iter()
+                    .filter(|a| a.is_ipv4() == v4)
+                    .map(|a| a.to_string())
+                    .collect();
+                if list.is_empty() {
+                    stand_in.to_string()
+                } else {
+                    list.join(", ")
+                }
+            };
+            dcmap.push_str(&format!(
+                "          {name} => {{ addrs_v4 => [ {} ], addrs_v6 => [ {} ] }}\n",
+                family(true, "198.18.0.1"),
+                family(false, "2001:db8::1")
+            ));
+        }
+        resources.push_str(&format!(
+            "      {0} => {{\n        map => m-{0}\n        dcmap => {{\n{dcmap}        }}\n      }}\n",
+            class.name
+        ));
+    }
+    let plugins = format!(
+        "plugins => {{\n  geoip => {{\n    undefined_datacenters_ok => true\n    maps => {{\n{maps}    }}\n    resources => {{\n{resources}    }}\n  }}\n}}\n"
+    );
+    let mut records = String::new();
+    for (name, class) in NAMES {
+        if world.class_index(class).is_some() {
+            records.push_str(&format!("{name} DYNA geoip!{class}\n"));
+        } else {
+            records.push_str(&format!("{name} A 198.18.0.1\n"));
+        }
+    }
+    write_gdnsd_config(dir, port, &plugins, &records)?;
+    Ok(nets)
 }
 
 /// CPU seconds (user + system) a process has used, from /proc (Linux; `None` elsewhere).
@@ -371,7 +483,7 @@ pub(crate) fn out_dir(
 
 /// The world (the same one `cdnmap serve` builds from the same demo settings) and dnsperf's
 /// query file from it, in `dir`.
-fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<PathBuf> {
+fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<(Topology, PathBuf)> {
     let params = WorldParams {
         map_units: a.map_units,
         clusters: a.clusters,
@@ -387,7 +499,7 @@ fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<PathBuf> {
         instance.unit_count(),
         queries.display()
     );
-    Ok(queries)
+    Ok((instance, queries))
 }
 
 /// The demo world a benchmark's mapper serves, and its cycle.
@@ -460,37 +572,55 @@ fn start_cdnmap(
     Ok((serve, front, dns_addr))
 }
 
-/// gdnsd on `port`, serving the static zone, once it answers.
-fn start_gdnsd(gdnsd: &Path, dir: &Path, port: u16) -> Result<(Proc, SocketAddr)> {
-    let gdir = dir.join("gdnsd");
-    write_gdnsd(&gdir, port)?;
-    let gdnsd_addr = SocketAddr::from(([127, 0, 0, 1], port));
+/// gdnsd from its configuration in `dir/NAME` (`name` also names its log), once it answers.
+fn start_gdnsd(
+    gdnsd: &Path,
+    dir: &Path,
+    name: &'static str,
+    port: u16,
+) -> Result<(Proc, SocketAddr)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut peer = spawn(
-        Command::new(gdnsd).arg("-c").arg(&gdir).arg("start"),
-        &dir.join("gdnsd.log"),
-        "gdnsd",
+        Command::new(gdnsd)
+            .arg("-c")
+            .arg(dir.join(name))
+            .arg("start"),
+        &dir.join(format!("{name}.log")),
+        name,
     )?;
-    wait_answering(gdnsd_addr, &mut [&mut peer], dir)?;
-    Ok((peer, gdnsd_addr))
+    wait_answering(addr, &mut [&mut peer], dir)?;
+    Ok((peer, addr))
 }
 
-/// The dnsperf runs, alternating between the two servers (`targets`: name, address, process);
-/// prints each run.
+/// The servers measured: cdnmap's front end first, then its peers.
+const SERVERS: [&str; 3] = ["cdnmap dns", "gdnsd-geoip", "gdnsd-static"];
+
+/// The dnsperf runs, taking the servers in turn (`targets`: address, process, in the order of
+/// [`SERVERS`]); prints each run.
 fn measure(
     a: &DnsBenchArgs,
     dnsperf: &Path,
     queries: &Path,
-    targets: [(&str, SocketAddr, &Proc); 2],
-) -> Result<[Vec<Run>; 2]> {
-    let (dns_port, gdnsd_port) = (targets[0].1.port(), targets[1].1.port());
+    targets: [(SocketAddr, &Proc); 3],
+) -> Result<[Vec<Run>; 3]> {
+    let ports: Vec<String> = SERVERS
+        .iter()
+        .zip(&targets)
+        .map(|(name, (addr, _))| format!("{name} on :{}", addr.port()))
+        .collect();
     println!(
-        "dnsperf -B -l {} -c {} -q {}, {} runs each, alternating (cdnmap dns on :{dns_port}, gdnsd on :{gdnsd_port})",
-        a.seconds, a.clients, a.outstanding, a.runs
+        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({})",
+        a.seconds,
+        a.clients,
+        a.outstanding,
+        a.runs,
+        ports.join(", ")
     );
-    let mut results: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
+    let mut results: [Vec<Run>; 3] = Default::default();
     for r in 0..a.runs {
-        let pids = [targets[0].2 .0.id(), targets[1].2 .0.id()];
-        for (i, (name, addr, _)) in targets.into_iter().enumerate() {
+        let pids = targets.map(|(_, p)| p.0.id());
+        for (i, (addr, _)) in targets.into_iter().enumerate() {
+            let name = SERVERS[i];
             let cpu_before = cpu_secs(pids[i]);
             let out = Command::new(dnsperf)
                 .args([
@@ -520,7 +650,7 @@ fn measure(
                 run.cpu_us = (e - b) / (run.qps * a.seconds as f64) * 1e6;
             }
             println!(
-                "  run {}: {name:<10} {:>9.0} q/s  {:.2} µs CPU/query  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
+                "  run {}: {name:<12} {:>9.0} q/s  {:.2} µs CPU/query  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
                 r + 1,
                 run.qps,
                 run.cpu_us,
@@ -535,17 +665,18 @@ fn measure(
     Ok(results)
 }
 
-/// The table of medians and the ratios to gdnsd.
-fn print_medians(results: &[Vec<Run>; 2]) {
+/// The table of medians and the ratios to the peers, against issue 16's targets.
+fn print_medians(results: &[Vec<Run>; 3]) {
     let med = |i: usize, f: fn(&Run) -> f64| median(results[i].iter().map(f).collect());
-    let (q_ours, q_peer) = (med(0, |r| r.qps), med(1, |r| r.qps));
     println!();
     println!("| server | median q/s | median CPU per query (µs) | median latency (ms) | NOERROR |");
     println!("|---|---|---|---|---|");
-    for (i, name) in ["cdnmap dns (map lookup per query)", "gdnsd (static zone)"]
-        .iter()
-        .enumerate()
-    {
+    let what = [
+        "cdnmap dns (map lookup per query)",
+        "gdnsd-geoip (nets lookup per query)",
+        "gdnsd-static (no lookup)",
+    ];
+    for (i, name) in what.iter().enumerate() {
         println!(
             "| {name} | {:.0} | {:.2} | {:.3} | {:.2}% |",
             med(i, |r| r.qps),
@@ -554,24 +685,22 @@ fn print_medians(results: &[Vec<Run>; 2]) {
             med(i, |r| r.noerror_pct)
         );
     }
-    let ratio = q_ours / q_peer;
-    let cpu_ratio = med(1, |r| r.cpu_us) / med(0, |r| r.cpu_us);
     println!();
-    // Issue 16's targets: at least the static zone's queries per second, and (not measured
-    // here yet) at least gdnsd-geoip's with no more CPU per query than it.
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    let q = |i: usize| med(i, |r| r.qps);
+    let cpu = |i: usize| med(i, |r| r.cpu_us);
+    for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
+        let ratio = q(0) / q(peer);
+        println!(
+            "queries per second, cdnmap dns / {name}: {ratio:.2} (target >= 1.0: {})",
+            met(ratio >= 1.0)
+        );
+    }
+    let cpu_ratio = cpu(1) / cpu(0);
     println!(
-        "ratio cdnmap dns / gdnsd, queries per second: {ratio:.2} (target >= 1.0: {})",
-        met(ratio >= 1.0)
-    );
-    println!(
-        "ratio cdnmap dns / gdnsd, queries per CPU second: {cpu_ratio:.2} (target >= 1.0: {}; \
-         the same comparison, less sensitive to what else the machine runs)",
+        "CPU per query, gdnsd-geoip / cdnmap dns: {cpu_ratio:.2} (target >= 1.0, no more CPU a \
+         query than gdnsd-geoip: {}; the comparison least sensitive to what else the machine runs)",
         met(cpu_ratio >= 1.0)
-    );
-    println!(
-        "not measured here: gdnsd with plugin_geoip answering from a nets map (a lookup per \
-         query, as cdnmap does), issue 16's other peer"
     );
 }
 
@@ -581,18 +710,35 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     let gdnsd = program("gdnsd")?;
     let (dir, _temp) = out_dir(a.out.as_deref(), "cdnmap-bench-dns-")?;
     let exe = std::env::current_exe().context("finding the cdnmap binary")?;
-    let queries = query_file(a, &dir)?;
-    let (grpc, http, dns_port, gdnsd_port) =
-        (free_port()?, free_port()?, free_port()?, free_port()?);
+    let (world, queries) = query_file(a, &dir)?;
+    let ports = [(); 5].map(|()| free_port());
+    let [grpc, http, dns_port, geoip_port, static_port] = ports;
+    let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
+    let (geoip_port, static_port) = (geoip_port?, static_port?);
+    let nets = write_gdnsd_geoip(&dir.join("gdnsd-geoip"), geoip_port, &world)?;
+    println!(
+        "gdnsd-geoip: {nets} nets in {} maps (one a class), {} datacenters",
+        world.classes().len(),
+        world.clusters().len().clamp(1, GDNSD_MAX_DCS)
+    );
+    drop(world);
+    write_gdnsd_static(&dir.join("gdnsd-static"), static_port)?;
     let (serve, front, dns_addr) = start_cdnmap(a, &exe, &dir, (grpc, http, dns_port))?;
-    let (peer, gdnsd_addr) = start_gdnsd(&gdnsd, &dir, gdnsd_port)?;
+    let started = Instant::now();
+    let (geoip, geoip_addr) = start_gdnsd(&gdnsd, &dir, "gdnsd-geoip", geoip_port)?;
+    println!(
+        "gdnsd-geoip answering {:.1} s after its start",
+        started.elapsed().as_secs_f64()
+    );
+    let (stat, static_addr) = start_gdnsd(&gdnsd, &dir, "gdnsd-static", static_port)?;
     let targets = [
-        ("cdnmap dns", dns_addr, &front),
-        ("gdnsd", gdnsd_addr, &peer),
+        (dns_addr, &front),
+        (geoip_addr, &geoip),
+        (static_addr, &stat),
     ];
     let results = measure(a, &dnsperf, &queries, targets)?;
     print_medians(&results);
-    drop((peer, front, serve));
+    drop((stat, geoip, front, serve));
     Ok(std::process::ExitCode::SUCCESS)
 }
 
@@ -613,6 +759,72 @@ mod tests {
         assert_eq!(r.lost, 0.0);
         assert_eq!(r.noerror_pct, 99.0);
         assert!(parse_dnsperf("nothing").is_err());
+    }
+
+    /// gdnsd, started on the geoip configuration of a small world, answers a client of each
+    /// unit's prefix with the addresses of the unit's first candidate and a scope covering the
+    /// prefix: the peer does the job it stands for. (A real gdnsd, installed from Debian when
+    /// missing.)
+    #[test]
+    fn gdnsd_geoip_answers_each_prefix_with_its_units_first_candidate() {
+        let world = world::generate(
+            &WorldParams {
+                map_units: 300,
+                clusters: 10,
+                seed: 5,
+                ..WorldParams::default()
+            },
+            &|_| {},
+        )
+        .expect("world");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port().expect("port");
+        let nets = write_gdnsd_geoip(&dir.path().join("g"), port, &world).expect("config");
+        let prefixes: usize = (0..world.unit_count() as UnitIdx)
+            .map(|u| world.unit_prefixes(u).len())
+            .sum();
+        assert_eq!(nets, prefixes);
+        let gdnsd = cdnmap_tests::ensure_debian_tool("gdnsd", &["gdnsd"]).expect("gdnsd");
+        let (peer, addr) = start_gdnsd(&gdnsd, dir.path(), "g", port).expect("gdnsd answers");
+        let mut checked = 0;
+        for u in (0..world.unit_count() as UnitIdx).step_by(7) {
+            let class = &world.classes()[usize::from(world.unit_class(u))].name;
+            let name = match class.as_str() {
+                "video" => "v1.video.cdn.example.",
+                "apps" => "api1.apps.cdn.example.",
+                _ => "c1.web.cdn.example.",
+            };
+            let Some(net) = world.unit_prefixes(u).iter().find(|n| n.addr().is_ipv4()) else {
+                continue;
+            };
+            let first = world.candidates(u).next().expect("a candidate").cluster;
+            let q = query(1, name, RecordType::A, Some(*net)).expect("query");
+            let m = ask(addr, &q).expect("an answer");
+            let mut got: Vec<IpAddr> = m.answers.iter().filter_map(|r| r.data.ip_addr()).collect();
+            let mut want: Vec<IpAddr> = world
+                .cluster_addresses(first)
+                .iter()
+                .copied()
+                .filter(IpAddr::is_ipv4)
+                .collect();
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "unit {u} ({net}, {class})");
+            let scope = m.edns.as_ref().and_then(|e| {
+                match e.option(hickory_server::proto::rr::rdata::opt::EdnsCode::Subnet) {
+                    Some(EdnsOption::Subnet(s)) => Some(s.scope_prefix()),
+                    _ => None,
+                }
+            });
+            // The prefix, or wider where gdnsd merged neighbours of the same answer.
+            assert!(
+                scope.is_some_and(|s| s <= net.prefix_len()),
+                "unit {u} ({net}): scope {scope:?}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} units checked");
+        drop(peer);
     }
 
     #[test]
