@@ -394,7 +394,12 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
         let decision = decide(&src, view, &q, scratch);
         if let (Decision::Answer(a), Some(view)) = (&decision, view) {
             if let Some(d) = a.demand {
-                front.demand.count(view, &d.client, d.prefix_len, d.class);
+                front.demand.count(
+                    view.resolver.map().classes(),
+                    &d.client,
+                    d.prefix_len,
+                    d.class,
+                );
             }
             if a.count_host {
                 front.demand.count_host(&scratch.qname);

@@ -10,8 +10,6 @@ use std::sync::{Arc, Mutex};
 use cdnmap_mapper::ClassIdx;
 use ipnet::IpNet;
 
-use super::local::LocalView;
-
 /// Most (prefix, class) pairs counted in one period.
 pub const MAX_TRACKED_PREFIXES: usize = 1_000_000;
 /// Most hostnames counted in one period.
@@ -25,10 +23,38 @@ type Fx = rustc_hash::FxBuildHasher;
 /// use), so the answering threads never contend for a lock or a cache line.
 const SHARDS: usize = 16;
 
+/// One thread's counts. The prefix counts are a table per class, found by the query's class
+/// index and checked by name (a new map may number the classes otherwise): a query costs one
+/// lookup by prefix and no reference count (an `Arc` cloned per query is two atomic writes to
+/// a cache line every answering thread shares).
 #[derive(Debug, Default)]
 struct Shard {
-    prefixes: HashMap<(IpNet, Arc<str>), u64, Fx>,
+    prefixes: Vec<(Arc<str>, HashMap<IpNet, u64, Fx>)>,
     hosts: HashMap<String, u64, Fx>,
+    /// Scratch for a query's content key (looked up by `&str`; copied only when inserted).
+    key: String,
+}
+
+impl Shard {
+    /// The table of class `name`, expected at `slot`; created (with `name()`) when missing.
+    fn class_table(
+        &mut self,
+        slot: usize,
+        name: &str,
+        make: impl FnOnce() -> Arc<str>,
+    ) -> &mut HashMap<IpNet, u64, Fx> {
+        let at = match self.prefixes.get(slot) {
+            Some((n, _)) if &**n == name => slot,
+            _ => match self.prefixes.iter().position(|(n, _)| &**n == name) {
+                Some(i) => i,
+                None => {
+                    self.prefixes.push((make(), HashMap::default()));
+                    self.prefixes.len() - 1
+                }
+            },
+        };
+        &mut self.prefixes[at].1
+    }
 }
 
 #[derive(Debug)]
@@ -69,8 +95,9 @@ impl DemandCounter {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts a query of `client` answered from a map unit's prefix of length `len`.
-    pub fn count(&self, view: &LocalView, client: &IpNet, len: u8, class: ClassIdx) {
+    /// Counts a query of `client` answered from a map unit's prefix of length `len`, of class
+    /// `class` of the map's `classes` (the view's: `LocalView::resolver`'s map).
+    pub fn count(&self, classes: &[Arc<str>], client: &IpNet, len: u8, class: ClassIdx) {
         let addr = match client.network() {
             IpAddr::V6(a) => a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4),
             v4 => v4,
@@ -78,14 +105,16 @@ impl DemandCounter {
         let Ok(prefix) = IpNet::new(addr, len).map(|p| p.trunc()) else {
             return;
         };
-        let Some(name) = view.class_arc(class) else {
+        let Some(name) = classes.get(usize::from(class)) else {
             return;
         };
-        self.add(&mut self.shard(), (prefix, name), 1);
+        let mut shard = self.shard();
+        let table = shard.class_table(usize::from(class), name, || Arc::clone(name));
+        self.add(table, prefix, 1);
     }
 
-    fn add(&self, shard: &mut Shard, key: (IpNet, Arc<str>), n: u64) {
-        if let Some(c) = shard.prefixes.get_mut(&key) {
+    fn add(&self, table: &mut HashMap<IpNet, u64, Fx>, prefix: IpNet, n: u64) {
+        if let Some(c) = table.get_mut(&prefix) {
             *c += n;
             return;
         }
@@ -95,15 +124,15 @@ impl DemandCounter {
             metrics::counter!("cdnmap_dns_demand_dropped_total").increment(n);
             return;
         }
-        shard.prefixes.insert(key, n);
+        table.insert(prefix, n);
     }
 
     /// Counts a query for hostname `qname`.
     pub fn count_host(&self, qname: &str) {
-        let mut key = String::with_capacity(qname.len());
-        cdnmap_serve::servers::content_key(qname, &mut key);
-        let mut shard = self.shard();
-        if let Some(c) = shard.hosts.get_mut(&key) {
+        let mut guard = self.shard();
+        let shard = &mut *guard;
+        cdnmap_serve::servers::content_key(qname, &mut shard.key);
+        if let Some(c) = shard.hosts.get_mut(shard.key.as_str()) {
             *c += 1;
             return;
         }
@@ -111,7 +140,7 @@ impl DemandCounter {
             self.hosts.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        shard.hosts.insert(key, 1);
+        shard.hosts.insert(shard.key.clone(), 1);
     }
 
     /// Takes the period's prefix counts (the tables start again empty).
@@ -120,9 +149,11 @@ impl DemandCounter {
         for shard in &self.shards {
             let taken =
                 std::mem::take(&mut shard.lock().unwrap_or_else(|e| e.into_inner()).prefixes);
-            self.prefixes.fetch_sub(taken.len(), Ordering::Relaxed);
-            for (k, n) in taken {
-                *merged.entry(k).or_insert(0) += n;
+            for (name, table) in taken {
+                self.prefixes.fetch_sub(table.len(), Ordering::Relaxed);
+                for (prefix, n) in table {
+                    *merged.entry((prefix, Arc::clone(&name))).or_insert(0) += n;
+                }
             }
         }
         let mut out: Counts = merged.into_iter().collect();
@@ -133,8 +164,9 @@ impl DemandCounter {
     /// Puts back counts a failed report did not deliver (within the tables' bound).
     pub fn restore(&self, counts: Counts) {
         let mut shard = self.shard();
-        for (k, n) in counts {
-            self.add(&mut shard, k, n);
+        for ((prefix, name), n) in counts {
+            let table = shard.class_table(usize::MAX, &name, || Arc::clone(&name));
+            self.add(table, prefix, n);
         }
     }
 
@@ -156,5 +188,73 @@ impl DemandCounter {
     /// Counts dropped because the table was full, since start.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("a prefix")
+    }
+
+    /// Counts are per (unit prefix, class name), summed over threads; a map that numbers the
+    /// classes otherwise counts into the same names; what a failed report gives back is
+    /// counted again; the bound on prefixes drops (and counts) what is beyond it.
+    #[test]
+    fn counts_are_per_prefix_and_class_name_over_threads_and_numberings() {
+        let d = DemandCounter::default();
+        let one: Vec<Arc<str>> = vec!["web".into(), "video".into()];
+        let renumbered: Vec<Arc<str>> = vec!["video".into(), "web".into()];
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..100 {
+                        d.count(&one, &net("10.1.2.3/32"), 24, 0);
+                        d.count(&one, &net("10.1.2.0/24"), 24, 1);
+                        d.count(&renumbered, &net("10.1.2.9/32"), 24, 0);
+                        d.count(&one, &net("::ffff:10.9.0.1/128"), 16, 0);
+                        d.count(&one, &net("10.1.2.3/32"), 24, 7); // no such class
+                    }
+                });
+            }
+        });
+        let counts = d.take();
+        let get = |p: &str, c: &str| {
+            counts
+                .iter()
+                .find(|((q, n), _)| *q == net(p) && &**n == c)
+                .map_or(0, |x| x.1)
+        };
+        assert_eq!(get("10.1.2.0/24", "web"), 400);
+        assert_eq!(get("10.1.2.0/24", "video"), 800);
+        assert_eq!(get("10.9.0.0/16", "web"), 400);
+        assert_eq!(counts.len(), 3, "{counts:?}");
+        assert!(counts.windows(2).all(|w| w[0].1 >= w[1].1), "largest first");
+        assert!(d.take().is_empty(), "taken means empty");
+        d.restore(counts.clone());
+        d.count(&one, &net("10.1.2.3/32"), 24, 0);
+        let again = d.take();
+        assert_eq!(again.len(), 3);
+        assert!(again.contains(&((net("10.1.2.0/24"), "web".into()), 401)));
+
+        for i in 0..(MAX_TRACKED_PREFIXES as u32 + 10) {
+            let p = IpNet::new(std::net::Ipv4Addr::from(i << 8).into(), 24).expect("prefix");
+            d.count(&one, &p, 24, 0);
+        }
+        assert_eq!(d.dropped(), 10);
+        assert_eq!(d.take().len(), MAX_TRACKED_PREFIXES);
+    }
+
+    #[test]
+    fn hosts_are_counted_by_content_key() {
+        let d = DemandCounter::default();
+        for name in ["www.cdn.example.", "WWW.cdn.example.", "img.cdn.example."] {
+            d.count_host(name);
+        }
+        let hosts = d.take_hosts();
+        assert_eq!(hosts.iter().map(|h| h.1).sum::<u64>(), 3);
+        assert_eq!(hosts[0].1, 2, "{hosts:?}");
     }
 }
