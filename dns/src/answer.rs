@@ -43,6 +43,8 @@ const SOA_TIMERS: (i32, i32, i32, u32) = (3600, 600, 86_400, 60);
 /// A served zone, with its apex records made once.
 pub struct Zone {
     pub apex: LowerName,
+    /// The apex as text, lower case with the final dot (the fast path's `crate::wire`).
+    pub apex_text: String,
     soa: Record,
     ns: Vec<Record>,
 }
@@ -68,8 +70,10 @@ impl Zone {
             .iter()
             .map(|n| Record::from_rdata(apex.clone(), ttl.max(3600), RData::NS(NS(n.clone()))))
             .collect();
+        let apex = LowerName::new(&apex);
         Zone {
-            apex: LowerName::new(&apex),
+            apex_text: apex.to_string(),
+            apex,
             soa,
             ns,
         }
@@ -78,20 +82,20 @@ impl Zone {
 
 /// Per-thread buffers, so answering a query allocates no strings.
 #[derive(Default)]
-struct Scratch {
-    qname: String,
-    key: String,
-    addrs: Vec<IpAddr>,
+pub(crate) struct Scratch {
+    pub(crate) qname: String,
+    pub(crate) key: String,
+    pub(crate) addrs: Vec<IpAddr>,
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    pub(crate) static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
 /// Queries answered, by outcome: `cdnmap_dns_queries_total{rcode=...}` (registered once, so
 /// counting a query is one atomic add, and nothing without a metrics recorder).
 pub struct Counters {
-    answer: metrics::Counter,
+    pub(crate) answer: metrics::Counter,
     nodata: metrics::Counter,
     nxdomain: metrics::Counter,
     refused: metrics::Counter,

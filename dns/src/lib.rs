@@ -15,6 +15,7 @@ pub mod config;
 pub mod demand;
 pub mod local;
 mod udp;
+mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
-//! The UDP path: hickory's `Request`, our `RequestHandler` and hickory's response encoding
-//! (with its truncation), driven by one OS thread per socket that reads a datagram, answers it
-//! inline and sends the answer, with blocking system calls (as gdnsd does).
+//! The UDP path: the fast path of `crate::wire` for the common query, else hickory's
+//! `Request`, our `RequestHandler` and hickory's response encoding (with its truncation),
+//! driven by one OS thread per socket that reads a datagram, answers it inline and sends the
+//! answer, with blocking system calls (as gdnsd does).
 //!
 //! hickory's own UDP server spawns a task per datagram and hands each response through a
 //! channel to a sender task, and the async socket adds an epoll round per datagram; at a hundred
@@ -26,6 +27,8 @@ use hickory_server::proto::rr::Record;
 use hickory_server::proto::serialize::binary::{BinEncodable, BinEncoder};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponse;
+
+use crate::answer::Handler;
 
 /// `count` UDP sockets bound to `addr` with SO_REUSEPORT (on Unix), so the kernel spreads
 /// datagrams over them and each answering loop waits on its own socket.
@@ -61,7 +64,7 @@ const MAX_DATAGRAM: usize = 2048;
 /// A `ResponseHandler` that encodes the response for UDP and keeps the bytes for the loop to
 /// send.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Option<Vec<u8>>>>);
+pub(crate) struct Capture(Arc<Mutex<Option<Vec<u8>>>>);
 
 #[async_trait::async_trait]
 impl ResponseHandler for Capture {
@@ -110,8 +113,8 @@ impl ResponseHandler for Capture {
 /// not parse, or nothing (not a query, nowhere to answer). The handler's future completes
 /// without waiting on anything (the response is captured, not sent), so it is polled once here;
 /// were it ever to wait, the runtime would drive it to the end.
-fn answer_datagram<H: RequestHandler>(
-    handler: &H,
+fn answer_datagram(
+    handler: &Handler,
     runtime: &tokio::runtime::Handle,
     capture: &Capture,
     raw: &[u8],
@@ -120,6 +123,19 @@ fn answer_datagram<H: RequestHandler>(
     if raw.len() < 12 || src.port() == 0 {
         return None; // not even a header, or nowhere to answer
     }
+    crate::wire::answer(&handler.0, raw, src)
+        .or_else(|| answer_hickory(handler, runtime, capture, raw, src))
+}
+
+/// One datagram's answer through hickory's `Request` and `handler`: what the fast path
+/// (`crate::wire`) does not take.
+pub(crate) fn answer_hickory<H: RequestHandler>(
+    handler: &H,
+    runtime: &tokio::runtime::Handle,
+    capture: &Capture,
+    raw: &[u8],
+    src: SocketAddr,
+) -> Option<Vec<u8>> {
     let request = match Request::from_bytes(raw.to_vec(), src, Protocol::Udp) {
         Ok(r) => r,
         Err(_) => return formerr(raw),
@@ -144,15 +160,15 @@ fn timed_out(e: &std::io::Error) -> bool {
 }
 
 /// Answers datagrams on `socket` until `stop` is set.
-pub fn serve<H: RequestHandler>(
+pub fn serve(
     socket: Arc<UdpSocket>,
-    handler: Arc<H>,
+    handler: Arc<Handler>,
     runtime: tokio::runtime::Handle,
     stop: Arc<AtomicBool>,
 ) {
     #[cfg(target_os = "linux")]
     {
-        mmsg::serve(&socket, &*handler, &runtime, &stop);
+        mmsg::serve(&socket, &handler, &runtime, &stop);
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -184,17 +200,16 @@ mod mmsg {
     use std::os::fd::AsRawFd;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use hickory_server::server::RequestHandler;
     use socket2::{SockAddr, SockAddrStorage};
 
-    use super::{answer_datagram, timed_out, Capture, MAX_DATAGRAM};
+    use super::{answer_datagram, timed_out, Capture, Handler, MAX_DATAGRAM};
 
     /// Datagrams per system call at most.
     pub const BATCH: usize = 32;
 
-    pub fn serve<H: RequestHandler>(
+    pub fn serve(
         socket: &UdpSocket,
-        handler: &H,
+        handler: &Handler,
         runtime: &tokio::runtime::Handle,
         stop: &AtomicBool,
     ) {

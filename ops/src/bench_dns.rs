@@ -692,13 +692,13 @@ fn print_medians(results: &[Vec<Run>; 3]) {
     for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
         let ratio = q(0) / q(peer);
         println!(
-            "queries per second, cdnmap dns / {name}: {ratio:.2} (target >= 1.0: {})",
+            "queries per second, cdnmap dns / {name}: {ratio:.3} (target >= 1.0: {})",
             met(ratio >= 1.0)
         );
     }
     let cpu_ratio = cpu(1) / cpu(0);
     println!(
-        "CPU per query, gdnsd-geoip / cdnmap dns: {cpu_ratio:.2} (target >= 1.0, no more CPU a \
+        "CPU per query, gdnsd-geoip / cdnmap dns: {cpu_ratio:.3} (target >= 1.0, no more CPU a \
          query than gdnsd-geoip: {}; the comparison least sensitive to what else the machine runs)",
         met(cpu_ratio >= 1.0)
     );

@@ -1,0 +1,648 @@
+//! The UDP fast path: the common query — one question for the A or AAAA records of a mapped
+//! name below a zone's apex, with at most an OPT record carrying at most a client subnet —
+//! read and answered on the wire, without hickory's message types.
+//!
+//! Why: at a million map units hickory's decoding of the request and encoding of the response
+//! (names as label vectors, records as structs, each allocated and freed, a compression table
+//! per message) were about a fifth of the front end's CPU a query, more than the map lookup
+//! (`docs/perf/bench-serve.md`, `bench dns` against gdnsd). gdnsd answers from the wire too.
+//!
+//! **One behaviour.** The fast path answers only what it can answer exactly as the hickory path
+//! does, byte for byte, and gives everything else back (`None`): the hickory path then decides
+//! as before. Anything unusual gives up before anything is counted: a header flag or count
+//! other than a plain query's, a compressed or non-LDH name, another type or class, an OPT
+//! record of another version or with any option but one well-formed ECS option (no address
+//! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex or matched by no
+//! hostname rule, no map yet, an answer with no address (NODATA) or larger than the response
+//! may be. The test below holds the two paths to the same bytes over generated queries.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::IpNet;
+
+use super::answer::{Front, SCRATCH};
+
+/// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
+/// (RD and CD, which the response copies, may be set).
+const QUERY_FLAGS_FREE: u16 = 0x0110;
+/// The response's flags besides RD and CD: QR and AA.
+const RESPONSE_FLAGS: u16 = 0x8400;
+const TYPE_A: u16 = 1;
+const TYPE_AAAA: u16 = 28;
+const TYPE_OPT: u16 = 41;
+const CLASS_IN: u16 = 1;
+const OPTION_ECS: u16 = 8;
+/// Without EDNS a UDP response may be 512 bytes (RFC 1035 §4.2.1).
+const PLAIN_UDP: usize = 512;
+
+/// A query's ECS option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ecs {
+    /// 1 (IPv4) or 2 (IPv6).
+    family: u16,
+    source: u8,
+    addr: IpAddr,
+}
+
+/// The parts of a query the fast path reads.
+#[derive(Debug)]
+struct Parsed<'a> {
+    id: [u8; 2],
+    flags: u16,
+    /// The question section as sent (name, type, class).
+    question: &'a [u8],
+    qtype: u16,
+    /// The OPT record's UDP payload size, if the query has one.
+    edns_payload: Option<u16>,
+    ecs: Option<Ecs>,
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+/// The query in `raw`, if it is one the fast path takes (module docs).
+fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
+    let flags = u16_at(raw, 2)?;
+    if flags & !QUERY_FLAGS_FREE != 0 {
+        return None;
+    }
+    let counts = [
+        u16_at(raw, 4)?,
+        u16_at(raw, 6)?,
+        u16_at(raw, 8)?,
+        u16_at(raw, 10)?,
+    ];
+    if counts[..3] != [1, 0, 0] || counts[3] > 1 {
+        return None;
+    }
+    // The name: uncompressed labels of letters, digits, '-' and '_', 255 bytes at most.
+    let mut at = 12;
+    loop {
+        let len = usize::from(*raw.get(at)?);
+        if len == 0 {
+            break;
+        }
+        if len > 63 {
+            return None; // a pointer or an extended label type
+        }
+        let label = raw.get(at + 1..at + 1 + len)?;
+        if !label
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        {
+            return None;
+        }
+        at += 1 + len;
+    }
+    if at == 12 || at + 1 - 12 > 255 {
+        return None; // the root, or too long
+    }
+    at += 1;
+    let qtype = u16_at(raw, at)?;
+    if !matches!(qtype, TYPE_A | TYPE_AAAA) || u16_at(raw, at + 2)? != CLASS_IN {
+        return None;
+    }
+    at += 4;
+    let question = &raw[12..at];
+    let (mut edns_payload, mut ecs) = (None, None);
+    if counts[3] == 1 {
+        // OPT: the root name, type 41, class = payload size, TTL = extended RCODE, version,
+        // flags; then its options.
+        if *raw.get(at)? != 0 || u16_at(raw, at + 1)? != TYPE_OPT {
+            return None;
+        }
+        edns_payload = Some(u16_at(raw, at + 3)?);
+        if *raw.get(at + 5)? != 0 || *raw.get(at + 6)? != 0 {
+            return None; // an extended RCODE, or a version other than 0
+        }
+        let rdlen = usize::from(u16_at(raw, at + 9)?);
+        at += 11;
+        let rdata = raw.get(at..at + rdlen)?;
+        at += rdlen;
+        if !rdata.is_empty() {
+            ecs = Some(parse_ecs(rdata)?);
+        }
+    }
+    if at != raw.len() {
+        return None;
+    }
+    Some(Parsed {
+        id: [raw[0], raw[1]],
+        flags,
+        question,
+        qtype,
+        edns_payload,
+        ecs,
+    })
+}
+
+/// An OPT record's options when they are exactly one well-formed ECS option.
+fn parse_ecs(rdata: &[u8]) -> Option<Ecs> {
+    if u16_at(rdata, 0)? != OPTION_ECS || usize::from(u16_at(rdata, 2)?) != rdata.len() - 4 {
+        return None;
+    }
+    let family = u16_at(rdata, 4)?;
+    let (source, scope) = (*rdata.get(6)?, *rdata.get(7)?);
+    let bytes = &rdata[8..];
+    let max = match family {
+        1 => 32,
+        2 => 128,
+        _ => return None,
+    };
+    if source > max || scope != 0 || bytes.len() != usize::from(source).div_ceil(8) {
+        return None;
+    }
+    if let Some(&last) = bytes.last() {
+        let used = source % 8;
+        if used != 0 && last & (0xff >> used) != 0 {
+            return None; // address bits beyond the source prefix
+        }
+    }
+    let addr = if family == 1 {
+        let mut a = [0u8; 4];
+        a[..bytes.len()].copy_from_slice(bytes);
+        IpAddr::V4(Ipv4Addr::from(a))
+    } else {
+        let mut a = [0u8; 16];
+        a[..bytes.len()].copy_from_slice(bytes);
+        IpAddr::V6(Ipv6Addr::from(a))
+    };
+    Some(Ecs {
+        family,
+        source,
+        addr,
+    })
+}
+
+/// Writes `question`'s name in lower case as text with its final dot, as hickory shows a
+/// `LowerName` of such labels.
+fn name_text(question: &[u8], out: &mut String) {
+    out.clear();
+    let mut at = 0;
+    while let Some(&len) = question.get(at) {
+        if len == 0 {
+            break;
+        }
+        let label = &question[at + 1..at + 1 + usize::from(len)];
+        out.extend(label.iter().map(|c| char::from(c.to_ascii_lowercase())));
+        out.push('.');
+        at += 1 + usize::from(len);
+    }
+}
+
+/// Whether name `qname` is strictly below `apex` (both lower-case text with the final dot).
+fn strictly_below(qname: &str, apex: &str) -> bool {
+    if apex == "." {
+        return qname != ".";
+    }
+    qname.len() > apex.len()
+        && qname.ends_with(apex)
+        && qname.as_bytes()[qname.len() - apex.len() - 1] == b'.'
+}
+
+/// Whether `qname` is at or below `apex`.
+fn in_zone(qname: &str, apex: &str) -> bool {
+    qname == apex || strictly_below(qname, apex)
+}
+
+/// The response to `raw` from `src`, if the fast path takes it (module docs); its demand and
+/// outcome are counted as the hickory path counts them.
+pub(crate) fn answer(front: &Front, raw: &[u8], src: SocketAddr) -> Option<Vec<u8>> {
+    let q = parse(raw)?;
+    SCRATCH.with_borrow_mut(|scratch| {
+        name_text(q.question, &mut scratch.qname);
+        let qname = scratch.qname.as_str();
+        // The first zone holding the name decides, as in `decide`; at its apex, hickory's.
+        let zone = front.zones.iter().find(|z| in_zone(qname, &z.apex_text))?;
+        if !strictly_below(qname, &zone.apex_text) {
+            return None;
+        }
+        let guard = front.view.load();
+        let view = guard.as_deref()?;
+        view.resolver.rules().rule_class(qname)?;
+        let client = match q.ecs {
+            Some(e) if e.source > 0 => IpNet::new(e.addr, e.source).ok()?.trunc(),
+            _ => IpNet::from(src.ip()),
+        };
+        let a = view.resolver.resolve(client, qname);
+        let v6 = q.qtype == TYPE_AAAA;
+        let rebuilt = front.servers.load();
+        let servers = match rebuilt.as_deref() {
+            Some((version, s)) if *version == view.version => Some(s),
+            _ => view.servers(),
+        }?;
+        servers.answer(&a, qname, v6, &mut scratch.key, &mut scratch.addrs);
+        if scratch.addrs.is_empty() {
+            return None; // NODATA: hickory's, with the SOA
+        }
+        let scope = match q.ecs {
+            Some(e) if e.source > 0 => a.scope_prefix_len,
+            _ => 0,
+        };
+        let max = q.edns_payload.map_or(PLAIN_UDP, |p| {
+            usize::from(p.clamp(PLAIN_UDP as u16, front.max_udp_payload.max(512)))
+        });
+        let out = encode(&q, front, &scratch.addrs, scope, max)?;
+        if a.unit.is_some() {
+            front.demand.count(
+                view.resolver.map().classes(),
+                &client,
+                a.prefix_len,
+                a.class,
+            );
+        }
+        if view.has_bounded {
+            front.demand.count_host(&scratch.qname);
+        }
+        front.counters.answer.increment(1);
+        Some(out)
+    })
+}
+
+/// The response's bytes, as hickory encodes it: the question as sent; the first answer's owner
+/// the name in lower case, the others a pointer to it; the OPT record with our payload size
+/// and the ECS option echoed with `scope`. `None` when it would be longer than `max`.
+fn encode(
+    q: &Parsed<'_>,
+    front: &Front,
+    addrs: &[IpAddr],
+    scope: u8,
+    max: usize,
+) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(max.min(PLAIN_UDP));
+    out.extend_from_slice(&q.id);
+    out.extend_from_slice(&(RESPONSE_FLAGS | (q.flags & QUERY_FLAGS_FREE)).to_be_bytes());
+    let answers = u16::try_from(addrs.len()).ok()?;
+    for count in [1, answers, 0, u16::from(q.edns_payload.is_some())] {
+        out.extend_from_slice(&count.to_be_bytes());
+    }
+    out.extend_from_slice(q.question);
+    let owner = out.len();
+    let name = &q.question[..q.question.len() - 4];
+    for (i, ip) in addrs.iter().enumerate() {
+        if i == 0 {
+            out.extend(name.iter().map(u8::to_ascii_lowercase));
+        } else {
+            out.extend_from_slice(&(0xc000 | owner as u16).to_be_bytes());
+        }
+        let (rtype, rdata): (u16, &[u8]) = match ip {
+            IpAddr::V4(a) => (TYPE_A, &a.octets()[..]),
+            IpAddr::V6(a) => (TYPE_AAAA, &a.octets()[..]),
+        };
+        out.extend_from_slice(&rtype.to_be_bytes());
+        out.extend_from_slice(&CLASS_IN.to_be_bytes());
+        out.extend_from_slice(&front.ttl.to_be_bytes());
+        out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+        out.extend_from_slice(rdata);
+    }
+    if let Some(payload) = q.edns_payload {
+        let ours = payload.clamp(PLAIN_UDP as u16, front.max_udp_payload.max(512));
+        out.push(0);
+        out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+        out.extend_from_slice(&ours.to_be_bytes());
+        out.extend_from_slice(&[0, 0, 0, 0]);
+        match q.ecs {
+            None => out.extend_from_slice(&[0, 0]),
+            Some(e) => {
+                let n = usize::from(e.source).div_ceil(8);
+                let bytes = match e.addr {
+                    IpAddr::V4(a) => a.octets()[..n].to_vec(),
+                    IpAddr::V6(a) => a.octets()[..n].to_vec(),
+                };
+                let len = 4 + n as u16;
+                out.extend_from_slice(&(len + 4).to_be_bytes());
+                out.extend_from_slice(&OPTION_ECS.to_be_bytes());
+                out.extend_from_slice(&len.to_be_bytes());
+                out.extend_from_slice(&e.family.to_be_bytes());
+                out.extend_from_slice(&[e.source, scope]);
+                out.extend_from_slice(&bytes);
+            }
+        }
+    }
+    (out.len() <= max).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwapOption;
+    use cdnmap_mapper::model::ClusterState;
+    use cdnmap_serve::servers::Policy;
+    use cdnmap_serve::serving::{Builder, ServingCluster};
+    use cdnmap_serve::watch::{full_part, Edge, Follower, Identity};
+    use hickory_server::proto::rr::Name;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::answer::{Counters, Handler, Zone};
+    use crate::config::ZoneConfig;
+    use crate::demand::DemandCounter;
+    use crate::local::LocalView;
+    use crate::udp::{answer_hickory, Capture};
+
+    /// A map of four units over three clusters (one with no IPv6 server), two classes, nested
+    /// and split units, IPv4 and IPv6 prefixes; zone `example.`; `www.example` is web,
+    /// `*.video.example` video.
+    fn front() -> Front {
+        let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
+        let cluster = |id: &str, n: u8, v6: bool| ServingCluster {
+            id: id.to_string(),
+            addresses: (1..=3)
+                .map(|i| IpAddr::V4(Ipv4Addr::new(192, 0, 2, n * 10 + i)))
+                .chain((1..=2).filter(|_| v6).map(|i| {
+                    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xff, u16::from(n), 0, 0, 0, i))
+                }))
+                .collect(),
+            state: ClusterState::Up,
+        };
+        let clusters = vec![
+            cluster("a", 1, true),
+            cluster("b", 2, true),
+            cluster("c", 3, false),
+        ];
+        let mut b = Builder::new(classes, clusters).expect("clusters");
+        let net = |s: &str| -> IpNet { s.parse().expect("prefix") };
+        b.push(
+            "u1",
+            0,
+            &[net("10.0.0.0/24")],
+            [(0, 1.0)],
+            0.0,
+            [Some(1), None],
+        )
+        .expect("u1");
+        b.push(
+            "u2",
+            1,
+            &[net("10.0.1.0/24"), net("2001:db8:1::/48")],
+            [(0, 0.5), (1, 0.5)],
+            0.0,
+            [None, None],
+        )
+        .expect("u2");
+        b.push(
+            "u3",
+            1,
+            &[net("10.0.0.0/16")],
+            [(2, 1.0)],
+            0.0,
+            [Some(0), None],
+        )
+        .expect("u3");
+        b.push(
+            "u4",
+            0,
+            &[net("2001:db8:2::/48")],
+            [(2, 1.0)],
+            0.0,
+            [None, None],
+        )
+        .expect("u4");
+        b.set_fallback(&[[Some(1), Some(0)], [Some(0), None]]);
+        let m = b.finish();
+        let policies = vec![Policy::default(); 3];
+        let rules = vec![
+            ("*.video.example".to_string(), "video".to_string()),
+            ("www.example".to_string(), "web".to_string()),
+        ];
+        let load = |_: &str, _: IpAddr| 0.5;
+        let edge = Edge {
+            policies: &policies,
+            load: &load,
+            rules: &rules,
+            default_class: "web",
+        };
+        let id = Identity {
+            epoch: 1,
+            version: 1,
+            solved_at_unix_ms: 7,
+        };
+        let mut f = Follower::default();
+        f.apply(full_part(&edge, id, &m, 0))
+            .expect("the map applies");
+        let view = LocalView::build(f.held().expect("held"), &[], None).expect("view");
+        let name = |s: &str| Name::from_ascii(s).expect("a name");
+        let zone = ZoneConfig {
+            apex: name("example."),
+            nameservers: vec![name("ns1.example.")],
+            hostmaster: name("hostmaster.example."),
+        };
+        Front {
+            zones: vec![Zone::new(&zone, 1, 20)],
+            view: ArcSwapOption::from_pointee(view),
+            servers: ArcSwapOption::empty(),
+            ttl: 20,
+            max_udp_payload: 1232,
+            demand: DemandCounter::default(),
+            hot_hosts: arc_swap::ArcSwap::default(),
+            period_start_unix_ms: std::sync::atomic::AtomicI64::new(0),
+            counters: Counters::register(),
+        }
+    }
+
+    fn push16(out: &mut Vec<u8>, v: u16) {
+        out.extend_from_slice(&v.to_be_bytes());
+    }
+
+    /// A query drawn from what resolvers send and what they should not: mixed case, names in
+    /// and out of the zone and its rules, every common type, EDNS or not (other versions,
+    /// payloads below 512), ECS options of both families and every prefix length (some with
+    /// bits beyond the prefix, a non-zero scope, a cookie beside them), stray header flags and
+    /// trailing bytes.
+    fn random_query(rng: &mut ChaCha8Rng) -> Vec<u8> {
+        let mut q = Vec::new();
+        push16(&mut q, rng.random());
+        let mut flags = 0u16;
+        if rng.random_bool(0.7) {
+            flags |= 0x0100; // RD
+        }
+        if rng.random_bool(0.2) {
+            flags |= 0x0010; // CD
+        }
+        if rng.random_bool(0.05) {
+            flags |= 1 << rng.random_range(0..16);
+        }
+        push16(&mut q, flags);
+        let edns = rng.random_bool(0.8);
+        let counts = [1u16, 0, 0, u16::from(edns)];
+        let counts = if rng.random_bool(0.03) {
+            [rng.random_range(0..3), 0, 0, u16::from(edns)]
+        } else {
+            counts
+        };
+        for c in counts {
+            push16(&mut q, c);
+        }
+        let names = [
+            "www.example",
+            "v1.video.example",
+            "a.b.video.example",
+            "example",
+            "nx.example",
+            "other.org",
+            "video.example",
+            "x_y.video.example",
+            "a*b.video.example",
+        ];
+        for label in names[rng.random_range(0..names.len())].split('.') {
+            let label: Vec<u8> = label
+                .bytes()
+                .map(|c| {
+                    if rng.random_bool(0.3) {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            q.push(label.len() as u8);
+            q.extend_from_slice(&label);
+        }
+        q.push(0);
+        let qtype = [1u16, 1, 1, 28, 28, 15, 16, 6, 2, 255][rng.random_range(0..10)];
+        push16(&mut q, qtype);
+        push16(&mut q, if rng.random_bool(0.97) { 1 } else { 3 });
+        if edns {
+            q.push(0);
+            push16(&mut q, 41);
+            push16(
+                &mut q,
+                [0u16, 511, 512, 1232, 4096, 65535][rng.random_range(0..6)],
+            );
+            q.push(0);
+            q.push(if rng.random_bool(0.95) { 0 } else { 1 });
+            push16(&mut q, if rng.random_bool(0.3) { 0x8000 } else { 0 });
+            let mut rdata = Vec::new();
+            if rng.random_bool(0.75) {
+                let v4 = rng.random_bool(0.7);
+                let (addr, source): (Vec<u8>, u8) = if v4 {
+                    let addrs = [
+                        [10, 0, 0, 7],
+                        [10, 0, 1, 200],
+                        [10, 0, 9, 1],
+                        [192, 0, 2, 1],
+                    ];
+                    let a = addrs[rng.random_range(0..addrs.len())];
+                    (
+                        a.to_vec(),
+                        [0, 8, 16, 20, 24, 25, 32, 33][rng.random_range(0..8)],
+                    )
+                } else {
+                    let addrs = ["2001:db8:1::5", "2001:db8:2::1", "2001:db8:ffff::1"];
+                    let a: Ipv6Addr = addrs[rng.random_range(0..addrs.len())].parse().expect("v6");
+                    (
+                        a.octets().to_vec(),
+                        [0, 32, 44, 48, 56, 64, 128, 129][rng.random_range(0..8)],
+                    )
+                };
+                let n = usize::from(source).div_ceil(8).min(addr.len());
+                let mut bytes = addr[..n].to_vec();
+                let keep_bits = rng.random_bool(0.1);
+                if let Some(last) = bytes.last_mut() {
+                    if source % 8 != 0 && !keep_bits {
+                        *last &= 0xffu8 << (8 - source % 8);
+                    }
+                }
+                let scope = if rng.random_bool(0.05) { 8 } else { 0 };
+                push16(&mut rdata, 8);
+                push16(&mut rdata, 4 + bytes.len() as u16);
+                push16(&mut rdata, if v4 { 1 } else { 2 });
+                rdata.push(source);
+                rdata.push(scope);
+                rdata.extend_from_slice(&bytes);
+            }
+            if rng.random_bool(0.05) {
+                push16(&mut rdata, 10); // a client cookie
+                push16(&mut rdata, 8);
+                rdata.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+            }
+            push16(&mut q, rdata.len() as u16);
+            q.extend_from_slice(&rdata);
+        }
+        if rng.random_bool(0.02) {
+            q.push(0);
+        }
+        q
+    }
+
+    /// The oracle: on 20,000 generated queries from three sources, every response the fast path
+    /// gives is the hickory path's, byte for byte; it takes those it is for, of every kind
+    /// it is for (A and AAAA, with and without EDNS and ECS); and a front end answering through
+    /// both paths counts the same demand as one answering through hickory's alone.
+    #[test]
+    fn the_fast_path_answers_byte_for_byte_as_hickory_and_counts_the_same() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let both = Handler(Arc::new(front()));
+        let hickory_only = Handler(Arc::new(front()));
+        let capture = Capture::default();
+        let sources: [SocketAddr; 3] = [
+            "127.0.0.1:5353".parse().expect("src"),
+            "[::1]:5353".parse().expect("src"),
+            "10.0.1.9:5353".parse().expect("src"),
+        ];
+        let mut rng = ChaCha8Rng::seed_from_u64(16);
+        let (mut taken, mut kinds) = (0, std::collections::BTreeSet::new());
+        let n = 20_000;
+        for i in 0..n {
+            let raw = random_query(&mut rng);
+            let src = sources[i % 3];
+            let slow = answer_hickory(&hickory_only, runtime.handle(), &capture, &raw, src);
+            let Some(fast) = answer(&both.0, &raw, src) else {
+                let again = answer_hickory(&both, runtime.handle(), &capture, &raw, src);
+                assert_eq!(again, slow, "query {i}: {raw:02x?}");
+                continue;
+            };
+            assert_eq!(Some(&fast), slow.as_ref(), "query {i}: {raw:02x?}");
+            let q = parse(&raw).expect("taken, so parsed");
+            kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));
+            taken += 1;
+        }
+        // About a sixth of the generated queries are of the kind it is for (a mapped name,
+        // A or AAAA, well formed): it must take them.
+        assert!(taken > n / 8, "the fast path took only {taken} of {n}");
+        for kind in [
+            (TYPE_A, false, None),
+            (TYPE_A, true, None),
+            (TYPE_A, true, Some(1)),
+            (TYPE_A, true, Some(2)),
+            (TYPE_AAAA, true, Some(1)),
+            (TYPE_AAAA, true, Some(2)),
+        ] {
+            assert!(kinds.contains(&kind), "no {kind:?} among {kinds:?}");
+        }
+        assert_eq!(both.0.demand.take(), hickory_only.0.demand.take());
+        assert_eq!(
+            both.0.demand.take_hosts(),
+            hickory_only.0.demand.take_hosts()
+        );
+    }
+
+    /// The name as text is hickory's `LowerName` shown; an apex is not below itself, nor a
+    /// name that only ends with its letters.
+    #[test]
+    fn names_read_as_hickory_shows_them() {
+        let mut text = String::new();
+        for name in ["WwW.Example.", "a-b_c.x9.example.", "x."] {
+            let n = Name::from_ascii(name).expect("name");
+            let mut wire = Vec::new();
+            for l in n.iter() {
+                wire.push(l.len() as u8);
+                wire.extend_from_slice(l);
+            }
+            wire.push(0);
+            name_text(&wire, &mut text);
+            let lower = hickory_server::proto::rr::LowerName::new(&n);
+            assert_eq!(text, lower.to_string());
+        }
+        assert!(strictly_below("www.example.", "example."));
+        assert!(!strictly_below("example.", "example."));
+        assert!(!strictly_below("badexample.", "example."));
+        assert!(strictly_below("a.", "."));
+        assert!(in_zone("example.", "example."));
+    }
+}
