@@ -366,6 +366,120 @@ impl Builder {
         Ok(())
     }
 
+    /// Makes the map being built one of exactly `old`'s units (ids, classes, prefixes: shared,
+    /// not copied; `old`'s classes must be this map's): the placements are then appended unit
+    /// by unit in `old`'s order ([`Self::push_placement_of`], [`Self::copy_placement`]), every
+    /// one of them before [`Self::finish_placements`]. Only for a builder with no unit yet.
+    pub fn share_units_of(&mut self, old: &ServingMap) -> Result<(), ServeError> {
+        if self.unit_count() != 0 || old.classes != self.map.classes {
+            return Err(ServeError::Unit {
+                id: old.unit_count().to_string(),
+                problem: "a map sharing another's units must start empty, with its classes".into(),
+            });
+        }
+        self.map.units.keys = Arc::clone(&old.units.keys);
+        Ok(())
+    }
+
+    /// The next unit's placement (after [`Self::share_units_of`]), checked as [`Self::push`]
+    /// checks it.
+    pub fn push_placement_of(
+        &mut self,
+        shares: impl IntoIterator<Item = (ClusterIdx, f64)>,
+        overflow: f64,
+        backups: [Option<ClusterIdx>; 2],
+    ) -> Result<(), ServeError> {
+        let u = self.map.units.share_end.len() as UnitIdx;
+        let id = self.next_shared_id(u)?;
+        self.push_placement(&id, (0, 0), shares, overflow, backups)
+    }
+
+    /// The id of shared unit `u`, the next to be placed (an error when all are).
+    fn next_shared_id(&self, u: UnitIdx) -> Result<String, ServeError> {
+        if (u as usize) < self.unit_count() {
+            Ok(self.map.unit_id(u).to_string())
+        } else {
+            Err(ServeError::Unit {
+                id: u.to_string(),
+                problem: format!("one placement more than the {} units", self.unit_count()),
+            })
+        }
+    }
+
+    /// Copies the placement of `old`'s unit `u` as the next unit's (after
+    /// [`Self::share_units_of`]: `u` is that unit), its clusters renumbered by `cluster_map`
+    /// (old index to new; `None`: the cluster is gone, an error). `old` checked it when it was
+    /// pushed, so only the renumbering is checked here.
+    pub fn copy_placement(
+        &mut self,
+        old: &ServingMap,
+        u: UnitIdx,
+        cluster_map: &[Option<ClusterIdx>],
+    ) -> Result<(), ServeError> {
+        let at = self.map.units.share_end.len() as UnitIdx;
+        if at != u || !Arc::ptr_eq(&self.map.units.keys, &old.units.keys) {
+            return Err(ServeError::Unit {
+                id: old.unit_id(u).to_string(),
+                problem: format!("copied as unit {at} of a map not sharing its units"),
+            });
+        }
+        let gone = |what: &str| ServeError::Unit {
+            id: old.unit_id(u).to_string(),
+            problem: format!("its {what} is gone"),
+        };
+        let renumber = |c: ClusterIdx| -> Result<ClusterIdx, ServeError> {
+            cluster_map
+                .get(c as usize)
+                .copied()
+                .flatten()
+                .ok_or_else(|| gone("cluster"))
+        };
+        let (clusters, shares) = old.shares(u);
+        let [b0, b1] = old.units.backup[u as usize];
+        let backup = [
+            if b0 == NONE { NONE } else { renumber(b0)? },
+            if b1 == NONE { NONE } else { renumber(b1)? },
+        ];
+        let units = &mut self.map.units;
+        let start = units.share_cluster.len();
+        for &c in clusters {
+            match renumber(c) {
+                Ok(c) => units.share_cluster.push(c),
+                Err(e) => {
+                    units.share_cluster.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        units.share.extend_from_slice(shares);
+        if units.share.len() > MAX_COLUMN {
+            units.share_cluster.truncate(start);
+            units.share.truncate(start);
+            return Err(ServeError::TooMany {
+                what: "entries in one column of the serving map",
+                count: MAX_COLUMN + 1,
+                limit: MAX_COLUMN,
+            });
+        }
+        units.share_end.push(units.share.len() as u32);
+        units.overflow.push(old.units.overflow[u as usize]);
+        units.backup.push(backup);
+        Ok(())
+    }
+
+    /// The map of shared units ([`Self::share_units_of`]) once every unit has its placement;
+    /// an error naming the first unit without one otherwise.
+    pub fn finish_placements(self) -> Result<ServingMap, ServeError> {
+        let placed = self.map.units.share_end.len();
+        if placed != self.unit_count() {
+            return Err(ServeError::Unit {
+                id: self.next_shared_id(placed as UnitIdx)?,
+                problem: "it has no placement".into(),
+            });
+        }
+        Ok(self.map)
+    }
+
     /// The cluster with this id.
     pub fn cluster_index(&self, id: &str) -> Option<ClusterIdx> {
         self.map.cluster_index(id)
@@ -498,6 +612,11 @@ impl ServingMap {
     /// Whether `self` and `other` have the same units: ids, classes and prefixes, in the same
     /// order (one pointer comparison when they share them, a comparison of the columns
     /// otherwise). What a prefix index depends on.
+    /// Whether the two maps hold one copy of their units (ids, classes, prefixes), not two.
+    pub fn shares_units_with(&self, other: &ServingMap) -> bool {
+        Arc::ptr_eq(&self.units.keys, &other.units.keys)
+    }
+
     pub fn same_units(&self, other: &ServingMap) -> bool {
         Arc::ptr_eq(&self.units.keys, &other.units.keys) || self.units.keys == other.units.keys
     }

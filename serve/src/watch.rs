@@ -487,6 +487,30 @@ impl Follower {
                 format!("{total} map units, at most {MAX_UNITS}"),
             ));
         }
+        if let Some(changed) = same_units_changed(old, &classes, &removed, &update.units, &b)? {
+            // The usual round: the same units, some placed elsewhere. Their keys are shared,
+            // the other placements copied column by column, not pushed anew.
+            b.share_units_of(old)?;
+            b.reserve(Sizes {
+                units: old.unit_count(),
+                shares: old.sizes().shares + sizes_of(&update.units).shares,
+                ..Sizes::default()
+            });
+            let mut changed = changed.into_iter().peekable();
+            for u in 0..old.unit_count() as UnitIdx {
+                match changed.next_if(|(v, _)| *v == u) {
+                    Some((_, p)) => b.push_placement_of(p.shares, p.overflow, p.backups)?,
+                    None => b.copy_placement(old, u, &cluster_map).map_err(|e| {
+                        invalid(format!("units[{:?}]", old.unit_id(u)), e.to_string())
+                    })?,
+                }
+            }
+            return Ok(Followed {
+                identity,
+                map: Arc::new(b.finish_placements()?),
+                extras: Arc::new(extras),
+            });
+        }
         b.reserve(old.sizes() + sizes_of(&update.units));
         let mut incoming = update.units.into_iter().peekable();
         let mut u = 0 as UnitIdx;
@@ -530,6 +554,58 @@ impl Follower {
             extras: Arc::new(extras),
         })
     }
+}
+
+/// A placement from a delta, for a unit `old` has with the same class and prefixes.
+struct Placement {
+    shares: Vec<(ClusterIdx, f64)>,
+    overflow: f64,
+    backups: [Option<ClusterIdx>; 2],
+}
+
+/// When a delta keeps `old`'s units exactly (no unit removed or added, the classes the same,
+/// each unit it carries of the same class and prefixes as before), the units it changes by
+/// index, in order, with their placements parsed; `None` when it does not (the map is then
+/// built unit by unit).
+fn same_units_changed(
+    old: &ServingMap,
+    classes: &[Arc<str>],
+    removed: &HashSet<&str>,
+    units: &[pb::UnitMapping],
+    b: &Builder,
+) -> Result<Option<Vec<(UnitIdx, Placement)>>, FollowError> {
+    if !removed.is_empty() || old.classes() != classes {
+        return Ok(None);
+    }
+    let mut changed = Vec::with_capacity(units.len());
+    for unit in units {
+        let Some(u) = old.unit_index(&unit.id) else {
+            return Ok(None);
+        };
+        let parsed = parse_unit(classes, unit, &|id| b.cluster_index(id))?;
+        let same_prefixes = parsed.prefixes.len() == old.unit_prefixes(u).len()
+            && parsed
+                .prefixes
+                .iter()
+                .zip(old.unit_prefixes(u))
+                .all(|(p, q)| p.trunc() == *q);
+        if parsed.class != old.unit_class(u) || !same_prefixes {
+            return Ok(None);
+        }
+        changed.push((
+            u,
+            Placement {
+                shares: parsed.shares,
+                overflow: unit.overflow_share,
+                backups: parsed.backups,
+            },
+        ));
+    }
+    // In id order, each unit once (a unit sent twice is the general path's error).
+    if changed.windows(2).any(|w| w[0].0 >= w[1].0) {
+        return Ok(None);
+    }
+    Ok(Some(changed))
 }
 
 /// An unchanged unit of `old` into the map being built, its clusters and class renumbered.
@@ -976,6 +1052,76 @@ mod tests {
             }
             let gap = with_edge(|e| delta_update(e, id(2, 4), &prev, id(2, 7), &next));
             assert!(matches!(f.apply(gap), Err(FollowError::Gap { .. })));
+        }
+    }
+
+    /// `prev`'s units (ids, classes, prefixes) with new random placements over clusters `ids`,
+    /// each unit moved with probability `moved`.
+    fn replaced(rng: &mut ChaCha8Rng, prev: &ServingMap, ids: &[&str], moved: f64) -> ServingMap {
+        let clusters = ids.iter().map(|id| cluster(id, ClusterState::Up)).collect();
+        let mut b = Builder::new(prev.classes().to_vec(), clusters).expect("clusters");
+        let n = ids.len() as ClusterIdx;
+        let index = |c: ClusterIdx| {
+            let id = &prev.clusters()[c as usize].id;
+            ids.iter().position(|x| x == id).map(|i| i as ClusterIdx)
+        };
+        for u in 0..prev.unit_count() as UnitIdx {
+            let (clusters, shares) = prev.shares(u);
+            let kept: Option<Vec<(ClusterIdx, f64)>> = clusters
+                .iter()
+                .zip(shares)
+                .map(|(&c, &s)| index(c).map(|c| (c, s)))
+                .collect();
+            let backups: Option<Vec<ClusterIdx>> =
+                prev.backups(u).into_iter().flatten().map(index).collect();
+            let (shares, backups) = match (kept, backups) {
+                (Some(k), Some(b)) if !rng.random_bool(moved) => {
+                    (k, [b.first().copied(), b.get(1).copied()])
+                }
+                _ => {
+                    let first = rng.random_range(0..n);
+                    (vec![(first, 1.0)], [Some((first + 1) % n), None])
+                }
+            };
+            b.push(
+                prev.unit_id(u),
+                prev.unit_class(u),
+                prev.unit_prefixes(u),
+                shares,
+                prev.overflow(u),
+                backups,
+            )
+            .expect("a valid unit");
+        }
+        b.set_fallback(&[[Some(0), Some(1)], [Some(1), None]]);
+        b.finish()
+    }
+
+    /// The usual round: the same units, a few placed elsewhere, over a cluster list that may
+    /// gain a cluster (and so renumber the others): the delta applied is exactly the next map,
+    /// and it shares the units (ids, classes, prefixes) of the map before rather than a copy.
+    #[test]
+    fn a_delta_of_the_same_units_shares_them_and_gives_the_next_map() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for (case, ids) in [
+            &["a", "b", "c"][..],
+            &["0", "a", "b", "c"],
+            &["a", "b", "c"],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let prev = map(&mut rng, 3_000, &["a", "b", "c"]);
+            let next = replaced(&mut rng, &prev, ids, 0.05);
+            let mut f = Follower::default();
+            send_full(&mut f, &prev, id(2, 5));
+            let held_prev = Arc::clone(&f.held().expect("held").map);
+            let delta = with_edge(|e| delta_update(e, id(2, 5), &prev, id(2, 6), &next));
+            assert!(!delta.units.is_empty() && delta.units.len() < prev.unit_count() / 5);
+            assert_eq!(f.apply(delta), Ok(Applied::New), "case {case}");
+            let held = f.held().expect("held");
+            assert_eq!(*held.map, next, "case {case}");
+            assert!(held.map.shares_units_with(&held_prev), "case {case}");
         }
     }
 
