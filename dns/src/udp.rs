@@ -109,10 +109,9 @@ impl ResponseHandler for Capture {
     }
 }
 
-/// One datagram's answer: the response's bytes, a bare FORMERR header when the message does
-/// not parse, or nothing (not a query, nowhere to answer). The handler's future completes
-/// without waiting on anything (the response is captured, not sent), so it is polled once here;
-/// were it ever to wait, the runtime would drive it to the end.
+/// One datagram's answer (where datagrams come one at a time): the fast path's, else
+/// hickory's ([`answer_hickory`]); nothing when there is not even a header or nowhere to answer.
+#[cfg(not(target_os = "linux"))]
 fn answer_datagram(
     handler: &Handler,
     runtime: &tokio::runtime::Handle,
@@ -121,14 +120,20 @@ fn answer_datagram(
     src: SocketAddr,
 ) -> Option<Vec<u8>> {
     if raw.len() < 12 || src.port() == 0 {
-        return None; // not even a header, or nowhere to answer
+        return None;
     }
-    crate::wire::answer(&handler.0, raw, src)
+    let mut fast = Vec::with_capacity(1);
+    crate::wire::answer_batch(&handler.0, &[(raw, src)], &mut fast);
+    fast.pop()
+        .flatten()
         .or_else(|| answer_hickory(handler, runtime, capture, raw, src))
 }
 
-/// One datagram's answer through hickory's `Request` and `handler`: what the fast path
-/// (`crate::wire`) does not take.
+/// One datagram's answer through hickory's `Request` and `handler` (what the fast path,
+/// `crate::wire`, does not take): the response's bytes, a bare FORMERR header when the message
+/// does not parse, or nothing (a response: never answered). The handler's future completes
+/// without waiting on anything (the response is captured, not sent), so it is polled once here;
+/// were it ever to wait, the runtime would drive it to the end.
 pub(crate) fn answer_hickory<H: RequestHandler>(
     handler: &H,
     runtime: &tokio::runtime::Handle,
@@ -202,7 +207,7 @@ mod mmsg {
 
     use socket2::{SockAddr, SockAddrStorage};
 
-    use super::{answer_datagram, timed_out, Capture, Handler, MAX_DATAGRAM};
+    use super::{answer_hickory, timed_out, Capture, Handler, MAX_DATAGRAM};
 
     /// Datagrams per system call at most.
     pub const BATCH: usize = 32;
@@ -222,6 +227,7 @@ mod mmsg {
         let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
         let mut answers: Vec<(Vec<u8>, SockAddr)> = Vec::with_capacity(BATCH);
+        let mut fast: Vec<Option<Vec<u8>>> = Vec::with_capacity(BATCH);
         while !stop.load(Ordering::Relaxed) {
             for i in 0..BATCH {
                 iovs[i] = libc::iovec {
@@ -257,6 +263,7 @@ mod mmsg {
                 continue;
             }
             answers.clear();
+            let mut batch: Vec<(&[u8], std::net::SocketAddr)> = Vec::with_capacity(n as usize);
             for i in 0..n as usize {
                 let mut storage = SockAddrStorage::zeroed();
                 // SAFETY: SockAddrStorage is a sockaddr_storage underneath, and the kernel wrote
@@ -270,7 +277,15 @@ mod mmsg {
                 };
                 let len = (hdrs[i].msg_len as usize).min(MAX_DATAGRAM);
                 let raw = &bufs[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len];
-                if let Some(out) = answer_datagram(handler, runtime, &capture, raw, src) {
+                if raw.len() >= 12 && src.port() != 0 {
+                    batch.push((raw, src)); // else not even a header, or nowhere to answer
+                }
+            }
+            // The fast path takes the batch's common queries together; hickory's the rest.
+            crate::wire::answer_batch(&handler.0, &batch, &mut fast);
+            for (&(raw, src), fast) in batch.iter().zip(fast.drain(..)) {
+                let out = fast.or_else(|| answer_hickory(handler, runtime, &capture, raw, src));
+                if let Some(out) = out {
                     answers.push((out, SockAddr::from(src)));
                 }
             }

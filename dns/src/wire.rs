@@ -45,7 +45,7 @@ struct Ecs {
 }
 
 /// The parts of a query the fast path reads.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Parsed<'a> {
     id: [u8; 2],
     flags: u16,
@@ -206,58 +206,124 @@ fn in_zone(qname: &str, apex: &str) -> bool {
     qname == apex || strictly_below(qname, apex)
 }
 
-/// The response to `raw` from `src`, if the fast path takes it (module docs); its demand and
-/// outcome are counted as the hickory path counts them.
-pub(crate) fn answer(front: &Front, raw: &[u8], src: SocketAddr) -> Option<Vec<u8>> {
-    let q = parse(raw)?;
-    SCRATCH.with_borrow_mut(|scratch| {
-        name_text(q.question, &mut scratch.qname);
-        let qname = scratch.qname.as_str();
-        // The first zone holding the name decides, as in `decide`; at its apex, hickory's.
-        let zone = front.zones.iter().find(|z| in_zone(qname, &z.apex_text))?;
-        if !strictly_below(qname, &zone.apex_text) {
-            return None;
+/// Datagrams answered together: their map lookups are started together (the resolver's
+/// batch, prefetched), so one query's cache misses overlap the others'.
+const BLOCK: usize = 32;
+
+thread_local! {
+    /// Each query's name as text, for a block.
+    static NAMES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The responses to `batch` (datagram, source) into `out`, one for each: `None` where the
+/// fast path does not take it (module docs), for the hickory path to answer. The demand and
+/// outcome of each it answers are counted as the hickory path counts them.
+pub(crate) fn answer_batch(
+    front: &Front,
+    batch: &[(&[u8], SocketAddr)],
+    out: &mut Vec<Option<Vec<u8>>>,
+) {
+    out.clear();
+    out.resize(batch.len(), None);
+    for (block, answers) in batch.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+        answer_block(front, block, answers);
+    }
+}
+
+/// [`answer_batch`] for at most [`BLOCK`] datagrams.
+fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<Vec<u8>>]) {
+    let guard = front.view.load();
+    let Some(view) = guard.as_deref() else {
+        return; // no map yet: SERVFAIL, hickory's
+    };
+    let rebuilt = front.servers.load();
+    let Some(servers) = (match rebuilt.as_deref() {
+        Some((version, s)) if *version == view.version => Some(s),
+        _ => view.servers(),
+    }) else {
+        return;
+    };
+    NAMES.with_borrow_mut(|names| {
+        if names.len() < BLOCK {
+            names.resize(BLOCK, String::new());
         }
-        let guard = front.view.load();
-        let view = guard.as_deref()?;
-        view.resolver.rules().rule_class(qname)?;
-        let client = match q.ecs {
-            Some(e) if e.source > 0 => IpNet::new(e.addr, e.source).ok()?.trunc(),
-            _ => IpNet::from(src.ip()),
-        };
-        let a = view.resolver.resolve(client, qname);
-        let v6 = q.qtype == TYPE_AAAA;
-        let rebuilt = front.servers.load();
-        let servers = match rebuilt.as_deref() {
-            Some((version, s)) if *version == view.version => Some(s),
-            _ => view.servers(),
-        }?;
-        servers.answer(&a, qname, v6, &mut scratch.key, &mut scratch.addrs);
-        if scratch.addrs.is_empty() {
-            return None; // NODATA: hickory's, with the SOA
+        // 1: what each datagram asks, where the fast path takes it.
+        let mut taken: [Option<(Parsed<'_>, IpNet)>; BLOCK] = [None; BLOCK];
+        for (i, &(raw, src)) in batch.iter().take(BLOCK).enumerate() {
+            taken[i] = take(front, view, raw, src, &mut names[i]);
         }
-        let scope = match q.ecs {
-            Some(e) if e.source > 0 => a.scope_prefix_len,
-            _ => 0,
-        };
-        let max = q.edns_payload.map_or(PLAIN_UDP, |p| {
-            usize::from(p.clamp(PLAIN_UDP as u16, front.max_udp_payload.max(512)))
+        // 2: the map's answers, looked up together.
+        let queries: Vec<(IpNet, &str)> = taken
+            .iter()
+            .zip(names.iter())
+            .filter_map(|(t, name)| t.map(|(_, client)| (client, name.as_str())))
+            .collect();
+        let mut answers = Vec::with_capacity(queries.len());
+        view.resolver.resolve_batch(&queries, &mut answers);
+        // 3: the servers, the bytes, the counts.
+        let mut answers = answers.into_iter();
+        SCRATCH.with_borrow_mut(|scratch| {
+            for (i, t) in taken.iter().enumerate() {
+                let (Some((q, client)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
+                    continue;
+                };
+                let qname = names[i].as_str();
+                let v6 = q.qtype == TYPE_AAAA;
+                servers.answer(&a, qname, v6, &mut scratch.key, &mut scratch.addrs);
+                if scratch.addrs.is_empty() {
+                    continue; // NODATA: hickory's, with the SOA
+                }
+                let scope = match q.ecs {
+                    Some(e) if e.source > 0 => a.scope_prefix_len,
+                    _ => 0,
+                };
+                let max = q.edns_payload.map_or(PLAIN_UDP, |p| {
+                    usize::from(p.clamp(PLAIN_UDP as u16, front.max_udp_payload.max(512)))
+                });
+                let Some(bytes) = encode(q, front, &scratch.addrs, scope, max) else {
+                    continue; // truncated: hickory's
+                };
+                if a.unit.is_some() {
+                    front.demand.count(
+                        view.resolver.map().classes(),
+                        client,
+                        a.prefix_len,
+                        a.class,
+                    );
+                }
+                if view.has_bounded {
+                    front.demand.count_host(qname);
+                }
+                front.counters.answer.increment(1);
+                out[i] = Some(bytes);
+            }
         });
-        let out = encode(&q, front, &scratch.addrs, scope, max)?;
-        if a.unit.is_some() {
-            front.demand.count(
-                view.resolver.map().classes(),
-                &client,
-                a.prefix_len,
-                a.class,
-            );
-        }
-        if view.has_bounded {
-            front.demand.count_host(&scratch.qname);
-        }
-        front.counters.answer.increment(1);
-        Some(out)
-    })
+    });
+}
+
+/// The query in `raw` from `src` and its client, if the fast path takes it (module docs: up
+/// to the map's answer); its name as text left in `name`.
+fn take<'a>(
+    front: &Front,
+    view: &crate::local::LocalView,
+    raw: &'a [u8],
+    src: SocketAddr,
+    name: &mut String,
+) -> Option<(Parsed<'a>, IpNet)> {
+    let q = parse(raw)?;
+    name_text(q.question, name);
+    let qname = name.as_str();
+    // The first zone holding the name decides, as in `decide`; at its apex, hickory's.
+    let zone = front.zones.iter().find(|z| in_zone(qname, &z.apex_text))?;
+    if !strictly_below(qname, &zone.apex_text) {
+        return None;
+    }
+    view.resolver.rules().rule_class(qname)?;
+    let client = match q.ecs {
+        Some(e) if e.source > 0 => IpNet::new(e.addr, e.source).ok()?.trunc(),
+        _ => IpNet::from(src.ip()),
+    };
+    Some((q, client))
 }
 
 /// The response's bytes, as hickory encodes it: the question as sent; the first answer's owner
@@ -568,7 +634,8 @@ mod tests {
         q
     }
 
-    /// The oracle: on 20,000 generated queries from three sources, every response the fast path
+    /// The oracle: on 20,000 generated queries from three sources, in batches of every size up
+    /// to past two blocks, every response the fast path
     /// gives is the hickory path's, byte for byte; it takes those it is for, of every kind
     /// it is for (A and AAAA, with and without EDNS and ECS); and a front end answering through
     /// both paths counts the same demand as one answering through hickory's alone.
@@ -588,19 +655,32 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(16);
         let (mut taken, mut kinds) = (0, std::collections::BTreeSet::new());
         let n = 20_000;
-        for i in 0..n {
-            let raw = random_query(&mut rng);
-            let src = sources[i % 3];
-            let slow = answer_hickory(&hickory_only, runtime.handle(), &capture, &raw, src);
-            let Some(fast) = answer(&both.0, &raw, src) else {
-                let again = answer_hickory(&both, runtime.handle(), &capture, &raw, src);
-                assert_eq!(again, slow, "query {i}: {raw:02x?}");
-                continue;
-            };
-            assert_eq!(Some(&fast), slow.as_ref(), "query {i}: {raw:02x?}");
-            let q = parse(&raw).expect("taken, so parsed");
-            kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));
-            taken += 1;
+        let mut fast = Vec::new();
+        let mut i = 0;
+        while i < n {
+            // Batches of every size up to past a block.
+            let size = rng.random_range(1..=2 * BLOCK + 3).min(n - i);
+            let raws: Vec<(Vec<u8>, SocketAddr)> = (i..i + size)
+                .map(|k| (random_query(&mut rng), sources[k % 3]))
+                .collect();
+            let batch: Vec<(&[u8], SocketAddr)> =
+                raws.iter().map(|(r, s)| (r.as_slice(), *s)).collect();
+            answer_batch(&both.0, &batch, &mut fast);
+            assert_eq!(fast.len(), size);
+            for (k, (&(raw, src), fast)) in batch.iter().zip(&fast).enumerate() {
+                let at = i + k;
+                let slow = answer_hickory(&hickory_only, runtime.handle(), &capture, raw, src);
+                let Some(fast) = fast else {
+                    let again = answer_hickory(&both, runtime.handle(), &capture, raw, src);
+                    assert_eq!(again, slow, "query {at}: {raw:02x?}");
+                    continue;
+                };
+                assert_eq!(Some(fast), slow.as_ref(), "query {at}: {raw:02x?}");
+                let q = parse(raw).expect("taken, so parsed");
+                kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));
+                taken += 1;
+            }
+            i += size;
         }
         // About a sixth of the generated queries are of the kind it is for (a mapped name,
         // A or AAAA, well formed): it must take them.
