@@ -20,6 +20,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 
+use cdnmap_serve::servers::{key_hash_of, PREFETCH_STEPS};
+
 use super::answer::{Front, SCRATCH};
 
 /// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
@@ -260,16 +262,37 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
             .collect();
         let mut answers = Vec::with_capacity(queries.len());
         view.resolver.resolve_batch(&queries, &mut answers);
-        // 3: the servers, the bytes, the counts.
-        let mut answers = answers.into_iter();
+        // 3: the servers, their reads started together too (each step over the block, then
+        // the next), then the bytes and the counts.
         SCRATCH.with_borrow_mut(|scratch| {
+            let mut hashes = [0u64; BLOCK];
+            for (i, t) in taken.iter().enumerate() {
+                if t.is_some() {
+                    hashes[i] = key_hash_of(&names[i], &mut scratch.key);
+                }
+            }
+            let picks = || {
+                taken
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, t)| t.map(|(q, _)| (i, q.qtype == TYPE_AAAA)))
+                    .zip(&answers)
+            };
+            for step in 0..PREFETCH_STEPS {
+                for ((i, v6), a) in picks() {
+                    for c in [a.primary, a.secondary].into_iter().flatten() {
+                        servers.prefetch(c, v6, hashes[i], step);
+                    }
+                }
+            }
+            let mut answers = answers.iter();
             for (i, t) in taken.iter().enumerate() {
                 let (Some((q, client)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
                     continue;
                 };
                 let qname = names[i].as_str();
                 let v6 = q.qtype == TYPE_AAAA;
-                servers.answer(&a, qname, v6, &mut scratch.key, &mut scratch.addrs);
+                servers.answer_hashed(a, hashes[i], v6, &mut scratch.addrs);
                 if scratch.addrs.is_empty() {
                     continue; // NODATA: hickory's, with the SOA
                 }

@@ -61,7 +61,16 @@ pub enum SelectError {
 pub trait Selector {
     /// Fills `out` with up to `out.len()` distinct servers for `key`, most preferred first, and
     /// returns how many it wrote: `min(out.len(), servers)`.
-    fn pick(&self, key: &str, out: &mut [ServerIdx]) -> usize;
+    fn pick(&self, key: &str, out: &mut [ServerIdx]) -> usize {
+        self.pick_hashed(key_hash(key), out)
+    }
+
+    /// [`Selector::pick`] for the key whose [`key_hash`] is `hash` (a caller answering many
+    /// keys hashes each once, and can prefetch what the pick reads: [`Selector::ring`]).
+    fn pick_hashed(&self, hash: u64, out: &mut [ServerIdx]) -> usize;
+
+    /// The ring every policy walks.
+    fn ring(&self) -> &Ring;
 }
 
 /// The least loaded of `candidates` by `loads[candidate]`, the earliest candidate on ties; `None`
@@ -243,6 +252,20 @@ impl Ring {
         }
     }
 
+    /// Where a pick for `hash` reads, in order: the top-level index's entry (`index()[i]`),
+    /// then the points from `hashes()[p]` and `owners()[p]` on, `p` being `first_point`'s
+    /// (which reads the index): for a caller that prefetches them.
+    pub fn index_entry(&self, hash: u64) -> (&[u32], usize) {
+        (&self.index, (hash >> self.shift) as usize)
+    }
+
+    /// The first point a pick for `hash` reads (see [`Ring::index_entry`]), with the two
+    /// columns it reads there.
+    pub fn first_point(&self, hash: u64) -> (&[u64], &[ServerIdx], usize) {
+        let p = self.index[(hash >> self.shift) as usize] as usize;
+        (&self.hashes, &self.owners, p)
+    }
+
     /// The owner of point `position`.
     #[inline]
     pub fn owner_at(&self, position: usize) -> ServerIdx {
@@ -296,12 +319,16 @@ impl Ring {
 
 impl Selector for Ring {
     #[inline]
-    fn pick(&self, key: &str, out: &mut [ServerIdx]) -> usize {
+    fn pick_hashed(&self, hash: u64, out: &mut [ServerIdx]) -> usize {
         if out.len() == 1 {
-            out[0] = self.primary(key);
+            out[0] = self.primary_hash(hash);
             return 1;
         }
-        self.walk_from(self.position(key_hash(key)), out)
+        self.walk_from(self.position(hash), out)
+    }
+
+    fn ring(&self) -> &Ring {
+        self
     }
 }
 
@@ -401,16 +428,14 @@ impl BoundedLoads {
         assigned.dedup_by_key(|a| a.0);
         Ok(BoundedLoads { ring, assigned })
     }
-
-    /// The ring underneath.
-    pub fn ring(&self) -> &Ring {
-        &self.ring
-    }
 }
 
 impl Selector for BoundedLoads {
-    fn pick(&self, key: &str, out: &mut [ServerIdx]) -> usize {
-        let h = key_hash(key);
+    fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    fn pick_hashed(&self, h: u64, out: &mut [ServerIdx]) -> usize {
         let Ok(i) = self.assigned.binary_search_by_key(&h, |a| a.0) else {
             return self.ring.walk_from(self.ring.position(h), out);
         };
@@ -462,16 +487,15 @@ impl PowerOfD {
         let loads = loads.into_iter().map(|l| l + 0.0).collect();
         Ok(PowerOfD { ring, d, loads })
     }
-
-    /// The ring underneath.
-    pub fn ring(&self) -> &Ring {
-        &self.ring
-    }
 }
 
 impl Selector for PowerOfD {
-    fn pick(&self, key: &str, out: &mut [ServerIdx]) -> usize {
-        let start = self.ring.position(key_hash(key));
+    fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    fn pick_hashed(&self, hash: u64, out: &mut [ServerIdx]) -> usize {
+        let start = self.ring.position(hash);
         let want = self.d.max(out.len());
         if want <= MAX_D {
             let mut cand = [0 as ServerIdx; MAX_D];

@@ -140,6 +140,15 @@ pub fn content_key(qname: &str, buf: &mut String) {
     buf.make_ascii_lowercase();
 }
 
+/// The steps of [`Servers::prefetch`].
+pub const PREFETCH_STEPS: u8 = 4;
+
+/// The selection hash of hostname `qname`: its [`content_key`] (written to `key_buf`), hashed.
+pub fn key_hash_of(qname: &str, key_buf: &mut String) -> u64 {
+    content_key(qname, key_buf);
+    cdnmap_select::key_hash(key_buf)
+}
+
 impl Servers {
     /// Builds each cluster's selectors. `policies[c]` is cluster `c`'s policy; `load(c, addr)`
     /// the last reported load of a server (power-of-d; 0 when none was reported); `keys` the
@@ -212,6 +221,18 @@ impl Servers {
         max: usize,
         out: &mut Vec<IpAddr>,
     ) {
+        self.pick_hashed_into(cluster, v6, cdnmap_select::key_hash(key), max, out);
+    }
+
+    /// [`Self::pick_into`] for the content key whose hash is `hash` ([`key_hash_of`]).
+    pub fn pick_hashed_into(
+        &self,
+        cluster: ClusterIdx,
+        v6: bool,
+        hash: u64,
+        max: usize,
+        out: &mut Vec<IpAddr>,
+    ) {
         let Some(family) = self.families.get(cluster as usize) else {
             return;
         };
@@ -221,7 +242,7 @@ impl Servers {
         };
         let mut picked = [0 as ServerIdx; ANSWER_SERVERS + 1];
         let want = (max + 1).min(picked.len()).min(family.addresses.len());
-        let n = selector.pick(key, &mut picked[..want]);
+        let n = selector.pick_hashed(hash, &mut picked[..want]);
         let mut added = 0;
         for &s in &picked[..n] {
             if added == max {
@@ -246,21 +267,61 @@ impl Servers {
         key_buf: &mut String,
         out: &mut Vec<IpAddr>,
     ) {
+        self.answer_hashed(answer, key_hash_of(qname, key_buf), v6, out);
+    }
+
+    /// [`Self::answer`] for the hostname whose content key hashes to `hash` ([`key_hash_of`]).
+    pub fn answer_hashed(&self, answer: &Answer, hash: u64, v6: bool, out: &mut Vec<IpAddr>) {
         out.clear();
-        content_key(qname, key_buf);
         if let Some(p) = answer.primary {
-            self.pick_into(p, v6, key_buf, PRIMARY_SERVERS, out);
+            self.pick_hashed_into(p, v6, hash, PRIMARY_SERVERS, out);
         }
         if let Some(s) = answer.secondary {
             let room = ANSWER_SERVERS - out.len();
-            self.pick_into(s, v6, key_buf, room, out);
+            self.pick_hashed_into(s, v6, hash, room, out);
         }
         // A primary with fewer servers of the family leaves room the secondary did not fill:
         // take more of the primary's.
         if out.len() < ANSWER_SERVERS {
             if let Some(p) = answer.primary {
                 let room = ANSWER_SERVERS - out.len();
-                self.pick_into(p, v6, key_buf, room, out);
+                self.pick_hashed_into(p, v6, hash, room, out);
+            }
+        }
+    }
+
+    /// Starts loading what picking for `hash` among `cluster`'s servers of family `v6` reads,
+    /// step `step` of [`PREFETCH_STEPS`]: the cluster's entry; its selector and addresses; the
+    /// ring's index entry; the ring's first point. A caller answering many queries runs each
+    /// step over all of them before the next (each step reads what the one before loaded),
+    /// then picks: the cache misses of one query overlap the others'. Only a hint: no result
+    /// depends on it.
+    pub fn prefetch(&self, cluster: ClusterIdx, v6: bool, hash: u64, step: u8) {
+        use cdnmap_mapper::mem::prefetch;
+        let c = cluster as usize;
+        if step == 0 {
+            prefetch(&self.families, c);
+            return;
+        }
+        let Some(family) = self.families.get(c).map(|f| &f[usize::from(v6)]) else {
+            return;
+        };
+        let Some(selector) = &family.selector else {
+            return;
+        };
+        match step {
+            1 => {
+                prefetch(std::slice::from_ref(selector.ring()), 0);
+                prefetch(&family.addresses, 0);
+            }
+            2 => {
+                let (index, i) = selector.ring().index_entry(hash);
+                prefetch(index, i);
+            }
+            _ => {
+                let (hashes, owners, p) = selector.ring().first_point(hash);
+                prefetch(hashes, p);
+                prefetch(owners, p);
             }
         }
     }
