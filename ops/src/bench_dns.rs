@@ -21,7 +21,9 @@
 //! set of addresses: no lookup at all), so its ratio says what the lookup costs altogether.
 //! The three servers are measured in turn, `--runs` times each, and the medians compared
 //! against issue 16's targets: at least both peers' queries per second, and no more CPU per
-//! query than gdnsd-geoip.
+//! query than gdnsd-geoip. Before the runs, `cdnmap dns`'s answers to the first 2,000 queries
+//! of the file are checked against the mapper's `Resolve` (addresses in order, ECS scope): a
+//! benchmark of wrong answers would be no benchmark.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -33,10 +35,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cdnmap_dns::config::fqdn;
 use cdnmap_mapper::UnitIdx;
+use cdnmap_proto::v1 as pb;
 use cdnmap_topology::Topology;
 use clap::Args;
 use hickory_server::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 use hickory_server::proto::rr::RecordType;
 use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
@@ -665,6 +668,113 @@ fn measure(
     Ok(results)
 }
 
+/// Queries of the query file checked against the mapper's `Resolve`.
+const CHECKED: usize = 2_000;
+
+/// What a DNS answer says: the addresses in order, and the ECS scope.
+type Said = (Vec<String>, Option<u8>);
+
+/// `cdnmap dns`'s answer to the encoded query `raw`, if it answered.
+fn dns_says(addr: SocketAddr, raw: &[u8]) -> Option<Said> {
+    let m = ask(addr, raw)?;
+    let addrs = m
+        .answers
+        .iter()
+        .filter_map(|r| r.data.ip_addr())
+        .map(|a| a.to_string())
+        .collect();
+    let scope = m
+        .edns
+        .as_ref()
+        .and_then(|e| match e.option(EdnsCode::Subnet) {
+            Some(EdnsOption::Subnet(s)) => Some(s.scope_prefix()),
+            _ => None,
+        });
+    Some((addrs, scope))
+}
+
+/// Checks `cdnmap dns` (at `dns`) against the mapper's `ResolveBatch` (gRPC on `grpc`) on the
+/// first [`CHECKED`] queries of the query file: every answer's addresses, in order, and scope
+/// must be `Resolve`'s. A round may land between the two questions: a query that differs is
+/// asked again, both ways, a second later. Returns (checked, equal at once, equal at the second
+/// look).
+fn check_answers(dns: SocketAddr, grpc: u16, queries: &Path) -> Result<(usize, usize, usize)> {
+    let bytes = std::fs::read(queries).with_context(|| format!("reading {}", queries.display()))?;
+    let (mut raws, mut requests) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    while at + 2 <= bytes.len() && raws.len() < CHECKED {
+        let len = usize::from(u16::from_be_bytes([bytes[at], bytes[at + 1]]));
+        let raw = bytes
+            .get(at + 2..at + 2 + len)
+            .context("the query file is cut short")?;
+        at += 2 + len;
+        let m = Message::from_vec(raw).context("a query of the query file does not parse")?;
+        let q = m.queries.first().context("a query without a question")?;
+        let subnet = match m.edns.as_ref().and_then(|e| e.option(EdnsCode::Subnet)) {
+            Some(EdnsOption::Subnet(s)) => format!("{}/{}", s.addr(), s.source_prefix()),
+            _ => String::new(),
+        };
+        requests.push(pb::ResolveRequest {
+            client_subnet: subnet,
+            resolver_ip: "127.0.0.1".into(),
+            qname: q.name().to_ascii(),
+            qtype: u32::from(u16::from(q.query_type())),
+        });
+        raws.push(raw.to_vec());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mapper_says = |requests: &[pb::ResolveRequest]| -> Result<Vec<Said>> {
+        runtime.block_on(async {
+            let mut client =
+                pb::mapping_client::MappingClient::connect(format!("http://127.0.0.1:{grpc}"))
+                    .await
+                    .context("connecting to the mapper's gRPC")?;
+            let mut out = Vec::with_capacity(requests.len());
+            for chunk in requests.chunks(1000) {
+                let answers = client
+                    .resolve_batch(pb::ResolveBatchRequest {
+                        queries: chunk.to_vec(),
+                    })
+                    .await
+                    .context("ResolveBatch")?
+                    .into_inner()
+                    .answers;
+                out.extend(answers.into_iter().map(|a| {
+                    let scope = u8::try_from(a.scope_prefix_len).ok();
+                    (a.addresses, scope)
+                }));
+            }
+            Ok(out)
+        })
+    };
+    let want = mapper_says(&requests)?;
+    let differ: Vec<usize> = (0..raws.len())
+        .filter(|&i| dns_says(dns, &raws[i]).as_ref() != want.get(i))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let again: Vec<pb::ResolveRequest> = differ.iter().map(|&i| requests[i].clone()).collect();
+    let want_again = mapper_says(&again)?;
+    let still: Vec<usize> = differ
+        .iter()
+        .zip(&want_again)
+        .filter(|&(&i, w)| dns_says(dns, &raws[i]).as_ref() != Some(w))
+        .map(|(&i, _)| i)
+        .collect();
+    if let Some(&i) = still.first() {
+        bail!(
+            "cdnmap dns and Resolve differ on {} of {} queries, twice; the first: {:?}: dns {:?}, Resolve {:?}",
+            still.len(),
+            raws.len(),
+            requests[i],
+            dns_says(dns, &raws[i]),
+            want_again[differ.iter().position(|&d| d == i).unwrap_or(0)]
+        );
+    }
+    Ok((raws.len(), raws.len() - differ.len(), differ.len()))
+}
+
 /// The table of medians and the ratios to the peers, against issue 16's targets.
 fn print_medians(results: &[Vec<Run>; 3]) {
     let med = |i: usize, f: fn(&Run) -> f64| median(results[i].iter().map(f).collect());
@@ -731,6 +841,11 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         started.elapsed().as_secs_f64()
     );
     let (stat, static_addr) = start_gdnsd(&gdnsd, &dir, "gdnsd-static", static_port)?;
+    let (checked, equal, later) = check_answers(dns_addr, grpc, &queries)?;
+    println!(
+        "answers: cdnmap dns gave Resolve's answer (addresses in order, ECS scope) to all \
+         {checked} queries checked ({equal} at once, {later} at a second look after a round)"
+    );
     let targets = [
         (dns_addr, &front),
         (geoip_addr, &geoip),
