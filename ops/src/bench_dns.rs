@@ -82,8 +82,9 @@ pub struct DnsBenchArgs {
 const MAX_QUERIES: usize = 10_000_000;
 /// Content names per class in the query file.
 const NAMES_PER_CLASS: u32 = 1000;
-/// How long a server may take to start answering.
-const READY: Duration = Duration::from_secs(60);
+/// How long a server may take to start answering (at 11 M units the mapper's first map and a
+/// front end's join take minutes; a server that exits fails the wait at once).
+const READY: Duration = Duration::from_secs(900);
 
 /// A child process killed when dropped.
 pub(crate) struct Proc(pub(crate) Child, pub(crate) &'static str);
