@@ -452,9 +452,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use cdnmap_mapper::model::ClusterState;
-    use cdnmap_serve::servers::Policy;
     use cdnmap_serve::serving::{Builder, ServingCluster};
-    use cdnmap_serve::watch::{full_part, Applied, Edge, Follower, Identity};
 
     use super::*;
 
@@ -473,26 +471,7 @@ mod tests {
             .expect("a valid unit");
         b.set_fallback(&[[Some(0), None], [Some(0), None]]);
         let m = b.finish();
-        let policies = vec![Policy::default()];
-        let rules = vec![("*.video.example".to_string(), "video".to_string())];
-        let load = |_: &str, _: IpAddr| 0.5;
-        let edge = Edge {
-            policies: &policies,
-            load: &load,
-            rules: &rules,
-            default_class: "web",
-        };
-        let id = Identity {
-            epoch: 1,
-            version: 1,
-            solved_at_unix_ms: 7,
-        };
-        let mut f = Follower::default();
-        let applied = f
-            .apply(full_part(&edge, id, &m, 0))
-            .expect("the map applies");
-        assert_eq!(applied, Applied::New);
-        LocalView::build(f.held().expect("a map held"), &[], None).expect("the view indexes")
+        crate::local::test_view(&m, &[("*.video.example", "video")])
     }
 
     fn zone() -> Zone {

@@ -106,6 +106,36 @@ impl LocalView {
     }
 }
 
+/// A view of `m` for this crate's tests: every cluster with the default policy, hostname
+/// `rules` (pattern, class), default class "web", version 1 of epoch 1.
+#[cfg(test)]
+pub(crate) fn test_view(m: &cdnmap_serve::ServingMap, rules: &[(&str, &str)]) -> LocalView {
+    use cdnmap_serve::watch::{full_part, Applied, Edge, Identity};
+    let policies = vec![Policy::default(); m.clusters().len()];
+    let rules: Vec<(String, String)> = rules
+        .iter()
+        .map(|(p, c)| (p.to_string(), c.to_string()))
+        .collect();
+    let load = |_: &str, _: std::net::IpAddr| 0.5;
+    let edge = Edge {
+        policies: &policies,
+        load: &load,
+        rules: &rules,
+        default_class: "web",
+    };
+    let id = Identity {
+        epoch: 1,
+        version: 1,
+        solved_at_unix_ms: 7,
+    };
+    let mut f = Follower::default();
+    let applied = f
+        .apply(full_part(&edge, id, m, 0))
+        .expect("the map applies");
+    assert_eq!(applied, Applied::New);
+    LocalView::build(f.held().expect("a map held"), &[], None).expect("the view indexes")
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;

@@ -418,9 +418,7 @@ mod tests {
 
     use arc_swap::ArcSwapOption;
     use cdnmap_mapper::model::ClusterState;
-    use cdnmap_serve::servers::Policy;
     use cdnmap_serve::serving::{Builder, ServingCluster};
-    use cdnmap_serve::watch::{full_part, Edge, Follower, Identity};
     use hickory_server::proto::rr::Name;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -429,7 +427,6 @@ mod tests {
     use crate::answer::{Counters, Handler, Zone};
     use crate::config::ZoneConfig;
     use crate::demand::DemandCounter;
-    use crate::local::LocalView;
     use crate::udp::{answer_hickory, Capture};
 
     /// A map of four units over three clusters (one with no IPv6 server), two classes, nested
@@ -492,27 +489,8 @@ mod tests {
         .expect("u4");
         b.set_fallback(&[[Some(1), Some(0)], [Some(0), None]]);
         let m = b.finish();
-        let policies = vec![Policy::default(); 3];
-        let rules = vec![
-            ("*.video.example".to_string(), "video".to_string()),
-            ("www.example".to_string(), "web".to_string()),
-        ];
-        let load = |_: &str, _: IpAddr| 0.5;
-        let edge = Edge {
-            policies: &policies,
-            load: &load,
-            rules: &rules,
-            default_class: "web",
-        };
-        let id = Identity {
-            epoch: 1,
-            version: 1,
-            solved_at_unix_ms: 7,
-        };
-        let mut f = Follower::default();
-        f.apply(full_part(&edge, id, &m, 0))
-            .expect("the map applies");
-        let view = LocalView::build(f.held().expect("held"), &[], None).expect("view");
+        let view =
+            crate::local::test_view(&m, &[("*.video.example", "video"), ("www.example", "web")]);
         let name = |s: &str| Name::from_ascii(s).expect("a name");
         let zone = ZoneConfig {
             apex: name("example."),

@@ -168,6 +168,15 @@ impl std::ops::Add for Sizes {
     }
 }
 
+/// The error of a column that would pass [`MAX_COLUMN`].
+fn column_full() -> ServeError {
+    ServeError::TooMany {
+        what: "entries in one column of the serving map",
+        count: MAX_COLUMN + 1,
+        limit: MAX_COLUMN,
+    }
+}
+
 /// Builds a [`ServingMap`] unit by unit, in id order, checking each as it comes.
 #[derive(Debug)]
 pub struct Builder {
@@ -353,11 +362,7 @@ impl Builder {
         if too_big {
             u.share_cluster.truncate(start);
             u.share.truncate(start);
-            return Err(ServeError::TooMany {
-                what: "entries in one column of the serving map",
-                count: MAX_COLUMN + 1,
-                limit: MAX_COLUMN,
-            });
+            return Err(column_full());
         }
         u.share_end.push(u.share.len() as u32);
         u.overflow.push(overflow);
@@ -455,11 +460,7 @@ impl Builder {
         if units.share.len() > MAX_COLUMN {
             units.share_cluster.truncate(start);
             units.share.truncate(start);
-            return Err(ServeError::TooMany {
-                what: "entries in one column of the serving map",
-                count: MAX_COLUMN + 1,
-                limit: MAX_COLUMN,
-            });
+            return Err(column_full());
         }
         units.share_end.push(units.share.len() as u32);
         units.overflow.push(old.units.overflow[u as usize]);
