@@ -131,8 +131,27 @@ struct Units {
     share_end: Vec<u32>,
     share_cluster: Vec<ClusterIdx>,
     share: Vec<f64>,
-    overflow: Vec<f64>,
+    /// The units whose overflow share is not +0.0 (most have none), in unit order, with it.
+    overflow: Vec<(UnitIdx, f64)>,
+    /// One bit a unit: whether it is in `overflow` (so a unit without is known in one read).
+    overflow_bits: Vec<u64>,
     backup: Vec<[ClusterIdx; 2]>,
+}
+
+impl Units {
+    /// The overflow share of the unit about to be placed (the next after `share_end`'s).
+    fn push_overflow(&mut self, overflow: f64) {
+        let at = self.share_end.len();
+        if at.is_multiple_of(64) {
+            self.overflow_bits.push(0);
+        }
+        if overflow.to_bits() != 0 {
+            self.overflow.push((at as UnitIdx, overflow));
+            if let Some(w) = self.overflow_bits.last_mut() {
+                *w |= 1 << (at % 64);
+            }
+        }
+    }
 }
 
 /// Which units there are: ids, classes and (truncated) prefixes, everything a prefix index
@@ -254,7 +273,7 @@ impl Builder {
             room(&mut k.prefixes, more.prefixes, exact);
         }
         room(&mut u.share_end, more.units, exact);
-        room(&mut u.overflow, more.units, exact);
+        room(&mut u.overflow_bits, more.units / 64 + 1, exact);
         room(&mut u.backup, more.units, exact);
         room(&mut u.share_cluster, more.shares, exact);
         room(&mut u.share, more.shares, exact);
@@ -364,8 +383,8 @@ impl Builder {
             u.share.truncate(start);
             return Err(column_full());
         }
+        u.push_overflow(overflow);
         u.share_end.push(u.share.len() as u32);
-        u.overflow.push(overflow);
         u.backup
             .push([backups[0].unwrap_or(NONE), backups[1].unwrap_or(NONE)]);
         Ok(())
@@ -462,8 +481,8 @@ impl Builder {
             units.share.truncate(start);
             return Err(column_full());
         }
+        units.push_overflow(old.overflow(u));
         units.share_end.push(units.share.len() as u32);
-        units.overflow.push(old.units.overflow[u as usize]);
         units.backup.push(backup);
         Ok(())
     }
@@ -702,7 +721,17 @@ impl ServingMap {
 
     /// The share of unit `u`'s demand no candidate took.
     pub fn overflow(&self, u: UnitIdx) -> f64 {
-        self.units.overflow[u as usize]
+        let units = &self.units;
+        let bit = units
+            .overflow_bits
+            .get(u as usize / 64)
+            .is_some_and(|w| w >> (u % 64) & 1 == 1);
+        if !bit {
+            return 0.0;
+        }
+        let o = &units.overflow;
+        o.binary_search_by_key(&u, |&(v, _)| v)
+            .map_or(0.0, |i| o[i].1)
     }
 
     /// The cluster an answer names second when `u`'s demand sits wholly at one cluster: its
@@ -779,7 +808,9 @@ impl ServingMap {
             + std::mem::size_of::<ClassIdx>() * k.class.capacity()
             + std::mem::size_of::<IpNet>() * k.prefixes.capacity()
             + 4 * (u.share_cluster.capacity() + 2 * u.backup.capacity())
-            + 8 * (u.share.capacity() + u.overflow.capacity())
+            + 8 * u.share.capacity()
+            + std::mem::size_of::<(UnitIdx, f64)>() * u.overflow.capacity()
+            + 8 * u.overflow_bits.capacity()
     }
 }
 
@@ -815,4 +846,49 @@ fn fallbacks(instance: &Instance, map: &Map) -> Vec<[Option<ClusterIdx>; 2]> {
             [best.first().map(|b| b.1), best.get(1).map(|b| b.1)]
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Overflow shares are kept for the units that have one (-0.0 included, bit for bit) and
+    /// read back exactly, 0.0 for the rest, past a word of the bitmap; a map sharing the units
+    /// and copying every placement is the same map.
+    #[test]
+    fn overflow_shares_read_back_exactly_and_survive_a_copy() {
+        let classes: Vec<Arc<str>> = vec![Arc::from("web")];
+        let clusters = vec![ServingCluster {
+            id: "a".into(),
+            addresses: vec![IpAddr::from([192, 0, 2, 1])],
+            state: ClusterState::Up,
+        }];
+        let overflow = |i: u32| match i % 7 {
+            0 => 0.25,
+            3 => -0.0,
+            5 => 1.0,
+            _ => 0.0,
+        };
+        let mut b = Builder::new(classes.clone(), clusters.clone()).expect("clusters");
+        for i in 0..200u32 {
+            let prefix: IpNet = format!("10.0.{i}.0/24").parse().expect("prefix");
+            let o = overflow(i);
+            let shares = (o < 1.0).then_some((0, 1.0 - o));
+            b.push(&format!("u{i:03}"), 0, &[prefix], shares, o, [None, None])
+                .expect("a unit");
+        }
+        let m = b.finish();
+        for i in 0..200u32 {
+            assert_eq!(m.overflow(i).to_bits(), overflow(i).to_bits(), "unit {i}");
+        }
+        assert_eq!(m.overflow(500), 0.0, "past the units");
+        let mut copy = Builder::new(classes, clusters).expect("clusters");
+        copy.share_units_of(&m).expect("empty");
+        for u in 0..200 {
+            copy.copy_placement(&m, u, &[Some(0)]).expect("copied");
+        }
+        let copy = copy.finish_placements().expect("all placed");
+        assert_eq!(copy, m);
+        assert!(copy.shares_units_with(&m));
+    }
 }
