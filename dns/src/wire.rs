@@ -300,10 +300,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                     Some(e) if e.source > 0 => a.scope_prefix_len,
                     _ => 0,
                 };
-                let max = q.edns_payload.map_or(PLAIN_UDP, |p| {
-                    usize::from(p.clamp(PLAIN_UDP as u16, front.max_udp_payload.max(512)))
-                });
-                let Some(bytes) = encode(q, front, &scratch.addrs, scope, max) else {
+                let Some(bytes) = encode(q, front, &scratch.addrs, scope) else {
                     continue; // truncated: hickory's
                 };
                 if a.unit.is_some() {
@@ -351,14 +348,18 @@ fn take<'a>(
 
 /// The response's bytes, as hickory encodes it: the question as sent; the first answer's owner
 /// the name in lower case, the others a pointer to it; the OPT record with our payload size
-/// and the ECS option echoed with `scope`. `None` when it would be longer than `max`.
-fn encode(
-    q: &Parsed<'_>,
-    front: &Front,
-    addrs: &[IpAddr],
-    scope: u8,
-    max: usize,
-) -> Option<Vec<u8>> {
+/// (the query's within 512 and `max_udp_payload`, as `decide` sets it) and the ECS option
+/// echoed with `scope`. `None` when it would be longer than a response may be: that payload
+/// size, or 512 bytes without EDNS (hickory's path then truncates).
+fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8) -> Option<Vec<u8>> {
+    // `max_udp_payload` is at least 512 (the config's bounds); `max` keeps `clamp` total.
+    let payload = q.edns_payload.map(|p| {
+        p.clamp(
+            PLAIN_UDP as u16,
+            front.max_udp_payload.max(PLAIN_UDP as u16),
+        )
+    });
+    let max = payload.map_or(PLAIN_UDP, usize::from);
     let mut out = Vec::with_capacity(max.min(PLAIN_UDP));
     out.extend_from_slice(&q.id);
     out.extend_from_slice(&(RESPONSE_FLAGS | (q.flags & QUERY_FLAGS_FREE)).to_be_bytes());
@@ -385,11 +386,10 @@ fn encode(
         out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
         out.extend_from_slice(rdata);
     }
-    if let Some(payload) = q.edns_payload {
-        let ours = payload.clamp(PLAIN_UDP as u16, front.max_udp_payload.max(512));
+    if let Some(payload) = payload {
         out.push(0);
         out.extend_from_slice(&TYPE_OPT.to_be_bytes());
-        out.extend_from_slice(&ours.to_be_bytes());
+        out.extend_from_slice(&payload.to_be_bytes());
         out.extend_from_slice(&[0, 0, 0, 0]);
         match q.ecs {
             None => out.extend_from_slice(&[0, 0]),
