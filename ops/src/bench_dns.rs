@@ -854,6 +854,17 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     ];
     let results = measure(a, &dnsperf, &queries, targets)?;
     print_medians(&results);
+    let peaks: Vec<String> = SERVERS
+        .iter()
+        .zip(&targets)
+        .map(
+            |(name, (_, p))| match crate::bench_follow::memory_mb(p.0.id()) {
+                Some((peak, _)) => format!("{name} {peak:.0} MB"),
+                None => format!("{name} not read"),
+            },
+        )
+        .collect();
+    println!("peak RSS (VmHWM): {}", peaks.join(", "));
     drop((stat, geoip, front, serve));
     Ok(std::process::ExitCode::SUCCESS)
 }
