@@ -417,7 +417,7 @@ mod tests {
     use std::sync::Arc;
 
     use arc_swap::ArcSwapOption;
-    use cdnmap_mapper::model::ClusterState;
+    use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState};
     use cdnmap_serve::serving::{Builder, ServingCluster};
     use hickory_server::proto::rr::Name;
     use rand::{Rng, SeedableRng};
@@ -451,42 +451,30 @@ mod tests {
         ];
         let mut b = Builder::new(classes, clusters).expect("clusters");
         let net = |s: &str| -> IpNet { s.parse().expect("prefix") };
-        b.push(
-            "u1",
-            0,
-            &[net("10.0.0.0/24")],
-            [(0, 1.0)],
-            0.0,
-            [Some(1), None],
-        )
-        .expect("u1");
-        b.push(
-            "u2",
-            1,
-            &[net("10.0.1.0/24"), net("2001:db8:1::/48")],
-            [(0, 0.5), (1, 0.5)],
-            0.0,
-            [None, None],
-        )
-        .expect("u2");
-        b.push(
-            "u3",
-            1,
-            &[net("10.0.0.0/16")],
-            [(2, 1.0)],
-            0.0,
-            [Some(0), None],
-        )
-        .expect("u3");
-        b.push(
-            "u4",
-            0,
-            &[net("2001:db8:2::/48")],
-            [(2, 1.0)],
-            0.0,
-            [None, None],
-        )
-        .expect("u4");
+        type Unit<'a> = (
+            &'a str,
+            ClassIdx,
+            &'a [&'a str],
+            &'a [(ClusterIdx, f64)],
+            [Option<ClusterIdx>; 2],
+        );
+        let units: [Unit<'_>; 4] = [
+            ("u1", 0, &["10.0.0.0/24"], &[(0, 1.0)], [Some(1), None]),
+            (
+                "u2",
+                1,
+                &["10.0.1.0/24", "2001:db8:1::/48"],
+                &[(0, 0.5), (1, 0.5)],
+                [None, None],
+            ),
+            ("u3", 1, &["10.0.0.0/16"], &[(2, 1.0)], [Some(0), None]),
+            ("u4", 0, &["2001:db8:2::/48"], &[(2, 1.0)], [None, None]),
+        ];
+        for (id, class, prefixes, shares, backups) in units {
+            let prefixes: Vec<IpNet> = prefixes.iter().map(|p| net(p)).collect();
+            b.push(id, class, &prefixes, shares.iter().copied(), 0.0, backups)
+                .expect(id);
+        }
         b.set_fallback(&[[Some(1), Some(0)], [Some(0), None]]);
         let m = b.finish();
         let view =

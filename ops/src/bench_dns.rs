@@ -742,6 +742,13 @@ fn check_answers(dns: SocketAddr, grpc: u16, queries: &Path) -> Result<(usize, u
                     .context("ResolveBatch")?
                     .into_inner()
                     .answers;
+                if answers.len() != chunk.len() {
+                    bail!(
+                        "ResolveBatch answered {} of {} queries",
+                        answers.len(),
+                        chunk.len()
+                    );
+                }
                 out.extend(answers.into_iter().map(|a| {
                     let scope = u8::try_from(a.scope_prefix_len).ok();
                     (a.addresses, scope)
@@ -926,23 +933,16 @@ mod tests {
             };
             let first = world.candidates(u).next().expect("a candidate").cluster;
             let q = query(1, name, RecordType::A, Some(*net)).expect("query");
-            let m = ask(addr, &q).expect("an answer");
-            let mut got: Vec<IpAddr> = m.answers.iter().filter_map(|r| r.data.ip_addr()).collect();
-            let mut want: Vec<IpAddr> = world
+            let (mut got, scope) = dns_says(addr, &q).expect("an answer");
+            let mut want: Vec<String> = world
                 .cluster_addresses(first)
                 .iter()
-                .copied()
-                .filter(IpAddr::is_ipv4)
+                .filter(|a| a.is_ipv4())
+                .map(IpAddr::to_string)
                 .collect();
             got.sort();
             want.sort();
             assert_eq!(got, want, "unit {u} ({net}, {class})");
-            let scope = m.edns.as_ref().and_then(|e| {
-                match e.option(hickory_server::proto::rr::rdata::opt::EdnsCode::Subnet) {
-                    Some(EdnsOption::Subnet(s)) => Some(s.scope_prefix()),
-                    _ => None,
-                }
-            });
             // The prefix, or wider where gdnsd merged neighbours of the same answer.
             assert!(
                 scope.is_some_and(|s| s <= net.prefix_len()),

@@ -212,20 +212,9 @@ impl Servers {
     }
 
     /// Fills `out` with up to `max` servers of `cluster` (addresses of the family `v6` asks
-    /// for) for content key `key`, most preferred first, skipping any already in `out`.
-    pub fn pick_into(
-        &self,
-        cluster: ClusterIdx,
-        v6: bool,
-        key: &str,
-        max: usize,
-        out: &mut Vec<IpAddr>,
-    ) {
-        self.pick_hashed_into(cluster, v6, cdnmap_select::key_hash(key), max, out);
-    }
-
-    /// [`Self::pick_into`] for the content key whose hash is `hash` ([`key_hash_of`]).
-    pub fn pick_hashed_into(
+    /// for) for the content key whose hash is `hash` ([`key_hash_of`]), most preferred first,
+    /// skipping any already in `out`.
+    fn pick_hashed_into(
         &self,
         cluster: ClusterIdx,
         v6: bool,

@@ -397,8 +397,11 @@ impl Builder {
     pub fn share_units_of(&mut self, old: &ServingMap) -> Result<(), ServeError> {
         if self.unit_count() != 0 || old.classes != self.map.classes {
             return Err(ServeError::Unit {
-                id: old.unit_count().to_string(),
-                problem: "a map sharing another's units must start empty, with its classes".into(),
+                id: self.last_id().unwrap_or_default().to_string(),
+                problem: format!(
+                    "a map sharing another's {} units must start empty, with its classes",
+                    old.unit_count()
+                ),
             });
         }
         self.map.units.keys = Arc::clone(&old.units.keys);

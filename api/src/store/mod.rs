@@ -86,7 +86,7 @@ pub struct PendingCheckpoint {
 }
 
 impl PendingCheckpoint {
-    /// Bytes of the checkpoint.
+    /// Bytes of the checkpoint's state (before compression: its file is smaller).
     pub fn bytes(&self) -> u64 {
         self.value.len
     }

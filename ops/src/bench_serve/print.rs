@@ -303,7 +303,7 @@ pub(super) fn print_logs(mapper: &LogTail, fronts: &[&LogTail]) {
     if let Some(&(bytes, _)) = cps.last() {
         let (m, x) = median_max(cps.iter().map(|c| c.1).collect());
         println!(
-            "estimator checkpoints (off the round): {} of {:.0} MB, median {m:.0} ms, max {x:.0} ms",
+            "estimator checkpoints (off the round): {} of {:.0} MB of state (less on disk, compressed), median {m:.0} ms, max {x:.0} ms",
             cps.len(),
             mb(bytes)
         );
