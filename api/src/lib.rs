@@ -6,6 +6,7 @@ pub mod admin;
 pub mod config;
 pub mod dashboard;
 pub mod driver;
+pub mod edit;
 pub mod feedback;
 pub mod mapping;
 pub mod record;

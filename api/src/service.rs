@@ -70,9 +70,6 @@ pub struct Shared {
     pub(crate) pending: Mutex<Pending>,
     /// In-cluster selection: the last reported server loads.
     pub(crate) server_loads: ServerLoads,
-    /// The topology the last stored record's round started from, and its generation: the
-    /// store writes the topology with a record only when it changed.
-    pub(crate) stored_base: Mutex<(Option<Arc<Topology>>, u64)>,
     /// The estimator's last stored checkpoint, and whether one is being written.
     pub(crate) checkpoint: Mutex<Checkpointed>,
     /// The dashboard's round history, action log and per-version figures.
@@ -204,8 +201,8 @@ impl Shared {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let store = Store::open(&config.data_dir)?;
         let epoch = store.next_epoch()?;
-        let topology = match store.topology(Limits::default())? {
-            Some(stored) => {
+        let (topology, seq) = match store.stored_topology(Limits::default())? {
+            Some((stored, seq)) => {
                 tracing::info!(
                     map_units = stored.unit_count(),
                     clusters = stored.clusters().len(),
@@ -219,12 +216,12 @@ impl Shared {
                          served (start on an empty data_dir to serve the file)"
                     );
                 }
-                stored
+                (stored, seq)
             }
             None => {
                 let initial = initial()?;
                 store.put_topology(&initial)?;
-                initial
+                (initial, 0)
             }
         };
         if let Err(e) = config.selection.check_clusters(&topology) {
@@ -232,11 +229,11 @@ impl Shared {
         }
         let topology_ms = ms(started);
         // The served record's base is most often the stored topology itself (no edit since):
-        // then it is not decoded twice, and the first round writes no base again.
+        // then it is not rebuilt a second time.
         let t = Instant::now();
-        let (served, base_generation) = match store.served_on(&topology)? {
-            Some((s, generation)) => (Some(s), generation),
-            None => (legacy_served(&store, &topology), None),
+        let served = match store.served_on(&topology, seq)? {
+            Some(s) => Some(s),
+            None => legacy_served(&store, &topology),
         };
         let served_ms = ms(t);
         let t = Instant::now();
@@ -273,22 +270,17 @@ impl Shared {
                 ..Pending::default()
             }),
             server_loads: ServerLoads::default(),
-            topology: SharedTopology::start(store.clone(), topology, log),
+            topology: SharedTopology::start(store.clone(), topology, seq, log),
             published: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
             store,
             updates,
             config,
             epoch,
-            stored_base: Mutex::new((None, 0)),
             checkpoint: Mutex::new(checkpointed),
             dash,
             stopping: tokio::sync::watch::channel(false).0,
         });
-        // Nothing has changed the topology yet (no one can reach Admin before this returns).
-        if let (Some(generation), Ok(mut last)) = (base_generation, shared.stored_base.lock()) {
-            *last = (Some(shared.topology.current()), generation);
-        }
         if let Some(s) = served {
             let t = Instant::now();
             let rules = shared.rules(&s.topology)?;
@@ -300,7 +292,7 @@ impl Shared {
                 served_ms,
                 estimator_ms,
                 index_ms = ms(t),
-                base_read_once = base_generation.is_some(),
+                topology_seq = seq,
                 "serving the stored map until the first round"
             );
             shared.publish(Arc::new(snapshot));
@@ -454,32 +446,25 @@ impl Shared {
         }
     }
 
-    /// Stores the record of the round `solved` (from `base`) with the estimator's entry for
-    /// it, on the round's thread while the map is indexed. The base topology is written with
-    /// the record only when it changed (and is remembered as stored only once the write
-    /// succeeded), under the version of the first record solved from it: unique among stored
-    /// records, and growing with them.
+    /// Stores the record of the round `solved` (from the topology after journal entry
+    /// `base_seq`) with the estimator's entry for it, on the round's thread while the map is
+    /// indexed. No topology is written: the record names its base by the journal's sequence
+    /// number.
     fn store_round(
         &self,
-        base: &Arc<Topology>,
+        base_seq: u64,
         solved: &Solved,
         estimates: &Estimates,
         observations: &Observations,
     ) -> Stored {
         let t = Instant::now();
         let entry = estimates.round_entry(observations.at_unix_ms, &observations.demand);
-        let (write_base, base_generation) = match self.stored_base.lock() {
-            Ok(last) if last.0.as_ref().is_some_and(|b| Arc::ptr_eq(b, base)) => (false, last.1),
-            _ => (true, solved.version),
-        };
         let result = self.store.put_served(
             &ServedRef {
                 epoch: solved.epoch,
                 version: solved.version,
                 solved_at_unix_ms: solved.solved_at_unix_ms,
-                base,
-                base_generation,
-                write_base,
+                base_seq,
                 instance: &solved.topology,
                 map: &solved.map,
                 round_entry: &entry,
@@ -488,9 +473,6 @@ impl Shared {
         );
         let ok = match result {
             Ok(()) => {
-                if let (true, Ok(mut last)) = (write_base, self.stored_base.lock()) {
-                    *last = (Some(Arc::clone(base)), base_generation);
-                }
                 metrics::gauge!("cdnmap_map_stored_version").set(solved.version as f64);
                 metrics::gauge!("cdnmap_map_stored_epoch").set(solved.epoch as f64);
                 true
@@ -568,7 +550,8 @@ impl Shared {
     /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
     /// how storing went.
     fn solve_round(&self, now: i64) -> Result<Round, LoopError> {
-        let base = self.topology.current();
+        let versioned = self.topology.current_versioned();
+        let (base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
         let previous = self.current();
         let mut pending = {
             let mut p = self
@@ -605,7 +588,7 @@ impl Shared {
             |instance| self.rules(instance),
             self.epoch,
             now,
-            |solved, estimates| self.store_round(&base, solved, estimates, &observations),
+            |solved, estimates| self.store_round(base_seq, solved, estimates, &observations),
         )?;
         Ok(Round {
             snapshot: step.snapshot,
@@ -741,17 +724,23 @@ impl Shared {
         Ok(applied)
     }
 
+    /// Carries out `change` through the topology writer (stored, then published), as Admin's
+    /// handlers do.
+    pub async fn change(&self, change: Change) -> Result<Applied, ChangeError> {
+        self.topology.change(change).await
+    }
+
+    /// The topology the next round solves (with every change so far).
+    pub fn topology_now(&self) -> Arc<Topology> {
+        self.topology.current()
+    }
+
     pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
     pub(crate) fn round_status(&self) -> RoundStatus {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
-    /// The topology the next round solves (with every Admin change so far).
-    pub(crate) fn topology_now(&self) -> Arc<Topology> {
-        self.topology.current()
     }
 
     pub(crate) fn dash(&self) -> &crate::dashboard::DashState {

@@ -6,28 +6,44 @@
 //! published topology through one `ArcSwap`, without a lock (tokio's advice for a shared I/O
 //! resource: message passing to the task that owns it).
 //!
-//! **What a change does to candidates.** Deleting a cluster, or removing a class from a
-//! cluster (an upsert whose resource tree no longer serves it), leaves some map units with a
-//! candidate that can no longer serve their class. The change is not refused for that: those
-//! candidates are dropped from the units' lists, and the answer counts them
-//! ([`Applied::skipped_candidates`], [`Applied::warnings`]). A unit left with no candidate is
-//! still mapped: its demand is overflow and it is answered by its class's fallback. A change
-//! that leaves a traffic class with no up cluster serving it (draining or deleting the last
-//! one) is carried out too, with a warning in the answer, in the log and in the metrics
-//! (`cdnmap_classes_unserved`): that class's clients get no address until a cluster is back.
+//! **Persisting costs the edit, not the topology.** A change is stored as its [`Edit`], one
+//! entry appended to the store's journal and synced before the answer (a few hundred bytes),
+//! not as the whole topology (at 11 M map units about half a gigabyte compressed, seconds to
+//! write). The published topology carries the journal's sequence number of the last edit in
+//! it, which is how each round's record names the topology it was solved from. Once
+//! replaying the journal since the last snapshot would cost more than
+//! [`replay_budget`] (in map units rebuilt), the writer has the topology at that point written
+//! as the next snapshot, on a thread of its own, one at a time: the edits that follow are
+//! not held up by it, and a start replays at most about that budget onto the newest snapshot.
+//!
+//! What an edit does to candidates, and to classes left without an up cluster (a warning in
+//! the answer, in the log and in the metrics, `cdnmap_classes_unserved`), is `edit.rs`'s.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use cdnmap_mapper::{ClusterState, Instance, Limits};
-use cdnmap_topology::format::{ClusterFile, InstanceFile, MapUnitFile};
+use cdnmap_mapper::ClusterState;
+use cdnmap_topology::format::{ClusterFile, MapUnitFile};
 use cdnmap_topology::Topology;
 use tokio::sync::{mpsc, oneshot};
+
+pub use crate::edit::{apply, unserved_classes, Applied, ChangeError, Edit};
 
 use crate::store::Store;
 
 /// Changes waiting for the writer; a caller beyond it waits for room.
 const QUEUE: usize = 64;
+
+/// How much replaying the journal may cost, in map units rebuilt (each cluster-state edit
+/// counts 1, every other edit the topology's units: [`Edit::replay_cost`]), before the writer
+/// takes a snapshot: about one rebuild of the topology (an edit other than a cluster's state
+/// is a rebuild through the file form, 1.4 s at 1 M map units), or 65,536 cluster-state edits.
+/// A start then replays about one rebuild at most, beyond the edits made while a snapshot
+/// was being written.
+pub fn replay_budget(units: usize) -> u64 {
+    units as u64 + 65_536
+}
 
 /// One change of the topology.
 #[derive(Debug, Clone)]
@@ -46,33 +62,20 @@ pub enum Change {
     DeleteMapUnit(String),
 }
 
-/// What a change did.
-#[derive(Debug, Clone)]
-pub struct Applied {
-    /// The topology after the change (published and stored).
-    pub topology: Arc<Topology>,
-    /// Whether anything changed (a delete of nothing, or a state set to what it was, did not).
-    pub changed: bool,
-    /// For a cluster-state change: the state before.
-    pub before: Option<ClusterState>,
-    /// Candidate entries dropped because their cluster can no longer serve the unit's class.
-    pub skipped_candidates: usize,
-    /// What the operator should know: candidates dropped, classes left without an up cluster.
-    pub warnings: Vec<String>,
-}
-
-/// Why a change was not carried out (the topology and the store are then unchanged).
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum ChangeError {
-    #[error("no cluster {0:?}")]
-    NoCluster(String),
-    #[error("the change is refused: {0}")]
-    Refused(String),
-    #[error("storing the topology failed: {0}")]
-    Store(String),
-    #[error("the topology writer has stopped")]
-    Stopped,
+impl Change {
+    /// The edit this change makes (what is applied and journaled).
+    pub fn edit(&self) -> Edit {
+        match self {
+            Change::ClusterState { id, state, .. } => Edit::ClusterState {
+                id: id.clone(),
+                state: *state,
+            },
+            Change::UpsertCluster(c) => Edit::UpsertCluster { cluster: c.clone() },
+            Change::DeleteCluster(id) => Edit::DeleteCluster { id: id.clone() },
+            Change::UpsertMapUnit(u) => Edit::UpsertMapUnit { unit: u.clone() },
+            Change::DeleteMapUnit(id) => Edit::DeleteMapUnit { id: id.clone() },
+        }
+    }
 }
 
 /// Called by the writer after each change is published, before the caller is answered: the
@@ -84,18 +87,29 @@ struct Request {
     reply: oneshot::Sender<Result<Applied, ChangeError>>,
 }
 
+/// The published topology and the journal's sequence number of the last edit in it (the
+/// topology is the stored one after that many edits).
+#[derive(Debug)]
+pub struct Versioned {
+    pub topology: Arc<Topology>,
+    pub seq: u64,
+}
+
 /// The handle every reader and writer of the topology holds.
 #[derive(Clone)]
 pub struct SharedTopology {
-    current: Arc<ArcSwap<Topology>>,
+    current: Arc<ArcSwap<Versioned>>,
     tx: mpsc::Sender<Request>,
 }
 
 impl SharedTopology {
     /// Starts the writer task (on the current tokio runtime) over `initial`, the stored
-    /// topology.
-    pub fn start(store: Store, initial: Topology, log: Log) -> SharedTopology {
-        let current = Arc::new(ArcSwap::from_pointee(initial));
+    /// topology after journal entry `seq`.
+    pub fn start(store: Store, initial: Topology, seq: u64, log: Log) -> SharedTopology {
+        let current = Arc::new(ArcSwap::from_pointee(Versioned {
+            topology: Arc::new(initial),
+            seq,
+        }));
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(writer(rx, Arc::clone(&current), store, log));
         SharedTopology { current, tx }
@@ -103,6 +117,12 @@ impl SharedTopology {
 
     /// The published topology (the next round solves it).
     pub fn current(&self) -> Arc<Topology> {
+        Arc::clone(&self.current.load().topology)
+    }
+
+    /// The published topology and the journal's sequence number of its last edit, read
+    /// together.
+    pub fn current_versioned(&self) -> Arc<Versioned> {
         self.current.load_full()
     }
 
@@ -119,31 +139,52 @@ impl SharedTopology {
 
 async fn writer(
     mut rx: mpsc::Receiver<Request>,
-    current: Arc<ArcSwap<Topology>>,
+    current: Arc<ArcSwap<Versioned>>,
     store: Store,
     log: Log,
 ) {
+    // Replay cost journaled since the last snapshot was asked for, and whether one is being
+    // written.
+    let mut since_snapshot = 0u64;
+    let snapshotting = Arc::new(AtomicBool::new(false));
     while let Some(Request { change, reply }) = rx.recv().await {
-        let base = current.load_full();
-        let store = store.clone();
-        let job = change.clone();
-        // Applying (a rebuild through the file form) and storing block: off the async threads,
-        // one change at a time.
+        let now = current.load_full();
+        let base = Arc::clone(&now.topology);
+        let store2 = store.clone();
+        let edit = change.edit();
+        // Applying (a rebuild through the file form, for all but a cluster's state) and
+        // journaling block: off the async threads, one change at a time.
         let result = tokio::task::spawn_blocking(move || {
-            let applied = apply(&base, &job)?;
-            if applied.changed {
-                store
-                    .put_topology(&applied.topology)
-                    .map_err(|e| ChangeError::Store(e.to_string()))?;
-            }
-            Ok(applied)
+            let applied = apply(&base, &edit)?;
+            let seq = if applied.changed {
+                store2
+                    .append_edit(crate::service::now_unix_ms(), &edit)
+                    .map_err(|e| ChangeError::Store(e.to_string()))?
+            } else {
+                now.seq
+            };
+            let cost = edit.replay_cost(base.unit_count());
+            Ok((applied, seq, cost))
         })
         .await
         .unwrap_or_else(|e| Err(ChangeError::Store(format!("the writer's task failed: {e}"))));
-        if let Ok(applied) = &result {
+        let result = result.map(|(applied, seq, cost)| {
             if applied.changed {
-                current.store(Arc::clone(&applied.topology));
+                current.store(Arc::new(Versioned {
+                    topology: Arc::clone(&applied.topology),
+                    seq,
+                }));
+                since_snapshot += cost;
+                if since_snapshot >= replay_budget(applied.topology.unit_count())
+                    && !snapshotting.swap(true, Ordering::AcqRel)
+                {
+                    since_snapshot = 0;
+                    snapshot(&store, &applied.topology, seq, &snapshotting);
+                }
             }
+            applied
+        });
+        if let Ok(applied) = &result {
             for w in &applied.warnings {
                 tracing::warn!(change = ?kind(&change), "{w}");
             }
@@ -152,6 +193,32 @@ async fn writer(
         }
         log(&change, &result);
         let _ = reply.send(result);
+    }
+}
+
+/// Writes `topology` (the one after journal entry `seq`) as the store's next snapshot on a
+/// thread of its own, then lets the next one start (`busy`). A failure is logged: the journal
+/// still holds every edit, so nothing is lost, and the next budget's worth of edits tries
+/// again.
+fn snapshot(store: &Store, topology: &Arc<Topology>, seq: u64, busy: &Arc<AtomicBool>) {
+    let (store, topology, done) = (store.clone(), Arc::clone(topology), Arc::clone(busy));
+    let spawned = std::thread::Builder::new()
+        .name("cdnmap-snapshot".into())
+        .spawn(move || {
+            let t = std::time::Instant::now();
+            match store.put_snapshot(seq, &topology) {
+                Ok(()) => tracing::info!(
+                    seq,
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    "topology snapshot stored"
+                ),
+                Err(e) => tracing::error!(seq, error = %e, "storing a topology snapshot failed"),
+            }
+            done.store(false, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "no thread for the topology snapshot");
+        busy.store(false, Ordering::Release);
     }
 }
 
@@ -165,152 +232,11 @@ fn kind(change: &Change) -> &'static str {
     }
 }
 
-/// The names of the traffic classes no up cluster serves.
-pub fn unserved_classes(instance: &Instance) -> Vec<String> {
-    instance
-        .classes()
-        .iter()
-        .enumerate()
-        .filter(|&(k, _)| {
-            !instance
-                .clusters()
-                .iter()
-                .any(|c| c.state == ClusterState::Up && c.serves(k as cdnmap_mapper::ClassIdx))
-        })
-        .map(|(_, c)| c.name.clone())
-        .collect()
-}
-
-/// `change` applied to `base`, validated like an instance file: the pure part of the writer.
-pub fn apply(base: &Arc<Topology>, change: &Change) -> Result<Applied, ChangeError> {
-    let unserved_before = unserved_classes(base);
-    let mut applied = match change {
-        Change::ClusterState { id, state, .. } => {
-            let c = base
-                .cluster_index(id)
-                .ok_or_else(|| ChangeError::NoCluster(id.clone()))?;
-            let before = base.clusters()[c as usize].state;
-            Applied {
-                changed: before != *state,
-                topology: if before == *state {
-                    Arc::clone(base)
-                } else {
-                    Arc::new(base.with_cluster_state(c, *state))
-                },
-                before: Some(before),
-                skipped_candidates: 0,
-                warnings: Vec::new(),
-            }
-        }
-        Change::UpsertCluster(c) => edit(base, true, |f| upsert(&mut f.clusters, c, |c| &c.id))?,
-        Change::DeleteCluster(id) => edit(base, true, |f| remove(&mut f.clusters, id, |c| &c.id))?,
-        Change::UpsertMapUnit(u) => edit(base, false, |f| upsert(&mut f.map_units, u, |u| &u.id))?,
-        Change::DeleteMapUnit(id) => {
-            edit(base, false, |f| remove(&mut f.map_units, id, |u| &u.id))?
-        }
-    };
-    for class in unserved_classes(&applied.topology) {
-        if !unserved_before.contains(&class) {
-            applied.warnings.push(format!(
-                "no up cluster serves traffic class {class:?} any more: its clients get no address until one is back"
-            ));
-        }
-    }
-    Ok(applied)
-}
-
-/// Replaces the item of `list` with `item`'s id, or appends it: always a change.
-fn upsert<T: Clone>(list: &mut Vec<T>, item: &T, id: impl Fn(&T) -> &String) -> bool {
-    match list.iter().position(|x| id(x) == id(item)) {
-        Some(i) => list[i] = item.clone(),
-        None => list.push(item.clone()),
-    }
-    true
-}
-
-/// Removes the item of `list` with id `gone`: whether there was one.
-fn remove<T>(list: &mut Vec<T>, gone: &str, id: impl Fn(&T) -> &String) -> bool {
-    let before = list.len();
-    list.retain(|x| id(x) != gone);
-    list.len() < before
-}
-
-/// A change made to the topology's file form. With `of_clusters` (the change is to the
-/// clusters), candidates whose cluster is gone or no longer serves the unit's class are
-/// dropped and counted; an edit of a map unit that names such a candidate is refused, as in an
-/// instance file.
-fn edit(
-    base: &Topology,
-    of_clusters: bool,
-    change: impl FnOnce(&mut InstanceFile) -> bool,
-) -> Result<Applied, ChangeError> {
-    let mut file = InstanceFile::of(base);
-    if !change(&mut file) {
-        return Ok(Applied {
-            topology: Arc::new(base.clone()),
-            changed: false,
-            before: None,
-            skipped_candidates: 0,
-            warnings: Vec::new(),
-        });
-    }
-    let skipped = if of_clusters {
-        drop_unservable(&mut file)?
-    } else {
-        (0, 0)
-    };
-    let topology = file
-        .build(Limits::default())
-        .map_err(|e| ChangeError::Refused(e.to_string()))?;
-    let mut warnings = Vec::new();
-    if skipped.0 > 0 {
-        warnings.push(format!(
-            "{} candidate entries of {} map units dropped: their cluster is gone or no longer serves the unit's class",
-            skipped.0, skipped.1
-        ));
-    }
-    Ok(Applied {
-        topology: Arc::new(topology),
-        changed: true,
-        before: None,
-        skipped_candidates: skipped.0,
-        warnings,
-    })
-}
-
-/// Drops every candidate whose cluster is not in `file` or does not serve its unit's class;
-/// returns (entries dropped, units touched). A cluster whose tree is invalid serves nothing
-/// here, and the build refuses it with the model's error.
-fn drop_unservable(file: &mut InstanceFile) -> Result<(usize, usize), ChangeError> {
-    // Which classes each cluster serves, from a build of the clusters alone.
-    let mut probe = file.clone();
-    probe.map_units.clear();
-    let clusters = probe
-        .build(Limits::default())
-        .map_err(|e| ChangeError::Refused(e.to_string()))?;
-    let (mut entries, mut units) = (0, 0);
-    for u in &mut file.map_units {
-        let class = clusters.class_index(&u.class);
-        let before = u.candidates.len();
-        u.candidates
-            .retain(|c| match (clusters.cluster_index(&c.cluster), class) {
-                (Some(ci), Some(k)) => clusters.clusters()[ci as usize].serves(k),
-                // An unknown class is the unit's own error, which the build names.
-                (Some(_), None) => true,
-                (None, _) => false,
-            });
-        if u.candidates.len() < before {
-            entries += before - u.candidates.len();
-            units += 1;
-        }
-    }
-    Ok((entries, units))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_topology::format::parse_instance;
+    use cdnmap_mapper::Limits;
+    use cdnmap_topology::format::{parse_instance, InstanceFile};
     use std::sync::Mutex;
 
     /// Two classes; "a" serves both, "b" only web, "c" only video; units list a and b or a and c.
@@ -355,7 +281,7 @@ mod tests {
     #[test]
     fn deleting_a_cluster_drops_its_candidates_and_counts_them() {
         let base = Arc::new(instance());
-        let applied = apply(&base, &Change::DeleteCluster("b".into())).expect("applied");
+        let applied = apply(&base, &Change::DeleteCluster("b".into()).edit()).expect("applied");
         assert!(applied.changed);
         assert_eq!(applied.skipped_candidates, 2);
         assert_eq!(applied.warnings.len(), 1, "{:?}", applied.warnings);
@@ -365,7 +291,7 @@ mod tests {
         let u1 = t.unit_index("u1").expect("u1");
         assert_eq!(t.candidates(u1).count(), 1);
         // Deleting nothing changes nothing.
-        let none = apply(&base, &Change::DeleteCluster("zz".into())).expect("applied");
+        let none = apply(&base, &Change::DeleteCluster("zz".into()).edit()).expect("applied");
         assert!(!none.changed);
     }
 
@@ -377,7 +303,7 @@ mod tests {
         if let cdnmap_topology::format::ResourcesFile::Nested(root) = &mut a.resources {
             root.classes = vec!["web".into()];
         }
-        let applied = apply(&base, &Change::UpsertCluster(a)).expect("applied");
+        let applied = apply(&base, &Change::UpsertCluster(a).edit()).expect("applied");
         // u3 (video) listed a; it keeps c.
         assert_eq!(applied.skipped_candidates, 1);
         let t = &applied.topology;
@@ -387,7 +313,7 @@ mod tests {
         // A unit edit that names a cluster without its class is refused, as in a file.
         let mut u = file.map_units.remove(2);
         u.candidates[0].cluster = "b".into();
-        let err = apply(&applied.topology, &Change::UpsertMapUnit(u)).expect_err("refused");
+        let err = apply(&applied.topology, &Change::UpsertMapUnit(u).edit()).expect_err("refused");
         assert!(matches!(err, ChangeError::Refused(_)), "{err}");
     }
 
@@ -399,10 +325,10 @@ mod tests {
         let file = InstanceFile::of(&base);
         let mut u1 = file.map_units[0].clone();
         u1.prefixes = vec!["10.1.2.0/24".parse().expect("net")];
-        let with = apply(&base, &Change::UpsertMapUnit(u1)).expect("applied");
+        let with = apply(&base, &Change::UpsertMapUnit(u1).edit()).expect("applied");
         let mut u2 = file.map_units[1].clone(); // web, as u1
         u2.prefixes = vec!["10.1.2.99/24".parse().expect("net")];
-        let err = apply(&with.topology, &Change::UpsertMapUnit(u2)).expect_err("refused");
+        let err = apply(&with.topology, &Change::UpsertMapUnit(u2).edit()).expect_err("refused");
         let msg = err.to_string();
         assert!(
             msg.contains("10.1.2.0/24") && msg.contains("\"u1\"") && msg.contains("\"u2\""),
@@ -410,24 +336,25 @@ mod tests {
         );
         let mut u3 = file.map_units[2].clone(); // video
         u3.prefixes = vec!["10.1.2.0/24".parse().expect("net")];
-        apply(&with.topology, &Change::UpsertMapUnit(u3)).expect("another class");
+        apply(&with.topology, &Change::UpsertMapUnit(u3).edit()).expect("another class");
     }
 
     #[test]
     fn draining_the_last_cluster_of_a_class_warns() {
         let base = Arc::new(instance());
-        let one = apply(&base, &state("c", ClusterState::Drained)).expect("applied");
+        let one = apply(&base, &state("c", ClusterState::Drained).edit()).expect("applied");
         assert!(
             one.warnings.is_empty(),
             "a still serves video: {:?}",
             one.warnings
         );
-        let two = apply(&one.topology, &state("a", ClusterState::Down)).expect("applied");
+        let two = apply(&one.topology, &state("a", ClusterState::Down).edit()).expect("applied");
         assert_eq!(two.warnings.len(), 1, "{:?}", two.warnings);
         assert!(two.warnings[0].contains("\"video\""), "{:?}", two.warnings);
         assert_eq!(unserved_classes(&two.topology), vec!["video".to_string()]);
         assert_eq!(two.before, Some(ClusterState::Up));
-        let err = apply(&base, &state("zz", ClusterState::Down)).expect_err("no such cluster");
+        let err =
+            apply(&base, &state("zz", ClusterState::Down).edit()).expect_err("no such cluster");
         assert!(matches!(err, ChangeError::NoCluster(_)));
     }
 
@@ -447,7 +374,7 @@ mod tests {
                 to_log.lock().expect("log").push((id.clone(), *state));
             }
         });
-        let topology = SharedTopology::start(store.clone(), base, log);
+        let topology = SharedTopology::start(store.clone(), base, 0, log);
         let mut tasks = Vec::new();
         for (w, (cluster, unit)) in [("a", "u1"), ("b", "u2"), ("c", "u3")]
             .into_iter()

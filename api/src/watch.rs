@@ -216,15 +216,14 @@ mod tests {
     /// What a restarted mapper serves: the snapshot through the store and back.
     fn restored(config: &Config, s: &Snapshot, dir: &std::path::Path) -> Snapshot {
         let store = Store::open(dir).expect("open");
+        store.put_topology(&s.topology).expect("topology");
         store
             .put_served(
                 &ServedRef {
                     epoch: s.epoch,
                     version: s.version,
                     solved_at_unix_ms: s.solved_at_unix_ms,
-                    base: &s.topology,
-                    base_generation: 1,
-                    write_base: true,
+                    base_seq: 0,
                     instance: &s.topology,
                     map: &s.map,
                     round_entry: &[],

@@ -77,16 +77,14 @@ fn observations(
     }
 }
 
-/// Writes the record of `s` with its estimator entry (with the base when `s` is the first
-/// record solved from it, version `base_generation`), as the service does while the map is
-/// indexed; returns the time it took, encoding the entry included.
+/// Writes the record of `s` with its estimator entry (its base the stored topology, with no
+/// edit journaled), as the service does while the map is indexed; returns the time it took,
+/// encoding the entry included.
 fn persist(
     store: &Store,
     estimates: &Estimates,
-    base: &Topology,
     s: &Solved,
     observations: &Observations,
-    base_generation: u64,
 ) -> Result<f64> {
     let t = Instant::now();
     let entry = estimates.round_entry(observations.at_unix_ms, &observations.demand);
@@ -95,9 +93,7 @@ fn persist(
             epoch: 1,
             version: s.version,
             solved_at_unix_ms: s.solved_at_unix_ms,
-            base,
-            base_generation,
-            write_base: s.version == base_generation,
+            base_seq: 0,
             instance: &s.topology,
             map: &s.map,
             round_entry: &entry,
@@ -218,6 +214,12 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         .tempdir()
         .context("a temporary store")?;
     let store = Store::open(dir.path())?;
+    if !a.no_persist {
+        // The service's first start stores the topology once; every record names it.
+        let t = Instant::now();
+        store.put_topology(&base)?;
+        println!("topology       stored in {:.1} ms", ms(t));
+    }
     let estimates = Estimates::new(&base).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
     let default_class = base
@@ -231,14 +233,11 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     let mut previous: Option<Snapshot> = None;
     let mut times: Vec<[f64; 7]> = Vec::new();
     let mut checkpoints = Vec::new();
-    let mut first_version: Option<u64> = None;
     let round_ms = 10_000i64;
     alloc::reset_peak();
     let live_before = alloc::live_bytes();
     for r in 0..a.rounds + 2 {
         let observations = observations(&base, r, a.noise, &mut rng, round_ms);
-        // The base's generation is the version of its first record: the first round's.
-        let base_generation = first_version.unwrap_or(1);
         let t = Instant::now();
         let (step, persisted) = driver
             .step_alongside(
@@ -249,23 +248,13 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
                 1,
                 r as i64 * round_ms,
                 |solved, estimates| {
-                    (!a.no_persist).then(|| {
-                        persist(
-                            &store,
-                            estimates,
-                            &base,
-                            solved,
-                            &observations,
-                            base_generation,
-                        )
-                    })
+                    (!a.no_persist).then(|| persist(&store, estimates, solved, &observations))
                 },
             )
             .context("a round")?;
         let persist_ms = persisted.transpose()?.unwrap_or(0.0);
         let driver_ms = ms(t);
         let s = step.snapshot;
-        first_version.get_or_insert(s.version);
         let t = Instant::now();
         let servers = selection::build(s.resolver.map().clusters(), &policies, &loads, &[])?;
         std::hint::black_box(&servers);

@@ -409,6 +409,10 @@ enum BenchCommand {
     /// Feedback reports flowing; each round's parts, memory, the store, a front end joining,
     /// the deltas, DNS queries per second and a restart from the store.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// Topology edits through the service's writer and store, in process: cluster-state
+    /// changes with rounds between them, cluster and map-unit upserts; each kind's
+    /// acknowledgement time, the store's size after them, and a restart on that store.
+    Edits(crate::bench_edits::EditsBenchArgs),
 }
 
 pub fn run() -> Result<ExitCode> {
@@ -439,6 +443,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
         Command::Bench(BenchCommand::Follow(a)) => crate::bench_follow::follow(&a),
         Command::Bench(BenchCommand::Serve(a)) => crate::bench_serve::serve(&a),
+        Command::Bench(BenchCommand::Edits(a)) => crate::bench_edits::edits(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),
     }

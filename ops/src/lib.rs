@@ -6,6 +6,7 @@
 pub mod alloc;
 pub mod bench;
 pub mod bench_dns;
+pub mod bench_edits;
 pub mod bench_follow;
 pub mod bench_grpc;
 pub mod bench_loads;

@@ -11,9 +11,12 @@
 //! published to queries before it is persisted (a crash in between loses that version, and the
 //! restart serves the previous one, which is then the last version stored).
 //!
-//! The topology and the bases are in the compact form of `cdnmap_topology::compact` (a JSON
-//! instance file an older build wrote is still read), every value file compressed with zstd;
-//! `cdnmap store dump` prints any stored version as the JSON assignment format.
+//! The topology is a snapshot in the compact form of `cdnmap_topology::compact` (a JSON
+//! instance file an older build wrote is still read) and the journal of the edits after it
+//! ([`journal`]): an edit is stored as itself, not as a copy of the topology, and each record
+//! names the topology it was solved from by the journal's sequence number of its last edit.
+//! Every value file is compressed with zstd; `cdnmap store dump` prints any stored version as
+//! the JSON assignment format.
 
 use std::path::Path;
 
@@ -22,6 +25,7 @@ use cdnmap_topology::format::parse_assignment;
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
+mod journal;
 mod read;
 mod record;
 mod reports;
@@ -29,21 +33,32 @@ mod values;
 
 pub use read::{StoredMaps, VersionInfo};
 
-use record::{decode_topology, Record, SERVED_MAGIC};
+use record::{Record, SERVED_MAGIC};
 use values::Values;
+
+use crate::edit::Edit;
 
 /// The directory of value files, inside the store's.
 const VALUES_DIR: &str = "values";
 /// The directory of the demand record's segments ([`reports`]).
 const REPORTS_DIR: &str = "reports";
-/// The topology's value file (the instance file format).
+/// The directory of the topology's journal ([`journal`]), inside the store's.
+const JOURNAL_DIR: &str = "journal";
+/// The topology as an older build stored it (the compact form, or an instance file): the
+/// snapshot of sequence number 0.
 const TOPOLOGY_FILE: &str = "topology";
-/// Each stored map version's record ([`Store::put_served`]): this prefix, the version and the
-/// generation of the base it was solved from (zero-padded, so records list in version order).
-/// The newest is the served one; the older ones are the history of `maps_kept` versions.
+/// A snapshot of the topology: this prefix, then the journal's sequence number of the last
+/// edit in it (zero-padded); the compact form.
+const SNAPSHOT_FILE: &str = "topology-";
+/// Each stored map version's record ([`Store::put_served`]): this prefix, the version, and the
+/// topology it was solved from: `j` and the journal's sequence number of its last edit, or
+/// (an older build's records) the generation of a base file (zero-padded, so records list in
+/// version order). The newest is the served one; the older ones are the history of
+/// `maps_kept` versions.
 const RECORD_FILE: &str = "map-";
-/// The base topologies the kept records were solved from: this prefix, then the generation
-/// (the version of the first record solved from it); the instance file format.
+/// The base topologies an older build's records were solved from: this prefix, then the
+/// generation (the version of the first record solved from it). Records now name a journal
+/// position instead; these go when no kept record names them.
 const BASE_FILE: &str = "base-";
 /// Each round's estimator entry since the checkpoint: this prefix, then the record's version.
 const ENTRY_FILE: &str = "round-";
@@ -147,6 +162,11 @@ pub struct Store {
     reports: sled::Tree,
     /// The demand record ([`reports`]).
     report_log: reports::ReportLog,
+    /// The topology's edits since its oldest kept snapshot ([`journal`]).
+    journal: journal::Journal,
+    /// Held while snapshots and journal segments are dropped (by a round's prune and by a
+    /// snapshot's, which may run at once).
+    pruning: std::sync::Arc<std::sync::Mutex<()>>,
     /// Where an older build kept its records, bases, entries and checkpoint: moved to
     /// `values` when the store is opened ([`Store::open`]), empty after.
     served: sled::Tree,
@@ -187,12 +207,10 @@ pub struct ServedRef<'a> {
     pub epoch: u64,
     pub version: u64,
     pub solved_at_unix_ms: i64,
-    /// The topology the round started from (with the cluster states of the round), its
-    /// generation (the version of the first record solved from it: a new one after every
-    /// edit), and whether it changed since the last record.
-    pub base: &'a Topology,
-    pub base_generation: u64,
-    pub write_base: bool,
+    /// The journal's sequence number of the last edit in the topology the round started from
+    /// (the published one it took, [`crate::topology::Versioned`]): the record names its base
+    /// by it, and the store rebuilds the base from a snapshot and the journal.
+    pub base_seq: u64,
     /// The round's instance: `base` with the round's demands, coefficients and capacities.
     pub instance: &'a Instance,
     pub map: &'a Map,
@@ -201,16 +219,15 @@ pub struct ServedRef<'a> {
 }
 
 impl Served {
-    /// The record as written (its last estimator entry as the round's; a checkpoint is written
-    /// apart, [`Store::put_checkpoint`]).
-    pub fn as_ref(&self) -> ServedRef<'_> {
+    /// The record as written, naming the stored topology after edit `base_seq` as its base
+    /// (its last estimator entry as the round's; a checkpoint is written apart,
+    /// [`Store::put_checkpoint`]).
+    pub fn as_ref(&self, base_seq: u64) -> ServedRef<'_> {
         ServedRef {
             epoch: self.epoch,
             version: self.version,
             solved_at_unix_ms: self.solved_at_unix_ms,
-            base: &self.topology,
-            base_generation: 0,
-            write_base: true,
+            base_seq,
             instance: &self.topology,
             map: &self.map,
             round_entry: self.estimator.entries.last().map_or(&[], |(_, e)| e),
@@ -241,16 +258,66 @@ fn record_key_parts(key: &[u8]) -> Option<(u64, u64)> {
     Some((u64::from_be_bytes(version), u64::from_be_bytes(generation)))
 }
 
-/// The value file of record `version` (solved from base `generation`): the numbers
-/// zero-padded, so the names list in version order.
-fn record_name(version: u64, generation: u64) -> String {
-    format!("{RECORD_FILE}{version:020}-{generation:020}")
+/// The topology a record was solved from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BaseOf {
+    /// The stored topology after journal entry `.0` (a snapshot and the journal).
+    Journal(u64),
+    /// An older build's base file of this generation.
+    File(u64),
 }
 
-/// (version, base generation) of a record's file name.
-fn record_name_parts(name: &str) -> Option<(u64, u64)> {
-    let (v, g) = name.strip_prefix(RECORD_FILE)?.split_once('-')?;
-    Some((v.parse().ok()?, g.parse().ok()?))
+impl BaseOf {
+    /// The number the record's own identity carries for its base.
+    fn number(self) -> u64 {
+        match self {
+            BaseOf::Journal(n) | BaseOf::File(n) => n,
+        }
+    }
+}
+
+/// The value file of record `version` (solved from `base`): the numbers zero-padded, so the
+/// names list in version order.
+fn record_name(version: u64, base: BaseOf) -> String {
+    match base {
+        BaseOf::Journal(seq) => format!("{RECORD_FILE}{version:020}-j{seq:020}"),
+        BaseOf::File(g) => format!("{RECORD_FILE}{version:020}-{g:020}"),
+    }
+}
+
+/// (version, base) of a record's file name.
+fn record_name_parts(name: &str) -> Option<(u64, BaseOf)> {
+    let (v, b) = name.strip_prefix(RECORD_FILE)?.split_once('-')?;
+    let base = match b.strip_prefix('j') {
+        Some(seq) => BaseOf::Journal(seq.parse().ok()?),
+        None => BaseOf::File(b.parse().ok()?),
+    };
+    Some((v.parse().ok()?, base))
+}
+
+fn snapshot_name(seq: u64) -> String {
+    format!("{SNAPSHOT_FILE}{seq:020}")
+}
+
+/// The snapshots among `values` (the legacy topology file as sequence number 0), oldest
+/// first: (sequence number, file name).
+fn snapshots(values: &Values) -> Result<Vec<(u64, String)>, StoreError> {
+    let mut out: Vec<(u64, String)> = values
+        .names(SNAPSHOT_FILE)?
+        .into_iter()
+        .filter_map(|n| Some((name_number(&n, SNAPSHOT_FILE)?, n)))
+        .collect();
+    if values
+        .names(TOPOLOGY_FILE)?
+        .iter()
+        .any(|n| n == TOPOLOGY_FILE)
+    {
+        out.push((0, TOPOLOGY_FILE.to_string()));
+    }
+    // By number; for the same number the snapshot before the legacy file.
+    out.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.len().cmp(&a.1.len())));
+    out.dedup_by_key(|s| s.0);
+    Ok(out)
 }
 
 fn base_name(generation: u64) -> String {
@@ -290,6 +357,8 @@ impl Store {
                 .map_err(io(format!("opening tree {name}")))
         };
         let store = Store {
+            journal: journal::Journal::open(&path.join(JOURNAL_DIR))?,
+            pruning: Default::default(),
             topology: tree("topology")?,
             maps: tree("maps")?,
             reports: tree("reports")?,
@@ -343,7 +412,7 @@ impl Store {
         for kv in self.served.iter() {
             let (key, value) = kv.map_err(io("reading an older build's records"))?;
             let (name, body): (String, &[u8]) = if let Some((v, g)) = record_key_parts(&key) {
-                (record_name(v, g), &value)
+                (record_name(v, BaseOf::File(g)), &value)
             } else if let Some(g) = key_number(&key, BASE_PREFIX) {
                 (base_name(g), &value)
             } else if let Some(v) = key_number(&key, ENTRY_PREFIX) {
@@ -354,7 +423,7 @@ impl Store {
                 match record::decode(&value) {
                     Ok((r, _)) => {
                         let (_, version, _, generation) = r.identity();
-                        (record_name(version, generation), &value)
+                        (record_name(version, BaseOf::File(generation)), &value)
                     }
                     Err(_) => continue, // read (and reported) as it is
                 }
@@ -390,24 +459,49 @@ impl Store {
             .map_err(io(format!("flushing {what}")))
     }
 
-    /// Replaces the stored topology (in the compact form). Durable when it returns.
+    /// Stores `topology` as the topology after every edit journaled so far (a snapshot at the
+    /// journal's last sequence number): how a new store gets its first topology. Durable
+    /// when it returns.
     pub fn put_topology(&self, topology: &Topology) -> Result<(), StoreError> {
-        self.values.put_with(TOPOLOGY_FILE, |w| {
+        self.put_snapshot(self.journal.last()?, topology)
+    }
+
+    /// Stores `topology`, the topology after journal entry `seq`, as a snapshot, then drops
+    /// the snapshots and journal segments no kept record needs any more. Durable when it
+    /// returns.
+    pub fn put_snapshot(&self, seq: u64, topology: &Topology) -> Result<(), StoreError> {
+        self.values.put_with(&snapshot_name(seq), |w| {
             cdnmap_topology::compact::encode_to(topology, w)
-        })
+        })?;
+        self.prune_topology()
+    }
+
+    /// Journals `edit` (carried out at `at_unix_ms`) as the next edit of the topology; returns
+    /// its sequence number. Durable when it returns.
+    pub fn append_edit(&self, at_unix_ms: i64, edit: &Edit) -> Result<u64, StoreError> {
+        let bytes = serde_json::to_vec(edit).map_err(|e| StoreError::Corrupt {
+            what: "an edit to journal".into(),
+            problem: e.to_string(),
+        })?;
+        self.journal.append(at_unix_ms, &bytes)
     }
 
     /// The stored topology, validated like an instance file.
     pub fn topology(&self, limits: Limits) -> Result<Option<Topology>, StoreError> {
-        let Some(bytes) = self.values.get(TOPOLOGY_FILE)? else {
+        Ok(self.stored_topology(limits)?.map(|(t, _)| t))
+    }
+
+    /// The stored topology (the newest snapshot with the journal's edits after it replayed)
+    /// and the sequence number of its last edit.
+    pub fn stored_topology(&self, limits: Limits) -> Result<Option<(Topology, u64)>, StoreError> {
+        let last = self.journal.last()?;
+        let Some((seq, name)) = snapshots(&self.values)?.pop() else {
             return Ok(None);
         };
-        decode_topology(&bytes, limits)
-            .map(Some)
-            .map_err(|problem| StoreError::Corrupt {
-                what: "the stored topology".into(),
-                problem,
-            })
+        let topology = read::snapshot(&self.values, &name, limits)?;
+        let entries = self.journal.read(seq, last)?;
+        let topology = read::replay(topology, seq, &entries, self.journal.dir())?;
+        Ok(Some((topology, last.max(seq))))
     }
 
     /// The newest map of the history, read against `instance`: how a store written before the
@@ -472,48 +566,40 @@ impl Store {
     }
 
     /// Stores the record of map version `served.version` (the served one from now on, the
-    /// newest of the history) with the round's estimator entry, and the round's base topology
-    /// when `served.write_base` says it changed (an Admin edit since the last record). Each is
-    /// a value file of its own; the record is written last, so it is the commit: a crash
-    /// before it leaves the old served record, and a base or entry no record names, which the
-    /// next write drops or replaces. Then drops the records beyond the newest `keep` and the
-    /// bases no kept record names. Durable when it returns.
+    /// newest of the history) with the round's estimator entry. Each is a value file of its
+    /// own; the record is written last, so it is the commit: a crash before it leaves the old
+    /// served record and an entry no record names, which the next write replaces. The record
+    /// names its base by the journal's sequence number (`served.base_seq`): no topology is
+    /// written. Then drops the records beyond the newest `keep`, and the snapshots, journal
+    /// segments and older builds' bases no kept record needs. Durable when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
         let record = Record::of(served);
-        if served.write_base {
-            // Most often the base is the stored topology (the round after an edit, or the
-            // first): then it is the same file, linked.
-            self.values.put_or_link_with(
-                &base_name(served.base_generation),
-                |w| cdnmap_topology::compact::encode_to(served.base, w),
-                TOPOLOGY_FILE,
-            )?;
-        }
         self.values
             .put(&entry_name(served.version), &[served.round_entry])?;
-        self.values
-            .put_with(&record_name(served.version, served.base_generation), |w| {
-                w.write_all(SERVED_MAGIC)?;
-                postcard::to_io(&record, w)
-                    .map(|_| ())
-                    .map_err(std::io::Error::other)
-            })?;
+        let name = record_name(served.version, BaseOf::Journal(served.base_seq));
+        self.values.put_with(&name, |w| {
+            w.write_all(SERVED_MAGIC)?;
+            postcard::to_io(&record, w)
+                .map(|_| ())
+                .map_err(std::io::Error::other)
+        })?;
         self.prune(served.version, keep)
     }
 
-    /// Drops the records older than the newest `keep` versions up to `version`, the bases no
-    /// kept record names (a record's name carries its base's generation, so no record is read
-    /// for it), and an older build's whole-map history.
+    /// Drops the records older than the newest `keep` versions up to `version`, an older
+    /// build's bases no kept record names (a record's name carries its base, so no record is
+    /// read for it), then the snapshots and journal segments no kept record needs
+    /// ([`Self::prune_topology`]), and an older build's whole-map history.
     fn prune(&self, version: u64, keep: usize) -> Result<(), StoreError> {
         let oldest = version.saturating_sub(keep.max(1) as u64 - 1);
         let mut named = std::collections::BTreeSet::new();
         for name in self.values.names(RECORD_FILE)? {
             match record_name_parts(&name) {
                 Some((v, _)) if v < oldest => self.values.remove(&name)?,
-                Some((_, g)) => {
+                Some((_, BaseOf::File(g))) => {
                     named.insert(g);
                 }
-                None => {}
+                _ => {}
             }
         }
         for name in self.values.names(BASE_FILE)? {
@@ -521,6 +607,7 @@ impl Store {
                 self.values.remove(&name)?;
             }
         }
+        self.prune_topology()?;
         // The history of an older build (whole maps, read only when no record exists).
         if !self.maps.is_empty() {
             self.maps
@@ -529,6 +616,47 @@ impl Store {
             self.flush("dropping the history of an older build")?;
         }
         Ok(())
+    }
+
+    /// Keeps the snapshots that are needed and drops the others: the newest (a start reads
+    /// it), the newest at or before the served record's base (a start rebuilds that base from
+    /// it), and the newest at or before the oldest kept record's base (the history's bases
+    /// are rebuilt from it); then the journal segments before the oldest kept snapshot. So
+    /// the store holds at most three snapshots, whatever the number of edits.
+    fn prune_topology(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.pruning.lock().map_err(|_| StoreError::Corrupt {
+            what: "the store's snapshots".into(),
+            problem: "a pruner panicked".into(),
+        })?;
+        let snaps = snapshots(&self.values)?;
+        let Some(newest) = snaps.last().map(|s| s.0) else {
+            return Ok(());
+        };
+        let seqs: Vec<u64> = self
+            .values
+            .names(RECORD_FILE)?
+            .iter()
+            .filter_map(|n| match record_name_parts(n)? {
+                (_, BaseOf::Journal(seq)) => Some(seq),
+                _ => None,
+            })
+            .collect();
+        let newest_at = |seq: u64| snaps.iter().rev().find(|s| s.0 <= seq).map(|s| s.0);
+        let mut keep = vec![newest];
+        // The last name listed is the served record (names list in version order).
+        keep.extend(seqs.last().and_then(|&s| newest_at(s)));
+        keep.extend(seqs.iter().min().and_then(|&s| newest_at(s)));
+        for (seq, name) in &snaps {
+            if !keep.contains(seq) {
+                self.values.remove(name)?;
+            }
+        }
+        // A legacy topology file beside a snapshot of the same number is the same topology.
+        if snaps.iter().any(|s| s.0 == 0 && s.1 != TOPOLOGY_FILE) {
+            self.values.remove(TOPOLOGY_FILE)?;
+        }
+        let oldest_kept = keep.iter().copied().min().unwrap_or(newest);
+        self.journal.drop_through(oldest_kept)
     }
 
     /// Stores `state`, the estimator's whole state after the round of record `version`, as
@@ -566,35 +694,37 @@ impl Store {
     /// coefficients and capacities; and the estimator's checkpoint and the round entries after
     /// it, up to the served version.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
-        Ok(self.served_read(None)?.map(|(served, _)| served))
+        self.served_read(None)
     }
 
-    /// [`Self::served`], given `topology`, the stored topology ([`Self::topology`], or what
-    /// was just [`Self::put_topology`]'d): when the served record's base file holds the same
-    /// bytes as the topology's, the base is `topology` (not read and decoded a second time)
-    /// and its generation comes back too, so that a round solved from `topology` writes no
-    /// base of its own.
-    pub fn served_on(
-        &self,
-        topology: &Topology,
-    ) -> Result<Option<(Served, Option<u64>)>, StoreError> {
-        self.served_read(Some(topology))
+    /// [`Self::served`], given `topology`, the stored topology after edit `seq`
+    /// ([`Self::stored_topology`], or what was just [`Self::put_topology`]'d): when the served
+    /// record was solved from it (no edit since), it is the record's base, not rebuilt a second
+    /// time.
+    pub fn served_on(&self, topology: &Topology, seq: u64) -> Result<Option<Served>, StoreError> {
+        self.served_read(Some((topology, seq)))
     }
 
     fn served_read(
         &self,
-        topology: Option<&Topology>,
-    ) -> Result<Option<(Served, Option<u64>)>, StoreError> {
+        topology: Option<(&Topology, u64)>,
+    ) -> Result<Option<Served>, StoreError> {
         let newest = self.values.names(RECORD_FILE)?.into_iter().next_back();
-        let Some((version, generation)) = newest.as_deref().and_then(record_name_parts) else {
+        let Some((version, base)) = newest.as_deref().and_then(record_name_parts) else {
             return Ok(None);
         };
-        let known = match topology {
-            Some(t) if self.values.same(TOPOLOGY_FILE, &base_name(generation))? => Some(t),
+        let known = match (topology, base) {
+            (Some((t, seq)), BaseOf::Journal(s)) if s == seq => Some(t),
+            // An older build's base that is the legacy topology file (linked, or the same
+            // bytes), with no edit journaled since.
+            (Some((t, 0)), BaseOf::File(g))
+                if self.values.same(TOPOLOGY_FILE, &base_name(g))? =>
+            {
+                Some(t)
+            }
             _ => None,
         };
-        let served = self.read_record(version, generation, "the stored served map", known)?;
-        Ok(served.map(|s| (s, known.map(|_| generation))))
+        self.read_record(version, base, "the stored served map", known)
     }
 
     /// Map version `version` as stored, with the instance it was solved for: the served one
@@ -606,22 +736,21 @@ impl Store {
             .map(|served| (served.topology, served.map)))
     }
 
-    /// The stored map versions (what `cdnmap store list|dump` reads without sled).
+    /// The stored map versions (what `cdnmap store list|dump` read without sled).
     pub fn maps(&self) -> StoredMaps {
-        StoredMaps::of(self.values.clone())
+        StoredMaps::of(self.values.clone(), self.journal.dir().to_path_buf())
     }
 
-    /// The served record `version` (of base `generation`) read back with its base (errors
-    /// name it `what`; `known_base`: see [`StoredMaps::record`]) and the estimator's log.
+    /// The served record `version` (of `base`) read back with its base (errors name it
+    /// `what`; `known_base`: see [`StoredMaps::record`]) and the estimator's log.
     fn read_record(
         &self,
         version: u64,
-        generation: u64,
+        base: BaseOf,
         what: &str,
         known_base: Option<&Topology>,
     ) -> Result<Option<Served>, StoreError> {
-        let Some((mut served, inline)) =
-            self.maps().record(version, generation, what, known_base)?
+        let Some((mut served, inline)) = self.maps().record(version, base, what, known_base)?
         else {
             return Ok(None);
         };

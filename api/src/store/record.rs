@@ -58,6 +58,9 @@ pub(super) struct Record {
     pub(super) epoch: u64,
     pub(super) version: u64,
     pub(super) solved_at_unix_ms: i64,
+    /// The topology the round was solved from, as the record's file name says: the journal's
+    /// sequence number of its last edit (`map-<version>-j<seq>`), or the generation of an
+    /// older build's base file (`map-<version>-<generation>`).
     pub(super) base_generation: u64,
     pub(super) demands: Vec<f64>,
     pub(super) per_unit: Vec<cdnmap_mapper::PerUnit>,
@@ -75,7 +78,7 @@ impl Record {
             epoch: s.epoch,
             version: s.version,
             solved_at_unix_ms: s.solved_at_unix_ms,
-            base_generation: s.base_generation,
+            base_generation: s.base_seq,
             map: CompactMap::of(s.map, Some(&demands)),
             demands,
             per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),

@@ -42,7 +42,7 @@ const PREFIX: &str = "seg-";
 /// The file of the bounds the last append gave: `retain_ms` (i64 LE), `max_reports` (u64 LE).
 const BOUNDS: &str = "bounds";
 
-fn file_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
+pub(super) fn file_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::File { what, source }
 }
 
@@ -86,10 +86,10 @@ struct Segment {
 }
 
 /// One record read back: its time, id, and where its payload is in the bytes it was read from.
-struct Record {
-    at_ms: i64,
-    id: u64,
-    payload: std::ops::Range<usize>,
+pub(super) struct Record {
+    pub(super) at_ms: i64,
+    pub(super) id: u64,
+    pub(super) payload: std::ops::Range<usize>,
 }
 
 impl ReportLog {
@@ -373,8 +373,8 @@ impl ReportLog {
     }
 }
 
-/// One record, framed.
-fn frame(at_ms: i64, id: u64, payload: &[u8]) -> Vec<u8> {
+/// One record, framed (the topology's journal frames its entries the same way).
+pub(super) fn frame(at_ms: i64, id: u64, payload: &[u8]) -> Vec<u8> {
     let mut body = Vec::with_capacity(16 + payload.len());
     body.extend(at_ms.to_le_bytes());
     body.extend(id.to_le_bytes());
@@ -389,7 +389,7 @@ fn frame(at_ms: i64, id: u64, payload: &[u8]) -> Vec<u8> {
 /// Whether `rest`, what follows a log's whole records, is one record cut short by a crash: a
 /// frame that runs to the end of the file or past it (a damaged record with whole records
 /// after it is not).
-fn torn(rest: &[u8]) -> bool {
+pub(super) fn torn(rest: &[u8]) -> bool {
     let Some(len) = rest.get(..4) else {
         return true;
     };
@@ -401,7 +401,7 @@ fn torn(rest: &[u8]) -> bool {
 /// The whole records at the start of `bytes` (payloads as ranges of it: a log opened is
 /// counted, not copied), and how many bytes they take (where the first
 /// cut short or damaged one begins, or the end).
-fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
+pub(super) fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
     let mut records = Vec::new();
     let mut at = 0usize;
     while let Some(head) = bytes.get(at..at + FRAME) {

@@ -2,8 +2,10 @@
 
 use super::record::{CompactMap, MapColumns, Record03, SERVED_MAGIC_03};
 use super::*;
+use crate::edit::apply;
 use cdnmap_mapper::{solve, ClusterState, SolveOptions};
 use cdnmap_topology::format::{parse_instance, write_instance};
+use std::sync::Arc;
 
 fn instance() -> Topology {
     let json = r#"{
@@ -62,7 +64,9 @@ fn topology_and_maps_survive_a_restart() {
         assert_eq!(store.next_epoch().expect("epoch"), 1);
         store.put_topology(&inst).expect("topology");
         for version in 1..=5 {
-            store.put_served(&served(version).as_ref(), 3).expect("map");
+            store
+                .put_served(&served(version).as_ref(0), 3)
+                .expect("map");
             if version == 1 {
                 store.put_checkpoint(1, b"state 1").expect("checkpoint");
             }
@@ -76,11 +80,14 @@ fn topology_and_maps_survive_a_restart() {
         .expect("stored");
     assert_eq!(back, inst);
     assert_eq!(store.served().expect("read"), Some(served(5)));
-    // The topology and the records' base are kept in the compact form.
-    for name in [TOPOLOGY_FILE.to_string(), base_name(0)] {
-        let bytes = store.values.get(&name).expect("read").expect(&name);
-        assert!(bytes.starts_with(cdnmap_topology::compact::MAGIC), "{name}");
-    }
+    // The topology is kept in the compact form, once: the records name it.
+    let bytes = store
+        .values
+        .get(&snapshot_name(0))
+        .expect("read")
+        .expect("snapshot");
+    assert!(bytes.starts_with(cdnmap_topology::compact::MAGIC));
+    assert_eq!(snapshots(&store.values).expect("list").len(), 1);
 }
 
 /// The history keeps `keep` records (the served one counts), each read back exactly with
@@ -104,19 +111,25 @@ fn older_versions_are_read_back_from_the_history() {
         m
     };
     let maps: Vec<Map> = (0..=8).map(map_of).collect();
-    // Versions 1-4 from the first topology, 5-8 from the edited one.
-    let base_of = |v: u64| if v < 5 { (&first, 1) } else { (&edited, 5) };
+    // Versions 1-4 from the first topology, 5-8 from the edited one (edit 1 of the journal).
+    store.put_topology(&first).expect("topology");
+    let base_of = |v: u64| if v < 5 { (&first, 0) } else { (&edited, 1) };
     for v in 1..=8u64 {
-        let (base, generation) = base_of(v);
+        if v == 5 {
+            let drain = crate::edit::Edit::ClusterState {
+                id: "a".into(),
+                state: ClusterState::Drained,
+            };
+            assert_eq!(store.append_edit(0, &drain).expect("journal"), 1);
+        }
+        let (base, seq) = base_of(v);
         store
             .put_served(
                 &ServedRef {
                     epoch: 1,
                     version: v,
                     solved_at_unix_ms: v as i64,
-                    base,
-                    base_generation: generation,
-                    write_base: v == generation,
+                    base_seq: seq,
                     instance: base,
                     map: &maps[v as usize],
                     round_entry: &[],
@@ -148,9 +161,9 @@ fn older_versions_are_read_back_from_the_history() {
     );
     assert_eq!(store.stored_map(9).expect("read"), None, "not yet");
     assert_eq!(
-        store.values.names(BASE_FILE).expect("list"),
-        vec![base_name(5)],
-        "the first topology is named by no kept record"
+        snapshots(&store.values).expect("list"),
+        vec![(0, snapshot_name(0))],
+        "one snapshot, the journal's edit replayed onto it"
     );
     assert_eq!(store.served().expect("read").expect("stored").version, 8);
     // The value files alone, read while the store (and sled's lock) is open, list and give
@@ -164,7 +177,7 @@ fn older_versions_are_read_back_from_the_history() {
         .collect();
     assert_eq!(
         listed,
-        (5..=8).map(|v| (1, v, v as i64, 5)).collect::<Vec<_>>()
+        (5..=8).map(|v| (1, v, v as i64, 1)).collect::<Vec<_>>()
     );
     assert_eq!(read_only.newest().expect("newest"), Some(8));
     for v in 5..=8 {
@@ -179,7 +192,7 @@ fn older_versions_are_read_back_from_the_history() {
     // A record cut short is refused, naming what it is.
     store
         .values
-        .put(&record_name(6, 5), &[&b"CDNSRV04\xff"[..]])
+        .put(&record_name(6, BaseOf::Journal(1)), &[&b"CDNSRV04\xff"[..]])
         .expect("write");
     let err = store.stored_map(6).expect_err("corrupt");
     assert!(err.to_string().contains("stored map version 6"), "{err}");
@@ -199,6 +212,7 @@ fn the_estimator_log_is_a_checkpoint_and_the_entries_after_it() {
     let inst = instance();
     let map = solve(&inst, &SolveOptions::default()).map;
     let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&inst).expect("topology");
     let put = |version: u64| {
         let e = format!("e{version}").into_bytes();
         store
@@ -207,9 +221,7 @@ fn the_estimator_log_is_a_checkpoint_and_the_entries_after_it() {
                     epoch: 1,
                     version,
                     solved_at_unix_ms: 0,
-                    base: &inst,
-                    base_generation: 1,
-                    write_base: version == 1,
+                    base_seq: 0,
                     instance: &inst,
                     map: &map,
                     round_entry: &e,
@@ -290,16 +302,25 @@ fn the_served_map_is_read_without_the_topology() {
         map,
         estimator: EstimatorLog::default(),
     };
-    store.put_served(&record.as_ref(), 4).expect("map");
-    let mut file = cdnmap_topology::format::InstanceFile::of(&inst);
-    file.map_units.retain(|u| u.id != "u1");
-    file.clusters.retain(|c| c.id != "b");
-    for u in &mut file.map_units {
-        u.candidates.retain(|c| c.cluster != "b");
+    store.put_topology(&inst).expect("topology");
+    store.put_served(&record.as_ref(0), 4).expect("map");
+    // Edits since, and a snapshot of the edited topology: the record's base is rebuilt from
+    // the snapshot it was solved from, which is kept for it.
+    let mut now = Arc::new(inst.clone());
+    for edit in [
+        crate::edit::Edit::DeleteMapUnit { id: "u1".into() },
+        crate::edit::Edit::DeleteCluster { id: "b".into() },
+    ] {
+        now = apply(&now, &edit).expect("applies").topology;
+        store.append_edit(0, &edit).expect("journal");
     }
-    let edited = file.build(Limits::default()).expect("valid");
-    store.put_topology(&edited).expect("topology");
+    store.put_snapshot(2, &now).expect("snapshot");
     assert_eq!(store.served().expect("read"), Some(record));
+    let (stored, seq) = store
+        .stored_topology(Limits::default())
+        .expect("read")
+        .expect("stored");
+    assert_eq!((&stored, seq), (&*now, 2));
 }
 
 /// A round's instance differs from its base topology by demands, coefficients and
@@ -320,35 +341,37 @@ fn the_rounds_instance_is_read_back_from_its_base() {
         .expect("edits");
     let map = solve(&round, &SolveOptions::default()).map;
     let store = Store::open(dir.path()).expect("open");
-    let record = |version, write_base| ServedRef {
+    store.put_topology(&base).expect("topology");
+    let record = |version| ServedRef {
         epoch: 2,
         version,
         solved_at_unix_ms: 7,
-        base: &base,
-        base_generation: 4,
-        write_base,
+        base_seq: 0,
         instance: &round,
         map: &map,
         round_entry: b"e",
     };
-    store.put_served(&record(1, true), 4).expect("first");
-    store.put_served(&record(2, false), 4).expect("second");
+    store.put_served(&record(1), 4).expect("first");
+    store.put_served(&record(2), 4).expect("second");
     let back = store.served().expect("read").expect("stored");
     assert_eq!(back.topology.instance, round);
     assert_eq!(back.map, map);
     assert_eq!((back.epoch, back.version), (2, 2));
-    // A record naming another generation than the stored base is refused, naming both.
+    // A record naming an edit the journal does not have is refused, naming it.
     store
         .put_served(
             &ServedRef {
-                base_generation: 5,
-                ..record(3, false)
+                base_seq: 5,
+                ..record(3)
             },
             4,
         )
         .expect("third");
     let err = store.served().expect_err("mismatch");
-    assert!(err.to_string().contains("topology is missing"), "{err}");
+    assert!(
+        err.to_string().contains("the journal ends before it"),
+        "{err}"
+    );
 }
 
 /// The compact map reads back bit for bit: a whole-demand unit (no amount stored), a split
@@ -449,12 +472,12 @@ fn a_record_of_the_build_before_is_read_then_replaced() {
     let back = store.served().expect("read").expect("stored");
     assert_eq!((back.epoch, back.version, &back.map), (2, 7, &map));
     assert_eq!(back.estimator.checkpoint, Some((7, b"est".to_vec())));
+    store.put_topology(&inst).expect("topology");
     store
         .put_served(
             &ServedRef {
                 version: 8,
-                base_generation: 8,
-                ..back.as_ref()
+                ..back.as_ref(0)
             },
             4,
         )
@@ -480,8 +503,9 @@ fn a_cut_served_record_is_an_error_naming_it() {
         map,
         estimator: EstimatorLog::default(),
     };
-    store.put_served(&record.as_ref(), 4).expect("map");
-    let name = record_name(1, 0);
+    store.put_topology(&record.topology).expect("topology");
+    store.put_served(&record.as_ref(0), 4).expect("map");
+    let name = record_name(1, BaseOf::Journal(0));
     let bytes = store.values.get(&name).expect("get").expect("stored");
     // A record cut short inside a sound value file: the record's decoder refuses it.
     for cut in [0, 7, 8, 20, bytes.len() / 2, bytes.len() - 1] {
@@ -522,9 +546,7 @@ fn a_store_that_kept_its_values_in_sled_is_moved_to_files_and_reads_back_the_sam
             epoch: 4,
             version,
             solved_at_unix_ms: 10 * version as i64,
-            base: &inst,
-            base_generation: 1,
-            write_base: false,
+            base_seq: 1,
             instance: &inst,
             map: &map,
             round_entry: &[],
@@ -665,55 +687,136 @@ fn a_corrupt_map_is_an_error_naming_it() {
     assert!(err.to_string().contains("map version 7"), "{err}");
 }
 
-/// The served record's base is read as the stored topology when its file holds the same
-/// bytes (and its generation is given, so a round writes no base again); after an edit of the
-/// topology it is read from its own file, and no generation is given.
+/// The served record's base is the stored topology when no edit came since (not rebuilt
+/// again); after an edit it is rebuilt from the snapshot and the journal up to the edit the
+/// record names, and a record solved after the edit gets the edited topology.
 #[test]
-fn a_base_that_is_the_stored_topology_is_read_once() {
+fn a_records_base_is_the_stored_topology_or_rebuilt_from_the_journal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let inst = instance();
     let map = solve(&inst, &SolveOptions::default()).map;
     let store = Store::open(dir.path()).expect("open");
     store.put_topology(&inst).expect("topology");
-    let served = |version: u64, generation: u64| ServedRef {
+    let served = |version: u64, base_seq: u64| ServedRef {
         epoch: 1,
         version,
         solved_at_unix_ms: 0,
-        base: &inst,
-        base_generation: generation,
-        write_base: version == generation,
+        base_seq,
         instance: &inst,
         map: &map,
         round_entry: &[],
     };
-    store.put_served(&served(7, 7), 4).expect("served");
-    // The base was linked to the topology's file, not written again.
-    let inode = |name: &str| {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(dir.path().join(VALUES_DIR).join(name))
-            .expect("a value file")
-            .ino()
-    };
-    assert_eq!(inode(TOPOLOGY_FILE), inode(&base_name(7)));
-    let (on, generation) = store.served_on(&inst).expect("read").expect("stored");
-    assert_eq!(generation, Some(7));
+    store.put_served(&served(7, 0), 4).expect("served");
+    let on = store.served_on(&inst, 0).expect("read").expect("stored");
     assert_eq!(Some(on), store.served().expect("read"));
-    // An edit since: the base is no longer the stored topology.
+    // An edit since: the base is rebuilt as it was.
+    let drain = crate::edit::Edit::ClusterState {
+        id: "a".into(),
+        state: ClusterState::Drained,
+    };
+    assert_eq!(store.append_edit(0, &drain).expect("journal"), 1);
     let edited = inst.with_cluster_state(0, ClusterState::Drained);
-    store.put_topology(&edited).expect("topology");
-    let (on, generation) = store.served_on(&edited).expect("read").expect("stored");
-    assert_eq!(generation, None);
-    assert_ne!(inode(TOPOLOGY_FILE), inode(&base_name(7)));
-    assert_eq!(on.topology, inst, "the base read from its own file");
-    // A base that is not the stored topology is a file of its own.
-    store.put_served(&served(8, 8), 4).expect("served");
-    assert_ne!(inode(TOPOLOGY_FILE), inode(&base_name(8)));
+    let (stored, seq) = store
+        .stored_topology(Limits::default())
+        .expect("read")
+        .expect("stored");
+    assert_eq!((&stored, seq), (&edited, 1));
+    let on = store.served_on(&edited, 1).expect("read").expect("stored");
+    assert_eq!(
+        on.topology, inst,
+        "the base rebuilt as the record was solved"
+    );
+    store.put_served(&served(8, 1), 4).expect("served");
     assert_eq!(
         store.stored_map(8).expect("read").map(|(t, _)| t),
-        Some(inst.clone())
+        Some(edited)
     );
     assert!(!store
         .values
         .same(TOPOLOGY_FILE, "no-such-value")
         .expect("same"));
+}
+
+/// Many edits and rounds, snapshots now and then: the store keeps at most three snapshots
+/// and the journal from the oldest of them, every kept record reads back with the topology
+/// it was solved from, and a reopened store has the last topology.
+#[test]
+fn snapshots_and_the_journal_keep_what_the_kept_records_need() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let map = solve(&inst, &SolveOptions::default()).map;
+    let mut now = Arc::new(inst.clone());
+    // The topology after each edit, by sequence number.
+    let mut after = vec![Arc::clone(&now)];
+    // The sequence number each version was solved after.
+    let mut seq_of = vec![0u64];
+    let keep = 5;
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        for version in 1..=40u64 {
+            // Three edits between rounds: the two clusters' states and a unit's demand.
+            for k in 0..3u64 {
+                let n = version * 3 + k;
+                let edit = match k {
+                    0 => crate::edit::Edit::ClusterState {
+                        id: "a".into(),
+                        state: [ClusterState::Up, ClusterState::Drained][(n % 2) as usize],
+                    },
+                    1 => crate::edit::Edit::ClusterState {
+                        id: "b".into(),
+                        state: [ClusterState::Down, ClusterState::Up][(n % 2) as usize],
+                    },
+                    _ => {
+                        let mut u = cdnmap_topology::format::unit_file(&now, 0);
+                        u.demand = version as f64;
+                        crate::edit::Edit::UpsertMapUnit { unit: u }
+                    }
+                };
+                let applied = apply(&now, &edit).expect("applies");
+                if applied.changed {
+                    now = applied.topology;
+                    let seq = store.append_edit(0, &edit).expect("journal");
+                    assert_eq!(seq, after.len() as u64);
+                    after.push(Arc::clone(&now));
+                }
+            }
+            let seq = after.len() as u64 - 1;
+            seq_of.push(seq);
+            if version % 7 == 0 {
+                store.put_snapshot(seq, &now).expect("snapshot");
+            }
+            store
+                .put_served(
+                    &ServedRef {
+                        epoch: 1,
+                        version,
+                        solved_at_unix_ms: 0,
+                        base_seq: seq,
+                        instance: &now,
+                        map: &map,
+                        round_entry: &[],
+                    },
+                    keep,
+                )
+                .expect("served");
+            assert!(snapshots(&store.values).expect("list").len() <= 3);
+            for v in version.saturating_sub(keep as u64 - 1).max(1)..=version {
+                let (t, _) = store.stored_map(v).expect("read").expect("kept");
+                assert_eq!(t, *after[seq_of[v as usize] as usize], "version {v}");
+            }
+        }
+        // From the oldest snapshot on, the journal is whole.
+        let oldest = snapshots(&store.values).expect("list")[0].0;
+        assert_eq!(
+            store.journal.read(oldest, u64::MAX).expect("read").len() as u64,
+            after.len() as u64 - 1 - oldest
+        );
+    }
+    let store = reopen(dir.path());
+    let (t, seq) = store
+        .stored_topology(Limits::default())
+        .expect("read")
+        .expect("stored");
+    assert_eq!((&t, seq), (&*now, after.len() as u64 - 1));
 }

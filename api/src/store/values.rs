@@ -17,7 +17,7 @@
 //! **Compressed.** The payload is one zstd frame (level [`LEVEL`]); the header's length and
 //! checksum are the value's own bytes, before compression, so two files of the same value have
 //! the same header whatever the compressor did, and a value's sameness is known without
-//! compressing it ([`Values::put_or_link_with`]). Measured on a 1 M-unit store
+//! compressing it ([`Values::same`]). Measured on a 1 M-unit store
 //! (`docs/perf/bench-serve.md`, seventh session): a topology 144 → 47 MB, an estimator
 //! checkpoint 133 → 6 MB, a map record 11 → 9 MB (its demands, a forecast per unit, are
 //! nearly random bits). Files of the format before (`CDNVAL01`, the payload as is) are still
@@ -262,44 +262,6 @@ impl Values {
         }
     }
 
-    /// Stores what `write` writes as the value `name`, like [`Self::put_with`], but as a hard
-    /// link to the value `copy_of` when that file holds exactly these bytes (its header's
-    /// length and checksum, against those of a first run of `write` into nothing): a second
-    /// copy of a large value (a round's base topology that is the stored topology) then costs
-    /// no space and no write. Files are never changed once renamed into place, so the two
-    /// names stay the same bytes until one is replaced or removed.
-    pub(super) fn put_or_link_with(
-        &self,
-        name: &str,
-        write: impl Fn(&mut dyn Write) -> std::io::Result<()>,
-        copy_of: &str,
-    ) -> Result<(), StoreError> {
-        let Some(existing) = self.header(copy_of)? else {
-            return self.put_with(name, write);
-        };
-        let mut probe = std::io::BufWriter::with_capacity(BUFFER, Hashing::new(std::io::sink()));
-        let probe = write(&mut probe)
-            .and_then(|()| probe.into_inner().map_err(|e| e.into_error()))
-            .map_err(file_error(format!("encoding {name}")))?;
-        if probe.header() != existing {
-            return self.put_with(name, write);
-        }
-        let tmp = self.path(&format!("{name}{TMP}"));
-        let what = || format!("linking {} to {copy_of}", tmp.display());
-        match fs::remove_file(&tmp) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(file_error(what())(e)),
-        }
-        if fs::hard_link(self.path(copy_of), &tmp).is_err() {
-            // A file system without hard links: a copy of our own, as `put` writes it.
-            return self.put_with(name, write);
-        }
-        fs::rename(&tmp, self.path(name))
-            .map_err(file_error(format!("renaming {} into place", tmp.display())))?;
-        self.sync_dir()
-    }
-
     /// The value `name`, checked against its header; `None` when there is none.
     pub(super) fn get(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let path = self.path(name);
@@ -400,11 +362,9 @@ mod tests {
     use super::*;
 
     /// A streamed value is the value of its bytes (header and all); a writer that fails
-    /// leaves the value as it was; one written as a link to a value of the same bytes shares
-    /// its file, and one of other bytes does not.
+    /// leaves the value as it was.
     #[test]
     fn a_streamed_value_is_the_value_of_its_bytes_and_a_failed_one_is_none() {
-        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let values = Values::open(dir.path()).expect("open");
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -423,16 +383,6 @@ mod tests {
         });
         assert!(err.is_err());
         assert_eq!(values.get("c").expect("read"), None);
-        values
-            .put_or_link_with("d", |w| w.write_all(&big), "a")
-            .expect("link");
-        values
-            .put_or_link_with("e", |w| w.write_all(b"other"), "a")
-            .expect("copy");
-        let ino = |n: &str| fs::metadata(dir.path().join(n)).expect("file").ino();
-        assert_eq!(ino("d"), ino("a"));
-        assert_ne!(ino("e"), ino("a"));
-        assert_eq!(values.get("e").expect("read"), Some(b"other".to_vec()));
     }
 
     #[test]

@@ -53,6 +53,7 @@ mod log;
 mod phases;
 mod print;
 mod procs;
+pub(crate) use procs::dir_size;
 mod relay;
 mod reports;
 

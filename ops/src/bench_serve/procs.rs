@@ -155,7 +155,7 @@ pub(super) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
 }
 
 /// Bytes of the files under `dir`.
-pub(super) fn dir_size(dir: &Path) -> u64 {
+pub(crate) fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -1,0 +1,430 @@
+//! The topology's journal: every acknowledged edit (`crate::edit::Edit`, as JSON), numbered
+//! from 1 in the order the writer carried them out, appended to segment files in the store's
+//! `journal/` directory. The stored topology is the newest snapshot (a value file
+//! `topology-<seq>`: the topology after edit `seq`) with the edits after it replayed; a round's
+//! record names the topology it was solved from by its sequence number. So an edit costs an
+//! append of its own bytes, not a copy of the topology.
+//!
+//! **Layout.** Segment `seg-NNNNNNNNNNNNNNNNNNNN` is named by the sequence number of its first
+//! entry and holds entries framed as the demand record's are (`reports.rs`: length, xxh3,
+//! time, the sequence number as the id, the payload), numbered without a gap. A new segment
+//! starts when the last passes [`SEGMENT_BYTES`], so that whole segments can be dropped once a
+//! snapshot covers them.
+//!
+//! **What is durable when.** [`Journal::append`] returns after the entry is synced (and a new
+//! segment's directory entry), so an acknowledged edit survives kill -9. An entry cut short by
+//! a crash can only be the last segment's last, never acknowledged: it is cut off when the
+//! journal opens. Anything else that cannot be read — a damaged entry, a gap in the numbers —
+//! refuses the open with an error naming the segment: the edits after it cannot be replayed,
+//! and serving a topology without them would undo acknowledged changes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::reports::{file_error, frame, parse, torn};
+use super::values::{remove_if_present, sync_dir};
+use super::StoreError;
+
+/// A segment is closed and a new one started once it holds this many bytes.
+const SEGMENT_BYTES: u64 = 4 << 20;
+const PREFIX: &str = "seg-";
+/// The largest entry (an edit is one cluster or one map unit: far below this).
+pub(super) const MAX_ENTRY: usize = 1 << 20;
+
+/// Journal entries: (sequence number, the entry's bytes), in order.
+pub(super) type Entries = Vec<(u64, Vec<u8>)>;
+
+/// The journal of one store (cloning shares it).
+#[derive(Debug, Clone)]
+pub(super) struct Journal {
+    dir: PathBuf,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The first sequence number of each segment, oldest first; the last is appended to.
+    segments: Vec<u64>,
+    /// The last segment, open to append, and its length.
+    file: Option<(File, u64)>,
+    /// The last sequence number appended (0: none yet).
+    last: u64,
+    /// An append failed and its bytes could not be taken back: no more appends until the
+    /// store is opened again (which cuts them off).
+    broken: bool,
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{PREFIX}{first:020}")
+}
+
+/// The first sequence numbers of the segments in `dir`, in order (none when it is missing).
+fn list(dir: &Path) -> Result<Vec<u64>, StoreError> {
+    let mut numbers = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(numbers),
+        Err(e) => return Err(file_error(format!("listing {}", dir.display()))(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(file_error(format!("listing {}", dir.display())))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(n) = name
+            .strip_prefix(PREFIX)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            numbers.push(n);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// The entries of one segment (its bytes), checked: numbered from `first` without a gap.
+/// Returns them and how many bytes they take; `tail_ok` says whether bytes after the last
+/// whole entry may be an entry cut short by a crash (the last segment's), which is then not
+/// an error.
+fn entries_of(
+    path: &Path,
+    bytes: &[u8],
+    first: u64,
+    tail_ok: bool,
+) -> Result<(Entries, usize), StoreError> {
+    let corrupt = |problem: String| StoreError::Corrupt {
+        what: format!("the topology journal's {}", path.display()),
+        problem,
+    };
+    let (records, valid) = parse(bytes);
+    if valid < bytes.len() && !(tail_ok && torn(&bytes[valid..])) {
+        return Err(corrupt(format!(
+            "the entry at byte {valid} is damaged (the edits from there on cannot be replayed)"
+        )));
+    }
+    let mut out = Vec::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        let want = first + i as u64;
+        if r.id != want {
+            return Err(corrupt(format!(
+                "entry {} is numbered {}, not {want}",
+                i + 1,
+                r.id
+            )));
+        }
+        out.push((r.id, bytes[r.payload.clone()].to_vec()));
+    }
+    Ok((out, valid))
+}
+
+/// The entries after `after` up to `upto` (inclusive) of the journal in `dir`, read without
+/// opening it for writing (`cdnmap store dump` beside a running server). An entry cut short
+/// at the end is an append in progress, not read.
+pub(super) fn read_dir(
+    dir: &Path,
+    after: u64,
+    upto: u64,
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    if upto <= after {
+        return Ok(Vec::new());
+    }
+    let segments = list(dir)?;
+    let mut out = Vec::new();
+    for (i, &first) in segments.iter().enumerate() {
+        let next = segments.get(i + 1).copied();
+        // Wholly at or before `after`, or after `upto`: not read.
+        if next.is_some_and(|n| n <= after + 1) || first > upto {
+            continue;
+        }
+        let path = dir.join(segment_name(first));
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            // Dropped since it was listed (a snapshot covers it): what was asked for is
+            // after it, or the caller's snapshot is gone too and it says so.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
+        };
+        let (entries, _) = entries_of(&path, &bytes, first, next.is_none())?;
+        out.extend(
+            entries
+                .into_iter()
+                .filter(|(s, _)| *s > after && *s <= upto),
+        );
+    }
+    // What was asked for and is there must come without a gap.
+    let want = upto.min(out.last().map_or(after, |e| e.0));
+    if out.first().is_some_and(|e| e.0 != after + 1) || out.len() as u64 != want - after {
+        return Err(StoreError::Corrupt {
+            what: format!("the topology journal in {}", dir.display()),
+            problem: format!(
+                "the edits after {after} are not all there (found {} from {:?})",
+                out.len(),
+                out.first().map(|e| e.0)
+            ),
+        });
+    }
+    Ok(out)
+}
+
+impl Journal {
+    /// Opens (creating) the journal in `dir`, cutting off an entry a crash left cut short.
+    pub(super) fn open(dir: &Path) -> Result<Journal, StoreError> {
+        fs::create_dir_all(dir).map_err(file_error(format!("creating {}", dir.display())))?;
+        let segments = list(dir)?;
+        let mut last = 0;
+        for (i, &first) in segments.iter().enumerate() {
+            let is_last = i + 1 == segments.len();
+            let path = dir.join(segment_name(first));
+            let bytes =
+                fs::read(&path).map_err(file_error(format!("reading {}", path.display())))?;
+            let (entries, valid) = entries_of(&path, &bytes, first, is_last)?;
+            if i > 0 && first != last + 1 {
+                return Err(StoreError::Corrupt {
+                    what: format!("the topology journal's {}", path.display()),
+                    problem: format!("it starts at edit {first}, after edit {last}"),
+                });
+            }
+            last = entries.last().map_or(first.saturating_sub(1), |e| e.0);
+            if valid < bytes.len() {
+                // An append a crash cut short: never acknowledged.
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(file_error(format!("opening {}", path.display())))?;
+                f.set_len(valid as u64)
+                    .and_then(|()| f.sync_all())
+                    .map_err(file_error(format!("cutting {}", path.display())))?;
+                tracing::warn!(segment = %path.display(), "an edit cut short by a crash was cut off (it was never acknowledged)");
+            }
+        }
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            inner: Arc::new(Mutex::new(Inner {
+                segments,
+                file: None,
+                last,
+                broken: false,
+            })),
+        })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
+        self.inner.lock().map_err(|_| StoreError::Corrupt {
+            what: "the topology journal".into(),
+            problem: "a writer panicked while holding it".into(),
+        })
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The last sequence number appended (0 when none ever was).
+    pub(super) fn last(&self) -> Result<u64, StoreError> {
+        Ok(self.lock()?.last)
+    }
+
+    /// Appends `entry` (received at `at_ms`) as the next edit, synced; returns its sequence
+    /// number.
+    pub(super) fn append(&self, at_ms: i64, entry: &[u8]) -> Result<u64, StoreError> {
+        let what = || format!("appending an edit to {}", self.dir.display());
+        if entry.len() > MAX_ENTRY {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                problem: format!("{} bytes, more than {MAX_ENTRY}", entry.len()),
+            });
+        }
+        let mut inner = self.lock()?;
+        if inner.broken {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                problem: "an earlier append failed and could not be taken back: restart the \
+                          service (the store cuts it off when opened)"
+                    .into(),
+            });
+        }
+        let seq = inner.last + 1;
+        let full = inner
+            .file
+            .as_ref()
+            .is_none_or(|(_, len)| *len >= SEGMENT_BYTES);
+        if full {
+            // A segment is named by its first entry: a new one, or the last one reopened
+            // when it has room.
+            let reuse = inner.file.is_none()
+                && inner.segments.last().is_some_and(|&first| {
+                    fs::metadata(self.dir.join(segment_name(first)))
+                        .is_ok_and(|m| m.len() < SEGMENT_BYTES)
+                });
+            let first = if reuse {
+                inner.segments.last().copied().unwrap_or(seq)
+            } else {
+                seq
+            };
+            let path = self.dir.join(segment_name(first));
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(file_error(format!("opening {}", path.display())))?;
+            let len = file
+                .metadata()
+                .map_err(file_error(format!("reading {}", path.display())))?
+                .len();
+            if !reuse {
+                sync_dir(&self.dir)?;
+                inner.segments.push(first);
+            }
+            inner.file = Some((file, len));
+        }
+        let record = frame(at_ms, seq, entry);
+        let Some((file, len)) = inner.file.as_mut() else {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                problem: "no segment is open".into(),
+            });
+        };
+        let before = *len;
+        if let Err(e) = file.write_all(&record).and_then(|()| file.sync_data()) {
+            // Take back what may have been written, so the next entry follows a whole one.
+            let undone = file.set_len(before).and_then(|()| file.sync_data()).is_ok();
+            inner.broken = !undone;
+            return Err(file_error(what())(e));
+        }
+        *len += record.len() as u64;
+        inner.last = seq;
+        Ok(seq)
+    }
+
+    /// The entries after `after` up to `upto`, in order.
+    pub(super) fn read(&self, after: u64, upto: u64) -> Result<Entries, StoreError> {
+        let _appends_wait = self.lock()?;
+        read_dir(&self.dir, after, upto)
+    }
+
+    /// Drops the segments whose every entry is at or before `seq` (a snapshot covers them),
+    /// never the one appended to.
+    pub(super) fn drop_through(&self, seq: u64) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        while inner.segments.len() > 1 && inner.segments[1] <= seq + 1 {
+            let first = inner.segments.remove(0);
+            remove_if_present(&self.dir.join(segment_name(first)))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u64) -> Vec<u8> {
+        format!("edit {n} {}", "x".repeat((n % 7) as usize * 100)).into_bytes()
+    }
+
+    #[test]
+    fn entries_come_back_in_order_across_segments_and_reopens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let j = Journal::open(&path).expect("open");
+        assert_eq!(j.last().expect("last"), 0);
+        assert!(j.read(0, u64::MAX).expect("read").is_empty());
+        for n in 1..=50 {
+            assert_eq!(j.append(n as i64, &entry(n)).expect("append"), n);
+        }
+        drop(j);
+        let j = Journal::open(&path).expect("reopen");
+        assert_eq!(j.last().expect("last"), 50);
+        for n in 51..=60 {
+            assert_eq!(j.append(n as i64, &entry(n)).expect("append"), n);
+        }
+        let all = j.read(0, u64::MAX).expect("read");
+        assert_eq!(all, (1..=60).map(|n| (n, entry(n))).collect::<Vec<_>>());
+        assert_eq!(
+            j.read(10, 20).expect("read"),
+            (11..=20).map(|n| (n, entry(n))).collect::<Vec<_>>()
+        );
+        assert!(j.read(60, u64::MAX).expect("read").is_empty());
+    }
+
+    #[test]
+    fn an_entry_cut_short_is_cut_off_and_damage_elsewhere_refuses_the_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let j = Journal::open(&path).expect("open");
+        for n in 1..=3 {
+            j.append(0, &entry(n)).expect("append");
+        }
+        drop(j);
+        let seg = path.join(segment_name(1));
+        let whole = fs::read(&seg).expect("read");
+        // A crash in the middle of appending edit 4.
+        let four = frame(0, 4, &entry(4));
+        let mut cut = whole.clone();
+        cut.extend_from_slice(&four[..four.len() / 2]);
+        fs::write(&seg, &cut).expect("write");
+        let j = Journal::open(&path).expect("open cuts it off");
+        assert_eq!(j.last().expect("last"), 3);
+        assert_eq!(fs::read(&seg).expect("read"), whole);
+        assert_eq!(j.append(0, &entry(4)).expect("append"), 4);
+        drop(j);
+        // A damaged byte inside edit 2: the edits from there cannot be replayed.
+        let mut bad = fs::read(&seg).expect("read");
+        let at = frame(0, 1, &entry(1)).len() + 30;
+        bad[at] ^= 0x55;
+        fs::write(&seg, &bad).expect("write");
+        let err = Journal::open(&path).expect_err("damaged");
+        let msg = err.to_string();
+        assert!(msg.contains("seg-") && msg.contains("damaged"), "{msg}");
+        let err = read_dir(&path, 0, u64::MAX).expect_err("damaged");
+        assert!(err.to_string().contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn covered_segments_are_dropped_and_a_gap_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let j = Journal::open(&path).expect("open");
+        // Entries of 1 MB: five to a segment.
+        let big = |n: u64| vec![n as u8; 1_000_000];
+        for n in 1..=12 {
+            j.append(0, &big(n)).expect("append");
+        }
+        assert_eq!(
+            list(&path).expect("list"),
+            vec![1, 6, 11],
+            "segments start at their first entry"
+        );
+        j.drop_through(5).expect("drop");
+        assert_eq!(list(&path).expect("list"), vec![6, 11]);
+        j.drop_through(8).expect("drop");
+        assert_eq!(
+            list(&path).expect("list"),
+            vec![6, 11],
+            "6..10 still holds 9"
+        );
+        assert_eq!(j.read(7, 12).expect("read").len(), 5);
+        let err = j.read(2, 12).expect_err("dropped");
+        assert!(err.to_string().contains("not all there"), "{err}");
+        j.drop_through(12).expect("drop");
+        assert_eq!(
+            list(&path).expect("list"),
+            vec![11],
+            "never the last segment"
+        );
+        assert_eq!(j.append(0, b"thirteen").expect("append"), 13);
+        drop(j);
+        let j = Journal::open(&path).expect("reopen");
+        assert_eq!(j.last().expect("last"), 13);
+        // A segment missing in the middle.
+        for n in 14..=25 {
+            j.append(0, &big(n)).expect("append");
+        }
+        drop(j);
+        let segs = list(&path).expect("list");
+        assert!(segs.len() >= 3, "{segs:?}");
+        fs::remove_file(path.join(segment_name(segs[1]))).expect("remove");
+        let err = Journal::open(&path).expect_err("gap");
+        assert!(err.to_string().contains("after edit"), "{err}");
+    }
+}

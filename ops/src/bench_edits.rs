@@ -1,0 +1,241 @@
+//! `cdnmap bench edits`: what an operator's topology edits cost the running mapper, in process,
+//! through the service's own code (`Shared`: the topology writer, the store, the rounds). On a
+//! demo world it starts the service on a fresh store (the topology stored, a cold round),
+//! then carries out `--edits` cluster-state changes (drain, then undrain, of clusters taken in
+//! turn: the operator's most frequent edit), a round after every `--edits-per-round` of them
+//! as the loop would run one every cycle, then `--cluster-edits` upserts of a cluster (its
+//! capacity changed) and `--unit-edits` upserts of a map unit (its demand changed). It prints
+//! each kind's acknowledgement time (median and maximum: the time an Admin call waits), the
+//! rounds' persist, the store's size on disk after all of it, and the time a restart on that
+//! store takes to serve (the stored topology with every edit, the served map), checked to hold
+//! every edit.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{ensure, Context, Result};
+use cdnmap_api::config::Config;
+use cdnmap_api::dashboard::Actor;
+use cdnmap_api::service::Shared;
+use cdnmap_api::topology::Change;
+use cdnmap_mapper::ClusterState;
+use cdnmap_topology::format::{cluster_file, unit_file, ResourcesFile};
+use clap::Args;
+
+use crate::bench::BenchWorld;
+
+#[derive(Args, Debug)]
+pub struct EditsBenchArgs {
+    #[command(flatten)]
+    pub world: BenchWorld,
+    /// Cluster-state changes (drain, undrain, ...), acknowledged one after the other.
+    #[arg(long, default_value_t = 200)]
+    pub edits: usize,
+    /// A round (solve, publish, persist) after every this many cluster-state changes.
+    #[arg(long, default_value_t = 4)]
+    pub edits_per_round: usize,
+    /// Cluster upserts (a cluster's capacity changed), after the state changes.
+    #[arg(long, default_value_t = 3)]
+    pub cluster_edits: usize,
+    /// Map-unit upserts (a unit's demand changed), after the cluster upserts.
+    #[arg(long, default_value_t = 3)]
+    pub unit_edits: usize,
+    /// Map versions the store keeps (the service's `maps_kept`).
+    #[arg(long, default_value_t = 64)]
+    pub maps_kept: usize,
+    /// The store's directory (kept after the run); a temporary one when not given.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn max(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::NAN, f64::max)
+}
+
+fn line(what: &str, xs: &mut [f64]) {
+    if xs.is_empty() {
+        println!("{what:<28} (none)");
+        return;
+    }
+    let m = max(xs);
+    println!(
+        "{what:<28} median {:>9.2} ms   max {:>9.2} ms   ({} of them)",
+        median(xs),
+        m,
+        xs.len()
+    );
+}
+
+pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
+    ensure!(
+        a.edits_per_round >= 1,
+        "--edits-per-round must be at least 1"
+    );
+    ensure!(
+        (1..=1024).contains(&a.maps_kept),
+        "--maps-kept must be within 1..=1024"
+    );
+    let world = a.world.generate()?;
+    let units = world.unit_count();
+    let clusters = world.clusters().len();
+    ensure!(
+        clusters >= 2 && units >= 1,
+        "the world needs 2 clusters and a map unit"
+    );
+    let temp;
+    let dir = match &a.data_dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::tempdir().context("a temporary store directory")?;
+            temp.path().join("data")
+        }
+    };
+    ensure!(
+        !dir.exists() || std::fs::read_dir(&dir)?.next().is_none(),
+        "--data-dir {} is not empty: the bench starts on a fresh store",
+        dir.display()
+    );
+    let config = Config {
+        data_dir: dir.clone(),
+        maps_kept: a.maps_kept,
+        ..Config::default()
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("a tokio runtime")
+    };
+    let rt = runtime()?;
+    let enter = rt.enter();
+    let actor = || Actor::new(Some("bench"), None, "bench");
+
+    // The first start: the topology stored, a cold round.
+    let t = Instant::now();
+    let initial = world.clone();
+    let shared = Shared::start(config.clone(), move || Ok(initial))?;
+    let first_start_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    rt.block_on(shared.run_round());
+    let cold_round_ms = t.elapsed().as_secs_f64() * 1e3;
+    let after_first = crate::bench_serve::dir_size(&dir);
+
+    // Cluster states: drain cluster i, then set it up again, taking clusters in turn.
+    let mut state_ms = Vec::new();
+    let mut round_ms = Vec::new();
+    let mut expected = vec![ClusterState::Up; clusters];
+    for e in 0..a.edits {
+        let c = (e / 2) % clusters;
+        let state = if e % 2 == 0 {
+            ClusterState::Drained
+        } else {
+            ClusterState::Up
+        };
+        let id = world.clusters()[c].id.clone();
+        let t = Instant::now();
+        rt.block_on(shared.set_cluster_state(&id, state, "bench", actor()))
+            .with_context(|| format!("setting cluster {id} {state:?}"))?;
+        state_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        expected[c] = state;
+        if (e + 1) % a.edits_per_round == 0 {
+            let t = Instant::now();
+            rt.block_on(shared.run_round());
+            round_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+
+    // Cluster upserts: a cluster's capacity raised by 1%.
+    let mut cluster_ms = Vec::new();
+    for e in 0..a.cluster_edits {
+        let now = shared.topology_now();
+        let c = (e * 7 + 1) % clusters;
+        let mut file = cluster_file(&now, c as cdnmap_mapper::model::ClusterIdx);
+        if let ResourcesFile::Nested(root) = &mut file.resources {
+            root.capacity *= 1.01;
+        }
+        let t = Instant::now();
+        rt.block_on(shared.change(Change::UpsertCluster(file)))
+            .with_context(|| format!("upserting cluster {}", world.clusters()[c].id))?;
+        cluster_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+
+    // Map-unit upserts: a unit's demand raised by 1%.
+    let mut unit_ms = Vec::new();
+    for e in 0..a.unit_edits {
+        let now = shared.topology_now();
+        let u = ((e as u64 * 7_919 + 13) % units as u64) as cdnmap_mapper::UnitIdx;
+        let mut file = unit_file(&now, u);
+        file.demand *= 1.01;
+        let t = Instant::now();
+        rt.block_on(shared.change(Change::UpsertMapUnit(file)))
+            .context("upserting a map unit")?;
+        unit_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let t = Instant::now();
+    rt.block_on(shared.run_round());
+    round_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    let live = shared.topology_now();
+    shared.stop();
+    shared.flush()?;
+    let version = shared.current().map(|s| s.version);
+    // Every task holding the store (the topology writer's) ends with the runtime, so the
+    // restart can open it.
+    drop(shared);
+    drop(enter);
+    rt.shutdown_timeout(std::time::Duration::from_secs(30));
+    let store_bytes = crate::bench_serve::dir_size(&dir);
+
+    // The restart: the stored topology (every edit) and the served map.
+    let rt = runtime()?;
+    let _enter = rt.enter();
+    let t = Instant::now();
+    let restarted = Shared::start(config, || anyhow::bail!("the store has a topology"))?;
+    let restart_ms = t.elapsed().as_secs_f64() * 1e3;
+    let stored = restarted.topology_now();
+    ensure!(
+        *stored == *live,
+        "the restarted service's topology differs from the one the edits left"
+    );
+    for (c, want) in expected.iter().enumerate() {
+        ensure!(
+            stored.clusters()[c].state == *want,
+            "cluster {} is {:?} after the restart, not {want:?}",
+            stored.clusters()[c].id,
+            stored.clusters()[c].state
+        );
+    }
+    ensure!(
+        restarted.current().map(|s| s.version) == version,
+        "the restart serves version {:?}, not the stored {version:?}",
+        restarted.current().map(|s| s.version)
+    );
+
+    println!(
+        "first start (topology stored) {first_start_ms:>9.1} ms; cold round {cold_round_ms:.1} ms"
+    );
+    line("cluster state, ack", &mut state_ms);
+    line("cluster upsert, ack", &mut cluster_ms);
+    line("map-unit upsert, ack", &mut unit_ms);
+    line("round (with persist)", &mut round_ms);
+    println!(
+        "store on disk                after the first round {:.1} MB; after {} edits and {} rounds {:.1} MB (maps_kept {})",
+        after_first as f64 / 1e6,
+        a.edits + a.cluster_edits + a.unit_edits,
+        round_ms.len() + 1,
+        store_bytes as f64 / 1e6,
+        a.maps_kept
+    );
+    println!(
+        "restart                      {restart_ms:.1} ms to serve version {} with every edit (checked)",
+        version.unwrap_or(0)
+    );
+    let peak = crate::alloc::peak_bytes();
+    println!("peak live heap               {:.1} MB", peak as f64 / 1e6);
+    Ok(std::process::ExitCode::SUCCESS)
+}
