@@ -160,6 +160,9 @@ pub async fn serve(
         _ = &mut grace => tracing::warn!(?SHUTDOWN_GRACE, "HTTP connections still open; stopping anyway"),
     }
     loop_task.await?;
+    if !shared.snapshot_written(SHUTDOWN_GRACE).await {
+        tracing::warn!(?SHUTDOWN_GRACE, "a topology snapshot is still being written; stopping anyway (the journal holds every edit)");
+    }
     shared.flush()?;
     tracing::info!("stopped; the store is flushed");
     Ok(())

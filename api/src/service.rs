@@ -331,6 +331,12 @@ impl Shared {
         self.stopping.send_replace(true);
     }
 
+    /// Waits (at most `limit`) until no topology snapshot is being written (`SharedTopology::
+    /// snapshot_written`): what a stop does before it flushes the store.
+    pub async fn snapshot_written(&self, limit: std::time::Duration) -> bool {
+        self.topology.snapshot_written(limit).await
+    }
+
     /// Waits until every write acknowledged so far is on disk.
     pub fn flush(&self) -> Result<(), crate::store::StoreError> {
         self.store.flush_all()

@@ -35,12 +35,11 @@ use crate::store::Store;
 /// Changes waiting for the writer; a caller beyond it waits for room.
 const QUEUE: usize = 64;
 
-/// How much replaying the journal may cost, in map units rebuilt (each cluster-state edit
-/// counts 1, every other edit the topology's units: [`Edit::replay_cost`]), before the writer
-/// takes a snapshot: about one rebuild of the topology (an edit other than a cluster's state
-/// is a rebuild through the file form, 1.4 s at 1 M map units), or 65,536 cluster-state edits.
-/// A start then replays about one rebuild at most, beyond the edits made while a snapshot
-/// was being written.
+/// How much replaying the journal may cost, in map units copied or rebuilt (what applying
+/// each edit cost, [`Applied::cost`]: 1 for a cluster's state or a cluster upserted in place,
+/// the unit count for a unit edit, whose columns are copied, 0.2 s at 1 M map units), before
+/// the writer takes a snapshot: about one copy of the units, or 65,536 cheap edits. A start
+/// then replays about that much, beyond the edits made while a snapshot was being written.
 pub fn replay_budget(units: usize) -> u64 {
     units as u64 + 65_536
 }
@@ -100,6 +99,8 @@ pub struct Versioned {
 pub struct SharedTopology {
     current: Arc<ArcSwap<Versioned>>,
     tx: mpsc::Sender<Request>,
+    /// Whether a snapshot is being written (one at a time).
+    snapshotting: Arc<AtomicBool>,
 }
 
 impl SharedTopology {
@@ -111,8 +112,32 @@ impl SharedTopology {
             seq,
         }));
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(writer(rx, Arc::clone(&current), store, log));
-        SharedTopology { current, tx }
+        let snapshotting = Arc::new(AtomicBool::new(false));
+        tokio::spawn(writer(
+            rx,
+            Arc::clone(&current),
+            store,
+            log,
+            Arc::clone(&snapshotting),
+        ));
+        SharedTopology {
+            current,
+            tx,
+            snapshotting,
+        }
+    }
+
+    /// Waits (at most `limit`) until no snapshot is being written: a stop lets the one in
+    /// progress finish, so the next start replays less. Whether none is.
+    pub async fn snapshot_written(&self, limit: std::time::Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        while self.snapshotting.load(Ordering::Acquire) {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        true
     }
 
     /// The published topology (the next round solves it).
@@ -142,18 +167,17 @@ async fn writer(
     current: Arc<ArcSwap<Versioned>>,
     store: Store,
     log: Log,
+    snapshotting: Arc<AtomicBool>,
 ) {
-    // Replay cost journaled since the last snapshot was asked for, and whether one is being
-    // written.
+    // Replay cost journaled since the last snapshot was asked for.
     let mut since_snapshot = 0u64;
-    let snapshotting = Arc::new(AtomicBool::new(false));
     while let Some(Request { change, reply }) = rx.recv().await {
         let now = current.load_full();
         let base = Arc::clone(&now.topology);
         let store2 = store.clone();
         let edit = change.edit();
-        // Applying (a rebuild through the file form, for all but a cluster's state) and
-        // journaling block: off the async threads, one change at a time.
+        // Applying (a copy of the unit columns for a unit edit, a rebuild for a new or deleted
+        // cluster) and journaling block: off the async threads, one change at a time.
         let result = tokio::task::spawn_blocking(move || {
             let applied = apply(&base, &edit)?;
             let seq = if applied.changed {
@@ -163,7 +187,7 @@ async fn writer(
             } else {
                 now.seq
             };
-            let cost = edit.replay_cost(base.unit_count());
+            let cost = applied.cost;
             Ok((applied, seq, cost))
         })
         .await
@@ -206,7 +230,10 @@ fn snapshot(store: &Store, topology: &Arc<Topology>, seq: u64, busy: &Arc<Atomic
         .name("cdnmap-snapshot".into())
         .spawn(move || {
             let t = std::time::Instant::now();
-            match store.put_snapshot(seq, &topology) {
+            let result = store.put_snapshot(seq, &topology);
+            // Let go of the store before saying it is done (a stop then closes it).
+            drop((store, topology));
+            match result {
                 Ok(()) => tracing::info!(
                     seq,
                     ms = t.elapsed().as_secs_f64() * 1e3,

@@ -80,6 +80,17 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         (1..=1024).contains(&a.maps_kept),
         "--maps-kept must be within 1..=1024"
     );
+    // The service's own lines that say where a start's and a snapshot's time went (the
+    // stored map served, with its parts; a snapshot stored), on stderr; RUST_LOG overrides.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,cdnmap_api::service=info,cdnmap_api::topology=info",
+        )
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let world = a.world.generate()?;
     let units = world.unit_count();
     let clusters = world.clusters().len();
@@ -182,6 +193,8 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
     round_ms.push(t.elapsed().as_secs_f64() * 1e3);
     let live = shared.topology_now();
     shared.stop();
+    // As a stop does: the snapshot in progress (if any) finishes before the store lets go.
+    rt.block_on(shared.snapshot_written(std::time::Duration::from_secs(600)));
     shared.flush()?;
     let version = shared.current().map(|s| s.version);
     // Every task holding the store (the topology writer's) ends with the runtime, so the

@@ -9,7 +9,9 @@
 //! [`canonical`] form), so every topology can be indexed for queries.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
+use cdnmap_mapper::model::Piece;
 use cdnmap_mapper::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use ipnet::IpNet;
 
@@ -21,10 +23,17 @@ pub const MAX_PREFIXES_PER_UNIT: usize = 4096;
 /// Client networks by unit index, server addresses by cluster index.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Addressing {
-    /// Unit `u`'s prefixes are `prefixes[prefix_start[u]..prefix_start[u + 1]]`.
-    prefix_start: Vec<u32>,
-    prefixes: Vec<IpNet>,
+    /// The units' prefixes, behind an `Arc`: a cluster's addresses change without copying
+    /// them (`with_cluster_addresses`).
+    units: Arc<UnitPrefixes>,
     addresses: Vec<Vec<IpAddr>>,
+}
+
+/// Unit `u`'s prefixes are `prefixes[start[u]..start[u + 1]]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct UnitPrefixes {
+    start: Vec<u32>,
+    prefixes: Vec<IpNet>,
 }
 
 impl Addressing {
@@ -32,8 +41,10 @@ impl Addressing {
     /// only solved, never answered from (benchmarks of the solver, `cdnmap solve`).
     pub fn none_for(instance: &Instance) -> Addressing {
         Addressing {
-            prefix_start: vec![0; instance.unit_count() + 1],
-            prefixes: Vec::new(),
+            units: Arc::new(UnitPrefixes {
+                start: vec![0; instance.unit_count() + 1],
+                prefixes: Vec::new(),
+            }),
             addresses: vec![Vec::new(); instance.clusters().len()],
         }
     }
@@ -45,14 +56,14 @@ impl Addressing {
     }
 
     pub fn unit_count(&self) -> usize {
-        self.prefix_start.len().saturating_sub(1)
+        self.units.start.len().saturating_sub(1)
     }
 
     /// Unit `u`'s client networks.
     pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
         let u = u as usize;
-        let (a, b) = (self.prefix_start[u], self.prefix_start[u + 1]);
-        &self.prefixes[a as usize..b as usize]
+        let (a, b) = (self.units.start[u], self.units.start[u + 1]);
+        &self.units.prefixes[a as usize..b as usize]
     }
 
     /// Cluster `c`'s server addresses.
@@ -60,15 +71,31 @@ impl Addressing {
         &self.addresses[c as usize]
     }
 
+    /// The same addressing with cluster `c`'s addresses replaced (the units' prefixes shared).
+    pub(crate) fn with_cluster_addresses(
+        &self,
+        c: ClusterIdx,
+        addresses: Vec<IpAddr>,
+    ) -> Addressing {
+        let mut out = Addressing {
+            units: Arc::clone(&self.units),
+            addresses: self.addresses.clone(),
+        };
+        if let Some(a) = out.addresses.get_mut(c as usize) {
+            *a = addresses;
+        }
+        out
+    }
+
     /// All prefixes of all units.
     pub fn prefix_count(&self) -> usize {
-        self.prefixes.len()
+        self.units.prefixes.len()
     }
 
     /// Bytes held on the heap.
     pub fn heap_bytes(&self) -> usize {
-        self.prefix_start.capacity() * 4
-            + self.prefixes.capacity() * std::mem::size_of::<IpNet>()
+        self.units.start.capacity() * 4
+            + self.units.prefixes.capacity() * std::mem::size_of::<IpNet>()
             + self.addresses.capacity() * std::mem::size_of::<Vec<IpAddr>>()
             + self
                 .addresses
@@ -76,6 +103,93 @@ impl Addressing {
                 .map(|a| a.capacity() * std::mem::size_of::<IpAddr>())
                 .sum::<usize>()
     }
+}
+
+impl Addressing {
+    /// The addressing of an instance edited into `pieces` (`Instance::with_units_edited`): a
+    /// kept run's prefixes copied from this one, a new unit's from `new(i)` (the upsert's
+    /// index); the clusters' addresses as they are.
+    pub(crate) fn spliced<'a>(
+        &self,
+        pieces: &[Piece],
+        new: impl Fn(usize) -> &'a [IpNet],
+    ) -> Addressing {
+        let mut prefix_start = Vec::with_capacity(self.units.start.len() + pieces.len());
+        prefix_start.push(0u32);
+        let mut prefixes = Vec::with_capacity(self.units.prefixes.len() + pieces.len());
+        for piece in pieces {
+            match piece {
+                Piece::Kept(r) => {
+                    let (p0, p1) = (
+                        self.units.start[r.start as usize],
+                        self.units.start[r.end as usize],
+                    );
+                    let base = prefixes.len() as u32;
+                    prefixes.extend_from_slice(&self.units.prefixes[p0 as usize..p1 as usize]);
+                    prefix_start.extend(
+                        self.units.start[r.start as usize + 1..=r.end as usize]
+                            .iter()
+                            .map(|&s| s - p0 + base),
+                    );
+                }
+                Piece::New(i) => {
+                    prefixes.extend_from_slice(new(*i));
+                    prefix_start.push(prefixes.len() as u32);
+                }
+            }
+        }
+        Addressing {
+            units: Arc::new(UnitPrefixes {
+                start: prefix_start,
+                prefixes,
+            }),
+            addresses: self.addresses.clone(),
+        }
+    }
+}
+
+/// The first client network that a unit of `fresh` and another unit of its class both claim
+/// in the topology of `instance` and `addressing` (canonical), with the two units in index
+/// order: the claim check of [`claimed_twice`] for an edit, whose other units were checked
+/// before. One pass over the prefixes, a table of the fresh units' claims only.
+pub(crate) fn claimed_twice_by(
+    instance: &Instance,
+    addressing: &Addressing,
+    fresh: &[UnitIdx],
+) -> Option<(IpNet, UnitIdx, UnitIdx)> {
+    let mut claims: std::collections::HashMap<(ClassIdx, IpNet), UnitIdx> =
+        std::collections::HashMap::new();
+    for &u in fresh {
+        let class = instance.unit_class(u);
+        for p in addressing.unit_prefixes(u) {
+            match claims.entry((class, canonical(p))) {
+                std::collections::hash_map::Entry::Occupied(e) if *e.get() != u => {
+                    let (a, b) = ((*e.get()).min(u), (*e.get()).max(u));
+                    return Some((e.key().1, a, b));
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {}
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(u);
+                }
+            }
+        }
+    }
+    if claims.is_empty() {
+        return None;
+    }
+    let is_fresh = |u: UnitIdx| fresh.binary_search(&u).is_ok();
+    for u in 0..instance.unit_count() as UnitIdx {
+        if is_fresh(u) {
+            continue;
+        }
+        let class = instance.unit_class(u);
+        for p in addressing.unit_prefixes(u) {
+            if let Some(&f) = claims.get(&(class, canonical(p))) {
+                return Some((canonical(p), u.min(f), u.max(f)));
+            }
+        }
+    }
+    None
 }
 
 /// Collects an [`Addressing`] beside an instance being built: prefixes in push order,
@@ -118,8 +232,10 @@ impl Collector {
         }
         let Some(order) = order else {
             return Addressing {
-                prefix_start: self.prefix_start,
-                prefixes: self.prefixes,
+                units: Arc::new(UnitPrefixes {
+                    start: self.prefix_start,
+                    prefixes: self.prefixes,
+                }),
                 addresses,
             };
         };
@@ -133,8 +249,10 @@ impl Collector {
             out.push_unit(&self.prefixes[a as usize..b as usize]);
         }
         Addressing {
-            prefix_start: out.prefix_start,
-            prefixes: out.prefixes,
+            units: Arc::new(UnitPrefixes {
+                start: out.prefix_start,
+                prefixes: out.prefixes,
+            }),
             addresses,
         }
     }

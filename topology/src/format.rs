@@ -182,6 +182,32 @@ pub struct CandidateFile {
     pub cluster_rank: Option<f64>,
 }
 
+impl MapUnitFile {
+    /// The unit's candidates as the builder takes them (borrowing this file), in `out`
+    /// (cleared first: one buffer serves a file's units).
+    pub fn candidate_specs<'a>(&'a self, out: &mut Vec<CandidateSpec<'a>>) {
+        out.clear();
+        out.extend(self.candidates.iter().map(|c| CandidateSpec {
+            cluster: &c.cluster,
+            score: c.score,
+            cluster_rank: c.cluster_rank,
+        }));
+    }
+
+    /// The unit as the builder takes it, its candidates being `candidates`
+    /// ([`Self::candidate_specs`]).
+    pub fn spec<'a>(&'a self, candidates: &'a [CandidateSpec<'a>]) -> MapUnitSpec<'a> {
+        MapUnitSpec {
+            id: &self.id,
+            class: &self.class,
+            demand: self.demand,
+            lat: self.lat,
+            lon: self.lon,
+            candidates,
+        }
+    }
+}
+
 impl ClusterFile {
     pub fn to_spec(&self) -> ClusterSpec {
         ClusterSpec {
@@ -209,21 +235,8 @@ impl InstanceFile {
         b.reserve(self.map_units.len(), total, prefixes);
         let mut cands = Vec::new();
         for u in &self.map_units {
-            cands.clear();
-            cands.extend(u.candidates.iter().map(|c| CandidateSpec {
-                cluster: &c.cluster,
-                score: c.score,
-                cluster_rank: c.cluster_rank,
-            }));
-            let spec = MapUnitSpec {
-                id: &u.id,
-                class: &u.class,
-                demand: u.demand,
-                lat: u.lat,
-                lon: u.lon,
-                candidates: &cands,
-            };
-            b.push_unit(&spec, &u.prefixes)?;
+            u.candidate_specs(&mut cands);
+            b.push_unit(&u.spec(&cands), &u.prefixes)?;
         }
         b.finish()
     }

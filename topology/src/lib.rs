@@ -95,6 +95,81 @@ impl Topology {
         self.with_instance(self.instance.with_cluster_state(c, state))
     }
 
+    /// The topology with cluster `spec.id` replaced by `spec` and its `addresses`, the units
+    /// and their prefixes shared ([`Instance::with_cluster_replaced`]); `None` when the
+    /// units cannot stay as they are (a new cluster, or one that would serve other classes).
+    pub fn with_cluster_replaced(
+        &self,
+        spec: ClusterSpec,
+        addresses: Vec<IpAddr>,
+    ) -> Result<Option<Topology>, TopologyError> {
+        too_many(
+            || format!("cluster {:?}", spec.id),
+            "addresses",
+            addresses.len(),
+            MAX_ADDRESSES,
+        )?;
+        let id = spec.id.clone();
+        let Some(instance) = self.instance.with_cluster_replaced(spec)? else {
+            return Ok(None);
+        };
+        let c = instance.cluster_index(&id).unwrap_or_default();
+        Ok(Some(Topology {
+            instance,
+            addressing: Arc::new(self.addressing.with_cluster_addresses(c, addresses)),
+        }))
+    }
+
+    /// The topology with the map units of `upserts` (each with its client networks;
+    /// replacing the unit of its id, or added) and without those of `deletes` (ids), through
+    /// [`Instance::with_units_edited`]: the new units validated as a file's are (a network
+    /// another unit of its class claims is refused, naming both), every other unit's columns
+    /// and prefixes copied over. Equal to the topology built from the edited file.
+    pub fn with_units_edited(
+        &self,
+        upserts: &[(MapUnitSpec<'_>, &[IpNet])],
+        deletes: &[&str],
+        limits: Limits,
+    ) -> Result<Topology, TopologyError> {
+        for (spec, prefixes) in upserts {
+            too_many(
+                || format!("map unit {:?}", spec.id),
+                "prefixes",
+                prefixes.len(),
+                MAX_PREFIXES_PER_UNIT,
+            )?;
+        }
+        let specs: Vec<MapUnitSpec<'_>> = upserts.iter().map(|(s, _)| *s).collect();
+        let (instance, pieces) = self.instance.with_units_edited(&specs, deletes, limits)?;
+        let addressing = self.addressing.spliced(&pieces, |i| upserts[i].1);
+        // The new units' indices in the edited instance, in order.
+        let mut fresh = Vec::new();
+        let mut u = 0 as UnitIdx;
+        for piece in &pieces {
+            match piece {
+                cdnmap_mapper::model::Piece::Kept(r) => u += r.end - r.start,
+                cdnmap_mapper::model::Piece::New(_) => {
+                    fresh.push(u);
+                    u += 1;
+                }
+            }
+        }
+        if let Some((prefix, a, b)) = addressing::claimed_twice_by(&instance, &addressing, &fresh) {
+            return Err(TopologyError::PrefixClaimedTwice {
+                prefix: prefix.to_string(),
+                class: instance.classes()[usize::from(instance.unit_class(a))]
+                    .name
+                    .clone(),
+                first: instance.unit_id(a).to_string(),
+                second: instance.unit_id(b).to_string(),
+            });
+        }
+        Ok(Topology {
+            instance,
+            addressing: Arc::new(addressing),
+        })
+    }
+
     /// Unit `u`'s client networks.
     pub fn unit_prefixes(&self, u: UnitIdx) -> &[IpNet] {
         self.addressing.unit_prefixes(u)

@@ -145,6 +145,27 @@ impl InstanceBuilder {
         })
     }
 
+    /// A builder of units for `topology`'s classes and clusters, which were validated when it
+    /// was built (they are not checked again): how an instance's units are edited
+    /// ([`Instance::with_units_edited`]), each new unit validated as any other.
+    pub(super) fn on(topology: &Topology, limits: Limits) -> InstanceBuilder {
+        let mut units = MapUnits::default();
+        units.cand_start.push(0);
+        InstanceBuilder {
+            limits,
+            seen_stamp: vec![0; topology.clusters.len()],
+            stamp: 0,
+            classes: topology.classes.clone(),
+            clusters: topology.clusters.clone(),
+            node_offset: topology.node_offset.clone(),
+            class_by_name: topology.class_by_name.clone(),
+            cluster_by_id: topology.cluster_by_id.clone(),
+            units,
+            cands: CandidateColumns::default(),
+            scratch: Vec::new(),
+        }
+    }
+
     /// Reserves room for `units` more map units with `candidates` candidates in all.
     pub fn reserve(&mut self, units: usize, candidates: usize) {
         let u = &mut self.units;

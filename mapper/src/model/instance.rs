@@ -11,7 +11,9 @@ use std::sync::Arc;
 use super::columns::{CandidateColumns, Head, MapUnits};
 use super::favour::Favour;
 use super::limits::{check_number, ClassIdx, ClusterIdx, UnitIdx};
-use super::topology::{Cluster, ClusterState, PerUnit, Topology, TrafficClass};
+use super::topology::{
+    build_cluster, Cluster, ClusterSpec, ClusterState, PerUnit, Topology, TrafficClass,
+};
 use crate::error::ModelError;
 
 /// A validated, indexed, immutable problem instance. Cloning is cheap (three reference counts);
@@ -126,6 +128,35 @@ impl Instance {
             c.state = state;
         }
         self.with_topology(topology)
+    }
+
+    /// The same instance with cluster `spec.id` replaced by `spec` (validated as an instance
+    /// file's cluster: its resource tree, its classes), sharing the map units and candidates:
+    /// an operator's edit of a cluster's capacity, tree, location or state. `None` when that
+    /// cannot leave the units as they are — no cluster has that id (a new one renumbers the
+    /// clusters after it), or the cluster would serve other classes than it does (candidates
+    /// would have to go) — and the caller rebuilds instead.
+    pub fn with_cluster_replaced(&self, spec: ClusterSpec) -> Result<Option<Instance>, ModelError> {
+        let Some(c) = self.cluster_index(&spec.id) else {
+            return Ok(None);
+        };
+        let cluster = build_cluster(spec, &self.topology.class_by_name)?;
+        let old = &self.topology.clusters[c as usize];
+        let classes = self.classes().len() as ClassIdx;
+        if (0..classes).any(|k| old.serves(k) != cluster.serves(k)) {
+            return Ok(None);
+        }
+        let mut topology = (*self.topology).clone();
+        topology.clusters[c as usize] = cluster;
+        let mut total = 0u32;
+        for (i, cl) in topology.clusters.iter().enumerate() {
+            topology.node_offset[i] = total;
+            total += cl.nodes.len() as u32;
+        }
+        if let Some(last) = topology.node_offset.last_mut() {
+            *last = total;
+        }
+        Ok(Some(self.with_topology(topology)))
     }
 
     /// The same instance with each unit's demand replaced (`demands[u]` for unit index `u`),

@@ -26,6 +26,7 @@ mod columns;
 mod favour;
 mod instance;
 mod limits;
+mod splice;
 mod topology;
 
 pub use builder::{CandidateSpec, InstanceBuilder, MapUnitSpec};
@@ -38,6 +39,7 @@ pub use limits::{
     ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING,
     MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_TREE_NODES,
 };
+pub use splice::Piece;
 pub use topology::{
     Cluster, ClusterSpec, ClusterState, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
     TrafficClass,
