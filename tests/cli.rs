@@ -164,6 +164,62 @@ fn world_is_deterministic_per_seed() {
     assert!(first != other, "seeds 3 and 4 gave the same world file");
 }
 
+/// A world written compact (`--format compact`) is the same instance: `solve` gives the same
+/// assignment as from its JSON, `verify` accepts it against either, and a damaged compact
+/// file is refused naming it.
+#[test]
+fn a_compact_instance_file_is_the_same_instance_as_its_json() {
+    let dir = tempdir();
+    let d = dir.path();
+    let world = |out: &str, format: &str| {
+        cdnmap(
+            d,
+            &[
+                "world",
+                "--map-units",
+                "3000",
+                "--clusters",
+                "40",
+                "--seed",
+                "5",
+                "--out",
+                out,
+                "--format",
+                format,
+            ],
+        )
+        .assert_code(0);
+    };
+    world("w.json", "json");
+    world("w.cdntop", "compact");
+    let json_len = std::fs::metadata(d.join("w.json")).expect("json").len();
+    let compact_len = std::fs::metadata(d.join("w.cdntop"))
+        .expect("compact")
+        .len();
+    assert!(
+        compact_len * 5 < json_len,
+        "compact {compact_len} bytes against JSON's {json_len}"
+    );
+    cdnmap(d, &["solve", "w.json", "--out", "a.json"]).assert_code(0);
+    cdnmap(d, &["solve", "w.cdntop", "--out", "b.json"]).assert_code(0);
+    let (mut a, mut b) = (read_json(&d.join("a.json")), read_json(&d.join("b.json")));
+    for v in [&mut a, &mut b] {
+        v["summary"]["solve_ms"] = Value::Null;
+    }
+    assert_eq!(a, b, "the same assignment from either file");
+    cdnmap(d, &["verify", "w.cdntop", "a.json"]).assert_code(0);
+    // A byte changed inside the compressed frame: its checksum (or the frame) refuses it.
+    let mut bytes = std::fs::read(d.join("w.cdntop")).expect("read");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(d.join("bad.cdntop"), &bytes).expect("write");
+    cdnmap(d, &["solve", "bad.cdntop"]).assert_error(&["bad.cdntop"]);
+    // Cut short.
+    std::fs::write(d.join("cut.cdntop"), &bytes[..at]).expect("write");
+    cdnmap(d, &["solve", "cut.cdntop"]).assert_error(&["cut.cdntop"]);
+    cdnmap(d, &["world", "--out", "x", "--format", "yaml"]).assert_error(&["yaml"]);
+}
+
 #[test]
 fn solve_conserves_demand_and_verify_accepts() {
     let dir = tempdir();

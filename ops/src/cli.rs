@@ -10,7 +10,7 @@ use cdnmap_mapper::{
     churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Limits, Map,
     SolveOptions, Stickiness, DEFAULT_STICKINESS,
 };
-use cdnmap_topology::format::{parse_assignment, write_assignment, write_instance};
+use cdnmap_topology::format::{parse_assignment, write_assignment};
 use cdnmap_topology::Topology;
 use clap::{Args, Parser, Subcommand};
 
@@ -327,9 +327,13 @@ struct WorldArgs {
     /// Seed of the perturbation (default: the world seed + 1).
     #[arg(long)]
     perturb_seed: Option<u64>,
-    /// Where to write the instance (JSON).
+    /// Where to write the instance.
     #[arg(long)]
     out: PathBuf,
+    /// The instance file's format: JSON, or compact (the store's columns in a zstd frame with
+    /// a checksum; every command that reads an instance reads either).
+    #[arg(long, value_enum, default_value = "json")]
+    format: crate::io::InstanceFormat,
     /// Also write a synthetic demand trace of this many hours (fractional allowed, at most
     /// 336) for the written world: a daily rhythm by time zone, noise, a flash crowd, a
     /// cluster failure and true costs above the configured ones (see docs/trace.md). Needs
@@ -529,7 +533,7 @@ fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
         let seed = a.perturb_seed.unwrap_or(a.shape.seed.wrapping_add(1));
         inst = world::perturb(&inst, pct, seed).with_context(|| format!("--perturb {pct}"))?;
     }
-    write_atomically(&a.out, |w| Ok(write_instance(&inst, w)?))?;
+    write_atomically(&a.out, |w| crate::io::write_instance_as(&inst, a.format, w))?;
     println!(
         "wrote {}: {} map units, {} clusters, {} candidates, demand {:.1}",
         a.out.display(),
