@@ -16,7 +16,9 @@
 use std::sync::Arc;
 
 use cdnmap_mapper::{ClusterState, Instance, Limits};
-use cdnmap_topology::format::{ClusterFile, InstanceFile, MapUnitFile};
+#[cfg(test)]
+use cdnmap_topology::format::InstanceFile;
+use cdnmap_topology::format::{cluster_file, ClusterFile, MapUnitFile};
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
@@ -120,12 +122,10 @@ pub fn apply(base: &Arc<Topology>, edit: &Edit) -> Result<Applied, ChangeError> 
                     skipped_candidates: 0,
                     warnings: Vec::new(),
                 },
-                None => rebuild(base, true, |f| upsert(&mut f.clusters, c, |c| &c.id))?,
+                None => clusters_edited(base, |list| upsert(list, c, |c| &c.id))?,
             }
         }
-        Edit::DeleteCluster { id } => {
-            rebuild(base, true, |f| remove(&mut f.clusters, id, |c| &c.id))?
-        }
+        Edit::DeleteCluster { id } => clusters_edited(base, |list| remove(list, id, |c| &c.id))?,
         Edit::UpsertMapUnit { unit } => {
             let mut cands = Vec::new();
             unit.candidate_specs(&mut cands);
@@ -181,6 +181,47 @@ fn units_edited(
     })
 }
 
+/// `base` with its cluster list changed by `change` (as files), the units kept
+/// (`Topology::with_clusters`: each candidate follows its cluster, and those of a cluster gone
+/// or no longer serving the unit's class are dropped and counted), in one pass over the
+/// candidates; unchanged when `change` says nothing changed.
+fn clusters_edited(
+    base: &Arc<Topology>,
+    change: impl FnOnce(&mut Vec<ClusterFile>) -> bool,
+) -> Result<Applied, ChangeError> {
+    let mut files: Vec<ClusterFile> = (0..base.clusters().len())
+        .map(|c| cluster_file(base, c as cdnmap_mapper::ClusterIdx))
+        .collect();
+    if !change(&mut files) {
+        return Ok(unchanged(base));
+    }
+    let list = files
+        .iter()
+        .map(|f| (f.to_spec(), f.addresses.clone()))
+        .collect();
+    let (topology, entries, units) = base
+        .with_clusters(list, Limits::default())
+        .map_err(|e| ChangeError::Refused(e.to_string()))?;
+    Ok(Applied {
+        cost: base.unit_count().max(1) as u64,
+        topology: Arc::new(topology),
+        changed: true,
+        before: None,
+        skipped_candidates: entries,
+        warnings: dropped_warning(entries, units),
+    })
+}
+
+/// The warning of candidates dropped with a cluster, if any were.
+fn dropped_warning(entries: usize, units: usize) -> Vec<String> {
+    if entries == 0 {
+        return Vec::new();
+    }
+    vec![format!(
+        "{entries} candidate entries of {units} map units dropped: their cluster is gone or no longer serves the unit's class"
+    )]
+}
+
 /// Replaces the item of `list` with `item`'s id, or appends it: always a change.
 fn upsert<T: Clone>(list: &mut Vec<T>, item: &T, id: impl Fn(&T) -> &String) -> bool {
     match list.iter().position(|x| id(x) == id(item)) {
@@ -197,10 +238,12 @@ fn remove<T>(list: &mut Vec<T>, gone: &str, id: impl Fn(&T) -> &String) -> bool 
     list.len() < before
 }
 
-/// A change made to the topology's file form. With `of_clusters` (the change is to the
+/// The oracle of the edits in place (tests only): a change made to the topology's file form,
+/// rebuilt. With `of_clusters` (the change is to the
 /// clusters), candidates whose cluster is gone or no longer serves the unit's class are
 /// dropped and counted; an edit of a map unit that names such a candidate is refused, as in an
 /// instance file.
+#[cfg(test)]
 fn rebuild(
     base: &Topology,
     of_clusters: bool,
@@ -225,13 +268,7 @@ fn rebuild(
     let topology = file
         .build(Limits::default())
         .map_err(|e| ChangeError::Refused(e.to_string()))?;
-    let mut warnings = Vec::new();
-    if skipped.0 > 0 {
-        warnings.push(format!(
-            "{} candidate entries of {} map units dropped: their cluster is gone or no longer serves the unit's class",
-            skipped.0, skipped.1
-        ));
-    }
+    let warnings = dropped_warning(skipped.0, skipped.1);
     Ok(Applied {
         cost: base.unit_count().max(1) as u64,
         topology: Arc::new(topology),
@@ -245,6 +282,7 @@ fn rebuild(
 /// Drops every candidate whose cluster is not in `file` or does not serve its unit's class;
 /// returns (entries dropped, units touched). A cluster whose tree is invalid serves nothing
 /// here, and the build refuses it with the model's error.
+#[cfg(test)]
 fn drop_unservable(file: &mut InstanceFile) -> Result<(usize, usize), ChangeError> {
     // Which classes each cluster serves, from a build of the clusters alone.
     let mut probe = file.clone();
@@ -414,11 +452,49 @@ mod tests {
         use cdnmap_topology::format::{cluster_file, NestedNode, ResourcesFile};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
         let mut now = Arc::new(world(200));
-        for step in 0..60 {
+        // Edits that dropped candidates, and those carried out without a rebuild.
+        let mut dropping = 0;
+        for step in 0..80 {
             let c = rng.random_range(0..now.clusters().len()) as u32;
             let mut file = cluster_file(&now, c);
-            match rng.random_range(0..6) {
+            if rng.random_bool(0.05) && now.clusters().len() > 2 {
+                let id = file.id.clone();
+                let edit = Edit::DeleteCluster { id: id.clone() };
+                let want = rebuild(&now, true, |f| remove(&mut f.clusters, &id, |c| &c.id))
+                    .expect("oracle");
+                let got = apply(&now, &edit).expect("delete");
+                assert_eq!(*got.topology, *want.topology, "step {step}: {edit:?}");
+                assert_eq!(got.skipped_candidates, want.skipped_candidates);
+                // `apply` adds the classes left without an up cluster after the rebuild's.
+                assert!(
+                    got.warnings.starts_with(&want.warnings),
+                    "{:?}",
+                    got.warnings
+                );
+                dropping += usize::from(got.skipped_candidates > 0);
+                now = got.topology;
+                continue;
+            }
+            match rng.random_range(0..8) {
                 0 => file.lat = rng.random_range(-80.0..80.0),
+                6 => {
+                    // One class fewer (its units' candidates here go), or both again.
+                    if let ResourcesFile::Nested(root) = &mut file.resources {
+                        let classes = [vec!["web".to_string()], vec!["video".to_string()]];
+                        root.classes = if root.classes.len() == 2 {
+                            classes[step % 2].clone()
+                        } else {
+                            vec!["web".into(), "video".into()]
+                        };
+                        root.children.clear();
+                    }
+                }
+                7 => {
+                    if let ResourcesFile::Nested(root) = &mut file.resources {
+                        root.classes = vec!["opera".into()];
+                        root.children.clear();
+                    }
+                }
                 1 => file.addresses = vec![format!("198.19.{step}.1").parse().expect("ip")],
                 2 => file.state = ClusterState::Drained,
                 3 => {
@@ -449,6 +525,13 @@ mod tests {
             match (oracle, got) {
                 (Ok(want), Ok(got)) => {
                     assert_eq!(*got.topology, *want.topology, "step {step}: {edit:?}");
+                    assert_eq!(got.skipped_candidates, want.skipped_candidates);
+                    assert!(
+                        got.warnings.starts_with(&want.warnings),
+                        "{:?}",
+                        got.warnings
+                    );
+                    dropping += usize::from(got.skipped_candidates > 0);
                     now = got.topology;
                 }
                 (Err(want), Err(got)) => {
@@ -457,5 +540,7 @@ mod tests {
                 (want, got) => panic!("step {step}: {edit:?}: {want:?} vs {got:?}"),
             }
         }
+        assert!(now.total_candidates() > 0);
+        assert!(dropping >= 3, "only {dropping} edits dropped candidates");
     }
 }

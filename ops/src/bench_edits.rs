@@ -4,7 +4,8 @@
 //! then carries out `--edits` cluster-state changes (drain, then undrain, of clusters taken in
 //! turn: the operator's most frequent edit), a round after every `--edits-per-round` of them
 //! as the loop would run one every cycle, then `--cluster-edits` upserts of a cluster (its
-//! capacity changed) and `--unit-edits` upserts of a map unit (its demand changed). It prints
+//! capacity changed), as many clusters added and deleted again, and `--unit-edits` upserts of
+//! a map unit (its demand changed). It prints
 //! each kind's acknowledgement time (median and maximum: the time an Admin call waits), the
 //! rounds' persist, the store's size on disk after all of it, and the time a restart on that
 //! store takes to serve (the stored topology with every edit, the served map), checked to hold
@@ -34,7 +35,8 @@ pub struct EditsBenchArgs {
     /// A round (solve, publish, persist) after every this many cluster-state changes.
     #[arg(long, default_value_t = 4)]
     pub edits_per_round: usize,
-    /// Cluster upserts (a cluster's capacity changed), after the state changes.
+    /// Cluster upserts (a cluster's capacity changed) after the state changes, then as many
+    /// clusters added and deleted again.
     #[arg(long, default_value_t = 3)]
     pub cluster_edits: usize,
     /// Map-unit upserts (a unit's demand changed), after the cluster upserts.
@@ -176,6 +178,25 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         cluster_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
 
+    // A cluster added (a copy of one under a new id), then deleted again: each renumbers the
+    // candidates of the clusters after it.
+    let mut add_delete_ms = Vec::new();
+    for e in 0..a.cluster_edits {
+        let now = shared.topology_now();
+        let c = (e * 11 + 3) % clusters;
+        let mut file = cluster_file(&now, c as cdnmap_mapper::model::ClusterIdx);
+        file.id = format!("{}-bench{e}", file.id);
+        let id = file.id.clone();
+        let t = Instant::now();
+        rt.block_on(shared.change(Change::UpsertCluster(file)))
+            .with_context(|| format!("adding cluster {id}"))?;
+        add_delete_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        rt.block_on(shared.change(Change::DeleteCluster(id.clone())))
+            .with_context(|| format!("deleting cluster {id}"))?;
+        add_delete_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+
     // Map-unit upserts: a unit's demand raised by 1%.
     let mut unit_ms = Vec::new();
     for e in 0..a.unit_edits {
@@ -234,12 +255,13 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
     );
     line("cluster state, ack", &mut state_ms);
     line("cluster upsert, ack", &mut cluster_ms);
+    line("cluster add / delete, ack", &mut add_delete_ms);
     line("map-unit upsert, ack", &mut unit_ms);
     line("round (with persist)", &mut round_ms);
     println!(
         "store on disk                after the first round {:.1} MB; after {} edits and {} rounds {:.1} MB (maps_kept {})",
         after_first as f64 / 1e6,
-        a.edits + a.cluster_edits + a.unit_edits,
+        a.edits + 3 * a.cluster_edits + a.unit_edits,
         round_ms.len() + 1,
         store_bytes as f64 / 1e6,
         a.maps_kept

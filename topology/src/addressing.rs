@@ -71,6 +71,25 @@ impl Addressing {
         &self.addresses[c as usize]
     }
 
+    /// The same units' prefixes (shared) beside `instance`'s clusters, each with its
+    /// addresses from `addresses` (by cluster id; none for a cluster not named).
+    pub(crate) fn with_clusters(
+        &self,
+        instance: &Instance,
+        addresses: Vec<(String, Vec<IpAddr>)>,
+    ) -> Addressing {
+        let mut by_index = vec![Vec::new(); instance.clusters().len()];
+        for (id, a) in addresses {
+            if let Some(c) = instance.cluster_index(&id) {
+                by_index[c as usize] = a;
+            }
+        }
+        Addressing {
+            units: Arc::clone(&self.units),
+            addresses: by_index,
+        }
+    }
+
     /// The same addressing with cluster `c`'s addresses replaced (the units' prefixes shared).
     pub(crate) fn with_cluster_addresses(
         &self,

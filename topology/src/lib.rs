@@ -120,6 +120,39 @@ impl Topology {
         }))
     }
 
+    /// The topology with `clusters` (each with its addresses) as its whole cluster list, the
+    /// map units and their prefixes kept ([`Instance::with_clusters`]: candidates follow
+    /// their cluster, those of a cluster gone or no longer serving their unit's class are
+    /// dropped); also the candidate entries dropped and the units they belonged to.
+    pub fn with_clusters(
+        &self,
+        clusters: Vec<(ClusterSpec, Vec<IpAddr>)>,
+        limits: Limits,
+    ) -> Result<(Topology, usize, usize), TopologyError> {
+        let mut specs = Vec::with_capacity(clusters.len());
+        let mut addresses = Vec::with_capacity(clusters.len());
+        for (spec, a) in clusters {
+            too_many(
+                || format!("cluster {:?}", spec.id),
+                "addresses",
+                a.len(),
+                MAX_ADDRESSES,
+            )?;
+            addresses.push((spec.id.clone(), a));
+            specs.push(spec);
+        }
+        let (instance, dropped, units) = self.instance.with_clusters(specs, limits)?;
+        let addressing = Arc::new(self.addressing.with_clusters(&instance, addresses));
+        Ok((
+            Topology {
+                instance,
+                addressing,
+            },
+            dropped,
+            units,
+        ))
+    }
+
     /// The topology with the map units of `upserts` (each with its client networks;
     /// replacing the unit of its id, or added) and without those of `deletes` (ids), through
     /// [`Instance::with_units_edited`]: the new units validated as a file's are (a network

@@ -211,3 +211,99 @@ fn copy_run(
     );
     Ok(())
 }
+
+impl Instance {
+    /// This instance with `clusters` as its whole cluster list (validated as an instance
+    /// file's: trees, classes, ids), the map units kept: each candidate follows its cluster
+    /// to the cluster's new index, and the candidates whose cluster is gone, or no longer
+    /// serves the unit's class, are dropped. Returns the instance, the candidate entries
+    /// dropped and the units they belonged to. One pass over the candidates, where a rebuild
+    /// validated and sorted every unit again: how a cluster is added, deleted, or given other
+    /// classes. Candidates stay in preference order (the clusters keep their id order, which
+    /// breaks ties) and the unit columns and demands are shared.
+    pub fn with_clusters(
+        &self,
+        clusters: Vec<super::topology::ClusterSpec>,
+        limits: Limits,
+    ) -> Result<(Instance, usize, usize), ModelError> {
+        debug_assert!(
+            self.favour.is_none(),
+            "an instance with stickiness is edited"
+        );
+        let topology = InstanceBuilder::new(self.classes().to_vec(), clusters, limits)?
+            .finish()?
+            .topology;
+        // Old cluster index → new index (u32::MAX: gone).
+        let renumber: Vec<u32> = self
+            .clusters()
+            .iter()
+            .map(|c| {
+                topology
+                    .cluster_by_id
+                    .get(&c.id)
+                    .copied()
+                    .unwrap_or(u32::MAX)
+            })
+            .collect();
+        let (old_u, old_c) = (&self.units, &self.cands);
+        let n = self.unit_count();
+        let mut cands = CandidateColumns {
+            rank: old_c.rank.as_ref().map(|r| Vec::with_capacity(r.len())),
+            ..CandidateColumns::default()
+        };
+        cands.cluster.reserve_exact(old_c.cluster.len());
+        cands.score.reserve_exact(old_c.score.len());
+        cands.head.reserve_exact(n);
+        let mut cand_start = Vec::with_capacity(n + 1);
+        cand_start.push(0u32);
+        let (mut dropped, mut units_touched) = (0usize, 0usize);
+        for u in 0..n {
+            let class = old_u.class[u];
+            let (c0, c1) = (
+                old_u.cand_start[u] as usize,
+                old_u.cand_start[u + 1] as usize,
+            );
+            let start = cands.cluster.len();
+            for i in c0..c1 {
+                let to = renumber[old_c.cluster[i] as usize];
+                if to == u32::MAX || !topology.clusters[to as usize].serves(class) {
+                    continue;
+                }
+                cands.cluster.push(to);
+                cands.score.push(old_c.score[i]);
+                if let (Some(dst), Some(src)) = (cands.rank.as_mut(), old_c.rank.as_ref()) {
+                    dst.push(src[i]);
+                }
+            }
+            let kept = cands.cluster.len() - start;
+            if kept < c1 - c0 {
+                dropped += c1 - c0 - kept;
+                units_touched += 1;
+            }
+            cands.push_head(start);
+            cand_start.push(cands.cluster.len() as u32);
+        }
+        if cands
+            .rank
+            .as_ref()
+            .is_some_and(|r| r.iter().all(|&x| x == NO_RANK))
+        {
+            cands.rank = None;
+        }
+        let units = if dropped == 0 {
+            Arc::clone(&self.units)
+        } else {
+            let mut units = (**old_u).clone();
+            units.cand_start = cand_start;
+            Arc::new(units)
+        };
+        let instance = Instance {
+            topology,
+            units,
+            demand: Arc::clone(&self.demand),
+            cands: Arc::new(cands),
+            favour: None,
+        };
+        Ok((instance, dropped, units_touched))
+    }
+}
