@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::driver::{Driver, Observations, StepError, StepTimings};
 use crate::round::{Snapshot, Solved};
 use crate::selection::{self, ServerLoads};
-use crate::store::{Served, ServedRef, Store};
+use crate::store::{EstimatorLog, Served, ServedRef, Store};
 use crate::topology::{Applied, Change, ChangeError, SharedTopology};
 
 /// The most addresses one answer carries.
@@ -65,7 +65,12 @@ pub struct Shared {
     /// The round driver with the estimator (demand forecasts, learned coefficients,
     /// derating): fed by the reports, run each round; each round's entry is stored with its map
     /// and the whole state checkpointed now and then.
-    pub(crate) driver: Mutex<Driver>,
+    pub(crate) driver: Mutex<Option<Driver>>,
+    /// Turns true once the estimator is restored (or could not be: then `driver` is `None`
+    /// and rounds fail saying so). A start serves the stored map first and restores the
+    /// estimator on a thread of its own ([`Shared::restore_estimator`]); the first round
+    /// waits for it.
+    pub(crate) estimator_ready: tokio::sync::watch::Sender<bool>,
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// In-cluster selection: the last reported server loads.
@@ -164,6 +169,8 @@ pub enum LoopError {
     Step(#[from] StepError),
     #[error("the round's task failed: {0}")]
     Task(String),
+    #[error("the estimator could not be restored or started: {0}")]
+    NoEstimator(String),
 }
 
 /// What a round made, stored (or not) and to publish.
@@ -236,9 +243,6 @@ impl Shared {
             None => legacy_served(&store, &topology),
         };
         let served_ms = ms(t);
-        let t = Instant::now();
-        let (estimates, checkpointed) = restore_estimates(served.as_ref(), &topology)?;
-        let estimator_ms = ms(t);
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
         let dash = Arc::new(crate::dashboard::DashState::default());
         let log_to = Arc::clone(&dash);
@@ -257,14 +261,9 @@ impl Shared {
                 log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
             }
         });
-        let driver = Driver::new(
-            estimates,
-            config.stickiness(),
-            config.learning,
-            cfg!(debug_assertions),
-        );
         let shared = Arc::new(Shared {
-            driver: Mutex::new(driver),
+            driver: Mutex::new(None),
+            estimator_ready: tokio::sync::watch::channel(false).0,
             pending: Mutex::new(Pending {
                 since_ms: Some(now_unix_ms()),
                 ..Pending::default()
@@ -277,10 +276,15 @@ impl Shared {
             updates,
             config,
             epoch,
-            checkpoint: Mutex::new(checkpointed),
+            checkpoint: Mutex::new(Checkpointed::default()),
             dash,
             stopping: tokio::sync::watch::channel(false).0,
         });
+        // Nothing has changed the topology yet: no one can reach Admin before this returns.
+        let start_topology = shared.topology.current();
+        let mut served = served;
+        let inline = served.as_mut().map(|s| std::mem::take(&mut s.estimator));
+        let served_version = served.as_ref().map(|s| s.version);
         if let Some(s) = served {
             let t = Instant::now();
             let rules = shared.rules(&s.topology)?;
@@ -290,14 +294,78 @@ impl Shared {
                 version = snapshot.version,
                 topology_ms,
                 served_ms,
-                estimator_ms,
                 index_ms = ms(t),
                 topology_seq = seq,
-                "serving the stored map until the first round"
+                "serving the stored map until the first round (the estimator is restored beside it)"
             );
             shared.publish(Arc::new(snapshot));
         }
+        // The estimator is restored while the stored map is served (at 11 M map units it is a
+        // checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s of a start).
+        let me = Arc::clone(&shared);
+        let inline = inline.unwrap_or_default();
+        let restore = move || me.restore_estimator(&start_topology, served_version, inline);
+        if let Err(e) = std::thread::Builder::new()
+            .name("cdnmap-estimator".into())
+            .spawn(restore)
+        {
+            tracing::warn!(error = %e, "no thread to restore the estimator on: restoring it first");
+            let me = Arc::clone(&shared);
+            let topology = me.topology.current();
+            let inline = me
+                .store
+                .served_on(&topology, seq)?
+                .map(|s| s.estimator)
+                .unwrap_or_default();
+            me.restore_estimator(&topology, served_version, inline);
+        }
         Ok(shared)
+    }
+
+    /// Waits until the estimator is restored (a start restores it beside the stored map it
+    /// serves; the first round waits for it too).
+    pub async fn estimator_restored(&self) {
+        let _ = self
+            .estimator_ready
+            .subscribe()
+            .wait_for(|&ready| ready)
+            .await;
+    }
+
+    /// Restores the estimator after the round of record `served` (the stored checkpoint, or
+    /// the one `inline` in a record of format 03, with the round entries after it read and
+    /// replayed one at a time) for `topology`, the topology the start served, or starts it
+    /// afresh; installs it as the round driver's and says it is ready.
+    fn restore_estimator(&self, topology: &Topology, served: Option<u64>, inline: EstimatorLog) {
+        let t = Instant::now();
+        let restored = restore_estimates(&self.store, served, inline, topology).or_else(|e| {
+            tracing::error!(error = %e, "the estimator's stored state is unreadable: it starts afresh");
+            Ok::<_, anyhow::Error>((Estimates::new(topology)?, Checkpointed::default()))
+        });
+        match restored {
+            Ok((estimates, checkpointed)) => {
+                let driver = Driver::new(
+                    estimates,
+                    self.config.stickiness(),
+                    self.config.learning,
+                    cfg!(debug_assertions),
+                );
+                if let Ok(mut d) = self.driver.lock() {
+                    *d = Some(driver);
+                }
+                if let Ok(mut c) = self.checkpoint.lock() {
+                    *c = checkpointed;
+                }
+                tracing::info!(
+                    estimator_ms = t.elapsed().as_secs_f64() * 1e3,
+                    "the estimator is ready"
+                );
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "no estimator: every round fails until a restart")
+            }
+        }
+        self.estimator_ready.send_replace(true);
     }
 
     fn rules(&self, instance: &Instance) -> Result<ClassRules, cdnmap_mapper::ModelError> {
@@ -379,6 +447,9 @@ impl Shared {
     /// [`Shared::run_round`] at time `now` (the loop passes the clock; tests and replays pass a
     /// simulated one).
     pub async fn run_round_at(self: &Arc<Self>, now: i64) {
+        // A start restores the estimator beside the stored map it serves: the first round
+        // waits for it.
+        self.estimator_restored().await;
         let started = Instant::now();
         let me = Arc::clone(self);
         let result = tokio::task::spawn_blocking(move || me.solve_round(now))
@@ -511,10 +582,13 @@ impl Shared {
         // `version`; a copy of it would be as large as the state), synced after the lock is
         // released.
         let pending = tokio::task::spawn_blocking(move || match me.driver.lock() {
-            Ok(d) => me
-                .store
-                .write_checkpoint(version, |w| d.estimates().write_to(w))
-                .map_err(|e| e.to_string()),
+            Ok(d) => match d.as_ref() {
+                Some(d) => me
+                    .store
+                    .write_checkpoint(version, |w| d.estimates().write_to(w))
+                    .map_err(|e| e.to_string()),
+                None => Err("there is no estimator".to_string()),
+            },
             Err(_) => Err("the round driver's lock is poisoned".to_string()),
         })
         .await
@@ -587,6 +661,9 @@ impl Shared {
             .driver
             .lock()
             .map_err(|_| LoopError::Poisoned("round driver"))?;
+        let driver = driver.as_mut().ok_or_else(|| {
+            LoopError::NoEstimator("its state and a fresh one both failed (see the log)".into())
+        })?;
         let (step, stored) = driver.step_alongside(
             &base,
             previous.as_deref(),
@@ -649,26 +726,46 @@ impl Shared {
     }
 }
 
-/// The estimator's state at start: the stored checkpoint with the round entries after it
-/// replayed (the state after the served round, exactly), else a fresh one; and what the store
-/// holds as the last checkpoint (the next round writes one when there is none).
+/// The estimator's state at start: the checkpoint (`inline` in a record of format 03, else the
+/// stored one) with the round entries after it up to the served record `served`, each read
+/// from the store when it is replayed (the state after the served round, exactly); else a
+/// fresh one. Also what the store holds as the last checkpoint (the next round writes one
+/// when there is none).
 fn restore_estimates(
-    served: Option<&Served>,
+    store: &Store,
+    served: Option<u64>,
+    inline: EstimatorLog,
     topology: &Topology,
 ) -> anyhow::Result<(Estimates, Checkpointed)> {
-    let log = served.map(|s| &s.estimator);
-    let Some((version, state)) = log.and_then(|l| l.checkpoint.as_ref()) else {
-        return Ok((Estimates::new(topology)?, Checkpointed::default()));
+    let fresh = || -> anyhow::Result<(Estimates, Checkpointed)> {
+        Ok((Estimates::new(topology)?, Checkpointed::default()))
     };
-    let entries = log.map_or(&[][..], |l| &l.entries[..]);
-    match Estimates::restore(state, entries.iter().map(|(_, e)| &e[..]), topology) {
+    let Some(served) = served else {
+        return fresh();
+    };
+    let checkpoint = match inline.checkpoint {
+        Some(c) => Some(c),
+        None => store.estimator_checkpoint()?,
+    };
+    let Some((version, state)) = checkpoint else {
+        return fresh();
+    };
+    // A round whose write failed ends the entries: the state replays up to it.
+    let entries = (version.saturating_add(1)..=served).map_while(|v| match store.estimator_entry(v) {
+        Ok(entry) => entry,
+        Err(e) => {
+            tracing::warn!(error = %e, version = v, "an estimator entry is unreadable: replay stops before it");
+            None
+        }
+    });
+    match Estimates::restore(&state, entries, topology) {
         Ok((est, replayed, stopped)) => {
             if let Some(e) = stopped {
                 tracing::warn!(error = %e, replayed, "the estimator's state is that of an earlier round");
             } else {
                 tracing::info!(checkpoint = version, replayed, "estimator state restored");
             }
-            let stored = Some((*version, est.generation()));
+            let stored = Some((version, est.generation()));
             Ok((
                 est,
                 Checkpointed {
@@ -679,7 +776,7 @@ fn restore_estimates(
         }
         Err(e) => {
             tracing::warn!(error = %e, "the estimator starts afresh");
-            Ok((Estimates::new(topology)?, Checkpointed::default()))
+            fresh()
         }
     }
 }
@@ -755,7 +852,10 @@ impl Shared {
 
     /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
     pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
-        self.driver.lock().ok().map(|d| f(d.estimates()))
+        self.driver
+            .lock()
+            .ok()
+            .and_then(|d| d.as_ref().map(|d| f(d.estimates())))
     }
 }
 
@@ -861,7 +961,10 @@ mod tests {
             let after = rt.block_on(async {
                 let shared = start(&config);
                 if let Some((state, version)) = before.take() {
-                    // What this start serves and estimates with, before any round of its own.
+                    // What this start serves (at once) and estimates with (once restored
+                    // beside it), before any round of its own.
+                    assert_eq!(shared.current().map(|s| s.version), Some(version));
+                    shared.estimator_restored().await;
                     let restored = shared.with_estimates(Estimates::to_bytes);
                     assert!(
                         restored == Some(state),

@@ -335,16 +335,17 @@ impl Estimates {
     /// after it, in order ([`Estimates::round_entry`]), for `instance`. A checkpoint that does
     /// not decode or fit is an error; replay stops at the first entry that does not fit (the
     /// state is then that of the round before it), and the reason is returned beside the
-    /// state with the number of entries replayed.
-    pub fn restore<'a>(
+    /// state with the number of entries replayed. Entries are taken one at a time, so a
+    /// caller can read each when it is needed (at 11 M map units one is 88 MB).
+    pub fn restore<E: AsRef<[u8]>>(
         checkpoint: &[u8],
-        entries: impl IntoIterator<Item = &'a [u8]>,
+        entries: impl IntoIterator<Item = E>,
         instance: &Instance,
     ) -> Result<(Self, usize, Option<String>), String> {
         let mut est = Estimates::from_bytes(checkpoint, instance)?;
         let (mut replayed, mut stopped) = (0, None);
         for entry in entries {
-            if let Err(e) = est.replay(entry) {
+            if let Err(e) = est.replay(entry.as_ref()) {
                 stopped = Some(e);
                 break;
             }

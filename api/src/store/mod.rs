@@ -694,20 +694,23 @@ impl Store {
     /// coefficients and capacities; and the estimator's checkpoint and the round entries after
     /// it, up to the served version.
     pub fn served(&self) -> Result<Option<Served>, StoreError> {
-        self.served_read(None)
+        self.served_read(None, true)
     }
 
-    /// [`Self::served`], given `topology`, the stored topology after edit `seq`
+    /// The served record without the estimator's log (what a start serves first; the log is
+    /// read apart, [`Self::estimator_checkpoint`] and [`Self::estimator_entry`], while the
+    /// map is already served), given `topology`, the stored topology after edit `seq`
     /// ([`Self::stored_topology`], or what was just [`Self::put_topology`]'d): when the served
     /// record was solved from it (no edit since), it is the record's base, not rebuilt a second
-    /// time.
+    /// time. A record of format 03 still brings its inline estimator state.
     pub fn served_on(&self, topology: &Topology, seq: u64) -> Result<Option<Served>, StoreError> {
-        self.served_read(Some((topology, seq)))
+        self.served_read(Some((topology, seq)), false)
     }
 
     fn served_read(
         &self,
         topology: Option<(&Topology, u64)>,
+        with_log: bool,
     ) -> Result<Option<Served>, StoreError> {
         let newest = self.values.names(RECORD_FILE)?.into_iter().next_back();
         let Some((version, base)) = newest.as_deref().and_then(record_name_parts) else {
@@ -724,7 +727,7 @@ impl Store {
             }
             _ => None,
         };
-        self.read_record(version, base, "the stored served map", known)
+        self.read_record(version, base, "the stored served map", known, with_log)
     }
 
     /// Map version `version` as stored, with the instance it was solved for: the served one
@@ -742,13 +745,14 @@ impl Store {
     }
 
     /// The served record `version` (of `base`) read back with its base (errors name it
-    /// `what`; `known_base`: see [`StoredMaps::record`]) and the estimator's log.
+    /// `what`; `known_base`: see [`StoredMaps::record`]) and, `with_log`, the estimator's log.
     fn read_record(
         &self,
         version: u64,
         base: BaseOf,
         what: &str,
         known_base: Option<&Topology>,
+        with_log: bool,
     ) -> Result<Option<Served>, StoreError> {
         let Some((mut served, inline)) = self.maps().record(version, base, what, known_base)?
         else {
@@ -760,7 +764,8 @@ impl Store {
                 checkpoint: (!state.is_empty()).then_some((served.version, state)),
                 entries: Vec::new(),
             },
-            None => self.estimator_log(served.version)?,
+            None if with_log => self.estimator_log(served.version)?,
+            None => EstimatorLog::default(),
         };
         Ok(Some(served))
     }
@@ -768,23 +773,7 @@ impl Store {
     /// The estimator's checkpoint and the round entries after it up to `served` (in version
     /// order, stopping before a missing version).
     fn estimator_log(&self, served: u64) -> Result<EstimatorLog, StoreError> {
-        let corrupt = |problem: String| StoreError::Corrupt {
-            what: "the estimator's checkpoint".into(),
-            problem,
-        };
-        let checkpoint = match self.values.get(CHECKPOINT_FILE)? {
-            None => None,
-            Some(bytes) => {
-                let body = bytes
-                    .strip_prefix(CHECKPOINT_MAGIC.as_slice())
-                    .ok_or_else(|| corrupt("its header is wrong".into()))?;
-                let (version, state) = body.split_at(8.min(body.len()));
-                let version = <[u8; 8]>::try_from(version)
-                    .map(u64::from_be_bytes)
-                    .map_err(|_| corrupt("cut short".into()))?;
-                Some((version, state.to_vec()))
-            }
-        };
+        let checkpoint = self.estimator_checkpoint()?;
         // Entries replay onto a checkpoint only (the first round's is written after it).
         let Some(after) = checkpoint.as_ref().map(|(v, _)| *v) else {
             return Ok(EstimatorLog::default());
@@ -792,7 +781,7 @@ impl Store {
         let mut entries = Vec::new();
         for version in after.saturating_add(1)..=served {
             // A round whose write failed: the state replays up to it.
-            let Some(entry) = self.values.get(&entry_name(version))? else {
+            let Some(entry) = self.estimator_entry(version)? else {
                 break;
             };
             entries.push((version, entry));
@@ -801,6 +790,35 @@ impl Store {
             checkpoint,
             entries,
         })
+    }
+
+    /// The estimator's last checkpoint: the version of the record it was taken after, and the
+    /// whole state.
+    pub fn estimator_checkpoint(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let corrupt = |problem: String| StoreError::Corrupt {
+            what: "the estimator's checkpoint".into(),
+            problem,
+        };
+        let Some(mut bytes) = self.values.get(CHECKPOINT_FILE)? else {
+            return Ok(None);
+        };
+        if !bytes.starts_with(CHECKPOINT_MAGIC.as_slice()) {
+            return Err(corrupt("its header is wrong".into()));
+        }
+        let head = CHECKPOINT_MAGIC.len() + 8;
+        let version = bytes
+            .get(CHECKPOINT_MAGIC.len()..head)
+            .and_then(|v| <[u8; 8]>::try_from(v).ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| corrupt("cut short".into()))?;
+        // The state in place (no second copy of a gigabyte).
+        bytes.drain(..head);
+        Ok(Some((version, bytes)))
+    }
+
+    /// The estimator's entry of the round of record `version`, if it is stored.
+    pub fn estimator_entry(&self, version: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.values.get(&entry_name(version))
     }
 
     /// Appends one feedback report (already validated, encoded) received at `at_unix_ms`,
