@@ -46,6 +46,26 @@ pub enum TopologyError {
     },
 }
 
+/// Clusters with their addresses as the instance builder and the addressing take them apart:
+/// the specs, and each cluster's addresses by id (at most [`MAX_ADDRESSES`] each).
+type Split = (Vec<ClusterSpec>, Vec<(String, Vec<IpAddr>)>);
+
+fn split_clusters(clusters: Vec<(ClusterSpec, Vec<IpAddr>)>) -> Result<Split, ModelError> {
+    let mut specs = Vec::with_capacity(clusters.len());
+    let mut addresses = Vec::with_capacity(clusters.len());
+    for (spec, a) in clusters {
+        too_many(
+            || format!("cluster {:?}", spec.id),
+            "addresses",
+            a.len(),
+            MAX_ADDRESSES,
+        )?;
+        addresses.push((spec.id.clone(), a));
+        specs.push(spec);
+    }
+    Ok((specs, addresses))
+}
+
 /// An instance and its addressing: one topology, as the service publishes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
@@ -129,18 +149,7 @@ impl Topology {
         clusters: Vec<(ClusterSpec, Vec<IpAddr>)>,
         limits: Limits,
     ) -> Result<(Topology, usize, usize), TopologyError> {
-        let mut specs = Vec::with_capacity(clusters.len());
-        let mut addresses = Vec::with_capacity(clusters.len());
-        for (spec, a) in clusters {
-            too_many(
-                || format!("cluster {:?}", spec.id),
-                "addresses",
-                a.len(),
-                MAX_ADDRESSES,
-            )?;
-            addresses.push((spec.id.clone(), a));
-            specs.push(spec);
-        }
+        let (specs, addresses) = split_clusters(clusters)?;
         let (instance, dropped, units) = self.instance.with_clusters(specs, limits)?;
         let addressing = Arc::new(self.addressing.with_clusters(&instance, addresses));
         Ok((
@@ -238,18 +247,7 @@ impl TopologyBuilder {
         clusters: Vec<(ClusterSpec, Vec<IpAddr>)>,
         limits: Limits,
     ) -> Result<TopologyBuilder, ModelError> {
-        let mut specs = Vec::with_capacity(clusters.len());
-        let mut addresses = Vec::with_capacity(clusters.len());
-        for (spec, a) in clusters {
-            too_many(
-                || format!("cluster {:?}", spec.id),
-                "addresses",
-                a.len(),
-                MAX_ADDRESSES,
-            )?;
-            addresses.push((spec.id.clone(), a));
-            specs.push(spec);
-        }
+        let (specs, addresses) = split_clusters(clusters)?;
         Ok(TopologyBuilder {
             instance: InstanceBuilder::new(classes, specs, limits)?,
             addressing: addressing::Collector::new(addresses),

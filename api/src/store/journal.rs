@@ -23,13 +23,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::reports::{file_error, frame, parse, torn};
+use super::reports::{file_error, frame, parse, segments_in, torn, PREFIX};
 use super::values::{remove_if_present, sync_dir};
 use super::StoreError;
 
 /// A segment is closed and a new one started once it holds this many bytes.
 const SEGMENT_BYTES: u64 = 4 << 20;
-const PREFIX: &str = "seg-";
 /// The largest entry (an edit is one cluster or one map unit: far below this).
 pub(super) const MAX_ENTRY: usize = 1 << 20;
 
@@ -58,28 +57,6 @@ struct Inner {
 
 fn segment_name(first: u64) -> String {
     format!("{PREFIX}{first:020}")
-}
-
-/// The first sequence numbers of the segments in `dir`, in order (none when it is missing).
-fn list(dir: &Path) -> Result<Vec<u64>, StoreError> {
-    let mut numbers = Vec::new();
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(numbers),
-        Err(e) => return Err(file_error(format!("listing {}", dir.display()))(e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(file_error(format!("listing {}", dir.display())))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(n) = name
-            .strip_prefix(PREFIX)
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            numbers.push(n);
-        }
-    }
-    numbers.sort_unstable();
-    Ok(numbers)
 }
 
 /// The entries of one segment (its bytes), checked: numbered from `first` without a gap.
@@ -128,7 +105,7 @@ pub(super) fn read_dir(
     if upto <= after {
         return Ok(Vec::new());
     }
-    let segments = list(dir)?;
+    let segments = segments_in(dir)?;
     let mut out = Vec::new();
     for (i, &first) in segments.iter().enumerate() {
         let next = segments.get(i + 1).copied();
@@ -170,7 +147,7 @@ impl Journal {
     /// Opens (creating) the journal in `dir`, cutting off an entry a crash left cut short.
     pub(super) fn open(dir: &Path) -> Result<Journal, StoreError> {
         fs::create_dir_all(dir).map_err(file_error(format!("creating {}", dir.display())))?;
-        let segments = list(dir)?;
+        let segments = segments_in(dir)?;
         let mut last = 0;
         for (i, &first) in segments.iter().enumerate() {
             let is_last = i + 1 == segments.len();
@@ -391,15 +368,15 @@ mod tests {
             j.append(0, &big(n)).expect("append");
         }
         assert_eq!(
-            list(&path).expect("list"),
+            segments_in(&path).expect("list"),
             vec![1, 6, 11],
             "segments start at their first entry"
         );
         j.drop_through(5).expect("drop");
-        assert_eq!(list(&path).expect("list"), vec![6, 11]);
+        assert_eq!(segments_in(&path).expect("list"), vec![6, 11]);
         j.drop_through(8).expect("drop");
         assert_eq!(
-            list(&path).expect("list"),
+            segments_in(&path).expect("list"),
             vec![6, 11],
             "6..10 still holds 9"
         );
@@ -408,7 +385,7 @@ mod tests {
         assert!(err.to_string().contains("not all there"), "{err}");
         j.drop_through(12).expect("drop");
         assert_eq!(
-            list(&path).expect("list"),
+            segments_in(&path).expect("list"),
             vec![11],
             "never the last segment"
         );
@@ -421,7 +398,7 @@ mod tests {
             j.append(0, &big(n)).expect("append");
         }
         drop(j);
-        let segs = list(&path).expect("list");
+        let segs = segments_in(&path).expect("list");
         assert!(segs.len() >= 3, "{segs:?}");
         fs::remove_file(path.join(segment_name(segs[1]))).expect("remove");
         let err = Journal::open(&path).expect_err("gap");

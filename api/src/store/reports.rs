@@ -38,7 +38,7 @@ pub(super) const SEGMENT_BYTES: u64 = 32 << 20;
 const FRAME: usize = 4 + 8 + 8 + 8;
 /// The largest payload (a report is bounded far below this by the gRPC message limit).
 const MAX_PAYLOAD: usize = 64 << 20;
-const PREFIX: &str = "seg-";
+pub(super) const PREFIX: &str = "seg-";
 /// The file of the bounds the last append gave: `retain_ms` (i64 LE), `max_reports` (u64 LE).
 const BOUNDS: &str = "bounds";
 
@@ -105,18 +105,7 @@ impl ReportLog {
                 ..Inner::default()
             })),
         };
-        let mut numbers = Vec::new();
-        for entry in fs::read_dir(dir).map_err(file_error(format!("listing {}", dir.display())))? {
-            let entry = entry.map_err(file_error(format!("listing {}", dir.display())))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(n) = name
-                .strip_prefix(PREFIX)
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                numbers.push(n);
-            }
-        }
-        numbers.sort_unstable();
+        let numbers = segments_in(dir)?;
         let mut segments = VecDeque::new();
         for (i, &number) in numbers.iter().enumerate() {
             let last = i + 1 == numbers.len();
@@ -371,6 +360,29 @@ impl ReportLog {
     fn sync_dir(&self) -> Result<(), StoreError> {
         sync_dir(&self.dir)
     }
+}
+
+/// The numbers of the segment files (`seg-N`) in `dir`, in order; none when it is missing.
+/// The topology's journal names its segments the same way.
+pub(super) fn segments_in(dir: &Path) -> Result<Vec<u64>, StoreError> {
+    let mut numbers = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(numbers),
+        Err(e) => return Err(file_error(format!("listing {}", dir.display()))(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(file_error(format!("listing {}", dir.display())))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(n) = name
+            .strip_prefix(PREFIX)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            numbers.push(n);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
 }
 
 /// One record, framed (the topology's journal frames its entries the same way).
