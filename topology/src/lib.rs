@@ -282,6 +282,29 @@ impl TopologyBuilder {
         Ok(())
     }
 
+    /// [`Self::push_unit`] with the class and clusters by this builder's indices
+    /// ([`InstanceBuilder::push_unit_indexed`]): the compact form's decoding.
+    pub fn push_unit_indexed(
+        &mut self,
+        spec: &cdnmap_mapper::model::IndexedUnitSpec<'_>,
+        prefixes: &[IpNet],
+    ) -> Result<(), ModelError> {
+        too_many(
+            || format!("map unit {:?}", spec.id),
+            "prefixes",
+            prefixes.len(),
+            MAX_PREFIXES_PER_UNIT,
+        )?;
+        self.instance.push_unit_indexed(spec)?;
+        self.addressing.push_unit(prefixes);
+        Ok(())
+    }
+
+    /// The index of traffic class `name` in the topology being built.
+    pub fn class_index(&self, name: &str) -> Option<cdnmap_mapper::ClassIdx> {
+        self.instance.class_index(name)
+    }
+
     /// The topology: units in id order (duplicates refused), their prefixes with them; a
     /// client network claimed by two units of one class is refused.
     pub fn finish(self) -> Result<Topology, TopologyError> {

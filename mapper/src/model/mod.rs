@@ -29,7 +29,7 @@ mod limits;
 mod splice;
 mod topology;
 
-pub use builder::{CandidateSpec, InstanceBuilder, MapUnitSpec};
+pub use builder::{CandidateSpec, IndexedCandidate, IndexedUnitSpec, InstanceBuilder, MapUnitSpec};
 pub use candidates::Candidate;
 pub(crate) use columns::{CandidateColumns, Head, NO_RANK};
 pub(crate) use favour::{Favour, FirstCandidate};
