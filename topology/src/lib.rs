@@ -133,7 +133,10 @@ impl Topology {
         let Some(instance) = self.instance.with_cluster_replaced(spec)? else {
             return Ok(None);
         };
-        let c = instance.cluster_index(&id).unwrap_or_default();
+        // The instance replaced the cluster of this id, so it has one.
+        let Some(c) = instance.cluster_index(&id) else {
+            return Ok(None);
+        };
         Ok(Some(Topology {
             instance,
             addressing: Arc::new(self.addressing.with_cluster_addresses(c, addresses)),

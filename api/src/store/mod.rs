@@ -496,6 +496,15 @@ impl Store {
     pub fn stored_topology(&self, limits: Limits) -> Result<Option<(Topology, u64)>, StoreError> {
         let last = self.journal.last()?;
         let Some((seq, name)) = snapshots(&self.values)?.pop() else {
+            if last > 0 {
+                // Edits with nothing to replay them onto: starting afresh would drop them.
+                return Err(StoreError::Corrupt {
+                    what: "the stored topology".into(),
+                    problem: format!(
+                        "the journal holds {last} edits but no snapshot of the topology is left"
+                    ),
+                });
+            }
             return Ok(None);
         };
         let topology = read::snapshot(&self.values, &name, limits)?;

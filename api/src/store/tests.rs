@@ -819,4 +819,12 @@ fn snapshots_and_the_journal_keep_what_the_kept_records_need() {
         .expect("read")
         .expect("stored");
     assert_eq!((&t, seq), (&*now, after.len() as u64 - 1));
+    // Every snapshot gone: the journal's edits are refused, not dropped by a fresh start.
+    for (_, name) in snapshots(&store.values).expect("list") {
+        store.values.remove(&name).expect("remove");
+    }
+    let err = store
+        .stored_topology(Limits::default())
+        .expect_err("edits without a snapshot");
+    assert!(err.to_string().contains("no snapshot"), "{err}");
 }
