@@ -449,83 +449,29 @@ mod tests {
     /// adds a cluster or changes its classes is rebuilt, and a bad tree is refused alike.
     #[test]
     fn cluster_edits_in_place_equal_the_rebuild_through_the_file_form() {
-        use cdnmap_topology::format::{cluster_file, NestedNode, ResourcesFile};
+        use cdnmap_topology::format::cluster_file;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
         let mut now = Arc::new(world(200));
-        // Edits that dropped candidates, and those carried out without a rebuild.
+        // Edits that dropped candidates.
         let mut dropping = 0;
         for step in 0..80 {
             let c = rng.random_range(0..now.clusters().len()) as u32;
             let mut file = cluster_file(&now, c);
-            if rng.random_bool(0.05) && now.clusters().len() > 2 {
+            let (edit, oracle) = if rng.random_bool(0.05) && now.clusters().len() > 2 {
                 let id = file.id.clone();
-                let edit = Edit::DeleteCluster { id: id.clone() };
-                let want = rebuild(&now, true, |f| remove(&mut f.clusters, &id, |c| &c.id))
-                    .expect("oracle");
-                let got = apply(&now, &edit).expect("delete");
-                assert_eq!(*got.topology, *want.topology, "step {step}: {edit:?}");
-                assert_eq!(got.skipped_candidates, want.skipped_candidates);
-                // `apply` adds the classes left without an up cluster after the rebuild's.
-                assert!(
-                    got.warnings.starts_with(&want.warnings),
-                    "{:?}",
-                    got.warnings
-                );
-                dropping += usize::from(got.skipped_candidates > 0);
-                now = got.topology;
-                continue;
-            }
-            match rng.random_range(0..8) {
-                0 => file.lat = rng.random_range(-80.0..80.0),
-                6 => {
-                    // One class fewer (its units' candidates here go), or both again.
-                    if let ResourcesFile::Nested(root) = &mut file.resources {
-                        let classes = [vec!["web".to_string()], vec!["video".to_string()]];
-                        root.classes = if root.classes.len() == 2 {
-                            classes[step % 2].clone()
-                        } else {
-                            vec!["web".into(), "video".into()]
-                        };
-                        root.children.clear();
-                    }
-                }
-                7 => {
-                    if let ResourcesFile::Nested(root) = &mut file.resources {
-                        root.classes = vec!["opera".into()];
-                        root.children.clear();
-                    }
-                }
-                1 => file.addresses = vec![format!("198.19.{step}.1").parse().expect("ip")],
-                2 => file.state = ClusterState::Drained,
-                3 => {
-                    // A deeper tree: the root over a leaf of the same classes.
-                    if let ResourcesFile::Nested(root) = &mut file.resources {
-                        let leaf = NestedNode {
-                            name: format!("leaf{step}"),
-                            children: Vec::new(),
-                            ..root.clone()
-                        };
-                        root.classes = Vec::new();
-                        root.children = vec![leaf];
-                    }
-                }
-                4 => file.id = format!("c{step}new"),
-                _ => {
-                    if let ResourcesFile::Nested(root) = &mut file.resources {
-                        root.capacity = rng.random_range(-1.0..500.0);
-                    }
-                }
-            }
-            let edit = Edit::UpsertCluster { cluster: file };
-            let Edit::UpsertCluster { cluster } = &edit else {
-                unreachable!()
+                let oracle = rebuild(&now, true, |f| remove(&mut f.clusters, &id, |c| &c.id));
+                (Edit::DeleteCluster { id }, oracle)
+            } else {
+                cluster_changed(&mut rng, &mut file, step);
+                let oracle = rebuild(&now, true, |f| upsert(&mut f.clusters, &file, |c| &c.id));
+                (Edit::UpsertCluster { cluster: file }, oracle)
             };
-            let oracle = rebuild(&now, true, |f| upsert(&mut f.clusters, cluster, |c| &c.id));
             let got = apply(&now, &edit);
             match (oracle, got) {
                 (Ok(want), Ok(got)) => {
                     assert_eq!(*got.topology, *want.topology, "step {step}: {edit:?}");
                     assert_eq!(got.skipped_candidates, want.skipped_candidates);
+                    // `apply` adds the classes left without an up cluster after the rebuild's.
                     assert!(
                         got.warnings.starts_with(&want.warnings),
                         "{:?}",
@@ -542,5 +488,56 @@ mod tests {
         }
         assert!(now.total_candidates() > 0);
         assert!(dropping >= 3, "only {dropping} edits dropped candidates");
+    }
+
+    /// One random change of a cluster's file: its place, addresses, state, tree, capacity,
+    /// classes (fewer, back, or one that does not exist) or id (a new cluster).
+    fn cluster_changed(
+        rng: &mut rand_chacha::ChaCha8Rng,
+        file: &mut cdnmap_topology::format::ClusterFile,
+        step: usize,
+    ) {
+        use cdnmap_topology::format::{NestedNode, ResourcesFile};
+        match rng.random_range(0..8) {
+            0 => file.lat = rng.random_range(-80.0..80.0),
+            6 => {
+                // One class fewer (its units' candidates here go), or both again.
+                if let ResourcesFile::Nested(root) = &mut file.resources {
+                    let classes = [vec!["web".to_string()], vec!["video".to_string()]];
+                    root.classes = if root.classes.len() == 2 {
+                        classes[step % 2].clone()
+                    } else {
+                        vec!["web".into(), "video".into()]
+                    };
+                    root.children.clear();
+                }
+            }
+            7 => {
+                if let ResourcesFile::Nested(root) = &mut file.resources {
+                    root.classes = vec!["opera".into()];
+                    root.children.clear();
+                }
+            }
+            1 => file.addresses = vec![format!("198.19.{step}.1").parse().expect("ip")],
+            2 => file.state = ClusterState::Drained,
+            3 => {
+                // A deeper tree: the root over a leaf of the same classes.
+                if let ResourcesFile::Nested(root) = &mut file.resources {
+                    let leaf = NestedNode {
+                        name: format!("leaf{step}"),
+                        children: Vec::new(),
+                        ..root.clone()
+                    };
+                    root.classes = Vec::new();
+                    root.children = vec![leaf];
+                }
+            }
+            4 => file.id = format!("c{step}new"),
+            _ => {
+                if let ResourcesFile::Nested(root) = &mut file.resources {
+                    root.capacity = rng.random_range(-1.0..500.0);
+                }
+            }
+        }
     }
 }

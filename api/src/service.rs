@@ -305,20 +305,10 @@ impl Shared {
         let me = Arc::clone(&shared);
         let inline = inline.unwrap_or_default();
         let restore = move || me.restore_estimator(&start_topology, served_version, inline);
-        if let Err(e) = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("cdnmap-estimator".into())
             .spawn(restore)
-        {
-            tracing::warn!(error = %e, "no thread to restore the estimator on: restoring it first");
-            let me = Arc::clone(&shared);
-            let topology = me.topology.current();
-            let inline = me
-                .store
-                .served_on(&topology, seq)?
-                .map(|s| s.estimator)
-                .unwrap_or_default();
-            me.restore_estimator(&topology, served_version, inline);
-        }
+            .map_err(|e| anyhow::anyhow!("no thread to restore the estimator on: {e}"))?;
         Ok(shared)
     }
 

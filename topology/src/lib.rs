@@ -66,6 +66,20 @@ fn split_clusters(clusters: Vec<(ClusterSpec, Vec<IpAddr>)>) -> Result<Split, Mo
     Ok((specs, addresses))
 }
 
+impl TopologyError {
+    /// Client network `prefix` claimed by units `a` and `b` (of one class) of `instance`.
+    fn claimed_twice(instance: &Instance, prefix: IpNet, a: UnitIdx, b: UnitIdx) -> TopologyError {
+        TopologyError::PrefixClaimedTwice {
+            prefix: prefix.to_string(),
+            class: instance.classes()[usize::from(instance.unit_class(a))]
+                .name
+                .clone(),
+            first: instance.unit_id(a).to_string(),
+            second: instance.unit_id(b).to_string(),
+        }
+    }
+}
+
 /// An instance and its addressing: one topology, as the service publishes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
@@ -200,14 +214,7 @@ impl Topology {
             }
         }
         if let Some((prefix, a, b)) = addressing::claimed_twice_by(&instance, &addressing, &fresh) {
-            return Err(TopologyError::PrefixClaimedTwice {
-                prefix: prefix.to_string(),
-                class: instance.classes()[usize::from(instance.unit_class(a))]
-                    .name
-                    .clone(),
-                first: instance.unit_id(a).to_string(),
-                second: instance.unit_id(b).to_string(),
-            });
+            return Err(TopologyError::claimed_twice(&instance, prefix, a, b));
         }
         Ok(Topology {
             instance,
@@ -314,14 +321,7 @@ impl TopologyBuilder {
         let (instance, order) = self.instance.finish_with_order()?;
         let addressing = Arc::new(self.addressing.finish(&instance, order.as_deref()));
         if let Some((prefix, a, b)) = addressing::claimed_twice(&instance, &addressing) {
-            return Err(TopologyError::PrefixClaimedTwice {
-                prefix: prefix.to_string(),
-                class: instance.classes()[usize::from(instance.unit_class(a))]
-                    .name
-                    .clone(),
-                first: instance.unit_id(a).to_string(),
-                second: instance.unit_id(b).to_string(),
-            });
+            return Err(TopologyError::claimed_twice(&instance, prefix, a, b));
         }
         Ok(Topology {
             instance,

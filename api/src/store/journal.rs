@@ -23,7 +23,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::reports::{file_error, frame, parse, segments_in, torn, PREFIX};
+use super::reports::{cut_off, file_error, frame, parse, segments_in, torn, PREFIX};
 use super::values::{remove_if_present, sync_dir};
 use super::StoreError;
 
@@ -164,13 +164,7 @@ impl Journal {
             last = entries.last().map_or(first.saturating_sub(1), |e| e.0);
             if valid < bytes.len() {
                 // An append a crash cut short: never acknowledged.
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(file_error(format!("opening {}", path.display())))?;
-                f.set_len(valid as u64)
-                    .and_then(|()| f.sync_all())
-                    .map_err(file_error(format!("cutting {}", path.display())))?;
+                cut_off(&path, valid)?;
                 tracing::warn!(segment = %path.display(), "an edit cut short by a crash was cut off (it was never acknowledged)");
             }
         }

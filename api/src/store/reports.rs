@@ -117,13 +117,7 @@ impl ReportLog {
             if valid < bytes.len() {
                 if last && torn(&bytes[valid..]) {
                     // An append a crash cut short: never acknowledged.
-                    let f = OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .map_err(file_error(format!("opening {}", path.display())))?;
-                    f.set_len(valid as u64)
-                        .and_then(|()| f.sync_all())
-                        .map_err(file_error(format!("cutting {}", path.display())))?;
+                    cut_off(&path, valid)?;
                 } else {
                     closed = true;
                     tracing::warn!(
@@ -360,6 +354,18 @@ impl ReportLog {
     fn sync_dir(&self) -> Result<(), StoreError> {
         sync_dir(&self.dir)
     }
+}
+
+/// Cuts the segment at `path` to its first `len` bytes (what follows is a record a crash cut
+/// short), synced.
+pub(super) fn cut_off(path: &Path, len: usize) -> Result<(), StoreError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(file_error(format!("opening {}", path.display())))?;
+    f.set_len(len as u64)
+        .and_then(|()| f.sync_all())
+        .map_err(file_error(format!("cutting {}", path.display())))
 }
 
 /// The numbers of the segment files (`seg-N`) in `dir`, in order; none when it is missing.
