@@ -147,6 +147,21 @@ pub fn apply(base: &Arc<Topology>, edit: &Edit) -> Result<Applied, ChangeError> 
     Ok(applied)
 }
 
+impl Applied {
+    /// `topology`, made from `base` by copying or rebuilding its units (what that costs to
+    /// replay), with `entries` candidate entries of `units` map units dropped.
+    fn rebuilt(base: &Topology, topology: Topology, entries: usize, units: usize) -> Applied {
+        Applied {
+            cost: base.unit_count().max(1) as u64,
+            topology: Arc::new(topology),
+            changed: true,
+            before: None,
+            skipped_candidates: entries,
+            warnings: dropped_warning(entries, units),
+        }
+    }
+}
+
 /// `base` as it is: an edit that changed nothing.
 fn unchanged(base: &Arc<Topology>) -> Applied {
     Applied {
@@ -171,14 +186,7 @@ fn units_edited(
     let topology = base
         .with_units_edited(upserts, deletes, Limits::default())
         .map_err(|e| ChangeError::Refused(e.to_string()))?;
-    Ok(Applied {
-        cost: base.unit_count().max(1) as u64,
-        topology: Arc::new(topology),
-        changed: true,
-        before: None,
-        skipped_candidates: 0,
-        warnings: Vec::new(),
-    })
+    Ok(Applied::rebuilt(base, topology, 0, 0))
 }
 
 /// `base` with its cluster list changed by `change` (as files), the units kept
@@ -202,14 +210,7 @@ fn clusters_edited(
     let (topology, entries, units) = base
         .with_clusters(list, Limits::default())
         .map_err(|e| ChangeError::Refused(e.to_string()))?;
-    Ok(Applied {
-        cost: base.unit_count().max(1) as u64,
-        topology: Arc::new(topology),
-        changed: true,
-        before: None,
-        skipped_candidates: entries,
-        warnings: dropped_warning(entries, units),
-    })
+    Ok(Applied::rebuilt(base, topology, entries, units))
 }
 
 /// The warning of candidates dropped with a cluster, if any were.
@@ -268,15 +269,7 @@ fn rebuild(
     let topology = file
         .build(Limits::default())
         .map_err(|e| ChangeError::Refused(e.to_string()))?;
-    let warnings = dropped_warning(skipped.0, skipped.1);
-    Ok(Applied {
-        cost: base.unit_count().max(1) as u64,
-        topology: Arc::new(topology),
-        changed: true,
-        before: None,
-        skipped_candidates: skipped.0,
-        warnings,
-    })
+    Ok(Applied::rebuilt(base, topology, skipped.0, skipped.1))
 }
 
 /// Drops every candidate whose cluster is not in `file` or does not serve its unit's class;

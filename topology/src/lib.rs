@@ -66,6 +66,16 @@ fn split_clusters(clusters: Vec<(ClusterSpec, Vec<IpAddr>)>) -> Result<Split, Mo
     Ok((specs, addresses))
 }
 
+/// Refuses a unit with more than [`MAX_PREFIXES_PER_UNIT`] client networks, naming it.
+fn check_prefixes(unit: &str, prefixes: &[IpNet]) -> Result<(), ModelError> {
+    too_many(
+        || format!("map unit {unit:?}"),
+        "prefixes",
+        prefixes.len(),
+        MAX_PREFIXES_PER_UNIT,
+    )
+}
+
 impl TopologyError {
     /// Client network `prefix` claimed by units `a` and `b` (of one class) of `instance`.
     fn claimed_twice(instance: &Instance, prefix: IpNet, a: UnitIdx, b: UnitIdx) -> TopologyError {
@@ -191,12 +201,7 @@ impl Topology {
         limits: Limits,
     ) -> Result<Topology, TopologyError> {
         for (spec, prefixes) in upserts {
-            too_many(
-                || format!("map unit {:?}", spec.id),
-                "prefixes",
-                prefixes.len(),
-                MAX_PREFIXES_PER_UNIT,
-            )?;
+            check_prefixes(spec.id, prefixes)?;
         }
         let specs: Vec<MapUnitSpec<'_>> = upserts.iter().map(|(s, _)| *s).collect();
         let (instance, pieces) = self.instance.with_units_edited(&specs, deletes, limits)?;
@@ -281,12 +286,7 @@ impl TopologyBuilder {
         spec: &MapUnitSpec<'_>,
         prefixes: &[IpNet],
     ) -> Result<(), ModelError> {
-        too_many(
-            || format!("map unit {:?}", spec.id),
-            "prefixes",
-            prefixes.len(),
-            MAX_PREFIXES_PER_UNIT,
-        )?;
+        check_prefixes(spec.id, prefixes)?;
         self.instance.push_unit(spec)?;
         self.addressing.push_unit(prefixes);
         Ok(())
@@ -299,12 +299,7 @@ impl TopologyBuilder {
         spec: &cdnmap_mapper::model::IndexedUnitSpec<'_>,
         prefixes: &[IpNet],
     ) -> Result<(), ModelError> {
-        too_many(
-            || format!("map unit {:?}", spec.id),
-            "prefixes",
-            prefixes.len(),
-            MAX_PREFIXES_PER_UNIT,
-        )?;
+        check_prefixes(spec.id, prefixes)?;
         self.instance.push_unit_indexed(spec)?;
         self.addressing.push_unit(prefixes);
         Ok(())
