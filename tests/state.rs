@@ -106,7 +106,7 @@ async fn full_map(server: &Server) -> pb::MapUpdate {
         .expect("the stream")
         .expect("a message");
     assert!(update.full);
-    update
+    cdnmap_serve::watch::readable(update).expect("a readable map")
 }
 
 fn assert_shares_in_range(update: &pb::MapUpdate) {

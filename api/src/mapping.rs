@@ -285,7 +285,8 @@ async fn send_full(
 fn counted(kind: &'static str, msg: pb::MapUpdate) -> pb::MapUpdate {
     use cdnmap_proto::prost::Message;
     metrics::counter!("cdnmap_watch_messages_total", "kind" => kind).increment(1);
-    metrics::counter!("cdnmap_watch_units_total", "kind" => kind).increment(msg.units.len() as u64);
+    metrics::counter!("cdnmap_watch_units_total", "kind" => kind)
+        .increment(cdnmap_serve::watch::unit_count(&msg) as u64);
     metrics::counter!("cdnmap_watch_bytes_total", "kind" => kind)
         .increment(msg.encoded_len() as u64);
     msg

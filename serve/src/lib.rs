@@ -6,6 +6,7 @@
 //! No I/O, no async, no clock reads: a resolver is built once per map version and then only
 //! read.
 
+pub mod columns;
 pub mod resolve;
 pub mod servers;
 pub mod serving;

@@ -9,8 +9,10 @@
 //!
 //! **Parts.** A full map of many units is sent as several messages of at most
 //! [`PART_UNITS`] units, each but the last with `more` set; the first carries the clusters,
-//! rules and fallbacks, later ones units only. A front end applies nothing until the last, and
-//! holds each part's units in the compact columns of the map it is building, not as messages.
+//! rules, fallbacks and the whole map's size, later ones units only. A full map's units travel
+//! as columns ([`crate::columns`]); a delta's as one `UnitMapping` message each (few, and
+//! readable). A front end applies nothing until the last part, and pushes each part's units
+//! into the compact columns of the map it is building as it comes.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -20,6 +22,7 @@ use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
 
+use crate::columns;
 use crate::servers::Policy;
 use crate::serving::{Builder, ServeError, ServingCluster, ServingMap, Sizes};
 
@@ -218,10 +221,42 @@ pub fn full_part(edge: &Edge<'_>, id: Identity, m: &ServingMap, part: usize) -> 
     };
     msg.full = true;
     msg.more = part + 1 < parts;
+    if part == 0 {
+        msg.size = Some(columns::size_of(m));
+    }
     let start = part * PART_UNITS;
     let end = (start + PART_UNITS).min(m.unit_count());
-    msg.units = (start..end).map(|u| unit_pb(m, u as UnitIdx)).collect();
+    msg.columns = Some(columns::of(m, start..end));
     msg
+}
+
+/// The map units a message carries (as columns and as messages).
+pub fn unit_count(msg: &pb::MapUpdate) -> usize {
+    msg.units.len() + msg.columns.as_ref().map_or(0, |c| c.id_lengths.len())
+}
+
+/// A whole map in one message with its units as `UnitMapping` messages instead of columns,
+/// checked as a front end checks it: for tools and tests that read units by id.
+pub fn readable(update: pb::MapUpdate) -> Result<pb::MapUpdate, FollowError> {
+    if update.columns.is_none() {
+        return Ok(update);
+    }
+    if !update.full || update.more {
+        return Err(invalid(
+            "columns",
+            "only a whole map in one message is made readable",
+        ));
+    }
+    let mut f = Follower::default();
+    f.apply(update.clone())?;
+    let m = &f.held().ok_or_else(|| invalid("version", "not held"))?.map;
+    Ok(pb::MapUpdate {
+        columns: None,
+        units: (0..m.unit_count() as UnitIdx)
+            .map(|u| unit_pb(m, u))
+            .collect(),
+        ..update
+    })
 }
 
 /// What changed from `prev` to `next`: the units whose answer may differ (by id; see
@@ -340,6 +375,8 @@ struct Building {
     builder: Builder,
     extras: Extras,
     classes: Vec<Arc<str>>,
+    /// Class index by class number (a position in the first part's fallbacks), for columns.
+    class_of: Vec<ClassIdx>,
 }
 
 /// The front end's side of WatchMap: the versions the stream brought, applied in order.
@@ -385,6 +422,9 @@ impl Follower {
                     building: self.building.as_ref().map(|b| b.identity.key()),
                 });
             }
+            if update.columns.is_some() {
+                return Err(invalid("columns", "a delta carries its units as `units`"));
+            }
             if (update.base_epoch, update.base_version) != held || self.held.is_none() {
                 return Err(FollowError::Gap {
                     base: (update.base_epoch, update.base_version),
@@ -405,7 +445,7 @@ impl Follower {
                     ));
                 }
                 if !b.stale {
-                    push_units(&mut b.builder, &b.classes, update.units)?;
+                    push_part(b, update)?;
                 }
             }
             Some(b) => {
@@ -417,22 +457,31 @@ impl Follower {
             None => {
                 let (extras, classes, clusters) = frame_of(&update)?;
                 let builder = Builder::new(classes.clone(), clusters)?;
+                let class_of = update
+                    .fallbacks
+                    .iter()
+                    .map(|f| class_in(&classes, &f.traffic_class).unwrap_or_default())
+                    .collect();
                 let mut b = Building {
                     identity,
                     stale: self.held.is_some() && identity.key() < held,
                     builder,
                     extras,
                     classes,
+                    class_of,
                 };
                 if !b.stale {
                     let fallback =
                         fallback_of(&update, &b.classes, &|id| b.builder.cluster_index(id));
                     b.builder.set_fallback(&fallback);
-                    // The map held is the best guess of the size of the one coming.
-                    if let Some(h) = &self.held {
-                        b.builder.reserve(h.map.sizes());
+                    // Room for the whole map at once: as the first part announces it, else
+                    // the size of the map held (the best guess of the one coming).
+                    match (&update.size, &self.held) {
+                        (Some(size), _) => b.builder.reserve(columns::room_for(size)),
+                        (None, Some(h)) => b.builder.reserve(h.map.sizes()),
+                        (None, None) => {}
                     }
-                    push_units(&mut b.builder, &b.classes, update.units)?;
+                    push_part(&mut b, update)?;
                 }
                 self.building = Some(b);
             }
@@ -822,6 +871,14 @@ fn sizes_of(units: &[pb::UnitMapping]) -> Sizes {
     }
 }
 
+/// A full map's part into the map being built: its columns, then its units.
+fn push_part(b: &mut Building, update: pb::MapUpdate) -> Result<(), FollowError> {
+    if let Some(c) = &update.columns {
+        columns::push(&mut b.builder, &b.class_of, c)?;
+    }
+    push_units(&mut b.builder, &b.classes, update.units)
+}
+
 fn push_units(
     b: &mut Builder,
     classes: &[Arc<str>],
@@ -884,13 +941,23 @@ mod tests {
                 .expect("prefix");
             let first = rng.random_range(0..n);
             let mut shares = vec![(first, 1.0)];
+            let mut overflow = 0.0;
             if rng.random_bool(0.2) {
                 shares = vec![(first, 0.25), ((first + 1) % n, 0.75)];
+            } else if rng.random_bool(0.1) {
+                (shares, overflow) = (vec![(first, 0.875)], 0.125);
             }
             let backups = [Some((first + 2) % n), None];
             let id = format!("u{i:06}");
-            b.push(&id, (i % 2) as ClassIdx, &[prefix], shares, 0.0, backups)
-                .expect("a valid unit");
+            b.push(
+                &id,
+                (i % 2) as ClassIdx,
+                &[prefix],
+                shares,
+                overflow,
+                backups,
+            )
+            .expect("a valid unit");
         }
         b.set_fallback(&[[Some(0), Some(1)], [Some(1), None]]);
         b.finish()
@@ -1133,7 +1200,15 @@ mod tests {
         let m = map(&mut rng, 20, &["a", "b", "c"]);
         let mut f = Follower::default();
         send_full(&mut f, &m, id(1, 1));
-        let good = with_edge(|e| full_part(e, id(1, 2), &m, 0));
+        // A full map with its units as messages (what an older mapper sent; still taken).
+        let mut good = with_edge(|e| full_part(e, id(1, 2), &m, 0));
+        good.columns = None;
+        good.units = (0..m.unit_count() as UnitIdx)
+            .map(|u| unit_pb(&m, u))
+            .collect();
+        let mut f2 = Follower::default();
+        assert_eq!(f2.apply(good.clone()), Ok(Applied::New));
+        assert_eq!(*f2.held().expect("held").map, m, "units as messages");
         type Break = Box<dyn Fn(&mut pb::MapUpdate)>;
         let cases: Vec<(Break, &str)> = vec![
             (Box::new(|u| u.units.swap(0, 1)), "increasing id order"),
@@ -1166,6 +1241,131 @@ mod tests {
             assert!(e.to_string().contains(want), "{e} (wanted {want:?})");
             assert_eq!(f.identity(), (1, 1));
             assert_eq!(*f.held().expect("held").map, m);
+        }
+    }
+
+    /// Columns that disagree with each other or hold a bad unit: refused with the column or
+    /// the unit named, and nothing held changes.
+    #[test]
+    fn bad_columns_are_refused_by_name() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let m = map(&mut rng, 40, &["a", "b", "c"]);
+        let mut f = Follower::default();
+        send_full(&mut f, &m, id(1, 1));
+        let good = with_edge(|e| full_part(e, id(1, 2), &m, 0));
+        type Break = Box<dyn Fn(&mut pb::UnitColumns)>;
+        let cases: Vec<(Break, &str)> = vec![
+            (
+                // The first two ids swapped (all are seven bytes).
+                Box::new(|c| c.ids[..14].rotate_left(7)),
+                "increasing id order",
+            ),
+            (Box::new(|c| c.ids[1] = 0xff), "not UTF-8"),
+            (Box::new(|c| c.ids.truncate(20)), "columns.ids"),
+            (Box::new(|c| c.ids.push(b'x')), "left after the last unit"),
+            (
+                Box::new(|c| c.id_lengths[0] = u32::MAX),
+                "cut short at unit 0",
+            ),
+            (Box::new(|c| c.classes[3] = 9), "class number 9"),
+            (
+                Box::new(|c| c.classes.pop().map(drop).unwrap_or(())),
+                "entries for",
+            ),
+            (Box::new(|c| c.share_clusters[2] = 77), "cluster index 77"),
+            (
+                Box::new(|c| {
+                    let last = c.placements.len() - 1;
+                    c.placements[last] = 4 << 1
+                }),
+                "cut short in columns.share_clusters",
+            ),
+            (Box::new(|c| c.placements[1] = 2 << 1 | 1), "whole: true"),
+            (Box::new(|c| c.shares.push(0.5)), "left after the last unit"),
+            (Box::new(|c| c.prefixes[0] = 3), "neither 1 (IPv4) nor 2"),
+            (
+                Box::new(|c| (c.prefixes[1], c.prefixes[4]) = (23, 1)),
+                "beyond the prefix length",
+            ),
+            (Box::new(|c| c.prefix_counts[5] = 5_000), "at most 4096"),
+            (Box::new(|c| c.backups[0] = 100), "backup cluster index 99"),
+            (
+                Box::new(|c| c.backups.pop().map(drop).unwrap_or(())),
+                "two each",
+            ),
+            (Box::new(|c| c.overflow_shares[0] = 2.0), "not in [0, 1]"),
+            (Box::new(|c| c.overflow_shares.clear()), "overflow shares"),
+        ];
+        for (break_it, want) in cases {
+            let mut bad = good.clone();
+            break_it(bad.columns.as_mut().expect("columns"));
+            let e = f.apply(bad).expect_err(want);
+            assert!(e.to_string().contains(want), "{e} (wanted {want:?})");
+            assert_eq!(f.identity(), (1, 1));
+            assert_eq!(*f.held().expect("held").map, m);
+        }
+        // A delta never carries columns.
+        let mut delta = with_edge(|e| delta_update(e, id(1, 1), &m, id(1, 2), &m));
+        delta.columns = good.columns.clone();
+        let e = f.apply(delta).expect_err("columns in a delta");
+        assert!(e.to_string().contains("as `units`"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// Any columns at all (a valid message with random bytes written over it, random
+        /// lengths): applied or refused, never a panic; a refusal leaves the map held.
+        #[test]
+        fn mangled_columns_never_panic(
+            seed in 0u64..1_000,
+            edits in proptest::collection::vec((0usize..11, 0usize..64, proptest::prelude::any::<u32>()), 1..6),
+        ) {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let m = map(&mut rng, 64, &["a", "b", "c"]);
+            let mut f = Follower::default();
+            send_full(&mut f, &m, id(1, 1));
+            let mut msg = with_edge(|e| full_part(e, id(1, 2), &m, 0));
+            let c = msg.columns.as_mut().expect("columns");
+            for (column, at, value) in edits {
+                let words: &mut Vec<u32> = match column {
+                    0 => &mut c.id_lengths,
+                    1 => &mut c.classes,
+                    2 => &mut c.prefix_counts,
+                    3 => &mut c.placements,
+                    4 => &mut c.share_clusters,
+                    5 => &mut c.overflow_units,
+                    6 => &mut c.backups,
+                    7 => {
+                        let i = at % c.ids.len().max(1);
+                        if let Some(b) = c.ids.get_mut(i) { *b = value as u8 }
+                        continue;
+                    }
+                    8 => {
+                        let i = at % c.prefixes.len().max(1);
+                        if let Some(b) = c.prefixes.get_mut(i) { *b = value as u8 }
+                        continue;
+                    }
+                    9 => {
+                        c.shares.push(f64::from_bits(u64::from(value) << 32));
+                        continue;
+                    }
+                    _ => {
+                        c.prefixes.truncate(at);
+                        continue;
+                    }
+                };
+                if value % 7 == 0 {
+                    words.truncate(at);
+                } else if let Some(w) = {
+                    let i = at % words.len().max(1);
+                    words.get_mut(i)
+                } {
+                    *w = value % 1024;
+                }
+            }
+            if f.apply(msg).is_err() {
+                proptest::prop_assert_eq!(f.identity(), (1, 1));
+                proptest::prop_assert_eq!(&*f.held().expect("held").map, &m);
+            }
         }
     }
 }

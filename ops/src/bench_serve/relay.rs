@@ -104,7 +104,7 @@ pub(super) async fn follow(relay: SocketAddr, watched: &Arc<Watched>) -> Result<
             version: update.version,
             full: update.full,
             more: update.more,
-            units: update.units.len(),
+            units: cdnmap_serve::watch::unit_count(&update),
             removed: update.removed_units.len(),
             wire_bytes: wire - wire_before,
         };
