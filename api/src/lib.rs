@@ -9,6 +9,7 @@ pub mod driver;
 pub mod edit;
 pub mod feedback;
 pub mod mapping;
+pub mod memory;
 pub mod record;
 pub mod round;
 pub mod selection;

@@ -300,6 +300,8 @@ impl Shared {
             );
             shared.publish(Arc::new(snapshot));
         }
+        // The decoded store's columns are freed: hand them back before the estimator is read.
+        crate::memory::release();
         // The estimator is restored while the stored map is served (at 11 M map units it is a
         // checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s of a start).
         let me = Arc::clone(&shared);
@@ -349,6 +351,8 @@ impl Shared {
                 if let Ok(mut c) = self.checkpoint.lock() {
                     *c = checkpointed;
                 }
+                // The checkpoint's bytes and the replayed entries are freed.
+                crate::memory::release();
                 tracing::info!(
                     estimator_ms = t.elapsed().as_secs_f64() * 1e3,
                     "the estimator is ready"

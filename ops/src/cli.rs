@@ -426,6 +426,7 @@ pub fn run() -> Result<ExitCode> {
     // Every other command keeps freed memory for the next round (see `alloc`).
     if !matches!(cli.command, Command::Dns(_)) {
         crate::alloc::keep_freed_memory();
+        cdnmap_api::memory::on_release(crate::alloc::release_freed);
     }
     if matches!(cli.command, Command::Bench(_)) {
         crate::alloc::enable(); // the benchmarks report peak memory
