@@ -237,8 +237,6 @@ pub struct Resolver {
     index: Arc<PrefixIndex>,
     /// Per (group, class): the answer, computed once per map version (`classes` per group).
     pre: Vec<Pre>,
-    /// Beside the map's share column: each unit's cumulative shares, in (0, 1].
-    alloc_cum: Vec<f32>,
 }
 
 /// The part of the index that depends on the map units' prefixes and classes only, not on the
@@ -586,25 +584,11 @@ impl Resolver {
             None => Arc::new(PrefixIndex::build(&map)?),
         };
         // Cumulative shares of each unit's placed demand, beside the map's share column.
-        let mut alloc_cum = Vec::with_capacity(map.share_total());
-        for u in 0..map.unit_count() as UnitIdx {
-            let (_, shares) = map.shares(u);
-            let total: f64 = shares.iter().sum();
-            let mut cum = 0.0;
-            for s in shares {
-                cum += s / total;
-                alloc_cum.push(cum as f32);
-            }
-            if let (false, Some(last)) = (shares.is_empty(), alloc_cum.last_mut()) {
-                *last = 1.0; // no rounding gap at the top
-            }
-        }
         let mut r = Resolver {
             map,
             rules,
             index,
             pre: Vec::new(),
-            alloc_cum,
         };
         // Each unit's answer, ahead (a split unit's is picked per query).
         let pre = r
@@ -683,17 +667,26 @@ impl Resolver {
     }
 
     /// Unit `u`'s placed clusters and their cumulative shares.
-    fn allocations_of(&self, u: UnitIdx) -> (&[ClusterIdx], &[f32]) {
-        (
-            self.map.shares(u).0,
-            &self.alloc_cum[self.map.share_range(u)],
-        )
+    /// The allocation of unit `u` that `x` in [0, 1) falls in, by cumulative share of its
+    /// placed demand (the last allocation's upper end is 1, with no rounding gap). Computed
+    /// per call: only a split unit's queries come here with `x` other than 0, and a column of
+    /// cumulative shares beside the map cost 4 bytes a share per version.
+    fn allocation_at(shares: &[f64], x: f32) -> usize {
+        let total: f64 = shares.iter().sum();
+        let mut cum = 0.0;
+        for (i, s) in shares.iter().enumerate() {
+            cum += s / total;
+            if i + 1 == shares.len() || x < cum as f32 {
+                return i;
+            }
+        }
+        0
     }
 
     /// Unit `u`'s two clusters; `x` in [0, 1) picks among a split unit's allocations by share.
     /// Nothing placed, or nothing up: the class's fallback.
     fn pick(&self, u: UnitIdx, x: f32) -> (Option<ClusterIdx>, Option<ClusterIdx>) {
-        let (clusters, cum) = self.allocations_of(u);
+        let (clusters, shares) = self.map.shares(u);
         let fallback = || {
             let [p, s] = self.map.fallback(self.map.unit_class(u));
             (p, s)
@@ -701,7 +694,7 @@ impl Resolver {
         if clusters.is_empty() {
             return fallback(); // all of it overflow
         }
-        let chosen = clusters[cum.partition_point(|&c| c <= x).min(clusters.len() - 1)];
+        let chosen = clusters[Self::allocation_at(shares, x)];
         let up = |c: ClusterIdx| self.map.clusters()[c as usize].is_up();
         // The second: another allocation, else the best up candidate outside the allocations
         // (the backups: any up allocation other than `p` is found first, so the candidate

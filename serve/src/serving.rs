@@ -712,16 +712,6 @@ impl ServingMap {
         (&self.units.share_cluster[r.clone()], &self.units.share[r])
     }
 
-    /// Where share `i` of the whole map starts for unit `u` (the resolver keeps a column
-    /// parallel to the shares).
-    pub(crate) fn share_range(&self, u: UnitIdx) -> std::ops::Range<usize> {
-        Self::range(&self.units.share_end, u)
-    }
-
-    pub(crate) fn share_total(&self) -> usize {
-        self.units.share.len()
-    }
-
     /// The share of unit `u`'s demand no candidate took.
     pub fn overflow(&self, u: UnitIdx) -> f64 {
         let units = &self.units;
