@@ -39,6 +39,10 @@ use local::{Follower, LocalView};
 /// attempt on a mapper that is down costs one refused connection.
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// The cap while the front end holds no map (it has nothing to answer with but the refusal):
+/// started beside a mapper that is starting too, it waits at most this long once the mapper
+/// listens.
+const RECONNECT_MAX_EMPTY: Duration = Duration::from_millis(250);
 /// Response buffer per TCP connection (hickory's).
 const TCP_RESPONSE_BUFFER: usize = 64;
 
@@ -210,17 +214,26 @@ async fn watch(mapper: String, front: Arc<Front>) {
     let mut backoff = RECONNECT_MIN;
     loop {
         let before = local.identity();
+        // The first failure of a run is a warning; the attempts after it, until one works,
+        // are counted (`cdnmap_dns_reconnects_total`) and logged at debug.
+        let first = backoff == RECONNECT_MIN;
         match follow(&mapper, &front, &mut local).await {
             Ok(()) => tracing::warn!("the mapper ended the map stream; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, held = ?local.identity(),
+            Err(e) if first => tracing::warn!(error = %e, held = ?local.identity(),
                 "map stream lost; answering from the last map and reconnecting"),
+            Err(e) => tracing::debug!(error = %e, "reconnecting to the mapper failed"),
         }
         if local.identity() != before {
             backoff = RECONNECT_MIN; // the stream worked for a while
         }
         metrics::counter!("cdnmap_dns_reconnects_total").increment(1);
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(RECONNECT_MAX);
+        let cap = if local.held().is_some() {
+            RECONNECT_MAX
+        } else {
+            RECONNECT_MAX_EMPTY
+        };
+        backoff = (backoff * 2).min(cap);
     }
 }
 
