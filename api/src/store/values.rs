@@ -314,6 +314,17 @@ impl Values {
         Ok(Some(bytes))
     }
 
+    /// The size on disk of value `name`'s file (header and compressed payload), if there is
+    /// one.
+    pub(super) fn file_len(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        let path = self.path(name);
+        match fs::metadata(&path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(file_error(format!("reading {}", path.display()))(e)),
+        }
+    }
+
     /// Removes the value `name` (nothing when there is none). Not synced: every removal is of
     /// a value nothing reads any more (a record beyond the history, a base no record names, an
     /// entry a checkpoint covers), so one a crash undoes is only done again by the next write.
