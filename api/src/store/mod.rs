@@ -17,6 +17,28 @@
 //! names the topology it was solved from by the journal's sequence number of its last edit.
 //! Every value file is compressed with zstd; `cdnmap store dump` prints any stored version as
 //! the JSON assignment format.
+//!
+//! **The history of map versions.** The served record (the newest) is always whole
+//! (`map-<version>-j<seq>`); each older kept version is a delta against the next newer one
+//! (`mapd-<version>-j<seq>`, [`record::Delta`]), so a listing tells the two apart. A record
+//! holds the round's demands as 16-bit codes where the code's value is the demand bit for bit
+//! (every forecast: the estimator rounds them so, `cdnmap_estimator::demand_code`), the
+//! others exactly; a delta holds, column by column, what differs from the next record
+//! (wrapping differences and XORs, mostly zeros, which zstd takes away). Why: at 11 M map
+//! units a record with `f64` demands was about 103 MB, 88 MB of it incompressible forecasts,
+//! and `maps_kept = 64` of them 6.6 GB; `docs/perf/store-history.md` has the figures now.
+//! Version `v − k` is read by applying `k` deltas to the newest whole record.
+//!
+//! [`Store::put_served`] writes the new record whole (the commit), then the previous record's
+//! delta, then removes the previous whole file, each write synced before the next step. A
+//! crash between any two leaves the new record served and every kept version readable: a
+//! version found both whole and as a delta is read from the whole file, and the delta goes at
+//! the next prune; a version left whole stays so until it is pruned. A damaged delta refuses
+//! its version and the older ones (read through it) with an error naming the file; the newer
+//! ones, the start and the next rounds do not read it. Pruning drops the oldest versions
+//! first, on which nothing depends (deltas depend on newer versions only). Records of the
+//! formats before (03: the estimator's state inline; 04: the demands as `f64`s) are still
+//! read, and a record of format 04 served before is rewritten as a delta like any other.
 
 use std::path::Path;
 
