@@ -146,9 +146,16 @@ impl StoredMaps {
             if out.last().is_some_and(|v| v.version == f.version) {
                 continue;
             }
-            // Dropped since it was listed (a running server prunes, or rewrote a whole record
-            // as a delta, listed after it): not this file any more.
-            let Some(bytes) = self.values.get(&f.name)? else {
+            // Dropped since it was listed (a running server prunes; or it rewrote a whole
+            // record as a delta, which is then read).
+            let mut bytes = self.values.get(&f.name)?;
+            let mut f = f;
+            if bytes.is_none() && !f.delta {
+                f.delta = true;
+                f.name = delta_name(f.version, f.base);
+                bytes = self.values.get(&f.name)?;
+            }
+            let Some(bytes) = bytes else {
                 continue;
             };
             let what = format!("stored map version {} ({})", f.version, f.name);
@@ -202,7 +209,7 @@ impl StoredMaps {
     pub fn get(&self, version: u64) -> Result<Option<Served>, StoreError> {
         let files = version_files(&self.values)?;
         let what = format!("stored map version {version}");
-        let Some((stored, base)) = self.load(version, &files, &what)? else {
+        let Some((stored, base)) = self.load(version, files, &what)? else {
             return Ok(None);
         };
         Ok(Some(self.finish(stored, base, &what, None)?))
@@ -211,10 +218,10 @@ impl StoredMaps {
     /// The record of `version` as stored, and the topology it names: its whole record, or its delta applied to the
     /// record of the version it is against (itself read so, until a whole one). `None` when
     /// `version` is not kept.
-    fn load(
+    pub(super) fn load(
         &self,
         version: u64,
-        files: &[VersionFile],
+        mut files: Vec<VersionFile>,
         what: &str,
     ) -> Result<Option<(Stored, BaseOf)>, StoreError> {
         let corrupt = |name: &str, problem: String| StoreError::Corrupt {
@@ -227,8 +234,14 @@ impl StoredMaps {
         let mut first_base = None;
         let newest = loop {
             // Its whole record first (the one read when both are there), then its delta; a
-            // file gone since the listing is looked for as the other kind.
-            let Some(base) = files.iter().find(|f| f.version == v).map(|f| f.base) else {
+            // file gone since the listing is looked for as the other kind, and a version
+            // stored since (a running server went on) in a new listing.
+            let mut base = files.iter().find(|f| f.version == v).map(|f| f.base);
+            if base.is_none() && !deltas.is_empty() {
+                files = version_files(&self.values)?;
+                base = files.iter().find(|f| f.version == v).map(|f| f.base);
+            }
+            let Some(base) = base else {
                 if deltas.is_empty() {
                     return Ok(None);
                 }

@@ -1322,3 +1322,31 @@ fn a_record_of_format_04_reads_back_and_becomes_a_delta() {
     put_round(&store, &base, 0, 3, 2, PutStep::Done);
     assert_eq!(kinds(&store), deltas_to(2, 3));
 }
+
+/// A reader beside a running server: versions listed before the server went on (a whole
+/// record rewritten as a delta, a newer version written) are still read, from the files
+/// there now.
+#[test]
+fn a_reader_with_an_old_listing_follows_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = world(300, 4);
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&base).expect("topology");
+    for v in 1..=3 {
+        put_round(&store, &base, 0, v, 8, PutStep::Done);
+    }
+    let listed = version_files(&store.values).expect("files");
+    for v in 4..=5 {
+        put_round(&store, &base, 0, v, 8, PutStep::Done);
+    }
+    let read_only = StoredMaps::open(dir.path()).expect("read only");
+    for v in 1..=3 {
+        let (stored, _) = read_only
+            .load(v, listed.clone(), "a version")
+            .expect("read")
+            .expect("kept");
+        let (instance, map) = round_of(&base, v);
+        let (t, m) = stored.instance_and_map(&base).expect("instance");
+        assert_eq!((&t.instance, &m), (&instance, &map), "version {v}");
+    }
+}
