@@ -55,7 +55,7 @@ mod values;
 
 pub use read::{RecordKind, StoredMaps, VersionInfo};
 
-use record::{Delta, Record};
+use record::Record;
 use values::Values;
 
 use crate::edit::Edit;
@@ -752,10 +752,9 @@ impl Store {
                 _ => return Ok(()),
             },
         };
-        let Ok(delta) = Delta::between(&older, newer) else {
+        let Ok(delta) = record::DeltaOf::new(&older, newer) else {
             return Ok(());
         };
-        drop(older);
         self.values
             .put_with(&delta_name(previous.version, previous.base), |w| {
                 record::write_delta(&delta, w)

@@ -37,8 +37,12 @@ pub(super) fn write(record: &Record, w: &mut dyn std::io::Write) -> std::io::Res
         .map_err(std::io::Error::other)
 }
 
-/// Writes `delta` as a delta file holds it: its header, then postcard.
-pub(super) fn write_delta(delta: &Delta, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+/// Writes `delta` ([`Delta`], or [`DeltaOf`]: the same bytes) as a delta file holds it: its
+/// header, then postcard.
+pub(super) fn write_delta(
+    delta: &impl Serialize,
+    w: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
     w.write_all(DELTA_MAGIC)?;
     postcard::to_io(delta, w)
         .map(|_| ())
@@ -134,16 +138,14 @@ pub(super) struct Record {
 impl Record {
     pub(super) fn of(s: &ServedRef<'_>) -> Record {
         let inst = s.instance;
-        let demands: Vec<f64> = (0..inst.unit_count() as u32)
-            .map(|u| inst.unit_demand(u))
-            .collect();
+        let demands = inst.demands();
         Record {
             epoch: s.epoch,
             version: s.version,
             solved_at_unix_ms: s.solved_at_unix_ms,
             base_generation: s.base_seq,
-            map: CompactMap::of(s.map, Some(&demands)),
-            demands: Demands::of(&demands),
+            map: CompactMap::of(s.map, Some(demands)),
+            demands: Demands::of(demands),
             per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
             capacities: inst.capacities(),
         }
@@ -166,20 +168,29 @@ pub(super) struct Demands {
 
 impl Demands {
     pub(super) fn of(demands: &[f64]) -> Demands {
+        let exact = |(c, d): (u16, &f64)| demand_code::decode(c).to_bits() == d.to_bits();
+        let codes: Vec<u16> = demands.iter().map(|&d| demand_code::code(d)).collect();
+        // Counted first, so that the columns are allocated once (at 11 M units of configured
+        // demands, growing them was a second of a round).
+        let n = codes
+            .iter()
+            .zip(demands)
+            .filter(|&x| !exact((*x.0, x.1)))
+            .count();
         let mut out = Demands {
-            codes: Codes(Vec::with_capacity(demands.len())),
-            exception_units: Vec::new(),
-            exceptions: Vec::new(),
+            codes: Codes(codes),
+            exception_units: Vec::with_capacity(n),
+            exceptions: Vec::with_capacity(n),
         };
+        if n == 0 {
+            return out;
+        }
         let mut last = 0u32;
-        for (u, &d) in demands.iter().enumerate() {
-            let c = demand_code::code(d);
-            if demand_code::decode(c).to_bits() == d.to_bits() {
-                out.codes.0.push(c);
-            } else {
-                out.codes.0.push(0);
+        for (u, (c, d)) in out.codes.0.iter_mut().zip(demands).enumerate() {
+            if !exact((*c, d)) {
+                *c = 0;
                 out.exception_units.push(u as u32 - last);
-                out.exceptions.push(d);
+                out.exceptions.push(*d);
                 last = u as u32;
             }
         }
@@ -345,8 +356,10 @@ fn demand_bits_at(newer: &Demands, units: &[usize]) -> Result<Vec<u64>, String> 
 }
 
 impl Delta {
-    /// `older` as a delta against `newer`; an error when a record's columns do not fit
-    /// together (the older one is then kept whole).
+    /// `older` as a delta against `newer`, in memory: what [`DeltaOf`] writes without
+    /// gathering it (the tests hold the two to the same bytes); an error when a record's
+    /// columns do not fit together.
+    #[cfg(test)]
     pub(super) fn between(older: &Record, newer: &Record) -> Result<Delta, String> {
         let new_codes = &newer.demands.codes.0;
         let codes = older
@@ -492,6 +505,151 @@ impl Delta {
                 overflow: self.overflow.clone(),
             },
         })
+    }
+}
+
+/// [`Delta::between`]`(older, newer)` as it is serialized, computed while it is written: the
+/// same bytes, without the columns in memory (at 11 M units about 100 MB a round).
+pub(super) struct DeltaOf<'a> {
+    older: &'a Record,
+    newer: &'a Record,
+    /// The older record's exceptions' units (absolute).
+    units: Vec<usize>,
+}
+
+impl<'a> DeltaOf<'a> {
+    /// `older` against `newer`, once their columns are checked to fit together (each map's
+    /// allocation counts add up to its clusters; exceptions in order and within the units):
+    /// an error otherwise (the older one is then kept whole).
+    pub(super) fn new(older: &'a Record, newer: &'a Record) -> Result<DeltaOf<'a>, String> {
+        for (which, r) in [("older", older), ("newer", newer)] {
+            let k: u64 = r.map.count.iter().map(|&c| u64::from(c >> 1)).sum();
+            if k != r.map.cluster.len() as u64 {
+                return Err(format!(
+                    "the {which} map counts {k} allocations in {} clusters",
+                    r.map.cluster.len()
+                ));
+            }
+            if r.demands.exception_units.len() != r.demands.exceptions.len() {
+                return Err(format!("the {which} record's exception columns differ"));
+            }
+        }
+        exception_indices(&newer.demands.exception_units, newer.demands.codes.0.len())?;
+        let units = exception_indices(&older.demands.exception_units, older.demands.codes.0.len())?;
+        Ok(DeltaOf {
+            older,
+            newer,
+            units,
+        })
+    }
+}
+
+/// A sequence serialized from an iterator of known length.
+struct Seq<I>(std::cell::Cell<Option<I>>, usize);
+
+impl<T: Serialize, I: Iterator<Item = T>> Serialize for Seq<I> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let items = self
+            .0
+            .take()
+            .ok_or_else(|| S::Error::custom("serialized twice"))?;
+        let mut seq = s.serialize_seq(Some(self.1))?;
+        for x in items {
+            seq.serialize_element(&x)?;
+        }
+        seq.end()
+    }
+}
+
+fn seq<T: Serialize, I: Iterator<Item = T>>(items: I, len: usize) -> Seq<I> {
+    Seq(std::cell::Cell::new(Some(items)), len)
+}
+
+impl Serialize for DeltaOf<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let (older, newer) = (self.older, self.newer);
+        let (old_codes, new_codes) = (&older.demands.codes.0, &newer.demands.codes.0);
+        let code =
+            |u: usize| zigzag16(old_codes[u].wrapping_sub(new_codes.get(u).copied().unwrap_or(0)));
+        let n = old_codes.len();
+        // The two byte planes as a sequence of bytes: the bytes `Codes` is serialized as.
+        let planes = seq(
+            (0..n)
+                .map(move |u| code(u) as u8)
+                .chain((0..n).map(move |u| (code(u) >> 8) as u8)),
+            2 * n,
+        );
+        let theirs = exception_indices(&newer.demands.exception_units, new_codes.len())
+            .map_err(serde::ser::Error::custom)?;
+        let mut their = theirs.iter().zip(&newer.demands.exceptions).peekable();
+        let exceptions = seq(
+            self.units
+                .iter()
+                .zip(&older.demands.exceptions)
+                .map(move |(&u, d)| {
+                    while their.next_if(|(v, _)| **v < u).is_some() {}
+                    let bits = match their.peek() {
+                        Some((v, x)) if **v == u => x.to_bits(),
+                        _ => new_codes
+                            .get(u)
+                            .map_or(0, |&c| demand_code::decode(c).to_bits()),
+                    };
+                    d.to_bits() ^ bits
+                }),
+            self.units.len(),
+        );
+        let (om, nm) = (&older.map, &newer.map);
+        let count = seq(
+            om.count
+                .iter()
+                .enumerate()
+                .map(|(u, &c)| c ^ nm.count.get(u).copied().unwrap_or(0)),
+            om.count.len(),
+        );
+        // Per unit, its allocations against the newer's at the same positions (the offsets
+        // walk both maps; the counts were checked to add up).
+        let mut at_new = 0usize;
+        let clusters = seq(
+            om.count
+                .iter()
+                .enumerate()
+                .scan(0usize, move |at_old, (u, &c)| {
+                    let theirs = nm.count.get(u).copied().unwrap_or(0);
+                    let (k, k_new) = ((c >> 1) as usize, (theirs >> 1) as usize);
+                    let (from, base) = (*at_old, at_new);
+                    *at_old += k;
+                    at_new += k_new;
+                    Some((0..k).map(move |i| {
+                        let mine = om.cluster.get(from + i).copied().unwrap_or(0);
+                        let base = if i < k_new {
+                            nm.cluster.get(base + i).copied().unwrap_or(0)
+                        } else {
+                            0
+                        };
+                        zigzag32(mine.wrapping_sub(base))
+                    }))
+                })
+                .flatten(),
+            om.cluster.len(),
+        );
+        let mut st = s.serialize_struct("Delta", 14)?;
+        st.serialize_field("epoch", &older.epoch)?;
+        st.serialize_field("version", &older.version)?;
+        st.serialize_field("solved_at_unix_ms", &older.solved_at_unix_ms)?;
+        st.serialize_field("base_generation", &older.base_generation)?;
+        st.serialize_field("against", &newer.version)?;
+        st.serialize_field("per_unit", &older.per_unit)?;
+        st.serialize_field("capacities", &older.capacities)?;
+        st.serialize_field("codes", &planes)?;
+        st.serialize_field("exception_units", &older.demands.exception_units)?;
+        st.serialize_field("exceptions", &exceptions)?;
+        st.serialize_field("count", &count)?;
+        st.serialize_field("cluster", &clusters)?;
+        st.serialize_field("amount", &om.amount)?;
+        st.serialize_field("overflow", &om.overflow)?;
+        st.end()
     }
 }
 

@@ -1,6 +1,8 @@
 //! The store's tests.
 
-use super::record::{CompactMap, MapColumns, Record03, Record04, SERVED_MAGIC_03, SERVED_MAGIC_04};
+use super::record::{
+    CompactMap, Delta, MapColumns, Record03, Record04, SERVED_MAGIC_03, SERVED_MAGIC_04,
+};
 use super::*;
 use crate::edit::apply;
 use cdnmap_mapper::{solve, ClusterState, SolveOptions};
@@ -1244,6 +1246,11 @@ fn a_delta_gives_the_older_record_back_and_damage_never_panics() {
         let mut bytes = Vec::new();
         record::write_delta(&delta, &mut bytes).expect("encode");
         assert_eq!(record::decode_delta(&bytes).expect("decodes"), delta);
+        // What the store writes, computed while it is written: the same bytes.
+        let mut streamed = Vec::new();
+        let of = record::DeltaOf::new(&older, &newer).expect("columns that fit");
+        record::write_delta(&of, &mut streamed).expect("encode");
+        assert!(streamed == bytes, "case {case}: the streamed delta differs");
         let check = |bytes: &[u8]| {
             if let Ok(d) = record::decode_delta(bytes) {
                 let _ = d.apply(&newer);
