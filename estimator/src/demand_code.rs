@@ -1,6 +1,6 @@
-//! A demand in 16 bits: what the estimator rounds each forecast to before it reaches a
-//! round's instance, so that the store keeps the round's demands in two bytes a map unit,
-//! exactly.
+//! A demand in 16 bits: what the estimator rounds each forecast to (up, [`round_up`]) before it
+//! reaches a round's instance, so that the store keeps the round's demands in two bytes a map
+//! unit, exactly.
 //!
 //! A code is bits 30..15 of the demand as an `f32`: its 8 exponent bits and the top 8 bits of
 //! its mantissa (the sign bit is left out: demands are ≥ 0). A code's value so has 9
@@ -15,7 +15,10 @@
 //! takes away). A forecast's own error is several percent; rounding it to 0.2% changes nothing
 //! of the map's quality, and the stored demand is still exactly the one the round was solved
 //! with (the code's value *is* the demand), so a restart reads back the very instance that
-//! was solved.
+//! was solved. The estimator rounds up, not to nearest: a forecast rounded down would let a
+//! map fill a node to its capacity with up to 0.2% more real demand than it planned for
+//! (`ops/tests/replay.rs` counts exactly that: with a steady demand, forecast exactly, no node
+//! may go over after the warm-up).
 
 /// The largest code of a demand: exponent 254, mantissa all ones. Codes above it are the
 /// `f32` bits of infinity and NaN: no demand has them.
@@ -59,13 +62,28 @@ pub fn decode(c: u16) -> f64 {
     f64::from(f32::from_bits(u32::from(c) << 15))
 }
 
-/// `x` as a round's instance takes it: the value of its code. NaN and a negative `x` (not
-/// demands: the instance refuses them) are returned as they are.
+/// `x` as the value of its nearest code. NaN and a negative `x` (not demands: the instance
+/// refuses them) are returned as they are.
 pub fn round(x: f64) -> f64 {
     if x.is_nan() || x < 0.0 {
         x
     } else {
         decode(code(x))
+    }
+}
+
+/// `x` as a round's instance takes it: the smallest code value at or above it (at most
+/// `2^-8` above, relative, from [`MIN_NORMAL`] to [`MAX`]; [`MAX`] beyond). NaN and a
+/// negative `x` are returned as they are.
+pub fn round_up(x: f64) -> f64 {
+    if x.is_nan() || x < 0.0 {
+        return x;
+    }
+    let c = code(x);
+    if decode(c) < x && c < MAX_CODE {
+        decode(c + 1)
+    } else {
+        decode(c)
     }
 }
 
@@ -84,6 +102,7 @@ mod tests {
             assert!(x.is_finite() && x >= 0.0, "code {c:#06x}: {x}");
             assert_eq!(code(x), c, "code {c:#06x} ({x})");
             assert_eq!(round(x).to_bits(), x.to_bits(), "code {c:#06x}");
+            assert_eq!(round_up(x).to_bits(), x.to_bits(), "code {c:#06x}");
             assert!(x > before, "code {c:#06x} after {before}");
             before = x;
         }
@@ -116,6 +135,11 @@ mod tests {
         assert_eq!(code(-3.0), 0);
         assert!(round(f64::NAN).is_nan());
         assert_eq!(round(-3.0), -3.0);
+        assert!(round_up(f64::NAN).is_nan());
+        assert_eq!(round_up(-3.0), -3.0);
+        assert_eq!(round_up(1.0 + 1e-12), 1.0 + step);
+        assert_eq!(round_up(1e300), MAX);
+        assert_eq!(round_up(0.0), 0.0);
     }
 
     /// The nearest code's value: within 2^-9 of `x` relative (absolute 2^-135 below the
@@ -130,7 +154,22 @@ mod tests {
         } else {
             assert_eq!(c, MAX_CODE);
         }
+        let up = round_up(x);
+        assert_eq!(
+            decode(code(up)).to_bits(),
+            up.to_bits(),
+            "{x}: a code's value"
+        );
         if x <= MAX {
+            assert!(up >= x, "{x} rounded up to {up}");
+            if x >= MIN_NORMAL {
+                assert!(up - x <= x * 2f64.powi(-8), "{x} -> {up}");
+            }
+            let below = code(up).checked_sub(1).map(decode);
+            assert!(
+                below.is_none_or(|b| b < x),
+                "{x}: {up} not the smallest above"
+            );
             if c > 0 {
                 assert!(
                     (x - decode(c - 1)).abs() >= (x - y).abs(),

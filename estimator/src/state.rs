@@ -227,10 +227,10 @@ impl Forecasts {
     }
 
     /// Each of `base`'s units' demand at `t_ms`: its forecast if it was ever observed (rounded
-    /// to its 16-bit code's value, [`demand_code`]), else its configured demand.
+    /// up to a 16-bit code's value, [`demand_code::round_up`]), else its configured demand.
     fn demands(&self, base: &Instance, t_ms: i64, config: &ForecastConfig) -> Vec<f64> {
         let pick = |u: usize, f: Option<&Forecaster>| match f {
-            Some(f) if f.observations() > 0 => demand_code::round(f.forecast(t_ms, config)),
+            Some(f) if f.observations() > 0 => demand_code::round_up(f.forecast(t_ms, config)),
             _ => base.unit_demand(u as UnitIdx),
         };
         if self.is_aligned(base) {
@@ -450,10 +450,11 @@ impl Estimates {
     }
 
     /// The demand forecast of `unit_id` at `t_ms`, if it was ever observed: as the instance
-    /// takes it ([`Estimates::apply`]), rounded to its 16-bit code's value.
+    /// takes it ([`Estimates::apply`]), rounded up to a 16-bit code's value.
     pub fn forecast(&self, unit_id: &str, t_ms: i64) -> Option<f64> {
         let f = &self.forecasts.by_unit[self.forecasts.index_of(unit_id)?];
-        (f.observations() > 0).then(|| demand_code::round(f.forecast(t_ms, &self.forecast_config)))
+        (f.observations() > 0)
+            .then(|| demand_code::round_up(f.forecast(t_ms, &self.forecast_config)))
     }
     /// Measured loads of `instance`'s nodes `(global node, load)`, with `through` the demand
     /// per class that passed each node: the learners learn, and each cluster with a measured
@@ -547,9 +548,10 @@ impl Estimates {
 
     /// `base` as the next round (at `t_ms`) should see it: forecast demand for the units that
     /// were ever observed (`forecast`), the learned coefficients once confident and derated
-    /// capacities (`learning`). Each forecast is rounded to its 16-bit code's value
-    /// ([`demand_code`]: within 0.2%, far inside a forecast's own error), so the store keeps
-    /// the round's demands in two bytes a unit and still reads back the very instance solved.
+    /// capacities (`learning`). Each forecast is rounded up to a 16-bit code's value
+    /// ([`demand_code::round_up`]: within 0.4%, far inside a forecast's own error; up, so a
+    /// node the map fills to capacity is not over it by the rounding), so the store keeps the
+    /// round's demands in two bytes a unit and still reads back the very instance solved.
     pub fn apply(
         &self,
         base: &Instance,
@@ -634,10 +636,10 @@ mod tests {
             next.unit_index("u1").expect("u1"),
             next.unit_index("u2").expect("u2"),
         );
-        // The forecast (the one observation) as its 16-bit code holds it: within 2^-9.
+        // The forecast (the one observation) rounded up to a 16-bit code's value: within 2^-8.
         let d = next.unit_demand(u1);
-        assert_eq!(d, demand_code::decode(demand_code::code(55.3)));
-        assert!(d != 55.3 && (d / 55.3 - 1.0).abs() <= 2f64.powi(-9), "{d}");
+        assert_eq!(d, demand_code::round_up(55.3));
+        assert!(d > 55.3 && d / 55.3 - 1.0 <= 2f64.powi(-8), "{d}");
         assert_eq!(est.forecast("u1", 20_000), Some(d));
         assert_eq!(next.unit_demand(u2), 20.0);
         // Without forecasting, the configured demand stays.
