@@ -200,6 +200,13 @@ impl Demands {
     /// The demand of each unit; a code that is no demand's, or exceptions out of order or
     /// past the last unit, are refused.
     pub(super) fn to_vec(&self) -> Result<Vec<f64>, String> {
+        if self.exception_units.len() != self.exceptions.len() {
+            return Err(format!(
+                "{} exceptions' units but {} demands",
+                self.exception_units.len(),
+                self.exceptions.len()
+            ));
+        }
         let mut out = Vec::with_capacity(self.codes.0.len());
         for (u, &c) in self.codes.0.iter().enumerate() {
             if c > demand_code::MAX_CODE {

@@ -1295,9 +1295,12 @@ fn demands_are_codes_where_exact_and_exceptions_else() {
     bad.exception_units.push(9);
     bad.exceptions.push(1.0);
     assert!(bad.to_vec().is_err(), "past the last unit");
-    let mut bad = d;
+    let mut bad = d.clone();
     bad.exception_units[1] = 0;
     assert!(bad.to_vec().is_err(), "a unit twice");
+    let mut bad = d;
+    bad.exceptions.pop();
+    assert!(bad.to_vec().is_err(), "a unit without its demand");
 }
 
 /// A record of format 04 (the demands as `f64`s) reads back as it was stored, and the next
