@@ -9,9 +9,12 @@
 //! - [`derate`]: clusters whose measured load runs ahead of what the model predicts get their
 //!   effective capacity lowered until the model catches up, with the reason kept.
 //! - [`observed`]: the demand reported per map unit over a period, as a column by unit index.
+//! - [`demand_code`]: a demand in 16 bits (9 significant): what each forecast is rounded to
+//!   before it reaches the instance, so the store keeps a round's demands in 2 bytes a unit.
 //! - [`state`]: all three together as the mapping loop and the replay use them: observations
 //!   in, the next round's instance out.
 
+pub mod demand_code;
 pub mod derate;
 pub mod forecast;
 pub mod learn;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use cdnmap_mapper::{Instance, Map, ModelError, PerUnit, ResourceKind, UnitIdx};
 
+use crate::demand_code;
 use crate::derate::{DerateConfig, Derater};
 use crate::forecast::{ForecastConfig, Forecaster, LegacyForecaster};
 use crate::learn::{LearnConfig, LearnError, Learner};
@@ -225,11 +226,11 @@ impl Forecasts {
         self.by_unit.iter().any(|f| f.observations() > 0)
     }
 
-    /// Each of `base`'s units' demand at `t_ms`: its forecast if it was ever observed, else
-    /// its configured demand.
+    /// Each of `base`'s units' demand at `t_ms`: its forecast if it was ever observed (rounded
+    /// up to a 16-bit code's value, [`demand_code::round_up`]), else its configured demand.
     fn demands(&self, base: &Instance, t_ms: i64, config: &ForecastConfig) -> Vec<f64> {
         let pick = |u: usize, f: Option<&Forecaster>| match f {
-            Some(f) if f.observations() > 0 => f.forecast(t_ms, config),
+            Some(f) if f.observations() > 0 => demand_code::round_up(f.forecast(t_ms, config)),
             _ => base.unit_demand(u as UnitIdx),
         };
         if self.is_aligned(base) {
@@ -448,10 +449,12 @@ impl Estimates {
         self.forecasts.observe(t_ms, &column, &self.forecast_config);
     }
 
-    /// The demand forecast of `unit_id` at `t_ms`, if it was ever observed.
+    /// The demand forecast of `unit_id` at `t_ms`, if it was ever observed: as the instance
+    /// takes it ([`Estimates::apply`]), rounded up to a 16-bit code's value.
     pub fn forecast(&self, unit_id: &str, t_ms: i64) -> Option<f64> {
         let f = &self.forecasts.by_unit[self.forecasts.index_of(unit_id)?];
-        (f.observations() > 0).then(|| f.forecast(t_ms, &self.forecast_config))
+        (f.observations() > 0)
+            .then(|| demand_code::round_up(f.forecast(t_ms, &self.forecast_config)))
     }
     /// Measured loads of `instance`'s nodes `(global node, load)`, with `through` the demand
     /// per class that passed each node: the learners learn, and each cluster with a measured
@@ -545,7 +548,10 @@ impl Estimates {
 
     /// `base` as the next round (at `t_ms`) should see it: forecast demand for the units that
     /// were ever observed (`forecast`), the learned coefficients once confident and derated
-    /// capacities (`learning`).
+    /// capacities (`learning`). Each forecast is rounded up to a 16-bit code's value
+    /// ([`demand_code::round_up`]: within 0.4%, far inside a forecast's own error; up, so a
+    /// node the map fills to capacity is not over it by the rounding), so the store keeps the
+    /// round's demands in two bytes a unit and still reads back the very instance solved.
     pub fn apply(
         &self,
         base: &Instance,
@@ -624,13 +630,17 @@ mod tests {
     fn observed_demand_replaces_the_configured_demand_of_that_unit_only() {
         let inst = instance();
         let mut est = Estimates::new(&inst).expect("estimates");
-        est.observe_demand(&inst, 10_000, &demand(&inst, &[("u1", 55.0)]));
+        est.observe_demand(&inst, 10_000, &demand(&inst, &[("u1", 55.3)]));
         let next = est.apply(&inst, 20_000, true, true).expect("apply");
         let (u1, u2) = (
             next.unit_index("u1").expect("u1"),
             next.unit_index("u2").expect("u2"),
         );
-        assert!((next.unit_demand(u1) - 55.0).abs() < 1e-9);
+        // The forecast (the one observation) rounded up to a 16-bit code's value: within 2^-8.
+        let d = next.unit_demand(u1);
+        assert_eq!(d, demand_code::round_up(55.3));
+        assert!(d > 55.3 && d / 55.3 - 1.0 <= 2f64.powi(-8), "{d}");
+        assert_eq!(est.forecast("u1", 20_000), Some(d));
         assert_eq!(next.unit_demand(u2), 20.0);
         // Without forecasting, the configured demand stays.
         let same = est.apply(&inst, 20_000, false, true).expect("apply");

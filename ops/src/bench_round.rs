@@ -14,7 +14,7 @@ use anyhow::{ensure, Context, Result};
 use cdnmap_api::driver::{Driver, Observations};
 use cdnmap_api::round::{Snapshot, Solved};
 use cdnmap_api::selection::{self, ServerLoads};
-use cdnmap_api::store::{ServedRef, Store};
+use cdnmap_api::store::{RecordKind, ServedRef, Store};
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{Stickiness, UnitIdx};
@@ -40,6 +40,9 @@ pub struct RoundBenchArgs {
     /// Skip persisting (to time the rest alone).
     #[arg(long)]
     pub no_persist: bool,
+    /// Map versions the store keeps (the service's `maps_kept`; the older ones are deltas).
+    #[arg(long, default_value_t = 4)]
+    pub maps_kept: usize,
 }
 
 const PARTS: [&str; 7] = [
@@ -82,6 +85,7 @@ fn observations(
 /// encoding the entry included.
 fn persist(
     store: &Store,
+    maps_kept: usize,
     estimates: &Estimates,
     s: &Solved,
     observations: &Observations,
@@ -98,7 +102,7 @@ fn persist(
             map: &s.map,
             round_entry: &entry,
         },
-        4,
+        maps_kept,
     )?;
     Ok(ms(t))
 }
@@ -248,7 +252,8 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
                 1,
                 r as i64 * round_ms,
                 |solved, estimates| {
-                    (!a.no_persist).then(|| persist(&store, estimates, solved, &observations))
+                    (!a.no_persist)
+                        .then(|| persist(&store, a.maps_kept, estimates, solved, &observations))
                 },
             )
             .context("a round")?;
@@ -297,11 +302,47 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     }
     let size: u64 = walk_size(dir.path());
     println!("store          {:.1} MB on disk", size as f64 / 1e6);
+    if !a.no_persist {
+        print_records(&store)?;
+    }
     // After the rounds' figures: the baselines' JSON is not the rounds' memory.
     if let Some(s) = &previous {
         print_baselines(s, &base)?;
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The kept map versions' sizes on disk: the served record (whole) and the older ones (deltas
+/// against the next).
+fn print_records(store: &Store) -> Result<()> {
+    let versions = store.maps().versions()?;
+    let mb = |b: u64| b as f64 / 1e6;
+    let (mut deltas, mut wholes) = (Vec::new(), Vec::new());
+    for v in &versions {
+        match v.kind {
+            RecordKind::Whole => wholes.push((v.bytes, v.value_bytes)),
+            RecordKind::Delta { .. } => deltas.push((v.bytes, v.value_bytes)),
+        }
+    }
+    deltas.sort_unstable();
+    if let Some((bytes, raw)) = wholes.last() {
+        println!(
+            "records        {} kept; the served one whole: {:.2} MB on disk ({:.2} MB before zstd)",
+            versions.len(),
+            mb(*bytes),
+            mb(*raw)
+        );
+    }
+    if let (Some(mid), Some(max)) = (deltas.get(deltas.len() / 2), deltas.last()) {
+        println!(
+            "               {} older ones as deltas: median {:.2} MB on disk ({:.2} MB before zstd), max {:.2} MB",
+            deltas.len(),
+            mb(mid.0),
+            mb(mid.1),
+            mb(max.0)
+        );
+    }
+    Ok(())
 }
 
 fn ms(t: Instant) -> f64 {

@@ -17,6 +17,29 @@
 //! names the topology it was solved from by the journal's sequence number of its last edit.
 //! Every value file is compressed with zstd; `cdnmap store dump` prints any stored version as
 //! the JSON assignment format.
+//!
+//! **The history of map versions.** The served record (the newest) is always whole
+//! (`map-<version>-j<seq>`); each older kept version is a delta against the next newer one
+//! (`mapd-<version>-j<seq>`, [`record::Delta`]), so a listing tells the two apart. A record
+//! holds the round's demands as 16-bit codes where the code's value is the demand bit for bit
+//! (every forecast: the estimator rounds them so, `cdnmap_estimator::demand_code`), the
+//! others exactly; a delta holds, column by column, what differs from the next record
+//! (wrapping differences and XORs, mostly zeros, which zstd takes away). Why: at 11 M map
+//! units a record with `f64` demands was about 103 MB, 88 MB of it incompressible forecasts,
+//! and `maps_kept = 64` of them 6.6 GB; now a whole record is 34 MB and a delta 5 MB
+//! (`docs/perf/store-history.md`).
+//! Version `v − k` is read by applying `k` deltas to the newest whole record.
+//!
+//! [`Store::put_served`] writes the new record whole (the commit), then the previous record's
+//! delta, then removes the previous whole file, each write synced before the next step. A
+//! crash between any two leaves the new record served and every kept version readable: a
+//! version found both whole and as a delta is read from the whole file, and the delta goes at
+//! the next prune; a version left whole stays so until it is pruned. A damaged delta refuses
+//! its version and the older ones (read through it) with an error naming the file; the newer
+//! ones, the start and the next rounds do not read it. Pruning drops the oldest versions
+//! first, on which nothing depends (deltas depend on newer versions only). Records of the
+//! formats before (03: the estimator's state inline; 04: the demands as `f64`s) are still
+//! read, and a record of format 04 served before is rewritten as a delta like any other.
 
 use std::path::Path;
 
@@ -31,9 +54,9 @@ mod record;
 mod reports;
 mod values;
 
-pub use read::{StoredMaps, VersionInfo};
+pub use read::{RecordKind, StoredMaps, VersionInfo};
 
-use record::{Record, SERVED_MAGIC};
+use record::Record;
 use values::Values;
 
 use crate::edit::Edit;
@@ -53,9 +76,13 @@ const SNAPSHOT_FILE: &str = "topology-";
 /// Each stored map version's record ([`Store::put_served`]): this prefix, the version, and the
 /// topology it was solved from: `j` and the journal's sequence number of its last edit, or
 /// (an older build's records) the generation of a base file (zero-padded, so records list in
-/// version order). The newest is the served one; the older ones are the history of
-/// `maps_kept` versions.
+/// version order). The newest is the served one, always whole; the older ones are the history
+/// of `maps_kept` versions, each a delta ([`DELTA_FILE`]) once the next one is written.
 const RECORD_FILE: &str = "map-";
+/// An older version of the history kept as a delta against the next newer record
+/// ([`record::Delta`]): this prefix, then the version and the topology as for
+/// [`RECORD_FILE`], so a listing tells whole records from deltas.
+const DELTA_FILE: &str = "mapd-";
 /// The base topologies an older build's records were solved from: this prefix, then the
 /// generation (the version of the first record solved from it). Records now name a journal
 /// position instead; these go when no kept record names them.
@@ -171,6 +198,38 @@ pub struct Store {
     /// `values` when the store is opened ([`Store::open`]), empty after.
     served: sled::Tree,
     values: Values,
+    /// The served record as [`Store::put_served`] last wrote it: the next one rewrites it as
+    /// a delta against itself without reading it back (after a start, it is read once).
+    last: std::sync::Arc<LastRecord>,
+}
+
+/// The record [`Store::put_served`] wrote last (at 11 M map units about 100 MB of columns).
+#[derive(Default)]
+struct LastRecord(std::sync::Mutex<Option<std::sync::Arc<Record>>>);
+
+impl std::fmt::Debug for LastRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let version = self
+            .0
+            .lock()
+            .ok()
+            .and_then(|r| r.as_ref().map(|r| r.version));
+        f.debug_struct("LastRecord")
+            .field("version", &version)
+            .finish()
+    }
+}
+
+/// How far [`Store::put_served`] goes: all the way, or (tests) to a step after which a crash
+/// is simulated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PutStep {
+    /// The new record is written (the commit).
+    Committed,
+    /// The previous record's delta is written too (its whole file not yet removed).
+    DeltaWritten,
+    /// Everything, pruning included.
+    Done,
 }
 
 /// The published map as stored: its identity, the round's own instance (forecast demand,
@@ -279,20 +338,62 @@ impl BaseOf {
 /// The value file of record `version` (solved from `base`): the numbers zero-padded, so the
 /// names list in version order.
 fn record_name(version: u64, base: BaseOf) -> String {
+    version_name(RECORD_FILE, version, base)
+}
+
+/// The value file of version `version` (solved from `base`) kept as a delta.
+fn delta_name(version: u64, base: BaseOf) -> String {
+    version_name(DELTA_FILE, version, base)
+}
+
+fn version_name(prefix: &str, version: u64, base: BaseOf) -> String {
     match base {
-        BaseOf::Journal(seq) => format!("{RECORD_FILE}{version:020}-j{seq:020}"),
-        BaseOf::File(g) => format!("{RECORD_FILE}{version:020}-{g:020}"),
+        BaseOf::Journal(seq) => format!("{prefix}{version:020}-j{seq:020}"),
+        BaseOf::File(g) => format!("{prefix}{version:020}-{g:020}"),
     }
 }
 
 /// (version, base) of a record's file name.
 fn record_name_parts(name: &str) -> Option<(u64, BaseOf)> {
-    let (v, b) = name.strip_prefix(RECORD_FILE)?.split_once('-')?;
+    version_name_parts(name, RECORD_FILE)
+}
+
+fn version_name_parts(name: &str, prefix: &str) -> Option<(u64, BaseOf)> {
+    let (v, b) = name.strip_prefix(prefix)?.split_once('-')?;
     let base = match b.strip_prefix('j') {
         Some(seq) => BaseOf::Journal(seq.parse().ok()?),
         None => BaseOf::File(b.parse().ok()?),
     };
     Some((v.parse().ok()?, base))
+}
+
+/// A stored version's file: its whole record, or its delta.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct VersionFile {
+    pub(crate) version: u64,
+    pub(crate) base: BaseOf,
+    pub(crate) delta: bool,
+    pub(crate) name: String,
+}
+
+/// The stored versions' files, in version order, a version's whole record before its delta
+/// (both are there after a crash between writing the delta and removing the whole record).
+fn version_files(values: &Values) -> Result<Vec<VersionFile>, StoreError> {
+    let mut out = Vec::new();
+    for (prefix, delta) in [(RECORD_FILE, false), (DELTA_FILE, true)] {
+        for name in values.names(prefix)? {
+            if let Some((version, base)) = version_name_parts(&name, prefix) {
+                out.push(VersionFile {
+                    version,
+                    base,
+                    delta,
+                    name,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|f| (f.version, f.delta));
+    Ok(out)
 }
 
 fn snapshot_name(seq: u64) -> String {
@@ -365,6 +466,7 @@ impl Store {
             report_log: reports::ReportLog::open(&path.join(REPORTS_DIR))?,
             served: tree("served")?,
             values: Values::open(&path.join(VALUES_DIR))?,
+            last: Default::default(),
             db,
         };
         store.migrate()?;
@@ -542,9 +644,14 @@ impl Store {
         Ok(Some((meta.summary, map)))
     }
 
-    /// How many map versions are stored.
+    /// How many map versions are stored (whole or as deltas).
     pub fn map_count(&self) -> Result<usize, StoreError> {
-        Ok(self.values.names(RECORD_FILE)?.len())
+        let mut versions: Vec<u64> = version_files(&self.values)?
+            .iter()
+            .map(|f| f.version)
+            .collect();
+        versions.dedup();
+        Ok(versions.len())
     }
 
     /// Takes the next epoch (1 for a new store) and stores it before returning, so no two
@@ -579,36 +686,102 @@ impl Store {
     /// own; the record is written last, so it is the commit: a crash before it leaves the old
     /// served record and an entry no record names, which the next write replaces. The record
     /// names its base by the journal's sequence number (`served.base_seq`): no topology is
-    /// written. Then drops the records beyond the newest `keep`, and the snapshots, journal
-    /// segments and older builds' bases no kept record needs. Durable when it returns.
+    /// written. Then the record served until now is rewritten as a delta against the new one
+    /// ([`Self::rewrite_as_delta`]), and the records beyond the newest `keep`, the snapshots,
+    /// journal segments and older builds' bases no kept record needs are dropped. Durable
+    /// when it returns.
     pub fn put_served(&self, served: &ServedRef<'_>, keep: usize) -> Result<(), StoreError> {
-        let record = Record::of(served);
+        self.put_served_until(served, keep, PutStep::Done)
+    }
+
+    /// [`Self::put_served`] up to step `until` (tests stop it there, as a crash would).
+    fn put_served_until(
+        &self,
+        served: &ServedRef<'_>,
+        keep: usize,
+        until: PutStep,
+    ) -> Result<(), StoreError> {
+        let record = std::sync::Arc::new(Record::of(served));
         self.values
             .put(&entry_name(served.version), &[served.round_entry])?;
+        // The newest whole record before this one: the served one until now.
+        let previous = version_files(&self.values)?
+            .into_iter()
+            .rfind(|f| !f.delta && f.version < served.version);
         let name = record_name(served.version, BaseOf::Journal(served.base_seq));
-        self.values.put_with(&name, |w| {
-            w.write_all(SERVED_MAGIC)?;
-            postcard::to_io(&record, w)
-                .map(|_| ())
-                .map_err(std::io::Error::other)
-        })?;
+        self.values.put_with(&name, |w| record::write(&record, w))?;
+        let cached = match self.last.0.lock() {
+            Ok(mut last) => last.replace(std::sync::Arc::clone(&record)),
+            Err(_) => None,
+        };
+        if until == PutStep::Committed {
+            return Ok(());
+        }
+        if let Some(previous) = previous {
+            self.rewrite_as_delta(&previous, cached, &record, until)?;
+        }
+        if until == PutStep::DeltaWritten {
+            return Ok(());
+        }
         self.prune(served.version, keep)
     }
 
-    /// Drops the records older than the newest `keep` versions up to `version`, an older
-    /// build's bases no kept record names (a record's name carries its base, so no record is
-    /// read for it), then the snapshots and journal segments no kept record needs
-    /// ([`Self::prune_topology`]), and an older build's whole-map history.
+    /// Rewrites the whole record `previous` as a delta against `newer` (just written and
+    /// synced): the delta is written and synced, then the whole file removed, so a crash
+    /// leaves one or both, each of which reads back the same version. The older record is
+    /// `cached` when that is it (the record written last), else read back. A record that
+    /// cannot be read back, or of a format before the delta's, is left whole (read, or
+    /// refused with an error naming it, as before).
+    fn rewrite_as_delta(
+        &self,
+        previous: &VersionFile,
+        cached: Option<std::sync::Arc<Record>>,
+        newer: &Record,
+        until: PutStep,
+    ) -> Result<(), StoreError> {
+        let older = match cached {
+            Some(r)
+                if r.version == previous.version && r.base_generation == previous.base.number() =>
+            {
+                r
+            }
+            _ => match self.values.get(&previous.name) {
+                Ok(Some(bytes)) => match record::decode(&bytes) {
+                    Ok((record::Stored::Now(r), _)) => std::sync::Arc::new(r),
+                    _ => return Ok(()),
+                },
+                _ => return Ok(()),
+            },
+        };
+        let Ok(delta) = record::DeltaOf::new(&older, newer) else {
+            return Ok(());
+        };
+        self.values
+            .put_with(&delta_name(previous.version, previous.base), |w| {
+                record::write_delta(&delta, w)
+            })?;
+        if until == PutStep::DeltaWritten {
+            return Ok(());
+        }
+        self.values.remove(&previous.name)
+    }
+
+    /// Drops the versions older than the newest `keep` up to `version` (a delta depends only
+    /// on newer versions: the oldest just goes), the delta of a version whose whole record is
+    /// there too (a crash between writing the one and removing the other: the whole one is
+    /// read), an older build's bases no kept record names (a record's name carries its base,
+    /// so no record is read for it), then the snapshots and journal segments no kept record
+    /// needs ([`Self::prune_topology`]), and an older build's whole-map history.
     fn prune(&self, version: u64, keep: usize) -> Result<(), StoreError> {
         let oldest = version.saturating_sub(keep.max(1) as u64 - 1);
+        let files = version_files(&self.values)?;
         let mut named = std::collections::BTreeSet::new();
-        for name in self.values.names(RECORD_FILE)? {
-            match record_name_parts(&name) {
-                Some((v, _)) if v < oldest => self.values.remove(&name)?,
-                Some((_, BaseOf::File(g))) => {
-                    named.insert(g);
-                }
-                _ => {}
+        for f in &files {
+            let whole_too = f.delta && files.iter().any(|w| w.version == f.version && !w.delta);
+            if f.version < oldest || whole_too {
+                self.values.remove(&f.name)?;
+            } else if let BaseOf::File(g) = f.base {
+                named.insert(g);
             }
         }
         for name in self.values.names(BASE_FILE)? {
@@ -641,18 +814,16 @@ impl Store {
         let Some(newest) = snaps.last().map(|s| s.0) else {
             return Ok(());
         };
-        let seqs: Vec<u64> = self
-            .values
-            .names(RECORD_FILE)?
+        // Of every kept version, whole or a delta (in version order: the served one last).
+        let seqs: Vec<u64> = version_files(&self.values)?
             .iter()
-            .filter_map(|n| match record_name_parts(n)? {
-                (_, BaseOf::Journal(seq)) => Some(seq),
-                _ => None,
+            .filter_map(|f| match f.base {
+                BaseOf::Journal(seq) => Some(seq),
+                BaseOf::File(_) => None,
             })
             .collect();
         let newest_at = |seq: u64| snaps.iter().rev().find(|s| s.0 <= seq).map(|s| s.0);
         let mut keep = vec![newest];
-        // The last name listed is the served record (names list in version order).
         keep.extend(seqs.last().and_then(|&s| newest_at(s)));
         keep.extend(seqs.iter().min().and_then(|&s| newest_at(s)));
         for (seq, name) in &snaps {

@@ -1,7 +1,8 @@
 //! Reading stored map versions from the value files alone. The store reads its records this
 //! way, and so does `cdnmap store list|dump`, also beside a running `cdnmap serve` (which holds
-//! sled's lock): a record is one file, written whole and renamed into place, so a reader sees
-//! a version whole or not at all.
+//! sled's lock): a record or a delta is one file, written whole and renamed into place, so a
+//! reader sees it whole or not at all; a version whose whole record goes while it is read (the
+//! writer rewrote it as a delta) is read from its delta.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,11 +10,11 @@ use std::sync::Arc;
 use cdnmap_mapper::Limits;
 use cdnmap_topology::Topology;
 
-use super::record::{decode, decode_topology};
+use super::record::{decode, decode_delta, decode_topology, identity, Record, Stored};
 use super::values::Values;
 use super::{
-    base_name, journal, record_name, record_name_parts, snapshots, BaseOf, EstimatorLog, Served,
-    StoreError, JOURNAL_DIR, RECORD_FILE, VALUES_DIR,
+    base_name, delta_name, journal, record_name, snapshots, version_files, BaseOf, EstimatorLog,
+    Served, StoreError, VersionFile, JOURNAL_DIR, VALUES_DIR,
 };
 use crate::edit::{apply, Edit};
 
@@ -85,7 +86,7 @@ pub(super) fn topology_at(
     replay(base, at, &entries, journal_dir)
 }
 
-/// One stored map version, as listed: its identity and the topology it names.
+/// One stored map version, as listed: its identity, the topology it names, and how it is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VersionInfo {
     pub epoch: u64,
@@ -94,8 +95,21 @@ pub struct VersionInfo {
     /// The topology the record names: the journal's sequence number of its last edit (an
     /// older build's record: the generation of its base file).
     pub base_generation: u64,
-    /// The record's size on disk, in bytes (its base not counted).
+    /// The record's file's size on disk, in bytes (compressed; its base not counted).
     pub bytes: u64,
+    /// The record's bytes before compression.
+    pub value_bytes: u64,
+    /// Whether it is kept whole or as a delta.
+    pub kind: RecordKind,
+}
+
+/// How a stored version is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// Its whole record (the served version; after a crash, perhaps an older one too).
+    Whole,
+    /// What differs from the record of version `against` (the next newer one kept).
+    Delta { against: u64 },
 }
 
 /// The estimator's whole state a record of format 03 carries inline (`None` for records of
@@ -124,39 +138,60 @@ impl StoredMaps {
         StoredMaps { values, journal }
     }
 
-    /// Every stored version, oldest first.
+    /// Every stored version, oldest first; a version kept twice (a crash between writing its
+    /// delta and removing its whole record) as its whole record, which is the one read.
     pub fn versions(&self) -> Result<Vec<VersionInfo>, StoreError> {
-        let mut out = Vec::new();
-        for name in self.values.names(RECORD_FILE)? {
-            let Some((version, base)) = record_name_parts(&name) else {
+        let mut out: Vec<VersionInfo> = Vec::new();
+        for f in version_files(&self.values)? {
+            if out.last().is_some_and(|v| v.version == f.version) {
+                continue;
+            }
+            // Dropped since it was listed (a running server prunes; or it rewrote a whole
+            // record as a delta, which is then read).
+            let mut bytes = self.values.get(&f.name)?;
+            let mut f = f;
+            if bytes.is_none() && !f.delta {
+                f.delta = true;
+                f.name = delta_name(f.version, f.base);
+                bytes = self.values.get(&f.name)?;
+            }
+            let Some(bytes) = bytes else {
                 continue;
             };
-            let generation = base.number();
-            // Dropped since it was listed (a running server prunes): not a version any more.
-            let Some(bytes) = self.values.get(&name)? else {
-                continue;
-            };
-            let what = format!("stored map version {version}");
-            let (record, _) = decode(&bytes).map_err(|problem| StoreError::Corrupt {
-                what: what.clone(),
-                problem,
-            })?;
-            let (epoch, v, solved_at_unix_ms, base_generation) = record.identity();
-            if (v, base_generation) != (version, generation) {
+            let what = format!("stored map version {} ({})", f.version, f.name);
+            let ((epoch, v, solved_at_unix_ms, base_generation), against) = identity(&bytes)
+                .map_err(|problem| StoreError::Corrupt {
+                    what: what.clone(),
+                    problem,
+                })?;
+            let generation = f.base.number();
+            if (v, base_generation) != (f.version, generation) {
                 return Err(StoreError::Corrupt {
                     what,
                     problem: format!(
                         "it says version {v} of topology {base_generation} but is stored as \
-                         version {version} of topology {generation}"
+                         version {} of topology {generation}",
+                        f.version
                     ),
                 });
             }
             out.push(VersionInfo {
                 epoch,
-                version,
+                version: v,
                 solved_at_unix_ms,
                 base_generation,
-                bytes: bytes.len() as u64,
+                bytes: self.values.file_len(&f.name)?.unwrap_or(0),
+                value_bytes: bytes.len() as u64,
+                kind: match (f.delta, against) {
+                    (true, Some(against)) => RecordKind::Delta { against },
+                    (false, None) => RecordKind::Whole,
+                    _ => {
+                        return Err(StoreError::Corrupt {
+                            what,
+                            problem: "its contents are not of the kind its name says".into(),
+                        })
+                    }
+                },
             });
         }
         Ok(out)
@@ -164,31 +199,103 @@ impl StoredMaps {
 
     /// The newest stored version's number, if any.
     pub fn newest(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self
-            .values
-            .names(RECORD_FILE)?
-            .iter()
-            .filter_map(|n| record_name_parts(n))
-            .map(|(v, _)| v)
-            .max())
+        Ok(version_files(&self.values)?.last().map(|f| f.version))
     }
 
     /// Map version `version` with the instance it was solved for (no estimator log); `None`
-    /// when it is not kept.
+    /// when it is not kept. A version kept as a delta is rebuilt from the newest whole record
+    /// at or after it and the deltas between; a damaged file on that way refuses it with an
+    /// error naming the file.
     pub fn get(&self, version: u64) -> Result<Option<Served>, StoreError> {
-        let prefix = format!("{RECORD_FILE}{version:020}-");
-        let Some((_, base)) = self
-            .values
-            .names(&prefix)?
-            .first()
-            .and_then(|n| record_name_parts(n))
-        else {
+        let files = version_files(&self.values)?;
+        let what = format!("stored map version {version}");
+        let Some((stored, base)) = self.load(version, files, &what)? else {
             return Ok(None);
         };
-        let what = format!("stored map version {version}");
-        Ok(self
-            .record(version, base, &what, None)?
-            .map(|(served, _)| served))
+        Ok(Some(self.finish(stored, base, &what, None)?))
+    }
+
+    /// The record of `version` as stored, and the topology it names: its whole record, or its delta applied to the
+    /// record of the version it is against (itself read so, until a whole one). `None` when
+    /// `version` is not kept.
+    pub(super) fn load(
+        &self,
+        version: u64,
+        mut files: Vec<VersionFile>,
+        what: &str,
+    ) -> Result<Option<(Stored, BaseOf)>, StoreError> {
+        let corrupt = |name: &str, problem: String| StoreError::Corrupt {
+            what: what.to_string(),
+            problem: format!("{name}: {problem}"),
+        };
+        // The deltas from `version` up, each with its file's name.
+        let mut deltas: Vec<(super::record::Delta, String)> = Vec::new();
+        let mut v = version;
+        let mut first_base = None;
+        let newest = loop {
+            // Its whole record first (the one read when both are there), then its delta; a
+            // file gone since the listing is looked for as the other kind, and a version
+            // stored since (a running server went on) in a new listing.
+            let mut base = files.iter().find(|f| f.version == v).map(|f| f.base);
+            if base.is_none() && !deltas.is_empty() {
+                files = version_files(&self.values)?;
+                base = files.iter().find(|f| f.version == v).map(|f| f.base);
+            }
+            let Some(base) = base else {
+                if deltas.is_empty() {
+                    return Ok(None);
+                }
+                let (_, name) = &deltas[deltas.len() - 1];
+                return Err(corrupt(
+                    name,
+                    format!("version {v}, which it is read against, is not kept"),
+                ));
+            };
+            first_base.get_or_insert(base);
+            let whole = record_name(v, base);
+            if let Some(bytes) = self.values.get(&whole)? {
+                break decode(&bytes).map_err(|e| corrupt(&whole, e))?.0;
+            }
+            let name = delta_name(v, base);
+            let Some(bytes) = self.values.get(&name)? else {
+                if deltas.is_empty() {
+                    return Ok(None); // dropped since it was listed
+                }
+                return Err(corrupt(&name, format!("version {v} is gone")));
+            };
+            let delta = decode_delta(&bytes).map_err(|e| corrupt(&name, e))?;
+            if delta.version != v || delta.against <= v {
+                return Err(corrupt(
+                    &name,
+                    format!(
+                        "it says version {} against version {}, stored as a delta of version {v}",
+                        delta.version, delta.against
+                    ),
+                ));
+            }
+            v = delta.against;
+            deltas.push((delta, name));
+        };
+        let Some(base) = first_base else {
+            return Ok(None);
+        };
+        if deltas.is_empty() {
+            return Ok(Some((newest, base)));
+        }
+        let mut record: Record = match newest {
+            Stored::Now(r) => r,
+            Stored::Format03(_) => {
+                let (_, name) = &deltas[deltas.len() - 1];
+                return Err(corrupt(
+                    name,
+                    "it is against a record of format 03, which no delta is".into(),
+                ));
+            }
+        };
+        while let Some((delta, name)) = deltas.pop() {
+            record = delta.apply(&record).map_err(|e| corrupt(&name, e))?;
+        }
+        Ok(Some((Stored::Now(record), base)))
     }
 
     /// Record `version` (of `base`) read back with its base (errors name it `what`), and the
@@ -202,15 +309,32 @@ impl StoredMaps {
         what: &str,
         known_base: Option<&Topology>,
     ) -> Result<Option<(Served, InlineState)>, StoreError> {
+        let Some(bytes) = self.values.get(&record_name(version, base_of))? else {
+            return Ok(None);
+        };
+        let (record, inline) = decode(&bytes).map_err(|problem| StoreError::Corrupt {
+            what: what.to_string(),
+            problem,
+        })?;
+        Ok(Some((
+            self.finish(record, base_of, what, known_base)?,
+            inline,
+        )))
+    }
+
+    /// A record read back with its base (`known_base`, or rebuilt: [`Self::record`]).
+    fn finish(
+        &self,
+        record: Stored,
+        base_of: BaseOf,
+        what: &str,
+        known_base: Option<&Topology>,
+    ) -> Result<Served, StoreError> {
         let corrupt = |problem: String| StoreError::Corrupt {
             what: what.to_string(),
             problem,
         };
         let generation = base_of.number();
-        let Some(bytes) = self.values.get(&record_name(version, base_of))? else {
-            return Ok(None);
-        };
-        let (record, inline) = decode(&bytes).map_err(corrupt)?;
         let (epoch, version, solved_at_unix_ms, base_generation) = record.identity();
         if generation != base_generation {
             return Err(corrupt(format!(
@@ -237,14 +361,13 @@ impl StoredMaps {
             }
         };
         let (topology, map) = record.instance_and_map(base).map_err(corrupt)?;
-        let served = Served {
+        Ok(Served {
             epoch,
             version,
             solved_at_unix_ms,
             topology,
             map,
             estimator: EstimatorLog::default(),
-        };
-        Ok(Some((served, inline)))
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! The store's tests.
 
-use super::record::{CompactMap, MapColumns, Record03, SERVED_MAGIC_03};
+use super::record::{
+    CompactMap, Delta, MapColumns, Record03, Record04, SERVED_MAGIC_03, SERVED_MAGIC_04,
+};
 use super::*;
 use crate::edit::apply;
 use cdnmap_mapper::{solve, ClusterState, SolveOptions};
@@ -22,6 +24,27 @@ fn instance() -> Topology {
          "candidates": [{"cluster": "a", "score": 1}, {"cluster": "b", "score": 2}]}]
     }"#;
     parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+}
+
+/// `s` as the build before wrote its record (format 04: the demands as `f64`s).
+fn record04(s: &ServedRef<'_>) -> Vec<u8> {
+    let inst = s.instance;
+    let demands: Vec<f64> = (0..inst.unit_count() as u32)
+        .map(|u| inst.unit_demand(u))
+        .collect();
+    let old = Record04 {
+        epoch: s.epoch,
+        version: s.version,
+        solved_at_unix_ms: s.solved_at_unix_ms,
+        base_generation: s.base_seq,
+        map: CompactMap::of(s.map, Some(&demands)),
+        demands,
+        per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
+        capacities: inst.capacities(),
+    };
+    let mut bytes = SERVED_MAGIC_04.to_vec();
+    bytes.extend(postcard::to_stdvec(&old).expect("encode"));
+    bytes
 }
 
 /// Opens the store again once the dropped one's background threads let go of its lock
@@ -551,8 +574,7 @@ fn a_store_that_kept_its_values_in_sled_is_moved_to_files_and_reads_back_the_sam
             map: &map,
             round_entry: &[],
         };
-        let mut bytes = SERVED_MAGIC.to_vec();
-        bytes.extend(postcard::to_stdvec(&Record::of(&served)).expect("encode"));
+        let bytes = record04(&served);
         store
             .served
             .insert(record_key(version, 1), bytes)
@@ -827,4 +849,514 @@ fn snapshots_and_the_journal_keep_what_the_kept_records_need() {
         .stored_topology(Limits::default())
         .expect_err("edits without a snapshot");
     assert!(err.to_string().contains("no snapshot"), "{err}");
+}
+
+/// A world of `units` map units (at most 65,536) and `clusters` clusters: the test instance's
+/// unit and cluster `b`, repeated.
+fn world(units: usize, clusters: usize) -> Topology {
+    let mut file = cdnmap_topology::format::InstanceFile::of(&instance());
+    let (unit, cluster) = (file.map_units[0].clone(), file.clusters[1].clone());
+    file.clusters = (0..clusters)
+        .map(|c| {
+            let mut cl = cluster.clone();
+            cl.id = format!("c{c}");
+            cl.addresses = vec![format!("198.18.{}.{}", c / 250, c % 250 + 1)
+                .parse()
+                .expect("address")];
+            cl
+        })
+        .collect();
+    file.map_units = (0..units)
+        .map(|i| {
+            let mut u = unit.clone();
+            u.id = format!("u{i:05}");
+            u.prefixes = vec![format!("10.{}.{}.0/24", i / 256, i % 256)
+                .parse()
+                .expect("prefix")];
+            u.candidates[0].cluster = "c0".into();
+            u.candidates[1].cluster = format!("c{}", 1 % clusters);
+            u
+        })
+        .collect();
+    file.build(Limits::default()).expect("valid")
+}
+
+/// Round `r` on `base`, as the service would store it: forecasts (code values) that move a
+/// little every round, one unit in 16 at a configured demand no code holds (the same every
+/// round), and a map that moves one unit in 50 a round, splits some, overflows one.
+fn round_of(base: &Topology, r: u64) -> (cdnmap_mapper::Instance, Map) {
+    use cdnmap_estimator::demand_code;
+    let n = base.unit_count();
+    let k = base.clusters().len() as u64;
+    let demands: Vec<f64> = (0..n as u64)
+        .map(|u| {
+            if u % 16 == 0 {
+                1.0 / 3.0 + u as f64
+            } else {
+                demand_code::round(10.0 + (u % 97) as f64 * 1.7 + (r * (u % 7)) as f64 * 0.01)
+            }
+        })
+        .collect();
+    let instance = base.with_demands(demands.clone()).expect("demands");
+    let a = |cluster: u64, amount| cdnmap_mapper::Allocation {
+        cluster: cluster as u32,
+        amount,
+    };
+    let mut map = Map::with_capacity(n, n + n / 50);
+    for (u, &d) in demands.iter().enumerate() {
+        let u = u as u64;
+        let c = (u * 7 + u64::from(u % 50 <= r % 50)) % k;
+        if u % 100 == 3 {
+            map.push_unit([a(c, d * 0.25), a((c + 1) % k, d * 0.75)], 0.0);
+        } else if u == 5 {
+            map.push_unit([a(c, d / 2.0)], d / 2.0);
+        } else {
+            map.push_unit([a(c, d)], 0.0);
+        }
+    }
+    (instance, map)
+}
+
+/// Puts round `v` of `base` (solved after edit `seq`) as the served record.
+fn put_round(store: &Store, base: &Topology, seq: u64, v: u64, keep: usize, until: PutStep) {
+    let (instance, map) = round_of(base, v);
+    store
+        .put_served_until(
+            &ServedRef {
+                epoch: 1,
+                version: v,
+                solved_at_unix_ms: 1_000 * v as i64,
+                base_seq: seq,
+                instance: &instance,
+                map: &map,
+                round_entry: b"e",
+            },
+            keep,
+            until,
+        )
+        .expect("put");
+}
+
+/// Every version in `versions` reads back as round `v` of the base `base_of(v)` was put: its
+/// instance and its map, bit for bit.
+fn assert_rounds(
+    store: &Store,
+    versions: std::ops::RangeInclusive<u64>,
+    base_of: impl Fn(u64) -> Topology,
+) {
+    for v in versions {
+        let (instance, map) = round_of(&base_of(v), v);
+        let (t, m) = store
+            .stored_map(v)
+            .unwrap_or_else(|e| panic!("version {v}: {e}"))
+            .unwrap_or_else(|| panic!("version {v} is kept"));
+        assert_eq!(t.instance, instance, "version {v}'s instance");
+        assert_eq!(m, map, "version {v}'s map");
+        for u in 0..instance.unit_count() as u32 {
+            assert_eq!(
+                t.unit_demand(u).to_bits(),
+                instance.unit_demand(u).to_bits(),
+                "version {v}, unit {u}"
+            );
+        }
+    }
+}
+
+/// (version, whole or a delta against which) of each listed version.
+fn kinds(store: &Store) -> Vec<(u64, RecordKind)> {
+    store
+        .maps()
+        .versions()
+        .expect("list")
+        .iter()
+        .map(|v| (v.version, v.kind))
+        .collect()
+}
+
+/// The history after `served`, the versions back to `oldest` each a delta against the next.
+fn deltas_to(oldest: u64, served: u64) -> Vec<(u64, RecordKind)> {
+    (oldest..=served)
+        .map(|v| {
+            let kind = if v == served {
+                RecordKind::Whole
+            } else {
+                RecordKind::Delta { against: v + 1 }
+            };
+            (v, kind)
+        })
+        .collect()
+}
+
+/// The served record is whole, every older kept version a delta against the next, much
+/// smaller; each reads back exactly the instance and map that were put, across a topology edit
+/// that changed the units (the delta then is against a record of other units, and as
+/// right), after a reopen (the previous record read back rather than remembered), and past
+/// the pruning of the oldest.
+#[test]
+fn older_versions_are_deltas_that_read_back_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = world(3_000, 20);
+    let delete = crate::edit::Edit::DeleteMapUnit {
+        id: "u00007".into(),
+    };
+    let edited = apply(&Arc::new(first.clone()), &delete)
+        .expect("applies")
+        .topology;
+    let edited = Arc::unwrap_or_clone(edited);
+    let base_of = |v: u64| if v < 7 { first.clone() } else { edited.clone() };
+    let keep = 8;
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&first).expect("topology");
+        for v in 1..=12u64 {
+            if v == 7 {
+                assert_eq!(store.append_edit(0, &delete).expect("journal"), 1);
+            }
+            put_round(
+                &store,
+                &base_of(v),
+                u64::from(v >= 7),
+                v,
+                keep,
+                PutStep::Done,
+            );
+            let oldest = v.saturating_sub(keep as u64 - 1).max(1);
+            assert_eq!(kinds(&store), deltas_to(oldest, v), "after version {v}");
+            assert_rounds(&store, oldest..=v, base_of);
+        }
+        assert_eq!(store.map_count().expect("count"), keep);
+        // A delta of unchanged units is a small part of a whole record.
+        let listed = store.maps().versions().expect("list");
+        let whole = listed.last().expect("served").bytes;
+        for v in &listed[..listed.len() - 1] {
+            if v.version >= 7 {
+                assert!(
+                    v.bytes * 3 < whole,
+                    "version {}: {} of {whole} bytes",
+                    v.version,
+                    v.bytes
+                );
+            }
+        }
+    }
+    let store = reopen(dir.path());
+    put_round(&store, &edited, 1, 13, keep, PutStep::Done);
+    assert_eq!(kinds(&store), deltas_to(6, 13));
+    assert_rounds(&store, 6..=13, base_of);
+    assert_eq!(store.served().expect("read").expect("stored").version, 13);
+}
+
+/// A crash between any two steps of a put (the new record written; the previous one's delta
+/// written; its whole file removed, which a crash may also undo) leaves a store that opens,
+/// serves the new version and reads every kept version back exactly; the next puts go on
+/// from there, and pruning drops what the crash left twice.
+#[test]
+fn a_crash_between_the_steps_of_a_put_loses_no_version() {
+    let base = world(500, 5);
+    for step in [PutStep::Committed, PutStep::DeltaWritten] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let keep = 4;
+        {
+            let store = Store::open(dir.path()).expect("open");
+            store.put_topology(&base).expect("topology");
+            for v in 1..=4 {
+                put_round(&store, &base, 0, v, keep, PutStep::Done);
+            }
+            put_round(&store, &base, 0, 5, keep, step);
+            if step == PutStep::Committed {
+                // And the delta's write itself cut short.
+                let tmp = delta_name(4, BaseOf::Journal(0)) + ".tmp";
+                std::fs::write(dir.path().join(VALUES_DIR).join(tmp), b"half a delta")
+                    .expect("tmp");
+            }
+        }
+        let store = reopen(dir.path());
+        let served = store.served().expect("read").expect("stored");
+        assert_eq!(served.version, 5, "{step:?}");
+        // Not yet pruned (the put stopped before); version 4 as its whole record (and, after
+        // the delta's write, its delta too).
+        let mut listed = deltas_to(1, 5);
+        listed[3].1 = RecordKind::Whole;
+        assert_eq!(kinds(&store), listed, "{step:?}");
+        let files = version_files(&store.values).expect("files");
+        let fours = files.iter().filter(|f| f.version == 4).count();
+        assert_eq!(
+            fours,
+            if step == PutStep::Committed { 1 } else { 2 },
+            "{step:?}"
+        );
+        assert_rounds(&store, 1..=5, |_| base.clone());
+        // Read-only, as `cdnmap store dump` would.
+        let read_only = StoredMaps::open(dir.path()).expect("read only");
+        let (instance, map) = round_of(&base, 3);
+        let got = read_only.get(3).expect("read").expect("kept");
+        assert_eq!((&got.topology.instance, &got.map), (&instance, &map));
+
+        put_round(&store, &base, 0, 6, keep, PutStep::Done);
+        // Version 4 stays whole until it is pruned; its delta is gone.
+        let mut listed = deltas_to(3, 6);
+        listed[1].1 = RecordKind::Whole;
+        assert_eq!(kinds(&store), listed, "{step:?}");
+        assert_eq!(
+            version_files(&store.values).expect("files").len(),
+            4,
+            "{step:?}: one file a version"
+        );
+        assert_rounds(&store, 3..=6, |_| base.clone());
+        put_round(&store, &base, 0, 7, keep, PutStep::Done);
+        put_round(&store, &base, 0, 8, keep, PutStep::Done);
+        assert_eq!(kinds(&store), deltas_to(5, 8), "{step:?}");
+        assert_rounds(&store, 5..=8, |_| base.clone());
+    }
+}
+
+/// A damaged delta refuses its version and the older ones (read through it) with an error
+/// naming its file; the newer versions read, the store opens, serves the newest and goes on
+/// storing, and pruning takes the damaged delta away in its turn.
+#[test]
+fn a_damaged_delta_refuses_its_versions_and_nothing_else() {
+    let base = world(500, 5);
+    let keep = 6;
+    type Damage = fn(&std::path::Path, &Values, &str);
+    let damages: [(&str, Damage); 3] = [
+        ("its file", |path, _, _| {
+            let mut bytes = std::fs::read(path).expect("read");
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x55;
+            std::fs::write(path, bytes).expect("damage");
+        }),
+        ("its contents", |_, values, name| {
+            let mut bytes = values.get(name).expect("read").expect("delta");
+            bytes.truncate(bytes.len() / 2);
+            values.put(name, &[&bytes]).expect("write");
+        }),
+        ("columns that do not fit", |_, values, name| {
+            let bytes = values.get(name).expect("read").expect("delta");
+            let mut delta = record::decode_delta(&bytes).expect("a delta");
+            delta.cluster.pop();
+            let mut out = Vec::new();
+            record::write_delta(&delta, &mut out).expect("encode");
+            values.put(name, &[&out]).expect("write");
+        }),
+    ];
+    for (what, damage) in damages {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&base).expect("topology");
+        for v in 1..=6 {
+            put_round(&store, &base, 0, v, keep, PutStep::Done);
+        }
+        let name = delta_name(4, BaseOf::Journal(0));
+        damage(
+            &dir.path().join(VALUES_DIR).join(&name),
+            &store.values,
+            &name,
+        );
+        for v in [4, 2] {
+            let err = store.stored_map(v).expect_err("damaged");
+            assert!(
+                err.to_string().contains(&name),
+                "{what}: version {v}: {err}"
+            );
+        }
+        assert_rounds(&store, 5..=6, |_| base.clone());
+        drop(store);
+        let store = reopen(dir.path());
+        assert_eq!(store.served().expect("read").expect("stored").version, 6);
+        for v in 7..=9 {
+            put_round(&store, &base, 0, v, keep, PutStep::Done);
+        }
+        assert!(store.stored_map(4).is_err(), "{what}");
+        assert_rounds(&store, 5..=9, |_| base.clone());
+        put_round(&store, &base, 0, 10, keep, PutStep::Done);
+        assert_eq!(kinds(&store), deltas_to(5, 10), "{what}");
+        assert_rounds(&store, 5..=10, |_| base.clone());
+    }
+}
+
+/// A delta applied to the record it is against gives the older record back bit for bit,
+/// for random records of different unit counts (codes, exceptions, counts, clusters near
+/// both ends of u32); every cut of an encoded delta, and byte flips in it, are refused or
+/// read as some record, never a panic.
+#[test]
+fn a_delta_gives_the_older_record_back_and_damage_never_panics() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(16);
+    let record = |rng: &mut rand_chacha::ChaCha8Rng, version: u64| {
+        let n = rng.random_range(0..40usize);
+        let demands: Vec<f64> = (0..n)
+            .map(|_| match rng.random_range(0..4) {
+                0 => rng.random_range(0.0..1e6),
+                1 => f64::from_bits(rng.random::<u64>() >> 2),
+                _ => cdnmap_estimator::demand_code::decode(rng.random_range(0..0xfeff)),
+            })
+            .collect();
+        let (mut count, mut cluster, mut amount, mut overflow) = (vec![], vec![], vec![], vec![]);
+        for u in 0..n as u32 {
+            let k = rng.random_range(0..4u32);
+            let whole = k == 1 && rng.random_bool(0.7);
+            count.push(k << 1 | u32::from(whole));
+            for _ in 0..k {
+                cluster.push(if rng.random_bool(0.2) {
+                    u32::MAX - rng.random_range(0..3)
+                } else {
+                    rng.random_range(0..10)
+                });
+                if !whole {
+                    amount.push(rng.random::<f64>());
+                }
+            }
+            if rng.random_bool(0.1) {
+                overflow.push((u, rng.random::<f64>()));
+            }
+        }
+        Record {
+            epoch: 1,
+            version,
+            solved_at_unix_ms: version as i64,
+            base_generation: rng.random_range(0..3),
+            per_unit: vec![cdnmap_mapper::PerUnit { bps: 1.0, fps: 2.0 }],
+            capacities: vec![rng.random::<f64>(); rng.random_range(0..3)],
+            demands: record::Demands::of(&demands),
+            map: CompactMap {
+                count,
+                cluster,
+                amount,
+                overflow,
+            },
+        }
+    };
+    for case in 0..2_000 {
+        let older = record(&mut rng, 4);
+        let newer = if case % 3 == 0 {
+            // The next round of the same units: most columns the same.
+            let mut newer = older.clone();
+            newer.version = 5;
+            for c in newer.demands.codes.0.iter_mut().step_by(3) {
+                *c = c
+                    .saturating_add(1)
+                    .min(cdnmap_estimator::demand_code::MAX_CODE);
+            }
+            newer
+        } else {
+            record(&mut rng, 5)
+        };
+        let delta = Delta::between(&older, &newer).expect("a delta");
+        assert_eq!(delta.apply(&newer).expect("applies"), older, "case {case}");
+        let mut bytes = Vec::new();
+        record::write_delta(&delta, &mut bytes).expect("encode");
+        assert_eq!(record::decode_delta(&bytes).expect("decodes"), delta);
+        // What the store writes, computed while it is written: the same bytes.
+        let mut streamed = Vec::new();
+        let of = record::DeltaOf::new(&older, &newer).expect("columns that fit");
+        record::write_delta(&of, &mut streamed).expect("encode");
+        assert!(streamed == bytes, "case {case}: the streamed delta differs");
+        let check = |bytes: &[u8]| {
+            if let Ok(d) = record::decode_delta(bytes) {
+                let _ = d.apply(&newer);
+            }
+        };
+        for cut in 0..bytes.len() {
+            assert!(
+                record::decode_delta(&bytes[..cut]).is_err(),
+                "case {case}: cut at {cut}"
+            );
+        }
+        for _ in 0..20 {
+            let mut damaged = bytes.clone();
+            let at = rng.random_range(8..damaged.len());
+            damaged[at] ^= 1 << rng.random_range(0..8);
+            check(&damaged);
+        }
+        // Against another record than its own: refused.
+        let mut other = newer.clone();
+        other.version = 6;
+        assert!(delta.apply(&other).is_err());
+    }
+}
+
+/// The demands of a record: code values as codes, anything else (a configured demand, a
+/// negative zero) exactly; a code that is no demand's is refused.
+#[test]
+fn demands_are_codes_where_exact_and_exceptions_else() {
+    let demands = vec![0.0, 1.0 / 3.0, 2.0, -0.0, 55.25, 1e-310, 7.0];
+    let d = record::Demands::of(&demands);
+    assert_eq!(d.exceptions.len(), 3, "1/3, -0 and a tiny subnormal");
+    assert_eq!(d.exception_units, vec![1, 2, 2]);
+    let back = d.to_vec().expect("reads back");
+    assert_eq!(
+        back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        demands.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    let mut bad = d.clone();
+    bad.codes.0[0] = 0xff00;
+    assert!(bad.to_vec().expect_err("infinity").contains("unit 0"));
+    let mut bad = d.clone();
+    bad.exception_units.push(9);
+    bad.exceptions.push(1.0);
+    assert!(bad.to_vec().is_err(), "past the last unit");
+    let mut bad = d.clone();
+    bad.exception_units[1] = 0;
+    assert!(bad.to_vec().is_err(), "a unit twice");
+    let mut bad = d;
+    bad.exceptions.pop();
+    assert!(bad.to_vec().is_err(), "a unit without its demand");
+}
+
+/// A record of format 04 (the demands as `f64`s) reads back as it was stored, and the next
+/// put rewrites it as a delta, which reads back the same.
+#[test]
+fn a_record_of_format_04_reads_back_and_becomes_a_delta() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = world(200, 3);
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&base).expect("topology");
+    let (instance, map) = round_of(&base, 1);
+    let served = ServedRef {
+        epoch: 1,
+        version: 1,
+        solved_at_unix_ms: 1_000,
+        base_seq: 0,
+        instance: &instance,
+        map: &map,
+        round_entry: b"e",
+    };
+    store
+        .values
+        .put(&record_name(1, BaseOf::Journal(0)), &[&record04(&served)])
+        .expect("write");
+    assert_rounds(&store, 1..=1, |_| base.clone());
+    put_round(&store, &base, 0, 2, 2, PutStep::Done);
+    assert_eq!(kinds(&store), deltas_to(1, 2));
+    assert_rounds(&store, 1..=2, |_| base.clone());
+    put_round(&store, &base, 0, 3, 2, PutStep::Done);
+    assert_eq!(kinds(&store), deltas_to(2, 3));
+}
+
+/// A reader beside a running server: versions listed before the server went on (a whole
+/// record rewritten as a delta, a newer version written) are still read, from the files
+/// there now.
+#[test]
+fn a_reader_with_an_old_listing_follows_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = world(300, 4);
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&base).expect("topology");
+    for v in 1..=3 {
+        put_round(&store, &base, 0, v, 8, PutStep::Done);
+    }
+    let listed = version_files(&store.values).expect("files");
+    for v in 4..=5 {
+        put_round(&store, &base, 0, v, 8, PutStep::Done);
+    }
+    let read_only = StoredMaps::open(dir.path()).expect("read only");
+    for v in 1..=3 {
+        let (stored, _) = read_only
+            .load(v, listed.clone(), "a version")
+            .expect("read")
+            .expect("kept");
+        let (instance, map) = round_of(&base, v);
+        let (t, m) = stored.instance_and_map(&base).expect("instance");
+        assert_eq!((&t.instance, &m), (&instance, &map), "version {v}");
+    }
 }

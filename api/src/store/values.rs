@@ -19,8 +19,9 @@
 //! the same header whatever the compressor did, and a value's sameness is known without
 //! compressing it ([`Values::same`]). Measured on a 1 M-unit store
 //! (`docs/perf/bench-serve.md`, seventh session): a topology 144 → 47 MB, an estimator
-//! checkpoint 133 → 6 MB, a map record 11 → 9 MB (its demands, a forecast per unit, are
-//! nearly random bits). Files of the format before (`CDNVAL01`, the payload as is) are still
+//! checkpoint 133 → 6 MB, a map record 11 → 9 MB (its demands, a forecast per unit, were
+//! nearly random bits as `f64`s; now 16-bit codes, and the older versions deltas: the
+//! store's module docs). Files of the format before (`CDNVAL01`, the payload as is) are still
 //! read.
 
 use std::fs::{self, File};
@@ -312,6 +313,17 @@ impl Values {
             return Err(corrupt("its checksum does not match its contents".into()));
         }
         Ok(Some(bytes))
+    }
+
+    /// The size on disk of value `name`'s file (header and compressed payload), if there is
+    /// one.
+    pub(super) fn file_len(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        let path = self.path(name);
+        match fs::metadata(&path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(file_error(format!("reading {}", path.display()))(e)),
+        }
     }
 
     /// Removes the value `name` (nothing when there is none). Not synced: every removal is of

@@ -98,6 +98,11 @@ impl Instance {
         self.demand[u as usize]
     }
 
+    /// Every unit's demand, by unit index (what the store encodes without a copy).
+    pub fn demands(&self) -> &[f64] {
+        &self.demand
+    }
+
     pub fn unit_location(&self, u: UnitIdx) -> (f64, f64) {
         (
             f64::from(self.units.lat[u as usize]),
