@@ -1418,7 +1418,9 @@ async fn reported_demand_feeds_the_next_round() {
     let before = metric(&body, "cdnmap_demand_total").expect("cdnmap_demand_total");
     let version = status(&server).await.map_version;
     let unit = all_units(&server).await.swap_remove(0);
-    let big = 1.0e6;
+    // A power of two: a forecast reaches the instance rounded up to a 16-bit demand code's
+    // value (9 significant bits), and this one is one exactly.
+    let big = 1_048_576.0;
     let ack = ok(
         server
             .feedback()
