@@ -12,6 +12,7 @@
 //! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
 //! learning = true                  # learned coefficients and derating go into the rounds
 //! record_retention_hours = 168     # how long feedback reports stay in the demand record
+//! record_max_mb = 1024             # and the most disk it takes (the oldest reports go first)
 //! instance = "world.json"          # the topology to start from; absent: the demo world
 //! default_class = "web"
 //!
@@ -45,6 +46,9 @@ use serde::Deserialize;
 /// Bounds of the values, named so the errors and the docs can quote them.
 pub const CYCLE_SECS: std::ops::RangeInclusive<u64> = 10..=30;
 pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
+/// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
+/// segments of 32 MiB), a TiB at most.
+pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
 pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
 pub const MAX_CLASS_RULES: usize = 10_000;
 /// The demo world may be as large as the model allows: the field's scale (about 3.8 M client
@@ -85,6 +89,9 @@ pub struct Config {
     pub learning: bool,
     /// How long feedback reports stay in the demand record.
     pub record_retention_hours: u64,
+    /// The most disk the demand record takes, in MiB: past it the oldest reports go, whatever
+    /// their age (at 100,000 demand samples a second a week of reports would be terabytes).
+    pub record_max_mb: u64,
     /// An instance file to start from; `None`: the demo world.
     pub instance: Option<PathBuf>,
     pub default_class: String,
@@ -211,6 +218,7 @@ impl Default for Config {
             admin_token: None,
             learning: true,
             record_retention_hours: 7 * 24,
+            record_max_mb: 1024,
             instance: None,
             default_class: "web".into(),
             class_rules: vec![
@@ -304,6 +312,17 @@ impl Config {
             return Err(invalid(
                 "record_retention_hours",
                 format!("{} is outside 1..=8760", self.record_retention_hours),
+            ));
+        }
+        if !RECORD_MAX_MB.contains(&self.record_max_mb) {
+            return Err(invalid(
+                "record_max_mb",
+                format!(
+                    "{} is outside {}..={}",
+                    self.record_max_mb,
+                    RECORD_MAX_MB.start(),
+                    RECORD_MAX_MB.end()
+                ),
             ));
         }
         if self.grpc_listen == self.http_listen && self.grpc_listen.port() != 0 {
@@ -426,6 +445,8 @@ mod tests {
             ("maps_kept = 0", "maps_kept"),
             ("ttl_secs = 0", "ttl_secs"),
             ("record_retention_hours = 0", "record_retention_hours"),
+            ("record_max_mb = 1", "record_max_mb"),
+            ("record_max_mb = 99999999", "record_max_mb"),
             ("grpc_listen = \"127.0.0.1:8080\"", "http_listen"),
             ("grpc_listen = \"not an address\"", "grpc_listen"),
             ("data_dir = \"\"", "data_dir"),

@@ -26,11 +26,13 @@ impl FeedbackService {
             report,
         });
         let shared = Arc::clone(&self.0);
-        let retain_ms = shared.config.record_retention_hours as i64 * 3_600_000;
+        let bounds = crate::store::ReportBounds {
+            retain_ms: shared.config.record_retention_hours as i64 * 3_600_000,
+            max_reports: MAX_REPORTS,
+            max_bytes: shared.config.record_max_mb << 20,
+        };
         tokio::task::spawn_blocking(move || {
-            shared
-                .store
-                .append_report(now_unix_ms(), &bytes, retain_ms, MAX_REPORTS)
+            shared.store.append_report(now_unix_ms(), &bytes, bounds)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?

@@ -1,5 +1,6 @@
 //! Persistence: the topology, the last maps (versioned, a bounded number kept) with what
-//! rebuilds the estimator, and the demand record (feedback reports, bounded by age and count).
+//! rebuilds the estimator, and the demand record (feedback reports, bounded by age, count and
+//! disk bytes).
 //! What is large is a value file of its own ([`values`]: the topology, each map version's
 //! record, the base topologies they name, the estimator's round entries and checkpoint); the
 //! demand record is a log of segment files ([`reports`]); sled keeps the epoch.
@@ -55,6 +56,7 @@ mod reports;
 mod values;
 
 pub use read::{RecordKind, StoredMaps, VersionInfo};
+pub use reports::Bounds as ReportBounds;
 
 use record::Record;
 use values::Values;
@@ -1002,19 +1004,23 @@ impl Store {
     }
 
     /// Appends one feedback report (already validated, encoded) received at `at_unix_ms`,
-    /// then keeps only the reports received at most `retain_ms` before it, and of those the
-    /// newest `max_reports` ([`reports`]). Durable when it returns.
+    /// then keeps only what `bounds` keep: the reports received at most `retain_ms` before
+    /// it, of those the newest `max_reports`, in at most `max_bytes` of disk ([`reports`]).
+    /// Durable when it returns.
     pub fn append_report(
         &self,
         at_unix_ms: i64,
         report: &[u8],
-        retain_ms: i64,
-        max_reports: usize,
+        bounds: ReportBounds,
     ) -> Result<u64, StoreError> {
         let id = self.db.generate_id().map_err(io("numbering a report"))?;
-        self.report_log
-            .append(at_unix_ms, id, report, retain_ms, max_reports)?;
+        self.report_log.append(at_unix_ms, id, report, bounds)?;
         Ok(id)
+    }
+
+    /// Bytes the demand record's reports take on disk.
+    pub fn report_bytes(&self) -> Result<u64, StoreError> {
+        self.report_log.bytes()
     }
 
     /// The kept reports received in `[from_ms, to_ms)`, oldest first, with their times.

@@ -22,6 +22,9 @@
 //! more than `retain_ms` before the newest, and the newest `max_reports` of those; the bounds
 //! are stored when they change, so a reopened log reads the same); whole segments are deleted
 //! once nothing in them is kept, so the disk holds at most one segment more than the bounds.
+//! Besides, the log takes at most `max_bytes` of disk: while it holds more, its oldest
+//! segment is deleted whatever the other bounds say (so the reports a read sees are those of
+//! the segments left).
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -46,6 +49,15 @@ pub(super) fn file_error(what: String) -> impl FnOnce(std::io::Error) -> StoreEr
     move |source| StoreError::File { what, source }
 }
 
+/// What an append keeps: reports received at most `retain_ms` before it, the newest
+/// `max_reports` of them, in at most `max_bytes` of disk ([`ReportLog::append`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub retain_ms: i64,
+    pub max_reports: usize,
+    pub max_bytes: u64,
+}
+
 /// The report log of one store (cloning shares it).
 #[derive(Debug, Clone)]
 pub(super) struct ReportLog {
@@ -66,6 +78,8 @@ struct Inner {
     max_reports: usize,
     /// The newest time appended.
     newest_ms: i64,
+    /// Whether a segment was deleted for the byte bound (said once in the log, not per append).
+    bytes_bound_hit: bool,
 }
 
 impl Inner {
@@ -178,15 +192,20 @@ impl ReportLog {
 
     /// Appends the report `payload` received at `at_ms` with `id`, synced, then applies the
     /// bounds: reports received more than `retain_ms` before `at_ms`, and all but the newest
-    /// `max_reports`, are no longer kept (and their segments deleted once wholly so).
+    /// `max_reports`, are no longer kept (and their segments deleted once wholly so); the
+    /// oldest segments are deleted while the log holds more than `max_bytes`.
     pub(super) fn append(
         &self,
         at_ms: i64,
         id: u64,
         payload: &[u8],
-        retain_ms: i64,
-        max_reports: usize,
+        bounds: Bounds,
     ) -> Result<(), StoreError> {
+        let Bounds {
+            retain_ms,
+            max_reports,
+            max_bytes,
+        } = bounds;
         if payload.len() > MAX_PAYLOAD {
             return Err(StoreError::Corrupt {
                 what: "a report to store".into(),
@@ -251,22 +270,39 @@ impl ReportLog {
             inner.max_reports = max_reports;
         }
         let cutoff = inner.cutoff_ms();
-        // Whole segments nothing is kept of, oldest first (never the one appended to).
+        // Whole segments nothing is kept of, or past the byte bound, oldest first (never the
+        // one appended to).
         let mut total: usize = inner.segments.iter().map(|s| s.count).sum();
+        let mut bytes: u64 = inner.segments.iter().map(|s| s.bytes).sum();
         while inner.segments.len() > 1 {
             let Some(&oldest) = inner.segments.front() else {
                 break;
             };
             let too_old = oldest.newest_ms < cutoff;
             let too_many = total - oldest.count >= inner.max_reports;
-            if !(too_old || too_many) {
+            let too_big = bytes > max_bytes;
+            if !(too_old || too_many || too_big) {
                 break;
+            }
+            if too_big && !too_old && !too_many && !inner.bytes_bound_hit {
+                inner.bytes_bound_hit = true;
+                tracing::warn!(
+                    max_bytes,
+                    "the demand record is at its disk bound (record_max_mb): its oldest \
+                     reports go before their retention time"
+                );
             }
             remove_if_present(&self.path(oldest.number))?;
             inner.segments.pop_front();
             total -= oldest.count;
+            bytes -= oldest.bytes;
         }
         Ok(())
+    }
+
+    /// Bytes of whole records the log holds on disk.
+    pub(super) fn bytes(&self) -> Result<u64, StoreError> {
+        Ok(self.lock()?.segments.iter().map(|s| s.bytes).sum())
     }
 
     /// The kept reports received in `[from_ms, to_ms)`, oldest first (by time, then id), with
@@ -452,6 +488,14 @@ pub(super) fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
 
 #[cfg(test)]
 mod tests {
+    /// Bounds of age and count, no byte bound to speak of.
+    fn bounds(retain_ms: i64, max_reports: usize) -> Bounds {
+        Bounds {
+            retain_ms,
+            max_reports,
+            max_bytes: u64::MAX,
+        }
+    }
     use super::*;
 
     #[test]
@@ -459,7 +503,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = ReportLog::open(dir.path()).expect("open");
         for i in 0..5u64 {
-            log.append(1_000 + i as i64, i, &[i as u8; 100], i64::MAX, 100)
+            log.append(1_000 + i as i64, i, &[i as u8; 100], bounds(i64::MAX, 100))
                 .expect("append");
         }
         drop(log);
@@ -471,7 +515,7 @@ mod tests {
         drop(f);
         let log = ReportLog::open(dir.path()).expect("reopen");
         assert_eq!(log.count().expect("count"), 5);
-        log.append(3_000, 6, b"after", i64::MAX, 100)
+        log.append(3_000, 6, b"after", bounds(i64::MAX, 100))
             .expect("append");
         let back = log.read(0, i64::MAX).expect("read");
         let times: Vec<i64> = back.iter().map(|r| r.0).collect();
@@ -485,7 +529,8 @@ mod tests {
         let log = ReportLog::open(dir.path()).expect("reopen");
         assert_eq!(log.read(0, i64::MAX).expect("read").len(), 2);
         assert_eq!(fs::read(&seg).expect("read").len(), bytes.len());
-        log.append(4_000, 7, b"new", i64::MAX, 100).expect("append");
+        log.append(4_000, 7, b"new", bounds(i64::MAX, 100))
+            .expect("append");
         let times: Vec<i64> = log
             .read(0, i64::MAX)
             .expect("read")
@@ -501,7 +546,7 @@ mod tests {
         let log = ReportLog::open(dir.path()).expect("open");
         let payload = vec![7u8; (SEGMENT_BYTES / 4) as usize];
         for i in 0..20i64 {
-            log.append(i * 1_000, i as u64, &payload, 5_500, 1_000)
+            log.append(i * 1_000, i as u64, &payload, bounds(5_500, 1_000))
                 .expect("append");
         }
         // Kept: received from 14 s on (6 reports); on disk: at most one segment more.
@@ -515,7 +560,7 @@ mod tests {
         );
         // The count bound alone.
         for i in 20..30i64 {
-            log.append(i * 1_000, i as u64, b"x", i64::MAX, 3)
+            log.append(i * 1_000, i as u64, b"x", bounds(i64::MAX, 3))
                 .expect("append");
         }
         assert_eq!(log.read(0, i64::MAX).expect("read").len(), 3);

@@ -619,6 +619,58 @@ fn a_store_that_kept_its_values_in_sled_is_moved_to_files_and_reads_back_the_sam
     assert_eq!(store.served().expect("read").expect("stored"), back);
 }
 
+/// Bounds of age and count, and no byte bound to speak of.
+fn bounded(retain_ms: i64, max_reports: usize) -> ReportBounds {
+    ReportBounds {
+        retain_ms,
+        max_reports,
+        max_bytes: u64::MAX,
+    }
+}
+
+/// Past the byte bound the oldest segments go, whatever their age; the newest are read as
+/// appended, and a reopened store reads the same.
+#[test]
+fn reports_past_the_byte_bound_go_oldest_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let payload = vec![b'x'; 4 << 20];
+    let bounds = ReportBounds {
+        retain_ms: i64::MAX,
+        max_reports: usize::MAX,
+        max_bytes: 3 * reports::SEGMENT_BYTES,
+    };
+    let (held, on_disk) = {
+        let store = Store::open(dir.path()).expect("open");
+        // 40 reports of 4 MiB: 160 MiB through a log bounded to 96 MiB.
+        for t in 0..40i64 {
+            store.append_report(t, &payload, bounds).expect("append");
+            assert!(store.report_bytes().expect("bytes") <= bounds.max_bytes + (4 << 20) + 64);
+        }
+        let held = store.reports(0, i64::MAX).expect("read");
+        (held, store.report_bytes().expect("bytes"))
+    };
+    let times: Vec<i64> = held.iter().map(|(t, _)| *t).collect();
+    // Whole segments go: what is kept is within a segment and a report of the bound.
+    let kept_bytes = times.len() as u64 * payload.len() as u64;
+    assert!(
+        kept_bytes + reports::SEGMENT_BYTES + payload.len() as u64 > bounds.max_bytes
+            && times.len() < 40,
+        "{times:?}"
+    );
+    let newest: Vec<i64> = (40 - times.len() as i64..40).collect();
+    assert_eq!(times, newest, "the newest are kept, in order");
+    let segments_bytes: u64 = std::fs::read_dir(dir.path().join(REPORTS_DIR))
+        .expect("list")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(reports::PREFIX))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    assert_eq!(segments_bytes, on_disk, "the files are what the log counts");
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.reports(0, i64::MAX).expect("read"), held);
+}
+
 #[test]
 fn reports_are_kept_by_age_and_count() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -626,7 +678,7 @@ fn reports_are_kept_by_age_and_count() {
     for t in 0..10i64 {
         let body = format!("{{\"t\": {t}}}");
         store
-            .append_report(t * 1_000, body.as_bytes(), 5_000, 100)
+            .append_report(t * 1_000, body.as_bytes(), bounded(5_000, 100))
             .expect("append");
     }
     // At t = 9 s with 5 s of retention: reports from 4 s on are kept.
@@ -635,7 +687,7 @@ fn reports_are_kept_by_age_and_count() {
     assert_eq!(times, vec![4_000, 5_000, 6_000, 7_000, 8_000, 9_000]);
     assert_eq!(kept[0].1, b"{\"t\": 4}".to_vec());
     store
-        .append_report(9_500, b"{}", 60_000, 3)
+        .append_report(9_500, b"{}", bounded(60_000, 3))
         .expect("append");
     assert_eq!(store.reports(0, i64::MAX).expect("read").len(), 3);
     assert_eq!(store.reports(8_000, 9_000).expect("read").len(), 1);
@@ -654,7 +706,7 @@ fn racing_appenders_keep_the_bounds_and_a_reopen_holds_the_same_reports() {
                 s.spawn(move || {
                     for t in 0..200i64 {
                         store
-                            .append_report(1_000 + t * 4 + w, b"{}", i64::MAX, 50)
+                            .append_report(1_000 + t * 4 + w, b"{}", bounded(i64::MAX, 50))
                             .expect("append");
                     }
                 });
@@ -667,7 +719,7 @@ fn racing_appenders_keep_the_bounds_and_a_reopen_holds_the_same_reports() {
     let store = Store::open(dir.path()).expect("reopen");
     assert_eq!(store.reports(0, i64::MAX).expect("read"), held);
     store
-        .append_report(10_000, b"{}", i64::MAX, 10)
+        .append_report(10_000, b"{}", bounded(i64::MAX, 10))
         .expect("append");
     assert_eq!(store.reports(0, i64::MAX).expect("read").len(), 10);
 }

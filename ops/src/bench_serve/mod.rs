@@ -307,6 +307,8 @@ fn run(
     let pid = |i| ctx.kids.pid(i);
     let peaks = [pid(mapper.idx), pid(front.idx), pid(c.late.idx)].map(peak_rss_mb);
     let store_after = dir_size(&ctx.dir.join("data"));
+    let record_after = dir_size(&ctx.dir.join("data").join("reports"));
+    let values_after = store_values(&ctx.dir.join("data").join("values"));
     let versions = new_rounds(&mut mapper.log, None)
         .last()
         .map_or(0, |r| r.version);
@@ -322,6 +324,8 @@ fn run(
         listening_s,
         store_first,
         store_after,
+        record_after,
+        values_after,
         versions,
         join,
         front: (

@@ -58,6 +58,11 @@ pub(super) struct Figures {
     pub(super) listening_s: f64,
     pub(super) store_first: u64,
     pub(super) store_after: u64,
+    /// Of `store_after`: the demand record (bounded by `record_max_mb`).
+    pub(super) record_after: u64,
+    /// Of `store_after`: the value files by kind (map records whole and as deltas, topology
+    /// snapshots, the estimator's checkpoint and round entries), with their counts.
+    pub(super) values_after: Vec<(String, usize, u64)>,
     pub(super) versions: u64,
     pub(super) join: Join,
     pub(super) front: (f64, f64),
@@ -193,6 +198,16 @@ pub(super) fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats:
         mb(f.store_after as f64),
         f.versions,
         f.versions
+    );
+    let kinds: Vec<String> = f
+        .values_after
+        .iter()
+        .map(|(kind, n, bytes)| format!("{kind} {:.1} MB ({n})", mb(*bytes as f64)))
+        .collect();
+    println!(
+        "  of which the demand record {:.1} MB (bounded by record_max_mb), and the value files: {}",
+        mb(f.record_after as f64),
+        kinds.join(", ")
     );
     let j = f.join;
     println!(

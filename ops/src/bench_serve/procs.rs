@@ -168,6 +168,25 @@ pub(crate) fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The store's value files by kind, the part of each name before its first `-` (`map`: whole
+/// records, `mapd`: deltas, `topology`, `estimator`, `round`), with their counts and bytes,
+/// in name order.
+pub(crate) fn store_values(dir: &Path) -> Vec<(String, usize, u64)> {
+    let mut kinds: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(kind) = name.split('-').next().filter(|k| !k.is_empty()) else {
+            continue;
+        };
+        if let Ok(m) = e.metadata() {
+            let k = kinds.entry(kind.to_string()).or_default();
+            k.0 += 1;
+            k.1 += m.len();
+        }
+    }
+    kinds.into_iter().map(|(k, (n, b))| (k, n, b)).collect()
+}
+
 /// `GET path` over HTTP/1.1, the body.
 pub(super) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
