@@ -12,7 +12,7 @@
 //! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
 //! learning = true                  # learned coefficients and derating go into the rounds
 //! record_retention_hours = 168     # how long feedback reports stay in the demand record
-//! record_max_mb = 1024             # and the most disk it takes (the oldest reports go first)
+//! record_max_mb = 768              # and the most disk it takes (the oldest reports go first)
 //! instance = "world.json"          # the topology to start from; absent: the demo world
 //! default_class = "web"
 //!
@@ -218,7 +218,7 @@ impl Default for Config {
             admin_token: None,
             learning: true,
             record_retention_hours: 7 * 24,
-            record_max_mb: 1024,
+            record_max_mb: 768,
             instance: None,
             default_class: "web".into(),
             class_rules: vec![
