@@ -467,7 +467,7 @@ mod tests {
         }];
         let mut b = Builder::new(classes, clusters).expect("one cluster");
         let prefix: IpNet = "10.0.0.0/24".parse().expect("prefix");
-        b.push("u1", 0, &[prefix], [(0, 1.0)], 0.0, [None, None])
+        b.push("u1", 0, [prefix], [(0, 1.0)], 0.0, [None, None])
             .expect("a valid unit");
         b.set_fallback(&[[Some(0), None], [Some(0), None]]);
         let m = b.finish();

@@ -165,7 +165,7 @@ mod tests {
             let shares = [(0, at_a), (1, 1.0 - at_a)]
                 .into_iter()
                 .filter(|s| s.1 > 0.0);
-            b.push(id, class, &[prefix], shares, 0.0, [None, None])
+            b.push(id, class, [prefix], shares, 0.0, [None, None])
                 .expect("a valid unit");
         }
         b.set_fallback(&[[Some(1), None], [Some(1), None]]);

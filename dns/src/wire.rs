@@ -472,8 +472,15 @@ mod tests {
         ];
         for (id, class, prefixes, shares, backups) in units {
             let prefixes: Vec<IpNet> = prefixes.iter().map(|p| net(p)).collect();
-            b.push(id, class, &prefixes, shares.iter().copied(), 0.0, backups)
-                .expect(id);
+            b.push(
+                id,
+                class,
+                prefixes.iter().copied(),
+                shares.iter().copied(),
+                0.0,
+                backups,
+            )
+            .expect(id);
         }
         b.set_fallback(&[[Some(1), Some(0)], [Some(0), None]]);
         let m = b.finish();

@@ -40,7 +40,7 @@ pub fn of(m: &ServingMap, units: Range<usize>) -> pb::UnitColumns {
         let prefixes = m.unit_prefixes(u);
         c.prefix_counts.push(prefixes.len() as u32);
         for p in prefixes {
-            put_prefix(&mut c.prefixes, p);
+            put_prefix(&mut c.prefixes, &p);
         }
         let (clusters, shares) = m.shares(u);
         let whole = shares.len() == 1 && shares[0].to_bits() == 1f64.to_bits();
@@ -264,7 +264,7 @@ pub fn push(
         b.push(
             id,
             class,
-            &prefixes,
+            prefixes.iter().copied(),
             clusters.iter().copied().zip(values.iter().copied()),
             overflow,
             backups,

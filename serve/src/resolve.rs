@@ -461,7 +461,7 @@ impl PrefixIndex {
         let classes = map.classes().len();
         let mut claims: Vec<(IpNet, UnitIdx)> = Vec::with_capacity(map.sizes().prefixes);
         for u in 0..map.unit_count() as UnitIdx {
-            claims.extend(map.unit_prefixes(u).iter().map(|p| (canonical(p), u)));
+            claims.extend(map.unit_prefixes(u).map(|p| (canonical(&p), u)));
         }
         claims.sort_unstable();
         claims.dedup();

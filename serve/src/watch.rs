@@ -130,7 +130,7 @@ fn unit_pb(m: &ServingMap, u: UnitIdx) -> pb::UnitMapping {
     pb::UnitMapping {
         id: m.unit_id(u).to_string(),
         traffic_class: m.unit_class_name(u).to_string(),
-        prefixes: m.unit_prefixes(u).iter().map(|p| p.to_string()).collect(),
+        prefixes: m.unit_prefixes(u).map(|p| p.to_string()).collect(),
         shares: placed
             .iter()
             .zip(shares)
@@ -591,7 +591,7 @@ impl Follower {
             b.push(
                 &unit.id,
                 parsed.class,
-                &parsed.prefixes,
+                parsed.prefixes.iter().copied(),
                 parsed.shares,
                 unit.overflow_share,
                 parsed.backups,
@@ -637,7 +637,7 @@ fn same_units_changed(
                 .prefixes
                 .iter()
                 .zip(old.unit_prefixes(u))
-                .all(|(p, q)| p.trunc() == *q);
+                .all(|(p, q)| p.trunc() == q);
         if parsed.class != old.unit_class(u) || !same_prefixes {
             return Ok(None);
         }
@@ -898,7 +898,7 @@ fn push_units(
         b.push(
             &u.id,
             parsed.class,
-            &parsed.prefixes,
+            parsed.prefixes.iter().copied(),
             parsed.shares,
             u.overflow_share,
             parsed.backups,
@@ -952,7 +952,7 @@ mod tests {
             b.push(
                 &id,
                 (i % 2) as ClassIdx,
-                &[prefix],
+                [prefix],
                 shares,
                 overflow,
                 backups,

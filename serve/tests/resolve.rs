@@ -1658,7 +1658,7 @@ fn another_class_count_is_indexed_again() {
         b.push(
             "a",
             0,
-            &[net("10.0.0.0/8")],
+            [net("10.0.0.0/8")],
             [(0, 1.0)],
             0.0,
             [Some(1), None],
@@ -1667,7 +1667,7 @@ fn another_class_count_is_indexed_again() {
         b.push(
             "b",
             1,
-            &[net("10.1.0.0/16")],
+            [net("10.1.0.0/16")],
             [(0, 0.5), (1, 0.5)],
             0.0,
             [None, None],
@@ -1717,7 +1717,7 @@ fn a_prefix_claimed_twice_in_a_streamed_map_is_refused() {
         let classes = CLASSES.iter().map(|&c| Arc::from(c)).collect();
         let mut b = Builder::new(classes, clusters).expect("builder");
         for &(id, class, prefix) in units {
-            b.push(id, class, &[net(prefix)], [(0, 1.0)], 0.0, [None, None])
+            b.push(id, class, [net(prefix)], [(0, 1.0)], 0.0, [None, None])
                 .expect("unit");
         }
         Arc::new(b.finish())
