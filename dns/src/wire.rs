@@ -16,7 +16,7 @@
 //! hostname rule, no map yet, an answer with no address (NODATA) or larger than the response
 //! may be. The test below holds the two paths to the same bytes over generated queries.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
@@ -146,30 +146,11 @@ fn parse_ecs(rdata: &[u8]) -> Option<Ecs> {
     }
     let family = u16_at(rdata, 4)?;
     let (source, scope) = (*rdata.get(6)?, *rdata.get(7)?);
-    let bytes = &rdata[8..];
-    let max = match family {
-        1 => 32,
-        2 => 128,
-        _ => return None,
-    };
-    if source > max || scope != 0 || bytes.len() != usize::from(source).div_ceil(8) {
+    if scope != 0 {
         return None;
     }
-    if let Some(&last) = bytes.last() {
-        let used = source % 8;
-        if used != 0 && last & (0xff >> used) != 0 {
-            return None; // address bits beyond the source prefix
-        }
-    }
-    let addr = if family == 1 {
-        let mut a = [0u8; 4];
-        a[..bytes.len()].copy_from_slice(bytes);
-        IpAddr::V4(Ipv4Addr::from(a))
-    } else {
-        let mut a = [0u8; 16];
-        a[..bytes.len()].copy_from_slice(bytes);
-        IpAddr::V6(Ipv6Addr::from(a))
-    };
+    // The family, the length and the address bytes (none beyond the source prefix).
+    let addr = cdnmap_serve::columns::ecs_address(family, source, &rdata[8..]).ok()?;
     Some(Ecs {
         family,
         source,
@@ -428,6 +409,7 @@ mod tests {
     use crate::config::ZoneConfig;
     use crate::demand::DemandCounter;
     use crate::udp::{answer_hickory, Capture};
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     /// A map of four units over three clusters (one with no IPv6 server), two classes, nested
     /// and split units, IPv4 and IPv6 prefixes; zone `example.`; `www.example` is web,

@@ -107,31 +107,48 @@ fn take_prefix(bytes: &[u8], at: &mut usize) -> Result<IpNet, String> {
         .get(*at..*at + 2)
         .ok_or("cut short before a prefix's family and length")?;
     let (family, len) = (head[0], head[1]);
-    let (width, max) = match family {
-        FAMILY_V4 => (4, 32),
-        FAMILY_V6 => (16, 128),
-        other => return Err(format!("family {other} is neither 1 (IPv4) nor 2 (IPv6)")),
-    };
-    if len > max {
-        return Err(format!("a prefix length of {len} for family {family}"));
-    }
     let n = usize::from(len).div_ceil(8);
     let addr = bytes
         .get(*at + 2..*at + 2 + n)
         .ok_or("cut short inside a prefix's address")?;
-    let mut octets = [0u8; 16];
-    octets[..n].copy_from_slice(addr);
-    // Bits beyond the length must be zero (RFC 7871's rule for the option, here too).
-    if len % 8 != 0 && octets[n - 1] & (0xff >> (len % 8)) != 0 {
-        return Err(format!("address bits set beyond the prefix length {len}"));
-    }
+    let ip = ecs_address(u16::from(family), len, addr)?;
     *at += 2 + n;
-    let ip = if width == 4 {
+    IpNet::new(ip, len).map_err(|e| e.to_string())
+}
+
+/// The address of a prefix in the form of an EDNS Client Subnet option (RFC 7871, section
+/// 6): `family` 1 (IPv4) or 2 (IPv6), the prefix length `source`, and exactly its first
+/// ceil(source / 8) address bytes, the bits beyond `source` zero. The one reading of that
+/// form: WatchMap's columns and the DNS front end's queries.
+pub fn ecs_address(family: u16, source: u8, bytes: &[u8]) -> Result<IpAddr, String> {
+    let max = match family {
+        1 => 32,
+        2 => 128,
+        other => return Err(format!("family {other} is neither 1 (IPv4) nor 2 (IPv6)")),
+    };
+    if source > max {
+        return Err(format!("a prefix length of {source} for family {family}"));
+    }
+    if bytes.len() != usize::from(source).div_ceil(8) {
+        return Err(format!(
+            "{} address bytes for a prefix length of {source}",
+            bytes.len()
+        ));
+    }
+    if let (Some(&last), used @ 1..) = (bytes.last(), source % 8) {
+        if last & (0xff >> used) != 0 {
+            return Err(format!(
+                "address bits set beyond the prefix length {source}"
+            ));
+        }
+    }
+    let mut octets = [0u8; 16];
+    octets[..bytes.len()].copy_from_slice(bytes);
+    Ok(if family == 1 {
         IpAddr::V4(Ipv4Addr::new(octets[0], octets[1], octets[2], octets[3]))
     } else {
         IpAddr::V6(Ipv6Addr::from(octets))
-    };
-    IpNet::new(ip, len).map_err(|e| e.to_string())
+    })
 }
 
 fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FollowError {
@@ -329,5 +346,17 @@ mod tests {
             let err = take_prefix(bytes, &mut 0).expect_err("bad");
             assert!(err.contains(problem), "{bytes:?}: {err}");
         }
+        // As a DNS query's option carries it: exactly the bytes its length takes.
+        for (bytes, ok) in [
+            (&[10u8, 1][..], false),
+            (&[10, 1, 2, 0][..], false),
+            (&[10, 1, 2][..], true),
+        ] {
+            assert_eq!(ecs_address(1, 24, bytes).is_ok(), ok, "{bytes:?}");
+        }
+        assert_eq!(
+            ecs_address(1, 0, &[]),
+            Ok("0.0.0.0".parse().expect("address"))
+        );
     }
 }
