@@ -667,7 +667,7 @@ fn reports_past_the_byte_bound_go_oldest_first() {
         .map(|m| m.len())
         .sum();
     assert_eq!(segments_bytes, on_disk, "the files are what the log counts");
-    let store = Store::open(dir.path()).expect("reopen");
+    let store = reopen(dir.path());
     assert_eq!(store.reports(0, i64::MAX).expect("read"), held);
 }
 
@@ -716,7 +716,7 @@ fn racing_appenders_keep_the_bounds_and_a_reopen_holds_the_same_reports() {
         assert_eq!(held.len(), 50);
         held
     };
-    let store = Store::open(dir.path()).expect("reopen");
+    let store = reopen(dir.path());
     assert_eq!(store.reports(0, i64::MAX).expect("read"), held);
     store
         .append_report(10_000, b"{}", bounded(i64::MAX, 10))
@@ -738,7 +738,7 @@ fn reports_in_sled_are_moved_to_the_log() {
         }
         store.db.flush().expect("flush");
     }
-    let store = Store::open(dir.path()).expect("reopen");
+    let store = reopen(dir.path());
     assert!(store.reports.is_empty());
     let back = store.reports(0, i64::MAX).expect("read");
     assert_eq!(back, vec![(4_000, b"a".to_vec()), (5_000, b"b".to_vec())]);
