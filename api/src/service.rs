@@ -740,11 +740,13 @@ fn restore_estimates(
     let Some(served) = served else {
         return fresh();
     };
-    let checkpoint = match inline.checkpoint {
-        Some(c) => Some(c),
-        None => store.estimator_checkpoint()?,
+    // The checkpoint is decoded as it is read from its file (at 11 M map units 1.4 GB of
+    // bytes that are never beside the state they decode to).
+    let read = match inline.checkpoint {
+        Some((version, state)) => Some((version, Estimates::from_bytes(&state, topology))),
+        None => store.read_estimator_checkpoint(|_, r| Estimates::read_from(r, topology))?,
     };
-    let Some((version, state)) = checkpoint else {
+    let Some((version, read)) = read else {
         return fresh();
     };
     // A round whose write failed ends the entries: the state replays up to it.
@@ -755,7 +757,7 @@ fn restore_estimates(
             None
         }
     });
-    match Estimates::restore(&state, entries, topology) {
+    match read.and_then(|est| est.replayed(entries, topology)) {
         Ok((est, replayed, stopped)) => {
             if let Some(e) = stopped {
                 tracing::warn!(error = %e, replayed, "the estimator's state is that of an earlier round");

@@ -3,6 +3,7 @@
 //! the next round's instance (forecast demand, learned coefficients, derated capacities) out.
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
 
 use cdnmap_mapper::{Instance, Map, ModelError, PerUnit, ResourceKind, UnitIdx};
 
@@ -63,10 +64,130 @@ pub struct Estimates {
     forecasts: Forecasts,
 }
 
-/// The first bytes of a checkpoint ([`Estimates::to_bytes`]): its format. A build before it
-/// wrote postcard alone, with forecasters of `f64`s ([`LegacyForecaster`]); such a checkpoint
-/// is still read.
-const STATE_FORMAT: &[u8; 4] = b"EST2";
+/// The first bytes of a checkpoint ([`Estimates::write_to`]): its format, a checkpoint in
+/// parts, each framed by its length (a `u32`, little-endian) and encoded with postcard: a head
+/// ([`Head`]: the configurations, the learned state, the generation, the number of
+/// forecasters), then the forecasters with their unit ids in chunks of at most
+/// [`CHUNK_UNITS`] ([`Chunk`]). A restart reads it from the file as it decodes it
+/// ([`Estimates::read_from`]): at 11 M map units the state is 1.4 GB, and its bytes are never in
+/// memory beside it. Checkpoints of the formats before ([`STATE_FORMAT_2`], and postcard alone
+/// with forecasters of `f64`s, [`LegacyForecaster`]) are still read.
+const STATE_FORMAT: &[u8; 4] = b"EST3";
+/// The format before [`STATE_FORMAT`]: the whole [`Estimates`] as one postcard value.
+const STATE_FORMAT_2: &[u8; 4] = b"EST2";
+/// Forecasters per chunk of a checkpoint: about 2 MB.
+const CHUNK_UNITS: usize = 16_384;
+/// The most bytes a checkpoint's part may say it holds (a chunk takes about 2 MB): a damaged
+/// length is an error, not an allocation.
+const MAX_PART: usize = 64 << 20;
+
+/// A checkpoint's first part ([`STATE_FORMAT`]); `L` is the learned state or a reference to it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Head<L> {
+    forecast_config: ForecastConfig,
+    learn_config: LearnConfig,
+    derate_config: DerateConfig,
+    learned: L,
+    generation: u64,
+    units: u64,
+}
+
+/// A checkpoint's chunk of forecasters and their unit ids, in id order ([`STATE_FORMAT`]);
+/// `F` is a slice of forecasters (written) or a vector (read).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Chunk<'a, F> {
+    #[serde(borrow)]
+    ids: Vec<&'a str>,
+    by_unit: F,
+}
+
+/// Writes `bytes` as one part of a checkpoint (its length, then the bytes).
+fn write_part(out: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(bytes.len())
+        .ok()
+        .filter(|&n| n as usize <= MAX_PART)
+        .ok_or_else(|| std::io::Error::other(format!("a part of {} bytes", bytes.len())))?;
+    out.write_all(&len.to_le_bytes())?;
+    out.write_all(bytes)
+}
+
+/// Reads the next part of a checkpoint into `buf`.
+fn read_part(r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)
+        .map_err(|e| format!("cut short before a part ({e})"))?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_PART {
+        return Err(format!(
+            "a part says it holds {len} bytes, more than {MAX_PART}"
+        ));
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    r.read_exact(buf)
+        .map_err(|e| format!("cut short in a part of {len} bytes ({e})"))
+}
+
+/// The unit ids of a checkpoint's forecasters as they are read: while they are `instance`'s
+/// own, in its order, none is copied (at 11 M map units the ids take half a gigabyte); from
+/// the first that differs, they are kept.
+struct ReadIds<'i> {
+    instance: &'i Instance,
+    /// Ids read so far.
+    count: usize,
+    /// The ids read, once one differed from the instance's (empty while none has).
+    own: Vec<Box<str>>,
+    same: bool,
+    last: String,
+}
+
+impl<'i> ReadIds<'i> {
+    fn new(instance: &'i Instance) -> Self {
+        ReadIds {
+            instance,
+            count: 0,
+            own: Vec::new(),
+            same: true,
+            last: String::new(),
+        }
+    }
+
+    /// The next id; refused unless it sorts after the one before.
+    fn push(&mut self, id: &str) -> Result<(), String> {
+        if self.count > 0 && *id <= *self.last {
+            return Err("its forecasters' unit ids are not in order".into());
+        }
+        self.last.clear();
+        self.last.push_str(id);
+        let u = self.count;
+        self.count += 1;
+        if self.same {
+            if u < self.instance.unit_count() && *self.instance.unit_id(u as UnitIdx) == *id {
+                return Ok(());
+            }
+            self.same = false;
+            self.own = (0..u)
+                .map(|i| self.instance.unit_id(i as UnitIdx).into())
+                .collect();
+        }
+        self.own.push(id.into());
+        Ok(())
+    }
+
+    /// The forecasters' ids: their own, or none and the instance they are aligned with.
+    fn finish(self) -> (Vec<Box<str>>, Option<Instance>) {
+        match (self.same, self.count == self.instance.unit_count()) {
+            (true, true) => (Vec::new(), Some(self.instance.clone())),
+            (true, false) => (
+                (0..self.count)
+                    .map(|i| self.instance.unit_id(i as UnitIdx).into())
+                    .collect(),
+                None,
+            ),
+            (false, _) => (self.own, None),
+        }
+    }
+}
 
 /// [`Estimates`] as a build before [`STATE_FORMAT`] stored them.
 #[derive(serde::Deserialize)]
@@ -294,67 +415,160 @@ impl Estimates {
         })
     }
 
-    /// The whole state, encoded: a checkpoint. [`STATE_FORMAT`], then postcard (compact,
-    /// numbers bit for bit).
+    /// The whole state, encoded: a checkpoint ([`Self::write_to`]).
     pub fn to_bytes(&self) -> Vec<u8> {
-        // Serializing plain numbers, strings and maps cannot fail; an empty result is read
-        // back as an error, never as a state.
-        postcard::to_extend(self, STATE_FORMAT.to_vec()).unwrap_or_default()
+        let mut out = Vec::new();
+        // Writing to memory fails only where a part is over 64 MiB, which a chunk of
+        // forecasters never is; an empty result is read back as an error, never as a state.
+        if self.write_to(&mut out).is_err() {
+            out.clear();
+        }
+        out
     }
 
-    /// [`Self::to_bytes`], written to `out` as it is encoded (a state of 11 M forecasters is
-    /// over a gigabyte: it need not be whole in memory a second time).
-    pub fn write_to(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    /// The whole state, a checkpoint ([`STATE_FORMAT`]), written to `out` as it is encoded (a
+    /// state of 11 M forecasters is 1.4 GB: it is never whole in memory a second time).
+    pub fn write_to(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        self.write_in_chunks(out, CHUNK_UNITS)
+    }
+
+    /// [`Self::write_to`] in chunks of at most `chunk_units` forecasters.
+    fn write_in_chunks(&self, out: &mut dyn Write, chunk_units: usize) -> std::io::Result<()> {
+        let encoding = std::io::Error::other;
         out.write_all(STATE_FORMAT)?;
-        postcard::to_io(self, out)
-            .map(|_| ())
-            .map_err(std::io::Error::other)
+        let f = &self.forecasts;
+        let head = Head {
+            forecast_config: self.forecast_config,
+            learn_config: self.learn_config,
+            derate_config: self.derate_config,
+            learned: &self.learned,
+            generation: f.generation,
+            units: f.len() as u64,
+        };
+        write_part(out, &postcard::to_stdvec(&head).map_err(encoding)?)?;
+        let mut buf = Vec::new();
+        for start in (0..f.len()).step_by(chunk_units.max(1)) {
+            let end = (start + chunk_units.max(1)).min(f.len());
+            let chunk = Chunk {
+                ids: (start..end).map(|i| f.id(i)).collect(),
+                by_unit: &f.by_unit[start..end],
+            };
+            buf.clear();
+            buf = postcard::to_extend(&chunk, buf).map_err(encoding)?;
+            write_part(out, &buf)?;
+        }
+        Ok(())
     }
 
     /// A state saved by [`Estimates::to_bytes`] (or by a build before [`STATE_FORMAT`], whose
-    /// forecasters are read into the compact ones), for `instance`: refused (with the reason)
-    /// when it does not fit the instance's traffic classes. When the configured coefficients
-    /// changed since it was saved, the learners start afresh from the new ones (the forecasts
-    /// and deratings are kept).
+    /// forecasters are read into the compact ones), for `instance`: [`Self::read_from`].
     pub fn from_bytes(bytes: &[u8], instance: &Instance) -> Result<Self, String> {
-        let decoded = match bytes.strip_prefix(STATE_FORMAT.as_slice()) {
-            Some(body) => postcard::from_bytes::<Estimates>(body),
-            None => postcard::from_bytes::<LegacyEstimates>(bytes).map(Into::into),
+        Self::read_from(&mut &bytes[..], instance)
+    }
+
+    /// A state saved by [`Estimates::write_to`] read from `r` as it is decoded (or one of a
+    /// build before [`STATE_FORMAT`], read whole), for `instance`: refused (with the reason)
+    /// when it is damaged or cut short, or does not fit the instance's traffic classes. When
+    /// the configured coefficients changed since it was saved, the learners start afresh from
+    /// the new ones (the forecasts and deratings are kept). Forecasters of `instance`'s units,
+    /// in its order, are aligned with it at once, without a copy of their ids.
+    pub fn read_from(r: &mut dyn Read, instance: &Instance) -> Result<Self, String> {
+        let problem = |e: String| format!("the saved estimator state: {e}");
+        let mut format = Vec::with_capacity(STATE_FORMAT.len());
+        r.take(STATE_FORMAT.len() as u64)
+            .read_to_end(&mut format)
+            .map_err(|e| problem(e.to_string()))?;
+        let mut est = if format == STATE_FORMAT {
+            Self::read_parts(r, instance).map_err(problem)?
+        } else {
+            let mut bytes = format;
+            r.read_to_end(&mut bytes)
+                .map_err(|e| problem(e.to_string()))?;
+            Self::read_whole(&bytes).map_err(problem)?
         };
-        let mut est = decoded.map_err(|e| format!("the saved estimator state: {e}"))?;
-        let ids = &est.forecasts.own_ids;
-        if ids.len() != est.forecasts.by_unit.len() || ids.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(
-                "the saved estimator state: its forecasters do not match their unit ids".into(),
-            );
-        }
         est.check_classes(instance)?;
         Ok(est)
     }
 
-    /// The state from a checkpoint ([`Estimates::to_bytes`]) and the entries of the rounds
-    /// after it, in order ([`Estimates::round_entry`]), for `instance`. A checkpoint that does
-    /// not decode or fit is an error; replay stops at the first entry that does not fit (the
-    /// state is then that of the round before it), and the reason is returned beside the
-    /// state with the number of entries replayed. Entries are taken one at a time, so a
-    /// caller can read each when it is needed (at 11 M map units one is 88 MB).
-    pub fn restore<E: AsRef<[u8]>>(
-        checkpoint: &[u8],
+    /// The parts of a checkpoint of [`STATE_FORMAT`] after its first bytes.
+    fn read_parts(r: &mut dyn Read, instance: &Instance) -> Result<Self, String> {
+        let mut buf = Vec::new();
+        read_part(r, &mut buf)?;
+        let head: Head<Learned> = postcard::from_bytes(&buf).map_err(|e| e.to_string())?;
+        let units = usize::try_from(head.units)
+            .map_err(|_| format!("{} forecasters, more than memory holds", head.units))?;
+        // Room for what the instance has (a damaged count asks for no more).
+        let mut by_unit = Vec::with_capacity(units.min(instance.unit_count()));
+        let mut ids = ReadIds::new(instance);
+        while by_unit.len() < units {
+            read_part(r, &mut buf)?;
+            let chunk: Chunk<Vec<Forecaster>> =
+                postcard::from_bytes(&buf).map_err(|e| e.to_string())?;
+            if chunk.ids.len() != chunk.by_unit.len()
+                || chunk.ids.is_empty()
+                || chunk.ids.len() > units - by_unit.len()
+            {
+                return Err("its forecasters do not match their unit ids".into());
+            }
+            for id in chunk.ids {
+                ids.push(id)?;
+            }
+            by_unit.extend(chunk.by_unit);
+        }
+        if r.read(&mut [0u8; 1]).map_err(|e| e.to_string())? != 0 {
+            return Err("bytes follow its last part".into());
+        }
+        let (own_ids, aligned) = ids.finish();
+        Ok(Estimates {
+            forecast_config: head.forecast_config,
+            learn_config: head.learn_config,
+            derate_config: head.derate_config,
+            learned: head.learned,
+            forecasts: Forecasts {
+                own_ids,
+                by_unit,
+                generation: head.generation,
+                aligned,
+            },
+        })
+    }
+
+    /// A checkpoint of a format before [`STATE_FORMAT`], whole.
+    fn read_whole(bytes: &[u8]) -> Result<Self, String> {
+        let decoded = match bytes.strip_prefix(STATE_FORMAT_2.as_slice()) {
+            Some(body) => postcard::from_bytes::<Estimates>(body),
+            None => postcard::from_bytes::<LegacyEstimates>(bytes).map(Into::into),
+        };
+        let est = decoded.map_err(|e| e.to_string())?;
+        let ids = &est.forecasts.own_ids;
+        if ids.len() != est.forecasts.by_unit.len() || ids.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("its forecasters do not match their unit ids".into());
+        }
+        Ok(est)
+    }
+
+    /// This state (read from a checkpoint, [`Self::read_from`]) with the entries of the rounds
+    /// after the checkpoint replayed onto it, in order ([`Estimates::round_entry`]), for
+    /// `instance`. Replay stops at the first entry that does not fit (the state is then that
+    /// of the round before it), and the reason is returned beside the state with the number
+    /// of entries replayed. Entries are taken one at a time, so a caller can read each when it
+    /// is needed (at 11 M map units one is 88 MB).
+    pub fn replayed<E: AsRef<[u8]>>(
+        mut self,
         entries: impl IntoIterator<Item = E>,
         instance: &Instance,
     ) -> Result<(Self, usize, Option<String>), String> {
-        let mut est = Estimates::from_bytes(checkpoint, instance)?;
         let (mut replayed, mut stopped) = (0, None);
         for entry in entries {
-            if let Err(e) = est.replay(entry.as_ref()) {
+            if let Err(e) = self.replay(entry.as_ref()) {
                 stopped = Some(e);
                 break;
             }
             replayed += 1;
         }
         // An entry brings its round's learned state: checked against the instance again.
-        est.check_classes(instance)?;
-        Ok((est, replayed, stopped))
+        self.check_classes(instance)?;
+        Ok((self, replayed, stopped))
     }
 
     /// Refuses learned state for another set of traffic classes; restarts the learners when
@@ -750,6 +964,91 @@ mod tests {
         assert!(again.starts_with(STATE_FORMAT));
         assert!(again.len() < bytes.len());
         assert_eq!(Estimates::from_bytes(&again, &inst).expect("new"), back);
+    }
+
+    /// A reader that hands out at most 3 bytes a call (a file's reads end anywhere).
+    struct Dribble<'a>(&'a [u8]);
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(3).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_in_parts_reads_back_aligned_with_its_instance_and_any_cut_is_an_error() {
+        let inst = instance();
+        let mut est = Estimates::new(&inst).expect("estimates");
+        // No forecasters yet: a head and no chunk.
+        let empty = est.to_bytes();
+        assert_eq!(Estimates::from_bytes(&empty, &inst).expect("empty"), est);
+        run_rounds(&mut est, &inst, 0..12);
+        // A chunk a unit, to read more than one.
+        let mut bytes = Vec::new();
+        est.write_in_chunks(&mut bytes, 1).expect("write");
+        assert!(bytes.starts_with(STATE_FORMAT));
+        let back = Estimates::read_from(&mut Dribble(&bytes), &inst).expect("read in pieces");
+        assert_eq!(back, est);
+        assert_eq!(back.to_bytes(), est.to_bytes());
+        // The forecasters of the instance's own units take no ids of their own.
+        assert!(back.forecasts.own_ids.is_empty());
+        assert!(back.forecasts.is_aligned(&inst));
+        // Every cut, and a byte more, is refused with a reason, never a state or a panic.
+        for end in 0..bytes.len() {
+            let err = Estimates::from_bytes(&bytes[..end], &inst).expect_err("cut short");
+            assert!(err.starts_with("the saved estimator state"), "{end}: {err}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let err = Estimates::from_bytes(&longer, &inst).expect_err("a byte more");
+        assert!(err.contains("follow its last part"), "{err}");
+        // A part that says it holds more than any does.
+        let mut huge = bytes[..STATE_FORMAT.len()].to_vec();
+        huge.extend(u32::MAX.to_le_bytes());
+        let err = Estimates::from_bytes(&huge, &inst).expect_err("huge part");
+        assert!(err.contains("more than"), "{err}");
+    }
+
+    #[test]
+    fn a_checkpoint_of_other_units_keeps_its_ids_and_follows_them_by_id() {
+        let inst = instance();
+        let mut est = Estimates::new(&inst).expect("estimates");
+        run_rounds(&mut est, &inst, 0..10);
+        let u1 = est.forecast("u1", 100_000).expect("u1 observed");
+        let bytes = est.to_bytes();
+        // Read for a topology with u2 gone and u0 and u3 come.
+        for other in [
+            with_units(&inst, &["u1"], &["u0", "u3"]),
+            with_units(&inst, &["u1"], &[]),
+            with_units(&inst, &["u1", "u2"], &["u3"]),
+        ] {
+            let back = Estimates::from_bytes(&bytes, &other).expect("read back");
+            assert_eq!(back, est, "the same state, whatever it is read for");
+            assert!(!back.forecasts.is_aligned(&other));
+            assert_eq!(back.forecast("u1", 100_000), Some(u1));
+            let next = back.apply(&other, 100_000, true, false).expect("apply");
+            assert_eq!(next.unit_demand(other.unit_index("u1").expect("u1")), u1);
+        }
+        // Ids out of order are refused.
+        let mut swapped = est.clone();
+        swapped.forecasts.own_ids = vec!["u2".into(), "u1".into()];
+        swapped.forecasts.aligned = None;
+        let err = Estimates::from_bytes(&swapped.to_bytes(), &inst).expect_err("out of order");
+        assert!(err.contains("not in order"), "{err}");
+    }
+
+    #[test]
+    fn a_checkpoint_of_the_whole_state_as_one_value_is_still_read() {
+        let inst = instance();
+        let mut est = Estimates::new(&inst).expect("estimates");
+        run_rounds(&mut est, &inst, 0..10);
+        let old = postcard::to_extend(&est, STATE_FORMAT_2.to_vec()).expect("encode");
+        let back = Estimates::from_bytes(&old, &inst).expect("an EST2 checkpoint");
+        assert_eq!(back, est);
+        assert!(Estimates::from_bytes(&old[..old.len() - 1], &inst).is_err());
     }
 
     /// `inst` with its units `keep`-filtered and `extra` added (same class, demand, candidates).

@@ -123,21 +123,21 @@ impl<W: Write> Write for Hashing<W> {
     }
 }
 
-/// The zstd frame read from `file`, at most `len` bytes of it and one more (so a frame
-/// longer than its header says is caught without decoding all of it). Room for `len` bytes is
-/// asked for up front, and a length no allocation can hold is an error, not an abort.
-fn decompress(file: File, len: u64) -> Result<Vec<u8>, String> {
-    let mut bytes = Vec::new();
-    usize::try_from(len)
-        .ok()
-        .and_then(|n| bytes.try_reserve_exact(n).ok())
-        .ok_or_else(|| format!("its header says {len} bytes, more than memory holds"))?;
-    let decoder = zstd::stream::read::Decoder::new(file).map_err(|e| e.to_string())?;
-    decoder
-        .take(len.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("its compressed contents are damaged or cut short ({e})"))?;
-    Ok(bytes)
+/// A reader that counts and hashes what passes through it: a value's bytes, checked against
+/// its header once read.
+struct HashingReader<R> {
+    inner: R,
+    hash: xxhash_rust::xxh3::Xxh3,
+    len: u64,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
 }
 
 /// The directory of value files.
@@ -265,6 +265,34 @@ impl Values {
 
     /// The value `name`, checked against its header; `None` when there is none.
     pub(super) fn get(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let read = self.read_with(name, |len, r| {
+            let mut bytes = Vec::new();
+            // Room for the whole value up front; a length no allocation can hold is an
+            // error, not an abort.
+            usize::try_from(len)
+                .ok()
+                .and_then(|n| bytes.try_reserve_exact(n).ok())
+                .ok_or_else(|| format!("its header says {len} bytes, more than memory holds"))?;
+            r.read_to_end(&mut bytes)
+                .map_err(|e| format!("its contents are damaged or cut short ({e})"))?;
+            Ok(bytes)
+        })?;
+        read.transpose().map_err(|problem| StoreError::Corrupt {
+            what: format!("the value file {}", self.path(name).display()),
+            problem,
+        })
+    }
+
+    /// What `read` makes of the value `name` (its length as the header says, and a reader of
+    /// its bytes) as it is read from the file and decompressed, never whole in memory (an
+    /// estimator's checkpoint at 11 M map units is 1.4 GB); `None` when there is none. Then
+    /// what `read` left is read too, and the whole is checked against the header: when the
+    /// value is damaged or cut short, that is the error, whatever `read` made of it.
+    pub(super) fn read_with<T>(
+        &self,
+        name: &str,
+        read: impl FnOnce(u64, &mut dyn Read) -> T,
+    ) -> Result<Option<T>, StoreError> {
         let path = self.path(name);
         let mut file = match File::open(&path) {
             Ok(f) => f,
@@ -293,26 +321,37 @@ impl Values {
             u64::from_le_bytes(n)
         };
         let (len, sum) = (number(8), number(16));
-        let bytes = match &header[..8] {
-            m if m == MAGIC => decompress(file, len).map_err(&corrupt)?,
-            m if m == MAGIC_01 => {
-                let mut bytes = Vec::new();
-                file.read_to_end(&mut bytes)
-                    .map_err(file_error(format!("reading {}", path.display())))?;
-                bytes
-            }
+        let payload: Box<dyn Read> = match &header[..8] {
+            m if m == MAGIC => Box::new(
+                zstd::stream::read::Decoder::new(file)
+                    .map_err(file_error(format!("reading {}", path.display())))?,
+            ),
+            m if m == MAGIC_01 => Box::new(std::io::BufReader::with_capacity(BUFFER, file)),
             _ => return Err(no_header()),
         };
-        if len != bytes.len() as u64 {
+        // At most one byte more than the header says: a longer value is caught without
+        // reading all of it.
+        let mut r = HashingReader {
+            inner: payload.take(len.saturating_add(1)),
+            hash: xxhash_rust::xxh3::Xxh3::new(),
+            len: 0,
+        };
+        let made = read(len, &mut r);
+        std::io::copy(&mut r, &mut std::io::sink()).map_err(|e| {
+            corrupt(format!(
+                "its compressed contents are damaged or cut short ({e})"
+            ))
+        })?;
+        if r.len != len {
             return Err(corrupt(format!(
                 "it holds {} bytes where its header says {len}",
-                bytes.len()
+                r.len
             )));
         }
-        if xxhash_rust::xxh3::xxh3_64(&bytes) != sum {
+        if r.hash.digest() != sum {
             return Err(corrupt("its checksum does not match its contents".into()));
         }
-        Ok(Some(bytes))
+        Ok(Some(made))
     }
 
     /// The size on disk of value `name`'s file (header and compressed payload), if there is
@@ -422,7 +461,8 @@ mod tests {
             ),
             (with_len(0), "header says 0"),
             (with_len(2), "header says 2"),
-            (with_len(u64::MAX), "more than memory holds"),
+            // The damage is the error, before what the reader made of it (no room).
+            (with_len(u64::MAX), "header says 18446744073709551615"),
             ([b"CDNVAL99", &good[8..]].concat(), "header"),
         ] {
             fs::write(&path, damage).expect("damage");
@@ -433,6 +473,39 @@ mod tests {
         values.remove("map-2").expect("remove");
         values.remove("map-2").expect("removing nothing");
         assert_eq!(values.names("map-").expect("list"), ["map-1"]);
+    }
+
+    /// A value read as it is decompressed gives its reader the bytes `get` gives; what the
+    /// reader leaves is still checked, and damage is the error whatever the reader made.
+    #[test]
+    fn a_value_read_in_a_stream_is_checked_whole_whatever_its_reader_took() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let values = Values::open(dir.path()).expect("open");
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        values.put("v", &[&big]).expect("put");
+        let all = values.read_with("v", |len, r| {
+            let mut b = Vec::new();
+            r.read_to_end(&mut b).map(|_| (len, b)).expect("read")
+        });
+        assert_eq!(all.expect("read"), Some((big.len() as u64, big.clone())));
+        let first = values.read_with("v", |_, r| {
+            let mut b = [0u8; 3];
+            r.read_exact(&mut b).map(|_| b).expect("read")
+        });
+        assert_eq!(first.expect("read"), Some([big[0], big[1], big[2]]));
+        assert_eq!(values.read_with("none", |_, _| ()).expect("read"), None);
+        // One byte changed past what the reader takes: the value is refused all the same.
+        let path = dir.path().join("v");
+        values
+            .put("v", &[&big[..big.len() - 1], b"!"])
+            .expect("put");
+        let changed = fs::read(&path).expect("read");
+        values.put("v", &[&big]).expect("put");
+        let good = fs::read(&path).expect("read");
+        let damaged = [&good[..HEADER], &changed[HEADER..]].concat();
+        fs::write(&path, damaged).expect("damage");
+        let err = values.read_with("v", |_, _| ()).expect_err("damaged");
+        assert!(err.to_string().contains("checksum"), "{err}");
     }
 
     /// A value file of the format before (the payload as is) reads back, and a value is
