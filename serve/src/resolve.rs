@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use cdnmap_mapper::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use cdnmap_mapper::{Map, ModelError};
@@ -374,7 +374,7 @@ impl<K: Copy + Ord + Into<u128>> Table<K> {
     }
 }
 
-impl Table<u128> {
+impl Table<u64> {
     /// The same table with 32-bit keys (IPv4: every start fits).
     fn narrow(self) -> Table<u32> {
         Table {
@@ -383,40 +383,45 @@ impl Table<u128> {
             len: self.len,
         }
     }
+}
 
-    /// Flattens prefixes `(first, last, group, length)` of one family (`bits` wide) into
-    /// disjoint intervals, the most specific prefix winning.
-    fn build(mut prefixes: Vec<(u128, u128, u32, u8)>, bits: u32) -> Table<u128> {
-        let top = if bits == 128 {
-            u128::MAX
-        } else {
-            (1u128 << bits) - 1
-        };
+impl<K: Copy + Ord + std::ops::Add<Output = K> + From<u8>> Table<K> {
+    /// Flattens prefixes `(first, last, group, length)` of one family, whose last address is
+    /// `top`, into disjoint intervals, the most specific prefix winning. (IPv4 is built with
+    /// `u64` keys, so that the address after the last is a key too, then narrowed.)
+    fn build(mut prefixes: Vec<(K, K, u32, u8)>, top: K) -> Table<K> {
+        let zero = K::from(0);
+        let one = K::from(1);
         // Outer prefixes before the ones they contain: by start, then by end descending.
         prefixes.sort_unstable_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)));
-        let mut segs: Vec<(u128, u32, u8)> = vec![(0, NO_GROUP, 0)];
-        let mut stack: Vec<(u128, u32, u8)> = Vec::new(); // (last, group, len)
-        let close =
-            |stack: &mut Vec<(u128, u32, u8)>, segs: &mut Vec<(u128, u32, u8)>, upto: u128| {
-                // Pop every open prefix ending before `upto`; after each, the enclosing one
-                // resumes.
-                while let Some(&(last, _, _)) = stack.last() {
-                    if last >= upto {
-                        break;
-                    }
-                    stack.pop();
-                    let resume = stack.last().map_or((NO_GROUP, 0), |&(_, g, l)| (g, l));
-                    segs.push((last + 1, resume.0, resume.1));
+        let mut segs: Vec<(K, u32, u8)> = Vec::with_capacity(2 * prefixes.len() + 1);
+        segs.push((zero, NO_GROUP, 0));
+        let mut stack: Vec<(K, u32, u8)> = Vec::new(); // (last, group, len)
+        let close = |stack: &mut Vec<(K, u32, u8)>, segs: &mut Vec<(K, u32, u8)>, upto: K| {
+            // Pop every open prefix ending before `upto`; after each, the enclosing one
+            // resumes.
+            while let Some(&(last, _, _)) = stack.last() {
+                if last >= upto {
+                    break;
                 }
-            };
+                stack.pop();
+                let resume = stack.last().map_or((NO_GROUP, 0), |&(_, g, l)| (g, l));
+                segs.push((last + one, resume.0, resume.1));
+            }
+        };
         for &(start, last, g, len) in &prefixes {
             close(&mut stack, &mut segs, start);
             segs.push((start, g, len));
             stack.push((last, g, len));
         }
+        drop(prefixes);
         close(&mut stack, &mut segs, top);
         // Keep the last segment of each start, and merge neighbours with the same label.
-        let mut t = Table::default();
+        let mut t = Table {
+            starts: Vec::new(),
+            group: Vec::new(),
+            len: Vec::new(),
+        };
         for (start, g, len) in segs {
             if t.starts.last() == Some(&start) {
                 t.starts.pop();
@@ -434,23 +439,9 @@ impl Table<u128> {
     }
 }
 
-/// First and last address of a canonical prefix, as integers of its family.
-fn span(net: &IpNet) -> (u128, u128) {
-    let (start, bits, len) = match net {
-        IpNet::V4(n) => (
-            u128::from(u32::from(n.network())),
-            32,
-            u32::from(n.prefix_len()),
-        ),
-        IpNet::V6(n) => (u128::from(n.network()), 128, u32::from(n.prefix_len())),
-    };
-    let host_bits = bits - len;
-    let last = if host_bits == 128 {
-        u128::MAX
-    } else {
-        start | ((1u128 << host_bits) - 1)
-    };
-    (start, last)
+/// An IPv4 prefix as one sortable integer: its address, then its length.
+fn v4_key(n: &Ipv4Net) -> u64 {
+    u64::from(u32::from(n.network())) << 8 | u64::from(n.prefix_len())
 }
 
 impl PrefixIndex {
@@ -458,38 +449,66 @@ impl PrefixIndex {
     fn build(map: &ServingMap) -> Result<Self, ServeError> {
         // Groups: one per distinct canonical prefix, from the (prefix, unit) claims sorted (a
         // sort, not a table keyed by prefix: at a million units it holds half the memory).
+        // An IPv4 prefix is claimed as one `u64` (address and length: 16 bytes a claim where
+        // an `IpNet` took 24; at 11 M units, 90 MB less while a front end builds its index).
         let classes = map.classes().len();
-        let mut claims: Vec<(IpNet, UnitIdx)> = Vec::with_capacity(map.sizes().prefixes);
+        let mut v4_claims: Vec<(u64, UnitIdx)> = Vec::with_capacity(map.sizes().prefixes);
+        let mut v6_claims: Vec<(u128, u8, UnitIdx)> = Vec::new();
         for u in 0..map.unit_count() as UnitIdx {
-            claims.extend(map.unit_prefixes(u).map(|p| (canonical(&p), u)));
+            for p in map.unit_prefixes(u) {
+                match canonical(&p) {
+                    IpNet::V4(n) => v4_claims.push((v4_key(&n), u)),
+                    IpNet::V6(n) => v6_claims.push((u128::from(n.network()), n.prefix_len(), u)),
+                }
+            }
         }
-        claims.sort_unstable();
-        claims.dedup();
-        let mut unit: Vec<u32> = Vec::new();
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for run in claims.chunk_by(|x, y| x.0 == y.0) {
-            let net = run[0].0;
+        v4_claims.sort_unstable();
+        v4_claims.dedup();
+        v6_claims.sort_unstable();
+        v6_claims.dedup();
+        let v4_groups = v4_claims.chunk_by(|x, y| x.0 == y.0).count();
+        let v6_groups = v6_claims.chunk_by(|x, y| (x.0, x.1) == (y.0, y.1)).count();
+        let mut unit: Vec<u32> = Vec::with_capacity((v4_groups + v6_groups) * classes);
+        // The next group's slots, taken by `run`'s units (the claims of prefix `net`).
+        let mut claim = |run: &mut dyn Iterator<Item = UnitIdx>,
+                         net: &dyn Fn() -> IpNet|
+         -> Result<u32, ServeError> {
             let g = (unit.len() / classes.max(1)) as u32;
             unit.extend(std::iter::repeat_n(NO_GROUP, classes));
-            for &(_, u) in run {
+            for u in run {
                 let slot = &mut unit[g as usize * classes + usize::from(map.unit_class(u))];
                 if *slot != NO_GROUP {
                     return Err(ServeError::PrefixClaimedTwice {
-                        prefix: net.to_string(),
+                        prefix: net().to_string(),
                         first: map.unit_id(*slot).to_string(),
                         second: map.unit_id(u).to_string(),
                     });
                 }
                 *slot = u;
             }
-            let (a, b) = span(&net);
-            match net {
-                IpNet::V4(_) => v4.push((a, b, g, net.prefix_len())),
-                IpNet::V6(_) => v6.push((a, b, g, net.prefix_len())),
-            }
+            Ok(g)
+        };
+        let mut v4 = Vec::with_capacity(v4_groups);
+        for run in v4_claims.chunk_by(|x, y| x.0 == y.0) {
+            let (addr, len) = ((run[0].0 >> 8) as u32, (run[0].0 & 0xff) as u8);
+            let net = || IpNet::V4(Ipv4Net::new(addr.into(), len).unwrap_or_default());
+            let g = claim(&mut run.iter().map(|c| c.1), &net)?;
+            let first = u64::from(addr);
+            let last = first | (u64::from(u32::MAX) >> len);
+            v4.push((first, last, g, len));
         }
-        drop(claims);
-        let (v4, v6) = (Table::build(v4, 32).narrow(), Table::build(v6, 128));
+        drop(v4_claims);
+        let mut v6 = Vec::with_capacity(v6_groups);
+        for run in v6_claims.chunk_by(|x, y| (x.0, x.1) == (y.0, y.1)) {
+            let (addr, len) = (run[0].0, run[0].1);
+            let net = || IpNet::V6(Ipv6Net::new(addr.into(), len).unwrap_or_default());
+            let g = claim(&mut run.iter().map(|c| c.2), &net)?;
+            let last = addr | u128::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+            v6.push((addr, last, g, len));
+        }
+        drop(v6_claims);
+        let v4 = Table::build(v4, u64::from(u32::MAX)).narrow();
+        let v6 = Table::build(v6, u128::MAX);
         let v4_dir = (0..=1u64 << 16)
             .map(|b| {
                 let at = (b << 16).min(u64::from(u32::MAX) + 1);
