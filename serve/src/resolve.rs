@@ -253,6 +253,10 @@ struct PrefixIndex {
     v6: Table<u128>,
     /// Per (group, class), `classes` per group: the group's unit of the class, or `NO_GROUP`.
     unit: Vec<u32>,
+    /// By position in the map's prefixes (unit by unit, in unit order): the prefix's group,
+    /// so that a unit's slots are found from the unit (the answers of the units a round moved
+    /// are computed again, not all of them: [`Resolver::new_after`]).
+    group_of: Vec<u32>,
     /// The map's class count when it was built (the layout of `unit`).
     classes: usize,
 }
@@ -452,32 +456,39 @@ impl PrefixIndex {
         // An IPv4 prefix is claimed as one `u64` (address and length: 16 bytes a claim where
         // an `IpNet` took 24; at 11 M units, 90 MB less while a front end builds its index).
         let classes = map.classes().len();
-        let mut v4_claims: Vec<(u64, UnitIdx)> = Vec::with_capacity(map.sizes().prefixes);
-        let mut v6_claims: Vec<(u128, u8, UnitIdx)> = Vec::new();
+        // A claim: (prefix, unit, the prefix's position among the map's prefixes).
+        let prefixes = map.sizes().prefixes;
+        let mut v4_claims: Vec<(u64, UnitIdx, u32)> = Vec::with_capacity(prefixes);
+        let mut v6_claims: Vec<(u128, u8, UnitIdx, u32)> = Vec::new();
         for u in 0..map.unit_count() as UnitIdx {
-            for p in map.unit_prefixes(u) {
+            for (p, at) in map.unit_prefixes(u).zip(map.unit_prefix_positions(u)) {
+                // Positions are below MAX_COLUMN, a u32.
+                let at = at as u32;
                 match canonical(&p) {
-                    IpNet::V4(n) => v4_claims.push((v4_key(&n), u)),
-                    IpNet::V6(n) => v6_claims.push((u128::from(n.network()), n.prefix_len(), u)),
+                    IpNet::V4(n) => v4_claims.push((v4_key(&n), u, at)),
+                    IpNet::V6(n) => {
+                        v6_claims.push((u128::from(n.network()), n.prefix_len(), u, at))
+                    }
                 }
             }
         }
         v4_claims.sort_unstable();
-        v4_claims.dedup();
         v6_claims.sort_unstable();
-        v6_claims.dedup();
         let v4_groups = v4_claims.chunk_by(|x, y| x.0 == y.0).count();
         let v6_groups = v6_claims.chunk_by(|x, y| (x.0, x.1) == (y.0, y.1)).count();
         let mut unit: Vec<u32> = Vec::with_capacity((v4_groups + v6_groups) * classes);
-        // The next group's slots, taken by `run`'s units (the claims of prefix `net`).
-        let mut claim = |run: &mut dyn Iterator<Item = UnitIdx>,
+        let mut group_of = vec![NO_GROUP; prefixes];
+        // The next group's slots, taken by `run`'s units (the claims of prefix `net`: unit and
+        // position; a unit may name one prefix twice).
+        let mut claim = |run: &mut dyn Iterator<Item = (UnitIdx, u32)>,
                          net: &dyn Fn() -> IpNet|
          -> Result<u32, ServeError> {
             let g = (unit.len() / classes.max(1)) as u32;
             unit.extend(std::iter::repeat_n(NO_GROUP, classes));
-            for u in run {
+            for (u, at) in run {
+                group_of[at as usize] = g;
                 let slot = &mut unit[g as usize * classes + usize::from(map.unit_class(u))];
-                if *slot != NO_GROUP {
+                if *slot != NO_GROUP && *slot != u {
                     return Err(ServeError::PrefixClaimedTwice {
                         prefix: net().to_string(),
                         first: map.unit_id(*slot).to_string(),
@@ -492,7 +503,7 @@ impl PrefixIndex {
         for run in v4_claims.chunk_by(|x, y| x.0 == y.0) {
             let (addr, len) = ((run[0].0 >> 8) as u32, (run[0].0 & 0xff) as u8);
             let net = || IpNet::V4(Ipv4Net::new(addr.into(), len).unwrap_or_default());
-            let g = claim(&mut run.iter().map(|c| c.1), &net)?;
+            let g = claim(&mut run.iter().map(|c| (c.1, c.2)), &net)?;
             let first = u64::from(addr);
             let last = first | (u64::from(u32::MAX) >> len);
             v4.push((first, last, g, len));
@@ -502,7 +513,7 @@ impl PrefixIndex {
         for run in v6_claims.chunk_by(|x, y| (x.0, x.1) == (y.0, y.1)) {
             let (addr, len) = (run[0].0, run[0].1);
             let net = || IpNet::V6(Ipv6Net::new(addr.into(), len).unwrap_or_default());
-            let g = claim(&mut run.iter().map(|c| c.2), &net)?;
+            let g = claim(&mut run.iter().map(|c| (c.2, c.3)), &net)?;
             let last = addr | u128::MAX.checked_shr(u32::from(len)).unwrap_or(0);
             v6.push((addr, last, g, len));
         }
@@ -520,6 +531,7 @@ impl PrefixIndex {
             v4_dir,
             v6,
             unit,
+            group_of,
             classes,
         })
     }
@@ -602,38 +614,71 @@ impl Resolver {
             Some(p) => Arc::clone(&p.index),
             None => Arc::new(PrefixIndex::build(&map)?),
         };
-        // Cumulative shares of each unit's placed demand, beside the map's share column.
         let mut r = Resolver {
             map,
             rules,
             index,
             pre: Vec::new(),
         };
+        // The answers of the units the map before placed alike are that map's: only the
+        // others' are computed again (at 11 M units, all of them take a second and more of
+        // reads all over the map; a round moves a few thousand).
+        let before = previous.filter(|p| {
+            Arc::ptr_eq(&p.index, &r.index)
+                && p.pre.len() == r.index.unit.len()
+                && r.map.answers_alike(&p.map)
+        });
+        if let Some(p) = before {
+            let mut pre = p.pre.clone();
+            for u in 0..r.map.unit_count() as UnitIdx {
+                if r.map.placed_alike(u, &p.map) {
+                    continue;
+                }
+                let class = r.map.unit_class(u);
+                for at in r.map.unit_prefix_positions(u) {
+                    let g = r.index.group_of[at];
+                    pre[r.index.slot(g, class)] = r.pre_of(u);
+                }
+            }
+            r.pre = pre;
+            return Ok(r);
+        }
         // Each unit's answer, ahead (a split unit's is picked per query).
         let pre = r
             .index
             .unit
             .iter()
             .map(|&unit| {
-                let mut p = Pre {
-                    unit,
-                    primary: NONE_CLUSTER,
-                    secondary: NONE_CLUSTER,
-                };
-                if unit != NO_GROUP {
-                    if r.map.shares(unit).0.len() > 1 {
-                        p.primary = SPLIT;
-                    } else {
-                        let (primary, secondary) = r.pick(unit, 0.0);
-                        p.primary = primary.unwrap_or(NONE_CLUSTER);
-                        p.secondary = secondary.unwrap_or(NONE_CLUSTER);
+                if unit == NO_GROUP {
+                    Pre {
+                        unit,
+                        primary: NONE_CLUSTER,
+                        secondary: NONE_CLUSTER,
                     }
+                } else {
+                    r.pre_of(unit)
                 }
-                p
             })
             .collect();
         r.pre = pre;
         Ok(r)
+    }
+
+    /// Unit `u`'s answer, ahead of any query (a split unit's is picked per query).
+    fn pre_of(&self, u: UnitIdx) -> Pre {
+        if self.map.shares(u).0.len() > 1 {
+            return Pre {
+                unit: u,
+                primary: SPLIT,
+                secondary: NONE_CLUSTER,
+            };
+        }
+        let (primary, secondary) = self.pick(u, 0.0);
+        Pre {
+            unit: u,
+            primary: primary.unwrap_or(NONE_CLUSTER),
+            secondary: secondary.unwrap_or(NONE_CLUSTER),
+        }
     }
 
     /// Indexes the map of a solution: [`ServingMap::of_solution`], then [`Self::new`].
@@ -1030,5 +1075,133 @@ mod tests {
         ));
         assert!(matches!(bad("", "web"), Err(ModelError::BadName { .. })));
         assert!(ClassRules::for_instance(&inst, &[], "nope").is_err());
+    }
+    /// A map of `n` units over 5 clusters (cluster 3 in state `down3`), drawn from `seed`: IPv4
+    /// and IPv6 prefixes that nest and repeat across classes, a unit naming one prefix twice,
+    /// whole, split, partial and empty placements.
+    fn drawn_map(seed: u64, n: u32, down3: bool) -> ServingMap {
+        use crate::serving::{Builder, ServingCluster};
+        use cdnmap_mapper::model::ClusterState;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let classes: Vec<Arc<str>> = vec![Arc::from("web"), Arc::from("video")];
+        let clusters = (0..5)
+            .map(|i| ServingCluster {
+                id: format!("c{i}"),
+                addresses: vec![IpAddr::from([198, 18, 0, i as u8])],
+                state: if i == 3 && down3 {
+                    ClusterState::Down
+                } else {
+                    ClusterState::Up
+                },
+            })
+            .collect();
+        let mut b = Builder::new(classes, clusters).expect("clusters");
+        for u in 0..n {
+            // Unit u's prefixes: its own /24 (shared by the two classes of one block), at
+            // times a /16 around it or an IPv6 /48 beside it, at times its /24 twice.
+            let block = u / 2;
+            let mut prefixes = vec![net(&format!("10.{}.{}.0/24", block / 7, block % 7 * 31))];
+            match rng.random_range(0..6) {
+                0 if block % 7 == 0 => {
+                    prefixes.push(net(&format!("10.{}.0.0/16", block / 7 + 100)))
+                }
+                1 => prefixes.push(net(&format!("2001:db8:{block:x}::/48"))),
+                2 => prefixes.push(prefixes[0]),
+                _ => {}
+            }
+            b.push(
+                &format!("u{u:05}"),
+                (u % 2) as ClassIdx,
+                prefixes,
+                drawn_shares(&mut rng),
+                0.0,
+                [Some(rng.random_range(0..5)), None],
+            )
+            .expect("a unit");
+        }
+        b.set_fallback(&[[Some(1), Some(2)], [Some(4), None]]);
+        b.finish()
+    }
+
+    fn drawn_shares(rng: &mut impl rand::Rng) -> Vec<(ClusterIdx, f64)> {
+        let c = rng.random_range(0..5u32);
+        match rng.random_range(0..5) {
+            0 => vec![(c, 0.25), ((c + 1) % 5, 0.75)],
+            1 => vec![],
+            2 => vec![(c, 0.5)],
+            _ => vec![(c, 1.0)],
+        }
+    }
+
+    /// The map `old` with about one unit in ten placed anew (drawn from `seed`).
+    fn moved(old: &ServingMap, seed: u64) -> ServingMap {
+        use crate::serving::Builder;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut b =
+            Builder::new(old.classes().to_vec(), old.clusters().to_vec()).expect("clusters");
+        b.set_fallback(&[[Some(1), Some(2)], [Some(4), None]]);
+        b.share_units_of(old).expect("empty");
+        let same: Vec<Option<ClusterIdx>> = (0..5).map(Some).collect();
+        for u in 0..old.unit_count() as UnitIdx {
+            if rng.random_range(0..10) == 0 {
+                let backup = [Some(rng.random_range(0..5)), None];
+                b.push_placement_of(drawn_shares(&mut rng), 0.0, backup)
+                    .expect("placed");
+            } else {
+                b.copy_placement(old, u, &same).expect("copied");
+            }
+        }
+        b.finish_placements().expect("all placed")
+    }
+
+    fn answers(r: &Resolver) -> Vec<(u32, u32, u32)> {
+        r.pre
+            .iter()
+            .map(|p| (p.unit, p.primary, p.secondary))
+            .collect()
+    }
+
+    /// A resolver after another over the same units computes again only the answers of the
+    /// units placed otherwise, and has every answer a resolver of its own map has; a change of
+    /// a cluster's state computes them all.
+    #[test]
+    fn the_answers_after_a_round_are_those_of_the_map_indexed_afresh() {
+        let rules =
+            ClassRules::new(&[Arc::from("web"), Arc::from("video")], &[], "web").expect("rules");
+        for seed in 0..8 {
+            let first = Arc::new(drawn_map(seed, 700, false));
+            let r1 = Resolver::new(Arc::clone(&first), rules.clone()).expect("first");
+            let mut before = r1;
+            let mut map = first;
+            for round in 0..3 {
+                let next = Arc::new(moved(&map, seed * 10 + round));
+                let after = Resolver::new_after(Arc::clone(&next), rules.clone(), Some(&before))
+                    .expect("after");
+                let afresh = Resolver::new(Arc::clone(&next), rules.clone()).expect("afresh");
+                assert!(after.shares_index_with(&before));
+                assert_eq!(
+                    answers(&after),
+                    answers(&afresh),
+                    "seed {seed}, round {round}"
+                );
+                assert_ne!(answers(&after), answers(&before), "the round moved some");
+                before = after;
+                map = next;
+            }
+            // A cluster down: every unit's answer may change.
+            let down = Arc::new(drawn_map(seed, 700, true));
+            let up = Arc::new(drawn_map(seed, 700, false));
+            let r_up = Resolver::new(Arc::clone(&up), rules.clone()).expect("up");
+            let after =
+                Resolver::new_after(Arc::clone(&down), rules.clone(), Some(&r_up)).expect("after");
+            let afresh = Resolver::new(down, rules.clone()).expect("afresh");
+            assert_eq!(
+                answers(&after),
+                answers(&afresh),
+                "seed {seed}, a cluster down"
+            );
+        }
     }
 }

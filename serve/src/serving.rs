@@ -774,6 +774,33 @@ impl ServingMap {
         Arc::ptr_eq(&self.units.keys, &other.units.keys)
     }
 
+    /// Whether a unit's answer is computed alike in both maps apart from its own placement: the
+    /// same classes, clusters up alike (by index) and fallbacks.
+    pub fn answers_alike(&self, other: &ServingMap) -> bool {
+        self.classes == other.classes
+            && self.fallback == other.fallback
+            && self.clusters.len() == other.clusters.len()
+            && self
+                .clusters
+                .iter()
+                .zip(&other.clusters)
+                .all(|(a, b)| a.is_up() == b.is_up())
+    }
+
+    /// Whether unit `u` is placed alike in this map and in `other` (of the same units and
+    /// clusters): the same clusters by index and shares bit for bit, and the same backups.
+    pub fn placed_alike(&self, u: UnitIdx, other: &ServingMap) -> bool {
+        let ((ca, sa), (cb, sb)) = (self.shares(u), other.shares(u));
+        ca == cb
+            && sa.iter().zip(sb).all(|(x, y)| x.to_bits() == y.to_bits())
+            && self.units.backup[u as usize] == other.units.backup[u as usize]
+    }
+
+    /// The positions of unit `u`'s prefixes among all units' (in unit order).
+    pub fn unit_prefix_positions(&self, u: UnitIdx) -> std::ops::Range<usize> {
+        Self::range(&self.units.keys.prefix_end, u)
+    }
+
     pub fn same_units(&self, other: &ServingMap) -> bool {
         Arc::ptr_eq(&self.units.keys, &other.units.keys) || self.units.keys == other.units.keys
     }
