@@ -233,13 +233,16 @@ impl pb::mapping_server::Mapping for MappingService {
                     },
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                let sent = match &last {
+                let delta = match &last {
                     Some(prev) if (prev.epoch, prev.version + 1) == (next.epoch, next.version) => {
-                        tx.send(Ok(counted("delta", delta_update(&shared, prev, &next))))
-                            .await
-                            .is_ok()
+                        delta_update(&shared, prev, &next)
                     }
-                    _ => send_full(&shared, &next, &tx).await,
+                    _ => None,
+                };
+                // No delta follows, or one would carry more units than a part of a full map.
+                let sent = match delta {
+                    Some(d) => tx.send(Ok(counted("delta", d))).await.is_ok(),
+                    None => send_full(&shared, &next, &tx).await,
                 };
                 if !sent {
                     return;
@@ -292,7 +295,7 @@ fn counted(kind: &'static str, msg: pb::MapUpdate) -> pb::MapUpdate {
     msg
 }
 
-fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
+fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> Option<pb::MapUpdate> {
     let policies = shared.policies(&next.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
     crate::watch::delta_update(&edge, prev, next)

@@ -64,8 +64,13 @@ pub fn full_part(edge: &EdgeParts<'_>, s: &Snapshot, part: usize) -> pb::MapUpda
 }
 
 /// What changed from `prev` to `next` (by map unit id): the units whose answer may differ,
-/// the units gone, and the clusters, rules and fallbacks whole.
-pub fn delta_update(edge: &EdgeParts<'_>, prev: &Snapshot, next: &Snapshot) -> pb::MapUpdate {
+/// the units gone, and the clusters, rules and fallbacks whole; `None` when a full map is to
+/// be sent instead ([`wire::MAX_DELTA_UNITS`]).
+pub fn delta_update(
+    edge: &EdgeParts<'_>,
+    prev: &Snapshot,
+    next: &Snapshot,
+) -> Option<pb::MapUpdate> {
     edge.with(|e| {
         wire::delta_update(
             e,
@@ -340,7 +345,7 @@ mod tests {
             let missed = step % 7 == 5;
             let update = match &sent {
                 Some(prev) if prev.version + 1 == snapshot.version => {
-                    delta_update(&edge, prev, &snapshot)
+                    delta_update(&edge, prev, &snapshot).expect("a round's delta of a small world")
                 }
                 _ if front.identity() == (snapshot.epoch, snapshot.version) => {
                     // A reconnect to the version held: nothing is sent.

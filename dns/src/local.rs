@@ -195,7 +195,7 @@ mod tests {
             let v = i as u64 + 1;
             let update = match i {
                 0 => full_part(&edge, id(v), m, 0),
-                _ => delta_update(&edge, id(v - 1), &maps[i - 1], id(v), m),
+                _ => delta_update(&edge, id(v - 1), &maps[i - 1], id(v), m).expect("a small delta"),
             };
             assert_eq!(f.apply(update).expect("applies"), Applied::New);
             let held = f.held().expect("held");

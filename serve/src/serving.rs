@@ -225,6 +225,26 @@ struct UnitKeys {
     prefixes: PrefixColumn,
 }
 
+impl UnitKeys {
+    /// The keys of the first `n` units.
+    fn first(&self, n: usize) -> UnitKeys {
+        let ids = n.checked_sub(1).map_or(0, |l| self.id_end[l] as usize);
+        let prefixes = n.checked_sub(1).map_or(0, |l| self.prefix_end[l] as usize);
+        let words = self.prefixes.words[..prefixes].to_vec();
+        let v6 = words.iter().filter(|&&w| w & V6 != 0).count();
+        UnitKeys {
+            id_text: self.id_text[..ids].to_string(),
+            id_end: self.id_end[..n].to_vec(),
+            class: self.class[..n].to_vec(),
+            prefix_end: self.prefix_end[..n].to_vec(),
+            prefixes: PrefixColumn {
+                words,
+                v6: self.prefixes.v6[..v6].to_vec(),
+            },
+        }
+    }
+}
+
 /// Prefixes (truncated) in 8 bytes each where an `IpNet` takes 18: an IPv4 prefix as its
 /// address and length in one word, an IPv6 prefix as the position of its `IpNet` in a side
 /// column (most client prefixes are IPv4 /24s: at 11 M map units, 110 MB less per copy of
@@ -334,6 +354,10 @@ fn column_full() -> ServeError {
 #[derive(Debug)]
 pub struct Builder {
     map: ServingMap,
+    /// While the units pushed are, in order, those of the map whose unit keys the map being
+    /// built holds ([`Self::expect_units_of`]), how many have been: their keys are not copied.
+    /// `None`: the keys are the map's own, every unit pushed.
+    repeating: Option<usize>,
 }
 
 /// Most bytes of unit ids, prefixes or shares one serving map holds (offsets are `u32`).
@@ -370,7 +394,52 @@ impl Builder {
                 fallback,
                 source: Source::default(),
             },
+            repeating: None,
         })
+    }
+
+    /// Expects the units about to be pushed to be `old`'s (ids, classes, prefixes, in order;
+    /// `old`'s classes must be this map's): as long as they are, their keys are `old`'s,
+    /// shared, not copied, and a map of exactly `old`'s units shares them
+    /// ([`ServingMap::shares_units_with`]: a front end taking a whole map again, of the units
+    /// it holds, holds them once and keeps its prefix index). From the first unit that differs
+    /// the map has keys of its own, as without. Nothing for a builder with a unit already, or
+    /// other classes.
+    pub fn expect_units_of(&mut self, old: &ServingMap) {
+        if self.unit_count() == 0 && old.classes == self.map.classes {
+            self.map.units.keys = Arc::clone(&old.units.keys);
+            self.repeating = Some(0);
+        }
+    }
+
+    /// Whether the next unit expected ([`Self::expect_units_of`]) is this one.
+    fn is_expected(
+        &self,
+        id: &str,
+        class: ClassIdx,
+        prefixes: impl Iterator<Item = IpNet>,
+    ) -> bool {
+        let (Some(u), k) = (self.repeating, &self.map.units.keys) else {
+            return false;
+        };
+        if u >= k.class.len() {
+            return false;
+        }
+        let u = u as UnitIdx;
+        let at = ServingMap::range(&k.prefix_end, u);
+        self.map.unit_id(u) == id
+            && k.class[u as usize] == class
+            && prefixes
+                .map(|p| p.trunc())
+                .eq(at.map(|i| k.prefixes.get(i)))
+    }
+
+    /// Gives up the expected units' keys: the map keeps its own copy of those pushed so far.
+    fn stop_repeating(&mut self) {
+        if let Some(n) = self.repeating.take() {
+            let keys = self.map.units.keys.first(n);
+            self.map.units.keys = Arc::new(keys);
+        }
     }
 
     /// Reserves room for `more` (exactly: a map of a million units grown by doubling would
@@ -414,7 +483,8 @@ impl Builder {
     }
 
     pub fn unit_count(&self) -> usize {
-        self.map.units.keys.class.len()
+        self.repeating
+            .unwrap_or_else(|| self.map.units.keys.class.len())
     }
 
     /// The id of the last unit pushed.
@@ -430,7 +500,7 @@ impl Builder {
         &mut self,
         id: &str,
         class: ClassIdx,
-        prefixes: impl IntoIterator<Item = IpNet, IntoIter: ExactSizeIterator>,
+        prefixes: impl IntoIterator<Item = IpNet, IntoIter: ExactSizeIterator + Clone>,
         shares: impl IntoIterator<Item = (ClusterIdx, f64)>,
         overflow: f64,
         backups: [Option<ClusterIdx>; 2],
@@ -449,6 +519,14 @@ impl Builder {
                 id: id.to_string(),
                 problem: format!("class index {class} of {}", self.map.classes.len()),
             });
+        }
+        if let Some(n) = self.repeating {
+            if self.is_expected(id, class, prefixes.clone()) {
+                self.push_placement(id, (0, 0), shares, overflow, backups)?;
+                self.repeating = Some(n + 1);
+                return Ok(());
+            }
+            self.stop_repeating();
         }
         self.push_placement(id, (id.len(), prefixes.len()), shares, overflow, backups)?;
         let k = Arc::make_mut(&mut self.map.units.keys);
@@ -541,6 +619,7 @@ impl Builder {
             });
         }
         self.map.units.keys = Arc::clone(&old.units.keys);
+        self.repeating = None;
         Ok(())
     }
 
@@ -655,7 +734,14 @@ impl Builder {
     }
 
     /// The map.
-    pub fn finish(self) -> ServingMap {
+    pub fn finish(mut self) -> ServingMap {
+        // Fewer units than expected: the map's keys are those of its own.
+        if self
+            .repeating
+            .is_some_and(|n| n < self.map.units.keys.class.len())
+        {
+            self.stop_repeating();
+        }
         self.map
     }
 }
@@ -1138,5 +1224,72 @@ mod tests {
                 .expect("copied");
         }
         assert_eq!(copy.finish_placements().expect("all placed"), m);
+    }
+    /// A map built while expecting another's units is the map built without, and shares the
+    /// other's unit keys exactly when it has the same units: whatever differs first (an id, a
+    /// class, a prefix, a unit more or less), wherever.
+    #[test]
+    fn a_map_of_the_units_expected_shares_their_keys_and_any_other_is_the_same_as_without() {
+        let classes: Vec<Arc<str>> = vec![Arc::from("web"), Arc::from("video")];
+        let clusters = vec![ServingCluster {
+            id: "a".into(),
+            addresses: vec![IpAddr::from([192, 0, 2, 1])],
+            state: ClusterState::Up,
+        }];
+        type Unit = (String, ClassIdx, Vec<IpNet>);
+        let unit = |i: u32| -> Unit {
+            let mut prefixes = vec![format!("10.{}.{}.0/24", i / 256, i % 256)
+                .parse()
+                .expect("prefix")];
+            if i.is_multiple_of(5) {
+                prefixes.push(format!("2001:db8:{i:x}::/48").parse().expect("prefix"));
+            }
+            (format!("u{i:04}"), (i % 2) as ClassIdx, prefixes)
+        };
+        let build = |units: &[Unit], expect: Option<&ServingMap>| {
+            let mut b = Builder::new(classes.clone(), clusters.clone()).expect("clusters");
+            if let Some(old) = expect {
+                b.expect_units_of(old);
+            }
+            for (n, (id, class, prefixes)) in units.iter().enumerate() {
+                let share = if n % 3 == 0 { 0.5 } else { 1.0 };
+                b.push(
+                    id,
+                    *class,
+                    prefixes.iter().copied(),
+                    [(0, share)],
+                    0.0,
+                    [None, None],
+                )
+                .expect("a unit");
+            }
+            b.finish()
+        };
+        let units: Vec<Unit> = (0..300).map(unit).collect();
+        let old = build(&units, None);
+        let again = build(&units, Some(&old));
+        assert_eq!(again, old);
+        assert!(again.shares_units_with(&old));
+        let mut variants: Vec<Vec<Unit>> = Vec::new();
+        for at in [0usize, 1, 150, 299] {
+            let mut v = units.clone();
+            v[at].0.push('x');
+            variants.push(v);
+            let mut v = units.clone();
+            v[at].1 ^= 1;
+            variants.push(v);
+            let mut v = units.clone();
+            v[at].2[0] = "10.200.0.0/16".parse().expect("prefix");
+            variants.push(v);
+            variants.push(units[..at].to_vec());
+        }
+        let mut more = units.clone();
+        more.push(unit(300));
+        variants.push(more);
+        for v in variants {
+            let with = build(&v, Some(&old));
+            assert_eq!(with, build(&v, None));
+            assert!(!with.shares_units_with(&old));
+        }
     }
 }

@@ -13,6 +13,12 @@
 //! as columns ([`crate::columns`]); a delta's as one `UnitMapping` message each (few, and
 //! readable). A front end applies nothing until the last part, and pushes each part's units
 //! into the compact columns of the map it is building as it comes.
+//!
+//! **Bounded deltas.** A delta carries at most [`MAX_DELTA_UNITS`] units (changed or gone),
+//! as many as a part of a full map: a round that moves more (a large site down, a shift of
+//! demand) is sent as a full map in parts ([`delta_update`] says so), so no message grows
+//! with the map. A front end taking a full map of the units it holds keeps their keys and
+//! its prefix index ([`Builder::expect_units_of`]).
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -28,6 +34,8 @@ use crate::serving::{Builder, ServeError, ServingCluster, ServingMap, Sizes};
 
 /// Most map units in one message of a full map.
 pub const PART_UNITS: usize = 65_536;
+/// Most map units a delta carries, changed or gone: a round that moves more is sent whole.
+pub const MAX_DELTA_UNITS: usize = PART_UNITS;
 /// Most map units a front end holds: as many as an instance may have (a front end that
 /// refused a map the mapper can make would answer from its last one forever).
 pub const MAX_UNITS: usize = cdnmap_mapper::model::MAX_MAP_UNITS;
@@ -261,21 +269,25 @@ pub fn readable(update: pb::MapUpdate) -> Result<pb::MapUpdate, FollowError> {
 
 /// What changed from `prev` to `next`: the units whose answer may differ (by id; see
 /// [`ServingMap::same_unit`]) in id order, the ids gone, and the clusters, rules and fallbacks
-/// whole.
+/// whole; `None` when that is more than [`MAX_DELTA_UNITS`] units (`next` is then sent as a
+/// full map).
 pub fn delta_update(
     edge: &Edge<'_>,
     prev_id: Identity,
     prev: &ServingMap,
     id: Identity,
     next: &ServingMap,
-) -> pb::MapUpdate {
+) -> Option<pb::MapUpdate> {
+    let (changed, removed) = changed_units(prev, next);
+    if changed.len().saturating_add(removed.len()) > MAX_DELTA_UNITS {
+        return None;
+    }
     let mut msg = frame(edge, id, next);
     msg.base_epoch = prev_id.epoch;
     msg.base_version = prev_id.version;
-    let (changed, removed) = changed_units(prev, next);
     msg.units = changed.into_iter().map(|u| unit_pb(next, u)).collect();
     msg.removed_units = removed;
-    msg
+    Some(msg)
 }
 
 /// The units of `next` whose answer may differ from `prev`'s, in id order, and the ids of
@@ -474,6 +486,12 @@ impl Follower {
                     let fallback =
                         fallback_of(&update, &b.classes, &|id| b.builder.cluster_index(id));
                     b.builder.set_fallback(&fallback);
+                    // A whole map again (the mapper sends one for a round that moved many
+                    // units, or a stream starting over) is usually of the units held: their
+                    // keys are kept once, and so is the prefix index.
+                    if let Some(h) = &self.held {
+                        b.builder.expect_units_of(&h.map);
+                    }
                     // Room for the whole map at once: as the first part announces it, else
                     // the size of the map held (the best guess of the one coming).
                     match (&update.size, &self.held) {
@@ -1022,6 +1040,48 @@ mod tests {
         assert!(policy_from_pb(Some(&bad)).unwrap_err().contains("c is 0.5"));
     }
 
+    /// A round that moves more units than a delta carries has no delta: the map goes whole,
+    /// and a front end taking it over the units it holds keeps their keys (so its prefix
+    /// index too), holding the map sent.
+    #[test]
+    fn a_round_moving_more_than_a_delta_carries_goes_whole_over_the_units_held() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let first = map(
+            &mut rng,
+            MAX_DELTA_UNITS + MAX_DELTA_UNITS / 4,
+            &["a", "b", "c"],
+        );
+        // Every unit's placement again, from the same draw of units (same ids and prefixes).
+        let mut b =
+            Builder::new(first.classes().to_vec(), first.clusters().to_vec()).expect("clusters");
+        b.share_units_of(&first).expect("empty");
+        for u in 0..first.unit_count() as UnitIdx {
+            let (clusters, _) = first.shares(u);
+            let c = clusters.first().map_or(0, |c| (c + 1) % 3);
+            b.push_placement_of([(c, 1.0)], 0.0, [Some((c + 1) % 3), None])
+                .expect("placed");
+        }
+        let moved = b.finish_placements().expect("all placed");
+        assert!(changed_units(&first, &moved).0.len() > MAX_DELTA_UNITS);
+        assert_eq!(
+            with_edge(|e| delta_update(e, id(1, 1), &first, id(1, 2), &moved)),
+            None
+        );
+        // A small change still goes as a delta.
+        assert!(with_edge(|e| delta_update(e, id(1, 1), &first, id(1, 2), &first)).is_some());
+        let mut f = Follower::default();
+        send_full(&mut f, &first, id(1, 1));
+        let held_first = Arc::clone(&f.held().expect("held").map);
+        let applied = send_full(&mut f, &moved, id(1, 2));
+        assert_eq!(applied.last(), Some(&Applied::New));
+        let held = &f.held().expect("held").map;
+        assert_eq!(**held, moved);
+        assert!(
+            held.shares_units_with(&held_first),
+            "the units' keys are kept once"
+        );
+    }
+
     /// A map of more than two parts' units arrives in three messages and is held, equal to
     /// what was sent, only after the last; nothing is held before.
     #[test]
@@ -1081,7 +1141,8 @@ mod tests {
         // A delta in the middle of a full map is refused too.
         let p0 = with_edge(|e| full_part(e, id(1, 3), &big, 0));
         assert_eq!(f.apply(p0), Ok(Applied::Part));
-        let delta = with_edge(|e| delta_update(e, id(1, 1), &small, id(1, 2), &small));
+        let delta = with_edge(|e| delta_update(e, id(1, 1), &small, id(1, 2), &small))
+            .expect("a small delta");
         assert!(matches!(f.apply(delta), Err(FollowError::Parts { .. })));
     }
 
@@ -1100,7 +1161,8 @@ mod tests {
             }
             let mut f = Follower::default();
             send_full(&mut f, &prev, id(2, 5));
-            let delta = with_edge(|e| delta_update(e, id(2, 5), &prev, id(2, 6), &next));
+            let delta = with_edge(|e| delta_update(e, id(2, 5), &prev, id(2, 6), &next))
+                .expect("a small delta");
             let (changed, removed) = changed_units(&prev, &next);
             assert_eq!(delta.units.len(), changed.len());
             assert_eq!(delta.removed_units, removed);
@@ -1117,7 +1179,8 @@ mod tests {
                 }
                 other => panic!("case {case}: {other:?}"),
             }
-            let gap = with_edge(|e| delta_update(e, id(2, 4), &prev, id(2, 7), &next));
+            let gap = with_edge(|e| delta_update(e, id(2, 4), &prev, id(2, 7), &next))
+                .expect("a small delta");
             assert!(matches!(f.apply(gap), Err(FollowError::Gap { .. })));
         }
     }
@@ -1183,7 +1246,8 @@ mod tests {
             let mut f = Follower::default();
             send_full(&mut f, &prev, id(2, 5));
             let held_prev = Arc::clone(&f.held().expect("held").map);
-            let delta = with_edge(|e| delta_update(e, id(2, 5), &prev, id(2, 6), &next));
+            let delta = with_edge(|e| delta_update(e, id(2, 5), &prev, id(2, 6), &next))
+                .expect("a small delta");
             assert!(!delta.units.is_empty() && delta.units.len() < prev.unit_count() / 5);
             assert_eq!(f.apply(delta), Ok(Applied::New), "case {case}");
             let held = f.held().expect("held");
@@ -1305,7 +1369,8 @@ mod tests {
             assert_eq!(*f.held().expect("held").map, m);
         }
         // A delta never carries columns.
-        let mut delta = with_edge(|e| delta_update(e, id(1, 1), &m, id(1, 2), &m));
+        let mut delta =
+            with_edge(|e| delta_update(e, id(1, 1), &m, id(1, 2), &m)).expect("a small delta");
         delta.columns = good.columns.clone();
         let e = f.apply(delta).expect_err("columns in a delta");
         assert!(e.to_string().contains("as `units`"), "{e}");
