@@ -901,12 +901,11 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         (static_addr, &stat),
     ];
     let results = {
-        let _paused = match a.mapper_running {
-            true => None,
-            false => {
-                println!("the mapper is paused (SIGSTOP) during the runs: cdnmap dns answers from the map it holds (--mapper-running to let it run its rounds)");
-                Some(Paused::new(&serve)?)
-            }
+        let _paused = if a.mapper_running {
+            None
+        } else {
+            println!("the mapper is paused (SIGSTOP) during the runs: cdnmap dns answers from the map it holds (--mapper-running to let it run its rounds)");
+            Some(Paused::new(&serve)?)
         };
         measure(a, &dnsperf, &queries, targets)?
     };

@@ -623,11 +623,8 @@ impl Resolver {
         // The answers of the units the map before placed alike are that map's: only the
         // others' are computed again (at 11 M units, all of them take a second and more of
         // reads all over the map; a round moves a few thousand).
-        let before = previous.filter(|p| {
-            Arc::ptr_eq(&p.index, &r.index)
-                && p.pre.len() == r.index.unit.len()
-                && r.map.answers_alike(&p.map)
-        });
+        let before =
+            previous.filter(|p| Arc::ptr_eq(&p.index, &r.index) && r.map.answers_alike(&p.map));
         if let Some(p) = before {
             let mut pre = p.pre.clone();
             for u in 0..r.map.unit_count() as UnitIdx {
