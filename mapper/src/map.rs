@@ -1,7 +1,7 @@
 //! A map: for every map unit of an instance, how much of its demand goes to which clusters, and
 //! how much is overflow. Indexed like the instance's map units.
 
-use crate::model::{ClusterIdx, Instance, UnitIdx};
+use crate::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 
 /// Demand of one map unit placed at one cluster.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +69,11 @@ impl Map {
         self.overflow[u as usize]
     }
 
+    /// Allocations over all units (allocations of nothing included).
+    pub fn allocation_count(&self) -> usize {
+        self.allocations.len()
+    }
+
     pub fn total_overflow(&self) -> f64 {
         self.overflow.iter().sum()
     }
@@ -122,19 +127,31 @@ pub fn unit_shares<'a>(
 
 /// What `map` places on every resource node of `instance` (indexed by global node), in the
 /// node's own unit: the sum over allocations passing it of amount × the class's coefficient.
+/// The amounts are summed per (cluster, class) first, and each sum is then spread over its
+/// path: one addition per allocation, not one per node of its path with the coefficient looked
+/// up (at 11 M map units, a third of the serving map's build each round went here).
 pub fn node_usage(instance: &Instance, map: &Map) -> Vec<f64> {
-    let mut used = vec![0.0; instance.node_count()];
+    let classes = instance.classes().len();
+    let clusters = instance.clusters();
+    let mut placed = vec![0.0; clusters.len() * classes];
     for u in 0..instance.unit_count().min(map.unit_count()) as UnitIdx {
-        let k = instance.unit_class(u);
-        let per_unit = instance.classes()[usize::from(k)].per_unit;
+        let k = usize::from(instance.unit_class(u));
         for a in map.allocations(u) {
-            let Some(cl) = instance.clusters().get(a.cluster as usize) else {
-                continue;
-            };
-            for n in cl.path(k) {
-                used[instance.global_node(a.cluster, n)] +=
-                    a.amount.max(0.0) * per_unit.get(cl.nodes[n as usize].kind);
+            if let Some(p) = placed.get_mut(a.cluster as usize * classes + k) {
+                *p += a.amount.max(0.0);
             }
+        }
+    }
+    let mut used = vec![0.0; instance.node_count()];
+    for (at, &amount) in placed.iter().enumerate() {
+        if amount == 0.0 {
+            continue;
+        }
+        let (c, k) = ((at / classes) as ClusterIdx, (at % classes) as ClassIdx);
+        let cl = &clusters[c as usize];
+        let per_unit = instance.classes()[usize::from(k)].per_unit;
+        for n in cl.path(k) {
+            used[instance.global_node(c, n)] += amount * per_unit.get(cl.nodes[n as usize].kind);
         }
     }
     used

@@ -1569,6 +1569,52 @@ fn a_reused_index_answers_split_units_and_outsiders_as_a_fresh_one() {
     );
 }
 
+/// The same map over three rounds: cluster states unchanged, then one backup cluster down. A
+/// serving map built after the one before keeps the backups of units placed alike while the
+/// clusters are up alike, and takes them again from the candidates when one goes down: equal
+/// to one built afresh every round, and the down cluster is nobody's backup any more.
+#[test]
+fn backups_follow_a_cluster_that_goes_down_though_no_unit_moves() {
+    let base = build(three_clusters(), &reuse_units());
+    let n = base.unit_count();
+    // Every unit wholly at its first candidate (cluster 0): clusters 1 and 2 are its backups.
+    let whole = |t: &Topology| {
+        let mut map = Map::with_capacity(n, n);
+        for u in 0..n as UnitIdx {
+            let first = t.candidates(u).next().expect("a candidate").cluster;
+            let amount = t.unit_demand(u);
+            map.push_unit(
+                [Allocation {
+                    cluster: first,
+                    amount,
+                }],
+                0.0,
+            );
+        }
+        map
+    };
+    let down = base.with_instance(base.instance.with_cluster_state(1, ClusterState::Down));
+    let mut previous: Option<ServingMap> = None;
+    for (round, t) in [&base, &base, &down].into_iter().enumerate() {
+        let map = whole(t);
+        let fresh = ServingMap::of_solution(t, &map).expect("fresh");
+        let after = ServingMap::of_solution_after(t, &map, previous.as_ref()).expect("after");
+        assert_eq!(after, fresh, "round {round}");
+        if let Some(p) = &previous {
+            assert!(after.same_units(p), "round {round}");
+        }
+        for u in 0..n as UnitIdx {
+            let backups = after.backups(u);
+            assert_eq!(
+                backups[0],
+                Some(if round < 2 { 1 } else { 2 }),
+                "round {round}"
+            );
+        }
+        previous = Some(after);
+    }
+}
+
 /// A unit added or removed, a prefix changed or added, a class changed: the next resolver
 /// builds its own index (and the serving map its own unit columns) and answers as a fresh
 /// one, and as the oracle says. Host bits alone change no prefix: the index is reused.

@@ -90,6 +90,17 @@ impl Instance {
         Arc::ptr_eq(&self.units, &other.units)
     }
 
+    /// Whether `other` has this instance's candidates, in the same order for every unit: one
+    /// copy of the candidate columns and the same (or no) stickiness changes to them.
+    pub fn shares_candidates(&self, other: &Instance) -> bool {
+        Arc::ptr_eq(&self.cands, &other.cands)
+            && match (&self.favour, &other.favour) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+
     pub fn unit_class(&self, u: UnitIdx) -> ClassIdx {
         self.units.class[u as usize]
     }
