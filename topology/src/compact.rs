@@ -79,9 +79,89 @@ pub fn encode(topology: &Topology) -> Vec<u8> {
 /// topology itself). The bytes are [`encode`]'s; the wire layout is [`Columns`]'s.
 pub fn encode_to(topology: &Topology, out: &mut dyn std::io::Write) -> std::io::Result<()> {
     out.write_all(MAGIC)?;
-    postcard::to_io(&View(topology), out)
-        .map(|_| ())
-        .map_err(std::io::Error::other)
+    postcard_to_io(&View(topology), out)
+}
+
+/// `value` in postcard, written to `out` in chunks of 64 KiB. postcard's own `to_io` hands
+/// every byte to the writer with a call of its own (a varint per map unit, through a `dyn
+/// Write`): at 11 M map units that was most of the time a round took to store its map.
+/// The bytes are postcard's, as `postcard::to_stdvec` makes them.
+pub fn postcard_to_io<T: Serialize + ?Sized>(
+    value: &T,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    let mut error = None;
+    let flavor = Chunked {
+        buf: Vec::with_capacity(CHUNK),
+        out,
+        error: &mut error,
+    };
+    match postcard::serialize_with_flavor(value, flavor) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(error.unwrap_or_else(|| std::io::Error::other(e))),
+    }
+}
+
+/// The chunk [`postcard_to_io`] gathers before it writes.
+const CHUNK: usize = 1 << 16;
+
+/// A postcard flavor writing to an `io::Write` in chunks; a write's error is kept in `error`
+/// (postcard's own error cannot carry it).
+struct Chunked<'a> {
+    buf: Vec<u8>,
+    out: &'a mut dyn std::io::Write,
+    error: &'a mut Option<std::io::Error>,
+}
+
+impl Chunked<'_> {
+    fn write(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.out.write_all(bytes).map_err(|e| {
+            *self.error = Some(e);
+            postcard::Error::SerializeBufferFull
+        })
+    }
+
+    fn flush(&mut self) -> postcard::Result<()> {
+        let buf = std::mem::take(&mut self.buf);
+        let written = self.write(&buf);
+        self.buf = buf;
+        self.buf.clear();
+        written
+    }
+}
+
+impl postcard::ser_flavors::Flavor for Chunked<'_> {
+    type Output = ();
+
+    #[inline]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        if self.buf.len() == CHUNK {
+            self.flush()?;
+        }
+        self.buf.push(byte);
+        Ok(())
+    }
+
+    #[inline]
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        // A varint (at most 10 bytes, most of what a map is): byte by byte, not a call to
+        // memcpy for each.
+        if bytes.len() <= 10 {
+            return bytes.iter().try_for_each(|&b| self.try_push(b));
+        }
+        if self.buf.len() + bytes.len() > CHUNK {
+            self.flush()?;
+            if bytes.len() > CHUNK {
+                return self.write(bytes);
+            }
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finalize(mut self) -> postcard::Result<()> {
+        self.flush()
+    }
 }
 
 /// [`Columns`] of a topology, serialized straight from it.

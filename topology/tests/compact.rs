@@ -211,3 +211,66 @@ fn a_json_file_is_refused_by_its_header() {
     let e = decode(br#"{"traffic_classes": []}"#, Limits::default()).expect_err("json");
     assert!(e.to_string().contains("CDNTOP01"), "{e}");
 }
+
+/// A writer that takes `room` bytes, then fails.
+struct Full {
+    taken: Vec<u8>,
+    room: usize,
+}
+
+impl std::io::Write for Full {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.taken.len() + buf.len() > self.room {
+            return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"));
+        }
+        self.taken.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// The chunked writer gives postcard's own bytes, across chunk boundaries (varints one by
+    /// one, byte strings longer than a chunk), and a writer's error is the writer's.
+    #[test]
+    fn postcard_to_io_writes_postcards_bytes(
+        words in prop::collection::vec(any::<u32>(), 0..40_000),
+        bytes in prop::collection::vec(any::<u8>(), 0..150_000),
+        text in ".{0,40}",
+        pairs in prop::collection::vec(any::<(u16, f64)>(), 0..5_000),
+        room in 0usize..200_000,
+    ) {
+        let value = (&words, serde_bytes_of(&bytes), &text, &pairs);
+        let expected = postcard::to_stdvec(&value).expect("postcard");
+        let mut out = Vec::new();
+        cdnmap_topology::compact::postcard_to_io(&value, &mut out).expect("written");
+        prop_assert_eq!(&out, &expected);
+        let mut full = Full { taken: Vec::new(), room };
+        match cdnmap_topology::compact::postcard_to_io(&value, &mut full) {
+            Ok(()) => prop_assert_eq!(&full.taken, &expected),
+            Err(e) => {
+                prop_assert!(expected.len() > room, "failed with room for all");
+                prop_assert_eq!(e.kind(), std::io::ErrorKind::StorageFull);
+                prop_assert!(expected.starts_with(&full.taken));
+            }
+        }
+    }
+}
+
+/// `bytes` serialized as one byte string (postcard: a length, then the bytes in one piece).
+fn serde_bytes_of(bytes: &[u8]) -> ByteString<'_> {
+    ByteString(bytes)
+}
+
+struct ByteString<'a>(&'a [u8]);
+
+impl serde::Serialize for ByteString<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}

@@ -32,9 +32,7 @@ pub(super) fn decode_topology(bytes: &[u8], limits: Limits) -> Result<Topology, 
 /// Writes `record` as a record file holds it: its header, then postcard.
 pub(super) fn write(record: &Record, w: &mut dyn std::io::Write) -> std::io::Result<()> {
     w.write_all(SERVED_MAGIC)?;
-    postcard::to_io(record, w)
-        .map(|_| ())
-        .map_err(std::io::Error::other)
+    cdnmap_topology::compact::postcard_to_io(record, w)
 }
 
 /// Writes `delta` ([`Delta`], or [`DeltaOf`]: the same bytes) as a delta file holds it: its
@@ -44,9 +42,7 @@ pub(super) fn write_delta(
     w: &mut dyn std::io::Write,
 ) -> std::io::Result<()> {
     w.write_all(DELTA_MAGIC)?;
-    postcard::to_io(delta, w)
-        .map(|_| ())
-        .map_err(std::io::Error::other)
+    cdnmap_topology::compact::postcard_to_io(delta, w)
 }
 
 /// A record's bytes decoded: the record, and the estimator state a record of format 03
