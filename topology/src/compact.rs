@@ -84,8 +84,7 @@ pub fn encode_to(topology: &Topology, out: &mut dyn std::io::Write) -> std::io::
 
 /// `value` in postcard, written to `out` in chunks of 64 KiB. postcard's own `to_io` hands
 /// every byte to the writer with a call of its own (a varint per map unit, through a `dyn
-/// Write`): at 11 M map units that was most of the time a round took to store its map.
-/// The bytes are postcard's, as `postcard::to_stdvec` makes them.
+/// Write`). The bytes are postcard's, as `postcard::to_stdvec` makes them.
 pub fn postcard_to_io<T: Serialize + ?Sized>(
     value: &T,
     out: &mut dyn std::io::Write,
