@@ -1189,3 +1189,34 @@ fn demo_runs_a_sticky_second_round() {
         run.show()
     );
 }
+
+/// A configuration whose name rules or default class name a class the world does not have is
+/// refused at the start (exit 2, naming the class and the keys), instead of passing and then
+/// failing every round.
+#[test]
+fn serve_refuses_classes_the_world_does_not_have() {
+    for (top, rules, class) in [
+        ("default_class = \"nosuch\"\n", "", "nosuch"),
+        (
+            "",
+            "[[class_rules]]\npattern = \"*.gone.cdn.example\"\nclass = \"gone\"\n",
+            "gone",
+        ),
+    ] {
+        let dir = tempdir();
+        let data = dir.path().join("data");
+        let config = dir.path().join("cdnmap.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "grpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{top}\
+                 [demo]\nmap_units = 2000\nclusters = 20\nseed = 1\n\n{rules}",
+                data.to_str().expect("a UTF-8 temporary path"),
+            ),
+        )
+        .expect("write the config");
+        let config = config.to_str().expect("a UTF-8 path");
+        cdnmap(dir.path(), &["serve", "--config", config])
+            .assert_error(&[class, "class_rules and default_class"]);
+    }
+}

@@ -6,7 +6,9 @@
 //!   the same clusters, the same servers in the same order, the ECS scope) over UDP and TCP,
 //!   for A and AAAA, with and without `+subnet=`;
 //! - the status codes: SOA and NS at the apex, NXDOMAIN for names no rule names, REFUSED
-//!   outside the zone, NODATA for other types, FORMERR for a malformed ECS option;
+//!   outside the zone, NODATA for other types, FORMERR for a malformed ECS option (RFC 7871),
+//!   BADVERS for an EDNS version other than 0 (RFC 6891), one HINFO for ANY (RFC 8482),
+//!   REFUSED for zone transfers (RFC 5936);
 //! - a large answer is truncated over UDP without EDNS and complete over TCP;
 //! - with no mapper yet it answers SERVFAIL, then answers once the mapper is up, keeps answering
 //!   when the mapper dies, reconnects when it returns, and reports per-prefix demand.
@@ -204,6 +206,53 @@ fn dig(addr: SocketAddr, args: &[&str]) -> Reply {
     r
 }
 
+/// A query for `name` of type `qtype` (class IN, no EDNS), as its bytes.
+fn raw_query(name: &str, qtype: u16) -> Vec<u8> {
+    let mut q = vec![0x4a, 0x17, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.push(0);
+    q.extend_from_slice(&qtype.to_be_bytes());
+    q.extend_from_slice(&1u16.to_be_bytes());
+    q
+}
+
+/// The RCODE of the response to [`raw_query`] over UDP (checked to answer its id).
+fn rcode_over_udp(addr: SocketAddr, name: &str, qtype: u16) -> u8 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("a timeout");
+    socket
+        .send_to(&raw_query(name, qtype), addr)
+        .expect("send the query");
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).expect("a response");
+    assert!(n >= 12 && buf[..2] == [0x4a, 0x17], "{:?}", &buf[..n]);
+    buf[3] & 0x0f
+}
+
+/// The RCODE of the response to [`raw_query`] over TCP (two length bytes first).
+fn rcode_over_tcp(addr: SocketAddr, name: &str, qtype: u16) -> u8 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect over TCP");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("a timeout");
+    let q = raw_query(name, qtype);
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    stream.write_all(&framed).expect("send the query");
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).expect("a response's length");
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut buf).expect("a response");
+    assert!(buf.len() >= 12 && buf[..2] == [0x4a, 0x17], "{buf:?}");
+    buf[3] & 0x0f
+}
+
 /// A host address inside `net`.
 fn host_in(net: IpNet) -> IpAddr {
     match net {
@@ -388,6 +437,50 @@ async fn status_codes_apex_records_and_truncation() {
     // Still answering.
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
 
+    // RFC 7871 §6: address bits set beyond the source prefix (a /20 whose third byte is
+    // 0x0f) are FORMERR; the same prefix with them clear is answered.
+    let bits = dns.dig(&["www.cdn.example", "A", "+ednsopt=8:0001140001020f"]);
+    assert_eq!(bits.status, "FORMERR", "{}", bits.raw);
+    let clean = dns.dig(&["www.cdn.example", "A", "+ednsopt=8:00011400010200"]);
+    assert_eq!(clean.status, "NOERROR", "{}", clean.raw);
+    assert!(!clean.addresses().is_empty(), "{}", clean.raw);
+
+    // RFC 6891 §6.1.3: an EDNS version other than 0 is answered BADVERS, with an OPT record
+    // of version 0, wherever the name is.
+    for name in ["www.cdn.example", "www.example.org"] {
+        let v1 = dns.dig(&[name, "A", "+edns=1", "+noednsnegotiation"]);
+        assert_eq!(v1.status, "BADVERS", "{name}: {}", v1.raw);
+        assert!(v1.raw.contains("EDNS: version: 0"), "{name}: {}", v1.raw);
+        assert!(v1.answers.is_empty() && !v1.flags.contains(&"aa".to_string()));
+    }
+
+    // RFC 8482 §4.2: ANY gets one synthesized HINFO record, at a mapped name and at the apex;
+    // a name no rule names stays NXDOMAIN.
+    for name in ["www.cdn.example", "cdn.example"] {
+        let any = dns.dig(&[name, "ANY"]);
+        assert_eq!(any.status, "NOERROR", "{name}: {}", any.raw);
+        assert_eq!(any.answers.len(), 1, "{name}: {}", any.raw);
+        assert_eq!(any.answers[0].2, "HINFO", "{name}: {}", any.raw);
+        assert_eq!(any.answers[0].3, "\"RFC8482\" \"\"", "{name}: {}", any.raw);
+    }
+    assert_eq!(
+        dns.dig(&["no-such-name.cdn.example", "ANY"]).status,
+        "NXDOMAIN"
+    );
+
+    // RFC 5936 §2.2.1: zone transfers are refused, AXFR over TCP and IXFR over UDP.
+    assert_eq!(
+        rcode_over_tcp(dns.addr, "cdn.example", 252),
+        5,
+        "AXFR: REFUSED"
+    );
+    assert_eq!(
+        rcode_over_udp(dns.addr, "cdn.example", 251),
+        5,
+        "IXFR: REFUSED"
+    );
+    assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
+
     // Every outcome above is counted on /metrics.
     let (status, body) = http_get(metrics, "/metrics");
     assert!(status.contains("200"), "{status}");
@@ -401,9 +494,10 @@ async fn status_codes_apex_records_and_truncation() {
     for (rcode, at_least) in [
         ("answer", 4.0),
         ("nxdomain", 1.0),
-        ("refused", 1.0),
+        ("refused", 3.0),
         ("nodata", 1.0),
-        ("formerr", 1.0),
+        ("formerr", 2.0),
+        ("badvers", 2.0),
     ] {
         assert!(
             count(rcode) >= at_least,

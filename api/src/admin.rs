@@ -27,7 +27,7 @@ impl tonic::service::Interceptor for AdminAuth {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         match given {
             Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(request),
             Some(_) => Err(Status::unauthenticated("wrong admin token")),
@@ -36,6 +36,16 @@ impl tonic::service::Interceptor for AdminAuth {
             )),
         }
     }
+}
+
+/// The token of an `Authorization` header's value in the Bearer scheme (RFC 6750 §2.1), the
+/// scheme's name in any case (RFC 7235 §2.1: auth-schemes are case-insensitive) and one or
+/// more spaces after it; `None` for another scheme.
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
 }
 
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -430,5 +440,29 @@ impl pb::admin_server::Admin for AdminService {
             map_units: inst.unit_count() as u64,
             clusters: inst.clusters().len() as u64,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    /// RFC 7235 §2.1: the scheme is case-insensitive and one or more spaces follow it; another
+    /// scheme, or none, gives no token.
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for (value, token) in [
+            ("Bearer s3cret", Some("s3cret")),
+            ("bearer s3cret", Some("s3cret")),
+            ("BEARER s3cret", Some("s3cret")),
+            ("bEaReR   s3cret", Some("s3cret")),
+            ("Bearer ", Some("")),
+            ("Basic s3cret", None),
+            ("Bearers3cret", None),
+            ("Bearer", None),
+            ("", None),
+        ] {
+            assert_eq!(bearer_token(value), token, "{value:?}");
+        }
     }
 }

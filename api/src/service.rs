@@ -231,6 +231,14 @@ impl Shared {
                 (initial, 0)
             }
         };
+        // Every class the name rules and the default class name must be the topology's: refused
+        // here, naming it, rather than by every round after the start.
+        ClassRules::for_instance(
+            &topology.instance,
+            &config.class_rule_pairs(),
+            &config.default_class,
+        )
+        .map_err(|e| anyhow::anyhow!("the configuration's class_rules and default_class: {e}"))?;
         if let Err(e) = config.selection.check_clusters(&topology) {
             tracing::warn!(error = %e, "the selection override is not used");
         }

@@ -25,7 +25,7 @@ use arc_swap::ArcSwapOption;
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
-use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA};
+use hickory_server::proto::rr::rdata::{A, AAAA, HINFO, NS, SOA};
 use hickory_server::proto::rr::{DNSClass, LowerName, Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
@@ -101,6 +101,7 @@ pub struct Counters {
     refused: metrics::Counter,
     servfail: metrics::Counter,
     formerr: metrics::Counter,
+    badvers: metrics::Counter,
 }
 
 impl Counters {
@@ -114,6 +115,7 @@ impl Counters {
             refused: c("refused"),
             servfail: c("servfail"),
             formerr: c("formerr"),
+            badvers: c("badvers"),
         }
     }
 }
@@ -194,8 +196,18 @@ fn client_subnet(edns: Option<&Edns>) -> Result<Option<ClientSubnet>, ()> {
     if ecs.source_prefix() > bits || ecs.scope_prefix() != 0 {
         return Err(()); // RFC 7871 §7.1.1: a query's scope must be 0
     }
+    // RFC 7871 §6: address bits beyond the source prefix length must be zero; a server
+    // receiving one set returns FORMERR.
+    let truncated = IpNet::new(ecs.addr(), ecs.source_prefix()).map(|n| n.trunc().addr());
+    if truncated != Ok(ecs.addr()) {
+        return Err(());
+    }
     Ok(Some(*ecs))
 }
+
+/// The TTL of the HINFO record an ANY query gets (RFC 8482 §6: a long one, so that resolvers
+/// keep it and do not ask again; 3789 s is the RFC's own example).
+const ANY_HINFO_TTL: u32 = 3789;
 
 /// The parsed query a decision reads.
 struct Query<'q> {
@@ -258,6 +270,7 @@ impl Decision<'_> {
             Decision::Bare(ResponseCode::FormErr) => &c.formerr,
             Decision::Bare(_) => &c.servfail,
             Decision::Answer(a) if a.code == ResponseCode::NXDomain => &c.nxdomain,
+            Decision::Answer(a) if a.code == ResponseCode::BADVERS => &c.badvers,
             Decision::Answer(a) if a.records.is_empty() => &c.nodata,
             Decision::Answer(_) => &c.answer,
         }
@@ -272,15 +285,6 @@ fn decide<'a>(
     q: &Query<'_>,
     scratch: &mut Scratch,
 ) -> Decision<'a> {
-    let Some(zone) = src.zones.iter().find(|z| z.apex.zone_of(q.name)) else {
-        return Decision::Bare(ResponseCode::Refused);
-    };
-    if q.class != DNSClass::IN {
-        return Decision::Bare(ResponseCode::Refused);
-    }
-    let Ok(ecs) = client_subnet(q.edns) else {
-        return Decision::Bare(ResponseCode::FormErr);
-    };
     // The response's OPT record: our buffer size, and the ECS option echoed with its scope.
     let edns = q.edns.map(|req| {
         let mut e = Edns::new();
@@ -297,9 +301,40 @@ fn decide<'a>(
         demand: None,
         count_host: false,
     };
+    // RFC 6891 §6.1.3: an EDNS version we do not implement (we implement 0) is answered
+    // BADVERS, with our OPT record saying version 0, before anything else is looked at.
+    if q.edns.is_some_and(|e| e.version() > 0) {
+        answer.code = ResponseCode::BADVERS; // its high bits go in the OPT record (hickory)
+        return Decision::Answer(answer);
+    }
+    let Some(zone) = src.zones.iter().find(|z| z.apex.zone_of(q.name)) else {
+        return Decision::Bare(ResponseCode::Refused);
+    };
+    if q.class != DNSClass::IN {
+        return Decision::Bare(ResponseCode::Refused);
+    }
+    // Zone transfers are not offered (RFC 5936 §2.2.1: a server may refuse a transfer; the
+    // map changes every round, and its zone is synthesized per client).
+    if matches!(q.qtype, RecordType::AXFR | RecordType::IXFR) {
+        return Decision::Bare(ResponseCode::Refused);
+    }
+    let Ok(ecs) = client_subnet(q.edns) else {
+        return Decision::Bare(ResponseCode::FormErr);
+    };
     let soa = std::slice::from_ref(&zone.soa);
+    let any = |answer: &mut Answer<'_>| {
+        // RFC 8482 §4.2: ANY gets one synthesized HINFO record, not every RRset.
+        let hinfo = HINFO::new("RFC8482".to_string(), String::new());
+        let owner: Name = q.name.into();
+        answer.records.push(Record::from_rdata(
+            owner,
+            ANY_HINFO_TTL,
+            RData::HINFO(hinfo),
+        ));
+    };
     if zone.apex == *q.name {
         match q.qtype {
+            RecordType::ANY => any(&mut answer),
             RecordType::SOA => {
                 answer.records.push(zone.soa.clone());
                 answer.ns = &zone.ns;
@@ -318,6 +353,10 @@ fn decide<'a>(
     if view.resolver.rules().rule_class(qname).is_none() {
         answer.code = ResponseCode::NXDomain;
         answer.soa = soa;
+        return Decision::Answer(answer);
+    }
+    if q.qtype == RecordType::ANY {
+        any(&mut answer);
         return Decision::Answer(answer);
     }
     if !matches!(q.qtype, RecordType::A | RecordType::AAAA) {
@@ -428,7 +467,8 @@ async fn send<R: ResponseHandler>(
             response.send_response(builder.build_no_records(m)).await
         }
         Decision::Answer(a) => {
-            let m = metadata(request, a.code, true);
+            // BADVERS says nothing of the zone's data: not authoritative.
+            let m = metadata(request, a.code, a.code != ResponseCode::BADVERS);
             if let Some(e) = a.edns.as_ref() {
                 builder.edns(e);
             }
@@ -551,6 +591,77 @@ mod tests {
                 assert!(matches!(d, Decision::Bare(ResponseCode::FormErr)), "{d:?}");
             },
         );
+    }
+
+    /// RFC 7871 §6: address bits beyond the source prefix are FORMERR; RFC 5936: zone
+    /// transfers are refused; RFC 8482 §4.2: ANY is one HINFO, at a mapped name and the apex.
+    #[test]
+    fn host_bits_transfers_and_any_answer_as_their_rfcs_say() {
+        let v = view();
+        let name = "www.video.example.";
+        check(Some(&v), name, RecordType::A, Some(("10.0.0.1", 24)), |d| {
+            assert!(matches!(d, Decision::Bare(ResponseCode::FormErr)), "{d:?}");
+        });
+        check(Some(&v), name, RecordType::A, Some(("10.0.0.0", 24)), |d| {
+            assert_eq!(answer(d).records.len(), 1, "{d:?}");
+        });
+        for qtype in [RecordType::AXFR, RecordType::IXFR] {
+            check(Some(&v), "example.", qtype, None, |d| {
+                assert!(matches!(d, Decision::Bare(ResponseCode::Refused)), "{d:?}");
+            });
+        }
+        for qname in [name, "example."] {
+            check(Some(&v), qname, RecordType::ANY, None, |d| {
+                let a = answer(d);
+                assert_eq!(a.code, ResponseCode::NoError);
+                assert_eq!(a.records.len(), 1, "{d:?}");
+                let expected = RData::HINFO(HINFO::new("RFC8482".into(), String::new()));
+                assert_eq!(a.records[0].data, expected);
+                assert_eq!(a.records[0].ttl, ANY_HINFO_TTL);
+                assert_eq!(a.demand, None);
+            });
+        }
+        check(
+            Some(&v),
+            "www.unknown.example.",
+            RecordType::ANY,
+            None,
+            |d| {
+                assert_eq!(answer(d).code, ResponseCode::NXDomain);
+            },
+        );
+    }
+
+    /// RFC 6891 §6.1.3: a query of EDNS version 1 is BADVERS with an OPT record of version
+    /// 0, inside the zones or not.
+    #[test]
+    fn an_edns_version_above_0_is_badvers() {
+        let v = view();
+        let zones = [zone()];
+        let rebuilt = ArcSwapOption::empty();
+        let src = Source {
+            zones: &zones,
+            rebuilt: &rebuilt,
+            ttl: 20,
+            max_udp_payload: 1232,
+        };
+        let mut edns = Edns::new();
+        edns.set_version(1);
+        for qname in ["www.video.example.", "www.other.test."] {
+            let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
+            let q = Query {
+                name: &name,
+                class: DNSClass::IN,
+                qtype: RecordType::A,
+                edns: Some(&edns),
+                src: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)),
+            };
+            let d = decide(&src, Some(&v), &q, &mut Scratch::default());
+            let a = answer(&d);
+            assert_eq!(a.code, ResponseCode::BADVERS, "{qname}");
+            assert!(a.records.is_empty());
+            assert_eq!(a.edns.as_ref().map(Edns::version), Some(0));
+        }
     }
 
     #[test]

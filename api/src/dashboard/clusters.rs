@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
 use super::figures::{self, View};
 use super::{clean, Actor, MAX_REASON_LEN};
-use crate::admin::constant_time_eq;
+use crate::admin::{bearer_token, constant_time_eq};
 use crate::round::Snapshot;
 use crate::topology::ChangeError;
 
@@ -320,7 +320,7 @@ fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
