@@ -1553,3 +1553,72 @@ async fn admin_upserts_and_deletes_topology() {
     );
     assert_eq!(status(&server).await.map_units, MAP_UNITS - 1);
 }
+
+/// Server reflection answers in both versions it exists in: v1, and v1alpha (what grpcurl 1.8,
+/// grpcui and Python's grpc_reflection client ask for), each listing the services served.
+#[tokio::test]
+async fn reflection_lists_the_services_in_v1_and_v1alpha() {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let wanted = [
+        "cdnmap.v1.Mapping",
+        "cdnmap.v1.Feedback",
+        "cdnmap.v1.Admin",
+        "grpc.health.v1.Health",
+    ];
+
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(server.channel());
+    let ask = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .expect("reflection v1")
+        .into_inner();
+    let reply = replies.message().await.expect("a v1 reply").expect("one");
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("v1: not a service list: {reply:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for w in wanted {
+        assert!(names.iter().any(|n| n == w), "v1 lists {names:?}, not {w}");
+    }
+
+    let mut client =
+        v1alpha::server_reflection_client::ServerReflectionClient::new(server.channel());
+    let ask = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .expect("reflection v1alpha")
+        .into_inner();
+    let reply = replies
+        .message()
+        .await
+        .expect("a v1alpha reply")
+        .expect("one");
+    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("v1alpha: not a service list: {reply:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for w in wanted {
+        assert!(
+            names.iter().any(|n| n == w),
+            "v1alpha lists {names:?}, not {w}"
+        );
+    }
+}

@@ -78,10 +78,15 @@ pub async fn serve(
     health
         .set_serving::<pb::mapping_server::MappingServer<MappingService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(cdnmap_proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Reflection in both versions: v1, and v1alpha, which grpcurl 1.8 (what many
+    // distributions ship), grpcui and Python's grpc_reflection client still ask for.
+    let reflecting = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(cdnmap_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflecting().build_v1()?;
+    let reflection_v1alpha = reflecting().build_v1alpha()?;
 
     let record_shared = Arc::clone(&shared);
     let dashboard = crate::dashboard::router(Arc::clone(&shared), token.clone());
@@ -127,6 +132,7 @@ pub async fn serve(
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(pb::mapping_server::MappingServer::new(MappingService(
             Arc::clone(&shared),
         )))
