@@ -506,6 +506,7 @@ async fn status_codes_apex_records_and_truncation() {
         );
     }
     assert!(body.contains("cdnmap_dns_map_version"), "{body}");
+    cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -55,6 +55,93 @@ async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Respon
     }
 }
 
+/// The buckets of every histogram, in seconds: an RPC's milliseconds up to a slow round's
+/// seconds.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// The HELP text and unit of every metric the mapper exports (`promtool check metrics` wants
+/// one for each).
+fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("cdnmap_rounds_total", "Mapping rounds published.");
+    describe_counter!(
+        "cdnmap_rounds_failed_total",
+        "Mapping rounds that failed (the last good map stays served)."
+    );
+    describe_counter!(
+        "cdnmap_rounds_slow_total",
+        "Mapping rounds that took longer than the cycle."
+    );
+    describe_counter!(
+        "cdnmap_proposals_total",
+        "Proposals the stable allocation made, over all rounds."
+    );
+    describe_histogram!(
+        "cdnmap_solve_seconds",
+        Unit::Seconds,
+        "A round's time from its start to its map, all parts."
+    );
+    describe_histogram!(
+        "cdnmap_round_part_seconds",
+        Unit::Seconds,
+        "A round's parts (estimator, effective preferences, solve, index, publish, persist)."
+    );
+    describe_histogram!(
+        "cdnmap_estimator_checkpoint_seconds",
+        Unit::Seconds,
+        "Encoding and storing the estimator's whole state."
+    );
+    describe_gauge!(
+        "cdnmap_churn",
+        "Share of demand the last round moved, 0 to 1."
+    );
+    describe_gauge!(
+        "cdnmap_demand",
+        "Total demand the last round mapped, in the topology's demand units."
+    );
+    describe_gauge!(
+        "cdnmap_overflow_share",
+        "Share of demand the last round left in overflow, 0 to 1."
+    );
+    describe_gauge!(
+        "cdnmap_cluster_utilization",
+        "Per cluster, the largest used/capacity over its resource nodes."
+    );
+    describe_gauge!(
+        "cdnmap_classes_unserved",
+        "Traffic classes no up cluster serves."
+    );
+    describe_gauge!("cdnmap_map_version", "Version of the map published.");
+    describe_gauge!("cdnmap_map_epoch", "Epoch of the map published.");
+    describe_gauge!(
+        "cdnmap_map_stored_version",
+        "Version of the map last stored."
+    );
+    describe_gauge!("cdnmap_map_stored_epoch", "Epoch of the map last stored.");
+    describe_counter!("cdnmap_rpc_total", "gRPC calls by method and status code.");
+    describe_histogram!(
+        "cdnmap_rpc_seconds",
+        Unit::Seconds,
+        "gRPC call latency by method."
+    );
+    describe_counter!(
+        "cdnmap_watch_messages_total",
+        "WatchMap messages sent to front ends, by kind."
+    );
+    describe_counter!(
+        "cdnmap_watch_units_total",
+        "Map units sent to front ends in WatchMap messages, by kind."
+    );
+    describe_counter!(
+        "cdnmap_watch_bytes_total",
+        Unit::Bytes,
+        "Encoded bytes of WatchMap messages sent to front ends, by kind."
+    );
+}
+
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
 /// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
 ///
@@ -64,7 +151,11 @@ pub async fn serve(
     initial: impl FnOnce() -> anyhow::Result<cdnmap_topology::Topology>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // Latencies as histograms (buckets aggregate across replicas; summaries' quantiles do not).
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(SECONDS_BUCKETS)?
+        .install_recorder()?;
+    describe_metrics();
     let grpc_addr: SocketAddr = config.grpc_listen;
     let http_addr: SocketAddr = config.http_listen;
     let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);

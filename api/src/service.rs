@@ -691,7 +691,7 @@ impl Shared {
         metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
         metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
         let demand = snapshot.topology.total_demand();
-        metrics::gauge!("cdnmap_demand_total").set(demand);
+        metrics::gauge!("cdnmap_demand").set(demand);
         let overflow = snapshot.map.total_overflow();
         metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
             overflow / demand

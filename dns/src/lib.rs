@@ -175,12 +175,44 @@ async fn bind(
     }
 }
 
+/// The HELP text of every metric the front end exports (`promtool check metrics` wants one
+/// for each).
+fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "cdnmap_dns_queries_total",
+        "DNS queries answered, by outcome (answer, nodata, nxdomain, refused, servfail, formerr, badvers)."
+    );
+    describe_counter!(
+        "cdnmap_dns_send_errors_total",
+        "DNS responses that could not be sent."
+    );
+    describe_counter!(
+        "cdnmap_dns_reconnects_total",
+        "Times the WatchMap stream to the mapper was opened again."
+    );
+    describe_counter!(
+        "cdnmap_dns_demand_samples_sent_total",
+        "Demand samples (prefix, class, queries) reported to the mapper."
+    );
+    describe_counter!(
+        "cdnmap_dns_demand_refused_total",
+        "Demand samples the mapper refused."
+    );
+    describe_counter!(
+        "cdnmap_dns_demand_dropped_total",
+        "Queries not counted as demand because the period's table was full."
+    );
+    describe_gauge!("cdnmap_dns_map_version", "Version of the map in use.");
+}
+
 /// Installs the Prometheus recorder and serves `/metrics` on `addr`; returns the task and the
 /// address bound.
 async fn serve_metrics(
     addr: SocketAddr,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    describe_metrics();
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {

@@ -80,6 +80,101 @@ pub fn ensure_debian_tool(program: &str, packages: &[&str]) -> Result<PathBuf, S
     })
 }
 
+/// `path` (inside Debian's `package`, such as `usr/bin/promtool`), from the package downloaded
+/// and unpacked, not installed, under the workspace's `target/debian-unpacked/<package>`: for
+/// a tool whose package would also install and start a service (prometheus's promtool, whose
+/// package starts a Prometheus server on port 9090).
+pub fn unpacked_debian_program(package: &str, path: &str) -> Result<PathBuf, String> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = workspace_root()
+        .join("target")
+        .join("debian-unpacked")
+        .join(package);
+    let program = dir.join(path);
+    if program.is_file() {
+        return Ok(program);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let run = |cmd: &str, args: &[&str]| -> Result<(), String> {
+        let out = Command::new(cmd)
+            .args(args)
+            .current_dir(&dir)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("`{cmd}` could not run: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{cmd} {}` failed:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    // The package lists of a fresh machine may be empty or stale: update once, then retry.
+    if run("apt-get", &["-q", "download", package]).is_err() {
+        run("apt-get", &["-q", "-y", "update"])?;
+        run("apt-get", &["-q", "download", package])?;
+    }
+    let deb = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| {
+            format!(
+                "apt-get download {package} left no .deb in {}",
+                dir.display()
+            )
+        })?;
+    let deb = deb
+        .to_str()
+        .ok_or("a .deb path that is not UTF-8")?
+        .to_string();
+    run("dpkg-deb", &["-x", &deb, "."])?;
+    if program.is_file() {
+        Ok(program)
+    } else {
+        Err(format!("{package} holds no {path}"))
+    }
+}
+
+/// `promtool check metrics` (Prometheus's own linter) on a `/metrics` body: `Err` with what
+/// it printed when it finds anything (no HELP text, a `_total` gauge, ...).
+pub fn promtool_check_metrics(body: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    let promtool = unpacked_debian_program("prometheus", "usr/bin/promtool")?;
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("promtool could not run: {e}"))?;
+    child
+        .stdin
+        .take()
+        .ok_or("promtool's stdin")?
+        .write_all(body.as_bytes())
+        .map_err(|e| format!("writing to promtool: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("promtool: {e}"))?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(format!("promtool check metrics ({}):\n{said}", out.status))
+    }
+}
+
 /// `program` on `PATH` (or in /usr/sbin and /sbin, where Debian puts daemons).
 pub fn find_program(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
