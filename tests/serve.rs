@@ -593,6 +593,26 @@ async fn admin_needs_the_bearer_token() {
         "SetClusterState with a wrong token",
     );
 
+    // A megabyte id is named in the error by its first characters and its length, not echoed
+    // whole (which came back as a metadata-size error instead of NOT_FOUND).
+    let huge = admin
+        .set_cluster_state(authed(
+            pb::SetClusterStateRequest {
+                id: "z".repeat(1_000_000),
+                state: pb::ClusterState::Down as i32,
+                reason: "a huge id".into(),
+            },
+            Some(TOKEN),
+        ))
+        .await
+        .expect_err("no such cluster");
+    assert_eq!(huge.code(), Code::NotFound, "{huge:?}");
+    assert!(
+        huge.message().len() < 300 && huge.message().contains("(1000000 bytes)"),
+        "{}",
+        &huge.message()[..huge.message().len().min(300)]
+    );
+
     let s = status(&server).await;
     assert!(s.map_version >= 1, "{s:?}");
     assert_eq!(s.map_units, MAP_UNITS, "{s:?}");

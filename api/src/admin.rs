@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::service::{invalid, Shared};
 use crate::topology::{Applied, Change, ChangeError};
+use cdnmap_mapper::model::shown_id;
 
 /// Checks `authorization: Bearer <token>` on every Admin call.
 #[derive(Clone)]
@@ -278,7 +279,7 @@ impl pb::admin_server::Admin for AdminService {
         let inst = self.topology();
         let c = inst
             .cluster_index(&id)
-            .ok_or_else(|| Status::not_found(format!("no cluster {id:?}")))?;
+            .ok_or_else(|| Status::not_found(format!("no cluster {}", shown_id(&id))))?;
         Ok(Response::new(cluster_pb(&inst, c as usize)))
     }
 

@@ -57,7 +57,7 @@ pub struct Applied {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChangeError {
-    #[error("no cluster {0:?}")]
+    #[error("no cluster {}", cdnmap_mapper::model::shown_id(.0))]
     NoCluster(String),
     #[error("the change is refused: {0}")]
     Refused(String),

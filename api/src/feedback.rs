@@ -14,6 +14,7 @@ use crate::record::{
     self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, Sample, ServerLoad, Target,
 };
 use crate::service::{invalid, now_unix_ms, Shared, MAX_PENDING_LOADS, MAX_REPORTS};
+use cdnmap_mapper::model::shown_id;
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
 pub struct FeedbackService(pub Arc<Shared>);
@@ -165,7 +166,10 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let topology = self.0.topology.current();
         for (i, l) in r.loads.iter().enumerate() {
             let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
-                invalid(format!("loads[{i}].cluster: no cluster {:?}", l.cluster))
+                invalid(format!(
+                    "loads[{i}].cluster: no cluster {}",
+                    shown_id(&l.cluster)
+                ))
             })?;
             let nodes = &topology.clusters()[cluster as usize].nodes;
             if !nodes.iter().any(|n| n.name == l.node) {
@@ -184,7 +188,10 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let mut servers = Vec::with_capacity(r.servers.len());
         for (i, l) in r.servers.iter().enumerate() {
             let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
-                invalid(format!("servers[{i}].cluster: no cluster {:?}", l.cluster))
+                invalid(format!(
+                    "servers[{i}].cluster: no cluster {}",
+                    shown_id(&l.cluster)
+                ))
             })?;
             let address: IpAddr = l.address.parse().map_err(|_| {
                 invalid(format!(

@@ -6,6 +6,14 @@
 pub enum ModelError {
     #[error("{what} with an empty id{context}")]
     EmptyId { what: &'static str, context: String },
+    #[error("{what} id {shown}{context}: {problem}")]
+    BadId {
+        what: &'static str,
+        /// The id as shown: escaped, cut after [`crate::model::SHOWN_ID_CHARS`] characters.
+        shown: String,
+        context: String,
+        problem: String,
+    },
     #[error("duplicate {what} id {id:?}{context}")]
     DuplicateId {
         what: &'static str,

@@ -427,7 +427,72 @@ fn cases() -> Vec<Case> {
             },
             names: &["resource node", "empty id", "\"lhr1\""],
         },
+        // ---- ids with characters that are not allowed, or too long ----
+        Case {
+            name: "a NUL in a cluster id",
+            edit: |v| v["clusters"][2]["id"] = json!("lhr\u{0}1"),
+            is: |e| {
+                matches!(
+                    e,
+                    ModelError::BadId {
+                        what: "cluster",
+                        ..
+                    }
+                )
+            },
+            names: &["cluster id", "U+0000", "not allowed"],
+        },
+        Case {
+            name: "a right-to-left override in a map unit id",
+            edit: |v| v["map_units"][1]["id"] = json!("u\u{202E}2"),
+            is: |e| {
+                matches!(
+                    e,
+                    ModelError::BadId {
+                        what: "map unit",
+                        ..
+                    }
+                )
+            },
+            names: &["map unit id", "U+202E", "#1"],
+        },
+        Case {
+            name: "a class name of a million bytes",
+            edit: |v| v["traffic_classes"][2]["name"] = json!("x".repeat(1_000_000)),
+            is: |e| {
+                matches!(
+                    e,
+                    ModelError::BadId {
+                        what: "traffic class",
+                        ..
+                    }
+                )
+            },
+            names: &["traffic class id", "1000000 bytes, at most 256"],
+        },
     ]
+}
+
+/// Ids in other scripts are ids; an error names a long id by its first characters and its
+/// length, never whole (RFC-style hostile input: a megabyte id is not echoed).
+#[test]
+fn ids_in_other_scripts_are_kept_and_a_long_one_is_cut_in_errors() {
+    let mut v = base();
+    v["clusters"][2]["resources"]["name"] = json!("zürich-1");
+    let inst = parse(&v, Limits::default()).expect("an id in another script is valid");
+    assert!(inst
+        .clusters()
+        .iter()
+        .any(|c| c.nodes.iter().any(|n| n.name == "zürich-1")));
+    let e = check(|v| v["map_units"][1]["id"] = json!("y".repeat(1_000_000)));
+    let msg = e.to_string();
+    assert!(
+        msg.len() < 400,
+        "{} bytes: {}",
+        msg.len(),
+        &msg[..400.min(msg.len())]
+    );
+    assert!(msg.contains("(1000000 bytes)"), "{msg}");
 }
 
 /// A `BadNumber` for `field` whose subject contains `subject`.

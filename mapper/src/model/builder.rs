@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::columns::{CandidateColumns, MapUnits, NO_RANK};
 use super::instance::Instance;
 use super::limits::{
-    check_f32, check_location, check_number, too_many, ClassIdx, ClusterIdx, Limits,
+    check_f32, check_id, check_location, check_number, too_many, ClassIdx, ClusterIdx, Limits,
     MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS,
 };
 use super::topology::{build_cluster, Cluster, ClusterSpec, Topology, TrafficClass};
@@ -193,12 +193,7 @@ impl InstanceBuilder {
         )?;
         let mut class_by_name = HashMap::with_capacity(classes.len());
         for (i, class) in classes.iter().enumerate() {
-            if class.name.is_empty() {
-                return Err(ModelError::EmptyId {
-                    what: "traffic class",
-                    context: String::new(),
-                });
-            }
+            check_id("traffic class", &class.name, String::new)?;
             let subject = || format!("traffic class {:?}", class.name);
             check_number(subject, "per_unit.bps", class.per_unit.bps)?;
             check_number(subject, "per_unit.fps", class.per_unit.fps)?;
@@ -313,12 +308,9 @@ impl InstanceBuilder {
 
     fn push(&mut self, spec: &impl UnitInput) -> Result<(), ModelError> {
         let id = spec.id();
-        if id.is_empty() {
-            return Err(ModelError::EmptyId {
-                what: "map unit",
-                context: format!(" (map unit #{})", self.units.ids.len()),
-            });
-        }
+        check_id("map unit", id, || {
+            format!(" (map unit #{})", self.units.ids.len())
+        })?;
         let unit_index = self.units.ids.len();
         too_many(
             || "instance".into(),

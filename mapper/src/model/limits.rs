@@ -123,3 +123,69 @@ pub fn too_many(
         Ok(())
     }
 }
+
+/// The most bytes an id (of a traffic class, cluster, resource node or map unit) may have.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// The characters of an id an error shows (ids are cut there: an error never echoes an
+/// unbounded input).
+pub const SHOWN_ID_CHARS: usize = 64;
+
+/// Checks an id: not empty, at most [`MAX_ID_BYTES`], no control character (NUL included)
+/// and no bidirectional formatting character (which would make a log line or a dashboard
+/// show text in another order than it is; Unicode TR 9's explicit formatting characters).
+/// `context` is appended to the error (" in cluster \"x\"", ...).
+pub fn check_id(
+    what: &'static str,
+    id: &str,
+    context: impl FnOnce() -> String,
+) -> Result<(), ModelError> {
+    if id.is_empty() {
+        return Err(ModelError::EmptyId {
+            what,
+            context: context(),
+        });
+    }
+    // Most ids are short printable ASCII: one pass over the bytes.
+    let printable_ascii = id.bytes().all(|b| (0x20..0x7f).contains(&b));
+    let problem = if id.len() > MAX_ID_BYTES {
+        Some(format!("{} bytes, at most {MAX_ID_BYTES}", id.len()))
+    } else if printable_ascii {
+        None
+    } else {
+        id.chars()
+            .find(|&c| c.is_control() || is_bidi_control(c))
+            .map(|c| {
+                format!(
+                    "character U+{:04X} (a control or bidirectional formatting character) is not allowed",
+                    u32::from(c)
+                )
+            })
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(ModelError::BadId {
+            what,
+            shown: shown_id(id),
+            context: context(),
+            problem,
+        }),
+    }
+}
+
+/// `id` as an error shows it: escaped (`{:?}`), its first [`SHOWN_ID_CHARS`] characters and
+/// its length when it is longer.
+pub fn shown_id(id: &str) -> String {
+    let count = id.chars().count();
+    if count <= SHOWN_ID_CHARS {
+        return format!("{id:?}");
+    }
+    let head: String = id.chars().take(SHOWN_ID_CHARS).collect();
+    format!("{head:?}… ({} bytes)", id.len())
+}
+
+/// Unicode's bidirectional formatting characters (ALM, LRM, RLM, LRE, RLE, PDF, LRO, RLO,
+/// LRI, RLI, FSI, PDI).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}

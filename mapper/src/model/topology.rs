@@ -10,7 +10,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::limits::{check_location, check_number, too_many, ClassIdx, ClusterIdx, MAX_TREE_NODES};
+use super::limits::{
+    check_id, check_location, check_number, too_many, ClassIdx, ClusterIdx, MAX_TREE_NODES,
+};
 use crate::error::ModelError;
 
 /// What a resource node measures.
@@ -159,12 +161,7 @@ pub(super) fn build_cluster(
     class_by_name: &HashMap<String, ClassIdx>,
 ) -> Result<Cluster, ModelError> {
     let cid = spec.id;
-    if cid.is_empty() {
-        return Err(ModelError::EmptyId {
-            what: "cluster",
-            context: String::new(),
-        });
-    }
+    check_id("cluster", &cid, String::new)?;
     check_location(|| format!("cluster {cid:?}"), spec.lat, spec.lon)?;
     too_many(
         || format!("cluster {cid:?}"),
@@ -210,12 +207,7 @@ fn index_nodes<'a>(
 ) -> Result<HashMap<&'a str, usize>, ModelError> {
     let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(nodes.len());
     for (i, n) in nodes.iter().enumerate() {
-        if n.name.is_empty() {
-            return Err(ModelError::EmptyId {
-                what: "resource node",
-                context: format!(" in cluster {cid:?}"),
-            });
-        }
+        check_id("resource node", &n.name, || format!(" in cluster {cid:?}"))?;
         check_number(
             || format!("cluster {cid:?}: resource node {:?}", n.name),
             "capacity",
