@@ -532,6 +532,24 @@ mod tests {
         ecs: Option<(&str, u8)>,
         f: impl FnOnce(&Decision<'_>),
     ) {
+        let edns = ecs.map(|(addr, len)| {
+            let mut e = Edns::new();
+            e.set_max_payload(4096);
+            let subnet = ClientSubnet::new(addr.parse().expect("an address"), len, 0);
+            e.options_mut().insert(EdnsOption::Subnet(subnet));
+            e
+        });
+        check_edns(view, qname, qtype, edns, f);
+    }
+
+    /// [`check`] with the query's OPT record `edns`.
+    fn check_edns(
+        view: Option<&LocalView>,
+        qname: &str,
+        qtype: RecordType,
+        edns: Option<Edns>,
+        f: impl FnOnce(&Decision<'_>),
+    ) {
         let zones = [zone()];
         let rebuilt = ArcSwapOption::empty();
         let src = Source {
@@ -540,13 +558,6 @@ mod tests {
             ttl: 20,
             max_udp_payload: 1232,
         };
-        let edns = ecs.map(|(addr, len)| {
-            let mut e = Edns::new();
-            e.set_max_payload(4096);
-            let subnet = ClientSubnet::new(addr.parse().expect("an address"), len, 0);
-            e.options_mut().insert(EdnsOption::Subnet(subnet));
-            e
-        });
         let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
         let q = Query {
             name: &name,
@@ -637,30 +648,15 @@ mod tests {
     #[test]
     fn an_edns_version_above_0_is_badvers() {
         let v = view();
-        let zones = [zone()];
-        let rebuilt = ArcSwapOption::empty();
-        let src = Source {
-            zones: &zones,
-            rebuilt: &rebuilt,
-            ttl: 20,
-            max_udp_payload: 1232,
-        };
         let mut edns = Edns::new();
         edns.set_version(1);
         for qname in ["www.video.example.", "www.other.test."] {
-            let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
-            let q = Query {
-                name: &name,
-                class: DNSClass::IN,
-                qtype: RecordType::A,
-                edns: Some(&edns),
-                src: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)),
-            };
-            let d = decide(&src, Some(&v), &q, &mut Scratch::default());
-            let a = answer(&d);
-            assert_eq!(a.code, ResponseCode::BADVERS, "{qname}");
-            assert!(a.records.is_empty());
-            assert_eq!(a.edns.as_ref().map(Edns::version), Some(0));
+            check_edns(Some(&v), qname, RecordType::A, Some(edns.clone()), |d| {
+                let a = answer(d);
+                assert_eq!(a.code, ResponseCode::BADVERS, "{qname}");
+                assert!(a.records.is_empty());
+                assert_eq!(a.edns.as_ref().map(Edns::version), Some(0));
+            });
         }
     }
 

@@ -47,23 +47,9 @@ pub fn ensure_debian_tool(program: &str, packages: &[&str]) -> Result<PathBuf, S
         return Ok(found);
     }
     let apt = |args: &[&str]| -> Result<(), String> {
-        let out = Command::new("apt-get")
-            .args(["-o", "DPkg::Lock::Timeout=600", "-q", "-y"])
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("{program} is missing and apt-get could not run: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{program} is missing and `apt-get {}` failed:\n{}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
+        let mut all = vec!["-o", "DPkg::Lock::Timeout=600", "-q", "-y"];
+        all.extend_from_slice(args);
+        run_tool("apt-get", &all, None).map_err(|e| format!("{program} is missing and {e}"))
     };
     let mut install = vec!["install", "--no-install-recommends"];
     install.extend_from_slice(packages);
@@ -96,25 +82,7 @@ pub fn unpacked_debian_program(package: &str, path: &str) -> Result<PathBuf, Str
         return Ok(program);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let run = |cmd: &str, args: &[&str]| -> Result<(), String> {
-        let out = Command::new(cmd)
-            .args(args)
-            .current_dir(&dir)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("`{cmd}` could not run: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "`{cmd} {}` failed:\n{}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    };
+    let run = |cmd: &str, args: &[&str]| run_tool(cmd, args, Some(&dir));
     // The package lists of a fresh machine may be empty or stale: update once, then retry.
     if run("apt-get", &["-q", "download", package]).is_err() {
         run("apt-get", &["-q", "-y", "update"])?;
@@ -139,6 +107,32 @@ pub fn unpacked_debian_program(package: &str, path: &str) -> Result<PathBuf, Str
         Ok(program)
     } else {
         Err(format!("{package} holds no {path}"))
+    }
+}
+
+/// Runs `cmd args` (in `dir`, if given) with no input, non-interactively; an error says what
+/// failed and what it printed.
+fn run_tool(cmd: &str, args: &[&str], dir: Option<&Path>) -> Result<(), String> {
+    let mut command = Command::new(cmd);
+    command
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null());
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    let out = command
+        .output()
+        .map_err(|e| format!("`{cmd}` could not run: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{cmd} {}` failed:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
