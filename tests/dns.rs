@@ -539,8 +539,11 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     // against the unit's prefix, summed over however many periods they fell in.
     let prefix = net.trunc().to_string();
     let started = Instant::now();
+    // The record needs the Admin token.
+    let (status, body) = server.http_get("/record?from_ms=0&to_ms=9999999999999");
+    assert!(status.contains("401"), "{status}: {body}");
     loop {
-        let (status, body) = server.http_get("/record?from_ms=0&to_ms=9999999999999");
+        let (status, body) = server.http_get_authed("/record?from_ms=0&to_ms=9999999999999");
         assert!(status.contains("200"), "{status}: {body}");
         let counted: f64 = body
             .lines()

@@ -1407,7 +1407,8 @@ async fn reported_demand_round_trips_through_export_and_replay() {
     let from = (now - 600_000).to_string();
     let to = (now + 60_000).to_string();
     run(&[
-        "record", "export", "--from", &from, "--to", &to, "--http", &http, "t.jsonl",
+        "record", "export", "--from", &from, "--to", &to, "--http", &http, "--token", TOKEN,
+        "t.jsonl",
     ]);
     let text = std::fs::read_to_string(dir.join("t.jsonl")).expect("the trace");
     let mut exported: BTreeMap<(i64, String), f64> = BTreeMap::new();

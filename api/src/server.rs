@@ -20,35 +20,46 @@ pub struct RecordQuery {
     pub to_ms: i64,
 }
 
-/// The most reports one `/record` request returns (ask for a shorter period beyond it).
-pub const MAX_RECORD_REPORTS: usize = 1_000_000;
+/// The most bytes of stored reports one `/record` request returns (about three times that
+/// as JSON): ask for a shorter period beyond it.
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
 
 /// The stored reports of `[from_ms, to_ms)` as JSON Lines, `{"at_unix_ms": T, "report": {...}}`
-/// each (`cdnmap record export` turns them into a trace).
-async fn record(shared: &Arc<Shared>, q: &RecordQuery) -> axum::response::Response {
+/// per line, oldest first, for `cdnmap replay` and offline analysis. Needs the Admin token (the
+/// record says which prefixes ask for what, from whom), and at most [`MAX_RECORD_BYTES`] of
+/// reports are read for it.
+async fn record(
+    shared: &Arc<Shared>,
+    token: Option<&str>,
+    headers: &axum::http::HeaderMap,
+    q: &RecordQuery,
+) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
+    if let Err(e) = crate::dashboard::authorize(token, headers) {
+        return e.into_response();
+    }
     if q.to_ms < q.from_ms {
         return (StatusCode::BAD_REQUEST, "to_ms is before from_ms\n").into_response();
     }
     let (from, to) = (q.from_ms, q.to_ms);
     let store = shared.store.clone();
-    let reports = tokio::task::spawn_blocking(move || store.reports(from, to)).await;
+    let reports =
+        tokio::task::spawn_blocking(move || store.reports_within(from, to, MAX_RECORD_BYTES)).await;
     let reports = match reports {
-        Ok(Ok(r)) => r,
+        Ok(Ok(Some(r))) => r,
+        Ok(Ok(None)) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "more than {MAX_RECORD_BYTES} bytes of reports in that period: ask for a shorter one\n"
+                ),
+            )
+                .into_response()
+        }
         Ok(Err(e)) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     };
-    if reports.len() > MAX_RECORD_REPORTS {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "{} reports in that period, more than {MAX_RECORD_REPORTS}: ask for a shorter one\n",
-                reports.len()
-            ),
-        )
-            .into_response();
-    }
     match crate::record::json_lines(&reports) {
         Ok(body) => ([("content-type", "application/x-ndjson")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
@@ -179,7 +190,7 @@ pub async fn serve(
     let reflection = reflecting().build_v1()?;
     let reflection_v1alpha = reflecting().build_v1alpha()?;
 
-    let record_shared = Arc::clone(&shared);
+    let (record_shared, record_token) = (Arc::clone(&shared), token.clone());
     let dashboard = crate::dashboard::router(Arc::clone(&shared), token.clone());
     let app = axum::Router::new()
         .route(
@@ -191,10 +202,12 @@ pub async fn serve(
         )
         .route(
             "/record",
-            axum::routing::get(move |q: axum::extract::Query<RecordQuery>| {
-                let shared = Arc::clone(&record_shared);
-                async move { record(&shared, &q).await }
-            }),
+            axum::routing::get(
+                move |headers: axum::http::HeaderMap, q: axum::extract::Query<RecordQuery>| {
+                    let (shared, token) = (Arc::clone(&record_shared), record_token.clone());
+                    async move { record(&shared, token.as_deref(), &headers, &q).await }
+                },
+            ),
         )
         .merge(dashboard);
     let http = tokio::net::TcpListener::bind(http_addr).await?;

@@ -105,6 +105,9 @@ struct ExportArgs {
     /// The running server's HTTP address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: std::net::SocketAddr,
+    /// The running server's Admin token (`/record` needs it).
+    #[arg(long)]
+    token: Option<String>,
     /// Read a stopped server's store instead of asking a running one.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -741,7 +744,7 @@ fn cmd_export(a: &ExportArgs) -> Result<ExitCode> {
     check_writable(&a.out)?;
     let lines = match &a.data_dir {
         Some(dir) => crate::record::read_store(dir, a.from, a.to)?,
-        None => crate::record::fetch(a.http, a.from, a.to)?,
+        None => crate::record::fetch(a.http, a.token.as_deref(), a.from, a.to)?,
     };
     let (header, records) = crate::record::to_trace(&lines, a.from, a.round_ms)?;
     write_atomically(&a.out, |w| {

@@ -75,14 +75,16 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
     ))
 }
 
-/// The record of `[from_ms, to_ms)` from a running server's HTTP listener.
-pub fn fetch(addr: SocketAddr, from_ms: i64, to_ms: i64) -> Result<String> {
+/// The record of `[from_ms, to_ms)` from a running server's HTTP listener, with its Admin
+/// `token` (`/record` needs it).
+pub fn fetch(addr: SocketAddr, token: Option<&str>, from_ms: i64, to_ms: i64) -> Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
         .with_context(|| format!("connecting to {addr} (is `cdnmap serve` running?)"))?;
     stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let authorization = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         stream,
-        "GET /record?from_ms={from_ms}&to_ms={to_ms} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET /record?from_ms={from_ms}&to_ms={to_ms} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n"
     )?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;

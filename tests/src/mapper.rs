@@ -296,18 +296,33 @@ impl Server {
     pub fn http_get(&self, path: &str) -> (String, String) {
         http_get(self.http, path)
     }
+
+    /// [`Self::http_get`] with the Admin token ([`TOKEN`]).
+    pub fn http_get_authed(&self, path: &str) -> (String, String) {
+        http_get_with(
+            self.http,
+            path,
+            &[("Authorization", &format!("Bearer {TOKEN}"))],
+        )
+    }
 }
 
 /// `GET path` over plain HTTP/1.1 from `addr`: (status line, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    http_get_with(addr, path, &[])
+}
+
+/// [`http_get`] with `headers`.
+pub fn http_get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("set a read timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send the request");
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("send the request");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("read the response");
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));

@@ -309,8 +309,9 @@ pub(super) struct StateAnswer {
     warnings: Vec<String>,
 }
 
-/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor.
-fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor (the dashboard's
+/// actions and `/record`).
+pub(crate) fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = token else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

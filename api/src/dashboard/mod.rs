@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::round::Snapshot;
 
+pub(crate) use clusters::authorize;
 pub use http::router;
 
 /// Rounds kept in the history the charts show (an hour at the default 10 s cycle).

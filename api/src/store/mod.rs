@@ -1049,6 +1049,17 @@ impl Store {
         self.report_log.read(from_ms, to_ms)
     }
 
+    /// [`Self::reports`], or `None` as soon as their payloads pass `max_bytes` (no more than
+    /// that is read into memory).
+    pub fn reports_within(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        max_bytes: usize,
+    ) -> Result<Option<reports::Reports>, StoreError> {
+        self.report_log.read_within(from_ms, to_ms, max_bytes)
+    }
+
     /// How many reports the store holds (kept, or in a segment not yet deleted).
     pub fn report_count(&self) -> Result<usize, StoreError> {
         self.report_log.count()

@@ -35,6 +35,9 @@ use std::sync::{Arc, Mutex};
 use super::values::{remove_if_present, sync_dir};
 use super::StoreError;
 
+/// Reports with the times they were received, oldest first.
+pub type Reports = Vec<(i64, Vec<u8>)>;
+
 /// A segment is closed and a new one started once it holds this many bytes.
 pub(super) const SEGMENT_BYTES: u64 = 32 << 20;
 /// A record's frame before its payload: length, checksum, time, id.
@@ -307,7 +310,20 @@ impl ReportLog {
 
     /// The kept reports received in `[from_ms, to_ms)`, oldest first (by time, then id), with
     /// their times.
-    pub(super) fn read(&self, from_ms: i64, to_ms: i64) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+    pub(super) fn read(&self, from_ms: i64, to_ms: i64) -> Result<Reports, StoreError> {
+        Ok(self
+            .read_within(from_ms, to_ms, usize::MAX)?
+            .unwrap_or_default())
+    }
+
+    /// [`Self::read`], giving up (`None`) as soon as the reports' payloads pass `max_bytes`:
+    /// no more than that is ever read into memory for one caller.
+    pub(super) fn read_within(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        max_bytes: usize,
+    ) -> Result<Option<Reports>, StoreError> {
         let (segments, cutoff, max) = {
             let inner = self.lock()?;
             (inner.segments.clone(), inner.cutoff_ms(), inner.max_reports)
@@ -317,6 +333,7 @@ impl ReportLog {
         let first_kept = total.saturating_sub(max);
         let mut at = 0usize;
         let mut out = Vec::new();
+        let mut taken = 0usize;
         for s in &segments {
             let start = at;
             at += s.count;
@@ -336,12 +353,16 @@ impl ReportLog {
                     && r.at_ms >= cutoff
                     && (from_ms..to_ms).contains(&r.at_ms)
                 {
+                    taken = taken.saturating_add(r.payload.len());
+                    if taken > max_bytes {
+                        return Ok(None);
+                    }
                     out.push((r.at_ms, r.id, bytes[r.payload].to_vec()));
                 }
             }
         }
         out.sort_by_key(|&(at, id, _)| (at, id));
-        Ok(out.into_iter().map(|(at, _, p)| (at, p)).collect())
+        Ok(Some(out.into_iter().map(|(at, _, p)| (at, p)).collect()))
     }
 
     /// Writes `records` (time, id, payload; an older build's record, moved from sled) as the

@@ -691,6 +691,22 @@ fn reports_are_kept_by_age_and_count() {
         .expect("append");
     assert_eq!(store.reports(0, i64::MAX).expect("read").len(), 3);
     assert_eq!(store.reports(8_000, 9_000).expect("read").len(), 1);
+    // A bounded read gives the same reports within its bound, and nothing past it.
+    let all = store.reports(0, i64::MAX).expect("read");
+    let bytes: usize = all.iter().map(|(_, p)| p.len()).sum();
+    let within = store.reports_within(0, i64::MAX, bytes).expect("read");
+    assert_eq!(within.as_ref(), Some(&all));
+    assert_eq!(
+        store.reports_within(0, i64::MAX, bytes - 1).expect("read"),
+        None
+    );
+    assert_eq!(
+        store
+            .reports_within(9_400, 9_600, 2)
+            .expect("read")
+            .map(|r| r.len()),
+        Some(1)
+    );
 }
 
 /// Racing appenders keep the record's bounds exactly (appends are serialized), and a reopened
