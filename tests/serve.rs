@@ -755,6 +755,32 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
             &format!("ReportDemand with queries {bad} at {}", i + 1),
         );
     }
+    // Finite is not enough: 1e308 queries, or more than ten million a second from one prefix
+    // over the 10 s period, are refused (issue 17); ten million a second is taken.
+    for (queries, refused) in [(1e308, true), (1.0001e8, true), (1e8, false)] {
+        let mut s = samples.clone();
+        s[1].queries = queries;
+        let got = fb.report_demand(report(s)).await;
+        if refused {
+            assert_status(
+                got,
+                Code::InvalidArgument,
+                "samples[1].queries",
+                &format!("ReportDemand with queries {queries}"),
+            );
+        } else {
+            ok(got, "ReportDemand at the bound");
+        }
+    }
+    // A megabyte unit id is named by its start and length, not echoed whole.
+    let mut s = samples.clone();
+    s[0].target = Some(pb::demand_sample::Target::MapUnit("u".repeat(1_000_000)));
+    let huge = fb.report_demand(report(s)).await.expect_err("no such unit");
+    assert!(
+        huge.message().len() < 300 && huge.message().contains("(1000000 bytes)"),
+        "{}",
+        &huge.message()[..huge.message().len().min(300)]
+    );
     let mut s = samples.clone();
     s[2].target = None;
     assert_status(
@@ -825,6 +851,21 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
         Code::InvalidArgument,
         "loads[1].load",
         "ReportLoad with a negative load",
+    );
+    // A load a hundred times the node's capacity is taken; beyond it, refused.
+    let mut at_bound = loads.clone();
+    at_bound[0].load = root.capacity * 100.0;
+    ok(
+        fb.report_load(load_report(at_bound)).await,
+        "ReportLoad at the bound",
+    );
+    let mut beyond = loads.clone();
+    beyond[0].load = root.capacity * 101.0;
+    assert_status(
+        fb.report_load(load_report(beyond)).await,
+        Code::InvalidArgument,
+        "loads[0].load",
+        "ReportLoad beyond a hundred times the capacity",
     );
     let mut unknown = loads.clone();
     unknown[0].node = "no-such-node".into();

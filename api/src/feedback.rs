@@ -42,6 +42,15 @@ impl FeedbackService {
     }
 }
 
+/// The most queries a second one demand sample (one prefix or map unit, one class) may
+/// report: a /24 of clients does not send ten million queries a second to one name's
+/// resolvers, and a report beyond it is refused rather than allowed to swamp the map.
+pub const MAX_SAMPLE_QPS: f64 = 1e7;
+
+/// The most a node's reported load may be, in multiples of its capacity (a load is measured
+/// on the node: it can exceed its capacity, not by a hundredfold).
+pub const MAX_LOAD_OF_CAPACITY: f64 = 100.0;
+
 #[tonic::async_trait]
 impl pb::feedback_server::Feedback for FeedbackService {
     async fn report_demand(
@@ -58,6 +67,10 @@ impl pb::feedback_server::Feedback for FeedbackService {
         if r.period_end_unix_ms < r.period_start_unix_ms {
             return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
         }
+        // A sample's rate over the report's period (at least a second), checked against
+        // MAX_SAMPLE_QPS: finite is not enough (one sample of 1e308 made every figure of the
+        // rounds after it meaningless).
+        let period_secs = ((r.period_end_unix_ms - r.period_start_unix_ms) as f64 / 1e3).max(1.0);
         let topology = self.0.topology.current();
         let snapshot = self.0.current();
         let mut samples = Vec::with_capacity(r.samples.len());
@@ -71,16 +84,25 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     s.queries
                 )));
             }
+            if s.queries / period_secs > MAX_SAMPLE_QPS {
+                return Err(invalid(format!(
+                    "samples[{i}].queries: {} in {period_secs} s is more than {MAX_SAMPLE_QPS} queries a second from one prefix",
+                    s.queries
+                )));
+            }
             let target = match &s.target {
                 Some(pb::demand_sample::Target::MapUnit(u)) if !u.is_empty() => {
                     let unit = topology.unit_index(u).ok_or_else(|| {
-                        invalid(format!("samples[{i}].map_unit: no map unit {u:?}"))
+                        invalid(format!(
+                            "samples[{i}].map_unit: no map unit {}",
+                            shown_id(u)
+                        ))
                     })?;
                     let own = topology.unit_class(unit);
                     if !s.traffic_class.is_empty() && class != Some(own) {
                         return Err(invalid(format!(
-                            "samples[{i}].traffic_class: {:?} is not the class of map unit {u:?} ({:?})",
-                            s.traffic_class,
+                            "samples[{i}].traffic_class: {} is not the class of map unit {u:?} ({:?})",
+                            shown_id(&s.traffic_class),
                             topology.classes()[usize::from(own)].name
                         )));
                     }
@@ -90,12 +112,15 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 Some(pb::demand_sample::Target::Prefix(p)) => {
                     if class.is_none() {
                         return Err(invalid(format!(
-                            "samples[{i}].traffic_class: {:?} is not a traffic class (a prefix sample needs one)",
-                            s.traffic_class
+                            "samples[{i}].traffic_class: {} is not a traffic class (a prefix sample needs one)",
+                            shown_id(&s.traffic_class)
                         )));
                     }
                     let p: IpNet = p.parse().map_err(|_| {
-                        invalid(format!("samples[{i}].prefix: {p:?} is not an IP prefix"))
+                        invalid(format!(
+                            "samples[{i}].prefix: {} is not an IP prefix",
+                            shown_id(p)
+                        ))
                     })?;
                     // For the estimator: the map unit of that prefix and class, if the map has one
                     // (the sample is in the record either way).
@@ -174,13 +199,24 @@ impl pb::feedback_server::Feedback for FeedbackService {
             let nodes = &topology.clusters()[cluster as usize].nodes;
             if !nodes.iter().any(|n| n.name == l.node) {
                 return Err(invalid(format!(
-                    "loads[{i}].node: cluster {:?} has no resource node {:?}",
-                    l.cluster, l.node
+                    "loads[{i}].node: cluster {:?} has no resource node {}",
+                    l.cluster,
+                    shown_id(&l.node)
                 )));
             }
             if !(l.load.is_finite() && l.load >= 0.0) {
                 return Err(invalid(format!(
                     "loads[{i}].load: {} is not a load >= 0",
+                    l.load
+                )));
+            }
+            let capacity = nodes
+                .iter()
+                .find(|n| n.name == l.node)
+                .map_or(0.0, |n| n.capacity);
+            if l.load > MAX_LOAD_OF_CAPACITY * capacity.max(1.0) {
+                return Err(invalid(format!(
+                    "loads[{i}].load: {} is more than {MAX_LOAD_OF_CAPACITY} times the node's capacity ({capacity})",
                     l.load
                 )));
             }
@@ -195,8 +231,8 @@ impl pb::feedback_server::Feedback for FeedbackService {
             })?;
             let address: IpAddr = l.address.parse().map_err(|_| {
                 invalid(format!(
-                    "servers[{i}].address: {:?} is not an IP address",
-                    l.address
+                    "servers[{i}].address: {} is not an IP address",
+                    shown_id(&l.address)
                 ))
             })?;
             if !topology.cluster_addresses(cluster).contains(&address) {
