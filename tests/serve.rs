@@ -506,8 +506,12 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
         assert_eq!(a.map_unit, first.map_unit, "after {what}");
     }
 
-    // The longest name allowed: 253 characters, plus the optional trailing dot.
-    let longest = format!("{}.cdn.example", "a".repeat(253 - ".cdn.example".len()));
+    // The longest name allowed: 253 characters, plus the optional trailing dot (named by the
+    // rule `*.web.cdn.example`, so it is answered, with the class of `good`'s name).
+    let longest = format!(
+        "{}.web.cdn.example",
+        "a".repeat(253 - ".web.cdn.example".len())
+    );
     assert_eq!(longest.len(), 253);
     for name in [longest.clone(), format!("{longest}.")] {
         let a = resolve(&mut m, query("", "1.0.0.1", &name, 1)).await;
@@ -1700,4 +1704,29 @@ async fn reflection_lists_the_services_in_v1_and_v1alpha() {
             "v1alpha lists {names:?}, not {w}"
         );
     }
+}
+
+/// Resolve says what the DNS front end answers: NXDOMAIN (RCODE 3, nothing else) for a name
+/// no hostname rule names, not the default class's clusters; a named one is NOERROR.
+#[tokio::test]
+async fn resolve_is_nxdomain_for_a_name_no_rule_names() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let mut m = server.mapping();
+    for qname in ["no-such-name.cdn.example.", "www.example.org."] {
+        let r = resolve(&mut m, query("192.0.2.0/24", "192.0.2.53", qname, 1)).await;
+        assert_eq!(r.rcode, 3, "{qname}: {r:?}");
+        assert!(
+            r.addresses.is_empty() && r.cluster_ids.is_empty() && r.traffic_class.is_empty(),
+            "{qname}: {r:?}"
+        );
+        assert!(r.map_version >= 1, "{qname}: {r:?}");
+    }
+    let named = resolve(
+        &mut m,
+        query("192.0.2.0/24", "192.0.2.53", "www.cdn.example.", 1),
+    )
+    .await;
+    assert_eq!(named.rcode, 0, "{named:?}");
+    assert!(!named.addresses.is_empty(), "{named:?}");
 }

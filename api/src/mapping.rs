@@ -111,6 +111,16 @@ impl MappingService {
         qname: &str,
     ) -> pb::ResolveResponse {
         let s = &p.snapshot;
+        // A name no hostname rule names is NXDOMAIN, as the DNS front end answers it.
+        if s.resolver.rules().rule_class(qname).is_none() {
+            return pb::ResolveResponse {
+                ttl_seconds: self.0.config.ttl_secs,
+                map_version: s.version,
+                map_epoch: s.epoch,
+                rcode: RCODE_NXDOMAIN,
+                ..pb::ResolveResponse::default()
+            };
+        }
         let clusters = s.topology.clusters();
         let want_v6 = qtype == 28;
         let mut addresses = Vec::new();
@@ -152,9 +162,13 @@ impl MappingService {
                 .unit
                 .map_or(String::new(), |u| s.topology.unit_id(u).to_string()),
             traffic_class: s.topology.classes()[usize::from(answer.class)].name.clone(),
+            rcode: 0,
         }
     }
 }
+
+/// The RCODE of a name no hostname rule names (RFC 1035 §4.1.1).
+const RCODE_NXDOMAIN: u32 = 3;
 
 /// Counts an RPC by method and outcome, and times it.
 fn record_rpc<T>(method: &'static str, started: Instant, result: &Result<T, Status>) {

@@ -29,6 +29,7 @@ fn echo_answer() -> pb::ResolveResponse {
         map_epoch: 1,
         map_unit: "echo".into(),
         traffic_class: "web".into(),
+        rcode: 0,
     }
 }
 
