@@ -1730,3 +1730,65 @@ async fn resolve_is_nxdomain_for_a_name_no_rule_names() {
     assert_eq!(named.rcode, 0, "{named:?}");
     assert!(!named.addresses.is_empty(), "{named:?}");
 }
+
+/// The HTTP listener holds no slow-header ("slowloris") client past its header timeout, and
+/// no more connections than its limit (issue 17): connections sending half a request's head
+/// are closed after `http_header_timeout_secs`, a connection past `http_max_connections` is
+/// closed at once, and the server answers `/metrics` again once they are gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_closes_slow_headers_and_connections_past_its_limit() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        "http_header_timeout_secs = 1\nhttp_max_connections = 6\n",
+        "",
+    );
+    let server = setup.start().await;
+    let http = setup.http;
+    let open = || {
+        let mut s = TcpStream::connect(http).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("a read timeout");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            .expect("half a head");
+        s
+    };
+    // Six slow clients take every permit...
+    let mut slow: Vec<TcpStream> = (0..6).map(|_| open()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // ...so a seventh connection is closed at once, without an answer.
+    let mut seventh = open();
+    let mut buf = [0u8; 256];
+    let started = Instant::now();
+    let n = seventh.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the seventh connection got {:?}", &buf[..n]);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "closed only after {:?}",
+        started.elapsed()
+    );
+    // The slow ones are closed by the header timeout (1 s), well before their 5 s read timeout.
+    let started = Instant::now();
+    for s in &mut slow {
+        let n = s.read(&mut buf).unwrap_or(0);
+        let head = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(
+            n == 0 || head.starts_with("HTTP/1.1 408"),
+            "a slow client got {head:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "open for {:?}",
+        started.elapsed()
+    );
+    // And the listener serves again.
+    let (status, body) = server.http_get("/metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        body.contains("cdnmap_http_connections_refused_total"),
+        "{body}"
+    );
+}

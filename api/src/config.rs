@@ -14,6 +14,8 @@
 //! record_retention_hours = 168     # how long feedback reports stay in the demand record
 //! record_max_mb = 768              # and the most disk it takes (the oldest reports go first)
 //! instance = "world.json"          # the topology to start from; absent: the demo world
+//! http_header_timeout_secs = 10    # an HTTP client's headers must arrive within this
+//! http_max_connections = 1024      # HTTP connections open at once, at most
 //! default_class = "web"
 //!
 //! [[class_rules]]
@@ -46,6 +48,8 @@ use serde::Deserialize;
 /// Bounds of the values, named so the errors and the docs can quote them.
 pub const CYCLE_SECS: std::ops::RangeInclusive<u64> = 10..=30;
 pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
+pub const HTTP_HEADER_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
+pub const HTTP_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
 /// segments of 32 MiB), a TiB at most.
 pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
@@ -94,6 +98,11 @@ pub struct Config {
     pub record_max_mb: u64,
     /// An instance file to start from; `None`: the demo world.
     pub instance: Option<PathBuf>,
+    /// How long an HTTP client may take to send a request's headers before its connection is
+    /// closed (a slow-header, "slowloris", client holds nothing longer).
+    pub http_header_timeout_secs: u64,
+    /// The most HTTP connections open at once; one more is closed as soon as it is accepted.
+    pub http_max_connections: usize,
     pub default_class: String,
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
@@ -220,6 +229,8 @@ impl Default for Config {
             record_retention_hours: 7 * 24,
             record_max_mb: 768,
             instance: None,
+            http_header_timeout_secs: 10,
+            http_max_connections: 1024,
             default_class: "web".into(),
             class_rules: vec![
                 ClassRuleConfig {
@@ -283,6 +294,28 @@ impl Config {
                     self.cycle_secs,
                     CYCLE_SECS.start(),
                     CYCLE_SECS.end()
+                ),
+            ));
+        }
+        if !HTTP_HEADER_TIMEOUT_SECS.contains(&self.http_header_timeout_secs) {
+            return Err(invalid(
+                "http_header_timeout_secs",
+                format!(
+                    "{} is outside {}..={}",
+                    self.http_header_timeout_secs,
+                    HTTP_HEADER_TIMEOUT_SECS.start(),
+                    HTTP_HEADER_TIMEOUT_SECS.end()
+                ),
+            ));
+        }
+        if !HTTP_MAX_CONNECTIONS.contains(&self.http_max_connections) {
+            return Err(invalid(
+                "http_max_connections",
+                format!(
+                    "{} is outside {}..={}",
+                    self.http_max_connections,
+                    HTTP_MAX_CONNECTIONS.start(),
+                    HTTP_MAX_CONNECTIONS.end()
                 ),
             ));
         }

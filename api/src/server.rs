@@ -66,6 +66,71 @@ async fn record(
     }
 }
 
+/// What one HTTP connection may hold ([`serve_http`]).
+#[derive(Debug, Clone, Copy)]
+struct HttpLimits {
+    /// A request's headers must arrive within this, or the connection is closed.
+    header_timeout: Duration,
+    /// Connections open at once at most; one more is closed when accepted.
+    max_connections: usize,
+}
+
+/// Serves `app` on `listener` until `stop` says so, each connection with `limits`: hyper's
+/// own header-read timeout (a client sending its headers a byte at a time holds its
+/// connection that long, no longer), and a semaphore of `max_connections` permits (a
+/// connection past them is closed at once, and counted). Then the open connections are
+/// shut down gracefully (the caller bounds how long it waits).
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: HttpLimits,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "accepting an HTTP connection failed");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|&s| s) => break,
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            metrics::counter!("cdnmap_http_connections_refused_total").increment(1);
+            drop(stream);
+            continue;
+        };
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(remote));
+                let mut app = app.clone();
+                async move { tower::Service::call(&mut app, req).await }
+            });
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(conn).await {
+                tracing::debug!(error = %e, %remote, "an HTTP connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
+}
+
 /// The buckets of every histogram, in seconds: an RPC's milliseconds up to a slow round's
 /// seconds.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -133,6 +198,10 @@ fn describe_metrics() {
     );
     describe_gauge!("cdnmap_map_stored_epoch", "Epoch of the map last stored.");
     describe_counter!("cdnmap_rpc_total", "gRPC calls by method and status code.");
+    describe_counter!(
+        "cdnmap_http_connections_refused_total",
+        "HTTP connections closed on arrival: as many were open as http_max_connections."
+    );
     describe_histogram!(
         "cdnmap_rpc_seconds",
         Unit::Seconds,
@@ -216,17 +285,12 @@ pub async fn serve(
     let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
-    let mut http_stop = shared.stopping.subscribe();
-    let http_task = tokio::spawn(async move {
-        axum::serve(
-            http,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = http_stop.wait_for(|&s| s).await;
-        })
-        .await
-    });
+    let http_stop = shared.stopping.subscribe();
+    let limits = HttpLimits {
+        header_timeout: Duration::from_secs(shared.config.http_header_timeout_secs),
+        max_connections: shared.config.http_max_connections,
+    };
+    let http_task = tokio::spawn(serve_http(http, app, limits, http_stop));
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,

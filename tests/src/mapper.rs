@@ -71,6 +71,12 @@ impl Setup {
 
     /// [`Setup::new`] with `extra` appended to the configuration (TOML tables, say).
     pub fn with_extra(bin: &Path, with_token: bool, extra: &str) -> Setup {
+        Setup::with_config(bin, with_token, "", extra)
+    }
+
+    /// [`Setup::with_extra`] with `top` among the configuration's top-level keys (before its
+    /// first table).
+    pub fn with_config(bin: &Path, with_token: bool, top: &str, extra: &str) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-serve-")
             .tempdir()
@@ -89,6 +95,7 @@ impl Setup {
              data_dir = {data:?}\n\
              ttl_secs = {TTL_SECS}\n\
              {token}\
+             {top}\
              \n\
              [demo]\n\
              map_units = {MAP_UNITS}\n\
