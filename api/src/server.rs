@@ -95,15 +95,18 @@ async fn serve_http(
         .header_read_timeout(limits.header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
-        let (stream, remote) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(error = %e, "accepting an HTTP connection failed");
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = stop.wait_for(|&s| s) => break,
+        };
+        let (stream, remote) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors, say: wait a little rather than spin on it.
+                tracing::debug!(error = %e, "accepting an HTTP connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             metrics::counter!("cdnmap_http_connections_refused_total").increment(1);
