@@ -1791,4 +1791,23 @@ async fn http_closes_slow_headers_and_connections_past_its_limit() {
         body.contains("cdnmap_http_connections_refused_total"),
         "{body}"
     );
+    // A request announcing a 99,999,999,999-byte body is refused on its head (the action's
+    // body limit), not held open waiting for the body.
+    let mut s = TcpStream::connect(http).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("a read timeout");
+    let head = format!(
+        "POST /api/clusters/x/state HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("the head");
+    let started = Instant::now();
+    let n = s.read(&mut buf).unwrap_or(0);
+    let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "after {:?}",
+        started.elapsed()
+    );
 }

@@ -66,6 +66,10 @@ async fn record(
     }
 }
 
+/// The largest request body the HTTP listener reads (the dashboard's actions take at most
+/// 4 KiB; every other route, none).
+pub const MAX_HTTP_BODY_BYTES: usize = 64 << 10;
+
 /// What one HTTP connection may hold ([`serve_http`]).
 #[derive(Debug, Clone, Copy)]
 struct HttpLimits {
@@ -281,7 +285,12 @@ pub async fn serve(
                 },
             ),
         )
-        .merge(dashboard);
+        .merge(dashboard)
+        // A body announced larger than any route takes is refused on the head (413), not
+        // waited for (the dashboard's actions take at most 4 KiB).
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_HTTP_BODY_BYTES,
+        ));
     let http = tokio::net::TcpListener::bind(http_addr).await?;
     // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
     // tests find them without racing for free ports.
