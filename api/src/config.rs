@@ -77,6 +77,22 @@ pub(crate) fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `value` of `key` within `range`, or the error saying so.
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    range: &std::ops::RangeInclusive<T>,
+) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("{value} is outside {}..={}", range.start(), range.end()),
+        ))
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -286,78 +302,26 @@ impl Config {
 
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !CYCLE_SECS.contains(&self.cycle_secs) {
-            return Err(invalid(
-                "cycle_secs",
-                format!(
-                    "{} is outside {}..={}",
-                    self.cycle_secs,
-                    CYCLE_SECS.start(),
-                    CYCLE_SECS.end()
-                ),
-            ));
-        }
-        if !HTTP_HEADER_TIMEOUT_SECS.contains(&self.http_header_timeout_secs) {
-            return Err(invalid(
-                "http_header_timeout_secs",
-                format!(
-                    "{} is outside {}..={}",
-                    self.http_header_timeout_secs,
-                    HTTP_HEADER_TIMEOUT_SECS.start(),
-                    HTTP_HEADER_TIMEOUT_SECS.end()
-                ),
-            ));
-        }
-        if !HTTP_MAX_CONNECTIONS.contains(&self.http_max_connections) {
-            return Err(invalid(
-                "http_max_connections",
-                format!(
-                    "{} is outside {}..={}",
-                    self.http_max_connections,
-                    HTTP_MAX_CONNECTIONS.start(),
-                    HTTP_MAX_CONNECTIONS.end()
-                ),
-            ));
-        }
-        if !MAPS_KEPT.contains(&self.maps_kept) {
-            return Err(invalid(
-                "maps_kept",
-                format!(
-                    "{} is outside {}..={}",
-                    self.maps_kept,
-                    MAPS_KEPT.start(),
-                    MAPS_KEPT.end()
-                ),
-            ));
-        }
-        if !TTL_SECS.contains(&self.ttl_secs) {
-            return Err(invalid(
-                "ttl_secs",
-                format!(
-                    "{} is outside {}..={}",
-                    self.ttl_secs,
-                    TTL_SECS.start(),
-                    TTL_SECS.end()
-                ),
-            ));
-        }
+        in_range("cycle_secs", self.cycle_secs, &CYCLE_SECS)?;
+        in_range(
+            "http_header_timeout_secs",
+            self.http_header_timeout_secs,
+            &HTTP_HEADER_TIMEOUT_SECS,
+        )?;
+        in_range(
+            "http_max_connections",
+            self.http_max_connections,
+            &HTTP_MAX_CONNECTIONS,
+        )?;
+        in_range("maps_kept", self.maps_kept, &MAPS_KEPT)?;
+        in_range("ttl_secs", self.ttl_secs, &TTL_SECS)?;
         if !(1..=24 * 365).contains(&self.record_retention_hours) {
             return Err(invalid(
                 "record_retention_hours",
                 format!("{} is outside 1..=8760", self.record_retention_hours),
             ));
         }
-        if !RECORD_MAX_MB.contains(&self.record_max_mb) {
-            return Err(invalid(
-                "record_max_mb",
-                format!(
-                    "{} is outside {}..={}",
-                    self.record_max_mb,
-                    RECORD_MAX_MB.start(),
-                    RECORD_MAX_MB.end()
-                ),
-            ));
-        }
+        in_range("record_max_mb", self.record_max_mb, &RECORD_MAX_MB)?;
         if self.grpc_listen == self.http_listen && self.grpc_listen.port() != 0 {
             return Err(invalid(
                 "http_listen",
