@@ -48,6 +48,7 @@ use serde::Deserialize;
 /// Bounds of the values, named so the errors and the docs can quote them.
 pub const CYCLE_SECS: std::ops::RangeInclusive<u64> = 10..=30;
 pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
+pub const RECORD_RETENTION_HOURS: std::ops::RangeInclusive<u64> = 1..=24 * 365;
 pub const HTTP_HEADER_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
 pub const HTTP_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
@@ -315,12 +316,11 @@ impl Config {
         )?;
         in_range("maps_kept", self.maps_kept, &MAPS_KEPT)?;
         in_range("ttl_secs", self.ttl_secs, &TTL_SECS)?;
-        if !(1..=24 * 365).contains(&self.record_retention_hours) {
-            return Err(invalid(
-                "record_retention_hours",
-                format!("{} is outside 1..=8760", self.record_retention_hours),
-            ));
-        }
+        in_range(
+            "record_retention_hours",
+            self.record_retention_hours,
+            &RECORD_RETENTION_HOURS,
+        )?;
         in_range("record_max_mb", self.record_max_mb, &RECORD_MAX_MB)?;
         if self.grpc_listen == self.http_listen && self.grpc_listen.port() != 0 {
             return Err(invalid(

@@ -197,23 +197,20 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 ))
             })?;
             let nodes = &topology.clusters()[cluster as usize].nodes;
-            if !nodes.iter().any(|n| n.name == l.node) {
+            let Some(node) = nodes.iter().find(|n| n.name == l.node) else {
                 return Err(invalid(format!(
                     "loads[{i}].node: cluster {:?} has no resource node {}",
                     l.cluster,
                     shown_id(&l.node)
                 )));
-            }
+            };
             if !(l.load.is_finite() && l.load >= 0.0) {
                 return Err(invalid(format!(
                     "loads[{i}].load: {} is not a load >= 0",
                     l.load
                 )));
             }
-            let capacity = nodes
-                .iter()
-                .find(|n| n.name == l.node)
-                .map_or(0.0, |n| n.capacity);
+            let capacity = node.capacity;
             if l.load > MAX_LOAD_OF_CAPACITY * capacity.max(1.0) {
                 return Err(invalid(format!(
                     "loads[{i}].load: {} is more than {MAX_LOAD_OF_CAPACITY} times the node's capacity ({capacity})",

@@ -19,6 +19,7 @@ use super::{clean, Actor, MAX_REASON_LEN};
 use crate::admin::{bearer_token, constant_time_eq};
 use crate::round::Snapshot;
 use crate::topology::ChangeError;
+use cdnmap_mapper::model::shown_id;
 
 /// Map units listed per cluster in `/api/clusters` unless `top` says otherwise.
 pub const DEFAULT_TOP_UNITS: usize = 5;
@@ -277,7 +278,7 @@ pub(super) async fn cluster(
     let topo = topology(&app)?;
     let c = topo
         .cluster_index(&id)
-        .ok_or_else(|| ApiError::not_found(format!("no cluster {:?}", clean(&id, 64))))?;
+        .ok_or_else(|| ApiError::not_found(format!("no cluster {}", shown_id(&id))))?;
     Ok(Json(cluster_row(
         &topo,
         c as usize,
@@ -343,7 +344,7 @@ pub(super) async fn set_state(
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(a)| *a);
     if let Err(e) = authorize(app.token.as_deref(), &headers) {
-        tracing::warn!(cluster = %clean(&id, 64), ?remote, error = %e.message, "dashboard action refused");
+        tracing::warn!(cluster = %shown_id(&id), ?remote, error = %e.message, "dashboard action refused");
         return Err(e);
     }
     let body = body.map_err(|e| {

@@ -14,6 +14,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use cdnmap_mapper::model::shown_id;
 use cdnmap_mapper::{ClusterState, PerUnit, UnitIdx};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
 use super::clusters::{cluster, clusters, deratings, set_state, world_map};
 use super::figures::{self, CandidateView, View};
-use super::{clean, MAX_EVENTS, MAX_HISTORY_ROUNDS};
+use super::{MAX_EVENTS, MAX_HISTORY_ROUNDS};
 use crate::round::Snapshot;
 use crate::service::{now_unix_ms, RoundStatus, Shared};
 
@@ -465,8 +466,8 @@ async fn lookup(
         None | Some("") => (0..inst.classes().len() as cdnmap_mapper::ClassIdx).collect(),
         Some(name) => vec![inst.class_index(name).ok_or_else(|| {
             ApiError::bad(format!(
-                "class: {:?} is not a traffic class (the classes are {})",
-                clean(name, 64),
+                "class: {} is not a traffic class (the classes are {})",
+                shown_id(name),
                 inst.classes()
                     .iter()
                     .map(|c| c.name.as_str())
@@ -489,8 +490,8 @@ async fn lookup(
             Some(u) => vec![unit_lookup(&s, &v, u, None)],
             None => {
                 return Err(ApiError::bad(format!(
-                    "q: {:?} is neither an IP address, a prefix nor a map unit id",
-                    clean(text, 64)
+                    "q: {} is neither an IP address, a prefix nor a map unit id",
+                    shown_id(text)
                 )))
             }
         },
@@ -498,7 +499,7 @@ async fn lookup(
     if units.is_empty() {
         return Err(ApiError::not_found(format!(
             "no map unit covers {} (answers for it come from the fallback cluster)",
-            clean(text, 64)
+            shown_id(text)
         )));
     }
     Ok(Json(LookupBody {
