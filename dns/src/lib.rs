@@ -45,6 +45,10 @@ const RECONNECT_MAX: Duration = Duration::from_secs(1);
 const RECONNECT_MAX_EMPTY: Duration = Duration::from_millis(250);
 /// Response buffer per TCP connection (hickory's).
 const TCP_RESPONSE_BUFFER: usize = 64;
+/// The longest a demand report may wait for its ack: a mapper that does not answer by then
+/// is treated as one that failed (the counts are kept for the next period), so a stuck call
+/// never stops the reports after it.
+const REPORT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The wall clock in milliseconds since the Unix epoch: read for the SOA serial and the report
 /// periods only.
@@ -413,7 +417,32 @@ async fn send_demand(config: &DnsConfig, front: &Front) {
                 })
                 .collect(),
         };
-        match client.report_demand(report).await {
+        let sent = std::time::Instant::now();
+        let mut request = tonic::Request::new(report);
+        request.set_timeout(REPORT_DEADLINE);
+        let outcome =
+            match tokio::time::timeout(REPORT_DEADLINE, client.report_demand(request)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                    "no ack within {} s",
+                    REPORT_DEADLINE.as_secs()
+                ))),
+            };
+        let took = sent.elapsed();
+        if took > Duration::from_secs(config.report_secs) {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                report_secs = config.report_secs,
+                "a demand report took longer than its period (the mapper's store is slow?)"
+            );
+        } else {
+            tracing::debug!(
+                took_ms = took.as_millis() as u64,
+                samples = batch.len(),
+                "demand report"
+            );
+        }
+        match outcome {
             Ok(ack) => {
                 metrics::counter!("cdnmap_dns_demand_samples_sent_total")
                     .increment(ack.into_inner().accepted);
