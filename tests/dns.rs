@@ -11,7 +11,10 @@
 //!   REFUSED for zone transfers (RFC 5936);
 //! - a large answer is truncated over UDP without EDNS and complete over TCP;
 //! - with no mapper yet it answers SERVFAIL, then answers once the mapper is up, keeps answering
-//!   when the mapper dies, reconnects when it returns, and reports per-prefix demand.
+//!   when the mapper dies, reconnects when it returns, and reports per-prefix demand;
+//! - it follows a mapper over mutual TLS (issue 17): only front ends with a certificate from
+//!   the operator's CA watch maps and send feedback, their reports are recorded under their
+//!   certificate's name, and the mapper's certificate is replaced without dropping the stream.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -45,11 +48,15 @@ impl Dns {
     /// config file `config` (TOML text), on port 0 (as `metrics_listen` should be); waits until
     /// it says where it listens.
     fn start(dir: &Path, mapper: SocketAddr, config: &str) -> Dns {
+        Dns::start_url(dir, &format!("http://{mapper}"), config)
+    }
+
+    /// [`Dns::start`] following the mapper at URL `mapper`.
+    fn start_url(dir: &Path, mapper: &str, config: &str) -> Dns {
         static STARTS: AtomicUsize = AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, Ordering::Relaxed) + 1;
         let conf = dir.join(format!("dns-{n}.toml"));
         std::fs::write(&conf, config).expect("write the DNS config");
-        let mapper = format!("http://{mapper}");
         let mut process = Running::cdnmap(
             bin!(),
             dir,
@@ -599,4 +606,199 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
+}
+
+/// TLS and mutual TLS between the front end and the mapper (issue 17): rustls on both
+/// listeners, a front end's certificate from the operator's CA as its identity, certificates
+/// from another CA refused in the handshake, clients without a certificate refused by the
+/// services that need one, and the mapper's certificate reloaded (on a file's change and on
+/// SIGHUP) with the front end's map stream kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn follows_a_mapper_over_mutual_tls() {
+    use cdnmap_tests::mapper::{endpoint, https_get, served_certificate, TOKEN};
+    use cdnmap_tests::pki::Ca;
+    let pki = tempfile::tempdir().expect("a temporary directory");
+    let p = pki.path();
+    let mapper_ca = Ca::new(p, "mapper");
+    let server_leaf = mapper_ca.leaf(p, "mapper", &["localhost", "127.0.0.1"], true);
+    let front_ca = Ca::new(p, "front-ends");
+    let front = front_ca.leaf(p, "dns-ams-1", &["dns-ams-1.front-ends.example"], false);
+    let rogue_ca = Ca::new(p, "rogue");
+    let rogue = rogue_ca.leaf(p, "rogue", &["dns-ams-1.front-ends.example"], false);
+
+    let mut setup = Setup::with_extra(
+        bin!(),
+        true,
+        &format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\n",
+            server_leaf.cert, server_leaf.key, front_ca.cert
+        ),
+    );
+    setup.ca = Some(mapper_ca.cert.clone());
+    let server = setup.start().await;
+    assert!(
+        server.log().contains("TLS on gRPC and HTTP"),
+        "{}",
+        server.log()
+    );
+
+    // Plaintext is not spoken on a TLS listener.
+    let plain = endpoint(server.grpc, None, None).connect().await;
+    if let Ok(channel) = plain {
+        let r = pb::mapping_client::MappingClient::new(channel)
+            .resolve(pb::ResolveRequest {
+                resolver_ip: "1.0.0.1".into(),
+                qname: "www.cdn.example.".into(),
+                qtype: 1,
+                ..Default::default()
+            })
+            .await;
+        assert!(r.is_err(), "a plaintext Resolve on the TLS listener: {r:?}");
+    }
+    // A client with no certificate resolves, but may not watch maps or send feedback.
+    let mut mapping = server.mapping();
+    let answer = ok(
+        mapping
+            .resolve(pb::ResolveRequest {
+                resolver_ip: "1.0.0.1".into(),
+                qname: "www.cdn.example.".into(),
+                qtype: 1,
+                ..Default::default()
+            })
+            .await,
+        "Resolve over TLS",
+    );
+    assert_eq!(answer.rcode, 0);
+    let watch = mapping
+        .watch_map(pb::WatchMapRequest::default())
+        .await
+        .map(|_| ());
+    assert_eq!(
+        watch.as_ref().map_err(|s| s.code()),
+        Err(tonic::Code::Unauthenticated),
+        "{watch:?}"
+    );
+    let report = server
+        .feedback()
+        .report_demand(pb::DemandReport {
+            reporter: "forged".into(),
+            period_start_unix_ms: 0,
+            period_end_unix_ms: 1000,
+            samples: vec![],
+        })
+        .await;
+    assert_eq!(
+        report.as_ref().map(|_| ()).map_err(|s| s.code()),
+        Err(tonic::Code::Unauthenticated),
+        "{report:?}"
+    );
+    // A certificate from another CA fails the handshake: nothing is served to it.
+    let rogue_call = match endpoint(
+        server.grpc,
+        Some(&mapper_ca.cert),
+        Some((&rogue.cert, &rogue.key)),
+    )
+    .connect()
+    .await
+    {
+        Err(e) => Err(e.to_string()),
+        Ok(channel) => pb::mapping_client::MappingClient::new(channel)
+            .watch_map(pb::WatchMapRequest::default())
+            .await
+            .map(|_| ())
+            .map_err(|s| s.to_string()),
+    };
+    assert!(rogue_call.is_err(), "a rogue certificate was served");
+
+    // The front end, over https:// with the operator's certificate for it.
+    let mut dns = Dns::start_url(
+        setup.dir.path(),
+        &format!("https://localhost:{}", server.grpc.port()),
+        &format!(
+            "mapper_ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+            mapper_ca.cert, front.cert, front.key
+        ),
+    );
+    dns.wait_answering();
+    let units = all_units(&server).await;
+    let unit = units
+        .iter()
+        .find(|u| u.traffic_class == "web" && u.prefixes.iter().any(|p| p.contains('.')))
+        .expect("a web unit with an IPv4 prefix");
+    let net: IpNet = unit.prefixes[0].parse().expect("a prefix");
+    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
+    for _ in 0..5 {
+        let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
+        assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    }
+    // Its reports are recorded under its certificate's name, not the name it gives itself
+    // ("dns-e2e"); /record is read over HTTPS by Python's client.
+    let auth = format!("Bearer {TOKEN}");
+    let started = Instant::now();
+    loop {
+        let (code, body) = https_get(
+            server.http,
+            "/record?from_ms=0&to_ms=9999999999999",
+            &mapper_ca.cert,
+            &[("Authorization", &auth)],
+        );
+        assert_eq!(code, 200, "{body}");
+        assert!(!body.contains("\"dns-e2e\""), "{body}");
+        if body.contains("\"reporter\":\"dns-ams-1.front-ends.example\"") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "no report from dns-ams-1:\n{body}\n{}\n{}",
+            dns.log(),
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The mapper's certificate is replaced: new connections get the new one (a file's
+    // change is seen within a few seconds), the front end's stream stays.
+    let follows = |log: &str| log.matches("following the mapper's map").count();
+    let streams = follows(&dns.log());
+    let served = |pem: &str| pem.split_whitespace().collect::<String>();
+    assert_eq!(
+        served(&served_certificate(server.grpc, &mapper_ca.cert)),
+        served(&server_leaf.cert_pem)
+    );
+    let renewed = mapper_ca.leaf(p, "mapper", &["localhost", "127.0.0.1"], true);
+    assert_ne!(renewed.cert_pem, server_leaf.cert_pem);
+    let started = Instant::now();
+    while served(&served_certificate(server.grpc, &mapper_ca.cert)) != served(&renewed.cert_pem) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the new certificate is not served:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        served(&served_certificate(server.http, &mapper_ca.cert)),
+        served(&renewed.cert_pem),
+        "the HTTP listener serves the new certificate too"
+    );
+    // SIGHUP reloads too (and says so).
+    let pid = server.pid();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(hup.success());
+    let started = Instant::now();
+    while !server.log().contains("why=\"SIGHUP\"") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no reload on SIGHUP:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The front end kept its stream through both reloads, and answers.
+    assert_eq!(follows(&dns.log()), streams, "{}", dns.log());
+    let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
+    assert_eq!(r.status, "NOERROR", "{}", r.raw);
 }

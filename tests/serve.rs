@@ -1731,6 +1731,71 @@ async fn resolve_is_nxdomain_for_a_name_no_rule_names() {
     assert!(!named.addresses.is_empty(), "{named:?}");
 }
 
+/// The gRPC listener holds no idle connection past `handshake_timeout_secs` (a client that
+/// connects and sends nothing: not even HTTP/2's preface), and no more connections than
+/// `grpc_max_connections` (issue 17); a real client is served again once they are gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_closes_idle_connections_and_connections_past_its_limit() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        "handshake_timeout_secs = 1\ngrpc_max_connections = 6\n",
+        "",
+    );
+    let server = setup.start().await;
+    let grpc = setup.grpc;
+    let open = || {
+        let s = TcpStream::connect(grpc).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("a read timeout");
+        s
+    };
+    // The test's own client holds one connection (opened to wait for SERVING); five idle
+    // clients take the other permits...
+    let mut idle: Vec<TcpStream> = (0..5).map(|_| open()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // ...so a seventh connection is closed at once.
+    let mut seventh = open();
+    let mut buf = [0u8; 64];
+    let started = Instant::now();
+    assert_eq!(seventh.read(&mut buf).unwrap_or(0), 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the seventh closed only after {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    for s in &mut idle {
+        assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "an idle client got bytes");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "idle connections open for {:?}",
+        started.elapsed()
+    );
+    // The client that was there all along is served.
+    let mut client = server.mapping();
+    let answer = client
+        .resolve(pb::ResolveRequest {
+            resolver_ip: "1.0.0.1".into(),
+            qname: "www.cdn.example.".into(),
+            qtype: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("Resolve after the idle connections are gone");
+    assert_eq!(answer.into_inner().rcode, 0);
+    let (_, body) = server.http_get("/metrics");
+    for metric in [
+        "cdnmap_connections_refused_total{listener=\"grpc\"} 1",
+        "cdnmap_handshakes_failed_total{listener=\"grpc\"} 5",
+    ] {
+        assert!(body.contains(metric), "no {metric}:\n{body}");
+    }
+}
+
 /// The HTTP listener holds no slow-header ("slowloris") client past its header timeout, and
 /// no more connections than its limit (issue 17): connections sending half a request's head
 /// are closed after `http_header_timeout_secs`, a connection past `http_max_connections` is
@@ -1788,7 +1853,7 @@ async fn http_closes_slow_headers_and_connections_past_its_limit() {
     let (status, body) = server.http_get("/metrics");
     assert!(status.contains("200"), "{status}");
     assert!(
-        body.contains("cdnmap_http_connections_refused_total"),
+        body.contains("cdnmap_connections_refused_total{listener=\"http\"}"),
         "{body}"
     );
     // A request announcing a 99,999,999,999-byte body is refused on its head (the action's

@@ -16,11 +16,23 @@
 //! instance = "world.json"          # the topology to start from; absent: the demo world
 //! http_header_timeout_secs = 10    # an HTTP client's headers must arrive within this
 //! http_max_connections = 1024      # HTTP connections open at once, at most
+//! grpc_max_connections = 1024      # gRPC connections open at once, at most
+//! handshake_timeout_secs = 10      # a connection's TLS handshake (plaintext: first bytes) within this
 //! default_class = "web"
 //!
 //! [[class_rules]]
 //! pattern = "*.video.cdn.example"
 //! class = "video"
+//!
+//! [tls]                            # none: plaintext (the loopback default)
+//! cert_file = "mapper.crt"         # PEM chain and key; reloaded on SIGHUP or when they change
+//! key_file = "mapper.key"
+//! client_ca_file = "front-ends-ca.crt"  # optional, mutual TLS: only front ends with a
+//!                                  # certificate from this CA may watch maps and send feedback
+//!
+//! [feedback_tokens]                # front ends' own tokens (not the Admin token): with any,
+//! "fe-ams-1" = "a-long-random-token" # Feedback needs "authorization: Bearer <token>" and
+//!                                  # records the token's name as the reporter
 //!
 //! [stickiness]
 //! margin = 0.1                     # 0: every round a cold solve
@@ -51,6 +63,8 @@ pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
 pub const RECORD_RETENTION_HOURS: std::ops::RangeInclusive<u64> = 1..=24 * 365;
 pub const HTTP_HEADER_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
 pub const HTTP_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
+pub const GRPC_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
+pub const HANDSHAKE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
 /// segments of 32 MiB), a TiB at most.
 pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
@@ -94,6 +108,17 @@ fn in_range<T: PartialOrd + std::fmt::Display>(
     }
 }
 
+/// A bearer token's rules: at least 8 characters, no spaces or control characters.
+fn check_token(key: &str, token: &str) -> Result<(), ConfigError> {
+    if token.len() < 8 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid(
+            key,
+            "must be at least 8 characters, without spaces or control characters",
+        ));
+    }
+    Ok(())
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -120,6 +145,15 @@ pub struct Config {
     pub http_header_timeout_secs: u64,
     /// The most HTTP connections open at once; one more is closed as soon as it is accepted.
     pub http_max_connections: usize,
+    /// The most gRPC connections open at once (front ends, operators' tools).
+    pub grpc_max_connections: usize,
+    /// A connection's TLS handshake, or in plaintext its first bytes, must come within this.
+    pub handshake_timeout_secs: u64,
+    /// TLS on both listeners; `None`: plaintext.
+    pub tls: Option<TlsConfig>,
+    /// Front end name → its Feedback token. With any (or with mutual TLS), Feedback takes
+    /// reports only from a front end it knows, under that front end's name.
+    pub feedback_tokens: std::collections::BTreeMap<String, String>,
     pub default_class: String,
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
@@ -209,6 +243,26 @@ impl SelectionConfig {
     }
 }
 
+/// `[tls]`: the listeners' certificate and key, and the CA of front ends for mutual TLS.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    pub fn to_files(&self) -> crate::tls::TlsFiles {
+        crate::tls::TlsFiles {
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            client_ca_file: self.client_ca_file.clone(),
+        }
+    }
+}
+
 /// One hostname rule: `pattern` ("www.cdn.example" or "*.video.cdn.example") → `class`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -248,6 +302,10 @@ impl Default for Config {
             instance: None,
             http_header_timeout_secs: 10,
             http_max_connections: 1024,
+            grpc_max_connections: 1024,
+            handshake_timeout_secs: 10,
+            tls: None,
+            feedback_tokens: Default::default(),
             default_class: "web".into(),
             class_rules: vec![
                 ClassRuleConfig {
@@ -314,6 +372,16 @@ impl Config {
             self.http_max_connections,
             &HTTP_MAX_CONNECTIONS,
         )?;
+        in_range(
+            "grpc_max_connections",
+            self.grpc_max_connections,
+            &GRPC_MAX_CONNECTIONS,
+        )?;
+        in_range(
+            "handshake_timeout_secs",
+            self.handshake_timeout_secs,
+            &HANDSHAKE_TIMEOUT_SECS,
+        )?;
         in_range("maps_kept", self.maps_kept, &MAPS_KEPT)?;
         in_range("ttl_secs", self.ttl_secs, &TTL_SECS)?;
         in_range(
@@ -332,11 +400,22 @@ impl Config {
             return Err(invalid("data_dir", "is empty"));
         }
         if let Some(token) = &self.admin_token {
-            if token.len() < 8 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            check_token("admin_token", token)?;
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        for (name, token) in &self.feedback_tokens {
+            let key = format!("feedback_tokens.{}", cdnmap_mapper::model::shown_id(name));
+            cdnmap_mapper::model::check_id("front end name", name, String::new)
+                .map_err(|e| invalid(&key, e.to_string()))?;
+            check_token(&key, token)?;
+            if self.admin_token.as_deref() == Some(token.as_str()) {
                 return Err(invalid(
-                    "admin_token",
-                    "must be at least 8 characters, without spaces or control characters",
+                    &key,
+                    "is the Admin token: a front end's token must be its own",
                 ));
+            }
+            if let Some(other) = seen.insert(token.as_str(), name) {
+                return Err(invalid(&key, format!("is also the token of {other:?}")));
             }
         }
         if self.default_class.is_empty() {
@@ -471,6 +550,26 @@ mod tests {
             ("cycle_secs = \"ten\"", "cycle_secs"),
             ("cycles = 10", "cycles"),
             ("[stickiness]\nmargn = 0.1", "margn"),
+            ("grpc_max_connections = 0", "grpc_max_connections"),
+            ("handshake_timeout_secs = 0", "handshake_timeout_secs"),
+            ("[tls]\ncert_file = \"a.crt\"", "key_file"),
+            (
+                "[tls]\ncert_file = \"a\"\nkey_file = \"b\"\nca = \"c\"",
+                "ca",
+            ),
+            (
+                "[feedback_tokens]\n\"fe-1\" = \"short\"",
+                "feedback_tokens.\"fe-1\"",
+            ),
+            (
+                "admin_token = \"same-token\"\n[feedback_tokens]\n\"fe-1\" = \"same-token\"",
+                "is the Admin token",
+            ),
+            (
+                "[feedback_tokens]\n\"fe-1\" = \"token-one\"\n\"fe-2\" = \"token-one\"",
+                "is also the token of \"fe-1\"",
+            ),
+            ("[feedback_tokens]\n\"fe\\u0000\" = \"token-one\"", "U+0000"),
             (
                 "[[class_rules]]\npattern = \"a\"\nclass = \"web\"\nweight = 2",
                 "weight",

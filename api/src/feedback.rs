@@ -42,6 +42,59 @@ impl FeedbackService {
     }
 }
 
+/// The name a Feedback request is recorded under, when the service knows its front ends
+/// (mutual TLS, or `feedback_tokens`): its certificate's name, or its token's; refused
+/// (UNAUTHENTICATED) without either. `Ok(None)` when the service takes reports from anyone
+/// (neither is configured: the loopback default), under the name the report gives.
+pub(crate) fn identify<T>(shared: &Shared, request: &Request<T>) -> Result<Option<String>, Status> {
+    if let Some(name) = crate::listen::peer_of(request).and_then(|p| p.identity.as_deref()) {
+        return Ok(Some(name.to_string()));
+    }
+    let tokens = &shared.config.feedback_tokens;
+    let mutual = shared
+        .config
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca_file.is_some());
+    if tokens.is_empty() && !mutual {
+        return Ok(None);
+    }
+    let given = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::admin::bearer_token);
+    match given {
+        Some(g) => tokens
+            .iter()
+            // Every token compared, in constant time each: how long it takes says nothing of
+            // which token came close.
+            .fold(None, |found, (name, t)| {
+                let hit = crate::admin::constant_time_eq(g.as_bytes(), t.as_bytes());
+                found.or(hit.then(|| name.clone()))
+            })
+            .map(Some)
+            .ok_or_else(|| Status::unauthenticated("unknown feedback token")),
+        None => Err(Status::unauthenticated(
+            "Feedback needs a front end's identity: a client certificate from tls.client_ca_file, or \"authorization: Bearer <token>\" with a token of feedback_tokens",
+        )),
+    }
+}
+
+/// The reporter a report is recorded under: the identity `identify` found, or else the name
+/// the report gives (checked as an id is, when it gives one).
+fn reporter_of(identity: Option<String>, claimed: &str) -> Result<String, Status> {
+    match identity {
+        Some(name) => Ok(name),
+        None if claimed.is_empty() => Ok(String::new()),
+        None => {
+            cdnmap_mapper::model::check_id("reporter", claimed, String::new)
+                .map_err(|e| invalid(e.to_string()))?;
+            Ok(claimed.to_string())
+        }
+    }
+}
+
 /// The most queries a second one demand sample (one prefix or map unit, one class) may
 /// report: a /24 of clients does not send ten million queries a second to one name's
 /// resolvers, and a report beyond it is refused rather than allowed to swamp the map.
@@ -57,7 +110,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
         &self,
         request: Request<pb::DemandReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
+        let identity = identify(&self.0, &request)?;
         let r = request.into_inner();
+        let reporter = reporter_of(identity, &r.reporter)?;
         if r.samples.len() > MAX_REPORT_SAMPLES {
             return Err(invalid(format!(
                 "samples: {} in one report, more than {MAX_REPORT_SAMPLES}",
@@ -155,7 +210,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
             period_end_unix_ms: r.period_end_unix_ms,
             samples,
         };
-        self.store(&r.reporter, Report::Demand(body)).await?;
+        self.store(&reporter, Report::Demand(body)).await?;
         if let Ok(mut pending) = self.0.pending.lock() {
             if !pending
                 .demand
@@ -175,7 +230,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
         &self,
         request: Request<pb::LoadReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
+        let identity = identify(&self.0, &request)?;
         let r = request.into_inner();
+        let reporter = reporter_of(identity, &r.reporter)?;
         if r.loads.len() > MAX_REPORT_SAMPLES {
             return Err(invalid(format!(
                 "loads: {} in one report, more than {MAX_REPORT_SAMPLES}",
@@ -267,7 +324,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 })
                 .collect(),
         };
-        self.store(&r.reporter, Report::Load(body)).await?;
+        self.store(&reporter, Report::Load(body)).await?;
         for &(cluster, address, load) in &servers {
             if !self.0.server_loads.set(cluster, address, load) {
                 tracing::warn!(cluster, %address, "server load table full; report dropped");

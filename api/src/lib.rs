@@ -8,6 +8,7 @@ pub mod dashboard;
 pub mod driver;
 pub mod edit;
 pub mod feedback;
+pub mod listen;
 pub mod mapping;
 pub mod memory;
 pub mod record;
@@ -16,6 +17,7 @@ pub mod selection;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;
 pub mod topology;
 pub mod watch;
 

@@ -70,68 +70,46 @@ async fn record(
 /// 4 KiB; every other route, none).
 pub const MAX_HTTP_BODY_BYTES: usize = 64 << 10;
 
-/// What one HTTP connection may hold ([`serve_http`]).
-#[derive(Debug, Clone, Copy)]
-struct HttpLimits {
-    /// A request's headers must arrive within this, or the connection is closed.
-    header_timeout: Duration,
-    /// Connections open at once at most; one more is closed when accepted.
-    max_connections: usize,
-}
-
-/// Serves `app` on `listener` until `stop` says so, each connection with `limits`: hyper's
-/// own header-read timeout (a client sending its headers a byte at a time holds its
-/// connection that long, no longer), and a semaphore of `max_connections` permits (a
-/// connection past them is closed at once, and counted). Then the open connections are
-/// shut down gracefully (the caller bounds how long it waits).
+/// Serves `app` on the connections `conns` brings (`listen::accept`: bounded in number, each
+/// past its handshake) until `stop` says so, with hyper's own header-read timeout (a client
+/// sending its headers a byte at a time holds its connection that long, no longer). Then the
+/// open connections are shut down gracefully (the caller bounds how long it waits).
 async fn serve_http(
-    listener: tokio::net::TcpListener,
+    mut conns: tokio::sync::mpsc::Receiver<crate::listen::Conn>,
     app: axum::Router,
-    limits: HttpLimits,
+    header_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let conn = tokio::select! {
+            conn = conns.recv() => conn,
             _ = stop.wait_for(|&s| s) => break,
         };
-        let (stream, remote) = match accepted {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of file descriptors, say: wait a little rather than spin on it.
-                tracing::debug!(error = %e, "accepting an HTTP connection failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            metrics::counter!("cdnmap_http_connections_refused_total").increment(1);
-            drop(stream);
-            continue;
-        };
+        let Some(conn) = conn else { break };
+        let peer = conn.peer().clone();
+        let remote = peer.remote;
         let app = app.clone();
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(remote));
+                req.extensions_mut().insert(peer.clone());
                 let mut app = app.clone();
                 async move { tower::Service::call(&mut app, req).await }
             });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(conn), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, %remote, "an HTTP connection ended with an error");
             }
-            drop(permit);
         });
     }
     graceful.shutdown().await;
@@ -206,8 +184,20 @@ fn describe_metrics() {
     describe_gauge!("cdnmap_map_stored_epoch", "Epoch of the map last stored.");
     describe_counter!("cdnmap_rpc_total", "gRPC calls by method and status code.");
     describe_counter!(
-        "cdnmap_http_connections_refused_total",
-        "HTTP connections closed on arrival: as many were open as http_max_connections."
+        "cdnmap_connections_refused_total",
+        "Connections closed on arrival, by listener: as many were open as its max_connections."
+    );
+    describe_counter!(
+        "cdnmap_handshakes_failed_total",
+        "Connections closed before serving, by listener: the TLS handshake failed, or it (in plaintext, the first bytes) did not come within handshake_timeout_secs."
+    );
+    describe_counter!(
+        "cdnmap_tls_reloads_total",
+        "TLS certificate and key reloads that took effect."
+    );
+    describe_counter!(
+        "cdnmap_tls_reload_failures_total",
+        "TLS reloads refused (the files in use stay)."
     );
     describe_histogram!(
         "cdnmap_rpc_seconds",
@@ -297,12 +287,59 @@ pub async fn serve(
     let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
-    let http_stop = shared.stopping.subscribe();
-    let limits = HttpLimits {
-        header_timeout: Duration::from_secs(shared.config.http_header_timeout_secs),
-        max_connections: shared.config.http_max_connections,
+    let tls = match &shared.config.tls {
+        Some(files) => {
+            let tls = crate::tls::ServerTls::load(files.to_files())?;
+            tokio::spawn(crate::tls::watch(
+                Arc::clone(&tls),
+                shared.stopping.subscribe(),
+            ));
+            tracing::info!(
+                cert = %files.cert_file.display(),
+                mutual = tls.mutual(),
+                "TLS on gRPC and HTTP (reloaded on SIGHUP or when a file changes)"
+            );
+            Some(tls)
+        }
+        None => {
+            let loopback = grpc_addr.ip().is_loopback() && http_addr.ip().is_loopback();
+            if loopback {
+                tracing::info!(
+                    "plaintext gRPC and HTTP, on loopback only (set [tls] to listen beyond)"
+                );
+            } else {
+                tracing::warn!("plaintext gRPC and HTTP beyond loopback: the Admin token and the maps cross the network in clear (set [tls])");
+            }
+            None
+        }
     };
-    let http_task = tokio::spawn(serve_http(http, app, limits, http_stop));
+    let handshake_timeout = Duration::from_secs(shared.config.handshake_timeout_secs);
+    let http_conns = crate::listen::accept(
+        http,
+        crate::tls::Listener::Http,
+        tls.clone(),
+        crate::listen::Limits {
+            handshake_timeout,
+            max_connections: shared.config.http_max_connections,
+        },
+        shared.stopping.subscribe(),
+    );
+    let grpc_conns = crate::listen::accept(
+        grpc_listener,
+        crate::tls::Listener::Grpc,
+        tls,
+        crate::listen::Limits {
+            handshake_timeout,
+            max_connections: shared.config.grpc_max_connections,
+        },
+        shared.stopping.subscribe(),
+    );
+    let http_task = tokio::spawn(serve_http(
+        http_conns,
+        app,
+        Duration::from_secs(shared.config.http_header_timeout_secs),
+        shared.stopping.subscribe(),
+    ));
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
@@ -323,11 +360,17 @@ pub async fn serve(
             AdminService(Arc::clone(&shared)),
             AdminAuth(token),
         ))
-        .serve_with_incoming_shutdown(incoming(grpc_listener), async move {
-            shutdown.await;
-            tracing::info!("stopping: finishing the calls in flight and the round in progress");
-            stopper.stop();
-        });
+        .serve_with_incoming_shutdown(
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::ReceiverStream::new(grpc_conns),
+                Ok::<_, std::io::Error>,
+            ),
+            async move {
+                shutdown.await;
+                tracing::info!("stopping: finishing the calls in flight and the round in progress");
+                stopper.stop();
+            },
+        );
     // Calls in flight get SHUTDOWN_GRACE to finish (tonic's and axum's graceful shutdowns wait
     // for every connection, which a client that never closes would hold forever); the round in
     // progress always finishes and is stored, then the store is flushed.
@@ -352,18 +395,6 @@ pub async fn serve(
     shared.flush()?;
     tracing::info!("stopped; the store is flushed");
     Ok(())
-}
-
-/// The connections `listener` accepts, with TCP_NODELAY (as tonic sets on its own listeners).
-fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        let s = s?;
-        s.set_nodelay(true)?;
-        Ok(s)
-    })
 }
 
 /// How long calls in flight may take to finish once the service is asked to stop.

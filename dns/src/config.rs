@@ -4,7 +4,8 @@
 //! 127.0.0.1:50051.
 //!
 //! ```toml
-//! mapper = "http://127.0.0.1:50051"   # the mapper's gRPC address
+//! mapper = "https://mapper.cdn.example:50051"  # the mapper's gRPC address (default:
+//!                                     # http://127.0.0.1:50051, plaintext on loopback)
 //! listen = "127.0.0.1:5353"           # UDP and TCP (port 0: any port free for both)
 //! zones = ["cdn.example."]            # authoritative for these (and every name below them)
 //! ttl_secs = 20                       # TTL of A/AAAA answers
@@ -15,12 +16,20 @@
 //! max_udp_payload = 1232              # the largest UDP response; larger ones are truncated
 //! tcp_timeout_secs = 10               # idle TCP connections are closed after this
 //! metrics_listen = "127.0.0.1:9153"   # Prometheus /metrics (absent: none)
+//! mapper_ca_file = "mapper-ca.crt"    # https:// mappers: the CA their certificate must chain to
+//! cert_file = "dns-1.crt"             # this front end's certificate and key, for a mapper
+//! key_file = "dns-1.key"              #   with mutual TLS (its first DNS name is our name there)
+//! feedback_token = "a-long-random-token"  # for a mapper with feedback_tokens
 //! ```
+//!
+//! `https://` is TLS and needs `mapper_ca_file`; `http://` is plaintext, and a CA, a
+//! certificate or a token given with it is refused (it would cross the network in clear).
 //!
 //! Port 0 takes a free port; the log's `listening` line names the addresses bound
 //! (`dns=` for UDP and TCP, `metrics=`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
@@ -70,6 +79,13 @@ pub struct DnsConfig {
     pub tcp_timeout_secs: u64,
     /// Where to serve Prometheus `/metrics` (none when absent).
     pub metrics_listen: Option<SocketAddr>,
+    /// The CA an `https://` mapper's certificate must chain to.
+    pub mapper_ca_file: Option<PathBuf>,
+    /// This front end's certificate chain and key (PEM), presented to the mapper.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The token of this front end in the mapper's `feedback_tokens`.
+    pub feedback_token: Option<String>,
 }
 
 impl Default for DnsConfig {
@@ -86,6 +102,10 @@ impl Default for DnsConfig {
             max_udp_payload: 1232,
             tcp_timeout_secs: 10,
             metrics_listen: None,
+            mapper_ca_file: None,
+            cert_file: None,
+            key_file: None,
+            feedback_token: None,
         }
     }
 }
@@ -114,9 +134,15 @@ pub fn fqdn(key: &str, text: &str) -> Result<Name, ConfigError> {
 
 impl DnsConfig {
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: DnsConfig = toml::from_str(text)?;
+        let config = DnsConfig::parse_toml(text)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Parses a TOML document (unknown keys refused) without checking the values: for a
+    /// caller that overrides some first (the command line), then calls [`Self::validate`].
+    pub fn parse_toml(text: &str) -> Result<Self, ConfigError> {
+        Ok(toml::from_str(text)?)
     }
 
     /// Checks every value; the error names the key.
@@ -133,6 +159,55 @@ impl DnsConfig {
         }
         tonic::transport::Endpoint::from_shared(self.mapper.clone())
             .map_err(|e| invalid("mapper", format!("{:?}: {e}", self.mapper)))?;
+        let https = self.mapper.starts_with("https://");
+        if https && self.mapper_ca_file.is_none() {
+            return Err(invalid(
+                "mapper_ca_file",
+                format!(
+                    "{:?} is https://: name the CA its certificate must chain to",
+                    self.mapper
+                ),
+            ));
+        }
+        if !https {
+            for (key, given) in [
+                ("mapper_ca_file", self.mapper_ca_file.is_some()),
+                ("cert_file", self.cert_file.is_some()),
+                ("key_file", self.key_file.is_some()),
+                (
+                    "feedback_token",
+                    self.feedback_token.is_some() && !self.mapper_is_loopback(),
+                ),
+            ] {
+                if given {
+                    return Err(invalid(
+                        key,
+                        format!(
+                            "is given but the mapper {:?} is plaintext (http://, beyond loopback for a token): use https://",
+                            self.mapper
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(invalid(
+                if self.cert_file.is_some() {
+                    "key_file"
+                } else {
+                    "cert_file"
+                },
+                "cert_file and key_file go together",
+            ));
+        }
+        if let Some(t) = &self.feedback_token {
+            if t.len() < 8 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    "feedback_token",
+                    "must be at least 8 characters, without spaces or control characters",
+                ));
+            }
+        }
         if !TTL_SECS.contains(&self.ttl_secs) {
             return Err(invalid(
                 "ttl_secs",
@@ -168,6 +243,22 @@ impl DnsConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the mapper's URL names a loopback address (or `localhost`).
+    pub fn mapper_is_loopback(&self) -> bool {
+        let Ok(uri) = self.mapper.parse::<tonic::codegen::http::Uri>() else {
+            return false;
+        };
+        match uri.host() {
+            Some("localhost") => true,
+            Some(h) => h
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_loopback()),
+            None => false,
+        }
     }
 
     /// The zones with their NS names and hostmaster, validated.
@@ -274,10 +365,37 @@ mod tests {
             ("listen = \"nowhere\"", "listen"),
             ("zone = \"x.\"", "zone"),
             ("metrics_listen = \"127.0.0.1:5353\"", "metrics_listen"),
+            // TLS: https:// needs the CA; a CA or certificate with http:// is refused, and a
+            // token over plaintext beyond loopback (issue 17).
+            ("mapper = \"https://m.example:1\"", "mapper_ca_file"),
+            ("mapper_ca_file = \"ca.crt\"", "mapper_ca_file"),
+            ("cert_file = \"fe.crt\"", "cert_file"),
+            (
+                "mapper = \"http://10.0.0.1:1\"\nfeedback_token = \"abcdefghij\"",
+                "feedback_token",
+            ),
+            (
+                "mapper = \"https://m:1\"\nmapper_ca_file = \"ca\"\ncert_file = \"a\"",
+                "key_file",
+            ),
+            (
+                "mapper = \"https://m:1\"\nmapper_ca_file = \"ca\"\nfeedback_token = \"a b\"",
+                "feedback_token",
+            ),
         ];
         for (text, key) in cases {
             let e = DnsConfig::from_toml(text).expect_err(text).to_string();
             assert!(e.contains(key), "{text}: {e}");
+        }
+        // A token to a mapper on loopback may go in plaintext.
+        for ok in [
+            "feedback_token = \"abcdefghij\"",
+            "mapper = \"http://[::1]:1\"\nfeedback_token = \"abcdefghij\"",
+            "mapper = \"http://localhost:1\"\nfeedback_token = \"abcdefghij\"",
+        ] {
+            if let Err(e) = DnsConfig::from_toml(ok) {
+                panic!("{ok}: {e}");
+            }
         }
         // Port 0 for both is two free ports, not one address twice.
         let any = "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"";

@@ -68,6 +68,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
+    let link = MapperLink::new(&config)?;
+    if config.mapper_ca_file.is_none() && !config.mapper_is_loopback() {
+        tracing::warn!(mapper = %config.mapper, "following a mapper beyond loopback in plaintext: use https:// and mapper_ca_file");
+    }
     let (metrics_task, metrics_addr) = match config.metrics_listen {
         Some(addr) => {
             let (task, bound) = serve_metrics(addr).await?;
@@ -129,8 +133,8 @@ pub async fn run(
         listen.port(),
         config.zones[0].trim_end_matches('.'),
     );
-    let watcher = tokio::spawn(watch(config.mapper.clone(), Arc::clone(&front)));
-    let reporter = tokio::spawn(report(config.clone(), Arc::clone(&front)));
+    let watcher = tokio::spawn(watch(link.clone(), Arc::clone(&front)));
+    let reporter = tokio::spawn(report(config.clone(), link.clone(), Arc::clone(&front)));
     shutdown.await;
     watcher.abort();
     reporter.abort();
@@ -139,7 +143,7 @@ pub async fn run(
         let _ = t.join();
     }
     // A last report of what was counted since the previous one.
-    send_demand(&config, &front).await;
+    send_demand(&config, &link, &front).await;
     server.shutdown_gracefully().await?;
     if let Some(t) = metrics_task {
         t.abort();
@@ -236,16 +240,85 @@ async fn serve_metrics(
     Ok((task, bound))
 }
 
-async fn connect(mapper: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    tonic::transport::Endpoint::from_shared(mapper.to_string())?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .connect()
-        .await
+/// How the front end reaches its mapper: the endpoint (TLS with the configured CA and
+/// certificate when the URL is `https://`) and the token its reports carry. Built once at
+/// start, so a missing or unreadable file is an error before anything is served.
+#[derive(Clone)]
+pub struct MapperLink {
+    endpoint: tonic::transport::Endpoint,
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// The PEM file `path` of config key `key`, checked to hold what it should.
+fn read_pem(key: &str, path: &std::path::Path, private_key: bool) -> anyhow::Result<Vec<u8>> {
+    use rustls_pki_types::pem::PemObject;
+    let bytes =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("{key} {}: {e}", path.display()))?;
+    let holds = if private_key {
+        rustls_pki_types::PrivateKeyDer::from_pem_slice(&bytes).is_ok()
+    } else {
+        rustls_pki_types::CertificateDer::pem_slice_iter(&bytes)
+            .next()
+            .is_some_and(|c| c.is_ok())
+    };
+    if !holds {
+        let what = if private_key {
+            "private key"
+        } else {
+            "certificate"
+        };
+        anyhow::bail!("{key} {}: no PEM {what} in it", path.display());
+    }
+    Ok(bytes)
+}
+
+impl MapperLink {
+    pub fn new(config: &DnsConfig) -> anyhow::Result<MapperLink> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(config.mapper.clone())?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true);
+        if let Some(ca) = &config.mapper_ca_file {
+            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(
+                "mapper_ca_file",
+                ca,
+                false,
+            )?));
+            if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
+                tls = tls.identity(Identity::from_pem(
+                    read_pem("cert_file", cert, false)?,
+                    read_pem("key_file", key, true)?,
+                ));
+            }
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        let token = match &config.feedback_token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("feedback_token: not a header value"))?,
+            ),
+            None => None,
+        };
+        Ok(MapperLink { endpoint, token })
+    }
+
+    async fn connect(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+        self.endpoint.clone().connect().await
+    }
+
+    /// `message` as a request carrying the feedback token, if there is one.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(t) = &self.token {
+            request.metadata_mut().insert("authorization", t.clone());
+        }
+        request
+    }
 }
 
 /// Holds the WatchMap stream, forever: applies updates, publishes views, reconnects.
-async fn watch(mapper: String, front: Arc<Front>) {
+async fn watch(mapper: MapperLink, front: Arc<Front>) {
     let mut local = Follower::default();
     let mut backoff = RECONNECT_MIN;
     loop {
@@ -274,8 +347,12 @@ async fn watch(mapper: String, front: Arc<Front>) {
 }
 
 /// One stream: from connection to its end.
-async fn follow(mapper: &str, front: &Arc<Front>, local: &mut Follower) -> anyhow::Result<()> {
-    let channel = connect(mapper).await?;
+async fn follow(
+    mapper: &MapperLink,
+    front: &Arc<Front>,
+    local: &mut Follower,
+) -> anyhow::Result<()> {
+    let channel = mapper.connect().await?;
     let mut client =
         pb::mapping_client::MappingClient::new(channel).max_decoding_message_size(1 << 30);
     let (known_epoch, known_version) = local.identity();
@@ -343,13 +420,13 @@ async fn follow(mapper: &str, front: &Arc<Front>, local: &mut Follower) -> anyho
 
 /// Every `report_secs`: the period's demand to the mapper, and bounded-loads selectors rebuilt
 /// over the hostnames seen.
-async fn report(config: DnsConfig, front: Arc<Front>) {
+async fn report(config: DnsConfig, link: MapperLink, front: Arc<Front>) {
     let mut tick = tokio::time::interval(Duration::from_secs(config.report_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        send_demand(&config, &front).await;
+        send_demand(&config, &link, &front).await;
         // The period's hostnames weigh the bounded-loads selectors until the next period (the
         // watcher builds new map versions with them too).
         let hosts: Arc<Vec<(String, f64)>> = Arc::new(
@@ -382,7 +459,7 @@ fn keys(hosts: &[(String, f64)]) -> Vec<(&str, f64)> {
 
 /// Sends what was counted since the last report, in batches; what a failed batch held is put
 /// back for the next period.
-async fn send_demand(config: &DnsConfig, front: &Front) {
+async fn send_demand(config: &DnsConfig, link: &MapperLink, front: &Front) {
     let counts = front.demand.take();
     let now = now_unix_ms();
     let start = front
@@ -391,7 +468,7 @@ async fn send_demand(config: &DnsConfig, front: &Front) {
     if counts.is_empty() {
         return;
     }
-    let channel = match connect(&config.mapper).await {
+    let channel = match link.connect().await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "demand report: mapper unreachable; kept for the next period");
@@ -418,7 +495,7 @@ async fn send_demand(config: &DnsConfig, front: &Front) {
                 .collect(),
         };
         let sent = std::time::Instant::now();
-        let mut request = tonic::Request::new(report);
+        let mut request = link.request(report);
         request.set_timeout(REPORT_DEADLINE);
         let outcome =
             match tokio::time::timeout(REPORT_DEADLINE, client.report_demand(request)).await {

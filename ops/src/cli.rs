@@ -642,7 +642,8 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            DnsConfig::from_toml(&text).with_context(|| format!("{}", path.display()))?
+            // Checked once the command line's overrides are in (below).
+            DnsConfig::parse_toml(&text).with_context(|| format!("{}", path.display()))?
         }
         None => DnsConfig::default(),
     };

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 pub mod mapper;
+pub mod pki;
 
 /// The path of the `cdnmap` binary Cargo built for the calling test, a `&'static Path`:
 /// `env!("CARGO_BIN_EXE_cdnmap")`, expanded in the test crate (where Cargo sets it).
@@ -187,6 +188,11 @@ pub struct Running {
 }
 
 impl Running {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts the `cdnmap` binary `bin` (see [`bin!`]) with `ARGS` in `dir` (`RUST_LOG=info`,
     /// no colours), logging to `log`.
     pub fn cdnmap<I, S>(bin: &Path, dir: &Path, args: I, log: PathBuf) -> Running

@@ -52,6 +52,9 @@ pub struct Setup {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     starts: usize,
+    /// With `[tls]` in the configuration: the CA the server's certificate chains to (the
+    /// test's clients then speak TLS, trusting it).
+    pub ca: Option<PathBuf>,
 }
 
 /// The addresses a server reported in its "listening" line, once it has.
@@ -113,6 +116,7 @@ impl Setup {
             grpc: any,
             http: any,
             starts: 0,
+            ca: None,
         }
     }
 
@@ -187,6 +191,7 @@ impl Setup {
             grpc,
             http,
             channel: None,
+            ca: self.ca.clone(),
         };
         server.wait_ready().await;
         server
@@ -216,6 +221,8 @@ pub struct Server {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     channel: Option<Channel>,
+    /// The CA to trust when the server speaks TLS.
+    pub ca: Option<PathBuf>,
 }
 
 impl Server {
@@ -224,12 +231,13 @@ impl Server {
         self.process.log()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     pub async fn wait_ready(&mut self) {
         let started = Instant::now();
-        let endpoint = Channel::from_shared(format!("http://{}", self.grpc))
-            .expect("a valid URI")
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(10));
+        let endpoint = self.endpoint(None);
         loop {
             self.process.assert_running();
             if let Ok(channel) = endpoint.connect().await {
@@ -251,6 +259,12 @@ impl Server {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// An endpoint of the gRPC listener: TLS trusting [`Self::ca`] when the server has one,
+    /// presenting `identity` (certificate and key files) when given.
+    pub fn endpoint(&self, identity: Option<(&Path, &Path)>) -> tonic::transport::Endpoint {
+        endpoint(self.grpc, self.ca.as_deref(), identity)
     }
 
     pub fn channel(&self) -> Channel {
@@ -312,6 +326,97 @@ impl Server {
             &[("Authorization", &format!("Bearer {TOKEN}"))],
         )
     }
+}
+
+/// An endpoint of the gRPC listener at `addr`: plaintext, or TLS trusting `ca` (and
+/// presenting `identity`, certificate and key files, when given).
+pub fn endpoint(
+    addr: SocketAddr,
+    ca: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> tonic::transport::Endpoint {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let scheme = if ca.is_some() { "https" } else { "http" };
+    let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
+        .expect("a valid URI")
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(10));
+    if let Some(ca) = ca {
+        let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)));
+        if let Some((cert, key)) = identity {
+            tls = tls.identity(Identity::from_pem(read(cert), read(key)));
+        }
+        endpoint = endpoint.tls_config(tls).expect("a TLS configuration");
+    }
+    endpoint
+}
+
+/// `GET path` over HTTPS from `addr`, trusting `ca`, with `headers` (Python's `urllib`, a
+/// client independent of ours): (status code, body).
+pub fn https_get(
+    addr: SocketAddr,
+    path: &str,
+    ca: &Path,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let script = r#"
+import json, ssl, sys, urllib.error, urllib.request
+url, ca, headers = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+ctx = ssl.create_default_context(cafile=ca)
+req = urllib.request.Request(url, headers=headers)
+try:
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        code, body = r.status, r.read()
+except urllib.error.HTTPError as e:
+    code, body = e.code, e.read()
+sys.stdout.write(str(code) + chr(10))
+sys.stdout.buffer.write(body)
+"#;
+    let headers: std::collections::BTreeMap<&str, &str> = headers.iter().copied().collect();
+    let headers = format!(
+        "{{{}}}",
+        headers
+            .iter()
+            .map(|(k, v)| format!("{k:?}: {v:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(format!("https://localhost:{}{path}", addr.port()))
+        .arg(ca)
+        .arg(headers)
+        .output()
+        .expect("run python3");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (code, body) = text.split_once('\n').unwrap_or_else(|| {
+        panic!(
+            "python3's HTTPS GET {path} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code.parse().expect("a status code"), body.to_string())
+}
+
+/// The certificate (PEM) the TLS listener at `addr` presents now, verified against `ca`
+/// (Python's `ssl`).
+pub fn served_certificate(addr: SocketAddr, ca: &Path) -> String {
+    let script = r#"
+import ssl, sys
+print(ssl.get_server_certificate(("localhost", int(sys.argv[1])), ca_certs=sys.argv[2]))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &addr.port().to_string()])
+        .arg(ca)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "python3 could not get the certificate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// `GET path` over plain HTTP/1.1 from `addr`: (status line, body).

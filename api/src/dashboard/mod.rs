@@ -93,7 +93,11 @@ impl Actor {
             .metadata()
             .get("x-operator")
             .and_then(|v| v.to_str().ok());
-        Actor::new(who, request.remote_addr(), "grpc")
+        Actor::new(
+            who,
+            crate::listen::peer_of(request).map(|p| p.remote),
+            "grpc",
+        )
     }
 }
 
