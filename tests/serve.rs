@@ -1787,6 +1787,29 @@ async fn grpc_closes_idle_connections_and_connections_past_its_limit() {
         .await
         .expect("Resolve after the idle connections are gone");
     assert_eq!(answer.into_inner().rcode, 0);
+    // Headers past GRPC_MAX_HEADER_BYTES (16 KiB) are refused; the connection serves on.
+    let mut big = tonic::Request::new(pb::ResolveRequest {
+        resolver_ip: "1.0.0.1".into(),
+        qname: "www.cdn.example.".into(),
+        qtype: 1,
+        ..Default::default()
+    });
+    big.metadata_mut().insert(
+        "x-padding",
+        "a".repeat(32 << 10).parse().expect("a header value"),
+    );
+    let refused = server.mapping().resolve(big).await;
+    assert!(refused.is_err(), "32 KiB of headers accepted: {refused:?}");
+    let again = server
+        .mapping()
+        .resolve(pb::ResolveRequest {
+            resolver_ip: "1.0.0.1".into(),
+            qname: "www.cdn.example.".into(),
+            qtype: 1,
+            ..Default::default()
+        })
+        .await;
+    assert!(again.is_ok(), "{again:?}");
     let (_, body) = server.http_get("/metrics");
     for metric in [
         "cdnmap_connections_refused_total{listener=\"grpc\"} 1",

@@ -346,7 +346,14 @@ pub async fn serve(
         "cdnmap serving: try `grpcurl -plaintext -d '{{\"resolver_ip\": \"1.0.0.1\", \"qname\": \"www.cdn.example.\", \"qtype\": 1}}' {grpc_addr} cdnmap.v1.Mapping/Resolve`"
     );
     let stopper = Arc::clone(&shared);
+    // HTTP/2 limits (hyper's, through tonic): streams a connection may have open at once, the
+    // headers a request may bring, and keepalive pings that close a connection whose peer
+    // stopped answering (a WatchMap client that vanished without a FIN).
     let grpc = tonic::transport::Server::builder()
+        .max_concurrent_streams(GRPC_MAX_STREAMS)
+        .http2_max_header_list_size(GRPC_MAX_HEADER_BYTES)
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
@@ -396,6 +403,16 @@ pub async fn serve(
     tracing::info!("stopped; the store is flushed");
     Ok(())
 }
+
+/// Streams one gRPC connection may have open at once (a front end needs two: WatchMap and a
+/// report).
+pub const GRPC_MAX_STREAMS: u32 = 128;
+/// The most bytes of headers (metadata) a gRPC request may carry.
+pub const GRPC_MAX_HEADER_BYTES: u32 = 16 << 10;
+/// A gRPC connection is pinged after this long without a frame from its peer...
+pub const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// ...and closed when the ping is not answered within this.
+pub const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long calls in flight may take to finish once the service is asked to stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
