@@ -712,6 +712,128 @@ async fn admin_is_refused_when_no_token_is_configured() {
     .await;
 }
 
+/// Feedback from known front ends only, within a budget each, each sample within a bound
+/// relative to its unit's demand (issue 17): with `feedback_tokens`, a report without a token
+/// or with an unknown one is UNAUTHENTICATED, one with a token is recorded under the token's
+/// name whatever it claims; a sample claiming far more than its unit's demand is clipped to
+/// the bound (recorded clipped, counted); a source past its budget gets RESOURCE_EXHAUSTED,
+/// and another source is not held back by it.
+#[tokio::test(flavor = "multi_thread")]
+async fn feedback_needs_a_known_front_end_within_its_budget_and_bound() {
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        "feedback_samples_per_sec = 10\n",
+        "[feedback_tokens]\n\"fe-ams-1\" = \"fe-ams-1-token\"\n\"fe-fra-1\" = \"fe-fra-1-token\"\n",
+    );
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let mut fb = server.feedback();
+    let now = 1_800_000_000_000i64;
+    let sample = |u: &pb::MapUnit, queries: f64| pb::DemandSample {
+        target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
+        traffic_class: u.traffic_class.clone(),
+        queries,
+    };
+    // One cycle's period: a sample's queries are its claim per cycle.
+    let report = |samples: Vec<pb::DemandSample>| pb::DemandReport {
+        reporter: "forged-name".into(),
+        period_start_unix_ms: now - 10_000,
+        period_end_unix_ms: now,
+        samples,
+    };
+    let with_token = |token: Option<&str>, samples: Vec<pb::DemandSample>| {
+        let mut r = Request::new(report(samples));
+        if let Some(t) = token {
+            r.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {t}").parse().expect("a header value"),
+            );
+        }
+        r
+    };
+    for token in [None, Some("wrong-token-123"), Some(TOKEN)] {
+        let refused = fb
+            .report_demand(with_token(token, vec![sample(&units[0], 1.0)]))
+            .await;
+        assert_eq!(
+            refused.as_ref().map(|_| ()).map_err(|s| s.code()),
+            Err(Code::Unauthenticated),
+            "{token:?}: {refused:?}"
+        );
+    }
+    // A known front end: one ordinary sample and one claiming a million queries a cycle.
+    let ack = ok(
+        fb.report_demand(with_token(
+            Some("fe-ams-1-token"),
+            vec![sample(&units[0], 1.0), sample(&units[1], 1e6)],
+        ))
+        .await,
+        "ReportDemand with a token",
+    );
+    assert_eq!(ack.accepted, 2);
+    let (_, body) = server.http_get_authed("/record?from_ms=0&to_ms=9999999999999");
+    let lines: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{body}");
+    assert_eq!(lines[0]["reporter"], "fe-ams-1", "{body}");
+    let recorded = |i: usize| {
+        lines[0]["report"]["demand"]["samples"][i]["queries"]
+            .as_f64()
+            .expect("queries")
+    };
+    assert_eq!(recorded(0), 1.0, "{body}");
+    assert!(
+        recorded(1) < 1e6 && recorded(1) > 0.0,
+        "not clipped: {body}"
+    );
+    let (_, metrics) = server.http_get("/metrics");
+    assert!(
+        metrics.contains("cdnmap_feedback_clipped_total 1"),
+        "{metrics}"
+    );
+    // The budget: 10 samples a second, 300 at once. 298 are left of fe-ams-1's.
+    let many = |n: usize| units.iter().take(n).map(|u| sample(u, 1.0)).collect();
+    ok(
+        fb.report_demand(with_token(Some("fe-ams-1-token"), many(250)))
+            .await,
+        "250 samples within the budget",
+    );
+    let spent = fb
+        .report_demand(with_token(Some("fe-ams-1-token"), many(100)))
+        .await;
+    match &spent {
+        Err(s) if s.code() == Code::ResourceExhausted => {
+            assert!(s.message().contains("retry in"), "{s:?}")
+        }
+        other => panic!("past the budget: {other:?}"),
+    }
+    // More than a whole budget at once can never pass.
+    let too_large = fb
+        .report_demand(with_token(Some("fe-fra-1-token"), many(301)))
+        .await;
+    assert_eq!(
+        too_large.as_ref().map(|_| ()).map_err(|s| s.code()),
+        Err(Code::ResourceExhausted),
+        "{too_large:?}"
+    );
+    // Another front end has its own budget.
+    ok(
+        fb.report_demand(with_token(Some("fe-fra-1-token"), many(100)))
+            .await,
+        "another source's budget",
+    );
+    let (_, metrics) = server.http_get("/metrics");
+    for m in [
+        "cdnmap_feedback_refused_total{reason=\"budget\"} 1",
+        "cdnmap_feedback_refused_total{reason=\"too_large\"} 1",
+    ] {
+        assert!(metrics.contains(m), "no {m}:\n{metrics}");
+    }
+}
+
 /// ReportDemand and ReportLoad acknowledge every valid sample; a bad sample is INVALID_ARGUMENT
 /// naming it (samples[i].queries, loads[i].load, ...).
 #[tokio::test]
@@ -1502,8 +1624,11 @@ async fn reported_demand_feeds_the_next_round() {
     let version = status(&server).await.map_version;
     let unit = all_units(&server).await.swap_remove(0);
     // A forecast reaches the instance rounded up to a 16-bit demand code's value (9
-    // significant bits: at most 2^-8 above); a power of two is one exactly.
-    let big = 1_048_576.0;
+    // significant bits: at most 2^-8 above); a power of two is one exactly. Four to eight
+    // times the unit's demand: within what one sample may claim (feedback_max_demand_ratio,
+    // 10 by default), and well above what it had.
+    let big = (8.0 * unit.demand).log2().floor().exp2();
+    assert!(big >= 4.0 * unit.demand, "{big} for {}", unit.demand);
     let ack = ok(
         server
             .feedback()

@@ -18,6 +18,8 @@
 //! http_max_connections = 1024      # HTTP connections open at once, at most
 //! grpc_max_connections = 1024      # gRPC connections open at once, at most
 //! handshake_timeout_secs = 10      # a connection's TLS handshake (plaintext: first bytes) within this
+//! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
+//! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
 //! default_class = "web"
 //!
 //! [[class_rules]]
@@ -63,6 +65,8 @@ pub const MAPS_KEPT: std::ops::RangeInclusive<usize> = 1..=10_000;
 pub const RECORD_RETENTION_HOURS: std::ops::RangeInclusive<u64> = 1..=24 * 365;
 pub const HTTP_HEADER_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
 pub const HTTP_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
+pub const FEEDBACK_SAMPLES_PER_SEC: std::ops::RangeInclusive<u64> = 1..=100_000_000;
+pub const FEEDBACK_MAX_DEMAND_RATIO: std::ops::RangeInclusive<f64> = 1.0..=1e6;
 pub const GRPC_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
 pub const HANDSHAKE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
@@ -154,6 +158,12 @@ pub struct Config {
     /// Front end name → its Feedback token. With any (or with mutual TLS), Feedback takes
     /// reports only from a front end it knows, under that front end's name.
     pub feedback_tokens: std::collections::BTreeMap<String, String>,
+    /// Samples (demand samples, loads, server loads) a second each feedback source may send,
+    /// with 30 s of it at once (`budget::BURST_SECS`).
+    pub feedback_samples_per_sec: u64,
+    /// A demand sample, brought to one cycle, claims at most this times its unit's demand in
+    /// the last round (or its class's mean unit demand, when more); beyond, it is clipped.
+    pub feedback_max_demand_ratio: f64,
     pub default_class: String,
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
@@ -306,6 +316,8 @@ impl Default for Config {
             handshake_timeout_secs: 10,
             tls: None,
             feedback_tokens: Default::default(),
+            feedback_samples_per_sec: 200_000,
+            feedback_max_demand_ratio: 10.0,
             default_class: "web".into(),
             class_rules: vec![
                 ClassRuleConfig {
@@ -382,6 +394,24 @@ impl Config {
             self.handshake_timeout_secs,
             &HANDSHAKE_TIMEOUT_SECS,
         )?;
+        in_range(
+            "feedback_samples_per_sec",
+            self.feedback_samples_per_sec,
+            &FEEDBACK_SAMPLES_PER_SEC,
+        )?;
+        if !(self.feedback_max_demand_ratio.is_finite()
+            && FEEDBACK_MAX_DEMAND_RATIO.contains(&self.feedback_max_demand_ratio))
+        {
+            return Err(invalid(
+                "feedback_max_demand_ratio",
+                format!(
+                    "{} is outside {}..={}",
+                    self.feedback_max_demand_ratio,
+                    FEEDBACK_MAX_DEMAND_RATIO.start(),
+                    FEEDBACK_MAX_DEMAND_RATIO.end()
+                ),
+            ));
+        }
         in_range("maps_kept", self.maps_kept, &MAPS_KEPT)?;
         in_range("ttl_secs", self.ttl_secs, &TTL_SECS)?;
         in_range(
@@ -552,6 +582,15 @@ mod tests {
             ("[stickiness]\nmargn = 0.1", "margn"),
             ("grpc_max_connections = 0", "grpc_max_connections"),
             ("handshake_timeout_secs = 0", "handshake_timeout_secs"),
+            ("feedback_samples_per_sec = 0", "feedback_samples_per_sec"),
+            (
+                "feedback_max_demand_ratio = 0.5",
+                "feedback_max_demand_ratio",
+            ),
+            (
+                "feedback_max_demand_ratio = nan",
+                "feedback_max_demand_ratio",
+            ),
             ("[tls]\ncert_file = \"a.crt\"", "key_file"),
             (
                 "[tls]\ncert_file = \"a\"\nkey_file = \"b\"\nca = \"c\"",

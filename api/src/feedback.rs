@@ -20,6 +20,42 @@ use cdnmap_mapper::model::shown_id;
 pub struct FeedbackService(pub Arc<Shared>);
 
 impl FeedbackService {
+    /// Takes a report of `samples` samples in `bytes` bytes from `source`'s budget, or refuses
+    /// it (RESOURCE_EXHAUSTED, counted; the sender keeps it for later).
+    fn spend(&self, source: &str, samples: usize, bytes: usize) -> Result<(), Status> {
+        use crate::budget::Refusal;
+        let now = budget_clock();
+        let refused = match self
+            .0
+            .budgets
+            .take(source, samples as f64, bytes as f64, now)
+        {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        let (reason, message) = match refused {
+            Refusal::Spent { retry_secs } => (
+                "budget",
+                format!(
+                    "this source has spent its feedback budget ({} samples a second): retry in {retry_secs:.1} s",
+                    self.0.config.feedback_samples_per_sec
+                ),
+            ),
+            Refusal::TooLarge => (
+                "too_large",
+                format!(
+                    "a report of {samples} samples ({bytes} bytes) is more than a source's whole budget"
+                ),
+            ),
+            Refusal::TooManySources => (
+                "sources",
+                "too many feedback sources at once: retry later".to_string(),
+            ),
+        };
+        metrics::counter!("cdnmap_feedback_refused_total", "reason" => reason).increment(1);
+        Err(Status::resource_exhausted(message))
+    }
+
     /// Writes `report` from `reporter` to the demand record; durable when it returns.
     async fn store(&self, reporter: &str, report: Report) -> Result<(), Status> {
         let bytes = record::encode(&RecordedReport {
@@ -40,6 +76,15 @@ impl FeedbackService {
         .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(())
     }
+}
+
+/// Seconds on a monotonic clock, for the budgets (module `budget` takes time as an argument).
+fn budget_clock() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }
 
 /// The name a Feedback request is recorded under, when the service knows its front ends
@@ -81,6 +126,16 @@ pub(crate) fn identify<T>(shared: &Shared, request: &Request<T>) -> Result<Optio
     }
 }
 
+/// The key of a request's budget: its identity, or (when the service takes reports from
+/// anyone, and the name a report gives proves nothing) the address it came from.
+fn budget_source<T>(identity: Option<&str>, request: &Request<T>) -> String {
+    match identity {
+        Some(name) => format!("id:{name}"),
+        None => crate::listen::peer_of(request)
+            .map_or_else(|| "unknown".into(), |p| format!("ip:{}", p.remote.ip())),
+    }
+}
+
 /// The reporter a report is recorded under: the identity `identify` found, or else the name
 /// the report gives (checked as an id is, when it gives one).
 fn reporter_of(identity: Option<String>, claimed: &str) -> Result<String, Status> {
@@ -111,6 +166,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
         request: Request<pb::DemandReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
         let identity = identify(&self.0, &request)?;
+        let source = budget_source(identity.as_deref(), &request);
         let r = request.into_inner();
         let reporter = reporter_of(identity, &r.reporter)?;
         if r.samples.len() > MAX_REPORT_SAMPLES {
@@ -119,6 +175,11 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 r.samples.len()
             )));
         }
+        self.spend(
+            &source,
+            r.samples.len(),
+            cdnmap_proto::prost::Message::encoded_len(&r),
+        )?;
         if r.period_end_unix_ms < r.period_start_unix_ms {
             return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
         }
@@ -127,10 +188,15 @@ impl pb::feedback_server::Feedback for FeedbackService {
         // rounds after it meaningless).
         let period_secs = ((r.period_end_unix_ms - r.period_start_unix_ms) as f64 / 1e3).max(1.0);
         let topology = self.0.topology.current();
-        let snapshot = self.0.current();
+        let published = self.0.published();
+        let snapshot = published.as_ref().map(|p| Arc::clone(&p.snapshot));
         let mut samples = Vec::with_capacity(r.samples.len());
         // By unit index of `topology` (what the next round maps).
         let mut observed: Vec<(UnitIdx, f64)> = Vec::with_capacity(r.samples.len());
+        // The demand bound (module `budget`): a sample's queries brought to one cycle.
+        let to_cycle = self.0.config.cycle_secs as f64 / period_secs;
+        let ratio = self.0.config.feedback_max_demand_ratio;
+        let mut clipped = 0u64;
         for (i, s) in r.samples.iter().enumerate() {
             let class = topology.class_index(&s.traffic_class);
             if !(s.queries.is_finite() && s.queries >= 0.0) {
@@ -145,7 +211,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     s.queries
                 )));
             }
-            let target = match &s.target {
+            // The sample's unit in `topology` (what the next round maps) and in the published
+            // map (what bounds it), where there is one.
+            let (target, unit, published_unit) = match &s.target {
                 Some(pb::demand_sample::Target::MapUnit(u)) if !u.is_empty() => {
                     let unit = topology.unit_index(u).ok_or_else(|| {
                         invalid(format!(
@@ -161,8 +229,14 @@ impl pb::feedback_server::Feedback for FeedbackService {
                             topology.classes()[usize::from(own)].name
                         )));
                     }
-                    observed.push((unit, s.queries));
-                    Target::MapUnit(u.clone())
+                    let published_unit = snapshot.as_ref().and_then(|snap| {
+                        if snap.topology.same_unit_ids(&topology) {
+                            Some(unit)
+                        } else {
+                            snap.topology.unit_index(u)
+                        }
+                    });
+                    (Target::MapUnit(u.clone()), Some(unit), published_unit)
                 }
                 Some(pb::demand_sample::Target::Prefix(p)) => {
                     if class.is_none() {
@@ -179,6 +253,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     })?;
                     // For the estimator: the map unit of that prefix and class, if the map has one
                     // (the sample is in the record either way).
+                    let mut units = (None, None);
                     if let (Some(snap), Some(k)) = (&snapshot, class) {
                         if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
                             // The map's units are the topology's unless an edit came since.
@@ -187,10 +262,10 @@ impl pb::feedback_server::Feedback for FeedbackService {
                             } else {
                                 topology.unit_index(snap.topology.unit_id(u))
                             };
-                            observed.extend(unit.map(|u| (u, s.queries)));
+                            units = (unit, Some(u));
                         }
                     }
-                    Target::Prefix(p.trunc())
+                    (Target::Prefix(p.trunc()), units.0, units.1)
                 }
                 _ => {
                     return Err(invalid(format!(
@@ -198,11 +273,27 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     )))
                 }
             };
+            let mut queries = s.queries;
+            if let (Some(published), Some(u)) = (&published, published_unit) {
+                let snap = &published.snapshot;
+                let k = usize::from(snap.topology.unit_class(u));
+                let mean = published.class_means.get(k).copied().unwrap_or(0.0);
+                let bound = crate::budget::demand_bound(ratio, snap.topology.unit_demand(u), mean);
+                if queries * to_cycle > bound {
+                    queries = bound / to_cycle;
+                    clipped += 1;
+                }
+            }
+            observed.extend(unit.map(|u| (u, queries)));
             samples.push(Sample {
                 target,
                 class: s.traffic_class.clone(),
-                queries: s.queries,
+                queries,
             });
+        }
+        if clipped > 0 {
+            metrics::counter!("cdnmap_feedback_clipped_total").increment(clipped);
+            tracing::debug!(reporter = %shown_id(&reporter), clipped, "demand samples clipped to their bound");
         }
         let n = samples.len() as u64;
         let body = DemandBody {
@@ -231,8 +322,14 @@ impl pb::feedback_server::Feedback for FeedbackService {
         request: Request<pb::LoadReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
         let identity = identify(&self.0, &request)?;
+        let source = budget_source(identity.as_deref(), &request);
         let r = request.into_inner();
         let reporter = reporter_of(identity, &r.reporter)?;
+        self.spend(
+            &source,
+            r.loads.len() + r.servers.len(),
+            cdnmap_proto::prost::Message::encoded_len(&r),
+        )?;
         if r.loads.len() > MAX_REPORT_SAMPLES {
             return Err(invalid(format!(
                 "loads: {} in one report, more than {MAX_REPORT_SAMPLES}",

@@ -119,16 +119,23 @@ pub fn decode(bytes: &[u8]) -> Result<RecordedReport, String> {
 pub fn json_lines(reports: &[(i64, Vec<u8>)]) -> Result<String, String> {
     let mut out = String::new();
     for (at, bytes) in reports {
-        let r = decode(bytes).map_err(|e| format!("the report stored at {at} ms: {e}"))?;
-        let line = RecordLine {
-            at_unix_ms: *at,
-            reporter: r.reporter,
-            report: r.report,
-        };
-        out.push_str(&serde_json::to_string(&line).map_err(|e| e.to_string())?);
-        out.push('\n');
+        push_json_line(&mut out, *at, bytes)?;
     }
     Ok(out)
+}
+
+/// Appends the stored report `bytes`, received at `at`, to `out` as one of `/record`'s JSON
+/// Lines (with its newline).
+pub fn push_json_line(out: &mut String, at: i64, bytes: &[u8]) -> Result<(), String> {
+    let r = decode(bytes).map_err(|e| format!("the report stored at {at} ms: {e}"))?;
+    let line = RecordLine {
+        at_unix_ms: at,
+        reporter: r.reporter,
+        report: r.report,
+    };
+    out.push_str(&serde_json::to_string(&line).map_err(|e| e.to_string())?);
+    out.push('\n');
+    Ok(())
 }
 
 #[cfg(test)]

@@ -20,14 +20,19 @@ pub struct RecordQuery {
     pub to_ms: i64,
 }
 
-/// The most bytes of stored reports one `/record` request returns (about three times that
-/// as JSON): ask for a shorter period beyond it.
-pub const MAX_RECORD_BYTES: usize = 16 << 20;
+/// The most bytes of stored reports one `/record` request may cover (about three times that
+/// as JSON, streamed: the server holds one segment of the record at a time): ask for a
+/// shorter period beyond it.
+pub const MAX_RECORD_BYTES: u64 = 256 << 20;
+
+/// Bytes of JSON Lines `/record` sends at a time.
+const RECORD_CHUNK: usize = 64 << 10;
 
 /// The stored reports of `[from_ms, to_ms)` as JSON Lines, `{"at_unix_ms": T, "report": {...}}`
-/// per line, oldest first, for `cdnmap replay` and offline analysis. Needs the Admin token (the
-/// record says which prefixes ask for what, from whom), and at most [`MAX_RECORD_BYTES`] of
-/// reports are read for it.
+/// per line, oldest first, for `cdnmap replay` and offline analysis, streamed in chunks of
+/// [`RECORD_CHUNK`] as the record is read. Needs the Admin token (the record says which
+/// prefixes ask for what, from whom); a period whose reports pass [`MAX_RECORD_BYTES`] is
+/// refused on its head (413), before anything is read.
 async fn record(
     shared: &Arc<Shared>,
     token: Option<&str>,
@@ -43,27 +48,53 @@ async fn record(
         return (StatusCode::BAD_REQUEST, "to_ms is before from_ms\n").into_response();
     }
     let (from, to) = (q.from_ms, q.to_ms);
-    let store = shared.store.clone();
-    let reports =
-        tokio::task::spawn_blocking(move || store.reports_within(from, to, MAX_RECORD_BYTES)).await;
-    let reports = match reports {
-        Ok(Ok(Some(r))) => r,
-        Ok(Ok(None)) => {
+    match shared.store.report_bytes_within(from, to) {
+        Ok(bytes) if bytes > MAX_RECORD_BYTES => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "more than {MAX_RECORD_BYTES} bytes of reports in that period: ask for a shorter one\n"
+                    "{bytes} bytes of reports in that period, more than {MAX_RECORD_BYTES}: ask for a shorter one\n"
                 ),
             )
                 .into_response()
         }
-        Ok(Err(e)) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    };
-    match crate::record::json_lines(&reports) {
-        Ok(body) => ([("content-type", "application/x-ndjson")], body).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        Ok(_) => {}
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
+    // The reader on a blocking thread, a few chunks ahead of the client at most.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let store = shared.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut chunk = String::with_capacity(RECORD_CHUNK);
+        let mut failed = None;
+        let walked = store.for_each_report(from, to, |at, payload| {
+            if let Err(e) = crate::record::push_json_line(&mut chunk, at, payload) {
+                failed = Some(e);
+                return false;
+            }
+            if chunk.len() >= RECORD_CHUNK {
+                let full = std::mem::replace(&mut chunk, String::with_capacity(RECORD_CHUNK));
+                // The client went away: stop reading.
+                return tx.blocking_send(Ok(full.into_bytes())).is_ok();
+            }
+            true
+        });
+        let failed = failed.or(walked.err().map(|e| e.to_string()));
+        match failed {
+            // Headers are sent: a failure ends the body early, which the client sees as an
+            // error (never as a complete record).
+            Some(e) => {
+                tracing::warn!(error = %e, "/record stopped");
+                let _ = tx.blocking_send(Err(std::io::Error::other(e)));
+            }
+            None if !chunk.is_empty() => {
+                let _ = tx.blocking_send(Ok(chunk.into_bytes()));
+            }
+            None => {}
+        }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    ([("content-type", "application/x-ndjson")], body).into_response()
 }
 
 /// The largest request body the HTTP listener reads (the dashboard's actions take at most
@@ -190,6 +221,14 @@ fn describe_metrics() {
     describe_counter!(
         "cdnmap_handshakes_failed_total",
         "Connections closed before serving, by listener: the TLS handshake failed, or it (in plaintext, the first bytes) did not come within handshake_timeout_secs."
+    );
+    describe_counter!(
+        "cdnmap_feedback_clipped_total",
+        "Demand samples clipped to feedback_max_demand_ratio times their unit's demand."
+    );
+    describe_counter!(
+        "cdnmap_feedback_refused_total",
+        "Feedback reports refused by their source's budget, by reason (budget, too_large, sources)."
     );
     describe_counter!(
         "cdnmap_tls_reloads_total",

@@ -46,6 +46,9 @@ pub struct Published {
     pub snapshot: Arc<Snapshot>,
     /// `None` when building them failed (answers then name every address of their clusters).
     pub servers: Option<Servers>,
+    /// The mean unit demand of each class in this map's round (Feedback's demand bound,
+    /// `budget::demand_bound`).
+    pub class_means: Vec<f64>,
 }
 
 /// The state shared by the loop and every handler.
@@ -73,6 +76,8 @@ pub struct Shared {
     pub(crate) estimator_ready: tokio::sync::watch::Sender<bool>,
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
+    /// Each feedback source's budget.
+    pub(crate) budgets: crate::budget::Budgets,
     /// In-cluster selection: the last reported server loads.
     pub(crate) server_loads: ServerLoads,
     /// The estimator's last stored checkpoint, and whether one is being written.
@@ -277,6 +282,7 @@ impl Shared {
                 ..Pending::default()
             }),
             server_loads: ServerLoads::default(),
+            budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(store.clone(), topology, seq, log),
             published: ArcSwapOption::empty(),
             status: Mutex::new(RoundStatus::default()),
@@ -438,8 +444,12 @@ impl Shared {
         };
         metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
         metrics::gauge!("cdnmap_map_epoch").set(snapshot.epoch as f64);
-        self.published
-            .store(Some(Arc::new(Published { snapshot, servers })));
+        let class_means = crate::budget::class_means(&snapshot.topology);
+        self.published.store(Some(Arc::new(Published {
+            snapshot,
+            servers,
+            class_means,
+        })));
     }
 
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, store the

@@ -6,8 +6,7 @@
 //! (`--data-dir`). Either way the reports come as JSON Lines of
 //! [`cdnmap_api::record::RecordLine`], the one type the service writes them with.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -76,33 +75,45 @@ pub fn to_trace(lines: &str, from_ms: i64, round_ms: i64) -> Result<(Header, Vec
 }
 
 /// The record of `[from_ms, to_ms)` from a running server's HTTP listener, with its Admin
-/// `token` (`/record` needs it).
+/// `token` (`/record` needs it): hyper's HTTP/1.1 client (the record comes streamed, chunked).
 pub fn fetch(addr: SocketAddr, token: Option<&str>, from_ms: i64, to_ms: i64) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+    use http_body_util::BodyExt;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let tcp = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting to {addr}: timed out"))?
         .with_context(|| format!("connecting to {addr} (is `cdnmap serve` running?)"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
-    let authorization = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        stream,
-        "GET /record?from_ms={from_ms}&to_ms={to_ms} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n"
-    )?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    let response = String::from_utf8(response).context("the response is not UTF-8")?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .context("a malformed HTTP response")?;
-    let status = head.lines().next().unwrap_or_default();
-    if !status.contains(" 200 ") {
-        bail!("{addr}: {status}: {}", body.trim());
-    }
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        bail!("{addr}: a chunked response, which this client does not read");
-    }
-    Ok(body.to_string())
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+        tokio::spawn(conn);
+        let mut request = hyper::Request::get(format!("/record?from_ms={from_ms}&to_ms={to_ms}"))
+            .header("host", addr.to_string());
+        if let Some(t) = token {
+            request = request.header("authorization", format!("Bearer {t}"));
+        }
+        let fetched = async {
+            let response = sender
+                .send_request(request.body(http_body_util::Empty::<hyper::body::Bytes>::new())?)
+                .await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            anyhow::Ok((status, body))
+        };
+        let (status, body) = tokio::time::timeout(Duration::from_secs(300), fetched)
+            .await
+            .map_err(|_| anyhow::anyhow!("{addr}: no whole record within 300 s"))??;
+        let body = String::from_utf8(body.to_vec()).context("the response is not UTF-8")?;
+        if !status.is_success() {
+            bail!("{addr}: {status}: {}", body.trim());
+        }
+        Ok(body)
+    })
 }
 
 /// The record of `[from_ms, to_ms)` from a stopped server's store.

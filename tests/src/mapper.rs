@@ -439,7 +439,33 @@ pub fn http_get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> 
     s.read_to_string(&mut raw).expect("read the response");
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
     let status = head.lines().next().unwrap_or_default().to_string();
-    (status, body.to_string())
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+/// A chunked HTTP/1.1 body (RFC 9112 §7.1) decoded: each chunk's size in hex, its bytes, and
+/// a zero-sized chunk last. Panics on a malformed one (the server's framing is under test).
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .unwrap_or_else(|e| panic!("a chunk size, not {size:?}: {e}"));
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..]
+            .strip_prefix("\r\n")
+            .expect("CRLF after a chunk");
+    }
 }
 
 /// `POST path` with a JSON `body` and `headers` over plain HTTP/1.1: (status line, body).

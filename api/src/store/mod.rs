@@ -1060,6 +1060,24 @@ impl Store {
         self.report_log.read_within(from_ms, to_ms, max_bytes)
     }
 
+    /// At least the bytes of the reports received in `[from_ms, to_ms)` (the segments that
+    /// hold any), known without reading them.
+    pub fn report_bytes_within(&self, from_ms: i64, to_ms: i64) -> Result<u64, StoreError> {
+        self.report_log.bytes_within(from_ms, to_ms)
+    }
+
+    /// Calls `each` with the kept reports received in `[from_ms, to_ms)`, one segment of the
+    /// record in memory at a time (`reports::ReportLog::for_each`); `each` returning false
+    /// stops.
+    pub fn for_each_report(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        each: impl FnMut(i64, &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        self.report_log.for_each(from_ms, to_ms, each)
+    }
+
     /// How many reports the store holds (kept, or in a segment not yet deleted).
     pub fn report_count(&self) -> Result<usize, StoreError> {
         self.report_log.count()

@@ -97,6 +97,7 @@ struct Segment {
     count: usize,
     /// Bytes of whole records.
     bytes: u64,
+    oldest_ms: i64,
     newest_ms: i64,
     /// Appended to no more (damaged, or a write to it failed).
     closed: bool,
@@ -148,6 +149,7 @@ impl ReportLog {
                 number,
                 count: records.len(),
                 bytes: valid as u64,
+                oldest_ms: records.iter().map(|r| r.at_ms).min().unwrap_or(i64::MAX),
                 newest_ms: records.iter().map(|r| r.at_ms).max().unwrap_or(i64::MIN),
                 closed,
             });
@@ -238,6 +240,7 @@ impl ReportLog {
                     number,
                     count: 0,
                     bytes: 0,
+                    oldest_ms: i64::MAX,
                     newest_ms: i64::MIN,
                     closed: false,
                 });
@@ -263,6 +266,7 @@ impl ReportLog {
         if let Some(s) = inner.segments.back_mut() {
             s.count += 1;
             s.bytes += record.len() as u64;
+            s.oldest_ms = s.oldest_ms.min(at_ms);
             s.newest_ms = s.newest_ms.max(at_ms);
         }
         inner.newest_ms = inner.newest_ms.max(at_ms);
@@ -324,6 +328,44 @@ impl ReportLog {
         to_ms: i64,
         max_bytes: usize,
     ) -> Result<Option<Reports>, StoreError> {
+        let mut out = Vec::new();
+        let mut taken = 0usize;
+        let mut over = false;
+        self.for_each(from_ms, to_ms, |at, payload| {
+            taken = taken.saturating_add(payload.len());
+            if taken > max_bytes {
+                over = true;
+                return false;
+            }
+            out.push((at, payload.to_vec()));
+            true
+        })?;
+        Ok((!over).then_some(out))
+    }
+
+    /// Bytes of the segments holding a report received in `[from_ms, to_ms)`: at least what
+    /// a read of that period returns (a segment's reports outside it are counted too), known
+    /// without reading a file.
+    pub(super) fn bytes_within(&self, from_ms: i64, to_ms: i64) -> Result<u64, StoreError> {
+        Ok(self
+            .lock()?
+            .segments
+            .iter()
+            .filter(|s| s.count > 0 && s.oldest_ms < to_ms && s.newest_ms >= from_ms)
+            .map(|s| s.bytes)
+            .sum())
+    }
+
+    /// Calls `each` with every kept report received in `[from_ms, to_ms)` (its time and
+    /// payload), segment by segment in the order they were written, each segment's by (time,
+    /// id): oldest first unless the clock stepped back between two segments. One segment is
+    /// in memory at a time. `each` returning false stops the walk.
+    pub(super) fn for_each(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        mut each: impl FnMut(i64, &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
         let (segments, cutoff, max) = {
             let inner = self.lock()?;
             (inner.segments.clone(), inner.cutoff_ms(), inner.max_reports)
@@ -332,12 +374,10 @@ impl ReportLog {
         // Records before this position (in append order) are beyond the count bound.
         let first_kept = total.saturating_sub(max);
         let mut at = 0usize;
-        let mut out = Vec::new();
-        let mut taken = 0usize;
         for s in &segments {
             let start = at;
             at += s.count;
-            if at <= first_kept || s.newest_ms < from_ms.max(cutoff) {
+            if at <= first_kept || s.newest_ms < from_ms.max(cutoff) || s.oldest_ms >= to_ms {
                 continue;
             }
             let path = self.path(s.number);
@@ -348,21 +388,24 @@ impl ReportLog {
                 Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
             };
             let (records, _) = parse(&bytes[..(s.bytes as usize).min(bytes.len())]);
-            for (i, r) in records.into_iter().enumerate() {
-                if start + i >= first_kept
-                    && r.at_ms >= cutoff
-                    && (from_ms..to_ms).contains(&r.at_ms)
-                {
-                    taken = taken.saturating_add(r.payload.len());
-                    if taken > max_bytes {
-                        return Ok(None);
-                    }
-                    out.push((r.at_ms, r.id, bytes[r.payload].to_vec()));
+            let mut kept: Vec<Record> = records
+                .into_iter()
+                .enumerate()
+                .filter(|(i, r)| {
+                    start + i >= first_kept
+                        && r.at_ms >= cutoff
+                        && (from_ms..to_ms).contains(&r.at_ms)
+                })
+                .map(|(_, r)| r)
+                .collect();
+            kept.sort_by_key(|r| (r.at_ms, r.id));
+            for r in kept {
+                if !each(r.at_ms, &bytes[r.payload]) {
+                    return Ok(());
                 }
             }
         }
-        out.sort_by_key(|&(at, id, _)| (at, id));
-        Ok(Some(out.into_iter().map(|(at, _, p)| (at, p)).collect()))
+        Ok(())
     }
 
     /// Writes `records` (time, id, payload; an older build's record, moved from sled) as the
@@ -389,6 +432,7 @@ impl ReportLog {
             number: 0,
             count: records.len(),
             bytes: bytes.len() as u64,
+            oldest_ms: records.iter().map(|r| r.0).min().unwrap_or(i64::MAX),
             newest_ms: records.iter().map(|r| r.0).max().unwrap_or(i64::MIN),
             closed: false,
         });

@@ -707,6 +707,28 @@ fn reports_are_kept_by_age_and_count() {
             .map(|r| r.len()),
         Some(1)
     );
+    // The walk /record streams: the same reports; stopped when asked.
+    let mut walked = Vec::new();
+    store
+        .for_each_report(0, i64::MAX, |at, p| {
+            walked.push((at, p.to_vec()));
+            true
+        })
+        .expect("walk");
+    assert_eq!(walked, all);
+    let mut seen = 0;
+    store
+        .for_each_report(0, i64::MAX, |_, _| {
+            seen += 1;
+            false
+        })
+        .expect("walk");
+    assert_eq!(seen, 1);
+    // The bytes a period may cover, known from the segments: at least what a read returns,
+    // none for a period before every report.
+    let covered = store.report_bytes_within(0, i64::MAX).expect("bytes");
+    assert!(covered >= bytes as u64, "{covered} < {bytes}");
+    assert_eq!(store.report_bytes_within(-5_000, 0).expect("bytes"), 0);
 }
 
 /// Racing appenders keep the record's bounds exactly (appends are serialized), and a reopened
