@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
-use cdnmap_tests::mapper::{all_units, http_get, ok, qname_of, Server, Setup};
+use cdnmap_tests::mapper::{all_units, http_get, ok, qname_of, www_query, Server, Setup};
 use cdnmap_tests::{bin, ensure_debian_tool, listening_addr, Running};
 use ipnet::IpNet;
 
@@ -516,6 +516,23 @@ async fn status_codes_apex_records_and_truncation() {
     cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 }
 
+/// Asks `dns` for `www.cdn.example A` `n` times from one IPv4 prefix of a web unit of
+/// `server`'s map (each NOERROR): the unit's prefix and the ECS subnet used.
+async fn dig_from_a_web_unit(server: &Server, dns: &Dns, n: usize) -> (IpNet, String) {
+    let units = all_units(server).await;
+    let unit = units
+        .iter()
+        .find(|u| u.traffic_class == "web" && u.prefixes.iter().any(|p| p.contains('.')))
+        .expect("a web unit with an IPv4 prefix");
+    let net: IpNet = unit.prefixes[0].parse().expect("a prefix");
+    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
+    for _ in 0..n {
+        let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
+        assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    }
+    (net, subnet)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     // The front end is told the mapper's address before the mapper is up, and follows that
@@ -531,17 +548,7 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     let server = setup.start().await;
     dns.wait_answering();
     // Queries from one prefix of a real unit, to be reported.
-    let units = all_units(&server).await;
-    let unit = units
-        .iter()
-        .find(|u| u.traffic_class == "web" && u.prefixes.iter().any(|p| p.contains('.')))
-        .expect("a web unit with an IPv4 prefix");
-    let net: IpNet = unit.prefixes[0].parse().expect("a prefix");
-    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
-    for _ in 0..25 {
-        let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
-        assert_eq!(r.status, "NOERROR", "{}", r.raw);
-    }
+    let (net, subnet) = dig_from_a_web_unit(&server, &dns, 25).await;
     // The reports (one a second) reach the mapper's demand record: all 25 queries, counted
     // against the unit's prefix, summed over however many periods they fell in.
     let prefix = net.trunc().to_string();
@@ -646,28 +653,13 @@ async fn follows_a_mapper_over_mutual_tls() {
     let plain = endpoint(server.grpc, None, None).connect().await;
     if let Ok(channel) = plain {
         let r = pb::mapping_client::MappingClient::new(channel)
-            .resolve(pb::ResolveRequest {
-                resolver_ip: "1.0.0.1".into(),
-                qname: "www.cdn.example.".into(),
-                qtype: 1,
-                ..Default::default()
-            })
+            .resolve(www_query())
             .await;
         assert!(r.is_err(), "a plaintext Resolve on the TLS listener: {r:?}");
     }
     // A client with no certificate resolves, but may not watch maps or send feedback.
     let mut mapping = server.mapping();
-    let answer = ok(
-        mapping
-            .resolve(pb::ResolveRequest {
-                resolver_ip: "1.0.0.1".into(),
-                qname: "www.cdn.example.".into(),
-                qtype: 1,
-                ..Default::default()
-            })
-            .await,
-        "Resolve over TLS",
-    );
+    let answer = ok(mapping.resolve(www_query()).await, "Resolve over TLS");
     assert_eq!(answer.rcode, 0);
     let watch = mapping
         .watch_map(pb::WatchMapRequest::default())
@@ -720,17 +712,7 @@ async fn follows_a_mapper_over_mutual_tls() {
         ),
     );
     dns.wait_answering();
-    let units = all_units(&server).await;
-    let unit = units
-        .iter()
-        .find(|u| u.traffic_class == "web" && u.prefixes.iter().any(|p| p.contains('.')))
-        .expect("a web unit with an IPv4 prefix");
-    let net: IpNet = unit.prefixes[0].parse().expect("a prefix");
-    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
-    for _ in 0..5 {
-        let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
-        assert_eq!(r.status, "NOERROR", "{}", r.raw);
-    }
+    let (_, subnet) = dig_from_a_web_unit(&server, &dns, 5).await;
     // Its reports are recorded under its certificate's name, not the name it gives itself
     // ("dns-e2e"); /record is read over HTTPS by Python's client.
     let auth = format!("Bearer {TOKEN}");

@@ -23,8 +23,8 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::mapping_client::MappingClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_units, authed, ok, qname_of, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN,
-    TTL_SECS,
+    all_units, authed, ok, qname_of, unit_sample, www_query, Server, Setup, CLUSTERS, CYCLE_SECS,
+    MAP_UNITS, TOKEN, TTL_SECS,
 };
 use ipnet::IpNet;
 use serde_json::Value;
@@ -730,11 +730,7 @@ async fn feedback_needs_a_known_front_end_within_its_budget_and_bound() {
     let units = all_units(&server).await;
     let mut fb = server.feedback();
     let now = 1_800_000_000_000i64;
-    let sample = |u: &pb::MapUnit, queries: f64| pb::DemandSample {
-        target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
-        traffic_class: u.traffic_class.clone(),
-        queries,
-    };
+    let sample = unit_sample;
     // One cycle's period: a sample's queries are its claim per cycle.
     let report = |samples: Vec<pb::DemandSample>| pb::DemandReport {
         reporter: "forged-name".into(),
@@ -843,11 +839,7 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
     let units = all_units(&server).await;
     let mut fb = server.feedback();
     let now = 1_800_000_000_000i64;
-    let sample = |u: &pb::MapUnit, queries: f64| pb::DemandSample {
-        target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
-        traffic_class: u.traffic_class.clone(),
-        queries,
-    };
+    let sample = unit_sample;
     let report = |samples: Vec<pb::DemandSample>| pb::DemandReport {
         reporter: "e2e-front-end".into(),
         period_start_unix_ms: now - 10_000,
@@ -1903,37 +1895,19 @@ async fn grpc_closes_idle_connections_and_connections_past_its_limit() {
     // The client that was there all along is served.
     let mut client = server.mapping();
     let answer = client
-        .resolve(pb::ResolveRequest {
-            resolver_ip: "1.0.0.1".into(),
-            qname: "www.cdn.example.".into(),
-            qtype: 1,
-            ..Default::default()
-        })
+        .resolve(www_query())
         .await
         .expect("Resolve after the idle connections are gone");
     assert_eq!(answer.into_inner().rcode, 0);
     // Headers past GRPC_MAX_HEADER_BYTES (16 KiB) are refused; the connection serves on.
-    let mut big = tonic::Request::new(pb::ResolveRequest {
-        resolver_ip: "1.0.0.1".into(),
-        qname: "www.cdn.example.".into(),
-        qtype: 1,
-        ..Default::default()
-    });
+    let mut big = tonic::Request::new(www_query());
     big.metadata_mut().insert(
         "x-padding",
         "a".repeat(32 << 10).parse().expect("a header value"),
     );
     let refused = server.mapping().resolve(big).await;
     assert!(refused.is_err(), "32 KiB of headers accepted: {refused:?}");
-    let again = server
-        .mapping()
-        .resolve(pb::ResolveRequest {
-            resolver_ip: "1.0.0.1".into(),
-            qname: "www.cdn.example.".into(),
-            qtype: 1,
-            ..Default::default()
-        })
-        .await;
+    let again = server.mapping().resolve(www_query()).await;
     assert!(again.is_ok(), "{again:?}");
     let (_, body) = server.http_get("/metrics");
     for metric in [

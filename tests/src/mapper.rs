@@ -352,6 +352,25 @@ pub fn endpoint(
     endpoint
 }
 
+/// The plainest Resolve: `www.cdn.example.` A from resolver 1.0.0.1.
+pub fn www_query() -> pb::ResolveRequest {
+    pb::ResolveRequest {
+        resolver_ip: "1.0.0.1".into(),
+        qname: "www.cdn.example.".into(),
+        qtype: 1,
+        ..Default::default()
+    }
+}
+
+/// A demand sample of `queries` for map unit `u`, named by id.
+pub fn unit_sample(u: &pb::MapUnit, queries: f64) -> pb::DemandSample {
+    pb::DemandSample {
+        target: Some(pb::demand_sample::Target::MapUnit(u.id.clone())),
+        traffic_class: u.traffic_class.clone(),
+        queries,
+    }
+}
+
 /// `GET path` over HTTPS from `addr`, trusting `ca`, with `headers` (Python's `urllib`, a
 /// client independent of ours): (status code, body).
 pub fn https_get(
