@@ -712,6 +712,17 @@ async fn admin_is_refused_when_no_token_is_configured() {
     .await;
 }
 
+/// A demand report from `reporter` of the cycle ending at `end_ms` (one cycle's period: a
+/// sample's queries are its claim per cycle).
+fn cycle_report(reporter: &str, end_ms: i64, samples: Vec<pb::DemandSample>) -> pb::DemandReport {
+    pb::DemandReport {
+        reporter: reporter.into(),
+        period_start_unix_ms: end_ms - CYCLE_SECS as i64 * 1_000,
+        period_end_unix_ms: end_ms,
+        samples,
+    }
+}
+
 /// Feedback from known front ends only, within a budget each, each sample within a bound
 /// relative to its unit's demand (issue 17): with `feedback_tokens`, a report without a token
 /// or with an unknown one is UNAUTHENTICATED, one with a token is recorded under the token's
@@ -731,13 +742,7 @@ async fn feedback_needs_a_known_front_end_within_its_budget_and_bound() {
     let mut fb = server.feedback();
     let now = 1_800_000_000_000i64;
     let sample = unit_sample;
-    // One cycle's period: a sample's queries are its claim per cycle.
-    let report = |samples: Vec<pb::DemandSample>| pb::DemandReport {
-        reporter: "forged-name".into(),
-        period_start_unix_ms: now - 10_000,
-        period_end_unix_ms: now,
-        samples,
-    };
+    let report = |samples: Vec<pb::DemandSample>| cycle_report("forged-name", now, samples);
     let with_token = |token: Option<&str>, samples: Vec<pb::DemandSample>| {
         let mut r = Request::new(report(samples));
         if let Some(t) = token {
@@ -840,12 +845,7 @@ async fn feedback_acknowledges_valid_reports_and_names_bad_samples() {
     let mut fb = server.feedback();
     let now = 1_800_000_000_000i64;
     let sample = unit_sample;
-    let report = |samples: Vec<pb::DemandSample>| pb::DemandReport {
-        reporter: "e2e-front-end".into(),
-        period_start_unix_ms: now - 10_000,
-        period_end_unix_ms: now,
-        samples,
-    };
+    let report = |samples: Vec<pb::DemandSample>| cycle_report("e2e-front-end", now, samples);
 
     let mut samples: Vec<pb::DemandSample> =
         units.iter().take(4).map(|u| sample(u, 125.0)).collect();

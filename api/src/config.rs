@@ -263,6 +263,16 @@ pub struct TlsConfig {
     pub client_ca_file: Option<PathBuf>,
 }
 
+impl Config {
+    /// Whether client certificates identify front ends (`[tls] client_ca_file`): then only
+    /// clients with one may watch maps and send feedback.
+    pub fn mutual_tls(&self) -> bool {
+        self.tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca_file.is_some())
+    }
+}
+
 impl TlsConfig {
     pub fn to_files(&self) -> crate::tls::TlsFiles {
         crate::tls::TlsFiles {

@@ -96,12 +96,7 @@ pub(crate) fn identify<T>(shared: &Shared, request: &Request<T>) -> Result<Optio
         return Ok(Some(name.to_string()));
     }
     let tokens = &shared.config.feedback_tokens;
-    let mutual = shared
-        .config
-        .tls
-        .as_ref()
-        .is_some_and(|t| t.client_ca_file.is_some());
-    if tokens.is_empty() && !mutual {
+    if tokens.is_empty() && !shared.config.mutual_tls() {
         return Ok(None);
     }
     let given = request

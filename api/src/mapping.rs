@@ -215,14 +215,8 @@ impl pb::mapping_server::Mapping for MappingService {
     ) -> Result<Response<Self::WatchMapStream>, Status> {
         // With mutual TLS only front ends with a certificate from the operator's CA follow
         // the map.
-        let mutual = self
-            .0
-            .config
-            .tls
-            .as_ref()
-            .is_some_and(|t| t.client_ca_file.is_some());
         let identified = crate::listen::peer_of(&request).is_some_and(|p| p.identity.is_some());
-        if mutual && !identified {
+        if self.0.config.mutual_tls() && !identified {
             return Err(Status::unauthenticated(
                 "WatchMap needs a client certificate from the operator's CA (tls.client_ca_file)",
             ));

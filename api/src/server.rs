@@ -124,14 +124,12 @@ async fn serve_http(
             _ = stop.wait_for(|&s| s) => break,
         };
         let Some(conn) = conn else { break };
-        let peer = conn.peer().clone();
-        let remote = peer.remote;
+        let remote = conn.peer().remote;
         let app = app.clone();
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(remote));
-                req.extensions_mut().insert(peer.clone());
                 let mut app = app.clone();
                 async move { tower::Service::call(&mut app, req).await }
             });

@@ -261,6 +261,5 @@ pub async fn watch(tls: Arc<ServerTls>, mut stop: tokio::sync::watch::Receiver<b
 /// name of its certificate's subjectAltName.
 pub fn identity_of(certs: &[CertificateDer<'_>]) -> Option<Arc<str>> {
     let cert = webpki::EndEntityCert::try_from(certs.first()?).ok()?;
-    let name = cert.valid_dns_names().next().map(Arc::from);
-    name
+    cert.valid_dns_names().next().map(Arc::from)
 }
