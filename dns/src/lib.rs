@@ -17,6 +17,9 @@ pub mod local;
 mod udp;
 mod wire;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -342,8 +342,13 @@ mod mmsg {
 }
 
 /// FORMERR for a datagram whose header parsed but whose body did not: the id and opcode
-/// echoed, no sections.
+/// echoed, no sections. Nothing for a datagram whose QR bit says it is a response: two
+/// servers answering each other's malformed responses would bounce datagrams forever, and a
+/// forged source would make this one a reflector (found by `fuzz::datagram`).
 fn formerr(raw: &[u8]) -> Option<Vec<u8>> {
+    if raw[2] & 0x80 != 0 {
+        return None;
+    }
     let mut out = vec![0u8; 12];
     out[..2].copy_from_slice(&raw[..2]);
     out[2] = 0x80 | (raw[2] & 0x78); // QR, the opcode

@@ -394,7 +394,7 @@ fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8) -> Option<
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use arc_swap::ArcSwapOption;
@@ -414,7 +414,7 @@ mod tests {
     /// A map of four units over three clusters (one with no IPv6 server), two classes, nested
     /// and split units, IPv4 and IPv6 prefixes; zone `example.`; `www.example` is web,
     /// `*.video.example` video.
-    fn front() -> Front {
+    pub(crate) fn front() -> Front {
         let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
         let cluster = |id: &str, n: u8, v6: bool| ServingCluster {
             id: id.to_string(),
