@@ -166,3 +166,15 @@ pub fn assert_bounded(error: &str, input_len: usize) {
         error.chars().take(300).collect::<String>()
     );
 }
+
+/// An error and its sources, as the command line prints them (`anyhow`'s `{:#}`).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

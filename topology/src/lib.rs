@@ -17,6 +17,9 @@ pub mod addressing;
 pub mod compact;
 pub mod format;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::net::IpAddr;
 use std::sync::Arc;
 

@@ -13,4 +13,7 @@
 
 pub mod synth;
 pub mod trace;
+
+#[cfg(test)]
+mod fuzz;
 pub mod world;
