@@ -56,7 +56,7 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The `Admin` service.
 pub struct AdminService(pub Arc<Shared>);
 
-fn cluster_pb(inst: &Topology, c: usize) -> pb::Cluster {
+pub(crate) fn cluster_pb(inst: &Topology, c: usize) -> pb::Cluster {
     let cl = &inst.clusters()[c];
     fn node(inst: &Instance, cl: &cdnmap_mapper::Cluster, i: u32) -> pb::ResourceNode {
         let n = &cl.nodes[i as usize];
@@ -89,7 +89,7 @@ fn cluster_pb(inst: &Topology, c: usize) -> pb::Cluster {
     }
 }
 
-fn unit_admin_pb(inst: &Topology, u: UnitIdx) -> pb::MapUnit {
+pub(crate) fn unit_admin_pb(inst: &Topology, u: UnitIdx) -> pb::MapUnit {
     let (lat, lon) = inst.unit_location(u);
     pb::MapUnit {
         id: inst.unit_id(u).to_string(),
@@ -119,7 +119,7 @@ fn parse_list<T: std::str::FromStr>(items: &[String], field: &str) -> Result<Vec
         .enumerate()
         .map(|(i, a)| {
             a.parse()
-                .map_err(|_| invalid(format!("{field}[{i}]: {a:?} is not valid")))
+                .map_err(|_| invalid(format!("{field}[{i}]: {} is not valid", shown_id(a))))
         })
         .collect()
 }
@@ -149,7 +149,7 @@ fn node_from_pb(n: pb::ResourceNode, path: &str) -> Result<NestedNode, Status> {
     })
 }
 
-fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
+pub(crate) fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
     // A cluster upserted without a state is up.
     let state = match (c.state, cdnmap_serve::watch::state_from_pb(c.state)) {
         (_, Some(s)) => s,
@@ -175,7 +175,7 @@ fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
     })
 }
 
-fn unit_from_pb(u: pb::MapUnit) -> Result<MapUnitFile, Status> {
+pub(crate) fn unit_from_pb(u: pb::MapUnit) -> Result<MapUnitFile, Status> {
     Ok(MapUnitFile {
         id: u.id,
         class: u.traffic_class,

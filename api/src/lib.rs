@@ -9,6 +9,8 @@ pub mod dashboard;
 pub mod driver;
 pub mod edit;
 pub mod feedback;
+#[cfg(test)]
+mod fuzz;
 pub mod listen;
 pub mod mapping;
 pub mod memory;

@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState, UnitIdx};
+use cdnmap_mapper::model::{shown_id, ClassIdx, ClusterIdx, ClusterState, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
 
@@ -768,8 +768,12 @@ fn frame_of(update: &pb::MapUpdate) -> Result<Frame, FollowError> {
             .addresses
             .iter()
             .map(|a| {
-                a.parse::<IpAddr>()
-                    .map_err(|_| invalid(field("addresses"), format!("{a:?} is not an address")))
+                a.parse::<IpAddr>().map_err(|_| {
+                    invalid(
+                        field("addresses"),
+                        format!("{} is not an address", shown_id(a)),
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let state = state_from_pb(c.state)
@@ -847,8 +851,12 @@ fn parse_unit(
         .prefixes
         .iter()
         .map(|p| {
-            p.parse::<IpNet>()
-                .map_err(|_| invalid(field("prefixes"), format!("{p:?} is not a prefix")))
+            p.parse::<IpNet>().map_err(|_| {
+                invalid(
+                    field("prefixes"),
+                    format!("{} is not a prefix", shown_id(p)),
+                )
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let known = |id: &str, what: &str| {
@@ -926,6 +934,9 @@ fn push_units(
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
@@ -941,7 +952,7 @@ mod tests {
 
     /// A random map: `units` units ("u00001", ... in id order, some ids skipped), classes
     /// "video" and "web", clusters from `ids`.
-    fn map(rng: &mut ChaCha8Rng, units: usize, ids: &[&str]) -> ServingMap {
+    pub(super) fn map(rng: &mut ChaCha8Rng, units: usize, ids: &[&str]) -> ServingMap {
         let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
         let states = [ClusterState::Up, ClusterState::Drained, ClusterState::Down];
         let clusters = ids
@@ -988,7 +999,7 @@ mod tests {
         )
     }
 
-    fn with_edge<R>(f: impl FnOnce(&Edge<'_>) -> R) -> R {
+    pub(super) fn with_edge<R>(f: impl FnOnce(&Edge<'_>) -> R) -> R {
         let (policies, rules) = edge_parts();
         let load = |_: &str, _: IpAddr| 0.5;
         f(&Edge {
@@ -999,7 +1010,7 @@ mod tests {
         })
     }
 
-    fn id(epoch: u64, version: u64) -> Identity {
+    pub(super) fn id(epoch: u64, version: u64) -> Identity {
         Identity {
             epoch,
             version,
