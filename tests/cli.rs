@@ -1220,3 +1220,353 @@ fn serve_refuses_classes_the_world_does_not_have() {
             .assert_error(&[class, "class_rules and default_class"]);
     }
 }
+
+/// A bad file, a command that reads it, and the exact error line the command prints (after
+/// `error: `), exiting 2 without a panic.
+struct BadFile {
+    name: &'static str,
+    content: Vec<u8>,
+    args: &'static [&'static str],
+    error: String,
+}
+
+/// Bad input on the file surface, as a table: instance files (JSON and compact), demand traces
+/// and assignments that are missing, empty, cut, damaged, of the wrong shape, or hold hostile
+/// values (a negative demand, a latitude of 1e308, a number past f64, an id with NUL or a
+/// bidirectional override, an id of a megabyte, a duplicate id, an unparsable prefix). Each
+/// is refused with exactly the error written here: naming the file, the line or the record,
+/// the field, and the value (ids and numbers shown short).
+#[test]
+fn bad_files_are_refused_with_exact_errors() {
+    let dir = tempdir();
+    let d = dir.path();
+    let base = read_json(&example_instance());
+    let unit = str_of(&base["map_units"][0]["id"]).to_string();
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        edit(&mut v);
+        serde_json::to_vec(&v).expect("JSON")
+    };
+    // A compact world, damaged in the middle and cut in half.
+    cdnmap(
+        d,
+        &[
+            "world",
+            "--map-units",
+            "12",
+            "--clusters",
+            "4",
+            "--seed",
+            "7",
+            "--format",
+            "compact",
+            "--out",
+            "w.top",
+        ],
+    )
+    .assert_code(0);
+    let compact = std::fs::read(d.join("w.top")).expect("the compact world");
+    let mut flipped = compact.clone();
+    flipped[compact.len() / 2] ^= 1;
+    let header = r#"{"header": {"round_ms": 10000, "start_ms": 1764460800000}}"#;
+    let trace = |lines: &[String]| format!("{header}\n{}\n", lines.join("\n")).into_bytes();
+    let unit_line =
+        |t: i64, demand: &str| format!(r#"{{"t": {t}, "map_unit": "{unit}", "demand": {demand}}}"#);
+    let solve: &[&str] = &["solve", "{}"];
+    let replay: &[&str] = &["replay", "--out", "report", "instance.json", "{}"];
+    let verify: &[&str] = &["verify", "instance.json", "{}"];
+    std::fs::write(d.join("instance.json"), with(&|_| {})).expect("write");
+    let rows = vec![
+        BadFile {
+            name: "empty.json",
+            content: vec![],
+            args: solve,
+            error: "empty.json: not a valid file: EOF while parsing a value at line 1 column 0"
+                .into(),
+        },
+        BadFile {
+            name: "negative.json",
+            content: with(&|v| v["map_units"][0]["demand"] = Value::from(-3.0)),
+            args: solve,
+            error: format!(
+                "negative.json: map unit {unit:?}: demand is -3, must be a finite number >= 0"
+            ),
+        },
+        BadFile {
+            name: "far.json",
+            content: with(&|v| v["clusters"][0]["lat"] = Value::from(1e308)),
+            args: solve,
+            error: "far.json: cluster \"fra-1\": lat is 1e308, must be a latitude in [-90, 90]"
+                .into(),
+        },
+        BadFile {
+            name: "past-f64.json",
+            content: String::from_utf8(with(&|v| v["map_units"][0]["demand"] = Value::from(7.5)))
+                .expect("UTF-8")
+                .replacen("7.5", "1e309", 1)
+                .into_bytes(),
+            args: solve,
+            error: "past-f64.json: not a valid file: number out of range".into(),
+        },
+        BadFile {
+            name: "nul.json",
+            content: with(&|v| v["map_units"][0]["id"] = Value::from("a\u{0}b")),
+            args: solve,
+            error: "nul.json: map unit id \"a\\0b\" (map unit #0): character U+0000 (a control \
+                    or bidirectional formatting character) is not allowed"
+                .into(),
+        },
+        BadFile {
+            name: "bidi.json",
+            content: with(&|v| v["map_units"][0]["id"] = Value::from("x\u{202e}y")),
+            args: solve,
+            error: "bidi.json: map unit id \"x\\u{202e}y\" (map unit #0): character U+202E (a \
+                    control or bidirectional formatting character) is not allowed"
+                .into(),
+        },
+        BadFile {
+            name: "long-id.json",
+            content: with(&|v| v["map_units"][0]["id"] = Value::from("a".repeat(1 << 20))),
+            args: solve,
+            error: format!(
+                "long-id.json: map unit id {:?}… (1048576 bytes) (map unit #0): 1048576 bytes, \
+                 at most 256",
+                "a".repeat(64)
+            ),
+        },
+        BadFile {
+            name: "duplicate.json",
+            content: with(&|v| v["map_units"][1]["id"] = Value::from(unit.as_str())),
+            args: solve,
+            error: format!("duplicate.json: duplicate map unit id {unit:?}"),
+        },
+        BadFile {
+            name: "prefix.json",
+            content: with(&|v| v["map_units"][0]["prefixes"] = serde_json::json!(["10.0.0.1/33"])),
+            args: solve,
+            error: "prefix.json: not a valid file: invalid IP address syntax".into(),
+        },
+        BadFile {
+            name: "damaged.top",
+            content: flipped,
+            args: solve,
+            error: "damaged.top: the compressed compact topology is damaged: Restored data \
+                    doesn't match checksum"
+                .into(),
+        },
+        BadFile {
+            name: "cut.top",
+            content: compact[..compact.len() / 2].to_vec(),
+            args: solve,
+            error: "cut.top: the compressed compact topology is damaged: incomplete frame".into(),
+        },
+        BadFile {
+            name: "backwards.jsonl",
+            content: trace(&[unit_line(20_000, "1"), unit_line(10_000, "1")]),
+            args: replay,
+            error: "backwards.jsonl: line 3: time 10000 is before the previous record's 20000"
+                .into(),
+        },
+        BadFile {
+            name: "headless.jsonl",
+            content: format!("{}\n", unit_line(1, "1")).into_bytes(),
+            args: replay,
+            error: "headless.jsonl: line 1: the first line must be the header".into(),
+        },
+        BadFile {
+            name: "negative.jsonl",
+            content: trace(&[unit_line(1, "-1e308")]),
+            args: replay,
+            error: "negative.jsonl: line 2: demand is -1e308, must be a finite number >= 0".into(),
+        },
+        BadFile {
+            name: "classless.jsonl",
+            content: trace(&[r#"{"t": 1, "prefix": "1.2.3.0/24", "demand": 1}"#.into()]),
+            args: replay,
+            error: "classless.jsonl: line 2: a prefix record needs a \"class\"".into(),
+        },
+        BadFile {
+            name: "not-an-assignment.json",
+            content: with(&|_| {}),
+            args: verify,
+            error: "not-an-assignment.json: not a valid file: missing field `assignments`".into(),
+        },
+    ];
+    for row in rows {
+        std::fs::write(d.join(row.name), &row.content).expect("write the bad file");
+        let args: Vec<&str> = row
+            .args
+            .iter()
+            .map(|a| if *a == "{}" { row.name } else { a })
+            .collect();
+        let run = cdnmap(d, &args);
+        run.assert_code(2);
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or("");
+        // serde_json's messages end with where in the file: checked up to it.
+        let shown = line.strip_prefix("error: ").unwrap_or(line);
+        let shown = match shown.find(" at line ") {
+            Some(at) if !row.error.contains(" at line ") => &shown[..at],
+            _ => shown,
+        };
+        assert_eq!(shown, row.error, "{}:\n{}", row.name, run.show());
+    }
+    // Nothing missing or unreadable is taken for an empty input.
+    for (path, error) in [
+        (
+            "missing.json",
+            "reading missing.json: No such file or directory (os error 2)",
+        ),
+        (".", "reading .: Is a directory (os error 21)"),
+    ] {
+        let run = cdnmap(d, &["solve", path]);
+        run.assert_code(2);
+        assert!(
+            run.stderr.contains(&format!("error: {error}")),
+            "{}",
+            run.show()
+        );
+    }
+}
+
+/// Runs `cdnmap args...` in `dir`, killing it after `secs` (a server given a configuration
+/// it should have refused would otherwise serve on and hang the test).
+fn cdnmap_within(dir: &Path, args: &[&str], secs: u64) -> Run {
+    let mut child = Command::new(bin!())
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cdnmap");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().expect("wait for cdnmap").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Run::from(child.wait_with_output().expect("cdnmap's output"))
+}
+
+/// Bad input on the configuration surface, as a table: `cdnmap serve` and `cdnmap dns`
+/// configurations with an unknown key, a value of the wrong type or out of its range, a
+/// token too short, a class no world has, a certificate that is missing or not PEM, a mapper
+/// URL of another scheme, `https://` without the CA to trust, a CA or a token for a plaintext
+/// mapper beyond loopback, no zones or a malformed one. Each is refused at start with exactly
+/// the error written here (the parser's message once, not again as its own cause), exiting 2.
+#[test]
+fn bad_configs_are_refused_with_exact_errors() {
+    let dir = tempdir();
+    let d = dir.path();
+    let serve_base = "grpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+                      data_dir = \"data\"\ncycle_secs = 10\n";
+    let demo = "[demo]\nmap_units = 200\nclusters = 8\nseed = 1\n";
+    let dns_base = "listen = \"127.0.0.1:0\"\nzones = [\"cdn.example.\"]\n";
+    let front = "the DNS front end's settings";
+    let rows: Vec<(&str, String, String)> = vec![
+        (
+            "serve",
+            format!("nonsense_key = 1\n{serve_base}{demo}"),
+            "serve.toml: TOML parse error at line 1, column 1\n  |\n1 | nonsense_key = 1\n  | \
+             ^^^^^^^^^^^^\nunknown field `nonsense_key`, expected one of `cycle_secs`, \
+             `grpc_listen`, `http_listen`, `data_dir`, `maps_kept`, `ttl_secs`, `admin_token`, \
+             `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
+             `http_header_timeout_secs`, `http_max_connections`, `grpc_max_connections`, \
+             `handshake_timeout_secs`, `tls`, `feedback_tokens`, `feedback_samples_per_sec`, \
+             `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
+             `selection`, `demo`"
+                .into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}grpc_max_connections = 0\n{demo}"),
+            "serve.toml: grpc_max_connections: 0 is outside 1..=100000".into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}feedback_max_demand_ratio = -1.0\n{demo}"),
+            "serve.toml: feedback_max_demand_ratio: -1 is outside 1..=1000000".into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}admin_token = \"short\"\n{demo}"),
+            "serve.toml: admin_token: must be at least 8 characters, without spaces or control \
+             characters"
+                .into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}{demo}[feedback_tokens]\nfe1 = \"abc\"\n"),
+            "serve.toml: feedback_tokens.\"fe1\": must be at least 8 characters, without spaces \
+             or control characters"
+                .into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}default_class = \"nosuch\"\n{demo}"),
+            "the configuration's class_rules and default_class: default class: unknown traffic \
+             class \"nosuch\""
+                .into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}{demo}[tls]\ncert_file = \"serve.toml\"\nkey_file = \"serve.toml\"\n"),
+            "tls.cert_file serve.toml: no PEM certificate in it".into(),
+        ),
+        (
+            "dns",
+            format!("mapper = \"ftp://127.0.0.1:1\"\n{dns_base}"),
+            format!("{front}: mapper: \"ftp://127.0.0.1:1\" must be a URL such as http://127.0.0.1:50051"),
+        ),
+        (
+            "dns",
+            format!("mapper = \"https://127.0.0.1:1\"\n{dns_base}"),
+            format!(
+                "{front}: mapper_ca_file: \"https://127.0.0.1:1\" is https://: name the CA its \
+                 certificate must chain to"
+            ),
+        ),
+        (
+            "dns",
+            format!("mapper = \"http://127.0.0.1:1\"\nmapper_ca_file = \"dns.toml\"\n{dns_base}"),
+            format!(
+                "{front}: mapper_ca_file: is given but the mapper \"http://127.0.0.1:1\" is \
+                 plaintext (http://, beyond loopback for a token): use https://"
+            ),
+        ),
+        (
+            "dns",
+            format!("mapper = \"http://192.0.2.1:1\"\nfeedback_token = \"abcdefghijk\"\n{dns_base}"),
+            format!(
+                "{front}: feedback_token: is given but the mapper \"http://192.0.2.1:1\" is \
+                 plaintext (http://, beyond loopback for a token): use https://"
+            ),
+        ),
+        (
+            "dns",
+            "mapper = \"http://127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\nzones = []\n".into(),
+            format!("{front}: zones: 0 zones; 1 to 64 are allowed"),
+        ),
+        (
+            "dns",
+            format!("mapper = \"http://127.0.0.1:1\"\n{dns_base}max_udp_payload = 100\n"),
+            format!("{front}: max_udp_payload: 100 is outside 512..=4096"),
+        ),
+    ];
+    for (command, config, error) in rows {
+        let file = format!("{command}.toml");
+        std::fs::write(d.join(&file), &config).expect("write the configuration");
+        let run = cdnmap_within(d, &[command, "--config", &file], 30);
+        run.assert_code(2);
+        let at = run.stderr.find("error: ").unwrap_or(0);
+        let shown = run.stderr[at..].trim_end();
+        let shown = shown.strip_prefix("error: ").unwrap_or(shown);
+        assert_eq!(shown, error, "{file}:\n{config}\n{}", run.show());
+    }
+}

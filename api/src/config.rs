@@ -82,7 +82,9 @@ pub const MAX_DEMO_MAP_UNITS: usize = cdnmap_mapper::model::MAX_MAP_UNITS;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    #[error("{0}")]
+    /// (Transparent: with `{0}` and `from`, the parser's message printed twice, as the
+    /// error and again as its source.)
+    #[error(transparent)]
     Toml(#[from] toml::de::Error),
     #[error("{key}: {problem}")]
     Invalid { key: String, problem: String },

@@ -14,7 +14,7 @@ use crate::record::{
     self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, Sample, ServerLoad, Target,
 };
 use crate::service::{invalid, now_unix_ms, Shared, MAX_PENDING_LOADS, MAX_REPORTS};
-use cdnmap_mapper::model::shown_id;
+use cdnmap_mapper::model::{shown_id, shown_number};
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
 pub struct FeedbackService(pub Arc<Shared>);
@@ -197,13 +197,13 @@ impl pb::feedback_server::Feedback for FeedbackService {
             if !(s.queries.is_finite() && s.queries >= 0.0) {
                 return Err(invalid(format!(
                     "samples[{i}].queries: {} is not a count >= 0",
-                    s.queries
+                    shown_number(s.queries)
                 )));
             }
             if s.queries / period_secs > MAX_SAMPLE_QPS {
                 return Err(invalid(format!(
                     "samples[{i}].queries: {} in {period_secs} s is more than {MAX_SAMPLE_QPS} queries a second from one prefix",
-                    s.queries
+                    shown_number(s.queries)
                 )));
             }
             // The sample's unit in `topology` (what the next round maps) and in the published
@@ -356,14 +356,15 @@ impl pb::feedback_server::Feedback for FeedbackService {
             if !(l.load.is_finite() && l.load >= 0.0) {
                 return Err(invalid(format!(
                     "loads[{i}].load: {} is not a load >= 0",
-                    l.load
+                    shown_number(l.load)
                 )));
             }
             let capacity = node.capacity;
             if l.load > MAX_LOAD_OF_CAPACITY * capacity.max(1.0) {
                 return Err(invalid(format!(
-                    "loads[{i}].load: {} is more than {MAX_LOAD_OF_CAPACITY} times the node's capacity ({capacity})",
-                    l.load
+                    "loads[{i}].load: {} is more than {MAX_LOAD_OF_CAPACITY} times the node's capacity ({})",
+                    shown_number(l.load),
+                    shown_number(capacity)
                 )));
             }
         }

@@ -41,7 +41,9 @@ pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    #[error("{0}")]
+    /// (Transparent: with `{0}` and `from`, the parser's message printed twice, as the
+    /// error and again as its source.)
+    #[error(transparent)]
     Toml(#[from] toml::de::Error),
     #[error("{key}: {problem}")]
     Invalid { key: String, problem: String },

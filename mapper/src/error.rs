@@ -20,7 +20,7 @@ pub enum ModelError {
         id: String,
         context: String,
     },
-    #[error("{subject}: {field} is {value}, {rule}")]
+    #[error("{subject}: {field} is {}, {rule}", crate::model::shown_number(*.value))]
     BadNumber {
         subject: String,
         field: &'static str,

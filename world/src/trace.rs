@@ -117,7 +117,10 @@ fn number(what: &str, x: f64) -> Result<f64> {
     if x.is_finite() && x >= 0.0 {
         Ok(x)
     } else {
-        bail!("{what} is {x}, must be a finite number >= 0")
+        bail!(
+            "{what} is {}, must be a finite number >= 0",
+            cdnmap_mapper::model::shown_number(x)
+        )
     }
 }
 
