@@ -23,8 +23,8 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::mapping_client::MappingClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_units, authed, ok, qname_of, unit_sample, www_query, Server, Setup, CLUSTERS, CYCLE_SECS,
-    MAP_UNITS, TOKEN, TTL_SECS,
+    all_units, authed, http_get, http_get_with, http_post, ok, qname_of, unit_sample, www_query,
+    Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN, TTL_SECS,
 };
 use ipnet::IpNet;
 use serde_json::Value;
@@ -1997,4 +1997,498 @@ async fn http_closes_slow_headers_and_connections_past_its_limit() {
         "after {:?}",
         started.elapsed()
     );
+}
+
+/// One row of a table of bad requests: what was sent, what came back.
+struct Refusal {
+    what: &'static str,
+    got: Result<(), Status>,
+    code: Code,
+    message: String,
+}
+
+/// Checks every row of `table` at once, showing the whole table when any differs.
+fn assert_refusals(table: &[Refusal]) {
+    let wrong: Vec<String> = table
+        .iter()
+        .filter(|r| match &r.got {
+            Err(s) => s.code() != r.code || s.message() != r.message,
+            Ok(()) => true,
+        })
+        .map(|r| {
+            let got = match &r.got {
+                Err(s) => format!("{:?} {:?}", s.code(), s.message()),
+                Ok(()) => "an answer".into(),
+            };
+            format!(
+                "{}:\n  expected {:?} {:?}\n  got      {got}",
+                r.what, r.code, r.message
+            )
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Bad input on the gRPC surface, as a table: malformed fields of Resolve, an id of a
+/// megabyte, a name of a megabyte, Admin without the token or with another scheme, a
+/// cluster or unit that does not exist, an address of 3,000 bytes, a unit with a NaN demand
+/// or a class no world has, feedback without its token, with NaN, 1e308, a prefix that is not
+/// one, a unit that does not exist, a period that ends before it starts, a load of -1. Each is
+/// refused with exactly the status code and message written here (values shown short), and
+/// after each the server answers Resolve as before and still publishes rounds.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_grpc_requests_get_exact_errors_and_the_server_serves_on() {
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        "",
+        "[feedback_tokens]\n\"fe-ams-1\" = \"fe-ams-1-token\"\n",
+    );
+    let server = setup.start().await;
+    let mut m = server.mapping();
+    let mut admin = server.admin();
+    let mut fb = server.feedback();
+    let good = www_query();
+    let first = resolve(&mut m, good.clone()).await;
+    let units = all_units(&server).await;
+    let real = ok(
+        admin
+            .list_clusters(authed(pb::ListRequest::default(), Some(TOKEN)))
+            .await,
+        "ListClusters",
+    )
+    .clusters
+    .remove(0);
+    let (root, root_capacity) = real
+        .resources
+        .as_ref()
+        .map(|r| (r.name.clone(), r.capacity))
+        .expect("a resource tree");
+    let megabyte = "a".repeat(1 << 20);
+    let long = "a".repeat(3000);
+    let shown_long = |n: usize| format!("{:?}… ({n} bytes)", "a".repeat(64));
+    let now = 1_800_000_000_000i64;
+    let fed = |r: pb::DemandReport| authed(r, Some("fe-ams-1-token"));
+    let sample = |target: pb::demand_sample::Target, class: &str, queries: f64| pb::DemandSample {
+        target: Some(target),
+        traffic_class: class.into(),
+        queries,
+    };
+    let unit = |id: &str| pb::demand_sample::Target::MapUnit(id.into());
+    let prefix = |p: &str| pb::demand_sample::Target::Prefix(p.into());
+    let cluster = |id: &str, addresses: Vec<String>| pb::Cluster {
+        id: id.into(),
+        lat: 50.0,
+        lon: 8.0,
+        addresses,
+        state: 0,
+        resources: Some(pb::ResourceNode {
+            name: "uplink".into(),
+            kind: "bps".into(),
+            capacity: 100.0,
+            classes: vec!["web".into()],
+            children: vec![],
+        }),
+    };
+    let mut table = Vec::new();
+    macro_rules! row {
+        ($what:expr, $call:expr, $code:expr, $message:expr) => {
+            table.push(Refusal {
+                what: $what,
+                got: $call.await.map(drop),
+                code: $code,
+                message: $message.to_string(),
+            });
+            // The server serves on: the same answer as before.
+            let again = resolve(&mut m, good.clone()).await;
+            assert_eq!(again.map_unit, first.map_unit, "after {}", $what);
+        };
+    }
+    use Code::{InvalidArgument, NotFound, Unauthenticated};
+    row!(
+        "Resolve: a prefix past its family's length",
+        m.resolve(query("1.2.3.4/40", "", "www.cdn.example.", 1)),
+        InvalidArgument,
+        "client_subnet: \"1.2.3.4/40\" is not an IP prefix"
+    );
+    row!(
+        "Resolve: no subnet and an address that is not one",
+        m.resolve(query("", "1.2.3.999", "www.cdn.example.", 1)),
+        InvalidArgument,
+        "resolver_ip: \"1.2.3.999\" is not an IP address (and client_subnet is empty)"
+    );
+    row!(
+        "Resolve: a name of a megabyte",
+        m.resolve(query("", "1.0.0.1", &megabyte, 1)),
+        InvalidArgument,
+        "qname: must be 1..=253 characters (without the trailing dot), got 1048576"
+    );
+    row!(
+        "Admin: no token",
+        admin.get_status(Request::new(pb::GetStatusRequest {})),
+        Unauthenticated,
+        "Admin calls need \"authorization: Bearer <token>\""
+    );
+    row!(
+        "Admin: the token under another scheme",
+        admin.get_status({
+            let mut r = Request::new(pb::GetStatusRequest {});
+            r.metadata_mut().insert(
+                "authorization",
+                format!("Basic {TOKEN}").parse().expect("a header value"),
+            );
+            r
+        }),
+        Unauthenticated,
+        "Admin calls need \"authorization: Bearer <token>\""
+    );
+    row!(
+        "Admin: a cluster that does not exist",
+        admin.set_cluster_state(authed(
+            pb::SetClusterStateRequest {
+                id: "nowhere-9".into(),
+                state: pb::ClusterState::Drained as i32,
+                reason: "test".into(),
+            },
+            Some(TOKEN)
+        )),
+        NotFound,
+        "no cluster \"nowhere-9\""
+    );
+    row!(
+        "Admin: an id of a megabyte",
+        admin.set_cluster_state(authed(
+            pb::SetClusterStateRequest {
+                id: megabyte.clone(),
+                state: pb::ClusterState::Drained as i32,
+                reason: "test".into(),
+            },
+            Some(TOKEN)
+        )),
+        NotFound,
+        format!("no cluster {}", shown_long(1 << 20))
+    );
+    row!(
+        "Admin: an address of 3,000 bytes",
+        admin.upsert_cluster(authed(cluster("new-1", vec![long.clone()]), Some(TOKEN))),
+        InvalidArgument,
+        format!("addresses[0]: {} is not valid", shown_long(3000))
+    );
+    row!(
+        "Admin: a cluster without a resource tree",
+        admin.upsert_cluster(authed(
+            pb::Cluster {
+                resources: None,
+                ..cluster("new-1", vec!["192.0.2.1".into()])
+            },
+            Some(TOKEN)
+        )),
+        InvalidArgument,
+        "resources: a cluster needs a resource tree"
+    );
+    row!(
+        "Admin: a map unit with a NaN demand",
+        admin.upsert_map_unit(authed(
+            pb::MapUnit {
+                demand: f64::NAN,
+                ..units[0].clone()
+            },
+            Some(TOKEN)
+        )),
+        InvalidArgument,
+        format!(
+            "the change is refused: map unit {:?}: demand is NaN, must be a finite number >= 0",
+            units[0].id
+        )
+    );
+    row!(
+        "Admin: a map unit of a class no world has",
+        admin.upsert_map_unit(authed(
+            pb::MapUnit {
+                traffic_class: "gone".into(),
+                ..units[0].clone()
+            },
+            Some(TOKEN)
+        )),
+        InvalidArgument,
+        format!(
+            "the change is refused: map unit {:?}: unknown traffic class \"gone\"",
+            units[0].id
+        )
+    );
+    row!(
+        "Feedback: no token",
+        fb.report_demand(Request::new(cycle_report(
+            "",
+            now,
+            vec![unit_sample(&units[0], 1.0)]
+        ))),
+        Unauthenticated,
+        "Feedback needs a front end's identity: a client certificate from tls.client_ca_file, \
+         or \"authorization: Bearer <token>\" with a token of feedback_tokens"
+    );
+    row!(
+        "Feedback: NaN queries",
+        fb.report_demand(fed(cycle_report(
+            "",
+            now,
+            vec![sample(unit(&units[0].id), "", f64::NAN)]
+        ))),
+        InvalidArgument,
+        "samples[0].queries: NaN is not a count >= 0"
+    );
+    row!(
+        "Feedback: 1e308 queries",
+        fb.report_demand(fed(cycle_report(
+            "",
+            now,
+            vec![sample(unit(&units[0].id), "", 1e308)]
+        ))),
+        InvalidArgument,
+        "samples[0].queries: 1e308 in 10 s is more than 10000000 queries a second from one prefix"
+    );
+    row!(
+        "Feedback: a prefix that is not one",
+        fb.report_demand(fed(cycle_report(
+            "",
+            now,
+            vec![sample(prefix("bogus"), "web", 1.0)]
+        ))),
+        InvalidArgument,
+        "samples[0].prefix: \"bogus\" is not an IP prefix"
+    );
+    row!(
+        "Feedback: a map unit that does not exist",
+        fb.report_demand(fed(cycle_report(
+            "",
+            now,
+            vec![sample(unit(&long), "", 1.0)]
+        ))),
+        InvalidArgument,
+        format!("samples[0].map_unit: no map unit {}", shown_long(3000))
+    );
+    row!(
+        "Feedback: a period ending before it starts",
+        fb.report_demand(fed(pb::DemandReport {
+            period_end_unix_ms: now - 20_000,
+            ..cycle_report("", now, vec![unit_sample(&units[0], 1.0)])
+        })),
+        InvalidArgument,
+        "period_end_unix_ms: before period_start_unix_ms"
+    );
+    let load = |cluster: &str, node: &str, load: f64| {
+        authed(
+            pb::LoadReport {
+                reporter: String::new(),
+                measured_at_unix_ms: now,
+                loads: vec![pb::NodeLoad {
+                    cluster: cluster.into(),
+                    node: node.into(),
+                    load,
+                }],
+                servers: vec![],
+            },
+            Some("fe-ams-1-token"),
+        )
+    };
+    row!(
+        "Feedback: the load of a cluster that does not exist",
+        fb.report_load(load("nowhere-9", "uplink", 1.0)),
+        InvalidArgument,
+        "loads[0].cluster: no cluster \"nowhere-9\""
+    );
+    row!(
+        "Feedback: a negative load",
+        fb.report_load(load(&real.id, &root, -1.0)),
+        InvalidArgument,
+        "loads[0].load: -1 is not a load >= 0"
+    );
+    row!(
+        "Feedback: a load of 1e300",
+        fb.report_load(load(&real.id, &root, 1e300)),
+        InvalidArgument,
+        format!(
+            "loads[0].load: 1e300 is more than 100 times the node's capacity ({})",
+            root_capacity
+        )
+    );
+    assert_refusals(&table);
+    // And it still publishes rounds.
+    let version = status(&server).await.map_version;
+    let started = Instant::now();
+    while status(&server).await.map_version == version {
+        assert!(
+            started.elapsed() < Duration::from_secs(3 * CYCLE_SECS),
+            "no round after the bad requests"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A request as raw bytes over plain HTTP/1.1: (status line, body), for what the helpers do not
+/// send (another method, a head announcing a body that never comes).
+fn http_raw(addr: std::net::SocketAddr, request: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    s.write_all(request.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw); // a reset after the answer is fine
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
+}
+
+/// Bad input on the HTTP surface (the dashboard's API, `/record`), as a table: a path no
+/// route has, an id of 3,000 bytes, a lookup of nothing or of what is not an address, the
+/// record without the token or with a period that is not one, an action without the token,
+/// with a body that is not JSON, a state that does not exist, a cluster that does not exist,
+/// a body over the limit, a body of 99,999,999,999 bytes announced and never sent (refused on
+/// the head), a method no route takes. Each gets exactly the status and body written here,
+/// and after each the dashboard answers as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_http_requests_get_exact_errors_and_the_server_serves_on() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let http = server.http;
+    let (ok_status, status_body) = http_get(http, "/api/status");
+    assert!(ok_status.contains(" 200 "), "{ok_status}: {status_body}");
+    let bearer = format!("Bearer {TOKEN}");
+    let authed_headers: Vec<(&str, &str)> = vec![("Authorization", bearer.as_str())];
+    let long = "a".repeat(3000);
+    let first_cluster = {
+        let (_, body) = http_get(http, "/api/clusters");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        v["clusters"][0]["id"].as_str().expect("an id").to_string()
+    };
+    let action = |id: &str| format!("/api/clusters/{id}/state");
+    let big = format!(
+        "{{\"state\": \"drained\", \"reason\": \"{}\"}}",
+        "x".repeat(5000)
+    );
+    let rows: Vec<(&str, (String, String), &str, String)> = vec![
+        (
+            "a path no route has",
+            http_get(http, "/api/nope"),
+            "404",
+            r#"{"error":"no such API endpoint (see docs/dashboard.md)"}"#.into(),
+        ),
+        (
+            "a cluster id of 3,000 bytes",
+            http_get(http, &format!("/api/clusters/{long}")),
+            "404",
+            format!("{{\"error\":\"no cluster \\\"{}\\\"… (3000 bytes)\"}}", "a".repeat(64)),
+        ),
+        (
+            "a lookup of nothing",
+            http_get(http, "/api/lookup"),
+            "400",
+            r#"{"error":"q: missing: give an IP address, a prefix or a map unit id"}"#.into(),
+        ),
+        (
+            "a lookup of what is not an address",
+            http_get(http, "/api/lookup?q=bogus"),
+            "400",
+            r#"{"error":"q: \"bogus\" is neither an IP address, a prefix nor a map unit id"}"#.into(),
+        ),
+        (
+            "the record without the token",
+            http_get(http, "/record?from_ms=0&to_ms=1"),
+            "401",
+            r#"{"error":"reads of /record need \"Authorization: Bearer <admin token>\""}"#.into(),
+        ),
+        (
+            "the record for a period that is not one",
+            http_get_with(http, "/record?from_ms=abc&to_ms=1", &authed_headers),
+            "400",
+            r#"{"error":"Failed to deserialize query string: from_ms: invalid digit found in string"}"#.into(),
+        ),
+        (
+            "an action without the token",
+            http_post(
+                http,
+                &action(&first_cluster),
+                &[],
+                r#"{"state": "drained"}"#,
+            ),
+            "401",
+            r#"{"error":"actions need \"Authorization: Bearer <admin token>\""}"#.into(),
+        ),
+        (
+            "an action whose body is not JSON",
+            http_post(http, &action(&first_cluster), &authed_headers, "drained"),
+            "400",
+            r#"{"error":"body: expected value at line 1 column 1 (expected {\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"})"}"#.into(),
+        ),
+        (
+            "a state that does not exist",
+            http_post(
+                http,
+                &action(&first_cluster),
+                &authed_headers,
+                r#"{"state": "sideways"}"#,
+            ),
+            "400",
+            r#"{"error":"body: unknown variant `sideways`, expected one of `up`, `drained`, `down` at line 1 column 20 (expected {\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"})"}"#.into(),
+        ),
+        (
+            "a cluster that does not exist",
+            http_post(
+                http,
+                &action("nowhere-9"),
+                &authed_headers,
+                r#"{"state": "drained"}"#,
+            ),
+            "404",
+            r#"{"error":"no cluster \"nowhere-9\""}"#.into(),
+        ),
+        (
+            "a body over the limit",
+            http_post(http, &action(&first_cluster), &authed_headers, &big),
+            "413",
+            r#"{"error":"body: Failed to buffer the request body: length limit exceeded (at most 4096 bytes)"}"#.into(),
+        ),
+        (
+            "a body of 99,999,999,999 bytes announced",
+            http_raw(
+                http,
+                &format!(
+                    "POST {} HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\n\
+                     Content-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{{",
+                    action(&first_cluster)
+                ),
+            ),
+            "413",
+            r#"length limit exceeded"#.into(),
+        ),
+        (
+            "a method no route takes",
+            http_raw(
+                http,
+                "DELETE /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            ),
+            "405",
+            r#"{"error":"DELETE is not allowed here: actions are POST /api/clusters/{id}/state, everything else is GET"}"#.into(),
+        ),
+    ];
+    let wrong: Vec<String> = rows
+        .iter()
+        .filter(|(_, (status, body), code, expected)| {
+            status.split_whitespace().nth(1) != Some(code) || body != expected
+        })
+        .map(|(what, (status, body), code, expected)| {
+            format!("{what}:\n  expected {code} {expected:?}\n  got      {status} {body:?}")
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The dashboard serves on, and nothing was drained.
+    let (after, body) = http_get(http, "/api/status");
+    assert!(after.contains(" 200 "), "{after}: {body}");
+    let (_, body) = http_get(http, &format!("/api/clusters/{first_cluster}"));
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["state"], "up", "{body}");
 }

@@ -37,29 +37,36 @@ async fn record(
     shared: &Arc<Shared>,
     token: Option<&str>,
     headers: &axum::http::HeaderMap,
-    q: &RecordQuery,
+    q: Result<RecordQuery, String>,
 ) -> axum::response::Response {
+    use crate::dashboard::ApiError;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    if let Err(e) = crate::dashboard::authorize(token, headers) {
+    if let Err(e) = crate::dashboard::authorize(token, headers, "reads of /record") {
         return e.into_response();
     }
+    let q = match q {
+        Ok(q) => q,
+        Err(e) => return ApiError::new(StatusCode::BAD_REQUEST, e).into_response(),
+    };
     if q.to_ms < q.from_ms {
-        return (StatusCode::BAD_REQUEST, "to_ms is before from_ms\n").into_response();
+        return ApiError::new(StatusCode::BAD_REQUEST, "to_ms is before from_ms").into_response();
     }
     let (from, to) = (q.from_ms, q.to_ms);
     match shared.store.report_bytes_within(from, to) {
         Ok(bytes) if bytes > MAX_RECORD_BYTES => {
-            return (
+            return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "{bytes} bytes of reports in that period, more than {MAX_RECORD_BYTES}: ask for a shorter one\n"
+                    "{bytes} bytes of reports in that period, more than {MAX_RECORD_BYTES}: ask for a shorter one"
                 ),
             )
-                .into_response()
+            .into_response()
         }
         Ok(_) => {}
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        Err(e) => {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
+        }
     }
     // The reader on a blocking thread, a few chunks ahead of the client at most.
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
@@ -306,9 +313,15 @@ pub async fn serve(
         .route(
             "/record",
             axum::routing::get(
-                move |headers: axum::http::HeaderMap, q: axum::extract::Query<RecordQuery>| {
+                move |headers: axum::http::HeaderMap,
+                      q: Result<
+                    axum::extract::Query<RecordQuery>,
+                    axum::extract::rejection::QueryRejection,
+                >| {
                     let (shared, token) = (Arc::clone(&record_shared), record_token.clone());
-                    async move { record(&shared, token.as_deref(), &headers, &q).await }
+                    // The query's problem, as the dashboard's errors say theirs (JSON).
+                    let q = q.map(|q| q.0).map_err(|e| e.body_text());
+                    async move { record(&shared, token.as_deref(), &headers, q).await }
                 },
             ),
         )

@@ -110,7 +110,12 @@ pub fn fetch(addr: SocketAddr, token: Option<&str>, from_ms: i64, to_ms: i64) ->
             .map_err(|_| anyhow::anyhow!("{addr}: no whole record within 300 s"))??;
         let body = String::from_utf8(body.to_vec()).context("the response is not UTF-8")?;
         if !status.is_success() {
-            bail!("{addr}: {status}: {}", body.trim());
+            // The server's errors are `{"error": "..."}` (the dashboard's form).
+            let shown = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or_else(|| body.trim().to_string());
+            bail!("{addr}: {status}: {shown}");
         }
         Ok(body)
     })

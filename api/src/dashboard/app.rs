@@ -35,7 +35,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),

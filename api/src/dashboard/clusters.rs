@@ -312,11 +312,17 @@ pub(super) struct StateAnswer {
 
 /// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor (the dashboard's
 /// actions and `/record`).
-pub(crate) fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+///
+/// `what` names what was asked for in the refusal ("actions", "/record").
+pub(crate) fn authorize(
+    token: Option<&str>,
+    headers: &HeaderMap,
+    what: &str,
+) -> Result<(), ApiError> {
     let Some(token) = token else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "actions are disabled: the server has no admin_token configured",
+            format!("{what} are disabled: the server has no admin_token configured"),
         ));
     };
     let given = headers
@@ -328,7 +334,7 @@ pub(crate) fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), 
         Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
         None => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "actions need \"Authorization: Bearer <admin token>\"",
+            format!("{what} need \"Authorization: Bearer <admin token>\""),
         )),
     }
 }
@@ -343,7 +349,7 @@ pub(super) async fn set_state(
     let remote = extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(a)| *a);
-    if let Err(e) = authorize(app.token.as_deref(), &headers) {
+    if let Err(e) = authorize(app.token.as_deref(), &headers, "actions") {
         tracing::warn!(cluster = %shown_id(&id), ?remote, error = %e.message, "dashboard action refused");
         return Err(e);
     }

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::round::Snapshot;
 
+pub(crate) use app::ApiError;
 pub(crate) use clusters::authorize;
 pub use http::router;
 
