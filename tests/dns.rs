@@ -784,3 +784,151 @@ async fn follows_a_mapper_over_mutual_tls() {
     let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
     assert_eq!(r.status, "NOERROR", "{}", r.raw);
 }
+
+/// The response to `datagram` over UDP, if one comes within a second.
+fn udp_exchange(addr: SocketAddr, datagram: &[u8]) -> Option<Vec<u8>> {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("a timeout");
+    socket.send_to(datagram, addr).expect("send the datagram");
+    let mut buf = vec![0u8; 65_536];
+    let n = socket.recv(&mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+/// `query` with its header's flags (bytes 2 and 3) and counts replaced.
+fn with_header(query: &[u8], flags: [u8; 2], counts: [u16; 4]) -> Vec<u8> {
+    let mut q = query.to_vec();
+    q[2..4].copy_from_slice(&flags);
+    for (i, c) in counts.iter().enumerate() {
+        q[4 + 2 * i..6 + 2 * i].copy_from_slice(&c.to_be_bytes());
+    }
+    q
+}
+
+/// An OPT record (version 0, payload 1232) carrying `options` (already encoded).
+fn opt_record(options: &[u8]) -> Vec<u8> {
+    let mut r = vec![0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0];
+    r.extend_from_slice(&(options.len() as u16).to_be_bytes());
+    r.extend_from_slice(options);
+    r
+}
+
+/// Bad datagrams on the DNS surface, as a table, each sent as raw bytes (what dig will not
+/// send): shorter than a header, no question, two questions, a compression loop, a label of
+/// 64 bytes, a question cut short, an unknown opcode, NOTIFY, a response (and a malformed one),
+/// two OPT records, an option running past its record, an ECS option of an unknown family, a
+/// header claiming 65,535 answers, trailing bytes, kilobytes of junk after a header. Each gets
+/// exactly the answer written here (its RCODE, echoing the id, with QR set) or no answer at
+/// all, and after each the front end answers dig as before.
+#[tokio::test]
+async fn bad_datagrams_get_exact_answers_and_the_front_end_serves_on() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let mut dns = Dns::start(setup.dir.path(), server.grpc, "");
+    dns.wait_answering();
+    let good = raw_query("www.cdn.example", 1);
+    let edns = |options: &[u8]| {
+        let mut q = with_header(&good, [0, 0], [1, 0, 0, 1]);
+        q.extend_from_slice(&opt_record(options));
+        q
+    };
+    let mut looped = good[..12].to_vec();
+    looped.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]); // a name pointing at itself
+    let mut long_label = good[..12].to_vec();
+    long_label.push(64);
+    long_label.extend_from_slice(&[b'a'; 64]);
+    long_label.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let mut two_opts = with_header(&good, [0, 0], [1, 0, 0, 2]);
+    two_opts.extend_from_slice(&opt_record(&[]));
+    two_opts.extend_from_slice(&opt_record(&[]));
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(&[0xde, 0xad]);
+    let mut junk = with_header(&good[..12], [0, 0], [1, 0, 0, 0]);
+    junk.extend((0..4000u32).map(|i| (i * 7 % 251) as u8));
+    // RCODEs: 0 NOERROR, 1 FORMERR (RFC 1035 §4.1.1; RFC 6891 §6.1.1 for two OPT records;
+    // RFC 7871 §6 for an unknown ECS family), 4 NOTIMP (an opcode it does not implement),
+    // 5 REFUSED (outside its zones). Trailing bytes after a whole question are ignored, as
+    // hickory's parser does (RFC 1035 says nothing of them): the question is answered.
+    let rows: Vec<(&str, Vec<u8>, Option<u8>)> = vec![
+        ("eleven bytes", good[..11].to_vec(), None),
+        (
+            "no question",
+            with_header(&good[..12], [0, 0], [0, 0, 0, 0]),
+            Some(1),
+        ),
+        (
+            "two questions, one given",
+            with_header(&good, [0, 0], [2, 0, 0, 0]),
+            Some(1),
+        ),
+        ("a compression loop", looped, Some(1)),
+        ("a label of 64 bytes", long_label, Some(1)),
+        (
+            "a question cut short",
+            good[..good.len() - 2].to_vec(),
+            Some(1),
+        ),
+        (
+            "opcode 15",
+            with_header(&good, [0x78, 0], [1, 0, 0, 0]),
+            Some(4),
+        ),
+        (
+            "NOTIFY",
+            with_header(&good, [0x20, 0], [1, 0, 0, 0]),
+            Some(4),
+        ),
+        (
+            "a response",
+            with_header(&good, [0x80, 0], [1, 0, 0, 0]),
+            None,
+        ),
+        (
+            "a malformed response",
+            with_header(&good[..20], [0x84, 0], [1, 0, 0, 0]),
+            None,
+        ),
+        ("two OPT records", two_opts, Some(1)),
+        (
+            "an option past its record",
+            edns(&[0, 8, 0, 40, 0, 1, 24, 0]),
+            Some(1),
+        ),
+        (
+            "ECS of family 3",
+            edns(&[0, 8, 0, 7, 0, 3, 24, 0, 10, 0, 1]),
+            Some(1),
+        ),
+        (
+            "65,535 answers claimed",
+            with_header(&good, [0, 0], [1, 0xffff, 0, 0]),
+            Some(1),
+        ),
+        ("trailing bytes", trailing, Some(0)),
+        ("4,000 bytes of junk", junk, Some(5)),
+    ];
+    let mut wrong = Vec::new();
+    for (what, datagram, expected) in &rows {
+        let got = udp_exchange(dns.addr, datagram);
+        let rcode = got.as_ref().map(|r| {
+            assert!(r.len() >= 12, "{what}: a response of {} bytes", r.len());
+            assert_eq!(r[..2], datagram[..2], "{what}: the response's id");
+            assert!(r[2] & 0x80 != 0, "{what}: a response without QR");
+            r[3] & 0x0f
+        });
+        if rcode != *expected {
+            wrong.push(format!("{what}: expected {expected:?}, got {rcode:?}"));
+        }
+        // The front end answers on.
+        assert_eq!(
+            dns.dig(&["www.cdn.example", "A"]).status,
+            "NOERROR",
+            "after {what}:\n{}",
+            dns.log()
+        );
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
