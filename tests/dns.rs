@@ -820,9 +820,10 @@ fn opt_record(options: &[u8]) -> Vec<u8> {
 /// send): shorter than a header, no question, two questions, a compression loop, a label of
 /// 64 bytes, a question cut short, an unknown opcode, NOTIFY, a response (and a malformed one),
 /// two OPT records, an option running past its record, an ECS option of an unknown family, a
-/// header claiming 65,535 answers, trailing bytes, kilobytes of junk after a header. Each gets
-/// exactly the answer written here (its RCODE, echoing the id, with QR set) or no answer at
-/// all, and after each the front end answers dig as before.
+/// header claiming 65,535 answers, trailing bytes, kilobytes of junk after a header (read as
+/// a question for the root, outside the zone). Each gets exactly the answer written here (its
+/// RCODE, echoing the id, with QR set) or no answer at all, and after each the front end
+/// answers dig as before.
 #[tokio::test]
 async fn bad_datagrams_get_exact_answers_and_the_front_end_serves_on() {
     let mut setup = Setup::new(bin!(), true);
