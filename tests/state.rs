@@ -17,23 +17,13 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::admin_client::AdminClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_units, authed, http_post, ok, qname_of, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS,
-    TOKEN,
+    all_clusters, all_units, authed, http_post, ok, resolves, status, Server, Setup, CLUSTERS,
+    CYCLE_SECS, MAP_UNITS, TOKEN,
 };
 use tonic::transport::Channel;
 
 /// How long a test waits for the next round.
 const ROUND_WAIT: Duration = Duration::from_secs(3 * CYCLE_SECS);
-
-async fn status(server: &Server) -> pb::Status {
-    ok(
-        server
-            .admin()
-            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
-            .await,
-        "GetStatus",
-    )
-}
 
 /// Waits until the server publishes a map with a version above `version`; returns its status.
 async fn round_after(server: &Server, version: u64) -> pb::Status {
@@ -50,45 +40,6 @@ async fn round_after(server: &Server, version: u64) -> pb::Status {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn clusters(server: &Server) -> Vec<pb::Cluster> {
-    ok(
-        server
-            .admin()
-            .list_clusters(authed(
-                pb::ListRequest {
-                    page_size: 1000,
-                    after_id: String::new(),
-                },
-                Some(TOKEN),
-            ))
-            .await,
-        "ListClusters",
-    )
-    .clusters
-}
-
-/// Resolves a host in the first prefix of `unit`; the answer must name addresses.
-async fn resolves(server: &Server, unit: &pb::MapUnit) -> pb::ResolveResponse {
-    let a = ok(
-        server
-            .mapping()
-            .resolve(pb::ResolveRequest {
-                client_subnet: unit.prefixes[0].clone(),
-                resolver_ip: String::new(),
-                qname: qname_of(&unit.traffic_class).into(),
-                qtype: if unit.prefixes[0].contains(':') {
-                    28
-                } else {
-                    1
-                },
-            })
-            .await,
-        "Resolve",
-    );
-    assert!(!a.addresses.is_empty(), "{a:?}");
-    a
 }
 
 /// The first message of a new WatchMap stream: the whole map.
@@ -183,7 +134,7 @@ async fn acknowledged_deletes_never_keep_the_server_from_starting() {
     let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
-    let cls = clusters(&server).await;
+    let cls = all_clusters(&server).await;
     let mut admin = server.admin();
     let delete_unit = |id: &str| authed(pb::DeleteRequest { id: id.into() }, Some(TOKEN));
     let (gone_unit, gone_cluster) = (units[0].id.clone(), cls[0].id.clone());
@@ -390,7 +341,11 @@ async fn interleaved_admin_and_dashboard_changes_survive_kill_minus_9() {
     let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let units = all_units(&server).await;
-    let cls: Vec<String> = clusters(&server).await.into_iter().map(|c| c.id).collect();
+    let cls: Vec<String> = all_clusters(&server)
+        .await
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
     // Four clients at once, 25 changes each, each on its own clusters and units.
     let mut jobs = Vec::new();
     for w in 0..4 {
@@ -412,7 +367,7 @@ async fn interleaved_admin_and_dashboard_changes_survive_kill_minus_9() {
     // No quiet time: the crash comes right after the last acknowledgement.
     server.kill();
     let server = setup.start().await;
-    let now: BTreeMap<String, i32> = clusters(&server)
+    let now: BTreeMap<String, i32> = all_clusters(&server)
         .await
         .into_iter()
         .map(|c| (c.id, c.state))

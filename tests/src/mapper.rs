@@ -494,9 +494,22 @@ pub fn http_post(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("set a read timeout");
+    try_http_post(addr, path, headers, body)
+        .unwrap_or_else(|e| panic!("POST {path} to {addr}: {e}"))
+}
+
+/// [`http_post`], with what went wrong on the way (no connection, the connection closed
+/// before the whole request was sent, ...) as an error instead of a panic: for a test whose
+/// server may die under its request. The status line is empty when the connection closed
+/// before any response.
+pub fn try_http_post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(String, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut head = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -506,13 +519,13 @@ pub fn http_post(
         head.push_str(&format!("{n}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes()).expect("send the request head");
-    s.write_all(body.as_bytes()).expect("send the request body");
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())?;
     let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read the response");
+    s.read_to_string(&mut raw)?;
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
     let status = head.lines().next().unwrap_or_default().to_string();
-    (status, body.to_string())
+    Ok((status, body.to_string()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -561,4 +574,64 @@ pub async fn all_units(server: &Server) -> Vec<pb::MapUnit> {
         }
         after = page.next_after_id;
     }
+}
+
+/// Every cluster, through Admin.ListClusters a page of 1,000 at a time.
+pub async fn all_clusters(server: &Server) -> Vec<pb::Cluster> {
+    let mut admin = server.admin();
+    let mut clusters = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = ok(
+            admin
+                .list_clusters(authed(
+                    pb::ListRequest {
+                        page_size: 1000,
+                        after_id: after.clone(),
+                    },
+                    Some(TOKEN),
+                ))
+                .await,
+            "ListClusters",
+        );
+        clusters.extend(page.clusters);
+        if page.next_after_id.is_empty() {
+            return clusters;
+        }
+        after = page.next_after_id;
+    }
+}
+
+/// Admin.GetStatus.
+pub async fn status(server: &Server) -> pb::Status {
+    ok(
+        server
+            .admin()
+            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
+            .await,
+        "GetStatus",
+    )
+}
+
+/// Resolves a host in the first prefix of `unit` (its class's name); the answer must name
+/// addresses.
+pub async fn resolves(server: &Server, unit: &pb::MapUnit) -> pb::ResolveResponse {
+    let a = ok(
+        server
+            .mapping()
+            .resolve(pb::ResolveRequest {
+                client_subnet: unit.prefixes[0].clone(),
+                resolver_ip: String::new(),
+                qname: qname_of(&unit.traffic_class).into(),
+                qtype: if unit.prefixes[0].contains(':') {
+                    28
+                } else {
+                    1
+                },
+            })
+            .await,
+        "Resolve",
+    );
+    assert!(!a.addresses.is_empty(), "{a:?}");
+    a
 }
