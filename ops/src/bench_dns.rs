@@ -143,7 +143,7 @@ pub(crate) fn program(name: &str) -> Result<PathBuf> {
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-        .with_context(|| format!("{name} is not installed (Debian: apt-get install dnsperf gdnsd)"))
+        .with_context(|| format!("{name} is not installed (Debian: apt-get install {name})"))
 }
 
 pub(crate) fn free_port() -> Result<u16> {
@@ -458,6 +458,14 @@ pub(crate) struct Run {
     pub(crate) stddev_ms: f64,
     pub(crate) lost: f64,
     pub(crate) noerror_pct: f64,
+    pub(crate) sent: f64,
+    pub(crate) completed: f64,
+    /// dnsperf's own measure of how long it ran, seconds.
+    pub(crate) run_secs: f64,
+    /// The largest latency, ms.
+    pub(crate) latency_max_ms: f64,
+    /// Each response code with how many answers had it, as dnsperf lists them.
+    pub(crate) rcodes: Vec<(String, u64)>,
 }
 
 pub(crate) fn parse_dnsperf(out: &str) -> Result<Run> {
@@ -475,6 +483,12 @@ pub(crate) fn parse_dnsperf(out: &str) -> Result<Run> {
         .and_then(|rest| rest.split('%').next())
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
+    // `Average Latency (s):  0.002220 (min 0.000014, max 0.016658)`
+    let latency_max = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Average Latency (s):"))
+        .and_then(|rest| rest.split("max").nth(1))
+        .and_then(|rest| rest.trim().trim_end_matches(')').parse::<f64>().ok());
     Ok(Run {
         qps: field("Queries per second:").context("dnsperf printed no queries per second")?,
         cpu_us: f64::NAN,
@@ -482,7 +496,31 @@ pub(crate) fn parse_dnsperf(out: &str) -> Result<Run> {
         stddev_ms: field("Latency StdDev (s):").unwrap_or(f64::NAN) * 1e3,
         lost: field("Queries lost:").unwrap_or(f64::NAN),
         noerror_pct,
+        sent: field("Queries sent:").unwrap_or(f64::NAN),
+        completed: field("Queries completed:").unwrap_or(f64::NAN),
+        run_secs: field("Run time (s):").unwrap_or(f64::NAN),
+        latency_max_ms: latency_max.unwrap_or(f64::NAN) * 1e3,
+        rcodes: parse_rcodes(out),
     })
+}
+
+/// dnsperf's `Response codes:` line (`NOERROR 99 (99.00%), NXDOMAIN 1 (1.00%)`): each code
+/// and its count.
+fn parse_rcodes(out: &str) -> Vec<(String, u64)> {
+    let Some(line) = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Response codes:"))
+    else {
+        return Vec::new();
+    };
+    line.split(',')
+        .filter_map(|part| {
+            let mut words = part.split_whitespace();
+            let code = words.next()?;
+            let n = words.next()?.parse().ok()?;
+            Some((code.to_string(), n))
+        })
+        .collect()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -933,7 +971,7 @@ mod tests {
     fn dnsperf_output_is_parsed() {
         let out = "Statistics:\n\n  Queries sent:         100\n  Queries completed:    100 (100.00%)\n  \
                    Queries lost:         0 (0.00%)\n\n  Response codes:       NOERROR 99 (99.00%), NXDOMAIN 1 (1.00%)\n  \
-                   Queries per second:   42556.238258\n\n  Average Latency (s):  0.002220 (min 0.000014, max 0.016658)\n  \
+                   Run time (s):         2.000175\n  Queries per second:   42556.238258\n\n  Average Latency (s):  0.002220 (min 0.000014, max 0.016658)\n  \
                    Latency StdDev (s):   0.001000\n";
         let r = parse_dnsperf(out).expect("parses");
         assert_eq!(r.qps, 42556.238258);
@@ -941,6 +979,12 @@ mod tests {
         assert!((r.stddev_ms - 1.0).abs() < 1e-9);
         assert_eq!(r.lost, 0.0);
         assert_eq!(r.noerror_pct, 99.0);
+        assert_eq!((r.sent, r.completed, r.run_secs), (100.0, 100.0, 2.000175));
+        assert!((r.latency_max_ms - 16.658).abs() < 1e-9);
+        assert_eq!(
+            r.rcodes,
+            vec![("NOERROR".to_string(), 99), ("NXDOMAIN".to_string(), 1)]
+        );
         assert!(parse_dnsperf("nothing").is_err());
     }
 

@@ -416,6 +416,11 @@ enum BenchCommand {
     /// Feedback reports flowing; each round's parts, memory, the store, a front end joining,
     /// the deltas, DNS queries per second and a restart from the store.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// The whole service held at a steady DNS load: dnsperf at `--load` (0.8) of the front
+    /// end's measured peak for `--minutes` (10) while the mapper runs its rounds and Feedback
+    /// flows; errors (target 0), latency percentiles, the rounds, and both processes' memory
+    /// a minute (flat?). Needs Debian's dnsperf.
+    Soak(crate::bench_soak::SoakBenchArgs),
     /// Topology edits through the service's writer and store, in process: cluster-state
     /// changes with rounds between them, cluster and map-unit upserts; each kind's
     /// acknowledgement time, the store's size after them, and a restart on that store.
@@ -451,6 +456,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
         Command::Bench(BenchCommand::Follow(a)) => crate::bench_follow::follow(&a),
         Command::Bench(BenchCommand::Serve(a)) => crate::bench_serve::serve(&a),
+        Command::Bench(BenchCommand::Soak(a)) => crate::bench_soak::soak(&a),
         Command::Bench(BenchCommand::Edits(a)) => crate::bench_edits::edits(&a),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),

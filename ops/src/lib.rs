@@ -12,6 +12,7 @@ pub mod bench_grpc;
 pub mod bench_loads;
 pub mod bench_round;
 pub mod bench_serve;
+pub mod bench_soak;
 pub mod cli;
 pub mod io;
 pub mod record;

@@ -3,33 +3,33 @@
 use super::*;
 
 /// The DNS load during the rounds: dnsperf, or the built-in generator on a thread.
-pub(super) enum DnsLoad {
+pub(crate) enum DnsLoad {
     Dnsperf { proc: Proc, out: PathBuf },
     Own(std::thread::JoinHandle<Result<OwnRun>>),
 }
 
 /// What the DNS load measured.
 #[derive(Debug, Clone)]
-pub(super) struct DnsFigures {
-    pub(super) tool: String,
-    pub(super) qps: f64,
-    pub(super) noerror_pct: f64,
-    pub(super) lost: f64,
-    pub(super) latency_ms: f64,
+pub(crate) struct DnsFigures {
+    pub(crate) tool: String,
+    pub(crate) qps: f64,
+    pub(crate) noerror_pct: f64,
+    pub(crate) lost: f64,
+    pub(crate) latency_ms: f64,
 }
 
 /// The built-in generator's tally.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct OwnRun {
-    pub(super) sent: u64,
-    pub(super) answered: u64,
-    pub(super) noerror: u64,
-    pub(super) lost: u64,
-    pub(super) secs: f64,
+pub(crate) struct OwnRun {
+    pub(crate) sent: u64,
+    pub(crate) answered: u64,
+    pub(crate) noerror: u64,
+    pub(crate) lost: u64,
+    pub(crate) secs: f64,
 }
 
 /// dnsperf's options, for the command and for the report.
-pub(super) fn dnsperf_args(target: SocketAddr, queries: &Path, secs: u64, qps: u64) -> Vec<String> {
+pub(crate) fn dnsperf_args(target: SocketAddr, queries: &Path, secs: u64, qps: u64) -> Vec<String> {
     let mut args: Vec<String> = [
         "-s",
         "127.0.0.1",
@@ -49,7 +49,7 @@ pub(super) fn dnsperf_args(target: SocketAddr, queries: &Path, secs: u64, qps: u
     args
 }
 
-pub(super) fn start_dns_load(
+pub(crate) fn start_dns_load(
     target: SocketAddr,
     queries: &Path,
     secs: u64,
@@ -76,7 +76,7 @@ pub(super) fn start_dns_load(
 }
 
 /// The query file's messages (each prefixed by its 2-byte length).
-pub(super) fn read_queries(path: &Path) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn read_queries(path: &Path) -> Result<Vec<Vec<u8>>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     let mut at = 0;
@@ -97,7 +97,7 @@ pub(super) fn read_queries(path: &Path) -> Result<Vec<Vec<u8>>> {
 /// The built-in generator: `OWN_LOAD_WINDOW` queries in flight on one UDP socket, the next
 /// sent for each answer, the window counted lost and sent again after 100 ms without one;
 /// at most `qps` a second (0: no limit), until `deadline`.
-pub(super) fn own_load(
+pub(crate) fn own_load(
     target: SocketAddr,
     messages: &[Vec<u8>],
     deadline: Instant,
@@ -146,7 +146,7 @@ pub(super) fn own_load(
 }
 
 /// Waits for the DNS load to end (bounded by `timeout`) and reads its figures.
-pub(super) fn finish_dns_load(load: DnsLoad, timeout: Duration) -> Result<DnsFigures> {
+pub(crate) fn finish_dns_load(load: DnsLoad, timeout: Duration) -> Result<DnsFigures> {
     match load {
         DnsLoad::Dnsperf { mut proc, out } => {
             let started = Instant::now();

@@ -4,12 +4,13 @@ use super::*;
 
 /// What a line of a `cdnmap serve` or `cdnmap dns` log says, of what the bench reads.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Event {
-    /// The addresses bound (`grpc`, `http` of the mapper; `dns` of a front end).
+pub(crate) enum Event {
+    /// The addresses bound (`grpc`, `http` of the mapper; `dns`, `metrics` of a front end).
     Listening {
         grpc: Option<SocketAddr>,
         http: Option<SocketAddr>,
         dns: Option<SocketAddr>,
+        metrics: Option<SocketAddr>,
     },
     /// A round's parts, ms: estimator, effective preferences, solve, index, publish, persist;
     /// and whether persist ran beside the index, inside the loop's step (builds from 849f255
@@ -37,7 +38,7 @@ pub(super) enum Event {
 }
 
 /// `s` without its terminal colour sequences (`ESC [ ... m`).
-pub(super) fn strip_ansi(s: &str) -> String {
+pub(crate) fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
@@ -55,18 +56,18 @@ pub(super) fn strip_ansi(s: &str) -> String {
 }
 
 /// The value of `key=` in a log line (up to the next space).
-pub(super) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let pat = format!(" {key}=");
     let at = line.find(&pat)? + pat.len();
     line[at..].split_whitespace().next()
 }
 
-pub(super) fn num<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
+pub(crate) fn num<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
     field(line, key)?.parse().ok()
 }
 
 /// Days from 1970-01-01 to a civil date (Howard Hinnant's `days_from_civil`).
-pub(super) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
@@ -76,7 +77,7 @@ pub(super) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 }
 
 /// The time a log line starts with (`2026-12-01T15:16:27.677932Z`), in Unix ms.
-pub(super) fn line_time_ms(line: &str) -> Option<f64> {
+pub(crate) fn line_time_ms(line: &str) -> Option<f64> {
     let stamp = line.split_whitespace().next()?.strip_suffix('Z')?;
     let (date, time) = stamp.split_once('T')?;
     let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
@@ -92,7 +93,7 @@ pub(super) fn line_time_ms(line: &str) -> Option<f64> {
 }
 
 /// The event a (colourless) log line reports, if the bench reads it.
-pub(super) fn parse_event(line: &str) -> Option<Event> {
+pub(crate) fn parse_event(line: &str) -> Option<Event> {
     if line.contains(" round parts ") {
         let keys = [
             "estimator_ms",
@@ -125,6 +126,7 @@ pub(super) fn parse_event(line: &str) -> Option<Event> {
             grpc: addr("grpc"),
             http: addr("http"),
             dns: addr("dns"),
+            metrics: addr("metrics"),
         });
     }
     if line.contains("round took longer than the cycle") {
@@ -159,15 +161,15 @@ pub(super) fn parse_event(line: &str) -> Option<Event> {
 }
 
 /// A log file read as it grows: its events, each with the time its line gives (Unix ms).
-pub(super) struct LogTail {
-    pub(super) path: PathBuf,
-    pub(super) offset: u64,
-    pub(super) partial: String,
-    pub(super) events: Vec<(f64, Event)>,
+pub(crate) struct LogTail {
+    pub(crate) path: PathBuf,
+    pub(crate) offset: u64,
+    pub(crate) partial: String,
+    pub(crate) events: Vec<(f64, Event)>,
 }
 
 impl LogTail {
-    pub(super) fn new(path: PathBuf) -> Self {
+    pub(crate) fn new(path: PathBuf) -> Self {
         LogTail {
             path,
             offset: 0,
@@ -177,7 +179,7 @@ impl LogTail {
     }
 
     /// Reads what was written since the last call.
-    pub(super) fn poll(&mut self) {
+    pub(crate) fn poll(&mut self) {
         let Ok(mut f) = std::fs::File::open(&self.path) else {
             return;
         };
@@ -196,49 +198,55 @@ impl LogTail {
         }
     }
 
-    pub(super) fn find<T>(&self, f: impl Fn(&Event) -> Option<T>) -> Option<(f64, T)> {
+    pub(crate) fn find<T>(&self, f: impl Fn(&Event) -> Option<T>) -> Option<(f64, T)> {
         self.events.iter().find_map(|(t, e)| f(e).map(|x| (*t, x)))
     }
 
-    pub(super) fn listening(&self) -> Option<(f64, [Option<SocketAddr>; 3])> {
+    /// When the process said where it listens, and the addresses: grpc, http, dns, metrics.
+    pub(crate) fn listening(&self) -> Option<(f64, [Option<SocketAddr>; 4])> {
         self.find(|e| match e {
-            Event::Listening { grpc, http, dns } => Some([*grpc, *http, *dns]),
+            Event::Listening {
+                grpc,
+                http,
+                dns,
+                metrics,
+            } => Some([*grpc, *http, *dns, *metrics]),
             _ => None,
         })
     }
 
-    pub(super) fn in_use(&self) -> Option<(f64, (u64, u64))> {
+    pub(crate) fn in_use(&self) -> Option<(f64, (u64, u64))> {
         self.find(|e| match e {
             Event::InUse { epoch, version } => Some((*epoch, *version)),
             _ => None,
         })
     }
 
-    pub(super) fn count(&self, f: impl Fn(&Event) -> bool) -> usize {
+    pub(crate) fn count(&self, f: impl Fn(&Event) -> bool) -> usize {
         self.events.iter().filter(|(_, e)| f(e)).count()
     }
 }
 
 /// One round as the mapper's log tells it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RoundRec {
-    pub(super) at_ms: f64,
-    pub(super) epoch: u64,
-    pub(super) version: u64,
+pub(crate) struct RoundRec {
+    pub(crate) at_ms: f64,
+    pub(crate) epoch: u64,
+    pub(crate) version: u64,
     /// Estimator, effective preferences, solve, index, publish, persist, ms.
-    pub(super) parts: [f64; 6],
+    pub(crate) parts: [f64; 6],
     /// The loop's step (estimator to index, with persist beside the index when
     /// `persist_in_step`), ms.
-    pub(super) step_ms: f64,
-    pub(super) persist_in_step: bool,
-    pub(super) churn: f64,
+    pub(crate) step_ms: f64,
+    pub(crate) persist_in_step: bool,
+    pub(crate) churn: f64,
 }
 
 impl RoundRec {
     /// The whole round: the step, then publish, and persist when it ran after the step (in
     /// builds before 849f255; the estimator entry's encoding, a part of both the step and
     /// persist there, is counted twice: well under a millisecond).
-    pub(super) fn total_ms(&self) -> f64 {
+    pub(crate) fn total_ms(&self) -> f64 {
         let after = if self.persist_in_step {
             0.0
         } else {
@@ -249,7 +257,7 @@ impl RoundRec {
 }
 
 /// The rounds of a mapper's log: each `round parts` line with the `round published` after it.
-pub(super) fn rounds_of(events: &[(f64, Event)]) -> Vec<RoundRec> {
+pub(crate) fn rounds_of(events: &[(f64, Event)]) -> Vec<RoundRec> {
     let mut out = Vec::new();
     let mut parts = None;
     for (at, e) in events {

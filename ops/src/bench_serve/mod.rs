@@ -48,14 +48,15 @@ use crate::bench_dns::{
 };
 use cdnmap_world::world::{self, WorldParams};
 
-mod dns_load;
-mod log;
-mod phases;
-mod print;
-mod procs;
+// The parts are the crate's: `bench soak` runs the same service with them.
+pub(crate) mod dns_load;
+pub(crate) mod log;
+pub(crate) mod phases;
+pub(crate) mod print;
+pub(crate) mod procs;
 pub(crate) use procs::dir_size;
-mod relay;
-mod reports;
+pub(crate) mod relay;
+pub(crate) mod reports;
 
 use dns_load::*;
 use log::*;
@@ -116,7 +117,7 @@ pub struct ServeBenchArgs {
 }
 
 /// The fewest counted rounds (medians over fewer say little).
-const MIN_ROUNDS: usize = 10;
+pub(crate) const MIN_ROUNDS: usize = 10;
 
 /// The most counted rounds.
 const MAX_ROUNDS: usize = 1_000;
@@ -134,7 +135,7 @@ const MAX_REPORTS_IN_FLIGHT: usize = 4;
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the waiting loops look at the logs and the processes.
-const POLL: Duration = Duration::from_millis(50);
+pub(crate) const POLL: Duration = Duration::from_millis(50);
 
 /// A progress line at least this often while waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(15);
@@ -158,7 +159,7 @@ const OWN_LOAD_WINDOW: usize = 200;
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Refuses arguments out of their bounds; returns the report rate to use.
-fn check_args(a: &ServeBenchArgs) -> Result<u64> {
+pub(crate) fn check_args(a: &ServeBenchArgs) -> Result<u64> {
     if a.map_units == 0 || a.clusters == 0 {
         bail!("--map-units and --clusters must be at least 1");
     }
@@ -204,13 +205,13 @@ fn check_args(a: &ServeBenchArgs) -> Result<u64> {
     Ok(rate)
 }
 
-fn now_unix_ms() -> f64 {
+pub(crate) fn now_unix_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -219,7 +220,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The world the mapper serves (generated here the same way, for the reports) and the DNS
 /// load's query file from it.
-fn prepare_world(a: &ServeBenchArgs, dir: &Path) -> Result<(Arc<Instance>, PathBuf)> {
+pub(crate) fn prepare_world(a: &ServeBenchArgs, dir: &Path) -> Result<(Arc<Instance>, PathBuf)> {
     let t = Instant::now();
     let params = WorldParams {
         map_units: a.map_units,
@@ -373,7 +374,22 @@ fn run(
 
 pub fn serve(a: &ServeBenchArgs) -> Result<ExitCode> {
     let rate = check_args(a)?;
-    let (dir, _temp) = out_dir(a.out.as_deref(), "cdnmap-bench-serve-")?;
+    with_service(a, "cdnmap-bench-serve-", |ctx, rt, inst, queries| {
+        run(ctx, rt, inst, rate, queries)
+    })
+}
+
+/// What a bench of the whole service (`bench serve`, `bench soak`) runs in: the files'
+/// directory (`a.out` or a temporary one named after `prefix`), the service's own checks of
+/// its settings (first), the world and the query file, a runtime that turns Ctrl-C and
+/// SIGTERM into a failure of the waiting loops; then `body`, and every child it started
+/// killed however it ends.
+pub(crate) fn with_service(
+    a: &ServeBenchArgs,
+    prefix: &str,
+    body: impl FnOnce(&mut Ctx, &tokio::runtime::Runtime, Arc<Instance>, &Path) -> Result<()>,
+) -> Result<ExitCode> {
+    let (dir, _temp) = out_dir(a.out.as_deref(), prefix)?;
     // The service's own checks of its settings (the demo world's limits among them), first.
     cdnmap_api::Config::from_toml(&serve_config(a, &dir, None))
         .context("the mapper's settings from these arguments")?;
@@ -395,7 +411,7 @@ pub fn serve(a: &ServeBenchArgs) -> Result<ExitCode> {
         kids: Children::default(),
         timeout: Duration::from_secs(a.timeout_secs),
     };
-    let result = run(&mut ctx, &rt, inst, rate, &queries);
+    let result = body(&mut ctx, &rt, inst, &queries);
     drop(ctx); // kills the children before the temporary directory goes
     rt.shutdown_timeout(Duration::from_secs(5));
     result.map(|()| ExitCode::SUCCESS)
@@ -449,6 +465,7 @@ mod tests {
                 grpc: "127.0.0.1:44071".parse().ok(),
                 http: "127.0.0.1:32905".parse().ok(),
                 dns: None,
+                metrics: None,
             })
         );
         let in_use = "2026-12-01T15:16:46.514886Z  INFO cdnmap_dns: map version in use \
@@ -489,6 +506,21 @@ mod tests {
         let page = "# TYPE x gauge\ncdnmap_map_stored_version 12\ncdnmap_map_stored_epoch 1\n";
         assert_eq!(metric(page, "cdnmap_map_stored_version"), Some(12.0));
         assert_eq!(metric(page, "cdnmap_map_stored"), None);
+        let labelled =
+            "cdnmap_rounds_total 7\ncdnmap_feedback_refused_total{reason=\"budget\"} 2\n\
+                        cdnmap_feedback_refused_total{reason=\"sources\"} 1\n";
+        assert_eq!(
+            metric_series(labelled, "cdnmap_feedback_refused_total"),
+            vec![
+                ("{reason=\"budget\"}".to_string(), 2.0),
+                ("{reason=\"sources\"}".to_string(), 1.0)
+            ]
+        );
+        assert_eq!(
+            metric_series(labelled, "cdnmap_rounds_total"),
+            vec![(String::new(), 7.0)]
+        );
+        assert!(metric_series(labelled, "cdnmap_rounds").is_empty());
         assert_eq!(median_max(vec![3.0, 1.0, 2.0]), (2.0, 3.0));
         assert_eq!(median_max(vec![4.0, 1.0, 2.0, 3.0]), (2.5, 4.0));
         assert!(median_max(Vec::new()).0.is_nan());

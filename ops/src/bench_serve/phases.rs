@@ -3,38 +3,40 @@
 use super::*;
 
 /// A `cdnmap serve` started by the bench.
-pub(super) struct Mapper {
-    pub(super) idx: usize,
-    pub(super) log: LogTail,
-    pub(super) spawned_ms: f64,
-    pub(super) grpc: SocketAddr,
-    pub(super) http: SocketAddr,
+pub(crate) struct Mapper {
+    pub(crate) idx: usize,
+    pub(crate) log: LogTail,
+    pub(crate) spawned_ms: f64,
+    pub(crate) grpc: SocketAddr,
+    pub(crate) http: SocketAddr,
 }
 
 /// A `cdnmap dns` started by the bench: when it was started, took its first map into use and
 /// first answered (Unix ms).
-pub(super) struct Front {
-    pub(super) idx: usize,
-    pub(super) log: LogTail,
-    pub(super) spawned_ms: f64,
-    pub(super) dns: SocketAddr,
-    pub(super) in_use_ms: f64,
-    pub(super) in_use: (u64, u64),
-    pub(super) answer_ms: f64,
+pub(crate) struct Front {
+    pub(crate) idx: usize,
+    pub(crate) log: LogTail,
+    pub(crate) spawned_ms: f64,
+    pub(crate) dns: SocketAddr,
+    /// Its Prometheus `/metrics`.
+    pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) in_use_ms: f64,
+    pub(crate) in_use: (u64, u64),
+    pub(crate) answer_ms: f64,
 }
 
 /// What every phase needs.
-pub(super) struct Ctx<'a> {
-    pub(super) a: &'a ServeBenchArgs,
-    pub(super) exe: PathBuf,
-    pub(super) dir: PathBuf,
-    pub(super) kids: Children,
-    pub(super) timeout: Duration,
+pub(crate) struct Ctx<'a> {
+    pub(crate) a: &'a ServeBenchArgs,
+    pub(crate) exe: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) kids: Children,
+    pub(crate) timeout: Duration,
 }
 
 /// Starts the mapper with configuration `conf` and waits until it listens (after its first
 /// map, or the stored map).
-pub(super) fn start_mapper(ctx: &mut Ctx, conf: &Path, log: &str) -> Result<Mapper> {
+pub(crate) fn start_mapper(ctx: &mut Ctx, conf: &Path, log: &str) -> Result<Mapper> {
     let log = ctx.dir.join(log);
     let spawned_ms = now_unix_ms();
     let idx = ctx.kids.add(spawn_serve(&ctx.exe, conf, &log)?, &log);
@@ -49,7 +51,7 @@ pub(super) fn start_mapper(ctx: &mut Ctx, conf: &Path, log: &str) -> Result<Mapp
             tail.listening()
         },
     )?;
-    let [Some(grpc), Some(http), _] = addrs else {
+    let [Some(grpc), Some(http), ..] = addrs else {
         bail!("the mapper's listening line names no grpc and http addresses");
     };
     Ok(Mapper {
@@ -63,7 +65,7 @@ pub(super) fn start_mapper(ctx: &mut Ctx, conf: &Path, log: &str) -> Result<Mapp
 
 /// Starts a front end following `grpc` and waits until it answers from a map.
 /// `on_poll` runs at every look (the restart probes the running front end with it).
-pub(super) fn start_front(
+pub(crate) fn start_front(
     ctx: &mut Ctx,
     grpc: SocketAddr,
     (log, name): (&str, &'static str),
@@ -81,6 +83,7 @@ pub(super) fn start_front(
         let dns = tail.listening()?.1[2]?;
         answers(dns, "cdn.example.").then(|| (dns, now_unix_ms()))
     })?;
+    let metrics = tail.listening().and_then(|(_, addrs)| addrs[3]);
     let (in_use_ms, in_use) = wait_for(&what, ctx.timeout, &mut ctx.kids, &ctx.dir, || {
         tail.poll();
         tail.in_use()
@@ -90,6 +93,7 @@ pub(super) fn start_front(
         log: tail,
         spawned_ms,
         dns,
+        metrics,
         in_use_ms,
         in_use,
         answer_ms,
@@ -99,16 +103,16 @@ pub(super) fn start_front(
 /// How a front end came to hold the whole map: WatchMap messages, units, bytes on the wire,
 /// seconds from the request to the map applied.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Join {
-    pub(super) messages: usize,
-    pub(super) units: usize,
-    pub(super) wire_bytes: u64,
-    pub(super) secs: f64,
+pub(crate) struct Join {
+    pub(crate) messages: usize,
+    pub(crate) units: usize,
+    pub(crate) wire_bytes: u64,
+    pub(crate) secs: f64,
 }
 
 /// Starts the bench's own WatchMap client behind the counting relay; waits until it holds
 /// the whole map.
-pub(super) fn start_watcher(
+pub(crate) fn start_watcher(
     ctx: &mut Ctx,
     rt: &tokio::runtime::Runtime,
     grpc: SocketAddr,
@@ -145,22 +149,22 @@ pub(super) fn start_watcher(
 }
 
 /// What the counted rounds gave.
-pub(super) struct Counted {
-    pub(super) rounds: Vec<RoundRec>,
+pub(crate) struct Counted {
+    pub(crate) rounds: Vec<RoundRec>,
     /// Rounds `quiet` and after ran with the DNS load.
-    pub(super) quiet: usize,
-    pub(super) slow: usize,
-    pub(super) late: Front,
-    pub(super) late_after: usize,
-    pub(super) dns: DnsFigures,
-    pub(super) dns_cpu_us: f64,
-    pub(super) report_secs: f64,
+    pub(crate) quiet: usize,
+    pub(crate) slow: usize,
+    pub(crate) late: Front,
+    pub(crate) late_after: usize,
+    pub(crate) dns: DnsFigures,
+    pub(crate) dns_cpu_us: f64,
+    pub(crate) report_secs: f64,
     /// Demand samples acknowledged a second before the DNS load and during it.
-    pub(super) report_rates: (f64, f64),
+    pub(crate) report_rates: (f64, f64),
 }
 
 /// The rounds observed after `known` of them, once a round published after `after`.
-pub(super) fn new_rounds(log: &mut LogTail, after: Option<&RoundRec>) -> Vec<RoundRec> {
+pub(crate) fn new_rounds(log: &mut LogTail, after: Option<&RoundRec>) -> Vec<RoundRec> {
     log.poll();
     let all = rounds_of(&log.events);
     match after {
@@ -173,7 +177,7 @@ pub(super) fn new_rounds(log: &mut LogTail, after: Option<&RoundRec>) -> Vec<Rou
 }
 
 /// The reporters, until `until`.
-pub(super) fn start_reports(
+pub(crate) fn start_reports(
     rt: &tokio::runtime::Runtime,
     grpc: SocketAddr,
     (inst, watched, stats): (&Arc<Instance>, &Arc<Watched>, &Arc<ReportStats>),
@@ -199,7 +203,7 @@ pub(super) fn start_reports(
 /// Reports flow; after the first round whose period they covered, the counted rounds: a
 /// second front end started in the first half, the DNS load on the first front end in the
 /// second half.
-pub(super) fn run_rounds(
+pub(crate) fn run_rounds(
     ctx: &mut Ctx,
     rt: &tokio::runtime::Runtime,
     mapper: &mut Mapper,
@@ -300,7 +304,7 @@ pub(super) fn run_rounds(
 
 /// Waits (at most a minute) until the first front end and the bench's WatchMap client hold
 /// version `last`, so that the last round's delta is counted too.
-pub(super) fn wait_followed(
+pub(crate) fn wait_followed(
     ctx: &mut Ctx,
     front: &mut Front,
     watched: &Watched,
@@ -324,23 +328,23 @@ pub(super) fn wait_followed(
 }
 
 /// What the restart gave (times in seconds after the `kill -9`).
-pub(super) struct Restart {
-    pub(super) stored: u64,
-    pub(super) restored: Option<(f64, u64, u64)>,
-    pub(super) listening_s: f64,
-    pub(super) fresh: Front,
-    pub(super) killed_ms: f64,
-    pub(super) running_took: Option<(f64, (u64, u64))>,
+pub(crate) struct Restart {
+    pub(crate) stored: u64,
+    pub(crate) restored: Option<(f64, u64, u64)>,
+    pub(crate) listening_s: f64,
+    pub(crate) fresh: Front,
+    pub(crate) killed_ms: f64,
+    pub(crate) running_took: Option<(f64, (u64, u64))>,
     /// The version the running front end held at the kill.
-    pub(super) running_held: Option<(u64, u64)>,
-    pub(super) probes: (usize, usize),
-    pub(super) peak_mb: Option<f64>,
+    pub(crate) running_held: Option<(u64, u64)>,
+    pub(crate) probes: (usize, usize),
+    pub(crate) peak_mb: Option<f64>,
 }
 
 /// `kill -9` of the mapper once its last round (`last`) is stored, a start on the same store (and the
 /// same gRPC address, so the running front end finds it again) with a fresh front end beside
 /// it: the times to the stored map served and to the fresh front end's first answer.
-pub(super) fn restart(
+pub(crate) fn restart(
     ctx: &mut Ctx,
     mapper: &mut Mapper,
     front: &mut Front,

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) fn print_round(i: usize, of: usize, r: &RoundRec) {
+pub(crate) fn print_round(i: usize, of: usize, r: &RoundRec) {
     let p = r.parts;
     eprintln!(
         "round {i}/{of} (version {}): {:.0} ms = step {:.0} (estimator {:.0}, effective {:.0}, \
@@ -20,7 +20,7 @@ pub(super) fn print_round(i: usize, of: usize, r: &RoundRec) {
     );
 }
 
-pub(super) fn median_max(mut v: Vec<f64>) -> (f64, f64) {
+pub(crate) fn median_max(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => (f64::NAN, f64::NAN),
@@ -29,14 +29,14 @@ pub(super) fn median_max(mut v: Vec<f64>) -> (f64, f64) {
     }
 }
 
-pub(super) fn mb(bytes: f64) -> f64 {
+pub(crate) fn mb(bytes: f64) -> f64 {
     bytes / 1e6
 }
 
 /// For each round of `rounds`, the time from its `round published` line (written after the
 /// round is persisted, when WatchMap announces it) to the front end of `log` taking it into
 /// use, ms.
-pub(super) fn front_lags(rounds: &[RoundRec], log: &LogTail) -> Vec<f64> {
+pub(crate) fn front_lags(rounds: &[RoundRec], log: &LogTail) -> Vec<f64> {
     rounds
         .iter()
         .filter_map(|r| {
@@ -53,36 +53,36 @@ pub(super) fn front_lags(rounds: &[RoundRec], log: &LogTail) -> Vec<f64> {
 }
 
 /// Everything measured before the restart.
-pub(super) struct Figures {
-    pub(super) first_map_s: f64,
-    pub(super) listening_s: f64,
-    pub(super) store_first: u64,
-    pub(super) store_after: u64,
+pub(crate) struct Figures {
+    pub(crate) first_map_s: f64,
+    pub(crate) listening_s: f64,
+    pub(crate) store_first: u64,
+    pub(crate) store_after: u64,
     /// Of `store_after`: the demand record (bounded by `record_max_mb`).
-    pub(super) record_after: u64,
+    pub(crate) record_after: u64,
     /// Of `store_after`: the value files by kind (map records whole and as deltas, topology
     /// snapshots, the estimator's checkpoint and round entries), with their counts.
-    pub(super) values_after: Vec<(String, usize, u64)>,
-    pub(super) versions: u64,
-    pub(super) join: Join,
-    pub(super) front: (f64, f64),
-    pub(super) late: (f64, f64),
-    pub(super) peaks: [Option<f64>; 3],
-    pub(super) deltas: Vec<UpdateRec>,
-    pub(super) units: usize,
+    pub(crate) values_after: Vec<(String, usize, u64)>,
+    pub(crate) versions: u64,
+    pub(crate) join: Join,
+    pub(crate) front: (f64, f64),
+    pub(crate) late: (f64, f64),
+    pub(crate) peaks: [Option<f64>; 3],
+    pub(crate) deltas: Vec<UpdateRec>,
+    pub(crate) units: usize,
     /// [`front_lags`] of the first front end over the counted rounds.
-    pub(super) lags: Vec<f64>,
+    pub(crate) lags: Vec<f64>,
     /// The first round's persist, ms (the first map is served after it).
-    pub(super) first_persist_ms: f64,
+    pub(crate) first_persist_ms: f64,
 }
 
-pub(super) fn fmt_mb(x: Option<f64>) -> String {
+pub(crate) fn fmt_mb(x: Option<f64>) -> String {
     x.map_or("unknown".into(), |v| format!("{v:.0} MB"))
 }
 
 /// A row of the rounds' table: median and max over all counted rounds, the quiet ones and
 /// those with the DNS load.
-pub(super) fn print_row(name: &str, c: &Counted, f: impl Fn(&RoundRec) -> f64, digits: usize) {
+pub(crate) fn print_row(name: &str, c: &Counted, f: impl Fn(&RoundRec) -> f64, digits: usize) {
     let cell = |rs: &[RoundRec]| {
         let (m, x) = median_max(rs.iter().map(&f).collect());
         format!("{m:.digits$} / {x:.digits$}")
@@ -96,7 +96,7 @@ pub(super) fn print_row(name: &str, c: &Counted, f: impl Fn(&RoundRec) -> f64, d
     );
 }
 
-pub(super) fn print_rounds(a: &ServeBenchArgs, c: &Counted) {
+pub(crate) fn print_rounds(a: &ServeBenchArgs, c: &Counted) {
     let v = |i: usize| c.rounds.get(i).map_or(0, |r| r.version);
     let (n, q) = (c.rounds.len(), c.quiet.min(c.rounds.len()));
     println!(
@@ -145,7 +145,7 @@ pub(super) fn print_rounds(a: &ServeBenchArgs, c: &Counted) {
     );
 }
 
-pub(super) fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats: &ReportStats) {
+pub(crate) fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats: &ReportStats) {
     println!(
         "first published map: {:.1} s after the mapper's start (the demo world generated, the cold \
          round; its `round published` line, after its persist of {:.1} s; listening at {:.1} s)",
@@ -235,7 +235,7 @@ pub(super) fn print_service(a: &ServeBenchArgs, f: &Figures, c: &Counted, stats:
     );
 }
 
-pub(super) fn print_deltas(f: &Figures) {
+pub(crate) fn print_deltas(f: &Figures) {
     if f.deltas.is_empty() {
         println!("a round's delta: not observed (the bench's WatchMap client got no delta in the counted rounds)");
         return;
@@ -262,7 +262,7 @@ pub(super) fn print_deltas(f: &Figures) {
     );
 }
 
-pub(super) fn print_restart(r: &Restart) {
+pub(crate) fn print_restart(r: &Restart) {
     let s = |t: f64| (t - r.killed_ms) / 1e3;
     let (e, v) = r.fresh.in_use;
     let stored = if v == r.stored {
@@ -306,7 +306,7 @@ pub(super) fn print_restart(r: &Restart) {
     );
 }
 
-pub(super) fn print_logs(mapper: &LogTail, fronts: &[&LogTail]) {
+pub(crate) fn print_logs(mapper: &LogTail, fronts: &[&LogTail]) {
     let cps: Vec<(f64, f64)> = mapper
         .events
         .iter()

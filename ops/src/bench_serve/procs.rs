@@ -4,12 +4,12 @@ use super::*;
 
 /// The child processes; each is killed (SIGKILL) and reaped when dropped, on every exit path.
 #[derive(Default)]
-pub(super) struct Children {
-    pub(super) procs: Vec<(Option<Proc>, PathBuf)>,
+pub(crate) struct Children {
+    pub(crate) procs: Vec<(Option<Proc>, PathBuf)>,
 }
 
 /// The last lines of a log, for an error message (the temporary directory goes with the bench).
-pub(super) fn log_tail(log: &Path) -> String {
+pub(crate) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<String> = text.lines().rev().take(5).map(strip_ansi).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join("\n    ")
@@ -17,17 +17,17 @@ pub(super) fn log_tail(log: &Path) -> String {
 
 impl Children {
     /// Adds `p`, which logs to `log`.
-    pub(super) fn add(&mut self, p: Proc, log: &Path) -> usize {
+    pub(crate) fn add(&mut self, p: Proc, log: &Path) -> usize {
         self.procs.push((Some(p), log.to_path_buf()));
         self.procs.len() - 1
     }
 
-    pub(super) fn pid(&self, i: usize) -> Option<u32> {
+    pub(crate) fn pid(&self, i: usize) -> Option<u32> {
         self.procs.get(i)?.0.as_ref().map(|p| p.0.id())
     }
 
     /// `kill -9` of child `i`, reaped.
-    pub(super) fn kill(&mut self, i: usize) {
+    pub(crate) fn kill(&mut self, i: usize) {
         if let Some(p) = self.procs.get_mut(i) {
             drop(p.0.take());
         }
@@ -35,7 +35,7 @@ impl Children {
 
     /// Fails, naming the process and the logs, if one that was not killed has exited, or
     /// when the bench was interrupted.
-    pub(super) fn check(&mut self, dir: &Path) -> Result<()> {
+    pub(crate) fn check(&mut self, dir: &Path) -> Result<()> {
         if INTERRUPTED.load(Ordering::Relaxed) {
             bail!("interrupted; the servers are stopped");
         }
@@ -57,7 +57,7 @@ impl Children {
 
 /// Waits for `f` to give a value, failing after `timeout` or if a child exits; prints a
 /// progress line now and then.
-pub(super) fn wait_for<T>(
+pub(crate) fn wait_for<T>(
     what: &str,
     timeout: Duration,
     kids: &mut Children,
@@ -90,7 +90,7 @@ pub(super) fn wait_for<T>(
 
 /// The mapper's configuration (`grpc` may name a fixed address, else port 0), its store in
 /// `dir`.
-pub(super) fn serve_config(a: &ServeBenchArgs, dir: &Path, grpc: Option<SocketAddr>) -> String {
+pub(crate) fn serve_config(a: &ServeBenchArgs, dir: &Path, grpc: Option<SocketAddr>) -> String {
     let grpc = grpc.map_or_else(|| "127.0.0.1:0".to_string(), |g| g.to_string());
     format!(
         "grpc_listen = \"{grpc}\"\nhttp_listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n\
@@ -104,7 +104,7 @@ pub(super) fn serve_config(a: &ServeBenchArgs, dir: &Path, grpc: Option<SocketAd
 }
 
 /// Writes the mapper's configuration into `dir` as `name`.
-pub(super) fn write_serve_config(
+pub(crate) fn write_serve_config(
     a: &ServeBenchArgs,
     dir: &Path,
     name: &str,
@@ -116,7 +116,7 @@ pub(super) fn write_serve_config(
     Ok(conf)
 }
 
-pub(super) fn spawn_serve(exe: &Path, conf: &Path, log: &Path) -> Result<Proc> {
+pub(crate) fn spawn_serve(exe: &Path, conf: &Path, log: &Path) -> Result<Proc> {
     spawn(
         Command::new(exe)
             .arg("serve")
@@ -128,7 +128,9 @@ pub(super) fn spawn_serve(exe: &Path, conf: &Path, log: &Path) -> Result<Proc> {
     )
 }
 
-pub(super) fn spawn_dns(
+/// A front end following `grpc`, answering DNS and serving `/metrics` on port 0 (its log's
+/// `listening` line names both); its own demand reports every 10 s when `reports`, else hourly.
+pub(crate) fn spawn_dns(
     exe: &Path,
     grpc: SocketAddr,
     (log, name): (&Path, &'static str),
@@ -142,6 +144,7 @@ pub(super) fn spawn_dns(
             .args(["--mapper", &format!("http://{grpc}")])
             .args(["--listen", "127.0.0.1:0"])
             .args(["--zone", "cdn.example."])
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1"),
         log,
@@ -150,7 +153,7 @@ pub(super) fn spawn_dns(
 }
 
 /// A process's peak resident memory (`VmHWM`), MB.
-pub(super) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
+pub(crate) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
     crate::bench_follow::memory_mb(pid?).map(|(peak, _)| peak)
 }
 
@@ -188,7 +191,7 @@ pub(crate) fn store_values(dir: &Path) -> Vec<(String, usize, u64)> {
 }
 
 /// `GET path` over HTTP/1.1, the body.
-pub(super) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
@@ -204,8 +207,26 @@ pub(super) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
 }
 
 /// The value of an unlabelled metric in a Prometheus text page.
-pub(super) fn metric(page: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(page: &str, name: &str) -> Option<f64> {
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Every series of metric `name` in a Prometheus text page: its labels as written (`""` for
+/// none, else `{reason="budget"}`) and its value. A counter never incremented is absent.
+pub(crate) fn metric_series(page: &str, name: &str) -> Vec<(String, f64)> {
+    page.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(r) => {
+                    let (labels, value) = r.split_once('}')?;
+                    (format!("{{{labels}}}"), value)
+                }
+                None => (String::new(), rest.strip_prefix(' ')?),
+            };
+            Some((labels, value.trim().parse().ok()?))
+        })
+        .collect()
 }

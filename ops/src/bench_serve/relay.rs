@@ -4,29 +4,29 @@ use super::*;
 
 /// One WatchMap message as the bench's client saw it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct UpdateRec {
-    pub(super) at: Instant,
-    pub(super) version: u64,
-    pub(super) full: bool,
-    pub(super) more: bool,
-    pub(super) units: usize,
-    pub(super) removed: usize,
+pub(crate) struct UpdateRec {
+    pub(crate) at: Instant,
+    pub(crate) version: u64,
+    pub(crate) full: bool,
+    pub(crate) more: bool,
+    pub(crate) units: usize,
+    pub(crate) removed: usize,
     /// Bytes from the mapper on the wire since the message before (HTTP/2 framing included).
-    pub(super) wire_bytes: u64,
+    pub(crate) wire_bytes: u64,
 }
 
 /// What the client shares with the rest of the bench.
-pub(super) struct Watched {
-    pub(super) updates: Mutex<Vec<UpdateRec>>,
-    pub(super) map: Mutex<Option<Arc<ServingMap>>>,
+pub(crate) struct Watched {
+    pub(crate) updates: Mutex<Vec<UpdateRec>>,
+    pub(crate) map: Mutex<Option<Arc<ServingMap>>>,
     /// The version of `map`, announced as each is applied (the load reports follow it).
-    pub(super) version: tokio::sync::watch::Sender<u64>,
-    pub(super) wire: AtomicU64,
-    pub(super) error: Mutex<Option<String>>,
+    pub(crate) version: tokio::sync::watch::Sender<u64>,
+    pub(crate) wire: AtomicU64,
+    pub(crate) error: Mutex<Option<String>>,
 }
 
 impl Watched {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Watched {
             updates: Mutex::default(),
             map: Mutex::default(),
@@ -39,7 +39,7 @@ impl Watched {
 
 /// A TCP relay on loopback to `upstream` that counts the bytes coming back; returns its
 /// address. Each connection is two threads that end with it.
-pub(super) fn relay(upstream: SocketAddr, watched: Arc<Watched>) -> Result<SocketAddr> {
+pub(crate) fn relay(upstream: SocketAddr, watched: Arc<Watched>) -> Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     std::thread::Builder::new()
@@ -62,7 +62,7 @@ pub(super) fn relay(upstream: SocketAddr, watched: Arc<Watched>) -> Result<Socke
     Ok(addr)
 }
 
-pub(super) fn copy(mut from: TcpStream, mut to: TcpStream, count: Option<&AtomicU64>) {
+pub(crate) fn copy(mut from: TcpStream, mut to: TcpStream, count: Option<&AtomicU64>) {
     let mut buf = vec![0u8; 1 << 16];
     while let Ok(n) = from.read(&mut buf) {
         if n == 0 || to.write_all(&buf[..n]).is_err() {
@@ -78,13 +78,13 @@ pub(super) fn copy(mut from: TcpStream, mut to: TcpStream, count: Option<&Atomic
 /// Follows the map from version 0 through `relay` (applied as a front end applies it, with
 /// the front end's own code), noting every message, until the stream ends or
 /// `MAX_UPDATES` messages.
-pub(super) async fn watch_map(relay: SocketAddr, watched: Arc<Watched>) {
+pub(crate) async fn watch_map(relay: SocketAddr, watched: Arc<Watched>) {
     if let Err(e) = follow(relay, &watched).await {
         *lock(&watched.error) = Some(format!("{e:#}"));
     }
 }
 
-pub(super) async fn follow(relay: SocketAddr, watched: &Arc<Watched>) -> Result<()> {
+pub(crate) async fn follow(relay: SocketAddr, watched: &Arc<Watched>) -> Result<()> {
     let mut client = pb::mapping_client::MappingClient::connect(format!("http://{relay}"))
         .await?
         .max_decoding_message_size(1 << 30);

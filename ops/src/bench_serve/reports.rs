@@ -4,20 +4,20 @@ use super::*;
 
 /// What the reporters did.
 #[derive(Default)]
-pub(super) struct ReportStats {
-    pub(super) demand_reports: AtomicU64,
-    pub(super) samples: AtomicU64,
-    pub(super) load_reports: AtomicU64,
-    pub(super) loads: AtomicU64,
-    pub(super) failed: AtomicU64,
+pub(crate) struct ReportStats {
+    pub(crate) demand_reports: AtomicU64,
+    pub(crate) samples: AtomicU64,
+    pub(crate) load_reports: AtomicU64,
+    pub(crate) loads: AtomicU64,
+    pub(crate) failed: AtomicU64,
     /// Demand ticks skipped: `MAX_REPORTS_IN_FLIGHT` calls were still open.
-    pub(super) skipped: AtomicU64,
-    pub(super) latency_us_max: AtomicU64,
-    pub(super) first_error: Mutex<Option<String>>,
+    pub(crate) skipped: AtomicU64,
+    pub(crate) latency_us_max: AtomicU64,
+    pub(crate) first_error: Mutex<Option<String>>,
 }
 
 impl ReportStats {
-    pub(super) fn note<T>(&self, result: std::result::Result<T, String>, started: Instant) -> bool {
+    pub(crate) fn note<T>(&self, result: std::result::Result<T, String>, started: Instant) -> bool {
         let us = started.elapsed().as_micros() as u64;
         self.latency_us_max.fetch_max(us, Ordering::Relaxed);
         match result {
@@ -31,14 +31,14 @@ impl ReportStats {
     }
 }
 
-pub(super) async fn feedback_client(
+pub(crate) async fn feedback_client(
     grpc: SocketAddr,
 ) -> Result<pb::feedback_client::FeedbackClient<tonic::transport::Channel>> {
     Ok(pb::feedback_client::FeedbackClient::connect(format!("http://{grpc}")).await?)
 }
 
 /// One demand report sent (at most `RPC_TIMEOUT`), its outcome counted.
-pub(super) async fn send_demand(
+pub(crate) async fn send_demand(
     mut client: pb::feedback_client::FeedbackClient<tonic::transport::Channel>,
     report: pb::DemandReport,
     stats: Arc<ReportStats>,
@@ -60,7 +60,7 @@ pub(super) async fn send_demand(
 /// Demand reports at `rate` samples a second until `until`: a report every `REPORT_TICK`,
 /// at most `MAX_REPORTS_IN_FLIGHT` calls at once (a tick with that many is skipped, and
 /// counted); unit after unit, each its configured demand with ±`noise`% of noise.
-pub(super) async fn report_demand(
+pub(crate) async fn report_demand(
     grpc: SocketAddr,
     inst: Arc<Instance>,
     (rate, noise, seed): (u64, f64, u64),
@@ -123,7 +123,7 @@ pub(super) async fn report_demand(
 
 /// The load every resource node of `inst` carries under `map` with each unit's configured
 /// demand and the configured coefficients (what the estimator predicts): (cluster, node, load).
-pub(super) fn node_loads(inst: &Instance, map: &ServingMap) -> Vec<pb::NodeLoad> {
+pub(crate) fn node_loads(inst: &Instance, map: &ServingMap) -> Vec<pb::NodeLoad> {
     let clusters: Vec<Option<u32>> = map
         .clusters()
         .iter()
@@ -173,7 +173,7 @@ pub(super) fn node_loads(inst: &Instance, map: &ServingMap) -> Vec<pb::NodeLoad>
 /// A load report for every map version the bench's WatchMap client applies, sent as soon as
 /// it has it (so the loads the next round learns from are those under the map it replaces),
 /// until `until`: every node's load under that map.
-pub(super) async fn report_loads(
+pub(crate) async fn report_loads(
     grpc: SocketAddr,
     inst: Arc<Instance>,
     watched: Arc<Watched>,
