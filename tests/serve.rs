@@ -23,8 +23,8 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::mapping_client::MappingClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_units, authed, http_get, http_get_with, http_post, ok, qname_of, unit_sample, www_query,
-    Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN, TTL_SECS,
+    all_units, authed, http_get, http_get_with, http_post, ok, qname_of, status, unit_sample,
+    www_query, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN, TTL_SECS,
 };
 use ipnet::IpNet;
 use serde_json::Value;
@@ -61,16 +61,6 @@ fn query(client_subnet: &str, resolver_ip: &str, qname: &str, qtype: u32) -> pb:
 async fn resolve(m: &mut MappingClient<Channel>, q: pb::ResolveRequest) -> pb::ResolveResponse {
     let what = format!("Resolve {q:?}");
     ok(m.resolve(q).await, &what)
-}
-
-async fn status(server: &Server) -> pb::Status {
-    ok(
-        server
-            .admin()
-            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
-            .await,
-        "GetStatus",
-    )
 }
 
 fn prefix_of(u: &pb::MapUnit) -> IpNet {
