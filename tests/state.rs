@@ -220,8 +220,8 @@ async fn a_restart_serves_exactly_what_was_published_and_remembers_the_forecasts
         (published.epoch, published.version),
         (before.map_epoch, before.map_version)
     );
-    // A map is published, then stored: the crash comes once this one is stored (a crash in
-    // between serves the one before, under its own identity).
+    // A map is stored before it is published; the crash comes once this one is seen stored
+    // (the check costs nothing and says what the restart must serve).
     stored_version(&server, published.version).await;
     server.kill();
 
