@@ -3,25 +3,12 @@
 //! minutes, at least ten cycles of 10 s: it is not part of the test suite; its figures are in
 //! `docs/perf/bench-serve.md`.)
 
-use std::process::{Command, Stdio};
-
-use cdnmap_tests::bin;
+use cdnmap_tests::{assert_refused, bin};
 
 /// `cdnmap bench serve args...` fails with exit code 2 and `needle` on stderr.
 fn refused(args: &[&str], needle: &str) {
-    let out = Command::new(bin!())
-        .args(["bench", "serve"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cdnmap");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: stderr should mention {needle:?}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    let all: Vec<&str> = ["bench", "serve"].iter().chain(args).copied().collect();
+    assert_refused(bin!(), &all, None, needle);
 }
 
 #[test]

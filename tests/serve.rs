@@ -23,8 +23,8 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::mapping_client::MappingClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_units, authed, http_get, http_get_with, http_post, ok, qname_of, status, unit_sample,
-    www_query, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN, TTL_SECS,
+    all_clusters, all_units, authed, http_get, http_get_with, http_post, ok, qname_of, status,
+    unit_sample, www_query, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN, TTL_SECS,
 };
 use ipnet::IpNet;
 use serde_json::Value;
@@ -2041,14 +2041,7 @@ async fn bad_grpc_requests_get_exact_errors_and_the_server_serves_on() {
     let good = www_query();
     let first = resolve(&mut m, good.clone()).await;
     let units = all_units(&server).await;
-    let real = ok(
-        admin
-            .list_clusters(authed(pb::ListRequest::default(), Some(TOKEN)))
-            .await,
-        "ListClusters",
-    )
-    .clusters
-    .remove(0);
+    let real = all_clusters(&server).await.remove(0);
     let (root, root_capacity) = real
         .resources
         .as_ref()

@@ -6,7 +6,7 @@
 
 use std::process::{Command, Output, Stdio};
 
-use cdnmap_tests::{bin, ensure_debian_tool};
+use cdnmap_tests::{assert_refused, bin, ensure_debian_tool};
 
 fn soak(args: &[&str], path: Option<&str>) -> Output {
     let mut cmd = Command::new(bin!());
@@ -17,16 +17,11 @@ fn soak(args: &[&str], path: Option<&str>) -> Output {
     cmd.output().expect("run cdnmap")
 }
 
-/// `cdnmap bench soak args...` fails with exit code 2 and `needle` on stderr.
+/// `cdnmap bench soak args...` fails with exit code 2 and `needle` on stderr, before the
+/// world is generated.
 fn refused(args: &[&str], path: Option<&str>, needle: &str) {
-    let out = soak(args, path);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: stderr should mention {needle:?}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    let all: Vec<&str> = ["bench", "soak"].iter().chain(args).copied().collect();
+    let stderr = assert_refused(bin!(), &all, path, needle);
     assert!(
         !stderr.contains("world:"),
         "{args:?}: refused after the world was generated: {stderr}"

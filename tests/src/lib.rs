@@ -171,6 +171,25 @@ pub fn promtool_check_metrics(body: &str) -> Result<(), String> {
     }
 }
 
+/// Runs `cdnmap args...` (with `PATH` set to `path`, if given) and asserts it is refused: exit
+/// code 2, `needle` on stderr, no panic. Returns stderr, for further checks.
+pub fn assert_refused(bin: &Path, args: &[&str], path: Option<&str>, needle: &str) -> String {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).stdin(Stdio::null());
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    let out = cmd.output().expect("run cdnmap");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: stderr should mention {needle:?}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    stderr
+}
+
 /// `program` on `PATH` (or in /usr/sbin and /sbin, where Debian puts daemons).
 pub fn find_program(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
