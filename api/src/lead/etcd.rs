@@ -1,0 +1,351 @@
+//! The [`Elector`] driven against a real etcd (`etcd-client`): a task that ticks it, carries
+//! out its commands as etcd calls (each bounded in time but the campaign, which etcd answers
+//! when the campaign leads) and hands the answers back; and the guarded publication.
+//!
+//! Keys (all under the configured prefix, `cdnmap/` by default):
+//! - `<prefix>leader/<lease id in hex>`: the election's candidates (etcd's `v3election`), each
+//!   holding its replica's node id; the oldest leads, and its create revision is the epoch;
+//! - `<prefix>published`: the last publication, `{"epoch":..,"version":..,"node":..}`,
+//!   written only by a transaction that compares the leader key's create revision.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseGrantOptions, Txn, TxnOp,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::{Command, Elector, Event, LeaseId, Role, Term};
+
+/// How long one etcd call but a campaign may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many answers may wait for the elector (a handful are ever in flight).
+const EVENTS: usize = 64;
+
+/// What Admin status, the dashboard and `/metrics` show of the election.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub role: Option<Role>,
+    /// The replicas campaigning, oldest (the leader) first: their node ids.
+    pub replicas: Vec<String>,
+    /// Whether the last etcd call answered, and when one last did (ms since the start).
+    pub etcd_reachable: bool,
+    pub etcd_last_ok_ms: Option<u64>,
+    pub etcd_error: String,
+}
+
+/// Why a publication's transaction could not say yes or no.
+#[derive(Debug, thiserror::Error)]
+#[error("etcd: {0}")]
+pub struct EtcdError(String);
+
+/// This replica's part in the election.
+pub struct Coordinator {
+    client: Client,
+    node_id: String,
+    election: String,
+    published_key: String,
+    elector: Mutex<Elector>,
+    /// The clock the elector's times are read from.
+    started: Instant,
+    events: mpsc::Sender<Event>,
+    status: watch::Sender<Status>,
+}
+
+impl Coordinator {
+    /// A coordinator for `node_id` on the etcd cluster at `endpoints` (URLs), keys under
+    /// `prefix`, leases of `ttl`. No call is made yet (an etcd that is down at the start is
+    /// retried by [`Coordinator::run`]).
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        node_id: &str,
+        ttl: Duration,
+    ) -> anyhow::Result<(Arc<Coordinator>, mpsc::Receiver<Event>)> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(CALL_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), CALL_TIMEOUT);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| anyhow::anyhow!("etcd {}: {e}", endpoints.join(",")))?;
+        let (events, rx) = mpsc::channel(EVENTS);
+        Ok((
+            Arc::new(Coordinator {
+                client,
+                node_id: node_id.to_string(),
+                election: format!("{prefix}leader"),
+                published_key: format!("{prefix}published"),
+                elector: Mutex::new(Elector::new(ttl)),
+                started: Instant::now(),
+                events,
+                status: watch::channel(Status::default()).0,
+            }),
+            rx,
+        ))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// The term a publication may go out under now (leading, with the lease's margin left).
+    pub fn term(&self) -> Option<Term> {
+        let now = self.now_ms();
+        self.elector.lock().ok().and_then(|e| e.term(now))
+    }
+
+    /// The election's state, for the status pages; changes are announced.
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    /// Writes the publication of `version` in `term` through a transaction that compares the
+    /// leader key's create revision with the epoch: `Ok(false)` when the key is gone or
+    /// another's (the term is over, and the elector is told), an error when etcd did not
+    /// answer (nothing is known: the caller does not publish).
+    pub async fn publish(&self, term: &Term, version: u64) -> Result<bool, EtcdError> {
+        let value = format!(
+            "{{\"epoch\":{},\"version\":{version},\"node\":{:?}}}",
+            term.epoch, self.node_id
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                term.key.clone(),
+                CompareOp::Equal,
+                term.epoch as i64,
+            )])
+            .and_then([TxnOp::put(self.published_key.clone(), value, None)]);
+        let mut kv = self.client.kv_client();
+        let answered = tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn))
+            .await
+            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
+            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
+        self.note(answered.as_ref().err().map(|e| e.0.clone()));
+        let ok = answered?.succeeded();
+        if !ok {
+            let _ = self.events.try_send(Event::Deposed { epoch: term.epoch });
+        }
+        Ok(ok)
+    }
+
+    /// Records whether etcd answered.
+    fn note(&self, error: Option<String>) {
+        let now = self.now_ms();
+        self.status.send_modify(|s| match error {
+            None => {
+                s.etcd_reachable = true;
+                s.etcd_last_ok_ms = Some(now);
+                s.etcd_error.clear();
+            }
+            Some(e) => {
+                s.etcd_reachable = false;
+                s.etcd_error = e;
+            }
+        });
+    }
+
+    /// Drives the elector until `stop` turns true; then gives the lease back, so another
+    /// replica leads at once instead of after the TTL.
+    pub async fn run(
+        self: Arc<Self>,
+        mut events: mpsc::Receiver<Event>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let every = match self.elector.lock() {
+            Ok(e) => e.tick_every(),
+            Err(_) => return,
+        };
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut campaigns: Vec<(LeaseId, tokio::task::AbortHandle)> = Vec::new();
+        let mut members = tokio::time::interval(every * 3);
+        members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let commands = tokio::select! {
+                _ = tick.tick() => {
+                    let now = self.now_ms();
+                    self.elector.lock().map(|mut e| e.tick(now)).unwrap_or_default()
+                }
+                Some(event) = events.recv() => {
+                    let now = self.now_ms();
+                    self.elector.lock().map(|mut e| e.handle(event, now)).unwrap_or_default()
+                }
+                _ = members.tick() => {
+                    self.list_replicas().await;
+                    Vec::new()
+                }
+                _ = stop.wait_for(|&s| s) => break,
+            };
+            campaigns.retain(|(_, h)| !h.is_finished());
+            for command in commands {
+                self.execute(command, &mut campaigns);
+            }
+            self.show_role();
+        }
+        for (_, h) in campaigns {
+            h.abort();
+        }
+        let lease = self.elector.lock().ok().and_then(|e| e.lease());
+        if let Some((id, _)) = lease {
+            let mut leases = self.client.lease_client();
+            match tokio::time::timeout(CALL_TIMEOUT, leases.revoke(id)).await {
+                Ok(Ok(_)) => tracing::info!(lease = format!("{id:x}"), "gave the lease back"),
+                _ => tracing::warn!("could not give the lease back: it runs out by itself"),
+            }
+        }
+    }
+
+    /// The role, announced when it changed (logged, and in `/metrics`).
+    fn show_role(&self) {
+        let role = match self.elector.lock() {
+            Ok(e) => e.role().clone(),
+            Err(_) => return,
+        };
+        let changed = self.status.borrow().role.as_ref() != Some(&role);
+        if changed {
+            match &role {
+                Role::Leader { epoch, .. } => {
+                    tracing::info!(epoch, node = %self.node_id, "leading: this replica publishes");
+                    metrics::gauge!("cdnmap_leader").set(1.0);
+                    metrics::gauge!("cdnmap_leader_epoch").set(*epoch as f64);
+                }
+                Role::Standby => {
+                    tracing::info!(node = %self.node_id, "standby: this replica does not publish");
+                    metrics::gauge!("cdnmap_leader").set(0.0);
+                }
+            }
+            self.status.send_modify(|s| s.role = Some(role));
+        }
+    }
+
+    /// The node ids of the replicas campaigning, oldest first.
+    async fn list_replicas(&self) {
+        let mut kv = self.client.kv_client();
+        let prefix = format!("{}/", self.election);
+        let options = GetOptions::new().with_prefix().with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        );
+        let got = tokio::time::timeout(CALL_TIMEOUT, kv.get(prefix, Some(options))).await;
+        match got {
+            Ok(Ok(r)) => {
+                let replicas = r
+                    .kvs()
+                    .iter()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                    .collect();
+                self.note(None);
+                self.status.send_modify(|s| s.replicas = replicas);
+            }
+            Ok(Err(e)) => self.note(Some(e.to_string())),
+            Err(_) => self.note(Some(format!("no answer within {CALL_TIMEOUT:?}"))),
+        }
+        metrics::gauge!("cdnmap_etcd_reachable").set(if self.status.borrow().etcd_reachable {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    /// Carries out one command on a task of its own; the answer comes back as an event.
+    fn execute(
+        self: &Arc<Self>,
+        command: Command,
+        campaigns: &mut Vec<(LeaseId, tokio::task::AbortHandle)>,
+    ) {
+        let me = Arc::clone(self);
+        let ttl_secs = match self.elector.lock() {
+            Ok(e) => (e.ttl_ms() / 1000) as i64,
+            Err(_) => return,
+        };
+        match command {
+            Command::Grant => {
+                tokio::spawn(async move {
+                    let sent_ms = me.now_ms();
+                    let mut leases = me.client.lease_client();
+                    let granted = tokio::time::timeout(
+                        CALL_TIMEOUT,
+                        leases.grant(ttl_secs, None::<LeaseGrantOptions>),
+                    )
+                    .await;
+                    let event = match granted {
+                        Ok(Ok(r)) => {
+                            me.note(None);
+                            Event::Granted {
+                                lease: r.id(),
+                                ttl_ms: r.ttl().max(0) as u64 * 1000,
+                                sent_ms,
+                            }
+                        }
+                        Ok(Err(e)) => me.failed(Command::Grant, e.to_string()),
+                        Err(_) => me.failed(Command::Grant, "no answer".into()),
+                    };
+                    let _ = me.events.send(event).await;
+                });
+            }
+            Command::KeepAlive(lease) => {
+                tokio::spawn(async move {
+                    let sent_ms = me.now_ms();
+                    let mut leases = me.client.lease_client();
+                    let kept = tokio::time::timeout(CALL_TIMEOUT, async {
+                        let (_keeper, mut answers) = leases.keep_alive(lease).await?;
+                        answers.message().await
+                    })
+                    .await;
+                    let event = match kept {
+                        Ok(Ok(Some(r))) => {
+                            me.note(None);
+                            Event::KeptAlive {
+                                lease,
+                                ttl_ms: r.ttl().max(0) as u64 * 1000,
+                                sent_ms,
+                            }
+                        }
+                        Ok(Ok(None)) => me.failed(Command::KeepAlive(lease), "stream ended".into()),
+                        Ok(Err(e)) => me.failed(Command::KeepAlive(lease), e.to_string()),
+                        Err(_) => me.failed(Command::KeepAlive(lease), "no answer".into()),
+                    };
+                    let _ = me.events.send(event).await;
+                });
+            }
+            Command::Campaign(lease) => {
+                let task = tokio::spawn(async move {
+                    let mut election = me.client.election_client();
+                    let name = me.election.clone();
+                    let event = match election.campaign(name, me.node_id.clone(), lease).await {
+                        Ok(mut r) => match r.take_leader() {
+                            Some(leader) => Event::Elected {
+                                lease,
+                                key: leader.key().to_vec(),
+                                epoch: leader.rev().max(0) as u64,
+                            },
+                            None => me.failed(Command::Campaign(lease), "no leader key".into()),
+                        },
+                        Err(e) => {
+                            // Not a hot loop: the elector campaigns again at its next tick.
+                            me.failed(Command::Campaign(lease), e.to_string())
+                        }
+                    };
+                    let _ = me.events.send(event).await;
+                });
+                campaigns.push((lease, task.abort_handle()));
+            }
+            Command::Abandon(lease) => {
+                for (_, h) in campaigns.iter().filter(|(l, _)| *l == lease) {
+                    h.abort();
+                }
+            }
+        }
+    }
+
+    fn failed(&self, command: Command, error: String) -> Event {
+        tracing::debug!(?command, %error, "etcd call failed");
+        self.note(Some(error));
+        Event::Failed { command }
+    }
+}
