@@ -440,6 +440,7 @@ impl pb::admin_server::Admin for AdminService {
             overflow_share,
             map_units: inst.unit_count() as u64,
             clusters: inst.clusters().len() as u64,
+            replication: self.0.replication(),
         }))
     }
 }

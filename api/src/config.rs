@@ -18,6 +18,9 @@
 //! http_max_connections = 1024      # HTTP connections open at once, at most
 //! grpc_max_connections = 1024      # gRPC connections open at once, at most
 //! handshake_timeout_secs = 10      # a connection's TLS handshake (plaintext: first bytes) within this
+//! etcd = ["http://10.0.0.1:2379"]  # replicas: a leader elected through etcd publishes (none: alone)
+//! node_id = "mapper-1"             # this replica's name (needed with etcd)
+//! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
 //! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
 //! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
 //! default_class = "web"
@@ -155,6 +158,13 @@ pub struct Config {
     pub grpc_max_connections: usize,
     /// A connection's TLS handshake, or in plaintext its first bytes, must come within this.
     pub handshake_timeout_secs: u64,
+    /// etcd's client URLs: with any, this mapper is one replica of several, and publishes
+    /// only while it leads (`lead`); none: it runs alone.
+    pub etcd: Vec<String>,
+    /// This replica's name among the replicas (required with `etcd`).
+    pub node_id: Option<String>,
+    /// The prefix of every key the replicas keep in etcd.
+    pub etcd_prefix: String,
     /// TLS on both listeners; `None`: plaintext.
     pub tls: Option<TlsConfig>,
     /// Front end name → its Feedback token. With any (or with mutual TLS), Feedback takes
@@ -326,6 +336,9 @@ impl Default for Config {
             http_max_connections: 1024,
             grpc_max_connections: 1024,
             handshake_timeout_secs: 10,
+            etcd: Vec::new(),
+            node_id: None,
+            etcd_prefix: "cdnmap/".into(),
             tls: None,
             feedback_tokens: Default::default(),
             feedback_samples_per_sec: 200_000,
@@ -375,7 +388,94 @@ impl Default for DemoConfig {
     }
 }
 
+/// Most etcd endpoints.
+pub const MAX_ETCD_ENDPOINTS: usize = 16;
+/// Longest node id and etcd prefix.
+pub const MAX_NODE_ID_BYTES: usize = 64;
+
 impl Config {
+    /// Whether this mapper is one replica of several (leader elected through etcd).
+    pub fn replicated(&self) -> bool {
+        !self.etcd.is_empty()
+    }
+
+    /// `etcd`, `node_id` and `etcd_prefix`, each error naming its key and entry.
+    fn validate_etcd(&self) -> Result<(), ConfigError> {
+        if self.etcd.len() > MAX_ETCD_ENDPOINTS {
+            return Err(invalid(
+                "etcd",
+                format!(
+                    "{} endpoints, more than {MAX_ETCD_ENDPOINTS}",
+                    self.etcd.len()
+                ),
+            ));
+        }
+        for (i, url) in self.etcd.iter().enumerate() {
+            let key = format!("etcd[{i}]");
+            let shown = cdnmap_mapper::model::shown_id(url);
+            if url.starts_with("https://") {
+                return Err(invalid(
+                    &key,
+                    format!("{shown:?}: TLS to etcd is not supported yet (use http:// on a trusted network)"),
+                ));
+            }
+            let authority = url
+                .strip_prefix("http://")
+                .ok_or_else(|| invalid(&key, format!("{shown:?} is not an http:// URL")))?;
+            let authority = authority.trim_end_matches('/');
+            if authority.is_empty()
+                || authority.contains(['/', '?', '#', '@'])
+                || authority
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control())
+                || authority.parse::<axum::http::uri::Authority>().is_err()
+            {
+                return Err(invalid(
+                    &key,
+                    format!("{shown:?} is not an http://HOST:PORT URL"),
+                ));
+            }
+            if self.etcd[..i].contains(url) {
+                return Err(invalid(&key, format!("{shown:?} is given twice")));
+            }
+        }
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= MAX_NODE_ID_BYTES
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        };
+        match (&self.node_id, self.replicated()) {
+            (None, true) => {
+                return Err(invalid(
+                    "node_id",
+                    "is needed with etcd: each replica's own name (--node-id)",
+                ))
+            }
+            (Some(id), _) if !name_ok(id) => {
+                return Err(invalid(
+                    "node_id",
+                    format!(
+                        "{:?}: 1 to {MAX_NODE_ID_BYTES} of A-Z a-z 0-9 - _ .",
+                        cdnmap_mapper::model::shown_id(id)
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        let prefix = self.etcd_prefix.trim_end_matches('/');
+        if !name_ok(&prefix.replace('/', "")) || !self.etcd_prefix.ends_with('/') {
+            return Err(invalid(
+                "etcd_prefix",
+                format!(
+                    "{:?}: 1 to {MAX_NODE_ID_BYTES} of A-Z a-z 0-9 - _ . /, ending in /",
+                    cdnmap_mapper::model::shown_id(&self.etcd_prefix)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text)?;
@@ -441,6 +541,7 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "is empty"));
         }
+        self.validate_etcd()?;
         if let Some(token) = &self.admin_token {
             check_token("admin_token", token)?;
         }
@@ -560,6 +661,17 @@ mod tests {
         let cases = [
             ("cycle_secs = 5", "cycle_secs"),
             ("cycle_secs = 31", "cycle_secs"),
+            ("etcd = [\"http://127.0.0.1:2379\"]", "node_id"),
+            ("etcd = [\"127.0.0.1:2379\"]\nnode_id = \"m1\"", "etcd[0]"),
+            (
+                "etcd = [\"http://a:1\", \"http://a:1\"]\nnode_id = \"m1\"",
+                "etcd[1]",
+            ),
+            ("etcd = [\"https://a:1\"]\nnode_id = \"m1\"", "etcd[0]"),
+            ("etcd = [\"http://a:1/v3\"]\nnode_id = \"m1\"", "etcd[0]"),
+            ("etcd = [\"http://a:1\"]\nnode_id = \"m 1\"", "node_id"),
+            ("etcd_prefix = \"cdnmap\"", "etcd_prefix"),
+            ("etcd_prefix = \"/\"", "etcd_prefix"),
             ("maps_kept = 0", "maps_kept"),
             ("ttl_secs = 0", "ttl_secs"),
             ("record_retention_hours = 0", "record_retention_hours"),

@@ -281,6 +281,28 @@ pub async fn serve(
     let http_addr: SocketAddr = config.http_listen;
     let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);
     let shared = Shared::start(config, initial)?;
+    let lead_task = match &shared.config.node_id {
+        Some(node_id) if shared.config.replicated() => {
+            // Leases last a cycle: a leader that dies is replaced within about two.
+            let ttl = Duration::from_secs(shared.config.cycle_secs);
+            let (lead, events) = crate::lead::etcd::Coordinator::connect(
+                &shared.config.etcd,
+                &shared.config.etcd_prefix,
+                node_id,
+                ttl,
+            )
+            .await?;
+            tracing::info!(
+                node_id = %node_id,
+                etcd = %shared.config.etcd.join(","),
+                ttl_secs = ttl.as_secs(),
+                "a replica: publishes only while it leads (elected through etcd)"
+            );
+            let _ = shared.lead.set(Arc::clone(&lead));
+            Some(tokio::spawn(lead.run(events, shared.stopping.subscribe())))
+        }
+        _ => None,
+    };
     if shared.current().is_none() {
         shared.run_round().await; // the first map before the first query
     }
@@ -446,6 +468,12 @@ pub async fn serve(
         _ = &mut grace => tracing::warn!(?SHUTDOWN_GRACE, "HTTP connections still open; stopping anyway"),
     }
     loop_task.await?;
+    if let Some(task) = lead_task {
+        // The lease is given back (another replica leads at once), within a bound.
+        if tokio::time::timeout(SHUTDOWN_GRACE, task).await.is_err() {
+            tracing::warn!("the election task did not end; its lease runs out by itself");
+        }
+    }
     if !shared.snapshot_written(SHUTDOWN_GRACE).await {
         tracing::warn!(?SHUTDOWN_GRACE, "a topology snapshot is still being written; stopping anyway (the journal holds every edit)");
     }

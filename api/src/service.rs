@@ -62,6 +62,14 @@ pub struct Shared {
     pub(crate) topology: SharedTopology,
     /// The published map and its selectors.
     pub(crate) published: ArcSwapOption<Published>,
+    /// The last round's map, published or not: the next round is seeded from it. Alone it is
+    /// the published map; a standby replica solves every round and publishes none.
+    pub(crate) last_solved: ArcSwapOption<Snapshot>,
+    /// Whether the last round's map was published (a standby's is not).
+    pub(crate) last_published: std::sync::atomic::AtomicBool,
+    /// This replica's part in the election, with `etcd` configured (set once, at the start of
+    /// `server::serve`, before the first round).
+    pub(crate) lead: std::sync::OnceLock<Arc<crate::lead::etcd::Coordinator>>,
     pub(crate) status: Mutex<RoundStatus>,
     pub(crate) store: Store,
     pub(crate) updates: broadcast::Sender<Arc<Snapshot>>,
@@ -285,6 +293,9 @@ impl Shared {
             budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(store.clone(), topology, seq, log),
             published: ArcSwapOption::empty(),
+            last_solved: ArcSwapOption::empty(),
+            last_published: std::sync::atomic::AtomicBool::new(false),
+            lead: std::sync::OnceLock::new(),
             status: Mutex::new(RoundStatus::default()),
             store,
             updates,
@@ -405,6 +416,66 @@ impl Shared {
         self.epoch
     }
 
+    /// Whether the round's map `snapshot`, solved in `term` (none: as a standby), goes out:
+    /// only if this replica still leads that term (by its lease's deadline) and etcd's
+    /// transaction, comparing the leader key's revision, writes the publication. A map not
+    /// published is still the next round's seed.
+    async fn may_publish(&self, term: Option<&crate::lead::Term>, snapshot: &Snapshot) -> bool {
+        let (Some(lead), Some(term)) = (self.lead.get(), term) else {
+            return false;
+        };
+        if lead.term().as_ref() != Some(term) {
+            tracing::warn!(
+                epoch = term.epoch,
+                version = snapshot.version,
+                "the term ended during the round: its map is not published"
+            );
+            return false;
+        }
+        match lead.publish(term, snapshot.version).await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(
+                    epoch = term.epoch,
+                    version = snapshot.version,
+                    "etcd refused the publication (another replica leads): not published"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    epoch = term.epoch,
+                    version = snapshot.version,
+                    "the publication could not be written to etcd: not published"
+                );
+                false
+            }
+        }
+    }
+
+    /// This replica's part in the election (Admin status), when replicated.
+    pub(crate) fn replication(&self) -> Option<cdnmap_proto::v1::Replication> {
+        let lead = self.lead.get()?;
+        let status = lead.status().borrow().clone();
+        let (role, leader_epoch) = match &status.role {
+            Some(crate::lead::Role::Leader { epoch, .. }) => ("leader", *epoch),
+            _ => ("standby", 0),
+        };
+        Some(cdnmap_proto::v1::Replication {
+            node_id: lead.node_id().to_string(),
+            role: role.to_string(),
+            leader_epoch,
+            replicas: status.replicas,
+            etcd_reachable: status.etcd_reachable,
+            etcd_error: status.etcd_error,
+            last_solved_version: self.last_solved.load().as_ref().map_or(0, |s| s.version),
+            last_round_published: self
+                .last_published
+                .load(std::sync::atomic::Ordering::Relaxed),
+        })
+    }
+
     /// Asks the loop and the WatchMap streams to end (a round in progress finishes first).
     pub fn stop(&self) {
         self.stopping.send_replace(true);
@@ -465,9 +536,17 @@ impl Shared {
         // A start restores the estimator beside the stored map it serves: the first round
         // waits for it.
         self.estimator_restored().await;
+        // Replicated, a round is solved in the term this replica leads (epoch 0 when it is a
+        // standby: such a map is never published, only stored and seeded from).
+        let term = self.lead.get().map(|c| c.term());
+        let epoch = match &term {
+            None => self.epoch,
+            Some(Some(t)) => t.epoch,
+            Some(None) => 0,
+        };
         let started = Instant::now();
         let me = Arc::clone(self);
-        let result = tokio::task::spawn_blocking(move || me.solve_round(now))
+        let result = tokio::task::spawn_blocking(move || me.solve_round(now, epoch))
             .await
             .unwrap_or_else(|e| Err(LoopError::Task(e.to_string())));
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -493,12 +572,22 @@ impl Shared {
                 stored,
             }) => {
                 let snapshot = Arc::new(snapshot);
-                // The round's history entry before its map: whoever sees the map sees it too.
-                self.dash.record_round(&snapshot, solve_ms);
+                self.last_solved.store(Some(Arc::clone(&snapshot)));
                 let t = Instant::now();
-                self.publish(Arc::clone(&snapshot));
+                let publishing = match term {
+                    None => true,
+                    Some(term) => self.may_publish(term.as_ref(), &snapshot).await,
+                };
+                self.last_published
+                    .store(publishing, std::sync::atomic::Ordering::Relaxed);
+                if publishing {
+                    // The round's history entry before its map: whoever sees the map sees it
+                    // too.
+                    self.dash.record_round(&snapshot, solve_ms);
+                    self.publish(Arc::clone(&snapshot));
+                    let _ = self.updates.send(Arc::clone(&snapshot));
+                }
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
-                let _ = self.updates.send(Arc::clone(&snapshot));
                 let parts = [
                     ("estimator", step_timings.estimate_ms),
                     ("effective_preferences", snapshot.timings.effective_ms),
@@ -520,7 +609,7 @@ impl Shared {
                     persist_ms = stored.ms,
                     "round parts (persist ran beside index)"
                 );
-                self.round_metrics(&snapshot, solve_ms);
+                self.round_metrics(&snapshot, solve_ms, publishing);
                 if stored.ok {
                     self.checkpoint_if_due(snapshot.version, stored.generation)
                         .await;
@@ -644,10 +733,12 @@ impl Shared {
     /// the round driver (the same step `cdnmap replay` runs), the record stored while the map
     /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
     /// how storing went.
-    fn solve_round(&self, now: i64) -> Result<Round, LoopError> {
+    fn solve_round(&self, now: i64, epoch: u64) -> Result<Round, LoopError> {
         let versioned = self.topology.current_versioned();
         let (base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
-        let previous = self.current();
+        // Seeded from the last round's map (a standby's own, unpublished), else the map
+        // served since the start.
+        let previous = self.last_solved.load_full().or_else(|| self.current());
         let mut pending = {
             let mut p = self
                 .pending
@@ -684,7 +775,7 @@ impl Shared {
             previous.as_deref(),
             &observations,
             |instance| self.rules(instance),
-            self.epoch,
+            epoch,
             now,
             |solved, estimates| self.store_round(base_seq, solved, estimates, &observations),
         )?;
@@ -695,7 +786,7 @@ impl Shared {
         })
     }
 
-    fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64) {
+    fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64, published: bool) {
         metrics::counter!("cdnmap_rounds_total").increment(1);
         metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
         metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
@@ -711,6 +802,15 @@ impl Shared {
         let utilization = crate::round::utilization(&snapshot.topology, &snapshot.map);
         for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
             metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
+        }
+        if !published {
+            tracing::info!(
+                epoch = snapshot.epoch,
+                version = snapshot.version,
+                solve_ms,
+                "round solved, not published (a standby)"
+            );
+            return;
         }
         tracing::info!(
             epoch = snapshot.epoch,
@@ -730,15 +830,47 @@ impl Shared {
         if self.current().is_some() {
             tick.tick().await; // a restored map is served until the first full cycle has passed
         }
+        // A replica that wins the election runs a round at once (a takeover does not wait
+        // for the next tick), and the cycle counts from it.
+        let mut lead = self.lead.get().map(|c| c.status());
+        let mut leading = false;
         while !*stop.borrow() {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
+                won = leadership_won(&mut lead, &mut leading) => {
+                    if !won {
+                        continue;
+                    }
+                    tracing::info!("elected: a round now");
+                    tick.reset();
+                }
             }
             // A round in progress finishes (and persists) before the loop looks at `stop`.
             self.run_round().await;
         }
     }
+}
+
+/// Waits for the election's next change; true when it made this replica the leader (it was
+/// not). Never ready without an election.
+async fn leadership_won(
+    status: &mut Option<tokio::sync::watch::Receiver<crate::lead::etcd::Status>>,
+    leading: &mut bool,
+) -> bool {
+    let Some(rx) = status else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        return std::future::pending().await;
+    }
+    let leads = matches!(
+        rx.borrow_and_update().role,
+        Some(crate::lead::Role::Leader { .. })
+    );
+    let won = leads && !*leading;
+    *leading = leads;
+    won
 }
 
 /// The estimator's state at start: the checkpoint (`inline` in a record of format 03, else the

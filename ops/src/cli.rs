@@ -121,6 +121,13 @@ struct ServeArgs {
     /// The configuration file (TOML; see the api crate's config module). Absent: defaults.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// etcd's client URLs, comma-separated (the config's `etcd`): this mapper is then one
+    /// replica of several, and publishes only while it leads.
+    #[arg(long, value_delimiter = ',', value_name = "URL[,URL...]")]
+    etcd: Vec<String>,
+    /// This replica's name among the replicas (the config's `node_id`).
+    #[arg(long)]
+    node_id: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -600,7 +607,7 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
-    let config = match &a.config {
+    let mut config = match &a.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -608,6 +615,16 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         }
         None => cdnmap_api::Config::default(),
     };
+    // The flags override the file's keys, and are checked as the file's are.
+    if !a.etcd.is_empty() {
+        config.etcd = a.etcd.clone();
+    }
+    if let Some(id) = &a.node_id {
+        config.node_id = Some(id.clone());
+    }
+    config
+        .validate()
+        .context("the configuration with --etcd and --node-id")?;
     // The topology to start from when the store has none (a restart keeps the stored one,
     // with every acknowledged edit, and does not read or generate this).
     let (instance_file, demo) = (config.instance.clone(), config.demo.clone());

@@ -165,7 +165,7 @@ impl Coordinator {
         let mut campaigns: Vec<(LeaseId, tokio::task::AbortHandle)> = Vec::new();
         let mut members = tokio::time::interval(every * 3);
         members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        while !*stop.borrow() {
             let commands = tokio::select! {
                 _ = tick.tick() => {
                     let now = self.now_ms();
@@ -179,7 +179,12 @@ impl Coordinator {
                     self.list_replicas().await;
                     Vec::new()
                 }
-                _ = stop.wait_for(|&s| s) => break,
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    continue;
+                }
             };
             campaigns.retain(|(_, h)| !h.is_finished());
             for command in commands {
@@ -289,24 +294,30 @@ impl Coordinator {
                 });
             }
             Command::KeepAlive(lease) => {
+                let ttl_ms = ttl_secs as u64 * 1000;
                 tokio::spawn(async move {
                     let sent_ms = me.now_ms();
                     let mut leases = me.client.lease_client();
-                    let kept = tokio::time::timeout(CALL_TIMEOUT, async {
-                        let (_keeper, mut answers) = leases.keep_alive(lease).await?;
-                        answers.message().await
-                    })
-                    .await;
+                    // etcd-client's `keep_alive` opens the stream, sends one keepalive and
+                    // reads its answer: a lease etcd no longer has is its error.
+                    let kept = tokio::time::timeout(CALL_TIMEOUT, leases.keep_alive(lease)).await;
                     let event = match kept {
-                        Ok(Ok(Some(r))) => {
+                        Ok(Ok(_)) => {
                             me.note(None);
                             Event::KeptAlive {
                                 lease,
-                                ttl_ms: r.ttl().max(0) as u64 * 1000,
+                                ttl_ms,
                                 sent_ms,
                             }
                         }
-                        Ok(Ok(None)) => me.failed(Command::KeepAlive(lease), "stream ended".into()),
+                        Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                            me.note(None);
+                            Event::KeptAlive {
+                                lease,
+                                ttl_ms: 0,
+                                sent_ms,
+                            }
+                        }
                         Ok(Err(e)) => me.failed(Command::KeepAlive(lease), e.to_string()),
                         Err(_) => me.failed(Command::KeepAlive(lease), "no answer".into()),
                     };
