@@ -443,7 +443,8 @@ async fn report(config: DnsConfig, link: MapperLink, front: Arc<Front>) {
         front.hot_hosts.store(Arc::clone(&hosts));
         if let Some(view) = front.view.load_full().filter(|v| v.has_bounded) {
             let rebuilt = tokio::task::spawn_blocking(move || {
-                view.build_servers(&keys(&hosts)).map(|s| (view.version, s))
+                view.build_servers(&keys(&hosts))
+                    .map(|s| ((view.epoch, view.version), s))
             })
             .await;
             match rebuilt {
