@@ -1457,7 +1457,8 @@ fn cdnmap_within(dir: &Path, args: &[&str], secs: u64) -> Run {
 /// Bad input on the configuration surface, as a table: `cdnmap serve` and `cdnmap dns`
 /// configurations with an unknown key, a value of the wrong type or out of its range, a
 /// token too short, a class no world has, a certificate that is missing or not PEM, a mapper
-/// URL of another scheme, `https://` without the CA to trust, a CA or a token for a plaintext
+/// URL of another scheme (alone or in a list), a list of mappers with an empty entry, one
+/// listed twice or too many, `https://` without the CA to trust, a CA or a token for a plaintext
 /// mapper beyond loopback, no zones or a malformed one. Each is refused at start with exactly
 /// the error written here (the parser's message once, not again as its own cause), exiting 2.
 #[test]
@@ -1546,6 +1547,41 @@ fn bad_configs_are_refused_with_exact_errors() {
             format!(
                 "{front}: feedback_token: is given but the mapper \"http://192.0.2.1:1\" is \
                  plaintext (http://, beyond loopback for a token): use https://"
+            ),
+        ),
+        // A list of mappers (issue 18): each entry checked, named by its position.
+        (
+            "dns",
+            format!("mapper = \"http://127.0.0.1:1, ftp://127.0.0.1:2\"\n{dns_base}"),
+            format!("{front}: mapper[1]: \"ftp://127.0.0.1:2\" must be a URL such as http://127.0.0.1:50051"),
+        ),
+        (
+            "dns",
+            format!("mapper = \"http://127.0.0.1:1,,http://127.0.0.1:2\"\n{dns_base}"),
+            format!(
+                "{front}: mapper[1]: an empty entry in \"http://127.0.0.1:1,,http://127.0.0.1:2\" \
+                 (a comma too many?)"
+            ),
+        ),
+        (
+            "dns",
+            format!("mapper = \"http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:1\"\n{dns_base}"),
+            format!("{front}: mapper[2]: \"http://127.0.0.1:1\" is listed twice"),
+        ),
+        (
+            "dns",
+            format!(
+                "mapper = \"{}\"\n{dns_base}",
+                (1..=17).map(|p| format!("http://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+            ),
+            format!("{front}: mapper: 17 mappers; at most 16"),
+        ),
+        (
+            "dns",
+            format!("mapper = \"http://127.0.0.1:1,https://127.0.0.1:2\"\n{dns_base}"),
+            format!(
+                "{front}: mapper_ca_file: \"https://127.0.0.1:2\" (mapper[1]) is https://: name \
+                 the CA its certificate must chain to"
             ),
         ),
         (

@@ -12,6 +12,9 @@
 //! - a large answer is truncated over UDP without EDNS and complete over TCP;
 //! - with no mapper yet it answers SERVFAIL, then answers once the mapper is up, keeps answering
 //!   when the mapper dies, reconnects when it returns, and reports per-prefix demand;
+//! - following two mappers (issue 18), it answers from the map of the higher epoch, keeps it
+//!   when that mapper dies (never taking the lower epoch's), and takes the other's when it
+//!   comes back with a higher epoch;
 //! - it follows a mapper over mutual TLS (issue 17): only front ends with a certificate from
 //!   the operator's CA watch maps and send feedback, their reports are recorded under their
 //!   certificate's name, and the mapper's certificate is replaced without dropping the stream.
@@ -23,7 +26,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
-use cdnmap_tests::mapper::{all_units, http_get, ok, qname_of, www_query, Server, Setup};
+use cdnmap_tests::mapper::{
+    all_units, http_get, ok, qname_of, status, www_query, Server, Setup, CYCLE_SECS,
+};
 use cdnmap_tests::{bin, ensure_debian_tool, listening_addr, Running};
 use ipnet::IpNet;
 
@@ -613,6 +618,279 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
+}
+
+/// The value of `series` (a metric's name with its labels, as `/metrics` writes them) in a
+/// Prometheus text `body`.
+fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The front end's `/metrics`.
+fn metrics_of(dns: &Dns) -> String {
+    let (status, body) = http_get(dns.metrics.expect("metrics_listen"), "/metrics");
+    assert!(status.contains("200"), "{status}: {body}");
+    body
+}
+
+/// The epoch of `server`'s start, once its first round has published a map of it (a start
+/// serves its store's map, of the epoch before, until then).
+async fn epoch_of(server: &Server) -> u64 {
+    let started = Instant::now();
+    loop {
+        let s = status(server).await;
+        if s.last_round_at_unix_ms > 0 && !s.last_round_failed {
+            return s.map_epoch;
+        }
+        assert!(
+            started.elapsed() < READY_TIMEOUT,
+            "no round within {READY_TIMEOUT:?}: {s:?}
+{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Up to 16 of `server`'s map units, spread over its map.
+async fn sample_units(server: &Server) -> Vec<pb::MapUnit> {
+    let units = all_units(server).await;
+    units
+        .iter()
+        .step_by(units.len() / 16 + 1)
+        .filter(|u| !u.prefixes.is_empty())
+        .cloned()
+        .collect()
+}
+
+/// A client subnet in the first prefix of `u`, and the query type of its family.
+fn client_of(u: &pb::MapUnit) -> (String, u32, &'static str) {
+    let net: IpNet = u.prefixes[0].parse().expect("a prefix");
+    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
+    match net {
+        IpNet::V4(_) => (subnet, 1, "A"),
+        IpNet::V6(_) => (subnet, 28, "AAAA"),
+    }
+}
+
+/// The first of `units` for which `dns` (dig, with the unit's client subnet) does not answer
+/// as `server`'s `Resolve`, described; `None` when it answers every one alike.
+async fn differs_from(dns: &Dns, server: &Server, units: &[pb::MapUnit]) -> Option<String> {
+    for u in units {
+        let (subnet, qtype, name) = client_of(u);
+        let qname = qname_of(&u.traffic_class);
+        let want = resolve(server, &subnet, "", qname, qtype).await;
+        let got = dns.dig(&[qname, name, &format!("+subnet={subnet}")]);
+        if got.status != "NOERROR" || got.addresses() != want.addresses {
+            return Some(format!(
+                "unit {} {name} {subnet}: dig {} {:?}, Resolve {:?}",
+                u.id,
+                got.status,
+                got.addresses(),
+                want.addresses
+            ));
+        }
+    }
+    None
+}
+
+/// What `dns` answers for each of `units` (dig, with the unit's client subnet).
+fn answers_for(dns: &Dns, units: &[pb::MapUnit]) -> Vec<Vec<String>> {
+    units
+        .iter()
+        .map(|u| {
+            let (subnet, _, name) = client_of(u);
+            let r = dns.dig(&[
+                qname_of(&u.traffic_class),
+                name,
+                &format!("+subnet={subnet}"),
+            ]);
+            assert_eq!(r.status, "NOERROR", "{}", r.raw);
+            r.addresses()
+        })
+        .collect()
+}
+
+/// Waits until `dns` uses the map of `server` (its epoch and version on the front end's
+/// `/metrics`) and answers `units` as its `Resolve` does; a round may land between the
+/// questions, so a difference is retried until `within` has passed.
+async fn wait_following(dns: &Dns, server: &Server, units: &[pb::MapUnit], within: Duration) {
+    let started = Instant::now();
+    loop {
+        let s = status(server).await;
+        let body = metrics_of(dns);
+        let held = (
+            metric(&body, "cdnmap_dns_map_epoch"),
+            metric(&body, "cdnmap_dns_map_version"),
+        );
+        let problem = if held != (Some(s.map_epoch as f64), Some(s.map_version as f64)) {
+            Some(format!(
+                "the front end holds {held:?}, the mapper serves ({}, {})",
+                s.map_epoch, s.map_version
+            ))
+        } else {
+            differs_from(dns, server, units).await
+        };
+        let Some(problem) = problem else {
+            return;
+        };
+        assert!(
+            started.elapsed() < within,
+            "not following the mapper at {} within {within:?}: {problem}
+front end:
+{}",
+            server.grpc,
+            dns.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Starts and kills `setup`'s mapper `n` times on ports no front end knows (port 0), so each
+/// start takes the next epoch from its store unseen; the configuration's pinned addresses
+/// are then put back.
+async fn take_epochs_unseen(setup: &mut Setup, n: u64) {
+    let pinned = std::fs::read_to_string(&setup.config).expect("read the config");
+    let (grpc, http) = (setup.grpc, setup.http);
+    let unseen: String = pinned
+        .lines()
+        .map(|l| {
+            if l.starts_with("grpc_listen =") {
+                "grpc_listen = \"127.0.0.1:0\"\n".to_string()
+            } else if l.starts_with("http_listen =") {
+                "http_listen = \"127.0.0.1:0\"\n".to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    std::fs::write(&setup.config, unseen).expect("write the config");
+    for _ in 0..n {
+        setup.start().await.kill();
+    }
+    std::fs::write(&setup.config, pinned).expect("write the config");
+    (setup.grpc, setup.http) = (grpc, http);
+}
+
+/// A front end following two mappers (issue 18: the replicas of a highly available mapper,
+/// here two standalone ones of different worlds, whose epochs each start raises by one):
+/// it answers from the map of the higher epoch (the front end's epoch and version are that
+/// mapper's, and its answers that mapper's `Resolve`'s), keeps answering from it when that
+/// mapper is killed, never takes the lower epoch's map meanwhile (through that mapper's
+/// rounds), and takes the other mapper's map once it restarts with a higher epoch.
+#[tokio::test(flavor = "multi_thread")]
+async fn follows_the_highest_epoch_of_two_mappers() {
+    // Two worlds (demo seeds 1 and 2), so that their maps answer differently.
+    let mut a = Setup::new(bin!(), true);
+    let mut b = Setup::new(bin!(), true);
+    let text = std::fs::read_to_string(&b.config).expect("read the config");
+    assert!(text.contains("\nseed = 1\n"), "{text}");
+    std::fs::write(&b.config, text.replace("\nseed = 1\n", "\nseed = 2\n"))
+        .expect("write the config");
+    // B starts three times (its third epoch); A once, and A's address is pinned: the front
+    // end must find it there after its restarts.
+    for _ in 0..2 {
+        b.start().await.kill();
+    }
+    let server_b = b.start().await;
+    let server_a = a.start().await;
+    a.pin();
+    let (epoch_a, epoch_b) = (epoch_of(&server_a).await, epoch_of(&server_b).await);
+    assert!(epoch_b > epoch_a, "epochs: A {epoch_a}, B {epoch_b}");
+    let units_b = sample_units(&server_b).await;
+    // The check below tells the maps apart: for most of B's sampled clients A answers
+    // otherwise.
+    let mut differ = 0;
+    for u in &units_b {
+        let (subnet, qtype, _) = client_of(u);
+        let qname = qname_of(&u.traffic_class);
+        let (from_a, from_b) = (
+            resolve(&server_a, &subnet, "", qname, qtype).await,
+            resolve(&server_b, &subnet, "", qname, qtype).await,
+        );
+        differ += usize::from(from_a.addresses != from_b.addresses);
+    }
+    assert!(
+        differ * 2 > units_b.len(),
+        "the two worlds answer alike for {} of {} clients",
+        units_b.len() - differ,
+        units_b.len()
+    );
+
+    let (url_a, url_b) = (
+        format!("http://{}", server_a.grpc),
+        format!("http://{}", server_b.grpc),
+    );
+    let mut dns = Dns::start_url(
+        a.dir.path(),
+        &format!("{url_a},{url_b}"),
+        "metrics_listen = \"127.0.0.1:0\"\n",
+    );
+    dns.wait_answering();
+    wait_following(&dns, &server_b, &units_b, READY_TIMEOUT).await;
+    let connected = |body: &str, url: &str| {
+        metric(
+            body,
+            &format!("cdnmap_dns_mapper_connected{{mapper=\"{url}\"}}"),
+        )
+    };
+    let body = metrics_of(&dns);
+    assert_eq!(connected(&body, &url_a), Some(1.0), "{body}");
+    assert_eq!(connected(&body, &url_b), Some(1.0), "{body}");
+    assert!(
+        dns.log()
+            .lines()
+            .any(|l| l.contains("map version in use") && l.contains(&url_b)),
+        "the log names the mapper a version came from:\n{}",
+        dns.log()
+    );
+    cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+
+    // B dies: the front end answers from B's map throughout A's rounds of the lower epoch.
+    let held = metric(&body, "cdnmap_dns_map_version");
+    let before = answers_for(&dns, &units_b);
+    let version_a = status(&server_a).await.map_version;
+    server_b.kill();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(CYCLE_SECS + 3) {
+        let body = metrics_of(&dns);
+        assert_eq!(
+            metric(&body, "cdnmap_dns_map_epoch"),
+            Some(epoch_b as f64),
+            "{body}"
+        );
+        assert_eq!(metric(&body, "cdnmap_dns_map_version"), held, "{body}");
+        assert_eq!(answers_for(&dns, &units_b), before, "{}", dns.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        status(&server_a).await.map_version > version_a,
+        "A ran no round while B was away: nothing lower was offered"
+    );
+    assert_eq!(connected(&metrics_of(&dns), &url_b), Some(0.0));
+    assert_eq!(connected(&metrics_of(&dns), &url_a), Some(1.0));
+
+    // A restarts with an epoch above B's (the starts between take theirs where the front end
+    // does not look): the front end takes A's map.
+    server_a.kill();
+    take_epochs_unseen(&mut a, epoch_b - epoch_a).await;
+    let server_a = a.start().await;
+    let epoch = epoch_of(&server_a).await;
+    assert!(
+        epoch > epoch_b,
+        "A restarted at epoch {epoch}, B's was {epoch_b}"
+    );
+    let units_a = sample_units(&server_a).await;
+    wait_following(&dns, &server_a, &units_a, READY_TIMEOUT).await;
+    let last_in_use = dns
+        .log()
+        .lines()
+        .rfind(|l| l.contains("map version in use"))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(last_in_use.contains(&url_a), "{last_in_use}");
 }
 
 /// TLS and mutual TLS between the front end and the mapper (issue 17): rustls on both

@@ -125,8 +125,9 @@ pub struct Front {
     pub zones: Vec<Zone>,
     pub view: ArcSwapOption<LocalView>,
     /// Selectors rebuilt each report period over the hostnames seen (bounded loads), for the
-    /// view version they were built for.
-    pub servers: ArcSwapOption<(u64, cdnmap_serve::servers::Servers)>,
+    /// view identity (epoch, version) they were built for: a version number alone recurs in
+    /// another epoch (another mapper's, or a restarted one's), with other clusters.
+    pub servers: ArcSwapOption<((u64, u64), cdnmap_serve::servers::Servers)>,
     pub ttl: u32,
     pub max_udp_payload: u16,
     pub demand: DemandCounter,
@@ -223,7 +224,7 @@ struct Query<'q> {
 /// bounded loads, the answers' TTL and our UDP buffer size.
 struct Source<'a> {
     pub zones: &'a [Zone],
-    pub rebuilt: &'a ArcSwapOption<(u64, cdnmap_serve::servers::Servers)>,
+    pub rebuilt: &'a ArcSwapOption<((u64, u64), cdnmap_serve::servers::Servers)>,
     pub ttl: u32,
     pub max_udp_payload: u16,
 }
@@ -374,7 +375,7 @@ fn decide<'a>(
     let v6 = q.qtype == RecordType::AAAA;
     let rebuilt = src.rebuilt.load();
     let servers = match rebuilt.as_deref() {
-        Some((version, s)) if *version == view.version => Some(s),
+        Some((built_for, s)) if *built_for == (view.epoch, view.version) => Some(s),
         _ => view.servers(),
     };
     addrs.clear();
@@ -499,10 +500,15 @@ mod tests {
     /// A view of one unit (10.0.0.0/24, class "video") on one cluster with one IPv4 server,
     /// the fallback of both classes, names "*.video.example" of class "video".
     fn view() -> LocalView {
+        view_with_server("192.0.2.1")
+    }
+
+    /// [`view`] with the server `server`.
+    fn view_with_server(server: &str) -> LocalView {
         let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
         let clusters = vec![ServingCluster {
             id: "a".to_string(),
-            addresses: vec!["192.0.2.1".parse().expect("address")],
+            addresses: vec![server.parse().expect("address")],
             state: ClusterState::Up,
         }];
         let mut b = Builder::new(classes, clusters).expect("one cluster");
@@ -580,6 +586,40 @@ mod tests {
         match a.edns.as_ref()?.option(EdnsCode::Subnet)? {
             EdnsOption::Subnet(s) => Some(s.scope_prefix()),
             _ => None,
+        }
+    }
+
+    /// Selectors rebuilt for a view are used with the view of that identity (epoch, version)
+    /// only: version 1 of another epoch (another mapper's map) has its own.
+    #[test]
+    fn rebuilt_selectors_serve_the_identity_they_were_built_for() {
+        let v = view(); // version 1 of epoch 1
+        let other = view_with_server("198.51.100.9");
+        let zones = [zone()];
+        let name = LowerName::new(&Name::from_ascii("www.video.example.").expect("a name"));
+        let q = Query {
+            name: &name,
+            class: DNSClass::IN,
+            qtype: RecordType::A,
+            edns: None,
+            src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)),
+        };
+        for (built_for, want) in [((1, 1), [198, 51, 100, 9]), ((2, 1), [192, 0, 2, 1])] {
+            let servers = other.build_servers(&[]).expect("selectors");
+            let rebuilt = ArcSwapOption::from_pointee((built_for, servers));
+            let src = Source {
+                zones: &zones,
+                rebuilt: &rebuilt,
+                ttl: 20,
+                max_udp_payload: 1232,
+            };
+            let d = decide(&src, Some(&v), &q, &mut Scratch::default());
+            let ips: Vec<RData> = answer(&d).records.iter().map(|r| r.data.clone()).collect();
+            assert_eq!(
+                ips,
+                [RData::A(A(Ipv4Addr::from(want)))],
+                "built for {built_for:?}"
+            );
         }
     }
 

@@ -4,8 +4,10 @@
 //! 127.0.0.1:50051.
 //!
 //! ```toml
-//! mapper = "https://mapper.cdn.example:50051"  # the mapper's gRPC address (default:
-//!                                     # http://127.0.0.1:50051, plaintext on loopback)
+//! mapper = "https://mapper-a.cdn.example:50051,https://mapper-b.cdn.example:50051"
+//!                                     # the mappers' gRPC addresses, comma-separated, at most
+//!                                     # 16 (default: http://127.0.0.1:50051, plaintext on
+//!                                     # loopback); the highest (epoch, version) is followed
 //! listen = "127.0.0.1:5353"           # UDP and TCP (port 0: any port free for both)
 //! zones = ["cdn.example."]            # authoritative for these (and every name below them)
 //! ttl_secs = 20                       # TTL of A/AAAA answers
@@ -21,6 +23,13 @@
 //! key_file = "dns-1.key"              #   with mutual TLS (its first DNS name is our name there)
 //! feedback_token = "a-long-random-token"  # for a mapper with feedback_tokens
 //! ```
+//!
+//! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
+//! the commas are allowed; an empty entry, a URL listed twice, and more than [`MAX_MAPPERS`]
+//! are refused, each error naming the entry as `mapper[i]`, counted from 0): the replicas of a
+//! highly available mapper. The front end follows all of them and answers from the highest
+//! map identity (epoch, version) any of them has sent; it sends its demand reports to all.
+//! The TLS settings and the token below apply to every mapper.
 //!
 //! `https://` is TLS and needs `mapper_ca_file`; `http://` is plaintext, and a CA, a
 //! certificate or a token given with it is refused (it would cross the network in clear).
@@ -63,6 +72,9 @@ pub const MAX_ZONES: usize = 64;
 pub const MAX_NAMESERVERS: usize = 16;
 /// The smallest and largest UDP payloads a response may be limited to.
 pub const UDP_PAYLOAD: std::ops::RangeInclusive<u16> = 512..=4096;
+/// Most mappers one front end follows (the replicas of one highly available mapper: each is a
+/// stream held open and a copy of every demand report).
+pub const MAX_MAPPERS: usize = 16;
 /// Report periods, seconds.
 pub const REPORT_SECS: std::ops::RangeInclusive<u64> = 1..=3600;
 
@@ -150,47 +162,15 @@ impl DnsConfig {
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.zones()?;
-        if !self.mapper.starts_with("http://") && !self.mapper.starts_with("https://") {
+        let mappers = self.mappers();
+        if mappers.len() > MAX_MAPPERS {
             return Err(invalid(
                 "mapper",
-                format!(
-                    "{:?} must be a URL such as http://127.0.0.1:50051",
-                    self.mapper
-                ),
+                format!("{} mappers; at most {MAX_MAPPERS}", mappers.len()),
             ));
         }
-        tonic::transport::Endpoint::from_shared(self.mapper.clone())
-            .map_err(|e| invalid("mapper", format!("{:?}: {e}", self.mapper)))?;
-        let https = self.mapper.starts_with("https://");
-        if https && self.mapper_ca_file.is_none() {
-            return Err(invalid(
-                "mapper_ca_file",
-                format!(
-                    "{:?} is https://: name the CA its certificate must chain to",
-                    self.mapper
-                ),
-            ));
-        }
-        if !https {
-            for (key, given) in [
-                ("mapper_ca_file", self.mapper_ca_file.is_some()),
-                ("cert_file", self.cert_file.is_some()),
-                ("key_file", self.key_file.is_some()),
-                (
-                    "feedback_token",
-                    self.feedback_token.is_some() && !self.mapper_is_loopback(),
-                ),
-            ] {
-                if given {
-                    return Err(invalid(
-                        key,
-                        format!(
-                            "is given but the mapper {:?} is plaintext (http://, beyond loopback for a token): use https://",
-                            self.mapper
-                        ),
-                    ));
-                }
-            }
+        for (i, url) in mappers.iter().enumerate() {
+            self.validate_mapper(&mappers, i, url)?;
         }
         if self.cert_file.is_some() != self.key_file.is_some() {
             return Err(invalid(
@@ -247,20 +227,77 @@ impl DnsConfig {
         Ok(())
     }
 
-    /// Whether the mapper's URL names a loopback address (or `localhost`).
-    pub fn mapper_is_loopback(&self) -> bool {
-        let Ok(uri) = self.mapper.parse::<tonic::codegen::http::Uri>() else {
-            return false;
+    /// The mappers' URLs: `mapper` split at its commas, each trimmed (unchecked: see
+    /// [`Self::validate`]).
+    pub fn mappers(&self) -> Vec<&str> {
+        self.mapper.split(',').map(str::trim).collect()
+    }
+
+    /// Checks entry `i` (`url`) of `mappers`: the checks of one mapper URL, and of the TLS
+    /// settings that go with it; the error names the entry (`mapper[i]`, or `mapper` when it
+    /// is the only one).
+    fn validate_mapper(&self, mappers: &[&str], i: usize, url: &str) -> Result<(), ConfigError> {
+        let entry = if mappers.len() == 1 {
+            "mapper".to_string()
+        } else {
+            format!("mapper[{i}]")
         };
-        match uri.host() {
-            Some("localhost") => true,
-            Some(h) => h
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|a| a.is_loopback()),
-            None => false,
+        if url.is_empty() {
+            return Err(invalid(
+                &entry,
+                format!("an empty entry in {:?} (a comma too many?)", self.mapper),
+            ));
         }
+        if mappers[..i].contains(&url) {
+            return Err(invalid(&entry, format!("{url:?} is listed twice")));
+        }
+        if !url.starts_with("http://") && !url.starts_with("https://") {
+            return Err(invalid(
+                &entry,
+                format!("{url:?} must be a URL such as http://127.0.0.1:50051"),
+            ));
+        }
+        tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|e| invalid(&entry, format!("{url:?}: {e}")))?;
+        // The mapper named in the TLS keys' errors: the URL alone when it is the only one.
+        let named = if mappers.len() == 1 {
+            format!("{url:?}")
+        } else {
+            format!("{url:?} ({entry})")
+        };
+        let https = url.starts_with("https://");
+        if https && self.mapper_ca_file.is_none() {
+            return Err(invalid(
+                "mapper_ca_file",
+                format!("{named} is https://: name the CA its certificate must chain to"),
+            ));
+        }
+        if !https {
+            for (key, given) in [
+                ("mapper_ca_file", self.mapper_ca_file.is_some()),
+                ("cert_file", self.cert_file.is_some()),
+                ("key_file", self.key_file.is_some()),
+                (
+                    "feedback_token",
+                    self.feedback_token.is_some() && !is_loopback(url),
+                ),
+            ] {
+                if given {
+                    return Err(invalid(
+                        key,
+                        format!(
+                            "is given but the mapper {named} is plaintext (http://, beyond loopback for a token): use https://"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every mapper's URL names a loopback address (or `localhost`).
+    pub fn mapper_is_loopback(&self) -> bool {
+        self.mappers().into_iter().all(is_loopback)
     }
 
     /// The zones with their NS names and hostmaster, validated.
@@ -317,6 +354,22 @@ impl DnsConfig {
             });
         }
         Ok(out)
+    }
+}
+
+/// Whether `url` names a loopback address (or `localhost`).
+pub fn is_loopback(url: &str) -> bool {
+    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    match uri.host() {
+        Some("localhost") => true,
+        Some(h) => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback()),
+        None => false,
     }
 }
 
@@ -404,5 +457,105 @@ mod tests {
         if let Err(e) = DnsConfig::from_toml(any) {
             panic!("{any}: {e}");
         }
+    }
+
+    /// A list of mappers: each entry checked as one mapper is, the error naming the entry by
+    /// its position; an empty entry, one listed twice and more than [`MAX_MAPPERS`] refused.
+    #[test]
+    fn a_list_of_mappers_is_checked_entry_by_entry() {
+        let ok = DnsConfig::from_toml(
+            "mapper = \"http://127.0.0.1:50051, http://[::1]:50052,http://localhost:3\"",
+        )
+        .expect("three mappers");
+        assert_eq!(
+            ok.mappers(),
+            [
+                "http://127.0.0.1:50051",
+                "http://[::1]:50052",
+                "http://localhost:3"
+            ]
+        );
+        assert!(ok.mapper_is_loopback());
+        let sixteen: Vec<String> = (0..MAX_MAPPERS)
+            .map(|i| format!("http://127.0.0.1:{}", 50_000 + i))
+            .collect();
+        let config = DnsConfig {
+            mapper: sixteen.join(","),
+            ..DnsConfig::default()
+        };
+        assert_eq!(config.validate().map_err(|e| e.to_string()), Ok(()));
+        let seventeen = DnsConfig {
+            mapper: format!("{},http://127.0.0.1:1", sixteen.join(",")),
+            ..DnsConfig::default()
+        };
+        let cases = [
+            (
+                "http://a:1,ftp://b:2",
+                "mapper[1]: \"ftp://b:2\" must be a URL such as http://127.0.0.1:50051",
+            ),
+            (
+                "http://a:1,,http://b:2",
+                "mapper[1]: an empty entry in \"http://a:1,,http://b:2\" (a comma too many?)",
+            ),
+            (
+                "http://a:1,",
+                "mapper[1]: an empty entry in \"http://a:1,\" (a comma too many?)",
+            ),
+            ("", "mapper: an empty entry in \"\" (a comma too many?)"),
+            (
+                "http://a:1, http://b:2 ,http://a:1",
+                "mapper[2]: \"http://a:1\" is listed twice",
+            ),
+            (
+                "http://a:1,https://b:2",
+                "mapper_ca_file: \"https://b:2\" (mapper[1]) is https://: name the CA its \
+                 certificate must chain to",
+            ),
+            (
+                "ftp://b:2",
+                "mapper: \"ftp://b:2\" must be a URL such as http://127.0.0.1:50051",
+            ),
+            (&seventeen.mapper, "mapper: 17 mappers; at most 16"),
+        ];
+        for (mapper, want) in cases {
+            let config = DnsConfig {
+                mapper: mapper.to_string(),
+                ..DnsConfig::default()
+            };
+            let e = config.validate().expect_err(mapper).to_string();
+            assert_eq!(e, want, "{mapper}");
+        }
+        // The TLS settings go with every mapper: a token for one plaintext mapper beyond
+        // loopback is refused naming it, a CA with a plaintext one too.
+        let token = DnsConfig {
+            mapper: "http://127.0.0.1:1,http://10.0.0.1:2".into(),
+            feedback_token: Some("abcdefghij".into()),
+            ..DnsConfig::default()
+        };
+        assert_eq!(
+            token.validate().expect_err("a token in clear").to_string(),
+            "feedback_token: is given but the mapper \"http://10.0.0.1:2\" (mapper[1]) is \
+             plaintext (http://, beyond loopback for a token): use https://"
+        );
+        assert!(!token.mapper_is_loopback());
+        let mixed = DnsConfig {
+            mapper: "https://a:1,http://b:2".into(),
+            mapper_ca_file: Some("ca.crt".into()),
+            ..DnsConfig::default()
+        };
+        assert_eq!(
+            mixed
+                .validate()
+                .expect_err("a CA for plaintext")
+                .to_string(),
+            "mapper_ca_file: is given but the mapper \"http://b:2\" (mapper[1]) is \
+             plaintext (http://, beyond loopback for a token): use https://"
+        );
+        let tls = DnsConfig {
+            mapper: "https://a:1,https://b:2".into(),
+            mapper_ca_file: Some("ca.crt".into()),
+            ..DnsConfig::default()
+        };
+        assert_eq!(tls.validate().map_err(|e| e.to_string()), Ok(()));
     }
 }

@@ -1,18 +1,22 @@
 //! `cdnmap dns`: an authoritative DNS front end that answers from a local copy of the map.
 //!
-//! Three tasks share one [`answer::Front`]:
-//! - the watcher holds a `WatchMap` stream to the mapper, applies each update to its
-//!   [`local::Follower`], indexes the new version on a blocking thread and swaps it in whole;
-//!   when the stream breaks it reconnects with backoff, asking only for what it lacks, and the
-//!   last map keeps answering meanwhile;
+//! These tasks share one [`answer::Front`]:
+//! - a watcher per mapper (the config's `mapper` is a list: the replicas of a highly available
+//!   mapper) holds a `WatchMap` stream to it, applies each update with a
+//!   [`local::Follower`] lent the version in use ([`in_use`]), indexes a new version on a
+//!   blocking thread and, when its identity (epoch, version) is above the one in use, swaps
+//!   it in whole; when a stream breaks it reconnects with backoff, asking only for what the
+//!   version in use lacks, and the last map keeps answering meanwhile;
 //! - hickory's server answers UDP and TCP queries from the published view, with no round trip;
-//! - the reporter sends the period's per-prefix query counts through Feedback.ReportDemand in
-//!   batches of at most 100,000 samples, keeping what a failed report did not deliver for the
-//!   next period, and rebuilds bounded-loads selectors over the hostnames seen.
+//! - the reporter sends the period's per-prefix query counts through Feedback.ReportDemand to
+//!   every mapper at once, in batches of at most 100,000 samples, keeping a batch for the next
+//!   period when no mapper took it, and rebuilds bounded-loads selectors over the hostnames
+//!   seen.
 
 pub mod answer;
 pub mod config;
 pub mod demand;
+pub mod in_use;
 pub mod local;
 mod udp;
 mod wire;
@@ -21,7 +25,7 @@ mod wire;
 mod fuzz;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -32,8 +36,9 @@ use tokio::net::TcpListener;
 pub use config::DnsConfig;
 
 use answer::{Front, Handler, Zone};
-use cdnmap_serve::watch::Applied;
-use demand::DemandCounter;
+use cdnmap_serve::watch::Followed;
+use demand::{Counts, DemandCounter};
+use in_use::{InUse, Taken};
 use local::{Follower, LocalView};
 
 /// Backoff between reconnection attempts to the mapper. The cap is short because a mapper's
@@ -71,10 +76,20 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
-    let link = MapperLink::new(&config)?;
-    if config.mapper_ca_file.is_none() && !config.mapper_is_loopback() {
-        tracing::warn!(mapper = %config.mapper, "following a mapper beyond loopback in plaintext: use https:// and mapper_ca_file");
+    let links = config
+        .mappers()
+        .into_iter()
+        .map(|url| MapperLink::new(&config, url))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for link in &links {
+        if config.mapper_ca_file.is_none() && !config::is_loopback(&link.url) {
+            tracing::warn!(mapper = %link.url, "following a mapper beyond loopback in plaintext: use https:// and mapper_ca_file");
+        }
     }
+    let following = Arc::new(Following {
+        links,
+        in_use: Mutex::default(),
+    });
     let (metrics_task, metrics_addr) = match config.metrics_listen {
         Some(addr) => {
             let (task, bound) = serve_metrics(addr).await?;
@@ -136,17 +151,25 @@ pub async fn run(
         listen.port(),
         config.zones[0].trim_end_matches('.'),
     );
-    let watcher = tokio::spawn(watch(link.clone(), Arc::clone(&front)));
-    let reporter = tokio::spawn(report(config.clone(), link.clone(), Arc::clone(&front)));
+    let watchers: Vec<_> = (0..following.links.len())
+        .map(|i| tokio::spawn(watch(Arc::clone(&following), i, Arc::clone(&front))))
+        .collect();
+    let reporter = tokio::spawn(report(
+        config.clone(),
+        Arc::clone(&following),
+        Arc::clone(&front),
+    ));
     shutdown.await;
-    watcher.abort();
+    for w in &watchers {
+        w.abort();
+    }
     reporter.abort();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in udp_threads {
         let _ = t.join();
     }
     // A last report of what was counted since the previous one.
-    send_demand(&config, &link, &front).await;
+    send_demand(&config, &following.links, &front).await;
     server.shutdown_gracefully().await?;
     if let Some(t) = metrics_task {
         t.abort();
@@ -200,21 +223,32 @@ fn describe_metrics() {
     );
     describe_counter!(
         "cdnmap_dns_reconnects_total",
-        "Times the WatchMap stream to the mapper was opened again."
+        "Times the WatchMap stream to a mapper was opened again, by mapper."
+    );
+    describe_gauge!(
+        "cdnmap_dns_mapper_connected",
+        "Whether the WatchMap stream to a mapper is open (1) or not (0), by mapper."
     );
     describe_counter!(
         "cdnmap_dns_demand_samples_sent_total",
-        "Demand samples (prefix, class, queries) reported to the mapper."
+        "Demand samples (prefix, class, queries) a mapper accepted, by mapper."
     );
     describe_counter!(
         "cdnmap_dns_demand_refused_total",
-        "Demand samples the mapper refused."
+        "Demand samples a mapper refused, by mapper."
     );
     describe_counter!(
         "cdnmap_dns_demand_dropped_total",
         "Queries not counted as demand because the period's table was full."
     );
-    describe_gauge!("cdnmap_dns_map_version", "Version of the map in use.");
+    describe_gauge!(
+        "cdnmap_dns_map_epoch",
+        "Epoch of the map in use (its identity is (epoch, version))."
+    );
+    describe_gauge!(
+        "cdnmap_dns_map_version",
+        "Version of the map in use, within its epoch."
+    );
 }
 
 /// Installs the Prometheus recorder and serves `/metrics` on `addr`; returns the task and the
@@ -243,11 +277,13 @@ async fn serve_metrics(
     Ok((task, bound))
 }
 
-/// How the front end reaches its mapper: the endpoint (TLS with the configured CA and
+/// How the front end reaches one mapper: its URL, the endpoint (TLS with the configured CA and
 /// certificate when the URL is `https://`) and the token its reports carry. Built once at
 /// start, so a missing or unreadable file is an error before anything is served.
 #[derive(Clone)]
 pub struct MapperLink {
+    /// The mapper's URL, as configured: how logs and metrics name it.
+    pub url: String,
     endpoint: tonic::transport::Endpoint,
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
@@ -276,8 +312,9 @@ fn read_pem(key: &str, path: &std::path::Path, private_key: bool) -> anyhow::Res
 }
 
 impl MapperLink {
-    pub fn new(config: &DnsConfig) -> anyhow::Result<MapperLink> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(config.mapper.clone())?
+    /// The link to the mapper at `url` (one of `config`'s), with `config`'s TLS and token.
+    pub fn new(config: &DnsConfig, url: &str) -> anyhow::Result<MapperLink> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
         if let Some(ca) = &config.mapper_ca_file {
@@ -303,7 +340,11 @@ impl MapperLink {
             ),
             None => None,
         };
-        Ok(MapperLink { endpoint, token })
+        Ok(MapperLink {
+            url: url.to_string(),
+            endpoint,
+            token,
+        })
     }
 
     async fn connect(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
@@ -320,27 +361,65 @@ impl MapperLink {
     }
 }
 
-/// Holds the WatchMap stream, forever: applies updates, publishes views, reconnects.
-async fn watch(mapper: MapperLink, front: Arc<Front>) {
-    let mut local = Follower::default();
+/// The mappers followed and the version in use: what the watchers share. Which version is
+/// in use is decided under `in_use`'s lock alone, and the view answered from is swapped under
+/// it, so two streams cannot put a lower identity in after a higher one.
+struct Following {
+    links: Vec<MapperLink>,
+    in_use: Mutex<InUse>,
+}
+
+impl Following {
+    fn in_use(&self) -> std::sync::MutexGuard<'_, InUse> {
+        // Nothing under the lock can leave `InUse` half changed.
+        self.in_use.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `f` (brought by mapper `from`) and its `view` in use when its identity is above
+    /// the one in use; says whether it did.
+    fn put_in_use(&self, front: &Front, from: usize, f: &Followed, view: LocalView) -> bool {
+        let mut in_use = self.in_use();
+        if !in_use.offer(f, from) {
+            return false;
+        }
+        metrics::gauge!("cdnmap_dns_map_epoch").set(f.identity.epoch as f64);
+        metrics::gauge!("cdnmap_dns_map_version").set(f.identity.version as f64);
+        front.view.store(Some(Arc::new(view)));
+        true
+    }
+}
+
+/// Holds the WatchMap stream to mapper `i`, forever: applies its updates, publishes the views
+/// above the one in use, reconnects.
+async fn watch(following: Arc<Following>, i: usize, front: Arc<Front>) {
+    let url = following.links[i].url.clone();
+    let connected = metrics::gauge!("cdnmap_dns_mapper_connected", "mapper" => url.clone());
+    connected.set(0.0);
     let mut backoff = RECONNECT_MIN;
     loop {
-        let before = local.identity();
         // The first failure of a run is a warning; the attempts after it, until one works,
         // are counted (`cdnmap_dns_reconnects_total`) and logged at debug.
         let first = backoff == RECONNECT_MIN;
-        match follow(&mapper, &front, &mut local).await {
-            Ok(()) => tracing::warn!("the mapper ended the map stream; reconnecting"),
-            Err(e) if first => tracing::warn!(error = %e, held = ?local.identity(),
-                "map stream lost; answering from the last map and reconnecting"),
-            Err(e) => tracing::debug!(error = %e, "reconnecting to the mapper failed"),
+        let mut worked = false;
+        let ended = follow(&following, i, &front, &connected, &mut worked).await;
+        connected.set(0.0);
+        let held = following.in_use().key();
+        match ended {
+            Ok(()) => {
+                tracing::warn!(mapper = %url, "the mapper ended the map stream; reconnecting")
+            }
+            Err(e) if first => tracing::warn!(mapper = %url, error = %e, ?held,
+                "map stream lost; answering from the map in use and reconnecting"),
+            Err(e) => {
+                tracing::debug!(mapper = %url, error = %e, "reconnecting to the mapper failed")
+            }
         }
-        if local.identity() != before {
+        if worked {
             backoff = RECONNECT_MIN; // the stream worked for a while
         }
-        metrics::counter!("cdnmap_dns_reconnects_total").increment(1);
+        metrics::counter!("cdnmap_dns_reconnects_total", "mapper" => url.clone()).increment(1);
         tokio::time::sleep(backoff).await;
-        let cap = if local.held().is_some() {
+        let cap = if held.is_some() {
             RECONNECT_MAX
         } else {
             RECONNECT_MAX_EMPTY
@@ -349,16 +428,24 @@ async fn watch(mapper: MapperLink, front: Arc<Front>) {
     }
 }
 
-/// One stream: from connection to its end.
+/// One stream to mapper `i`: from connection to its end. `worked` is set once a message was
+/// taken. Its follower holds only a full map being received; it is lent the version in use
+/// for each message, so a stream keeps no map of its own, and what it had half received is
+/// dropped with it.
 async fn follow(
-    mapper: &MapperLink,
+    following: &Arc<Following>,
+    i: usize,
     front: &Arc<Front>,
-    local: &mut Follower,
+    connected: &metrics::Gauge,
+    worked: &mut bool,
 ) -> anyhow::Result<()> {
-    let channel = mapper.connect().await?;
+    let link = &following.links[i];
+    let channel = link.connect().await?;
     let mut client =
         pb::mapping_client::MappingClient::new(channel).max_decoding_message_size(1 << 30);
-    let (known_epoch, known_version) = local.identity();
+    // The version in use, whichever mapper it came from: a mapper that has it sends deltas
+    // from it, one that does not a full map.
+    let (known_epoch, known_version) = following.in_use().key().unwrap_or((0, 0));
     let mut stream = client
         .watch_map(pb::WatchMapRequest {
             known_version,
@@ -366,70 +453,82 @@ async fn follow(
         })
         .await?
         .into_inner();
-    tracing::info!(known_epoch, known_version, "following the mapper's map");
+    connected.set(1.0);
+    tracing::info!(mapper = %link.url, known_epoch, known_version, "following the mapper's map");
+    let mut local = Follower::default();
     while let Some(update) = stream.message().await? {
-        let (epoch, version) = (update.epoch, update.version);
-        // The copy moves to a blocking thread (applying a delta merges every unit) and back;
-        // on a failure it keeps the version held and drops a full map half received.
+        let (epoch, version, last) = (update.epoch, update.version, !update.more);
+        let full = update.full;
+        // The copy moves to a blocking thread (applying a delta merges every unit) and back.
         let hosts = front.hot_hosts.load_full();
         // The view in use: the next one shares its prefix index when the units are the same.
-        let in_use = front.view.load_full();
-        let mut next = std::mem::take(local);
-        let (applied, built, next) = tokio::task::spawn_blocking(move || {
-            let applied = next.apply(update);
-            let built = match (&applied, next.held()) {
-                (Ok(Applied::New), Some(f)) => {
-                    Some(LocalView::build(f, &keys(&hosts), in_use.as_deref()))
+        let in_use_view = front.view.load_full();
+        let lent = following.in_use().followed();
+        let mut next = std::mem::take(&mut local);
+        let (taken, built, next) = tokio::task::spawn_blocking(move || {
+            let taken = in_use::take(&mut next, lent, update);
+            let built = match &taken {
+                Ok(Taken::New(f)) => {
+                    Some(LocalView::build(f, &keys(&hosts), in_use_view.as_deref()))
                 }
                 _ => None,
             };
-            (applied, built, next)
+            (taken, built, next)
         })
         .await?;
-        *local = next;
-        match applied {
-            Ok(Applied::New) => {}
-            Ok(Applied::Part) => continue,
-            Ok(Applied::Stale) => {
-                // Older than the map held (the mapper restarted and serves what it stored):
-                // keep answering from the newer one until the mapper's next round.
-                tracing::info!(epoch, version, held = ?local.identity(), "an older map was not applied");
+        local = next;
+        let f = match taken {
+            Ok(Taken::New(f)) => f,
+            Ok(Taken::Part) => {
+                *worked = true;
+                continue;
+            }
+            Ok(Taken::Passed) => {
+                *worked = true;
+                // Not above the map in use (a mapper restarted on its stored map, a standby
+                // of an older epoch): the map in use keeps answering.
+                let held = following.in_use().key();
+                if full && last {
+                    tracing::info!(mapper = %link.url, epoch, version, ?held, "an older map was not applied");
+                } else {
+                    tracing::debug!(mapper = %link.url, epoch, version, ?held, "an update not above the map in use was passed over");
+                }
                 continue;
             }
             Err(e) => anyhow::bail!("update to version {version} of epoch {epoch}: {e}"),
-        }
-        match built {
-            Some(Ok(view)) => {
-                tracing::info!(
-                    epoch,
-                    version,
-                    units = view.resolver.map().unit_count(),
-                    map_mb = view.resolver.map().heap_bytes() / (1 << 20),
-                    "map version in use"
-                );
-                metrics::gauge!("cdnmap_dns_map_version").set(version as f64);
-                front.view.store(Some(Arc::new(view)));
-            }
-            Some(Err(e)) => {
-                // Held but not answerable: forget it, so the next stream starts whole.
-                *local = Follower::default();
-                anyhow::bail!("indexing map version {version}: {e}")
-            }
-            None => anyhow::bail!("map version {version} of epoch {epoch} was not held"),
+        };
+        *worked = true;
+        let view = match built {
+            Some(Ok(view)) => view,
+            // Not answerable: this stream starts again (from a full map, if the mapper has
+            // nothing newer); the map in use keeps answering.
+            Some(Err(e)) => anyhow::bail!("indexing map version {version} of epoch {epoch}: {e}"),
+            None => anyhow::bail!("map version {version} of epoch {epoch} was not indexed"),
+        };
+        let (units, map_mb) = (
+            view.resolver.map().unit_count(),
+            view.resolver.map().heap_bytes() / (1 << 20),
+        );
+        if following.put_in_use(front, i, &f, view) {
+            tracing::info!(mapper = %link.url, epoch, version, units, map_mb, "map version in use");
+        } else {
+            // Another stream put a higher version in use while this one was being built.
+            let held = following.in_use().key();
+            tracing::debug!(mapper = %link.url, epoch, version, ?held, "a version was passed over for a higher one");
         }
     }
     Ok(())
 }
 
-/// Every `report_secs`: the period's demand to the mapper, and bounded-loads selectors rebuilt
-/// over the hostnames seen.
-async fn report(config: DnsConfig, link: MapperLink, front: Arc<Front>) {
+/// Every `report_secs`: the period's demand to the mappers, and bounded-loads selectors
+/// rebuilt over the hostnames seen.
+async fn report(config: DnsConfig, following: Arc<Following>, front: Arc<Front>) {
     let mut tick = tokio::time::interval(Duration::from_secs(config.report_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        send_demand(&config, &link, &front).await;
+        send_demand(&config, &following.links, &front).await;
         // The period's hostnames weigh the bounded-loads selectors until the next period (the
         // watcher builds new map versions with them too).
         let hosts: Arc<Vec<(String, f64)>> = Arc::new(
@@ -443,7 +542,8 @@ async fn report(config: DnsConfig, link: MapperLink, front: Arc<Front>) {
         front.hot_hosts.store(Arc::clone(&hosts));
         if let Some(view) = front.view.load_full().filter(|v| v.has_bounded) {
             let rebuilt = tokio::task::spawn_blocking(move || {
-                view.build_servers(&keys(&hosts)).map(|s| (view.version, s))
+                view.build_servers(&keys(&hosts))
+                    .map(|s| ((view.epoch, view.version), s))
             })
             .await;
             match rebuilt {
@@ -460,9 +560,49 @@ fn keys(hosts: &[(String, f64)]) -> Vec<(&str, f64)> {
     hosts.iter().map(|(h, w)| (h.as_str(), *w)).collect()
 }
 
-/// Sends what was counted since the last report, in batches; what a failed batch held is put
-/// back for the next period.
-async fn send_demand(config: &DnsConfig, link: &MapperLink, front: &Front) {
+/// What one mapper did with one batch of a demand report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// Acknowledged.
+    Accepted,
+    /// Refused as invalid (InvalidArgument): sending it again would fail again.
+    Refused,
+    /// Not delivered: the mapper unreachable, another error, no ack within
+    /// [`REPORT_DEADLINE`], or not sent after an earlier batch failed.
+    Failed,
+}
+
+/// What becomes of a batch, given what each mapper did with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// Some mapper took it.
+    Delivered,
+    /// None took it and some refused it: dropped.
+    Dropped,
+    /// Every mapper failed: kept for the next period.
+    Kept,
+}
+
+/// A batch is kept for the next period only when no mapper answered for it, neither
+/// accepting nor refusing it: a batch one mapper took is not sent again (that mapper would
+/// count it twice), so a mapper that missed it misses that period's counts.
+fn settle(deliveries: impl IntoIterator<Item = Delivery>) -> Settled {
+    let mut settled = Settled::Kept;
+    for d in deliveries {
+        match d {
+            Delivery::Accepted => return Settled::Delivered,
+            Delivery::Refused => settled = Settled::Dropped,
+            Delivery::Failed => {}
+        }
+    }
+    settled
+}
+
+/// Sends what was counted since the last report to every mapper at once, in batches (each
+/// mapper gets them in order, and none after one that failed); a batch no mapper accepted or
+/// refused is put back for the next period ([`settle`]). Every wait is bounded: a connection
+/// and each batch by [`REPORT_DEADLINE`].
+async fn send_demand(config: &DnsConfig, links: &[MapperLink], front: &Front) {
     let counts = front.demand.take();
     let now = now_unix_ms();
     let start = front
@@ -471,34 +611,73 @@ async fn send_demand(config: &DnsConfig, link: &MapperLink, front: &Front) {
     if counts.is_empty() {
         return;
     }
-    let channel = match link.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "demand report: mapper unreachable; kept for the next period");
-            front.demand.restore(counts);
-            return;
-        }
-    };
-    let mut client = pb::feedback_client::FeedbackClient::new(channel);
+    let mut batches: Vec<Counts> = Vec::new();
     let mut rest = counts;
     while !rest.is_empty() {
         let tail = rest.split_off(rest.len().min(MAX_REPORT_SAMPLES));
-        let batch = std::mem::replace(&mut rest, tail);
-        let report = pb::DemandReport {
-            reporter: config.name.clone(),
-            period_start_unix_ms: start,
-            period_end_unix_ms: now,
-            samples: batch
-                .iter()
-                .map(|((prefix, class), n)| pb::DemandSample {
-                    target: Some(pb::demand_sample::Target::Prefix(prefix.to_string())),
-                    traffic_class: class.to_string(),
-                    queries: *n as f64,
-                })
-                .collect(),
-        };
+        batches.push(std::mem::replace(&mut rest, tail));
+    }
+    let reports: Arc<Vec<pb::DemandReport>> = Arc::new(
+        batches
+            .iter()
+            .map(|batch| pb::DemandReport {
+                reporter: config.name.clone(),
+                period_start_unix_ms: start,
+                period_end_unix_ms: now,
+                samples: batch
+                    .iter()
+                    .map(|((prefix, class), n)| pb::DemandSample {
+                        target: Some(pb::demand_sample::Target::Prefix(prefix.to_string())),
+                        traffic_class: class.to_string(),
+                        queries: *n as f64,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    );
+    let mut sends = tokio::task::JoinSet::new();
+    for (m, link) in links.iter().enumerate() {
+        let (link, reports) = (link.clone(), Arc::clone(&reports));
+        let period = Duration::from_secs(config.report_secs);
+        sends.spawn(async move { (m, report_to(&link, &reports, period).await) });
+    }
+    // By mapper, by batch; a task that did not finish delivered nothing.
+    let mut deliveries = vec![vec![Delivery::Failed; batches.len()]; links.len()];
+    while let Some(done) = sends.join_next().await {
+        match done {
+            Ok((m, d)) => deliveries[m] = d,
+            Err(e) => tracing::warn!(error = %e, "a demand report task failed"),
+        }
+    }
+    for (b, batch) in batches.into_iter().enumerate() {
+        if settle(deliveries.iter().map(|d| d[b])) == Settled::Kept {
+            front.demand.restore(batch);
+        }
+    }
+}
+
+/// Sends `reports` to one mapper, in order, until one fails: what became of each.
+async fn report_to(
+    link: &MapperLink,
+    reports: &[pb::DemandReport],
+    period: Duration,
+) -> Vec<Delivery> {
+    let mut out = vec![Delivery::Failed; reports.len()];
+    let channel = match tokio::time::timeout(REPORT_DEADLINE, link.connect()).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(mapper = %link.url, error = %e, "demand report: mapper unreachable");
+            return out;
+        }
+        Err(_) => {
+            tracing::warn!(mapper = %link.url, "demand report: no connection within the deadline");
+            return out;
+        }
+    };
+    let mut client = pb::feedback_client::FeedbackClient::new(channel);
+    for (b, report) in reports.iter().enumerate() {
         let sent = std::time::Instant::now();
-        let mut request = link.request(report);
+        let mut request = link.request(report.clone());
         request.set_timeout(REPORT_DEADLINE);
         let outcome =
             match tokio::time::timeout(REPORT_DEADLINE, client.report_demand(request)).await {
@@ -509,36 +688,66 @@ async fn send_demand(config: &DnsConfig, link: &MapperLink, front: &Front) {
                 ))),
             };
         let took = sent.elapsed();
-        if took > Duration::from_secs(config.report_secs) {
+        if took > period {
             tracing::warn!(
+                mapper = %link.url,
                 took_ms = took.as_millis() as u64,
-                report_secs = config.report_secs,
+                report_secs = period.as_secs(),
                 "a demand report took longer than its period (the mapper's store is slow?)"
             );
         } else {
             tracing::debug!(
+                mapper = %link.url,
                 took_ms = took.as_millis() as u64,
-                samples = batch.len(),
+                samples = report.samples.len(),
                 "demand report"
             );
         }
+        let mapper = link.url.clone();
         match outcome {
             Ok(ack) => {
-                metrics::counter!("cdnmap_dns_demand_samples_sent_total")
+                metrics::counter!("cdnmap_dns_demand_samples_sent_total", "mapper" => mapper)
                     .increment(ack.into_inner().accepted);
+                out[b] = Delivery::Accepted;
             }
             Err(status) if status.code() == tonic::Code::InvalidArgument => {
                 // The mapper refuses the batch (say, a prefix it no longer has): sending it
                 // again would fail again.
-                tracing::warn!(%status, samples = batch.len(), "demand report refused; dropped");
-                metrics::counter!("cdnmap_dns_demand_refused_total").increment(batch.len() as u64);
+                tracing::warn!(mapper = %link.url, %status, samples = report.samples.len(), "demand report refused");
+                metrics::counter!("cdnmap_dns_demand_refused_total", "mapper" => mapper)
+                    .increment(report.samples.len() as u64);
+                out[b] = Delivery::Refused;
             }
             Err(status) => {
-                tracing::warn!(%status, "demand report failed; kept for the next period");
-                front.demand.restore(batch);
-                front.demand.restore(rest);
-                return;
+                tracing::warn!(mapper = %link.url, %status, "demand report failed; the batches left are not sent to this mapper");
+                return out;
             }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch is kept only when every mapper failed to take it; one mapper's ack delivers
+    /// it, a refusal with no ack drops it.
+    #[test]
+    fn a_batch_is_kept_only_when_no_mapper_answered_for_it() {
+        use Delivery::{Accepted as A, Failed as F, Refused as R};
+        let cases: [(&[Delivery], Settled); 8] = [
+            (&[], Settled::Kept),
+            (&[F], Settled::Kept),
+            (&[F, F, F], Settled::Kept),
+            (&[A], Settled::Delivered),
+            (&[F, A], Settled::Delivered),
+            (&[R, A, F], Settled::Delivered),
+            (&[R], Settled::Dropped),
+            (&[F, R], Settled::Dropped),
+        ];
+        for (deliveries, want) in cases {
+            assert_eq!(settle(deliveries.iter().copied()), want, "{deliveries:?}");
         }
     }
 }

@@ -137,40 +137,44 @@ pub(crate) fn test_view(m: &cdnmap_serve::ServingMap, rules: &[(&str, &str)]) ->
 }
 
 #[cfg(test)]
+/// A map for this crate's tests: two clusters (a, b, each one address, up), classes video
+/// and web; units `(id, class, prefix, share at cluster a)` (the rest at b).
+pub(crate) fn test_map(units: &[(&str, ClassIdx, &str, f64)]) -> cdnmap_serve::ServingMap {
+    use cdnmap_mapper::model::ClusterState;
+    use cdnmap_serve::serving::{Builder, ServingCluster};
+    use std::net::IpAddr;
+    let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
+    let clusters = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| ServingCluster {
+            id: id.to_string(),
+            addresses: vec![IpAddr::from([192, 0, 2, i as u8 + 1])],
+            state: ClusterState::Up,
+        })
+        .collect();
+    let mut b = Builder::new(classes, clusters).expect("clusters");
+    for &(id, class, prefix, at_a) in units {
+        let prefix: ipnet::IpNet = prefix.parse().expect("prefix");
+        let shares = [(0, at_a), (1, 1.0 - at_a)]
+            .into_iter()
+            .filter(|s| s.1 > 0.0);
+        b.push(id, class, [prefix], shares, 0.0, [None, None])
+            .expect("a valid unit");
+    }
+    b.set_fallback(&[[Some(1), None], [Some(1), None]]);
+    b.finish()
+}
+
+#[cfg(test)]
 mod tests {
     use std::net::IpAddr;
 
-    use cdnmap_mapper::model::ClusterState;
-    use cdnmap_serve::serving::{Builder, ServingCluster, ServingMap};
+    use cdnmap_serve::serving::ServingMap;
     use cdnmap_serve::watch::{delta_update, full_part, Applied, Edge, Identity};
     use ipnet::IpNet;
 
     use super::*;
-
-    /// Two clusters; units `(id, class, prefix, share at cluster a)` (the rest at b).
-    fn map(units: &[(&str, ClassIdx, &str, f64)]) -> ServingMap {
-        let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web")];
-        let clusters = ["a", "b"]
-            .iter()
-            .enumerate()
-            .map(|(i, id)| ServingCluster {
-                id: id.to_string(),
-                addresses: vec![IpAddr::from([192, 0, 2, i as u8 + 1])],
-                state: ClusterState::Up,
-            })
-            .collect();
-        let mut b = Builder::new(classes, clusters).expect("clusters");
-        for &(id, class, prefix, at_a) in units {
-            let prefix: IpNet = prefix.parse().expect("prefix");
-            let shares = [(0, at_a), (1, 1.0 - at_a)]
-                .into_iter()
-                .filter(|s| s.1 > 0.0);
-            b.push(id, class, [prefix], shares, 0.0, [None, None])
-                .expect("a valid unit");
-        }
-        b.set_fallback(&[[Some(1), None], [Some(1), None]]);
-        b.finish()
-    }
 
     /// The version held after each map of `maps` (a full map, then deltas), its view built
     /// after the one before, and a view of it built afresh.
@@ -216,7 +220,7 @@ mod tests {
         moved[1].3 = 0.25;
         let mut more = moved.to_vec();
         more.push(("u3", 1, "10.0.0.0/24", 1.0));
-        let views = follow(&[map(&units), map(&moved), map(&more)]);
+        let views = follow(&[test_map(&units), test_map(&moved), test_map(&more)]);
         assert!(views[1].0.resolver.shares_index_with(&views[0].0.resolver));
         assert!(!views[2].0.resolver.shares_index_with(&views[1].0.resolver));
         for (after, fresh) in &views {

@@ -221,7 +221,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
     };
     let rebuilt = front.servers.load();
     let Some(servers) = (match rebuilt.as_deref() {
-        Some((version, s)) if *version == view.version => Some(s),
+        Some((built_for, s)) if *built_for == (view.epoch, view.version) => Some(s),
         _ => view.servers(),
     }) else {
         return;

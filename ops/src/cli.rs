@@ -136,7 +136,8 @@ struct DnsArgs {
     /// override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// The mapper's gRPC address, e.g. http://127.0.0.1:50051.
+    /// The mapper's gRPC address, e.g. http://127.0.0.1:50051, or several, comma-separated
+    /// (the replicas of a highly available mapper: the highest map identity is followed).
     #[arg(long)]
     mapper: Option<String>,
     /// Where to answer DNS, UDP and TCP (port 0: any port free for both; the log's

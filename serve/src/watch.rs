@@ -399,6 +399,28 @@ pub struct Follower {
 }
 
 impl Follower {
+    /// A follower holding `f`, with no full map coming: a delta based on `f` applies, and a
+    /// full map older than `f` is not applied. A front end following several mappers seeds
+    /// each stream with the version in use this way, instead of keeping a map per stream.
+    pub fn holding(f: Followed) -> Follower {
+        Follower {
+            held: Some(f),
+            building: None,
+        }
+    }
+
+    /// Puts `f` in place of the version held (`None`: nothing held) and returns the one held
+    /// before; a full map being received stays. (Its parts are compared with the version held
+    /// when its first part came.)
+    pub fn hold(&mut self, f: Option<Followed>) -> Option<Followed> {
+        std::mem::replace(&mut self.held, f)
+    }
+
+    /// Whether a full map is being received (its first part came, its last has not).
+    pub fn is_building(&self) -> bool {
+        self.building.is_some()
+    }
+
     /// The version held.
     pub fn held(&self) -> Option<&Followed> {
         self.held.as_ref()
@@ -1025,6 +1047,45 @@ mod tests {
                 f.apply(msg).expect("a part applies")
             })
             .collect()
+    }
+
+    /// A version lent to a follower (`holding`, `hold`) is what a delta must follow and what
+    /// a full map is compared with, as one the follower brought in itself; taking it back
+    /// leaves a full map being received in place.
+    #[test]
+    fn a_lent_version_is_followed_like_one_brought_in() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let m = map(&mut rng, 300, &["a", "b", "c"]);
+        let next = map(&mut rng, 300, &["a", "b", "c"]);
+        let mut source = Follower::default();
+        send_full(&mut source, &m, id(5, 40));
+        let lent = source.held().expect("held").clone();
+        // A delta from the lent version applies, and shares nothing with the lender's state.
+        let mut f = Follower::holding(lent.clone());
+        let delta =
+            with_edge(|e| delta_update(e, id(5, 40), &m, id(5, 41), &next)).expect("a small delta");
+        assert_eq!(f.apply(delta.clone()), Ok(Applied::New));
+        assert_eq!(*f.held().expect("held").map, next);
+        assert_eq!(source.identity(), (5, 40));
+        // Nothing held: the same delta is a gap.
+        let mut empty = Follower::default();
+        assert!(matches!(empty.apply(delta), Err(FollowError::Gap { .. })));
+        // An older full map against the lent version is stale; a newer one applies.
+        let mut f = Follower::default();
+        assert_eq!(f.hold(Some(lent.clone())).map(|h| h.identity), None);
+        assert_eq!(send_full(&mut f, &next, id(3, 90)), vec![Applied::Stale]);
+        assert_eq!(f.identity(), (5, 40));
+        // Taking the version back mid-map keeps the map being received.
+        let big = map(&mut rng, PART_UNITS * 3 / 2, &["a", "b"]);
+        let p0 = with_edge(|e| full_part(e, id(9, 1), &big, 0));
+        assert_eq!(f.apply(p0), Ok(Applied::Part));
+        assert!(f.is_building());
+        let back = f.hold(None).expect("the lent version");
+        assert_eq!(back.identity.key(), (5, 40));
+        let p1 = with_edge(|e| full_part(e, id(9, 1), &big, 1));
+        assert_eq!(f.apply(p1), Ok(Applied::New));
+        assert!(!f.is_building());
+        assert_eq!(*f.held().expect("held").map, big);
     }
 
     #[test]
