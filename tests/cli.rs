@@ -1479,10 +1479,21 @@ fn bad_configs_are_refused_with_exact_errors() {
              `grpc_listen`, `http_listen`, `data_dir`, `maps_kept`, `ttl_secs`, `admin_token`, \
              `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
              `http_header_timeout_secs`, `http_max_connections`, `grpc_max_connections`, \
-             `handshake_timeout_secs`, `tls`, `feedback_tokens`, `feedback_samples_per_sec`, \
+             `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `tls`, \
+             `feedback_tokens`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
              `selection`, `demo`"
                 .into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}etcd = [\"http://127.0.0.1:2379\"]\n{demo}"),
+            "serve.toml: node_id: is needed with etcd: each replica's own name (--node-id)".into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}etcd = [\"127.0.0.1:2379\"]\nnode_id = \"m1\"\n{demo}"),
+            "serve.toml: etcd[0]: \"127.0.0.1:2379\" is not an http:// URL".into(),
         ),
         (
             "serve",

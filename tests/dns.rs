@@ -19,204 +19,19 @@
 //!   the operator's CA watch maps and send feedback, their reports are recorded under their
 //!   certificate's name, and the mapper's certificate is replaced without dropping the stream.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
+use cdnmap_tests::bin;
+use cdnmap_tests::dns::{
+    answers_for, client_of, epoch_of, host_in, metric, metrics_of, resolve, sample_units,
+    wait_following, Dns, READY_TIMEOUT,
+};
 use cdnmap_tests::mapper::{
     all_units, http_get, ok, qname_of, status, www_query, Server, Setup, CYCLE_SECS,
 };
-use cdnmap_tests::{bin, ensure_debian_tool, listening_addr, Running};
 use ipnet::IpNet;
-
-/// How long a front end may take to load its first map.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn dig_bin() -> PathBuf {
-    ensure_debian_tool("dig", &["dnsutils"]).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A running `cdnmap dns`; killed when dropped.
-struct Dns {
-    process: Running,
-    /// Where it answers (UDP and TCP), as it reported.
-    addr: SocketAddr,
-    /// Where it serves /metrics, if its config asks for it.
-    metrics: Option<SocketAddr>,
-}
-
-impl Dns {
-    /// Starts a front end for zone `cdn.example.` following the mapper at `mapper`, with the
-    /// config file `config` (TOML text), on port 0 (as `metrics_listen` should be); waits until
-    /// it says where it listens.
-    fn start(dir: &Path, mapper: SocketAddr, config: &str) -> Dns {
-        Dns::start_url(dir, &format!("http://{mapper}"), config)
-    }
-
-    /// [`Dns::start`] following the mapper at URL `mapper`.
-    fn start_url(dir: &Path, mapper: &str, config: &str) -> Dns {
-        static STARTS: AtomicUsize = AtomicUsize::new(0);
-        let n = STARTS.fetch_add(1, Ordering::Relaxed) + 1;
-        let conf = dir.join(format!("dns-{n}.toml"));
-        std::fs::write(&conf, config).expect("write the DNS config");
-        let mut process = Running::cdnmap(
-            bin!(),
-            dir,
-            [
-                "dns".as_ref(),
-                "--config".as_ref(),
-                conf.as_os_str(),
-                "--mapper".as_ref(),
-                mapper.as_ref(),
-                "--listen".as_ref(),
-                "127.0.0.1:0".as_ref(),
-                "--zone".as_ref(),
-                "cdn.example.".as_ref(),
-                "--name".as_ref(),
-                "dns-e2e".as_ref(),
-                "--report-secs".as_ref(),
-                std::ffi::OsStr::new("1"),
-            ],
-            dir.join(format!("dns-{n}.log")),
-        );
-        let started = Instant::now();
-        let addr = loop {
-            process.assert_running();
-            if let Some(addr) = listening_addr(&process.log(), "dns") {
-                break addr;
-            }
-            assert!(
-                started.elapsed() < READY_TIMEOUT,
-                "cdnmap dns said on no address within {READY_TIMEOUT:?}:\n{}",
-                process.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let metrics = listening_addr(&process.log(), "metrics");
-        Dns {
-            process,
-            addr,
-            metrics,
-        }
-    }
-
-    fn log(&self) -> String {
-        self.process.log()
-    }
-
-    fn dig(&self, args: &[&str]) -> Reply {
-        dig(self.addr, args)
-    }
-
-    /// Waits until `www.cdn.example A` is answered with NOERROR (a map is loaded).
-    fn wait_answering(&mut self) {
-        let started = Instant::now();
-        loop {
-            self.process.assert_running();
-            if self.dig(&["www.cdn.example", "A"]).status == "NOERROR" {
-                return;
-            }
-            assert!(
-                started.elapsed() < READY_TIMEOUT,
-                "cdnmap dns answered nothing within {READY_TIMEOUT:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-/// What dig printed, parsed.
-#[derive(Debug, Default, Clone)]
-struct Reply {
-    status: String,
-    flags: Vec<String>,
-    /// `(name, ttl, type, data)` of the answer section, in order.
-    answers: Vec<(String, u32, String, String)>,
-    authority: Vec<(String, u32, String, String)>,
-    /// The ECS option of the reply: `address/source/scope`.
-    client_subnet: Option<String>,
-    raw: String,
-}
-
-impl Reply {
-    fn addresses(&self) -> Vec<String> {
-        self.answers
-            .iter()
-            .filter(|a| a.2 == "A" || a.2 == "AAAA")
-            .map(|a| a.3.clone())
-            .collect()
-    }
-
-    fn scope(&self) -> Option<u8> {
-        self.client_subnet
-            .as_deref()
-            .and_then(|s| s.rsplit('/').next())
-            .and_then(|s| s.parse().ok())
-    }
-}
-
-fn dig(addr: SocketAddr, args: &[&str]) -> Reply {
-    let out = Command::new(dig_bin())
-        .arg(format!("@{}", addr.ip()))
-        .args(["-p", &addr.port().to_string()])
-        .args([
-            "+tries=1",
-            "+time=2",
-            "+noall",
-            "+comments",
-            "+answer",
-            "+authority",
-        ])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run dig");
-    let raw = String::from_utf8_lossy(&out.stdout).to_string();
-    let mut r = Reply {
-        raw: raw.clone(),
-        ..Reply::default()
-    };
-    let mut section = "";
-    for line in raw.lines() {
-        if let Some(rest) = line.split("status: ").nth(1) {
-            r.status = rest.split(',').next().unwrap_or_default().to_string();
-        } else if let Some(rest) = line.strip_prefix(";; flags: ") {
-            r.flags = rest
-                .split(';')
-                .next()
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-        } else if let Some(rest) = line.strip_prefix("; CLIENT-SUBNET: ") {
-            r.client_subnet = Some(rest.trim().to_string());
-        } else if line.starts_with(";; ANSWER SECTION") {
-            section = "answer";
-        } else if line.starts_with(";; AUTHORITY SECTION") {
-            section = "authority";
-        } else if !line.starts_with(';') && !line.trim().is_empty() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() >= 5 {
-                let rec = (
-                    f[0].to_string(),
-                    f[1].parse().unwrap_or(0),
-                    f[3].to_string(),
-                    f[4..].join(" "),
-                );
-                match section {
-                    "answer" => r.answers.push(rec),
-                    "authority" => r.authority.push(rec),
-                    _ => {}
-                }
-            }
-        }
-    }
-    r
-}
 
 /// A query for `name` of type `qtype` (class IN, no EDNS), as its bytes.
 fn raw_query(name: &str, qtype: u16) -> Vec<u8> {
@@ -265,35 +80,6 @@ fn rcode_over_tcp(addr: SocketAddr, name: &str, qtype: u16) -> u8 {
     buf[3] & 0x0f
 }
 
-/// A host address inside `net`.
-fn host_in(net: IpNet) -> IpAddr {
-    match net {
-        IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from(u32::from(n.network()) | 7)),
-        IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(u128::from(n.network()) | 7)),
-    }
-}
-
-async fn resolve(
-    server: &Server,
-    subnet: &str,
-    resolver: &str,
-    qname: &str,
-    qtype: u32,
-) -> pb::ResolveResponse {
-    ok(
-        server
-            .mapping()
-            .resolve(pb::ResolveRequest {
-                client_subnet: subnet.into(),
-                resolver_ip: resolver.into(),
-                qname: qname.into(),
-                qtype,
-            })
-            .await,
-        "Resolve",
-    )
-}
-
 /// The oracle: for map units of every class, IPv4 and IPv6, the front end's answer (servers in
 /// order, ECS scope) equals the mapper's `Resolve` for the same client and name, over UDP and
 /// TCP. A round may land between the two questions; a mismatch is retried, and must clear.
@@ -305,7 +91,7 @@ async fn answers_agree_with_the_mappers_resolve() {
         "[selection.default]\npolicy = \"consistent\"\nvnodes = 40\n",
     );
     let server = setup.start().await;
-    let mut dns = Dns::start(setup.dir.path(), server.grpc, "");
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
     dns.wait_answering();
     let units = all_units(&server).await;
     let mut checked = 0;
@@ -389,7 +175,7 @@ async fn status_codes_apex_records_and_truncation() {
         "nameservers = [{}]\nmetrics_listen = \"127.0.0.1:0\"\n",
         ns.join(", ")
     );
-    let mut dns = Dns::start(setup.dir.path(), server.grpc, &config);
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, &config);
     let metrics = dns
         .metrics
         .expect("cdnmap dns says where it serves /metrics");
@@ -545,7 +331,7 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     let mut setup = Setup::new(bin!(), true);
     setup.pin_from_a_first_run().await;
     // The front end first, with no mapper: SERVFAIL (no map), never a wrong answer.
-    let mut dns = Dns::start(setup.dir.path(), setup.grpc, "");
+    let mut dns = Dns::start(bin!(), setup.dir.path(), setup.grpc, "");
     std::thread::sleep(Duration::from_millis(500));
     let early = dns.dig(&["www.cdn.example", "A"]);
     assert_eq!(early.status, "SERVFAIL", "{}", early.raw);
@@ -618,134 +404,6 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
-}
-
-/// The value of `series` (a metric's name with its labels, as `/metrics` writes them) in a
-/// Prometheus text `body`.
-fn metric(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// The front end's `/metrics`.
-fn metrics_of(dns: &Dns) -> String {
-    let (status, body) = http_get(dns.metrics.expect("metrics_listen"), "/metrics");
-    assert!(status.contains("200"), "{status}: {body}");
-    body
-}
-
-/// The epoch of `server`'s start, once its first round has published a map of it (a start
-/// serves its store's map, of the epoch before, until then).
-async fn epoch_of(server: &Server) -> u64 {
-    let started = Instant::now();
-    loop {
-        let s = status(server).await;
-        if s.last_round_at_unix_ms > 0 && !s.last_round_failed {
-            return s.map_epoch;
-        }
-        assert!(
-            started.elapsed() < READY_TIMEOUT,
-            "no round within {READY_TIMEOUT:?}: {s:?}
-{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Up to 16 of `server`'s map units, spread over its map.
-async fn sample_units(server: &Server) -> Vec<pb::MapUnit> {
-    let units = all_units(server).await;
-    units
-        .iter()
-        .step_by(units.len() / 16 + 1)
-        .filter(|u| !u.prefixes.is_empty())
-        .cloned()
-        .collect()
-}
-
-/// A client subnet in the first prefix of `u`, and the query type of its family.
-fn client_of(u: &pb::MapUnit) -> (String, u32, &'static str) {
-    let net: IpNet = u.prefixes[0].parse().expect("a prefix");
-    let subnet = format!("{}/{}", host_in(net), net.prefix_len());
-    match net {
-        IpNet::V4(_) => (subnet, 1, "A"),
-        IpNet::V6(_) => (subnet, 28, "AAAA"),
-    }
-}
-
-/// The first of `units` for which `dns` (dig, with the unit's client subnet) does not answer
-/// as `server`'s `Resolve`, described; `None` when it answers every one alike.
-async fn differs_from(dns: &Dns, server: &Server, units: &[pb::MapUnit]) -> Option<String> {
-    for u in units {
-        let (subnet, qtype, name) = client_of(u);
-        let qname = qname_of(&u.traffic_class);
-        let want = resolve(server, &subnet, "", qname, qtype).await;
-        let got = dns.dig(&[qname, name, &format!("+subnet={subnet}")]);
-        if got.status != "NOERROR" || got.addresses() != want.addresses {
-            return Some(format!(
-                "unit {} {name} {subnet}: dig {} {:?}, Resolve {:?}",
-                u.id,
-                got.status,
-                got.addresses(),
-                want.addresses
-            ));
-        }
-    }
-    None
-}
-
-/// What `dns` answers for each of `units` (dig, with the unit's client subnet).
-fn answers_for(dns: &Dns, units: &[pb::MapUnit]) -> Vec<Vec<String>> {
-    units
-        .iter()
-        .map(|u| {
-            let (subnet, _, name) = client_of(u);
-            let r = dns.dig(&[
-                qname_of(&u.traffic_class),
-                name,
-                &format!("+subnet={subnet}"),
-            ]);
-            assert_eq!(r.status, "NOERROR", "{}", r.raw);
-            r.addresses()
-        })
-        .collect()
-}
-
-/// Waits until `dns` uses the map of `server` (its epoch and version on the front end's
-/// `/metrics`) and answers `units` as its `Resolve` does; a round may land between the
-/// questions, so a difference is retried until `within` has passed.
-async fn wait_following(dns: &Dns, server: &Server, units: &[pb::MapUnit], within: Duration) {
-    let started = Instant::now();
-    loop {
-        let s = status(server).await;
-        let body = metrics_of(dns);
-        let held = (
-            metric(&body, "cdnmap_dns_map_epoch"),
-            metric(&body, "cdnmap_dns_map_version"),
-        );
-        let problem = if held != (Some(s.map_epoch as f64), Some(s.map_version as f64)) {
-            Some(format!(
-                "the front end holds {held:?}, the mapper serves ({}, {})",
-                s.map_epoch, s.map_version
-            ))
-        } else {
-            differs_from(dns, server, units).await
-        };
-        let Some(problem) = problem else {
-            return;
-        };
-        assert!(
-            started.elapsed() < within,
-            "not following the mapper at {} within {within:?}: {problem}
-front end:
-{}",
-            server.grpc,
-            dns.log()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }
 
 /// Starts and kills `setup`'s mapper `n` times on ports no front end knows (port 0), so each
@@ -824,6 +482,7 @@ async fn follows_the_highest_epoch_of_two_mappers() {
         format!("http://{}", server_b.grpc),
     );
     let mut dns = Dns::start_url(
+        bin!(),
         a.dir.path(),
         &format!("{url_a},{url_b}"),
         "metrics_listen = \"127.0.0.1:0\"\n",
@@ -982,6 +641,7 @@ async fn follows_a_mapper_over_mutual_tls() {
 
     // The front end, over https:// with the operator's certificate for it.
     let mut dns = Dns::start_url(
+        bin!(),
         setup.dir.path(),
         &format!("https://localhost:{}", server.grpc.port()),
         &format!(
@@ -1106,7 +766,7 @@ fn opt_record(options: &[u8]) -> Vec<u8> {
 async fn bad_datagrams_get_exact_answers_and_the_front_end_serves_on() {
     let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
-    let mut dns = Dns::start(setup.dir.path(), server.grpc, "");
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
     dns.wait_answering();
     let good = raw_query("www.cdn.example", 1);
     let edns = |options: &[u8]| {

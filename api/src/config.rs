@@ -416,12 +416,12 @@ impl Config {
             if url.starts_with("https://") {
                 return Err(invalid(
                     &key,
-                    format!("{shown:?}: TLS to etcd is not supported yet (use http:// on a trusted network)"),
+                    format!("{shown}: TLS to etcd is not supported yet (use http:// on a trusted network)"),
                 ));
             }
             let authority = url
                 .strip_prefix("http://")
-                .ok_or_else(|| invalid(&key, format!("{shown:?} is not an http:// URL")))?;
+                .ok_or_else(|| invalid(&key, format!("{shown} is not an http:// URL")))?;
             let authority = authority.trim_end_matches('/');
             if authority.is_empty()
                 || authority.contains(['/', '?', '#', '@'])
@@ -432,11 +432,11 @@ impl Config {
             {
                 return Err(invalid(
                     &key,
-                    format!("{shown:?} is not an http://HOST:PORT URL"),
+                    format!("{shown} is not an http://HOST:PORT URL"),
                 ));
             }
             if self.etcd[..i].contains(url) {
-                return Err(invalid(&key, format!("{shown:?} is given twice")));
+                return Err(invalid(&key, format!("{shown} is given twice")));
             }
         }
         let name_ok = |s: &str| {
@@ -456,7 +456,7 @@ impl Config {
                 return Err(invalid(
                     "node_id",
                     format!(
-                        "{:?}: 1 to {MAX_NODE_ID_BYTES} of A-Z a-z 0-9 - _ .",
+                        "{}: 1 to {MAX_NODE_ID_BYTES} of A-Z a-z 0-9 - _ .",
                         cdnmap_mapper::model::shown_id(id)
                     ),
                 ))
@@ -468,7 +468,7 @@ impl Config {
             return Err(invalid(
                 "etcd_prefix",
                 format!(
-                    "{:?}: 1 to {MAX_NODE_ID_BYTES} of A-Z a-z 0-9 - _ . /, ending in /",
+                    "{}: 1 to {MAX_NODE_ID_BYTES} of A-Z a-z 0-9 - _ . /, ending in /",
                     cdnmap_mapper::model::shown_id(&self.etcd_prefix)
                 ),
             ));

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+pub mod dns;
 pub mod fuzz;
 pub mod mapper;
 pub mod pki;
