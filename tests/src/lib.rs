@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 pub mod dns;
+pub mod etcd;
 pub mod fuzz;
 pub mod mapper;
 pub mod pki;

@@ -1,0 +1,522 @@
+//! Replicas of the mapper with a leader elected through a real etcd (issue 18): Debian's etcd
+//! started on loopback (three members for the failover test), three `cdnmap serve --etcd`
+//! replicas of one world, and `cdnmap dns` front ends following all three, queried with dig
+//! throughout:
+//!
+//! - the leader killed with SIGKILL at seeded random moments, again and again: a new leader
+//!   publishes within two cycles each time, the front ends never answer SERVFAIL or time out,
+//!   the takeover moves at most 1% of the map units, no two replicas ever publish in one
+//!   epoch, and no front end ever applies a lower epoch (`CDNMAP_FAILOVER_KILLS`, default 2;
+//!   `CDNMAP_FAILOVER_SEED` replays a run; the figures are printed);
+//! - the leader cut from etcd (a relay between them stops carrying bytes, as a partition): it
+//!   stands down before its lease runs out, another leads with a higher epoch, and healed it
+//!   stays a standby;
+//! - etcd down entirely (every member stopped): the leader stops publishing and stands down,
+//!   it keeps serving its last map, the front ends keep answering, and a leader publishes
+//!   again once etcd is back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cdnmap_proto::v1 as pb;
+use cdnmap_serve::watch::{changed_units, Applied, Follower};
+use cdnmap_serve::ServingMap;
+use cdnmap_tests::bin;
+use cdnmap_tests::dns::{dig, metric, metrics_of, Dns};
+use cdnmap_tests::etcd::{Etcd, Relay};
+use cdnmap_tests::mapper::{status, Server, Setup, CYCLE_SECS};
+
+/// A replica's lease lasts a cycle; a takeover may take the lease's run-out, the campaign and
+/// a round: two cycles, and a little for a loaded machine.
+const TAKEOVER_LIMIT: Duration = Duration::from_secs(2 * CYCLE_SECS + 5);
+
+/// A replica: its setup (data directory and pinned addresses, so a restart is found where the
+/// front ends look) and the server running, if any.
+struct Replica {
+    name: String,
+    setup: Setup,
+    server: Option<Server>,
+}
+
+impl Replica {
+    /// A replica named `name` of the tests' demo world, on the etcd at `urls`.
+    fn new(name: &str, urls: &str, relay: Option<SocketAddr>) -> Replica {
+        let list: Vec<String> = match relay {
+            Some(r) => vec![format!("\"http://{r}\"")],
+            None => urls.split(',').map(|u| format!("\"{u}\"")).collect(),
+        };
+        let top = format!("etcd = [{}]\nnode_id = \"{name}\"\n", list.join(", "));
+        Replica {
+            name: name.into(),
+            setup: Setup::with_config(bin!(), true, &top, ""),
+            server: None,
+        }
+    }
+
+    async fn start(&mut self) {
+        let server = self.setup.start().await;
+        if self.server.is_none() && self.setup.grpc.port() != 0 {
+            self.setup.pin();
+        }
+        self.server = Some(server);
+    }
+
+    fn server(&self) -> &Server {
+        self.server.as_ref().expect("the replica runs")
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.setup.grpc)
+    }
+
+    /// Every "round published" line of every start: (epoch, version).
+    fn published(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir(self.setup.dir.path()) else {
+            return out;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("server-") && name.ends_with(".log")) {
+                continue;
+            }
+            let log = std::fs::read_to_string(e.path()).unwrap_or_default();
+            for line in log.lines().filter(|l| l.contains(" round published ")) {
+                if let (Some(e), Some(v)) = (field(line, "epoch"), field(line, "version")) {
+                    out.push((e, v));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The number after ` key=` in a log line.
+fn field(line: &str, key: &str) -> Option<u64> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    line[at..].split_whitespace().next()?.parse().ok()
+}
+
+/// The replica's view of the election.
+async fn replication(server: &Server) -> pb::Replication {
+    status(server)
+        .await
+        .replication
+        .expect("a replica's status has its replication")
+}
+
+/// Waits until one of `replicas` (those running) leads a term above `above` and has published
+/// its map of it; its index and the epoch.
+async fn wait_leader(replicas: &[Replica], above: u64, within: Duration) -> (usize, u64) {
+    let started = Instant::now();
+    loop {
+        let mut seen = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            let Some(server) = &r.server else { continue };
+            let s = status(server).await;
+            let Some(rep) = s.replication else { continue };
+            if rep.role == "leader" && rep.leader_epoch > above && s.map_epoch == rep.leader_epoch {
+                return (i, rep.leader_epoch);
+            }
+            seen.push(format!(
+                "{}: {} epoch {} map {}",
+                r.name, rep.role, rep.leader_epoch, s.map_epoch
+            ));
+        }
+        assert!(
+            started.elapsed() < within,
+            "no leader above epoch {above} published within {within:?}: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// dig in a loop at `dns` until `stop`: the count of each status ("" is no answer in time).
+fn dig_loop(
+    dns: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<BTreeMap<String, u64>> {
+    std::thread::spawn(move || {
+        let mut counts = BTreeMap::new();
+        let started = Instant::now();
+        // Bounded whatever the test does: at most 30 minutes.
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(1800) {
+            let r = dig(dns, &["www.cdn.example", "A", "+subnet=10.1.2.0/24"]);
+            *counts.entry(r.status).or_insert(0) += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        counts
+    })
+}
+
+/// The (epoch, version) of every map version a front end put in use, in order (its log).
+fn versions_in_use(dns: &Dns) -> Vec<(u64, u64)> {
+    dns.log()
+        .lines()
+        .filter(|l| l.contains(" map version in use"))
+        .filter_map(|l| Some((field(l, "epoch")?, field(l, "version")?)))
+        .collect()
+}
+
+/// The maps each mapper sent over WatchMap, as a front end would follow them: (identity, map)
+/// per mapper, the last 64.
+type Seen = Arc<Mutex<BTreeMap<String, Vec<((u64, u64), Arc<ServingMap>)>>>>;
+
+/// Follows `url`'s WatchMap until `stop`, reconnecting, recording every version.
+async fn watch(url: String, seen: Seen, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let client = pb::mapping_client::MappingClient::connect(url.clone()).await;
+        let Ok(client) = client else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut client = client.max_decoding_message_size(1 << 30);
+        let Ok(stream) = client.watch_map(pb::WatchMapRequest::default()).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut stream = stream.into_inner();
+        let mut follower = Follower::default();
+        while let Ok(Some(update)) = stream.message().await {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Ok(Applied::New) = follower.apply(update) {
+                if let Some(f) = follower.held() {
+                    let mut seen = seen.lock().expect("the record of maps");
+                    let list = seen.entry(url.clone()).or_default();
+                    list.push((f.identity.key(), Arc::clone(&f.map)));
+                    if list.len() > 64 {
+                        list.remove(0);
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A small seeded generator (xorshift) for the moments of the kills.
+struct Moments(u64);
+
+impl Moments {
+    fn next_ms(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below
+    }
+}
+
+/// Asserts that no two replicas published in one epoch.
+fn one_replica_per_epoch(replicas: &[Replica]) {
+    let mut owner: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for r in replicas {
+        for (e, _) in r.published() {
+            owner.entry(e).or_default().insert(r.name.clone());
+        }
+    }
+    for (e, names) in &owner {
+        assert!(
+            e > &0,
+            "a map of epoch 0 (a standby's) was published by {names:?}"
+        );
+        assert_eq!(names.len(), 1, "epoch {e} was published by {names:?}");
+    }
+}
+
+/// Asserts that `dns` never put a lower identity in use after a higher one.
+fn never_backwards(dns: &Dns) {
+    let used = versions_in_use(dns);
+    for w in used.windows(2) {
+        assert!(
+            w[0] < w[1],
+            "the front end went from {:?} to {:?}: {used:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_leader_is_replaced_within_two_cycles_and_answers_go_on() {
+    let kills: usize = std::env::var("CDNMAP_FAILOVER_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let seed: u64 = std::env::var("CDNMAP_FAILOVER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    let etcd = Etcd::start(3);
+    let mut replicas: Vec<Replica> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|n| Replica::new(n, &etcd.urls(), None))
+        .collect();
+    for r in &mut replicas {
+        r.start().await;
+    }
+    let (mut leader, mut epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Seen = Arc::default();
+    let watchers: Vec<_> = urls
+        .iter()
+        .map(|u| tokio::spawn(watch(u.clone(), Arc::clone(&seen), Arc::clone(&stop))))
+        .collect();
+    let dir = replicas[0].setup.dir.path().to_path_buf();
+    let config = "metrics_listen = \"127.0.0.1:0\"\n";
+    let mut fronts: Vec<Dns> = (0..2)
+        .map(|_| Dns::start_url(bin!(), &dir, &urls.join(","), config))
+        .collect();
+    for f in &mut fronts {
+        f.wait_answering();
+    }
+    let digs: Vec<_> = fronts
+        .iter()
+        .map(|f| dig_loop(f.addr, Arc::clone(&stop)))
+        .collect();
+
+    let mut moments = Moments(seed | 1);
+    let (mut failovers, mut churns) = (Vec::new(), Vec::new());
+    for k in 0..kills {
+        // A random moment of the cycle.
+        tokio::time::sleep(Duration::from_millis(moments.next_ms(CYCLE_SECS * 1000))).await;
+        let old_url = replicas[leader].url();
+        let killed_at = Instant::now();
+        replicas[leader]
+            .server
+            .take()
+            .expect("the leader runs")
+            .kill();
+        let (next, next_epoch) = wait_leader(&replicas, epoch, TAKEOVER_LIMIT).await;
+        // The front ends follow the new term.
+        for f in &fronts {
+            loop {
+                let held = metric(&metrics_of(f), "cdnmap_dns_map_epoch");
+                if held == Some(next_epoch as f64) {
+                    break;
+                }
+                assert!(
+                    killed_at.elapsed() < TAKEOVER_LIMIT,
+                    "kill {k}: a front end holds epoch {held:?}, not {next_epoch}:\n{}",
+                    f.log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let took = killed_at.elapsed();
+        // The takeover's churn: the old leader's last map against the new leader's first.
+        let churn = {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let got = {
+                    let seen = seen.lock().expect("the record of maps");
+                    let old = seen.get(&old_url).and_then(|l| l.last().cloned());
+                    let new = seen
+                        .get(&replicas[next].url())
+                        .and_then(|l| l.iter().find(|(id, _)| id.0 == next_epoch).cloned());
+                    old.zip(new)
+                };
+                if let Some(((_, old), (_, new))) = got {
+                    let (changed, removed) = changed_units(&old, &new);
+                    break (changed.len() + removed.len()) as f64 / old.unit_count() as f64;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "kill {k}: no maps of both terms seen"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        eprintln!(
+            "kill {k}: {} → {}, epoch {epoch} → {next_epoch}, front ends on the new term after {took:?}, takeover churn {:.3}%",
+            replicas[leader].name,
+            replicas[next].name,
+            churn * 100.0
+        );
+        failovers.push(took);
+        churns.push(churn);
+        // The killed replica comes back (a standby now) where the front ends look for it.
+        replicas[leader].start().await;
+        (leader, epoch) = (next, next_epoch);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let counts: Vec<BTreeMap<String, u64>> = digs
+        .into_iter()
+        .map(|d| d.join().expect("the dig loop"))
+        .collect();
+    for w in watchers {
+        w.abort();
+    }
+    failovers.sort();
+    eprintln!(
+        "{kills} kills: failover median {:?}, max {:?}; takeover churn max {:.3}%; dig: {counts:?}",
+        failovers[failovers.len() / 2],
+        failovers[failovers.len() - 1],
+        churns.iter().cloned().fold(0.0, f64::max) * 100.0
+    );
+    for (f, c) in fronts.iter().zip(&counts) {
+        let answered = c.get("NOERROR").copied().unwrap_or(0);
+        let total: u64 = c.values().sum();
+        assert_eq!(
+            answered,
+            total,
+            "answers other than NOERROR: {c:?}\n{}",
+            f.log()
+        );
+        assert!(answered > 10, "too few queries: {c:?}");
+        never_backwards(f);
+    }
+    for (k, c) in churns.iter().enumerate() {
+        assert!(
+            *c <= 0.01,
+            "kill {k}: the takeover moved {:.2}% of the units",
+            c * 100.0
+        );
+    }
+    one_replica_per_epoch(&replicas);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_cut_from_etcd_stands_down_before_its_lease_runs_out() {
+    let etcd = Etcd::start(1);
+    let relay = Relay::start(etcd.members[0].client);
+    let mut replicas = vec![
+        Replica::new("cut", &etcd.urls(), Some(relay.addr)),
+        Replica::new("m2", &etcd.urls(), None),
+        Replica::new("m3", &etcd.urls(), None),
+    ];
+    // The replica behind the relay starts first and leads.
+    replicas[0].start().await;
+    let (first, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    assert_eq!(first, 0);
+    replicas[1].start().await;
+    replicas[2].start().await;
+    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
+    let dir = replicas[0].setup.dir.path().to_path_buf();
+    let mut front = Dns::start_url(
+        bin!(),
+        &dir,
+        &urls.join(","),
+        "metrics_listen = \"127.0.0.1:0\"\n",
+    );
+    front.wait_answering();
+    let stop = Arc::new(AtomicBool::new(false));
+    let digs = dig_loop(front.addr, Arc::clone(&stop));
+
+    relay.cut(true);
+    let cut_at = Instant::now();
+    // It stands down by its own clock before etcd lets its lease go (the lease lasts a cycle
+    // from its last renewal, which came before the cut).
+    loop {
+        let rep = replication(replicas[0].server()).await;
+        if rep.role == "standby" {
+            break;
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(CYCLE_SECS),
+            "still leading {:?} after the cut: {rep:?}",
+            cut_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stood_down = cut_at.elapsed();
+    let (next, next_epoch) = wait_leader(&replicas, epoch, TAKEOVER_LIMIT).await;
+    assert_ne!(next, 0);
+    let took = cut_at.elapsed();
+    // Meanwhile it kept answering Resolve from its last map.
+    assert_eq!(status(replicas[0].server()).await.map_epoch, epoch);
+    relay.cut(false);
+    // Healed, it finds its lease gone and campaigns behind the new leader: two more cycles
+    // and it has published nothing more.
+    tokio::time::sleep(Duration::from_secs(2 * CYCLE_SECS)).await;
+    let rep = replication(replicas[0].server()).await;
+    assert_eq!(rep.role, "standby", "{rep:?}");
+    assert!(rep.etcd_reachable, "{rep:?}");
+    assert_eq!(rep.replicas.len(), 3, "{rep:?}");
+    stop.store(true, Ordering::Relaxed);
+    let counts = digs.join().expect("the dig loop");
+    eprintln!("cut: stood down after {stood_down:?}, {} led epoch {next_epoch} after {took:?}; dig {counts:?}", replicas[next].name);
+    assert_eq!(
+        counts.get("NOERROR").copied().unwrap_or(0),
+        counts.values().sum::<u64>(),
+        "{counts:?}"
+    );
+    never_backwards(&front);
+    one_replica_per_epoch(&replicas);
+    let after_cut: Vec<_> = replicas[0]
+        .published()
+        .into_iter()
+        .filter(|&(e, _)| e != epoch)
+        .collect();
+    assert!(
+        after_cut.is_empty(),
+        "the cut replica published {after_cut:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_etcd_down_the_leader_stops_publishing_and_the_front_ends_keep_answering() {
+    let etcd = Etcd::start(1);
+    let mut replicas = vec![
+        Replica::new("m1", &etcd.urls(), None),
+        Replica::new("m2", &etcd.urls(), None),
+    ];
+    for r in &mut replicas {
+        r.start().await;
+    }
+    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
+    let dir = replicas[0].setup.dir.path().to_path_buf();
+    let mut front = Dns::start_url(
+        bin!(),
+        &dir,
+        &urls.join(","),
+        "metrics_listen = \"127.0.0.1:0\"\n",
+    );
+    front.wait_answering();
+    let stop = Arc::new(AtomicBool::new(false));
+    let digs = dig_loop(front.addr, Arc::clone(&stop));
+
+    etcd.pause_all(true);
+    let down_at = Instant::now();
+    let before = replicas[leader].published().len();
+    // Three cycles without etcd: the leader stands down within its lease and publishes
+    // nothing (no transaction can be written); every replica still answers from its map.
+    tokio::time::sleep(Duration::from_secs(3 * CYCLE_SECS)).await;
+    for (i, r) in replicas.iter().enumerate() {
+        let s = status(r.server()).await;
+        let rep = s.replication.clone().expect("replication");
+        assert_eq!(rep.role, "standby", "{}: {rep:?}", r.name);
+        assert!(!rep.etcd_reachable, "{}: {rep:?}", r.name);
+        // The leader that stood down serves the last map it published (a standby that never
+        // led has none: its maps are never published).
+        if i == leader {
+            assert_eq!(s.map_epoch, epoch, "{}: {s:?}", r.name);
+        }
+    }
+    let during: Vec<_> = replicas[leader].published()[before..].to_vec();
+    // A round that began before etcd stopped may have been published in its first second.
+    assert!(during.len() <= 1, "published without etcd: {during:?}");
+    let held = metric(&metrics_of(&front), "cdnmap_dns_map_epoch");
+    assert_eq!(held, Some(epoch as f64));
+    etcd.pause_all(false);
+    let (_, next_epoch) = wait_leader(&replicas, epoch, TAKEOVER_LIMIT).await;
+    eprintln!(
+        "etcd down for {:?}; then epoch {next_epoch}",
+        down_at.elapsed()
+    );
+    stop.store(true, Ordering::Relaxed);
+    let counts = digs.join().expect("the dig loop");
+    assert_eq!(
+        counts.get("NOERROR").copied().unwrap_or(0),
+        counts.values().sum::<u64>(),
+        "{counts:?}"
+    );
+    never_backwards(&front);
+    one_replica_per_epoch(&replicas);
+}
