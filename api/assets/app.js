@@ -90,6 +90,15 @@ function renderStatus(s) {
     el("span", {}, "clusters ", el("b", {}, `${s.clusters.up} up`), ` · ${s.clusters.drained} drained · ${s.clusters.down} down`),
     el("span", {}, "units ", el("b", {}, fmt(s.map_units))),
   );
+  // A replica (cdnmap serve --etcd): its role, its term, the replicas and etcd's state.
+  const r = s.replication;
+  if (r) {
+    f.append(el("span", { id: "replication" },
+      el("b", {}, r.role), ` ${r.node_id}`,
+      r.role === "leader" ? ` · epoch ${r.leader_epoch}` : (r.replicas.length ? ` · ${r.replicas[0]} leads` : ""),
+      ` · replicas ${r.replicas.join(", ") || "—"}`,
+      ` · etcd ${r.etcd_reachable ? "ok" : "unreachable: " + r.etcd_error}`));
+  }
   const b = document.getElementById("banner");
   if (Date.now() < state.flashUntil) {
     // an action's error stays up a while

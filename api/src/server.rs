@@ -163,7 +163,22 @@ const SECONDS_BUCKETS: &[f64] = &[
 /// one for each).
 fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!("cdnmap_rounds_total", "Mapping rounds published.");
+    describe_counter!(
+        "cdnmap_rounds_total",
+        "Mapping rounds solved (a standby replica's too, which it does not publish)."
+    );
+    describe_gauge!(
+        "cdnmap_leader",
+        "1 while this replica leads (publishes), 0 while it is a standby (`--etcd` only)."
+    );
+    describe_gauge!(
+        "cdnmap_leader_epoch",
+        "The epoch of the last term this replica led (etcd's leader key revision)."
+    );
+    describe_gauge!(
+        "cdnmap_etcd_reachable",
+        "1 when etcd answered this replica's last call, else 0 (`--etcd` only)."
+    );
     describe_counter!(
         "cdnmap_rounds_failed_total",
         "Mapping rounds that failed (the last good map stays served)."

@@ -138,6 +138,19 @@ struct StatusBody {
     churn: Option<f64>,
     mean_rtt_ms: Option<f64>,
     actions_enabled: bool,
+    /// This replica's part in the election (`cdnmap serve --etcd`); absent when alone.
+    replication: Option<ReplicationBody>,
+}
+
+/// A replica's role, its term, the replicas (the leader first) and etcd's state.
+#[derive(Debug, serde::Serialize)]
+struct ReplicationBody {
+    node_id: String,
+    role: String,
+    leader_epoch: u64,
+    replicas: Vec<String>,
+    etcd_reachable: bool,
+    etcd_error: String,
 }
 
 async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
@@ -169,6 +182,24 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         .map_or((0, 0), |s| (s.version, s.solved_at_unix_ms));
     let age = if s.is_some() { now - solved_at } else { 0 };
     let (stale, banner) = banner(s.as_ref().map(|_| version), age, cycle_secs, &round);
+    // A standby replica publishes nothing: what it shows is its last map as leader, if any.
+    let replication = app.shared.replication();
+    let banner = match &replication {
+        Some(r) if r.role == "standby" => Some(match r.replicas.first() {
+            Some(leader) => format!(
+                "a standby replica: {leader} leads; this one publishes no map while it does"
+            ),
+            None => "a standby replica, and no leader is known (etcd: {})".replace(
+                "{}",
+                if r.etcd_reachable {
+                    "ok"
+                } else {
+                    &r.etcd_error
+                },
+            ),
+        }),
+        _ => banner,
+    };
     // A traffic class that no up cluster serves (its last cluster drained or deleted) is
     // shown too: its clients get no address.
     let unserved_classes = crate::topology::unserved_classes(&topo);
@@ -207,6 +238,14 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         churn: s.as_ref().and_then(|s| s.churn),
         mean_rtt_ms,
         actions_enabled: app.token.is_some(),
+        replication: replication.map(|r| ReplicationBody {
+            node_id: r.node_id,
+            role: r.role,
+            leader_epoch: r.leader_epoch,
+            replicas: r.replicas,
+            etcd_reachable: r.etcd_reachable,
+            etcd_error: r.etcd_error,
+        }),
     }))
 }
 
