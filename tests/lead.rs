@@ -11,6 +11,8 @@
 //! - the leader cut from etcd (a relay between them stops carrying bytes, as a partition): it
 //!   stands down before its lease runs out, another leads with a higher epoch, and healed it
 //!   stays a standby;
+//! - an Admin drain acknowledged by the leader (a standby refuses it, naming the leader) is
+//!   applied by every replica from etcd, and the next leader's first map has it;
 //! - etcd down entirely (every member stopped): the leader stops publishing and stands down,
 //!   it keeps serving its last map, the front ends keep answering, and a leader publishes
 //!   again once etcd is back.
@@ -27,7 +29,7 @@ use cdnmap_serve::ServingMap;
 use cdnmap_tests::bin;
 use cdnmap_tests::dns::{dig, metric, metrics_of, Dns};
 use cdnmap_tests::etcd::{Etcd, Relay};
-use cdnmap_tests::mapper::{status, Server, Setup, CYCLE_SECS};
+use cdnmap_tests::mapper::{authed, ok, status, Server, Setup, CYCLE_SECS, TOKEN};
 
 /// A replica's lease lasts a cycle; a takeover may take the lease's run-out, the campaign and
 /// a round: two cycles, and a little for a loaded machine.
@@ -518,5 +520,120 @@ async fn with_etcd_down_the_leader_stops_publishing_and_the_front_ends_keep_answ
         "{counts:?}"
     );
     never_backwards(&front);
+    one_replica_per_epoch(&replicas);
+}
+
+/// The state of cluster `id` in `server`'s topology (Admin).
+async fn state_of(server: &Server, id: &str) -> i32 {
+    ok(
+        server
+            .admin()
+            .get_cluster(authed(pb::GetClusterRequest { id: id.into() }, Some(TOKEN)))
+            .await,
+        "GetCluster",
+    )
+    .state
+}
+
+/// The dashboard's view of cluster `id` on `server` (its published map's figures).
+fn cluster_json(server: &Server, id: &str) -> serde_json::Value {
+    let (line, body) = server.http_get(&format!("/api/clusters/{id}"));
+    assert!(line.contains("200"), "{line}: {body}");
+    serde_json::from_str(&body).expect("a cluster as JSON")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_drain_acknowledged_by_the_leader_survives_its_death() {
+    let etcd = Etcd::start(1);
+    let mut replicas: Vec<Replica> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|n| Replica::new(n, &etcd.urls(), None))
+        .collect();
+    for r in &mut replicas {
+        r.start().await;
+    }
+    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    // The cluster with the most demand in the leader's map.
+    let (line, body) = replicas[leader]
+        .server()
+        .http_get("/api/clusters?sort=demand&order=desc&limit=1");
+    assert!(line.contains("200"), "{line}: {body}");
+    let top: serde_json::Value = serde_json::from_str(&body).expect("clusters as JSON");
+    let target = top["clusters"][0]["id"]
+        .as_str()
+        .expect("a cluster id")
+        .to_string();
+    assert!(top["clusters"][0]["demand"].as_f64() > Some(0.0), "{top}");
+    let drain = || {
+        authed(
+            pb::SetClusterStateRequest {
+                id: target.clone(),
+                state: pb::ClusterState::Drained as i32,
+                reason: "e2e: drained on the leader".into(),
+            },
+            Some(TOKEN),
+        )
+    };
+    // A standby refuses, naming the leader.
+    let standby = (leader + 1) % replicas.len();
+    let refused = replicas[standby]
+        .server()
+        .admin()
+        .set_cluster_state(drain())
+        .await
+        .expect_err("a standby refuses changes");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains(&replicas[leader].name),
+        "{}",
+        refused.message()
+    );
+    // The leader acknowledges it: it is then in etcd, and every replica applies it.
+    ok(
+        replicas[leader]
+            .server()
+            .admin()
+            .set_cluster_state(drain())
+            .await,
+        "SetClusterState on the leader",
+    );
+    for (i, r) in replicas.iter().enumerate() {
+        let started = Instant::now();
+        loop {
+            let state = state_of(r.server(), &target).await;
+            if state == pb::ClusterState::Drained as i32 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "replica {i} has not applied the drain: state {state}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The leader dies at once (its next round, which would map the drain, never comes).
+    replicas[leader]
+        .server
+        .take()
+        .expect("the leader runs")
+        .kill();
+    let (next, next_epoch) = wait_leader(&replicas, epoch, TAKEOVER_LIMIT).await;
+    // The new leader's map (of its term) was solved with the cluster drained.
+    let c = cluster_json(replicas[next].server(), &target);
+    let s = status(replicas[next].server()).await;
+    assert_eq!(s.map_epoch, next_epoch);
+    assert_eq!(c["map_state"], "drained", "{c}");
+    assert_eq!(c["demand"].as_f64(), Some(0.0), "{c}");
+    // The killed leader comes back with the drain (its own journal) and as a standby.
+    replicas[leader].start().await;
+    assert_eq!(
+        state_of(replicas[leader].server(), &target).await,
+        pb::ClusterState::Drained as i32
+    );
+    assert_eq!(replication(replicas[leader].server()).await.role, "standby");
     one_replica_per_epoch(&replicas);
 }

@@ -242,7 +242,10 @@ fn change_status(e: ChangeError) -> Status {
     match e {
         ChangeError::NoCluster(_) => Status::not_found(e.to_string()),
         ChangeError::Refused(_) => invalid(e.to_string()),
-        ChangeError::Store(_) | ChangeError::Stopped => Status::unavailable(e.to_string()),
+        ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
+            Status::unavailable(e.to_string())
+        }
+        ChangeError::NotLeader(_) => Status::failed_precondition(e.to_string()),
     }
 }
 

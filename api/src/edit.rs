@@ -65,6 +65,12 @@ pub enum ChangeError {
     Store(String),
     #[error("the topology writer has stopped")]
     Stopped,
+    /// Replicated: this replica does not lead; changes go to the leader (named when known).
+    #[error("this replica is a standby ({0}): send changes to the leader")]
+    NotLeader(String),
+    /// Replicated: the change could not be written to etcd for the replicas (nothing changed).
+    #[error("the change could not be shared with the replicas: {0}")]
+    Shared(String),
 }
 
 /// The names of the traffic classes no up cluster serves.

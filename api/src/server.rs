@@ -314,6 +314,7 @@ pub async fn serve(
                 "a replica: publishes only while it leads (elected through etcd)"
             );
             let _ = shared.lead.set(Arc::clone(&lead));
+            tokio::spawn(follow_edits(Arc::clone(&shared)));
             Some(tokio::spawn(lead.run(events, shared.stopping.subscribe())))
         }
         _ => None,
@@ -495,6 +496,35 @@ pub async fn serve(
     shared.flush()?;
     tracing::info!("stopped; the store is flushed");
     Ok(())
+}
+
+/// How often a replica looks for the replicas' edits it has not applied.
+const EDITS_POLL: Duration = Duration::from_millis(500);
+
+/// Replicated: applies the leader's edits from etcd every [`EDITS_POLL`] until the service
+/// stops; a problem is logged once (and again when it changes).
+async fn follow_edits(shared: Arc<Shared>) {
+    let mut stop = shared.stopping.subscribe();
+    let mut last_error = String::new();
+    while !*stop.borrow() {
+        tokio::select! {
+            _ = tokio::time::sleep(EDITS_POLL) => {}
+            _ = stop.changed() => return,
+        }
+        match shared.sync_edits().await {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(edits = n, "applied the replicas' edits");
+                }
+                last_error.clear();
+            }
+            Err(e) if e != last_error => {
+                tracing::warn!(error = %e, "the replicas' edits could not all be applied");
+                last_error = e;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Streams one gRPC connection may have open at once (a front end needs two: WatchMap and a

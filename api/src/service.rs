@@ -69,7 +69,7 @@ pub struct Shared {
     pub(crate) last_published: std::sync::atomic::AtomicBool,
     /// This replica's part in the election, with `etcd` configured (set once, at the start of
     /// `server::serve`, before the first round).
-    pub(crate) lead: std::sync::OnceLock<Arc<crate::lead::etcd::Coordinator>>,
+    pub(crate) lead: crate::topology::Lead,
     pub(crate) status: Mutex<RoundStatus>,
     pub(crate) store: Store,
     pub(crate) updates: broadcast::Sender<Arc<Snapshot>>,
@@ -282,6 +282,7 @@ impl Shared {
                 log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
             }
         });
+        let lead = crate::topology::Lead::default();
         let shared = Arc::new(Shared {
             driver: Mutex::new(None),
             estimator_ready: tokio::sync::watch::channel(false).0,
@@ -291,11 +292,11 @@ impl Shared {
             }),
             server_loads: ServerLoads::default(),
             budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
-            topology: SharedTopology::start(store.clone(), topology, seq, log),
+            topology: SharedTopology::start(store.clone(), topology, seq, log, Arc::clone(&lead)),
             published: ArcSwapOption::empty(),
             last_solved: ArcSwapOption::empty(),
             last_published: std::sync::atomic::AtomicBool::new(false),
-            lead: std::sync::OnceLock::new(),
+            lead,
             status: Mutex::new(RoundStatus::default()),
             store,
             updates,
@@ -450,6 +451,45 @@ impl Shared {
                     "the publication could not be written to etcd: not published"
                 );
                 false
+            }
+        }
+    }
+
+    /// Replicated: applies the replicas' edits (the leader's Admin and dashboard changes, in
+    /// etcd) that this replica has not applied yet, in order; how many. An edit already gone
+    /// from etcd, or one that does not apply here, is an error (this replica's topology can no
+    /// longer follow the leader's: it says so until an operator restarts it on a copy of a
+    /// peer's `data_dir`).
+    pub(crate) async fn sync_edits(&self) -> Result<usize, String> {
+        let Some(lead) = self.lead.get() else {
+            return Ok(0);
+        };
+        let mut applied = 0;
+        loop {
+            let mut next = self.topology.current_versioned().seq + 1;
+            let edits = lead.edits_from(next).await.map_err(|e| e.to_string())?;
+            if edits.is_empty() {
+                return Ok(applied);
+            }
+            for (seq, bytes) in edits {
+                if seq > next {
+                    return Err(format!(
+                        "edit {next} of the replicas' log is no longer in etcd (it keeps the \
+                         newest {}): this replica cannot catch up; start it on a copy of \
+                         another replica's data_dir",
+                        crate::lead::etcd::EDITS_KEPT
+                    ));
+                }
+                let edit: crate::edit::Edit = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("edit {seq} of the replicas' log: {e}"))?;
+                match self.topology.apply_shared(seq, edit).await {
+                    Ok(_) => applied += 1,
+                    // This replica's own change, journaled meanwhile.
+                    Err(ChangeError::Shared(_)) if self.topology.current_versioned().seq >= seq => {
+                    }
+                    Err(e) => return Err(format!("edit {seq} of the replicas' log: {e}")),
+                }
+                next = seq + 1;
             }
         }
     }
@@ -842,7 +882,11 @@ impl Shared {
                     if !won {
                         continue;
                     }
-                    tracing::info!("elected: a round now");
+                    // The new leader's topology first has every edit its predecessor made.
+                    match self.sync_edits().await {
+                        Ok(n) => tracing::info!(edits = n, "elected: a round now"),
+                        Err(e) => tracing::error!(error = %e, "elected, with the replicas' edits not all applied: a round now"),
+                    }
                     tick.reset();
                 }
             }

@@ -62,6 +62,23 @@ pub enum Change {
 }
 
 impl Change {
+    /// The change an edit read from the replicas' log makes here (replicated: the leader's
+    /// Admin or dashboard change, applied on every replica).
+    pub fn shared(edit: Edit) -> Change {
+        match edit {
+            Edit::ClusterState { id, state } => Change::ClusterState {
+                id,
+                state,
+                reason: "applied from the replicas' edits".into(),
+                actor: crate::dashboard::Actor::new(Some("leader"), None, "etcd"),
+            },
+            Edit::UpsertCluster { cluster } => Change::UpsertCluster(cluster),
+            Edit::DeleteCluster { id } => Change::DeleteCluster(id),
+            Edit::UpsertMapUnit { unit } => Change::UpsertMapUnit(unit),
+            Edit::DeleteMapUnit { id } => Change::DeleteMapUnit(id),
+        }
+    }
+
     /// The edit this change makes (what is applied and journaled).
     pub fn edit(&self) -> Edit {
         match self {
@@ -83,8 +100,16 @@ pub type Log = Arc<dyn Fn(&Change, &Result<Applied, ChangeError>) + Send + Sync>
 
 struct Request {
     change: Change,
+    /// Replicated: the edit's number in the replicas' log (an edit read from etcd, applied
+    /// here as it was on the leader); `None`: a change made here, which the leader appends to
+    /// that log before anything else.
+    shared_seq: Option<u64>,
     reply: oneshot::Sender<Result<Applied, ChangeError>>,
 }
+
+/// Replicated, this replica's part in the election (set once the service has connected to
+/// etcd): the writer appends the leader's changes to the replicas' log through it.
+pub type Lead = Arc<std::sync::OnceLock<Arc<crate::lead::etcd::Coordinator>>>;
 
 /// The published topology and the journal's sequence number of the last edit in it (the
 /// topology is the stored one after that many edits).
@@ -106,7 +131,13 @@ pub struct SharedTopology {
 impl SharedTopology {
     /// Starts the writer task (on the current tokio runtime) over `initial`, the stored
     /// topology after journal entry `seq`.
-    pub fn start(store: Store, initial: Topology, seq: u64, log: Log) -> SharedTopology {
+    pub fn start(
+        store: Store,
+        initial: Topology,
+        seq: u64,
+        log: Log,
+        lead: Lead,
+    ) -> SharedTopology {
         let current = Arc::new(ArcSwap::from_pointee(Versioned {
             topology: Arc::new(initial),
             seq,
@@ -119,6 +150,7 @@ impl SharedTopology {
             store,
             log,
             Arc::clone(&snapshotting),
+            lead,
         ));
         SharedTopology {
             current,
@@ -152,10 +184,30 @@ impl SharedTopology {
     }
 
     /// Carries out `change`; returns once it is stored and published (or refused).
+    /// Replicated, only the leader carries changes out, each appended to the replicas' log in
+    /// etcd first.
     pub async fn change(&self, change: Change) -> Result<Applied, ChangeError> {
+        self.request(change, None).await
+    }
+
+    /// Replicated: carries out the edit number `seq` of the replicas' log (which must follow
+    /// the last one applied), as the leader did.
+    pub async fn apply_shared(&self, seq: u64, edit: Edit) -> Result<Applied, ChangeError> {
+        self.request(Change::shared(edit), Some(seq)).await
+    }
+
+    async fn request(
+        &self,
+        change: Change,
+        shared_seq: Option<u64>,
+    ) -> Result<Applied, ChangeError> {
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Request { change, reply })
+            .send(Request {
+                change,
+                shared_seq,
+                reply,
+            })
             .await
             .map_err(|_| ChangeError::Stopped)?;
         answer.await.map_err(|_| ChangeError::Stopped)?
@@ -168,30 +220,18 @@ async fn writer(
     store: Store,
     log: Log,
     snapshotting: Arc<AtomicBool>,
+    lead: Lead,
 ) {
     // Replay cost journaled since the last snapshot was asked for.
     let mut since_snapshot = 0u64;
-    while let Some(Request { change, reply }) = rx.recv().await {
+    while let Some(Request {
+        change,
+        shared_seq,
+        reply,
+    }) = rx.recv().await
+    {
         let now = current.load_full();
-        let base = Arc::clone(&now.topology);
-        let store2 = store.clone();
-        let edit = change.edit();
-        // Applying (a copy of the unit columns for a unit edit, a rebuild for a new or deleted
-        // cluster) and journaling block: off the async threads, one change at a time.
-        let result = tokio::task::spawn_blocking(move || {
-            let applied = apply(&base, &edit)?;
-            let seq = if applied.changed {
-                store2
-                    .append_edit(crate::service::now_unix_ms(), &edit)
-                    .map_err(|e| ChangeError::Store(e.to_string()))?
-            } else {
-                now.seq
-            };
-            let cost = applied.cost;
-            Ok((applied, seq, cost))
-        })
-        .await
-        .unwrap_or_else(|e| Err(ChangeError::Store(format!("the writer's task failed: {e}"))));
+        let result = carry_out(&change, shared_seq, &now, &store, lead.get()).await;
         let result = result.map(|(applied, seq, cost)| {
             if applied.changed {
                 current.store(Arc::new(Versioned {
@@ -218,6 +258,77 @@ async fn writer(
         log(&change, &result);
         let _ = reply.send(result);
     }
+}
+
+/// One change on the topology `now`: applied (validated), then — replicated, for a change
+/// made here — appended to the replicas' log in etcd under the leader's term, then journaled
+/// (synced); the applied change, its journal number and its replay cost. An edit from the
+/// replicas' log (`shared_seq`) must be the next one and is not appended again. Applying and
+/// journaling block: off the async threads, one change at a time.
+async fn carry_out(
+    change: &Change,
+    shared_seq: Option<u64>,
+    now: &Arc<Versioned>,
+    store: &Store,
+    lead: Option<&Arc<crate::lead::etcd::Coordinator>>,
+) -> Result<(Applied, u64, u64), ChangeError> {
+    let next = now.seq + 1;
+    let term = match (lead, shared_seq) {
+        (Some(_), Some(n)) if n != next => {
+            return Err(ChangeError::Shared(format!(
+                "edit {n} of the replicas' log does not follow edit {} applied here",
+                now.seq
+            )))
+        }
+        (Some(l), None) => Some(l.term().ok_or_else(|| {
+            ChangeError::NotLeader(match l.leader_name() {
+                Some(leader) => format!("{leader} leads"),
+                None => "no leader is known".into(),
+            })
+        })?),
+        _ => None,
+    };
+    let edit = change.edit();
+    let base = Arc::clone(&now.topology);
+    let to_apply = edit.clone();
+    let applied = tokio::task::spawn_blocking(move || apply(&base, &to_apply))
+        .await
+        .unwrap_or_else(|e| Err(ChangeError::Store(format!("the writer's task failed: {e}"))))?;
+    if !applied.changed {
+        return Ok((applied, now.seq, 0));
+    }
+    if let (Some(l), Some(term)) = (lead, &term) {
+        let bytes = serde_json::to_vec(&edit).map_err(|e| ChangeError::Shared(e.to_string()))?;
+        match l.append_edit(term, next, &bytes).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ChangeError::Shared(format!(
+                    "etcd refused edit {next}: the term ended, or the replicas' log holds an \
+                     edit this replica has not applied yet; try again"
+                )))
+            }
+            Err(e) => return Err(ChangeError::Shared(e.to_string())),
+        }
+    }
+    let store = store.clone();
+    let cost = applied.cost;
+    let seq = tokio::task::spawn_blocking(move || {
+        store
+            .append_edit(crate::service::now_unix_ms(), &edit)
+            .map_err(|e| ChangeError::Store(e.to_string()))
+    })
+    .await
+    .unwrap_or_else(|e| Err(ChangeError::Store(format!("the writer's task failed: {e}"))))?;
+    if lead.is_some() && seq != next {
+        // The journal and the replicas' log number edits alike; a store with edits of its
+        // own (made before the replica joined) cannot follow the log.
+        tracing::error!(
+            seq,
+            next,
+            "the journal's numbering left the replicas' log's"
+        );
+    }
+    Ok((applied, seq, cost))
 }
 
 /// Writes `topology` (the one after journal entry `seq`) as the store's next snapshot on a
@@ -401,7 +512,7 @@ mod tests {
                 to_log.lock().expect("log").push((id.clone(), *state));
             }
         });
-        let topology = SharedTopology::start(store.clone(), base, 0, log);
+        let topology = SharedTopology::start(store.clone(), base, 0, log, Lead::default());
         let mut tasks = Vec::new();
         for (w, (cluster, unit)) in [("a", "u1"), ("b", "u2"), ("c", "u3")]
             .into_iter()

@@ -377,9 +377,10 @@ pub(super) async fn set_state(
         .map_err(|e| match e {
             ChangeError::NoCluster(_) => ApiError::not_found(e.to_string()),
             ChangeError::Refused(_) => ApiError::bad(e.to_string()),
-            ChangeError::Store(_) | ChangeError::Stopped => {
+            ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
+            ChangeError::NotLeader(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
         })?;
     Ok(Json(StateAnswer {
         cluster: id,

@@ -6,7 +6,11 @@
 //! - `<prefix>leader/<lease id in hex>`: the election's candidates (etcd's `v3election`), each
 //!   holding its replica's node id; the oldest leads, and its create revision is the epoch;
 //! - `<prefix>published`: the last publication, `{"epoch":..,"version":..,"node":..}`,
-//!   written only by a transaction that compares the leader key's create revision.
+//!   written only by a transaction that compares the leader key's create revision;
+//! - `<prefix>edits/<sequence, 20 digits>`: the topology's edits (Admin, the dashboard), each
+//!   the journal's JSON of one `Edit`, appended by the leader through a transaction that
+//!   compares the leader key and that the sequence number is not taken; every replica applies
+//!   them in order. The newest [`EDITS_KEPT`] are kept.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +26,12 @@ use super::{Command, Elector, Event, LeaseId, Role, Term};
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many answers may wait for the elector (a handful are ever in flight).
 const EVENTS: usize = 64;
+/// Edits kept in etcd: appending one deletes the one this many before it. A replica further
+/// behind than this cannot catch up from etcd (it says so; start it on a copy of a peer's
+/// `data_dir`).
+pub const EDITS_KEPT: u64 = 100_000;
+/// The most edits read from etcd at once.
+pub const EDITS_PER_READ: i64 = 256;
 
 /// What Admin status, the dashboard and `/metrics` show of the election.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +56,7 @@ pub struct Coordinator {
     node_id: String,
     election: String,
     published_key: String,
+    edits: String,
     elector: Mutex<Elector>,
     /// The clock the elector's times are read from.
     started: Instant,
@@ -76,6 +87,7 @@ impl Coordinator {
                 node_id: node_id.to_string(),
                 election: format!("{prefix}leader"),
                 published_key: format!("{prefix}published"),
+                edits: format!("{prefix}edits/"),
                 elector: Mutex::new(Elector::new(ttl)),
                 started: Instant::now(),
                 events,
@@ -131,6 +143,71 @@ impl Coordinator {
             let _ = self.events.try_send(Event::Deposed { epoch: term.epoch });
         }
         Ok(ok)
+    }
+
+    fn edit_key(&self, seq: u64) -> String {
+        format!("{}{seq:020}", self.edits)
+    }
+
+    /// Appends `edit` (its journal JSON) as the replicas' edit number `seq`, in `term`:
+    /// `Ok(false)` when the term is over or edit `seq` exists already (another leader's, or
+    /// one this replica has not applied yet); nothing is written then.
+    pub async fn append_edit(&self, term: &Term, seq: u64, edit: &[u8]) -> Result<bool, EtcdError> {
+        let key = self.edit_key(seq);
+        let mut ops = vec![TxnOp::put(key.clone(), edit.to_vec(), None)];
+        if seq > EDITS_KEPT {
+            ops.push(TxnOp::delete(self.edit_key(seq - EDITS_KEPT), None));
+        }
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(term.key.clone(), CompareOp::Equal, term.epoch as i64),
+                Compare::create_revision(key, CompareOp::Equal, 0),
+            ])
+            .and_then(ops);
+        let mut kv = self.client.kv_client();
+        let answered = tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn))
+            .await
+            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
+            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
+        self.note(answered.as_ref().err().map(|e| e.0.clone()));
+        Ok(answered?.succeeded())
+    }
+
+    /// The replicas' edits from number `from` on (at most [`EDITS_PER_READ`]), in order:
+    /// (sequence number, the edit's JSON).
+    pub async fn edits_from(&self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
+        // Every edit key sorts below the prefix's end: '/' + 1 is '0'.
+        let end = format!("{}0", self.edits.trim_end_matches('/'));
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_limit(EDITS_PER_READ)
+            .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Ascend);
+        let mut kv = self.client.kv_client();
+        let got = tokio::time::timeout(CALL_TIMEOUT, kv.get(self.edit_key(from), Some(options)))
+            .await
+            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
+            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
+        self.note(got.as_ref().err().map(|e| e.0.clone()));
+        let mut out = Vec::new();
+        for kv in got?.kvs() {
+            let key = String::from_utf8_lossy(kv.key());
+            let seq = key
+                .strip_prefix(&self.edits)
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| {
+                    EtcdError(format!(
+                        "an edit key that is not {}<number>: {key}",
+                        self.edits
+                    ))
+                })?;
+            out.push((seq, kv.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The node id of the replica that leads, as far as this one knows.
+    pub fn leader_name(&self) -> Option<String> {
+        self.status.borrow().replicas.first().cloned()
     }
 
     /// Records whether etcd answered.
