@@ -16,6 +16,11 @@
 //! as the next snapshot, on a thread of its own, one at a time: the edits that follow are
 //! not held up by it, and a start replays at most about that budget onto the newest snapshot.
 //!
+//! **Replicated** (`cdnmap serve --etcd`), only the leader carries out changes made here, and
+//! between apply and journal it appends each to the replicas' log in etcd (its leader key and
+//! the edit's number compared); every replica applies that log in order through this same
+//! writer ([`SharedTopology::apply_shared`]), under the same numbers as its journal's.
+//!
 //! What an edit does to candidates, and to classes left without an up cluster (a warning in
 //! the answer, in the log and in the metrics, `cdnmap_classes_unserved`), is `edit.rs`'s.
 
