@@ -89,8 +89,9 @@ struct Lease {
     deadline_ms: u64,
 }
 
-/// A request in flight and when it was sent: one of each kind at a time, and one that gets no
-/// answer within the TTL counts as failed (a driver may lose an answer).
+/// A request in flight and when it was sent: one of each kind at a time, and a grant or a
+/// renewal that gets no answer within a third of the TTL counts as failed (a driver may lose
+/// an answer).
 #[derive(Debug, Clone, Copy, Default)]
 struct InFlight {
     grant: Option<u64>,
@@ -174,7 +175,9 @@ impl Elector {
     /// for: a lease when there is none, its renewal every third of the TTL, a campaign.
     pub fn tick(&mut self, now_ms: u64) -> Vec<Command> {
         let mut out = Vec::new();
-        let stale = |sent: Option<u64>| sent.is_some_and(|s| now_ms >= s + self.ttl_ms);
+        // A grant or renewal unanswered for a renewal period is given up and asked again (a
+        // lost one must not cost the lease, which one more period would).
+        let stale = |sent: Option<u64>| sent.is_some_and(|s| now_ms >= s + self.ttl_ms / 3);
         if stale(self.in_flight.grant) {
             self.in_flight.grant = None;
         }

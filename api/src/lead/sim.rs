@@ -1,7 +1,7 @@
 //! A deterministic simulation of the election: several [`Elector`]s against a model of etcd's
 //! leases, election keys and guarded transactions, over a network that delays, reorders and
-//! drops messages, with partitions, paused and crashed processes and drifting clocks, all
-//! drawn from one seed. Every run checks the safety properties the service relies on:
+//! drops messages, with partitions, paused and crashed processes, drifting clocks and clocks
+//! that leap forward, all drawn from one seed. Every run checks the safety properties the service relies on:
 //!
 //! 1. a publication's transaction succeeds only for the replica whose key leads in etcd;
 //! 2. no two replicas ever publish in the same epoch, and the epochs published only grow;
@@ -67,6 +67,8 @@ enum What {
     ToNode(usize, u64, Answer),
     EtcdTick,
     Crash(usize),
+    /// The replica's clock leaps forward by this much (a monotonic clock never goes back).
+    Jump(usize, u64),
     Restart(usize),
 }
 
@@ -245,6 +247,11 @@ impl Sim {
             let round = sim.rng.random_range(0..CYCLE_MS);
             sim.at(round, What::Round(n));
             // Crashes, each with a restart.
+            for _ in 0..sim.rng.random_range(0..3) {
+                let at = sim.rng.random_range(0..FAULTY_MS);
+                let by = sim.rng.random_range(1..2 * TTL_MS);
+                sim.at(at, What::Jump(n, by));
+            }
             for _ in 0..sim.rng.random_range(0..2) {
                 let s = sim.rng.random_range(0..FAULTY_MS);
                 let len = sim.rng.random_range(100..3 * TTL_MS);
@@ -265,11 +272,16 @@ impl Sim {
 
     /// A message's flight time: mostly short, sometimes long enough to reorder.
     fn delay(&mut self) -> u64 {
-        if self.rng.random_bool(0.02) {
+        if self.now < FAULTY_MS && self.rng.random_bool(0.02) {
             self.rng.random_range(100..TTL_MS / 2)
         } else {
             self.rng.random_range(1..20)
         }
+    }
+
+    /// Whether a message is lost at random (1%, while the faults last).
+    fn lost(&mut self) -> bool {
+        self.now < FAULTY_MS && self.rng.random_bool(0.01)
     }
 
     fn send(&mut self, n: usize, commands: Vec<Command>) {
@@ -287,7 +299,7 @@ impl Sim {
     }
 
     fn send_etcd(&mut self, n: usize, inc: u64, r: Request) {
-        if self.nodes[n].cut_at(self.now) || self.rng.random_bool(0.01) {
+        if self.nodes[n].cut_at(self.now) || self.lost() {
             // Lost: the elector's in-flight timeout covers it. A lost campaign or
             // publication is answered as failed, as a broken call would be.
             match r {
@@ -298,12 +310,9 @@ impl Sim {
                     };
                     self.at(self.now + d, What::ToNode(n, inc, Answer::Event(ev)));
                 }
-                Request::Publish { epoch, .. } => {
-                    let d = self.delay();
-                    self.at(
-                        self.now + d,
-                        What::ToNode(n, inc, Answer::Published { epoch, ok: false }),
-                    );
+                Request::Publish { .. } => {
+                    // The call fails: the service publishes nothing and stays in its term
+                    // (only etcd's "no" ends it).
                 }
                 _ => {}
             }
@@ -314,7 +323,7 @@ impl Sim {
     }
 
     fn answer_node(&mut self, n: usize, inc: u64, a: Answer) {
-        if self.nodes[n].cut_at(self.now) || self.rng.random_bool(0.01) {
+        if self.nodes[n].cut_at(self.now) || self.lost() {
             if let Answer::Event(Event::Elected { lease, .. }) = a {
                 // etcd answered but the answer is lost: the call fails for the replica.
                 let ev = Event::Failed {
@@ -322,11 +331,8 @@ impl Sim {
                 };
                 self.at(self.now + 1, What::ToNode(n, inc, Answer::Event(ev)));
             }
-            if let Answer::Published { epoch, .. } = a {
-                // The write happened; the replica does not know. It reads as a failure.
-                let a = Answer::Published { epoch, ok: false };
-                self.at(self.now + 1, What::ToNode(n, inc, a));
-            }
+            // A publication's answer lost: the write happened, the replica does not know and
+            // publishes nothing (as the service does when its call fails).
             return;
         }
         let d = self.delay();
@@ -505,13 +511,14 @@ impl Sim {
                         Answer::Published { epoch, ok: false } => Some(Event::Deposed { epoch }),
                         Answer::Published { ok: true, .. } => None,
                     };
-                    // A publication that failed for want of an answer is not a deposition in
-                    // the service (it retries next round); the model is harsher and treats
-                    // every failure as one, which the elector must survive too.
                     if let Some(ev) = ev {
                         let out = node.elector.handle(ev, local);
                         self.send(n, out);
                     }
+                    self.check_term(n)?;
+                }
+                What::Jump(n, by) => {
+                    self.nodes[n].offset += by as f64;
                     self.check_term(n)?;
                 }
                 What::Crash(n) => {
