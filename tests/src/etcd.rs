@@ -125,6 +125,15 @@ impl Member {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Kills the member (SIGKILL): the cluster goes on with the others while they are a
+    /// quorum.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
             let _ = Command::new("kill")
