@@ -21,6 +21,7 @@
 //! etcd = ["http://10.0.0.1:2379"]  # replicas: a leader elected through etcd publishes (none: alone)
 //! node_id = "mapper-1"             # this replica's name (needed with etcd)
 //! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
+//! advertise_url = "http://10.0.0.5:50051"  # where the other replicas reach this one (absent: grpc_listen's address)
 //! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
 //! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
 //! default_class = "web"
@@ -165,6 +166,9 @@ pub struct Config {
     pub node_id: Option<String>,
     /// The prefix of every key the replicas keep in etcd.
     pub etcd_prefix: String,
+    /// The URL the other replicas reach this one's gRPC listener at (they follow the leader's
+    /// maps); absent: `http(s)://` and the address `grpc_listen` bound.
+    pub advertise_url: Option<String>,
     /// TLS on both listeners; `None`: plaintext.
     pub tls: Option<TlsConfig>,
     /// Front end name → its Feedback token. With any (or with mutual TLS), Feedback takes
@@ -339,6 +343,7 @@ impl Default for Config {
             etcd: Vec::new(),
             node_id: None,
             etcd_prefix: "cdnmap/".into(),
+            advertise_url: None,
             tls: None,
             feedback_tokens: Default::default(),
             feedback_samples_per_sec: 200_000,
@@ -437,6 +442,24 @@ impl Config {
             }
             if self.etcd[..i].contains(url) {
                 return Err(invalid(&key, format!("{shown} is given twice")));
+            }
+        }
+        if let Some(url) = &self.advertise_url {
+            let shown = cdnmap_mapper::model::shown_id(url);
+            let authority = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"))
+                .map(|a| a.trim_end_matches('/'));
+            let ok = authority.is_some_and(|a| {
+                !a.is_empty()
+                    && !a.contains(['/', '?', '#', '@', ' '])
+                    && a.parse::<axum::http::uri::Authority>().is_ok()
+            });
+            if !ok {
+                return Err(invalid(
+                    "advertise_url",
+                    format!("{shown} is not an http(s)://HOST:PORT URL"),
+                ));
             }
         }
         let name_ok = |s: &str| {
@@ -672,6 +695,7 @@ mod tests {
             ("etcd = [\"http://a:1\"]\nnode_id = \"m 1\"", "node_id"),
             ("etcd_prefix = \"cdnmap\"", "etcd_prefix"),
             ("etcd_prefix = \"/\"", "etcd_prefix"),
+            ("advertise_url = \"10.0.0.5:50051\"", "advertise_url"),
             ("maps_kept = 0", "maps_kept"),
             ("ttl_secs = 0", "ttl_secs"),
             ("record_retention_hours = 0", "record_retention_hours"),

@@ -104,8 +104,17 @@ impl Driver {
         epoch: u64,
         now: i64,
     ) -> Result<Step, StepError> {
-        self.step_alongside(base, previous, observations, rules, epoch, now, |_, _| ())
-            .map(|(step, ())| step)
+        self.step_alongside(
+            base,
+            previous,
+            None,
+            observations,
+            rules,
+            epoch,
+            now,
+            |_, _| (),
+        )
+        .map(|(step, ())| step)
     }
 
     /// [`Driver::step`], with `alongside` run on a thread of its own while the map is indexed
@@ -113,11 +122,17 @@ impl Driver {
     /// step: the service stores the round there. When the index fails (only on a broken
     /// invariant: every topology can be indexed), `alongside` has run and its result is
     /// dropped.
+    ///
+    /// `served` is the map clients were answered from during the period, in `previous`'s
+    /// index space, when it is not `previous`'s own: a standby replica's, whose own maps are
+    /// never published, is the leader's. The loads are learned under it and the round is
+    /// seeded from it, so a standby's first round as leader moves only what the round brings.
     #[allow(clippy::too_many_arguments)]
     pub fn step_alongside<R: Send>(
         &mut self,
         base: &Topology,
         previous: Option<&Snapshot>,
+        served: Option<&cdnmap_mapper::Map>,
         observations: &Observations,
         rules: impl FnOnce(&Instance) -> Result<ClassRules, ModelError>,
         epoch: u64,
@@ -125,7 +140,7 @@ impl Driver {
         alongside: impl FnOnce(&Solved, &Estimates) -> R + Send,
     ) -> Result<(Step, R), StepError> {
         let (solved, rules, estimate_ms) =
-            self.solve(base, previous, observations, rules, epoch, now)?;
+            self.solve(base, previous, served, observations, rules, epoch, now)?;
         let estimates = &self.estimates;
         let (snapshot, beside) =
             solved.index_alongside(rules, previous, |s| alongside(s, estimates));
@@ -138,10 +153,12 @@ impl Driver {
 
     /// Steps 1–4 and the solve of step 5: the round's map before it is indexed, the round's
     /// hostname rules, and how long the estimator took.
+    #[allow(clippy::too_many_arguments)]
     fn solve(
         &mut self,
         base: &Topology,
         previous: Option<&Snapshot>,
+        served: Option<&cdnmap_mapper::Map>,
         observations: &Observations,
         rules: impl FnOnce(&Instance) -> Result<ClassRules, ModelError>,
         epoch: u64,
@@ -170,7 +187,7 @@ impl Driver {
                     Some(if r.is_nan() { inst.unit_demand(u) } else { r })
                 })
                 .collect();
-            let flow = through(inst, &prev.map, Some(&actual));
+            let flow = through(inst, served.unwrap_or(&prev.map), Some(&actual));
             est.observe_loads(inst, &flow, &loads)
                 .map_err(StepError::Learn)?;
         }
@@ -185,6 +202,7 @@ impl Driver {
         let solved = solve_round(
             &topology,
             previous,
+            served,
             &self.stickiness,
             epoch,
             now,

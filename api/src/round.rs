@@ -109,15 +109,27 @@ pub fn round(
     now_unix_ms: i64,
     check: bool,
 ) -> Result<Snapshot, RoundError> {
-    solve_round(topology, previous, stickiness, epoch, now_unix_ms, check)?.index(rules, previous)
+    solve_round(
+        topology,
+        previous,
+        None,
+        stickiness,
+        epoch,
+        now_unix_ms,
+        check,
+    )?
+    .index(rules, previous)
 }
 
-/// Solves one round: seeded from `previous` (sticky) when there is one, cold otherwise. The map
-/// is checked by the independent verifier against the preferences it was solved with when
-/// `check` is set (the service sets it in debug builds; it costs about a solve).
+/// Solves one round: seeded from `previous` (sticky) when there is one, cold otherwise; from
+/// `served` instead of `previous`'s own map when given (the map clients were answered from,
+/// in `previous`'s index space: a standby replica's is the leader's). The map is checked by
+/// the independent verifier against the preferences it was solved with when `check` is set
+/// (the service sets it in debug builds; it costs about a solve).
 pub fn solve_round(
     topology: &Topology,
     previous: Option<&Snapshot>,
+    served: Option<&Map>,
     stickiness: &Stickiness,
     epoch: u64,
     now_unix_ms: i64,
@@ -137,7 +149,7 @@ pub fn solve_round(
             (sol.map, sol.stats, None)
         }
         Some(prev) => {
-            let seed = carry_over(&prev.topology, &prev.map, instance);
+            let seed = carry_over(&prev.topology, served.unwrap_or(&prev.map), instance);
             let sol = if stickiness.margin > 0.0 {
                 let t = std::time::Instant::now();
                 let effective = favour_incumbents(instance, &seed, stickiness)?;
@@ -297,6 +309,42 @@ pub fn carry_over<'a>(from: &Instance, map: &'a Map, to: &Instance) -> Cow<'a, M
     Cow::Owned(out)
 }
 
+/// A map as WatchMap carries it (`serving`: each unit's shares of its demand, by cluster id)
+/// as allocations of `to`'s units: each share times the unit's demand in `to`, by unit and
+/// cluster id, in the order the shares come (the unit's preference order where it was
+/// solved); units `serving` does not have start with nothing placed, clusters `to` does not
+/// have are dropped. A standby replica seeds its rounds with the leader's published map this
+/// way.
+pub fn map_of_shares(serving: &cdnmap_serve::ServingMap, to: &Instance) -> Map {
+    let cluster_of: Vec<Option<u32>> = serving
+        .clusters()
+        .iter()
+        .map(|c| to.cluster_index(&c.id))
+        .collect();
+    let mut out = Map::with_capacity(to.unit_count(), to.unit_count());
+    for u in 0..to.unit_count() as UnitIdx {
+        let demand = to.unit_demand(u);
+        match serving.unit_index(to.unit_id(u)) {
+            Some(v) => {
+                let (clusters, shares) = serving.shares(v);
+                let allocs = clusters.iter().zip(shares).filter_map(|(&c, &s)| {
+                    cluster_of
+                        .get(c as usize)
+                        .copied()
+                        .flatten()
+                        .map(|c| Allocation {
+                            cluster: c,
+                            amount: s * demand,
+                        })
+                });
+                out.push_unit(allocs, serving.overflow(v) * demand);
+            }
+            None => out.push_unit([], 0.0),
+        }
+    }
+    out
+}
+
 /// Per cluster, its utilization under `map`: the largest used/capacity over its resource nodes
 /// (0 for a cluster with nothing placed; a node of capacity 0 with load counts as 1).
 pub fn utilization(instance: &Instance, map: &Map) -> Vec<f64> {
@@ -338,6 +386,11 @@ mod tests {
 
     /// Four units, two clusters; "far" is everyone's second choice.
     fn instance() -> Topology {
+        instance_with_room("3")
+    }
+
+    /// [`instance`] with `near`'s capacity `near` (2.5 splits a unit between the two).
+    fn instance_with_room(near: &str) -> Topology {
         let unit = |id: &str, prefix: &str| {
             format!(
                 r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
@@ -348,7 +401,7 @@ mod tests {
             r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
               "clusters": [
                 {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
-                  "resources": {{"name": "r", "kind": "bps", "capacity": 3, "classes": ["web"]}}}},
+                  "resources": {{"name": "r", "kind": "bps", "capacity": {near}, "classes": ["web"]}}}},
                 {{"id": "far", "lat": 0, "lon": 0, "addresses": ["198.18.1.1"],
                   "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
               "map_units": [{}, {}, {}, {}]}}"#,
@@ -364,13 +417,46 @@ mod tests {
         ClassRules::for_instance(inst, &[], "web").expect("rules")
     }
 
+    /// A map sent as shares (what a standby follows of the leader) and read back as
+    /// allocations of the same topology is the map: each amount and overflow within 1e-9 of
+    /// the unit's demand, in the same order.
+    #[test]
+    fn a_map_read_back_from_its_shares_is_the_map() {
+        let inst = instance_with_room("2.5");
+        let sol = cdnmap_mapper::solve(&inst, &SolveOptions::default());
+        assert!(
+            (0..inst.unit_count() as UnitIdx).any(|u| sol.map.allocations(u).len() > 1),
+            "a unit is split: shares other than 1 are read back"
+        );
+        let serving = cdnmap_serve::ServingMap::of_solution(&inst, &sol.map).expect("served");
+        let back = map_of_shares(&serving, &inst);
+        assert_eq!(back.unit_count(), sol.map.unit_count());
+        for u in 0..inst.unit_count() as UnitIdx {
+            let d = inst.unit_demand(u);
+            let (a, b) = (sol.map.allocations(u), back.allocations(u));
+            assert_eq!(a.len(), b.len(), "unit {u}");
+            for (x, y) in a.iter().zip(b) {
+                assert_eq!(x.cluster, y.cluster, "unit {u}");
+                assert!(
+                    (x.amount - y.amount).abs() <= 1e-9 * d,
+                    "unit {u}: {x:?} {y:?}"
+                );
+            }
+            assert!(
+                (sol.map.overflow(u) - back.overflow(u)).abs() <= 1e-9 * d,
+                "unit {u}"
+            );
+        }
+    }
+
     /// Indexing beside another job gives the snapshot indexing alone gives, hands the job the
     /// solved map, and returns its result; a panic in the job is the caller's.
     #[test]
     fn a_map_indexed_alongside_is_the_map_indexed_alone() {
         let inst = instance();
-        let solved =
-            || solve_round(&inst, None, &Stickiness::default(), 1, 1_000, true).expect("solved");
+        let solved = || {
+            solve_round(&inst, None, None, &Stickiness::default(), 1, 1_000, true).expect("solved")
+        };
         let alone = solved().index(rules(&inst), None).expect("alone");
         let (beside, seen) = solved().index_alongside(rules(&inst), None, |s| {
             (s.version, s.map.clone(), s.topology.unit_count())

@@ -315,7 +315,8 @@ pub async fn serve(
             );
             let _ = shared.lead.set(Arc::clone(&lead));
             tokio::spawn(follow_edits(Arc::clone(&shared)));
-            Some(tokio::spawn(lead.run(events, shared.stopping.subscribe())))
+            // It campaigns once the listeners are bound (its campaign names its address).
+            Some((lead, events))
         }
         _ => None,
     };
@@ -375,6 +376,19 @@ pub async fn serve(
     let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
+    let lead_task = lead_task.map(|(lead, events)| {
+        let scheme = if shared.config.tls.is_some() { "https" } else { "http" };
+        let advertise = shared
+            .config
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+        if grpc_addr.ip().is_unspecified() && shared.config.advertise_url.is_none() {
+            tracing::warn!(%advertise, "listening on every address: set advertise_url to the one the other replicas reach this one at");
+        }
+        tokio::spawn(follow_leader(Arc::clone(&shared), advertise.clone()));
+        tokio::spawn(lead.run(events, shared.stopping.subscribe(), advertise))
+    });
     let tls = match &shared.config.tls {
         Some(files) => {
             let tls = crate::tls::ServerTls::load(files.to_files())?;
@@ -525,6 +539,95 @@ async fn follow_edits(shared: Arc<Shared>) {
             Err(_) => {}
         }
     }
+}
+
+/// Replicated, as a standby: follows the leader's WatchMap (the first replica in the
+/// election, by the URL it campaigns with), holding its last published map in
+/// `Shared::leader_map`, which the standby's rounds are seeded from. The leader follows no one.
+/// With TLS on the gRPC listeners the leader's stream is not followed (a replica has no client
+/// certificate for a peer's mutual TLS): the standby then seeds from its own maps.
+async fn follow_leader(shared: Arc<Shared>, own: String) {
+    let Some(lead) = shared.lead.get().cloned() else {
+        return;
+    };
+    if shared.config.tls.is_some() {
+        tracing::warn!(
+            "TLS on the listeners: a standby seeds its rounds from its own maps, not the leader's"
+        );
+        return;
+    }
+    let mut status = lead.status();
+    let mut stop = shared.stopping.subscribe();
+    let target = |s: &crate::lead::etcd::Status| match s.role {
+        Some(crate::lead::Role::Leader { .. }) => None,
+        _ => s
+            .replica_urls
+            .first()
+            .filter(|u| !u.is_empty() && **u != own)
+            .cloned(),
+    };
+    while !*stop.borrow() {
+        let Some(url) = target(&status.borrow()) else {
+            tokio::select! {
+                _ = status.changed() => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        };
+        let changed = async {
+            loop {
+                if status.changed().await.is_err()
+                    || target(&status.borrow()).as_ref() != Some(&url)
+                {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            r = watch_leader(&shared, &url) => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, leader = %url, "following the leader's map");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            _ = changed => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// One WatchMap stream from the leader at `url`: each new version into `Shared::leader_map`.
+async fn watch_leader(shared: &Shared, url: &str) -> anyhow::Result<()> {
+    use cdnmap_serve::watch::{Applied, Follower};
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    let mut client =
+        pb::mapping_client::MappingClient::new(channel).max_decoding_message_size(1 << 30);
+    let mut stream = client
+        .watch_map(pb::WatchMapRequest::default())
+        .await?
+        .into_inner();
+    let mut follower = Follower::default();
+    while let Some(update) = stream.message().await? {
+        // Applying a delta merges every unit: on a blocking thread.
+        let (f, applied) = tokio::task::spawn_blocking(move || {
+            let applied = follower.apply(update);
+            (follower, applied)
+        })
+        .await?;
+        follower = f;
+        match applied? {
+            Applied::New => {
+                if let Some(held) = follower.held() {
+                    shared.leader_map.store(Some(Arc::new(held.clone())));
+                }
+            }
+            Applied::Part | Applied::Stale => {}
+        }
+    }
+    Ok(())
 }
 
 /// Streams one gRPC connection may have open at once (a front end needs two: WatchMap and a

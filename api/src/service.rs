@@ -65,6 +65,9 @@ pub struct Shared {
     /// The last round's map, published or not: the next round is seeded from it. Alone it is
     /// the published map; a standby replica solves every round and publishes none.
     pub(crate) last_solved: ArcSwapOption<Snapshot>,
+    /// Replicated, as a standby: the leader's last published map (followed over its
+    /// WatchMap), which the standby's rounds are seeded from.
+    pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
     /// Whether the last round's map was published (a standby's is not).
     pub(crate) last_published: std::sync::atomic::AtomicBool,
     /// This replica's part in the election, with `etcd` configured (set once, at the start of
@@ -295,6 +298,7 @@ impl Shared {
             topology: SharedTopology::start(store.clone(), topology, seq, log, Arc::clone(&lead)),
             published: ArcSwapOption::empty(),
             last_solved: ArcSwapOption::empty(),
+            leader_map: ArcSwapOption::empty(),
             last_published: std::sync::atomic::AtomicBool::new(false),
             lead,
             status: Mutex::new(RoundStatus::default()),
@@ -810,9 +814,27 @@ impl Shared {
         let driver = driver.as_mut().ok_or_else(|| {
             LoopError::NoEstimator("its state and a fresh one both failed (see the log)".into())
         })?;
+        // A standby seeds from the leader's published map (what clients were answered from),
+        // not from its own unpublished one: the replicas' own maps drift apart (a sticky
+        // round depends on the map it starts from), and a takeover would move the difference.
+        // So is a standby's first round as leader: the leader's map is used while it is newer
+        // than what this replica last published.
+        let published = self.current().map_or((0, 0), |p| (p.epoch, p.version));
+        let served = match (&previous, self.leader_map.load_full()) {
+            (Some(prev), Some(leader)) if leader.identity.key() > published => {
+                tracing::info!(
+                    leader_epoch = leader.identity.epoch,
+                    leader_version = leader.identity.version,
+                    "the round is seeded from the leader's map"
+                );
+                Some(crate::round::map_of_shares(&leader.map, &prev.topology))
+            }
+            _ => None,
+        };
         let (step, stored) = driver.step_alongside(
             &base,
             previous.as_deref(),
+            served.as_ref(),
             &observations,
             |instance| self.rules(instance),
             epoch,

@@ -260,6 +260,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             .step_alongside(
                 &base,
                 previous.as_ref(),
+                None,
                 &observations,
                 |i| ClassRules::for_instance(i, &[], &default_class),
                 1,

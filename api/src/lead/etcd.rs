@@ -39,6 +39,8 @@ pub struct Status {
     pub role: Option<Role>,
     /// The replicas campaigning, oldest (the leader) first: their node ids.
     pub replicas: Vec<String>,
+    /// Their gRPC URLs, as each advertises it (in the same order).
+    pub replica_urls: Vec<String>,
     /// Whether the last etcd call answered, and when one last did (ms since the start).
     pub etcd_reachable: bool,
     pub etcd_last_ok_ms: Option<u64>,
@@ -57,6 +59,8 @@ pub struct Coordinator {
     election: String,
     published_key: String,
     edits: String,
+    /// What this replica campaigns with: its node id and the URL of its gRPC listener.
+    campaign_value: std::sync::OnceLock<String>,
     elector: Mutex<Elector>,
     /// The clock the elector's times are read from.
     started: Instant,
@@ -88,6 +92,7 @@ impl Coordinator {
                 election: format!("{prefix}leader"),
                 published_key: format!("{prefix}published"),
                 edits: format!("{prefix}edits/"),
+                campaign_value: std::sync::OnceLock::new(),
                 elector: Mutex::new(Elector::new(ttl)),
                 started: Instant::now(),
                 events,
@@ -227,12 +232,17 @@ impl Coordinator {
     }
 
     /// Drives the elector until `stop` turns true; then gives the lease back, so another
-    /// replica leads at once instead of after the TTL.
+    /// replica leads at once instead of after the TTL. `advertise` is the URL of this
+    /// replica's gRPC listener, which the others follow while it leads.
     pub async fn run(
         self: Arc<Self>,
         mut events: mpsc::Receiver<Event>,
         mut stop: watch::Receiver<bool>,
+        advertise: String,
     ) {
+        let _ = self
+            .campaign_value
+            .set(format!("{} {advertise}", self.node_id));
         let every = match self.elector.lock() {
             Ok(e) => e.tick_every(),
             Err(_) => return,
@@ -316,13 +326,23 @@ impl Coordinator {
         let got = tokio::time::timeout(CALL_TIMEOUT, kv.get(prefix, Some(options))).await;
         match got {
             Ok(Ok(r)) => {
-                let replicas = r
+                // Each value is "<node id> <gRPC URL>".
+                let (replicas, urls) = r
                     .kvs()
                     .iter()
-                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
-                    .collect();
+                    .map(|kv| {
+                        let value = String::from_utf8_lossy(kv.value()).into_owned();
+                        match value.split_once(' ') {
+                            Some((id, url)) => (id.to_string(), url.to_string()),
+                            None => (value, String::new()),
+                        }
+                    })
+                    .unzip();
                 self.note(None);
-                self.status.send_modify(|s| s.replicas = replicas);
+                self.status.send_modify(|s| {
+                    s.replicas = replicas;
+                    s.replica_urls = urls;
+                });
             }
             Ok(Err(e)) => self.note(Some(e.to_string())),
             Err(_) => self.note(Some(format!("no answer within {CALL_TIMEOUT:?}"))),
@@ -405,7 +425,12 @@ impl Coordinator {
                 let task = tokio::spawn(async move {
                     let mut election = me.client.election_client();
                     let name = me.election.clone();
-                    let event = match election.campaign(name, me.node_id.clone(), lease).await {
+                    let value = me
+                        .campaign_value
+                        .get()
+                        .cloned()
+                        .unwrap_or_else(|| me.node_id.clone());
+                    let event = match election.campaign(name, value, lease).await {
                         Ok(mut r) => match r.take_leader() {
                             Some(leader) => Event::Elected {
                                 lease,
