@@ -42,8 +42,22 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// Starts `n` members (1 or 3) and waits until each answers `/health` with true.
+    /// Starts `n` members (1 or 3) and waits until each answers `/health` with true. etcd
+    /// cannot listen on port 0, so its ports are ones found free a moment before: when another
+    /// process took one meanwhile (a member exits at once), the cluster is started again on
+    /// other ports, up to three times.
     pub fn start(n: usize) -> Etcd {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Etcd::try_start(n) {
+                Ok(etcd) => return etcd,
+                Err(e) => last = e,
+            }
+        }
+        panic!("etcd did not start in three tries: {last}")
+    }
+
+    fn try_start(n: usize) -> Result<Etcd, String> {
         let bin = etcd_bin();
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-etcd-")
@@ -83,11 +97,11 @@ impl Etcd {
             m.spawn(&bin);
             members.push(m);
         }
-        let etcd = Etcd { members, _dir: dir };
-        for m in &etcd.members {
-            m.wait_healthy();
+        let mut etcd = Etcd { members, _dir: dir };
+        for i in 0..etcd.members.len() {
+            etcd.members[i].wait_healthy()?;
         }
-        etcd
+        Ok(etcd)
     }
 
     /// The client URLs, comma-separated (`cdnmap serve --etcd`).
@@ -142,21 +156,34 @@ impl Member {
         }
     }
 
-    /// Waits until `/health` says true.
-    pub fn wait_healthy(&self) {
+    /// Waits until `/health` says true; an error (with the member's log) when the member
+    /// exited or did not get there within the limit.
+    pub fn wait_healthy(&mut self) -> Result<(), String> {
         let started = Instant::now();
         loop {
             if let Ok(body) = http_get(self.client, "/health") {
                 if body.contains("\"health\":\"true\"") {
-                    return;
+                    return Ok(());
                 }
             }
-            assert!(
-                started.elapsed() < READY_TIMEOUT,
-                "etcd {} not healthy within {READY_TIMEOUT:?}:\n{}",
-                self.name,
-                self.log()
-            );
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                return Err(format!(
+                    "etcd {} exited ({status}):\n{}",
+                    self.name,
+                    self.log()
+                ));
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(format!(
+                    "etcd {} not healthy within {READY_TIMEOUT:?}:\n{}",
+                    self.name,
+                    self.log()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

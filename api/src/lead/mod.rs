@@ -269,7 +269,10 @@ impl Elector {
             Event::Failed { command } => match command {
                 Command::Grant => self.in_flight.grant = None,
                 Command::KeepAlive(id) if self.lease.map(|l| l.id) == Some(id) => {
+                    // Retried at the next tick, not a renewal period later: the lease has only
+                    // so many periods (an etcd member that died takes some calls with it).
                     self.in_flight.keepalive = None;
+                    self.next_keepalive_ms = now_ms;
                 }
                 Command::Campaign(id) if self.lease.map(|l| l.id) == Some(id) => {
                     self.in_flight.campaign = None;
