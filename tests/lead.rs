@@ -159,6 +159,24 @@ fn dig_loop(
     })
 }
 
+/// A front end following every replica, answering, and a dig loop at it until the flag is set.
+fn front_queried(
+    replicas: &[Replica],
+) -> (
+    Dns,
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<BTreeMap<String, u64>>,
+) {
+    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
+    let dir = replicas[0].setup.dir.path().to_path_buf();
+    let config = "metrics_listen = \"127.0.0.1:0\"\n";
+    let mut front = Dns::start_url(bin!(), &dir, &urls.join(","), config);
+    front.wait_answering();
+    let stop = Arc::new(AtomicBool::new(false));
+    let digs = dig_loop(front.addr, Arc::clone(&stop));
+    (front, stop, digs)
+}
+
 /// The (epoch, version) of every map version a front end put in use, in order (its log).
 fn versions_in_use(dns: &Dns) -> Vec<(u64, u64)> {
     dns.log()
@@ -524,17 +542,7 @@ async fn a_leader_cut_from_etcd_stands_down_before_its_lease_runs_out() {
     assert_eq!(first, 0);
     replicas[1].start().await;
     replicas[2].start().await;
-    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
-    let dir = replicas[0].setup.dir.path().to_path_buf();
-    let mut front = Dns::start_url(
-        bin!(),
-        &dir,
-        &urls.join(","),
-        "metrics_listen = \"127.0.0.1:0\"\n",
-    );
-    front.wait_answering();
-    let stop = Arc::new(AtomicBool::new(false));
-    let digs = dig_loop(front.addr, Arc::clone(&stop));
+    let (front, stop, digs) = front_queried(&replicas);
 
     relay.cut(true);
     let cut_at = Instant::now();
@@ -598,17 +606,7 @@ async fn with_etcd_down_the_leader_stops_publishing_and_the_front_ends_keep_answ
         r.start().await;
     }
     let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
-    let urls: Vec<String> = replicas.iter().map(Replica::url).collect();
-    let dir = replicas[0].setup.dir.path().to_path_buf();
-    let mut front = Dns::start_url(
-        bin!(),
-        &dir,
-        &urls.join(","),
-        "metrics_listen = \"127.0.0.1:0\"\n",
-    );
-    front.wait_answering();
-    let stop = Arc::new(AtomicBool::new(false));
-    let digs = dig_loop(front.addr, Arc::clone(&stop));
+    let (front, stop, digs) = front_queried(&replicas);
 
     etcd.pause_all(true);
     let down_at = Instant::now();

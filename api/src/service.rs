@@ -131,6 +131,9 @@ pub(crate) fn per_cycle(
     }
 }
 
+/// How many times more a publication's transaction is tried when etcd did not answer.
+const PUBLISH_TRIES: usize = 3;
+
 /// How far (as a fraction) a round's period may be from the cycle and still count as one.
 pub(crate) const PERIOD_SLACK: f64 = 0.1;
 
@@ -437,7 +440,20 @@ impl Shared {
             );
             return false;
         }
-        match lead.publish(term, snapshot.version).await {
+        // A call that etcd did not answer (a member that died, a slow moment) is tried again
+        // while the term holds: only etcd's "no" ends it.
+        let mut answer = lead.publish(term, snapshot.version).await;
+        for _ in 0..PUBLISH_TRIES {
+            match &answer {
+                Err(e) if lead.term().as_ref() == Some(term) => {
+                    tracing::debug!(error = %e, "the publication's transaction again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    answer = lead.publish(term, snapshot.version).await;
+                }
+                _ => break,
+            }
+        }
+        match answer {
             Ok(true) => true,
             Ok(false) => {
                 tracing::warn!(

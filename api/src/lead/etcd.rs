@@ -138,12 +138,7 @@ impl Coordinator {
             )])
             .and_then([TxnOp::put(self.published_key.clone(), value, None)]);
         let mut kv = self.client.kv_client();
-        let answered = tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn))
-            .await
-            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
-            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
-        self.note(answered.as_ref().err().map(|e| e.0.clone()));
-        let ok = answered?.succeeded();
+        let ok = self.call(kv.txn(txn)).await?.succeeded();
         if !ok {
             let _ = self.events.try_send(Event::Deposed { epoch: term.epoch });
         }
@@ -170,12 +165,7 @@ impl Coordinator {
             ])
             .and_then(ops);
         let mut kv = self.client.kv_client();
-        let answered = tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn))
-            .await
-            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
-            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
-        self.note(answered.as_ref().err().map(|e| e.0.clone()));
-        Ok(answered?.succeeded())
+        Ok(self.call(kv.txn(txn)).await?.succeeded())
     }
 
     /// The replicas' edits from number `from` on (at most [`EDITS_PER_READ`]), in order:
@@ -188,13 +178,11 @@ impl Coordinator {
             .with_limit(EDITS_PER_READ)
             .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Ascend);
         let mut kv = self.client.kv_client();
-        let got = tokio::time::timeout(CALL_TIMEOUT, kv.get(self.edit_key(from), Some(options)))
-            .await
-            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
-            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
-        self.note(got.as_ref().err().map(|e| e.0.clone()));
+        let got = self
+            .call(kv.get(self.edit_key(from), Some(options)))
+            .await?;
         let mut out = Vec::new();
-        for kv in got?.kvs() {
+        for kv in got.kvs() {
             let key = String::from_utf8_lossy(kv.key());
             let seq = key
                 .strip_prefix(&self.edits)
@@ -213,6 +201,19 @@ impl Coordinator {
     /// The node id of the replica that leads, as far as this one knows.
     pub fn leader_name(&self) -> Option<String> {
         self.status.borrow().replicas.first().cloned()
+    }
+
+    /// One etcd call, bounded by [`CALL_TIMEOUT`]; whether etcd answered is recorded.
+    async fn call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, EtcdError> {
+        let answered = tokio::time::timeout(CALL_TIMEOUT, call)
+            .await
+            .map_err(|_| EtcdError(format!("no answer within {CALL_TIMEOUT:?}")))
+            .and_then(|r| r.map_err(|e| EtcdError(e.to_string())));
+        self.note(answered.as_ref().err().map(|e| e.0.clone()));
+        answered
     }
 
     /// Records whether etcd answered.

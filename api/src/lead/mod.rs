@@ -312,6 +312,22 @@ mod tests {
         )
     }
 
+    /// An elector that leads term `epoch` on lease 7 (granted at 0, elected at 10 ms).
+    fn leading(epoch: u64) -> Elector {
+        let mut e = Elector::new(TTL);
+        e.tick(0);
+        granted(&mut e, 7, 0);
+        e.handle(
+            Event::Elected {
+                lease: 7,
+                key: b"k".to_vec(),
+                epoch,
+            },
+            10,
+        );
+        e
+    }
+
     #[test]
     fn asks_for_a_lease_then_campaigns_and_keeps_it_alive() {
         let mut e = Elector::new(TTL);
@@ -333,17 +349,7 @@ mod tests {
 
     #[test]
     fn leads_only_while_the_lease_has_more_than_the_margin_left() {
-        let mut e = Elector::new(TTL);
-        e.tick(0);
-        granted(&mut e, 7, 0);
-        e.handle(
-            Event::Elected {
-                lease: 7,
-                key: b"k".to_vec(),
-                epoch: 42,
-            },
-            10,
-        );
+        let mut e = leading(42);
         assert_eq!(e.term(5_000).map(|t| t.epoch), Some(42));
         // The lease ends at 10 s by this clock; the margin is 2 s.
         assert_eq!(e.term(7_999).map(|t| t.epoch), Some(42));
@@ -383,17 +389,7 @@ mod tests {
 
     #[test]
     fn a_refused_publication_ends_the_term_and_the_lease() {
-        let mut e = Elector::new(TTL);
-        e.tick(0);
-        granted(&mut e, 7, 0);
-        e.handle(
-            Event::Elected {
-                lease: 7,
-                key: b"k".to_vec(),
-                epoch: 42,
-            },
-            10,
-        );
+        let mut e = leading(42);
         assert_eq!(
             e.handle(Event::Deposed { epoch: 41 }, 20),
             vec![],
