@@ -1479,7 +1479,7 @@ fn bad_configs_are_refused_with_exact_errors() {
              `grpc_listen`, `http_listen`, `data_dir`, `maps_kept`, `ttl_secs`, `admin_token`, \
              `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
              `http_header_timeout_secs`, `http_max_connections`, `grpc_max_connections`, \
-             `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `tls`, \
+             `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `advertise_url`, `tls`, \
              `feedback_tokens`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
              `selection`, `demo`"

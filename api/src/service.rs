@@ -593,6 +593,13 @@ impl Shared {
     /// [`Shared::run_round`] at time `now` (the loop passes the clock; tests and replays pass a
     /// simulated one).
     pub async fn run_round_at(self: &Arc<Self>, now: i64) {
+        self.round_at(now, true).await;
+    }
+
+    /// A round at `now`; `observe` false leaves the reports since the last round for the next
+    /// one (the round a replica runs when it wins the election, between two of the replicas'
+    /// common instants: the period stays the one every replica's estimator sees).
+    async fn round_at(self: &Arc<Self>, now: i64, observe: bool) {
         // A start restores the estimator beside the stored map it serves: the first round
         // waits for it.
         self.estimator_restored().await;
@@ -606,7 +613,7 @@ impl Shared {
         };
         let started = Instant::now();
         let me = Arc::clone(self);
-        let result = tokio::task::spawn_blocking(move || me.solve_round(now, epoch))
+        let result = tokio::task::spawn_blocking(move || me.solve_round(now, epoch, observe))
             .await
             .unwrap_or_else(|e| Err(LoopError::Task(e.to_string())));
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -793,7 +800,7 @@ impl Shared {
     /// the round driver (the same step `cdnmap replay` runs), the record stored while the map
     /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
     /// how storing went.
-    fn solve_round(&self, now: i64, epoch: u64) -> Result<Round, LoopError> {
+    fn solve_round(&self, now: i64, epoch: u64, observe: bool) -> Result<Round, LoopError> {
         let versioned = self.topology.current_versioned();
         let (base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
         // Seeded from the last round's map (a standby's own, unpublished), else the map
@@ -804,9 +811,13 @@ impl Shared {
                 .pending
                 .lock()
                 .map_err(|_| LoopError::Poisoned("pending"))?;
-            let taken = std::mem::take(&mut *p);
-            p.since_ms = Some(now);
-            taken
+            if observe {
+                let taken = std::mem::take(&mut *p);
+                p.since_ms = Some(now);
+                taken
+            } else {
+                Pending::default()
+            }
         };
         let period_start = pending
             .since_ms
@@ -903,13 +914,31 @@ impl Shared {
     /// The mapping loop: a round every `cycle_secs`, until [`Shared::stop`].
     pub async fn run_loop(self: Arc<Self>) {
         let mut stop = self.stopping.subscribe();
-        let mut tick = tokio::time::interval(Duration::from_secs(self.config.cycle_secs));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        if self.current().is_some() {
+        let cycle = Duration::from_secs(self.config.cycle_secs);
+        let replicated = self.lead.get().is_some();
+        let mut tick = if replicated {
+            // Replicas round at the same instants, the multiples of the cycle on the wall
+            // clock: their estimators then see the reports through the same periods, and a
+            // standby's map is the leader's (measured with noisy reports, rounds of arbitrary
+            // phase made takeovers move several times what an ordinary round moves).
+            let cycle_ms = cycle.as_millis() as i64;
+            let wait = cycle_ms - now_unix_ms().rem_euclid(cycle_ms);
+            let mut t = tokio::time::interval_at(
+                tokio::time::Instant::now() + Duration::from_millis(wait as u64),
+                cycle,
+            );
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            t
+        } else {
+            let mut t = tokio::time::interval(cycle);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        };
+        if self.current().is_some() && !replicated {
             tick.tick().await; // a restored map is served until the first full cycle has passed
         }
         // A replica that wins the election runs a round at once (a takeover does not wait
-        // for the next tick), and the cycle counts from it.
+        // for the next tick).
         let mut lead = self.lead.get().map(|c| c.status());
         let mut leading = false;
         while !*stop.borrow() {
@@ -925,7 +954,10 @@ impl Shared {
                         Ok(n) => tracing::info!(edits = n, "elected: a round now"),
                         Err(e) => tracing::error!(error = %e, "elected, with the replicas' edits not all applied: a round now"),
                     }
-                    tick.reset();
+                    // It observes nothing new, and the rounds after it keep the replicas'
+                    // common schedule: the period's reports go to the next one.
+                    self.round_at(now_unix_ms(), !replicated).await;
+                    continue;
                 }
             }
             // A round in progress finishes (and persists) before the loop looks at `stop`.
