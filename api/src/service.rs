@@ -653,6 +653,8 @@ impl Shared {
                     self.dash.record_round(&snapshot, solve_ms);
                     self.publish(Arc::clone(&snapshot));
                     let _ = self.updates.send(Arc::clone(&snapshot));
+                    // A leader seeds from its own maps: the last leader's is let go.
+                    self.leader_map.store(None);
                 }
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
                 let parts = [
