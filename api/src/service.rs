@@ -486,7 +486,8 @@ impl Shared {
         };
         let mut applied = 0;
         loop {
-            let mut next = self.topology.current_versioned().seq + 1;
+            let start = self.topology.current_versioned().seq;
+            let mut next = start + 1;
             let edits = lead.edits_from(next).await.map_err(|e| e.to_string())?;
             if edits.is_empty() {
                 return Ok(applied);
@@ -510,6 +511,13 @@ impl Shared {
                     Err(e) => return Err(format!("edit {seq} of the replicas' log: {e}")),
                 }
                 next = seq + 1;
+            }
+            // Every read must move the topology on, or the next would read the same edits.
+            if self.topology.current_versioned().seq == start {
+                return Err(format!(
+                    "edit {} of the replicas' log was not applied",
+                    start + 1
+                ));
             }
         }
     }

@@ -300,6 +300,15 @@ async fn carry_out(
         .await
         .unwrap_or_else(|e| Err(ChangeError::Store(format!("the writer's task failed: {e}"))))?;
     if !applied.changed {
+        if let Some(n) = shared_seq {
+            // The leader's edit changed its topology; here it changes nothing: the two have
+            // parted (a store with edits of its own). Said, not skipped: the numbering of the
+            // journal and the log would part too.
+            return Err(ChangeError::Shared(format!(
+                "edit {n} of the replicas' log changes nothing here: this replica's topology \
+                 is not the leader's"
+            )));
+        }
         return Ok((applied, now.seq, 0));
     }
     if let (Some(l), Some(term)) = (lead, &term) {
