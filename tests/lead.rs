@@ -327,6 +327,21 @@ fn one_replica_per_epoch(replicas: &[Replica]) {
     }
 }
 
+/// Asserts that every query `dns` got from its dig loop (`counts`, by status) was answered
+/// NOERROR, that there were some, and that it never went back to a lower map identity.
+fn all_answered(dns: &Dns, counts: &BTreeMap<String, u64>) {
+    let answered = counts.get("NOERROR").copied().unwrap_or(0);
+    let total: u64 = counts.values().sum();
+    assert_eq!(
+        answered,
+        total,
+        "answers other than NOERROR: {counts:?}\n{}",
+        dns.log()
+    );
+    assert!(answered > 10, "too few queries: {counts:?}");
+    never_backwards(dns);
+}
+
 /// Asserts that `dns` never put a lower identity in use after a higher one.
 fn never_backwards(dns: &Dns) {
     let used = versions_in_use(dns);
@@ -501,16 +516,7 @@ async fn a_killed_leader_is_replaced_within_two_cycles_and_answers_go_on() {
         rounds.len(),
     );
     for (f, c) in fronts.iter().zip(&counts) {
-        let answered = c.get("NOERROR").copied().unwrap_or(0);
-        let total: u64 = c.values().sum();
-        assert_eq!(
-            answered,
-            total,
-            "answers other than NOERROR: {c:?}\n{}",
-            f.log()
-        );
-        assert!(answered > 10, "too few queries: {c:?}");
-        never_backwards(f);
+        all_answered(f, c);
     }
     // At steady demand a takeover moves at most 1% of it. With reported demand the figures
     // are printed, not held: a replica restarted shortly before it leads has an estimator
@@ -580,12 +586,7 @@ async fn a_leader_cut_from_etcd_stands_down_before_its_lease_runs_out() {
     stop.store(true, Ordering::Relaxed);
     let counts = digs.join().expect("the dig loop");
     eprintln!("cut: stood down after {stood_down:?}, {} led epoch {next_epoch} after {took:?}; dig {counts:?}", replicas[next].name);
-    assert_eq!(
-        counts.get("NOERROR").copied().unwrap_or(0),
-        counts.values().sum::<u64>(),
-        "{counts:?}"
-    );
-    never_backwards(&front);
+    all_answered(&front, &counts);
     one_replica_per_epoch(&replicas);
     // From the cut on, through the heal, the cut replica published nothing.
     let after_cut = replicas[0].published()[published_before_cut..].to_vec();
@@ -638,12 +639,7 @@ async fn with_etcd_down_the_leader_stops_publishing_and_the_front_ends_keep_answ
     );
     stop.store(true, Ordering::Relaxed);
     let counts = digs.join().expect("the dig loop");
-    assert_eq!(
-        counts.get("NOERROR").copied().unwrap_or(0),
-        counts.values().sum::<u64>(),
-        "{counts:?}"
-    );
-    never_backwards(&front);
+    all_answered(&front, &counts);
     one_replica_per_epoch(&replicas);
 }
 

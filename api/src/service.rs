@@ -966,7 +966,7 @@ impl Shared {
                     }
                     // It observes nothing new, and the rounds after it keep the replicas'
                     // common schedule: the period's reports go to the next one.
-                    self.round_at(now_unix_ms(), !replicated).await;
+                    self.round_at(now_unix_ms(), false).await;
                     continue;
                 }
             }

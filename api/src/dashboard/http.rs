@@ -189,13 +189,13 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
             Some(leader) => format!(
                 "a standby replica: {leader} leads; this one publishes no map while it does"
             ),
-            None => "a standby replica, and no leader is known (etcd: {})".replace(
-                "{}",
+            None => format!(
+                "a standby replica, and no leader is known (etcd: {})",
                 if r.etcd_reachable {
                     "ok"
                 } else {
                     &r.etcd_error
-                },
+                }
             ),
         }),
         _ => banner,

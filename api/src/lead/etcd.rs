@@ -264,7 +264,9 @@ impl Coordinator {
                     self.elector.lock().map(|mut e| e.handle(event, now)).unwrap_or_default()
                 }
                 _ = members.tick() => {
-                    self.list_replicas().await;
+                    // On a task of its own: a slow etcd must not hold the renewals back.
+                    let me = Arc::clone(&self);
+                    tokio::spawn(async move { me.list_replicas().await });
                     Vec::new()
                 }
                 changed = stop.changed() => {
