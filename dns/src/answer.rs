@@ -31,8 +31,6 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
 
-use cdnmap_mapper::ClassIdx;
-
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
 use super::local::LocalView;
@@ -229,12 +227,12 @@ struct Source<'a> {
     pub max_udp_payload: u16,
 }
 
-/// A query counted as demand: its client, the matched unit's prefix length, its class.
+/// A query counted as demand: its client and the resolver's answer (the matched unit's slot,
+/// prefix length and class).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Demand {
     pub client: IpNet,
-    pub prefix_len: u8,
-    pub class: ClassIdx,
+    pub answer: cdnmap_serve::resolve::Answer,
 }
 
 /// An authoritative response: NOERROR (with records, or NODATA) or NXDOMAIN.
@@ -405,11 +403,7 @@ fn decide<'a>(
         e.options_mut().insert(EdnsOption::Subnet(echo));
     }
     if a.unit.is_some() {
-        answer.demand = Some(Demand {
-            client,
-            prefix_len: a.prefix_len,
-            class: a.class,
-        });
+        answer.demand = Some(Demand { client, answer: a });
     }
     answer.count_host = view.has_bounded;
     Decision::Answer(answer)
@@ -438,12 +432,10 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
         let decision = decide(&src, view, &q, scratch);
         if let (Decision::Answer(a), Some(view)) = (&decision, view) {
             if let Some(d) = a.demand {
-                front.demand.count(
-                    view.resolver.map().classes(),
-                    &d.client,
-                    d.prefix_len,
-                    d.class,
-                );
+                front
+                    .demand
+                    .block(&view.resolver)
+                    .count(&d.client, &d.answer);
             }
             if a.count_host {
                 front.demand.count_host(&scratch.qname);
@@ -746,7 +738,7 @@ mod tests {
                 assert_eq!(echoed_scope(a), Some(24));
                 let d = a.demand.expect("the unit's demand");
                 assert_eq!(d.client, "10.0.0.77/32".parse::<IpNet>().expect("a net"));
-                assert_eq!((d.prefix_len, d.class), (24, 0));
+                assert_eq!((d.answer.prefix_len, d.answer.class), (24, 0));
                 assert!(!a.count_host, "no cluster selects with bounded loads");
             },
         );

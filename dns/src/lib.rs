@@ -384,6 +384,7 @@ impl Following {
         }
         metrics::gauge!("cdnmap_dns_map_epoch").set(f.identity.epoch as f64);
         metrics::gauge!("cdnmap_dns_map_version").set(f.identity.version as f64);
+        front.demand.prepare(&view.resolver);
         front.view.store(Some(Arc::new(view)));
         true
     }

@@ -259,6 +259,10 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                     .filter_map(|(i, t)| t.map(|(q, _)| (i, q.qtype == TYPE_AAAA)))
                     .zip(&answers)
             };
+            let demand = front.demand.block(&view.resolver);
+            for a in &answers {
+                demand.prefetch(a);
+            }
             for step in 0..PREFETCH_STEPS {
                 for ((i, v6), a) in picks() {
                     for c in [a.primary, a.secondary].into_iter().flatten() {
@@ -284,14 +288,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                 let Some(bytes) = encode(q, front, &scratch.addrs, scope) else {
                     continue; // truncated: hickory's
                 };
-                if a.unit.is_some() {
-                    front.demand.count(
-                        view.resolver.map().classes(),
-                        client,
-                        a.prefix_len,
-                        a.class,
-                    );
-                }
+                demand.count(client, a);
                 if view.has_bounded {
                     front.demand.count_host(qname);
                 }
@@ -624,6 +621,11 @@ pub(crate) mod tests {
             .expect("runtime");
         let both = Handler(Arc::new(front()));
         let hickory_only = Handler(Arc::new(front()));
+        // `both` counts by its view's slots (as a front end does once the view is in use),
+        // `hickory_only` keyed by prefix (as a block on a view just replaced does): the same
+        // counts either way.
+        let view = both.0.view.load_full().expect("a view");
+        both.0.demand.prepare(&view.resolver);
         let capture = Capture::default();
         let sources: [SocketAddr; 3] = [
             "127.0.0.1:5353".parse().expect("src"),
@@ -673,7 +675,9 @@ pub(crate) mod tests {
         ] {
             assert!(kinds.contains(&kind), "no {kind:?} among {kinds:?}");
         }
-        assert_eq!(both.0.demand.take(), hickory_only.0.demand.take());
+        let counted = both.0.demand.take();
+        assert!(counted.len() >= 3, "{counted:?}");
+        assert_eq!(counted, hickory_only.0.demand.take());
         assert_eq!(
             both.0.demand.take_hosts(),
             hickory_only.0.demand.take_hosts()

@@ -225,6 +225,55 @@ pub struct Answer {
     /// The cluster to answer with, and a second one to fall back to (if the topology has one).
     pub primary: Option<ClusterIdx>,
     pub secondary: Option<ClusterIdx>,
+    /// Where the unit was found: the (prefix group, class) slot of the resolver's prefix index
+    /// (`None` with `unit`). Demand is counted by it ([`SlotNames`]): the slot stands for the
+    /// matched prefix and the class, what a count by `prefix_len` would key on.
+    pub slot: Option<u32>,
+}
+
+/// Names the slots of a resolver's prefix index ([`Answer::slot`]) as (prefix, class name),
+/// holding the index and the unit keys but no map version's placements, so that counts kept by
+/// slot (an array, where a table keyed by prefix costs a hash probe a query) can be read out
+/// after the map moved on. Every resolver sharing the index numbers its slots alike, with the
+/// same classes ([`Self::fit`]).
+#[derive(Debug, Clone)]
+pub struct SlotNames {
+    index: Arc<PrefixIndex>,
+    keys: crate::serving::UnitKeysRef,
+    classes: Vec<Arc<str>>,
+}
+
+impl SlotNames {
+    /// How many slots there are (every [`Answer::slot`] of a fitting resolver is below it).
+    pub fn len(&self) -> usize {
+        self.index.unit.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.unit.is_empty()
+    }
+
+    /// Whether `resolver`'s slots are these: the same prefix index and class names.
+    pub fn fit(&self, resolver: &Resolver) -> bool {
+        Arc::ptr_eq(&self.index, &resolver.index) && self.classes[..] == resolver.map.classes()[..]
+    }
+
+    /// Slot `slot`'s prefix (in the family it is matched in, truncated) and class name; `None`
+    /// for a slot no unit holds or one out of range.
+    pub fn name(&self, slot: u32) -> Option<(IpNet, &Arc<str>)> {
+        let classes = self.index.classes.max(1);
+        let u = *self.index.unit.get(slot as usize)?;
+        if u == NO_GROUP {
+            return None;
+        }
+        let (g, class) = (slot as usize / classes, slot as usize % classes);
+        let at = self
+            .keys
+            .prefix_positions(u)
+            .find(|&at| self.index.group_of[at] as usize == g)?;
+        // As the index holds it: a v4-mapped prefix as its IPv4 form.
+        Some((canonical(&self.keys.prefix(at)), self.classes.get(class)?))
+    }
 }
 
 /// One map version, indexed for queries.
@@ -841,11 +890,12 @@ impl Resolver {
     /// it); for a split unit, whose cluster is picked by a hash of the client's subnet, not
     /// wider than that subnet.
     fn answer(&self, class: ClassIdx, hit: Hit, client: IpNet, qname: &str) -> Answer {
-        let pre = hit.group().and_then(|(g, _)| {
-            let pre = &self.pre[self.index.slot(g, class)];
-            (pre.unit != NO_GROUP).then_some(pre)
+        let found = hit.group().and_then(|(g, _)| {
+            let slot = self.index.slot(g, class);
+            let pre = &self.pre[slot];
+            (pre.unit != NO_GROUP).then_some((pre, slot as u32))
         });
-        let Some(pre) = pre else {
+        let Some((pre, slot)) = found else {
             let [primary, secondary] = self.map.fallback(class);
             return Answer {
                 class,
@@ -854,6 +904,7 @@ impl Resolver {
                 prefix_len: 0,
                 primary,
                 secondary,
+                slot: None,
             };
         };
         let (primary, secondary, scope) = if pre.split() {
@@ -874,6 +925,16 @@ impl Resolver {
             prefix_len: hit.len,
             primary,
             secondary,
+            slot: Some(slot),
+        }
+    }
+
+    /// What names this resolver's slots ([`Answer::slot`]), apart from this map version.
+    pub fn slot_names(&self) -> SlotNames {
+        SlotNames {
+            index: Arc::clone(&self.index),
+            keys: self.map.unit_keys(),
+            classes: self.map.classes().to_vec(),
         }
     }
 

@@ -351,6 +351,7 @@ mod tests {
             prefix_len: 8,
             primary: Some(primary),
             secondary,
+            slot: Some(0),
         }
     }
 

@@ -245,6 +245,24 @@ impl UnitKeys {
     }
 }
 
+/// A map's unit keys (ids, classes, prefixes) held apart from the map version: every version
+/// of the same units shares them, so holding this holds no version's placements.
+#[derive(Debug, Clone)]
+pub struct UnitKeysRef(Arc<UnitKeys>);
+
+impl UnitKeysRef {
+    /// The positions of unit `u`'s prefixes among all units' (as
+    /// [`ServingMap::unit_prefix_positions`]).
+    pub(crate) fn prefix_positions(&self, u: UnitIdx) -> std::ops::Range<usize> {
+        ServingMap::range(&self.0.prefix_end, u)
+    }
+
+    /// The prefix at position `at` (truncated).
+    pub(crate) fn prefix(&self, at: usize) -> IpNet {
+        self.0.prefixes.get(at)
+    }
+}
+
 /// Prefixes (truncated) in 8 bytes each where an `IpNet` takes 18: an IPv4 prefix as its
 /// address and length in one word, an IPv6 prefix as the position of its `IpNet` in a side
 /// column (most client prefixes are IPv4 /24s: at 11 M map units, 110 MB less per copy of
@@ -900,6 +918,11 @@ impl ServingMap {
         ca == cb
             && sa.iter().zip(sb).all(|(x, y)| x.to_bits() == y.to_bits())
             && self.units.backup[u as usize] == other.units.backup[u as usize]
+    }
+
+    /// The unit keys, held apart from this version ([`UnitKeysRef`]).
+    pub(crate) fn unit_keys(&self) -> UnitKeysRef {
+        UnitKeysRef(Arc::clone(&self.units.keys))
     }
 
     /// The positions of unit `u`'s prefixes among all units' (in unit order).
