@@ -3,7 +3,7 @@
 //! are dropped and counted, never grown without limit.
 //!
 //! A query answered from the view in use is counted by its slot in the view's prefix index (an
-//! atomic add into an array as long as the index, [`SlotCounts`]); the slots are named (prefix,
+//! atomic add into an array as long as the index, `SlotCounts`); the slots are named (prefix,
 //! class) when the period is taken. What cannot be counted so (a block begun on a view just
 //! replaced, counts a failed report gives back, a counter past 2^31) goes to tables keyed by
 //! prefix. Either way a period's counts are the same.
