@@ -5,12 +5,15 @@
 //!   which are embedded in the library.
 //! - [`synth`]: synthetic demand traces of a world (a daily rhythm, noise, a flash crowd, a
 //!   cluster failure, true coefficients above the configured ones).
+//! - [`mmdb`]: client networks and their locations from a MaxMind DB (GeoIP2/GeoLite2 City,
+//!   DB-IP), and a writer of such databases; [`world::from_located`] makes a world of them.
 //! - [`trace`]: the demand trace format (`docs/trace.md`), a strict reader and a writer.
 //!
 //! Everything is deterministic given its parameters: the same seed gives the same world and
 //! the same trace, byte for byte. No clock, no global randomness, no I/O beyond the writer a
 //! caller hands in.
 
+pub mod mmdb;
 pub mod synth;
 pub mod trace;
 

@@ -80,13 +80,21 @@ pub fn cities() -> Result<Vec<City>> {
 /// The embedded edge sites, validated (coordinates in range, distinct IATA codes), most populous
 /// metro first (ties by IATA code).
 pub fn sites() -> Result<Vec<Site>> {
-    let mut sites: Vec<Site> = parse_csv("data/pop-sites.csv", SITES_CSV)?;
-    ensure!(!sites.is_empty(), "data/pop-sites.csv: no sites");
+    sites_from("data/pop-sites.csv", SITES_CSV)
+}
+
+/// Edge sites from `text` in the format of `data/pop-sites.csv` (`what` names it in errors),
+/// validated and ordered as [`sites`] does.
+pub fn sites_from(what: &str, text: &str) -> Result<Vec<Site>> {
+    let mut sites: Vec<Site> = parse_csv(what, text)?;
+    ensure!(!sites.is_empty(), "{what}: no sites");
     for s in &sites {
-        check_coordinates(&format!("data/pop-sites.csv: {}", s.iata), s.lat, s.lon)?;
+        check_coordinates(&format!("{what}: {}", s.iata), s.lat, s.lon)?;
         ensure!(
-            !s.iata.is_empty() && s.iata.chars().all(|ch| ch.is_ascii_alphanumeric()),
-            "data/pop-sites.csv: bad IATA code {:?}",
+            !s.iata.is_empty()
+                && s.iata.len() <= 16
+                && s.iata.chars().all(|ch| ch.is_ascii_alphanumeric()),
+            "{what}: bad IATA code {:?} (1 to 16 letters and digits)",
             s.iata
         );
     }
@@ -99,12 +107,12 @@ pub fn sites() -> Result<Vec<Site>> {
         .windows(2)
         .find(|w| w[0].iata.eq_ignore_ascii_case(&w[1].iata))
     {
-        bail!("data/pop-sites.csv: duplicate IATA code {:?}", w[0].iata);
+        bail!("{what}: duplicate IATA code {:?}", w[0].iata);
     }
     let mut codes: Vec<String> = sites.iter().map(|s| s.iata.to_ascii_lowercase()).collect();
     codes.sort();
     if let Some(w) = codes.windows(2).find(|w| w[0] == w[1]) {
-        bail!("data/pop-sites.csv: duplicate IATA code {:?}", w[0]);
+        bail!("{what}: duplicate IATA code {:?}", w[0]);
     }
     Ok(sites)
 }

@@ -76,6 +76,7 @@ mod classes;
 mod clusters;
 mod data;
 mod geo;
+mod located;
 mod perturb;
 mod prefixes;
 mod rng;
@@ -99,11 +100,12 @@ pub use capacity::{
     SITE_SIGMA,
 };
 pub use classes::{traffic_classes, DEMAND_SIGMA, PEOPLE_PER_DEMAND_UNIT};
-pub use data::{cities, sites, City, Site, CITIES_CSV, SITES_CSV};
+pub use data::{cities, sites, sites_from, City, Site, CITIES_CSV, SITES_CSV};
 pub use geo::{
     distance_km, rtt_from_km, rtt_ms, EARTH_RADIUS_KM, FIBRE_KM_PER_MS, ROUTE_INFLATION,
     RTT_BASE_MS,
 };
+pub use located::{from_located, located_networks, ClassMix};
 pub use perturb::perturb;
 pub use prefixes::V6_SHARE;
 

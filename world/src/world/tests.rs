@@ -179,6 +179,16 @@ fn regional_capacity_varies() {
 /// `max_per_site` in its prefix's rendezvous order) as (score, cluster index), best first.
 fn brute_force(inst: &Instance, params: &WorldParams, u: UnitIdx) -> Vec<(f64, u32)> {
     let p: usize = inst.unit_id(u)[1..9].parse().unwrap();
+    brute_force_keyed(inst, params, u, p)
+}
+
+/// [`brute_force`] for the unit of the prefix at position `p` (what keys its rendezvous order).
+fn brute_force_keyed(
+    inst: &Instance,
+    params: &WorldParams,
+    u: UnitIdx,
+    p: usize,
+) -> Vec<(f64, u32)> {
     let key = prefix_key(params.seed, p);
     let (lat, lon) = inst.unit_location(u);
     let mut by_site: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
@@ -488,4 +498,98 @@ fn world_1m_timing() {
     let p = perturb(&inst, 5.0, 1).unwrap();
     println!("perturb: {:.2?}", t.elapsed());
     assert_eq!(p.unit_count(), units);
+}
+
+/// A world from a MaxMind DB: a generated world's networks written as a database, read back
+/// and made a world have one map unit per network and class of the mix, at the network's
+/// location, with the class's share as demand and as candidates the nearest clusters within
+/// reach that brute force finds from there.
+#[test]
+fn a_world_from_a_maxmind_db_has_a_unit_per_network_and_class_where_the_database_puts_it() {
+    let params = WorldParams {
+        clusters: 400,
+        max_rtt_ms: 10.0,
+        candidates: 6,
+        max_per_site: 2,
+        ..small(9)
+    };
+    let generated = gen(&params);
+    let nets = located_networks(&generated);
+    assert_eq!(nets.len(), params.map_units / 3);
+    let bytes = crate::mmdb::write(&nets, "GeoLite2-City", 1).expect("written");
+    let mut read = Vec::new();
+    let skipped = crate::mmdb::read(bytes, "world.mmdb", 48, usize::MAX, &mut read).expect("read");
+    assert_eq!(skipped, crate::mmdb::Skipped::default());
+    assert_eq!(
+        read, nets,
+        "/24s and /48s come back as written, in address order"
+    );
+    let mix: ClassMix = "web=0.5,video=0.35".parse().expect("a mix");
+    let world =
+        from_located(&read, &sites().expect("sites"), &mix, &params, &|_| {}).expect("a world");
+    let inst = &world.instance;
+    assert_eq!(inst.unit_count(), 2 * read.len());
+    assert_eq!(inst.clusters().len(), params.clusters);
+    let (mut checked, mut fallbacks) = (0, 0);
+    for (p, l) in read.iter().enumerate().step_by(3) {
+        for (class, share) in [("web", 0.5), ("video", 0.35)] {
+            let u = inst
+                .unit_index(&format!("{}-{class}", l.net))
+                .expect("a unit per network and class");
+            assert_eq!(world.unit_prefixes(u), [l.net]);
+            assert_eq!(inst.classes()[usize::from(inst.unit_class(u))].name, class);
+            assert!((inst.unit_demand(u) - share).abs() < 1e-6);
+            let (lat, lon) = inst.unit_location(u);
+            assert!((lat - l.lat).abs() < 1e-4 && (lon - l.lon).abs() < 1e-4);
+            let all = brute_force_keyed(inst, &params, u, p);
+            let got: Vec<Candidate> = inst.candidates(u).collect();
+            let want: Vec<(f64, u32)> = all
+                .iter()
+                .take(params.candidates)
+                .filter(|(r, _)| *r <= params.max_rtt_ms - 1e-3)
+                .copied()
+                .collect();
+            if want.is_empty() {
+                fallbacks += 1;
+                assert_eq!(got.len(), 1);
+                assert_eq!(got[0].cluster, all[0].1, "{}: the nearest", l.net);
+                continue;
+            }
+            assert!(got.len() >= want.len(), "{}", l.net);
+            for (i, &(score, j)) in want.iter().enumerate() {
+                let tie = |k: usize| want.get(k).is_some_and(|w| (w.0 - score).abs() < 1e-3);
+                assert!(
+                    got[i].cluster == j || tie(i + 1) || (i > 0 && tie(i - 1)),
+                    "{} #{i}",
+                    l.net
+                );
+                assert!((f64::from(got[i].score) - score).abs() < 1e-3);
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 500 && fallbacks > 0,
+        "{checked} checked, {fallbacks} fallbacks"
+    );
+}
+
+/// The class mix names the world's classes with positive shares, each once.
+#[test]
+fn a_class_mix_is_refused_naming_what_is_wrong() {
+    assert_eq!(
+        "video=2,web=1".parse::<ClassMix>().expect("a mix"),
+        "video=2, web=1".parse::<ClassMix>().expect("spaces")
+    );
+    for (bad, names) in [
+        ("web", "CLASS=SHARE"),
+        ("web=0.5,mail=1", "mail"),
+        ("web=1,web=2", "twice"),
+        ("web=-1", "> 0"),
+        ("web=NaN", "> 0"),
+        ("web=x", "not a number"),
+    ] {
+        let e = bad.parse::<ClassMix>().expect_err(bad).to_string();
+        assert!(e.contains(names), "{bad}: {e}");
+    }
 }

@@ -1,0 +1,228 @@
+//! A world over client networks that are given, with their locations (from a MaxMind DB,
+//! [`crate::mmdb`]), instead of drawn: the same clusters at real sites, capacity sizing and
+//! candidate model as the generated world (module docs of [`crate::world`]), with each network
+//! where the database puts it.
+//!
+//! - **Map units**: one per (network, class) of the class mix, id `NETWORK-CLASS`
+//!   (`198.51.100.0/24-web`), at the network's location. A database says where clients are,
+//!   not how many: each network's demand is its class's share of one unit of demand (the
+//!   estimator learns the real demand from the front ends' reports).
+//! - **Candidates**: as the generated world's, from the network's location (a network's
+//!   rendezvous order of a site's clusters keyed by its position in address order).
+//! - **Capacity**: sized against that demand, each site credited with the demand of the
+//!   networks nearest to it.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, ensure, Result};
+use cdnmap_mapper::model::{DEFAULT_MAX_CANDIDATES, MAX_MAP_UNITS};
+use cdnmap_mapper::{CandidateSpec, Limits, MapUnitSpec};
+use cdnmap_topology::{Topology, TopologyBuilder};
+
+use super::candidates::{prefix_key, shortlists, within_reach, SiteIndex};
+use super::capacity::cluster_specs;
+use super::classes::{traffic_classes, CLASSES, ID_ORDER};
+use super::clusters::layout_clusters;
+use super::data::{City, Site};
+use super::geo::unit_vector;
+use super::WorldParams;
+use crate::mmdb::Located;
+
+/// The classes of each network's map units and their shares of its demand.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassMix(Vec<(String, f64)>);
+
+impl Default for ClassMix {
+    /// Every class of the world at its share (web 0.5, video 0.35, apps 0.15).
+    fn default() -> Self {
+        ClassMix(
+            CLASSES
+                .iter()
+                .map(|c| (c.name.to_string(), c.share))
+                .collect(),
+        )
+    }
+}
+
+impl std::str::FromStr for ClassMix {
+    type Err = anyhow::Error;
+
+    /// `web=0.5,video=0.35`: classes of the world with their shares (> 0, finite), each once.
+    fn from_str(s: &str) -> Result<Self> {
+        let mut out: Vec<(String, f64)> = Vec::new();
+        for part in s.split(',') {
+            let Some((name, share)) = part.split_once('=') else {
+                bail!("class mix {s:?}: {part:?} is not CLASS=SHARE");
+            };
+            let name = name.trim();
+            ensure!(
+                CLASSES.iter().any(|c| c.name == name),
+                "class mix {s:?}: no class {name:?} (the world's classes: {})",
+                CLASSES.map(|c| c.name).join(", ")
+            );
+            ensure!(
+                !out.iter().any(|(n, _)| n == name),
+                "class mix {s:?}: {name:?} twice"
+            );
+            let share: f64 = share.trim().parse().map_err(|_| {
+                anyhow::anyhow!("class mix {s:?}: share {share:?} of {name:?} is not a number")
+            })?;
+            ensure!(
+                share.is_finite() && share > 0.0 && share <= 1e6,
+                "class mix {s:?}: share {share} of {name:?} must be > 0 and at most 1e6"
+            );
+            out.push((name.to_string(), share));
+        }
+        Ok(ClassMix(out))
+    }
+}
+
+impl ClassMix {
+    /// (index into `CLASSES`, share), in class name order (a network's units in id order).
+    fn classes(&self) -> Vec<(usize, f64)> {
+        ID_ORDER
+            .iter()
+            .filter_map(|&k| {
+                self.0
+                    .iter()
+                    .find(|(n, _)| n == CLASSES[k].name)
+                    .map(|&(_, share)| (k, share))
+            })
+            .collect()
+    }
+}
+
+/// A world over `nets` (disjoint or nested; a network given twice is refused) with clusters
+/// at `sites` (most populous first, as [`super::sites`] gives them), of `params` apart from
+/// `map_units` (one per network and class of `mix`). `progress` is called now and then with
+/// the map units pushed so far.
+pub fn from_located(
+    nets: &[Located],
+    sites: &[Site],
+    mix: &ClassMix,
+    params: &WorldParams,
+    progress: &dyn Fn(usize),
+) -> Result<Topology> {
+    let classes = mix.classes();
+    ensure!(!nets.is_empty(), "no located networks");
+    ensure!(!sites.is_empty(), "no sites");
+    let map_units = nets.len().saturating_mul(classes.len());
+    ensure!(
+        map_units <= MAX_MAP_UNITS,
+        "{} networks × {} classes make {map_units} map units, at most {MAX_MAP_UNITS}",
+        nets.len(),
+        classes.len()
+    );
+    let params = WorldParams {
+        map_units,
+        ..*params
+    };
+    params.validate()?;
+    // The distinct locations, as "cities" of one inhabitant for the shortlists.
+    let mut order: Vec<u32> = (0..nets.len() as u32).collect();
+    let key = |i: u32| {
+        let l = &nets[i as usize];
+        (l.lat.to_bits(), l.lon.to_bits())
+    };
+    order.sort_unstable_by_key(|&i| key(i));
+    let mut location_of = vec![0u32; nets.len()];
+    let mut places: Vec<City> = Vec::new();
+    for (n, &i) in order.iter().enumerate() {
+        if n == 0 || key(order[n - 1]) != key(i) {
+            let l = &nets[i as usize];
+            places.push(City {
+                geonameid: 0,
+                name: String::new(),
+                country: String::new(),
+                lat: l.lat,
+                lon: l.lon,
+                population: 1,
+                timezone: String::new(),
+            });
+        }
+        location_of[i as usize] = (places.len() - 1) as u32;
+    }
+    drop(order);
+    let clusters = layout_clusters(sites, params.clusters);
+    let used_sites = params.clusters.min(sites.len());
+    let index = SiteIndex::new(&sites[..used_sites], &clusters);
+    let lists = shortlists(&places, &index.xyz, &index.sizes(), &params);
+    // Demand: each network its classes' shares; a site credited with its nearest networks'.
+    let network_demand: f64 = classes.iter().map(|&(_, s)| s).sum();
+    let mut site_demand = vec![0.0; used_sites];
+    for &loc in &location_of {
+        site_demand[lists.nearest_site[loc as usize] as usize] += network_demand;
+    }
+    let mut class_demand = [0.0; 3];
+    for &(k, share) in &classes {
+        class_demand[k] = share * nets.len() as f64;
+    }
+    let specs = cluster_specs(&clusters, sites, &site_demand, &class_demand, &params);
+    let limits = Limits {
+        max_candidates: params.candidates.max(DEFAULT_MAX_CANDIDATES),
+    };
+    let mut builder = TopologyBuilder::new(traffic_classes(), specs, limits)?;
+    let reserve: usize = location_of
+        .iter()
+        .map(|&l| usize::from(lists.candidate_bound[l as usize]))
+        .sum::<usize>()
+        .saturating_mul(classes.len());
+    builder.reserve(map_units, reserve, map_units);
+    let ids: Vec<String> = clusters.iter().map(|c| c.id.clone()).collect();
+    let mut near = Vec::new();
+    let mut scratch = Vec::new();
+    let mut candidates: Vec<CandidateSpec<'_>> = Vec::with_capacity(params.candidates);
+    let mut id = String::with_capacity(64);
+    let mut done = 0usize;
+    for (p, l) in nets.iter().enumerate() {
+        let loc = location_of[p] as usize;
+        index.nearest(
+            lists.of(loc),
+            &params,
+            prefix_key(params.seed, p),
+            &unit_vector(l.lat, l.lon),
+            &mut scratch,
+            &mut near,
+        );
+        within_reach(&near, &ids, params.max_rtt_ms, &mut candidates);
+        for &(k, share) in &classes {
+            id.clear();
+            write!(id, "{}-{}", l.net, CLASSES[k].name)?;
+            let spec = MapUnitSpec {
+                id: &id,
+                class: CLASSES[k].name,
+                demand: share,
+                lat: l.lat,
+                lon: l.lon,
+                candidates: &candidates,
+            };
+            builder.push_unit(&spec, std::slice::from_ref(&l.net))?;
+            done += 1;
+        }
+        if p % 16_384 == 16_383 {
+            progress(done);
+        }
+    }
+    let topology = builder.finish()?;
+    progress(done);
+    Ok(topology)
+}
+
+/// The located networks of `topology`: each unit's prefixes at its location, one per prefix
+/// (the first unit's location where units of one prefix differ), in address order. What
+/// [`crate::mmdb::write`] takes to write a world as a MaxMind DB.
+pub fn located_networks(topology: &Topology) -> Vec<Located> {
+    let instance = &topology.instance;
+    let mut out: Vec<Located> = Vec::with_capacity(instance.unit_count());
+    for u in 0..instance.unit_count() as cdnmap_mapper::model::UnitIdx {
+        let (lat, lon) = instance.unit_location(u);
+        out.extend(topology.unit_prefixes(u).iter().map(|&p| Located {
+            net: p.trunc(),
+            lat,
+            lon,
+        }));
+    }
+    out.sort_by_key(|l| l.net);
+    out.dedup_by(|b, a| a.net == b.net);
+    out
+}
