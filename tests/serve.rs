@@ -23,8 +23,9 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::mapping_client::MappingClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_clusters, all_units, authed, http_get, http_get_with, http_post, ok, qname_of, status,
-    unit_sample, www_query, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN, TTL_SECS,
+    all_clusters, all_units, authed, http_get, http_get_with, http_post, ok, qname_of, resolves,
+    status, unit_sample, www_query, Server, Setup, CLUSTERS, CYCLE_SECS, MAP_UNITS, TOKEN,
+    TTL_SECS,
 };
 use ipnet::IpNet;
 use serde_json::Value;
@@ -2474,4 +2475,101 @@ async fn bad_http_requests_get_exact_errors_and_the_server_serves_on() {
     let (_, body) = http_get(http, &format!("/api/clusters/{first_cluster}"));
     let v: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["state"], "up", "{body}");
+}
+
+/// A world from a MaxMind DB, end to end: `cdnmap world --write-mmdb` writes a generated
+/// world's networks as a database; `cdnmap world --mmdb` reads it into map units, saying what
+/// it took, and refuses a file that is not one, naming it; a mapper whose `[mmdb]` names the
+/// database serves one unit per network and class of the mix, where the generated world put
+/// the network, with the class's share as demand, and answers each network's clients.
+#[tokio::test]
+async fn a_mapper_serves_the_networks_of_a_maxmind_db() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let cdnmap = |args: &[&str]| {
+        Command::new(bin!())
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .expect("run cdnmap")
+    };
+    let ok = |args: &[&str]| {
+        let out = cdnmap(args);
+        assert!(
+            out.status.success(),
+            "cdnmap {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(&[
+        "world",
+        "--map-units",
+        "1500",
+        "--clusters",
+        "30",
+        "--seed",
+        "3",
+        "--out",
+        "gen.json",
+        "--write-mmdb",
+        "w.mmdb",
+    ]);
+    let mix = "web=1,video=0.5";
+    let said = ok(&[
+        "world",
+        "--mmdb",
+        "w.mmdb",
+        "--clusters",
+        "30",
+        "--class-mix",
+        mix,
+        "--out",
+        "m.json",
+    ]);
+    assert!(
+        said.contains("w.mmdb: 500 located networks taken"),
+        "{said}"
+    );
+    assert!(said.contains("1000 map units"), "{said}");
+    std::fs::write(dir.path().join("bad.mmdb"), b"not a database").expect("write");
+    let refused = cdnmap(&["world", "--mmdb", "bad.mmdb", "--out", "x.json"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("bad.mmdb"),
+        "{stderr}"
+    );
+
+    let generated: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("gen.json")).expect("read"))
+            .expect("JSON");
+    let mut place: HashMap<String, (f64, f64)> = HashMap::new();
+    for u in generated["map_units"].as_array().expect("map_units") {
+        let at = (
+            u["lat"].as_f64().expect("lat"),
+            u["lon"].as_f64().expect("lon"),
+        );
+        place.insert(u["prefixes"][0].as_str().expect("a prefix").to_string(), at);
+    }
+    let mmdb = dir.path().join("w.mmdb");
+    let mut setup = Setup::with_extra(
+        bin!(),
+        true,
+        &format!("[mmdb]\nfiles = [{mmdb:?}]\nclusters = 30\nclass_mix = {mix:?}\n"),
+    );
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    assert_eq!(units.len(), 1000);
+    for u in &units {
+        assert_eq!(u.id, format!("{}-{}", u.prefixes[0], u.traffic_class));
+        let (lat, lon) = place[&u.prefixes[0]];
+        assert!(
+            (u.lat - lat).abs() < 1e-4 && (u.lon - lon).abs() < 1e-4,
+            "{u:?}"
+        );
+        let share = if u.traffic_class == "web" { 1.0 } else { 0.5 };
+        assert!((u.demand - share).abs() < 1e-9, "{u:?}");
+    }
+    for u in units.iter().step_by(37) {
+        resolves(&server, u).await;
+    }
 }

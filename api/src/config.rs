@@ -56,6 +56,14 @@
 //! map_units = 30000
 //! clusters = 120
 //! seed = 1
+//!
+//! # [mmdb]                         # or, instead of `instance`: map units from MaxMind DBs
+//! # files = ["GeoLite2-City.mmdb"] # one unit per located network and class
+//! # sites = "sites.csv"            # edge sites (data/pop-sites.csv's format); absent: built-in
+//! # clusters = 240
+//! # class_mix = "web=0.5,video=0.35,apps=0.15"
+//! # v6_fold_len = 48               # IPv6 networks fold to this length (IPv4 to /24)
+//! # seed = 1
 //! ```
 
 use std::net::SocketAddr;
@@ -185,6 +193,44 @@ pub struct Config {
     pub stickiness: StickinessConfig,
     pub selection: SelectionConfig,
     pub demo: DemoConfig,
+    /// Map units from MaxMind DBs instead of the demo world (read when the store has no
+    /// topology, as `instance` is).
+    pub mmdb: Option<MmdbConfig>,
+}
+
+/// Most MaxMind DB files in `[mmdb]`.
+pub const MAX_MMDB_FILES: usize = 16;
+
+/// The world of a MaxMind DB's located networks (`cdnmap world --mmdb` takes the same).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmdbConfig {
+    pub files: Vec<PathBuf>,
+    #[serde(default)]
+    pub sites: Option<PathBuf>,
+    #[serde(default = "MmdbConfig::default_clusters")]
+    pub clusters: usize,
+    #[serde(default = "MmdbConfig::default_class_mix")]
+    pub class_mix: String,
+    #[serde(default = "MmdbConfig::default_v6_fold_len")]
+    pub v6_fold_len: u8,
+    #[serde(default = "MmdbConfig::default_seed")]
+    pub seed: u64,
+}
+
+impl MmdbConfig {
+    fn default_clusters() -> usize {
+        240
+    }
+    fn default_class_mix() -> String {
+        "web=0.5,video=0.35,apps=0.15".into()
+    }
+    fn default_v6_fold_len() -> u8 {
+        48
+    }
+    fn default_seed() -> u64 {
+        1
+    }
 }
 
 /// In-cluster server selection: a default policy and per-cluster overrides.
@@ -370,6 +416,7 @@ impl Default for Config {
             stickiness: StickinessConfig::default(),
             selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
+            mmdb: None,
         }
     }
 }
@@ -622,7 +669,32 @@ impl Config {
                 .validate()
                 .map_err(|e| invalid(&key, e.to_string()))?;
         }
-        if self.instance.is_none() {
+        if let Some(m) = &self.mmdb {
+            if self.instance.is_some() {
+                return Err(invalid(
+                    "mmdb",
+                    "instance and [mmdb] both name the topology to start from; give one",
+                ));
+            }
+            if m.files.is_empty() || m.files.len() > MAX_MMDB_FILES {
+                return Err(invalid(
+                    "mmdb.files",
+                    format!("{} files, must be 1..={MAX_MMDB_FILES}", m.files.len()),
+                ));
+            }
+            if !(1..=1 << 16).contains(&m.clusters) {
+                return Err(invalid(
+                    "mmdb.clusters",
+                    format!("{} is outside 1..=65536", m.clusters),
+                ));
+            }
+            if !(1..=128).contains(&m.v6_fold_len) {
+                return Err(invalid(
+                    "mmdb.v6_fold_len",
+                    format!("{} is outside 1..=128", m.v6_fold_len),
+                ));
+            }
+        } else if self.instance.is_none() {
             if !(1..=MAX_DEMO_MAP_UNITS).contains(&self.demo.map_units) {
                 return Err(invalid(
                     "demo.map_units",
@@ -725,6 +797,20 @@ mod tests {
             ),
             ("[selection.default]\npolicy = \"random\"", "random"),
             ("[demo]\nclusters = 0", "demo.clusters"),
+            ("[mmdb]\nfiles = []", "mmdb.files"),
+            (
+                "[mmdb]\nfiles = [\"a.mmdb\"]\nclusters = 0",
+                "mmdb.clusters",
+            ),
+            (
+                "[mmdb]\nfiles = [\"a.mmdb\"]\nv6_fold_len = 0",
+                "mmdb.v6_fold_len",
+            ),
+            ("[mmdb]\nfiles = [\"a.mmdb\"]\nsite = \"x\"", "site"),
+            (
+                "instance = \"w.json\"\n[mmdb]\nfiles = [\"a.mmdb\"]",
+                "mmdb",
+            ),
             ("cycle_secs = \"ten\"", "cycle_secs"),
             ("cycles = 10", "cycles"),
             ("[stickiness]\nmargn = 0.1", "margn"),

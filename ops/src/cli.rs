@@ -357,6 +357,33 @@ struct WorldArgs {
     /// Seed of the trace (default: the world seed + 2).
     #[arg(long)]
     trace_seed: Option<u64>,
+    /// Map units from the located networks of this MaxMind DB (GeoIP2/GeoLite2 City, DB-IP
+    /// City) instead of generated ones: one per network and class of --class-mix, at the
+    /// network's location, with the world's clusters and candidate model (--map-units does
+    /// not apply). May be given several times; a network in two files is taken from the first.
+    #[arg(long, value_name = "CITY.mmdb")]
+    mmdb: Vec<PathBuf>,
+    /// With --mmdb: the edge sites the clusters are laid out on, in the format of
+    /// data/pop-sites.csv (iata,metro,country,lat,lon,timezone,metro_population). Default:
+    /// the built-in 240 sites.
+    #[arg(long, value_name = "SITES.csv", requires = "mmdb")]
+    sites: Option<PathBuf>,
+    /// With --mmdb: the classes of each network's map units and their shares of its demand.
+    #[arg(
+        long,
+        value_name = "CLASS=SHARE,...",
+        default_value = "web=0.5,video=0.35,apps=0.15"
+    )]
+    class_mix: world::ClassMix,
+    /// With --mmdb: IPv6 networks longer than this fold into their prefix of this length
+    /// (IPv4 ones longer than /24 into their /24).
+    #[arg(long, default_value_t = cdnmap_world::mmdb::DEFAULT_V6_FOLD_LEN, value_parser = clap::value_parser!(u8).range(1..=128))]
+    v6_fold_len: u8,
+    /// Also write the world's networks, each at its location, as a MaxMind DB (what --mmdb
+    /// reads: a generated world as a database, for trying the real-data path without a
+    /// licensed one).
+    #[arg(long, value_name = "OUT.mmdb")]
+    write_mmdb: Option<PathBuf>,
 }
 
 impl WorldArgs {
@@ -546,12 +573,48 @@ fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
             .with_context(|| format!("--trace {}", params.hours))?;
         check_writable(path)?;
     }
-    let mut inst = generate_world(&a.shape.params())?;
+    if let Some(path) = &a.write_mmdb {
+        check_writable(path)?;
+    }
+    let mut inst = if a.mmdb.is_empty() {
+        generate_world(&a.shape.params())?
+    } else {
+        let source = crate::io::MmdbSource {
+            files: a.mmdb.clone(),
+            sites: a.sites.clone(),
+            class_mix: a.class_mix.clone(),
+            v6_fold_len: a.v6_fold_len,
+        };
+        let bar = progress(0, "world");
+        let started = std::time::Instant::now();
+        let (inst, summary) = crate::io::mmdb_world(&source, &a.shape.params(), &|done| {
+            bar.set_length(done as u64);
+            bar.set_position(done as u64)
+        })?;
+        bar.finish_and_clear();
+        println!(
+            "{summary}\nmade the world in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        inst
+    };
     if let Some(pct) = a.perturb {
         let seed = a.perturb_seed.unwrap_or(a.shape.seed.wrapping_add(1));
         inst = world::perturb(&inst, pct, seed).with_context(|| format!("--perturb {pct}"))?;
     }
     write_atomically(&a.out, |w| crate::io::write_instance_as(&inst, a.format, w))?;
+    if let Some(path) = &a.write_mmdb {
+        let nets = world::located_networks(&inst);
+        // Build epoch 0: the same world gives the same bytes.
+        let bytes = cdnmap_world::mmdb::write(&nets, "GeoLite2-City", 0)?;
+        write_atomically(path, |w| Ok(std::io::Write::write_all(w, &bytes)?))?;
+        println!(
+            "wrote {}: {} networks at their locations, {} bytes",
+            path.display(),
+            nets.len(),
+            bytes.len()
+        );
+    }
     println!(
         "wrote {}: {} map units, {} clusters, {} candidates, demand {:.1}",
         a.out.display(),
@@ -629,9 +692,30 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     // The topology to start from when the store has none (a restart keeps the stored one,
     // with every acknowledged edit, and does not read or generate this).
     let (instance_file, demo) = (config.instance.clone(), config.demo.clone());
-    let initial = move || match &instance_file {
-        Some(path) => read_instance(path, Limits::default()),
-        None => {
+    let mmdb = config.mmdb.clone();
+    let initial = move || match (&instance_file, &mmdb) {
+        (Some(path), _) => read_instance(path, Limits::default()),
+        (None, Some(m)) => {
+            let source = crate::io::MmdbSource {
+                files: m.files.clone(),
+                sites: m.sites.clone(),
+                class_mix: m.class_mix.parse().context("mmdb.class_mix")?,
+                v6_fold_len: m.v6_fold_len,
+            };
+            let params = WorldParams {
+                clusters: m.clusters,
+                seed: m.seed,
+                ..WorldParams::default()
+            };
+            let (topology, summary) = crate::io::mmdb_world(&source, &params, &|_| {})?;
+            tracing::info!(
+                map_units = topology.instance.unit_count(),
+                clusters = params.clusters,
+                "the world of the [mmdb] networks:\n{summary}"
+            );
+            Ok(topology)
+        }
+        (None, None) => {
             let params = WorldParams {
                 map_units: demo.map_units,
                 clusters: demo.clusters,

@@ -85,6 +85,87 @@ pub fn generate_world(params: &WorldParams) -> Result<Topology> {
     Ok(inst)
 }
 
+/// Where a world of real client networks comes from (`cdnmap world --mmdb`, the service's
+/// `[mmdb]` section): MaxMind DBs, the edge sites, the class mix, the IPv6 fold length.
+#[derive(Debug, Clone)]
+pub struct MmdbSource {
+    pub files: Vec<std::path::PathBuf>,
+    /// A sites file in `data/pop-sites.csv`'s format; `None`: the built-in sites.
+    pub sites: Option<std::path::PathBuf>,
+    pub class_mix: world::ClassMix,
+    pub v6_fold_len: u8,
+}
+
+/// What [`mmdb_world`] read.
+#[derive(Debug, Clone, Default)]
+pub struct MmdbSummary {
+    /// Per file: networks taken, and what was passed over.
+    pub files: Vec<(String, usize, cdnmap_world::mmdb::Skipped)>,
+    /// Networks a file gave that an earlier file had given already (the earlier one's kept).
+    pub duplicates: usize,
+}
+
+impl std::fmt::Display for MmdbSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, taken, skipped) in &self.files {
+            writeln!(
+                f,
+                "{name}: {taken} located networks taken; {} without a location, {} folded into a /24 or the IPv6 fold length",
+                skipped.unlocated, skipped.folded
+            )?;
+        }
+        write!(
+            f,
+            "{} networks given again by a later file (the first kept)",
+            self.duplicates
+        )
+    }
+}
+
+/// A world whose map units are the located networks of `source`'s MaxMind DBs
+/// ([`world::from_located`]), with `params`'s clusters, seed and candidate model (its
+/// `map_units` does not apply: one unit per network and class of the mix).
+pub fn mmdb_world(
+    source: &MmdbSource,
+    params: &WorldParams,
+    progress_to: &dyn Fn(usize),
+) -> Result<(Topology, MmdbSummary)> {
+    if source.files.is_empty() {
+        bail!("no MaxMind DB given");
+    }
+    let sites = match &source.sites {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            world::sites_from(&path.display().to_string(), &text)?
+        }
+        None => world::sites()?,
+    };
+    let mut summary = MmdbSummary::default();
+    let mut nets: Vec<cdnmap_world::mmdb::Located> = Vec::new();
+    for path in &source.files {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let name = path.display().to_string();
+        let mut these = Vec::new();
+        let skipped = cdnmap_world::mmdb::read(
+            bytes,
+            &name,
+            source.v6_fold_len,
+            cdnmap_mapper::model::MAX_MAP_UNITS,
+            &mut these,
+        )?;
+        summary.files.push((name, these.len(), skipped));
+        nets.append(&mut these);
+    }
+    // By network, the earlier file's first (a stable sort keeps the files' order).
+    nets.sort_by_key(|l| l.net);
+    let before = nets.len();
+    nets.dedup_by(|later, first| later.net == first.net);
+    summary.duplicates = before - nets.len();
+    let topology = world::from_located(&nets, &sites, &source.class_mix, params, progress_to)?;
+    Ok((topology, summary))
+}
+
 /// Refuses an output path whose directory does not exist, before any long work is done.
 pub fn check_writable(path: &Path) -> Result<()> {
     let dir = match path.parent() {

@@ -5,7 +5,7 @@
 use cdnmap_mapper::CandidateSpec;
 
 use super::clusters::GenCluster;
-use super::data::{City, Site};
+use super::data::Site;
 use super::geo::{
     chord2, chord2_to_km, rtt_from_km, unit_vector, FIBRE_KM_PER_MS, ROUTE_INFLATION, RTT_BASE_MS,
 };
@@ -34,9 +34,11 @@ impl Shortlists {
     }
 }
 
-/// `site_xyz` and `site_clusters` (the number of clusters at each) cover the used sites.
+/// The shortlists of the places at `coordinates` ((lat, lon) of each city, or of each
+/// distinct location of a world over given networks); `site_xyz` and `site_clusters` (the
+/// number of clusters at each) cover the used sites.
 pub(super) fn shortlists(
-    cities: &[City],
+    coordinates: &[(f64, f64)],
     site_xyz: &[[f64; 3]],
     site_clusters: &[usize],
     params: &WorldParams,
@@ -50,15 +52,15 @@ pub(super) fn shortlists(
         2.0 * UNIT_JITTER_KM + SITE_SPREAD_MS * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION) + 1.0;
     let max_km = (params.max_rtt_ms - RTT_BASE_MS) * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION);
     let mut out = Shortlists {
-        start: Vec::with_capacity(cities.len() + 1),
+        start: Vec::with_capacity(coordinates.len() + 1),
         sites: Vec::new(),
-        nearest_site: Vec::with_capacity(cities.len()),
-        candidate_bound: Vec::with_capacity(cities.len()),
+        nearest_site: Vec::with_capacity(coordinates.len()),
+        candidate_bound: Vec::with_capacity(coordinates.len()),
     };
     out.start.push(0);
     let mut order: Vec<(f64, usize)> = Vec::with_capacity(site_xyz.len());
-    for city in cities {
-        let p = unit_vector(city.lat, city.lon);
+    for &(lat, lon) in coordinates {
+        let p = unit_vector(lat, lon);
         order.clear();
         order.extend(
             site_xyz

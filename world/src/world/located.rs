@@ -23,7 +23,7 @@ use super::candidates::{prefix_key, shortlists, within_reach, SiteIndex};
 use super::capacity::cluster_specs;
 use super::classes::{traffic_classes, CLASSES, ID_ORDER};
 use super::clusters::layout_clusters;
-use super::data::{City, Site};
+use super::data::Site;
 use super::geo::unit_vector;
 use super::WorldParams;
 use crate::mmdb::Located;
@@ -118,7 +118,7 @@ pub fn from_located(
         ..*params
     };
     params.validate()?;
-    // The distinct locations, as "cities" of one inhabitant for the shortlists.
+    // The distinct locations (a shortlist of sites each).
     let mut order: Vec<u32> = (0..nets.len() as u32).collect();
     let key = |i: u32| {
         let l = &nets[i as usize];
@@ -126,23 +126,27 @@ pub fn from_located(
     };
     order.sort_unstable_by_key(|&i| key(i));
     let mut location_of = vec![0u32; nets.len()];
-    let mut places: Vec<City> = Vec::new();
+    let mut places: Vec<(f64, f64)> = Vec::new();
     for (n, &i) in order.iter().enumerate() {
         if n == 0 || key(order[n - 1]) != key(i) {
             let l = &nets[i as usize];
-            places.push(City {
-                geonameid: 0,
-                name: String::new(),
-                country: String::new(),
-                lat: l.lat,
-                lon: l.lon,
-                population: 1,
-                timezone: String::new(),
-            });
+            places.push((l.lat, l.lon));
         }
         location_of[i as usize] = (places.len() - 1) as u32;
     }
-    drop(order);
+    // The networks in the order of their units' ids (`NETWORK-CLASS`: the network's text,
+    // then the class; `-` sorts before every character a network's text goes on with), so
+    // that the builder has its units in id order and need not sort a copy of them.
+    let mut texts: Vec<(String, u32)> = nets
+        .iter()
+        .enumerate()
+        .map(|(p, l)| (l.net.to_string(), p as u32))
+        .collect();
+    texts.sort_unstable();
+    for (slot, (_, p)) in order.iter_mut().zip(&texts) {
+        *slot = *p;
+    }
+    drop(texts);
     let clusters = layout_clusters(sites, params.clusters);
     let used_sites = params.clusters.min(sites.len());
     let index = SiteIndex::new(&sites[..used_sites], &clusters);
@@ -174,7 +178,8 @@ pub fn from_located(
     let mut candidates: Vec<CandidateSpec<'_>> = Vec::with_capacity(params.candidates);
     let mut id = String::with_capacity(64);
     let mut done = 0usize;
-    for (p, l) in nets.iter().enumerate() {
+    for (pushed, &p) in order.iter().enumerate() {
+        let (p, l) = (p as usize, &nets[p as usize]);
         let loc = location_of[p] as usize;
         index.nearest(
             lists.of(loc),
@@ -199,7 +204,7 @@ pub fn from_located(
             builder.push_unit(&spec, std::slice::from_ref(&l.net))?;
             done += 1;
         }
-        if p % 16_384 == 16_383 {
+        if pushed % 16_384 == 16_383 {
             progress(done);
         }
     }

@@ -195,7 +195,8 @@ pub fn generate(params: &WorldParams, progress: &dyn Fn(usize)) -> Result<Topolo
     let clusters = layout_clusters(&sites, params.clusters);
     let used_sites = params.clusters.min(sites.len());
     let index = SiteIndex::new(&sites[..used_sites], &clusters);
-    let lists = shortlists(&cities, &index.xyz, &index.sizes(), params);
+    let coordinates: Vec<(f64, f64)> = cities.iter().map(|c| (c.lat, c.lon)).collect();
+    let lists = shortlists(&coordinates, &index.xyz, &index.sizes(), params);
 
     // Pass 1: place the prefixes, and total the demand per class (replaying the demand stream
     // in pass 2 gives the same numbers) so that capacity can be sized against it exactly.
