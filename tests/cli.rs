@@ -1617,3 +1617,146 @@ fn bad_configs_are_refused_with_exact_errors() {
         assert_eq!(shown, error, "{file}:\n{config}\n{}", run.show());
     }
 }
+
+/// A Traffic Control coverage zone file imported over the example instance's clusters: each
+/// network a unit per class of the mix, the group's cluster first; the import says which
+/// groups the mapping misses; the instance solves and verifies. A bad CIDR, an unknown
+/// cluster and a groups file with a stray key are refused naming what is wrong.
+#[test]
+fn a_coverage_zone_file_imports_as_units_over_an_instances_clusters() {
+    let dir = tempdir();
+    let d = dir.path();
+    let base = read_json(&example_instance());
+    let clusters: Vec<String> = base["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| c["id"].as_str().expect("an id").to_string())
+        .collect();
+    let classes: Vec<String> = base["traffic_classes"]
+        .as_array()
+        .expect("traffic_classes")
+        .iter()
+        .map(|c| c["name"].as_str().expect("a name").to_string())
+        .collect();
+    let czf = serde_json::json!({
+        "coverageZones": {
+            "one": {"network": ["192.0.2.0/24", "198.51.100.0/24"], "network6": ["2001:db8::/48"],
+                    "coordinates": {"latitude": 50.1, "longitude": 8.7}},
+            "two": {"network": ["203.0.113.0/24"]},
+            "stray": {"network": ["10.9.0.0/16"], "coordinates": {"latitude": 52.3, "longitude": 4.9}}
+        }
+    });
+    write_json(&d.join("czf.json"), &czf);
+    let last = clusters.last().expect("a cluster");
+    std::fs::write(
+        d.join("groups.toml"),
+        format!("[groups]\none = {last:?}\ntwo = {:?}\n", clusters[0]),
+    )
+    .expect("write");
+    let mix = format!("{}=1", classes[0]);
+    let base_path = example_instance();
+    let base_arg = base_path.to_str().expect("utf-8");
+    let run = cdnmap(
+        d,
+        &[
+            "import",
+            "czf",
+            "czf.json",
+            "--clusters",
+            base_arg,
+            "--groups",
+            "groups.toml",
+            "--class-mix",
+            &mix,
+            "--out",
+            "z.json",
+        ],
+    );
+    run.assert_code(0);
+    assert!(run.stdout.contains("5 networks taken"), "{}", run.show());
+    assert!(run.stdout.contains("stray (1 networks)"), "{}", run.show());
+    let z = read_json(&d.join("z.json"));
+    let units = z["map_units"].as_array().expect("map_units");
+    assert_eq!(units.len(), 5);
+    let first_of = |id: &str| -> String {
+        let u = units
+            .iter()
+            .find(|u| u["id"] == id)
+            .unwrap_or_else(|| panic!("no {id}"));
+        u["candidates"][0]["cluster"]
+            .as_str()
+            .expect("a cluster")
+            .to_string()
+    };
+    assert_eq!(first_of(&format!("192.0.2.0/24-{}", classes[0])), *last);
+    assert_eq!(first_of(&format!("2001:db8::/48-{}", classes[0])), *last);
+    assert_eq!(
+        first_of(&format!("203.0.113.0/24-{}", classes[0])),
+        clusters[0]
+    );
+    cdnmap(d, &["solve", "z.json", "--out", "za.json"]).assert_code(0);
+    cdnmap(d, &["verify", "z.json", "za.json"]).assert_code(0);
+
+    // Refusals, each naming what is wrong.
+    let bad = serde_json::json!({"coverageZones": {"one": {"network": ["192.0.2.0/24", "192.0.2.300/24"]}}});
+    write_json(&d.join("bad.json"), &bad);
+    cdnmap(
+        d,
+        &[
+            "import",
+            "czf",
+            "bad.json",
+            "--clusters",
+            base_arg,
+            "--groups",
+            "groups.toml",
+            "--class-mix",
+            &mix,
+            "--out",
+            "x.json",
+        ],
+    )
+    .assert_error(&["bad.json", "coverageZones.one.network[1]", "192.0.2.300/24"]);
+    std::fs::write(
+        d.join("nogroup.toml"),
+        "[groups]\none = \"no-such-cluster\"\n",
+    )
+    .expect("write");
+    cdnmap(
+        d,
+        &[
+            "import",
+            "czf",
+            "czf.json",
+            "--clusters",
+            base_arg,
+            "--groups",
+            "nogroup.toml",
+            "--class-mix",
+            &mix,
+            "--out",
+            "x.json",
+        ],
+    )
+    .assert_error(&["no-such-cluster", "\"one\""]);
+    std::fs::write(d.join("stray.toml"), "[groups]\none = \"a\"\n[other]\n").expect("write");
+    cdnmap(
+        d,
+        &[
+            "import",
+            "czf",
+            "czf.json",
+            "--clusters",
+            base_arg,
+            "--groups",
+            "stray.toml",
+            "--class-mix",
+            &mix,
+            "--out",
+            "x.json",
+        ],
+    )
+    .assert_error(&["stray.toml", "other"]);
+    assert!(!d.join("x.json").exists(), "nothing written on a refusal");
+}

@@ -51,6 +51,9 @@ enum Command {
     /// Replay a demand trace through the estimator and the mapper, round by round on a
     /// simulated clock, and write a report (report.md, rounds.csv, SVG plots).
     Replay(ReplayArgs),
+    /// Bring an operator's existing inputs in as an instance file.
+    #[command(subcommand)]
+    Import(ImportCommand),
     /// The demand record of a running (or stopped) system.
     #[command(subcommand)]
     Record(RecordCommand),
@@ -327,6 +330,93 @@ impl WorldShape {
     }
 }
 
+#[derive(Subcommand, Debug)]
+enum ImportCommand {
+    /// An Apache Traffic Control coverage zone file (coverageZones, deepCoverageZones): every
+    /// network becomes map units over the clusters of an instance, the group's cluster (from
+    /// --groups) first and the others by distance from the zone's coordinates. Prints what
+    /// it took, the groups --groups does not name and those it left out.
+    Czf(CzfArgs),
+}
+
+#[derive(Args, Debug)]
+struct CzfArgs {
+    /// The coverage zone file (JSON).
+    czf: PathBuf,
+    /// An instance file whose clusters and classes the map units go over (its own map units
+    /// are not taken).
+    #[arg(long, value_name = "INSTANCE")]
+    clusters: PathBuf,
+    /// The mapping of each cache group to its cluster: a TOML file with a [groups] table,
+    /// `"group" = "cluster-id"`.
+    #[arg(long, value_name = "GROUPS.toml")]
+    groups: PathBuf,
+    /// The classes of each network's map units and their shares of its demand.
+    #[arg(
+        long,
+        value_name = "CLASS=SHARE,...",
+        default_value = "web=0.5,video=0.35,apps=0.15"
+    )]
+    class_mix: world::ClassMix,
+    /// At most this many candidates per map unit.
+    #[arg(long, default_value_t = WorldParams::default().candidates)]
+    candidates: usize,
+    /// Clusters farther than this RTT estimate are not candidates (the group's always is).
+    #[arg(long, default_value_t = WorldParams::default().max_rtt_ms)]
+    max_rtt_ms: f64,
+    /// Where to write the instance.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "json")]
+    format: crate::io::InstanceFormat,
+}
+
+/// The groups file of `import czf`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupsFile {
+    groups: std::collections::BTreeMap<String, String>,
+}
+
+/// The largest coverage zone or groups file read (a full CDN's zone file is tens of MB).
+const MAX_IMPORT_BYTES: u64 = 1 << 30;
+
+fn read_bounded(path: &Path) -> Result<String> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    if size > MAX_IMPORT_BYTES {
+        bail!(
+            "{}: {size} bytes, at most {MAX_IMPORT_BYTES}",
+            path.display()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn cmd_import_czf(a: &CzfArgs) -> Result<ExitCode> {
+    check_writable(&a.out)?;
+    let zones = cdnmap_world::czf::parse(&read_bounded(&a.czf)?, &a.czf.display().to_string())?;
+    let groups: GroupsFile = toml::from_str(&read_bounded(&a.groups)?)
+        .with_context(|| format!("{}", a.groups.display()))?;
+    let base = read_instance(&a.clusters, Limits::default())?;
+    let params = cdnmap_world::czf::ZoneParams {
+        mix: a.class_mix.clone(),
+        candidates: a.candidates,
+        max_rtt_ms: a.max_rtt_ms,
+    };
+    let (inst, report) = cdnmap_world::czf::world_of(&zones, &base, &groups.groups, &params)?;
+    write_atomically(&a.out, |w| crate::io::write_instance_as(&inst, a.format, w))?;
+    println!(
+        "{report}\nwrote {}: {} map units, {} clusters, {} candidates",
+        a.out.display(),
+        inst.instance.unit_count(),
+        inst.instance.clusters().len(),
+        inst.instance.total_candidates()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 #[derive(Args, Debug)]
 struct WorldArgs {
     #[command(flatten)]
@@ -480,6 +570,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Replay(a) => cmd_replay(&a),
         Command::Record(RecordCommand::Export(a)) => cmd_export(&a),
         Command::Store(c) => crate::store_cmd::run(&c),
+        Command::Import(ImportCommand::Czf(a)) => cmd_import_czf(&a),
         Command::Solve(a) => cmd_solve(&a),
         Command::Verify(a) => cmd_verify(&a),
         Command::World(a) => cmd_world(&a),

@@ -7,12 +7,15 @@
 //!   cluster failure, true coefficients above the configured ones).
 //! - [`mmdb`]: client networks and their locations from a MaxMind DB (GeoIP2/GeoLite2 City,
 //!   DB-IP), and a writer of such databases; [`world::from_located`] makes a world of them.
+//! - [`czf`]: Traffic Control coverage zone files, and a world of their networks over a
+//!   topology's clusters.
 //! - [`trace`]: the demand trace format (`docs/trace.md`), a strict reader and a writer.
 //!
 //! Everything is deterministic given its parameters: the same seed gives the same world and
 //! the same trace, byte for byte. No clock, no global randomness, no I/O beyond the writer a
 //! caller hands in.
 
+pub mod czf;
 pub mod mmdb;
 pub mod synth;
 pub mod trace;

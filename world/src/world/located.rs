@@ -21,7 +21,7 @@ use cdnmap_topology::{Topology, TopologyBuilder};
 
 use super::candidates::{prefix_key, shortlists, within_reach, SiteIndex};
 use super::capacity::cluster_specs;
-use super::classes::{traffic_classes, CLASSES, ID_ORDER};
+use super::classes::{traffic_classes, CLASSES};
 use super::clusters::layout_clusters;
 use super::data::Site;
 use super::geo::unit_vector;
@@ -55,11 +55,7 @@ impl std::str::FromStr for ClassMix {
                 bail!("class mix {s:?}: {part:?} is not CLASS=SHARE");
             };
             let name = name.trim();
-            ensure!(
-                CLASSES.iter().any(|c| c.name == name),
-                "class mix {s:?}: no class {name:?} (the world's classes: {})",
-                CLASSES.map(|c| c.name).join(", ")
-            );
+            ensure!(!name.is_empty(), "class mix {s:?}: a share without a class");
             ensure!(
                 !out.iter().any(|(n, _)| n == name),
                 "class mix {s:?}: {name:?} twice"
@@ -78,17 +74,21 @@ impl std::str::FromStr for ClassMix {
 }
 
 impl ClassMix {
-    /// (index into `CLASSES`, share), in class name order (a network's units in id order).
-    fn classes(&self) -> Vec<(usize, f64)> {
-        ID_ORDER
-            .iter()
-            .filter_map(|&k| {
-                self.0
-                    .iter()
-                    .find(|(n, _)| n == CLASSES[k].name)
-                    .map(|&(_, share)| (k, share))
-            })
-            .collect()
+    /// (index into `names`, share) of each class of the mix, in class name order (a network's
+    /// units in id order); an error naming a class that is not among `names`.
+    pub fn classes_in(&self, names: &[&str]) -> Result<Vec<(usize, f64)>> {
+        let mut out = Vec::with_capacity(self.0.len());
+        for (name, share) in &self.0 {
+            let Some(k) = names.iter().position(|n| n == name) else {
+                bail!(
+                    "class mix: no class {name:?} (the classes: {})",
+                    names.join(", ")
+                );
+            };
+            out.push((k, *share));
+        }
+        out.sort_by(|a, b| names[a.0].cmp(names[b.0]));
+        Ok(out)
     }
 }
 
@@ -103,7 +103,7 @@ pub fn from_located(
     params: &WorldParams,
     progress: &dyn Fn(usize),
 ) -> Result<Topology> {
-    let classes = mix.classes();
+    let classes = mix.classes_in(&CLASSES.map(|c| c.name))?;
     ensure!(!nets.is_empty(), "no located networks");
     ensure!(!sites.is_empty(), "no sites");
     let map_units = nets.len().saturating_mul(classes.len());

@@ -106,6 +106,7 @@ pub use geo::{
     RTT_BASE_MS,
 };
 pub use located::{from_located, located_networks, ClassMix};
+pub(crate) use perturb::cluster_specs_of;
 pub use perturb::perturb;
 pub use prefixes::V6_SHARE;
 

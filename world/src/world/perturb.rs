@@ -21,36 +21,7 @@ pub fn perturb(topology: &Topology, pct: f64, seed: u64) -> Result<Topology> {
         "pct must be a percentage in [0, 100], got {pct}"
     );
     let classes = instance.classes();
-    let specs = instance
-        .clusters()
-        .iter()
-        .map(|c| ClusterSpec {
-            id: c.id.clone(),
-            lat: c.lat,
-            lon: c.lon,
-            state: c.state,
-            serves: None,
-            resources: c
-                .nodes
-                .iter()
-                .map(|node| ResourceNodeSpec {
-                    name: node.name.clone(),
-                    kind: node.kind,
-                    capacity: node.capacity,
-                    classes: node
-                        .classes
-                        .iter()
-                        .map(|&k| classes[usize::from(k)].name.clone())
-                        .collect(),
-                    children: node
-                        .children
-                        .iter()
-                        .map(|&ch| c.nodes[ch as usize].name.clone())
-                        .collect(),
-                })
-                .collect(),
-        })
-        .collect();
+    let specs = cluster_specs_of(instance);
     let n = instance.unit_count();
     let most = (0..n as UnitIdx)
         .map(|u| instance.candidate_count(u))
@@ -86,6 +57,41 @@ pub fn perturb(topology: &Topology, pct: f64, seed: u64) -> Result<Topology> {
         })?;
     }
     Ok(topology.with_instance(builder.finish()?))
+}
+
+/// The clusters of `instance` as specs (what a builder takes to make them again).
+pub(crate) fn cluster_specs_of(instance: &cdnmap_mapper::Instance) -> Vec<ClusterSpec> {
+    let classes = instance.classes();
+    instance
+        .clusters()
+        .iter()
+        .map(|c| ClusterSpec {
+            id: c.id.clone(),
+            lat: c.lat,
+            lon: c.lon,
+            state: c.state,
+            serves: None,
+            resources: c
+                .nodes
+                .iter()
+                .map(|node| ResourceNodeSpec {
+                    name: node.name.clone(),
+                    kind: node.kind,
+                    capacity: node.capacity,
+                    classes: node
+                        .classes
+                        .iter()
+                        .map(|&k| classes[usize::from(k)].name.clone())
+                        .collect(),
+                    children: node
+                        .children
+                        .iter()
+                        .map(|&ch| c.nodes[ch as usize].name.clone())
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

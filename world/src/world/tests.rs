@@ -583,7 +583,6 @@ fn a_class_mix_is_refused_naming_what_is_wrong() {
     );
     for (bad, names) in [
         ("web", "CLASS=SHARE"),
-        ("web=0.5,mail=1", "mail"),
         ("web=1,web=2", "twice"),
         ("web=-1", "> 0"),
         ("web=NaN", "> 0"),
@@ -592,4 +591,15 @@ fn a_class_mix_is_refused_naming_what_is_wrong() {
         let e = bad.parse::<ClassMix>().expect_err(bad).to_string();
         assert!(e.contains(names), "{bad}: {e}");
     }
+    let mail: ClassMix = "web=0.5,mail=1".parse().expect("a mix");
+    let e = mail
+        .classes_in(&["apps", "video", "web"])
+        .expect_err("mail");
+    assert!(e.to_string().contains("\"mail\""), "{e}");
+    let order = "web=1,apps=2".parse::<ClassMix>().expect("a mix");
+    assert_eq!(
+        order.classes_in(&["web", "video", "apps"]).expect("known"),
+        vec![(2, 2.0), (0, 1.0)],
+        "in name order"
+    );
 }
