@@ -2573,3 +2573,137 @@ async fn a_mapper_serves_the_networks_of_a_maxmind_db() {
         resolves(&server, u).await;
     }
 }
+
+/// Health checks against real listeners on 127.0.0.x (each cluster's address): a cluster
+/// whose listener goes away goes down in the next round by itself (its clients answered from
+/// its unit's next candidate), with the reason on the dashboard and the operator's state left
+/// as it was; it comes back once its listener answers again; a listener that is away for
+/// one probe in two all along does not flap the map.
+#[tokio::test]
+async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
+    use tokio::net::TcpListener;
+    // Accepts and drops connections until aborted (then connections are refused).
+    async fn listen(addr: SocketAddr) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let l = TcpListener::bind(addr)
+            .await
+            .expect("bind a loopback listener");
+        let at = l.local_addr().expect("its address");
+        let task = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                drop(s);
+            }
+        });
+        (at, task)
+    }
+    use std::net::SocketAddr;
+    let (a_at, _a) = listen("127.0.0.2:0".parse().expect("addr")).await;
+    let port = a_at.port();
+    let b_addr: SocketAddr = format!("127.0.0.3:{port}").parse().expect("addr");
+    let c_addr: SocketAddr = format!("127.0.0.4:{port}").parse().expect("addr");
+    let (_, b) = listen(b_addr).await;
+    // c: away for 150 ms in every 400 (probes every 200 ms: never 3 failures in a row).
+    let flapping = tokio::spawn(async move {
+        loop {
+            let (_, up) = listen(c_addr).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            up.abort();
+            let _ = up.await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    });
+    let tree = |name: &str| {
+        let leaf = |k: &str| serde_json::json!({"name": k, "kind": "fps", "capacity": 1e6, "classes": [k]});
+        serde_json::json!({"name": name, "kind": "bps", "capacity": 1e6,
+                           "children": [leaf("web"), leaf("video"), leaf("apps")]})
+    };
+    let cluster = |id: &str, ip: &str| {
+        serde_json::json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": [ip],
+                           "state": "up", "resources": tree("uplink")})
+    };
+    let unit = |id: &str, prefix: &str, first: &str, second: &str| {
+        serde_json::json!({"id": id, "class": "web", "demand": 10, "prefixes": [prefix],
+                           "lat": 50.0, "lon": 8.0,
+                           "candidates": [{"cluster": first, "score": 1.0},
+                                          {"cluster": second, "score": 5.0}]})
+    };
+    let classes: Vec<Value> = ["web", "video", "apps"]
+        .map(
+            |k| serde_json::json!({"name": k, "priority": 1, "per_unit": {"bps": 1.0, "fps": 1.0}}),
+        )
+        .into();
+    let instance = serde_json::json!({
+        "traffic_classes": classes,
+        "clusters": [cluster("a", "127.0.0.2"), cluster("b", "127.0.0.3"), cluster("c", "127.0.0.4")],
+        "map_units": [unit("ua", "10.0.3.0/24", "a", "b"), unit("ub", "10.0.1.0/24", "b", "a"),
+                      unit("uc", "10.0.2.0/24", "c", "a")]
+    });
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("w.json");
+    std::fs::write(&path, instance.to_string()).expect("write the instance");
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        &format!("instance = {path:?}\n"),
+        &format!(
+            "[health]\nport = {port}\ninterval_ms = 200\ntimeout_ms = 150\nfall = 3\nrise = 2\n"
+        ),
+    );
+    let server = setup.start().await;
+    let mut mapping = server.mapping();
+    let first_cluster = |subnet: &str| pb::ResolveRequest {
+        client_subnet: subnet.into(),
+        resolver_ip: String::new(),
+        qname: "www.cdn.example".into(),
+        qtype: 1,
+    };
+    // Waits (polling Resolve) until `subnet`'s first cluster is `want`; on every poll, c's
+    // unit is answered from c.
+    let deadline = Duration::from_secs(3 * CYCLE_SECS + 10);
+    let mut until_first = async |subnet: &str, want: &str| {
+        let t = Instant::now();
+        loop {
+            let got = resolve(&mut mapping, first_cluster(subnet)).await;
+            let c = resolve(&mut mapping, first_cluster("10.0.2.9/32")).await;
+            assert_eq!(
+                c.cluster_ids.first().map(String::as_str),
+                Some("c"),
+                "c flapped: {c:?}"
+            );
+            if got.cluster_ids.first().map(String::as_str) == Some(want) {
+                return t.elapsed();
+            }
+            assert!(
+                t.elapsed() < deadline,
+                "{subnet}: still {got:?}, waiting for {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    until_first("10.0.1.9/32", "b").await;
+    b.abort();
+    let _ = b.await;
+    let took = until_first("10.0.1.9/32", "a").await;
+    eprintln!("b down in the map {took:?} after its listener went");
+    let (_, body) = server.http_get("/api/clusters/b");
+    let row: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(row["state"], "up", "the operator's state stays: {row}");
+    assert_eq!(row["map_state"], "down", "{row}");
+    let why = row["health_down"].as_str().expect("a reason");
+    assert!(
+        why.contains("127.0.0.3") && why.contains("connect"),
+        "{why}"
+    );
+    let (_, metrics) = server.http_get("/metrics");
+    assert!(
+        metrics.contains("cdnmap_health_clusters_down 1"),
+        "{metrics}"
+    );
+
+    let (_, _b_again) = listen(b_addr).await;
+    let took = until_first("10.0.1.9/32", "b").await;
+    eprintln!("b up again in the map {took:?} after its listener came back");
+    let (_, body) = server.http_get("/api/clusters/b");
+    let row: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(row["health_down"].is_null(), "{row}");
+    flapping.abort();
+}

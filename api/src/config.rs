@@ -196,6 +196,151 @@ pub struct Config {
     /// Map units from MaxMind DBs instead of the demo world (read when the store has no
     /// topology, as `instance` is).
     pub mmdb: Option<MmdbConfig>,
+    /// Health checks of the clusters' addresses (`health`); `None`: none, clusters go down
+    /// only when an operator says so.
+    pub health: Option<HealthConfig>,
+}
+
+/// How a cluster's addresses are probed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeKind {
+    /// A TCP connection is accepted.
+    #[default]
+    Tcp,
+    /// `GET path` answers `expect_status`.
+    Http,
+}
+
+/// `[health]`: probes of every cluster's addresses, and when an address counts as down.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    #[serde(default = "HealthConfig::default_interval_ms")]
+    pub interval_ms: u64,
+    #[serde(default = "HealthConfig::default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Down after this many failures in a row.
+    #[serde(default = "HealthConfig::default_fall")]
+    pub fall: u32,
+    /// Up again after this many successes in a row.
+    #[serde(default = "HealthConfig::default_rise")]
+    pub rise: u32,
+    #[serde(default)]
+    pub kind: ProbeKind,
+    pub port: u16,
+    #[serde(default = "HealthConfig::default_path")]
+    pub path: String,
+    #[serde(default = "HealthConfig::default_expect_status")]
+    pub expect_status: u16,
+    /// Per cluster id: what differs from the above (`enabled = false`: not probed).
+    #[serde(default)]
+    pub clusters: std::collections::BTreeMap<String, ClusterProbe>,
+}
+
+/// `[health.clusters."id"]`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterProbe {
+    pub enabled: Option<bool>,
+    pub kind: Option<ProbeKind>,
+    pub port: Option<u16>,
+    pub path: Option<String>,
+    pub expect_status: Option<u16>,
+}
+
+impl HealthConfig {
+    fn default_interval_ms() -> u64 {
+        2_000
+    }
+    fn default_timeout_ms() -> u64 {
+        1_000
+    }
+    fn default_fall() -> u32 {
+        3
+    }
+    fn default_rise() -> u32 {
+        2
+    }
+    fn default_path() -> String {
+        "/".into()
+    }
+    fn default_expect_status() -> u16 {
+        200
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let check = |ok: bool, key: &str, problem: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(invalid(key, problem))
+            }
+        };
+        check(
+            (100..=600_000).contains(&self.interval_ms),
+            "health.interval_ms",
+            format!("{} is outside 100..=600000", self.interval_ms),
+        )?;
+        check(
+            (10..=60_000).contains(&self.timeout_ms) && self.timeout_ms <= self.interval_ms,
+            "health.timeout_ms",
+            format!(
+                "{} is outside 10..=60000 or above interval_ms",
+                self.timeout_ms
+            ),
+        )?;
+        check(
+            (1..=100).contains(&self.fall),
+            "health.fall",
+            format!("{} is outside 1..=100", self.fall),
+        )?;
+        check(
+            (1..=100).contains(&self.rise),
+            "health.rise",
+            format!("{} is outside 1..=100", self.rise),
+        )?;
+        let paths = std::iter::once(("health", self.port, &self.path, self.expect_status));
+        for (at, port, path, status) in paths {
+            check(port != 0, &format!("{at}.port"), "must not be 0".into())?;
+            check_path(&format!("{at}.path"), path)?;
+            check(
+                (100..=599).contains(&status),
+                &format!("{at}.expect_status"),
+                format!("{status} is not an HTTP status"),
+            )?;
+        }
+        for (id, o) in &self.clusters {
+            let at = format!("health.clusters.{id}");
+            if o.port == Some(0) {
+                return Err(invalid(&format!("{at}.port"), "must not be 0"));
+            }
+            if let Some(path) = &o.path {
+                check_path(&format!("{at}.path"), path)?;
+            }
+            if let Some(s) = o.expect_status {
+                check(
+                    (100..=599).contains(&s),
+                    &format!("{at}.expect_status"),
+                    format!("{s} is not an HTTP status"),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An HTTP probe's path: starts with `/`, printable ASCII without spaces, at most 1 KiB (it
+/// goes into the request line as it is).
+fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
+    if path.starts_with('/') && path.len() <= 1024 && path.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("{path:?} must start with / and hold printable ASCII without spaces"),
+        ))
+    }
 }
 
 /// Most MaxMind DB files in `[mmdb]`.
@@ -417,6 +562,7 @@ impl Default for Config {
             selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
             mmdb: None,
+            health: None,
         }
     }
 }
@@ -669,6 +815,9 @@ impl Config {
                 .validate()
                 .map_err(|e| invalid(&key, e.to_string()))?;
         }
+        if let Some(h) = &self.health {
+            h.validate()?;
+        }
         if let Some(m) = &self.mmdb {
             if self.instance.is_some() {
                 return Err(invalid(
@@ -798,6 +947,23 @@ mod tests {
             ("[selection.default]\npolicy = \"random\"", "random"),
             ("[demo]\nclusters = 0", "demo.clusters"),
             ("[mmdb]\nfiles = []", "mmdb.files"),
+            ("[health]\nport = 0", "health.port"),
+            ("[health]\nport = 80\ninterval_ms = 5", "health.interval_ms"),
+            (
+                "[health]\nport = 80\ntimeout_ms = 5000",
+                "health.timeout_ms",
+            ),
+            ("[health]\nport = 80\nfall = 0", "health.fall"),
+            ("[health]\nport = 80\npath = \"/a b\"", "health.path"),
+            (
+                "[health]\nport = 80\nexpect_status = 42",
+                "health.expect_status",
+            ),
+            ("[health]\nport = 80\nkind = \"icmp\"", "icmp"),
+            (
+                "[health]\nport = 80\n[health.clusters.x]\npath = \"x\"",
+                "health.clusters.x.path",
+            ),
             (
                 "[mmdb]\nfiles = [\"a.mmdb\"]\nclusters = 0",
                 "mmdb.clusters",

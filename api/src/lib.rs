@@ -11,6 +11,7 @@ pub mod edit;
 pub mod feedback;
 #[cfg(test)]
 mod fuzz;
+pub mod health;
 pub mod lead;
 pub mod listen;
 pub mod mapping;

@@ -320,6 +320,14 @@ pub async fn serve(
         }
         _ => None,
     };
+    if let Some(health) = &shared.health {
+        let reader = Arc::clone(&shared);
+        tokio::spawn(crate::health::run(
+            Arc::clone(health),
+            move || Arc::clone(&reader.topology.current_versioned().topology),
+            shared.stopping.subscribe(),
+        ));
+    }
     if shared.current().is_none() {
         shared.run_round().await; // the first map before the first query
     }

@@ -70,6 +70,9 @@ pub struct Shared {
     pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
     /// Whether the last round's map was published (a standby's is not).
     pub(crate) last_published: std::sync::atomic::AtomicBool,
+    /// The health checks' verdicts, with `[health]` configured: each round sets the clusters
+    /// they hold down down (where the operator has them up).
+    pub(crate) health: Option<Arc<crate::health::Health>>,
     /// This replica's part in the election, with `etcd` configured (set once, at the start of
     /// `server::serve`, before the first round).
     pub(crate) lead: crate::topology::Lead,
@@ -303,6 +306,10 @@ impl Shared {
             last_solved: ArcSwapOption::empty(),
             leader_map: ArcSwapOption::empty(),
             last_published: std::sync::atomic::AtomicBool::new(false),
+            health: config
+                .health
+                .clone()
+                .map(|h| Arc::new(crate::health::Health::new(h))),
             lead,
             status: Mutex::new(RoundStatus::default()),
             store,
@@ -812,7 +819,10 @@ impl Shared {
     /// how storing went.
     fn solve_round(&self, now: i64, epoch: u64, observe: bool) -> Result<Round, LoopError> {
         let versioned = self.topology.current_versioned();
-        let (base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
+        let (mut base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
+        if let Some(health) = &self.health {
+            base = health.overlay(&base);
+        }
         // Seeded from the last round's map (a standby's own, unpublished), else the map
         // served since the start.
         let previous = self.last_solved.load_full().or_else(|| self.current());

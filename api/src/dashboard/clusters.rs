@@ -70,6 +70,18 @@ pub(super) struct ClusterRow {
     capacity_factor: f64,
     /// Why the cluster is derated (its node whose measured load ran ahead of the model).
     derated_because: Option<String>,
+    /// Why the health checks hold the cluster down (`null`: they do not, or none run); the
+    /// next round maps it down if the operator has it up.
+    health_down: Option<String>,
+}
+
+/// The clusters the health checks hold down, by id, with why.
+pub(super) fn health_down(app: &App) -> std::collections::BTreeMap<String, String> {
+    app.shared
+        .health
+        .as_ref()
+        .map(|h| h.down())
+        .unwrap_or_default()
 }
 
 /// The derated clusters by id: (capacity factor, why).
@@ -108,6 +120,7 @@ fn cluster_row(
     v: &View,
     top: usize,
     derated: &Deratings,
+    health: &std::collections::BTreeMap<String, String>,
 ) -> ClusterRow {
     let cl = &topo.clusters()[c];
     let (capacity_factor, derated_because) = derated.get(&cl.id).cloned().unwrap_or((1.0, None));
@@ -188,6 +201,7 @@ fn cluster_row(
         top_units,
         capacity_factor,
         derated_because,
+        health_down: health.get(&cl.id).cloned(),
     }
 }
 
@@ -234,8 +248,9 @@ pub(super) async fn clusters(
     let (s, v) = view(&app).await?;
     let topo = topology(&app)?;
     let derated = deratings(&app);
+    let health = health_down(&app);
     let mut rows: Vec<ClusterRow> = (0..topo.clusters().len())
-        .map(|c| cluster_row(&topo, c, &s, &v, top, &derated))
+        .map(|c| cluster_row(&topo, c, &s, &v, top, &derated, &health))
         .collect();
     let sort = q.sort.as_deref().unwrap_or("id");
     match sort {
@@ -286,6 +301,7 @@ pub(super) async fn cluster(
         &v,
         top,
         &deratings(&app),
+        &health_down(&app),
     )))
 }
 

@@ -1,0 +1,339 @@
+//! Health checks: the mapper probes every cluster's addresses (TCP connect, or an HTTP GET
+//! with an expected status) and a cluster none of whose addresses answers goes down in the
+//! next round by itself, as gdnsd, PowerDNS and Traffic Control take a dead site out.
+//!
+//! - **Anti-flap** ([`Flap`]): an address is down after `fall` failures in a row and up again
+//!   after `rise` successes in a row (gdnsd's thresholds); one probe either way changes
+//!   nothing, so a flapping server does not flap the map. Addresses start up.
+//! - **A cluster is down** when every address probed is down; the reason names the last
+//!   failure of each.
+//! - **Operators win**: the probes' verdict is applied at round time ([`Health::overlay`])
+//!   only to clusters the operator has up; an operator's drain or down stays as set, and the
+//!   topology (what Admin edits and the store keep) never holds the probes' state.
+//! - **Bounded**: at most [`MAX_IN_FLIGHT`] probes at once, each within `timeout_ms`, reading
+//!   at most [`MAX_STATUS_LINE`] bytes of an HTTP answer.
+//!
+//! Only addresses the operator configured are probed (the topology's cluster addresses, at the
+//! configured port): nothing else on the network.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cdnmap_mapper::model::{ClusterIdx, ClusterState};
+use cdnmap_topology::Topology;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::{HealthConfig, ProbeKind};
+
+/// Most probes in flight at once.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// Most bytes of an HTTP answer read for its status line.
+pub const MAX_STATUS_LINE: usize = 256;
+
+/// One address's verdict through the thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flap {
+    pub up: bool,
+    /// Probes in a row against the current verdict.
+    against: u32,
+}
+
+impl Default for Flap {
+    fn default() -> Self {
+        Flap {
+            up: true,
+            against: 0,
+        }
+    }
+}
+
+impl Flap {
+    /// Takes one probe's result; says whether the verdict changed.
+    pub fn observe(&mut self, ok: bool, fall: u32, rise: u32) -> bool {
+        if ok == self.up {
+            self.against = 0;
+            return false;
+        }
+        self.against += 1;
+        let needed = if self.up { fall } else { rise };
+        if self.against >= needed.max(1) {
+            self.up = ok;
+            self.against = 0;
+            return true;
+        }
+        false
+    }
+}
+
+/// How one cluster is probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub kind: ProbeKind,
+    pub port: u16,
+    pub path: String,
+    pub expect_status: u16,
+}
+
+impl HealthConfig {
+    /// How cluster `id` is probed (`None`: not at all).
+    pub fn probe_of(&self, id: &str) -> Option<Probe> {
+        let o = self.clusters.get(id);
+        if o.and_then(|o| o.enabled) == Some(false) {
+            return None;
+        }
+        Some(Probe {
+            kind: o.and_then(|o| o.kind).unwrap_or(self.kind),
+            port: o.and_then(|o| o.port).unwrap_or(self.port),
+            path: o
+                .and_then(|o| o.path.clone())
+                .unwrap_or_else(|| self.path.clone()),
+            expect_status: o
+                .and_then(|o| o.expect_status)
+                .unwrap_or(self.expect_status),
+        })
+    }
+}
+
+/// One address's state.
+#[derive(Debug, Clone)]
+struct Address {
+    addr: SocketAddr,
+    flap: Flap,
+    /// The last probe's failure.
+    last_error: Option<String>,
+}
+
+/// The probes' verdicts, by cluster id.
+#[derive(Debug)]
+pub struct Health {
+    config: HealthConfig,
+    clusters: Mutex<BTreeMap<String, Vec<Address>>>,
+}
+
+impl Health {
+    pub fn new(config: HealthConfig) -> Self {
+        Health {
+            config,
+            clusters: Mutex::default(),
+        }
+    }
+
+    fn clusters(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<Address>>> {
+        self.clusters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Clusters the probes hold down, with the reason.
+    pub fn down(&self) -> BTreeMap<String, String> {
+        self.clusters()
+            .iter()
+            .filter(|(_, a)| !a.is_empty() && a.iter().all(|a| !a.flap.up))
+            .map(|(id, addrs)| {
+                let why: Vec<String> = addrs
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "{}: {}",
+                            a.addr,
+                            a.last_error.as_deref().unwrap_or("failed")
+                        )
+                    })
+                    .collect();
+                (
+                    id.clone(),
+                    format!(
+                        "health checks: every address failed {} probes in a row ({})",
+                        self.config.fall,
+                        why.join("; ")
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    /// `topology` with the clusters the probes hold down set down, where the operator has them
+    /// up; the same topology when there are none.
+    pub fn overlay(&self, topology: &Arc<Topology>) -> Arc<Topology> {
+        let down = self.down();
+        let mut out = Arc::clone(topology);
+        for (c, cluster) in topology.instance.clusters().iter().enumerate() {
+            if cluster.state == ClusterState::Up && down.contains_key(&cluster.id) {
+                out = Arc::new(out.with_cluster_state(c as ClusterIdx, ClusterState::Down));
+            }
+        }
+        out
+    }
+
+    /// One sweep: probes every address of every cluster of `topology` that is probed, at most
+    /// [`MAX_IN_FLIGHT`] at once, and takes the results through the thresholds. Clusters no
+    /// longer in the topology are forgotten; an address a cluster no longer has too.
+    pub async fn sweep(&self, topology: &Topology) {
+        let timeout = Duration::from_millis(self.config.timeout_ms);
+        let mut targets: Vec<(String, SocketAddr, Probe)> = Vec::new();
+        for (c, cluster) in topology.instance.clusters().iter().enumerate() {
+            let Some(probe) = self.config.probe_of(&cluster.id) else {
+                continue;
+            };
+            for &ip in topology.cluster_addresses(c as ClusterIdx) {
+                targets.push((
+                    cluster.id.clone(),
+                    SocketAddr::new(ip, probe.port),
+                    probe.clone(),
+                ));
+            }
+        }
+        let gate = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+        let mut probes = tokio::task::JoinSet::new();
+        for (id, addr, probe) in targets.iter().cloned() {
+            let gate = Arc::clone(&gate);
+            probes.spawn(async move {
+                let _permit = gate.acquire_owned().await;
+                let result = match tokio::time::timeout(timeout, probe_once(addr, &probe)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+                };
+                (id, addr, result)
+            });
+        }
+        let mut results: BTreeMap<(String, SocketAddr), Result<(), String>> = BTreeMap::new();
+        while let Some(done) = probes.join_next().await {
+            if let Ok((id, addr, result)) = done {
+                results.insert((id, addr), result);
+            }
+        }
+        let (fall, rise) = (self.config.fall, self.config.rise);
+        let mut clusters = self.clusters();
+        let mut kept: BTreeMap<String, Vec<Address>> = BTreeMap::new();
+        for (id, addr, _) in targets {
+            let before = clusters
+                .get(&id)
+                .and_then(|a| a.iter().find(|a| a.addr == addr))
+                .cloned();
+            let mut a = before.unwrap_or(Address {
+                addr,
+                flap: Flap::default(),
+                last_error: None,
+            });
+            match results.remove(&(id.clone(), addr)) {
+                Some(Ok(())) => {
+                    metrics::counter!("cdnmap_health_probes_total", "result" => "ok").increment(1);
+                    if a.flap.observe(true, fall, rise) {
+                        tracing::info!(cluster = %id, %addr, "health: address up");
+                    }
+                }
+                Some(Err(e)) => {
+                    metrics::counter!("cdnmap_health_probes_total", "result" => "failed")
+                        .increment(1);
+                    if a.flap.observe(false, fall, rise) {
+                        tracing::warn!(cluster = %id, %addr, error = %e, "health: address down");
+                    }
+                    a.last_error = Some(e);
+                }
+                None => {} // the probe's task failed: no verdict
+            }
+            kept.entry(id).or_default().push(a);
+        }
+        *clusters = kept;
+        let down = clusters
+            .values()
+            .filter(|a| !a.is_empty() && a.iter().all(|a| !a.flap.up))
+            .count();
+        metrics::gauge!("cdnmap_health_clusters_down").set(down as f64);
+    }
+}
+
+/// One probe of `addr`.
+async fn probe_once(addr: SocketAddr, probe: &Probe) -> Result<(), String> {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    if probe.kind == ProbeKind::Tcp {
+        return Ok(());
+    }
+    let host = match addr.ip() {
+        IpAddr::V6(a) => format!("[{a}]"),
+        v4 => v4.to_string(),
+    };
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: cdnmap-health\r\nConnection: close\r\n\r\n",
+        probe.path
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("sending the request: {e}"))?;
+    let mut buf = vec![0u8; MAX_STATUS_LINE];
+    let mut got = 0;
+    while got < buf.len() && !buf[..got].contains(&b'\n') {
+        let n = stream
+            .read(&mut buf[got..])
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    let line = String::from_utf8_lossy(&buf[..got]);
+    let line = line.lines().next().unwrap_or("");
+    let status: Option<u16> = line
+        .strip_prefix("HTTP/1.")
+        .and_then(|rest| rest.get(2..5))
+        .and_then(|s| s.parse().ok());
+    match status {
+        Some(s) if s == probe.expect_status => Ok(()),
+        Some(s) => Err(format!("HTTP {s}, expected {}", probe.expect_status)),
+        None => Err(format!(
+            "not an HTTP answer: {:?}",
+            line.chars().take(40).collect::<String>()
+        )),
+    }
+}
+
+/// Sweeps every `interval_ms` until the service stops, over the topology the next round solves.
+pub async fn run(
+    health: Arc<Health>,
+    topology: impl Fn() -> Arc<Topology>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(health.config.interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => health.sweep(&topology()).await,
+            _ = stopping.changed() => return,
+        }
+        if *stopping.borrow() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Down after `fall` failures in a row, up after `rise` successes in a row; an
+    /// alternation never changes the verdict.
+    #[test]
+    fn the_thresholds_hold_a_flapping_address_still() {
+        let mut f = Flap::default();
+        let (fall, rise) = (3, 2);
+        assert!(!f.observe(false, fall, rise));
+        assert!(!f.observe(false, fall, rise));
+        assert!(f.observe(false, fall, rise), "down at the third failure");
+        assert!(!f.up);
+        assert!(!f.observe(true, fall, rise));
+        assert!(!f.observe(false, fall, rise), "a failure resets the climb");
+        assert!(!f.observe(true, fall, rise));
+        assert!(
+            f.observe(true, fall, rise),
+            "up at the second success in a row"
+        );
+        for i in 0..100 {
+            assert!(!f.observe(i % 2 == 0, fall, rise), "flapping at {i}");
+        }
+        assert!(f.up);
+    }
+}
