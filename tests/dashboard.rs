@@ -233,6 +233,10 @@ fn lookup_says_where_demand_went_and_why() {
             .sum::<f64>()
             + f(&u["overflow_share"]);
         assert!(close(shares, 1.0), "{id}: {shares}");
+        // A top unit of an up cluster is answered from its cluster, or by share when split.
+        let placed = u["placed"].as_array().expect("placed").len();
+        let route = if placed > 1 { "split" } else { "mapped" };
+        assert_eq!(u["route"], route, "{id}: {u}");
         let cands = u["candidates"].as_array().expect("candidates");
         let last_placed = cands.iter().rposition(|c| f(&c["share"]) > 0.0);
         for (j, c) in cands.iter().enumerate() {

@@ -303,6 +303,29 @@ async fn status_codes_apex_records_and_truncation() {
             count(rcode)
         );
     }
+    // Each answer with addresses by its route: the queries without ECS came from 127.0.0.1,
+    // in no map unit.
+    let routed = |route: &str| -> f64 {
+        body.lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "cdnmap_dns_answers_by_route_total{{route=\"{route}\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let all: f64 = ["mapped", "split", "backup", "overflow", "down", "unmatched"]
+        .into_iter()
+        .map(routed)
+        .sum();
+    assert!(routed("unmatched") >= 3.0, "{body}");
+    assert!(
+        all <= count("answer"),
+        "{all} routed of {} answers",
+        count("answer")
+    );
     assert!(body.contains("cdnmap_dns_map_version"), "{body}");
     cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 }

@@ -2698,6 +2698,7 @@ async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
         metrics.contains("cdnmap_health_clusters_down 1"),
         "{metrics}"
     );
+    cdnmap_tests::promtool_check_metrics(&metrics).unwrap_or_else(|e| panic!("{e}"));
 
     let (_, _b_again) = listen(b_addr).await;
     let took = until_first("10.0.1.9/32", "b").await;

@@ -349,7 +349,7 @@ async function lookup(q) {
     renderMap();
     box.replaceChildren(...r.units.map((u) => el("div", { class: "unit", "data-unit": u.id },
       el("div", {}, el("b", {}, u.id), ` · ${u.class} · demand ${fmt(u.demand)} · ${u.prefix_count} prefix(es)${u.matched_prefix_len !== null ? ` · matched /${u.matched_prefix_len}` : ""} · at ${u.lat.toFixed(1)}, ${u.lon.toFixed(1)}`),
-      el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : ""),
+      el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : "", " · answered: ", el("b", { class: `route ${u.route}` }, u.route)),
       el("table", {},
         el("thead", {}, el("tr", {}, el("th", {}, "candidate"), el("th", { class: "num" }, "score"), el("th", {}, "state"), el("th", { class: "num" }, "share"), el("th", {}, "verdict"), el("th", {}, "why"))),
         el("tbody", {}, shownCandidates(u.candidates).map((c) => c.more ? el("tr", {}, el("td", { colspan: 6, class: "why" }, `… and ${c.more} more candidates, less preferred than where all of the demand went`)) : el("tr", {},

@@ -163,6 +163,7 @@ impl MappingService {
                 .map_or(String::new(), |u| s.topology.unit_id(u).to_string()),
             traffic_class: s.topology.classes()[usize::from(answer.class)].name.clone(),
             rcode: 0,
+            route: answer.route.as_str().into(),
         }
     }
 }

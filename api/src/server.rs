@@ -164,6 +164,14 @@ const SECONDS_BUCKETS: &[f64] = &[
 fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
+        "cdnmap_health_probes_total",
+        "Health probes of the clusters' addresses, by result (ok, failed)."
+    );
+    describe_gauge!(
+        "cdnmap_health_clusters_down",
+        "Clusters every address of which the health checks hold down."
+    );
+    describe_counter!(
         "cdnmap_rounds_total",
         "Mapping rounds solved (a standby replica's too, which it does not publish)."
     );

@@ -31,6 +31,8 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
 
+use cdnmap_serve::resolve::Route;
+
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
 use super::local::LocalView;
@@ -100,6 +102,8 @@ pub struct Counters {
     servfail: metrics::Counter,
     formerr: metrics::Counter,
     badvers: metrics::Counter,
+    /// Answers with addresses by why they name them (`Route`, in its order).
+    routes: [metrics::Counter; Route::ALL.len()],
 }
 
 impl Counters {
@@ -114,7 +118,15 @@ impl Counters {
             servfail: c("servfail"),
             formerr: c("formerr"),
             badvers: c("badvers"),
+            routes: Route::ALL.map(
+                |r| metrics::counter!("cdnmap_dns_answers_by_route_total", "route" => r.as_str()),
+            ),
         }
+    }
+
+    /// The counter of answers with addresses routed so.
+    pub(crate) fn route(&self, r: Route) -> &metrics::Counter {
+        &self.routes[r as usize]
     }
 }
 
@@ -250,6 +262,8 @@ struct Answer<'a> {
     pub demand: Option<Demand>,
     /// Count the query's hostname (some cluster selects with bounded loads).
     pub count_host: bool,
+    /// Why the map's answer names its clusters (`None`: no map answer).
+    pub route: Option<Route>,
 }
 
 /// What to answer one query with, decided without sockets or hickory's `ResponseHandler`.
@@ -298,6 +312,7 @@ fn decide<'a>(
         soa: &[],
         edns,
         demand: None,
+        route: None,
         count_host: false,
     };
     // RFC 6891 §6.1.3: an EDNS version we do not implement (we implement 0) is answered
@@ -406,6 +421,7 @@ fn decide<'a>(
         answer.demand = Some(Demand { client, answer: a });
     }
     answer.count_host = view.has_bounded;
+    answer.route = Some(a.route);
     Decision::Answer(answer)
 }
 
@@ -444,6 +460,16 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
         decision
     });
     decision.counter(&front.counters).increment(1);
+    if let Decision::Answer(Answer {
+        route: Some(r),
+        records,
+        ..
+    }) = &decision
+    {
+        if !records.is_empty() {
+            front.counters.route(*r).increment(1);
+        }
+    }
     decision
 }
 

@@ -218,6 +218,10 @@ fn describe_metrics() {
         "DNS queries answered, by outcome (answer, nodata, nxdomain, refused, servfail, formerr, badvers)."
     );
     describe_counter!(
+        "cdnmap_dns_answers_by_route_total",
+        "DNS answers with addresses, by why they name their clusters (mapped, split, backup, overflow, down, unmatched)."
+    );
+    describe_counter!(
         "cdnmap_dns_send_errors_total",
         "DNS responses that could not be sent."
     );

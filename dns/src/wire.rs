@@ -293,6 +293,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                     front.demand.count_host(qname);
                 }
                 front.counters.answer.increment(1);
+                front.counters.route(a.route).increment(1);
                 out[i] = Some(bytes);
             }
         });

@@ -30,6 +30,7 @@ fn echo_answer() -> pb::ResolveResponse {
         map_unit: "echo".into(),
         traffic_class: "web".into(),
         rcode: 0,
+        route: "mapped".into(),
     }
 }
 

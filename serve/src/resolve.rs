@@ -207,6 +207,57 @@ impl ClassRules {
     }
 }
 
+/// Why an answer names the clusters it does (the answer's routing reason: a metric label of
+/// the front end's, in Resolve's answer and in the dashboard's lookup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Route {
+    /// The unit's cluster in the map.
+    Mapped = 0,
+    /// The unit's demand is split over clusters; one is picked by a hash of the client.
+    Split = 1,
+    /// The unit's cluster is not up: another of its allocations, or its best backup.
+    Backup = 2,
+    /// None of the unit's demand was placed (no candidate had room): the class's fallback.
+    Overflow = 3,
+    /// None of the unit's clusters is up: the class's fallback.
+    Down = 4,
+    /// The client is in no map unit of the class: the class's fallback.
+    Unmatched = 5,
+}
+
+impl Route {
+    pub const ALL: [Route; 6] = [
+        Route::Mapped,
+        Route::Split,
+        Route::Backup,
+        Route::Overflow,
+        Route::Down,
+        Route::Unmatched,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Mapped => "mapped",
+            Route::Split => "split",
+            Route::Backup => "backup",
+            Route::Overflow => "overflow",
+            Route::Down => "down",
+            Route::Unmatched => "unmatched",
+        }
+    }
+
+    fn from_bits(b: u32) -> Route {
+        Route::ALL.get(b as usize).copied().unwrap_or(Route::Mapped)
+    }
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where one query goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Answer {
@@ -229,6 +280,8 @@ pub struct Answer {
     /// (`None` with `unit`). Demand is counted by it ([`SlotNames`]): the slot stands for the
     /// matched prefix and the class, what a count by `prefix_len` would key on.
     pub slot: Option<u32>,
+    /// Why these clusters.
+    pub route: Route,
 }
 
 /// Names the slots of a resolver's prefix index ([`Answer::slot`]) as (prefix, class name),
@@ -320,16 +373,49 @@ struct Pre {
     /// split and the primary is picked per query. (12 bytes a slot, not 16 with a flag: at
     /// 11 M units, 44 MB less per map version, and a front end holds two while it swaps.)
     primary: u32,
+    /// The answer's second cluster in the low [`ROUTE_SHIFT`] bits (`SECOND_NONE`: none),
+    /// the answer's [`Route`] above them (a cluster index is below `MAX_CLUSTERS`, 2^20).
     secondary: u32,
 }
 
 const NONE_CLUSTER: u32 = u32::MAX;
 /// [`Pre::primary`] of a split unit (no cluster index comes near: an instance has at most `MAX_CLUSTERS`).
 const SPLIT: u32 = u32::MAX - 1;
+/// Where a [`Pre`]'s route starts in its `secondary`.
+const ROUTE_SHIFT: u32 = 28;
+const SECOND_NONE: u32 = (1 << ROUTE_SHIFT) - 1;
+const _: () = assert!(cdnmap_mapper::model::MAX_CLUSTERS < SECOND_NONE as usize);
 
 impl Pre {
+    fn new(
+        unit: u32,
+        primary: Option<ClusterIdx>,
+        secondary: Option<ClusterIdx>,
+        route: Route,
+    ) -> Pre {
+        Pre::packed(unit, primary.unwrap_or(NONE_CLUSTER), secondary, route)
+    }
+
+    fn packed(unit: u32, primary: u32, secondary: Option<ClusterIdx>, route: Route) -> Pre {
+        let second = secondary.map_or(SECOND_NONE, |c| c & SECOND_NONE);
+        Pre {
+            unit,
+            primary,
+            secondary: (route as u32) << ROUTE_SHIFT | second,
+        }
+    }
+
     fn split(&self) -> bool {
         self.primary == SPLIT
+    }
+
+    fn secondary(&self) -> Option<ClusterIdx> {
+        let c = self.secondary & SECOND_NONE;
+        (c != SECOND_NONE).then_some(c)
+    }
+
+    fn route(&self) -> Route {
+        Route::from_bits(self.secondary >> ROUTE_SHIFT)
     }
 }
 
@@ -696,11 +782,7 @@ impl Resolver {
             .iter()
             .map(|&unit| {
                 if unit == NO_GROUP {
-                    Pre {
-                        unit,
-                        primary: NONE_CLUSTER,
-                        secondary: NONE_CLUSTER,
-                    }
+                    Pre::new(unit, None, None, Route::Unmatched)
                 } else {
                     r.pre_of(unit)
                 }
@@ -713,18 +795,20 @@ impl Resolver {
     /// Unit `u`'s answer, ahead of any query (a split unit's is picked per query).
     fn pre_of(&self, u: UnitIdx) -> Pre {
         if self.map.shares(u).0.len() > 1 {
-            return Pre {
-                unit: u,
-                primary: SPLIT,
-                secondary: NONE_CLUSTER,
-            };
+            return Pre::packed(u, SPLIT, None, Route::Split);
         }
-        let (primary, secondary) = self.pick(u, 0.0);
-        Pre {
-            unit: u,
-            primary: primary.unwrap_or(NONE_CLUSTER),
-            secondary: secondary.unwrap_or(NONE_CLUSTER),
+        let (primary, secondary, route) = self.pick_routed(u, 0.0);
+        Pre::new(u, primary, secondary, route)
+    }
+
+    /// Why unit `u`'s clients are answered as they are (as its queries' answers say; a split
+    /// unit's as its first allocation's).
+    pub fn route_of(&self, u: UnitIdx) -> Route {
+        let why = self.pick_routed(u, 0.0).2;
+        if why == Route::Mapped && self.map.shares(u).0.len() > 1 {
+            return Route::Split;
         }
+        why
     }
 
     /// Indexes the map of a solution: [`ServingMap::of_solution`], then [`Self::new`].
@@ -795,14 +879,14 @@ impl Resolver {
 
     /// Unit `u`'s two clusters; `x` in [0, 1) picks among a split unit's allocations by share.
     /// Nothing placed, or nothing up: the class's fallback.
-    fn pick(&self, u: UnitIdx, x: f32) -> (Option<ClusterIdx>, Option<ClusterIdx>) {
+    fn pick_routed(&self, u: UnitIdx, x: f32) -> (Option<ClusterIdx>, Option<ClusterIdx>, Route) {
         let (clusters, shares) = self.map.shares(u);
-        let fallback = || {
+        let fallback = |why: Route| {
             let [p, s] = self.map.fallback(self.map.unit_class(u));
-            (p, s)
+            (p, s, why)
         };
         if clusters.is_empty() {
-            return fallback(); // all of it overflow
+            return fallback(Route::Overflow); // all of it overflow
         }
         let chosen = clusters[Self::allocation_at(shares, x)];
         let up = |c: ClusterIdx| self.map.clusters()[c as usize].is_up();
@@ -822,10 +906,12 @@ impl Resolver {
                         .find(|&c| Some(c) != p)
                 })
         };
-        let primary = Some(chosen).filter(|&c| up(c)).or_else(|| other(None));
-        match primary {
-            Some(_) => (primary, other(primary)),
-            None => fallback(),
+        if up(chosen) {
+            return (Some(chosen), other(Some(chosen)), Route::Mapped);
+        }
+        match other(None) {
+            Some(p) => (Some(p), other(Some(p)), Route::Backup),
+            None => fallback(Route::Down),
         }
     }
 
@@ -905,17 +991,24 @@ impl Resolver {
                 primary,
                 secondary,
                 slot: None,
+                route: Route::Unmatched,
             };
         };
-        let (primary, secondary, scope) = if pre.split() {
+        let (primary, secondary, scope, route) = if pre.split() {
             let x = (hash(client, qname) >> 40) as f32 / (1u64 << 24) as f32;
-            let (p, s) = self.pick(pre.unit, x);
-            (p, s, hit.scope.max(table_len(client)))
+            let (p, s, why) = self.pick_routed(pre.unit, x);
+            let route = if why == Route::Mapped {
+                Route::Split
+            } else {
+                why
+            };
+            (p, s, hit.scope.max(table_len(client)), route)
         } else {
             (
                 cluster_opt(pre.primary),
-                cluster_opt(pre.secondary),
+                pre.secondary(),
                 hit.scope,
+                pre.route(),
             )
         };
         Answer {
@@ -926,6 +1019,7 @@ impl Resolver {
             primary,
             secondary,
             slot: Some(slot),
+            route,
         }
     }
 
@@ -1099,6 +1193,74 @@ mod tests {
         for (ans, &(client, name)) in out.iter().zip(&queries) {
             assert_eq!(*ans, r.resolve(client, name), "{client} {name:?}");
         }
+    }
+
+    /// Every answer says why: its unit's cluster, a split unit's pick, a backup while the
+    /// unit's cluster is down, the class's fallback for a unit left wholly in overflow, for
+    /// one with nothing up, and for a client in no unit; a batch says the same.
+    #[test]
+    fn answers_give_their_route() {
+        let inst = instance();
+        let r = resolver(&inst);
+        let route = |r: &Resolver, client: &str, name: &str| r.resolve(net(client), name).route;
+        assert_eq!(route(&r, "10.7.7.7/32", "www"), Route::Mapped);
+        assert_eq!(route(&r, "10.1.2.3/32", "www"), Route::Split);
+        assert_eq!(route(&r, "10.1.2.3/32", "a.video.example"), Route::Mapped);
+        assert_eq!(route(&r, "192.0.2.1/32", "www"), Route::Unmatched);
+        let wide = inst.instance.unit_index("wide-web").expect("wide-web");
+        assert_eq!(r.route_of(wide), Route::Mapped);
+
+        // b down under the same map: wide-web and narrow-video have nothing else up; split
+        // narrow-web answers from a, by backup when its pick was b.
+        let b = inst.cluster_index("b").expect("b");
+        let down = inst.with_cluster_state(b, cdnmap_mapper::model::ClusterState::Down);
+        let map = solve(&inst, &SolveOptions::default()).map;
+        let rules =
+            ClassRules::for_instance(&inst, &[("*.video.example".into(), "video".into())], "web")
+                .expect("rules");
+        let r = Resolver::of_solution(&down, &map, rules).expect("resolver");
+        assert_eq!(route(&r, "10.7.7.7/32", "www"), Route::Down);
+        assert_eq!(r.route_of(wide), Route::Down);
+        assert_eq!(route(&r, "10.1.2.3/32", "a.video.example"), Route::Down);
+        let routes: std::collections::BTreeSet<Route> = (0..64u8)
+            .map(|i| {
+                r.resolve(IpNet::from(IpAddr::from([10, 1, 2, i])), "www")
+                    .route
+            })
+            .collect();
+        assert_eq!(routes, [Route::Split, Route::Backup].into());
+        let queries: Vec<(IpNet, &str)> = vec![
+            (net("10.7.7.7/32"), "www"),
+            (net("192.0.2.9/32"), "x.video.example"),
+        ];
+        let mut out = Vec::new();
+        r.resolve_batch(&queries, &mut out);
+        assert_eq!(
+            out.iter().map(|a| a.route).collect::<Vec<_>>(),
+            [Route::Down, Route::Unmatched]
+        );
+
+        // One cluster with room for one of two units: the other is all overflow.
+        let json = r#"{
+          "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
+          "clusters": [{"id": "a", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
+             "resources": {"name": "r", "kind": "bps", "capacity": 1, "classes": ["web"]}}],
+          "map_units": [
+            {"id": "near", "class": "web", "demand": 1, "prefixes": ["10.1.0.0/16"], "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "a", "score": 1}]},
+            {"id": "far", "class": "web", "demand": 1, "prefixes": ["10.2.0.0/16"], "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "a", "score": 2}]}]
+        }"#;
+        let full = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let map = solve(&full, &SolveOptions::default()).map;
+        let r = Resolver::of_solution(&full, &map, ClassRules::only(0)).expect("resolver");
+        assert_eq!(route(&r, "10.1.0.1/32", "www"), Route::Mapped);
+        assert_eq!(route(&r, "10.2.0.1/32", "www"), Route::Overflow);
+        assert_eq!(
+            r.resolve(net("10.2.0.1/32"), "www").primary,
+            Some(0),
+            "the fallback"
+        );
     }
 
     #[test]

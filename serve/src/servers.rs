@@ -352,6 +352,7 @@ mod tests {
             primary: Some(primary),
             secondary,
             slot: Some(0),
+            route: crate::resolve::Route::Mapped,
         }
     }
 

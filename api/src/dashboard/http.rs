@@ -435,6 +435,9 @@ struct UnitLookup {
     overflow: f64,
     overflow_share: f64,
     candidates: Vec<CandidateView>,
+    /// Why its clients' answers name the clusters they do (`cdnmap_serve::resolve::Route`:
+    /// mapped, split, backup, overflow, down).
+    route: &'static str,
 }
 
 #[derive(Serialize)]
@@ -455,6 +458,7 @@ fn unit_lookup(s: &Snapshot, v: &View, u: UnitIdx, len: Option<u8>) -> UnitLooku
     let share = |x: f64| if total > 0.0 { x / total } else { 0.0 };
     let prefixes = inst.unit_prefixes(u);
     UnitLookup {
+        route: s.resolver.route_of(u).as_str(),
         id: inst.unit_id(u).to_string(),
         class: inst.classes()[usize::from(inst.unit_class(u))].name.clone(),
         demand: inst.unit_demand(u),
