@@ -20,6 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+use cdnmap_serve::resolve::Route;
 use cdnmap_serve::servers::{key_hash_of, PREFETCH_STEPS};
 
 use super::answer::{Front, SCRATCH};
@@ -270,6 +271,9 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                     }
                 }
             }
+            // The block's answers by route, counted once for the block (a shared counter's
+            // atomic add per query is a cache line the answering threads pass between them).
+            let mut routed = [0u64; Route::ALL.len()];
             let mut answers = answers.iter();
             for (i, t) in taken.iter().enumerate() {
                 let (Some((q, client)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
@@ -292,9 +296,17 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                 if view.has_bounded {
                     front.demand.count_host(qname);
                 }
-                front.counters.answer.increment(1);
-                front.counters.route(a.route).increment(1);
+                routed[a.route as usize] += 1;
                 out[i] = Some(bytes);
+            }
+            let answered: u64 = routed.iter().sum();
+            if answered > 0 {
+                front.counters.answer.increment(answered);
+                for (route, n) in Route::ALL.into_iter().zip(routed) {
+                    if n > 0 {
+                        front.counters.route(route).increment(n);
+                    }
+                }
             }
         });
     });
