@@ -2578,7 +2578,8 @@ async fn a_mapper_serves_the_networks_of_a_maxmind_db() {
 /// whose listener goes away goes down in the next round by itself (its clients answered from
 /// its unit's next candidate), with the reason on the dashboard and the operator's state left
 /// as it was; it comes back once its listener answers again; a listener that is away for
-/// one probe in two all along does not flap the map.
+/// one probe in two all along does not flap the map; a cluster with one of its two addresses
+/// dead answers from the other alone.
 #[tokio::test]
 async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
     use tokio::net::TcpListener;
@@ -2616,8 +2617,8 @@ async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
         serde_json::json!({"name": name, "kind": "bps", "capacity": 1e6,
                            "children": [leaf("web"), leaf("video"), leaf("apps")]})
     };
-    let cluster = |id: &str, ip: &str| {
-        serde_json::json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": [ip],
+    let cluster = |id: &str, ips: &[&str]| {
+        serde_json::json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": ips,
                            "state": "up", "resources": tree("uplink")})
     };
     let unit = |id: &str, prefix: &str, first: &str, second: &str| {
@@ -2633,7 +2634,7 @@ async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
         .into();
     let instance = serde_json::json!({
         "traffic_classes": classes,
-        "clusters": [cluster("a", "127.0.0.2"), cluster("b", "127.0.0.3"), cluster("c", "127.0.0.4")],
+        "clusters": [cluster("a", &["127.0.0.2", "127.0.0.5"]), cluster("b", &["127.0.0.3"]), cluster("c", &["127.0.0.4"])],
         "map_units": [unit("ua", "10.0.3.0/24", "a", "b"), unit("ub", "10.0.1.0/24", "b", "a"),
                       unit("uc", "10.0.2.0/24", "c", "a")]
     });
@@ -2680,6 +2681,43 @@ async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
         }
     };
     until_first("10.0.1.9/32", "b").await;
+    // a's second address has no listener: a stays up, answering from its first alone, and
+    // only the hostnames that went to the dead server move.
+    let firsts = async || {
+        let mut out = Vec::new();
+        for n in 0..32 {
+            let mut q = first_cluster("10.0.3.9/32");
+            q.qname = format!("h{n}.web.cdn.example");
+            let got = resolve(&mut server.mapping(), q).await;
+            assert_eq!(
+                got.cluster_ids.first().map(String::as_str),
+                Some("a"),
+                "{got:?}"
+            );
+            out.push(got.addresses.first().cloned().unwrap_or_default());
+        }
+        out
+    };
+    let before = firsts().await;
+    assert!(
+        before.iter().any(|ip| ip == "127.0.0.5") && before.iter().any(|ip| ip == "127.0.0.2"),
+        "the first map (before any probe) uses both of a's servers: {before:?}"
+    );
+    let t = Instant::now();
+    let after = loop {
+        let now = firsts().await;
+        if now.iter().all(|ip| ip == "127.0.0.2") {
+            break now;
+        }
+        assert!(t.elapsed() < deadline, "a still answers 127.0.0.5: {now:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    for (b, a) in before.iter().zip(&after) {
+        assert!(
+            b == "127.0.0.5" || b == a,
+            "a name of the live server moved: {before:?} {after:?}"
+        );
+    }
     b.abort();
     let _ = b.await;
     let took = until_first("10.0.1.9/32", "a").await;

@@ -6,7 +6,9 @@
 //!   after `rise` successes in a row (gdnsd's thresholds); one probe either way changes
 //!   nothing, so a flapping server does not flap the map. Addresses start up.
 //! - **A cluster is down** when every address probed is down; the reason names the last
-//!   failure of each.
+//!   failure of each. A cluster with some addresses down answers from the others only: the
+//!   round's topology holds its up addresses, so in-cluster selection moves only the failed
+//!   servers' keys.
 //! - **Operators win**: the probes' verdict is applied at round time ([`Health::overlay`])
 //!   only to clusters the operator has up; an operator's drain or down stays as set, and the
 //!   topology (what Admin edits and the store keep) never holds the probes' state.
@@ -152,17 +154,49 @@ impl Health {
             .collect()
     }
 
-    /// `topology` with the clusters the probes hold down set down, where the operator has them
-    /// up; the same topology when there are none.
+    /// `topology` as the probes see it: the clusters they hold down set down, where the
+    /// operator has them up; of a cluster some of whose addresses are down, only the others
+    /// (in-cluster selection then places only the failed servers' keys elsewhere). The same
+    /// topology when the probes find nothing down.
     pub fn overlay(&self, topology: &Arc<Topology>) -> Arc<Topology> {
         let down = self.down();
+        let failing = self.failing();
         let mut out = Arc::clone(topology);
         for (c, cluster) in topology.instance.clusters().iter().enumerate() {
-            if cluster.state == ClusterState::Up && down.contains_key(&cluster.id) {
-                out = Arc::new(out.with_cluster_state(c as ClusterIdx, ClusterState::Down));
+            let c = c as ClusterIdx;
+            if down.contains_key(&cluster.id) {
+                if cluster.state == ClusterState::Up {
+                    out = Arc::new(out.with_cluster_state(c, ClusterState::Down));
+                }
+            } else if let Some(failed) = failing.get(&cluster.id) {
+                let port = self.config.probe_of(&cluster.id).map_or(0, |p| p.port);
+                let kept: Vec<IpAddr> = topology
+                    .cluster_addresses(c)
+                    .iter()
+                    .copied()
+                    .filter(|&ip| !failed.contains(&SocketAddr::new(ip, port)))
+                    .collect();
+                if !kept.is_empty() {
+                    out = Arc::new(out.with_cluster_addresses(c, kept));
+                }
             }
         }
         out
+    }
+
+    /// Per cluster with some addresses down (not all), those addresses.
+    fn failing(&self) -> BTreeMap<String, Vec<SocketAddr>> {
+        self.clusters()
+            .iter()
+            .filter_map(|(id, addrs)| {
+                let failed: Vec<SocketAddr> = addrs
+                    .iter()
+                    .filter(|a| !a.flap.up)
+                    .map(|a| a.addr)
+                    .collect();
+                (!failed.is_empty() && failed.len() < addrs.len()).then(|| (id.clone(), failed))
+            })
+            .collect()
     }
 
     /// One sweep: probes every address of every cluster of `topology` that is probed, at most

@@ -142,6 +142,17 @@ impl Topology {
         self.with_instance(self.instance.with_cluster_state(c, state))
     }
 
+    /// The topology with cluster `c`'s addresses replaced by `addresses` (at most
+    /// `MAX_ADDRESSES` are kept), everything else shared: what a round answers from when
+    /// some of a cluster's servers fail their health checks.
+    pub fn with_cluster_addresses(&self, c: ClusterIdx, mut addresses: Vec<IpAddr>) -> Topology {
+        addresses.truncate(MAX_ADDRESSES);
+        Topology {
+            instance: self.instance.clone(),
+            addressing: Arc::new(self.addressing.with_cluster_addresses(c, addresses)),
+        }
+    }
+
     /// The topology with cluster `spec.id` replaced by `spec` and its `addresses`, the units
     /// and their prefixes shared ([`Instance::with_cluster_replaced`]); `None` when the
     /// units cannot stay as they are (a new cluster, or one that would serve other classes).
