@@ -894,3 +894,123 @@ async fn bad_datagrams_get_exact_answers_and_the_front_end_serves_on() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A class's last resort (`[bypass.CLASS]`, a partner CDN): a unit whose every candidate is
+/// down is answered with the class's CNAME, or its addresses of the query's family, by dig
+/// through `cdnmap dns` and by the mapper's Resolve alike, counted as route "bypass"; a unit
+/// with its cluster up is answered from it as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unit_with_nothing_up_goes_to_its_class_last_resort() {
+    let leaf =
+        |k: &str| serde_json::json!({"name": k, "kind": "fps", "capacity": 1e6, "classes": [k]});
+    let cluster = |id: &str, ip: &str, state: &str| {
+        serde_json::json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": [ip], "state": state,
+            "resources": {"name": "uplink", "kind": "bps", "capacity": 1e6,
+                          "children": [leaf("web"), leaf("video"), leaf("apps")]}})
+    };
+    let unit = |id: &str, class: &str, prefix: &str, at: &str| {
+        serde_json::json!({"id": id, "class": class, "demand": 10, "prefixes": [prefix],
+                           "lat": 50.0, "lon": 8.0, "candidates": [{"cluster": at, "score": 1.0}]})
+    };
+    let classes: Vec<serde_json::Value> = ["web", "video", "apps"]
+        .map(
+            |k| serde_json::json!({"name": k, "priority": 1, "per_unit": {"bps": 1.0, "fps": 1.0}}),
+        )
+        .into();
+    let instance = serde_json::json!({
+        "traffic_classes": classes,
+        "clusters": [cluster("a", "198.51.100.1", "up"), cluster("b", "198.51.100.2", "down")],
+        "map_units": [unit("ua", "web", "10.0.3.0/24", "a"), unit("ub", "web", "10.0.1.0/24", "b"),
+                      unit("uv", "video", "10.0.2.0/24", "b")]
+    });
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("w.json");
+    std::fs::write(&path, instance.to_string()).expect("write the instance");
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        &format!("instance = {path:?}\n"),
+        "[bypass.web]\ncname = \"web.partner.example\"\n\
+         [bypass.video]\naddresses = [\"192.0.2.10\", \"2001:db8::10\"]\n",
+    );
+    let server = setup.start().await;
+    let mut dns = Dns::start(
+        bin!(),
+        setup.dir.path(),
+        server.grpc,
+        "metrics_listen = \"127.0.0.1:0\"\n",
+    );
+    dns.wait_answering();
+    let web = dns.dig(&["www.cdn.example", "A", "+subnet=10.0.1.0/24"]);
+    assert_eq!(web.status, "NOERROR", "{}", web.raw);
+    assert_eq!(web.answers.len(), 1, "{}", web.raw);
+    assert_eq!(web.answers[0].2, "CNAME", "{}", web.raw);
+    assert_eq!(web.answers[0].3, "web.partner.example.", "{}", web.raw);
+    let video = dns.dig(&["x.video.cdn.example", "A", "+subnet=10.0.2.0/24"]);
+    assert_eq!(
+        video
+            .answers
+            .iter()
+            .map(|a| a.3.as_str())
+            .collect::<Vec<_>>(),
+        ["192.0.2.10"],
+        "{}",
+        video.raw
+    );
+    let video6 = dns.dig(&["x.video.cdn.example", "AAAA", "+subnet=10.0.2.0/24"]);
+    assert_eq!(
+        video6
+            .answers
+            .iter()
+            .map(|a| a.3.as_str())
+            .collect::<Vec<_>>(),
+        ["2001:db8::10"],
+        "{}",
+        video6.raw
+    );
+    let up = dns.dig(&["www.cdn.example", "A", "+subnet=10.0.3.0/24"]);
+    assert_eq!(
+        up.answers.iter().map(|a| a.3.as_str()).collect::<Vec<_>>(),
+        ["198.51.100.1"],
+        "{}",
+        up.raw
+    );
+
+    let mut mapping = server.mapping();
+    let q = |subnet: &str, qname: &str| pb::ResolveRequest {
+        client_subnet: subnet.into(),
+        resolver_ip: String::new(),
+        qname: qname.into(),
+        qtype: 1,
+    };
+    let r = ok(
+        mapping.resolve(q("10.0.1.9/32", "www.cdn.example")).await,
+        "Resolve",
+    );
+    assert_eq!(
+        (r.route.as_str(), r.cname.as_str()),
+        ("bypass", "web.partner.example."),
+        "{r:?}"
+    );
+    assert!(r.addresses.is_empty(), "{r:?}");
+    let r = ok(
+        mapping
+            .resolve(q("10.0.2.9/32", "x.video.cdn.example"))
+            .await,
+        "Resolve",
+    );
+    assert_eq!(
+        (r.route.as_str(), r.addresses.clone()),
+        ("bypass", vec!["192.0.2.10".to_string()]),
+        "{r:?}"
+    );
+    let r = ok(
+        mapping.resolve(q("10.0.3.9/32", "www.cdn.example")).await,
+        "Resolve",
+    );
+    assert_eq!(r.route, "mapped", "{r:?}");
+
+    let body = metrics_of(&dns);
+    let bypassed = metric(&body, "cdnmap_dns_answers_by_route_total{route=\"bypass\"}");
+    assert_eq!(bypassed, Some(3.0), "{body}");
+}

@@ -64,6 +64,10 @@
 //! # class_mix = "web=0.5,video=0.35,apps=0.15"
 //! # v6_fold_len = 48               # IPv6 networks fold to this length (IPv4 to /24)
 //! # seed = 1
+//!
+//! [bypass.video]                   # a class's last resort (a partner CDN): clients of a
+//! cname = "video.partner.example." # unit whose every candidate is full or down get this
+//! # addresses = ["192.0.2.10"]     # (or these addresses) instead of the fallback cluster
 //! ```
 
 use std::net::SocketAddr;
@@ -199,6 +203,29 @@ pub struct Config {
     /// Health checks of the clusters' addresses (`health`); `None`: none, clusters go down
     /// only when an operator says so.
     pub health: Option<HealthConfig>,
+    /// Per traffic class, its last resort (`[bypass.CLASS]`, a partner CDN): what clients of
+    /// a unit whose every candidate is full or down are answered with.
+    pub bypass: std::collections::BTreeMap<String, BypassConfig>,
+}
+
+/// `[bypass.CLASS]`: `cname = "cdn.partner.example."` or `addresses = ["192.0.2.10"]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BypassConfig {
+    pub cname: Option<String>,
+    pub addresses: Option<Vec<String>>,
+}
+
+impl BypassConfig {
+    /// The last resort this says, or what is wrong with it.
+    pub fn bypass(&self) -> Result<cdnmap_serve::watch::Bypass, String> {
+        use cdnmap_serve::watch::Bypass;
+        match (&self.cname, &self.addresses) {
+            (Some(name), None) => Bypass::cname(name),
+            (None, Some(a)) => Bypass::addresses(a),
+            _ => Err("give cname or addresses, one of the two".into()),
+        }
+    }
 }
 
 /// How a cluster's addresses are probed.
@@ -563,6 +590,7 @@ impl Default for Config {
             demo: DemoConfig::default(),
             mmdb: None,
             health: None,
+            bypass: Default::default(),
         }
     }
 }
@@ -818,6 +846,10 @@ impl Config {
         if let Some(h) = &self.health {
             h.validate()?;
         }
+        for (class, b) in &self.bypass {
+            b.bypass()
+                .map_err(|e| invalid(&format!("bypass.{class}"), e))?;
+        }
         if let Some(m) = &self.mmdb {
             if self.instance.is_some() {
                 return Err(invalid(
@@ -858,6 +890,14 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The last resorts by class name (those that check: `validate` refused the others).
+    pub fn bypass_pairs(&self) -> Vec<(String, cdnmap_serve::watch::Bypass)> {
+        self.bypass
+            .iter()
+            .filter_map(|(class, b)| Some((class.clone(), b.bypass().ok()?)))
+            .collect()
     }
 
     /// The hostname rules as the mapper's `ClassRules` takes them.
@@ -948,6 +988,14 @@ mod tests {
             ("[demo]\nclusters = 0", "demo.clusters"),
             ("[mmdb]\nfiles = []", "mmdb.files"),
             ("[health]\nport = 0", "health.port"),
+            ("[bypass.web]\ncname = \"a..b\"", "bypass.web"),
+            ("[bypass.web]\naddresses = []", "bypass.web"),
+            ("[bypass.web]\naddresses = [\"x\"]", "bypass.web"),
+            (
+                "[bypass.web]\ncname = \"a.b\"\naddresses = [\"192.0.2.1\"]",
+                "bypass.web",
+            ),
+            ("[bypass.web]\ncnam = \"a.b\"", "cnam"),
             ("[health]\nport = 80\ninterval_ms = 5", "health.interval_ms"),
             (
                 "[health]\nport = 80\ntimeout_ms = 5000",

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_BATCH_QUERIES;
+use cdnmap_serve::resolve::Route;
 use cdnmap_serve::resolve::MAX_QNAME_LEN;
 use ipnet::IpNet;
 use tokio::sync::broadcast;
@@ -125,6 +126,41 @@ impl MappingService {
         let want_v6 = qtype == 28;
         let mut addresses = Vec::new();
         let mut cluster_ids = Vec::new();
+        let class_name = &s.topology.classes()[usize::from(answer.class)].name;
+        // The class's last resort, for a unit whose every candidate is full or down.
+        let bypass = answer
+            .route
+            .bypassed()
+            .then(|| self.0.config.bypass.get(class_name))
+            .flatten()
+            .and_then(|b| b.bypass().ok());
+        if let Some(b) = bypass {
+            use cdnmap_serve::watch::Bypass;
+            let (addresses, cname) = match b {
+                Bypass::Cname(name) => (Vec::new(), name),
+                Bypass::Addresses(all) => (
+                    all.iter()
+                        .filter(|a| a.is_ipv6() == want_v6 && (qtype == 1 || want_v6))
+                        .map(|a| a.to_string())
+                        .collect(),
+                    String::new(),
+                ),
+            };
+            return pb::ResolveResponse {
+                addresses,
+                ttl_seconds: self.0.config.ttl_secs,
+                scope_prefix_len: u32::from(answer.scope_prefix_len),
+                map_version: s.version,
+                map_epoch: s.epoch,
+                map_unit: answer
+                    .unit
+                    .map_or(String::new(), |u| s.topology.unit_id(u).to_string()),
+                traffic_class: class_name.clone(),
+                route: Route::Bypass.as_str().into(),
+                cname,
+                ..pb::ResolveResponse::default()
+            };
+        }
         if qtype == 1 || want_v6 {
             match &p.servers {
                 // The selectors' servers for the hostname.
@@ -164,6 +200,7 @@ impl MappingService {
             traffic_class: s.topology.classes()[usize::from(answer.class)].name.clone(),
             rcode: 0,
             route: answer.route.as_str().into(),
+            cname: String::new(),
         }
     }
 }

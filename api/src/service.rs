@@ -261,6 +261,15 @@ impl Shared {
             &config.default_class,
         )
         .map_err(|e| anyhow::anyhow!("the configuration's class_rules and default_class: {e}"))?;
+        if let Some(class) = config
+            .bypass
+            .keys()
+            .find(|k| topology.instance.class_index(k).is_none())
+        {
+            anyhow::bail!(
+                "the configuration's bypass.{class}: the topology has no traffic class {class:?}"
+            );
+        }
         if let Err(e) = config.selection.check_clusters(&topology) {
             tracing::warn!(error = %e, "the selection override is not used");
         }

@@ -19,6 +19,7 @@ pub struct EdgeParts<'a> {
     loads: Option<&'a ServerLoads>,
     rules: Vec<(String, String)>,
     default_class: &'a str,
+    bypass: Vec<(String, cdnmap_serve::watch::Bypass)>,
 }
 
 impl<'a> EdgeParts<'a> {
@@ -28,6 +29,7 @@ impl<'a> EdgeParts<'a> {
             loads,
             rules: config.class_rule_pairs(),
             default_class: &config.default_class,
+            bypass: config.bypass_pairs(),
         }
     }
 
@@ -39,6 +41,7 @@ impl<'a> EdgeParts<'a> {
             load: &load,
             rules: &self.rules,
             default_class: self.default_class,
+            bypass: &self.bypass,
         })
     }
 }

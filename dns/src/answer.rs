@@ -25,7 +25,7 @@ use arc_swap::ArcSwapOption;
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
-use hickory_server::proto::rr::rdata::{A, AAAA, HINFO, NS, SOA};
+use hickory_server::proto::rr::rdata::{A, AAAA, CNAME, HINFO, NS, SOA};
 use hickory_server::proto::rr::{DNSClass, LowerName, Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
@@ -392,10 +392,28 @@ fn decide<'a>(
         _ => view.servers(),
     };
     addrs.clear();
-    if let Some(servers) = servers {
-        servers.answer(&a, qname, v6, key, addrs);
-    }
     let owner: Name = q.name.into();
+    // A unit whose every candidate is full or down goes to its class's last resort, if any.
+    let bypass = a.route.bypassed().then(|| view.bypass(a.class)).flatten();
+    match bypass {
+        Some(cdnmap_serve::watch::Bypass::Cname(target)) => {
+            if let Ok(target) = Name::from_ascii(target) {
+                answer.records.push(Record::from_rdata(
+                    owner.clone(),
+                    src.ttl,
+                    RData::CNAME(CNAME(target)),
+                ));
+            }
+        }
+        Some(cdnmap_serve::watch::Bypass::Addresses(all)) => {
+            addrs.extend(all.iter().copied().filter(|ip| ip.is_ipv6() == v6));
+        }
+        None => {
+            if let Some(servers) = servers {
+                servers.answer(&a, qname, v6, key, addrs);
+            }
+        }
+    }
     for &ip in addrs.iter() {
         let rdata = match ip {
             IpAddr::V4(v4) => RData::A(A(v4)),
@@ -421,7 +439,11 @@ fn decide<'a>(
         answer.demand = Some(Demand { client, answer: a });
     }
     answer.count_host = view.has_bounded;
-    answer.route = Some(a.route);
+    answer.route = Some(if bypass.is_some() {
+        Route::Bypass
+    } else {
+        a.route
+    });
     Decision::Answer(answer)
 }
 

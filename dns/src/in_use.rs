@@ -127,6 +127,7 @@ mod tests {
             load: &load,
             rules: &rules,
             default_class: "web",
+            bypass: &[],
         })
     }
 

@@ -88,6 +88,16 @@ impl LocalView {
         .map_err(|e| invalid("clusters", e))
     }
 
+    /// Class `k`'s last resort, if it has one (the extras name it by class name).
+    pub fn bypass(&self, k: ClassIdx) -> Option<&cdnmap_serve::watch::Bypass> {
+        let name = self.class_name(k);
+        self.extras
+            .bypass
+            .iter()
+            .find(|(class, _)| class == name)
+            .map(|(_, b)| b)
+    }
+
     /// The selectors built with the view.
     pub fn servers(&self) -> Option<&Servers> {
         self.servers.as_ref()
@@ -122,6 +132,7 @@ pub(crate) fn test_view(m: &cdnmap_serve::ServingMap, rules: &[(&str, &str)]) ->
         load: &load,
         rules: &rules,
         default_class: "web",
+        bypass: &[],
     };
     let id = Identity {
         epoch: 1,
@@ -187,6 +198,7 @@ mod tests {
             load: &load,
             rules: &rules,
             default_class: "web",
+            bypass: &[],
         };
         let id = |version| Identity {
             epoch: 1,

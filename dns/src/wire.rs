@@ -279,6 +279,9 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                 let (Some((q, client)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
                     continue;
                 };
+                if a.route.bypassed() && view.bypass(a.class).is_some() {
+                    continue; // the class's last resort: hickory's (a CNAME, perhaps)
+                }
                 let qname = names[i].as_str();
                 let v6 = q.qtype == TYPE_AAAA;
                 servers.answer_hashed(a, hashes[i], v6, &mut scratch.addrs);

@@ -31,6 +31,7 @@ fn echo_answer() -> pb::ResolveResponse {
         traffic_class: "web".into(),
         rcode: 0,
         route: "mapped".into(),
+        cname: String::new(),
     }
 }
 

@@ -224,17 +224,28 @@ pub enum Route {
     Down = 4,
     /// The client is in no map unit of the class: the class's fallback.
     Unmatched = 5,
+    /// The unit's answer would be the class's fallback for overflow or down, and the class
+    /// has a last resort configured (a partner CDN): answered with that. Never a resolver's
+    /// own route; what answers from it says so ([`Route::bypassed`]).
+    Bypass = 6,
 }
 
 impl Route {
-    pub const ALL: [Route; 6] = [
+    pub const ALL: [Route; 7] = [
         Route::Mapped,
         Route::Split,
         Route::Backup,
         Route::Overflow,
         Route::Down,
         Route::Unmatched,
+        Route::Bypass,
     ];
+
+    /// Whether an answer so routed goes to the class's last resort when it has one: every
+    /// candidate of the unit full (overflow) or down.
+    pub fn bypassed(self) -> bool {
+        matches!(self, Route::Overflow | Route::Down)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -244,6 +255,7 @@ impl Route {
             Route::Overflow => "overflow",
             Route::Down => "down",
             Route::Unmatched => "unmatched",
+            Route::Bypass => "bypass",
         }
     }
 

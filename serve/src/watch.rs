@@ -129,6 +129,59 @@ pub struct Edge<'a> {
     pub load: &'a (dyn Fn(&str, IpAddr) -> f64 + Sync),
     pub rules: &'a [(String, String)],
     pub default_class: &'a str,
+    /// Per class name, its last resort.
+    pub bypass: &'a [(String, Bypass)],
+}
+
+/// A traffic class's last resort (a partner CDN; "bypass" in Traffic Control): what clients
+/// of a unit whose every candidate is full or down are answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bypass {
+    /// A CNAME to this name (absolute, ending in a dot).
+    Cname(String),
+    /// These addresses (A for IPv4 ones, AAAA for IPv6 ones).
+    Addresses(Vec<IpAddr>),
+}
+
+/// Most addresses of a last resort.
+pub const MAX_BYPASS_ADDRESSES: usize = 16;
+
+impl Bypass {
+    /// Checks a CNAME target: an absolute hostname (labels of letters, digits, `-` and `_`,
+    /// 1 to 63 bytes each, 253 in all without the last dot).
+    pub fn cname(name: &str) -> Result<Bypass, String> {
+        let bare = name.strip_suffix('.').unwrap_or(name);
+        let ok = !bare.is_empty()
+            && bare.len() <= 253
+            && bare.split('.').all(|l| {
+                (1..=63).contains(&l.len())
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            });
+        if ok {
+            Ok(Bypass::Cname(format!("{bare}.")))
+        } else {
+            Err(format!("{} is not a hostname", shown_id(name)))
+        }
+    }
+
+    /// Checks addresses: 1 to [`MAX_BYPASS_ADDRESSES`] of them.
+    pub fn addresses(addresses: &[String]) -> Result<Bypass, String> {
+        if addresses.is_empty() || addresses.len() > MAX_BYPASS_ADDRESSES {
+            return Err(format!(
+                "{} addresses, must be 1..={MAX_BYPASS_ADDRESSES}",
+                addresses.len()
+            ));
+        }
+        addresses
+            .iter()
+            .map(|a| {
+                a.parse::<IpAddr>()
+                    .map_err(|_| format!("{} is not an address", shown_id(a)))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Bypass::Addresses)
+    }
 }
 
 fn unit_pb(m: &ServingMap, u: UnitIdx) -> pb::UnitMapping {
@@ -204,6 +257,22 @@ fn frame(edge: &Edge<'_>, id: Identity, m: &ServingMap) -> pb::MapUpdate {
             .collect(),
         default_class: edge.default_class.to_string(),
         fallbacks: fallbacks_pb(m),
+        bypass: edge
+            .bypass
+            .iter()
+            .map(|(class, b)| match b {
+                Bypass::Cname(name) => pb::ClassBypass {
+                    traffic_class: class.clone(),
+                    cname: name.clone(),
+                    addresses: Vec::new(),
+                },
+                Bypass::Addresses(a) => pb::ClassBypass {
+                    traffic_class: class.clone(),
+                    cname: String::new(),
+                    addresses: a.iter().map(|a| a.to_string()).collect(),
+                },
+            })
+            .collect(),
         ..Default::default()
     }
 }
@@ -358,6 +427,8 @@ pub struct Extras {
     pub loads: Vec<Vec<f64>>,
     pub rules: Vec<(String, String)>,
     pub default_class: String,
+    /// Per class name, its last resort.
+    pub bypass: Vec<(String, Bypass)>,
 }
 
 /// A version the stream has brought in whole.
@@ -783,6 +854,22 @@ fn frame_of(update: &pb::MapUpdate) -> Result<Frame, FollowError> {
         default_class: update.default_class.clone(),
         ..Extras::default()
     };
+    if update.bypass.len() > MAX_CLASSES {
+        return Err(invalid(
+            "bypass",
+            format!("{} entries, at most {MAX_CLASSES}", update.bypass.len()),
+        ));
+    }
+    for (i, b) in update.bypass.iter().enumerate() {
+        let field = format!("bypass[{i}] ({})", shown_id(&b.traffic_class));
+        let bypass = match (b.cname.is_empty(), b.addresses.is_empty()) {
+            (false, true) => Bypass::cname(&b.cname),
+            (true, false) => Bypass::addresses(&b.addresses),
+            _ => Err("needs a cname or addresses, not both".to_string()),
+        }
+        .map_err(|e| invalid(field, e))?;
+        extras.bypass.push((b.traffic_class.clone(), bypass));
+    }
     let mut clusters = Vec::with_capacity(update.clusters.len());
     for (i, c) in update.clusters.iter().enumerate() {
         let field = |f: &str| format!("clusters[{i}] ({:?}).{f}", c.id);
@@ -1029,7 +1116,22 @@ mod tests {
             load: &load,
             rules: &rules,
             default_class: "web",
+            bypass: &bypass_parts(),
         })
+    }
+
+    fn bypass_parts() -> Vec<(String, Bypass)> {
+        vec![
+            (
+                "video".to_string(),
+                Bypass::cname("video.partner.example").expect("a name"),
+            ),
+            (
+                "web".to_string(),
+                Bypass::addresses(&["192.0.2.10".into(), "2001:db8::10".into()])
+                    .expect("addresses"),
+            ),
+        ]
     }
 
     pub(super) fn id(epoch: u64, version: u64) -> Identity {
@@ -1177,6 +1279,12 @@ mod tests {
         assert_eq!(*held.map, m);
         assert_eq!(held.identity, id(1, 1));
         assert_eq!(held.extras.loads, vec![vec![0.5]; 3]);
+        assert_eq!(held.extras.bypass, bypass_parts());
+        assert_eq!(
+            held.extras.bypass[0].1,
+            Bypass::Cname("video.partner.example.".into()),
+            "made absolute"
+        );
         // A full map older than the one held is taken part by part and not applied.
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let other = map(&mut rng, PART_UNITS + PART_UNITS / 2, &["a", "b"]);

@@ -57,6 +57,7 @@ fn encoded(f: &Follower) -> Option<Vec<Vec<u8>>> {
         load: &load,
         rules: &x.rules,
         default_class: &x.default_class,
+        bypass: &x.bypass,
     };
     Some(
         (0..full_parts(&held.map))
