@@ -946,6 +946,20 @@ async fn a_unit_with_nothing_up_goes_to_its_class_last_resort() {
     assert_eq!(web.answers.len(), 1, "{}", web.raw);
     assert_eq!(web.answers[0].2, "CNAME", "{}", web.raw);
     assert_eq!(web.answers[0].3, "web.partner.example.", "{}", web.raw);
+    // A name with a CNAME has no other data (RFC 1034 §3.6.2): every type gets it.
+    for qtype in ["AAAA", "TXT", "ANY"] {
+        let other = dns.dig(&["www.cdn.example", qtype, "+subnet=10.0.1.0/24"]);
+        assert_eq!(
+            other
+                .answers
+                .iter()
+                .map(|a| (a.2.as_str(), a.3.as_str()))
+                .collect::<Vec<_>>(),
+            [("CNAME", "web.partner.example.")],
+            "{qtype}: {}",
+            other.raw
+        );
+    }
     let video = dns.dig(&["x.video.cdn.example", "A", "+subnet=10.0.2.0/24"]);
     assert_eq!(
         video
@@ -1012,5 +1026,5 @@ async fn a_unit_with_nothing_up_goes_to_its_class_last_resort() {
 
     let body = metrics_of(&dns);
     let bypassed = metric(&body, "cdnmap_dns_answers_by_route_total{route=\"bypass\"}");
-    assert_eq!(bypassed, Some(3.0), "{body}");
+    assert_eq!(bypassed, Some(6.0), "{body}");
 }

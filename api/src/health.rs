@@ -112,13 +112,26 @@ struct Address {
 pub struct Health {
     config: HealthConfig,
     clusters: Mutex<BTreeMap<String, Vec<Address>>>,
+    /// The last overlay: the topology it was made of, the verdicts, the topology made. A
+    /// round with the same topology and verdicts gets the same one (a new addressing each
+    /// round would make the serving map compare every unit's prefixes to see them unchanged).
+    last: Mutex<Option<Overlaid>>,
 }
+
+/// What [`Health::overlay`] made last.
+type Overlaid = (
+    Arc<Topology>,
+    BTreeMap<String, String>,
+    BTreeMap<String, Vec<SocketAddr>>,
+    Arc<Topology>,
+);
 
 impl Health {
     pub fn new(config: HealthConfig) -> Self {
         Health {
             config,
             clusters: Mutex::default(),
+            last: Mutex::default(),
         }
     }
 
@@ -161,6 +174,24 @@ impl Health {
     pub fn overlay(&self, topology: &Arc<Topology>) -> Arc<Topology> {
         let down = self.down();
         let failing = self.failing();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((base, d, f, out)) = last.as_ref() {
+            // The reasons' texts may change from sweep to sweep; the clusters matter.
+            if Arc::ptr_eq(base, topology) && d.keys().eq(down.keys()) && *f == failing {
+                return Arc::clone(out);
+            }
+        }
+        let out = self.overlaid(topology, &down, &failing);
+        *last = Some((Arc::clone(topology), down, failing, Arc::clone(&out)));
+        out
+    }
+
+    fn overlaid(
+        &self,
+        topology: &Arc<Topology>,
+        down: &BTreeMap<String, String>,
+        failing: &BTreeMap<String, Vec<SocketAddr>>,
+    ) -> Arc<Topology> {
         let mut out = Arc::clone(topology);
         for (c, cluster) in topology.instance.clusters().iter().enumerate() {
             let c = c as ClusterIdx;
@@ -218,23 +249,44 @@ impl Health {
             }
         }
         let gate = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+        // A probe not begun within the interval is skipped (no verdict), so a sweep lasts at
+        // most an interval and a timeout however many addresses time out at once.
+        let start_by = tokio::time::Instant::now() + Duration::from_millis(self.config.interval_ms);
         let mut probes = tokio::task::JoinSet::new();
         for (id, addr, probe) in targets.iter().cloned() {
             let gate = Arc::clone(&gate);
             probes.spawn(async move {
-                let _permit = gate.acquire_owned().await;
+                let Ok(Ok(_permit)) = tokio::time::timeout_at(start_by, gate.acquire_owned()).await
+                else {
+                    return (id, addr, None);
+                };
                 let result = match tokio::time::timeout(timeout, probe_once(addr, &probe)).await {
                     Ok(r) => r,
                     Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
                 };
-                (id, addr, result)
+                (id, addr, Some(result))
             });
         }
         let mut results: BTreeMap<(String, SocketAddr), Result<(), String>> = BTreeMap::new();
+        let mut skipped = 0usize;
         while let Some(done) = probes.join_next().await {
-            if let Ok((id, addr, result)) = done {
-                results.insert((id, addr), result);
+            match done {
+                Ok((id, addr, Some(result))) => {
+                    results.insert((id, addr), result);
+                }
+                Ok((_, _, None)) => skipped += 1,
+                Err(_) => {}
             }
+        }
+        if skipped > 0 {
+            metrics::counter!("cdnmap_health_probes_total", "result" => "skipped")
+                .increment(skipped as u64);
+            tracing::warn!(
+                skipped,
+                addresses = targets.len(),
+                in_flight = MAX_IN_FLIGHT,
+                "health: probes not begun within the interval were skipped (too many addresses time out for the interval)"
+            );
         }
         let (fall, rise) = (self.config.fall, self.config.rise);
         let mut clusters = self.clusters();

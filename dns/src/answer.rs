@@ -32,6 +32,7 @@ use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
 
 use cdnmap_serve::resolve::Route;
+use cdnmap_serve::watch::Bypass;
 
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
@@ -369,14 +370,6 @@ fn decide<'a>(
         answer.soa = soa;
         return Decision::Answer(answer);
     }
-    if q.qtype == RecordType::ANY {
-        any(&mut answer);
-        return Decision::Answer(answer);
-    }
-    if !matches!(q.qtype, RecordType::A | RecordType::AAAA) {
-        answer.soa = soa;
-        return Decision::Answer(answer);
-    }
     let client = match &ecs {
         Some(e) if e.source_prefix() > 0 => IpNet::new(e.addr(), e.source_prefix())
             .map(|n| n.trunc())
@@ -385,6 +378,30 @@ fn decide<'a>(
     }
     .unwrap_or_else(|| IpNet::from(q.src));
     let a = view.resolver.resolve(client, qname);
+    // A unit whose every candidate is full or down goes to its class's last resort, if any
+    // (a CNAME into the front end's own zones would loop: not taken).
+    let bypass = a
+        .route
+        .bypassed()
+        .then(|| view.bypass(a.class))
+        .flatten()
+        .filter(|b| match b {
+            Bypass::Cname(target) => !Name::from_ascii(target).is_ok_and(|t| {
+                let t = LowerName::from(&t);
+                src.zones.iter().any(|z| z.apex.zone_of(&t))
+            }),
+            Bypass::Addresses(_) => true,
+        });
+    // RFC 1034 §3.6.2: a name with a CNAME has no other data; every type gets the CNAME.
+    let cname = matches!(bypass, Some(Bypass::Cname(_)));
+    if q.qtype == RecordType::ANY && !cname {
+        any(&mut answer);
+        return Decision::Answer(answer);
+    }
+    if !matches!(q.qtype, RecordType::A | RecordType::AAAA) && !cname {
+        answer.soa = soa;
+        return Decision::Answer(answer);
+    }
     let v6 = q.qtype == RecordType::AAAA;
     let rebuilt = src.rebuilt.load();
     let servers = match rebuilt.as_deref() {
@@ -393,10 +410,8 @@ fn decide<'a>(
     };
     addrs.clear();
     let owner: Name = q.name.into();
-    // A unit whose every candidate is full or down goes to its class's last resort, if any.
-    let bypass = a.route.bypassed().then(|| view.bypass(a.class)).flatten();
     match bypass {
-        Some(cdnmap_serve::watch::Bypass::Cname(target)) => {
+        Some(Bypass::Cname(target)) => {
             if let Ok(target) = Name::from_ascii(target) {
                 answer.records.push(Record::from_rdata(
                     owner.clone(),
@@ -405,7 +420,7 @@ fn decide<'a>(
                 ));
             }
         }
-        Some(cdnmap_serve::watch::Bypass::Addresses(all)) => {
+        Some(Bypass::Addresses(all)) => {
             addrs.extend(all.iter().copied().filter(|ip| ip.is_ipv6() == v6));
         }
         None => {
@@ -435,10 +450,10 @@ fn decide<'a>(
         });
         e.options_mut().insert(EdnsOption::Subnet(echo));
     }
-    if a.unit.is_some() {
+    if a.unit.is_some() && matches!(q.qtype, RecordType::A | RecordType::AAAA) {
         answer.demand = Some(Demand { client, answer: a });
     }
-    answer.count_host = view.has_bounded;
+    answer.count_host = view.has_bounded && matches!(q.qtype, RecordType::A | RecordType::AAAA);
     answer.route = Some(if bypass.is_some() {
         Route::Bypass
     } else {

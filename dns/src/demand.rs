@@ -286,8 +286,9 @@ impl DemandCounter {
     }
 
     /// Takes the period's prefix counts (the tables start again empty). At most
-    /// [`MAX_TRACKED_PREFIXES`] of the slot arrays' counts are taken, the largest; the rest
-    /// are dropped (and counted), as the keyed tables drop what is beyond their bound.
+    /// [`MAX_TRACKED_PREFIXES`] of each slot array's counts are taken, the largest, and at most
+    /// twice that in all (the keyed tables hold as many more); the rest are dropped (and
+    /// counted), as the keyed tables drop what is beyond their bound.
     pub fn take(&self) -> Counts {
         let mut merged: HashMap<(IpNet, Arc<str>), u64, Fx> = HashMap::default();
         {
@@ -321,6 +322,13 @@ impl DemandCounter {
         }
         let mut out: Counts = merged.into_iter().collect();
         out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        // The slot arrays' counts (each bounded) and the keyed tables' together: the largest.
+        if out.len() > 2 * MAX_TRACKED_PREFIXES {
+            let dropped: u64 = out[2 * MAX_TRACKED_PREFIXES..].iter().map(|x| x.1).sum();
+            out.truncate(2 * MAX_TRACKED_PREFIXES);
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+            metrics::counter!("cdnmap_dns_demand_dropped_total").increment(dropped);
+        }
         out
     }
 

@@ -898,7 +898,14 @@ impl Resolver {
             (p, s, why)
         };
         if clusters.is_empty() {
-            return fallback(Route::Overflow); // all of it overflow
+            if self.map.overflow(u) > 0.0 {
+                return fallback(Route::Overflow); // all of it overflow
+            }
+            // No demand to place (none forecast yet): its best up candidates (the backups).
+            return match self.map.backups(u) {
+                [Some(p), s] => (Some(p), s, Route::Mapped),
+                _ => fallback(Route::Down),
+            };
         }
         let chosen = clusters[Self::allocation_at(shares, x)];
         let up = |c: ClusterIdx| self.map.clusters()[c as usize].is_up();
@@ -1251,6 +1258,23 @@ mod tests {
             out.iter().map(|a| a.route).collect::<Vec<_>>(),
             [Route::Down, Route::Unmatched]
         );
+
+        // A unit with no demand is not overflow: answered from its best candidate.
+        let json = r#"{
+          "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
+          "clusters": [{"id": "a", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
+             "resources": {"name": "r", "kind": "bps", "capacity": 100, "classes": ["web"]}},
+             {"id": "b", "lat": 0, "lon": 0, "addresses": ["198.18.0.2"],
+             "resources": {"name": "r", "kind": "bps", "capacity": 1000, "classes": ["web"]}}],
+          "map_units": [
+            {"id": "idle", "class": "web", "demand": 0, "prefixes": ["10.1.0.0/16"], "lat": 0, "lon": 0,
+             "candidates": [{"cluster": "a", "score": 1}]}]
+        }"#;
+        let idle = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let map = solve(&idle, &SolveOptions::default()).map;
+        let r = Resolver::of_solution(&idle, &map, ClassRules::only(0)).expect("resolver");
+        let a = r.resolve(net("10.1.0.1/32"), "www");
+        assert_eq!((a.route, a.primary), (Route::Mapped, Some(0)), "{a:?}");
 
         // One cluster with room for one of two units: the other is all overflow.
         let json = r#"{

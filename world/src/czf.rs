@@ -102,7 +102,8 @@ pub fn parse(text: &str, what: &str) -> Result<Vec<Zone>> {
                         "{at}.{field}[{i}]: {s:?} is IPv{} (network holds IPv4, network6 IPv6)",
                         if net.addr().is_ipv4() { 4 } else { 6 }
                     );
-                    nets.push(net.trunc());
+                    // A v4-mapped network6 entry is its IPv4 network (as the index has it).
+                    nets.push(cdnmap_topology::canonical(&net).trunc());
                 }
             }
             networks += nets.len();
