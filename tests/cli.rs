@@ -1699,64 +1699,36 @@ fn a_coverage_zone_file_imports_as_units_over_an_instances_clusters() {
     cdnmap(d, &["verify", "z.json", "za.json"]).assert_code(0);
 
     // Refusals, each naming what is wrong.
-    let bad = serde_json::json!({"coverageZones": {"one": {"network": ["192.0.2.0/24", "192.0.2.300/24"]}}});
-    write_json(&d.join("bad.json"), &bad);
-    cdnmap(
-        d,
-        &[
+    let import = |czf: &str, groups: &str| {
+        let args = [
             "import",
             "czf",
-            "bad.json",
+            czf,
             "--clusters",
             base_arg,
             "--groups",
-            "groups.toml",
+            groups,
             "--class-mix",
             &mix,
             "--out",
             "x.json",
-        ],
-    )
-    .assert_error(&["bad.json", "coverageZones.one.network[1]", "192.0.2.300/24"]);
+        ];
+        cdnmap(d, &args)
+    };
+    let bad = serde_json::json!({"coverageZones": {"one": {"network": ["192.0.2.0/24", "192.0.2.300/24"]}}});
+    write_json(&d.join("bad.json"), &bad);
+    import("bad.json", "groups.toml").assert_error(&[
+        "bad.json",
+        "coverageZones.one.network[1]",
+        "192.0.2.300/24",
+    ]);
     std::fs::write(
         d.join("nogroup.toml"),
         "[groups]\none = \"no-such-cluster\"\n",
     )
     .expect("write");
-    cdnmap(
-        d,
-        &[
-            "import",
-            "czf",
-            "czf.json",
-            "--clusters",
-            base_arg,
-            "--groups",
-            "nogroup.toml",
-            "--class-mix",
-            &mix,
-            "--out",
-            "x.json",
-        ],
-    )
-    .assert_error(&["no-such-cluster", "\"one\""]);
+    import("czf.json", "nogroup.toml").assert_error(&["no-such-cluster", "\"one\""]);
     std::fs::write(d.join("stray.toml"), "[groups]\none = \"a\"\n[other]\n").expect("write");
-    cdnmap(
-        d,
-        &[
-            "import",
-            "czf",
-            "czf.json",
-            "--clusters",
-            base_arg,
-            "--groups",
-            "stray.toml",
-            "--class-mix",
-            &mix,
-            "--out",
-            "x.json",
-        ],
-    )
-    .assert_error(&["stray.toml", "other"]);
+    import("czf.json", "stray.toml").assert_error(&["stray.toml", "other"]);
     assert!(!d.join("x.json").exists(), "nothing written on a refusal");
 }

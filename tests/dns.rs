@@ -901,31 +901,19 @@ async fn bad_datagrams_get_exact_answers_and_the_front_end_serves_on() {
 /// with its cluster up is answered from it as before.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_unit_with_nothing_up_goes_to_its_class_last_resort() {
-    let leaf =
-        |k: &str| serde_json::json!({"name": k, "kind": "fps", "capacity": 1e6, "classes": [k]});
-    let cluster = |id: &str, ip: &str, state: &str| {
-        serde_json::json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": [ip], "state": state,
-            "resources": {"name": "uplink", "kind": "bps", "capacity": 1e6,
-                          "children": [leaf("web"), leaf("video"), leaf("apps")]}})
-    };
-    let unit = |id: &str, class: &str, prefix: &str, at: &str| {
-        serde_json::json!({"id": id, "class": class, "demand": 10, "prefixes": [prefix],
-                           "lat": 50.0, "lon": 8.0, "candidates": [{"cluster": at, "score": 1.0}]})
-    };
-    let classes: Vec<serde_json::Value> = ["web", "video", "apps"]
-        .map(
-            |k| serde_json::json!({"name": k, "priority": 1, "per_unit": {"bps": 1.0, "fps": 1.0}}),
-        )
-        .into();
-    let instance = serde_json::json!({
-        "traffic_classes": classes,
-        "clusters": [cluster("a", "198.51.100.1", "up"), cluster("b", "198.51.100.2", "down")],
-        "map_units": [unit("ua", "web", "10.0.3.0/24", "a"), unit("ub", "web", "10.0.1.0/24", "b"),
-                      unit("uv", "video", "10.0.2.0/24", "b")]
-    });
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("w.json");
-    std::fs::write(&path, instance.to_string()).expect("write the instance");
+    let path = cdnmap_tests::mapper::write_small_instance(
+        dir.path(),
+        &[
+            ("a", &["198.51.100.1"], "up"),
+            ("b", &["198.51.100.2"], "down"),
+        ],
+        &[
+            ("ua", "web", "10.0.3.0/24", &["a"]),
+            ("ub", "web", "10.0.1.0/24", &["b"]),
+            ("uv", "video", "10.0.2.0/24", &["b"]),
+        ],
+    );
     let mut setup = Setup::with_config(
         bin!(),
         true,

@@ -2612,35 +2612,20 @@ async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
     });
-    let tree = |name: &str| {
-        let leaf = |k: &str| serde_json::json!({"name": k, "kind": "fps", "capacity": 1e6, "classes": [k]});
-        serde_json::json!({"name": name, "kind": "bps", "capacity": 1e6,
-                           "children": [leaf("web"), leaf("video"), leaf("apps")]})
-    };
-    let cluster = |id: &str, ips: &[&str]| {
-        serde_json::json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": ips,
-                           "state": "up", "resources": tree("uplink")})
-    };
-    let unit = |id: &str, prefix: &str, first: &str, second: &str| {
-        serde_json::json!({"id": id, "class": "web", "demand": 10, "prefixes": [prefix],
-                           "lat": 50.0, "lon": 8.0,
-                           "candidates": [{"cluster": first, "score": 1.0},
-                                          {"cluster": second, "score": 5.0}]})
-    };
-    let classes: Vec<Value> = ["web", "video", "apps"]
-        .map(
-            |k| serde_json::json!({"name": k, "priority": 1, "per_unit": {"bps": 1.0, "fps": 1.0}}),
-        )
-        .into();
-    let instance = serde_json::json!({
-        "traffic_classes": classes,
-        "clusters": [cluster("a", &["127.0.0.2", "127.0.0.5"]), cluster("b", &["127.0.0.3"]), cluster("c", &["127.0.0.4"])],
-        "map_units": [unit("ua", "10.0.3.0/24", "a", "b"), unit("ub", "10.0.1.0/24", "b", "a"),
-                      unit("uc", "10.0.2.0/24", "c", "a")]
-    });
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("w.json");
-    std::fs::write(&path, instance.to_string()).expect("write the instance");
+    let path = cdnmap_tests::mapper::write_small_instance(
+        dir.path(),
+        &[
+            ("a", &["127.0.0.2", "127.0.0.5"], "up"),
+            ("b", &["127.0.0.3"], "up"),
+            ("c", &["127.0.0.4"], "up"),
+        ],
+        &[
+            ("ua", "web", "10.0.3.0/24", &["a", "b"]),
+            ("ub", "web", "10.0.1.0/24", &["b", "a"]),
+            ("uc", "web", "10.0.2.0/24", &["c", "a"]),
+        ],
+    );
     let mut setup = Setup::with_config(
         bin!(),
         true,

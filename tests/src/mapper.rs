@@ -635,3 +635,45 @@ pub async fn resolves(server: &Server, unit: &pb::MapUnit) -> pb::ResolveRespons
     assert!(!a.addresses.is_empty(), "{a:?}");
     a
 }
+
+/// A cluster of [`write_small_instance`]: id, addresses, state ("up", "drained", "down").
+pub type SmallCluster<'a> = (&'a str, &'a [&'a str], &'a str);
+/// A map unit of [`write_small_instance`]: id, class, prefix, candidates best first.
+pub type SmallUnit<'a> = (&'a str, &'a str, &'a str, &'a [&'a str]);
+
+/// A small topology for a test that needs its own, written as the instance file `w.json` in
+/// `dir` (its path returned): classes web, video and apps; each cluster with an uplink and a
+/// leaf per class, all of ample capacity, at one place; each unit with demand 10 and its
+/// candidates scored 1, 2, ... in order.
+pub fn write_small_instance(dir: &Path, clusters: &[SmallCluster], units: &[SmallUnit]) -> PathBuf {
+    use serde_json::json;
+    let leaf = |k: &str| json!({"name": k, "kind": "fps", "capacity": 1e6, "classes": [k]});
+    let classes: Vec<serde_json::Value> = ["web", "video", "apps"]
+        .iter()
+        .map(|k| json!({"name": k, "priority": 1, "per_unit": {"bps": 1.0, "fps": 1.0}}))
+        .collect();
+    let clusters: Vec<serde_json::Value> = clusters
+        .iter()
+        .map(|&(id, addresses, state)| {
+            json!({"id": id, "lat": 50.0, "lon": 8.0, "addresses": addresses, "state": state,
+                   "resources": {"name": "uplink", "kind": "bps", "capacity": 1e6,
+                                 "children": [leaf("web"), leaf("video"), leaf("apps")]}})
+        })
+        .collect();
+    let units: Vec<serde_json::Value> = units
+        .iter()
+        .map(|&(id, class, prefix, candidates)| {
+            let candidates: Vec<serde_json::Value> = candidates
+                .iter()
+                .enumerate()
+                .map(|(i, c)| json!({"cluster": c, "score": 1.0 + i as f64}))
+                .collect();
+            json!({"id": id, "class": class, "demand": 10, "prefixes": [prefix],
+                   "lat": 50.0, "lon": 8.0, "candidates": candidates})
+        })
+        .collect();
+    let instance = json!({"traffic_classes": classes, "clusters": clusters, "map_units": units});
+    let path = dir.join("w.json");
+    std::fs::write(&path, instance.to_string()).expect("write the instance");
+    path
+}

@@ -209,6 +209,46 @@ fn brute_force_keyed(
     all
 }
 
+/// Checks unit `u`'s candidates against `all` (brute force's eligible clusters, best first):
+/// the nearest within reach, at most `candidates`, equal unless a cluster sits within float
+/// noise of another or of the limit, each scored as brute force scores it; or, with none
+/// within reach, the single nearest. Says whether it was that fallback.
+fn check_nearest_within_reach(
+    inst: &Instance,
+    params: &WorldParams,
+    u: UnitIdx,
+    all: &[(f64, u32)],
+) -> bool {
+    let got: Vec<Candidate> = inst.candidates(u).collect();
+    // Scores are from the f64 location; the stored location is f32.
+    for (i, cand) in got.iter().enumerate() {
+        assert!(
+            (f64::from(cand.score) - all[i].0).abs() < 1e-3,
+            "unit {u} #{i}"
+        );
+    }
+    let want: Vec<(f64, u32)> = all
+        .iter()
+        .take(params.candidates)
+        .filter(|(r, _)| *r <= params.max_rtt_ms - 1e-3)
+        .copied()
+        .collect();
+    if want.is_empty() {
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].cluster, all[0].1, "unit {u}: fallback is the best");
+        return true;
+    }
+    assert!(got.len() >= want.len(), "unit {u}");
+    for (i, &(score, j)) in want.iter().enumerate() {
+        let tie = |k: usize| want.get(k).is_some_and(|w| (w.0 - score).abs() < 1e-3);
+        assert!(
+            got[i].cluster == j || tie(i + 1) || (i > 0 && tie(i - 1)),
+            "unit {u} #{i}"
+        );
+    }
+    false
+}
+
 #[test]
 fn candidates_are_the_nearest_within_reach() {
     // 600 clusters: big sites have several, so the per-site limit binds.
@@ -231,35 +271,11 @@ fn candidates_are_the_nearest_within_reach() {
     let (mut fallbacks, mut limited) = (0, 0);
     for u in (0..inst.unit_count() as UnitIdx).step_by(7) {
         let all = brute_force(&inst, &params, u);
-        let got: Vec<Candidate> = inst.candidates(u).collect();
-        // Scores are from the f64 location; the stored location is f32.
-        for (i, cand) in got.iter().enumerate() {
-            assert!(
-                (f64::from(cand.score) - all[i].0).abs() < 1e-3,
-                "unit {u} #{i}"
-            );
-        }
-        let want: Vec<(f64, u32)> = all
-            .iter()
-            .take(params.candidates)
-            .filter(|(r, _)| *r <= params.max_rtt_ms - 1e-3)
-            .copied()
-            .collect();
-        if want.is_empty() {
+        if check_nearest_within_reach(&inst, &params, u, &all) {
             fallbacks += 1;
-            assert_eq!(got.len(), 1);
-            assert_eq!(got[0].cluster, all[0].1, "unit {u}: fallback is the best");
             continue;
         }
-        // Equal unless a cluster sits within float noise of the limit.
-        assert!(got.len() >= want.len(), "unit {u}");
-        for (i, &(score, j)) in want.iter().enumerate() {
-            let tie = |k: usize| want.get(k).is_some_and(|w| (w.0 - score).abs() < 1e-3);
-            assert!(
-                got[i].cluster == j || tie(i + 1) || (i > 0 && tie(i - 1)),
-                "unit {u} #{i}"
-            );
-        }
+        let got: Vec<Candidate> = inst.candidates(u).collect();
         let mut per_site: BTreeMap<String, usize> = BTreeMap::new();
         for cand in &got {
             *per_site.entry(site(cand.cluster)).or_default() += 1;
@@ -542,28 +558,9 @@ fn a_world_from_a_maxmind_db_has_a_unit_per_network_and_class_where_the_database
             let (lat, lon) = inst.unit_location(u);
             assert!((lat - l.lat).abs() < 1e-4 && (lon - l.lon).abs() < 1e-4);
             let all = brute_force_keyed(inst, &params, u, p);
-            let got: Vec<Candidate> = inst.candidates(u).collect();
-            let want: Vec<(f64, u32)> = all
-                .iter()
-                .take(params.candidates)
-                .filter(|(r, _)| *r <= params.max_rtt_ms - 1e-3)
-                .copied()
-                .collect();
-            if want.is_empty() {
+            if check_nearest_within_reach(inst, &params, u, &all) {
                 fallbacks += 1;
-                assert_eq!(got.len(), 1);
-                assert_eq!(got[0].cluster, all[0].1, "{}: the nearest", l.net);
                 continue;
-            }
-            assert!(got.len() >= want.len(), "{}", l.net);
-            for (i, &(score, j)) in want.iter().enumerate() {
-                let tie = |k: usize| want.get(k).is_some_and(|w| (w.0 - score).abs() < 1e-3);
-                assert!(
-                    got[i].cluster == j || tie(i + 1) || (i > 0 && tie(i - 1)),
-                    "{} #{i}",
-                    l.net
-                );
-                assert!((f64::from(got[i].score) - score).abs() < 1e-3);
             }
             checked += 1;
         }
