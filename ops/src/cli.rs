@@ -529,9 +529,11 @@ enum BenchCommand {
     /// The table of reported server loads (a DashMap) against a HashMap behind one mutex:
     /// one report written, every load read, and both at once; medians and the ratio.
     ServerLoads(crate::bench_loads::LoadsBenchArgs),
-    /// dnsperf against `cdnmap dns` (following a `cdnmap serve` it starts) and against gdnsd
-    /// serving an equivalent static zone, on loopback: median queries per second, latency, and
-    /// the ratio. Needs Debian's dnsperf and gdnsd.
+    /// dnsperf against `cdnmap dns` (following a `cdnmap serve` it starts), against gdnsd with
+    /// plugin_geoip answering the same world (a longest-prefix match a query) and against
+    /// gdnsd serving a static zone, in turn, on loopback: median queries per second, CPU per
+    /// query, latency and peak memory of each, and the ratios against issue 16's targets.
+    /// Needs Debian's dnsperf and gdnsd.
     Dns(crate::bench_dns::DnsBenchArgs),
     /// `cdnmap serve` on a demo world and one `cdnmap dns` following it, as processes: the time
     /// to the first DNS answer from the map, then a few rounds followed, and each process's
