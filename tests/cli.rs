@@ -1487,6 +1487,13 @@ fn bad_configs_are_refused_with_exact_errors() {
         ),
         (
             "serve",
+            format!("{serve_base}[mmdb]\nfiles = [\"w.mmdb\"]\nclass_mix = \"web\"\n"),
+            "the configuration's mmdb.class_mix \"web\": class mix \"web\": \"web\" is not \
+             CLASS=SHARE"
+                .into(),
+        ),
+        (
+            "serve",
             format!("{serve_base}etcd = [\"http://127.0.0.1:2379\"]\n{demo}"),
             "serve.toml: node_id: is needed with etcd: each replica's own name (--node-id)".into(),
         ),

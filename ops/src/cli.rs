@@ -782,6 +782,13 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     config
         .validate()
         .context("the configuration with --etcd and --node-id")?;
+    // Checked at every start, not only the first (when the store has no topology yet and the
+    // networks are read).
+    if let Some(m) = &config.mmdb {
+        m.class_mix
+            .parse::<world::ClassMix>()
+            .with_context(|| format!("the configuration's mmdb.class_mix {:?}", m.class_mix))?;
+    }
     // The topology to start from when the store has none (a restart keeps the stored one,
     // with every acknowledged edit, and does not read or generate this).
     let (instance_file, demo) = (config.instance.clone(), config.demo.clone());
