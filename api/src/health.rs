@@ -143,7 +143,7 @@ impl Health {
     pub fn down(&self) -> BTreeMap<String, String> {
         self.clusters()
             .iter()
-            .filter(|(_, a)| !a.is_empty() && a.iter().all(|a| !a.flap.up))
+            .filter(|(_, a)| all_down(a))
             .map(|(id, addrs)| {
                 let why: Vec<String> = addrs
                     .iter()
@@ -321,12 +321,14 @@ impl Health {
             kept.entry(id).or_default().push(a);
         }
         *clusters = kept;
-        let down = clusters
-            .values()
-            .filter(|a| !a.is_empty() && a.iter().all(|a| !a.flap.up))
-            .count();
+        let down = clusters.values().filter(|a| all_down(a)).count();
         metrics::gauge!("cdnmap_health_clusters_down").set(down as f64);
     }
+}
+
+/// Whether a cluster's probed addresses are all down (a cluster with none probed is not).
+fn all_down(addresses: &[Address]) -> bool {
+    !addresses.is_empty() && addresses.iter().all(|a| !a.flap.up)
 }
 
 /// One probe of `addr`.

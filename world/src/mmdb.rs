@@ -119,17 +119,8 @@ pub fn read(
 
 /// `net` folded to a map unit's granularity (module docs), truncated.
 pub fn fold(net: IpNet, v6_len: u8) -> IpNet {
-    let net = match net {
-        IpNet::V6(n) => match n.network().to_ipv4_mapped() {
-            // A v4-mapped network is its IPv4 form.
-            Some(a) if n.prefix_len() >= 96 => {
-                IpNet::V4(Ipv4Net::new(a, n.prefix_len() - 96).unwrap_or_default())
-            }
-            _ => IpNet::V6(n),
-        },
-        v4 => v4,
-    };
-    match net {
+    // A v4-mapped network is its IPv4 form, as the prefix index has it.
+    match cdnmap_topology::canonical(&net) {
         IpNet::V4(n) if n.prefix_len() > V4_FOLD_LEN => {
             IpNet::V4(Ipv4Net::new(n.network(), V4_FOLD_LEN).unwrap_or(n))
         }
