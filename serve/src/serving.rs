@@ -912,12 +912,16 @@ impl ServingMap {
     }
 
     /// Whether unit `u` is placed alike in this map and in `other` (of the same units and
-    /// clusters): the same clusters by index and shares bit for bit, and the same backups.
+    /// clusters): the same clusters by index and shares bit for bit, the same backups, and
+    /// for a unit with nothing placed, overflow alike.
     pub fn placed_alike(&self, u: UnitIdx, other: &ServingMap) -> bool {
         let ((ca, sa), (cb, sb)) = (self.shares(u), other.shares(u));
         ca == cb
             && sa.iter().zip(sb).all(|(x, y)| x.to_bits() == y.to_bits())
             && self.units.backup[u as usize] == other.units.backup[u as usize]
+            // A unit with nothing placed is answered by whether it overflowed (the class's
+            // fallback) or had no demand (its best candidates).
+            && (!ca.is_empty() || (self.overflow(u) > 0.0) == (other.overflow(u) > 0.0))
     }
 
     /// The unit keys, held apart from this version ([`UnitKeysRef`]).
