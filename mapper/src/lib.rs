@@ -9,6 +9,7 @@ pub mod map;
 pub mod mem;
 pub mod model;
 mod parts;
+pub mod rescore;
 pub mod solve;
 pub mod sticky;
 #[cfg(test)]
@@ -22,8 +23,11 @@ pub use model::{
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
     TrafficClass, UnitIdx,
 };
+pub use rescore::Rescore;
 pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
-pub use sticky::{favour_incumbents, Stickiness, DEFAULT_STICKINESS, MAX_STICKINESS};
+pub use sticky::{
+    effective_preferences, favour_incumbents, Stickiness, DEFAULT_STICKINESS, MAX_STICKINESS,
+};
 pub use verify::{
     verify, verify_with, BlockingPair, CapacityViolation, ConservationViolation, Placement, Report,
     ShapeMismatch, Tolerances,

@@ -42,6 +42,7 @@ use crate::model::{
     CandidateColumns, ClusterIdx, Favour, FirstCandidate, Head, Instance, UnitIdx, NO_RANK,
 };
 use crate::parts;
+use crate::rescore::Rescore;
 
 /// The largest margin accepted: at 1 an incumbent's score would be 0 and nothing could ever
 /// move.
@@ -109,34 +110,72 @@ pub fn favour_incumbents(
     previous: &Map,
     stickiness: &Stickiness,
 ) -> Result<Instance, ModelError> {
+    effective_preferences(instance, Some(previous), stickiness, &Rescore::default())
+}
+
+/// A round's effective preferences: `instance`'s, with the measured scores of `rescore` in
+/// place of the instance's estimates (each measured unit's candidates in their order by
+/// the measured scores), and, when seeded from `previous` with a margin, its incumbents
+/// favoured as [`favour_incumbents`] favours them. Without measurements and without a
+/// previous map (or a margin of 0) it is the instance. The work beyond the instance's shared
+/// columns is in proportion to the units measured, as a copy of their candidates.
+pub fn effective_preferences(
+    instance: &Instance,
+    previous: Option<&Map>,
+    stickiness: &Stickiness,
+    rescore: &Rescore,
+) -> Result<Instance, ModelError> {
     stickiness.validate()?;
-    let margin = stickiness.margin;
-    if previous.unit_count() != instance.unit_count() {
-        return Err(ModelError::MapShape {
-            map_units: previous.unit_count(),
-            instance_units: instance.unit_count(),
-        });
+    if let Some(previous) = previous {
+        if previous.unit_count() != instance.unit_count() {
+            return Err(ModelError::MapShape {
+                map_units: previous.unit_count(),
+                instance_units: instance.unit_count(),
+            });
+        }
     }
-    if margin == 0.0 {
+    // No margin is no incumbent.
+    let previous = previous.filter(|_| stickiness.margin > 0.0);
+    if previous.is_none() && rescore.is_empty() {
         return Ok(instance.clone());
+    }
+    if let Some(&u) = rescore.units().last() {
+        debug_assert!((u as usize) < instance.unit_count());
     }
     // Preferences derived once more start from the effective ones, written out.
     let base = instance.flattened();
-    let factor = (1.0 - margin) as f32;
+    let (factor, incumbents_first) = match previous {
+        Some(_) => (
+            (1.0 - stickiness.margin) as f32,
+            stickiness.incumbents_first,
+        ),
+        None => (1.0, false),
+    };
     // The units in two halves, one on another thread, when there are enough of them to pay
     // for it.
     let parts = parts::parts_for(base.unit_count(), parts::PARALLEL_ITEMS);
-    let favour = favour_in_parts(&base, previous, factor, stickiness, parts)?;
+    let settings = Settings {
+        factor,
+        incumbents_first,
+        rescore,
+    };
+    let favour = favour_in_parts(&base, previous, &settings, parts)?;
     Ok(base.with_favour(favour))
+}
+
+/// What [`effective_preferences`] applies, besides the previous map.
+struct Settings<'a> {
+    factor: f32,
+    incumbents_first: bool,
+    rescore: &'a Rescore,
 }
 
 /// The [`Favour`] of `base`, its units split into `parts` ranges, each but the first on its
 /// own thread; the parts are joined in unit order, so the result does not depend on `parts`.
 fn favour_in_parts(
     base: &Instance,
-    previous: &Map,
-    factor: f32,
-    stickiness: &Stickiness,
+    previous: Option<&Map>,
+    settings: &Settings<'_>,
     parts: usize,
 ) -> Result<Favour, ModelError> {
     let n = base.unit_count();
@@ -146,8 +185,7 @@ fn favour_in_parts(
         favour_part(
             base,
             previous,
-            factor,
-            stickiness,
+            settings,
             r.start as UnitIdx..r.end as UnitIdx,
             room,
         )
@@ -167,7 +205,7 @@ fn favour_in_parts(
             rule: "must be a finite number >= 0",
         });
     }
-    join_parts(base, factor, stickiness.incumbents_first, done)
+    join_parts(base, settings.factor, settings.incumbents_first, done)
 }
 
 /// The effective preferences of a range of units (see [`favour_incumbents`]): their
@@ -191,9 +229,8 @@ struct Part {
 /// One part of [`favour_in_parts`]: the units of `units`, with room for `room` of them.
 fn favour_part(
     base: &Instance,
-    previous: &Map,
-    factor: f32,
-    stickiness: &Stickiness,
+    previous: Option<&Map>,
+    settings: &Settings<'_>,
     units: std::ops::Range<UnitIdx>,
     room: usize,
 ) -> Part {
@@ -226,16 +263,24 @@ fn favour_part(
     let favouring = Favouring {
         base,
         previous,
-        factor,
-        incumbents_first: stickiness.incumbents_first,
+        factor: settings.factor,
+        incumbents_first: settings.incumbents_first,
         word_base,
         arena_len: cands.cluster.len(),
     };
     let mut marks: Vec<usize> = Vec::new();
     let mut order: Vec<(f32, ClusterIdx, usize)> = Vec::new();
+    // The next unit with measured scores.
+    let rescore = settings.rescore;
+    let mut next = rescore.first_at_or_after(units.start);
     for u in units.clone() {
         let local = (u - units.start) as usize;
         let c = favouring.candidates(u);
+        if rescore.units().get(next) == Some(&u) {
+            favouring.rescored(&mut part, &mut marks, &mut order, u, &c, rescore.at(next));
+            next += 1;
+            continue;
+        }
         let one = match favouring.quick(u, &c) {
             Quick::One(p) => p,
             Quick::Gone => {
@@ -256,7 +301,8 @@ fn favour_part(
 /// settings, and where its part's favoured bits start (`word_base`, in words of the arena).
 struct Favouring<'a> {
     base: &'a Instance,
-    previous: &'a Map,
+    /// `None`: no incumbents (no stickiness), only measured scores.
+    previous: Option<&'a Map>,
     factor: f32,
     incumbents_first: bool,
     word_base: usize,
@@ -297,12 +343,18 @@ impl<'a> Favouring<'a> {
         }
     }
 
+    /// Unit `u`'s allocations in the previous map (none without one).
+    #[inline(always)]
+    fn allocations(&self, u: UnitIdx) -> &'a [crate::map::Allocation] {
+        self.previous.map_or(&[], |p| p.allocations(u))
+    }
+
     /// The usual case, without the bookkeeping of [`Self::general`]: one incumbent. Most are
     /// the unit's first choice: its head says so, and the unit's candidates are not read at
     /// all.
     #[inline(always)]
     fn quick(&self, u: UnitIdx, c: &UnitCands<'_>) -> Quick {
-        if let ([a], false) = (self.previous.allocations(u), c.list.is_empty()) {
+        if let ([a], false) = (self.allocations(u), c.list.is_empty()) {
             if a.amount > 0.0 && a.amount < f64::INFINITY {
                 if a.cluster == c.head.cluster {
                     return Quick::One(0);
@@ -366,24 +418,7 @@ impl<'a> Favouring<'a> {
         u: UnitIdx,
         c: &UnitCands<'_>,
     ) -> Option<usize> {
-        // The positions of the unit's incumbents (once each, should the map name a cluster
-        // twice). An amount of 0 makes no incumbent; one that is no amount at all refuses the
-        // previous map (`favour_in_parts` names it).
-        marks.clear();
-        for a in self.previous.allocations(u) {
-            if !(a.amount >= 0.0 && a.amount < f64::INFINITY) {
-                part.bad.get_or_insert((u, a.cluster, a.amount));
-                continue;
-            }
-            if a.amount == 0.0 {
-                continue;
-            }
-            if let Some(j) = c.list.iter().position(|&x| x == a.cluster) {
-                if !marks.contains(&j) {
-                    marks.push(j);
-                }
-            }
-        }
+        self.incumbents(part, marks, u, c);
         if c.list.is_empty() {
             part.first.push(FirstCandidate {
                 cluster: 0,
@@ -402,6 +437,92 @@ impl<'a> Favouring<'a> {
         }
         self.several(part, marks, order, c);
         None
+    }
+
+    /// Sets `marks` to the positions of unit `u`'s incumbents (once each, should the map name
+    /// a cluster twice). An amount of 0 makes no incumbent; one that is no amount at all
+    /// refuses the previous map (`favour_in_parts` names it).
+    #[inline]
+    fn incumbents(&self, part: &mut Part, marks: &mut Vec<usize>, u: UnitIdx, c: &UnitCands<'_>) {
+        marks.clear();
+        for a in self.allocations(u) {
+            if !(a.amount >= 0.0 && a.amount < f64::INFINITY) {
+                part.bad.get_or_insert((u, a.cluster, a.amount));
+                continue;
+            }
+            if a.amount == 0.0 {
+                continue;
+            }
+            if let Some(j) = c.list.iter().position(|&x| x == a.cluster) {
+                if !marks.contains(&j) {
+                    marks.push(j);
+                }
+            }
+        }
+    }
+
+    /// A unit with measured scores (`measured`, in cluster order; each a candidate's): its
+    /// candidates move to `moved` with the measured scores in place of the instance's, in
+    /// their order by (score with any incumbent's bonus, cluster id), its incumbents
+    /// favoured as everywhere else.
+    #[inline(never)]
+    fn rescored(
+        &self,
+        part: &mut Part,
+        marks: &mut Vec<usize>,
+        order: &mut Vec<(f32, ClusterIdx, usize)>,
+        u: UnitIdx,
+        c: &UnitCands<'_>,
+        measured: &[(ClusterIdx, f32)],
+    ) {
+        self.incumbents(part, marks, u, c);
+        let score = |j: usize| match measured.binary_search_by_key(&c.list[j], |&(x, _)| x) {
+            Ok(k) => measured[k].1,
+            Err(_) => c.scores[j],
+        };
+        let bonus = |j: usize| {
+            if marks.contains(&j) {
+                self.factor
+            } else {
+                1.0
+            }
+        };
+        order.clear();
+        order.extend((0..c.list.len()).map(|j| (score(j) * bonus(j), c.list[j], j)));
+        order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let Some(&(_, cluster, j0)) = order.first() else {
+            // A measured unit has candidates; should one have none, it stays as it is.
+            part.first.push(FirstCandidate {
+                cluster: 0,
+                rank: 0.0,
+                newcomer: false,
+            });
+            part.start.push(c.start as u32);
+            return;
+        };
+        let rank = match c.ranks.map(|r| r[j0]) {
+            Some(r) if r != NO_RANK => r,
+            _ => score(j0),
+        };
+        part.first.push(FirstCandidate {
+            cluster,
+            rank: rank * bonus(j0),
+            newcomer: self.incumbents_first && !marks.contains(&j0),
+        });
+        let at = part.moved.cluster.len();
+        // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
+        part.start
+            .push(u32::try_from(self.arena_len + at).unwrap_or(u32::MAX));
+        for (k, &(_, cluster, j)) in order.iter().enumerate() {
+            part.moved.cluster.push(cluster);
+            part.moved.score.push(score(j));
+            if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), c.ranks) {
+                r.push(o[j]);
+            }
+            if marks.contains(&j) {
+                part.moved_favoured.push(at + k);
+            }
+        }
     }
 
     /// A unit with several incumbents: only a favoured entry got better, so the order can
@@ -690,14 +811,82 @@ mod tests {
             }
             previous.push_unit(picks, 0.0);
         }
-        let stickiness = Stickiness::margin(0.3);
-        let one = favour_in_parts(&inst, &previous, 0.7, &stickiness, 1).expect("favour");
-        assert!(!one.moved.cluster.is_empty(), "some units are copied aside");
-        assert!(one.promote.iter().any(|p| p[0] != 0), "some are promoted");
-        for parts in [2, 3, 7] {
-            let other = favour_in_parts(&inst, &previous, 0.7, &stickiness, parts).expect("favour");
-            assert!(one == other, "{parts} parts");
+        // Every 13th unit with its candidates' scores measured (some of them, reversed).
+        let measured: Vec<_> = (0..inst.unit_count() as UnitIdx)
+            .step_by(13)
+            .flat_map(|u| {
+                let n = inst.candidate_count(u);
+                inst.candidates(u)
+                    .enumerate()
+                    .filter(|(j, _)| j % 2 == 0)
+                    .map(move |(j, c)| (u, c.cluster, 1.0 + (n - j) as f32))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let rescore = Rescore::new(&inst, measured).expect("measurements");
+        assert!(!rescore.is_empty());
+        for rescore in [Rescore::default(), rescore] {
+            let settings = Settings {
+                factor: 0.7,
+                incumbents_first: true,
+                rescore: &rescore,
+            };
+            let one = favour_in_parts(&inst, Some(&previous), &settings, 1).expect("favour");
+            assert!(!one.moved.cluster.is_empty(), "some units are copied aside");
+            assert!(one.promote.iter().any(|p| p[0] != 0), "some are promoted");
+            for parts in [2, 3, 7] {
+                let other =
+                    favour_in_parts(&inst, Some(&previous), &settings, parts).expect("favour");
+                assert!(one == other, "{parts} parts");
+            }
         }
+    }
+
+    #[test]
+    fn a_measured_score_reorders_and_moves_a_unit() {
+        let inst = instance();
+        let (m, a, b) = (0, 0, 1);
+        // Measured: "a" at 80 ms, "b" at 12 ms; cold, "m" goes to "b".
+        let rescore = Rescore::new(&inst, [(m, a, 80.0), (m, b, 12.0)]).expect("valid");
+        let eff = effective_preferences(&inst, None, &Stickiness::default(), &rescore)
+            .expect("preferences");
+        let firsts: Vec<(u32, f32)> = eff.candidates(m).map(|c| (c.cluster, c.score)).collect();
+        assert_eq!(firsts, vec![(b, 12.0), (a, 80.0)]);
+        let sol = solve(&eff, &SolveOptions::default());
+        assert!(verify(&eff, &sol.map).is_ok());
+        assert_eq!(sol.map.allocations(m)[0].cluster, b);
+        // Seeded from a map with "m" at "a": within the margin it stays, beyond it it moves.
+        let prev = previous(&inst, "a");
+        let near = Rescore::new(&inst, [(m, a, 10.5), (m, b, 10.0)]).expect("valid");
+        let eff = effective_preferences(&inst, Some(&prev), &Stickiness::default(), &near)
+            .expect("preferences");
+        let warm = solve_seeded(&eff, &prev, &SolveOptions::default());
+        assert_eq!(warm.map.allocations(m)[0].cluster, a, "within the margin");
+        let eff = effective_preferences(&inst, Some(&prev), &Stickiness::default(), &rescore)
+            .expect("preferences");
+        let warm = solve_seeded(&eff, &prev, &SolveOptions::default());
+        assert!(verify(&eff, &warm.map).is_ok());
+        assert_eq!(warm.map.allocations(m)[0].cluster, b, "beyond the margin");
+        // Only the measured unit was copied aside.
+        let moved = eff.favour.as_ref().map_or(0, |f| f.moved.cluster.len());
+        assert_eq!(moved, 2);
+    }
+
+    #[test]
+    fn bad_measurements_are_refused_by_name() {
+        let inst = instance();
+        for score in [0.0, -1.0, f32::NAN, f32::INFINITY, 1e9] {
+            let err = Rescore::new(&inst, [(0, 0, score)]).expect_err("a bad score");
+            assert!(err.to_string().contains("\"m\""), "{err}");
+        }
+        let err = Rescore::new(&inst, [(0, 0, 5.0), (0, 0, 6.0)]).expect_err("twice");
+        assert!(err.to_string().contains("twice"), "{err}");
+        assert!(Rescore::new(&inst, [(2, 0, 5.0)]).is_err(), "no unit 2");
+        assert!(Rescore::new(&inst, [(0, 2, 5.0)]).is_err(), "no cluster 2");
+        // "n" has no candidate "b": left out, counted.
+        let r = Rescore::new(&inst, [(1, 1, 5.0)]).expect("valid");
+        assert!(r.is_empty());
+        assert_eq!(r.not_candidates(), 1);
     }
 
     #[test]

@@ -27,9 +27,10 @@
 
 use cdnmap_mapper::solve::Arrival;
 use cdnmap_mapper::{
-    favour_incumbents, solve, solve_seeded, verify, Allocation, Candidate, CandidateSpec,
-    ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, Map, MapUnitSpec, PerUnit,
-    ResourceKind, ResourceNodeSpec, Solution, SolveOptions, Stickiness, TrafficClass, UnitIdx,
+    effective_preferences, favour_incumbents, solve, solve_seeded, verify, Allocation, Candidate,
+    CandidateSpec, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, Map, MapUnitSpec,
+    PerUnit, Rescore, ResourceKind, ResourceNodeSpec, Solution, SolveOptions, Stickiness,
+    TrafficClass, UnitIdx,
 };
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
@@ -635,21 +636,31 @@ proptest! {
 /// which keeps the difference from the instance instead.
 fn effective_oracle(
     inst: &Instance,
-    previous: &Map,
+    previous: Option<&Map>,
     stickiness: &Stickiness,
+    rescore: &Rescore,
     u: UnitIdx,
 ) -> Vec<Candidate> {
     let factor = (1.0 - stickiness.margin) as f32;
     let held = |c| {
-        previous
-            .allocations(u)
-            .iter()
-            .any(|a| a.cluster == c && a.amount > 0.0)
+        stickiness.margin > 0.0
+            && previous.is_some_and(|p| {
+                p.allocations(u)
+                    .iter()
+                    .any(|a| a.cluster == c && a.amount > 0.0)
+            })
     };
     let mut out: Vec<Candidate> = inst
         .candidates(u)
         .map(|mut c| {
             c.incumbent = false;
+            // A measured score replaces the estimate, and the rank it stood for.
+            if let Some(m) = rescore.score(u, c.cluster) {
+                c.score = m;
+                if !c.explicit_rank {
+                    c.rank = m;
+                }
+            }
             if held(c.cluster) {
                 c.score *= factor;
                 c.rank = if c.explicit_rank {
@@ -673,15 +684,57 @@ fn check_effective(
 ) -> Result<Instance, TestCaseError> {
     let eff = favour_incumbents(inst, previous, stickiness)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    check_against_oracle(inst, &eff, Some(previous), stickiness, &Rescore::default())?;
+    Ok(eff)
+}
+
+fn check_against_oracle(
+    inst: &Instance,
+    eff: &Instance,
+    previous: Option<&Map>,
+    stickiness: &Stickiness,
+    rescore: &Rescore,
+) -> Result<(), TestCaseError> {
     for u in 0..inst.unit_count() as UnitIdx {
         let got: Vec<Candidate> = eff.candidates(u).collect();
-        let want = effective_oracle(inst, previous, stickiness, u);
+        let want = effective_oracle(inst, previous, stickiness, rescore, u);
         prop_assert_eq!(&got, &want, "unit {}", inst.unit_id(u));
         for (j, c) in want.iter().enumerate() {
             prop_assert_eq!(eff.candidate(u, j), *c);
         }
     }
-    Ok(eff)
+    Ok(())
+}
+
+/// Random measured scores for some of `inst`'s (unit, candidate) pairs, a few of them of
+/// clusters that are no candidate of the unit (left out).
+fn random_measurements(inst: &Instance, seed: u64) -> Vec<(UnitIdx, u32, f32)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let clusters = inst.clusters().len() as u32;
+    let mut out = Vec::new();
+    for u in 0..inst.unit_count() as UnitIdx {
+        if rng.random_range(0..3u8) != 0 {
+            continue;
+        }
+        for c in inst.candidates(u) {
+            if rng.random_bool(0.5) {
+                // Sometimes equal to another's, so that ties go by cluster id.
+                let score = if rng.random_bool(0.2) {
+                    7.0
+                } else {
+                    rng.random_range(0.5..300.0)
+                };
+                out.push((u, c.cluster, score));
+            }
+        }
+        if clusters > 0 && rng.random_bool(0.2) {
+            let c = rng.random_range(0..clusters);
+            if !out.iter().any(|&(x, y, _)| (x, y) == (u, c)) {
+                out.push((u, c, 50.0));
+            }
+        }
+    }
+    out
 }
 
 proptest! {
@@ -757,6 +810,45 @@ proptest! {
         prop_assert!(report.is_ok(), "{}", report.describe(&eff, 5));
         // Preferences derived from derived ones: the first bonus is part of the scores now.
         check_effective(&eff, &warm.map, &stickiness)?;
+    }
+
+    /// Measured scores (issue 19's RTT) in the effective preferences, with stickiness and
+    /// without a previous map, read back as the preferences written out directly: each
+    /// measured score in place of the estimate, the unit's order by it. A solve of them
+    /// verifies against them.
+    #[test]
+    fn measured_scores_equal_the_written_out_ones(
+        g in gen_with(mixed_classes(), small()),
+        margin in 0.0f64..0.9,
+        incumbents_first in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let inst = g.build(None);
+        let measured = random_measurements(&inst, seed);
+        let rescore = Rescore::new(&inst, measured.iter().copied())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let outside = measured
+            .iter()
+            .filter(|&&(u, c, _)| !inst.candidates(u).any(|x| x.cluster == c))
+            .count();
+        prop_assert_eq!(rescore.not_candidates(), outside);
+        prop_assert_eq!(rescore.len(), measured.len() - outside);
+        let stickiness = Stickiness { margin, incumbents_first };
+        // Cold: measured scores alone.
+        let cold_pref = effective_preferences(&inst, None, &stickiness, &rescore)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        check_against_oracle(&inst, &cold_pref, None, &stickiness, &rescore)?;
+        let cold = solve(&cold_pref, &SolveOptions::default());
+        let report = verify(&cold_pref, &cold.map);
+        prop_assert!(report.is_ok(), "{}", report.describe(&cold_pref, 5));
+        // Seeded from a map solved without the measurements, favouring its incumbents.
+        let previous = solve(&inst, &SolveOptions::default()).map;
+        let warm_pref = effective_preferences(&inst, Some(&previous), &stickiness, &rescore)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        check_against_oracle(&inst, &warm_pref, Some(&previous), &stickiness, &rescore)?;
+        let warm = solve_seeded(&warm_pref, &previous, &SolveOptions::default());
+        let report = verify(&warm_pref, &warm.map);
+        prop_assert!(report.is_ok(), "{}", report.describe(&warm_pref, 5));
     }
 }
 

@@ -1,0 +1,134 @@
+//! Measured scores: some units' candidates scored by what was measured (round-trip times from
+//! clients, issue 19) instead of the instance's estimate, applied where stickiness applies its
+//! bonus ([`crate::sticky::effective_preferences`]), so that a round reads the measured scores
+//! through the same accessors as every other preference and no candidate arena is copied.
+//!
+//! Promises: a [`Rescore`] names each (unit, cluster) once, only clusters that are among the
+//! unit's candidates, with a finite score in `(0, MAX_MEASURED_SCORE]`; a unit's list is in
+//! cluster order. Building one costs in proportion to the measurements, never to the instance.
+
+use crate::error::ModelError;
+use crate::model::{ClusterIdx, Instance, UnitIdx};
+
+/// The largest measured score taken: a minute of round trip is a broken measurement.
+pub const MAX_MEASURED_SCORE: f32 = 60_000.0;
+
+/// Measured scores for some units' candidates, by unit index of one instance.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rescore {
+    /// The units with a measurement, ascending.
+    units: Vec<UnitIdx>,
+    /// Where each unit's measurements start in `measured` (one more entry than `units`).
+    start: Vec<u32>,
+    /// (cluster, measured score), in cluster order within a unit.
+    measured: Vec<(ClusterIdx, f32)>,
+    /// Measurements of a cluster that is not among the unit's candidates (left out).
+    not_candidates: usize,
+}
+
+impl Rescore {
+    /// The measurements of `instance`'s units, each `(unit, cluster, score)`. A measurement of
+    /// a cluster the unit does not have as a candidate is left out and counted
+    /// ([`Self::not_candidates`]): measuring cannot add a candidate. A unit or cluster index
+    /// out of range, a score that is not a number in `(0, MAX_MEASURED_SCORE]`, or a (unit,
+    /// cluster) given twice is refused with an error naming it.
+    pub fn new(
+        instance: &Instance,
+        measurements: impl IntoIterator<Item = (UnitIdx, ClusterIdx, f32)>,
+    ) -> Result<Rescore, ModelError> {
+        let mut all: Vec<(UnitIdx, ClusterIdx, f32)> = measurements.into_iter().collect();
+        all.sort_unstable_by_key(|&(u, c, _)| (u, c));
+        let mut out = Rescore::default();
+        let clusters = instance.clusters().len();
+        for (i, &(u, c, score)) in all.iter().enumerate() {
+            if u as usize >= instance.unit_count() || c as usize >= clusters {
+                return Err(ModelError::BadNumber {
+                    subject: format!("a measured score of unit {u} at cluster {c}"),
+                    field: "index",
+                    value: f64::from(u.max(c)),
+                    rule: "must name a unit and a cluster of the instance",
+                });
+            }
+            let named = || {
+                format!(
+                    "the measured score of map unit {:?} at cluster {:?}",
+                    instance.unit_id(u),
+                    instance.clusters()[c as usize].id
+                )
+            };
+            if !(score > 0.0 && score <= MAX_MEASURED_SCORE) {
+                return Err(ModelError::BadNumber {
+                    subject: named(),
+                    field: "score",
+                    value: f64::from(score),
+                    rule: "must be a number in (0, 60000]",
+                });
+            }
+            if i > 0 && (all[i - 1].0, all[i - 1].1) == (u, c) {
+                return Err(ModelError::BadNumber {
+                    subject: named(),
+                    field: "score",
+                    value: f64::from(score),
+                    rule: "is given twice",
+                });
+            }
+            if instance.candidate_position(u, c).is_none() {
+                out.not_candidates += 1;
+                continue;
+            }
+            if out.units.last() != Some(&u) {
+                out.units.push(u);
+                out.start.push(out.measured.len() as u32);
+            }
+            out.measured.push((c, score));
+        }
+        if !out.units.is_empty() {
+            out.start.push(out.measured.len() as u32);
+        }
+        Ok(out)
+    }
+
+    /// Whether no unit has a measurement.
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    /// The units with a measurement, ascending.
+    pub fn units(&self) -> &[UnitIdx] {
+        &self.units
+    }
+
+    /// The number of (unit, cluster) measurements taken.
+    pub fn len(&self) -> usize {
+        self.measured.len()
+    }
+
+    /// Measurements left out because their cluster is not among the unit's candidates.
+    pub fn not_candidates(&self) -> usize {
+        self.not_candidates
+    }
+
+    /// The position in [`Self::units`] of the first unit at or after `u`.
+    pub(crate) fn first_at_or_after(&self, u: UnitIdx) -> usize {
+        self.units.partition_point(|&x| x < u)
+    }
+
+    /// The measurements of the unit at position `i` of [`Self::units`], in cluster order.
+    pub(crate) fn at(&self, i: usize) -> &[(ClusterIdx, f32)] {
+        &self.measured[self.start[i] as usize..self.start[i + 1] as usize]
+    }
+
+    /// Unit `u`'s measured score at cluster `c`, if measured.
+    pub fn score(&self, u: UnitIdx, c: ClusterIdx) -> Option<f32> {
+        let i = self.units.binary_search(&u).ok()?;
+        let list = self.at(i);
+        list.binary_search_by_key(&c, |&(x, _)| x)
+            .ok()
+            .map(|k| list[k].1)
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.units.capacity() * 4 + self.start.capacity() * 4 + self.measured.capacity() * 8
+    }
+}
