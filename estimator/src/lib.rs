@@ -11,6 +11,8 @@
 //! - [`observed`]: the demand reported per map unit over a period, as a column by unit index.
 //! - [`demand_code`]: a demand in 16 bits (9 significant): what each forecast is rounded to
 //!   before it reaches the instance, so the store keeps a round's demands in 2 bytes a unit.
+//! - [`rtt`]: measured round-trip times per (map unit, cluster), a robust decayed median each,
+//!   which the rounds use as scores where measured.
 //! - [`state`]: all three together as the mapping loop and the replay use them: observations
 //!   in, the next round's instance out.
 
@@ -19,4 +21,5 @@ pub mod derate;
 pub mod forecast;
 pub mod learn;
 pub mod observed;
+pub mod rtt;
 pub mod state;
