@@ -85,6 +85,9 @@ struct Obs {
     samples: u32,
 }
 
+/// A cluster's id and the reports of one unit's clients to it, oldest first.
+type Pair = (Box<str>, Vec<Obs>);
+
 /// Why a report was not taken.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RttRefused {
@@ -101,7 +104,7 @@ pub enum RttRefused {
 pub struct RttTable {
     config: RttConfig,
     /// By unit id: its clusters' reports, newest last within a pair.
-    by_unit: HashMap<Box<str>, Vec<(Box<str>, Vec<Obs>)>>,
+    by_unit: HashMap<Box<str>, Vec<Pair>>,
     pairs: usize,
 }
 
