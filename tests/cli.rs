@@ -1482,7 +1482,7 @@ fn bad_configs_are_refused_with_exact_errors() {
              `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `advertise_url`, `tls`, \
              `feedback_tokens`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
-             `selection`, `demo`, `mmdb`, `health`, `bypass`"
+             `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
                 .into(),
         ),
         (

@@ -351,9 +351,11 @@ async function lookup(q) {
       el("div", {}, el("b", {}, u.id), ` · ${u.class} · demand ${fmt(u.demand)} · ${u.prefix_count} prefix(es)${u.matched_prefix_len !== null ? ` · matched /${u.matched_prefix_len}` : ""} · at ${u.lat.toFixed(1)}, ${u.lon.toFixed(1)}`),
       el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : "", " · answered: ", el("b", { class: `route ${u.route}` }, u.route)),
       el("table", {},
-        el("thead", {}, el("tr", {}, el("th", {}, "candidate"), el("th", { class: "num" }, "score"), el("th", {}, "state"), el("th", { class: "num" }, "share"), el("th", {}, "verdict"), el("th", {}, "why"))),
-        el("tbody", {}, shownCandidates(u.candidates).map((c) => c.more ? el("tr", {}, el("td", { colspan: 6, class: "why" }, `… and ${c.more} more candidates, less preferred than where all of the demand went`)) : el("tr", {},
-          el("td", {}, c.cluster), el("td", { class: "num" }, fmt(c.score, 1)), el("td", {}, el("span", { class: `state ${c.state}` }, c.state)),
+        el("thead", {}, el("tr", {}, el("th", {}, "candidate"), el("th", { class: "num" }, "score"), el("th", {}, "from"), el("th", {}, "state"), el("th", { class: "num" }, "share"), el("th", {}, "verdict"), el("th", {}, "why"))),
+        el("tbody", {}, shownCandidates(u.candidates).map((c) => c.more ? el("tr", {}, el("td", { colspan: 7, class: "why" }, `… and ${c.more} more candidates, less preferred than where all of the demand went`)) : el("tr", {},
+          el("td", {}, c.cluster), el("td", { class: "num" }, fmt(c.score, 1)),
+          el("td", { class: c.measured ? "score-measured" : "score-estimated", title: c.measured ? `measured RTT; the estimate was ${fmt(c.estimate, 1)}` : "estimated (no RTT measured)" }, c.measured ? "measured" : "estimated"),
+          el("td", {}, el("span", { class: `state ${c.state}` }, c.state)),
           el("td", { class: "num" }, pct(c.share)), el("td", { class: c.verdict === "placed" ? "verdict-placed" : c.verdict === "passed over" ? "verdict-passed" : "" }, c.verdict),
           el("td", { class: "why" }, c.why))))))));
   } catch (e) {

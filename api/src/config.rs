@@ -206,6 +206,9 @@ pub struct Config {
     /// Per traffic class, its last resort (`[bypass.CLASS]`, a partner CDN): what clients of
     /// a unit whose every candidate is full or down are answered with.
     pub bypass: std::collections::BTreeMap<String, BypassConfig>,
+    /// Measured round-trip times (`[rtt]`, Feedback's `ReportRtt`): how reports are weighed
+    /// and how many (unit, cluster) pairs are kept.
+    pub rtt: cdnmap_estimator::rtt::RttConfig,
 }
 
 /// `[bypass.CLASS]`: `cname = "cdn.partner.example."` or `addresses = ["192.0.2.10"]`.
@@ -591,6 +594,7 @@ impl Default for Config {
             mmdb: None,
             health: None,
             bypass: Default::default(),
+            rtt: Default::default(),
         }
     }
 }
@@ -846,6 +850,7 @@ impl Config {
         if let Some(h) = &self.health {
             h.validate()?;
         }
+        self.rtt.validate().map_err(|e| invalid("rtt", e))?;
         for (class, b) in &self.bypass {
             b.bypass()
                 .map_err(|e| invalid(&format!("bypass.{class}"), e))?;

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::{Instance, ModelError, Stickiness, UnitIdx};
+use cdnmap_mapper::{ClusterIdx, Instance, ModelError, Rescore, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_topology::Topology;
 
@@ -37,6 +37,10 @@ pub struct Observations {
     pub demand: UnitDemand,
     /// Measured loads under the previous map: (cluster id, resource node name, load).
     pub loads: Vec<(String, String, f64)>,
+    /// Measured RTTs (the estimator's [`cdnmap_estimator::rtt::RttTable`] at the round's
+    /// time): (unit, cluster, ms) by index of the round's base topology. The round scores those
+    /// candidates by them instead of the topology's estimate.
+    pub rtt: Vec<(UnitIdx, ClusterIdx, f32)>,
 }
 
 /// How long each part of a step took, in milliseconds (the round's own parts are in the
@@ -65,6 +69,8 @@ pub enum StepError {
     Estimates(ModelError),
     #[error("the hostname rules: {0}")]
     Rules(ModelError),
+    #[error("the measured RTTs: {0}")]
+    Measured(ModelError),
     #[error(transparent)]
     Round(#[from] RoundError),
 }
@@ -199,11 +205,14 @@ impl Driver {
         );
         let estimate_ms = started.elapsed().as_secs_f64() * 1e3;
         let rules = rules(&topology).map_err(StepError::Rules)?;
+        let measured = Rescore::new(&topology.instance, observations.rtt.iter().copied())
+            .map_err(StepError::Measured)?;
         let solved = solve_round(
             &topology,
             previous,
             served,
             &self.stickiness,
+            &measured,
             epoch,
             now,
             self.check,

@@ -11,9 +11,11 @@ use ipnet::IpNet;
 use tonic::{Request, Response, Status};
 
 use crate::record::{
-    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, Sample, ServerLoad, Target,
+    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
+    ServerLoad, Target,
 };
 use crate::service::{invalid, now_unix_ms, Shared, MAX_PENDING_LOADS, MAX_REPORTS};
+use cdnmap_estimator::rtt::RttTable;
 use cdnmap_mapper::model::{shown_id, shown_number};
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
@@ -145,6 +147,86 @@ fn reporter_of(identity: Option<String>, claimed: &str) -> Result<String, Status
     }
 }
 
+/// What a sample names as its clients.
+enum Asked<'a> {
+    Unit(&'a str),
+    Prefix(&'a str),
+    Nothing,
+}
+
+/// Sample `i`'s target, checked: as recorded, its map unit in `topology` (what the next round
+/// maps) and in `snapshot`'s map (the published one, which bounds demand), where there is
+/// one. A map unit must exist (and be of `traffic_class`, when one is given); a prefix needs a
+/// class and is mapped to the unit covering it in the published map (none: recorded all the
+/// same, for no unit).
+fn resolve_target(
+    topology: &cdnmap_topology::Topology,
+    snapshot: Option<&crate::round::Snapshot>,
+    asked: Asked<'_>,
+    traffic_class: &str,
+    i: usize,
+) -> Result<(Target, Option<UnitIdx>, Option<UnitIdx>), Status> {
+    let class = topology.class_index(traffic_class);
+    match asked {
+        Asked::Unit(u) if !u.is_empty() => {
+            let unit = topology.unit_index(u).ok_or_else(|| {
+                invalid(format!(
+                    "samples[{i}].map_unit: no map unit {}",
+                    shown_id(u)
+                ))
+            })?;
+            let own = topology.unit_class(unit);
+            if !traffic_class.is_empty() && class != Some(own) {
+                return Err(invalid(format!(
+                    "samples[{i}].traffic_class: {} is not the class of map unit {u:?} ({:?})",
+                    shown_id(traffic_class),
+                    topology.classes()[usize::from(own)].name
+                )));
+            }
+            let published_unit = snapshot.and_then(|snap| {
+                if snap.topology.same_unit_ids(topology) {
+                    Some(unit)
+                } else {
+                    snap.topology.unit_index(u)
+                }
+            });
+            Ok((Target::MapUnit(u.to_string()), Some(unit), published_unit))
+        }
+        Asked::Prefix(p) => {
+            let Some(k) = class else {
+                return Err(invalid(format!(
+                    "samples[{i}].traffic_class: {} is not a traffic class (a prefix sample needs one)",
+                    shown_id(traffic_class)
+                )));
+            };
+            let p: IpNet = p.parse().map_err(|_| {
+                invalid(format!(
+                    "samples[{i}].prefix: {} is not an IP prefix",
+                    shown_id(p)
+                ))
+            })?;
+            // The map unit of that prefix and class, if the map has one (the sample is in the
+            // record either way).
+            let mut units = (None, None);
+            if let Some(snap) = snapshot {
+                if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
+                    // The map's units are the topology's unless an edit came since.
+                    let unit = if snap.topology.same_unit_ids(topology) {
+                        Some(u)
+                    } else {
+                        topology.unit_index(snap.topology.unit_id(u))
+                    };
+                    units = (unit, Some(u));
+                }
+            }
+            Ok((Target::Prefix(p.trunc()), units.0, units.1))
+        }
+        _ => Err(invalid(format!(
+            "samples[{i}]: needs a map_unit or a prefix"
+        ))),
+    }
+}
+
 /// The most queries a second one demand sample (one prefix or map unit, one class) may
 /// report: a /24 of clients does not send ten million queries a second to one name's
 /// resolvers, and a report beyond it is refused rather than allowed to swamp the map.
@@ -193,7 +275,6 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let ratio = self.0.config.feedback_max_demand_ratio;
         let mut clipped = 0u64;
         for (i, s) in r.samples.iter().enumerate() {
-            let class = topology.class_index(&s.traffic_class);
             if !(s.queries.is_finite() && s.queries >= 0.0) {
                 return Err(invalid(format!(
                     "samples[{i}].queries: {} is not a count >= 0",
@@ -206,68 +287,13 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     shown_number(s.queries)
                 )));
             }
-            // The sample's unit in `topology` (what the next round maps) and in the published
-            // map (what bounds it), where there is one.
-            let (target, unit, published_unit) = match &s.target {
-                Some(pb::demand_sample::Target::MapUnit(u)) if !u.is_empty() => {
-                    let unit = topology.unit_index(u).ok_or_else(|| {
-                        invalid(format!(
-                            "samples[{i}].map_unit: no map unit {}",
-                            shown_id(u)
-                        ))
-                    })?;
-                    let own = topology.unit_class(unit);
-                    if !s.traffic_class.is_empty() && class != Some(own) {
-                        return Err(invalid(format!(
-                            "samples[{i}].traffic_class: {} is not the class of map unit {u:?} ({:?})",
-                            shown_id(&s.traffic_class),
-                            topology.classes()[usize::from(own)].name
-                        )));
-                    }
-                    let published_unit = snapshot.as_ref().and_then(|snap| {
-                        if snap.topology.same_unit_ids(&topology) {
-                            Some(unit)
-                        } else {
-                            snap.topology.unit_index(u)
-                        }
-                    });
-                    (Target::MapUnit(u.clone()), Some(unit), published_unit)
-                }
-                Some(pb::demand_sample::Target::Prefix(p)) => {
-                    if class.is_none() {
-                        return Err(invalid(format!(
-                            "samples[{i}].traffic_class: {} is not a traffic class (a prefix sample needs one)",
-                            shown_id(&s.traffic_class)
-                        )));
-                    }
-                    let p: IpNet = p.parse().map_err(|_| {
-                        invalid(format!(
-                            "samples[{i}].prefix: {} is not an IP prefix",
-                            shown_id(p)
-                        ))
-                    })?;
-                    // For the estimator: the map unit of that prefix and class, if the map has one
-                    // (the sample is in the record either way).
-                    let mut units = (None, None);
-                    if let (Some(snap), Some(k)) = (&snapshot, class) {
-                        if let Some((u, _)) = snap.resolver.unit_for(p.network(), k) {
-                            // The map's units are the topology's unless an edit came since.
-                            let unit = if snap.topology.same_unit_ids(&topology) {
-                                Some(u)
-                            } else {
-                                topology.unit_index(snap.topology.unit_id(u))
-                            };
-                            units = (unit, Some(u));
-                        }
-                    }
-                    (Target::Prefix(p.trunc()), units.0, units.1)
-                }
-                _ => {
-                    return Err(invalid(format!(
-                        "samples[{i}]: needs a map_unit or a prefix"
-                    )))
-                }
+            let asked = match &s.target {
+                Some(pb::demand_sample::Target::MapUnit(u)) => Asked::Unit(u),
+                Some(pb::demand_sample::Target::Prefix(p)) => Asked::Prefix(p),
+                None => Asked::Nothing,
             };
+            let (target, unit, published_unit) =
+                resolve_target(&topology, snapshot.as_deref(), asked, &s.traffic_class, i)?;
             let mut queries = s.queries;
             if let (Some(published), Some(u)) = (&published, published_unit) {
                 let snap = &published.snapshot;
@@ -433,6 +459,65 @@ impl pb::feedback_server::Feedback for FeedbackService {
                     .push_back((l.cluster.clone(), l.node.clone(), l.load));
             }
         }
+        Ok(Response::new(pb::ReportAck { accepted: n }))
+    }
+
+    async fn report_rtt(
+        &self,
+        request: Request<pb::RttReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let identity = identify(&self.0, &request)?;
+        let source = budget_source(identity.as_deref(), &request);
+        let r = request.into_inner();
+        let reporter = reporter_of(identity, &r.reporter)?;
+        if r.samples.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "samples: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.samples.len()
+            )));
+        }
+        self.spend(
+            &source,
+            r.samples.len(),
+            cdnmap_proto::prost::Message::encoded_len(&r),
+        )?;
+        let topology = self.0.topology.current();
+        let published = self.0.published();
+        let snapshot = published.as_ref().map(|p| Arc::clone(&p.snapshot));
+        let mut samples = Vec::with_capacity(r.samples.len());
+        for (i, s) in r.samples.iter().enumerate() {
+            RttTable::check(s.rtt_ms, s.samples)
+                .map_err(|e| invalid(format!("samples[{i}].{e}")))?;
+            if topology.cluster_index(&s.cluster).is_none() {
+                return Err(invalid(format!(
+                    "samples[{i}].cluster: no cluster {}",
+                    shown_id(&s.cluster)
+                )));
+            }
+            let asked = match &s.target {
+                Some(pb::rtt_sample::Target::MapUnit(u)) => Asked::Unit(u),
+                Some(pb::rtt_sample::Target::Prefix(p)) => Asked::Prefix(p),
+                None => Asked::Nothing,
+            };
+            let (target, unit, _) =
+                resolve_target(&topology, snapshot.as_deref(), asked, &s.traffic_class, i)?;
+            samples.push(RttSample {
+                target,
+                class: s.traffic_class.clone(),
+                unit: unit.map(|u| topology.unit_id(u).to_string()),
+                cluster: s.cluster.clone(),
+                rtt_ms: s.rtt_ms,
+                samples: s.samples,
+            });
+        }
+        let n = samples.len() as u64;
+        let body = RttBody {
+            measured_at_unix_ms: r.measured_at_unix_ms,
+            samples,
+        };
+        // Durable first; the table is what a restart rebuilds from the record.
+        self.store(&reporter, Report::Rtt(body.clone())).await?;
+        self.0.take_rtt(&body, now_unix_ms());
         Ok(Response::new(pb::ReportAck { accepted: n }))
     }
 }

@@ -22,6 +22,60 @@ pub struct RecordedReport {
 pub enum Report {
     Demand(DemandBody),
     Load(LoadBody),
+    /// Measured round-trip times (issue 19). Added last: the variants before keep their
+    /// numbers in the compact form.
+    Rtt(RttBody),
+}
+
+/// An RTT report: round trips measured from clients to clusters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RttBody {
+    pub measured_at_unix_ms: i64,
+    pub samples: Vec<RttSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RttSample {
+    pub target: Target,
+    /// The traffic class as reported (empty: the map unit's own).
+    pub class: String,
+    /// The map unit it was taken for on arrival (`None`: no map unit covered the prefix); a
+    /// restart rebuilds the RTT table from these.
+    pub unit: Option<String>,
+    pub cluster: String,
+    pub rtt_ms: f64,
+    pub samples: u64,
+}
+
+/// The variant number of [`Report::Rtt`] in the compact form.
+const RTT_VARIANT: u8 = 2;
+
+/// Whether stored report `bytes` (the compact form) is an RTT report, read from its first
+/// bytes only: a restart looks for them among every report of the last hour without decoding
+/// the demand reports.
+pub fn is_rtt(bytes: &[u8]) -> bool {
+    let Some(body) = bytes.strip_prefix(MAGIC.as_slice()) else {
+        return false;
+    };
+    // postcard: the reporter (a varint length, its bytes), then the report's variant.
+    let (mut len, mut shift, mut at) = (0usize, 0u32, 0usize);
+    loop {
+        let Some(&b) = body.get(at) else {
+            return false;
+        };
+        at += 1;
+        if shift > 56 {
+            return false;
+        }
+        len |= usize::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    at.checked_add(len)
+        .and_then(|i| body.get(i))
+        .is_some_and(|&v| v == RTT_VARIANT)
 }
 
 /// A demand report: the queries seen over a period, by map unit or by client prefix.
@@ -179,7 +233,36 @@ mod tests {
                     }],
                 }),
             },
+            RecordedReport {
+                reporter: "rum-1".into(),
+                report: Report::Rtt(RttBody {
+                    measured_at_unix_ms: 10_000,
+                    samples: vec![RttSample {
+                        target: Target::Prefix("1.0.1.0/24".parse().expect("net")),
+                        class: "web".into(),
+                        unit: Some("u1".into()),
+                        cluster: "fra-1".into(),
+                        rtt_ms: 23.5,
+                        samples: 40,
+                    }],
+                }),
+            },
         ]
+    }
+
+    #[test]
+    fn rtt_reports_are_told_from_their_first_bytes() {
+        for r in reports() {
+            let bytes = encode(&r);
+            assert_eq!(is_rtt(&bytes), matches!(r.report, Report::Rtt(_)));
+            for cut in 0..bytes.len().min(20) {
+                // A cut report is not taken for one (nor does the peek panic).
+                let _ = is_rtt(&bytes[..cut]);
+            }
+        }
+        let mut long = reports()[2].clone();
+        long.reporter = "r".repeat(300);
+        assert!(is_rtt(&encode(&long)), "a reporter of a two-byte length");
     }
 
     #[test]

@@ -5,10 +5,11 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use cdnmap_mapper::{
-    churn, favour_incumbents, solve, solve_seeded, verify, Allocation, Instance, Map, ModelError,
-    SolveOptions, SolveStats, Stickiness, UnitIdx,
+    churn, effective_preferences, solve, solve_seeded, verify, Allocation, Instance, Map,
+    ModelError, Rescore, SolveOptions, SolveStats, Stickiness, UnitIdx,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_serve::ServeError;
@@ -32,6 +33,9 @@ pub struct Snapshot {
     pub churn: Option<f64>,
     /// How long the round's parts took (zero for a snapshot read back from the store).
     pub timings: RoundTimings,
+    /// The measured scores (RTT) the round used in place of the topology's estimates (none
+    /// for a snapshot read back from the store).
+    pub measured: Arc<Rescore>,
 }
 
 /// How long each part of [`round`] took, in milliseconds: measurements only (the clock is
@@ -68,6 +72,7 @@ impl Snapshot {
             stats: SolveStats::default(),
             churn: None,
             timings: RoundTimings::default(),
+            measured: Arc::default(),
         })
     }
 }
@@ -97,6 +102,8 @@ pub struct Solved {
     pub churn: Option<f64>,
     /// The effective preferences and the solve (the index is timed by [`Solved::index`]).
     pub timings: RoundTimings,
+    /// The measured scores used (see [`Snapshot::measured`]).
+    pub measured: Arc<Rescore>,
 }
 
 /// Solves one round and indexes it for queries: [`solve_round`], then [`Solved::index`].
@@ -114,6 +121,7 @@ pub fn round(
         previous,
         None,
         stickiness,
+        &Rescore::default(),
         epoch,
         now_unix_ms,
         check,
@@ -123,14 +131,18 @@ pub fn round(
 
 /// Solves one round: seeded from `previous` (sticky) when there is one, cold otherwise; from
 /// `served` instead of `previous`'s own map when given (the map clients were answered from,
-/// in `previous`'s index space: a standby replica's is the leader's). The map is checked by
-/// the independent verifier against the preferences it was solved with when `check` is set
-/// (the service sets it in debug builds; it costs about a solve).
+/// in `previous`'s index space: a standby replica's is the leader's). The scores measured in
+/// `measured` (of `topology`'s units) replace the topology's estimates
+/// ([`effective_preferences`]). The map is checked by the independent verifier against the
+/// preferences it was solved with when `check` is set (the service sets it in debug builds;
+/// it costs about a solve).
+#[allow(clippy::too_many_arguments)]
 pub fn solve_round(
     topology: &Topology,
     previous: Option<&Snapshot>,
     served: Option<&Map>,
     stickiness: &Stickiness,
+    measured: &Rescore,
     epoch: u64,
     now_unix_ms: i64,
     check: bool,
@@ -138,51 +150,33 @@ pub fn solve_round(
     let instance = &topology.instance;
     let options = SolveOptions::default();
     let mut timings = RoundTimings::default();
-    let (map, stats, churn_now) = match previous {
-        None => {
-            let t = std::time::Instant::now();
-            let sol = solve(instance, &options);
-            if check {
-                checked(instance, &sol.map)?;
-            }
-            timings.solve_ms = ms_since(t);
-            (sol.map, sol.stats, None)
-        }
-        Some(prev) => {
-            let seed = carry_over(&prev.topology, served.unwrap_or(&prev.map), instance);
-            let sol = if stickiness.margin > 0.0 {
-                let t = std::time::Instant::now();
-                let effective = favour_incumbents(instance, &seed, stickiness)?;
-                timings.effective_ms = ms_since(t);
-                let t = std::time::Instant::now();
-                let sol = solve_seeded(&effective, &seed, &options);
-                if check {
-                    checked(&effective, &sol.map)?;
-                }
-                timings.solve_ms = ms_since(t);
-                sol
-            } else {
-                let t = std::time::Instant::now();
-                let sol = solve(instance, &options);
-                if check {
-                    checked(instance, &sol.map)?;
-                }
-                timings.solve_ms = ms_since(t);
-                sol
-            };
-            let c = churn(instance, &seed, &sol.map);
-            (sol.map, sol.stats, Some(c))
-        }
+    let seed =
+        previous.map(|prev| carry_over(&prev.topology, served.unwrap_or(&prev.map), instance));
+    // Sticky: seeded from the previous map, its incumbents favoured; else a cold solve.
+    let sticky = seed.as_deref().filter(|_| stickiness.margin > 0.0);
+    let t = std::time::Instant::now();
+    let preferences = effective_preferences(instance, sticky, stickiness, measured)?;
+    timings.effective_ms = ms_since(t);
+    let t = std::time::Instant::now();
+    let sol = match sticky {
+        Some(seed) => solve_seeded(&preferences, seed, &options),
+        None => solve(&preferences, &options),
     };
+    if check {
+        checked(&preferences, &sol.map)?;
+    }
+    timings.solve_ms = ms_since(t);
+    let churn_now = seed.as_ref().map(|seed| churn(instance, seed, &sol.map));
     Ok(Solved {
         epoch,
         version: previous.map_or(1, |p| p.version + 1),
         solved_at_unix_ms: now_unix_ms,
         topology: topology.clone(),
-        map,
-        stats,
+        map: sol.map,
+        stats: sol.stats,
         churn: churn_now,
         timings,
+        measured: Arc::new(measured.clone()),
     })
 }
 
@@ -252,6 +246,7 @@ impl Solved {
                 index_ms,
                 ..self.timings
             },
+            measured: self.measured,
         }
     }
 }
@@ -455,7 +450,17 @@ mod tests {
     fn a_map_indexed_alongside_is_the_map_indexed_alone() {
         let inst = instance();
         let solved = || {
-            solve_round(&inst, None, None, &Stickiness::default(), 1, 1_000, true).expect("solved")
+            solve_round(
+                &inst,
+                None,
+                None,
+                &Stickiness::default(),
+                &Rescore::default(),
+                1,
+                1_000,
+                true,
+            )
+            .expect("solved")
         };
         let alone = solved().index(rules(&inst), None).expect("alone");
         let (beside, seen) = solved().index_alongside(rules(&inst), None, |s| {

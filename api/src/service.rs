@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use cdnmap_estimator::rtt::RttTable;
 use cdnmap_estimator::state::Estimates;
-use cdnmap_mapper::{ClusterState, Instance, Limits};
+use cdnmap_mapper::{ClusterIdx, ClusterState, Instance, Limits, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_serve::servers::Servers;
 use cdnmap_topology::Topology;
@@ -94,6 +95,9 @@ pub struct Shared {
     pub(crate) budgets: crate::budget::Budgets,
     /// In-cluster selection: the last reported server loads.
     pub(crate) server_loads: ServerLoads,
+    /// Measured RTTs (Feedback's `ReportRtt`), rebuilt from the record at a start: each
+    /// round scores the measured candidates by them.
+    pub(crate) rtt: Mutex<RttTable>,
     /// The estimator's last stored checkpoint, and whether one is being written.
     pub(crate) checkpoint: Mutex<Checkpointed>,
     /// The dashboard's round history, action log and per-version figures.
@@ -309,6 +313,7 @@ impl Shared {
                 ..Pending::default()
             }),
             server_loads: ServerLoads::default(),
+            rtt: Mutex::new(RttTable::new(config.rtt)),
             budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(store.clone(), topology, seq, log, Arc::clone(&lead)),
             published: ArcSwapOption::empty(),
@@ -381,6 +386,7 @@ impl Shared {
         // Serving the stored map comes first: front ends joining a restarted mapper take the
         // whole map while this runs (at 11 M units, seconds of CPU each on a 2-core machine).
         lower_thread_priority();
+        self.restore_rtt(now_unix_ms());
         let t = Instant::now();
         let restored = restore_estimates(&self.store, served, inline, topology).or_else(|e| {
             tracing::error!(error = %e, "the estimator's stored state is unreadable: it starts afresh");
@@ -412,6 +418,73 @@ impl Shared {
             }
         }
         self.estimator_ready.send_replace(true);
+    }
+
+    /// Takes the samples of an acknowledged RTT report, received at `at_ms`, into the table
+    /// (those of a prefix no map unit covered are only in the record).
+    pub(crate) fn take_rtt(&self, body: &crate::record::RttBody, at_ms: i64) {
+        let Ok(mut table) = self.rtt.lock() else {
+            return;
+        };
+        for s in &body.samples {
+            let result = match &s.unit {
+                None => "no_unit",
+                Some(unit) => match table.record(unit, &s.cluster, s.rtt_ms, s.samples, at_ms) {
+                    Ok(()) => "taken",
+                    Err(_) => "full",
+                },
+            };
+            metrics::counter!("cdnmap_rtt_samples_total", "result" => result).increment(1);
+        }
+        metrics::gauge!("cdnmap_rtt_pairs").set(table.pairs() as f64);
+    }
+
+    /// The RTT table rebuilt from the record's RTT reports of the last `rtt.max_age_secs`
+    /// (what a start does before the first round): told from the other reports by their first
+    /// bytes, so the demand reports are not decoded.
+    fn restore_rtt(&self, now: i64) {
+        let max_age_ms = (self.config.rtt.max_age_secs * 1e3) as i64;
+        let mut reports = 0usize;
+        let read = self
+            .store
+            .for_each_report(now.saturating_sub(max_age_ms), i64::MAX, |at, bytes| {
+                if crate::record::is_rtt(bytes) {
+                    match crate::record::decode(bytes) {
+                        Ok(crate::record::RecordedReport {
+                            report: crate::record::Report::Rtt(body),
+                            ..
+                        }) => {
+                            reports += 1;
+                            self.take_rtt(&body, at);
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(at, error = %e, "an RTT report in the record is unreadable"),
+                    }
+                }
+                true
+            });
+        if let Err(e) = read {
+            tracing::error!(error = %e, "reading the record's RTT reports failed: the RTT table starts empty");
+        }
+        let pairs = self.rtt.lock().map_or(0, |t| t.pairs());
+        tracing::info!(reports, pairs, "RTT table rebuilt from the record");
+    }
+
+    /// The measured RTTs at `now` by index of `base` (pairs whose unit or cluster is gone
+    /// are left out); reports older than `rtt.max_age_secs` are dropped.
+    fn measured_rtt(&self, base: &Topology, now: i64) -> Vec<(UnitIdx, ClusterIdx, f32)> {
+        let Ok(mut table) = self.rtt.lock() else {
+            return Vec::new();
+        };
+        table.prune(now);
+        metrics::gauge!("cdnmap_rtt_pairs").set(table.pairs() as f64);
+        let mut out = Vec::new();
+        table.for_each_estimate(now, |unit, cluster, e| {
+            if let (Some(u), Some(c)) = (base.unit_index(unit), base.cluster_index(cluster)) {
+                out.push((u, c, e.rtt_ms));
+            }
+        });
+        out
     }
 
     fn rules(&self, instance: &Instance) -> Result<ClassRules, cdnmap_mapper::ModelError> {
@@ -862,6 +935,7 @@ impl Shared {
             at_unix_ms: previous.as_ref().map_or(now, |p| p.solved_at_unix_ms),
             demand: pending.demand,
             loads: pending.loads.into_iter().collect(),
+            rtt: self.measured_rtt(&base, now),
         };
         let mut driver = self
             .driver

@@ -77,6 +77,7 @@ fn observations(
             d
         },
         loads: Vec::new(),
+        rtt: Vec::new(),
     }
 }
 

@@ -355,6 +355,8 @@ pub fn replay_with(
             at_unix_ms: t,
             demand: column,
             loads: if setting.learning { loads } else { Vec::new() },
+            // The trace holds no RTT measurements: the topology's scores stand.
+            rtt: Vec::new(),
         };
         let demand_total = instance.total_demand();
         rows.push(Row {

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use cdnmap_mapper::{ClassIdx, ClusterIdx, ClusterState, Instance, Map, UnitIdx};
+use cdnmap_mapper::{
+    Candidate, ClassIdx, ClusterIdx, ClusterState, Instance, Map, Rescore, UnitIdx,
+};
 use serde::Serialize;
 
 use crate::round::Snapshot;
@@ -198,7 +200,12 @@ fn key(inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Option<Key> {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct CandidateView {
     pub cluster: String,
+    /// The score the round used: the measured RTT where `measured`, else `estimate`.
     pub score: f32,
+    /// Whether `score` was measured (clients' RTTs, Feedback's `ReportRtt`).
+    pub measured: bool,
+    /// The topology's estimate (from distance, or as the topology gives it).
+    pub estimate: f32,
     pub rank: f32,
     /// The cluster's state in the round that made this map.
     pub state: ClusterState,
@@ -328,13 +335,42 @@ fn ratio(load: f64, cap: f64) -> f64 {
 }
 
 /// Unit `u`'s candidates, where its demand went, and why it did not go to those it prefers.
-pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<CandidateView> {
+///
+/// The candidates as the round saw them: a score measured in `measured` in place of the
+/// estimate (and of the rank it stood for), in their order by score.
+pub fn explain(
+    view: &View,
+    inst: &Instance,
+    map: &Map,
+    u: UnitIdx,
+    measured: &Rescore,
+) -> Vec<CandidateView> {
     let allocs = map.allocations(u);
     let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + map.overflow(u);
-    let cands: Vec<_> = inst.candidates(u).collect();
+    let mut cands: Vec<(Candidate, f32, bool)> = inst
+        .candidates(u)
+        .map(|mut c| {
+            let estimate = c.score;
+            let m = measured.score(u, c.cluster);
+            if let Some(m) = m {
+                c.score = m;
+                if !c.explicit_rank {
+                    c.rank = m;
+                }
+            }
+            (c, estimate, m.is_some())
+        })
+        .collect();
+    if measured.units().binary_search(&u).is_ok() {
+        cands.sort_by(|a, b| {
+            a.0.score
+                .total_cmp(&b.0.score)
+                .then(a.0.cluster.cmp(&b.0.cluster))
+        });
+    }
     // Candidates up to the least preferred one holding demand are "preferred"; with overflow,
     // all of them are.
-    let last_placed = cands.iter().rposition(|c| {
+    let last_placed = cands.iter().rposition(|(c, ..)| {
         allocs
             .iter()
             .any(|a| a.cluster == c.cluster && a.amount > 0.0)
@@ -347,7 +383,7 @@ pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<Candi
     cands
         .iter()
         .enumerate()
-        .map(|(j, cand)| {
+        .map(|(j, (cand, estimate, is_measured))| {
             let cl = &inst.clusters()[cand.cluster as usize];
             let amount: f64 = allocs
                 .iter()
@@ -380,6 +416,8 @@ pub fn explain(view: &View, inst: &Instance, map: &Map, u: UnitIdx) -> Vec<Candi
             CandidateView {
                 cluster: cl.id.clone(),
                 score: cand.score,
+                measured: *is_measured,
+                estimate: *estimate,
                 rank: cand.rank,
                 state: cl.state,
                 amount,
@@ -455,7 +493,7 @@ mod tests {
         );
 
         let vid = inst.unit_index("vid").expect("vid");
-        let cands = explain(&view, &inst, &s.map, vid);
+        let cands = explain(&view, &inst, &s.map, vid, &Rescore::default());
         assert_eq!(cands.len(), 2);
         // video got 16 of 20 at near: both clusters hold some of it.
         assert_eq!((cands[0].verdict, cands[1].verdict), ("placed", "placed"));
@@ -482,7 +520,7 @@ mod tests {
         let s = snapshot(&inst);
         let view = View::new(&s);
         let app = inst.unit_index("app").expect("app");
-        let cands = explain(&view, &inst, &s.map, app);
+        let cands = explain(&view, &inst, &s.map, app, &Rescore::default());
         assert_eq!(cands[0].verdict, "passed over");
         assert_eq!(cands[0].state, ClusterState::Drained);
         // Nothing there is +0 (JSON "0.0", not "-0.0").

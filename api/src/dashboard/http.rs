@@ -481,7 +481,7 @@ fn unit_lookup(s: &Snapshot, v: &View, u: UnitIdx, len: Option<u8>) -> UnitLooku
             .collect(),
         overflow,
         overflow_share: share(overflow),
-        candidates: figures::explain(v, inst, &s.map, u),
+        candidates: figures::explain(v, inst, &s.map, u, &s.measured),
     }
 }
 
