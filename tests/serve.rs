@@ -2910,3 +2910,170 @@ async fn measured_rtt_moves_a_unit_and_survives_a_restart() {
         server.log()
     );
 }
+
+/// Issue 19, point 4: health checks by `cdnmap monitor` processes, decided by quorum. The
+/// mapper does not probe (`local = false`) and names three monitors; two down votes take an
+/// address down. One real monitor that sees cluster b's only server dead is outvoted (b stays
+/// in the map, round after round); a second makes the quorum and b leaves by itself; when both
+/// monitors are gone their votes go stale and b comes back (losing the monitors fails open).
+/// A monitor the mapper does not name is refused, and so is a report of no address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitors_decide_by_quorum() {
+    use tokio::net::TcpListener;
+    let a_listener = TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind a loopback listener");
+    let port = a_listener.local_addr().expect("its address").port();
+    let _a = tokio::spawn(async move {
+        while let Ok((s, _)) = a_listener.accept().await {
+            drop(s);
+        }
+    });
+    // b's server (127.0.0.3 at that port) has no listener: every probe fails.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = cdnmap_tests::mapper::write_small_instance(
+        dir.path(),
+        &[("a", &["127.0.0.2"], "up"), ("b", &["127.0.0.3"], "up")],
+        &[("ub", "web", "10.0.1.0/24", &["b", "a"])],
+    );
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        &format!("instance = {path:?}\n"),
+        &format!(
+            "[health]\nport = {port}\ninterval_ms = 200\ntimeout_ms = 150\nfall = 2\nrise = 2\n\
+             local = false\nmonitors = [\"m1\", \"m2\", \"m3\"]\n"
+        ),
+    );
+    let server = setup.start().await;
+    let first = async || {
+        let q = pb::ResolveRequest {
+            client_subnet: "10.0.1.9/32".into(),
+            resolver_ip: String::new(),
+            qname: "www.cdn.example".into(),
+            qtype: 1,
+        };
+        let got = resolve(&mut server.mapping(), q).await;
+        (
+            got.cluster_ids.first().cloned().unwrap_or_default(),
+            got.map_version,
+        )
+    };
+    assert_eq!(first().await.0, "b");
+    // Refused: a monitor not named, a bad address.
+    let mut feedback = server.feedback();
+    let err = feedback
+        .report_health(Request::new(pb::HealthReport {
+            monitor: "m9".into(),
+            addresses: vec![],
+        }))
+        .await
+        .expect_err("an unnamed monitor");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = feedback
+        .report_health(Request::new(pb::HealthReport {
+            monitor: "m3".into(),
+            addresses: vec![pb::AddressHealth {
+                cluster: "b".into(),
+                address: "127.0.0.3".into(),
+                up: false,
+                error: String::new(),
+            }],
+        }))
+        .await
+        .expect_err("an address without a port");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("addresses[0].address"), "{err:?}");
+    // What a monitor is told to probe: both clusters' servers at the port.
+    let ack = ok(
+        feedback
+            .report_health(Request::new(pb::HealthReport {
+                monitor: "m3".into(),
+                addresses: vec![],
+            }))
+            .await,
+        "ReportHealth",
+    );
+    let told: Vec<(String, Vec<String>)> = ack
+        .targets
+        .iter()
+        .map(|t| (t.cluster.clone(), t.addresses.clone()))
+        .collect();
+    assert_eq!(
+        told,
+        vec![
+            ("a".to_string(), vec![format!("127.0.0.2:{port}")]),
+            ("b".to_string(), vec![format!("127.0.0.3:{port}")]),
+        ]
+    );
+    assert_eq!((ack.interval_ms, ack.fall, ack.rise), (200, 2, 2));
+
+    let monitor = |name: &str| {
+        cdnmap_tests::Running::cdnmap(
+            bin!(),
+            dir.path(),
+            [
+                "monitor",
+                "--mapper",
+                &format!("http://{}", server.grpc),
+                "--name",
+                name,
+            ],
+            dir.path().join(format!("{name}.log")),
+        )
+    };
+    // One monitor of three: outvoted. Over three rounds b stays.
+    let mut m1 = monitor("m1");
+    let (_, v0) = first().await;
+    let t = Instant::now();
+    loop {
+        let (at, v) = first().await;
+        assert_eq!(at, "b", "one down vote of three took b out:\n{}", m1.log());
+        if v >= v0 + 3 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(6 * CYCLE_SECS),
+            "no rounds"
+        );
+        m1.assert_running();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (_, metrics) = server.http_get("/metrics");
+    assert!(
+        metrics.contains("cdnmap_health_monitors_fresh 1"),
+        "{metrics}"
+    );
+    // A second monitor makes the quorum: b leaves by itself.
+    let m2 = monitor("m2");
+    let t = Instant::now();
+    while first().await.0 != "a" {
+        assert!(
+            t.elapsed() < Duration::from_secs(3 * CYCLE_SECS + 10),
+            "b still in the map with two down votes:\n{}\n{}",
+            m2.log(),
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (_, body) = server.http_get("/api/clusters/b");
+    let row: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(row["state"], "up", "the operator's state stays: {row}");
+    let why = row["health_down"].as_str().expect("a reason");
+    assert!(
+        why.contains("by 2 of 3 voters")
+            && why.contains("m1: connect")
+            && why.contains("m2: connect"),
+        "{why}"
+    );
+    // Both monitors gone: their votes go stale (3 intervals) and b comes back.
+    drop((m1, m2));
+    let t = Instant::now();
+    while first().await.0 != "b" {
+        assert!(
+            t.elapsed() < Duration::from_secs(3 * CYCLE_SECS + 10),
+            "b still out with no monitor left"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

@@ -266,6 +266,18 @@ pub struct HealthConfig {
     /// Per cluster id: what differs from the above (`enabled = false`: not probed).
     #[serde(default)]
     pub clusters: std::collections::BTreeMap<String, ClusterProbe>,
+    /// Whether the mapper probes too (one vote); `false` leaves it to the monitors.
+    #[serde(default = "HealthConfig::default_local")]
+    pub local: bool,
+    /// The `cdnmap monitor`s whose reports (Feedback's `ReportHealth`, under this name: a
+    /// feedback identity, or the name claimed where the service takes reports from anyone)
+    /// vote. Each monitor and the mapper (when `local`) have one vote per address.
+    #[serde(default)]
+    pub monitors: Vec<String>,
+    /// Down votes that take an address down; default a majority of the voters configured
+    /// (`monitors`, and the mapper when `local`). Fewer voters reporting than this (monitors
+    /// silent for 3 intervals) take nothing down: losing monitors fails open.
+    pub quorum: Option<u32>,
 }
 
 /// `[health.clusters."id"]`.
@@ -278,6 +290,9 @@ pub struct ClusterProbe {
     pub path: Option<String>,
     pub expect_status: Option<u16>,
 }
+
+/// The most `cdnmap monitor`s a `[health]` names.
+pub const MAX_MONITORS: usize = 64;
 
 impl HealthConfig {
     fn default_interval_ms() -> u64 {
@@ -294,6 +309,19 @@ impl HealthConfig {
     }
     fn default_path() -> String {
         "/".into()
+    }
+    fn default_local() -> bool {
+        true
+    }
+
+    /// The voters configured: the monitors, and the mapper when it probes.
+    pub fn voters(&self) -> usize {
+        self.monitors.len() + usize::from(self.local)
+    }
+
+    /// Down votes needed to take an address down (see `quorum`).
+    pub fn quorum(&self) -> usize {
+        self.quorum.map_or(self.voters() / 2 + 1, |q| q as usize)
     }
     fn default_expect_status() -> u16 {
         200
@@ -338,6 +366,35 @@ impl HealthConfig {
                 (100..=599).contains(&status),
                 &format!("{at}.expect_status"),
                 format!("{status} is not an HTTP status"),
+            )?;
+        }
+        check(
+            self.voters() > 0,
+            "health.local",
+            "false with no monitors: nobody would probe".into(),
+        )?;
+        check(
+            self.monitors.len() <= MAX_MONITORS,
+            "health.monitors",
+            format!("{} monitors, more than {MAX_MONITORS}", self.monitors.len()),
+        )?;
+        for (i, m) in self.monitors.iter().enumerate() {
+            cdnmap_mapper::model::check_id("monitor", m, String::new)
+                .map_err(|e| invalid(&format!("health.monitors[{i}]"), e.to_string()))?;
+            check(
+                !self.monitors[..i].contains(m),
+                &format!("health.monitors[{i}]"),
+                format!("{m:?} is named twice"),
+            )?;
+        }
+        if let Some(q) = self.quorum {
+            check(
+                q >= 1 && q as usize <= self.voters(),
+                "health.quorum",
+                format!(
+                    "{q} is outside 1..={} (the voters configured)",
+                    self.voters()
+                ),
             )?;
         }
         for (id, o) in &self.clusters {
@@ -1007,6 +1064,23 @@ mod tests {
                 "health.timeout_ms",
             ),
             ("[health]\nport = 80\nfall = 0", "health.fall"),
+            ("[health]\nport = 80\nlocal = false", "health.local"),
+            (
+                "[health]\nport = 80\nmonitors = [\"m1\", \"m1\"]",
+                "health.monitors[1]",
+            ),
+            (
+                "[health]\nport = 80\nmonitors = [\"\"]",
+                "health.monitors[0]",
+            ),
+            (
+                "[health]\nport = 80\nmonitors = [\"m1\"]\nquorum = 3",
+                "health.quorum",
+            ),
+            ("[health]\nport = 80\nquorum = 0", "health.quorum"),
+            ("[rtt]\nhalf_life_secs = 0.5", "rtt.half_life_secs"),
+            ("[rtt]\nmax_pairs = 1000000000", "rtt.max_pairs"),
+            ("[rtt]\nbogus = 1", "bogus"),
             ("[health]\nport = 80\npath = \"/a b\"", "health.path"),
             (
                 "[health]\nport = 80\nexpect_status = 42",

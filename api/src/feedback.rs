@@ -147,6 +147,9 @@ fn reporter_of(identity: Option<String>, claimed: &str) -> Result<String, Status
     }
 }
 
+/// The longest failure text a monitor may give with a verdict.
+pub const MAX_HEALTH_ERROR: usize = 200;
+
 /// What a sample names as its clients.
 enum Asked<'a> {
     Unit(&'a str),
@@ -519,5 +522,85 @@ impl pb::feedback_server::Feedback for FeedbackService {
         self.store(&reporter, Report::Rtt(body.clone())).await?;
         self.0.take_rtt(&body, now_unix_ms());
         Ok(Response::new(pb::ReportAck { accepted: n }))
+    }
+
+    async fn report_health(
+        &self,
+        request: Request<pb::HealthReport>,
+    ) -> Result<Response<pb::HealthAck>, Status> {
+        let identity = identify(&self.0, &request)?;
+        let source = budget_source(identity.as_deref(), &request);
+        let r = request.into_inner();
+        let Some(health) = &self.0.health else {
+            return Err(Status::failed_precondition(
+                "this mapper has no [health]: it takes no monitor's report",
+            ));
+        };
+        let name = reporter_of(identity, &r.monitor)?;
+        if !health.config().monitors.contains(&name) {
+            return Err(Status::permission_denied(format!(
+                "monitor {}: not one of [health] monitors",
+                shown_id(&name)
+            )));
+        }
+        if r.addresses.len() > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "addresses: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                r.addresses.len()
+            )));
+        }
+        self.spend(
+            &source,
+            r.addresses.len().max(1),
+            cdnmap_proto::prost::Message::encoded_len(&r),
+        )?;
+        let mut verdicts = Vec::with_capacity(r.addresses.len());
+        for (i, a) in r.addresses.iter().enumerate() {
+            let addr: std::net::SocketAddr = a.address.parse().map_err(|_| {
+                invalid(format!(
+                    "addresses[{i}].address: {} is not an IP:port",
+                    shown_id(&a.address)
+                ))
+            })?;
+            if a.error.len() > MAX_HEALTH_ERROR {
+                return Err(invalid(format!(
+                    "addresses[{i}].error: {} bytes, more than {MAX_HEALTH_ERROR}",
+                    a.error.len()
+                )));
+            }
+            cdnmap_mapper::model::check_id("cluster", &a.cluster, String::new)
+                .map_err(|e| invalid(format!("addresses[{i}].cluster: {e}")))?;
+            verdicts.push((a.cluster.clone(), addr, a.up, a.error.clone()));
+        }
+        let accepted = verdicts.len() as u64;
+        health.report(&name, verdicts);
+        let config = health.config();
+        // The targets, by cluster, in the order they are probed.
+        let mut targets: Vec<pb::ProbeTarget> = Vec::new();
+        for (cluster, addr, probe) in health.targets() {
+            if targets.last().is_none_or(|t| t.cluster != cluster) {
+                targets.push(pb::ProbeTarget {
+                    cluster,
+                    addresses: Vec::new(),
+                    kind: match probe.kind {
+                        crate::config::ProbeKind::Tcp => "tcp".into(),
+                        crate::config::ProbeKind::Http => "http".into(),
+                    },
+                    path: probe.path,
+                    expect_status: u32::from(probe.expect_status),
+                });
+            }
+            if let Some(t) = targets.last_mut() {
+                t.addresses.push(addr.to_string());
+            }
+        }
+        Ok(Response::new(pb::HealthAck {
+            accepted,
+            interval_ms: config.interval_ms,
+            timeout_ms: config.timeout_ms,
+            fall: config.fall,
+            rise: config.rise,
+            targets,
+        }))
     }
 }

@@ -107,11 +107,37 @@ struct Address {
     last_error: Option<String>,
 }
 
-/// The probes' verdicts, by cluster id.
+/// What is probed: a cluster's id, one of its addresses (at the probe's port), and how.
+pub type Target = (String, SocketAddr, Probe);
+
+/// A monitor's last report: when it came, and its verdict per (cluster, address) with the
+/// last failure.
+#[derive(Debug, Clone)]
+struct Peer {
+    at: std::time::Instant,
+    verdicts: std::collections::HashMap<(String, SocketAddr), (bool, String)>,
+}
+
+/// One address's verdict by the voters: up, or down with the down votes' reasons.
+#[derive(Debug, Clone, PartialEq)]
+struct Verdict {
+    addr: SocketAddr,
+    up: bool,
+    /// "voter: reason", one per down vote.
+    against: Vec<String>,
+}
+
+/// The probes' verdicts, by cluster id: the mapper's own (with `local`) and the monitors'
+/// reports, combined per address by the quorum.
 #[derive(Debug)]
 pub struct Health {
     config: HealthConfig,
+    /// The mapper's own probes' state (with `local`), or a monitor's.
     clusters: Mutex<BTreeMap<String, Vec<Address>>>,
+    /// What the last topology seen has to be probed.
+    targets: Mutex<Vec<Target>>,
+    /// The monitors' last reports, by name (only names `monitors` lists).
+    peers: Mutex<BTreeMap<String, Peer>>,
     /// The last overlay: the topology it was made of, the verdicts, the topology made. A
     /// round with the same topology and verdicts gets the same one (a new addressing each
     /// round would make the serving map compare every unit's prefixes to see them unchanged).
@@ -131,8 +157,103 @@ impl Health {
         Health {
             config,
             clusters: Mutex::default(),
+            targets: Mutex::default(),
+            peers: Mutex::default(),
             last: Mutex::default(),
         }
+    }
+
+    pub fn config(&self) -> &HealthConfig {
+        &self.config
+    }
+
+    /// What the last topology seen has to be probed (what a monitor is told).
+    pub fn targets(&self) -> Vec<Target> {
+        self.targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Takes monitor `name`'s report: its verdict per (cluster, address) and the last failure,
+    /// replacing its report before. Verdicts on what is not probed are kept but count for
+    /// nothing.
+    pub fn report(&self, name: &str, verdicts: Vec<(String, SocketAddr, bool, String)>) {
+        let verdicts = verdicts
+            .into_iter()
+            .map(|(c, a, up, e)| ((c, a), (up, e)))
+            .collect();
+        let peer = Peer {
+            at: std::time::Instant::now(),
+            verdicts,
+        };
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), peer);
+    }
+
+    /// This process's own verdicts, after the thresholds: what a monitor reports.
+    pub fn own_verdicts(&self) -> Vec<(String, SocketAddr, bool, String)> {
+        self.clusters()
+            .iter()
+            .flat_map(|(id, addrs)| {
+                addrs.iter().map(move |a| {
+                    (
+                        id.clone(),
+                        a.addr,
+                        a.flap.up,
+                        a.last_error.clone().unwrap_or_default(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Every probed address's verdict, by cluster: down when at least `quorum` voters (the
+    /// mapper's own probes with `local`, each monitor heard from within 3 intervals) hold it
+    /// down.
+    fn verdicts(&self) -> BTreeMap<String, Vec<Verdict>> {
+        let targets = self.targets();
+        let local = self.clusters();
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh_for = Duration::from_millis(3 * self.config.interval_ms);
+        let fresh: Vec<(&String, &Peer)> = peers
+            .iter()
+            .filter(|(_, p)| p.at.elapsed() <= fresh_for)
+            .collect();
+        metrics::gauge!("cdnmap_health_monitors_fresh").set(fresh.len() as f64);
+        let quorum = self.config.quorum();
+        let mut out: BTreeMap<String, Vec<Verdict>> = BTreeMap::new();
+        for (id, addr, _) in targets {
+            let mut against = Vec::new();
+            if self.config.local {
+                if let Some(a) = local
+                    .get(&id)
+                    .and_then(|a| a.iter().find(|a| a.addr == addr))
+                    .filter(|a| !a.flap.up)
+                {
+                    against.push(format!(
+                        "mapper: {}",
+                        a.last_error.as_deref().unwrap_or("failed")
+                    ));
+                }
+            }
+            for (name, p) in &fresh {
+                if let Some((false, e)) = p.verdicts.get(&(id.clone(), addr)) {
+                    let e = if e.is_empty() { "failed" } else { e.as_str() };
+                    against.push(format!("{name}: {e}"));
+                }
+            }
+            out.entry(id).or_default().push(Verdict {
+                addr,
+                up: against.len() < quorum,
+                against,
+            });
+        }
+        let down = out.values().filter(|v| all_down(v)).count();
+        metrics::gauge!("cdnmap_health_clusters_down").set(down as f64);
+        out
     }
 
     fn clusters(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<Address>>> {
@@ -141,24 +262,24 @@ impl Health {
 
     /// Clusters the probes hold down, with the reason.
     pub fn down(&self) -> BTreeMap<String, String> {
-        self.clusters()
-            .iter()
-            .filter(|(_, a)| all_down(a))
+        let (voters, quorum) = (self.config.voters(), self.config.quorum());
+        self.verdicts()
+            .into_iter()
+            .filter(|(_, v)| all_down(v))
             .map(|(id, addrs)| {
                 let why: Vec<String> = addrs
                     .iter()
-                    .map(|a| {
-                        format!(
-                            "{}: {}",
-                            a.addr,
-                            a.last_error.as_deref().unwrap_or("failed")
-                        )
-                    })
+                    .map(|v| format!("{}: {}", v.addr, v.against.join(", ")))
                     .collect();
+                let votes = if voters > 1 {
+                    format!(" by {quorum} of {voters} voters")
+                } else {
+                    String::new()
+                };
                 (
-                    id.clone(),
+                    id,
                     format!(
-                        "health checks: every address failed {} probes in a row ({})",
+                        "health checks: every address failed {} probes in a row{votes} ({})",
                         self.config.fall,
                         why.join("; ")
                     ),
@@ -217,25 +338,19 @@ impl Health {
 
     /// Per cluster with some addresses down (not all), those addresses.
     fn failing(&self) -> BTreeMap<String, Vec<SocketAddr>> {
-        self.clusters()
-            .iter()
+        self.verdicts()
+            .into_iter()
             .filter_map(|(id, addrs)| {
-                let failed: Vec<SocketAddr> = addrs
-                    .iter()
-                    .filter(|a| !a.flap.up)
-                    .map(|a| a.addr)
-                    .collect();
-                (!failed.is_empty() && failed.len() < addrs.len()).then(|| (id.clone(), failed))
+                let failed: Vec<SocketAddr> =
+                    addrs.iter().filter(|v| !v.up).map(|v| v.addr).collect();
+                (!failed.is_empty() && failed.len() < addrs.len()).then_some((id, failed))
             })
             .collect()
     }
 
-    /// One sweep: probes every address of every cluster of `topology` that is probed, at most
-    /// [`MAX_IN_FLIGHT`] at once, and takes the results through the thresholds. Clusters no
-    /// longer in the topology are forgotten; an address a cluster no longer has too.
-    pub async fn sweep(&self, topology: &Topology) {
-        let timeout = Duration::from_millis(self.config.timeout_ms);
-        let mut targets: Vec<(String, SocketAddr, Probe)> = Vec::new();
+    /// What `topology` has to be probed: every address of every probed cluster.
+    pub fn targets_of(&self, topology: &Topology) -> Vec<Target> {
+        let mut targets = Vec::new();
         for (c, cluster) in topology.instance.clusters().iter().enumerate() {
             let Some(probe) = self.config.probe_of(&cluster.id) else {
                 continue;
@@ -248,6 +363,26 @@ impl Health {
                 ));
             }
         }
+        targets
+    }
+
+    /// One sweep of `topology`: its targets become what is probed (and what monitors are
+    /// told), and with `local` the mapper probes them ([`Self::sweep_targets`]).
+    pub async fn sweep(&self, topology: &Topology) {
+        let targets = self.targets_of(topology);
+        if self.config.local {
+            self.sweep_targets(targets).await;
+        } else {
+            *self.targets.lock().unwrap_or_else(|e| e.into_inner()) = targets;
+        }
+    }
+
+    /// Probes every target, at most [`MAX_IN_FLIGHT`] at once, and takes the results through
+    /// the thresholds into this process's own verdicts. Clusters no longer among the targets
+    /// are forgotten; an address a cluster no longer has too.
+    pub async fn sweep_targets(&self, targets: Vec<Target>) {
+        *self.targets.lock().unwrap_or_else(|e| e.into_inner()) = targets.clone();
+        let timeout = Duration::from_millis(self.config.timeout_ms);
         let gate = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
         // A probe not begun within the interval is skipped (no verdict), so a sweep lasts at
         // most an interval and a timeout however many addresses time out at once.
@@ -321,14 +456,12 @@ impl Health {
             kept.entry(id).or_default().push(a);
         }
         *clusters = kept;
-        let down = clusters.values().filter(|a| all_down(a)).count();
-        metrics::gauge!("cdnmap_health_clusters_down").set(down as f64);
     }
 }
 
 /// Whether a cluster's probed addresses are all down (a cluster with none probed is not).
-fn all_down(addresses: &[Address]) -> bool {
-    !addresses.is_empty() && addresses.iter().all(|a| !a.flap.up)
+fn all_down(addresses: &[Verdict]) -> bool {
+    !addresses.is_empty() && addresses.iter().all(|v| !v.up)
 }
 
 /// One probe of `addr`.
@@ -401,6 +534,69 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The votes: the mapper's own probe and two monitors, two down votes needed.
+    #[test]
+    fn a_quorum_of_down_votes_takes_an_address_down() {
+        let config: HealthConfig = toml::from_str(
+            "port = 80\nmonitors = [\"m1\", \"m2\"]\ninterval_ms = 60000\ntimeout_ms = 1000",
+        )
+        .expect("a [health]");
+        assert_eq!((config.voters(), config.quorum()), (3, 2));
+        let h = Health::new(config);
+        let probe = h.config.probe_of("b").expect("probed");
+        let (x, y): (SocketAddr, SocketAddr) = (
+            "127.0.0.3:80".parse().expect("addr"),
+            "127.0.0.4:80".parse().expect("addr"),
+        );
+        *h.targets.lock().expect("lock") =
+            vec![("b".into(), x, probe.clone()), ("b".into(), y, probe)];
+        let down = |up| {
+            let mut flap = Flap::default();
+            flap.up = up;
+            flap
+        };
+        // The mapper's own probes hold x down, y up.
+        h.clusters().insert(
+            "b".into(),
+            vec![
+                Address {
+                    addr: x,
+                    flap: down(false),
+                    last_error: Some("connect: refused".into()),
+                },
+                Address {
+                    addr: y,
+                    flap: down(true),
+                    last_error: None,
+                },
+            ],
+        );
+        assert!(h.down().is_empty(), "one vote of three");
+        assert!(h.failing().is_empty());
+        // m1 agrees on x: x is down, y is not (b answers from y).
+        h.report("m1", vec![("b".into(), x, false, "timeout".into())]);
+        assert!(h.down().is_empty());
+        assert_eq!(h.failing().get("b"), Some(&vec![x]));
+        // m1 and m2 hold y down too, the mapper not: two of three, b is down.
+        h.report(
+            "m1",
+            vec![
+                ("b".into(), x, false, "timeout".into()),
+                ("b".into(), y, false, "timeout".into()),
+            ],
+        );
+        h.report("m2", vec![("b".into(), y, false, String::new())]);
+        let why = h.down().remove("b").expect("b down");
+        assert!(why.contains("by 2 of 3 voters"), "{why}");
+        assert!(
+            why.contains("mapper: connect: refused") && why.contains("m2: failed"),
+            "{why}"
+        );
+        // m2 changes its mind: y is back up.
+        h.report("m2", vec![("b".into(), y, true, String::new())]);
+        assert!(h.down().is_empty());
+    }
 
     /// Down after `fall` failures in a row, up after `rise` successes in a row; an
     /// alternation never changes the verdict.

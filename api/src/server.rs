@@ -171,6 +171,18 @@ fn describe_metrics() {
         "cdnmap_health_clusters_down",
         "Clusters every address of which the health checks hold down."
     );
+    describe_gauge!(
+        "cdnmap_health_monitors_fresh",
+        "cdnmap monitors heard from within 3 health intervals (their votes count)."
+    );
+    describe_counter!(
+        "cdnmap_rtt_samples_total",
+        "RTT samples of acknowledged ReportRtt calls, by result (taken; full: a new pair beyond rtt.max_pairs; no_unit: no map unit covers the prefix)."
+    );
+    describe_gauge!(
+        "cdnmap_rtt_pairs",
+        "(map unit, cluster) pairs the RTT table holds."
+    );
     describe_counter!(
         "cdnmap_rounds_total",
         "Mapping rounds solved (a standby replica's too, which it does not publish)."

@@ -351,12 +351,13 @@ impl MapperLink {
         })
     }
 
-    async fn connect(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    /// A connection to the mapper.
+    pub async fn connect(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
         self.endpoint.clone().connect().await
     }
 
     /// `message` as a request carrying the feedback token, if there is one.
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(t) = &self.token {
             request.metadata_mut().insert("authorization", t.clone());

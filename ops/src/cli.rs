@@ -36,6 +36,10 @@ enum Command {
     /// Run an authoritative DNS front end: answers A/AAAA for the zone from a local copy of
     /// the mapper's map (kept by WatchMap), with EDNS Client Subnet, and reports demand.
     Dns(DnsArgs),
+    /// Run a health monitor: probes the clusters' addresses the mapper names (its
+    /// `[health]`) and reports its verdicts through Feedback's ReportHealth every interval;
+    /// with several monitors the mapper decides by quorum.
+    Monitor(MonitorArgs),
     /// Solve an instance file: print a summary and write the assignment.
     Solve(SolveArgs),
     /// Check an assignment against its instance (capacity, conservation, candidates,
@@ -163,6 +167,21 @@ struct DnsArgs {
     /// port 0: any free port, named in the log's `listening` line).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Args, Debug)]
+struct MonitorArgs {
+    /// How to reach the mappers: a `cdnmap dns` configuration file (its `mapper`,
+    /// `mapper_ca_file`, `cert_file`, `key_file`, `feedback_token` and `name`; the rest is
+    /// not used). The flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The mapper's gRPC address, or several, comma-separated (each is reported to).
+    #[arg(long)]
+    mapper: Option<String>,
+    /// The name this monitor reports under (one of the mapper's `[health] monitors`).
+    #[arg(long)]
+    name: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -569,6 +588,7 @@ pub fn run() -> Result<ExitCode> {
     match cli.command {
         Command::Serve(a) => cmd_serve(&a),
         Command::Dns(a) => cmd_dns(a),
+        Command::Monitor(a) => cmd_monitor(a),
         Command::Replay(a) => cmd_replay(&a),
         Command::Record(RecordCommand::Export(a)) => cmd_export(&a),
         Command::Store(c) => crate::store_cmd::run(&c),
@@ -838,6 +858,45 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         shutdown_signal().await;
         tracing::info!("shutting down");
     }))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    use cdnmap_dns::DnsConfig;
+    let mut config = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            DnsConfig::parse_toml(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => DnsConfig::default(),
+    };
+    if let Some(m) = a.mapper {
+        config.mapper = m;
+    }
+    if let Some(n) = a.name {
+        config.name = n;
+    }
+    config.validate().context("the monitor's settings")?;
+    let links = config
+        .mappers()
+        .into_iter()
+        .map(|url| cdnmap_dns::MapperLink::new(&config, url))
+        .collect::<Result<Vec<_>>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    tracing::info!(name = %config.name, mappers = links.len(), "monitor started");
+    runtime.block_on(crate::monitor::run(
+        config.name.clone(),
+        links,
+        shutdown_signal(),
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 

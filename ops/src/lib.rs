@@ -15,6 +15,7 @@ pub mod bench_serve;
 pub mod bench_soak;
 pub mod cli;
 pub mod io;
+pub mod monitor;
 pub mod record;
 pub mod replay;
 pub mod report;
