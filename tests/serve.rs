@@ -3066,6 +3066,23 @@ async fn monitors_decide_by_quorum() {
             && why.contains("m2: connect"),
         "{why}"
     );
+    // The events say so: the health checks took b down, with the votes.
+    let (_, body) = server.http_get("/api/events");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    let taken = v["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["action"] == "health_down" && e["cluster"] == "b")
+        .unwrap_or_else(|| panic!("no health_down event for b: {body}"))
+        .clone();
+    assert_eq!(taken["who"], "health checks", "{taken}");
+    assert!(
+        taken["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("by 2 of 3 voters")),
+        "{taken}"
+    );
     // Both monitors gone: their votes go stale (3 intervals) and b comes back.
     drop((m1, m2));
     let t = Instant::now();
@@ -3076,4 +3093,6 @@ async fn monitors_decide_by_quorum() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    let (_, body) = server.http_get("/api/events");
+    assert!(body.contains("\"health_up\""), "{body}");
 }

@@ -138,6 +138,8 @@ pub struct Health {
     targets: Mutex<Vec<Target>>,
     /// The monitors' last reports, by name (only names `monitors` lists).
     peers: Mutex<BTreeMap<String, Peer>>,
+    /// The clusters the last overlay took down (those the operator had up).
+    taken_down: Mutex<std::collections::BTreeSet<String>>,
     /// The last overlay: the topology it was made of, the verdicts, the topology made. A
     /// round with the same topology and verdicts gets the same one (a new addressing each
     /// round would make the serving map compare every unit's prefixes to see them unchanged).
@@ -159,6 +161,7 @@ impl Health {
             clusters: Mutex::default(),
             targets: Mutex::default(),
             peers: Mutex::default(),
+            taken_down: Mutex::default(),
             last: Mutex::default(),
         }
     }
@@ -292,8 +295,32 @@ impl Health {
     /// operator has them up; of a cluster some of whose addresses are down, only the others
     /// (in-cluster selection then places only the failed servers' keys elsewhere). The same
     /// topology when the probes find nothing down.
-    pub fn overlay(&self, topology: &Arc<Topology>) -> Arc<Topology> {
+    ///
+    /// `changed` hears each cluster the operator has up that the probes take down (with the
+    /// reason) or let back since the last overlay: the dashboard's events.
+    pub fn overlay(
+        &self,
+        topology: &Arc<Topology>,
+        mut changed: impl FnMut(&str, bool, &str),
+    ) -> Arc<Topology> {
         let down = self.down();
+        {
+            let mut taken = self.taken_down.lock().unwrap_or_else(|e| e.into_inner());
+            let now: std::collections::BTreeSet<String> = topology
+                .instance
+                .clusters()
+                .iter()
+                .filter(|c| c.state == ClusterState::Up && down.contains_key(&c.id))
+                .map(|c| c.id.clone())
+                .collect();
+            for id in now.difference(&taken) {
+                changed(id, true, &down[id]);
+            }
+            for id in taken.difference(&now) {
+                changed(id, false, "health checks: an address answers again");
+            }
+            *taken = now;
+        }
         let failing = self.failing();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((base, d, f, out)) = last.as_ref() {

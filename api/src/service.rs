@@ -903,7 +903,14 @@ impl Shared {
         let versioned = self.topology.current_versioned();
         let (mut base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
         if let Some(health) = &self.health {
-            base = health.overlay(&base);
+            base = health.overlay(&base, |cluster, down, why| {
+                self.dash.log_health(cluster, down, why, now);
+                if down {
+                    tracing::warn!(cluster, reason = why, "health checks: cluster down");
+                } else {
+                    tracing::info!(cluster, "health checks: cluster up again");
+                }
+            });
         }
         // Seeded from the last round's map (a standby's own, unpublished), else the map
         // served since the start.

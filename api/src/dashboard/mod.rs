@@ -219,6 +219,38 @@ impl DashState {
         log.events.push_back(event);
     }
 
+    /// Logs what the health checks did to a cluster the operator has up: took it down
+    /// (`down`, with the reason) or let it back. Who: "health checks", through "health".
+    pub fn log_health(&self, cluster: &str, down: bool, reason: &str, now_unix_ms: i64) {
+        let Ok(mut log) = self.events.lock() else {
+            return;
+        };
+        log.next_seq += 1;
+        let (from, to) = if down {
+            (ClusterState::Up, ClusterState::Down)
+        } else {
+            (ClusterState::Down, ClusterState::Up)
+        };
+        let event = Event {
+            seq: log.next_seq,
+            at_unix_ms: now_unix_ms,
+            who: "health checks".into(),
+            remote: "local".into(),
+            via: "health",
+            action: if down { "health_down" } else { "health_up" },
+            cluster: clean(cluster, MAX_OPERATOR_LEN),
+            from_state: Some(from),
+            to_state: to,
+            reason: clean(reason, MAX_REASON_LEN),
+            ok: true,
+            error: None,
+        };
+        if log.events.len() >= MAX_EVENTS {
+            log.events.pop_front();
+        }
+        log.events.push_back(event);
+    }
+
     /// The last `limit` events, newest first.
     pub fn events(&self, limit: usize) -> Vec<Event> {
         self.events.lock().map_or_else(
