@@ -578,10 +578,9 @@ mod tests {
         );
         *h.targets.lock().expect("lock") =
             vec![("b".into(), x, probe.clone()), ("b".into(), y, probe)];
-        let down = |up| {
-            let mut flap = Flap::default();
-            flap.up = up;
-            flap
+        let down = |up| Flap {
+            up,
+            ..Flap::default()
         };
         // The mapper's own probes hold x down, y up.
         h.clusters().insert(

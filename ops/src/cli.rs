@@ -554,6 +554,10 @@ enum BenchCommand {
     /// query, latency and peak memory of each, and the ratios against issue 16's targets.
     /// Needs Debian's dnsperf and gdnsd.
     Dns(crate::bench_dns::DnsBenchArgs),
+    /// What the stable map leaves in overflow and its latency, against a latency-optimal
+    /// fractional map (a linear program over the same candidates, solved in the same run) on
+    /// the generated world and on an independently generated one (issue 20).
+    Overflow(crate::bench_overflow::OverflowBenchArgs),
     /// `cdnmap serve` on a demo world and one `cdnmap dns` following it, as processes: the time
     /// to the first DNS answer from the map, then a few rounds followed, and each process's
     /// peak resident memory.
@@ -602,6 +606,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Bench(BenchCommand::Round(a)) => crate::bench_round::round(&a),
         Command::Bench(BenchCommand::ServerLoads(a)) => crate::bench_loads::server_loads(&a),
         Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
+        Command::Bench(BenchCommand::Overflow(a)) => crate::bench_overflow::overflow(&a),
         Command::Bench(BenchCommand::Follow(a)) => crate::bench_follow::follow(&a),
         Command::Bench(BenchCommand::Serve(a)) => crate::bench_serve::serve(&a),
         Command::Bench(BenchCommand::Soak(a)) => crate::bench_soak::soak(&a),
