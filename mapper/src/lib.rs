@@ -10,6 +10,7 @@ pub mod mem;
 pub mod model;
 mod parts;
 pub mod rescore;
+pub mod second_chance;
 pub mod solve;
 pub mod sticky;
 #[cfg(test)]
@@ -24,6 +25,7 @@ pub use model::{
     TrafficClass, UnitIdx,
 };
 pub use rescore::Rescore;
+pub use second_chance::{second_chance, SecondChance, SecondChanceParams, SecondChanceReport};
 pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
 pub use sticky::{
     effective_preferences, favour_incumbents, Stickiness, DEFAULT_STICKINESS, MAX_STICKINESS,

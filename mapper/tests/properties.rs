@@ -32,6 +32,7 @@ use cdnmap_mapper::{
     PerUnit, Rescore, ResourceKind, ResourceNodeSpec, Solution, SolveOptions, Stickiness,
     TrafficClass, UnitIdx,
 };
+use cdnmap_mapper::{second_chance, SecondChance, SecondChanceParams};
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -1428,4 +1429,49 @@ fn world_like_first_pass_stays_within_proposal_bound() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// The second chance (issue 20) keeps a stable map feasible: no node over its capacity,
+    /// every unit's demand conserved, only candidates at up clusters; it never leaves more in
+    /// overflow than it found, and every blocking pair the verifier finds after it involves a
+    /// unit or a cluster it touched (the stable map had none).
+    #[test]
+    fn the_second_chance_keeps_the_map_feasible(g in gen_with(mixed_classes(), small())) {
+        let inst = g.build(None);
+        let stable = solve(&inst, &SolveOptions::default()).map;
+        prop_assert!(verify(&inst, &stable).is_ok());
+        let (map, report) = second_chance(
+            &inst,
+            &stable,
+            SecondChance::WithinLists,
+            &SecondChanceParams::default(),
+        );
+        let checked = verify(&inst, &map);
+        prop_assert!(
+            checked.capacity.is_empty()
+                && checked.conservation.is_empty()
+                && checked.not_candidate.is_empty()
+                && checked.unavailable.is_empty(),
+            "{}",
+            checked.describe(&inst, 5)
+        );
+        prop_assert!(map.total_overflow() <= stable.total_overflow() * (1.0 + 1e-9) + 1e-9);
+        prop_assert!(
+            (stable.total_overflow() - map.total_overflow() - report.placed).abs()
+                <= 1e-6 * (1.0 + report.placed)
+        );
+        let (_, other) = report.split(&checked.blocking_pairs);
+        prop_assert!(other.is_empty(), "blocking pairs it did not make: {:?}", other);
+        // Off is the map as it was.
+        let (same, none) = second_chance(&inst, &stable, SecondChance::Off, &SecondChanceParams::default());
+        prop_assert_eq!(&same, &stable);
+        prop_assert_eq!(none.placements, 0);
+    }
 }

@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use cdnmap_mapper::{
-    node_usage, solve, verify, ClusterState, Instance, Map, SolveOptions, UnitIdx,
+    node_usage, second_chance, solve, verify, ClusterState, Instance, Map, SecondChance,
+    SecondChanceParams, SolveOptions, UnitIdx,
 };
 use cdnmap_topology::Topology;
 use clap::Args;
@@ -98,15 +99,59 @@ pub fn overflow(a: &OverflowBenchArgs) -> Result<std::process::ExitCode> {
             "the stable map of the {name} world loads a node to {} of its capacity",
             stable.worst_node
         );
+        let (chance, chance_report) = second_chance_figures(inst)?;
         row("stable (cdnmap)", &stable);
+        row("stable + second chance within lists", &chance);
         row("LP (latency-optimal, fractional)", &lp);
-        println!(
-            "| {name} | stable − LP | {:+.3} points (target ≤ +0.1) | {:.3}× (target ≤ 1.02×) | |",
-            100.0 * (stable.unplaced - lp.unplaced),
-            stable.mean_rtt / lp.mean_rtt.max(f64::MIN_POSITIVE),
-        );
+        for (map, f) in [("stable", &stable), ("+ second chance", &chance)] {
+            println!(
+                "| {name} | {map} − LP | {:+.3} points (target ≤ +0.1) | {:.3}× (target ≤ 1.02×) | |",
+                100.0 * (f.unplaced - lp.unplaced),
+                f.mean_rtt / lp.mean_rtt.max(f64::MIN_POSITIVE),
+            );
+        }
+        println!("{name}: {chance_report}");
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The stable map with the second chance within lists: its figures, and what the phase did
+/// and the blocking pairs it introduced (the verifier's, told apart from any other).
+fn second_chance_figures(inst: &Instance) -> Result<(Figures, String)> {
+    let t = Instant::now();
+    let sol = solve(inst, &SolveOptions::default());
+    let solve_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (map, report) = second_chance(
+        inst,
+        &sol.map,
+        SecondChance::WithinLists,
+        &SecondChanceParams::default(),
+    );
+    let phase_secs = t.elapsed().as_secs_f64();
+    let checked = verify(inst, &map);
+    ensure!(
+        checked.capacity.is_empty()
+            && checked.conservation.is_empty()
+            && checked.not_candidate.is_empty()
+            && checked.unavailable.is_empty(),
+        "the second chance's map is not feasible: {}",
+        checked.describe(inst, 3)
+    );
+    let (introduced, other) = report.split(&checked.blocking_pairs);
+    let said = format!(
+        "second chance placed {:.1} of overflow in {} placements after {} moves of {:.1} demand, {:.1} ms ({:.1}% of the solve's {:.1} ms); blocking pairs {} introduced by it, {} other",
+        report.placed,
+        report.placements,
+        report.moves,
+        report.moved,
+        phase_secs * 1e3,
+        100.0 * phase_secs / solve_secs.max(1e-9),
+        solve_secs * 1e3,
+        introduced.len(),
+        other.len()
+    );
+    Ok((figures_of(inst, &map, solve_secs + phase_secs), said))
 }
 
 /// The stable map's figures (a cold solve, checked by the verifier).
