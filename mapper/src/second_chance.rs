@@ -40,8 +40,10 @@ pub enum SecondChance {
 pub struct SecondChanceParams {
     /// The most RTT (score) a move may add to the unit moved, in ms.
     pub max_added_ms: f32,
-    /// Units scanned at a full cluster for one that can make room (per step).
-    pub max_scan: usize,
+    /// Moves in one chain.
+    pub max_hops: usize,
+    /// States a chain's search expands (per placement).
+    pub max_expansions: usize,
     /// Steps per overflowed unit (each a placement, direct or after one move).
     pub max_steps: usize,
 }
@@ -50,8 +52,9 @@ impl Default for SecondChanceParams {
     fn default() -> Self {
         SecondChanceParams {
             max_added_ms: 30.0,
-            max_scan: 256,
-            max_steps: 16,
+            max_hops: 4,
+            max_expansions: 2048,
+            max_steps: 64,
         }
     }
 }
@@ -69,7 +72,8 @@ pub struct SecondChanceReport {
     pub moves: usize,
     /// Units whose allocations changed, ascending.
     pub units: Vec<UnitIdx>,
-    /// Clusters that took overflowed demand, ascending.
+    /// Clusters whose load it changed (they took overflowed demand, or a moved unit's, or
+    /// gave some up), ascending.
     pub clusters: Vec<ClusterIdx>,
 }
 
@@ -102,16 +106,8 @@ struct Work<'a> {
     placed_at: Vec<Vec<UnitIdx>>,
     touched: HashSet<UnitIdx>,
     took: HashSet<ClusterIdx>,
-}
-
-/// One step's best option: place `delta` of the overflowed unit at `at`, after moving `eps`
-/// of `mover` from `at` to `to` (no move when `mover` is `None`).
-#[derive(Debug, Clone, Copy)]
-struct Step {
-    cost: f64,
-    at: ClusterIdx,
-    delta: f64,
-    mover: Option<(UnitIdx, ClusterIdx, f64)>,
+    /// Per cluster: its ways out ([`Work::exits`]), until something there changes.
+    exits: Vec<Option<Vec<Exit>>>,
 }
 
 impl Work<'_> {
@@ -170,134 +166,354 @@ impl Work<'_> {
         self.touched.insert(u);
     }
 
-    /// The best step for unit `u` with `o` left in overflow (see the module documentation).
-    fn best_step(&self, u: UnitIdx, o: f64, params: &SecondChanceParams) -> Option<Step> {
-        let inst = self.inst;
-        let k = inst.unit_class(u);
-        let mut best: Option<Step> = None;
-        let better = |s: &Step, best: &Option<Step>| best.is_none_or(|b| s.cost < b.cost);
-        for cand in inst.candidates(u) {
-            let c = cand.cluster;
-            let cl = &inst.clusters()[c as usize];
-            if cl.state != ClusterState::Up {
+    /// How much of class `k_in` can enter cluster `c` when `y` of class `k_out` leaves it.
+    fn gain(&self, c: ClusterIdx, k_in: ClassIdx, k_out: ClassIdx, y: f64) -> f64 {
+        let cl = &self.inst.clusters()[c as usize];
+        let out: Vec<u32> = cl.path(k_out).collect();
+        let mut room = f64::INFINITY;
+        for n in cl.path(k_in) {
+            let coef = self.coef(k_in, c, n);
+            if coef <= 0.0 {
                 continue;
             }
-            let score = f64::from(cand.score);
-            let direct = self.room(k, c);
-            if direct > EPS * o.max(1.0) {
-                let s = Step {
-                    cost: score,
-                    at: c,
-                    delta: direct.min(o),
-                    mover: None,
-                };
-                if better(&s, &best) {
-                    best = Some(s);
-                }
-                continue;
-            }
-            // Full for `k`: a unit placed here whose class passes every node short of room.
-            let path: Vec<(u32, usize, f64)> = cl
-                .path(k)
-                .map(|n| (n, inst.global_node(c, n), self.coef(k, c, n)))
-                .collect();
-            for &m1 in self.placed_at[c as usize].iter().take(params.max_scan) {
-                if m1 == u {
-                    continue;
-                }
-                let a1 = self.amount_at(m1, c);
-                if a1 <= EPS {
-                    continue;
-                }
-                let k1 = inst.unit_class(m1);
-                let path1: Vec<u32> = cl.path(k1).collect();
-                // What moving ε of m1 frees per unit ε on each node of k's path.
-                let frees: Vec<f64> = path
-                    .iter()
-                    .map(|&(n, _, _)| {
-                        if path1.contains(&n) {
-                            self.coef(k1, c, n)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                // Nodes short of room that the move does not relieve: nothing to gain here.
-                if path.iter().zip(&frees).any(|(&(_, g, coef), &f)| {
-                    coef > 0.0 && f <= 0.0 && self.residual[g].max(0.0) / coef <= EPS * o.max(1.0)
-                }) {
-                    continue;
-                }
-                let Some(here) = inst.candidates(m1).find(|x| x.cluster == c) else {
-                    continue;
-                };
-                for alt in inst.candidates(m1) {
-                    let c2 = alt.cluster;
-                    if c2 == c {
-                        continue;
-                    }
-                    let added = alt.score - here.score;
-                    if added > params.max_added_ms {
-                        continue;
-                    }
-                    let room1 = self.room(k1, c2);
-                    if room1 <= EPS {
-                        continue;
-                    }
-                    let eps_max = a1.min(room1);
-                    let gain = |eps: f64| {
-                        path.iter()
-                            .zip(&frees)
-                            .filter(|(&(_, _, coef), _)| coef > 0.0)
-                            .map(|(&(_, g, coef), &f)| (self.residual[g].max(0.0) + eps * f) / coef)
-                            .fold(f64::INFINITY, f64::min)
-                    };
-                    let delta = gain(eps_max).min(o);
-                    if delta <= EPS * o.max(1.0) {
-                        continue;
-                    }
-                    // The least ε that makes room for δ.
-                    let need = path
-                        .iter()
-                        .zip(&frees)
-                        .filter(|(&(_, _, coef), &f)| coef > 0.0 && f > 0.0)
-                        .map(|(&(_, g, coef), &f)| (delta * coef - self.residual[g].max(0.0)) / f)
-                        .fold(0.0f64, f64::max);
-                    let eps = need.clamp(0.0, eps_max);
-                    let s = Step {
-                        cost: score + eps / delta * f64::from(added.max(0.0)),
-                        at: c,
-                        delta,
-                        mover: Some((m1, c2, eps)),
-                    };
-                    if better(&s, &best) {
-                        best = Some(s);
-                    }
-                }
-            }
+            let freed = if out.contains(&n) {
+                y * self.coef(k_out, c, n)
+            } else {
+                0.0
+            };
+            let r = self.residual[self.inst.global_node(c, n)].max(0.0);
+            room = room.min((r + freed) / coef);
         }
-        best
+        room
     }
 
-    fn apply(&mut self, u: UnitIdx, s: Step, report: &mut SecondChanceReport) {
-        let k = self.inst.unit_class(u);
-        if let Some((m1, to, eps)) = s.mover {
-            if eps > 0.0 {
-                let k1 = self.inst.unit_class(m1);
-                self.add(m1, s.at, -eps);
-                self.load(k1, s.at, -eps);
-                self.add(m1, to, eps);
-                self.load(k1, to, eps);
-                report.moved += eps;
-                report.moves += 1;
+    /// The least of class `k_out` that must leave cluster `c` for `x` of class `k_in` to
+    /// enter (infinite when no amount would do).
+    fn need(&self, c: ClusterIdx, k_in: ClassIdx, k_out: ClassIdx, x: f64) -> f64 {
+        let cl = &self.inst.clusters()[c as usize];
+        let out: Vec<u32> = cl.path(k_out).collect();
+        let mut need = 0.0f64;
+        for n in cl.path(k_in) {
+            let coef = self.coef(k_in, c, n);
+            if coef <= 0.0 {
+                continue;
+            }
+            let r = self.residual[self.inst.global_node(c, n)].max(0.0);
+            let short = x * coef - r;
+            if short <= 0.0 {
+                continue;
+            }
+            let f = if out.contains(&n) {
+                self.coef(k_out, c, n)
+            } else {
+                0.0
+            };
+            if f <= 0.0 {
+                return f64::INFINITY;
+            }
+            need = need.max(short / f);
+        }
+        need
+    }
+
+    /// Whether demand of class `k_out` leaving cluster `c` relieves every node on class
+    /// `k_in`'s path there that is short of room.
+    fn relieves(&self, c: ClusterIdx, k_in: ClassIdx, k_out: ClassIdx) -> bool {
+        let cl = &self.inst.clusters()[c as usize];
+        let out: Vec<u32> = cl.path(k_out).collect();
+        cl.path(k_in).all(|n| {
+            let coef = self.coef(k_in, c, n);
+            coef <= 0.0
+                || self.residual[self.inst.global_node(c, n)] > EPS * coef
+                || (out.contains(&n) && self.coef(k_out, c, n) > 0.0)
+        })
+    }
+
+    /// The ways out of cluster `c`: for each (other cluster, class), the unit placed at `c`
+    /// of that class that adds the least RTT moving there (within the bound).
+    fn exits(&mut self, c: ClusterIdx, params: &SecondChanceParams) -> &[Exit] {
+        if self.exits[c as usize].is_none() {
+            let inst = self.inst;
+            let mut best: std::collections::HashMap<(ClusterIdx, ClassIdx), Exit> =
+                std::collections::HashMap::new();
+            let mut seen = HashSet::new();
+            for &m in &self.placed_at[c as usize] {
+                if !seen.insert(m) {
+                    continue;
+                }
+                let amount = self.amount_at(m, c);
+                if amount <= EPS {
+                    continue;
+                }
+                let k = inst.unit_class(m);
+                let Some(here) = inst.candidates(m).find(|x| x.cluster == c) else {
+                    continue;
+                };
+                for alt in inst.candidates(m) {
+                    let to = alt.cluster;
+                    let added = alt.score - here.score;
+                    if to == c
+                        || added > params.max_added_ms
+                        || inst.clusters()[to as usize].state != ClusterState::Up
+                    {
+                        continue;
+                    }
+                    let e = Exit {
+                        to,
+                        class: k,
+                        added: added.max(0.0),
+                        unit: m,
+                        amount,
+                    };
+                    best.entry((to, k))
+                        .and_modify(|b| {
+                            if (e.added, std::cmp::Reverse(e.amount.to_bits()), e.unit)
+                                < (b.added, std::cmp::Reverse(b.amount.to_bits()), b.unit)
+                            {
+                                *b = e;
+                            }
+                        })
+                        .or_insert(e);
+                }
+            }
+            let mut list: Vec<Exit> = best.into_values().collect();
+            list.sort_by(|a, b| {
+                a.added
+                    .total_cmp(&b.added)
+                    .then(a.to.cmp(&b.to))
+                    .then(a.class.cmp(&b.class))
+            });
+            self.exits[c as usize] = Some(list);
+        }
+        self.exits[c as usize].as_deref().unwrap_or(&[])
+    }
+
+    /// The cheapest chain placing unit `u`'s overflow: a candidate of `u`, then moves of other
+    /// units' demand, each from the cluster the chain is at to one of the mover's candidates,
+    /// until a cluster with room for what enters it (Dijkstra over (cluster, class entering),
+    /// a chain's cost its first cluster's score plus what each move adds). `None` when no
+    /// chain within the bounds has room at its end.
+    fn shortest_chain(&mut self, u: UnitIdx, params: &SecondChanceParams) -> Option<Chain> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let inst = self.inst;
+        let k = inst.unit_class(u);
+        // Per state: its cost, and how it was reached (the state before, the mover).
+        let mut states: Vec<State> = Vec::new();
+        let mut index: std::collections::HashMap<(ClusterIdx, ClassIdx), usize> =
+            std::collections::HashMap::new();
+        let mut heap = BinaryHeap::new();
+        for cand in inst.candidates(u) {
+            if inst.clusters()[cand.cluster as usize].state != ClusterState::Up {
+                continue;
+            }
+            let cost = f64::from(cand.score);
+            let at = states.len();
+            states.push((cand.cluster, k, cost, None));
+            index.insert((cand.cluster, k), at);
+            heap.push(Reverse((OrdF64(cost), at)));
+        }
+        let mut done = HashSet::new();
+        let mut expanded = 0usize;
+        while let Some(Reverse((OrdF64(cost), at))) = heap.pop() {
+            let (c, k_in, best, _) = states[at];
+            if cost > best || !done.insert(at) {
+                continue;
+            }
+            if self.room(k_in, c) > EPS {
+                return Some(self.chain_to(u, &states, at));
+            }
+            expanded += 1;
+            if expanded > params.max_expansions || self.hops(&states, at) >= params.max_hops {
+                continue;
+            }
+            let exits = self.exits(c, params).to_vec();
+            let movers = self.movers(&states, at);
+            for e in exits {
+                if movers.contains(&e.unit) || e.unit == u || !self.relieves(c, k_in, e.class) {
+                    continue;
+                }
+                // A small cost per move: of equal chains, the shorter.
+                let next = cost + f64::from(e.added) + HOP_COST;
+                let key = (e.to, e.class);
+                match index.get(&key) {
+                    Some(&j) if states[j].2 <= next || done.contains(&j) => {}
+                    Some(&j) => {
+                        states[j].2 = next;
+                        states[j].3 = Some((at, e.unit));
+                        heap.push(Reverse((OrdF64(next), j)));
+                    }
+                    None => {
+                        let j = states.len();
+                        states.push((e.to, e.class, next, Some((at, e.unit))));
+                        index.insert(key, j);
+                        heap.push(Reverse((OrdF64(next), j)));
+                    }
+                }
             }
         }
-        self.add(u, s.at, s.delta);
-        self.load(k, s.at, s.delta);
-        self.overflow[u as usize] -= s.delta;
-        self.took.insert(s.at);
-        report.placed += s.delta;
+        None
+    }
+
+    /// Moves on the way to state `at`.
+    fn hops(&self, states: &[State], mut at: usize) -> usize {
+        let mut hops = 0;
+        while let Some((before, _)) = states[at].3 {
+            hops += 1;
+            at = before;
+        }
+        hops
+    }
+
+    /// The units moved on the way to state `at`.
+    fn movers(&self, states: &[State], mut at: usize) -> Vec<UnitIdx> {
+        let mut out = Vec::new();
+        while let Some((before, m)) = states[at].3 {
+            out.push(m);
+            at = before;
+        }
+        out
+    }
+
+    /// The chain ending at state `at`: its clusters from `u`'s candidate on, the movers.
+    fn chain_to(&self, u: UnitIdx, states: &[State], mut at: usize) -> Chain {
+        let mut hops = Vec::new();
+        loop {
+            let (c, k, _, from) = states[at];
+            match from {
+                Some((before, m)) => {
+                    hops.push(Hop {
+                        to: c,
+                        class: k,
+                        mover: m,
+                    });
+                    at = before;
+                }
+                None => {
+                    hops.reverse();
+                    return Chain {
+                        unit: u,
+                        first: c,
+                        hops,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Places as much of `u`'s overflow `o` as `chain` can carry: the amounts from the end of
+    /// the chain back (what each cluster can take given what leaves it), then the least each
+    /// mover must move, forward. Returns the amount placed (0: nothing could move).
+    fn push(&mut self, chain: &Chain, o: f64, report: &mut SecondChanceReport) -> f64 {
+        let inst = self.inst;
+        let k_u = inst.unit_class(chain.unit);
+        // The clusters and classes entering them: (first, k_u), then each hop's (to, class).
+        let mut at: Vec<(ClusterIdx, ClassIdx)> = vec![(chain.first, k_u)];
+        at.extend(chain.hops.iter().map(|h| (h.to, h.class)));
+        let last = at.len() - 1;
+        // Backward: cap[i], what can enter at[i].
+        let mut cap = vec![0.0; at.len()];
+        cap[last] = self.room(at[last].1, at[last].0);
+        for i in (0..last).rev() {
+            let hop = &chain.hops[i];
+            let y = self.amount_at(hop.mover, at[i].0).min(cap[i + 1]);
+            cap[i] = self.gain(at[i].0, at[i].1, hop.class, y);
+        }
+        let delta = cap[0].min(o);
+        if delta <= EPS * o.max(1.0) {
+            return 0.0;
+        }
+        // Forward: what each mover must move.
+        let mut moves = Vec::with_capacity(chain.hops.len());
+        let mut x = delta;
+        for (i, hop) in chain.hops.iter().enumerate() {
+            let y = self
+                .need(at[i].0, at[i].1, hop.class, x)
+                .min(self.amount_at(hop.mover, at[i].0))
+                .min(cap[i + 1]);
+            moves.push(y);
+            x = y;
+            if y <= 0.0 {
+                break;
+            }
+        }
+        // Applied from the end of the chain, so that each move finds its room.
+        for (i, hop) in chain.hops.iter().enumerate().rev() {
+            let y = moves.get(i).copied().unwrap_or(0.0);
+            if y <= 0.0 {
+                continue;
+            }
+            let from = at[i].0;
+            self.add(hop.mover, from, -y);
+            self.load(hop.class, from, -y);
+            self.add(hop.mover, hop.to, y);
+            self.load(hop.class, hop.to, y);
+            self.took.insert(from);
+            self.took.insert(hop.to);
+            self.exits[from as usize] = None;
+            self.exits[hop.to as usize] = None;
+            report.moved += y;
+            report.moves += 1;
+        }
+        self.add(chain.unit, chain.first, delta);
+        self.load(k_u, chain.first, delta);
+        self.exits[chain.first as usize] = None;
+        self.overflow[chain.unit as usize] -= delta;
+        self.took.insert(chain.first);
+        report.placed += delta;
         report.placements += 1;
+        delta
+    }
+}
+
+/// A chain search's state: the cluster, the class entering it, the cost so far, and how it
+/// was reached (the state before, the unit moved).
+type State = (ClusterIdx, ClassIdx, f64, Option<(usize, UnitIdx)>);
+
+/// A move of a chain: `mover`'s demand (of `class`) from the cluster before to `to`.
+#[derive(Debug, Clone, Copy)]
+struct Hop {
+    to: ClusterIdx,
+    class: ClassIdx,
+    mover: UnitIdx,
+}
+
+/// A chain for one overflowed unit: its candidate `first`, then the moves.
+#[derive(Debug, Clone)]
+struct Chain {
+    unit: UnitIdx,
+    first: ClusterIdx,
+    hops: Vec<Hop>,
+}
+
+/// A way out of a cluster ([`Work::exits`]).
+#[derive(Debug, Clone, Copy)]
+struct Exit {
+    to: ClusterIdx,
+    class: ClassIdx,
+    added: f32,
+    unit: UnitIdx,
+    amount: f64,
+}
+
+/// What a move costs besides the RTT it adds: of two chains that add alike, the shorter.
+const HOP_COST: f64 = 0.01;
+
+/// An `f64` ordered by `total_cmp`, for the heap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
     }
 }
 
@@ -341,6 +557,7 @@ pub fn second_chance(
         placed_at,
         touched: HashSet::new(),
         took: HashSet::new(),
+        exits: vec![None; instance.clusters().len()],
     };
     for u in 0..n as UnitIdx {
         for _ in 0..params.max_steps {
@@ -348,9 +565,11 @@ pub fn second_chance(
             if o <= EPS * instance.unit_demand(u).max(1.0) {
                 break;
             }
-            match work.best_step(u, o, params) {
-                Some(s) => work.apply(u, s, &mut report),
-                None => break,
+            let Some(chain) = work.shortest_chain(u, params) else {
+                break;
+            };
+            if work.push(&chain, o, &mut report) <= 0.0 {
+                break;
             }
         }
     }
