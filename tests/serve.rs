@@ -2878,6 +2878,16 @@ async fn measured_rtt_moves_a_unit_and_survives_a_restart() {
     let (_, body) = server.http_get("/api/lookup?q=10.0.4.9");
     let v: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["units"][0]["candidates"][0]["measured"], false, "{body}");
+    // The round's mean RTT counts ua's measured 12 ms (ub at a's estimated 1 ms, both of
+    // demand 10): 6.5, where the estimates alone would say (2 + 1) / 2.
+    let (_, body) = server.http_get("/api/history");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    let last = v["rounds"]
+        .as_array()
+        .and_then(|r| r.last())
+        .expect("a round");
+    let mean = last["mean_rtt_ms"].as_f64().expect("a mean RTT");
+    assert!((mean - 6.5).abs() < 1e-6, "{last}");
     // Killed: the next start's rounds (after the stored map) keep b. Without the reports,
     // a (1 ms) would beat b (2 ms, 1.8 with the incumbent's bonus) at the first round.
     let before = status(&server).await.map_version;

@@ -85,7 +85,7 @@ impl View {
             holders,
             regions,
             flows,
-            mean_rtt_ms: mean_score(inst, map),
+            mean_rtt_ms: mean_score(inst, map, &s.measured),
         }
     }
 
@@ -174,8 +174,27 @@ pub fn regions_and_flows(inst: &Instance, map: &Map) -> (Vec<Region>, Vec<Flow>)
 /// The demand-weighted mean score of the placed demand (DESIGN.md: a candidate's score is its
 /// estimated RTT in ms plus penalties; in the demo world exactly the RTT estimate). `None`
 /// when nothing is placed.
-pub fn mean_score(inst: &Instance, map: &Map) -> Option<f64> {
-    cdnmap_mapper::map::mean_score(inst, map, |_| Some(1.0))
+///
+/// A candidate whose RTT was measured counts with the measured score, as the round used it.
+pub fn mean_score(inst: &Instance, map: &Map, measured: &Rescore) -> Option<f64> {
+    if measured.is_empty() {
+        return cdnmap_mapper::map::mean_score(inst, map, |_| Some(1.0));
+    }
+    let (mut sum, mut placed) = (0.0, 0.0);
+    for u in 0..inst.unit_count().min(map.unit_count()) as UnitIdx {
+        for a in map.allocations(u) {
+            let score = measured.score(u, a.cluster).or_else(|| {
+                inst.candidates(u)
+                    .find(|c| c.cluster == a.cluster)
+                    .map(|c| c.score)
+            });
+            if let Some(score) = score {
+                sum += a.amount * f64::from(score);
+                placed += a.amount;
+            }
+        }
+    }
+    (placed > 0.0).then(|| sum / placed)
 }
 
 /// A cluster's preference key for a map unit (DESIGN.md: lower first).

@@ -159,7 +159,7 @@ impl DashState {
             demand,
             overflow,
             overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
-            mean_rtt_ms: figures::mean_score(&s.topology, &s.map),
+            mean_rtt_ms: figures::mean_score(&s.topology, &s.map, &s.measured),
             proposals: s.stats.proposals,
             repair_rounds: s.stats.repair_rounds,
         };
