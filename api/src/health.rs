@@ -18,7 +18,7 @@
 //! Only addresses the operator configured are probed (the topology's cluster addresses, at the
 //! configured port): nothing else on the network.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -179,12 +179,18 @@ impl Health {
     }
 
     /// Takes monitor `name`'s report: its verdict per (cluster, address) and the last failure,
-    /// replacing its report before. Verdicts on what is not probed are kept but count for
-    /// nothing.
+    /// replacing its report before. Verdicts on what is not probed are dropped, so a monitor
+    /// holds at most one entry per target.
     pub fn report(&self, name: &str, verdicts: Vec<(String, SocketAddr, bool, String)>) {
+        let probed: HashSet<(String, SocketAddr)> = self
+            .targets()
+            .into_iter()
+            .map(|(c, a, _)| (c, a))
+            .collect();
         let verdicts = verdicts
             .into_iter()
             .map(|(c, a, up, e)| ((c, a), (up, e)))
+            .filter(|(key, _)| probed.contains(key))
             .collect();
         let peer = Peer {
             at: std::time::Instant::now(),

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use cdnmap_mapper::ClassIdx;
 use cdnmap_mapper::{
-    churn, favour_incumbents, solve as solve_instance, solve_seeded, Map, Solution, SolveOptions,
-    Stickiness, UnitIdx, DEFAULT_STICKINESS,
+    churn, effective_preferences, favour_incumbents, solve as solve_instance, solve_seeded, Map,
+    Rescore, Solution, SolveOptions, Stickiness, UnitIdx, DEFAULT_STICKINESS,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_topology::Topology;
@@ -92,6 +92,68 @@ fn sticky_round(
         ratio(first_cold),
         ms(first_cold)
     );
+    if let Some(pct) = a.measured {
+        measured_round(a, &next, first, pct, prefs, warm_solve)?;
+    }
+    Ok(())
+}
+
+/// `bench solve --perturb P --measured PCT`: the sticky round again with the RTTs of PCT% of
+/// the units measured (each candidate's score times a factor in [0.5, 1.5], so most of those
+/// units' candidates are reordered): what measured scores cost a round (issue 19, point 3).
+fn measured_round(
+    a: &SolveBenchArgs,
+    next: &Topology,
+    first: &Map,
+    pct: f64,
+    prefs_before: Duration,
+    solve_before: Duration,
+) -> Result<()> {
+    use rand::{Rng, SeedableRng};
+    ensure!(
+        (0.0..=100.0).contains(&pct),
+        "--measured must be a percentage in [0, 100]"
+    );
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.world.seed.wrapping_add(2));
+    let mut measurements = Vec::new();
+    let mut units = 0usize;
+    for u in 0..next.unit_count() as UnitIdx {
+        if rng.random_range(0.0..100.0) >= pct {
+            continue;
+        }
+        units += 1;
+        for c in next.candidates(u) {
+            let score = (c.score * rng.random_range(0.5f32..1.5)).clamp(0.01, 60_000.0);
+            measurements.push((u, c.cluster, score));
+        }
+    }
+    let t = Instant::now();
+    let rescore = Rescore::new(next, measurements)?;
+    let build = t.elapsed();
+    let stickiness = Stickiness::margin(a.stickiness);
+    let options = SolveOptions::default();
+    let (prefs, _, effective) = time_runs(a.runs, || {
+        effective_preferences(black_box(next), Some(first), &stickiness, &rescore)
+    });
+    let effective = effective?;
+    let (warm_solve, _, warm_sol) = time_runs(a.runs, || {
+        solve_seeded(black_box(&effective), first, &options)
+    });
+    let report = cdnmap_mapper::verify::verify(&effective, &warm_sol.map);
+    if !report.is_ok() {
+        eprintln!("{}", report.describe(&effective, 10));
+    }
+    println!(
+        "measured RTTs  {units} units ({pct}%), {} (unit, cluster) pairs: Rescore built in {:.1} ms; effective preferences {:.1} ms (without: {:.1}), seeded solve {:.1} ms (without: {:.1}); churn {:.3}%; verified: {}",
+        rescore.len(),
+        ms(build),
+        ms(prefs),
+        ms(prefs_before),
+        ms(warm_solve),
+        ms(solve_before),
+        100.0 * churn(next, first, &warm_sol.map),
+        report.is_ok()
+    );
     Ok(())
 }
 
@@ -151,6 +213,10 @@ pub struct SolveBenchArgs {
     /// Stickiness margin of the seeded round.
     #[arg(long, default_value_t = DEFAULT_STICKINESS)]
     pub stickiness: f64,
+    /// With --perturb: the sticky round again with the RTTs of PCT percent of the units
+    /// measured (their candidates rescored and reordered), to show what that costs a round.
+    #[arg(long, value_name = "PCT")]
+    pub measured: Option<f64>,
 }
 
 /// Every timed solve is first run once untimed. A mapping process is long-lived and keeps
