@@ -16,11 +16,12 @@
 //!
 //! No I/O and no clock but the timings it reports (measurements only: they change nothing).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates};
-use cdnmap_mapper::{ClusterIdx, Instance, ModelError, Rescore, Stickiness, UnitIdx};
+use cdnmap_mapper::{admitted, ClusterIdx, Instance, ModelError, Rescore, Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_topology::Topology;
 
@@ -83,6 +84,8 @@ pub struct Driver {
     learning: bool,
     /// Verify every map (debug builds of the service; replays may).
     check: bool,
+    /// The most units measured RTTs may reorder in a round ([`cdnmap_mapper::admitted`]).
+    max_reordered: usize,
 }
 
 impl Driver {
@@ -92,7 +95,14 @@ impl Driver {
             stickiness,
             learning,
             check,
+            max_reordered: cdnmap_estimator::rtt::RttConfig::default().max_reordered_units,
         }
+    }
+
+    /// The same driver letting measured RTTs reorder at most `units` map units a round.
+    pub fn with_max_reordered(mut self, units: usize) -> Self {
+        self.max_reordered = units;
+        self
     }
 
     pub fn estimates(&self) -> &Estimates {
@@ -207,6 +217,20 @@ impl Driver {
         let rules = rules(&topology).map_err(StepError::Rules)?;
         let measured = Rescore::new(&topology.instance, observations.rtt.iter().copied())
             .map_err(StepError::Measured)?;
+        // Against the scores the last round used, when its units are these.
+        let before = previous
+            .filter(|p| p.topology.same_unit_ids(&topology))
+            .map(|p| Arc::clone(&p.measured))
+            .unwrap_or_default();
+        let (measured, held) = admitted(&topology.instance, &measured, &before, self.max_reordered)
+            .map_err(StepError::Measured)?;
+        if held > 0 {
+            tracing::info!(
+                held,
+                bound = self.max_reordered,
+                "measured RTTs: units whose order would change wait for a later round"
+            );
+        }
         let solved = solve_round(
             &topology,
             previous,

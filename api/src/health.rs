@@ -182,11 +182,8 @@ impl Health {
     /// replacing its report before. Verdicts on what is not probed are dropped, so a monitor
     /// holds at most one entry per target.
     pub fn report(&self, name: &str, verdicts: Vec<(String, SocketAddr, bool, String)>) {
-        let probed: HashSet<(String, SocketAddr)> = self
-            .targets()
-            .into_iter()
-            .map(|(c, a, _)| (c, a))
-            .collect();
+        let probed: HashSet<(String, SocketAddr)> =
+            self.targets().into_iter().map(|(c, a, _)| (c, a)).collect();
         let verdicts = verdicts
             .into_iter()
             .map(|(c, a, up, e)| ((c, a), (up, e)))

@@ -399,7 +399,8 @@ impl Shared {
                     self.config.stickiness(),
                     self.config.learning,
                     cfg!(debug_assertions),
-                );
+                )
+                .with_max_reordered(self.config.rtt.max_reordered_units);
                 if let Ok(mut d) = self.driver.lock() {
                     *d = Some(driver);
                 }

@@ -36,6 +36,9 @@ pub struct RttConfig {
     pub min_samples: u64,
     /// The most (unit, cluster) pairs kept.
     pub max_pairs: usize,
+    /// The most map units a round lets measurements reorder (the others wait a round): a
+    /// warm start repairs a few thousand reorderings in a round, not tens of thousands.
+    pub max_reordered_units: usize,
 }
 
 impl Default for RttConfig {
@@ -45,6 +48,7 @@ impl Default for RttConfig {
             max_age_secs: 3_600.0,
             min_samples: 10,
             max_pairs: 1_000_000,
+            max_reordered_units: 5_000,
         }
     }
 }
@@ -280,6 +284,7 @@ mod tests {
             max_age_secs: 600.0,
             min_samples: 10,
             max_pairs: 3,
+            max_reordered_units: 5_000,
         })
     }
 

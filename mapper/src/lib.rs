@@ -24,7 +24,7 @@ pub use model::{
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
     TrafficClass, UnitIdx,
 };
-pub use rescore::Rescore;
+pub use rescore::{admitted, Rescore};
 pub use second_chance::{second_chance, SecondChance, SecondChanceParams, SecondChanceReport};
 pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
 pub use sticky::{

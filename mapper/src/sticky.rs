@@ -873,6 +873,31 @@ mod tests {
     }
 
     #[test]
+    fn reorderings_are_admitted_a_bounded_number_a_round() {
+        use crate::rescore::admitted;
+        let inst = instance();
+        let none = Rescore::default();
+        let flips = Rescore::new(&inst, [(0, 0, 80.0), (0, 1, 12.0)]).expect("valid");
+        // Reordering m is held back at a bound of 0, taken at 1.
+        let (got, held) = admitted(&inst, &flips, &none, 0).expect("admitted");
+        assert!(got.is_empty());
+        assert_eq!(held, 1);
+        let (got, held) = admitted(&inst, &flips, &none, 1).expect("admitted");
+        assert_eq!((got.score(0, 1), held), (Some(12.0), 0));
+        // Scores that keep the order are always taken.
+        let same = Rescore::new(&inst, [(0, 0, 5.0), (0, 1, 6.0)]).expect("valid");
+        let (got, held) = admitted(&inst, &same, &none, 0).expect("admitted");
+        assert_eq!((got.score(0, 0), held), (Some(5.0), 0));
+        // Once taken, new figures in the same order pass; going back to the estimates is a
+        // reordering too, held back at a bound of 0 (the old scores kept).
+        let again = Rescore::new(&inst, [(0, 0, 70.0), (0, 1, 11.0)]).expect("valid");
+        let (got, held) = admitted(&inst, &again, &flips, 0).expect("admitted");
+        assert_eq!((got.score(0, 1), held), (Some(11.0), 0));
+        let (got, held) = admitted(&inst, &none, &flips, 0).expect("admitted");
+        assert_eq!((got.score(0, 1), held), (Some(12.0), 1));
+    }
+
+    #[test]
     fn bad_measurements_are_refused_by_name() {
         let inst = instance();
         for score in [0.0, -1.0, f32::NAN, f32::INFINITY, 1e9] {

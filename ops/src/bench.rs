@@ -144,7 +144,7 @@ fn measured_round(
         eprintln!("{}", report.describe(&effective, 10));
     }
     println!(
-        "measured RTTs  {units} units ({pct}%), {} (unit, cluster) pairs: Rescore built in {:.1} ms; effective preferences {:.1} ms (without: {:.1}), seeded solve {:.1} ms (without: {:.1}); churn {:.3}%; verified: {}",
+        "measured RTTs  {units} units ({pct}%), {} (unit, cluster) pairs: Rescore built in {:.1} ms; effective preferences {:.1} ms (without: {:.1}), seeded solve {:.1} ms (without: {:.1}); churn {:.3}%; repair rounds {}, blocking pairs left {}; verified: {}",
         rescore.len(),
         ms(build),
         ms(prefs),
@@ -152,7 +152,28 @@ fn measured_round(
         ms(warm_solve),
         ms(solve_before),
         100.0 * churn(next, first, &warm_sol.map),
+        warm_sol.stats.repair_rounds,
+        warm_sol.stats.blocking_pairs_left,
         report.is_ok()
+    );
+    // What a round takes of them: at most `max_reordered_units` units reordered.
+    let bound = cdnmap_estimator::rtt::RttConfig::default().max_reordered_units;
+    let (taken, held) = cdnmap_mapper::admitted(next, &rescore, &Rescore::default(), bound)?;
+    let (bounded_prefs, _, bounded) = time_runs(a.runs, || {
+        effective_preferences(black_box(next), Some(first), &stickiness, &taken)
+    });
+    let bounded = bounded?;
+    let (bounded_solve, _, bounded_sol) = time_runs(a.runs, || {
+        solve_seeded(black_box(&bounded), first, &options)
+    });
+    let bounded_ok = cdnmap_mapper::verify::verify(&bounded, &bounded_sol.map).is_ok();
+    println!(
+        "               a round's share (at most {bound} units reordered, {held} held back): effective preferences {:.1} ms, seeded solve {:.1} ms; churn {:.3}%; repair rounds {}, blocking pairs left {}; verified: {bounded_ok}",
+        ms(bounded_prefs),
+        ms(bounded_solve),
+        100.0 * churn(next, first, &bounded_sol.map),
+        bounded_sol.stats.repair_rounds,
+        bounded_sol.stats.blocking_pairs_left,
     );
     Ok(())
 }
