@@ -58,6 +58,28 @@ impl FeedbackService {
         Err(Status::resource_exhausted(message))
     }
 
+    /// The first steps of a demand or RTT report: who it is recorded under (see
+    /// [`identify`]), its samples (`of` gives the claimed reporter and the count) no more than
+    /// [`MAX_REPORT_SAMPLES`], its cost taken from its source's budget.
+    fn accept<T: cdnmap_proto::prost::Message>(
+        &self,
+        request: Request<T>,
+        of: impl Fn(&T) -> (&String, usize),
+    ) -> Result<(String, T), Status> {
+        let identity = identify(&self.0, &request)?;
+        let source = budget_source(identity.as_deref(), &request);
+        let r = request.into_inner();
+        let (claimed, count) = of(&r);
+        let reporter = reporter_of(identity, claimed)?;
+        if count > MAX_REPORT_SAMPLES {
+            return Err(invalid(format!(
+                "samples: {count} in one report, more than {MAX_REPORT_SAMPLES}"
+            )));
+        }
+        self.spend(&source, count, r.encoded_len())?;
+        Ok((reporter, r))
+    }
+
     /// Writes `report` from `reporter` to the demand record; durable when it returns.
     async fn store(&self, reporter: &str, report: Report) -> Result<(), Status> {
         let bytes = record::encode(&RecordedReport {
@@ -245,21 +267,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
         &self,
         request: Request<pb::DemandReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        let identity = identify(&self.0, &request)?;
-        let source = budget_source(identity.as_deref(), &request);
-        let r = request.into_inner();
-        let reporter = reporter_of(identity, &r.reporter)?;
-        if r.samples.len() > MAX_REPORT_SAMPLES {
-            return Err(invalid(format!(
-                "samples: {} in one report, more than {MAX_REPORT_SAMPLES}",
-                r.samples.len()
-            )));
-        }
-        self.spend(
-            &source,
-            r.samples.len(),
-            cdnmap_proto::prost::Message::encoded_len(&r),
-        )?;
+        let (reporter, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
         if r.period_end_unix_ms < r.period_start_unix_ms {
             return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
         }
@@ -469,21 +477,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
         &self,
         request: Request<pb::RttReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        let identity = identify(&self.0, &request)?;
-        let source = budget_source(identity.as_deref(), &request);
-        let r = request.into_inner();
-        let reporter = reporter_of(identity, &r.reporter)?;
-        if r.samples.len() > MAX_REPORT_SAMPLES {
-            return Err(invalid(format!(
-                "samples: {} in one report, more than {MAX_REPORT_SAMPLES}",
-                r.samples.len()
-            )));
-        }
-        self.spend(
-            &source,
-            r.samples.len(),
-            cdnmap_proto::prost::Message::encoded_len(&r),
-        )?;
+        let (reporter, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
         let topology = self.0.topology.current();
         let published = self.0.published();
         let snapshot = published.as_ref().map(|p| Arc::clone(&p.snapshot));

@@ -509,6 +509,20 @@ impl<'a> Favouring<'a> {
             rank: rank * bonus(j0),
             newcomer: self.incumbents_first && !marks.contains(&j0),
         });
+        self.copy_aside(part, marks, order, c, score);
+    }
+
+    /// Copies a unit's candidates to `moved` in `order` (each `(_, cluster, base position)`),
+    /// with `score(j)` for base position `j`, its explicit rank, and its favoured mark.
+    #[inline]
+    fn copy_aside(
+        &self,
+        part: &mut Part,
+        marks: &[usize],
+        order: &[(f32, ClusterIdx, usize)],
+        c: &UnitCands<'_>,
+        score: impl Fn(usize) -> f32,
+    ) {
         let at = part.moved.cluster.len();
         // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
         part.start
@@ -561,20 +575,7 @@ impl<'a> Favouring<'a> {
         order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let j0 = order[0].2;
         self.push_first(&mut part.first, c, j0, marks.contains(&j0));
-        let at = part.moved.cluster.len();
-        // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
-        part.start
-            .push(u32::try_from(self.arena_len + at).unwrap_or(u32::MAX));
-        for (k, &(_, cluster, j)) in order.iter().enumerate() {
-            part.moved.cluster.push(cluster);
-            part.moved.score.push(scores[j]);
-            if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), c.ranks) {
-                r.push(o[j]);
-            }
-            if marks.contains(&j) {
-                part.moved_favoured.push(at + k);
-            }
-        }
+        self.copy_aside(part, marks, order, c, |j| scores[j]);
     }
 
     /// A unit with one incumbent, at position `p`: it moves forward past the entries it now

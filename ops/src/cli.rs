@@ -866,19 +866,30 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
+/// Logs to stderr at `RUST_LOG`'s level (info by default).
+fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
-    use cdnmap_dns::DnsConfig;
-    let mut config = match &a.config {
+}
+
+/// A `cdnmap dns` configuration: the file's, or the defaults; checked once the command line's
+/// overrides are in (by the caller).
+fn dns_config(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
+    Ok(match path {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            DnsConfig::parse_toml(&text).with_context(|| format!("{}", path.display()))?
+            cdnmap_dns::DnsConfig::parse_toml(&text)
+                .with_context(|| format!("{}", path.display()))?
         }
-        None => DnsConfig::default(),
-    };
+        None => cdnmap_dns::DnsConfig::default(),
+    })
+}
+
+fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
+    init_tracing();
+    let mut config = dns_config(a.config.as_ref())?;
     if let Some(m) = a.mapper {
         config.mapper = m;
     }
@@ -906,19 +917,8 @@ fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
 }
 
 fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
-    use cdnmap_dns::DnsConfig;
-    let mut config = match &a.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            // Checked once the command line's overrides are in (below).
-            DnsConfig::parse_toml(&text).with_context(|| format!("{}", path.display()))?
-        }
-        None => DnsConfig::default(),
-    };
+    init_tracing();
+    let mut config = dns_config(a.config.as_ref())?;
     if let Some(m) = a.mapper {
         config.mapper = m;
     }
