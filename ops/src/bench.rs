@@ -127,6 +127,43 @@ fn measured_round(
             measurements.push((u, c.cluster, score));
         }
     }
+    // The service's side: the same measurements as reports in an RTT table (by ids), and
+    // what a round reads of it (every pair's estimate, mapped to indices).
+    let mut table = cdnmap_estimator::rtt::RttTable::new(cdnmap_estimator::rtt::RttConfig {
+        max_pairs: measurements.len(),
+        min_samples: 1,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    for &(u, c, score) in &measurements {
+        table.record(
+            next.unit_id(u),
+            &next.clusters()[c as usize].id,
+            f64::from(score),
+            10,
+            0,
+        )?;
+    }
+    let fed = t.elapsed();
+    let (read, _, read_back) = time_runs(a.runs, || {
+        let mut out = Vec::with_capacity(measurements.len());
+        table.for_each_estimate(0, |unit, cluster, e| {
+            if let (Some(u), Some(c)) = (next.unit_index(unit), next.cluster_index(cluster)) {
+                out.push((u, c, e.rtt_ms));
+            }
+        });
+        out
+    });
+    ensure!(
+        read_back.len() == measurements.len(),
+        "the RTT table lost pairs"
+    );
+    println!(
+        "RTT table      {} pairs fed in {:.1} ms; a round's read of every estimate, by index, {:.1} ms",
+        table.pairs(),
+        ms(fed),
+        ms(read)
+    );
     let t = Instant::now();
     let rescore = Rescore::new(next, measurements)?;
     let build = t.elapsed();
