@@ -95,6 +95,56 @@ fn sticky_round(
     if let Some(pct) = a.measured {
         measured_round(a, &next, first, pct, prefs, warm_solve)?;
     }
+    if a.second_chance {
+        second_chance_round(a, inst, first, &next, cold)?;
+    }
+    Ok(())
+}
+
+/// `bench solve --perturb P --second-chance`: the second chance for overflow (issue 20) on
+/// the first map, timed against the cold solve, then a sticky round seeded from its map with
+/// the phase again, its churn against the phase's map.
+fn second_chance_round(
+    a: &SolveBenchArgs,
+    inst: &Topology,
+    first: &Map,
+    next: &Topology,
+    cold: Duration,
+) -> Result<()> {
+    use cdnmap_mapper::{second_chance, SecondChance, SecondChanceParams};
+    let params = SecondChanceParams::default();
+    let mode = SecondChance::WithinLists;
+    let demand = inst.total_demand();
+    let (phase, _, (placed, report)) = time_runs(a.runs, || {
+        second_chance(black_box(inst), first, mode, &params)
+    });
+    let checked = cdnmap_mapper::verify::verify(inst, &placed);
+    let (introduced, other) = report.split(&checked.blocking_pairs);
+    println!(
+        "second chance  median {:.1} ms ({:.1}% of the cold solve's {:.1} ms): overflow {:.3}% -> {:.3}%, {} moves, blocking pairs {} its own, {} other, feasible: {}",
+        ms(phase),
+        100.0 * phase.as_secs_f64() / cold.as_secs_f64().max(1e-9),
+        ms(cold),
+        100.0 * first.total_overflow() / demand,
+        100.0 * placed.total_overflow() / demand,
+        report.moves,
+        introduced.len(),
+        other.len(),
+        checked.capacity.is_empty() && checked.conservation.is_empty()
+    );
+    // The next round: seeded from the phase's map, the phase again.
+    let stickiness = Stickiness::margin(a.stickiness);
+    let effective = favour_incumbents(next, &placed, &stickiness)?;
+    let warm = solve_seeded(&effective, &placed, &SolveOptions::default());
+    let (again, _) = second_chance(next, &warm.map, mode, &params);
+    println!(
+        "               the sticky round after it (seeded from its map, the phase again): churn {:.3}% (the seeded solve alone {:.3}%), overflow {:.3}%, repair rounds {}, blocking pairs left {}",
+        100.0 * churn(next, &placed, &again),
+        100.0 * churn(next, &placed, &warm.map),
+        100.0 * again.total_overflow() / next.total_demand(),
+        warm.stats.repair_rounds,
+        warm.stats.blocking_pairs_left
+    );
     Ok(())
 }
 
@@ -275,6 +325,10 @@ pub struct SolveBenchArgs {
     /// measured (their candidates rescored and reordered), to show what that costs a round.
     #[arg(long, value_name = "PCT")]
     pub measured: Option<f64>,
+    /// With --perturb: the second chance for overflow on the first map (timed against the
+    /// cold solve) and in the sticky round after it (its churn).
+    #[arg(long)]
+    pub second_chance: bool,
 }
 
 /// Every timed solve is first run once untimed. A mapping process is long-lived and keeps
