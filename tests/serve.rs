@@ -2732,6 +2732,22 @@ async fn health_checks_take_a_dead_cluster_out_and_bring_it_back() {
     flapping.abort();
 }
 
+/// The first cluster Resolve names for `www.cdn.example` asked from `subnet`, and the map
+/// version that answered.
+async fn first_cluster(server: &Server, subnet: &str) -> (String, u64) {
+    let q = pb::ResolveRequest {
+        client_subnet: subnet.into(),
+        resolver_ip: String::new(),
+        qname: "www.cdn.example".into(),
+        qtype: 1,
+    };
+    let got = resolve(&mut server.mapping(), q).await;
+    (
+        got.cluster_ids.first().cloned().unwrap_or_default(),
+        got.map_version,
+    )
+}
+
 /// Issue 19, point 3: round trips measured from a unit's clients (Feedback's `ReportRtt`)
 /// reorder its candidates and move it in the next round; the dashboard's lookup shows which
 /// scores were measured; bad reports are refused naming the sample; and after a kill -9 the
@@ -2750,19 +2766,7 @@ async fn measured_rtt_moves_a_unit_and_survives_a_restart() {
     );
     let mut setup = Setup::with_config(bin!(), true, &format!("instance = {path:?}\n"), "");
     let server = setup.start().await;
-    let first_of = async |server: &Server, subnet: &str| {
-        let q = pb::ResolveRequest {
-            client_subnet: subnet.into(),
-            resolver_ip: String::new(),
-            qname: "www.cdn.example".into(),
-            qtype: 1,
-        };
-        let got = resolve(&mut server.mapping(), q).await;
-        (
-            got.cluster_ids.first().cloned().unwrap_or_default(),
-            got.map_version,
-        )
-    };
+    let first_of = first_cluster;
     assert_eq!(first_of(&server, "10.0.3.9/32").await.0, "a");
     let sample =
         |target: pb::rtt_sample::Target, cluster: &str, rtt_ms: f64, samples: u64| pb::RttSample {
@@ -2956,19 +2960,7 @@ async fn monitors_decide_by_quorum() {
         ),
     );
     let server = setup.start().await;
-    let first = async || {
-        let q = pb::ResolveRequest {
-            client_subnet: "10.0.1.9/32".into(),
-            resolver_ip: String::new(),
-            qname: "www.cdn.example".into(),
-            qtype: 1,
-        };
-        let got = resolve(&mut server.mapping(), q).await;
-        (
-            got.cluster_ids.first().cloned().unwrap_or_default(),
-            got.map_version,
-        )
-    };
+    let first = async || first_cluster(&server, "10.0.1.9/32").await;
     assert_eq!(first().await.0, "b");
     // Refused: a monitor not named, a bad address.
     let mut feedback = server.feedback();
