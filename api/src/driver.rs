@@ -217,13 +217,17 @@ impl Driver {
         let rules = rules(&topology).map_err(StepError::Rules)?;
         let measured = Rescore::new(&topology.instance, observations.rtt.iter().copied())
             .map_err(StepError::Measured)?;
-        // Against the scores the last round used, when its units are these.
+        // Against the scores the last round used, when its units and clusters are these (the
+        // scores are by index: an added or deleted cluster renumbers the others).
+        let same_clusters = |p: &Snapshot| {
+            let (a, b) = (p.topology.clusters(), topology.clusters());
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.id == y.id)
+        };
         let before = previous
-            .filter(|p| p.topology.same_unit_ids(&topology))
+            .filter(|p| p.topology.same_unit_ids(&topology) && same_clusters(p))
             .map(|p| Arc::clone(&p.measured))
             .unwrap_or_default();
-        let (measured, held) = admitted(&topology.instance, &measured, &before, self.max_reordered)
-            .map_err(StepError::Measured)?;
+        let (measured, held) = admitted(&topology.instance, &measured, &before, self.max_reordered);
         if held > 0 {
             tracing::info!(
                 held,
@@ -236,7 +240,7 @@ impl Driver {
             previous,
             served,
             &self.stickiness,
-            &measured,
+            Arc::new(measured),
             epoch,
             now,
             self.check,

@@ -80,8 +80,9 @@ impl FeedbackService {
         Ok((reporter, r))
     }
 
-    /// Writes `report` from `reporter` to the demand record; durable when it returns.
-    async fn store(&self, reporter: &str, report: Report) -> Result<(), Status> {
+    /// Writes `report` from `reporter` to the demand record; durable when it returns, with the
+    /// time it is recorded as received.
+    async fn store(&self, reporter: &str, report: Report) -> Result<i64, Status> {
         let bytes = record::encode(&RecordedReport {
             reporter: reporter.to_string(),
             report,
@@ -92,13 +93,12 @@ impl FeedbackService {
             max_reports: MAX_REPORTS,
             max_bytes: shared.config.record_max_mb << 20,
         };
-        tokio::task::spawn_blocking(move || {
-            shared.store.append_report(now_unix_ms(), &bytes, bounds)
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(())
+        let at = now_unix_ms();
+        tokio::task::spawn_blocking(move || shared.store.append_report(at, &bytes, bounds))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(at)
     }
 }
 
@@ -513,8 +513,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
             samples,
         };
         // Durable first; the table is what a restart rebuilds from the record.
-        self.store(&reporter, Report::Rtt(body.clone())).await?;
-        self.0.take_rtt(&body, now_unix_ms());
+        // The time the record holds, so that a restart's rebuild and this take are one report.
+        let at = self.store(&reporter, Report::Rtt(body.clone())).await?;
+        self.0.take_rtt(&body, at);
         Ok(Response::new(pb::ReportAck { accepted: n }))
     }
 

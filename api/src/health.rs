@@ -268,9 +268,14 @@ impl Health {
 
     /// Clusters the probes hold down, with the reason.
     pub fn down(&self) -> BTreeMap<String, String> {
+        self.down_of(&self.verdicts())
+    }
+
+    /// [`Self::down`] of these verdicts.
+    fn down_of(&self, verdicts: &BTreeMap<String, Vec<Verdict>>) -> BTreeMap<String, String> {
         let (voters, quorum) = (self.config.voters(), self.config.quorum());
-        self.verdicts()
-            .into_iter()
+        verdicts
+            .iter()
             .filter(|(_, v)| all_down(v))
             .map(|(id, addrs)| {
                 let why: Vec<String> = addrs
@@ -283,7 +288,7 @@ impl Health {
                     String::new()
                 };
                 (
-                    id,
+                    id.clone(),
                     format!(
                         "health checks: every address failed {} probes in a row{votes} ({})",
                         self.config.fall,
@@ -306,7 +311,8 @@ impl Health {
         topology: &Arc<Topology>,
         mut changed: impl FnMut(&str, bool, &str),
     ) -> Arc<Topology> {
-        let down = self.down();
+        let verdicts = self.verdicts();
+        let down = self.down_of(&verdicts);
         {
             let mut taken = self.taken_down.lock().unwrap_or_else(|e| e.into_inner());
             let now: std::collections::BTreeSet<String> = topology
@@ -324,7 +330,7 @@ impl Health {
             }
             *taken = now;
         }
-        let failing = self.failing();
+        let failing = failing_of(&verdicts);
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((base, d, f, out)) = last.as_ref() {
             // The reasons' texts may change from sweep to sweep; the clusters matter.
@@ -367,15 +373,9 @@ impl Health {
     }
 
     /// Per cluster with some addresses down (not all), those addresses.
+    #[cfg(test)]
     fn failing(&self) -> BTreeMap<String, Vec<SocketAddr>> {
-        self.verdicts()
-            .into_iter()
-            .filter_map(|(id, addrs)| {
-                let failed: Vec<SocketAddr> =
-                    addrs.iter().filter(|v| !v.up).map(|v| v.addr).collect();
-                (!failed.is_empty() && failed.len() < addrs.len()).then_some((id, failed))
-            })
-            .collect()
+        failing_of(&self.verdicts())
     }
 
     /// What `topology` has to be probed: every address of every probed cluster.
@@ -487,6 +487,17 @@ impl Health {
         }
         *clusters = kept;
     }
+}
+
+/// Per cluster with some addresses down (not all) in `verdicts`, those addresses.
+fn failing_of(verdicts: &BTreeMap<String, Vec<Verdict>>) -> BTreeMap<String, Vec<SocketAddr>> {
+    verdicts
+        .iter()
+        .filter_map(|(id, addrs)| {
+            let failed: Vec<SocketAddr> = addrs.iter().filter(|v| !v.up).map(|v| v.addr).collect();
+            (!failed.is_empty() && failed.len() < addrs.len()).then(|| (id.clone(), failed))
+        })
+        .collect()
 }
 
 /// Whether a cluster's probed addresses are all down (a cluster with none probed is not).

@@ -121,7 +121,7 @@ pub fn round(
         previous,
         None,
         stickiness,
-        &Rescore::default(),
+        Arc::default(),
         epoch,
         now_unix_ms,
         check,
@@ -142,7 +142,7 @@ pub fn solve_round(
     previous: Option<&Snapshot>,
     served: Option<&Map>,
     stickiness: &Stickiness,
-    measured: &Rescore,
+    measured: Arc<Rescore>,
     epoch: u64,
     now_unix_ms: i64,
     check: bool,
@@ -155,7 +155,7 @@ pub fn solve_round(
     // Sticky: seeded from the previous map, its incumbents favoured; else a cold solve.
     let sticky = seed.as_deref().filter(|_| stickiness.margin > 0.0);
     let t = std::time::Instant::now();
-    let preferences = effective_preferences(instance, sticky, stickiness, measured)?;
+    let preferences = effective_preferences(instance, sticky, stickiness, &measured)?;
     timings.effective_ms = ms_since(t);
     let t = std::time::Instant::now();
     let sol = match sticky {
@@ -176,7 +176,7 @@ pub fn solve_round(
         stats: sol.stats,
         churn: churn_now,
         timings,
-        measured: Arc::new(measured.clone()),
+        measured,
     })
 }
 
@@ -455,7 +455,7 @@ mod tests {
                 None,
                 None,
                 &Stickiness::default(),
-                &Rescore::default(),
+                Arc::default(),
                 1,
                 1_000,
                 true,

@@ -151,7 +151,9 @@ impl RttTable {
 
     /// Takes a report: `samples` RTTs from `unit`'s clients to `cluster`, summarised as
     /// `rtt_ms`, at `at_ms`. A full pair drops its lightest report (its oldest, when they
-    /// summarise alike).
+    /// summarise alike). A report the pair holds already (the same time and figures) is taken
+    /// once: a restart rebuilding the table from the record while reports keep arriving can
+    /// bring one twice.
     pub fn record(
         &mut self,
         unit: &str,
@@ -181,6 +183,9 @@ impl RttTable {
                 &mut list.last_mut().expect("just pushed").1
             }
         };
+        if reports.contains(&obs) {
+            return Ok(());
+        }
         if reports.len() >= REPORTS_PER_PAIR {
             let half_life = self.config.half_life_secs;
             let lightest = (0..reports.len())
@@ -320,6 +325,20 @@ mod tests {
         assert_eq!(t.estimate("u", "a", 700_000), None);
         t.prune(700_000);
         assert_eq!(t.pairs(), 0);
+    }
+
+    #[test]
+    fn a_report_taken_twice_counts_once() {
+        let mut t = table();
+        t.record("u", "a", 100.0, 30, 0).expect("taken");
+        t.record("u", "a", 20.0, 20, 0).expect("taken");
+        // The same report again (a restart's rebuild meeting it live): still 30 against 20.
+        t.record("u", "a", 20.0, 20, 0).expect("taken");
+        let e = t.estimate("u", "a", 0).expect("estimate");
+        assert_eq!((e.rtt_ms, e.samples), (100.0, 50));
+        // The same figures at another time are another report.
+        t.record("u", "a", 20.0, 20, 1).expect("taken");
+        assert_eq!(t.estimate("u", "a", 1).expect("estimate").rtt_ms, 20.0);
     }
 
     #[test]

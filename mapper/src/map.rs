@@ -2,6 +2,7 @@
 //! how much is overflow. Indexed like the instance's map units.
 
 use crate::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
+use crate::rescore::Rescore;
 
 /// Demand of one map unit placed at one cluster.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -166,14 +167,31 @@ pub fn mean_score(
     map: &Map,
     scale: impl Fn(UnitIdx) -> Option<f64>,
 ) -> Option<f64> {
+    mean_measured_score(instance, map, scale, &Rescore::default())
+}
+
+/// [`mean_score`], each candidate measured in `measured` counting with its measured score (as
+/// the round that used them did).
+pub fn mean_measured_score(
+    instance: &Instance,
+    map: &Map,
+    scale: impl Fn(UnitIdx) -> Option<f64>,
+    measured: &Rescore,
+) -> Option<f64> {
     let (mut sum, mut placed) = (0.0, 0.0);
     for u in 0..instance.unit_count().min(map.unit_count()) as UnitIdx {
         let Some(x) = scale(u) else {
             continue;
         };
         for a in map.allocations(u) {
-            if let Some(c) = instance.candidates(u).find(|c| c.cluster == a.cluster) {
-                sum += a.amount * x * f64::from(c.score);
+            let score = measured.score(u, a.cluster).or_else(|| {
+                instance
+                    .candidates(u)
+                    .find(|c| c.cluster == a.cluster)
+                    .map(|c| c.score)
+            });
+            if let Some(score) = score {
+                sum += a.amount * x * f64::from(score);
                 placed += a.amount * x;
             }
         }

@@ -140,13 +140,14 @@ impl Rescore {
 /// what they had (their previous scores, or none) until a later round. A warm start repairs a
 /// few thousand reordered units in a round; measured at 1 M units, 20,000 units reordered at
 /// once left it short of stable after its 16 repair rounds. Returns the admitted scores and how
-/// many units were held back.
+/// many units were held back. `next` must be of `instance` ([`Rescore::new`]); of `previous`,
+/// what is no longer a candidate (or a unit) of `instance` is left out.
 pub fn admitted(
     instance: &Instance,
     next: &Rescore,
     previous: &Rescore,
     max_reordered: usize,
-) -> Result<(Rescore, usize), ModelError> {
+) -> (Rescore, usize) {
     let order = |u: UnitIdx, list: &[(ClusterIdx, f32)]| -> Vec<ClusterIdx> {
         let mut cands: Vec<(f32, ClusterIdx)> = instance
             .candidates(u)
@@ -160,7 +161,12 @@ pub fn admitted(
         cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         cands.into_iter().map(|(_, c)| c).collect()
     };
-    let mut out: Vec<(UnitIdx, ClusterIdx, f32)> = Vec::with_capacity(next.len());
+    let mut out = Rescore {
+        units: Vec::with_capacity(next.units.len()),
+        start: Vec::with_capacity(next.units.len() + 1),
+        measured: Vec::with_capacity(next.len()),
+        not_candidates: next.not_candidates,
+    };
     let (mut reordered, mut held) = (0usize, 0usize);
     let (mut i, mut j) = (0usize, 0usize);
     while i < next.units.len() || j < previous.units.len() {
@@ -179,6 +185,9 @@ pub fn admitted(
         if b == Some(u) {
             j += 1;
         }
+        if u as usize >= instance.unit_count() {
+            continue;
+        }
         let take = if new == old || order(u, new) == order(u, old) {
             true
         } else if reordered < max_reordered {
@@ -188,8 +197,21 @@ pub fn admitted(
             held += 1;
             false
         };
+        // `next` was checked against this instance; `previous` against the last round's,
+        // whose units (by id) may have other candidates now.
         let kept = if take { new } else { old };
-        out.extend(kept.iter().map(|&(c, s)| (u, c, s)));
+        let at = out.measured.len();
+        out.measured.extend(
+            kept.iter()
+                .filter(|&&(c, _)| take || instance.candidate_position(u, c).is_some()),
+        );
+        if out.measured.len() > at {
+            out.units.push(u);
+            out.start.push(at as u32);
+        }
     }
-    Ok((Rescore::new(instance, out)?, held))
+    if !out.units.is_empty() {
+        out.start.push(out.measured.len() as u32);
+    }
+    (out, held)
 }

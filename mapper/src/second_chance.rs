@@ -1,23 +1,23 @@
 //! A second chance for overflow (issue 20): after the stable pass, demand left in overflow
-//! is placed where it does the least harm, *within the candidate lists* — at a candidate with
-//! room, or at a full candidate by first moving some of another unit's demand from there to
-//! one of *its* candidates with room (a chain of one move), the move bounded in the RTT it
-//! adds to the unit moved. This is the step a latency-optimal fractional map (a linear program
-//! over the same candidates) takes and the stable map does not: measured on 20,000-unit worlds,
-//! the stable map leaves 1.5–2% of the demand in overflow where the LP places all of it
-//! (`cdnmap bench overflow`).
+//! is placed where it does the least harm, *within the candidate lists*, along the cheapest
+//! *chain*: one of the unit's candidates, then moves of other units' demand from the cluster
+//! the chain is at to one of the mover's own candidates, until a cluster with room for what
+//! enters it (at most `max_hops` moves, each bounded in the RTT it adds to the unit moved).
+//! This is the step a latency-optimal fractional map (a linear program over the same
+//! candidates) takes and the stable map does not: measured on 20,000-unit worlds, the stable
+//! map leaves 1.5–2% of the demand in overflow where the LP places all of it (`cdnmap bench
+//! overflow`; figures and limits in `docs/perf/overflow.md`).
 //!
 //! It gives up stability where it acts: a unit moved to a less preferred candidate, and the
-//! cluster that took the overflowed unit in its place, may form blocking pairs (the cluster
-//! would rather have the unit moved). [`SecondChanceReport::split`] tells those pairs from any
+//! clusters whose load changed, may form blocking pairs (a cluster would rather have the unit
+//! moved, or has room a unit wants). [`SecondChanceReport::split`] tells those pairs from any
 //! other the verifier finds: a pair is the phase's when its unit or its cluster was touched by
 //! it.
 //!
 //! Promises: the result is feasible whenever the input is (every move and placement fits the
-//! residual capacity of every node on its path, within a relative tolerance), conserves each
-//! unit's demand, uses only candidates at up clusters, and never moves demand that was not
-//! placed by the stable pass to a cluster it did not fit. Deterministic: units are served in
-//! index order, ties broken by cluster and unit index.
+//! residual capacity of every node on its path), conserves each unit's demand, and uses only
+//! candidates at up clusters. Deterministic: units are served in index order, ties broken by
+//! cluster and class index.
 
 use std::collections::HashSet;
 

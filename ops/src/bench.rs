@@ -245,7 +245,7 @@ fn measured_round(
     );
     // What a round takes of them: at most `max_reordered_units` units reordered.
     let bound = cdnmap_estimator::rtt::RttConfig::default().max_reordered_units;
-    let (taken, held) = cdnmap_mapper::admitted(next, &rescore, &Rescore::default(), bound)?;
+    let (taken, held) = cdnmap_mapper::admitted(next, &rescore, &Rescore::default(), bound);
     let (bounded_prefs, _, bounded) = time_runs(a.runs, || {
         effective_preferences(black_box(next), Some(first), &stickiness, &taken)
     });

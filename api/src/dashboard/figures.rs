@@ -177,24 +177,7 @@ pub fn regions_and_flows(inst: &Instance, map: &Map) -> (Vec<Region>, Vec<Flow>)
 ///
 /// A candidate whose RTT was measured counts with the measured score, as the round used it.
 pub fn mean_score(inst: &Instance, map: &Map, measured: &Rescore) -> Option<f64> {
-    if measured.is_empty() {
-        return cdnmap_mapper::map::mean_score(inst, map, |_| Some(1.0));
-    }
-    let (mut sum, mut placed) = (0.0, 0.0);
-    for u in 0..inst.unit_count().min(map.unit_count()) as UnitIdx {
-        for a in map.allocations(u) {
-            let score = measured.score(u, a.cluster).or_else(|| {
-                inst.candidates(u)
-                    .find(|c| c.cluster == a.cluster)
-                    .map(|c| c.score)
-            });
-            if let Some(score) = score {
-                sum += a.amount * f64::from(score);
-                placed += a.amount;
-            }
-        }
-    }
-    (placed > 0.0).then(|| sum / placed)
+    cdnmap_mapper::map::mean_measured_score(inst, map, |_| Some(1.0), measured)
 }
 
 /// A cluster's preference key for a map unit (DESIGN.md: lower first).
