@@ -1239,10 +1239,10 @@ mod tests {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let bases = [0x0A00_0000u32, 0x0A01_0000, 0x0A09_0000, 0xC0A8_0000, 0];
             let mut prefixes = vec![(0x0A00_0000, 8)];
-            for _ in 0..rng.gen_range(1..400) {
-                let base = bases[rng.gen_range(0..bases.len())];
-                let len = [16, 20, 24, 24, 24, 26, 30, 32][rng.gen_range(0..8)];
-                prefixes.push((base ^ rng.gen_range(0..1 << 18), len));
+            for _ in 0..rng.random_range(1..400) {
+                let base = bases[rng.random_range(0..bases.len())];
+                let len = [16, 20, 24, 24, 24, 26, 30, 32][rng.random_range(0..8)];
+                prefixes.push((base ^ rng.random_range(0..1 << 18), len));
             }
             prefixes.sort_unstable();
             prefixes.dedup_by_key(|&mut (a, len)| (a >> (32 - u32::from(len)), len));
@@ -1254,7 +1254,7 @@ mod tests {
                 index.v4_hit(p, index.v4.search(p, 0, n))
             };
             let mut points: Vec<u32> = (0..2_000)
-                .map(|_| bases[rng.gen_range(0..bases.len())] ^ rng.gen_range(0..1 << 18))
+                .map(|_| bases[rng.random_range(0..bases.len())] ^ rng.random_range(0..1 << 18))
                 .collect();
             for &s in &index.v4.starts {
                 points.extend([s, s.wrapping_sub(1), s | 0xff, s & !0xff]);
