@@ -20,6 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+use cdnmap_mapper::model::ClassIdx;
 use cdnmap_serve::resolve::Route;
 use cdnmap_serve::servers::{key_hash_of, PREFETCH_STEPS};
 
@@ -232,18 +233,18 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
             names.resize(BLOCK, String::new());
         }
         // 1: what each datagram asks, where the fast path takes it.
-        let mut taken: [Option<(Parsed<'_>, IpNet)>; BLOCK] = [None; BLOCK];
+        let mut taken: [Option<(Parsed<'_>, IpNet, ClassIdx)>; BLOCK] = [None; BLOCK];
         for (i, &(raw, src)) in batch.iter().take(BLOCK).enumerate() {
             taken[i] = take(front, view, raw, src, &mut names[i]);
         }
         // 2: the map's answers, looked up together.
-        let queries: Vec<(IpNet, &str)> = taken
+        let queries: Vec<(IpNet, &str, ClassIdx)> = taken
             .iter()
             .zip(names.iter())
-            .filter_map(|(t, name)| t.map(|(_, client)| (client, name.as_str())))
+            .filter_map(|(t, name)| t.map(|(_, client, class)| (client, name.as_str(), class)))
             .collect();
         let mut answers = Vec::with_capacity(queries.len());
-        view.resolver.resolve_batch(&queries, &mut answers);
+        view.resolver.resolve_classed(&queries, &mut answers);
         // 3: the servers, their reads started together too (each step over the block, then
         // the next), then the bytes and the counts.
         SCRATCH.with_borrow_mut(|scratch| {
@@ -257,7 +258,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                 taken
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, t)| t.map(|(q, _)| (i, q.qtype == TYPE_AAAA)))
+                    .filter_map(|(i, t)| t.map(|(q, _, _)| (i, q.qtype == TYPE_AAAA)))
                     .zip(&answers)
             };
             let demand = front.demand.block(&view.resolver);
@@ -276,7 +277,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
             let mut routed = [0u64; Route::ALL.len()];
             let mut answers = answers.iter();
             for (i, t) in taken.iter().enumerate() {
-                let (Some((q, client)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
+                let (Some((q, client, _)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
                     continue;
                 };
                 if a.route.bypassed() && view.bypass(a.class).is_some() {
@@ -315,7 +316,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
     });
 }
 
-/// The query in `raw` from `src` and its client, if the fast path takes it (module docs: up
+/// The query in `raw` from `src`, its client and its class, if the fast path takes it (module docs: up
 /// to the map's answer); its name as text left in `name`.
 fn take<'a>(
     front: &Front,
@@ -323,7 +324,7 @@ fn take<'a>(
     raw: &'a [u8],
     src: SocketAddr,
     name: &mut String,
-) -> Option<(Parsed<'a>, IpNet)> {
+) -> Option<(Parsed<'a>, IpNet, ClassIdx)> {
     let q = parse(raw)?;
     name_text(q.question, name);
     let qname = name.as_str();
@@ -332,12 +333,12 @@ fn take<'a>(
     if !strictly_below(qname, &zone.apex_text) {
         return None;
     }
-    view.resolver.rules().rule_class(qname)?;
+    let class = view.resolver.rules().rule_class(qname)?;
     let client = match q.ecs {
         Some(e) if e.source > 0 => IpNet::new(e.addr, e.source).ok()?.trunc(),
         _ => IpNet::from(src.ip()),
     };
-    Some((q, client))
+    Some((q, client, class))
 }
 
 /// The response's bytes, as hickory encodes it: the question as sent; the first answer's owner

@@ -405,6 +405,9 @@ struct Pre {
 /// The IPv6 table's sampling for [`PrefixIndex::v6_top`] (16 starts: four cache lines).
 const V6_STRIDE: usize = 16;
 
+/// Queries whose memory reads [`Resolver::resolve_classed`] starts together.
+const BATCH_BLOCK: usize = 16;
+
 /// A /16 with more intervals than this gets a page of /24 entries ([`PrefixIndex::v4_page`]);
 /// one with fewer is searched (they fit a cache line or two).
 const PAGE_MIN: u32 = 8;
@@ -1043,8 +1046,22 @@ impl Resolver {
     /// Queries are taken in blocks whose memory reads are started together (prefetched), so
     /// the cache misses of one query overlap the others' instead of following each other.
     pub fn resolve_batch(&self, queries: &[(IpNet, &str)], out: &mut Vec<Answer>) {
-        const BLOCK: usize = 16;
         out.clear();
+        out.reserve(queries.len());
+        let mut classed = [(IpNet::V4(Default::default()), "", 0 as ClassIdx); BATCH_BLOCK];
+        for block in queries.chunks(BATCH_BLOCK) {
+            for (c, &(client, qname)) in classed.iter_mut().zip(block) {
+                *c = (client, qname, self.rules.class_of(qname));
+            }
+            self.resolve_classed(&classed[..block.len()], out);
+        }
+    }
+
+    /// [`Self::resolve_batch`] of queries whose class is known (each name's
+    /// [`ClassRules::class_of`]; a front end that has matched the names against the rules
+    /// already need not match them again), appending to `out`.
+    pub fn resolve_classed(&self, queries: &[(IpNet, &str, ClassIdx)], out: &mut Vec<Answer>) {
+        const BLOCK: usize = BATCH_BLOCK;
         out.reserve(queries.len());
         let mut class = [0 as ClassIdx; BLOCK];
         let mut v4 = [None::<u32>; BLOCK];
@@ -1055,9 +1072,9 @@ impl Resolver {
         }; BLOCK];
         let index = &*self.index;
         for block in queries.chunks(BLOCK) {
-            // 1: the class, and the /16 directory entry of each IPv4 client.
-            for (i, (client, qname)) in block.iter().enumerate() {
-                class[i] = self.rules.class_of(qname);
+            // 1: the /16 directory entry of each IPv4 client.
+            for (i, &(client, _, c)) in block.iter().enumerate() {
+                class[i] = c;
                 v4[i] = match client.network() {
                     IpAddr::V4(a) => Some(u32::from(a)),
                     IpAddr::V6(a) => a.to_ipv4_mapped().map(u32::from),
@@ -1087,7 +1104,7 @@ impl Resolver {
                 }
             }
             // 4: the interval, and the answer entry it leads to.
-            for (i, (client, _)) in block.iter().enumerate() {
+            for (i, (client, _, _)) in block.iter().enumerate() {
                 found[i] = match v4[i] {
                     Some(p) => index.lookup_v4(p),
                     None => index.hit(client.network()),
@@ -1097,7 +1114,7 @@ impl Resolver {
                 }
             }
             // 5: the answers.
-            for (i, &(client, qname)) in block.iter().enumerate() {
+            for (i, &(client, qname, _)) in block.iter().enumerate() {
                 out.push(self.answer(class[i], found[i], client, qname));
             }
         }
