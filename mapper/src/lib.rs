@@ -5,6 +5,7 @@
 //! byte for byte. See `ARCHITECTURE.md` for the invariants this crate keeps.
 
 pub mod error;
+pub mod geo;
 pub mod map;
 pub mod mem;
 pub mod model;
@@ -25,7 +26,9 @@ pub use model::{
     TrafficClass, UnitIdx,
 };
 pub use rescore::{admitted, Rescore};
-pub use second_chance::{second_chance, SecondChance, SecondChanceParams, SecondChanceReport};
+pub use second_chance::{
+    second_chance, Beyond, SecondChance, SecondChanceParams, SecondChanceReport,
+};
 pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
 pub use sticky::{
     effective_preferences, favour_incumbents, Stickiness, DEFAULT_STICKINESS, MAX_STICKINESS,

@@ -31,8 +31,27 @@ pub enum SecondChance {
     /// The stable map as it is.
     #[default]
     Off,
-    /// Overflow placed within the candidate lists, moving other units' demand by one hop.
+    /// Overflow placed within the candidate lists, moving other units' demand along chains.
     WithinLists,
+    /// Within the lists first; then what is still left over at the nearest up clusters with
+    /// room beyond the unit's list, within [`SecondChanceParams::max_beyond_ms`] of its best
+    /// listed score ([`SecondChanceReport::beyond`]).
+    BeyondLists,
+}
+
+impl std::str::FromStr for SecondChance {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(SecondChance::Off),
+            "within-lists" => Ok(SecondChance::WithinLists),
+            "beyond-lists" => Ok(SecondChance::BeyondLists),
+            other => Err(format!(
+                "{other:?} is not a second chance: off, within-lists or beyond-lists"
+            )),
+        }
+    }
 }
 
 /// The second chance's bounds.
@@ -46,6 +65,9 @@ pub struct SecondChanceParams {
     pub max_expansions: usize,
     /// Steps per overflowed unit (each a placement, direct or after one move).
     pub max_steps: usize,
+    /// Beyond the lists: the most a cluster's estimated RTT may exceed the unit's best listed
+    /// score, in ms.
+    pub max_beyond_ms: f32,
 }
 
 impl Default for SecondChanceParams {
@@ -55,6 +77,7 @@ impl Default for SecondChanceParams {
             max_hops: 4,
             max_expansions: 2048,
             max_steps: 64,
+            max_beyond_ms: 150.0,
         }
     }
 }
@@ -75,6 +98,21 @@ pub struct SecondChanceReport {
     /// Clusters whose load it changed (they took overflowed demand, or a moved unit's, or
     /// gave some up), ascending.
     pub clusters: Vec<ClusterIdx>,
+    /// Placements beyond the candidate lists (the verifier's `not_candidate`), in the order
+    /// made.
+    pub beyond: Vec<Beyond>,
+}
+
+/// Overflow placed at a cluster beyond the unit's candidate list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Beyond {
+    pub unit: UnitIdx,
+    pub cluster: ClusterIdx,
+    pub amount: f64,
+    /// The RTT estimated for it: the distance model ([`crate::geo::rtt_from_km`]) plus the
+    /// median of what the unit's listed scores exceed the model by, and no better than the
+    /// unit's worst listed score.
+    pub estimate_ms: f32,
 }
 
 impl SecondChanceReport {
@@ -121,7 +159,7 @@ impl Work<'_> {
     /// How much demand of class `k` fits at cluster `c` now.
     fn room(&self, k: ClassIdx, c: ClusterIdx) -> f64 {
         let cl = &self.inst.clusters()[c as usize];
-        if cl.state != ClusterState::Up {
+        if cl.state != ClusterState::Up || !cl.serves(k) {
             return 0.0;
         }
         let mut room = f64::INFINITY;
@@ -466,6 +504,105 @@ impl Work<'_> {
     }
 }
 
+impl Work<'_> {
+    /// Beyond the lists: each unit still overflowing, in index order, placed at the up
+    /// clusters serving its class that are not its candidates and have room, nearest by
+    /// estimated RTT first, while the estimate is within `max_beyond_ms` of its best listed
+    /// score. The clusters are filtered by that bound as a chord on the unit sphere (a dot
+    /// product a cluster) before any room is computed.
+    fn beyond(&mut self, n: usize, params: &SecondChanceParams, report: &mut SecondChanceReport) {
+        use crate::geo::{rtt_from_km, EARTH_RADIUS_KM, FIBRE_KM_PER_MS, ROUTE_INFLATION};
+        let inst = self.inst;
+        let sphere = |(lat, lon): (f64, f64)| {
+            let (p, l) = (lat.to_radians(), lon.to_radians());
+            [p.cos() * l.cos(), p.cos() * l.sin(), p.sin()]
+        };
+        let km_of = |a: &[f64; 3], b: &[f64; 3]| {
+            let c2 = (a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2) + (a[2] - b[2]).powi(2);
+            2.0 * EARTH_RADIUS_KM * (c2.sqrt() / 2.0).min(1.0).asin()
+        };
+        let up: Vec<(ClusterIdx, [f64; 3])> = inst
+            .clusters()
+            .iter()
+            .enumerate()
+            .filter(|(_, cl)| cl.state == ClusterState::Up)
+            .map(|(c, cl)| (c as ClusterIdx, sphere((cl.lat, cl.lon))))
+            .collect();
+        let mut offsets = Vec::new();
+        let mut options: Vec<(f32, ClusterIdx)> = Vec::new();
+        for u in 0..n as UnitIdx {
+            let o = self.overflow[u as usize];
+            if o <= EPS * inst.unit_demand(u).max(1.0) {
+                continue;
+            }
+            let k = inst.unit_class(u);
+            let at = sphere(inst.unit_location(u));
+            // The model's calibration by the unit's listed scores.
+            offsets.clear();
+            let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
+            for cand in inst.candidates(u) {
+                let cl = &inst.clusters()[cand.cluster as usize];
+                let km = km_of(&at, &sphere((cl.lat, cl.lon)));
+                let score = f64::from(cand.score);
+                offsets.push(score - rtt_from_km(km));
+                best = best.min(score);
+                worst = worst.max(score);
+            }
+            if offsets.is_empty() {
+                continue; // nothing to calibrate or bound by
+            }
+            offsets.sort_by(f64::total_cmp);
+            let offset = offsets[offsets.len() / 2];
+            let bound = best + f64::from(params.max_beyond_ms);
+            // The bound as a distance, then as a chord: est = rtt_from_km(km) + offset.
+            let km_max =
+                (bound - offset - rtt_from_km(0.0)) * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION);
+            if km_max < 0.0 {
+                continue;
+            }
+            let half = (km_max / (2.0 * EARTH_RADIUS_KM)).min(std::f64::consts::FRAC_PI_2);
+            let chord2_max = (2.0 * half.sin()).powi(2);
+            options.clear();
+            for (c, p) in &up {
+                let c2 = (at[0] - p[0]).powi(2) + (at[1] - p[1]).powi(2) + (at[2] - p[2]).powi(2);
+                if c2 > chord2_max * (1.0 + 1e-12)
+                    || inst.candidates(u).any(|x| x.cluster == *c)
+                    || self.room(k, *c) <= EPS
+                {
+                    continue;
+                }
+                let est = (rtt_from_km(km_of(&at, p)) + offset).max(worst);
+                if est <= bound {
+                    options.push((est as f32, *c));
+                }
+            }
+            options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for &(est, c) in &options {
+                let left = self.overflow[u as usize];
+                if left <= EPS * inst.unit_demand(u).max(1.0) {
+                    break;
+                }
+                let amount = self.room(k, c).min(left);
+                if amount <= EPS {
+                    continue;
+                }
+                self.add(u, c, amount);
+                self.load(k, c, amount);
+                self.overflow[u as usize] -= amount;
+                self.took.insert(c);
+                self.exits[c as usize] = None;
+                report.placed += amount;
+                report.beyond.push(Beyond {
+                    unit: u,
+                    cluster: c,
+                    amount,
+                    estimate_ms: est,
+                });
+            }
+        }
+    }
+}
+
 /// A chain search's state: the cluster, the class entering it, the cost so far, and how it
 /// was reached (the state before, the unit moved).
 type State = (ClusterIdx, ClassIdx, f64, Option<(usize, UnitIdx)>);
@@ -573,7 +710,11 @@ pub fn second_chance(
             }
         }
     }
-    let mut out = Map::with_capacity(n, map.allocation_count() + report.moves + report.placements);
+    if mode == SecondChance::BeyondLists {
+        work.beyond(n, params, &mut report);
+    }
+    let extra = report.moves + report.placements + report.beyond.len();
+    let mut out = Map::with_capacity(n, map.allocation_count() + extra);
     for u in 0..n {
         // In the order they were made: the stable pass's first.
         let list = std::mem::take(&mut work.allocs[u]);
@@ -650,5 +791,75 @@ mod tests {
         let (kept, report) = second_chance(&inst, &stable, SecondChance::WithinLists, &tight);
         assert_eq!(kept.total_overflow(), 1.0);
         assert_eq!(report.moves, 0);
+    }
+
+    /// m's only candidate a is full with n, who has nowhere else to go. Beyond m's list: b is
+    /// near but serves only video; c is near (about 111 km) with room for 1 of m's 3; d has
+    /// room but is about 5,000 km away, beyond a bound of 50 ms; e is 2,200 km away with room.
+    /// m gets 1 at c, then 2 at e; d and b are never used. Within the lists nothing moves.
+    /// The placements beyond introduce no blocking pair: they take room no listed unit wanted.
+    #[test]
+    fn beyond_the_lists_the_nearest_with_room_within_the_bound() {
+        let cluster = |id: &str, lat: f64, cap: f64, class: &str| {
+            format!(
+                r#"{{"id": "{id}", "lat": {lat}, "lon": 0, "resources": {{"name": "r", "kind": "bps", "capacity": {cap}, "classes": ["{class}"]}}}}"#
+            )
+        };
+        let json = format!(
+            r#"{{
+          "traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}},
+                              {{"name": "video", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
+          "clusters": [{}, {}, {}, {}, {}],
+          "map_units": [
+            {{"id": "m", "class": "web", "demand": 3, "lat": 0, "lon": 0,
+             "candidates": [{{"cluster": "a", "score": 20}}]}},
+            {{"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
+             "candidates": [{{"cluster": "a", "score": 10}}]}}]
+        }}"#,
+            cluster("a", 0.0, 1.0, "web"),
+            cluster("b", 0.5, 100.0, "video"),
+            cluster("c", 1.0, 1.0, "web"),
+            cluster("d", 45.0, 100.0, "web"),
+            cluster("e", 20.0, 100.0, "web"),
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let stable = solve(&inst, &SolveOptions::default()).map;
+        assert_eq!(stable.overflow(0), 3.0, "m overflows");
+        let params = SecondChanceParams {
+            max_beyond_ms: 50.0,
+            ..SecondChanceParams::default()
+        };
+        let (within, _) = second_chance(&inst, &stable, SecondChance::WithinLists, &params);
+        assert_eq!(within.total_overflow(), 3.0);
+        let (map, report) = second_chance(&inst, &stable, SecondChance::BeyondLists, &params);
+        assert_eq!(map.total_overflow(), 0.0);
+        let at: Vec<(ClusterIdx, f64)> = report
+            .beyond
+            .iter()
+            .map(|b| (b.cluster, b.amount))
+            .collect();
+        assert_eq!(at, vec![(2, 1.0), (4, 2.0)]);
+        // The estimates: m's one score (20 at 0 km) calibrates the model to 18 ms over it,
+        // and nothing beyond is better than 20.
+        let want = |km: f64| (crate::geo::rtt_from_km(km) + 18.0) as f32;
+        assert!((report.beyond[0].estimate_ms - want(111.2)).abs() < 0.1);
+        assert!((report.beyond[1].estimate_ms - want(2_223.9)).abs() < 0.1);
+        let checked = verify(&inst, &map);
+        assert!(checked.capacity.is_empty() && checked.conservation.is_empty());
+        let not_listed: Vec<(UnitIdx, ClusterIdx)> = checked
+            .not_candidate
+            .iter()
+            .map(|p| (p.map_unit, p.cluster))
+            .collect();
+        assert_eq!(not_listed, vec![(0, 2), (0, 4)]);
+        assert!(checked.blocking_pairs.is_empty());
+        // A tighter bound keeps e out (2,224 km is ~33 ms over the best listed score).
+        let tight = SecondChanceParams {
+            max_beyond_ms: 30.0,
+            ..params
+        };
+        let (map, report) = second_chance(&inst, &stable, SecondChance::BeyondLists, &tight);
+        assert_eq!(map.total_overflow(), 2.0);
+        assert_eq!(report.beyond.len(), 1);
     }
 }

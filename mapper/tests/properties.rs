@@ -1474,4 +1474,44 @@ proptest! {
         prop_assert_eq!(&same, &stable);
         prop_assert_eq!(none.placements, 0);
     }
+
+    /// Beyond the lists without chains: feasible; the verifier's "not a candidate"
+    /// placements are exactly the ones the report lists, each at an up cluster within the
+    /// bound of the unit's best listed score; and the map stays stable (the room taken was
+    /// room no listed unit wanted).
+    #[test]
+    fn beyond_the_lists_alone_keeps_the_map_stable(g in gen_with(mixed_classes(), small())) {
+        let inst = g.build(None);
+        let stable = solve(&inst, &SolveOptions::default()).map;
+        prop_assert!(verify(&inst, &stable).is_ok());
+        let params = SecondChanceParams {
+            max_expansions: 0,
+            ..SecondChanceParams::default()
+        };
+        let (map, report) = second_chance(&inst, &stable, SecondChance::BeyondLists, &params);
+        let checked = verify(&inst, &map);
+        prop_assert!(
+            checked.capacity.is_empty()
+                && checked.conservation.is_empty()
+                && checked.unavailable.is_empty()
+                && checked.blocking_pairs.is_empty(),
+            "{}",
+            checked.describe(&inst, 5)
+        );
+        let mut listed: Vec<(u32, u32)> = report.beyond.iter().map(|b| (b.unit, b.cluster)).collect();
+        listed.sort_unstable();
+        listed.dedup();
+        let found: Vec<(u32, u32)> =
+            checked.not_candidate.iter().map(|p| (p.map_unit, p.cluster)).collect();
+        prop_assert_eq!(found, listed);
+        for b in &report.beyond {
+            let best = inst.candidates(b.unit).map(|c| c.score).fold(f32::INFINITY, f32::min);
+            prop_assert!(b.estimate_ms <= best + params.max_beyond_ms + 1e-3);
+            prop_assert!(inst.clusters()[b.cluster as usize].state == ClusterState::Up);
+        }
+        prop_assert!(
+            (stable.total_overflow() - map.total_overflow() - report.placed).abs()
+                <= 1e-6 * (1.0 + report.placed)
+        );
+    }
 }

@@ -95,8 +95,8 @@ fn sticky_round(
     if let Some(pct) = a.measured {
         measured_round(a, &next, first, pct, prefs, warm_solve)?;
     }
-    if a.second_chance {
-        second_chance_round(a, inst, first, &next, cold)?;
+    if let Some(mode) = a.second_chance {
+        second_chance_round(a, mode, inst, first, &next, cold)?;
     }
     Ok(())
 }
@@ -106,14 +106,14 @@ fn sticky_round(
 /// the phase again, its churn against the phase's map.
 fn second_chance_round(
     a: &SolveBenchArgs,
+    mode: cdnmap_mapper::SecondChance,
     inst: &Topology,
     first: &Map,
     next: &Topology,
     cold: Duration,
 ) -> Result<()> {
-    use cdnmap_mapper::{second_chance, SecondChance, SecondChanceParams};
-    let params = SecondChanceParams::default();
-    let mode = SecondChance::WithinLists;
+    use cdnmap_mapper::second_chance;
+    let params = a.chance.params();
     let demand = inst.total_demand();
     let (phase, _, (placed, report)) = time_runs(a.runs, || {
         second_chance(black_box(inst), first, mode, &params)
@@ -121,13 +121,15 @@ fn second_chance_round(
     let checked = cdnmap_mapper::verify::verify(inst, &placed);
     let (introduced, other) = report.split(&checked.blocking_pairs);
     println!(
-        "second chance  median {:.1} ms ({:.1}% of the cold solve's {:.1} ms): overflow {:.3}% -> {:.3}%, {} moves, blocking pairs {} its own, {} other, feasible: {}",
+        "second chance  {mode:?}: median {:.1} ms ({:.1}% of the cold solve's {:.1} ms): overflow {:.3}% -> {:.3}%, {} moves, {} placements beyond the lists ({:.3}% of the demand), blocking pairs {} its own, {} other, feasible: {}",
         ms(phase),
         100.0 * phase.as_secs_f64() / cold.as_secs_f64().max(1e-9),
         ms(cold),
         100.0 * first.total_overflow() / demand,
         100.0 * placed.total_overflow() / demand,
         report.moves,
+        report.beyond.len(),
+        100.0 * report.beyond.iter().map(|b| b.amount).sum::<f64>() / demand,
         introduced.len(),
         other.len(),
         checked.capacity.is_empty() && checked.conservation.is_empty()
@@ -326,9 +328,12 @@ pub struct SolveBenchArgs {
     #[arg(long, value_name = "PCT")]
     pub measured: Option<f64>,
     /// With --perturb: the second chance for overflow on the first map (timed against the
-    /// cold solve) and in the sticky round after it (its churn).
-    #[arg(long)]
-    pub second_chance: bool,
+    /// cold solve) and in the sticky round after it (its churn): within-lists (the default
+    /// when MODE is left out) or beyond-lists.
+    #[arg(long, value_name = "MODE", num_args = 0..=1, default_missing_value = "within-lists")]
+    pub second_chance: Option<cdnmap_mapper::SecondChance>,
+    #[command(flatten)]
+    pub chance: crate::bench_overflow::SecondChanceArgs,
 }
 
 /// Every timed solve is first run once untimed. A mapping process is long-lived and keeps
