@@ -61,7 +61,7 @@ pub struct SecondChanceParams {
     pub max_added_ms: f32,
     /// Moves in one chain.
     pub max_hops: usize,
-    /// States a chain's search expands (per placement).
+    /// States a chain's search expands (per placement); 0: no chains (beyond the lists only).
     pub max_expansions: usize,
     /// Steps per overflowed unit (each a placement, direct or after one move).
     pub max_steps: usize,
@@ -129,6 +129,9 @@ impl SecondChanceReport {
     }
 }
 
+/// [`Work::slot`] of a unit the phase has not changed.
+const UNCHANGED: u32 = u32::MAX;
+
 /// Relative slack when comparing amounts with capacities.
 const EPS: f64 = 1e-9;
 
@@ -137,10 +140,16 @@ struct Work<'a> {
     inst: &'a Instance,
     /// Per global node: capacity − load.
     residual: Vec<f64>,
-    /// Per unit: its allocations, changed in place.
-    allocs: Vec<Vec<Allocation>>,
+    /// The map the phase starts from.
+    map: &'a Map,
+    /// Per unit: where its changed allocations are in `changed` (`UNCHANGED`: the map's
+    /// stand). Only the units the phase changes get a list of their own: at a million units,
+    /// a list for every unit was most of the phase's cost.
+    slot: Vec<u32>,
+    changed: Vec<Vec<Allocation>>,
     overflow: Vec<f64>,
-    /// Per cluster: units with an allocation there (some may have moved away since).
+    /// Per cluster: units with an allocation there (some may have moved away since); built
+    /// when a chain first looks for a way out (empty until then).
     placed_at: Vec<Vec<UnitIdx>>,
     touched: HashSet<UnitIdx>,
     took: HashSet<ClusterIdx>,
@@ -183,8 +192,16 @@ impl Work<'_> {
         }
     }
 
+    /// Unit `u`'s allocations as they stand.
+    fn allocations(&self, u: UnitIdx) -> &[Allocation] {
+        match self.slot[u as usize] {
+            UNCHANGED => self.map.allocations(u),
+            at => &self.changed[at as usize],
+        }
+    }
+
     fn amount_at(&self, u: UnitIdx, c: ClusterIdx) -> f64 {
-        self.allocs[u as usize]
+        self.allocations(u)
             .iter()
             .filter(|a| a.cluster == c)
             .map(|a| a.amount)
@@ -192,12 +209,18 @@ impl Work<'_> {
     }
 
     fn add(&mut self, u: UnitIdx, c: ClusterIdx, amount: f64) {
-        let list = &mut self.allocs[u as usize];
+        if self.slot[u as usize] == UNCHANGED {
+            self.slot[u as usize] = self.changed.len() as u32;
+            self.changed.push(self.map.allocations(u).to_vec());
+        }
+        let list = &mut self.changed[self.slot[u as usize] as usize];
         match list.iter_mut().find(|a| a.cluster == c) {
             Some(a) => a.amount += amount,
             None => {
                 list.push(Allocation { cluster: c, amount });
-                self.placed_at[c as usize].push(u);
+                if !self.placed_at.is_empty() {
+                    self.placed_at[c as usize].push(u);
+                }
             }
         }
         list.retain(|a| a.amount > 0.0);
@@ -270,6 +293,15 @@ impl Work<'_> {
     /// The ways out of cluster `c`: for each (other cluster, class), the unit placed at `c`
     /// of that class that adds the least RTT moving there (within the bound).
     fn exits(&mut self, c: ClusterIdx, params: &SecondChanceParams) -> &[Exit] {
+        if self.placed_at.is_empty() {
+            let mut placed_at = vec![Vec::new(); self.inst.clusters().len()];
+            for u in 0..self.overflow.len() as UnitIdx {
+                for a in self.allocations(u) {
+                    placed_at[a.cluster as usize].push(u);
+                }
+            }
+            self.placed_at = placed_at;
+        }
         if self.exits[c as usize].is_none() {
             let inst = self.inst;
             let mut best: std::collections::HashMap<(ClusterIdx, ClassIdx), Exit> =
@@ -521,15 +553,38 @@ impl Work<'_> {
             let c2 = (a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2) + (a[2] - b[2]).powi(2);
             2.0 * EARTH_RADIUS_KM * (c2.sqrt() / 2.0).min(1.0).asin()
         };
+        let vectors: Vec<[f64; 3]> = inst
+            .clusters()
+            .iter()
+            .map(|cl| sphere((cl.lat, cl.lon)))
+            .collect();
         let up: Vec<(ClusterIdx, [f64; 3])> = inst
             .clusters()
             .iter()
             .enumerate()
             .filter(|(_, cl)| cl.state == ClusterState::Up)
-            .map(|(c, cl)| (c as ClusterIdx, sphere((cl.lat, cl.lon))))
+            .map(|(c, _)| (c as ClusterIdx, vectors[c]))
             .collect();
+        // Which clusters have room for a class, kept true to the residuals after each
+        // placement (a placement only takes room); most clusters where overflow is are full,
+        // and this skips them before any distance.
+        let classes = inst.classes().len();
+        let roomy = |w: &Self, c: ClusterIdx| -> Vec<bool> {
+            (0..classes)
+                .map(|k| w.room(k as ClassIdx, c) > EPS)
+                .collect()
+        };
+        // Per class: the positions in `up` of the clusters with room, ascending.
+        let mut with_room: Vec<Vec<usize>> = vec![Vec::new(); classes];
+        for (i, (c, _)) in up.iter().enumerate() {
+            for (k, r) in roomy(self, *c).into_iter().enumerate() {
+                if r {
+                    with_room[k].push(i);
+                }
+            }
+        }
         let mut offsets = Vec::new();
-        let mut options: Vec<(f32, ClusterIdx)> = Vec::new();
+        let mut options: Vec<(f32, ClusterIdx, usize)> = Vec::new();
         for u in 0..n as UnitIdx {
             let o = self.overflow[u as usize];
             if o <= EPS * inst.unit_demand(u).max(1.0) {
@@ -541,8 +596,7 @@ impl Work<'_> {
             offsets.clear();
             let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
             for cand in inst.candidates(u) {
-                let cl = &inst.clusters()[cand.cluster as usize];
-                let km = km_of(&at, &sphere((cl.lat, cl.lon)));
+                let km = km_of(&at, &vectors[cand.cluster as usize]);
                 let score = f64::from(cand.score);
                 offsets.push(score - rtt_from_km(km));
                 best = best.min(score);
@@ -551,8 +605,8 @@ impl Work<'_> {
             if offsets.is_empty() {
                 continue; // nothing to calibrate or bound by
             }
-            offsets.sort_by(f64::total_cmp);
-            let offset = offsets[offsets.len() / 2];
+            let mid = offsets.len() / 2;
+            let offset = *offsets.select_nth_unstable_by(mid, f64::total_cmp).1;
             let bound = best + f64::from(params.max_beyond_ms);
             // The bound as a distance, then as a chord: est = rtt_from_km(km) + offset.
             let km_max =
@@ -563,21 +617,19 @@ impl Work<'_> {
             let half = (km_max / (2.0 * EARTH_RADIUS_KM)).min(std::f64::consts::FRAC_PI_2);
             let chord2_max = (2.0 * half.sin()).powi(2);
             options.clear();
-            for (c, p) in &up {
+            for &i in &with_room[usize::from(k)] {
+                let (c, p) = &up[i];
                 let c2 = (at[0] - p[0]).powi(2) + (at[1] - p[1]).powi(2) + (at[2] - p[2]).powi(2);
-                if c2 > chord2_max * (1.0 + 1e-12)
-                    || inst.candidates(u).any(|x| x.cluster == *c)
-                    || self.room(k, *c) <= EPS
-                {
+                if c2 > chord2_max * (1.0 + 1e-12) || inst.candidates(u).any(|x| x.cluster == *c) {
                     continue;
                 }
                 let est = (rtt_from_km(km_of(&at, p)) + offset).max(worst);
                 if est <= bound {
-                    options.push((est as f32, *c));
+                    options.push((est as f32, *c, i));
                 }
             }
             options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            for &(est, c) in &options {
+            for &(est, c, i) in &options {
                 let left = self.overflow[u as usize];
                 if left <= EPS * inst.unit_demand(u).max(1.0) {
                     break;
@@ -591,6 +643,11 @@ impl Work<'_> {
                 self.overflow[u as usize] -= amount;
                 self.took.insert(c);
                 self.exits[c as usize] = None;
+                for (k, r) in roomy(self, c).into_iter().enumerate() {
+                    if !r {
+                        with_room[k].retain(|&j| j != i);
+                    }
+                }
                 report.placed += amount;
                 report.beyond.push(Beyond {
                     unit: u,
@@ -675,28 +732,23 @@ pub fn second_chance(
             residual[g] = node.capacity - used[g];
         }
     }
-    let mut placed_at = vec![Vec::new(); instance.clusters().len()];
-    let mut allocs = Vec::with_capacity(n);
-    let mut overflow = Vec::with_capacity(n);
-    for u in 0..n as UnitIdx {
-        let list = map.allocations(u).to_vec();
-        for a in &list {
-            placed_at[a.cluster as usize].push(u);
-        }
-        allocs.push(list);
-        overflow.push(map.overflow(u));
-    }
+    let overflow = (0..n as UnitIdx).map(|u| map.overflow(u)).collect();
     let mut work = Work {
         inst: instance,
         residual,
-        allocs,
+        map,
+        slot: vec![UNCHANGED; n],
+        changed: Vec::new(),
         overflow,
-        placed_at,
+        placed_at: Vec::new(),
         touched: HashSet::new(),
         took: HashSet::new(),
         exits: vec![None; instance.clusters().len()],
     };
-    for u in 0..n as UnitIdx {
+    // No search states, no chains: in a stable map an overflowing unit's candidates have no
+    // room for it (it would have been placed there), so there is nothing to try.
+    let chains = if params.max_expansions == 0 { 0 } else { n };
+    for u in 0..chains as UnitIdx {
         for _ in 0..params.max_steps {
             let o = work.overflow[u as usize];
             if o <= EPS * instance.unit_demand(u).max(1.0) {
@@ -715,10 +767,12 @@ pub fn second_chance(
     }
     let extra = report.moves + report.placements + report.beyond.len();
     let mut out = Map::with_capacity(n, map.allocation_count() + extra);
-    for u in 0..n {
+    for u in 0..n as UnitIdx {
         // In the order they were made: the stable pass's first.
-        let list = std::mem::take(&mut work.allocs[u]);
-        out.push_unit(list, work.overflow[u].max(0.0));
+        out.push_unit(
+            work.allocations(u).iter().copied(),
+            work.overflow[u as usize].max(0.0),
+        );
     }
     report.units = work.touched.into_iter().collect();
     report.units.sort_unstable();

@@ -59,8 +59,8 @@ pub struct SecondChanceArgs {
     /// The second chance's moves per chain.
     #[arg(long, default_value_t = SecondChanceParams::default().max_hops)]
     pub max_hops: usize,
-    /// The second chance's search states per placement (0: place at candidates with room
-    /// only, no chains).
+    /// The second chance's search states per placement (0: no chains, beyond the lists
+    /// only).
     #[arg(long, default_value_t = SecondChanceParams::default().max_expansions)]
     pub max_expansions: usize,
     /// Beyond the lists: the most a cluster's estimated RTT may exceed the unit's best listed
