@@ -116,6 +116,11 @@ pub struct Beyond {
 }
 
 impl SecondChanceReport {
+    /// Overflow placed beyond the candidate lists.
+    pub fn placed_beyond(&self) -> f64 {
+        self.beyond.iter().fold(0.0, |sum, b| sum + b.amount)
+    }
+
     /// The verifier's blocking pairs split into those the phase introduced (its unit or its
     /// cluster touched by it) and the others.
     pub fn split<'a>(

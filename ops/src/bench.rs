@@ -129,7 +129,7 @@ fn second_chance_round(
         100.0 * placed.total_overflow() / demand,
         report.moves,
         report.beyond.len(),
-        100.0 * report.beyond.iter().map(|b| b.amount).sum::<f64>() / demand,
+        100.0 * report.placed_beyond() / demand,
         introduced.len(),
         other.len(),
         checked.capacity.is_empty() && checked.conservation.is_empty()
@@ -146,6 +146,33 @@ fn second_chance_round(
         100.0 * again.total_overflow() / next.total_demand(),
         warm.stats.repair_rounds,
         warm.stats.blocking_pairs_left
+    );
+    // A failed cluster: the one carrying the most of the phase's map goes down in that round.
+    let mut load = vec![0.0f64; next.clusters().len()];
+    for u in 0..placed.unit_count() as UnitIdx {
+        for al in placed.allocations(u) {
+            load[al.cluster as usize] += al.amount;
+        }
+    }
+    let Some((failed, carried)) = load
+        .iter()
+        .enumerate()
+        .max_by(|x, y| x.1.total_cmp(y.1))
+        .map(|(c, &l)| (c as cdnmap_mapper::ClusterIdx, l))
+    else {
+        return Ok(());
+    };
+    let down = next.with_cluster_state(failed, cdnmap_mapper::ClusterState::Down);
+    let effective = favour_incumbents(&down, &placed, &stickiness)?;
+    let warm = solve_seeded(&effective, &placed, &SolveOptions::default());
+    let (after, _) = second_chance(&down, &warm.map, mode, &params);
+    let moved = |m: &Map| churn(&down, &placed, m) * down.total_demand() / carried.max(1e-9);
+    println!(
+        "               a failed cluster ({}, carrying {:.1}% of the demand) in that round: {:.3}x its demand moved (the seeded solve alone {:.3}x)",
+        down.clusters()[failed as usize].id,
+        100.0 * carried / down.total_demand(),
+        moved(&after),
+        moved(&warm.map)
     );
     Ok(())
 }

@@ -205,7 +205,7 @@ fn second_chance_figures(
         checked.describe(inst, 3)
     );
     let (introduced, other) = report.split(&checked.blocking_pairs);
-    let beyond_amount: f64 = report.beyond.iter().map(|b| b.amount).sum();
+    let beyond_amount = report.placed_beyond();
     let said = format!(
         "placed {:.1} of overflow: {:.1} in {} chains after {} moves of {:.1} demand, {:.1} beyond the lists in {} placements; {:.1} ms ({:.1}% of the solve's {:.1} ms); blocking pairs {} introduced by it, {} other",
         report.placed,
