@@ -85,8 +85,9 @@ impl Paths {
         assert!(raw[2] & 0x80 == 0, "answered a response: {raw:02x?}");
         assert!(response.len() >= 12, "a response shorter than a header");
         assert_eq!(response[..2], raw[..2], "the response's id");
-        let message = Message::from_vec(&response)
-            .unwrap_or_else(|e| panic!("an unreadable response ({e}) to {raw:02x?}"));
+        let message = Message::from_vec(&response).unwrap_or_else(|e| {
+            panic!("an unreadable response ({e}) {response:02x?} to {raw:02x?}")
+        });
         assert_eq!(message.metadata.message_type, MessageType::Response);
         // At most what the query allows: 512 bytes without EDNS (RFC 1035 §4.2.1), else its
         // payload size, within the front end's own limit (RFC 6891 §6.2.5).

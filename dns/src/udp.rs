@@ -151,6 +151,9 @@ pub(crate) fn answer_hickory<H: RequestHandler>(
     raw: &[u8],
     src: SocketAddr,
 ) -> Option<Vec<u8>> {
+    if first_name_points(raw) {
+        return formerr(raw);
+    }
     let request = match Request::from_bytes(raw.to_vec(), src, Protocol::Udp) {
         Ok(r) => r,
         Err(_) => return formerr(raw),
@@ -351,6 +354,26 @@ mod mmsg {
     }
 }
 
+/// Whether the first question's name (at offset 12) holds a compression pointer. Nothing
+/// comes before it but the header, so such a pointer points into the header (or at itself):
+/// hickory reads it, and echoes the question as sent into a response whose header differs,
+/// where the pointer then names other bytes and the response is unreadable (found by
+/// `fuzz::datagram_mutations`). Such a query is malformed: FORMERR.
+fn first_name_points(raw: &[u8]) -> bool {
+    if raw.len() < 12 || u16::from_be_bytes([raw[4], raw[5]]) == 0 {
+        return false;
+    }
+    let mut at = 12;
+    while let Some(&len) = raw.get(at) {
+        match len {
+            0 => return false,
+            l if l & 0xc0 != 0 => return true, // a pointer, or an extended label type
+            l => at += 1 + usize::from(l),
+        }
+    }
+    false
+}
+
 /// FORMERR for a datagram whose header parsed but whose body did not: the id and opcode
 /// echoed, no sections. Nothing for a datagram whose QR bit says it is a response: two
 /// servers answering each other's malformed responses would bounce datagrams forever, and a
@@ -365,4 +388,32 @@ fn formerr(raw: &[u8]) -> Option<Vec<u8>> {
     out[3] = ResponseCode::FormErr.low();
     metrics::counter!("cdnmap_dns_queries_total", "rcode" => "formerr").increment(1);
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_name_points;
+
+    /// The query `fuzz::datagram_mutations` found: its name ends in a pointer to offset 2 (the
+    /// header's flags), which a response's other flags turn into an unreadable name.
+    #[test]
+    fn a_pointer_in_the_first_name_is_malformed() {
+        let found = [
+            0xf2, 0xa9, 0x01, 0x20, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x77,
+            0x77, 0x77, 0x07, 0x65, 0x78, 0x61, 0x6d, 0x8b, 0x7f, 0xab, 0xc0, 0x02, 0xae, 0x68,
+            0xb6, 0x70, 0x6c, 0x65, 0x80,
+        ];
+        assert!(first_name_points(&found));
+        let plain = [
+            0x12, 0x34, 0x01, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, b'w',
+            b'w', b'w', 0x07, b'e', b'x', b'a', b'm', b'p', b'l', b'e', 0x00, 0x00, 0x01, 0x00,
+            0x01,
+        ];
+        assert!(!first_name_points(&plain));
+        // No question: nothing to look at; a name cut short: hickory's to refuse.
+        let mut none = plain;
+        none[5] = 0;
+        assert!(!first_name_points(&none));
+        assert!(!first_name_points(&plain[..18]));
+    }
 }
