@@ -30,3 +30,21 @@ pub fn rtt_from_km(km: f64) -> f64 {
 pub fn rtt_ms(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
     rtt_from_km(distance_km(lat1, lon1, lat2, lon2))
 }
+
+/// A point as a unit vector: the chord between two of them gives the same distance as the
+/// haversine formula (`d = 2R asin(chord / 2)`), with one `asin` per pair.
+pub fn unit_vector(lat: f64, lon: f64) -> [f64; 3] {
+    let (p, l) = (lat.to_radians(), lon.to_radians());
+    [p.cos() * l.cos(), p.cos() * l.sin(), p.sin()]
+}
+
+/// The squared chord between two unit vectors.
+pub fn chord2(a: &[f64; 3], b: &[f64; 3]) -> f64 {
+    let (x, y, z) = (a[0] - b[0], a[1] - b[1], a[2] - b[2]);
+    x * x + y * y + z * z
+}
+
+/// The great-circle distance in km of a squared chord.
+pub fn chord2_to_km(c2: f64) -> f64 {
+    2.0 * EARTH_RADIUS_KM * (c2.sqrt() / 2.0).min(1.0).asin()
+}

@@ -548,20 +548,15 @@ impl Work<'_> {
     /// score. The clusters are filtered by that bound as a chord on the unit sphere (a dot
     /// product a cluster) before any room is computed.
     fn beyond(&mut self, n: usize, params: &SecondChanceParams, report: &mut SecondChanceReport) {
-        use crate::geo::{rtt_from_km, EARTH_RADIUS_KM, FIBRE_KM_PER_MS, ROUTE_INFLATION};
+        use crate::geo::{
+            chord2, chord2_to_km, rtt_from_km, unit_vector, EARTH_RADIUS_KM, FIBRE_KM_PER_MS,
+            ROUTE_INFLATION,
+        };
         let inst = self.inst;
-        let sphere = |(lat, lon): (f64, f64)| {
-            let (p, l) = (lat.to_radians(), lon.to_radians());
-            [p.cos() * l.cos(), p.cos() * l.sin(), p.sin()]
-        };
-        let km_of = |a: &[f64; 3], b: &[f64; 3]| {
-            let c2 = (a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2) + (a[2] - b[2]).powi(2);
-            2.0 * EARTH_RADIUS_KM * (c2.sqrt() / 2.0).min(1.0).asin()
-        };
         let vectors: Vec<[f64; 3]> = inst
             .clusters()
             .iter()
-            .map(|cl| sphere((cl.lat, cl.lon)))
+            .map(|cl| unit_vector(cl.lat, cl.lon))
             .collect();
         let up: Vec<(ClusterIdx, [f64; 3])> = inst
             .clusters()
@@ -596,12 +591,13 @@ impl Work<'_> {
                 continue;
             }
             let k = inst.unit_class(u);
-            let at = sphere(inst.unit_location(u));
+            let (lat, lon) = inst.unit_location(u);
+            let at = unit_vector(lat, lon);
             // The model's calibration by the unit's listed scores.
             offsets.clear();
             let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
             for cand in inst.candidates(u) {
-                let km = km_of(&at, &vectors[cand.cluster as usize]);
+                let km = chord2_to_km(chord2(&at, &vectors[cand.cluster as usize]));
                 let score = f64::from(cand.score);
                 offsets.push(score - rtt_from_km(km));
                 best = best.min(score);
@@ -624,11 +620,11 @@ impl Work<'_> {
             options.clear();
             for &i in &with_room[usize::from(k)] {
                 let (c, p) = &up[i];
-                let c2 = (at[0] - p[0]).powi(2) + (at[1] - p[1]).powi(2) + (at[2] - p[2]).powi(2);
+                let c2 = chord2(&at, p);
                 if c2 > chord2_max * (1.0 + 1e-12) || inst.candidates(u).any(|x| x.cluster == *c) {
                     continue;
                 }
-                let est = (rtt_from_km(km_of(&at, p)) + offset).max(worst);
+                let est = (rtt_from_km(chord2_to_km(c2)) + offset).max(worst);
                 if est <= bound {
                     options.push((est as f32, *c, i));
                 }

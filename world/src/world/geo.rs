@@ -5,25 +5,9 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 pub use cdnmap_mapper::geo::{
-    distance_km, rtt_from_km, rtt_ms, EARTH_RADIUS_KM, FIBRE_KM_PER_MS, ROUTE_INFLATION,
-    RTT_BASE_MS,
+    chord2, chord2_to_km, distance_km, rtt_from_km, rtt_ms, unit_vector, EARTH_RADIUS_KM,
+    FIBRE_KM_PER_MS, ROUTE_INFLATION, RTT_BASE_MS,
 };
-
-/// A point as a unit vector: the chord between two of them gives the same distance as the
-/// haversine formula (`d = 2R asin(chord / 2)`), with one `asin` per pair.
-pub(super) fn unit_vector(lat: f64, lon: f64) -> [f64; 3] {
-    let (p, l) = (lat.to_radians(), lon.to_radians());
-    [p.cos() * l.cos(), p.cos() * l.sin(), p.sin()]
-}
-
-pub(super) fn chord2(a: &[f64; 3], b: &[f64; 3]) -> f64 {
-    let (x, y, z) = (a[0] - b[0], a[1] - b[1], a[2] - b[2]);
-    x * x + y * y + z * z
-}
-
-pub(super) fn chord2_to_km(c2: f64) -> f64 {
-    2.0 * EARTH_RADIUS_KM * (c2.sqrt() / 2.0).min(1.0).asin()
-}
 
 /// A uniformly random point within `radius_km` of (lat, lon) (flat approximation, fine at a few
 /// km; longitude wrapped, latitude clamped).
