@@ -91,7 +91,9 @@ async fn answers_agree_with_the_mappers_resolve() {
         "[selection.default]\npolicy = \"consistent\"\nvnodes = 40\n",
     );
     let server = setup.start().await;
-    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
+    // Three answering loops, each on its own socket: dig's queries, each from a port of its
+    // own, are spread over them by the kernel (SO_REUSEPORT), and every one must answer alike.
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, "udp_threads = 3\n");
     dns.wait_answering();
     let units = all_units(&server).await;
     let mut checked = 0;

@@ -17,6 +17,8 @@
 //! hostmaster = "hostmaster.cdn.example."
 //! max_udp_payload = 1232              # the largest UDP response; larger ones are truncated
 //! tcp_timeout_secs = 10               # idle TCP connections are closed after this
+//! udp_threads = 2                     # UDP answering loops, each on its own socket
+//!                                     # (SO_REUSEPORT); default: one per core
 //! metrics_listen = "127.0.0.1:9153"   # Prometheus /metrics (absent: none)
 //! mapper_ca_file = "mapper-ca.crt"    # https:// mappers: the CA their certificate must chain to
 //! cert_file = "dns-1.crt"             # this front end's certificate and key, for a mapper
@@ -77,6 +79,8 @@ pub const UDP_PAYLOAD: std::ops::RangeInclusive<u16> = 512..=4096;
 pub const MAX_MAPPERS: usize = 16;
 /// Report periods, seconds.
 pub const REPORT_SECS: std::ops::RangeInclusive<u64> = 1..=3600;
+/// UDP answering loops (threads, each with its own socket).
+pub const UDP_THREADS: std::ops::RangeInclusive<usize> = 1..=64;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -91,6 +95,8 @@ pub struct DnsConfig {
     pub hostmaster: Option<String>,
     pub max_udp_payload: u16,
     pub tcp_timeout_secs: u64,
+    /// UDP answering loops, each a thread with its own socket (absent: one per core).
+    pub udp_threads: Option<usize>,
     /// Where to serve Prometheus `/metrics` (none when absent).
     pub metrics_listen: Option<SocketAddr>,
     /// The CA an `https://` mapper's certificate must chain to.
@@ -115,6 +121,7 @@ impl Default for DnsConfig {
             hostmaster: None,
             max_udp_payload: 1232,
             tcp_timeout_secs: 10,
+            udp_threads: None,
             metrics_listen: None,
             mapper_ca_file: None,
             cert_file: None,
@@ -223,6 +230,9 @@ impl DnsConfig {
                 "tcp_timeout_secs",
                 format!("{} is outside 1..=3600", self.tcp_timeout_secs),
             ));
+        }
+        if let Some(n) = self.udp_threads.filter(|n| !UDP_THREADS.contains(n)) {
+            return Err(invalid("udp_threads", format!("{n} is outside 1..=64")));
         }
         Ok(())
     }
@@ -416,6 +426,8 @@ mod tests {
             ("ttl_secs = 0", "ttl_secs"),
             ("report_secs = 0", "report_secs"),
             ("max_udp_payload = 100", "max_udp_payload"),
+            ("udp_threads = 0", "udp_threads"),
+            ("udp_threads = 65", "udp_threads"),
             ("nameservers = [\"\"]", "nameservers[0]"),
             ("listen = \"nowhere\"", "listen"),
             ("zone = \"x.\"", "zone"),

@@ -69,7 +69,7 @@ impl Paths {
         let handle = self.runtime.handle();
         let mut fast = Vec::new();
         answer_batch(&self.both.0, &[(raw, src)], &mut fast);
-        let served = match fast.pop().flatten() {
+        let served = match fast.pop().filter(|f| !f.is_empty()) {
             Some(f) => {
                 self.fast.fetch_add(1, Ordering::Relaxed);
                 Some(f)

@@ -112,9 +112,11 @@ pub async fn run(
         period_start_unix_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
         counters: answer::Counters::register(),
     });
-    // UDP: one answering loop per core, each on its own socket (SO_REUSEPORT); TCP: hickory's
-    // server.
-    let loops = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // UDP: `udp_threads` answering loops (default one per core), each on its own socket
+    // (SO_REUSEPORT); TCP: hickory's server.
+    let loops = config
+        .udp_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let (tcp, sockets) = bind(config.listen, loops).await?;
     let listen = tcp.local_addr()?;
     // The addresses bound (port 0 takes any free port), which is how tests find them without

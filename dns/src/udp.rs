@@ -135,7 +135,7 @@ fn answer_datagram(
     let mut fast = Vec::with_capacity(1);
     crate::wire::answer_batch(&handler.0, &[(raw, src)], &mut fast);
     fast.pop()
-        .flatten()
+        .filter(|f| !f.is_empty())
         .or_else(|| answer_hickory(handler, runtime, capture, raw, src))
 }
 
@@ -239,8 +239,11 @@ mod mmsg {
         let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
         let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
-        let mut answers: Vec<(Vec<u8>, SockAddr)> = Vec::with_capacity(BATCH);
-        let mut fast: Vec<Option<Vec<u8>>> = Vec::with_capacity(BATCH);
+        // The responses, reused batch after batch (the fast path writes into them), and for
+        // each the datagram (index into `names`) it answers.
+        let mut responses: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
+        let mut to: Vec<usize> = Vec::with_capacity(BATCH);
+        let mut out = Outbox::default();
         while !stop.load(Ordering::Relaxed) {
             for i in 0..BATCH {
                 iovs[i] = libc::iovec {
@@ -275,8 +278,8 @@ mod mmsg {
                 }
                 continue;
             }
-            answers.clear();
             let mut batch: Vec<(&[u8], std::net::SocketAddr)> = Vec::with_capacity(n as usize);
+            to.clear();
             for i in 0..n as usize {
                 let mut storage = SockAddrStorage::zeroed();
                 // SAFETY: SockAddrStorage is a sockaddr_storage underneath, and the kernel wrote
@@ -292,64 +295,90 @@ mod mmsg {
                 let raw = &bufs[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len];
                 if raw.len() >= 12 && src.port() != 0 {
                     batch.push((raw, src)); // else not even a header, or nowhere to answer
+                    to.push(i);
                 }
             }
             // The fast path takes the batch's common queries together; hickory's the rest.
-            crate::wire::answer_batch(&handler.0, &batch, &mut fast);
-            for (&(raw, src), fast) in batch.iter().zip(fast.drain(..)) {
-                let out = fast.or_else(|| answer_hickory(handler, runtime, &capture, raw, src));
-                if let Some(out) = out {
-                    answers.push((out, SockAddr::from(src)));
+            crate::wire::answer_batch(&handler.0, &batch, &mut responses);
+            for (&(raw, src), response) in batch.iter().zip(responses.iter_mut()) {
+                if response.is_empty() {
+                    if let Some(slow) = answer_hickory(handler, runtime, &capture, raw, src) {
+                        *response = slow;
+                    }
                 }
             }
-            send_all(fd, &answers);
+            // Each response goes to the address its query came from, as the kernel wrote it.
+            let namelen = |i: usize| hdrs[i].msg_hdr.msg_namelen;
+            let sent: Vec<(&[u8], &libc::sockaddr_storage, libc::socklen_t)> = responses
+                .iter()
+                .zip(&to)
+                .filter(|(r, _)| !r.is_empty())
+                .map(|(r, &i)| (r.as_slice(), &names[i], namelen(i)))
+                .collect();
+            out.send_all(fd, &sent);
         }
     }
 
-    /// Sends every answer, `sendmmsg` after `sendmmsg` until all went (or one fails: a UDP
-    /// answer that cannot be sent is dropped, as a lost datagram would be).
-    fn send_all(fd: libc::c_int, answers: &[(Vec<u8>, SockAddr)]) {
-        let mut iovs: Vec<libc::iovec> = answers
-            .iter()
-            .map(|(bytes, _)| libc::iovec {
-                iov_base: bytes.as_ptr() as *mut libc::c_void,
-                iov_len: bytes.len(),
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = answers
-            .iter()
-            .zip(iovs.iter_mut())
-            .map(|((_, to), iov)| {
+    /// The headers of one `sendmmsg` batch, kept from batch to batch (their pointers are set
+    /// anew for each).
+    #[derive(Default)]
+    struct Outbox {
+        iovs: Vec<libc::iovec>,
+        hdrs: Vec<libc::mmsghdr>,
+    }
+
+    impl Outbox {
+        /// Sends every response (bytes, address, address length), `sendmmsg` after
+        /// `sendmmsg` until all went (or one fails: a UDP answer that cannot be sent is
+        /// dropped, as a lost datagram would be).
+        fn send_all(
+            &mut self,
+            fd: libc::c_int,
+            answers: &[(&[u8], &libc::sockaddr_storage, libc::socklen_t)],
+        ) {
+            self.iovs.clear();
+            self.iovs
+                .extend(answers.iter().map(|(bytes, _, _)| libc::iovec {
+                    iov_base: bytes.as_ptr() as *mut libc::c_void,
+                    iov_len: bytes.len(),
+                }));
+            self.hdrs.clear();
+            for ((_, to, len), iov) in answers.iter().zip(self.iovs.iter_mut()) {
                 // SAFETY: all-zero is a valid mmsghdr; the fields read are set here.
                 let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                h.msg_hdr.msg_name = to.as_ptr() as *mut libc::c_void;
-                h.msg_hdr.msg_namelen = to.len();
+                h.msg_hdr.msg_name = (*to as *const libc::sockaddr_storage).cast_mut().cast();
+                h.msg_hdr.msg_namelen = *len;
                 h.msg_hdr.msg_iov = iov;
                 h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
-        let mut sent = 0;
-        while sent < hdrs.len() {
-            // SAFETY: hdrs[sent..] point at the answers' bytes and addresses, alive for the call.
-            let n = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    hdrs[sent..].as_mut_ptr(),
-                    (hdrs.len() - sent) as libc::c_uint,
-                    0,
-                )
-            };
-            if n <= 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
+                self.hdrs.push(h);
+            }
+            let hdrs = &mut self.hdrs;
+            let mut sent = 0;
+            while sent < hdrs.len() {
+                // SAFETY: hdrs[sent..] point at the answers' bytes and addresses, alive for
+                // the call (`answers` is borrowed across it).
+                let n = unsafe {
+                    libc::sendmmsg(
+                        fd,
+                        hdrs[sent..].as_mut_ptr(),
+                        (hdrs.len() - sent) as libc::c_uint,
+                        0,
+                    )
+                };
+                if n <= 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    tracing::debug!(error = %e, "sendmmsg failed; answers dropped");
+                    sent += 1; // skip the one that failed, send the rest
                     continue;
                 }
-                tracing::debug!(error = %e, "sendmmsg failed; answers dropped");
-                sent += 1; // skip the one that failed, send the rest
-                continue;
+                sent += n as usize;
             }
-            sent += n as usize;
+            // The pointers into `answers` are not kept past the call.
+            self.iovs.clear();
+            self.hdrs.clear();
         }
     }
 }

@@ -203,23 +203,24 @@ thread_local! {
     static NAMES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The responses to `batch` (datagram, source) into `out`, one for each: `None` where the
+/// The responses to `batch` (datagram, source) into `out`, one for each: empty where the
 /// fast path does not take it (module docs), for the hickory path to answer. The demand and
-/// outcome of each it answers are counted as the hickory path counts them.
-pub(crate) fn answer_batch(
-    front: &Front,
-    batch: &[(&[u8], SocketAddr)],
-    out: &mut Vec<Option<Vec<u8>>>,
-) {
-    out.clear();
-    out.resize(batch.len(), None);
+/// outcome of each it answers are counted as the hickory path counts them. `out`'s buffers
+/// are reused (cleared, their memory kept): a loop answering batch after batch allocates
+/// nothing for the responses it writes.
+pub(crate) fn answer_batch(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut Vec<Vec<u8>>) {
+    if out.len() < batch.len() {
+        out.resize_with(batch.len(), Vec::new);
+    }
+    out.truncate(batch.len());
+    out.iter_mut().for_each(Vec::clear);
     for (block, answers) in batch.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
         answer_block(front, block, answers);
     }
 }
 
 /// [`answer_batch`] for at most [`BLOCK`] datagrams.
-fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<Vec<u8>>]) {
+fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>]) {
     let guard = front.view.load();
     let Some(view) = guard.as_deref() else {
         return; // no map yet: SERVFAIL, hickory's
@@ -296,15 +297,14 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Option<
                     Some(e) if e.source > 0 => a.scope_prefix_len,
                     _ => 0,
                 };
-                let Some(bytes) = encode(q, front, &scratch.addrs, scope) else {
+                if !encode(q, front, &scratch.addrs, scope, &mut out[i]) {
                     continue; // truncated: hickory's
-                };
+                }
                 demand.count(client, a);
                 if view.has_bounded {
                     front.demand.count_host(qname);
                 }
                 routed[a.route as usize] += 1;
-                out[i] = Some(bytes);
             }
             let answered: u64 = routed.iter().sum();
             if answered > 0 {
@@ -344,12 +344,28 @@ fn take<'a>(
     Some((q, client, class))
 }
 
-/// The response's bytes, as hickory encodes it: the question as sent; the first answer's owner
-/// the name in lower case, the others a pointer to it; the OPT record with our payload size
-/// (the query's within 512 and `max_udp_payload`, as `decide` sets it) and the ECS option
-/// echoed with `scope`. `None` when it would be longer than a response may be: that payload
-/// size, or 512 bytes without EDNS (hickory's path then truncates).
-fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8) -> Option<Vec<u8>> {
+/// The response's bytes into `out` (empty), as hickory encodes it: the question as sent; the
+/// first answer's owner the name in lower case, the others a pointer to it; the OPT record
+/// with our payload size (the query's within 512 and `max_udp_payload`, as `decide` sets it)
+/// and the ECS option echoed with `scope`. False, and `out` left empty, when it would be
+/// longer than a response may be: that payload size, or 512 bytes without EDNS (hickory's
+/// path then truncates).
+fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8, out: &mut Vec<u8>) -> bool {
+    let fits = encode_into(q, front, addrs, scope, out);
+    if !fits {
+        out.clear();
+    }
+    fits
+}
+
+/// [`encode`]'s bytes, whether they fit.
+fn encode_into(
+    q: &Parsed<'_>,
+    front: &Front,
+    addrs: &[IpAddr],
+    scope: u8,
+    out: &mut Vec<u8>,
+) -> bool {
     // `max_udp_payload` is at least 512 (the config's bounds); `max` keeps `clamp` total.
     let payload = q.edns_payload.map(|p| {
         p.clamp(
@@ -358,10 +374,12 @@ fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8) -> Option<
         )
     });
     let max = payload.map_or(PLAIN_UDP, usize::from);
-    let mut out = Vec::with_capacity(max.min(PLAIN_UDP));
+    out.reserve(max.min(PLAIN_UDP));
     out.extend_from_slice(&q.id);
     out.extend_from_slice(&(RESPONSE_FLAGS | (q.flags & QUERY_FLAGS_FREE)).to_be_bytes());
-    let answers = u16::try_from(addrs.len()).ok()?;
+    let Ok(answers) = u16::try_from(addrs.len()) else {
+        return false;
+    };
     for count in [1, answers, 0, u16::from(q.edns_payload.is_some())] {
         out.extend_from_slice(&count.to_be_bytes());
     }
@@ -393,21 +411,23 @@ fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8) -> Option<
             None => out.extend_from_slice(&[0, 0]),
             Some(e) => {
                 let n = usize::from(e.source).div_ceil(8);
-                let bytes = match e.addr {
-                    IpAddr::V4(a) => a.octets()[..n].to_vec(),
-                    IpAddr::V6(a) => a.octets()[..n].to_vec(),
-                };
+                let mut octets = [0u8; 16];
+                match e.addr {
+                    IpAddr::V4(a) => octets[..4].copy_from_slice(&a.octets()),
+                    IpAddr::V6(a) => octets = a.octets(),
+                }
+                let bytes = &octets[..n];
                 let len = 4 + n as u16;
                 out.extend_from_slice(&(len + 4).to_be_bytes());
                 out.extend_from_slice(&OPTION_ECS.to_be_bytes());
                 out.extend_from_slice(&len.to_be_bytes());
                 out.extend_from_slice(&e.family.to_be_bytes());
                 out.extend_from_slice(&[e.source, scope]);
-                out.extend_from_slice(&bytes);
+                out.extend_from_slice(bytes);
             }
         }
     }
-    (out.len() <= max).then_some(out)
+    out.len() <= max
 }
 
 #[cfg(test)]
@@ -670,11 +690,11 @@ pub(crate) mod tests {
             for (k, (&(raw, src), fast)) in batch.iter().zip(&fast).enumerate() {
                 let at = i + k;
                 let slow = answer_hickory(&hickory_only, runtime.handle(), &capture, raw, src);
-                let Some(fast) = fast else {
+                if fast.is_empty() {
                     let again = answer_hickory(&both, runtime.handle(), &capture, raw, src);
                     assert_eq!(again, slow, "query {at}: {raw:02x?}");
                     continue;
-                };
+                }
                 assert_eq!(Some(fast), slow.as_ref(), "query {at}: {raw:02x?}");
                 let q = parse(raw).expect("taken, so parsed");
                 kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));

@@ -87,6 +87,20 @@ pub struct DnsBenchArgs {
     /// in, and `cdnmap dns` answers from the map it holds either way).
     #[arg(long)]
     pub mapper_running: bool,
+    /// UDP answering threads of each server, the same for all three (`cdnmap dns
+    /// --udp-threads`, gdnsd's `udp_threads`). Default: half the cores, at least one; dnsperf
+    /// runs on the same machine and takes the rest.
+    #[arg(long)]
+    pub udp_threads: Option<usize>,
+}
+
+impl DnsBenchArgs {
+    /// The UDP threads each server runs: `--udp-threads`, else half the cores (at least 1).
+    fn threads(&self) -> usize {
+        self.udp_threads.unwrap_or_else(|| {
+            (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1)
+        })
+    }
 }
 
 /// A process stopped (SIGSTOP) while this lives, continued (SIGCONT) when it is dropped.
@@ -318,16 +332,21 @@ const NAMES: [(&str, &str); 4] = [
 /// The most datacenters gdnsd's geoip plugin allows in one map.
 const GDNSD_MAX_DCS: usize = 254;
 
-/// gdnsd's configuration in `dir` (listening on `port`, with `plugins`, a config fragment),
-/// and its zone: the SOA, NS and `records`.
-fn write_gdnsd_config(dir: &Path, port: u16, plugins: &str, records: &str) -> Result<()> {
+/// gdnsd's configuration in `dir` (listening on `port` with `udp_threads`, with `plugins`, a
+/// config fragment), and its zone: the SOA, NS and `records`.
+fn write_gdnsd_config(
+    dir: &Path,
+    (port, udp_threads): (u16, usize),
+    plugins: &str,
+    records: &str,
+) -> Result<()> {
     for sub in ["zones", "run", "state", "geoip"] {
         std::fs::create_dir_all(dir.join(sub))?;
     }
     std::fs::write(
         dir.join("config"),
         format!(
-            "options => {{\n  listen => [ 127.0.0.1:{port} ]\n  run_dir => {}\n  state_dir => {}\n}}\n{plugins}",
+            "options => {{\n  listen => [ 127.0.0.1:{port} ]\n  udp_threads => {udp_threads}\n  run_dir => {}\n  state_dir => {}\n}}\n{plugins}",
             dir.join("run").display(),
             dir.join("state").display()
         ),
@@ -341,7 +360,7 @@ fn write_gdnsd_config(dir: &Path, port: u16, plugins: &str, records: &str) -> Re
 }
 
 /// gdnsd serving the query file's names from a static zone.
-fn write_gdnsd_static(dir: &Path, port: u16) -> Result<()> {
+fn write_gdnsd_static(dir: &Path, port: (u16, usize)) -> Result<()> {
     let mut records = String::new();
     for (name, _) in NAMES {
         for i in 1..=3 {
@@ -357,7 +376,7 @@ fn write_gdnsd_static(dir: &Path, port: u16) -> Result<()> {
 /// gdnsd with `plugin_geoip` answering the query file's names from `world` (module docs): a
 /// map and a resource per class, each map's `nets` in a file of its own (`geoip/nets-CLASS`).
 /// Returns how many nets it wrote.
-fn write_gdnsd_geoip(dir: &Path, port: u16, world: &Topology) -> Result<usize> {
+fn write_gdnsd_geoip(dir: &Path, port: (u16, usize), world: &Topology) -> Result<usize> {
     let geoip_dir = dir.join("geoip");
     std::fs::create_dir_all(&geoip_dir)
         .with_context(|| format!("creating {}", geoip_dir.display()))?;
@@ -543,6 +562,12 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     if a.seconds == 0 || a.seconds > 3600 {
         bail!("--seconds {}: must be in 1..=3600", a.seconds);
     }
+    if let Some(n) = a
+        .udp_threads
+        .filter(|n| !cdnmap_dns::config::UDP_THREADS.contains(n))
+    {
+        bail!("--udp-threads {n}: must be in 1..=64");
+    }
     Ok(())
 }
 
@@ -601,6 +626,7 @@ pub(crate) fn spawn_mapper_and_front_end(
     dir: &Path,
     world: &DemoWorld,
     (grpc, http, dns_port): (u16, u16, u16),
+    udp_threads: Option<usize>,
 ) -> Result<(Proc, Proc, SocketAddr)> {
     let serve_conf = dir.join("serve.toml");
     std::fs::write(
@@ -624,16 +650,16 @@ pub(crate) fn spawn_mapper_and_front_end(
         "cdnmap serve",
     )?;
     let dns_addr = SocketAddr::from(([127, 0, 0, 1], dns_port));
-    let front = spawn(
-        Command::new(exe)
-            .arg("dns")
-            .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
-            .args(["--listen", &dns_addr.to_string()])
-            .args(["--zone", "cdn.example."])
-            .env("RUST_LOG", "info"),
-        &dir.join("dns.log"),
-        "cdnmap dns",
-    )?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("dns")
+        .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
+        .args(["--listen", &dns_addr.to_string()])
+        .args(["--zone", "cdn.example."])
+        .env("RUST_LOG", "info");
+    if let Some(n) = udp_threads {
+        cmd.args(["--udp-threads", &n.to_string()]);
+    }
+    let front = spawn(&mut cmd, &dir.join("dns.log"), "cdnmap dns")?;
     Ok((serve, front, dns_addr))
 }
 
@@ -650,7 +676,8 @@ fn start_cdnmap(
         seed: a.seed,
         cycle_secs: 30,
     };
-    let (mut serve, mut front, dns_addr) = spawn_mapper_and_front_end(exe, dir, &world, ports)?;
+    let (mut serve, mut front, dns_addr) =
+        spawn_mapper_and_front_end(exe, dir, &world, ports, Some(a.threads()))?;
     wait_answering(dns_addr, &mut [&mut serve, &mut front], dir)?;
     Ok((serve, front, dns_addr))
 }
@@ -692,12 +719,13 @@ fn measure(
         .map(|(name, (addr, _))| format!("{name} on :{}", addr.port()))
         .collect();
     println!(
-        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({})",
+        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s)",
         a.seconds,
         a.clients,
         a.outstanding,
         a.runs,
-        ports.join(", ")
+        ports.join(", "),
+        a.threads()
     );
     let mut results: [Vec<Run>; 3] = Default::default();
     for r in 0..a.runs {
@@ -912,14 +940,15 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     let [grpc, http, dns_port, geoip_port, static_port] = ports;
     let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
     let (geoip_port, static_port) = (geoip_port?, static_port?);
-    let nets = write_gdnsd_geoip(&dir.join("gdnsd-geoip"), geoip_port, &world)?;
+    let threads = a.threads();
+    let nets = write_gdnsd_geoip(&dir.join("gdnsd-geoip"), (geoip_port, threads), &world)?;
     println!(
         "gdnsd-geoip: {nets} nets in {} maps (one a class), {} datacenters",
         world.classes().len(),
         world.clusters().len().clamp(1, GDNSD_MAX_DCS)
     );
     drop(world);
-    write_gdnsd_static(&dir.join("gdnsd-static"), static_port)?;
+    write_gdnsd_static(&dir.join("gdnsd-static"), (static_port, threads))?;
     let (serve, front, dns_addr) = start_cdnmap(a, &exe, &dir, (grpc, http, dns_port))?;
     let started = Instant::now();
     let (geoip, geoip_addr) = start_gdnsd(&gdnsd, &dir, "gdnsd-geoip", geoip_port)?;
@@ -1006,7 +1035,7 @@ mod tests {
         .expect("world");
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port().expect("port");
-        let nets = write_gdnsd_geoip(&dir.path().join("g"), port, &world).expect("config");
+        let nets = write_gdnsd_geoip(&dir.path().join("g"), (port, 1), &world).expect("config");
         let prefixes: usize = (0..world.unit_count() as UnitIdx)
             .map(|u| world.unit_prefixes(u).len())
             .sum();

@@ -96,7 +96,8 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
         dir.display()
     );
     let started = Instant::now();
-    let (mut serve, mut front, dns_addr) = spawn_mapper_and_front_end(&exe, &dir, &world, ports)?;
+    let (mut serve, mut front, dns_addr) =
+        spawn_mapper_and_front_end(&exe, &dir, &world, ports, None)?;
     let dns_log = dir.join("dns.log");
     let timeout = Duration::from_secs(a.timeout_secs);
     while !answers(dns_addr, "cdn.example.") {

@@ -167,6 +167,9 @@ struct DnsArgs {
     /// port 0: any free port, named in the log's `listening` line).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// UDP answering loops, each a thread with its own socket (default: one per core).
+    #[arg(long)]
+    udp_threads: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -939,6 +942,9 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
     }
     if let Some(m) = a.metrics_listen {
         config.metrics_listen = Some(m);
+    }
+    if let Some(n) = a.udp_threads {
+        config.udp_threads = Some(n);
     }
     config.validate().context("the DNS front end's settings")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
