@@ -147,7 +147,9 @@ fn second_chance_round(
         warm.stats.repair_rounds,
         warm.stats.blocking_pairs_left
     );
-    // A failed cluster: the one carrying the most of the phase's map goes down in that round.
+    // A failed cluster: the one carrying the most of the phase's map goes down. Measured in a
+    // round of its own (the first world again, no noise), so that what moves is what the
+    // failure moves; and in the noisy round, beside that round's churn without the failure.
     let mut load = vec![0.0f64; next.clusters().len()];
     for u in 0..placed.unit_count() as UnitIdx {
         for al in placed.allocations(u) {
@@ -162,17 +164,28 @@ fn second_chance_round(
     else {
         return Ok(());
     };
-    let down = next.with_cluster_state(failed, cdnmap_mapper::ClusterState::Down);
-    let effective = favour_incumbents(&down, &placed, &stickiness)?;
-    let warm = solve_seeded(&effective, &placed, &SolveOptions::default());
-    let (after, _) = second_chance(&down, &warm.map, mode, &params);
-    let moved = |m: &Map| churn(&down, &placed, m) * down.total_demand() / carried.max(1e-9);
+    // (moved with the phase, moved by the seeded solve alone), each over the failed demand.
+    let fail_in = |world: &Topology| -> Result<(f64, f64)> {
+        let down = world.with_cluster_state(failed, cdnmap_mapper::ClusterState::Down);
+        let effective = favour_incumbents(&down, &placed, &stickiness)?;
+        let warm = solve_seeded(&effective, &placed, &SolveOptions::default());
+        let (after, _) = second_chance(&down, &warm.map, mode, &params);
+        let moved = |m: &Map| churn(&down, &placed, m) * down.total_demand() / carried.max(1e-9);
+        Ok((moved(&after), moved(&warm.map)))
+    };
+    let (alone, alone_seeded) = fail_in(inst)?;
+    let (noisy, noisy_seeded) = fail_in(next)?;
+    let noise = |m: &Map| churn(next, &placed, m) * next.total_demand() / carried.max(1e-9);
     println!(
-        "               a failed cluster ({}, carrying {:.1}% of the demand) in that round: {:.3}x its demand moved (the seeded solve alone {:.3}x)",
-        down.clusters()[failed as usize].id,
-        100.0 * carried / down.total_demand(),
-        moved(&after),
-        moved(&warm.map)
+        "               a failed cluster ({}, carrying {:.1}% of the demand), a round of its own: {:.3}x its demand moved (the seeded solve alone {:.3}x); in the noisy round: {:.3}x ({:.3}x), of which that round without the failure moves {:.3}x ({:.3}x)",
+        next.clusters()[failed as usize].id,
+        100.0 * carried / next.total_demand(),
+        alone,
+        alone_seeded,
+        noisy,
+        noisy_seeded,
+        noise(&again),
+        noise(&warm.map),
     );
     Ok(())
 }
