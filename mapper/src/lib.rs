@@ -27,7 +27,8 @@ pub use model::{
 };
 pub use rescore::{admitted, Rescore};
 pub use second_chance::{
-    second_chance, Beyond, SecondChance, SecondChanceParams, SecondChanceReport,
+    second_chance, second_chance_seeded, Beyond, SecondChance, SecondChanceParams,
+    SecondChanceReport,
 };
 pub use solve::{solve, solve_seeded, Arrival, Solution, SolveOptions, SolveStats};
 pub use sticky::{

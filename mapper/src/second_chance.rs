@@ -35,7 +35,8 @@ pub enum SecondChance {
     WithinLists,
     /// Within the lists first; then what is still left over at the nearest up clusters with
     /// room beyond the unit's list, within [`SecondChanceParams::max_beyond_ms`] of its best
-    /// listed score ([`SecondChanceReport::beyond`]).
+    /// listed score ([`SecondChanceReport::beyond`]). In a round after another
+    /// ([`second_chance_seeded`]) the clusters a unit had beyond its list come first.
     BeyondLists,
 }
 
@@ -541,17 +542,131 @@ impl Work<'_> {
     }
 }
 
+/// Where a unit may be placed beyond its list ([`Work::reach`]).
+struct Reach {
+    /// The unit's location on the unit sphere.
+    at: [f64; 3],
+    /// The model's calibration by the unit's listed scores: what they exceed it by (median).
+    offset: f64,
+    /// The unit's worst listed score: no estimate beyond the list is better.
+    worst: f64,
+    /// The largest estimate taken: the best listed score plus `max_beyond_ms`.
+    bound: f64,
+    /// The bound as a squared chord on the unit sphere.
+    chord2_max: f64,
+}
+
+impl Reach {
+    /// The estimated RTT to a cluster at `p` (unit sphere) if within the bound.
+    fn estimate(&self, p: &[f64; 3]) -> Option<f64> {
+        use crate::geo::{chord2, chord2_to_km, rtt_from_km};
+        let c2 = chord2(&self.at, p);
+        if c2 > self.chord2_max * (1.0 + 1e-12) {
+            return None;
+        }
+        let est = (rtt_from_km(chord2_to_km(c2)) + self.offset).max(self.worst);
+        (est <= self.bound).then_some(est)
+    }
+}
+
 impl Work<'_> {
+    /// Unit `u`'s reach beyond its list (`vectors`: each cluster on the unit sphere): the
+    /// distance model (`crate::geo`) calibrated by its listed scores, bounded by
+    /// `max_beyond_ms` past its best. `None` for a unit with no candidates or no reach.
+    fn reach(
+        &self,
+        u: UnitIdx,
+        vectors: &[[f64; 3]],
+        params: &SecondChanceParams,
+    ) -> Option<Reach> {
+        use crate::geo::{
+            chord2, chord2_to_km, rtt_from_km, unit_vector, EARTH_RADIUS_KM, FIBRE_KM_PER_MS,
+            ROUTE_INFLATION,
+        };
+        let inst = self.inst;
+        let (lat, lon) = inst.unit_location(u);
+        let at = unit_vector(lat, lon);
+        let mut offsets = Vec::with_capacity(16);
+        let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
+        for cand in inst.candidates(u) {
+            let km = chord2_to_km(chord2(&at, &vectors[cand.cluster as usize]));
+            let score = f64::from(cand.score);
+            offsets.push(score - rtt_from_km(km));
+            best = best.min(score);
+            worst = worst.max(score);
+        }
+        if offsets.is_empty() {
+            return None; // nothing to calibrate or bound by
+        }
+        let mid = offsets.len() / 2;
+        let offset = *offsets.select_nth_unstable_by(mid, f64::total_cmp).1;
+        let bound = best + f64::from(params.max_beyond_ms);
+        // The bound as a distance, then as a chord: est = rtt_from_km(km) + offset.
+        let km_max =
+            (bound - offset - rtt_from_km(0.0)) * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION);
+        if km_max < 0.0 {
+            return None;
+        }
+        let half = (km_max / (2.0 * EARTH_RADIUS_KM)).min(std::f64::consts::FRAC_PI_2);
+        Some(Reach {
+            at,
+            offset,
+            worst,
+            bound,
+            chord2_max: (2.0 * half.sin()).powi(2),
+        })
+    }
+
+    /// Places up to `amount` of unit `u`'s overflow (class `k`) at `c`, beyond its list, at
+    /// estimate `est`; what fits. Returns how much was placed.
+    fn place_beyond(
+        &mut self,
+        u: UnitIdx,
+        c: ClusterIdx,
+        amount: f64,
+        est: f64,
+        report: &mut SecondChanceReport,
+    ) -> f64 {
+        let k = self.inst.unit_class(u);
+        let amount = self.room(k, c).min(amount).min(self.overflow[u as usize]);
+        if amount <= EPS {
+            return 0.0;
+        }
+        self.add(u, c, amount);
+        self.load(k, c, amount);
+        self.overflow[u as usize] -= amount;
+        self.took.insert(c);
+        self.exits[c as usize] = None;
+        report.placed += amount;
+        report.beyond.push(Beyond {
+            unit: u,
+            cluster: c,
+            amount,
+            estimate_ms: est as f32,
+        });
+        amount
+    }
+
     /// Beyond the lists: each unit still overflowing, in index order, placed at the up
     /// clusters serving its class that are not its candidates and have room, nearest by
     /// estimated RTT first, while the estimate is within `max_beyond_ms` of its best listed
     /// score. The clusters are filtered by that bound as a chord on the unit sphere (a dot
     /// product a cluster) before any room is computed.
-    fn beyond(&mut self, n: usize, params: &SecondChanceParams, report: &mut SecondChanceReport) {
-        use crate::geo::{
-            chord2, chord2_to_km, rtt_from_km, unit_vector, EARTH_RADIUS_KM, FIBRE_KM_PER_MS,
-            ROUTE_INFLATION,
-        };
+    ///
+    /// Sticky: with `previous` (the last round's map), a unit first gets back, up to what it
+    /// had there, the clusters beyond its list that map placed it at (still up, with room,
+    /// within the bound), every such unit before any other placement; only the rest goes to
+    /// the nearest. Without this, last round's placements beyond the lists (which the seeded
+    /// solve, over the lists, does not keep) would be made anew in index order, many at
+    /// other clusters: churn a round, and more of it when a cluster fails.
+    fn beyond(
+        &mut self,
+        n: usize,
+        params: &SecondChanceParams,
+        previous: Option<&Map>,
+        report: &mut SecondChanceReport,
+    ) {
+        use crate::geo::unit_vector;
         let inst = self.inst;
         let vectors: Vec<[f64; 3]> = inst
             .clusters()
@@ -565,6 +680,36 @@ impl Work<'_> {
             .filter(|(_, cl)| cl.state == ClusterState::Up)
             .map(|(c, _)| (c as ClusterIdx, vectors[c]))
             .collect();
+        let left =
+            |w: &Self, u: UnitIdx| w.overflow[u as usize] > EPS * w.inst.unit_demand(u).max(1.0);
+        // Last round's placements beyond the lists, kept where they still fit.
+        if let Some(prev) = previous {
+            for u in 0..n.min(prev.unit_count()) as UnitIdx {
+                if !left(self, u) {
+                    continue;
+                }
+                let beyond: Vec<Allocation> = prev
+                    .allocations(u)
+                    .iter()
+                    .filter(|a| {
+                        (a.cluster as usize) < vectors.len()
+                            && !inst.candidates(u).any(|x| x.cluster == a.cluster)
+                    })
+                    .copied()
+                    .collect();
+                if beyond.is_empty() {
+                    continue;
+                }
+                let Some(reach) = self.reach(u, &vectors, params) else {
+                    continue;
+                };
+                for a in beyond {
+                    if let Some(est) = reach.estimate(&vectors[a.cluster as usize]) {
+                        self.place_beyond(u, a.cluster, a.amount, est, report);
+                    }
+                }
+            }
+        }
         // Which clusters have room for a class, kept true to the residuals after each
         // placement (a placement only takes room); most clusters where overflow is are full,
         // and this skips them before any distance.
@@ -583,79 +728,39 @@ impl Work<'_> {
                 }
             }
         }
-        let mut offsets = Vec::new();
-        let mut options: Vec<(f32, ClusterIdx, usize)> = Vec::new();
+        let mut options: Vec<(f64, ClusterIdx, usize)> = Vec::new();
         for u in 0..n as UnitIdx {
-            let o = self.overflow[u as usize];
-            if o <= EPS * inst.unit_demand(u).max(1.0) {
+            if !left(self, u) {
                 continue;
             }
             let k = inst.unit_class(u);
-            let (lat, lon) = inst.unit_location(u);
-            let at = unit_vector(lat, lon);
-            // The model's calibration by the unit's listed scores.
-            offsets.clear();
-            let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
-            for cand in inst.candidates(u) {
-                let km = chord2_to_km(chord2(&at, &vectors[cand.cluster as usize]));
-                let score = f64::from(cand.score);
-                offsets.push(score - rtt_from_km(km));
-                best = best.min(score);
-                worst = worst.max(score);
-            }
-            if offsets.is_empty() {
-                continue; // nothing to calibrate or bound by
-            }
-            let mid = offsets.len() / 2;
-            let offset = *offsets.select_nth_unstable_by(mid, f64::total_cmp).1;
-            let bound = best + f64::from(params.max_beyond_ms);
-            // The bound as a distance, then as a chord: est = rtt_from_km(km) + offset.
-            let km_max =
-                (bound - offset - rtt_from_km(0.0)) * FIBRE_KM_PER_MS / (2.0 * ROUTE_INFLATION);
-            if km_max < 0.0 {
+            let Some(reach) = self.reach(u, &vectors, params) else {
                 continue;
-            }
-            let half = (km_max / (2.0 * EARTH_RADIUS_KM)).min(std::f64::consts::FRAC_PI_2);
-            let chord2_max = (2.0 * half.sin()).powi(2);
+            };
             options.clear();
             for &i in &with_room[usize::from(k)] {
                 let (c, p) = &up[i];
-                let c2 = chord2(&at, p);
-                if c2 > chord2_max * (1.0 + 1e-12) || inst.candidates(u).any(|x| x.cluster == *c) {
+                let Some(est) = reach.estimate(p) else {
                     continue;
-                }
-                let est = (rtt_from_km(chord2_to_km(c2)) + offset).max(worst);
-                if est <= bound {
-                    options.push((est as f32, *c, i));
+                };
+                if !inst.candidates(u).any(|x| x.cluster == *c) {
+                    options.push((est, *c, i));
                 }
             }
             options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for &(est, c, i) in &options {
-                let left = self.overflow[u as usize];
-                if left <= EPS * inst.unit_demand(u).max(1.0) {
+                if !left(self, u) {
                     break;
                 }
-                let amount = self.room(k, c).min(left);
-                if amount <= EPS {
+                let want = self.overflow[u as usize];
+                if self.place_beyond(u, c, want, est, report) <= 0.0 {
                     continue;
                 }
-                self.add(u, c, amount);
-                self.load(k, c, amount);
-                self.overflow[u as usize] -= amount;
-                self.took.insert(c);
-                self.exits[c as usize] = None;
                 for (k, r) in roomy(self, c).into_iter().enumerate() {
                     if !r {
                         with_room[k].retain(|&j| j != i);
                     }
                 }
-                report.placed += amount;
-                report.beyond.push(Beyond {
-                    unit: u,
-                    cluster: c,
-                    amount,
-                    estimate_ms: est,
-                });
             }
         }
     }
@@ -720,6 +825,20 @@ pub fn second_chance(
     mode: SecondChance,
     params: &SecondChanceParams,
 ) -> (Map, SecondChanceReport) {
+    second_chance_seeded(instance, map, None, mode, params)
+}
+
+/// [`second_chance`] in a round that follows `previous` (the last round's map, after its
+/// phase): beyond the lists, a unit gets back first the clusters `previous` placed it at
+/// beyond its list, where they still have room and are within the bound (see
+/// [`SecondChance::BeyondLists`]); `None` is [`second_chance`].
+pub fn second_chance_seeded(
+    instance: &Instance,
+    map: &Map,
+    previous: Option<&Map>,
+    mode: SecondChance,
+    params: &SecondChanceParams,
+) -> (Map, SecondChanceReport) {
     let mut report = SecondChanceReport::default();
     if mode == SecondChance::Off || map.total_overflow() <= 0.0 {
         return (map.clone(), report);
@@ -764,7 +883,7 @@ pub fn second_chance(
         }
     }
     if mode == SecondChance::BeyondLists {
-        work.beyond(n, params, &mut report);
+        work.beyond(n, params, previous, &mut report);
     }
     let extra = report.moves + report.placements + report.beyond.len();
     let mut out = Map::with_capacity(n, map.allocation_count() + extra);
@@ -916,5 +1035,81 @@ mod tests {
         let (map, report) = second_chance(&inst, &stable, SecondChance::BeyondLists, &tight);
         assert_eq!(map.total_overflow(), 2.0);
         assert_eq!(report.beyond.len(), 1);
+    }
+
+    /// A round after another: m (demand 3, overflowing at its one candidate a) was placed at
+    /// e last round. Alone, the phase puts it at the nearest with room (c, 1; then e, 2);
+    /// seeded with last round's map, m gets e back (all 3), and c keeps its room. With e
+    /// down, or beyond the bound, the nearest again.
+    #[test]
+    fn beyond_the_lists_a_unit_gets_back_where_it_was() {
+        let cluster = |id: &str, lat: f64, cap: f64| {
+            format!(
+                r#"{{"id": "{id}", "lat": {lat}, "lon": 0, "resources": {{"name": "r", "kind": "bps", "capacity": {cap}, "classes": ["web"]}}}}"#
+            )
+        };
+        let json = format!(
+            r#"{{
+          "traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
+          "clusters": [{}, {}, {}],
+          "map_units": [
+            {{"id": "m", "class": "web", "demand": 3, "lat": 0, "lon": 0,
+             "candidates": [{{"cluster": "a", "score": 20}}]}},
+            {{"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
+             "candidates": [{{"cluster": "a", "score": 10}}]}}]
+        }}"#,
+            cluster("a", 0.0, 1.0),
+            cluster("c", 1.0, 1.0),
+            cluster("e", 20.0, 100.0),
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let stable = solve(&inst, &SolveOptions::default()).map;
+        assert_eq!(stable.overflow(0), 3.0, "m overflows");
+        let params = SecondChanceParams {
+            max_beyond_ms: 50.0,
+            ..SecondChanceParams::default()
+        };
+        let mut previous = Map::with_capacity(2, 2);
+        previous.push_unit(
+            [Allocation {
+                cluster: 2,
+                amount: 3.0,
+            }],
+            0.0,
+        );
+        previous.push_unit(
+            [Allocation {
+                cluster: 0,
+                amount: 1.0,
+            }],
+            0.0,
+        );
+        let placed = |map: &Map| -> Vec<(ClusterIdx, f64)> {
+            map.allocations(0)
+                .iter()
+                .map(|a| (a.cluster, a.amount))
+                .collect()
+        };
+        let mode = SecondChance::BeyondLists;
+        let (alone, _) = second_chance(&inst, &stable, mode, &params);
+        assert_eq!(placed(&alone), vec![(1, 1.0), (2, 2.0)]);
+        let (seeded, report) = second_chance_seeded(&inst, &stable, Some(&previous), mode, &params);
+        assert_eq!(placed(&seeded), vec![(2, 3.0)]);
+        assert_eq!(seeded.total_overflow(), 0.0);
+        assert_eq!(report.beyond.len(), 1);
+        let checked = verify(&inst, &seeded);
+        assert!(checked.capacity.is_empty() && checked.conservation.is_empty());
+        assert!(checked.blocking_pairs.is_empty());
+        // e down: the nearest with room, c, then nothing else within reach.
+        let down = inst.with_cluster_state(2, ClusterState::Down);
+        let (map, _) = second_chance_seeded(&down, &stable, Some(&previous), mode, &params);
+        assert_eq!(placed(&map), vec![(1, 1.0)]);
+        // e beyond a tighter bound (2,224 km is ~33 ms over the best listed score): not kept.
+        let tight = SecondChanceParams {
+            max_beyond_ms: 30.0,
+            ..params
+        };
+        let (map, _) = second_chance_seeded(&inst, &stable, Some(&previous), mode, &tight);
+        assert_eq!(placed(&map), vec![(1, 1.0)]);
     }
 }

@@ -32,7 +32,7 @@ use cdnmap_mapper::{
     PerUnit, Rescore, ResourceKind, ResourceNodeSpec, Solution, SolveOptions, Stickiness,
     TrafficClass, UnitIdx,
 };
-use cdnmap_mapper::{second_chance, SecondChance, SecondChanceParams};
+use cdnmap_mapper::{second_chance, second_chance_seeded, SecondChance, SecondChanceParams};
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -1513,5 +1513,26 @@ proptest! {
             (stable.total_overflow() - map.total_overflow() - report.placed).abs()
                 <= 1e-6 * (1.0 + report.placed)
         );
+        // The next round, nothing changed: seeded with this map, the phase gives it back
+        // (each unit gets its clusters beyond the list back, in the order it took them).
+        let (again, _) =
+            second_chance_seeded(&inst, &stable, Some(&map), SecondChance::BeyondLists, &params);
+        prop_assert_eq!(&again, &map);
+        // A cluster down: still feasible and stable, and nothing at the cluster down.
+        if let Some(c) = report.clusters.first() {
+            let down = inst.with_cluster_state(*c, ClusterState::Down);
+            let seeded = solve(&down, &SolveOptions::default()).map;
+            let (after, _) =
+                second_chance_seeded(&down, &seeded, Some(&map), SecondChance::BeyondLists, &params);
+            let checked = verify(&down, &after);
+            prop_assert!(
+                checked.capacity.is_empty()
+                    && checked.conservation.is_empty()
+                    && checked.unavailable.is_empty()
+                    && checked.blocking_pairs.is_empty(),
+                "{}",
+                checked.describe(&down, 5)
+            );
+        }
     }
 }

@@ -112,7 +112,7 @@ fn second_chance_round(
     next: &Topology,
     cold: Duration,
 ) -> Result<()> {
-    use cdnmap_mapper::second_chance;
+    use cdnmap_mapper::{second_chance, second_chance_seeded};
     let params = a.chance.params();
     let demand = inst.total_demand();
     let (phase, _, (placed, report)) = time_runs(a.runs, || {
@@ -138,7 +138,7 @@ fn second_chance_round(
     let stickiness = Stickiness::margin(a.stickiness);
     let effective = favour_incumbents(next, &placed, &stickiness)?;
     let warm = solve_seeded(&effective, &placed, &SolveOptions::default());
-    let (again, _) = second_chance(next, &warm.map, mode, &params);
+    let (again, _) = second_chance_seeded(next, &warm.map, Some(&placed), mode, &params);
     println!(
         "               the sticky round after it (seeded from its map, the phase again): churn {:.3}% (the seeded solve alone {:.3}%), overflow {:.3}%, repair rounds {}, blocking pairs left {}",
         100.0 * churn(next, &placed, &again),
@@ -169,7 +169,7 @@ fn second_chance_round(
         let down = world.with_cluster_state(failed, cdnmap_mapper::ClusterState::Down);
         let effective = favour_incumbents(&down, &placed, &stickiness)?;
         let warm = solve_seeded(&effective, &placed, &SolveOptions::default());
-        let (after, _) = second_chance(&down, &warm.map, mode, &params);
+        let (after, _) = second_chance_seeded(&down, &warm.map, Some(&placed), mode, &params);
         let moved = |m: &Map| churn(&down, &placed, m) * down.total_demand() / carried.max(1e-9);
         Ok((moved(&after), moved(&warm.map)))
     };
