@@ -573,20 +573,54 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
 
 /// Where a benchmark's files go: `out` (`--out`), else a temporary directory named after
 /// `prefix` (returned, to be kept while the servers run).
-pub(crate) fn out_dir(
-    out: Option<&Path>,
-    prefix: &str,
-) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+pub(crate) fn out_dir(out: Option<&Path>, prefix: &str) -> Result<(PathBuf, Scratch)> {
     Ok(match out {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            (d.to_path_buf(), None)
+            (d.to_path_buf(), Scratch::default())
         }
         None => {
             let temp = tempfile::Builder::new().prefix(prefix).tempdir()?;
-            (temp.path().to_path_buf(), Some(temp))
+            (temp.path().to_path_buf(), Scratch::new(temp))
         }
     })
+}
+
+/// A benchmark's temporary directory: removed once the benchmark has succeeded
+/// ([`Scratch::done`]), kept, and named on stderr, when it ends any other way (an error, a
+/// panic): its logs are what the error points at. Declared before the processes it holds the
+/// logs of, it is dropped after them.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    temp: Option<tempfile::TempDir>,
+    done: bool,
+}
+
+impl Scratch {
+    fn new(temp: tempfile::TempDir) -> Scratch {
+        Scratch {
+            temp: Some(temp),
+            done: false,
+        }
+    }
+
+    /// The benchmark succeeded: the directory goes.
+    pub(crate) fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(temp) = self.temp.take() {
+            if !self.done {
+                eprintln!(
+                    "kept {} (the logs of the run that failed)",
+                    temp.keep().display()
+                );
+            }
+        }
+    }
 }
 
 /// The world (the same one `cdnmap serve` builds from the same demo settings) and dnsperf's
@@ -891,11 +925,17 @@ fn check_answers(dns: SocketAddr, grpc: u16, queries: &Path) -> Result<(usize, u
 }
 
 /// The table of medians and the ratios to the peers, against issue 16's targets.
-fn print_medians(results: &[Vec<Run>; 3]) {
-    let med = |i: usize, f: fn(&Run) -> f64| median(results[i].iter().map(f).collect());
+/// The medians of each server's runs, and the ratios against issue 16's targets. `threads`:
+/// each server's UDP threads, for how busy they were.
+fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
+    let med = |i: usize, f: &dyn Fn(&Run) -> f64| median(results[i].iter().map(f).collect());
+    // The share of its UDP threads' cores a server kept busy (CPU seconds a second).
+    let busy = |r: &Run| 100.0 * r.qps * r.cpu_us / 1e6 / threads as f64;
     println!();
-    println!("| server | median q/s | median CPU per query (µs) | median latency (ms) | NOERROR |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| server | median q/s | median CPU per query (µs) | median busy (of {threads} core(s)) | median latency (ms) | NOERROR |"
+    );
+    println!("|---|---|---|---|---|---|");
     let what = [
         "cdnmap dns (map lookup per query)",
         "gdnsd-geoip (nets lookup per query)",
@@ -903,17 +943,18 @@ fn print_medians(results: &[Vec<Run>; 3]) {
     ];
     for (i, name) in what.iter().enumerate() {
         println!(
-            "| {name} | {:.0} | {:.2} | {:.3} | {:.2}% |",
-            med(i, |r| r.qps),
-            med(i, |r| r.cpu_us),
-            med(i, |r| r.latency_ms),
-            med(i, |r| r.noerror_pct)
+            "| {name} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2}% |",
+            med(i, &|r| r.qps),
+            med(i, &|r| r.cpu_us),
+            med(i, &busy),
+            med(i, &|r| r.latency_ms),
+            med(i, &|r| r.noerror_pct)
         );
     }
     println!();
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
-    let q = |i: usize| med(i, |r| r.qps);
-    let cpu = |i: usize| med(i, |r| r.cpu_us);
+    let q = |i: usize| med(i, &|r| r.qps);
+    let cpu = |i: usize| med(i, &|r| r.cpu_us);
     for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
         let ratio = q(0) / q(peer);
         println!(
@@ -927,13 +968,28 @@ fn print_medians(results: &[Vec<Run>; 3]) {
          query than gdnsd-geoip: {}; the comparison least sensitive to what else the machine runs)",
         met(cpu_ratio >= 1.0)
     );
+    println!(
+        "CPU per query, gdnsd-static / cdnmap dns: {:.3} (for reference: what the lookup, the server pick and the demand count cost over a fixed answer)",
+        cpu(2) / cpu(0)
+    );
+    // A server whose threads are not kept busy is not what limits the rate: dnsperf is.
+    let saturated = (0..3).all(|i| med(i, &busy) >= SATURATED_PCT);
+    if !saturated {
+        println!(
+            "the servers' threads were not all busy (>= {SATURATED_PCT:.0}%): the rates are bounded by dnsperf, not by the servers, and their ratios tie within the noise; the CPU per query is what tells the servers apart here"
+        );
+    }
 }
+
+/// How busy (percent of its UDP threads' cores) a server must be for its rate to be its own
+/// limit rather than the load generator's.
+const SATURATED_PCT: f64 = 90.0;
 
 pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     check_args(a)?;
     let dnsperf = program("dnsperf")?;
     let gdnsd = program("gdnsd")?;
-    let (dir, _temp) = out_dir(a.out.as_deref(), "cdnmap-bench-dns-")?;
+    let (dir, scratch) = out_dir(a.out.as_deref(), "cdnmap-bench-dns-")?;
     let exe = std::env::current_exe().context("finding the cdnmap binary")?;
     let (world, queries) = query_file(a, &dir)?;
     let ports = [(); 5].map(|()| free_port());
@@ -976,7 +1032,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         };
         measure(a, &dnsperf, &queries, targets)?
     };
-    print_medians(&results);
+    print_medians(&results, a.threads());
     let peaks: Vec<String> = SERVERS
         .iter()
         .zip(&targets)
@@ -989,6 +1045,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         .collect();
     println!("peak RSS (VmHWM): {}", peaks.join(", "));
     drop((stat, geoip, front, serve));
+    scratch.done();
     Ok(std::process::ExitCode::SUCCESS)
 }
 

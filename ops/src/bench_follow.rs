@@ -76,7 +76,7 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
             cycles.end()
         );
     }
-    let (dir, _tmp) = crate::bench_dns::out_dir(a.out.as_deref(), "cdnmap-bench-follow-")?;
+    let (dir, scratch) = crate::bench_dns::out_dir(a.out.as_deref(), "cdnmap-bench-follow-")?;
     let exe = match &a.exe {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("finding the cdnmap binary")?,
@@ -142,5 +142,7 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
     );
     println!("  cdnmap serve: peak RSS {serve_peak:.0} MB, now {serve_now:.0} MB");
     println!("  cdnmap dns:   peak RSS {dns_peak:.0} MB, now {dns_now:.0} MB");
+    drop((front, serve)); // killed before their directory goes
+    scratch.done();
     Ok(ExitCode::SUCCESS)
 }

@@ -389,7 +389,7 @@ pub(crate) fn with_service(
     prefix: &str,
     body: impl FnOnce(&mut Ctx, &tokio::runtime::Runtime, Arc<Instance>, &Path) -> Result<()>,
 ) -> Result<ExitCode> {
-    let (dir, _temp) = out_dir(a.out.as_deref(), prefix)?;
+    let (dir, scratch) = out_dir(a.out.as_deref(), prefix)?;
     // The service's own checks of its settings (the demo world's limits among them), first.
     cdnmap_api::Config::from_toml(&serve_config(a, &dir, None))
         .context("the mapper's settings from these arguments")?;
@@ -414,6 +414,9 @@ pub(crate) fn with_service(
     let result = body(&mut ctx, &rt, inst, &queries);
     drop(ctx); // kills the children before the temporary directory goes
     rt.shutdown_timeout(Duration::from_secs(5));
+    if result.is_ok() {
+        scratch.done();
+    }
     result.map(|()| ExitCode::SUCCESS)
 }
 
