@@ -908,6 +908,13 @@ mod tests {
     use crate::testing::parse_instance;
     use crate::{solve, verify, SolveOptions};
 
+    /// A cluster of the instance's JSON at (`lat`, 0), one Bps node of capacity `cap` for `class`.
+    fn cluster(id: &str, lat: f64, cap: f64, class: &str) -> String {
+        format!(
+            r#"{{"id": "{id}", "lat": {lat}, "lon": 0, "resources": {{"name": "r", "kind": "bps", "capacity": {cap}, "classes": ["{class}"]}}}}"#
+        )
+    }
+
     /// Cluster a (room for 1) is the only candidate of m and the first of n, which a ranks
     /// better; b (room for 1) is n's second. Stable: n at a, m overflows, b empty. The second
     /// chance moves n to b and puts m at a: nothing overflows, and (n, a) is a blocking pair
@@ -974,11 +981,6 @@ mod tests {
     /// The placements beyond introduce no blocking pair: they take room no listed unit wanted.
     #[test]
     fn beyond_the_lists_the_nearest_with_room_within_the_bound() {
-        let cluster = |id: &str, lat: f64, cap: f64, class: &str| {
-            format!(
-                r#"{{"id": "{id}", "lat": {lat}, "lon": 0, "resources": {{"name": "r", "kind": "bps", "capacity": {cap}, "classes": ["{class}"]}}}}"#
-            )
-        };
         let json = format!(
             r#"{{
           "traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}},
@@ -1043,11 +1045,6 @@ mod tests {
     /// down, or beyond the bound, the nearest again.
     #[test]
     fn beyond_the_lists_a_unit_gets_back_where_it_was() {
-        let cluster = |id: &str, lat: f64, cap: f64| {
-            format!(
-                r#"{{"id": "{id}", "lat": {lat}, "lon": 0, "resources": {{"name": "r", "kind": "bps", "capacity": {cap}, "classes": ["web"]}}}}"#
-            )
-        };
         let json = format!(
             r#"{{
           "traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
@@ -1058,9 +1055,9 @@ mod tests {
             {{"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
              "candidates": [{{"cluster": "a", "score": 10}}]}}]
         }}"#,
-            cluster("a", 0.0, 1.0),
-            cluster("c", 1.0, 1.0),
-            cluster("e", 20.0, 100.0),
+            cluster("a", 0.0, 1.0, "web"),
+            cluster("c", 1.0, 1.0, "web"),
+            cluster("e", 20.0, 100.0, "web"),
         );
         let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
         let stable = solve(&inst, &SolveOptions::default()).map;

@@ -1490,14 +1490,7 @@ proptest! {
         };
         let (map, report) = second_chance(&inst, &stable, SecondChance::BeyondLists, &params);
         let checked = verify(&inst, &map);
-        prop_assert!(
-            checked.capacity.is_empty()
-                && checked.conservation.is_empty()
-                && checked.unavailable.is_empty()
-                && checked.blocking_pairs.is_empty(),
-            "{}",
-            checked.describe(&inst, 5)
-        );
+        prop_assert!(feasible_and_stable(&checked), "{}", checked.describe(&inst, 5));
         let mut listed: Vec<(u32, u32)> = report.beyond.iter().map(|b| (b.unit, b.cluster)).collect();
         listed.sort_unstable();
         listed.dedup();
@@ -1518,21 +1511,23 @@ proptest! {
         let (again, _) =
             second_chance_seeded(&inst, &stable, Some(&map), SecondChance::BeyondLists, &params);
         prop_assert_eq!(&again, &map);
-        // A cluster down: still feasible and stable, and nothing at the cluster down.
+        // A cluster down: still feasible and stable, nothing at the cluster down.
         if let Some(c) = report.clusters.first() {
             let down = inst.with_cluster_state(*c, ClusterState::Down);
             let seeded = solve(&down, &SolveOptions::default()).map;
             let (after, _) =
                 second_chance_seeded(&down, &seeded, Some(&map), SecondChance::BeyondLists, &params);
             let checked = verify(&down, &after);
-            prop_assert!(
-                checked.capacity.is_empty()
-                    && checked.conservation.is_empty()
-                    && checked.unavailable.is_empty()
-                    && checked.blocking_pairs.is_empty(),
-                "{}",
-                checked.describe(&down, 5)
-            );
+            prop_assert!(feasible_and_stable(&checked), "{}", checked.describe(&down, 5));
         }
     }
+}
+
+/// The verifier found every node within capacity, every unit's demand conserved, nothing at a
+/// cluster that is not up, and no blocking pair.
+fn feasible_and_stable(checked: &cdnmap_mapper::verify::Report) -> bool {
+    checked.capacity.is_empty()
+        && checked.conservation.is_empty()
+        && checked.unavailable.is_empty()
+        && checked.blocking_pairs.is_empty()
 }
