@@ -908,6 +908,36 @@ mod tests {
     use crate::testing::parse_instance;
     use crate::{solve, verify, SolveOptions};
 
+    /// Units m (web, demand 3, score 20) and n (web, demand 1, score 10) at (0, 0), both
+    /// with cluster `a` (the first of `clusters`, room for 1) their one candidate, so that n
+    /// is at a and m overflows; a second class, video, when `video`. With the stable map.
+    fn m_and_n(video: bool, clusters: &[String]) -> (Instance, Map) {
+        let class = |name: &str| {
+            format!(r#"{{"name": "{name}", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}"#)
+        };
+        let classes = if video {
+            format!("{}, {}", class("web"), class("video"))
+        } else {
+            class("web")
+        };
+        let json = format!(
+            r#"{{
+          "traffic_classes": [{classes}],
+          "clusters": [{}],
+          "map_units": [
+            {{"id": "m", "class": "web", "demand": 3, "lat": 0, "lon": 0,
+             "candidates": [{{"cluster": "a", "score": 20}}]}},
+            {{"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
+             "candidates": [{{"cluster": "a", "score": 10}}]}}]
+        }}"#,
+            clusters.join(", ")
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let stable = solve(&inst, &SolveOptions::default()).map;
+        assert_eq!(stable.overflow(0), 3.0, "m overflows");
+        (inst, stable)
+    }
+
     /// A cluster of the instance's JSON at (`lat`, 0), one Bps node of capacity `cap` for `class`.
     fn cluster(id: &str, lat: f64, cap: f64, class: &str) -> String {
         format!(
@@ -981,26 +1011,16 @@ mod tests {
     /// The placements beyond introduce no blocking pair: they take room no listed unit wanted.
     #[test]
     fn beyond_the_lists_the_nearest_with_room_within_the_bound() {
-        let json = format!(
-            r#"{{
-          "traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}},
-                              {{"name": "video", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
-          "clusters": [{}, {}, {}, {}, {}],
-          "map_units": [
-            {{"id": "m", "class": "web", "demand": 3, "lat": 0, "lon": 0,
-             "candidates": [{{"cluster": "a", "score": 20}}]}},
-            {{"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
-             "candidates": [{{"cluster": "a", "score": 10}}]}}]
-        }}"#,
-            cluster("a", 0.0, 1.0, "web"),
-            cluster("b", 0.5, 100.0, "video"),
-            cluster("c", 1.0, 1.0, "web"),
-            cluster("d", 45.0, 100.0, "web"),
-            cluster("e", 20.0, 100.0, "web"),
+        let (inst, stable) = m_and_n(
+            true,
+            &[
+                cluster("a", 0.0, 1.0, "web"),
+                cluster("b", 0.5, 100.0, "video"),
+                cluster("c", 1.0, 1.0, "web"),
+                cluster("d", 45.0, 100.0, "web"),
+                cluster("e", 20.0, 100.0, "web"),
+            ],
         );
-        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
-        let stable = solve(&inst, &SolveOptions::default()).map;
-        assert_eq!(stable.overflow(0), 3.0, "m overflows");
         let params = SecondChanceParams {
             max_beyond_ms: 50.0,
             ..SecondChanceParams::default()
@@ -1045,23 +1065,14 @@ mod tests {
     /// down, or beyond the bound, the nearest again.
     #[test]
     fn beyond_the_lists_a_unit_gets_back_where_it_was() {
-        let json = format!(
-            r#"{{
-          "traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
-          "clusters": [{}, {}, {}],
-          "map_units": [
-            {{"id": "m", "class": "web", "demand": 3, "lat": 0, "lon": 0,
-             "candidates": [{{"cluster": "a", "score": 20}}]}},
-            {{"id": "n", "class": "web", "demand": 1, "lat": 0, "lon": 0,
-             "candidates": [{{"cluster": "a", "score": 10}}]}}]
-        }}"#,
-            cluster("a", 0.0, 1.0, "web"),
-            cluster("c", 1.0, 1.0, "web"),
-            cluster("e", 20.0, 100.0, "web"),
+        let (inst, stable) = m_and_n(
+            false,
+            &[
+                cluster("a", 0.0, 1.0, "web"),
+                cluster("c", 1.0, 1.0, "web"),
+                cluster("e", 20.0, 100.0, "web"),
+            ],
         );
-        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
-        let stable = solve(&inst, &SolveOptions::default()).map;
-        assert_eq!(stable.overflow(0), 3.0, "m overflows");
         let params = SecondChanceParams {
             max_beyond_ms: 50.0,
             ..SecondChanceParams::default()
