@@ -3098,3 +3098,52 @@ async fn monitors_decide_by_quorum() {
     let (_, body) = server.http_get("/api/events");
     assert!(body.contains("\"health_up\""), "{body}");
 }
+
+/// `[second_chance] mode = "beyond-lists"`: the published map places overflow at clusters
+/// outside units' candidate lists (the demo world's stable map leaves some demand in
+/// overflow), and Resolve answers the clients of a unit placed wholly there from there. With
+/// it off (every other test here), a unit's shares are only ever at its candidates.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_second_chance_places_overflow_beyond_the_lists() {
+    let mut setup = Setup::with_extra(bin!(), true, "[second_chance]\nmode = \"beyond-lists\"\n");
+    let server = setup.start().await;
+    let units = all_units(&server).await;
+    let by_id: HashMap<&str, &pb::MapUnit> = units.iter().map(|u| (u.id.as_str(), u)).collect();
+    let mut m = server.mapping();
+    let mut stream = ok(
+        m.watch_map(pb::WatchMapRequest::default()).await,
+        "WatchMap",
+    );
+    let first = next_update(&mut stream, Duration::from_secs(5), "the full map").await;
+    let listed = |u: &pb::MapUnit, cluster: &str| u.candidates.iter().any(|c| c.cluster == cluster);
+    let mut beyond = 0;
+    let mut wholly: Vec<(&pb::MapUnit, String)> = Vec::new();
+    for mapped in &first.units {
+        let unit = by_id[mapped.id.as_str()];
+        let outside: Vec<&pb::ClusterShare> = mapped
+            .shares
+            .iter()
+            .filter(|s| !listed(unit, &s.cluster))
+            .collect();
+        beyond += outside.len();
+        if outside.len() == 1 && mapped.shares.len() == 1 {
+            wholly.push((unit, outside[0].cluster.clone()));
+        }
+    }
+    assert!(
+        beyond > 0,
+        "no unit of {} placed beyond its list",
+        first.units.len()
+    );
+    assert!(!wholly.is_empty(), "no unit placed wholly beyond its list");
+    for (unit, cluster) in wholly.iter().take(20) {
+        let what = format!("Resolve for {}", unit.id);
+        let answer = ok(m.resolve(query_for(unit)).await, &what);
+        assert_eq!(answer.map_unit, unit.id, "{what}");
+        assert_eq!(
+            answer.cluster_ids.first(),
+            Some(cluster),
+            "{what}: {answer:?}"
+        );
+    }
+}

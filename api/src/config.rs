@@ -44,6 +44,11 @@
 //! margin = 0.1                     # 0: every round a cold solve
 //! incumbents_first = true
 //!
+//! [second_chance]                  # what the stable pass leaves in overflow (issue 20)
+//! mode = "off"                     # or "beyond-lists": the nearest clusters with room
+//!                                  # beyond a unit's candidate list
+//! max_beyond_ms = 150              # at most this much over the unit's best listed score
+//!
 //! [selection.default]              # which servers of a cluster an answer names
 //! policy = "consistent"            # or "bounded" (with c) or "power-of-d" (with d)
 //! vnodes = 100
@@ -195,6 +200,7 @@ pub struct Config {
     pub default_class: String,
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
+    pub second_chance: SecondChanceConfig,
     pub selection: SelectionConfig,
     pub demo: DemoConfig,
     /// Map units from MaxMind DBs instead of the demo world (read when the store has no
@@ -592,6 +598,24 @@ pub struct StickinessConfig {
     pub incumbents_first: bool,
 }
 
+/// `[second_chance]`: whether rounds place overflow beyond the units' candidate lists.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecondChanceConfig {
+    /// "off" or "beyond-lists" ("within-lists", the chains, is refused: its cost at scale).
+    pub mode: String,
+    pub max_beyond_ms: f32,
+}
+
+impl Default for SecondChanceConfig {
+    fn default() -> Self {
+        SecondChanceConfig {
+            mode: "off".into(),
+            max_beyond_ms: cdnmap_mapper::SecondChanceParams::default().max_beyond_ms,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DemoConfig {
@@ -646,6 +670,7 @@ impl Default for Config {
                 },
             ],
             stickiness: StickinessConfig::default(),
+            second_chance: SecondChanceConfig::default(),
             selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
             mmdb: None,
@@ -892,6 +917,7 @@ impl Config {
         }
         .validate()
         .map_err(|e| invalid("stickiness.margin", e.to_string()))?;
+        self.round_chance()?;
         let policies = std::iter::once(("selection.default".to_string(), &self.selection.default))
             .chain(
                 self.selection
@@ -970,6 +996,30 @@ impl Config {
             .collect()
     }
 
+    /// The second chance rounds give overflow (`[second_chance]`), checked.
+    pub fn round_chance(&self) -> Result<crate::round::RoundChance, ConfigError> {
+        use cdnmap_mapper::SecondChance;
+        let c = &self.second_chance;
+        if !(c.max_beyond_ms.is_finite() && c.max_beyond_ms > 0.0 && c.max_beyond_ms <= 10_000.0) {
+            return Err(invalid(
+                "second_chance.max_beyond_ms",
+                format!("{} is outside (0, 10000] ms", c.max_beyond_ms),
+            ));
+        }
+        match c.mode.parse::<SecondChance>() {
+            Ok(SecondChance::Off) => Ok(crate::round::RoundChance::default()),
+            Ok(SecondChance::BeyondLists) => {
+                Ok(crate::round::RoundChance::beyond_lists(c.max_beyond_ms))
+            }
+            Ok(SecondChance::WithinLists) => Err(invalid(
+                "second_chance.mode",
+                "\"within-lists\" (chains of moves) costs 90-560x the solve at 100 k-1 M units \
+                 (docs/perf/overflow.md); rounds take \"off\" or \"beyond-lists\"",
+            )),
+            Err(e) => Err(invalid("second_chance.mode", e)),
+        }
+    }
+
     /// The stickiness as the mapper takes it.
     pub fn stickiness(&self) -> cdnmap_mapper::Stickiness {
         cdnmap_mapper::Stickiness {
@@ -1036,6 +1086,22 @@ mod tests {
             ),
             ("[stickiness]\nmargin = 0.95", "stickiness.margin"),
             ("[stickiness]\nmargin = nan", "stickiness.margin"),
+            (
+                "[second_chance]\nmode = \"within-lists\"",
+                "second_chance.mode",
+            ),
+            (
+                "[second_chance]\nmode = \"sometimes\"",
+                "second_chance.mode",
+            ),
+            (
+                "[second_chance]\nmax_beyond_ms = 0",
+                "second_chance.max_beyond_ms",
+            ),
+            (
+                "[second_chance]\nmax_beyond_ms = nan",
+                "second_chance.max_beyond_ms",
+            ),
             ("[demo]\nmap_units = 0", "demo.map_units"),
             ("[demo]\nmap_units = 16777217", "demo.map_units"),
             (

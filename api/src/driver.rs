@@ -86,6 +86,8 @@ pub struct Driver {
     check: bool,
     /// The most units measured RTTs may reorder in a round ([`cdnmap_mapper::admitted`]).
     max_reordered: usize,
+    /// The second chance for overflow ([`crate::round::RoundChance`]; off unless set).
+    chance: crate::round::RoundChance,
 }
 
 impl Driver {
@@ -96,7 +98,14 @@ impl Driver {
             learning,
             check,
             max_reordered: cdnmap_estimator::rtt::RttConfig::default().max_reordered_units,
+            chance: crate::round::RoundChance::default(),
         }
+    }
+
+    /// Rounds give overflow `chance`'s second chance (`[second_chance]`).
+    pub fn with_second_chance(mut self, chance: crate::round::RoundChance) -> Self {
+        self.chance = chance;
+        self
     }
 
     /// The same driver letting measured RTTs reorder at most `units` map units a round.
@@ -239,7 +248,7 @@ impl Driver {
             &topology,
             previous,
             served,
-            &self.stickiness,
+            (&self.stickiness, &self.chance),
             Arc::new(measured),
             epoch,
             now,

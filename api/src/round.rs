@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cdnmap_mapper::{
-    churn, effective_preferences, solve, solve_seeded, verify, Allocation, Instance, Map,
-    ModelError, Rescore, SolveOptions, SolveStats, Stickiness, UnitIdx,
+    churn, effective_preferences, second_chance_seeded, solve, solve_seeded, verify, Allocation,
+    Beyond, Instance, Map, ModelError, Rescore, SecondChance, SecondChanceParams, SolveOptions,
+    SolveStats, Stickiness, UnitIdx,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_serve::ServeError;
@@ -77,6 +78,30 @@ impl Snapshot {
     }
 }
 
+/// The second chance a round gives what the stable pass leaves in overflow (issue 20,
+/// `[second_chance]` in the service's configuration): `Off`, or the nearest clusters with
+/// room beyond a unit's list ([`cdnmap_mapper::second_chance`]; no chains: at 100 k–1 M units
+/// they cost 90–560× the solve, `docs/perf/overflow.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RoundChance {
+    pub mode: SecondChance,
+    pub params: SecondChanceParams,
+}
+
+impl RoundChance {
+    /// Beyond the lists within `max_beyond_ms` of a unit's best listed score, no chains.
+    pub fn beyond_lists(max_beyond_ms: f32) -> RoundChance {
+        RoundChance {
+            mode: SecondChance::BeyondLists,
+            params: SecondChanceParams {
+                max_expansions: 0,
+                max_beyond_ms,
+                ..SecondChanceParams::default()
+            },
+        }
+    }
+}
+
 /// Why a round produced no map (the last good one stays published).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -120,7 +145,7 @@ pub fn round(
         topology,
         previous,
         None,
-        stickiness,
+        (stickiness, &RoundChance::default()),
         Arc::default(),
         epoch,
         now_unix_ms,
@@ -135,13 +160,14 @@ pub fn round(
 /// `measured` (of `topology`'s units) replace the topology's estimates
 /// ([`effective_preferences`]). The map is checked by the independent verifier against the
 /// preferences it was solved with when `check` is set (the service sets it in debug builds;
-/// it costs about a solve).
+/// it costs about a solve). Then `chance`, the second chance for overflow: beyond the lists,
+/// a unit first gets back the clusters beyond its list it had in the seed.
 #[allow(clippy::too_many_arguments)]
 pub fn solve_round(
     topology: &Topology,
     previous: Option<&Snapshot>,
     served: Option<&Map>,
-    stickiness: &Stickiness,
+    (stickiness, chance): (&Stickiness, &RoundChance),
     measured: Arc<Rescore>,
     epoch: u64,
     now_unix_ms: i64,
@@ -158,12 +184,29 @@ pub fn solve_round(
     let preferences = effective_preferences(instance, sticky, stickiness, &measured)?;
     timings.effective_ms = ms_since(t);
     let t = std::time::Instant::now();
-    let sol = match sticky {
+    let mut sol = match sticky {
         Some(seed) => solve_seeded(&preferences, seed, &options),
         None => solve(&preferences, &options),
     };
+    // The second chance works with the instance's own scores (its bound and estimates are
+    // RTTs), over the same capacities and candidates as the preferences.
+    let mut beyond = Vec::new();
+    if chance.mode != SecondChance::Off {
+        let (map, report) =
+            second_chance_seeded(instance, &sol.map, sticky, chance.mode, &chance.params);
+        if !report.beyond.is_empty() || report.moves > 0 {
+            tracing::debug!(
+                placed = report.placed,
+                beyond = report.beyond.len(),
+                moves = report.moves,
+                "round: the second chance for overflow"
+            );
+        }
+        sol.map = map;
+        beyond = report.beyond;
+    }
     if check {
-        checked(&preferences, &sol.map)?;
+        checked(&preferences, &sol.map, &beyond)?;
     }
     timings.solve_ms = ms_since(t);
     let churn_now = seed.as_ref().map(|seed| churn(instance, seed, &sol.map));
@@ -251,8 +294,23 @@ impl Solved {
     }
 }
 
-fn checked(instance: &Instance, map: &Map) -> Result<(), RoundError> {
-    let report = verify::verify(instance, map);
+/// The verifier's word on `map`, where the placements outside the units' lists must be
+/// exactly the second chance's (`beyond`): those are its design, anything else a fault.
+fn checked(instance: &Instance, map: &Map, beyond: &[Beyond]) -> Result<(), RoundError> {
+    let mut report = verify::verify(instance, map);
+    let mut made: Vec<(UnitIdx, u32)> = beyond.iter().map(|b| (b.unit, b.cluster)).collect();
+    made.sort_unstable();
+    made.dedup();
+    let mut found: Vec<(UnitIdx, u32)> = report
+        .not_candidate
+        .iter()
+        .map(|p| (p.map_unit, p.cluster))
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    if found == made {
+        report.not_candidate.clear();
+    }
     if report.is_ok() {
         Ok(())
     } else {
@@ -454,7 +512,7 @@ mod tests {
                 &inst,
                 None,
                 None,
-                &Stickiness::default(),
+                (&Stickiness::default(), &RoundChance::default()),
                 Arc::default(),
                 1,
                 1_000,
@@ -514,6 +572,66 @@ mod tests {
         assert_eq!(changed_units(&s1, &s2), (vec![], vec![]));
         // The same units: the second round's resolver kept the first's prefix index.
         assert!(s2.resolver.shares_index_with(&s1.resolver));
+    }
+
+    /// Two units whose one candidate, "near", has room for one; "beside" (111 km away, room
+    /// for both) is no unit's candidate. Off: one unit overflows. Beyond the lists: it is
+    /// placed at "beside" (the verifier, checking the round, takes that placement as the
+    /// phase's), `Resolve` answers its clients from there, and the next round keeps it there.
+    #[test]
+    fn a_round_with_the_second_chance_places_overflow_beyond_the_lists() {
+        let unit = |id: &str, prefix: &str| {
+            format!(
+                r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
+                  "candidates": [{{"cluster": "near", "score": 10}}]}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
+              "clusters": [
+                {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 1, "classes": ["web"]}}}},
+                {{"id": "beside", "lat": 1, "lon": 0, "addresses": ["198.18.1.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
+              "map_units": [{}, {}]}}"#,
+            unit("u1", "10.0.1.0/24"),
+            unit("u2", "10.0.2.0/24"),
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let solved = |previous: Option<&Snapshot>, chance: &RoundChance| {
+            solve_round(
+                &inst,
+                previous,
+                None,
+                (&Stickiness::default(), chance),
+                Arc::default(),
+                1,
+                0,
+                true,
+            )
+            .expect("solved, and verified")
+            .index(rules(&inst), previous)
+            .expect("indexed")
+        };
+        let off = solved(None, &RoundChance::default());
+        assert_eq!(off.map.total_overflow(), 1.0);
+        let chance = RoundChance::beyond_lists(150.0);
+        let s1 = solved(None, &chance);
+        assert_eq!(s1.map.total_overflow(), 0.0);
+        let beside = inst.cluster_index("beside").expect("beside");
+        let placed: Vec<UnitIdx> = (0..2)
+            .filter(|&u| s1.map.allocations(u).iter().any(|a| a.cluster == beside))
+            .collect();
+        assert_eq!(placed.len(), 1, "{:?}", s1.map);
+        let prefix = ["10.0.1.1/32", "10.0.2.1/32"][placed[0] as usize];
+        let answer = s1
+            .resolver
+            .resolve(prefix.parse().expect("net"), "www.cdn.example.");
+        assert_eq!(answer.primary, Some(beside));
+        // The next round, seeded: the same map, nothing moved.
+        let s2 = solved(Some(&s1), &chance);
+        assert_eq!(s2.map, s1.map);
+        assert_eq!(s2.churn, Some(0.0));
     }
 
     #[test]

@@ -400,7 +400,8 @@ impl Shared {
                     self.config.learning,
                     cfg!(debug_assertions),
                 )
-                .with_max_reordered(self.config.rtt.max_reordered_units);
+                .with_max_reordered(self.config.rtt.max_reordered_units)
+                .with_second_chance(self.config.round_chance().unwrap_or_default());
                 if let Ok(mut d) = self.driver.lock() {
                     *d = Some(driver);
                 }

@@ -42,6 +42,9 @@ pub struct Setting {
     pub learning: bool,
     /// Map the forecast (on) or last round's observed demand (off).
     pub forecast: bool,
+    /// Overflow placed beyond the units' lists (on) or left in overflow (off): the service's
+    /// `[second_chance]` at its default bound.
+    pub beyond_lists: bool,
 }
 
 impl Default for Setting {
@@ -51,12 +54,14 @@ impl Default for Setting {
             stickiness: cdnmap_mapper::DEFAULT_STICKINESS,
             learning: true,
             forecast: true,
+            beyond_lists: false,
         }
     }
 }
 
 impl Setting {
-    /// Parses `NAME:key=value,key=value` (keys: stickiness, learning, forecast).
+    /// Parses `NAME:key=value,key=value` (keys: stickiness, learning, forecast,
+    /// beyond_lists).
     pub fn parse(spec: &str) -> Result<Setting> {
         let (name, rest) = spec
             .split_once(':')
@@ -82,8 +87,11 @@ impl Setting {
                 }
                 "learning" => s.learning = on()?,
                 "forecast" => s.forecast = on()?,
+                "beyond_lists" => s.beyond_lists = on()?,
                 _ => {
-                    bail!("--compare {spec:?}: unknown key {k:?} (stickiness, learning, forecast)")
+                    bail!(
+                        "--compare {spec:?}: unknown key {k:?} (stickiness, learning, forecast, beyond_lists)"
+                    )
                 }
             }
         }
@@ -214,7 +222,13 @@ fn driver(base: &Topology, setting: &Setting) -> Result<Driver> {
     } else {
         Stickiness::OFF
     };
-    Ok(Driver::new(est, stickiness, setting.learning, false))
+    let driver = Driver::new(est, stickiness, setting.learning, false);
+    Ok(if setting.beyond_lists {
+        let bound = cdnmap_mapper::SecondChanceParams::default().max_beyond_ms;
+        driver.with_second_chance(cdnmap_api::round::RoundChance::beyond_lists(bound))
+    } else {
+        driver
+    })
 }
 
 /// What the resource nodes carried: the violations of capacity, the highest utilisation per

@@ -240,3 +240,30 @@ async fn replay_and_the_service_loop_make_the_same_maps() {
     }
     assert_eq!(replayed.len(), 14);
 }
+
+/// `beyond_lists=on` (the service's `[second_chance]`): the rounds place what the stable pass
+/// leaves in overflow at clusters beyond the units' lists: over the replay, less overflow than
+/// the same replay without it.
+#[test]
+fn beyond_the_lists_takes_overflow_the_rounds_leave() {
+    let inst = world();
+    let (header, records) = trace(&inst, 40);
+    let off = replay(&inst, &header, &records, &Setting::default(), &|_, _| {}).expect("replay");
+    let beyond = Setting::parse("beyond:beyond_lists=on").expect("a setting");
+    assert!(beyond.beyond_lists);
+    let on = replay(&inst, &header, &records, &beyond, &|_, _| {}).expect("replay");
+    assert_eq!(off.len(), on.len());
+    let total =
+        |rows: &[cdnmap_ops::replay::Row]| rows.iter().map(|r| r.overflow_share).sum::<f64>();
+    assert!(
+        total(&off) > 0.0,
+        "the replay's world must overflow for this test to say anything"
+    );
+    assert!(
+        total(&on) < total(&off),
+        "with {} against {} without",
+        total(&on),
+        total(&off)
+    );
+    assert!(Setting::parse("x:beyond_lists=maybe").is_err());
+}
