@@ -215,7 +215,8 @@ pub struct CandidateView {
     pub amount: f64,
     pub share: f64,
     /// `placed`, `passed over` (preferred to where the demand went, but not used) or
-    /// `not needed` (less preferred than where all of it went).
+    /// `not needed` (less preferred than where all of it went). A cluster beyond the unit's
+    /// list that the second chance placed demand at comes last, `placed`.
     pub verdict: &'static str,
     pub why: String,
 }
@@ -428,7 +429,45 @@ pub fn explain(
                 why,
             }
         })
+        .chain(beyond_the_list(inst, u, allocs, total))
         .collect()
+}
+
+/// The unit's placements at clusters that are not its candidates (the second chance beyond
+/// the lists, `[second_chance]`): each with the distance model's RTT, as the phase estimates
+/// from (uncalibrated here: the phase adds what the unit's listed scores exceed the model by).
+fn beyond_the_list<'a>(
+    inst: &'a Instance,
+    u: UnitIdx,
+    allocs: &'a [cdnmap_mapper::Allocation],
+    total: f64,
+) -> impl Iterator<Item = CandidateView> + 'a {
+    let (lat, lon) = inst.unit_location(u);
+    allocs
+        .iter()
+        .filter(move |a| a.amount > 0.0 && !inst.candidates(u).any(|c| c.cluster == a.cluster))
+        .filter_map(move |a| {
+            let cl = inst.clusters().get(a.cluster as usize)?;
+            let rtt = cdnmap_mapper::geo::rtt_ms(lat, lon, cl.lat, cl.lon) as f32;
+            let share = if total > 0.0 { a.amount / total } else { 0.0 };
+            Some(CandidateView {
+                cluster: cl.id.clone(),
+                score: rtt,
+                measured: false,
+                estimate: rtt,
+                rank: rtt,
+                state: cl.state,
+                amount: a.amount,
+                share,
+                verdict: "placed",
+                why: format!(
+                    "holds {:.1}% of the demand, beyond the unit's candidate list: no candidate \
+                     had room, and this was the nearest cluster with room (the second chance; \
+                     RTT {rtt:.0} ms by distance)",
+                    100.0 * share
+                ),
+            })
+        })
 }
 
 #[cfg(test)]
@@ -514,6 +553,71 @@ mod tests {
         );
         assert!(why.contains("prefers"), "{why}");
         assert!(why.contains("(apps, priority 0, rank 12.00; 26.0 placed) over this unit (video, priority 1, rank 10.00)"), "{why}");
+    }
+
+    /// A unit the second chance placed beyond its list: its one candidate, full, "passed
+    /// over"; then the cluster beyond, "placed", with its share, its RTT by distance and why.
+    #[test]
+    fn a_placement_beyond_the_list_is_shown_after_the_candidates() {
+        let unit = |id: &str, prefix: &str| {
+            format!(
+                r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
+                  "candidates": [{{"cluster": "near", "score": 10}}]}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
+              "clusters": [
+                {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 1, "classes": ["web"]}}}},
+                {{"id": "beside", "lat": 1, "lon": 0, "addresses": ["198.18.1.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
+              "map_units": [{}, {}]}}"#,
+            unit("u1", "10.0.1.0/24"),
+            unit("u2", "10.0.2.0/24"),
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let rules = ClassRules::for_instance(&inst, &[], "web").expect("rules");
+        let s = crate::round::solve_round(
+            &inst,
+            None,
+            None,
+            (
+                &Stickiness::default(),
+                &crate::round::RoundChance::beyond_lists(150.0),
+            ),
+            Default::default(),
+            1,
+            0,
+            true,
+        )
+        .expect("solved")
+        .index(rules, None)
+        .expect("indexed");
+        let view = View::new(&s);
+        let beside = inst.cluster_index("beside").expect("beside");
+        let u = (0..2)
+            .find(|&u| s.map.allocations(u).iter().any(|a| a.cluster == beside))
+            .expect("a unit placed beyond its list");
+        let cands = explain(&view, &inst, &s.map, u, &Rescore::default());
+        assert_eq!(cands.len(), 2, "{cands:?}");
+        assert_eq!(
+            (cands[0].cluster.as_str(), cands[0].verdict),
+            ("near", "passed over")
+        );
+        assert_eq!(
+            (cands[1].cluster.as_str(), cands[1].verdict),
+            ("beside", "placed")
+        );
+        assert!((cands[1].share - 1.0).abs() < 1e-12);
+        // 111 km by the distance model.
+        let want = cdnmap_mapper::geo::rtt_ms(0.0, 0.0, 1.0, 0.0) as f32;
+        assert!((cands[1].score - want).abs() < 1e-3, "{}", cands[1].score);
+        assert!(
+            cands[1].why.contains("beyond the unit's candidate list"),
+            "{}",
+            cands[1].why
+        );
     }
 
     #[test]
