@@ -159,7 +159,9 @@ pub fn node_usage(instance: &Instance, map: &Map) -> Vec<f64> {
 }
 
 /// The demand-weighted mean score of what `map` places (DESIGN.md: a candidate's score is its
-/// estimated RTT in ms plus penalties), each unit's placed amounts scaled by `scale(u)`
+/// estimated RTT in ms plus penalties; a placement beyond a unit's list counts at the second
+/// chance's estimate, [`crate::second_chance::estimate_beyond`]), each unit's placed amounts
+/// scaled by `scale(u)`
 /// (`None`: the unit left out): 1 for the map's own demand, observed / planned for the demand
 /// that landed on it. `None` when nothing is placed.
 pub fn mean_score(
@@ -184,14 +186,20 @@ pub fn mean_measured_score(
             continue;
         };
         for a in map.allocations(u) {
-            let score = measured.score(u, a.cluster).or_else(|| {
-                instance
-                    .candidates(u)
-                    .find(|c| c.cluster == a.cluster)
-                    .map(|c| c.score)
-            });
+            // Measured, else the listed score, else (beyond the list) the second chance's
+            // estimate.
+            let score = measured
+                .score(u, a.cluster)
+                .or_else(|| {
+                    instance
+                        .candidates(u)
+                        .find(|c| c.cluster == a.cluster)
+                        .map(|c| c.score)
+                })
+                .map(f64::from)
+                .or_else(|| crate::second_chance::estimate_beyond(instance, u, a.cluster));
             if let Some(score) = score {
-                sum += a.amount * x * f64::from(score);
+                sum += a.amount * x * score;
                 placed += a.amount * x;
             }
         }

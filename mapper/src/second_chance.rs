@@ -542,6 +542,52 @@ impl Work<'_> {
     }
 }
 
+/// How unit `u`'s listed scores stand against the distance model, from its position `at`
+/// and each cluster's (`pos`, on the unit sphere): the median of what they exceed the model
+/// by, the best and the worst. `None` for a unit with no candidates.
+fn calibration(
+    inst: &Instance,
+    u: UnitIdx,
+    at: &[f64; 3],
+    pos: impl Fn(ClusterIdx) -> [f64; 3],
+) -> Option<(f64, f64, f64)> {
+    use crate::geo::{chord2, chord2_to_km, rtt_from_km};
+    let mut offsets = Vec::with_capacity(16);
+    let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
+    for cand in inst.candidates(u) {
+        let km = chord2_to_km(chord2(at, &pos(cand.cluster)));
+        let score = f64::from(cand.score);
+        offsets.push(score - rtt_from_km(km));
+        best = best.min(score);
+        worst = worst.max(score);
+    }
+    if offsets.is_empty() {
+        return None; // nothing to calibrate by
+    }
+    let mid = offsets.len() / 2;
+    let offset = *offsets.select_nth_unstable_by(mid, f64::total_cmp).1;
+    Some((offset, best, worst))
+}
+
+/// The RTT the second chance estimates for unit `u` at cluster `c` beyond its list: the
+/// distance model calibrated by the unit's listed scores (the median of what they exceed it
+/// by), never better than its worst listed score. `None` for a unit with no candidates or a
+/// cluster that is not in the instance. What a placement beyond the list is counted at
+/// wherever a map's RTT is told (the dashboard, replays).
+pub fn estimate_beyond(inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Option<f64> {
+    use crate::geo::{chord2, chord2_to_km, rtt_from_km, unit_vector};
+    let pos = |c: ClusterIdx| {
+        let cl = &inst.clusters()[c as usize];
+        unit_vector(cl.lat, cl.lon)
+    };
+    let cl = inst.clusters().get(c as usize)?;
+    let (lat, lon) = inst.unit_location(u);
+    let at = unit_vector(lat, lon);
+    let (offset, _, worst) = calibration(inst, u, &at, pos)?;
+    let km = chord2_to_km(chord2(&at, &unit_vector(cl.lat, cl.lon)));
+    Some((rtt_from_km(km) + offset).max(worst))
+}
+
 /// Where a unit may be placed beyond its list ([`Work::reach`]).
 struct Reach {
     /// The unit's location on the unit sphere.
@@ -571,8 +617,9 @@ impl Reach {
 
 impl Work<'_> {
     /// Unit `u`'s reach beyond its list (`vectors`: each cluster on the unit sphere): the
-    /// distance model (`crate::geo`) calibrated by its listed scores, bounded by
-    /// `max_beyond_ms` past its best. `None` for a unit with no candidates or no reach.
+    /// distance model (`crate::geo`) calibrated by its listed scores ([`calibration`]),
+    /// bounded by `max_beyond_ms` past its best. `None` for a unit with no candidates or no
+    /// reach.
     fn reach(
         &self,
         u: UnitIdx,
@@ -580,26 +627,11 @@ impl Work<'_> {
         params: &SecondChanceParams,
     ) -> Option<Reach> {
         use crate::geo::{
-            chord2, chord2_to_km, rtt_from_km, unit_vector, EARTH_RADIUS_KM, FIBRE_KM_PER_MS,
-            ROUTE_INFLATION,
+            rtt_from_km, unit_vector, EARTH_RADIUS_KM, FIBRE_KM_PER_MS, ROUTE_INFLATION,
         };
-        let inst = self.inst;
-        let (lat, lon) = inst.unit_location(u);
+        let (lat, lon) = self.inst.unit_location(u);
         let at = unit_vector(lat, lon);
-        let mut offsets = Vec::with_capacity(16);
-        let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
-        for cand in inst.candidates(u) {
-            let km = chord2_to_km(chord2(&at, &vectors[cand.cluster as usize]));
-            let score = f64::from(cand.score);
-            offsets.push(score - rtt_from_km(km));
-            best = best.min(score);
-            worst = worst.max(score);
-        }
-        if offsets.is_empty() {
-            return None; // nothing to calibrate or bound by
-        }
-        let mid = offsets.len() / 2;
-        let offset = *offsets.select_nth_unstable_by(mid, f64::total_cmp).1;
+        let (offset, best, worst) = calibration(self.inst, u, &at, |c| vectors[c as usize])?;
         let bound = best + f64::from(params.max_beyond_ms);
         // The bound as a distance, then as a chord: est = rtt_from_km(km) + offset.
         let km_max =

@@ -221,17 +221,9 @@ fn second_chance_figures(
         introduced.len(),
         other.len()
     );
-    let mut figures = figures_of(inst, &map, solve_secs + phase_secs);
-    if beyond_amount > 0.0 {
-        // figures_of's mean counts the listed placements only: add the estimated ones.
-        let listed = inst.total_demand() - map.total_overflow() - beyond_amount;
-        let estimated: f64 = report
-            .beyond
-            .iter()
-            .map(|b| b.amount * f64::from(b.estimate_ms))
-            .sum();
-        figures.mean_rtt = (figures.mean_rtt * listed + estimated) / (listed + beyond_amount);
-    }
+    // The mean RTT counts placements beyond the lists at the phase's estimate
+    // (`mean_score`, through `second_chance::estimate_beyond`).
+    let figures = figures_of(inst, &map, solve_secs + phase_secs);
     Ok((figures, said))
 }
 

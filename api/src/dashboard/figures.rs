@@ -434,21 +434,20 @@ pub fn explain(
 }
 
 /// The unit's placements at clusters that are not its candidates (the second chance beyond
-/// the lists, `[second_chance]`): each with the distance model's RTT, as the phase estimates
-/// from (uncalibrated here: the phase adds what the unit's listed scores exceed the model by).
+/// the lists, `[second_chance]`): each with the RTT the phase estimates for it (the distance
+/// model calibrated by the unit's listed scores).
 fn beyond_the_list<'a>(
     inst: &'a Instance,
     u: UnitIdx,
     allocs: &'a [cdnmap_mapper::Allocation],
     total: f64,
 ) -> impl Iterator<Item = CandidateView> + 'a {
-    let (lat, lon) = inst.unit_location(u);
     allocs
         .iter()
         .filter(move |a| a.amount > 0.0 && !inst.candidates(u).any(|c| c.cluster == a.cluster))
         .filter_map(move |a| {
             let cl = inst.clusters().get(a.cluster as usize)?;
-            let rtt = cdnmap_mapper::geo::rtt_ms(lat, lon, cl.lat, cl.lon) as f32;
+            let rtt = cdnmap_mapper::second_chance::estimate_beyond(inst, u, a.cluster)? as f32;
             let share = if total > 0.0 { a.amount / total } else { 0.0 };
             Some(CandidateView {
                 cluster: cl.id.clone(),
@@ -463,7 +462,7 @@ fn beyond_the_list<'a>(
                 why: format!(
                     "holds {:.1}% of the demand, beyond the unit's candidate list: no candidate \
                      had room, and this was the nearest cluster with room (the second chance; \
-                     RTT {rtt:.0} ms by distance)",
+                     RTT {rtt:.0} ms estimated from distance and the unit's listed scores)",
                     100.0 * share
                 ),
             })
@@ -610,8 +609,10 @@ mod tests {
             ("beside", "placed")
         );
         assert!((cands[1].share - 1.0).abs() < 1e-12);
-        // 111 km by the distance model.
-        let want = cdnmap_mapper::geo::rtt_ms(0.0, 0.0, 1.0, 0.0) as f32;
+        // 111 km by the distance model, calibrated by "near"'s score: 10 ms at 0 km.
+        let model = |km: f64| cdnmap_mapper::geo::rtt_from_km(km);
+        let km = cdnmap_mapper::geo::distance_km(0.0, 0.0, 1.0, 0.0);
+        let want = (model(km) - model(0.0) + 10.0) as f32;
         assert!((cands[1].score - want).abs() < 1e-3, "{}", cands[1].score);
         assert!(
             cands[1].why.contains("beyond the unit's candidate list"),
