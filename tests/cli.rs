@@ -1482,7 +1482,7 @@ fn bad_configs_are_refused_with_exact_errors() {
              `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `advertise_url`, `tls`, \
              `feedback_tokens`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
-             `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
+             `second_chance`, `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
                 .into(),
         ),
         (
@@ -1606,6 +1606,13 @@ fn bad_configs_are_refused_with_exact_errors() {
             "dns",
             "mapper = \"http://127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\nzones = []\n".into(),
             format!("{front}: zones: 0 zones; 1 to 64 are allowed"),
+        ),
+        (
+            "serve",
+            format!("{serve_base}{demo}[second_chance]\nmode = \"sometimes\"\n"),
+            "serve.toml: second_chance.mode: \"sometimes\" is not a second chance: off, \
+             within-lists or beyond-lists"
+                .into(),
         ),
         (
             "dns",
