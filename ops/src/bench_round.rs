@@ -43,6 +43,11 @@ pub struct RoundBenchArgs {
     /// Map versions the store keeps (the service's `maps_kept`; the older ones are deltas).
     #[arg(long, default_value_t = 4)]
     pub maps_kept: usize,
+    /// Rounds with the service's `[second_chance] mode = "beyond-lists"` (at its default
+    /// bound): overflow placed at the nearest clusters with room beyond the units' lists, its
+    /// cost inside the solve's part.
+    #[arg(long)]
+    pub beyond_lists: bool,
 }
 
 const PARTS: [&str; 7] = [
@@ -240,6 +245,10 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     }
     let estimates = Estimates::new(&base).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
+    if a.beyond_lists {
+        let bound = cdnmap_mapper::SecondChanceParams::default().max_beyond_ms;
+        driver = driver.with_second_chance(cdnmap_api::round::RoundChance::beyond_lists(bound));
+    }
     let default_class = base
         .classes()
         .first()
@@ -300,6 +309,13 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         previous = Some(s);
     }
     print_medians(&times, base.unit_count());
+    if let Some(s) = &previous {
+        println!(
+            "overflow       {:.3}% of the last round's demand (second chance: {})",
+            100.0 * s.map.total_overflow() / s.topology.total_demand().max(f64::MIN_POSITIVE),
+            if a.beyond_lists { "beyond the lists" } else { "off" }
+        );
+    }
     for (encode_ms, write_ms, bytes) in &checkpoints {
         println!(
             "checkpoint     the estimator's whole state, {:.0} MB: encode {encode_ms:.0} ms, write {write_ms:.0} ms \
