@@ -313,7 +313,11 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         println!(
             "overflow       {:.3}% of the last round's demand (second chance: {})",
             100.0 * s.map.total_overflow() / s.topology.total_demand().max(f64::MIN_POSITIVE),
-            if a.beyond_lists { "beyond the lists" } else { "off" }
+            if a.beyond_lists {
+                "beyond the lists"
+            } else {
+                "off"
+            }
         );
     }
     for (encode_ms, write_ms, bytes) in &checkpoints {
