@@ -432,7 +432,7 @@ pub fn changed_units(old: &Snapshot, new: &Snapshot) -> (Vec<UnitIdx>, Vec<Strin
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use cdnmap_mapper::{ClusterState, Limits};
     use cdnmap_topology::format::parse_instance;
@@ -574,12 +574,10 @@ mod tests {
         assert!(s2.resolver.shares_index_with(&s1.resolver));
     }
 
-    /// Two units whose one candidate, "near", has room for one; "beside" (111 km away, room
-    /// for both) is no unit's candidate. Off: one unit overflows. Beyond the lists: it is
-    /// placed at "beside" (the verifier, checking the round, takes that placement as the
-    /// phase's), `Resolve` answers its clients from there, and the next round keeps it there.
-    #[test]
-    fn a_round_with_the_second_chance_places_overflow_beyond_the_lists() {
+    /// Two web units at (0, 0), u1 (10.0.1.0/24) and u2 (10.0.2.0/24), whose one candidate,
+    /// "near" (score 10), has room for one; "beside", at (1, 0), 111 km away, with room for
+    /// both, is no unit's candidate.
+    pub(crate) fn overflow_with_room_beside() -> Topology {
         let unit = |id: &str, prefix: &str| {
             format!(
                 r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
@@ -597,7 +595,16 @@ mod tests {
             unit("u1", "10.0.1.0/24"),
             unit("u2", "10.0.2.0/24"),
         );
-        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+    }
+
+    /// Two units whose one candidate, "near", has room for one; "beside" (111 km away, room
+    /// for both) is no unit's candidate. Off: one unit overflows. Beyond the lists: it is
+    /// placed at "beside" (the verifier, checking the round, takes that placement as the
+    /// phase's), `Resolve` answers its clients from there, and the next round keeps it there.
+    #[test]
+    fn a_round_with_the_second_chance_places_overflow_beyond_the_lists() {
+        let inst = overflow_with_room_beside();
         let solved = |previous: Option<&Snapshot>, chance: &RoundChance| {
             solve_round(
                 &inst,

@@ -558,24 +558,7 @@ mod tests {
     /// over"; then the cluster beyond, "placed", with its share, its RTT by distance and why.
     #[test]
     fn a_placement_beyond_the_list_is_shown_after_the_candidates() {
-        let unit = |id: &str, prefix: &str| {
-            format!(
-                r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
-                  "candidates": [{{"cluster": "near", "score": 10}}]}}"#
-            )
-        };
-        let json = format!(
-            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
-              "clusters": [
-                {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
-                  "resources": {{"name": "r", "kind": "bps", "capacity": 1, "classes": ["web"]}}}},
-                {{"id": "beside", "lat": 1, "lon": 0, "addresses": ["198.18.1.1"],
-                  "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
-              "map_units": [{}, {}]}}"#,
-            unit("u1", "10.0.1.0/24"),
-            unit("u2", "10.0.2.0/24"),
-        );
-        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let inst = crate::round::tests::overflow_with_room_beside();
         let rules = ClassRules::for_instance(&inst, &[], "web").expect("rules");
         let s = crate::round::solve_round(
             &inst,
