@@ -89,6 +89,12 @@ pub struct RoundChance {
 }
 
 impl RoundChance {
+    /// [`RoundChance::beyond_lists`] at the default bound
+    /// ([`SecondChanceParams::max_beyond_ms`]'s default, the configuration's too).
+    pub fn beyond_lists_at_default_bound() -> RoundChance {
+        RoundChance::beyond_lists(SecondChanceParams::default().max_beyond_ms)
+    }
+
     /// Beyond the lists within `max_beyond_ms` of a unit's best listed score, no chains.
     pub fn beyond_lists(max_beyond_ms: f32) -> RoundChance {
         RoundChance {

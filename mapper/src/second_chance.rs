@@ -575,7 +575,7 @@ fn calibration(
 /// cluster that is not in the instance. What a placement beyond the list is counted at
 /// wherever a map's RTT is told (the dashboard, replays).
 pub fn estimate_beyond(inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Option<f64> {
-    use crate::geo::{chord2, chord2_to_km, rtt_from_km, unit_vector};
+    use crate::geo::{chord2, unit_vector};
     let pos = |c: ClusterIdx| {
         let cl = &inst.clusters()[c as usize];
         unit_vector(cl.lat, cl.lon)
@@ -584,8 +584,18 @@ pub fn estimate_beyond(inst: &Instance, u: UnitIdx, c: ClusterIdx) -> Option<f64
     let (lat, lon) = inst.unit_location(u);
     let at = unit_vector(lat, lon);
     let (offset, _, worst) = calibration(inst, u, &at, pos)?;
-    let km = chord2_to_km(chord2(&at, &unit_vector(cl.lat, cl.lon)));
-    Some((rtt_from_km(km) + offset).max(worst))
+    Some(calibrated(
+        chord2(&at, &unit_vector(cl.lat, cl.lon)),
+        offset,
+        worst,
+    ))
+}
+
+/// The estimate at squared chord `c2` (unit sphere) of a unit calibrated by `offset`, never
+/// better than its `worst` listed score: the one formula of [`estimate_beyond`] and the phase.
+fn calibrated(c2: f64, offset: f64, worst: f64) -> f64 {
+    use crate::geo::{chord2_to_km, rtt_from_km};
+    (rtt_from_km(chord2_to_km(c2)) + offset).max(worst)
 }
 
 /// Where a unit may be placed beyond its list ([`Work::reach`]).
@@ -605,12 +615,11 @@ struct Reach {
 impl Reach {
     /// The estimated RTT to a cluster at `p` (unit sphere) if within the bound.
     fn estimate(&self, p: &[f64; 3]) -> Option<f64> {
-        use crate::geo::{chord2, chord2_to_km, rtt_from_km};
-        let c2 = chord2(&self.at, p);
+        let c2 = crate::geo::chord2(&self.at, p);
         if c2 > self.chord2_max * (1.0 + 1e-12) {
             return None;
         }
-        let est = (rtt_from_km(chord2_to_km(c2)) + self.offset).max(self.worst);
+        let est = calibrated(c2, self.offset, self.worst);
         (est <= self.bound).then_some(est)
     }
 }

@@ -924,7 +924,6 @@ fn check_answers(dns: SocketAddr, grpc: u16, queries: &Path) -> Result<(usize, u
     Ok((raws.len(), raws.len() - differ.len(), differ.len()))
 }
 
-/// The table of medians and the ratios to the peers, against issue 16's targets.
 /// The medians of each server's runs, and the ratios against issue 16's targets. `threads`:
 /// each server's UDP threads, for how busy they were.
 fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
@@ -1032,7 +1031,7 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         };
         measure(a, &dnsperf, &queries, targets)?
     };
-    print_medians(&results, a.threads());
+    print_medians(&results, threads);
     let peaks: Vec<String> = SERVERS
         .iter()
         .zip(&targets)

@@ -246,8 +246,8 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     let estimates = Estimates::new(&base).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
     if a.beyond_lists {
-        let bound = cdnmap_mapper::SecondChanceParams::default().max_beyond_ms;
-        driver = driver.with_second_chance(cdnmap_api::round::RoundChance::beyond_lists(bound));
+        driver = driver
+            .with_second_chance(cdnmap_api::round::RoundChance::beyond_lists_at_default_bound());
     }
     let default_class = base
         .classes()

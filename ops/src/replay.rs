@@ -224,8 +224,7 @@ fn driver(base: &Topology, setting: &Setting) -> Result<Driver> {
     };
     let driver = Driver::new(est, stickiness, setting.learning, false);
     Ok(if setting.beyond_lists {
-        let bound = cdnmap_mapper::SecondChanceParams::default().max_beyond_ms;
-        driver.with_second_chance(cdnmap_api::round::RoundChance::beyond_lists(bound))
+        driver.with_second_chance(cdnmap_api::round::RoundChance::beyond_lists_at_default_bound())
     } else {
         driver
     })
