@@ -17,7 +17,9 @@
 //!   comes back with a higher epoch;
 //! - it follows a mapper over mutual TLS (issue 17): only front ends with a certificate from
 //!   the operator's CA watch maps and send feedback, their reports are recorded under their
-//!   certificate's name, and the mapper's certificate is replaced without dropping the stream.
+//!   certificate's name, and the mapper's certificate is replaced without dropping the stream;
+//! - under load the UDP loop takes queries in batches (receive coalescing) and still answers
+//!   each once, to its sender.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -1017,4 +1019,92 @@ async fn a_unit_with_nothing_up_goes_to_its_class_last_resort() {
     let body = metrics_of(&dns);
     let bypassed = metric(&body, "cdnmap_dns_answers_by_route_total{route=\"bypass\"}");
     assert_eq!(bypassed, Some(6.0), "{body}");
+}
+
+/// Receive coalescing (`udp_coalesce_us`): queries paced faster than one per interval but
+/// slower than the loop answers them are taken in batches (the loop counts its waits, and
+/// datagrams per receive are well above one, where without the waits each receive finds one),
+/// and every query is still answered exactly once, to the socket that sent it, with its id.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
+    const QUERIES: usize = 2_000;
+    const SOCKETS: usize = 4;
+    const PACE: Duration = Duration::from_micros(100);
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let config = "udp_threads = 1\nudp_coalesce_us = 1000\nmetrics_listen = \"127.0.0.1:0\"\n";
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, config);
+    dns.wait_answering();
+    let counters = |body: &str| {
+        ["receives", "datagrams", "coalescing_waits"]
+            .map(|c| metric(body, &format!("cdnmap_dns_udp_{c}_total")).unwrap_or(0.0))
+    };
+    let before = counters(&metrics_of(&dns));
+    let addr = dns.addr;
+    let answered = tokio::task::spawn_blocking(move || {
+        let sockets: Vec<std::net::UdpSocket> = (0..SOCKETS)
+            .map(|_| {
+                let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+                s.set_nonblocking(true).expect("non-blocking");
+                s
+            })
+            .collect();
+        // Ids answered, by socket; every read drains what is waiting, so that no socket's
+        // receive buffer overflows while the queries go out.
+        let mut answered: Vec<Vec<u16>> = vec![Vec::new(); SOCKETS];
+        let mut buf = [0u8; 4096];
+        let mut drain = |answered: &mut Vec<Vec<u16>>| {
+            for (s, ids) in sockets.iter().zip(answered.iter_mut()) {
+                while let Ok(n) = s.recv(&mut buf) {
+                    assert!(n >= 12, "a response of {n} bytes");
+                    assert_eq!(buf[3] & 0x0f, 0, "NOERROR: {:?}", &buf[..n]);
+                    ids.push(u16::from_be_bytes([buf[0], buf[1]]));
+                }
+            }
+        };
+        let start = Instant::now();
+        for i in 0..QUERIES {
+            // On a fixed schedule, one query per PACE (spinning: a sleep would overshoot).
+            while start.elapsed() < PACE * i as u32 {
+                std::hint::spin_loop();
+            }
+            let mut q = raw_query("www.cdn.example", 1);
+            q[..2].copy_from_slice(&(i as u16).to_be_bytes());
+            sockets[i % SOCKETS]
+                .send_to(&q, addr)
+                .expect("send a query");
+            drain(&mut answered);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while answered.iter().map(Vec::len).sum::<usize>() < QUERIES && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            drain(&mut answered);
+        }
+        answered
+    })
+    .await
+    .expect("the client thread");
+    for (s, ids) in answered.iter().enumerate() {
+        let mut ids = ids.clone();
+        ids.sort_unstable();
+        let want: Vec<u16> = (0..QUERIES)
+            .filter(|i| i % SOCKETS == s)
+            .map(|i| i as u16)
+            .collect();
+        assert_eq!(
+            ids, want,
+            "socket {s}: each of its queries answered once, to it"
+        );
+    }
+    let after = counters(&metrics_of(&dns));
+    let [receives, datagrams, waits] = [0, 1, 2].map(|i| after[i] - before[i]);
+    assert!(
+        datagrams >= QUERIES as f64,
+        "{datagrams} datagrams counted for {QUERIES} queries"
+    );
+    assert!(waits > 0.0, "the loop waited: {waits} waits");
+    assert!(
+        datagrams / receives >= 4.0,
+        "queries every {PACE:?}, waits of 1 ms: {datagrams} datagrams in {receives} receives"
+    );
 }

@@ -19,6 +19,9 @@
 //! tcp_timeout_secs = 10               # idle TCP connections are closed after this
 //! udp_threads = 2                     # UDP answering loops, each on its own socket
 //!                                     # (SO_REUSEPORT); default: one per core
+//! udp_coalesce_us = 50                # under load (queries closer than this), wait this
+//!                                     # long between receives to take them in batches
+//!                                     # (0: never wait)
 //! metrics_listen = "127.0.0.1:9153"   # Prometheus /metrics (absent: none)
 //! mapper_ca_file = "mapper-ca.crt"    # https:// mappers: the CA their certificate must chain to
 //! cert_file = "dns-1.crt"             # this front end's certificate and key, for a mapper
@@ -81,6 +84,8 @@ pub const MAX_MAPPERS: usize = 16;
 pub const REPORT_SECS: std::ops::RangeInclusive<u64> = 1..=3600;
 /// UDP answering loops (threads, each with its own socket).
 pub const UDP_THREADS: std::ops::RangeInclusive<usize> = 1..=64;
+/// The UDP loops' receive coalescing, microseconds (0: off); see `udp::serve`.
+pub const UDP_COALESCE_US: std::ops::RangeInclusive<u64> = 0..=1000;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -97,6 +102,9 @@ pub struct DnsConfig {
     pub tcp_timeout_secs: u64,
     /// UDP answering loops, each a thread with its own socket (absent: one per core).
     pub udp_threads: Option<usize>,
+    /// Under load, how long (µs) a UDP loop waits between receives so that each takes a
+    /// batch of queries (0: never waits).
+    pub udp_coalesce_us: u64,
     /// Where to serve Prometheus `/metrics` (none when absent).
     pub metrics_listen: Option<SocketAddr>,
     /// The CA an `https://` mapper's certificate must chain to.
@@ -122,6 +130,7 @@ impl Default for DnsConfig {
             max_udp_payload: 1232,
             tcp_timeout_secs: 10,
             udp_threads: None,
+            udp_coalesce_us: 50,
             metrics_listen: None,
             mapper_ca_file: None,
             cert_file: None,
@@ -233,6 +242,12 @@ impl DnsConfig {
         }
         if let Some(n) = self.udp_threads.filter(|n| !UDP_THREADS.contains(n)) {
             return Err(invalid("udp_threads", format!("{n} is outside 1..=64")));
+        }
+        if !UDP_COALESCE_US.contains(&self.udp_coalesce_us) {
+            return Err(invalid(
+                "udp_coalesce_us",
+                format!("{} is outside 0..=1000", self.udp_coalesce_us),
+            ));
         }
         Ok(())
     }
@@ -428,6 +443,8 @@ mod tests {
             ("max_udp_payload = 100", "max_udp_payload"),
             ("udp_threads = 0", "udp_threads"),
             ("udp_threads = 65", "udp_threads"),
+            ("udp_coalesce_us = 1001", "udp_coalesce_us"),
+            ("udp_coalesce_us = -1", "udp_coalesce_us"),
             ("nameservers = [\"\"]", "nameservers[0]"),
             ("listen = \"nowhere\"", "listen"),
             ("zone = \"x.\"", "zone"),

@@ -133,9 +133,10 @@ pub async fn run(
         .map(|(i, socket)| {
             let (handler, stop) = (Arc::clone(&handler), Arc::clone(&stop));
             let runtime = tokio::runtime::Handle::current();
+            let coalesce = Duration::from_micros(config.udp_coalesce_us);
             std::thread::Builder::new()
                 .name(format!("dns-udp-{i}"))
-                .spawn(move || udp::serve(socket, handler, runtime, stop))
+                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut server = hickory_server::Server::new(Handler(Arc::clone(&front)));
@@ -226,6 +227,18 @@ fn describe_metrics() {
     describe_counter!(
         "cdnmap_dns_send_errors_total",
         "DNS responses that could not be sent."
+    );
+    describe_counter!(
+        "cdnmap_dns_udp_receives_total",
+        "recvmmsg calls that returned datagrams, over all UDP loops (datagrams / receives: the mean batch)."
+    );
+    describe_counter!(
+        "cdnmap_dns_udp_datagrams_total",
+        "UDP datagrams received, over all UDP loops."
+    );
+    describe_counter!(
+        "cdnmap_dns_udp_coalescing_waits_total",
+        "Times a UDP loop under load waited udp_coalesce_us between receives, to take the next batch whole."
     );
     describe_counter!(
         "cdnmap_dns_reconnects_total",

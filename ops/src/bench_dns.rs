@@ -92,9 +92,22 @@ pub struct DnsBenchArgs {
     /// runs on the same machine and takes the rest.
     #[arg(long)]
     pub udp_threads: Option<usize>,
+    /// `cdnmap dns --udp-coalesce-us` (default: the front end's own, 50; 0 turns the receive
+    /// coalescing off, to measure what it gives).
+    #[arg(long)]
+    pub udp_coalesce_us: Option<u64>,
 }
 
 impl DnsBenchArgs {
+    /// The front end's flags for this bench's settings.
+    fn front_args(&self) -> Vec<String> {
+        let mut args = vec!["--udp-threads".to_string(), self.threads().to_string()];
+        if let Some(us) = self.udp_coalesce_us {
+            args.extend(["--udp-coalesce-us".to_string(), us.to_string()]);
+        }
+        args
+    }
+
     /// The UDP threads each server runs: `--udp-threads`, else half the cores (at least 1).
     fn threads(&self) -> usize {
         self.udp_threads.unwrap_or_else(|| {
@@ -568,6 +581,12 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     {
         bail!("--udp-threads {n}: must be in 1..=64");
     }
+    if let Some(us) = a
+        .udp_coalesce_us
+        .filter(|us| !cdnmap_dns::config::UDP_COALESCE_US.contains(us))
+    {
+        bail!("--udp-coalesce-us {us}: must be in 0..=1000");
+    }
     Ok(())
 }
 
@@ -660,7 +679,7 @@ pub(crate) fn spawn_mapper_and_front_end(
     dir: &Path,
     world: &DemoWorld,
     (grpc, http, dns_port): (u16, u16, u16),
-    udp_threads: Option<usize>,
+    front_args: &[String],
 ) -> Result<(Proc, Proc, SocketAddr)> {
     let serve_conf = dir.join("serve.toml");
     std::fs::write(
@@ -689,10 +708,8 @@ pub(crate) fn spawn_mapper_and_front_end(
         .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
         .args(["--listen", &dns_addr.to_string()])
         .args(["--zone", "cdn.example."])
+        .args(front_args)
         .env("RUST_LOG", "info");
-    if let Some(n) = udp_threads {
-        cmd.args(["--udp-threads", &n.to_string()]);
-    }
     let front = spawn(&mut cmd, &dir.join("dns.log"), "cdnmap dns")?;
     Ok((serve, front, dns_addr))
 }
@@ -711,7 +728,7 @@ fn start_cdnmap(
         cycle_secs: 30,
     };
     let (mut serve, mut front, dns_addr) =
-        spawn_mapper_and_front_end(exe, dir, &world, ports, Some(a.threads()))?;
+        spawn_mapper_and_front_end(exe, dir, &world, ports, &a.front_args())?;
     wait_answering(dns_addr, &mut [&mut serve, &mut front], dir)?;
     Ok((serve, front, dns_addr))
 }
@@ -753,13 +770,14 @@ fn measure(
         .map(|(name, (addr, _))| format!("{name} on :{}", addr.port()))
         .collect();
     println!(
-        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s)",
+        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s); cdnmap dns's receive coalescing {}",
         a.seconds,
         a.clients,
         a.outstanding,
         a.runs,
         ports.join(", "),
-        a.threads()
+        a.threads(),
+        a.udp_coalesce_us.map_or("at its default".to_string(), |us| format!("{us} µs")),
     );
     let mut results: [Vec<Run>; 3] = Default::default();
     for r in 0..a.runs {

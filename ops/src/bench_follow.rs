@@ -97,7 +97,7 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
     );
     let started = Instant::now();
     let (mut serve, mut front, dns_addr) =
-        spawn_mapper_and_front_end(&exe, &dir, &world, ports, None)?;
+        spawn_mapper_and_front_end(&exe, &dir, &world, ports, &[])?;
     let dns_log = dir.join("dns.log");
     let timeout = Duration::from_secs(a.timeout_secs);
     while !answers(dns_addr, "cdn.example.") {

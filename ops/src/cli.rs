@@ -170,6 +170,10 @@ struct DnsArgs {
     /// UDP answering loops, each a thread with its own socket (default: one per core).
     #[arg(long)]
     udp_threads: Option<usize>,
+    /// Under load (queries closer than this), how long a UDP loop waits between receives so
+    /// that each takes a batch, microseconds (default 50; 0: never waits).
+    #[arg(long)]
+    udp_coalesce_us: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -945,6 +949,9 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
     }
     if let Some(n) = a.udp_threads {
         config.udp_threads = Some(n);
+    }
+    if let Some(us) = a.udp_coalesce_us {
+        config.udp_coalesce_us = us;
     }
     config.validate().context("the DNS front end's settings")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
