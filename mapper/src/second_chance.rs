@@ -554,9 +554,11 @@ fn calibration(
     use crate::geo::{chord2, chord2_to_km, rtt_from_km};
     let mut offsets = Vec::with_capacity(16);
     let (mut best, mut worst) = (f64::INFINITY, f64::NEG_INFINITY);
-    for cand in inst.candidates(u) {
-        let km = chord2_to_km(chord2(at, &pos(cand.cluster)));
-        let score = f64::from(cand.score);
+    // The clusters and scores alone (not `candidates`, which also reads ranks and marks: this
+    // runs for every overflowing unit a round).
+    for i in inst.candidate_range(u) {
+        let km = chord2_to_km(chord2(at, &pos(inst.cand_cluster(u, i))));
+        let score = f64::from(inst.cand_score_rank(u, i).0);
         offsets.push(score - rtt_from_km(km));
         best = best.min(score);
         worst = worst.max(score);
@@ -613,14 +615,23 @@ struct Reach {
 }
 
 impl Reach {
-    /// The estimated RTT to a cluster at `p` (unit sphere) if within the bound.
-    fn estimate(&self, p: &[f64; 3]) -> Option<f64> {
+    /// The squared chord to a cluster at `p` (unit sphere) if within the bound's: a dot
+    /// product, no trigonometry. The estimate grows with it ([`Reach::estimate_at`]), so
+    /// nearer by this is nearer by the estimate.
+    fn within(&self, p: &[f64; 3]) -> Option<f64> {
         let c2 = crate::geo::chord2(&self.at, p);
-        if c2 > self.chord2_max * (1.0 + 1e-12) {
-            return None;
-        }
+        (c2 <= self.chord2_max * (1.0 + 1e-12)).then_some(c2)
+    }
+
+    /// The estimated RTT at squared chord `c2` (from [`Reach::within`]) if within the bound.
+    fn estimate_at(&self, c2: f64) -> Option<f64> {
         let est = calibrated(c2, self.offset, self.worst);
         (est <= self.bound).then_some(est)
+    }
+
+    /// The estimated RTT to a cluster at `p` (unit sphere) if within the bound.
+    fn estimate(&self, p: &[f64; 3]) -> Option<f64> {
+        self.estimate_at(self.within(p)?)
     }
 }
 
@@ -734,7 +745,7 @@ impl Work<'_> {
                     .iter()
                     .filter(|a| {
                         (a.cluster as usize) < vectors.len()
-                            && !inst.candidates(u).any(|x| x.cluster == a.cluster)
+                            && !inst.candidate_cluster_set(u).contains(&a.cluster)
                     })
                     .copied()
                     .collect();
@@ -769,30 +780,39 @@ impl Work<'_> {
                 }
             }
         }
+        // (squared chord, cluster, position in `up`): the clusters within a unit's bound.
         let mut options: Vec<(f64, ClusterIdx, usize)> = Vec::new();
         for u in 0..n as UnitIdx {
             if !left(self, u) {
                 continue;
             }
             let k = inst.unit_class(u);
+            if with_room[usize::from(k)].is_empty() {
+                continue; // no room for its class anywhere: nothing to estimate
+            }
             let Some(reach) = self.reach(u, &vectors, params) else {
                 continue;
             };
+            let listed = inst.candidate_cluster_set(u);
             options.clear();
             for &i in &with_room[usize::from(k)] {
                 let (c, p) = &up[i];
-                let Some(est) = reach.estimate(p) else {
-                    continue;
-                };
-                if !inst.candidates(u).any(|x| x.cluster == *c) {
-                    options.push((est, *c, i));
+                if let Some(c2) = reach.within(p) {
+                    if !listed.contains(c) {
+                        options.push((c2, *c, i));
+                    }
                 }
             }
+            // Nearest first; the estimate (taken only for the clusters tried) grows with the
+            // distance, so past the first beyond the bound all are.
             options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            for &(est, c, i) in &options {
+            for &(c2, c, i) in &options {
                 if !left(self, u) {
                     break;
                 }
+                let Some(est) = reach.estimate_at(c2) else {
+                    break;
+                };
                 let want = self.overflow[u as usize];
                 if self.place_beyond(u, c, want, est, report) <= 0.0 {
                     continue;

@@ -84,13 +84,19 @@ impl Instance {
         c.cluster[k]
     }
 
+    /// Unit `u`'s candidate clusters as a set: the arena's order, which with stickiness's
+    /// promotions need not be the order of preference (for that, [`Self::candidates`]).
+    #[inline]
+    pub(crate) fn candidate_cluster_set(&self, u: UnitIdx) -> &[ClusterIdx] {
+        let range = self.candidate_range(u);
+        let (cols, k) = self.columns(range.start);
+        &cols.cluster[k..k + range.len()]
+    }
+
     /// The position (0 = most preferred) of cluster `c` among unit `u`'s candidates.
     pub(crate) fn candidate_position(&self, u: UnitIdx, c: ClusterIdx) -> Option<usize> {
         let range = self.candidate_range(u);
-        let (cols, k) = self.columns(range.start);
-        let b = cols.cluster[k..k + range.len()]
-            .iter()
-            .position(|&x| x == c)?;
+        let b = self.candidate_cluster_set(u).iter().position(|&x| x == c)?;
         Some(match &self.favour {
             Some(f) if range.start < f.arena_len && f.promote[u as usize][0] != 0 => {
                 promoted_position(f.promote[u as usize], b)
