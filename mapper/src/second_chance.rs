@@ -734,9 +734,29 @@ impl Work<'_> {
             .collect();
         let left =
             |w: &Self, u: UnitIdx| w.overflow[u as usize] > EPS * w.inst.unit_demand(u).max(1.0);
+        // The units still overflowing, in index order: a sparse few of the map's, each with
+        // its candidates and location far from the one before, so they are prefetched ahead
+        // (hints only), in two stages as in the solver (`solve/ahead.rs`): a unit's columns,
+        // then its candidates, found through them.
+        let pending: Vec<UnitIdx> = (0..n as UnitIdx).filter(|&u| left(self, u)).collect();
+        let ahead = |j: usize| {
+            if let Some(&v) = pending.get(j + 16) {
+                let (units, v) = (&inst.units, v as usize);
+                crate::mem::prefetch(&units.cand_start, v);
+                crate::mem::prefetch(&units.lat, v);
+                crate::mem::prefetch(&units.lon, v);
+                crate::mem::prefetch(&units.class, v);
+            }
+            if let Some(&v) = pending.get(j + 8) {
+                inst.prefetch_candidate(v, inst.candidate_range(v).start);
+            }
+        };
         // Last round's placements beyond the lists, kept where they still fit.
         if let Some(prev) = previous {
-            for u in 0..n.min(prev.unit_count()) as UnitIdx {
+            for &u in pending
+                .iter()
+                .take_while(|&&u| (u as usize) < prev.unit_count())
+            {
                 if !left(self, u) {
                     continue;
                 }
@@ -782,7 +802,8 @@ impl Work<'_> {
         }
         // (squared chord, cluster, position in `up`): the clusters within a unit's bound.
         let mut options: Vec<(f64, ClusterIdx, usize)> = Vec::new();
-        for u in 0..n as UnitIdx {
+        for (j, &u) in pending.iter().enumerate() {
+            ahead(j);
             if !left(self, u) {
                 continue;
             }
