@@ -1021,10 +1021,11 @@ async fn a_unit_with_nothing_up_goes_to_its_class_last_resort() {
     assert_eq!(bypassed, Some(6.0), "{body}");
 }
 
-/// Receive coalescing (`udp_coalesce_us`): queries paced faster than one per interval but
-/// slower than the loop answers them are taken in batches (the loop counts its waits, and
-/// datagrams per receive are well above one, where without the waits each receive finds one),
-/// and every query is still answered exactly once, to the socket that sent it, with its id.
+/// Receive coalescing (`udp_coalesce_us`): queries further apart than the interval never make
+/// the loop wait; queries paced faster than one per interval but slower than the loop answers
+/// them are taken in batches (the loop counts its waits, and datagrams per receive are well
+/// above one, where without the waits each receive finds one), and every query is still
+/// answered exactly once, to the socket that sent it, with its id.
 #[tokio::test(flavor = "multi_thread")]
 async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
     const QUERIES: usize = 2_000;
@@ -1039,8 +1040,33 @@ async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
         ["receives", "datagrams", "coalescing_waits"]
             .map(|c| metric(body, &format!("cdnmap_dns_udp_{c}_total")).unwrap_or(0.0))
     };
-    let before = counters(&metrics_of(&dns));
     let addr = dns.addr;
+    // Light load: one query at a time, 5 ms apart (five intervals): no waits.
+    let before = counters(&metrics_of(&dns));
+    tokio::task::spawn_blocking(move || {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("a timeout");
+        let mut buf = [0u8; 4096];
+        for i in 0..20u16 {
+            let mut q = raw_query("www.cdn.example", 1);
+            q[..2].copy_from_slice(&i.to_be_bytes());
+            socket.send_to(&q, addr).expect("send a query");
+            let n = socket.recv(&mut buf).expect("an answer");
+            assert!(n >= 12 && buf[..2] == i.to_be_bytes(), "{:?}", &buf[..n]);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+    .await
+    .expect("the client thread");
+    let light = counters(&metrics_of(&dns));
+    assert!(
+        light[1] - before[1] >= 20.0,
+        "20 queries counted: {light:?} after {before:?}"
+    );
+    assert_eq!(light[2], before[2], "no waits at one query per 5 ms");
+    let before = light;
     let answered = tokio::task::spawn_blocking(move || {
         let sockets: Vec<std::net::UdpSocket> = (0..SOCKETS)
             .map(|_| {
