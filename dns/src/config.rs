@@ -241,12 +241,15 @@ impl DnsConfig {
             ));
         }
         if let Some(n) = self.udp_threads.filter(|n| !UDP_THREADS.contains(n)) {
-            return Err(invalid("udp_threads", format!("{n} is outside 1..=64")));
+            return Err(invalid(
+                "udp_threads",
+                format!("{n} is outside {UDP_THREADS:?}"),
+            ));
         }
         if !UDP_COALESCE_US.contains(&self.udp_coalesce_us) {
             return Err(invalid(
                 "udp_coalesce_us",
-                format!("{} is outside 0..=1000", self.udp_coalesce_us),
+                format!("{} is outside {UDP_COALESCE_US:?}", self.udp_coalesce_us),
             ));
         }
         Ok(())

@@ -221,7 +221,8 @@ pub fn serve(
 /// **Receive coalescing.** A loop faster than its clients finds one datagram per `recvmmsg`,
 /// and pays for each query a system call each way, a sleep and a wakeup, and the wakeup of the
 /// client's socket for each answer. So when queries arrive faster than one per `coalesce` (the
-/// last `recvmmsg` waited less than that), the loop waits `coalesce` after sending a batch's
+/// loop waited less than that for a batch's first datagram, counted across the receive
+/// timeouts that only let it look at `stop`), the loop waits `coalesce` after sending a batch's
 /// answers: the next call then finds the queries of that interval waiting, and their answers
 /// leave in one `sendmmsg`. The cost is at most `coalesce` of added latency under load (a
 /// network interface's interrupt coalescing adds as much); below one query per `coalesce` the

@@ -575,17 +575,12 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     if a.seconds == 0 || a.seconds > 3600 {
         bail!("--seconds {}: must be in 1..=3600", a.seconds);
     }
-    if let Some(n) = a
-        .udp_threads
-        .filter(|n| !cdnmap_dns::config::UDP_THREADS.contains(n))
-    {
-        bail!("--udp-threads {n}: must be in 1..=64");
+    use cdnmap_dns::config::{UDP_COALESCE_US, UDP_THREADS};
+    if let Some(n) = a.udp_threads.filter(|n| !UDP_THREADS.contains(n)) {
+        bail!("--udp-threads {n}: must be in {UDP_THREADS:?}");
     }
-    if let Some(us) = a
-        .udp_coalesce_us
-        .filter(|us| !cdnmap_dns::config::UDP_COALESCE_US.contains(us))
-    {
-        bail!("--udp-coalesce-us {us}: must be in 0..=1000");
+    if let Some(us) = a.udp_coalesce_us.filter(|us| !UDP_COALESCE_US.contains(us)) {
+        bail!("--udp-coalesce-us {us}: must be in {UDP_COALESCE_US:?}");
     }
     Ok(())
 }
