@@ -21,7 +21,10 @@
 //! set of addresses: no lookup at all), so its ratio says what the lookup costs altogether.
 //! The three servers are measured in turn, `--runs` times each, and the medians compared
 //! against issue 16's targets: at least both peers' queries per second, and no more CPU per
-//! query than gdnsd-geoip. Before the runs, `cdnmap dns`'s answers to the first 2,000 queries
+//! query than gdnsd-geoip. Beside the medians it prints the ratios run by run (cdnmap dns's
+//! run over the peer's run of the same round, measured one right after the other, so that the
+//! machine's drift over the benchmark cancels), and dnsperf's own CPU per query while it sends:
+//! dnsperf and the server share the machine's two cores, so a rate follows both. Before the runs, `cdnmap dns`'s answers to the first 2,000 queries
 //! of the file are checked against the mapper's `Resolve` (addresses in order, ECS scope): a
 //! benchmark of wrong answers would be no benchmark.
 //!
@@ -470,6 +473,19 @@ fn write_gdnsd_geoip(dir: &Path, port: (u16, usize), world: &Topology) -> Result
     Ok(nets)
 }
 
+/// dnsperf's CPU seconds a second while it sends (process `pid`, a run of `seconds`), read from
+/// /proc over the run's middle: from 15% to 90% of its length. Not over its whole life: after
+/// sending it waits for late answers, and that wait (seconds at full CPU when a server lost a
+/// few queries) is no cost of the answers it got.
+fn client_cpu_rate(pid: u32, seconds: u64) -> Option<f64> {
+    let run = Duration::from_secs(seconds);
+    std::thread::sleep(run.mul_f64(0.15));
+    let (t0, c0) = (Instant::now(), cpu_secs(pid)?);
+    std::thread::sleep(run.mul_f64(0.75));
+    let (t1, c1) = (Instant::now(), cpu_secs(pid)?);
+    Some((c1 - c0) / (t1 - t0).as_secs_f64())
+}
+
 /// CPU seconds (user + system) a process has used, from /proc (Linux; `None` elsewhere).
 pub(crate) fn cpu_secs(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -486,6 +502,10 @@ pub(crate) struct Run {
     pub(crate) qps: f64,
     /// The server's CPU time per query answered, microseconds.
     pub(crate) cpu_us: f64,
+    /// dnsperf's own CPU time per query answered while it sends, microseconds (what the
+    /// server's answers cost the load generator: on a machine that dnsperf and the server
+    /// share, the rate follows the two together).
+    pub(crate) client_cpu_us: f64,
     pub(crate) latency_ms: f64,
     pub(crate) stddev_ms: f64,
     pub(crate) lost: f64,
@@ -524,6 +544,7 @@ pub(crate) fn parse_dnsperf(out: &str) -> Result<Run> {
     Ok(Run {
         qps: field("Queries per second:").context("dnsperf printed no queries per second")?,
         cpu_us: f64::NAN,
+        client_cpu_us: f64::NAN,
         latency_ms: field("Average Latency (s):").unwrap_or(f64::NAN) * 1e3,
         stddev_ms: field("Latency StdDev (s):").unwrap_or(f64::NAN) * 1e3,
         lost: field("Queries lost:").unwrap_or(f64::NAN),
@@ -780,7 +801,7 @@ fn measure(
         for (i, (addr, _)) in targets.into_iter().enumerate() {
             let name = SERVERS[i];
             let cpu_before = cpu_secs(pids[i]);
-            let out = Command::new(dnsperf)
+            let child = Command::new(dnsperf)
                 .args([
                     "-s",
                     "127.0.0.1",
@@ -794,8 +815,12 @@ fn measure(
                 .args(["-c", &a.clients.to_string()])
                 .args(["-q", &a.outstanding.to_string()])
                 .stdin(Stdio::null())
-                .output()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
                 .context("running dnsperf")?;
+            let client_rate = client_cpu_rate(child.id(), a.seconds);
+            let out = child.wait_with_output().context("waiting for dnsperf")?;
             let text = String::from_utf8_lossy(&out.stdout);
             let mut run = parse_dnsperf(&text).with_context(|| {
                 format!(
@@ -804,14 +829,17 @@ fn measure(
                     String::from_utf8_lossy(&out.stderr)
                 )
             })?;
+            let answered = run.qps * a.seconds as f64;
             if let (Some(b), Some(e)) = (cpu_before, cpu_secs(pids[i])) {
-                run.cpu_us = (e - b) / (run.qps * a.seconds as f64) * 1e6;
+                run.cpu_us = (e - b) / answered * 1e6;
             }
+            run.client_cpu_us = client_rate.map_or(f64::NAN, |r| r / run.qps * 1e6);
             println!(
-                "  run {}: {name:<12} {:>9.0} q/s  {:.2} µs CPU/query  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
+                "  run {}: {name:<12} {:>9.0} q/s  {:.2} µs CPU/query (dnsperf {:.2})  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
                 r + 1,
                 run.qps,
                 run.cpu_us,
+                run.client_cpu_us,
                 run.latency_ms,
                 run.stddev_ms,
                 run.lost,
@@ -945,9 +973,9 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
     let busy = |r: &Run| 100.0 * r.qps * r.cpu_us / 1e6 / threads as f64;
     println!();
     println!(
-        "| server | median q/s | median CPU per query (µs) | median busy (of {threads} core(s)) | median latency (ms) | NOERROR |"
+        "| server | median q/s | median CPU per query (µs) | dnsperf's CPU per query (µs) | median busy (of {threads} core(s)) | median latency (ms) | NOERROR |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let what = [
         "cdnmap dns (map lookup per query)",
         "gdnsd-geoip (nets lookup per query)",
@@ -955,9 +983,10 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
     ];
     for (i, name) in what.iter().enumerate() {
         println!(
-            "| {name} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2}% |",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.0}% | {:.3} | {:.2}% |",
             med(i, &|r| r.qps),
             med(i, &|r| r.cpu_us),
+            med(i, &|r| r.client_cpu_us),
             med(i, &busy),
             med(i, &|r| r.latency_ms),
             med(i, &|r| r.noerror_pct)
@@ -969,9 +998,19 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
     let cpu = |i: usize| med(i, &|r| r.cpu_us);
     for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
         let ratio = q(0) / q(peer);
+        let (lo, mid, hi) = paired(results, peer, |r| r.qps);
         println!(
-            "queries per second, cdnmap dns / {name}: {ratio:.3} (target >= 1.0: {})",
+            "queries per second, cdnmap dns / {name}: {ratio:.3} (target >= 1.0: {}); run by run (the two measured one after the other): median {mid:.3}, from {lo:.3} to {hi:.3}",
             met(ratio >= 1.0)
+        );
+    }
+    for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
+        let (lo, mid, hi) = paired(results, peer, |r| r.cpu_us);
+        println!(
+            "CPU per query, {name} / cdnmap dns, run by run: median {:.3}, from {:.3} to {:.3}",
+            1.0 / mid,
+            1.0 / hi,
+            1.0 / lo
         );
     }
     let cpu_ratio = cpu(1) / cpu(0);
@@ -991,6 +1030,21 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
             "the servers' threads were not all busy (>= {SATURATED_PCT:.0}%): the rates are bounded by dnsperf, not by the servers, and their ratios tie within the noise; the CPU per query is what tells the servers apart here"
         );
     }
+}
+
+/// `f` of cdnmap dns's run over `f` of the peer's run in the same round (measured one right
+/// after the other, so the machine's drift over the whole benchmark cancels out): the least,
+/// the median and the largest of these ratios.
+fn paired(results: &[Vec<Run>; 3], peer: usize, f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
+    let ratios: Vec<f64> = results[0]
+        .iter()
+        .zip(&results[peer])
+        .map(|(ours, theirs)| f(ours) / f(theirs))
+        .filter(|r| r.is_finite())
+        .collect();
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, median(ratios), hi)
 }
 
 /// How busy (percent of its UDP threads' cores) a server must be for its rate to be its own
@@ -1064,6 +1118,25 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_ratios_compare_each_round_with_itself() {
+        let run = |qps: f64| Run {
+            qps,
+            ..Run::default()
+        };
+        // A machine slowing down over the benchmark: every server slower each round, cdnmap
+        // dns 1.1× the static zone within each round; medians of all runs would blur that.
+        let results = [
+            vec![run(110.0), run(88.0), run(66.0)],
+            vec![run(1.0), run(1.0), run(1.0)],
+            vec![run(100.0), run(80.0), run(f64::NAN)],
+        ];
+        let (lo, mid, hi) = paired(&results, 2, |r| r.qps);
+        assert!((lo - 1.1).abs() < 1e-12 && (mid - 1.1).abs() < 1e-12 && (hi - 1.1).abs() < 1e-12);
+        let (lo, mid, hi) = paired(&results, 1, |r| r.qps);
+        assert_eq!((lo, mid, hi), (66.0, 88.0, 110.0));
+    }
 
     #[test]
     fn dnsperf_output_is_parsed() {
