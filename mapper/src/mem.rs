@@ -19,3 +19,23 @@ pub fn prefetch<T>(slice: &[T], i: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (slice, i);
 }
+
+/// Asks the CPU to start loading every cache line `r` spans (a struct of more than one line,
+/// or one that straddles two: [`prefetch`] loads only the line its first byte is on); a hint
+/// with no other effect.
+#[inline(always)]
+pub fn prefetch_whole<T>(r: &T) {
+    const LINE: usize = 64;
+    let first = (r as *const T).cast::<u8>();
+    let last = (first as usize + std::mem::size_of::<T>().max(1) - 1) & !(LINE - 1);
+    let mut line = first as usize & !(LINE - 1);
+    while line <= last {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch has no architectural effect, and never faults, whatever the
+        // address; these are the lines of a live value in any case.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line as *const i8)
+        }
+        line += LINE;
+    }
+}

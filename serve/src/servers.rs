@@ -286,10 +286,13 @@ impl Servers {
     /// then picks: the cache misses of one query overlap the others'. Only a hint: no result
     /// depends on it.
     pub fn prefetch(&self, cluster: ClusterIdx, v6: bool, hash: u64, step: u8) {
-        use cdnmap_mapper::mem::prefetch;
+        use cdnmap_mapper::mem::{prefetch, prefetch_whole};
         let c = cluster as usize;
         if step == 0 {
-            prefetch(&self.families, c);
+            // Both families' entries (with the selectors' pointers): two cache lines.
+            if let Some(f) = self.families.get(c) {
+                prefetch_whole(f);
+            }
             return;
         }
         let Some(family) = self.families.get(c).map(|f| &f[usize::from(v6)]) else {
@@ -300,7 +303,8 @@ impl Servers {
         };
         match step {
             1 => {
-                prefetch(std::slice::from_ref(selector.ring()), 0);
+                // The ring's columns and top-level shift: more than one cache line.
+                prefetch_whole(selector.ring());
                 prefetch(&family.addresses, 0);
             }
             2 => {
