@@ -173,10 +173,12 @@ fn name_text(question: &[u8], out: &mut String) {
             break;
         }
         let label = &question[at + 1..at + 1 + usize::from(len)];
-        out.extend(label.iter().map(|c| char::from(c.to_ascii_lowercase())));
+        // `parse` let through only letters, digits, '-' and '_': ASCII, so UTF-8 as it is.
+        out.push_str(&String::from_utf8_lossy(label));
         out.push('.');
         at += 1 + usize::from(len);
     }
+    out.make_ascii_lowercase();
 }
 
 /// Whether name `qname` is strictly below `apex` (both lower-case text with the final dot).

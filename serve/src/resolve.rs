@@ -179,11 +179,18 @@ impl ClassRules {
         if name.is_empty() || name.len() > MAX_QNAME_LEN || !name.is_ascii() {
             return None;
         }
-        let buf = &mut buf[..name.len()];
-        buf.copy_from_slice(name.as_bytes());
-        buf.make_ascii_lowercase();
-        let Ok(name) = std::str::from_utf8(buf) else {
-            return None;
+        // Lower case as the rules are; a name that already is (as a front end's are) is read
+        // in place.
+        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            let buf = &mut buf[..name.len()];
+            buf.copy_from_slice(name.as_bytes());
+            buf.make_ascii_lowercase();
+            let Ok(lower) = std::str::from_utf8(buf) else {
+                return None;
+            };
+            lower
+        } else {
+            name
         };
         if !self.exact.is_empty() {
             if let Some(&k) = self.exact.get(name) {
@@ -1260,6 +1267,34 @@ mod tests {
 
     /// The /24 pages find what a search of the whole table finds, hit and scope, in dense
     /// /16s with nested, touching and host prefixes, and in sparse ones.
+    /// A rule matches whatever the name's case and final dot: a name already in lower case is
+    /// read in place, any other through a lower-cased copy, to the same class.
+    #[test]
+    fn class_rules_ignore_case_and_the_final_dot() {
+        let rules = ClassRules::new(
+            &["web", "video"],
+            &[
+                ("www.Example.com".to_string(), "web".to_string()),
+                ("*.v.example.com".to_string(), "video".to_string()),
+            ],
+            "web",
+        )
+        .expect("valid rules");
+        for name in ["www.example.com", "WWW.EXAMPLE.COM.", "wWw.example.com."] {
+            assert_eq!(rules.rule_class(name), Some(0), "{name}");
+        }
+        for name in [
+            "a.v.example.com.",
+            "A.B.V.Example.COM",
+            "x-1_y.v.example.com",
+        ] {
+            assert_eq!(rules.rule_class(name), Some(1), "{name}");
+        }
+        for name in ["v.example.com", "example.com.", "", ".", "www.example.co"] {
+            assert_eq!(rules.rule_class(name), None, "{name}");
+        }
+    }
+
     #[test]
     fn the_v4_pages_agree_with_a_search_of_the_whole_table() {
         let (mut paged, mut searched_inside) = (0, 0);

@@ -145,6 +145,12 @@ pub const PREFETCH_STEPS: u8 = 4;
 
 /// The selection hash of hostname `qname`: its [`content_key`] (written to `key_buf`), hashed.
 pub fn key_hash_of(qname: &str, key_buf: &mut String) -> u64 {
+    // A name already its own content key (lower case, within the length) is hashed as it is:
+    // a front end's names come so, and the copy would be most of the cost.
+    let name = qname.strip_suffix('.').unwrap_or(qname);
+    if name.len() <= MAX_QNAME_LEN && !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return cdnmap_select::key_hash(name);
+    }
     content_key(qname, key_buf);
     cdnmap_select::key_hash(key_buf)
 }
@@ -357,6 +363,31 @@ mod tests {
             secondary,
             slot: Some(0),
             route: crate::resolve::Route::Mapped,
+        }
+    }
+
+    /// The hash of a name that is already its content key (read in place) is the hash of the
+    /// key copied out, whatever the case, final dot or length.
+    #[test]
+    fn key_hash_of_a_name_is_the_hash_of_its_content_key() {
+        let long = format!("{}.example.", "a".repeat(300));
+        for name in [
+            "www.example.com.",
+            "www.example.com",
+            "WWW.Example.com.",
+            "v-1_x.video.example.",
+            ".",
+            "",
+            long.as_str(),
+            "ÉCOLE.example.",
+        ] {
+            let (mut key, mut scratch) = (String::new(), String::new());
+            content_key(name, &mut key);
+            assert_eq!(
+                key_hash_of(name, &mut scratch),
+                cdnmap_select::key_hash(&key),
+                "{name}"
+            );
         }
     }
 
