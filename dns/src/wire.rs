@@ -21,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 
 use cdnmap_mapper::model::ClassIdx;
-use cdnmap_serve::resolve::Route;
+use cdnmap_serve::resolve::{Answer, Route};
 use cdnmap_serve::servers::{key_hash_of, PREFETCH_STEPS};
 
 use super::answer::{Front, SCRATCH};
@@ -166,19 +166,22 @@ fn parse_ecs(rdata: &[u8]) -> Option<Ecs> {
 /// Writes `question`'s name in lower case as text with its final dot, as hickory shows a
 /// `LowerName` of such labels.
 fn name_text(question: &[u8], out: &mut String) {
-    out.clear();
+    // The labels' bytes and their dots into `out`'s own buffer, checked as UTF-8 once (`parse`
+    // let through only letters, digits, '-' and '_': ASCII).
+    let mut bytes = std::mem::take(out).into_bytes();
+    bytes.clear();
     let mut at = 0;
     while let Some(&len) = question.get(at) {
         if len == 0 {
             break;
         }
-        let label = &question[at + 1..at + 1 + usize::from(len)];
-        // `parse` let through only letters, digits, '-' and '_': ASCII, so UTF-8 as it is.
-        out.push_str(&String::from_utf8_lossy(label));
-        out.push('.');
+        bytes.extend_from_slice(&question[at + 1..at + 1 + usize::from(len)]);
+        bytes.push(b'.');
         at += 1 + usize::from(len);
     }
-    out.make_ascii_lowercase();
+    bytes.make_ascii_lowercase();
+    *out = String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
 }
 
 /// Whether name `qname` is strictly below `apex` (both lower-case text with the final dot).
@@ -281,6 +284,11 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
             // The block's answers by route, counted once for the block (a shared counter's
             // atomic add per query is a cache line the answering threads pass between them).
             let mut routed = [0u64; Route::ALL.len()];
+            // The demand each answered query counts, added after the block's answers: each
+            // add is an atomic read-modify-write, a full barrier on x86, and in the loop it
+            // held up the next query's loads behind its cache miss.
+            let mut counted: [Option<(IpNet, &Answer)>; BLOCK] = [None; BLOCK];
+            let mut n_counted = 0;
             let mut answers = answers.iter();
             for (i, t) in taken.iter().enumerate() {
                 let (Some((q, client, _)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
@@ -302,11 +310,15 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
                 if !encode(q, front, &scratch.addrs, scope, &mut out[i]) {
                     continue; // truncated: hickory's
                 }
-                demand.count(client, a);
+                counted[n_counted] = Some((*client, a));
+                n_counted += 1;
                 if view.has_bounded {
                     front.demand.count_host(qname);
                 }
                 routed[a.route as usize] += 1;
+            }
+            for (client, a) in counted[..n_counted].iter().flatten() {
+                demand.count(client, a);
             }
             let answered: u64 = routed.iter().sum();
             if answered > 0 {
