@@ -273,8 +273,8 @@ impl DemandCounter {
     pub fn count_host(&self, qname: &str) {
         let mut guard = self.shard();
         let shard = &mut *guard;
-        cdnmap_serve::servers::content_key(qname, &mut shard.key);
-        if let Some(c) = shard.hosts.get_mut(shard.key.as_str()) {
+        let key = cdnmap_serve::servers::content_key(qname, &mut shard.key);
+        if let Some(c) = shard.hosts.get_mut(key) {
             *c += 1;
             return;
         }
@@ -282,7 +282,7 @@ impl DemandCounter {
             self.hosts.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        shard.hosts.insert(shard.key.clone(), 1);
+        shard.hosts.insert(key.to_string(), 1);
     }
 
     /// Takes the period's prefix counts (the tables start again empty). At most

@@ -24,9 +24,10 @@
 //! query than gdnsd-geoip. Beside the medians it prints the ratios run by run (cdnmap dns's
 //! run over the peer's run of the same round, measured one right after the other, so that the
 //! machine's drift over the benchmark cancels), and dnsperf's own CPU per query while it sends:
-//! dnsperf and the server share the machine's two cores, so a rate follows both. Before the runs, `cdnmap dns`'s answers to the first 2,000 queries
-//! of the file are checked against the mapper's `Resolve` (addresses in order, ECS scope): a
-//! benchmark of wrong answers would be no benchmark.
+//! dnsperf and the server share the machine's two cores, so a rate follows both. Before the
+//! runs, `cdnmap dns`'s answers to the first 2,000 queries of the file are checked against the
+//! mapper's `Resolve` (addresses in order, ECS scope): a benchmark of wrong answers would be no
+//! benchmark.
 //!
 //! During the runs the mapper is paused (SIGSTOP, continued after): in production it runs on
 //! other machines than the front ends, and here its rounds (at 11 M map units seconds of CPU
@@ -1034,7 +1035,7 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
 
 /// `f` of cdnmap dns's run over `f` of the peer's run in the same round (measured one right
 /// after the other, so the machine's drift over the whole benchmark cancels out): the least,
-/// the median and the largest of these ratios.
+/// the median and the largest of these ratios (all NaN when no round gave one).
 fn paired(results: &[Vec<Run>; 3], peer: usize, f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
     let ratios: Vec<f64> = results[0]
         .iter()
@@ -1042,6 +1043,9 @@ fn paired(results: &[Vec<Run>; 3], peer: usize, f: impl Fn(&Run) -> f64) -> (f64
         .map(|(ours, theirs)| f(ours) / f(theirs))
         .filter(|r| r.is_finite())
         .collect();
+    if ratios.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
     let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     (lo, median(ratios), hi)
@@ -1136,6 +1140,10 @@ mod tests {
         assert!((lo - 1.1).abs() < 1e-12 && (mid - 1.1).abs() < 1e-12 && (hi - 1.1).abs() < 1e-12);
         let (lo, mid, hi) = paired(&results, 1, |r| r.qps);
         assert_eq!((lo, mid, hi), (66.0, 88.0, 110.0));
+        // No round with a ratio: nothing to say, rather than an empty range.
+        let none = [vec![run(f64::NAN)], vec![run(1.0)], vec![run(1.0)]];
+        let (lo, mid, hi) = paired(&none, 2, |r| r.qps);
+        assert!(lo.is_nan() && mid.is_nan() && hi.is_nan());
     }
 
     #[test]

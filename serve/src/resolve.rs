@@ -1265,8 +1265,6 @@ mod tests {
         }
     }
 
-    /// The /24 pages find what a search of the whole table finds, hit and scope, in dense
-    /// /16s with nested, touching and host prefixes, and in sparse ones.
     /// A rule matches whatever the name's case and final dot: a name already in lower case is
     /// read in place, any other through a lower-cased copy, to the same class.
     #[test]
@@ -1295,6 +1293,8 @@ mod tests {
         }
     }
 
+    /// The /24 pages find what a search of the whole table finds, hit and scope, in dense
+    /// /16s with nested, touching and host prefixes, and in sparse ones.
     #[test]
     fn the_v4_pages_agree_with_a_search_of_the_whole_table() {
         let (mut paged, mut searched_inside) = (0, 0);

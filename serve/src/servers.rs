@@ -128,31 +128,31 @@ pub enum ServersError {
 }
 
 /// The selection key of a hostname: lower-cased, without the trailing dot (at most
-/// [`MAX_QNAME_LEN`] bytes are used).
-pub fn content_key(qname: &str, buf: &mut String) {
+/// [`MAX_QNAME_LEN`] bytes are used). A name that already is its key (a front end's names come
+/// in lower case) is returned as it is; any other is written to `buf` and read from there.
+pub fn content_key<'a>(qname: &'a str, buf: &'a mut String) -> &'a str {
     let name = qname.strip_suffix('.').unwrap_or(qname);
     let mut end = name.len().min(MAX_QNAME_LEN);
     while !name.is_char_boundary(end) {
         end -= 1;
     }
+    let name = &name[..end];
+    if !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return name;
+    }
     buf.clear();
-    buf.push_str(&name[..end]);
+    buf.push_str(name);
     buf.make_ascii_lowercase();
+    buf
 }
 
 /// The steps of [`Servers::prefetch`].
 pub const PREFETCH_STEPS: u8 = 4;
 
-/// The selection hash of hostname `qname`: its [`content_key`] (written to `key_buf`), hashed.
+/// The selection hash of hostname `qname`: its [`content_key`] (written to `key_buf` when it
+/// is not the name itself), hashed.
 pub fn key_hash_of(qname: &str, key_buf: &mut String) -> u64 {
-    // A name already its own content key (lower case, within the length) is hashed as it is:
-    // a front end's names come so, and the copy would be most of the cost.
-    let name = qname.strip_suffix('.').unwrap_or(qname);
-    if name.len() <= MAX_QNAME_LEN && !name.bytes().any(|b| b.is_ascii_uppercase()) {
-        return cdnmap_select::key_hash(name);
-    }
-    content_key(qname, key_buf);
-    cdnmap_select::key_hash(key_buf)
+    cdnmap_select::key_hash(content_key(qname, key_buf))
 }
 
 impl Servers {
@@ -366,11 +366,13 @@ mod tests {
         }
     }
 
-    /// The hash of a name that is already its content key (read in place) is the hash of the
-    /// key copied out, whatever the case, final dot or length.
+    /// A name's content key, read in place or copied and lower-cased, is the name lower-cased
+    /// without its final dot and cut to the length bound at a character boundary, whatever the
+    /// case; its hash is that key's.
     #[test]
-    fn key_hash_of_a_name_is_the_hash_of_its_content_key() {
+    fn the_content_key_is_the_name_lower_cased_without_its_dot() {
         let long = format!("{}.example.", "a".repeat(300));
+        let long_upper = format!("{}.example.", "É".repeat(200));
         for name in [
             "www.example.com.",
             "www.example.com",
@@ -379,13 +381,21 @@ mod tests {
             ".",
             "",
             long.as_str(),
+            long_upper.as_str(),
             "ÉCOLE.example.",
+            "école.example",
         ] {
-            let (mut key, mut scratch) = (String::new(), String::new());
-            content_key(name, &mut key);
+            let bare = name.strip_suffix('.').unwrap_or(name);
+            let mut end = bare.len().min(MAX_QNAME_LEN);
+            while !bare.is_char_boundary(end) {
+                end -= 1;
+            }
+            let expected = bare[..end].to_ascii_lowercase();
+            let mut buf = String::from("left over");
+            assert_eq!(content_key(name, &mut buf), expected, "{name}");
             assert_eq!(
-                key_hash_of(name, &mut scratch),
-                cdnmap_select::key_hash(&key),
+                key_hash_of(name, &mut buf),
+                cdnmap_select::key_hash(&expected),
                 "{name}"
             );
         }
