@@ -72,10 +72,12 @@ pub struct DnsBenchArgs {
     #[arg(long, default_value_t = 100_000)]
     pub queries: usize,
     /// Seconds per dnsperf run.
-    #[arg(long, default_value_t = 10)]
-    pub seconds: u64,
-    /// dnsperf runs per server, alternating between the two.
     #[arg(long, default_value_t = 3)]
+    pub seconds: u64,
+    /// dnsperf runs per server, the servers in turn. Nine by default: on a small machine the
+    /// runs fall into a fast and a slow mode (the scheduler's, `docs/perf/bench-serve.md`),
+    /// and a median over a few rounds moves with how many land in the slow one.
+    #[arg(long, default_value_t = 9)]
     pub runs: usize,
     /// dnsperf clients (source ports).
     #[arg(long, default_value_t = 8)]
