@@ -1479,7 +1479,8 @@ fn bad_configs_are_refused_with_exact_errors() {
              `grpc_listen`, `http_listen`, `data_dir`, `maps_kept`, `ttl_secs`, `admin_token`, \
              `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
              `http_header_timeout_secs`, `http_max_connections`, `grpc_max_connections`, \
-             `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `advertise_url`, `tls`, \
+             `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `etcd_ca_file`, \
+             `etcd_cert_file`, `etcd_key_file`, `advertise_url`, `tls`, \
              `feedback_tokens`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
              `second_chance`, `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
@@ -1500,7 +1501,24 @@ fn bad_configs_are_refused_with_exact_errors() {
         (
             "serve",
             format!("{serve_base}etcd = [\"127.0.0.1:2379\"]\nnode_id = \"m1\"\n{demo}"),
-            "serve.toml: etcd[0]: \"127.0.0.1:2379\" is not an http:// URL".into(),
+            "serve.toml: etcd[0]: \"127.0.0.1:2379\" is not an http:// or https:// URL".into(),
+        ),
+        (
+            "serve",
+            format!("{serve_base}etcd = [\"https://127.0.0.1:2379\"]\nnode_id = \"m1\"\n{demo}"),
+            "serve.toml: etcd_ca_file: is needed with https:// etcd: the CA its certificate must \
+             chain to"
+                .into(),
+        ),
+        (
+            "serve",
+            format!(
+                "{serve_base}etcd = [\"https://127.0.0.1:2379\", \"http://127.0.0.1:2380\"]\n\
+                 node_id = \"m1\"\netcd_ca_file = \"ca.crt\"\n{demo}"
+            ),
+            "serve.toml: etcd[1]: \"http://127.0.0.1:2380\": etcd[0] is https://, and every entry \
+             must be too"
+                .into(),
         ),
         (
             "serve",

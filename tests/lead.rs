@@ -18,7 +18,11 @@
 //!   applied by every replica from etcd, and the next leader's first map has it;
 //! - etcd down entirely (every member stopped): the leader stops publishing and stands down,
 //!   it keeps serving its last map, the front ends keep answering, and a leader publishes
-//!   again once etcd is back.
+//!   again once etcd is back;
+//! - etcd over mutual TLS: a replica with a certificate from etcd's client CA, trusting
+//!   etcd's CA, leads; one whose certificate another CA signed, and one that trusts another
+//!   CA than etcd's (as if etcd were an impostor), never reach etcd, never campaign and never
+//!   publish, and say why in their status.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -31,10 +35,11 @@ use cdnmap_serve::watch::{Applied, Follower};
 use cdnmap_serve::ServingMap;
 use cdnmap_tests::bin;
 use cdnmap_tests::dns::{dig, metric, metrics_of, Dns};
-use cdnmap_tests::etcd::{Etcd, Relay};
+use cdnmap_tests::etcd::{Etcd, Relay, ServerTls};
 use cdnmap_tests::mapper::{
     all_units, authed, ok, status, unit_sample, Server, Setup, CYCLE_SECS, TOKEN,
 };
+use cdnmap_tests::pki::{Ca, Leaf};
 
 /// A replica's lease lasts a cycle; a takeover may take the lease's run-out, the campaign and
 /// a round: two cycles, and a little for a loaded machine.
@@ -51,11 +56,16 @@ struct Replica {
 impl Replica {
     /// A replica named `name` of the tests' demo world, on the etcd at `urls`.
     fn new(name: &str, urls: &str, relay: Option<SocketAddr>) -> Replica {
+        Replica::with_keys(name, urls, relay, "")
+    }
+
+    /// [`Replica::new`] with more top-level configuration keys (etcd's TLS files, say).
+    fn with_keys(name: &str, urls: &str, relay: Option<SocketAddr>, keys: &str) -> Replica {
         let list: Vec<String> = match relay {
             Some(r) => vec![format!("\"http://{r}\"")],
             None => urls.split(',').map(|u| format!("\"{u}\"")).collect(),
         };
-        let top = format!("etcd = [{}]\nnode_id = \"{name}\"\n", list.join(", "));
+        let top = format!("etcd = [{}]\nnode_id = \"{name}\"\n{keys}", list.join(", "));
         Replica {
             name: name.into(),
             setup: Setup::with_config(bin!(), true, &top, ""),
@@ -755,5 +765,71 @@ async fn an_admin_drain_acknowledged_by_the_leader_survives_its_death() {
         pb::ClusterState::Drained as i32
     );
     assert_eq!(replication(replicas[leader].server()).await.role, "standby");
+    one_replica_per_epoch(&replicas);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let dir = dir.path();
+    // One CA signs etcd's certificate and the replicas' client certificates; another signs a
+    // stranger's.
+    let ca = Ca::new(dir, "etcd");
+    let other = Ca::new(dir, "other");
+    let server = ca.leaf(dir, "etcd-server", &["localhost", "127.0.0.1"], true);
+    let etcd = Etcd::start_tls(
+        1,
+        &ServerTls {
+            cert: server.cert.clone(),
+            key: server.key.clone(),
+            client_ca: ca.cert.clone(),
+        },
+    );
+    let keys = |trusts: &Ca, leaf: &Leaf| {
+        format!(
+            "etcd_ca_file = {:?}\netcd_cert_file = {:?}\netcd_key_file = {:?}\n",
+            trusts.cert.display().to_string(),
+            leaf.cert.display().to_string(),
+            leaf.key.display().to_string()
+        )
+    };
+    let m1 = ca.leaf(dir, "m1", &["m1"], false);
+    let stranger = other.leaf(dir, "stranger", &["stranger"], false);
+    let misled = ca.leaf(dir, "misled", &["misled"], false);
+    let mut replicas = vec![
+        // Its certificate is from a CA etcd does not trust: etcd refuses the handshake.
+        Replica::with_keys("stranger", &etcd.urls(), None, &keys(&ca, &stranger)),
+        // It trusts another CA than the one that signed etcd's certificate: it refuses etcd.
+        Replica::with_keys("misled", &etcd.urls(), None, &keys(&other, &misled)),
+        Replica::with_keys("m1", &etcd.urls(), None, &keys(&ca, &m1)),
+    ];
+    for r in &mut replicas {
+        r.start().await;
+    }
+    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    assert_eq!(replicas[leader].name, "m1");
+    // A cycle more: the two never got through, and no one else campaigns.
+    tokio::time::sleep(Duration::from_secs(CYCLE_SECS)).await;
+    let rep = replication(replicas[2].server()).await;
+    assert_eq!(
+        (rep.role.as_str(), rep.leader_epoch),
+        ("leader", epoch),
+        "{rep:?}"
+    );
+    assert_eq!(rep.replicas, vec!["m1".to_string()], "{rep:?}");
+    assert!(rep.etcd_reachable, "{rep:?}");
+    for r in &replicas[..2] {
+        let rep = replication(r.server()).await;
+        assert_eq!(rep.role, "standby", "{}: {rep:?}", r.name);
+        assert!(!rep.etcd_reachable, "{}: {rep:?}", r.name);
+        assert!(!rep.etcd_error.is_empty(), "{}: {rep:?}", r.name);
+        eprintln!("{}: {}", r.name, rep.etcd_error);
+        assert!(
+            r.published().is_empty(),
+            "{} published {:?}",
+            r.name,
+            r.published()
+        );
+    }
     one_replica_per_epoch(&replicas);
 }

@@ -21,6 +21,9 @@
 //! etcd = ["http://10.0.0.1:2379"]  # replicas: a leader elected through etcd publishes (none: alone)
 //! node_id = "mapper-1"             # this replica's name (needed with etcd)
 //! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
+//! # etcd_ca_file = "etcd-ca.crt"    # https:// etcd: the CA its certificate must chain to
+//! # etcd_cert_file = "mapper-1.crt" # and this replica's client certificate and key, for an
+//! # etcd_key_file = "mapper-1.key"  #   etcd that asks for one (--client-cert-auth)
 //! advertise_url = "http://10.0.0.5:50051"  # where the other replicas reach this one (absent: grpc_listen's address)
 //! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
 //! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
@@ -183,6 +186,13 @@ pub struct Config {
     pub node_id: Option<String>,
     /// The prefix of every key the replicas keep in etcd.
     pub etcd_prefix: String,
+    /// With `https://` etcd URLs: the CA etcd's certificate must chain to (PEM). Required
+    /// with them, refused with `http://` ones.
+    pub etcd_ca_file: Option<PathBuf>,
+    /// This replica's client certificate and key (PEM) for an etcd that authenticates its
+    /// clients (`--client-cert-auth`): both or neither, with `https://` URLs only.
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
     /// The URL the other replicas reach this one's gRPC listener at (they follow the leader's
     /// maps); absent: `http(s)://` and the address `grpc_listen` bound.
     pub advertise_url: Option<String>,
@@ -645,6 +655,9 @@ impl Default for Config {
             etcd: Vec::new(),
             node_id: None,
             etcd_prefix: "cdnmap/".into(),
+            etcd_ca_file: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
             advertise_url: None,
             tls: None,
             feedback_tokens: Default::default(),
@@ -722,18 +735,23 @@ impl Config {
                 ),
             ));
         }
+        // One scheme for all: TLS to some members and not to others would be a cluster
+        // half trusted.
+        let tls = self.etcd.first().is_some_and(|u| u.starts_with("https://"));
+        let scheme = if tls { "https://" } else { "http://" };
         for (i, url) in self.etcd.iter().enumerate() {
             let key = format!("etcd[{i}]");
             let shown = cdnmap_mapper::model::shown_id(url);
-            if url.starts_with("https://") {
-                return Err(invalid(
+            let authority = url.strip_prefix(scheme).ok_or_else(|| {
+                invalid(
                     &key,
-                    format!("{shown}: TLS to etcd is not supported yet (use http:// on a trusted network)"),
-                ));
-            }
-            let authority = url
-                .strip_prefix("http://")
-                .ok_or_else(|| invalid(&key, format!("{shown} is not an http:// URL")))?;
+                    if i > 0 && url.starts_with(if tls { "http://" } else { "https://" }) {
+                        format!("{shown}: etcd[0] is {scheme}, and every entry must be too")
+                    } else {
+                        format!("{shown} is not an http:// or https:// URL")
+                    },
+                )
+            })?;
             let authority = authority.trim_end_matches('/');
             if authority.is_empty()
                 || authority.contains(['/', '?', '#', '@'])
@@ -744,13 +762,14 @@ impl Config {
             {
                 return Err(invalid(
                     &key,
-                    format!("{shown} is not an http://HOST:PORT URL"),
+                    format!("{shown} is not an {scheme}HOST:PORT URL"),
                 ));
             }
             if self.etcd[..i].contains(url) {
                 return Err(invalid(&key, format!("{shown} is given twice")));
             }
         }
+        self.validate_etcd_tls(tls)?;
         if let Some(url) = &self.advertise_url {
             let shown = cdnmap_mapper::model::shown_id(url);
             let authority = url
@@ -804,6 +823,48 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The etcd TLS keys against the URLs' scheme (`tls`: https://), each error naming its
+    /// key.
+    fn validate_etcd_tls(&self, tls: bool) -> Result<(), ConfigError> {
+        let given = [
+            ("etcd_ca_file", &self.etcd_ca_file),
+            ("etcd_cert_file", &self.etcd_cert_file),
+            ("etcd_key_file", &self.etcd_key_file),
+        ];
+        for (key, path) in given {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(invalid(key, "is empty"));
+            }
+            if path.is_some() && !tls {
+                return Err(invalid(
+                    key,
+                    if self.etcd.is_empty() {
+                        "is given but etcd is not".to_string()
+                    } else {
+                        "is given but etcd is plaintext (http://): use https://".to_string()
+                    },
+                ));
+            }
+        }
+        if tls && self.etcd_ca_file.is_none() {
+            return Err(invalid(
+                "etcd_ca_file",
+                "is needed with https:// etcd: the CA its certificate must chain to",
+            ));
+        }
+        match (&self.etcd_cert_file, &self.etcd_key_file) {
+            (Some(_), None) => Err(invalid(
+                "etcd_key_file",
+                "is needed with etcd_cert_file (the certificate's private key)",
+            )),
+            (None, Some(_)) => Err(invalid(
+                "etcd_cert_file",
+                "is needed with etcd_key_file (the key's certificate)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Parses and validates a TOML document.
@@ -1051,6 +1112,21 @@ mod tests {
         assert_eq!(c.instance, Some(PathBuf::from("world.json")));
     }
 
+    /// etcd over TLS: a CA alone (server authentication), or with a client certificate.
+    #[test]
+    fn etcd_over_tls_takes_its_ca_and_a_client_certificate() {
+        let base = "etcd = [\"https://10.0.0.1:2379\", \"https://etcd-2.example:2379/\"]\nnode_id = \"m1\"\netcd_ca_file = \"etcd-ca.crt\"\n";
+        let c = Config::from_toml(base).expect("a CA alone");
+        assert_eq!(c.etcd_ca_file, Some(PathBuf::from("etcd-ca.crt")));
+        assert_eq!(c.etcd_cert_file, None);
+        let c = Config::from_toml(&format!(
+            "{base}etcd_cert_file = \"m1.crt\"\netcd_key_file = \"m1.key\"\n"
+        ))
+        .expect("with a client certificate");
+        assert_eq!(c.etcd_cert_file, Some(PathBuf::from("m1.crt")));
+        assert_eq!(c.etcd_key_file, Some(PathBuf::from("m1.key")));
+    }
+
     /// Each bad value is refused, and the message names its key.
     #[test]
     fn bad_values_are_refused_naming_the_key() {
@@ -1063,7 +1139,36 @@ mod tests {
                 "etcd = [\"http://a:1\", \"http://a:1\"]\nnode_id = \"m1\"",
                 "etcd[1]",
             ),
-            ("etcd = [\"https://a:1\"]\nnode_id = \"m1\"", "etcd[0]"),
+            (
+                "etcd = [\"https://a:1\"]\nnode_id = \"m1\"",
+                "etcd_ca_file",
+            ),
+            (
+                "etcd = [\"https://a:1\", \"http://b:1\"]\nnode_id = \"m1\"\netcd_ca_file = \"ca\"",
+                "etcd[1]",
+            ),
+            (
+                "etcd = [\"http://a:1\"]\nnode_id = \"m1\"\netcd_ca_file = \"ca\"",
+                "etcd_ca_file",
+            ),
+            ("etcd_ca_file = \"ca\"", "etcd_ca_file"),
+            (
+                "etcd = [\"https://a:1\"]\nnode_id = \"m1\"\netcd_ca_file = \"\"",
+                "etcd_ca_file",
+            ),
+            (
+                "etcd = [\"https://a:1\"]\nnode_id = \"m1\"\netcd_ca_file = \"ca\"\netcd_cert_file = \"c\"",
+                "etcd_key_file",
+            ),
+            (
+                "etcd = [\"https://a:1\"]\nnode_id = \"m1\"\netcd_ca_file = \"ca\"\netcd_key_file = \"k\"",
+                "etcd_cert_file",
+            ),
+            (
+                "etcd = [\"http://a:1\"]\nnode_id = \"m1\"\netcd_key_file = \"k\"",
+                "etcd_key_file",
+            ),
+            ("etcd = [\"ftp://a:1\"]\nnode_id = \"m1\"", "etcd[0]"),
             ("etcd = [\"http://a:1/v3\"]\nnode_id = \"m1\"", "etcd[0]"),
             ("etcd = [\"http://a:1\"]\nnode_id = \"m 1\"", "node_id"),
             ("etcd_prefix = \"cdnmap\"", "etcd_prefix"),

@@ -320,11 +320,21 @@ pub async fn serve(
         Some(node_id) if shared.config.replicated() => {
             // Leases last a cycle: a leader that dies is replaced within about two.
             let ttl = Duration::from_secs(shared.config.cycle_secs);
+            let tls = crate::lead::etcd::tls_options(&shared.config)?;
+            if tls.is_none() && !crate::lead::etcd::all_loopback(&shared.config.etcd) {
+                tracing::warn!(
+                    etcd = %shared.config.etcd.join(","),
+                    "etcd is plaintext beyond loopback: whoever can reach it can read the \
+                     replicas' keys and append edits every replica applies; use https:// \
+                     with etcd_ca_file (and a client certificate)"
+                );
+            }
             let (lead, events) = crate::lead::etcd::Coordinator::connect(
                 &shared.config.etcd,
                 &shared.config.etcd_prefix,
                 node_id,
                 ttl,
+                tls,
             )
             .await?;
             tracing::info!(

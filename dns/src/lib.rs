@@ -307,29 +307,6 @@ pub struct MapperLink {
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
-/// The PEM file `path` of config key `key`, checked to hold what it should.
-fn read_pem(key: &str, path: &std::path::Path, private_key: bool) -> anyhow::Result<Vec<u8>> {
-    use rustls_pki_types::pem::PemObject;
-    let bytes =
-        std::fs::read(path).map_err(|e| anyhow::anyhow!("{key} {}: {e}", path.display()))?;
-    let holds = if private_key {
-        rustls_pki_types::PrivateKeyDer::from_pem_slice(&bytes).is_ok()
-    } else {
-        rustls_pki_types::CertificateDer::pem_slice_iter(&bytes)
-            .next()
-            .is_some_and(|c| c.is_ok())
-    };
-    if !holds {
-        let what = if private_key {
-            "private key"
-        } else {
-            "certificate"
-        };
-        anyhow::bail!("{key} {}: no PEM {what} in it", path.display());
-    }
-    Ok(bytes)
-}
-
 impl MapperLink {
     /// The link to the mapper at `url` (one of `config`'s), with `config`'s TLS and token.
     pub fn new(config: &DnsConfig, url: &str) -> anyhow::Result<MapperLink> {
@@ -337,18 +314,13 @@ impl MapperLink {
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
         if let Some(ca) = &config.mapper_ca_file {
-            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(
-                "mapper_ca_file",
-                ca,
-                false,
-            )?));
-            if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
-                tls = tls.identity(Identity::from_pem(
-                    read_pem("cert_file", cert, false)?,
-                    read_pem("key_file", key, true)?,
-                ));
-            }
+            use cdnmap_proto::client_tls::{self, PemFile};
+            let file = |key, path| PemFile { key, path };
+            let identity = match (&config.cert_file, &config.key_file) {
+                (Some(cert), Some(key)) => Some((file("cert_file", cert), file("key_file", key))),
+                _ => None,
+            };
+            let tls = client_tls::config(file("mapper_ca_file", ca), identity)?;
             endpoint = endpoint.tls_config(tls)?;
         }
         let token = match &config.feedback_token {

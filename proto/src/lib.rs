@@ -13,6 +13,8 @@ pub mod v1 {
         tonic::include_file_descriptor_set!("cdnmap_v1_descriptor");
 }
 
+pub mod client_tls;
+
 /// The protobuf runtime the messages are built on (`Message::encoded_len`, say).
 pub use prost;
 

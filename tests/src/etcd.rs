@@ -1,5 +1,6 @@
 //! A real etcd for the tests (Debian's `etcd-server`, unpacked rather than installed: its
-//! package would start a system service), started on loopback with one or three members and
+//! package would start a system service), started on loopback with one or three members,
+//! plaintext or serving its clients over TLS (and then asking for their certificates), and
 //! stopped when dropped; and a TCP relay the tests can cut, which stands between one replica
 //! and etcd as a network partition would (connections stay open, bytes stop).
 
@@ -26,10 +27,21 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The TLS of etcd's client port: its certificate and key, and the CA its clients'
+/// certificates must chain to (`--client-cert-auth`: a client without one is refused).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub client_ca: std::path::PathBuf,
+}
+
 /// One member of a running etcd cluster.
 pub struct Member {
     pub name: String,
     pub client: SocketAddr,
+    /// Where `/health` answers in plaintext (the client port, or with TLS a metrics port).
+    health: SocketAddr,
     child: Option<Child>,
     args: Vec<String>,
     log: std::path::PathBuf,
@@ -38,6 +50,7 @@ pub struct Member {
 /// An etcd cluster on loopback; every member is killed when dropped.
 pub struct Etcd {
     pub members: Vec<Member>,
+    tls: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -47,9 +60,19 @@ impl Etcd {
     /// process took one meanwhile (a member exits at once), the cluster is started again on
     /// other ports, up to three times.
     pub fn start(n: usize) -> Etcd {
+        Etcd::start_with(n, None)
+    }
+
+    /// [`Etcd::start`] with its client port over TLS (`https://`), asking for client
+    /// certificates.
+    pub fn start_tls(n: usize, tls: &ServerTls) -> Etcd {
+        Etcd::start_with(n, Some(tls))
+    }
+
+    fn start_with(n: usize, tls: Option<&ServerTls>) -> Etcd {
         let mut last = String::new();
         for _ in 0..3 {
-            match Etcd::try_start(n) {
+            match Etcd::try_start(n, tls) {
                 Ok(etcd) => return etcd,
                 Err(e) => last = e,
             }
@@ -57,7 +80,7 @@ impl Etcd {
         panic!("etcd did not start in three tries: {last}")
     }
 
-    fn try_start(n: usize) -> Result<Etcd, String> {
+    fn try_start(n: usize, tls: Option<&ServerTls>) -> Result<Etcd, String> {
         let bin = etcd_bin();
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-etcd-")
@@ -71,13 +94,14 @@ impl Etcd {
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Vec::new();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         for (i, (client, peer)) in ports.iter().enumerate() {
             let name = format!("e{i}");
-            let args = vec![
+            let mut args = vec![
                 format!("--name={name}"),
                 format!("--data-dir={}", dir.path().join(&name).display()),
-                format!("--listen-client-urls=http://127.0.0.1:{client}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                format!("--listen-client-urls={scheme}://127.0.0.1:{client}"),
+                format!("--advertise-client-urls={scheme}://127.0.0.1:{client}"),
                 format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
                 format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
                 format!("--initial-cluster={cluster}"),
@@ -87,9 +111,22 @@ impl Etcd {
                 "--heartbeat-interval=100".into(),
                 "--election-timeout=1000".into(),
             ];
+            let client = SocketAddr::from(([127, 0, 0, 1], *client));
+            let mut health = client;
+            if let Some(t) = tls {
+                health = SocketAddr::from(([127, 0, 0, 1], free_port()));
+                args.extend([
+                    format!("--cert-file={}", t.cert.display()),
+                    format!("--key-file={}", t.key.display()),
+                    format!("--trusted-ca-file={}", t.client_ca.display()),
+                    "--client-cert-auth".into(),
+                    format!("--listen-metrics-urls=http://{health}"),
+                ]);
+            }
             let mut m = Member {
                 name: name.clone(),
-                client: SocketAddr::from(([127, 0, 0, 1], *client)),
+                client,
+                health,
                 child: None,
                 args,
                 log: dir.path().join(format!("{name}.log")),
@@ -97,7 +134,11 @@ impl Etcd {
             m.spawn(&bin);
             members.push(m);
         }
-        let mut etcd = Etcd { members, _dir: dir };
+        let mut etcd = Etcd {
+            members,
+            tls: tls.is_some(),
+            _dir: dir,
+        };
         for i in 0..etcd.members.len() {
             etcd.members[i].wait_healthy()?;
         }
@@ -106,9 +147,10 @@ impl Etcd {
 
     /// The client URLs, comma-separated (`cdnmap serve --etcd`).
     pub fn urls(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
         self.members
             .iter()
-            .map(|m| format!("http://{}", m.client))
+            .map(|m| format!("{scheme}://{}", m.client))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -161,7 +203,7 @@ impl Member {
     pub fn wait_healthy(&mut self) -> Result<(), String> {
         let started = Instant::now();
         loop {
-            if let Ok(body) = http_get(self.client, "/health") {
+            if let Ok(body) = http_get(self.health, "/health") {
                 if body.contains("\"health\":\"true\"") {
                     return Ok(());
                 }

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseGrantOptions, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseGrantOptions, TlsOptions, Txn,
+    TxnOp,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -52,6 +53,50 @@ pub struct Status {
 #[error("etcd: {0}")]
 pub struct EtcdError(String);
 
+/// The TLS to etcd that `config` asks for: `None` for `http://` URLs; for `https://` ones,
+/// the CA (`etcd_ca_file`) and this replica's certificate and key when given. Each file is
+/// read and checked now: an error names its key and path.
+pub fn tls_options(config: &crate::config::Config) -> anyhow::Result<Option<TlsOptions>> {
+    use cdnmap_proto::client_tls::{self, PemFile};
+    let Some(ca) = &config.etcd_ca_file else {
+        return Ok(None);
+    };
+    let identity = match (&config.etcd_cert_file, &config.etcd_key_file) {
+        (Some(cert), Some(key)) => Some((
+            PemFile {
+                key: "etcd_cert_file",
+                path: cert,
+            },
+            PemFile {
+                key: "etcd_key_file",
+                path: key,
+            },
+        )),
+        _ => None,
+    };
+    let ca = PemFile {
+        key: "etcd_ca_file",
+        path: ca,
+    };
+    Ok(Some(client_tls::config(ca, identity)?))
+}
+
+/// Whether every etcd URL is on loopback (plaintext there is no one else's to read).
+pub fn all_loopback(urls: &[String]) -> bool {
+    urls.iter().all(|u| {
+        let host = u
+            .split_once("://")
+            .map_or(u.as_str(), |(_, rest)| rest)
+            .trim_end_matches('/');
+        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
+}
+
 /// This replica's part in the election.
 pub struct Coordinator {
     client: Client,
@@ -70,17 +115,23 @@ pub struct Coordinator {
 
 impl Coordinator {
     /// A coordinator for `node_id` on the etcd cluster at `endpoints` (URLs), keys under
-    /// `prefix`, leases of `ttl`. No call is made yet (an etcd that is down at the start is
-    /// retried by [`Coordinator::run`]).
+    /// `prefix`, leases of `ttl`, over `tls` when given ([`tls_options`]; the URLs are then
+    /// `https://`). No call is made yet (an etcd that is down at the start is retried by
+    /// [`Coordinator::run`]; one whose certificate does not chain to the CA, or that refuses
+    /// this replica's, is like one that is down, its error in the status).
     pub async fn connect(
         endpoints: &[String],
         prefix: &str,
         node_id: &str,
         ttl: Duration,
+        tls: Option<TlsOptions>,
     ) -> anyhow::Result<(Arc<Coordinator>, mpsc::Receiver<Event>)> {
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(CALL_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), CALL_TIMEOUT);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls);
+        }
         let client = Client::connect(endpoints, Some(options))
             .await
             .map_err(|e| anyhow::anyhow!("etcd {}: {e}", endpoints.join(",")))?;
@@ -463,5 +514,27 @@ impl Coordinator {
         tracing::debug!(?command, %error, "etcd call failed");
         self.note(Some(error));
         Event::Failed { command }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::all_loopback;
+
+    #[test]
+    fn plaintext_is_quiet_only_when_every_member_is_on_loopback() {
+        let urls = |list: &[&str]| list.iter().map(|u| u.to_string()).collect::<Vec<_>>();
+        assert!(all_loopback(&urls(&["http://127.0.0.1:2379"])));
+        assert!(all_loopback(&urls(&[
+            "http://localhost:2379/",
+            "http://[::1]:2379",
+            "http://127.0.0.2:2379"
+        ])));
+        assert!(!all_loopback(&urls(&["http://10.0.0.1:2379"])));
+        assert!(!all_loopback(&urls(&[
+            "http://127.0.0.1:2379",
+            "http://etcd-2.example:2379"
+        ])));
+        assert!(!all_loopback(&urls(&["http://[2001:db8::1]:2379"])));
     }
 }
