@@ -22,7 +22,11 @@
 //! - etcd over mutual TLS: a replica with a certificate from etcd's client CA, trusting
 //!   etcd's CA, leads; one whose certificate another CA signed, and one that trusts another
 //!   CA than etcd's (as if etcd were an impostor), never reach etcd, never campaign and never
-//!   publish, and say why in their status.
+//!   publish, and say why in their status;
+//! - TLS on the replicas' listeners, mutual: a standby with `[tls] peer_ca_file` and a
+//!   certificate from the leader's client CA follows the leader's maps and seeds its rounds
+//!   from them; one without `peer_ca_file`, and one whose certificate another CA signed, do
+//!   not, and say so.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -61,6 +65,17 @@ impl Replica {
 
     /// [`Replica::new`] with more top-level configuration keys (etcd's TLS files, say).
     fn with_keys(name: &str, urls: &str, relay: Option<SocketAddr>, keys: &str) -> Replica {
+        Replica::with_config(name, urls, relay, keys, "")
+    }
+
+    /// [`Replica::with_keys`] with `tables` appended to the configuration (`[tls]`, say).
+    fn with_config(
+        name: &str,
+        urls: &str,
+        relay: Option<SocketAddr>,
+        keys: &str,
+        tables: &str,
+    ) -> Replica {
         let list: Vec<String> = match relay {
             Some(r) => vec![format!("\"http://{r}\"")],
             None => urls.split(',').map(|u| format!("\"{u}\"")).collect(),
@@ -68,7 +83,7 @@ impl Replica {
         let top = format!("etcd = [{}]\nnode_id = \"{name}\"\n{keys}", list.join(", "));
         Replica {
             name: name.into(),
-            setup: Setup::with_config(bin!(), true, &top, ""),
+            setup: Setup::with_config(bin!(), true, &top, tables),
             server: None,
         }
     }
@@ -831,5 +846,75 @@ async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() 
             r.published()
         );
     }
+    one_replica_per_epoch(&replicas);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_mutual_tls_a_standby_with_a_peer_certificate_follows_the_leaders_maps() {
+    const SEEDED: &str = "the round is seeded from the leader's map";
+    let dir = tempfile::tempdir().expect("a directory");
+    let dir = dir.path();
+    let etcd = Etcd::start(1);
+    // One CA signs the replicas' listener certificate and their client certificates (the
+    // listeners' client_ca_file); another signs a stranger's.
+    let ca = Ca::new(dir, "replicas");
+    let other = Ca::new(dir, "other");
+    let listener = ca.leaf(dir, "replica", &["localhost", "127.0.0.1"], true);
+    let tls = |peer: &str| {
+        format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\n{peer}",
+            listener.cert.display().to_string(),
+            listener.key.display().to_string(),
+            ca.cert.display().to_string()
+        )
+    };
+    let peer = |leaf: &Leaf| {
+        format!(
+            "peer_ca_file = {:?}\npeer_cert_file = {:?}\npeer_key_file = {:?}\n",
+            ca.cert.display().to_string(),
+            leaf.cert.display().to_string(),
+            leaf.key.display().to_string()
+        )
+    };
+    let m1 = ca.leaf(dir, "m1", &["m1.replicas.example"], false);
+    let m2 = ca.leaf(dir, "m2", &["m2.replicas.example"], false);
+    let stranger = other.leaf(dir, "stranger", &["stranger.replicas.example"], false);
+    let mut replicas = vec![
+        Replica::with_config("m1", &etcd.urls(), None, "", &tls(&peer(&m1))),
+        Replica::with_config("m2", &etcd.urls(), None, "", &tls(&peer(&m2))),
+        Replica::with_config("alone", &etcd.urls(), None, "", &tls("")),
+        Replica::with_config("stranger", &etcd.urls(), None, "", &tls(&peer(&stranger))),
+    ];
+    for r in &mut replicas {
+        r.setup.ca = Some(ca.cert.clone());
+    }
+    replicas[0].start().await;
+    let (leader, _) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    assert_eq!(leader, 0);
+    for r in &mut replicas[1..] {
+        r.start().await;
+    }
+    // m2 follows the leader's WatchMap over mutual TLS: a round of its is seeded from the
+    // leader's map within a few cycles.
+    let started = Instant::now();
+    while !replicas[1].server().log().contains(SEEDED) {
+        assert!(
+            started.elapsed() < Duration::from_secs(3 * CYCLE_SECS + 10),
+            "m2 seeded no round from the leader's map:\n{}",
+            replicas[1].server().log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // By then the other two have had as many rounds, each from its own maps, and said why.
+    let alone = replicas[2].server().log();
+    assert!(!alone.contains(SEEDED), "{alone}");
+    assert!(alone.contains("no tls.peer_ca_file"), "{alone}");
+    let log = replicas[3].server().log();
+    assert!(!log.contains(SEEDED), "{log}");
+    let said = log
+        .lines()
+        .find(|l| l.contains("following the leader's map failed"));
+    assert!(said.is_some(), "{log}");
+    eprintln!("stranger: {}", said.unwrap_or_default());
     one_replica_per_epoch(&replicas);
 }

@@ -38,6 +38,9 @@
 //! key_file = "mapper.key"
 //! client_ca_file = "front-ends-ca.crt"  # optional, mutual TLS: only front ends with a
 //!                                  # certificate from this CA may watch maps and send feedback
+//! # peer_ca_file = "mappers-ca.crt" # replicated: a standby follows the leader's maps over TLS,
+//! # peer_cert_file = "m1-peer.crt"  #   trusting this CA, with this client certificate when
+//! # peer_key_file = "m1-peer.key"   #   the leader asks for one (its client_ca_file)
 //!
 //! [feedback_tokens]                # front ends' own tokens (not the Admin token): with any,
 //! "fe-ams-1" = "a-long-random-token" # Feedback needs "authorization: Bearer <token>" and
@@ -563,7 +566,8 @@ impl SelectionConfig {
     }
 }
 
-/// `[tls]`: the listeners' certificate and key, and the CA of front ends for mutual TLS.
+/// `[tls]`: the listeners' certificate and key, and the CA of front ends for mutual TLS;
+/// replicated, what a standby needs to follow the leader's maps over TLS.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
@@ -571,6 +575,17 @@ pub struct TlsConfig {
     pub key_file: PathBuf,
     #[serde(default)]
     pub client_ca_file: Option<PathBuf>,
+    /// The CA the other replicas' listener certificates chain to. With it a standby follows
+    /// the leader's WatchMap over TLS and seeds its rounds from the leader's maps; without
+    /// it, it seeds from its own (a takeover then moves more).
+    #[serde(default)]
+    pub peer_ca_file: Option<PathBuf>,
+    /// This replica's client certificate and key for a leader whose listeners ask for one
+    /// (its `client_ca_file`): both or neither, with `peer_ca_file`.
+    #[serde(default)]
+    pub peer_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub peer_key_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -584,6 +599,49 @@ impl Config {
 }
 
 impl TlsConfig {
+    /// The peer keys, each error naming its key (`replicated`: whether there are peers).
+    fn validate_peers(&self, replicated: bool) -> Result<(), ConfigError> {
+        let given = [
+            ("tls.peer_ca_file", &self.peer_ca_file),
+            ("tls.peer_cert_file", &self.peer_cert_file),
+            ("tls.peer_key_file", &self.peer_key_file),
+        ];
+        for (key, path) in given {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(invalid(key, "is empty"));
+            }
+            if path.is_some() && !replicated {
+                return Err(invalid(
+                    key,
+                    "is given but this mapper has no peers (no etcd)",
+                ));
+            }
+        }
+        match (&self.peer_cert_file, &self.peer_key_file) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "tls.peer_key_file",
+                    "is needed with tls.peer_cert_file (the certificate's private key)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls.peer_cert_file",
+                    "is needed with tls.peer_key_file (the key's certificate)",
+                ))
+            }
+            _ => {}
+        }
+        if self.peer_cert_file.is_some() && self.peer_ca_file.is_none() {
+            return Err(invalid(
+                "tls.peer_ca_file",
+                "is needed with tls.peer_cert_file: the CA the other replicas' certificates \
+                 chain to",
+            ));
+        }
+        Ok(())
+    }
+
     pub fn to_files(&self) -> crate::tls::TlsFiles {
         crate::tls::TlsFiles {
             cert_file: self.cert_file.clone(),
@@ -933,6 +991,9 @@ impl Config {
             return Err(invalid("data_dir", "is empty"));
         }
         self.validate_etcd()?;
+        if let Some(tls) = &self.tls {
+            tls.validate_peers(self.replicated())?;
+        }
         if let Some(token) = &self.admin_token {
             check_token("admin_token", token)?;
         }
@@ -1167,6 +1228,18 @@ mod tests {
             (
                 "etcd = [\"http://a:1\"]\nnode_id = \"m1\"\netcd_key_file = \"k\"",
                 "etcd_key_file",
+            ),
+            (
+                "[tls]\ncert_file = \"c\"\nkey_file = \"k\"\npeer_ca_file = \"ca\"",
+                "tls.peer_ca_file",
+            ),
+            (
+                "etcd = [\"http://a:1\"]\nnode_id = \"m1\"\n[tls]\ncert_file = \"c\"\nkey_file = \"k\"\npeer_cert_file = \"pc\"\npeer_key_file = \"pk\"",
+                "tls.peer_ca_file",
+            ),
+            (
+                "etcd = [\"http://a:1\"]\nnode_id = \"m1\"\n[tls]\ncert_file = \"c\"\nkey_file = \"k\"\npeer_ca_file = \"ca\"\npeer_cert_file = \"pc\"",
+                "tls.peer_key_file",
             ),
             ("etcd = [\"ftp://a:1\"]\nnode_id = \"m1\"", "etcd[0]"),
             ("etcd = [\"http://a:1/v3\"]\nnode_id = \"m1\"", "etcd[0]"),

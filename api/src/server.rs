@@ -414,6 +414,8 @@ pub async fn serve(
     let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
+    // A standby's TLS to the leader's listener, its files read now (an error names the key).
+    let peer_tls = peer_tls(&shared.config)?;
     let lead_task = lead_task.map(|(lead, events)| {
         let scheme = if shared.config.tls.is_some() { "https" } else { "http" };
         let advertise = shared
@@ -424,7 +426,7 @@ pub async fn serve(
         if grpc_addr.ip().is_unspecified() && shared.config.advertise_url.is_none() {
             tracing::warn!(%advertise, "listening on every address: set advertise_url to the one the other replicas reach this one at");
         }
-        tokio::spawn(follow_leader(Arc::clone(&shared), advertise.clone()));
+        tokio::spawn(follow_leader(Arc::clone(&shared), advertise.clone(), peer_tls.clone()));
         tokio::spawn(lead.run(events, shared.stopping.subscribe(), advertise))
     });
     let tls = match &shared.config.tls {
@@ -579,23 +581,61 @@ async fn follow_edits(shared: Arc<Shared>) {
     }
 }
 
+/// The TLS a standby follows the leader with: `[tls] peer_ca_file`, and `peer_cert_file` and
+/// `peer_key_file` for a leader that asks for a client certificate. `None` without TLS on
+/// the listeners or without `peer_ca_file`.
+fn peer_tls(config: &Config) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    use cdnmap_proto::client_tls::{self, PemFile};
+    let Some(ca) = config.tls.as_ref().and_then(|t| t.peer_ca_file.as_ref()) else {
+        return Ok(None);
+    };
+    let tls = config.tls.as_ref();
+    let identity = match (
+        tls.and_then(|t| t.peer_cert_file.as_ref()),
+        tls.and_then(|t| t.peer_key_file.as_ref()),
+    ) {
+        (Some(cert), Some(key)) => Some((
+            PemFile {
+                key: "tls.peer_cert_file",
+                path: cert,
+            },
+            PemFile {
+                key: "tls.peer_key_file",
+                path: key,
+            },
+        )),
+        _ => None,
+    };
+    let ca = PemFile {
+        key: "tls.peer_ca_file",
+        path: ca,
+    };
+    Ok(Some(client_tls::config(ca, identity)?))
+}
+
 /// Replicated, as a standby: follows the leader's WatchMap (the first replica in the
 /// election, by the URL it campaigns with), holding its last published map in
 /// `Shared::leader_map`, which the standby's rounds are seeded from. The leader follows no one.
-/// With TLS on the gRPC listeners the leader's stream is not followed (a replica has no client
-/// certificate for a peer's mutual TLS): the standby then seeds from its own maps.
-async fn follow_leader(shared: Arc<Shared>, own: String) {
+/// With TLS on the gRPC listeners the leader is followed over TLS (`peer_tls`); without
+/// `[tls] peer_ca_file` it is not followed, and the standby seeds from its own maps.
+async fn follow_leader(
+    shared: Arc<Shared>,
+    own: String,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) {
     let Some(lead) = shared.lead.get().cloned() else {
         return;
     };
-    if shared.config.tls.is_some() {
+    if shared.config.tls.is_some() && tls.is_none() {
         tracing::warn!(
-            "TLS on the listeners: a standby seeds its rounds from its own maps, not the leader's"
+            "TLS on the listeners and no tls.peer_ca_file: a standby seeds its rounds from its \
+             own maps, not the leader's"
         );
         return;
     }
     let mut status = lead.status();
     let mut stop = shared.stopping.subscribe();
+    let mut last_error = String::new();
     let target = |s: &crate::lead::etcd::Status| match s.role {
         Some(crate::lead::Role::Leader { .. }) => None,
         _ => s
@@ -622,9 +662,15 @@ async fn follow_leader(shared: Arc<Shared>, own: String) {
             }
         };
         tokio::select! {
-            r = watch_leader(&shared, &url) => {
+            r = watch_leader(&shared, &url, tls.as_ref()) => {
                 if let Err(e) = r {
-                    tracing::debug!(error = %e, leader = %url, "following the leader's map");
+                    // Said once per distinct error: a certificate the leader refuses would
+                    // otherwise leave the standby seeding from its own maps in silence.
+                    let shown = format!("{e:#}");
+                    if shown != last_error {
+                        tracing::warn!(error = %shown, leader = %url, "following the leader's map failed (retried every 0.5 s)");
+                        last_error = shown;
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -635,12 +681,18 @@ async fn follow_leader(shared: Arc<Shared>, own: String) {
 }
 
 /// One WatchMap stream from the leader at `url`: each new version into `Shared::leader_map`.
-async fn watch_leader(shared: &Shared, url: &str) -> anyhow::Result<()> {
+async fn watch_leader(
+    shared: &Shared,
+    url: &str,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> anyhow::Result<()> {
     use cdnmap_serve::watch::{Applied, Follower};
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
-        .connect_timeout(Duration::from_secs(2))
-        .connect()
-        .await?;
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
+        .connect_timeout(Duration::from_secs(2));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.clone())?;
+    }
+    let channel = endpoint.connect().await?;
     let mut client =
         pb::mapping_client::MappingClient::new(channel).max_decoding_message_size(1 << 30);
     let mut stream = client
