@@ -846,6 +846,9 @@ async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() 
             r.published()
         );
     }
+    // The misled replica refused etcd's certificate itself.
+    let misled = replication(replicas[1].server()).await;
+    assert!(misled.etcd_error.contains("UnknownIssuer"), "{misled:?}");
     one_replica_per_epoch(&replicas);
 }
 
@@ -905,11 +908,16 @@ async fn over_mutual_tls_a_standby_with_a_peer_certificate_follows_the_leaders_m
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // By then the other two have had as many rounds, each from its own maps, and said why.
+    // A cycle more: the other two have solved rounds as standbys by then, each from its own
+    // maps, and each said why.
+    tokio::time::sleep(Duration::from_secs(CYCLE_SECS)).await;
+    const STANDBY_ROUND: &str = "round solved, not published (a standby)";
     let alone = replicas[2].server().log();
+    assert!(alone.contains(STANDBY_ROUND), "{alone}");
     assert!(!alone.contains(SEEDED), "{alone}");
     assert!(alone.contains("no tls.peer_ca_file"), "{alone}");
     let log = replicas[3].server().log();
+    assert!(log.contains(STANDBY_ROUND), "{log}");
     assert!(!log.contains(SEEDED), "{log}");
     let said = log
         .lines()

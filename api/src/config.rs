@@ -24,7 +24,7 @@
 //! # etcd_ca_file = "etcd-ca.crt"    # https:// etcd: the CA its certificate must chain to
 //! # etcd_cert_file = "mapper-1.crt" # and this replica's client certificate and key, for an
 //! # etcd_key_file = "mapper-1.key"  #   etcd that asks for one (--client-cert-auth)
-//! advertise_url = "http://10.0.0.5:50051"  # where the other replicas reach this one (absent: grpc_listen's address)
+//! advertise_url = "https://10.0.0.5:50051" # where the other replicas reach this one (https:// with [tls]; absent: grpc_listen's address)
 //! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
 //! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
 //! default_class = "web"
@@ -816,7 +816,9 @@ impl Config {
                 || authority
                     .chars()
                     .any(|c| c.is_whitespace() || c.is_control())
-                || authority.parse::<axum::http::uri::Authority>().is_err()
+                || !authority
+                    .parse::<axum::http::uri::Authority>()
+                    .is_ok_and(|a| a.port_u16().is_some_and(|p| p != 0))
             {
                 return Err(invalid(
                     &key,
@@ -830,19 +832,31 @@ impl Config {
         self.validate_etcd_tls(tls)?;
         if let Some(url) = &self.advertise_url {
             let shown = cdnmap_mapper::model::shown_id(url);
-            let authority = url
-                .strip_prefix("http://")
-                .or_else(|| url.strip_prefix("https://"))
-                .map(|a| a.trim_end_matches('/'));
+            // The scheme the listeners speak: a standby follows the URL as advertised, and
+            // one configured for TLS refuses a plaintext one.
+            let scheme = if self.tls.is_some() {
+                "https://"
+            } else {
+                "http://"
+            };
+            let authority = url.strip_prefix(scheme).map(|a| a.trim_end_matches('/'));
             let ok = authority.is_some_and(|a| {
                 !a.is_empty()
                     && !a.contains(['/', '?', '#', '@', ' '])
-                    && a.parse::<axum::http::uri::Authority>().is_ok()
+                    && a.parse::<axum::http::uri::Authority>()
+                        .is_ok_and(|a| a.port_u16().is_some_and(|p| p != 0))
             });
             if !ok {
+                let listeners = if self.tls.is_some() {
+                    "TLS ([tls])"
+                } else {
+                    "plaintext"
+                };
                 return Err(invalid(
                     "advertise_url",
-                    format!("{shown} is not an http(s)://HOST:PORT URL"),
+                    format!(
+                        "{shown} is not an {scheme}HOST:PORT URL (the listeners are {listeners})"
+                    ),
                 ));
             }
         }
@@ -1242,6 +1256,14 @@ mod tests {
                 "tls.peer_key_file",
             ),
             ("etcd = [\"ftp://a:1\"]\nnode_id = \"m1\"", "etcd[0]"),
+            ("etcd = [\"http://a\"]\nnode_id = \"m1\"", "etcd[0]"),
+            ("etcd = [\"http://a:0\"]\nnode_id = \"m1\"", "etcd[0]"),
+            ("advertise_url = \"http://10.0.0.5\"", "advertise_url"),
+            (
+                "advertise_url = \"http://10.0.0.5:50051\"\n[tls]\ncert_file = \"c\"\nkey_file = \"k\"",
+                "advertise_url",
+            ),
+            ("advertise_url = \"https://10.0.0.5:50051\"", "advertise_url"),
             ("etcd = [\"http://a:1/v3\"]\nnode_id = \"m1\"", "etcd[0]"),
             ("etcd = [\"http://a:1\"]\nnode_id = \"m 1\"", "node_id"),
             ("etcd_prefix = \"cdnmap\"", "etcd_prefix"),

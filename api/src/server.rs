@@ -315,12 +315,16 @@ pub async fn serve(
     let grpc_addr: SocketAddr = config.grpc_listen;
     let http_addr: SocketAddr = config.http_listen;
     let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);
+    // The TLS files of the links to etcd and to the leader, read before anything starts (an
+    // error names the key and the file).
+    let etcd_tls = crate::lead::etcd::tls_options(&config)?;
+    let peer_tls = peer_tls(&config)?;
     let shared = Shared::start(config, initial)?;
     let lead_task = match &shared.config.node_id {
         Some(node_id) if shared.config.replicated() => {
             // Leases last a cycle: a leader that dies is replaced within about two.
             let ttl = Duration::from_secs(shared.config.cycle_secs);
-            let tls = crate::lead::etcd::tls_options(&shared.config)?;
+            let tls = etcd_tls;
             if tls.is_none() && !crate::lead::etcd::all_loopback(&shared.config.etcd) {
                 tracing::warn!(
                     etcd = %shared.config.etcd.join(","),
@@ -414,8 +418,6 @@ pub async fn serve(
     let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
-    // A standby's TLS to the leader's listener, its files read now (an error names the key).
-    let peer_tls = peer_tls(&shared.config)?;
     let lead_task = lead_task.map(|(lead, events)| {
         let scheme = if shared.config.tls.is_some() { "https" } else { "http" };
         let advertise = shared
@@ -586,31 +588,22 @@ async fn follow_edits(shared: Arc<Shared>) {
 /// the listeners or without `peer_ca_file`.
 fn peer_tls(config: &Config) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
     use cdnmap_proto::client_tls::{self, PemFile};
-    let Some(ca) = config.tls.as_ref().and_then(|t| t.peer_ca_file.as_ref()) else {
+    let Some(tls) = &config.tls else {
         return Ok(None);
     };
-    let tls = config.tls.as_ref();
-    let identity = match (
-        tls.and_then(|t| t.peer_cert_file.as_ref()),
-        tls.and_then(|t| t.peer_key_file.as_ref()),
-    ) {
-        (Some(cert), Some(key)) => Some((
-            PemFile {
-                key: "tls.peer_cert_file",
-                path: cert,
-            },
-            PemFile {
-                key: "tls.peer_key_file",
-                path: key,
-            },
-        )),
-        _ => None,
+    let Some(ca) = &tls.peer_ca_file else {
+        return Ok(None);
     };
-    let ca = PemFile {
-        key: "tls.peer_ca_file",
-        path: ca,
-    };
-    Ok(Some(client_tls::config(ca, identity)?))
+    let file = |key, path| PemFile { key, path };
+    Ok(Some(client_tls::config(
+        file("tls.peer_ca_file", ca),
+        tls.peer_cert_file
+            .as_deref()
+            .map(|p| file("tls.peer_cert_file", p)),
+        tls.peer_key_file
+            .as_deref()
+            .map(|p| file("tls.peer_key_file", p)),
+    )?))
 }
 
 /// Replicated, as a standby: follows the leader's WatchMap (the first replica in the
@@ -635,7 +628,8 @@ async fn follow_leader(
     }
     let mut status = lead.status();
     let mut stop = shared.stopping.subscribe();
-    let mut last_error = String::new();
+    // The last failure said (the leader's URL, the error), so a repeat is not said again.
+    let mut last_error = (String::new(), String::new());
     let target = |s: &crate::lead::etcd::Status| match s.role {
         Some(crate::lead::Role::Leader { .. }) => None,
         _ => s
@@ -664,13 +658,16 @@ async fn follow_leader(
         tokio::select! {
             r = watch_leader(&shared, &url, tls.as_ref()) => {
                 if let Err(e) = r {
-                    // Said once per distinct error: a certificate the leader refuses would
-                    // otherwise leave the standby seeding from its own maps in silence.
-                    let shown = format!("{e:#}");
+                    // Said once per leader and error until a stream ends well: a certificate
+                    // the leader refuses would otherwise leave the standby seeding from its
+                    // own maps in silence.
+                    let shown = (url.clone(), format!("{e:#}"));
                     if shown != last_error {
-                        tracing::warn!(error = %shown, leader = %url, "following the leader's map failed (retried every 0.5 s)");
+                        tracing::warn!(error = %shown.1, leader = %url, "following the leader's map failed (retried every 0.5 s)");
                         last_error = shown;
                     }
+                } else {
+                    last_error = Default::default();
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -690,6 +687,12 @@ async fn watch_leader(
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
         .connect_timeout(Duration::from_secs(2));
     if let Some(tls) = tls {
+        // tonic would take an http:// URL with a TLS configuration in plaintext: the URL
+        // comes from etcd, so a leader that advertises one is not followed at all.
+        anyhow::ensure!(
+            url.starts_with("https://"),
+            "the leader advertises {url}, not https://: not followed in plaintext"
+        );
         endpoint = endpoint.tls_config(tls.clone())?;
     }
     let channel = endpoint.connect().await?;

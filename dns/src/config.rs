@@ -386,20 +386,7 @@ impl DnsConfig {
 }
 
 /// Whether `url` names a loopback address (or `localhost`).
-pub fn is_loopback(url: &str) -> bool {
-    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
-        return false;
-    };
-    match uri.host() {
-        Some("localhost") => true,
-        Some(h) => h
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|a| a.is_loopback()),
-        None => false,
-    }
-}
+pub use cdnmap_proto::client_tls::is_loopback;
 
 /// The TOML example in a module's doc comment (between "//! ```toml" and "//! ```"), so a
 /// test can check that the documented example is valid (this module's and the service's).

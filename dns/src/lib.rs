@@ -316,11 +316,11 @@ impl MapperLink {
         if let Some(ca) = &config.mapper_ca_file {
             use cdnmap_proto::client_tls::{self, PemFile};
             let file = |key, path| PemFile { key, path };
-            let identity = match (&config.cert_file, &config.key_file) {
-                (Some(cert), Some(key)) => Some((file("cert_file", cert), file("key_file", key))),
-                _ => None,
-            };
-            let tls = client_tls::config(file("mapper_ca_file", ca), identity)?;
+            let tls = client_tls::config(
+                file("mapper_ca_file", ca),
+                config.cert_file.as_deref().map(|p| file("cert_file", p)),
+                config.key_file.as_deref().map(|p| file("key_file", p)),
+            )?;
             endpoint = endpoint.tls_config(tls)?;
         }
         let token = match &config.feedback_token {

@@ -29,43 +29,114 @@ impl std::fmt::Display for TlsFileError {
 
 impl std::error::Error for TlsFileError {}
 
-/// The bytes of `file`, checked to hold a certificate (the first item of a chain) or, with
-/// `private_key`, a private key.
-pub fn read_pem(file: PemFile<'_>, private_key: bool) -> Result<Vec<u8>, TlsFileError> {
+/// What a PEM file must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds {
+    /// Certificates, each one a CA a connection may trust (a trust anchor).
+    Anchors,
+    /// A certificate chain (the leaf first).
+    Chain,
+    /// A private key.
+    Key,
+}
+
+/// The bytes of `file`, checked to hold what `holds` says: at least one item, and every
+/// certificate well-formed (tonic would skip a CA it cannot parse, and every connection
+/// would then fail to verify for want of it).
+pub fn read_pem(file: PemFile<'_>, holds: Holds) -> Result<Vec<u8>, TlsFileError> {
     let named = || format!("{} {}", file.key, file.path.display());
     let bytes = std::fs::read(file.path).map_err(|e| TlsFileError(format!("{}: {e}", named())))?;
-    let holds = if private_key {
-        rustls_pki_types::PrivateKeyDer::from_pem_slice(&bytes).is_ok()
-    } else {
-        rustls_pki_types::CertificateDer::pem_slice_iter(&bytes)
-            .next()
-            .is_some_and(|c| c.is_ok())
+    let what = match holds {
+        Holds::Key => {
+            return match rustls_pki_types::PrivateKeyDer::from_pem_slice(&bytes) {
+                Ok(_) => Ok(bytes),
+                Err(_) => Err(TlsFileError(format!(
+                    "{}: no PEM private key in it",
+                    named()
+                ))),
+            };
+        }
+        Holds::Anchors | Holds::Chain => "certificate",
     };
-    if !holds {
-        let what = if private_key {
-            "private key"
-        } else {
-            "certificate"
-        };
+    let mut count = 0;
+    for (i, cert) in rustls_pki_types::CertificateDer::pem_slice_iter(&bytes).enumerate() {
+        let cert =
+            cert.map_err(|e| TlsFileError(format!("{}: PEM item {}: {e}", named(), i + 1)))?;
+        if holds == Holds::Anchors {
+            webpki::anchor_from_trusted_cert(&cert).map_err(|e| {
+                TlsFileError(format!(
+                    "{}: certificate {} is not one a CA can be trusted by: {e}",
+                    named(),
+                    i + 1
+                ))
+            })?;
+        }
+        count += 1;
+    }
+    if count == 0 {
         return Err(TlsFileError(format!("{}: no PEM {what} in it", named())));
     }
     Ok(bytes)
 }
 
-/// The client TLS trusting `ca`, presenting `identity` (certificate, key) when given.
+/// The client TLS trusting `ca`, presenting `cert` and `key` when given (both or neither: one
+/// alone is an error naming the other). The whole configuration is built once here (every
+/// certificate of each chain and the key parsed, as a connection would), so a file that
+/// fails is an error now, not at the first connection.
 pub fn config(
     ca: PemFile<'_>,
-    identity: Option<(PemFile<'_>, PemFile<'_>)>,
+    cert: Option<PemFile<'_>>,
+    key: Option<PemFile<'_>>,
 ) -> Result<ClientTlsConfig, TlsFileError> {
     let mut tls =
-        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(ca, false)?));
-    if let Some((cert, key)) = identity {
-        tls = tls.identity(Identity::from_pem(
-            read_pem(cert, false)?,
-            read_pem(key, true)?,
-        ));
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(ca, Holds::Anchors)?));
+    let mut keys = ca.key.to_string();
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(
+                read_pem(cert, Holds::Chain)?,
+                read_pem(key, Holds::Key)?,
+            ));
+            keys = format!("{}, {} and {}", ca.key, cert.key, key.key);
+        }
+        (Some(cert), None) => {
+            return Err(TlsFileError(format!(
+                "{} is given without its private key",
+                cert.key
+            )))
+        }
+        (None, Some(key)) => {
+            return Err(TlsFileError(format!(
+                "{} is given without its certificate",
+                key.key
+            )))
+        }
+        (None, None) => {}
     }
+    tonic::transport::Endpoint::from_static("https://localhost")
+        .tls_config(tls.clone())
+        .map_err(|e| {
+            let source = std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
+            TlsFileError(format!("{keys}: {e}{source}"))
+        })?;
     Ok(tls)
+}
+
+/// Whether `url` names a loopback address or `localhost` (where plaintext is no one else's
+/// to read).
+pub fn is_loopback(url: &str) -> bool {
+    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    match uri.host() {
+        Some(h) if h.eq_ignore_ascii_case("localhost") => true,
+        Some(h) => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.to_canonical().is_loopback()),
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -82,23 +153,96 @@ mod tests {
         std::fs::write(&junk, "not PEM at all\n").expect("write");
         let missing = dir.join("missing.pem");
         let file = |key, path| PemFile { key, path };
-        let err = read_pem(file("ca_file", &missing), false).expect_err("missing");
+        let err = read_pem(file("ca_file", &missing), Holds::Anchors).expect_err("missing");
         assert!(
             err.0.starts_with("ca_file ") && err.0.contains("missing.pem"),
             "{err}"
         );
-        let err = read_pem(file("ca_file", &junk), false).expect_err("no certificate");
+        let err = read_pem(file("ca_file", &junk), Holds::Chain).expect_err("no certificate");
         assert!(
             err.0.contains("ca_file") && err.0.contains("no PEM certificate"),
             "{err}"
         );
-        let err = read_pem(file("key_file", &junk), true).expect_err("no key");
+        let err = read_pem(file("key_file", &junk), Holds::Key).expect_err("no key");
         assert!(
             err.0.contains("key_file") && err.0.contains("no PEM private key"),
             "{err}"
         );
-        let err = config(file("ca_file", &junk), None).expect_err("no CA");
+        let err = config(file("ca_file", &junk), None, None).expect_err("no CA");
         assert!(err.0.contains("ca_file"), "{err}");
+        // PEM of a certificate that is no certificate: tonic would skip it as a CA.
+        let bad = dir.join("bad.pem");
+        std::fs::write(
+            &bad,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .expect("write");
+        let err = config(file("ca_file", &bad), None, None).expect_err("a bad certificate");
+        assert!(
+            err.0.starts_with("ca_file ") && err.0.contains("certificate 1 is not one a CA"),
+            "{err}"
+        );
+        // A real CA and a client certificate: the whole configuration builds; the certificate
+        // without its key, or the key without its certificate, does not.
+        let ca_key = rcgen::KeyPair::generate().expect("a key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = params.self_signed(&ca_key).expect("a CA");
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem()).expect("write");
+        let leaf_key = rcgen::KeyPair::generate().expect("a key");
+        let leaf = rcgen::CertificateParams::new(vec!["client.example".to_string()])
+            .expect("params")
+            .self_signed(&leaf_key)
+            .expect("a certificate");
+        let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+        std::fs::write(&cert, leaf.pem()).expect("write");
+        std::fs::write(&key, leaf_key.serialize_pem()).expect("write");
+        config(
+            file("ca_file", &ca),
+            Some(file("cert_file", &cert)),
+            Some(file("key_file", &key)),
+        )
+        .expect("a CA, a certificate and its key");
+        config(file("ca_file", &ca), None, None).expect("a CA alone");
+        let err = config(file("ca_file", &ca), Some(file("cert_file", &cert)), None)
+            .expect_err("a certificate without its key");
+        assert_eq!(err.0, "cert_file is given without its private key");
+        let err = config(file("ca_file", &ca), None, Some(file("key_file", &key)))
+            .expect_err("a key without its certificate");
+        assert_eq!(err.0, "key_file is given without its certificate");
+        // A key file with no key in it.
+        let err = config(
+            file("ca_file", &ca),
+            Some(file("cert_file", &cert)),
+            Some(file("key_file", &junk)),
+        )
+        .expect_err("no key");
+        assert!(err.0.contains("key_file"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn loopback_urls_are_told_apart() {
+        for url in [
+            "http://127.0.0.1:2379",
+            "http://127.0.0.2:1",
+            "http://localhost:2379",
+            "http://LOCALHOST",
+            "http://[::1]:2379",
+            "http://[::1]",
+            "http://[::ffff:127.0.0.1]:2379",
+        ] {
+            assert!(is_loopback(url), "{url}");
+        }
+        for url in [
+            "http://10.0.0.1:2379",
+            "http://etcd.example:2379",
+            "http://[2001:db8::1]:2379",
+            "not a url at all",
+            "http://localhost.example:1",
+        ] {
+            assert!(!is_loopback(url), "{url}");
+        }
     }
 }

@@ -61,40 +61,24 @@ pub fn tls_options(config: &crate::config::Config) -> anyhow::Result<Option<TlsO
     let Some(ca) = &config.etcd_ca_file else {
         return Ok(None);
     };
-    let identity = match (&config.etcd_cert_file, &config.etcd_key_file) {
-        (Some(cert), Some(key)) => Some((
-            PemFile {
-                key: "etcd_cert_file",
-                path: cert,
-            },
-            PemFile {
-                key: "etcd_key_file",
-                path: key,
-            },
-        )),
-        _ => None,
-    };
-    let ca = PemFile {
-        key: "etcd_ca_file",
-        path: ca,
-    };
-    Ok(Some(client_tls::config(ca, identity)?))
+    let file = |key, path| PemFile { key, path };
+    Ok(Some(client_tls::config(
+        file("etcd_ca_file", ca),
+        config
+            .etcd_cert_file
+            .as_deref()
+            .map(|p| file("etcd_cert_file", p)),
+        config
+            .etcd_key_file
+            .as_deref()
+            .map(|p| file("etcd_key_file", p)),
+    )?))
 }
 
 /// Whether every etcd URL is on loopback (plaintext there is no one else's to read).
 pub fn all_loopback(urls: &[String]) -> bool {
-    urls.iter().all(|u| {
-        let host = u
-            .split_once("://")
-            .map_or(u.as_str(), |(_, rest)| rest)
-            .trim_end_matches('/');
-        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-    })
+    urls.iter()
+        .all(|u| cdnmap_proto::client_tls::is_loopback(u))
 }
 
 /// This replica's part in the election.
