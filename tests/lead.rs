@@ -783,6 +783,17 @@ async fn an_admin_drain_acknowledged_by_the_leader_survives_its_death() {
     one_replica_per_epoch(&replicas);
 }
 
+/// A TLS client's configuration keys (`{prefix}ca_file`, `cert_file`, `key_file`): trusting
+/// `trusts`, presenting `leaf`.
+fn client_tls_keys(prefix: &str, trusts: &Ca, leaf: &Leaf) -> String {
+    format!(
+        "{prefix}ca_file = {:?}\n{prefix}cert_file = {:?}\n{prefix}key_file = {:?}\n",
+        trusts.cert.display().to_string(),
+        leaf.cert.display().to_string(),
+        leaf.key.display().to_string()
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() {
     let dir = tempfile::tempdir().expect("a directory");
@@ -800,14 +811,7 @@ async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() 
             client_ca: ca.cert.clone(),
         },
     );
-    let keys = |trusts: &Ca, leaf: &Leaf| {
-        format!(
-            "etcd_ca_file = {:?}\netcd_cert_file = {:?}\netcd_key_file = {:?}\n",
-            trusts.cert.display().to_string(),
-            leaf.cert.display().to_string(),
-            leaf.key.display().to_string()
-        )
-    };
+    let keys = |trusts: &Ca, leaf: &Leaf| client_tls_keys("etcd_", trusts, leaf);
     let m1 = ca.leaf(dir, "m1", &["m1"], false);
     let stranger = other.leaf(dir, "stranger", &["stranger"], false);
     let misled = ca.leaf(dir, "misled", &["misled"], false);
@@ -871,14 +875,7 @@ async fn over_mutual_tls_a_standby_with_a_peer_certificate_follows_the_leaders_m
             ca.cert.display().to_string()
         )
     };
-    let peer = |leaf: &Leaf| {
-        format!(
-            "peer_ca_file = {:?}\npeer_cert_file = {:?}\npeer_key_file = {:?}\n",
-            ca.cert.display().to_string(),
-            leaf.cert.display().to_string(),
-            leaf.key.display().to_string()
-        )
-    };
+    let peer = |leaf: &Leaf| client_tls_keys("peer_", &ca, leaf);
     let m1 = ca.leaf(dir, "m1", &["m1.replicas.example"], false);
     let m2 = ca.leaf(dir, "m2", &["m2.replicas.example"], false);
     let stranger = other.leaf(dir, "stranger", &["stranger.replicas.example"], false);

@@ -566,6 +566,56 @@ impl SelectionConfig {
     }
 }
 
+/// A TLS client's files, (CA, certificate, key) named by `keys`, each error naming its key:
+/// none empty; none given when `refused` says why they cannot be used; the CA given when
+/// `ca_needed` says why, and with a certificate; the certificate and its key both or neither.
+fn check_client_tls(
+    keys: [&str; 3],
+    files: [&Option<PathBuf>; 3],
+    refused: Option<&str>,
+    ca_needed: Option<&str>,
+) -> Result<(), ConfigError> {
+    for (key, path) in keys.into_iter().zip(files) {
+        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(invalid(key, "is empty"));
+        }
+        if let (Some(_), Some(why)) = (path, refused) {
+            return Err(invalid(key, why));
+        }
+    }
+    let [ca, cert, key] = files;
+    match (cert, key) {
+        (Some(_), None) => {
+            return Err(invalid(
+                keys[2],
+                format!("is needed with {} (the certificate's private key)", keys[1]),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                keys[1],
+                format!("is needed with {} (the key's certificate)", keys[2]),
+            ))
+        }
+        _ => {}
+    }
+    if ca.is_none() {
+        if let Some(why) = ca_needed {
+            return Err(invalid(keys[0], why));
+        }
+        if cert.is_some() {
+            return Err(invalid(
+                keys[0],
+                format!(
+                    "is needed with {}: the CA the server's certificate must chain to",
+                    keys[1]
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `[tls]`: the listeners' certificate and key, and the CA of front ends for mutual TLS;
 /// replicated, what a standby needs to follow the leader's maps over TLS.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -601,45 +651,20 @@ impl Config {
 impl TlsConfig {
     /// The peer keys, each error naming its key (`replicated`: whether there are peers).
     fn validate_peers(&self, replicated: bool) -> Result<(), ConfigError> {
-        let given = [
-            ("tls.peer_ca_file", &self.peer_ca_file),
-            ("tls.peer_cert_file", &self.peer_cert_file),
-            ("tls.peer_key_file", &self.peer_key_file),
-        ];
-        for (key, path) in given {
-            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-                return Err(invalid(key, "is empty"));
-            }
-            if path.is_some() && !replicated {
-                return Err(invalid(
-                    key,
-                    "is given but this mapper has no peers (no etcd)",
-                ));
-            }
-        }
-        match (&self.peer_cert_file, &self.peer_key_file) {
-            (Some(_), None) => {
-                return Err(invalid(
-                    "tls.peer_key_file",
-                    "is needed with tls.peer_cert_file (the certificate's private key)",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(invalid(
-                    "tls.peer_cert_file",
-                    "is needed with tls.peer_key_file (the key's certificate)",
-                ))
-            }
-            _ => {}
-        }
-        if self.peer_cert_file.is_some() && self.peer_ca_file.is_none() {
-            return Err(invalid(
+        check_client_tls(
+            [
                 "tls.peer_ca_file",
-                "is needed with tls.peer_cert_file: the CA the other replicas' certificates \
-                 chain to",
-            ));
-        }
-        Ok(())
+                "tls.peer_cert_file",
+                "tls.peer_key_file",
+            ],
+            [
+                &self.peer_ca_file,
+                &self.peer_cert_file,
+                &self.peer_key_file,
+            ],
+            (!replicated).then_some("is given but this mapper has no peers (no etcd)"),
+            None,
+        )
     }
 
     pub fn to_files(&self) -> crate::tls::TlsFiles {
@@ -900,43 +925,21 @@ impl Config {
     /// The etcd TLS keys against the URLs' scheme (`tls`: https://), each error naming its
     /// key.
     fn validate_etcd_tls(&self, tls: bool) -> Result<(), ConfigError> {
-        let given = [
-            ("etcd_ca_file", &self.etcd_ca_file),
-            ("etcd_cert_file", &self.etcd_cert_file),
-            ("etcd_key_file", &self.etcd_key_file),
-        ];
-        for (key, path) in given {
-            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-                return Err(invalid(key, "is empty"));
-            }
-            if path.is_some() && !tls {
-                return Err(invalid(
-                    key,
-                    if self.etcd.is_empty() {
-                        "is given but etcd is not".to_string()
-                    } else {
-                        "is given but etcd is plaintext (http://): use https://".to_string()
-                    },
-                ));
-            }
-        }
-        if tls && self.etcd_ca_file.is_none() {
-            return Err(invalid(
-                "etcd_ca_file",
-                "is needed with https:// etcd: the CA its certificate must chain to",
-            ));
-        }
-        match (&self.etcd_cert_file, &self.etcd_key_file) {
-            (Some(_), None) => Err(invalid(
-                "etcd_key_file",
-                "is needed with etcd_cert_file (the certificate's private key)",
-            )),
-            (None, Some(_)) => Err(invalid(
-                "etcd_cert_file",
-                "is needed with etcd_key_file (the key's certificate)",
-            )),
-            _ => Ok(()),
-        }
+        let refused = match (tls, self.etcd.is_empty()) {
+            (true, _) => None,
+            (false, true) => Some("is given but etcd is not"),
+            (false, false) => Some("is given but etcd is plaintext (http://): use https://"),
+        };
+        check_client_tls(
+            ["etcd_ca_file", "etcd_cert_file", "etcd_key_file"],
+            [
+                &self.etcd_ca_file,
+                &self.etcd_cert_file,
+                &self.etcd_key_file,
+            ],
+            refused,
+            tls.then_some("is needed with https:// etcd: the CA its certificate must chain to"),
+        )
     }
 
     /// Parses and validates a TOML document.
