@@ -129,7 +129,9 @@ struct ServeArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// etcd's client URLs, comma-separated (the config's `etcd`): this mapper is then one
-    /// replica of several, and publishes only while it leads.
+    /// replica of several, and publishes only while it leads. `https://` URLs need the
+    /// config's `etcd_ca_file` (and `etcd_cert_file`, `etcd_key_file` for client
+    /// certificates).
     #[arg(long, value_delimiter = ',', value_name = "URL[,URL...]")]
     etcd: Vec<String>,
     /// This replica's name among the replicas (the config's `node_id`).
