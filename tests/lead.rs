@@ -22,7 +22,9 @@
 //! - etcd over mutual TLS: a replica with a certificate from etcd's client CA, trusting
 //!   etcd's CA, leads; one whose certificate another CA signed, and one that trusts another
 //!   CA than etcd's (as if etcd were an impostor), never reach etcd, never campaign and never
-//!   publish, and say why in their status;
+//!   publish, and say why in their status; with etcd's auth on (a client certificate's
+//!   name its user), a replica whose user may read and write only the replicas' prefix
+//!   leads, and one under another prefix, or whose user has no role, never does;
 //! - TLS on the replicas' listeners, mutual: a standby with `[tls] peer_ca_file` and a
 //!   certificate from the leader's client CA follows the leader's maps and seeds its rounds
 //!   from them; one without `peer_ca_file`, and one whose certificate another CA signed, do
@@ -921,5 +923,118 @@ async fn over_mutual_tls_a_standby_with_a_peer_certificate_follows_the_leaders_m
         .find(|l| l.contains("following the leader's map failed"));
     assert!(said.is_some(), "{log}");
     eprintln!("stranger: {}", said.unwrap_or_default());
+    one_replica_per_epoch(&replicas);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_etcd_auth_a_replica_needs_no_more_than_its_prefix() {
+    use etcd_client::{Client, ConnectOptions, Permission, TlsOptions, UserAddOptions};
+    let dir = tempfile::tempdir().expect("a directory");
+    let dir = dir.path();
+    let ca = Ca::new(dir, "etcd");
+    let server = ca.leaf(dir, "etcd-server", &["localhost", "127.0.0.1"], true);
+    let etcd = Etcd::start_tls(
+        1,
+        &ServerTls {
+            cert: server.cert.clone(),
+            key: server.key.clone(),
+            client_ca: ca.cert.clone(),
+        },
+    );
+    // etcd's users by their certificates' names: root sets up a role that may read and write
+    // the replicas' prefix (`cdnmap/`, the default) and nothing else, gives it to m1 and m2,
+    // gives nosy none, and turns auth on.
+    let root = ca.leaf(dir, "root", &["root"], false);
+    let read = |p: &std::path::Path| std::fs::read(p).expect("a PEM file");
+    let tls = TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(&ca.cert)))
+        .identity(etcd_client::Identity::from_pem(
+            read(&root.cert),
+            read(&root.key),
+        ));
+    let mut admin = Client::connect([etcd.urls()], Some(ConnectOptions::new().with_tls(tls)))
+        .await
+        .expect("etcd as root");
+    admin
+        .user_add("root", "a-root-password", None)
+        .await
+        .expect("the root user");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("root's role");
+    admin.role_add("cdnmap").await.expect("a role");
+    admin
+        .role_grant_permission("cdnmap", Permission::read_write("cdnmap/").with_prefix())
+        .await
+        .expect("the role's prefix");
+    for user in ["m1", "m2", "nosy"] {
+        admin
+            .user_add(user, "", Some(UserAddOptions::new().with_no_pwd()))
+            .await
+            .expect("a user");
+    }
+    for user in ["m1", "m2"] {
+        admin
+            .user_grant_role(user, "cdnmap")
+            .await
+            .expect("the role");
+    }
+    admin.auth_enable().await.expect("auth on");
+    let leaf = |name: &str| ca.leaf(dir, name, &[name], false);
+    let (m1, m2, nosy) = (leaf("m1"), leaf("m2"), leaf("nosy"));
+    let mut replicas = vec![
+        // Its user may not touch `elsewhere/`.
+        Replica::with_keys(
+            "m2",
+            &etcd.urls(),
+            None,
+            &format!(
+                "etcd_prefix = \"elsewhere/\"\n{}",
+                client_tls_keys("etcd_", &ca, &m2)
+            ),
+        ),
+        // Its user has no role at all.
+        Replica::with_keys(
+            "nosy",
+            &etcd.urls(),
+            None,
+            &client_tls_keys("etcd_", &ca, &nosy),
+        ),
+        Replica::with_keys(
+            "m1",
+            &etcd.urls(),
+            None,
+            &client_tls_keys("etcd_", &ca, &m1),
+        ),
+    ];
+    for r in &mut replicas {
+        r.start().await;
+    }
+    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    assert_eq!(replicas[leader].name, "m1");
+    tokio::time::sleep(Duration::from_secs(CYCLE_SECS)).await;
+    let rep = replication(replicas[2].server()).await;
+    assert_eq!(
+        (rep.role.as_str(), rep.leader_epoch),
+        ("leader", epoch),
+        "{rep:?}"
+    );
+    assert!(rep.etcd_reachable, "{rep:?}");
+    for r in &replicas[..2] {
+        let rep = replication(r.server()).await;
+        assert_eq!(rep.role, "standby", "{}: {rep:?}", r.name);
+        assert!(
+            rep.etcd_error.contains("permission denied"),
+            "{}: {rep:?}",
+            r.name
+        );
+        assert!(
+            r.published().is_empty(),
+            "{} published {:?}",
+            r.name,
+            r.published()
+        );
+    }
     one_replica_per_epoch(&replicas);
 }
