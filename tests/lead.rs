@@ -796,6 +796,56 @@ fn client_tls_keys(prefix: &str, trusts: &Ca, leaf: &Leaf) -> String {
     )
 }
 
+/// etcd on loopback with its client port over TLS, its certificate from `ca`, asking for
+/// client certificates from `ca`.
+fn tls_etcd(dir: &std::path::Path, ca: &Ca) -> Etcd {
+    let server = ca.leaf(dir, "etcd-server", &["localhost", "127.0.0.1"], true);
+    Etcd::start_tls(
+        1,
+        &ServerTls {
+            cert: server.cert,
+            key: server.key,
+            client_ca: ca.cert.clone(),
+        },
+    )
+}
+
+/// Starts `replicas`: the last one leads, alone in the election, and a cycle later still
+/// does; each of the others, paired with a part of its etcd error, is a standby with that
+/// error ("" for any) that never published.
+async fn only_the_last_leads(replicas: &mut [Replica], errors: &[&str]) {
+    for r in replicas.iter_mut() {
+        r.start().await;
+    }
+    let last = replicas.len() - 1;
+    let (leader, epoch) = wait_leader(replicas, 0, TAKEOVER_LIMIT).await;
+    assert_eq!(leader, last, "{} leads", replicas[leader].name);
+    // A cycle more: the others never got through, and no one else campaigns.
+    tokio::time::sleep(Duration::from_secs(CYCLE_SECS)).await;
+    let rep = replication(replicas[last].server()).await;
+    assert_eq!(
+        (rep.role.as_str(), rep.leader_epoch),
+        ("leader", epoch),
+        "{rep:?}"
+    );
+    assert_eq!(rep.replicas, vec![replicas[last].name.clone()], "{rep:?}");
+    assert!(rep.etcd_reachable, "{rep:?}");
+    for (r, error) in replicas[..last].iter().zip(errors) {
+        let rep = replication(r.server()).await;
+        eprintln!("{}: {}", r.name, rep.etcd_error);
+        assert_eq!(rep.role, "standby", "{}: {rep:?}", r.name);
+        assert!(!rep.etcd_error.is_empty(), "{}: {rep:?}", r.name);
+        assert!(rep.etcd_error.contains(error), "{}: {rep:?}", r.name);
+        assert!(
+            r.published().is_empty(),
+            "{} published {:?}",
+            r.name,
+            r.published()
+        );
+    }
+    one_replica_per_epoch(replicas);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() {
     let dir = tempfile::tempdir().expect("a directory");
@@ -804,15 +854,7 @@ async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() 
     // stranger's.
     let ca = Ca::new(dir, "etcd");
     let other = Ca::new(dir, "other");
-    let server = ca.leaf(dir, "etcd-server", &["localhost", "127.0.0.1"], true);
-    let etcd = Etcd::start_tls(
-        1,
-        &ServerTls {
-            cert: server.cert.clone(),
-            key: server.key.clone(),
-            client_ca: ca.cert.clone(),
-        },
-    );
+    let etcd = tls_etcd(dir, &ca);
     let keys = |trusts: &Ca, leaf: &Leaf| client_tls_keys("etcd_", trusts, leaf);
     let m1 = ca.leaf(dir, "m1", &["m1"], false);
     let stranger = other.leaf(dir, "stranger", &["stranger"], false);
@@ -824,38 +866,7 @@ async fn over_mutual_tls_only_a_replica_etcd_and_the_replica_both_trust_leads() 
         Replica::with_keys("misled", &etcd.urls(), None, &keys(&other, &misled)),
         Replica::with_keys("m1", &etcd.urls(), None, &keys(&ca, &m1)),
     ];
-    for r in &mut replicas {
-        r.start().await;
-    }
-    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
-    assert_eq!(replicas[leader].name, "m1");
-    // A cycle more: the two never got through, and no one else campaigns.
-    tokio::time::sleep(Duration::from_secs(CYCLE_SECS)).await;
-    let rep = replication(replicas[2].server()).await;
-    assert_eq!(
-        (rep.role.as_str(), rep.leader_epoch),
-        ("leader", epoch),
-        "{rep:?}"
-    );
-    assert_eq!(rep.replicas, vec!["m1".to_string()], "{rep:?}");
-    assert!(rep.etcd_reachable, "{rep:?}");
-    for r in &replicas[..2] {
-        let rep = replication(r.server()).await;
-        assert_eq!(rep.role, "standby", "{}: {rep:?}", r.name);
-        assert!(!rep.etcd_reachable, "{}: {rep:?}", r.name);
-        assert!(!rep.etcd_error.is_empty(), "{}: {rep:?}", r.name);
-        eprintln!("{}: {}", r.name, rep.etcd_error);
-        assert!(
-            r.published().is_empty(),
-            "{} published {:?}",
-            r.name,
-            r.published()
-        );
-    }
-    // The misled replica refused etcd's certificate itself.
-    let misled = replication(replicas[1].server()).await;
-    assert!(misled.etcd_error.contains("UnknownIssuer"), "{misled:?}");
-    one_replica_per_epoch(&replicas);
+    only_the_last_leads(&mut replicas, &["", "UnknownIssuer"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -932,15 +943,7 @@ async fn with_etcd_auth_a_replica_needs_no_more_than_its_prefix() {
     let dir = tempfile::tempdir().expect("a directory");
     let dir = dir.path();
     let ca = Ca::new(dir, "etcd");
-    let server = ca.leaf(dir, "etcd-server", &["localhost", "127.0.0.1"], true);
-    let etcd = Etcd::start_tls(
-        1,
-        &ServerTls {
-            cert: server.cert.clone(),
-            key: server.key.clone(),
-            client_ca: ca.cert.clone(),
-        },
-    );
+    let etcd = tls_etcd(dir, &ca);
     // etcd's users by their certificates' names: root sets up a role that may read and write
     // the replicas' prefix (`cdnmap/`, the default) and nothing else, gives it to m1 and m2,
     // gives nosy none, and turns auth on.
@@ -981,60 +984,18 @@ async fn with_etcd_auth_a_replica_needs_no_more_than_its_prefix() {
             .expect("the role");
     }
     admin.auth_enable().await.expect("auth on");
-    let leaf = |name: &str| ca.leaf(dir, name, &[name], false);
-    let (m1, m2, nosy) = (leaf("m1"), leaf("m2"), leaf("nosy"));
+    let keys = |name: &str| client_tls_keys("etcd_", &ca, &ca.leaf(dir, name, &[name], false));
     let mut replicas = vec![
         // Its user may not touch `elsewhere/`.
         Replica::with_keys(
             "m2",
             &etcd.urls(),
             None,
-            &format!(
-                "etcd_prefix = \"elsewhere/\"\n{}",
-                client_tls_keys("etcd_", &ca, &m2)
-            ),
+            &format!("etcd_prefix = \"elsewhere/\"\n{}", keys("m2")),
         ),
         // Its user has no role at all.
-        Replica::with_keys(
-            "nosy",
-            &etcd.urls(),
-            None,
-            &client_tls_keys("etcd_", &ca, &nosy),
-        ),
-        Replica::with_keys(
-            "m1",
-            &etcd.urls(),
-            None,
-            &client_tls_keys("etcd_", &ca, &m1),
-        ),
+        Replica::with_keys("nosy", &etcd.urls(), None, &keys("nosy")),
+        Replica::with_keys("m1", &etcd.urls(), None, &keys("m1")),
     ];
-    for r in &mut replicas {
-        r.start().await;
-    }
-    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
-    assert_eq!(replicas[leader].name, "m1");
-    tokio::time::sleep(Duration::from_secs(CYCLE_SECS)).await;
-    let rep = replication(replicas[2].server()).await;
-    assert_eq!(
-        (rep.role.as_str(), rep.leader_epoch),
-        ("leader", epoch),
-        "{rep:?}"
-    );
-    assert!(rep.etcd_reachable, "{rep:?}");
-    for r in &replicas[..2] {
-        let rep = replication(r.server()).await;
-        assert_eq!(rep.role, "standby", "{}: {rep:?}", r.name);
-        assert!(
-            rep.etcd_error.contains("permission denied"),
-            "{}: {rep:?}",
-            r.name
-        );
-        assert!(
-            r.published().is_empty(),
-            "{} published {:?}",
-            r.name,
-            r.published()
-        );
-    }
-    one_replica_per_epoch(&replicas);
+    only_the_last_leads(&mut replicas, &["permission denied", "permission denied"]).await;
 }
