@@ -18,12 +18,12 @@
 //! http_max_connections = 1024      # HTTP connections open at once, at most
 //! grpc_max_connections = 1024      # gRPC connections open at once, at most
 //! handshake_timeout_secs = 10      # a connection's TLS handshake (plaintext: first bytes) within this
-//! etcd = ["http://10.0.0.1:2379"]  # replicas: a leader elected through etcd publishes (none: alone)
+//! etcd = ["https://10.0.0.1:2379"] # replicas: a leader elected through etcd publishes (none: alone)
 //! node_id = "mapper-1"             # this replica's name (needed with etcd)
 //! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
-//! # etcd_ca_file = "etcd-ca.crt"    # https:// etcd: the CA its certificate must chain to
-//! # etcd_cert_file = "mapper-1.crt" # and this replica's client certificate and key, for an
-//! # etcd_key_file = "mapper-1.key"  #   etcd that asks for one (--client-cert-auth)
+//! etcd_ca_file = "etcd-ca.crt"     # https:// etcd: the CA its certificate must chain to
+//! etcd_cert_file = "mapper-1.crt"  # and this replica's client certificate and key, for an
+//! etcd_key_file = "mapper-1.key"   #   etcd that asks for one (--client-cert-auth)
 //! advertise_url = "https://10.0.0.5:50051" # where the other replicas reach this one (https:// with [tls]; absent: grpc_listen's address)
 //! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
 //! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
@@ -38,9 +38,9 @@
 //! key_file = "mapper.key"
 //! client_ca_file = "front-ends-ca.crt"  # optional, mutual TLS: only front ends with a
 //!                                  # certificate from this CA may watch maps and send feedback
-//! # peer_ca_file = "mappers-ca.crt" # replicated: a standby follows the leader's maps over TLS,
-//! # peer_cert_file = "m1-peer.crt"  #   trusting this CA, with this client certificate when
-//! # peer_key_file = "m1-peer.key"   #   the leader asks for one (its client_ca_file)
+//! peer_ca_file = "mappers-ca.crt"  # replicated: a standby follows the leader's maps over TLS,
+//! peer_cert_file = "m1-peer.crt"   #   trusting this CA, with this client certificate when
+//! peer_key_file = "m1-peer.key"    #   the leader asks for one (its client_ca_file)
 //!
 //! [feedback_tokens]                # front ends' own tokens (not the Admin token): with any,
 //! "fe-ams-1" = "a-long-random-token" # Feedback needs "authorization: Bearer <token>" and
@@ -1188,6 +1188,9 @@ mod tests {
         assert_eq!(c.admin_token.as_deref(), Some("change-me"));
         assert_eq!(c.class_rules.len(), 1);
         assert_eq!(c.instance, Some(PathBuf::from("world.json")));
+        assert_eq!(c.etcd_ca_file, Some(PathBuf::from("etcd-ca.crt")));
+        let tls = c.tls.expect("the example's [tls]");
+        assert_eq!(tls.peer_ca_file, Some(PathBuf::from("mappers-ca.crt")));
     }
 
     /// etcd over TLS: a CA alone (server authentication), or with a client certificate.
