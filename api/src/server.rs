@@ -324,8 +324,7 @@ pub async fn serve(
         Some(node_id) if shared.config.replicated() => {
             // Leases last a cycle: a leader that dies is replaced within about two.
             let ttl = Duration::from_secs(shared.config.cycle_secs);
-            let tls = etcd_tls;
-            if tls.is_none() && !crate::lead::etcd::all_loopback(&shared.config.etcd) {
+            if etcd_tls.is_none() && !crate::lead::etcd::all_loopback(&shared.config.etcd) {
                 tracing::warn!(
                     etcd = %shared.config.etcd.join(","),
                     "etcd is plaintext beyond loopback: whoever can reach it can read the \
@@ -338,7 +337,7 @@ pub async fn serve(
                 &shared.config.etcd_prefix,
                 node_id,
                 ttl,
-                tls,
+                etcd_tls,
             )
             .await?;
             tracing::info!(
@@ -587,23 +586,21 @@ async fn follow_edits(shared: Arc<Shared>) {
 /// `peer_key_file` for a leader that asks for a client certificate. `None` without TLS on
 /// the listeners or without `peer_ca_file`.
 fn peer_tls(config: &Config) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
-    use cdnmap_proto::client_tls::{self, PemFile};
     let Some(tls) = &config.tls else {
         return Ok(None);
     };
-    let Some(ca) = &tls.peer_ca_file else {
-        return Ok(None);
-    };
-    let file = |key, path| PemFile { key, path };
-    Ok(Some(client_tls::config(
-        file("tls.peer_ca_file", ca),
-        tls.peer_cert_file
-            .as_deref()
-            .map(|p| file("tls.peer_cert_file", p)),
-        tls.peer_key_file
-            .as_deref()
-            .map(|p| file("tls.peer_key_file", p)),
-    )?))
+    Ok(cdnmap_proto::client_tls::from_config(
+        [
+            "tls.peer_ca_file",
+            "tls.peer_cert_file",
+            "tls.peer_key_file",
+        ],
+        [
+            tls.peer_ca_file.as_deref(),
+            tls.peer_cert_file.as_deref(),
+            tls.peer_key_file.as_deref(),
+        ],
+    )?)
 }
 
 /// Replicated, as a standby: follows the leader's WatchMap (the first replica in the

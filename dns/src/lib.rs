@@ -313,14 +313,15 @@ impl MapperLink {
         let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
-        if let Some(ca) = &config.mapper_ca_file {
-            use cdnmap_proto::client_tls::{self, PemFile};
-            let file = |key, path| PemFile { key, path };
-            let tls = client_tls::config(
-                file("mapper_ca_file", ca),
-                config.cert_file.as_deref().map(|p| file("cert_file", p)),
-                config.key_file.as_deref().map(|p| file("key_file", p)),
-            )?;
+        let tls = cdnmap_proto::client_tls::from_config(
+            ["mapper_ca_file", "cert_file", "key_file"],
+            [
+                config.mapper_ca_file.as_deref(),
+                config.cert_file.as_deref(),
+                config.key_file.as_deref(),
+            ],
+        )?;
+        if let Some(tls) = tls {
             endpoint = endpoint.tls_config(tls)?;
         }
         let token = match &config.feedback_token {

@@ -1,7 +1,7 @@
 //! A gRPC client's TLS from PEM files: the CA the server's certificate must chain to, and
 //! the client's own certificate and key when the server asks for one (mutual TLS). The DNS
-//! front end uses it for its link to the mapper, and the mapper for its link to etcd, so
-//! both read and check their files the same way: each file is read once, when the link is
+//! front end uses it for its link to the mapper, and the mapper for its links to etcd and to
+//! the leading replica, so all read and check their files the same way: each file is read once, when the link is
 //! built, and an unreadable file or one without the PEM item it should hold is an error
 //! naming the configuration key and the path.
 
@@ -122,6 +122,16 @@ pub fn config(
     Ok(tls)
 }
 
+/// [`config`] for a configuration's three keys (the CA, the certificate, the key) and the
+/// paths it gives them: `None` when it gives no CA (plaintext).
+pub fn from_config(
+    keys: [&str; 3],
+    paths: [Option<&Path>; 3],
+) -> Result<Option<ClientTlsConfig>, TlsFileError> {
+    let [ca, cert, key] = [0, 1, 2].map(|i| paths[i].map(|path| PemFile { key: keys[i], path }));
+    ca.map(|ca| config(ca, cert, key)).transpose()
+}
+
 /// Whether `url` names a loopback address or `localhost` (where plaintext is no one else's
 /// to read).
 pub fn is_loopback(url: &str) -> bool {
@@ -211,6 +221,15 @@ mod tests {
         let err = config(file("ca_file", &ca), None, Some(file("key_file", &key)))
             .expect_err("a key without its certificate");
         assert_eq!(err.0, "key_file is given without its certificate");
+        // A configuration's keys and paths: none without a CA; the keys named as given.
+        let keys = ["ca_file", "cert_file", "key_file"];
+        let none = from_config(keys, [None, Some(cert.as_path()), None]).expect("no CA");
+        assert!(none.is_none());
+        from_config(keys, [Some(&ca), Some(&cert), Some(&key)])
+            .expect("all three")
+            .expect("TLS");
+        let err = from_config(keys, [Some(&ca), Some(&cert), None]).expect_err("no key");
+        assert_eq!(err.0, "cert_file is given without its private key");
         // A key file with no key in it.
         let err = config(
             file("ca_file", &ca),

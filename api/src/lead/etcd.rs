@@ -57,22 +57,14 @@ pub struct EtcdError(String);
 /// the CA (`etcd_ca_file`) and this replica's certificate and key when given. Each file is
 /// read and checked now: an error names its key and path.
 pub fn tls_options(config: &crate::config::Config) -> anyhow::Result<Option<TlsOptions>> {
-    use cdnmap_proto::client_tls::{self, PemFile};
-    let Some(ca) = &config.etcd_ca_file else {
-        return Ok(None);
-    };
-    let file = |key, path| PemFile { key, path };
-    Ok(Some(client_tls::config(
-        file("etcd_ca_file", ca),
-        config
-            .etcd_cert_file
-            .as_deref()
-            .map(|p| file("etcd_cert_file", p)),
-        config
-            .etcd_key_file
-            .as_deref()
-            .map(|p| file("etcd_key_file", p)),
-    )?))
+    Ok(cdnmap_proto::client_tls::from_config(
+        ["etcd_ca_file", "etcd_cert_file", "etcd_key_file"],
+        [
+            config.etcd_ca_file.as_deref(),
+            config.etcd_cert_file.as_deref(),
+            config.etcd_key_file.as_deref(),
+        ],
+    )?)
 }
 
 /// Whether every etcd URL is on loopback (plaintext there is no one else's to read).
