@@ -294,7 +294,9 @@ impl pb::mapping_server::Mapping for MappingService {
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
                 let delta = match &last {
-                    Some(prev) if (prev.epoch, prev.version + 1) == (next.epoch, next.version) => {
+                    // A later version of the same epoch: usually the next, or the one after a
+                    // round whose map could not be stored (never published).
+                    Some(prev) if prev.epoch == next.epoch && prev.version < next.version => {
                         delta_update(&shared, prev, &next)
                     }
                     _ => None,

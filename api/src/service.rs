@@ -208,8 +208,9 @@ struct Round {
 
 /// How storing a round went ([`Shared::store_round`]).
 struct Stored {
-    /// Whether the record was stored (a failure is logged; the map is published anyway).
-    ok: bool,
+    /// Why the record was not stored, if it was not: then the round's map is not published
+    /// (a client never sees a version the store does not hold) and the round counts as failed.
+    error: Option<String>,
     /// How long encoding the estimator's entry and writing the record took, in milliseconds.
     ms: f64,
     /// The estimator's generation of units after the round.
@@ -734,6 +735,39 @@ impl Shared {
         match result {
             Ok(Round {
                 snapshot,
+                stored: Stored {
+                    error: Some(error), ..
+                },
+                ..
+            }) => {
+                // Not stored, so not published: a client never sees a version a restart could
+                // not serve. The next round is seeded from it all the same (a standby's
+                // unpublished maps are too) and takes the next version: this one may be in the
+                // store in part (its record written, the write after it failed), and a version
+                // number is never written twice. Clients see the version after it, by a delta
+                // from the one they hold. The estimator's entry for it may be missing, which
+                // would end a restart's replay of the entries there: the next stored round
+                // writes a whole checkpoint.
+                let snapshot = Arc::new(snapshot);
+                self.last_solved.store(Some(Arc::clone(&snapshot)));
+                if let Ok(mut c) = self.checkpoint.lock() {
+                    c.stored = None;
+                }
+                metrics::counter!("cdnmap_rounds_failed_total").increment(1);
+                tracing::error!(
+                    error = %error,
+                    epoch = snapshot.epoch,
+                    version = snapshot.version,
+                    "storing the round's map failed: not published; the last stored map keeps serving"
+                );
+                status.failed = true;
+                status.error = format!(
+                    "storing map version {} failed, so it was not published (the last stored map keeps serving): {error}",
+                    snapshot.version
+                );
+            }
+            Ok(Round {
+                snapshot,
                 timings: step_timings,
                 stored,
             }) => {
@@ -778,10 +812,8 @@ impl Shared {
                     "round parts (persist ran beside index)"
                 );
                 self.round_metrics(&snapshot, solve_ms, publishing);
-                if stored.ok {
-                    self.checkpoint_if_due(snapshot.version, stored.generation)
-                        .await;
-                }
+                self.checkpoint_if_due(snapshot.version, stored.generation)
+                    .await;
             }
             Err(e) => {
                 metrics::counter!("cdnmap_rounds_failed_total").increment(1);
@@ -820,19 +852,16 @@ impl Shared {
             },
             self.config.maps_kept,
         );
-        let ok = match result {
+        let error = match result {
             Ok(()) => {
                 metrics::gauge!("cdnmap_map_stored_version").set(solved.version as f64);
                 metrics::gauge!("cdnmap_map_stored_epoch").set(solved.epoch as f64);
-                true
+                None
             }
-            Err(e) => {
-                tracing::error!(error = %e, "persisting the map failed");
-                false
-            }
+            Err(e) => Some(e.to_string()),
         };
         Stored {
-            ok,
+            error,
             ms: t.elapsed().as_secs_f64() * 1e3,
             generation: estimates.generation(),
         }
@@ -1408,5 +1437,89 @@ mod tests {
             drop(rt);
             before = Some((after.0.expect("the state"), after.1));
         }
+    }
+
+    /// A round whose map cannot be stored is not published (issue 41, finding 6): Status says
+    /// the round failed and why, the map served stays the last stored one, a WatchMap client
+    /// gets the next stored version as a delta from the one it holds, and a restart serves the
+    /// version clients last saw. The store's `values` directory is swapped for a file, so every
+    /// value write fails as on a full disk.
+    #[test]
+    fn a_round_that_cannot_be_stored_is_not_published() {
+        use pb::mapping_server::Mapping;
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            ..Config::default()
+        };
+        let values = config.data_dir.join("values");
+        let away = dir.path().join("values-away");
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        };
+        let rt = runtime();
+        rt.block_on(async {
+            let shared = start(&config);
+            shared.run_round_at(0).await;
+            let first = shared.current().expect("a map");
+            let mut watch = crate::mapping::MappingService(Arc::clone(&shared))
+                .watch_map(tonic::Request::new(pb::WatchMapRequest::default()))
+                .await
+                .expect("WatchMap")
+                .into_inner();
+            let full = watch.next().await.expect("a message").expect("a full map");
+            assert_eq!((full.full, full.version), (true, first.version));
+            let mut more = full.more;
+            while more {
+                more = watch.next().await.expect("a part").expect("a part").more;
+            }
+
+            std::fs::rename(&values, &away).expect("moving values/ away");
+            std::fs::write(&values, b"a file where the directory was").expect("a file");
+            report(&shared, 1).await;
+            shared.run_round_at(10_000).await;
+            let status = shared.round_status();
+            assert!(status.failed, "{status:?}");
+            assert!(
+                status.error.contains(&format!(
+                    "storing map version {} failed, so it was not published",
+                    first.version + 1
+                )),
+                "{status:?}"
+            );
+            assert_eq!(shared.current().map(|s| s.version), Some(first.version));
+
+            std::fs::remove_file(&values).expect("removing the file");
+            std::fs::rename(&away, &values).expect("values/ back");
+            shared.run_round_at(20_000).await;
+            let status = shared.round_status();
+            assert!(!status.failed, "{status:?}");
+            let next = shared.current().expect("a map");
+            assert_eq!(next.version, first.version + 2, "a version is never reused");
+            let delta = tokio::time::timeout(Duration::from_secs(10), watch.next())
+                .await
+                .expect("an update within 10 s")
+                .expect("a message")
+                .expect("a delta");
+            assert_eq!(
+                (delta.full, delta.base_version, delta.version),
+                (false, first.version, next.version)
+            );
+        });
+        drop(rt);
+        let rt = runtime();
+        rt.block_on(async {
+            let shared = start(&config);
+            assert_eq!(
+                shared.current().map(|s| s.version),
+                Some(3),
+                "the restart serves the version clients saw last"
+            );
+        });
     }
 }
