@@ -1085,4 +1085,6 @@ impl Store {
 }
 
 #[cfg(test)]
+mod restart;
+#[cfg(test)]
 mod tests;

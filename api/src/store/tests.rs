@@ -9,7 +9,7 @@ use cdnmap_mapper::{solve, ClusterState, SolveOptions};
 use cdnmap_topology::format::{parse_instance, write_instance};
 use std::sync::Arc;
 
-fn instance() -> Topology {
+pub(super) fn instance() -> Topology {
     let json = r#"{
       "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
       "clusters": [
@@ -49,7 +49,7 @@ fn record04(s: &ServedRef<'_>) -> Vec<u8> {
 
 /// Opens the store again once the dropped one's background threads let go of its lock
 /// (sled releases it a moment after the last handle is dropped).
-fn reopen(path: &Path) -> Store {
+pub(super) fn reopen(path: &Path) -> Store {
     let started = std::time::Instant::now();
     loop {
         match Store::open(path) {
