@@ -75,6 +75,11 @@ const TOPOLOGY_FILE: &str = "topology";
 /// A snapshot of the topology: this prefix, then the journal's sequence number of the last
 /// edit in it (zero-padded); the compact form.
 const SNAPSHOT_FILE: &str = "topology-";
+/// How many of the snapshots after the served record's base are kept: what a round in flight
+/// may need (its base is after the served one's; each snapshot written while it solves is
+/// after its base, so it needs the newest before those), with this many written while it
+/// solves less one.
+const SNAPSHOTS_AHEAD: usize = 3;
 /// Each stored map version's record ([`Store::put_served`]): this prefix, the version, and the
 /// topology it was solved from: `j` and the journal's sequence number of its last edit, or
 /// (an older build's records) the generation of a base file (zero-padded, so records list in
@@ -804,9 +809,17 @@ impl Store {
 
     /// Keeps the snapshots that are needed and drops the others: the newest (a start reads
     /// it), the newest at or before the served record's base (a start rebuilds that base from
-    /// it), and the newest at or before the oldest kept record's base (the history's bases
-    /// are rebuilt from it); then the journal segments before the oldest kept snapshot. So
-    /// the store holds at most three snapshots, whatever the number of edits.
+    /// it), the newest at or before the oldest kept record's base (the history's bases are
+    /// rebuilt from it), and the newest [`SNAPSHOTS_AHEAD`] after the served record's base; then
+    /// the journal segments before the oldest kept snapshot. So the store holds at most five
+    /// snapshots whatever the number of edits (three when none came after the served
+    /// record's base).
+    ///
+    /// Why those after the served base: a round in flight took its topology after the served
+    /// record's, and its record needs the newest snapshot at or before it, which a snapshot
+    /// written while the round solves must not drop (it did: the record's base was then
+    /// rebuilt from an older snapshot and the journal since, thousands of edits under
+    /// continuous Admin edits, and a start took up to 10 s).
     fn prune_topology(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.pruning.lock().map_err(|_| StoreError::Corrupt {
             what: "the store's snapshots".into(),
@@ -828,6 +841,15 @@ impl Store {
         let mut keep = vec![newest];
         keep.extend(seqs.last().and_then(|&s| newest_at(s)));
         keep.extend(seqs.iter().min().and_then(|&s| newest_at(s)));
+        let served_base = seqs.last().copied().unwrap_or(0);
+        keep.extend(
+            snaps
+                .iter()
+                .rev()
+                .map(|s| s.0)
+                .filter(|&s| s > served_base)
+                .take(SNAPSHOTS_AHEAD),
+        );
         for (seq, name) in &snaps {
             if !keep.contains(seq) {
                 self.values.remove(name)?;

@@ -1450,3 +1450,86 @@ fn a_reader_with_an_old_listing_follows_the_writer() {
         assert_eq!((&t.instance, &m), (&instance, &map), "version {v}");
     }
 }
+
+/// Issue 41 (9): a round takes the topology after edit 12 and solves it while the writer goes
+/// on and stores a snapshot at edit 20. That snapshot's prune used to drop the snapshot at
+/// edit 10 (neither the newest nor the newest at or before the served record's base, edit 0),
+/// which the round's record then needed: a start rebuilt its base from the snapshot of edit 0
+/// and the journal (under continuous Admin edits, about 2,000 edits and up to 10 s). Every
+/// snapshot after the served record's base is kept (a round in flight started after it), so
+/// the record's base is rebuilt from the snapshot at edit 10 and two edits.
+#[test]
+fn a_snapshot_written_while_a_round_solves_keeps_the_one_its_record_needs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let map = solve(&inst, &SolveOptions::default()).map;
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&inst).expect("topology");
+    let served = |version: u64, base_seq: u64, instance: &Topology| {
+        store
+            .put_served(
+                &ServedRef {
+                    epoch: 1,
+                    version,
+                    solved_at_unix_ms: 0,
+                    base_seq,
+                    instance,
+                    map: &map,
+                    round_entry: &[],
+                },
+                4,
+            )
+            .expect("served");
+    };
+    served(1, 0, &inst);
+    let mut now = Arc::new(inst.clone());
+    let mut after = vec![Arc::clone(&now)];
+    let mut edit = |store: &Store| {
+        let n = after.len() as u64;
+        let e = crate::edit::Edit::ClusterState {
+            id: "a".into(),
+            state: [ClusterState::Drained, ClusterState::Up][(n % 2) as usize],
+        };
+        now = apply(&now, &e).expect("applies").topology;
+        assert_eq!(store.append_edit(0, &e).expect("journal"), n);
+        after.push(Arc::clone(&now));
+        Arc::clone(&now)
+    };
+    for _ in 1..10 {
+        edit(&store);
+    }
+    let ten = edit(&store);
+    store.put_snapshot(10, &ten).expect("snapshot 10");
+    edit(&store);
+    // The round takes the topology after edit 12 ...
+    let base = edit(&store);
+    // ... while the writer goes on and snapshots edit 20.
+    for _ in 13..20 {
+        edit(&store);
+    }
+    let twenty = edit(&store);
+    store.put_snapshot(20, &twenty).expect("snapshot 20");
+    served(2, 12, &base);
+    let kept: Vec<u64> = snapshots(&store.values)
+        .expect("list")
+        .iter()
+        .map(|s| s.0)
+        .collect();
+    assert!(
+        kept.contains(&10),
+        "the snapshot the served record's base is rebuilt from: kept {kept:?}"
+    );
+    let (t, _) = store.stored_map(2).expect("read").expect("kept");
+    assert_eq!(t, *base, "the base rebuilt as the round took it");
+    // The next round's record (after edit 20) needs the snapshot of 20, and no longer 10.
+    served(3, 20, &twenty);
+    let kept: Vec<u64> = snapshots(&store.values)
+        .expect("list")
+        .iter()
+        .map(|s| s.0)
+        .collect();
+    assert!(kept.len() <= 3, "{kept:?}");
+    for v in 1..=3 {
+        assert!(store.stored_map(v).expect("read").is_some(), "version {v}");
+    }
+}
