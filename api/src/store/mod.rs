@@ -1047,7 +1047,7 @@ impl Store {
     }
 
     /// Appends one feedback report (already validated, encoded) received at `at_unix_ms`,
-    /// then keeps only what `bounds` keep: the reports received at most `retain_ms` before
+    /// then keeps only what `bounds` keep: the reports that arrived at most `retain_ms` before
     /// it, of those the newest `max_reports`, in at most `max_bytes` of disk ([`reports`]).
     /// Durable when it returns.
     pub fn append_report(

@@ -1533,3 +1533,64 @@ fn a_snapshot_written_while_a_round_solves_keeps_the_one_its_record_needs() {
         assert!(store.stored_map(v).expect("read").is_some(), "version {v}");
     }
 }
+
+/// Issue 41 (10): the wall clock jumps ahead by two retention periods for a while, then back.
+/// Retention went by the newest time ever appended, so the reports before the jump, and those
+/// acknowledged after the clock was put right, were hidden (60 of 80 in the audit). It goes by
+/// arrival now: a report appended after another is never older, and a jump of the clock ages
+/// the record by at most `MAX_ARRIVAL_STEP_MS`. All 80 are read back, after a reopen too;
+/// they go once reports have kept arriving for the retention period.
+#[test]
+fn a_clock_jump_never_hides_an_acknowledged_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hour = 3_600_000i64;
+    let t0 = 1_800_000_000_000i64;
+    let mut times = Vec::new();
+    {
+        let store = Store::open(dir.path()).expect("open");
+        let mut append = |at: i64| {
+            store
+                .append_report(at, format!("{at}").as_bytes(), bounded(hour, 1_000))
+                .expect("append");
+            times.push(at);
+        };
+        // 20 reports a second apart, 20 with the clock two hours ahead, 40 once it is back.
+        (0..20).for_each(|i| append(t0 + i * 1_000));
+        (0..20).for_each(|i| append(t0 + 2 * hour + 20_000 + i * 1_000));
+        (0..40).for_each(|i| append(t0 + 40_000 + i * 1_000));
+        let read: Vec<i64> = store
+            .reports(i64::MIN, i64::MAX)
+            .expect("read")
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(read.len(), 80, "every acknowledged report: {read:?}");
+    }
+    let store = reopen(dir.path());
+    let mut read: Vec<i64> = store
+        .reports(i64::MIN, i64::MAX)
+        .expect("read")
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    read.sort_unstable();
+    times.sort_unstable();
+    assert_eq!(read, times, "after a reopen too");
+    // A report a minute for an hour and more: the first 80 go, the newest hour stays.
+    let later: Vec<i64> = (1..=70).map(|m| t0 + 80_000 + m * 60_000).collect();
+    for &at in &later {
+        store
+            .append_report(at, b"later", bounded(hour, 1_000))
+            .expect("append");
+    }
+    let read: Vec<i64> = store
+        .reports(i64::MIN, i64::MAX)
+        .expect("read")
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    assert!(
+        read.iter().all(|at| later.contains(at)) && read.len() >= 60 && read.len() <= 62,
+        "{read:?}"
+    );
+}
