@@ -120,6 +120,12 @@ const ENTRY_PREFIX: &[u8] = b"round/";
 /// The topology [`SERVED_KEY`]'s round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
 
+/// What sled writes to its settings file, `conf`, in the store's directory (then a checksum):
+/// its defaults, which this build never changes. A `conf` that does not start so is damaged
+/// (sled refuses it with an error naming neither it nor what to do) and can be removed: sled
+/// writes it anew.
+const SLED_CONF: &str = "segment_size: 524288\nuse_compression: false\nversion: 0.34\n";
+
 /// sled's page cache (its default is 1 GiB). sled holds the small, hot part of the store
 /// (the epoch, the demand reports, which are appended and rarely read back); a cache of the
 /// default size fills with reports in a minute of a busy feed and stays full, a gigabyte of
@@ -448,6 +454,46 @@ fn key_number(key: &[u8], prefix: &[u8]) -> Option<u64> {
         .map(u64::from_be_bytes)
 }
 
+/// Why sled's files in `path` did not open, naming the damaged file and what to do when one
+/// is: its settings (`conf`, which can be removed), or its log (`db`: the epoch counter and
+/// the report ids).
+fn sled_open_error(path: &Path, source: sled::Error) -> StoreError {
+    let conf = path.join("conf");
+    let damaged_conf = std::fs::read(&conf)
+        .is_ok_and(|bytes| bytes.len() > 8 && !bytes.starts_with(SLED_CONF.as_bytes()));
+    if damaged_conf {
+        return StoreError::Corrupt {
+            what: format!("sled's settings file {}", conf.display()),
+            problem: format!(
+                "it is damaged (sled says: {source}); it holds only sled's settings, which \
+                 this build always writes the same: remove it and start again (sled writes it \
+                 anew; the epoch counter and the report ids are in {}, which stays)",
+                path.join("db").display()
+            ),
+        };
+    }
+    match source {
+        sled::Error::Corruption { .. } => StoreError::Corrupt {
+            what: format!(
+                "sled's log {} (the store's epoch counter and report ids)",
+                path.join("db").display()
+            ),
+            problem: format!(
+                "it is damaged (sled says: {source}); the topology, the maps and the demand \
+                 record are in files of their own beside it and not affected: to start on \
+                 them, move db, conf and blobs/ out of {} (the epoch counter then starts \
+                 again, so restart the front ends too: they take only maps of an epoch above \
+                 the one they hold)",
+                path.display()
+            ),
+        },
+        source => StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        },
+    }
+}
+
 impl Store {
     /// Opens (creating) the store at `path`: sled's files and the `values/` directory. Values
     /// an older build kept in sled are moved to their files first ([`Self::migrate`]).
@@ -456,10 +502,7 @@ impl Store {
             .path(path)
             .cache_capacity(SLED_CACHE_BYTES)
             .open()
-            .map_err(|source| StoreError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
+            .map_err(|source| sled_open_error(path, source))?;
         let tree = |name: &str| {
             db.open_tree(name)
                 .map_err(io(format!("opening tree {name}")))

@@ -1594,3 +1594,65 @@ fn a_clock_jump_never_hides_an_acknowledged_report() {
         "{read:?}"
     );
 }
+
+/// Issue 41 (a nit): a damaged byte in sled's `conf` (its settings, beside the epoch counter
+/// and the report ids in `db`) refused the open with "Read corrupted data at file offset
+/// None", naming neither the file nor what to do. The error names the file and says what to
+/// do; done, the store opens with its epoch counter as it was. A damaged `db` is named too.
+#[test]
+fn a_damaged_sled_conf_is_named_with_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = Store::open(dir.path()).expect("open");
+        assert_eq!(store.next_epoch().expect("epoch"), 1);
+    }
+    let conf = dir.path().join("conf");
+    let whole = std::fs::read(&conf).expect("sled's conf");
+    assert!(
+        whole.starts_with(SLED_CONF.as_bytes()),
+        "sled's settings as this build writes them: {:?}",
+        String::from_utf8_lossy(&whole)
+    );
+    for at in [3, 20, 40] {
+        let mut bad = whole.clone();
+        bad[at] ^= 0x55;
+        std::fs::write(&conf, &bad).expect("damage");
+        let err = open_err(dir.path());
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&conf.display().to_string())
+                && msg.contains("remove it")
+                && msg.contains("epoch counter"),
+            "byte {at}: {msg}"
+        );
+    }
+    std::fs::remove_file(&conf).expect("remove it, as the error says");
+    let store = reopen(dir.path());
+    assert_eq!(store.next_epoch().expect("epoch"), 2, "the counter kept");
+    drop(store);
+    let db = dir.path().join("db");
+    let mut bad = std::fs::read(&db).expect("sled's db");
+    for b in bad.iter_mut().take(200) {
+        *b ^= 0x55;
+    }
+    std::fs::write(&db, &bad).expect("damage");
+    let msg = open_err(dir.path()).to_string();
+    assert!(
+        msg.contains(&db.display().to_string()) && msg.contains("epoch counter"),
+        "{msg}"
+    );
+}
+
+/// The error of opening the store at `path` (once the last handle let go of sled's lock).
+fn open_err(path: &Path) -> StoreError {
+    let started = std::time::Instant::now();
+    loop {
+        match Store::open(path) {
+            Ok(_) => panic!("the damaged store opened"),
+            Err(e) if e.to_string().contains("lock") && started.elapsed().as_secs() < 10 => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => return e,
+        }
+    }
+}
