@@ -52,10 +52,12 @@ use serde::{Deserialize, Serialize};
 mod journal;
 mod read;
 mod record;
+mod recover;
 mod reports;
 mod values;
 
 pub use read::{RecordKind, StoredMaps, VersionInfo};
+pub use recover::{StartServed, StartTopology};
 pub use reports::Bounds as ReportBounds;
 
 use record::Record;
@@ -69,6 +71,8 @@ const VALUES_DIR: &str = "values";
 const REPORTS_DIR: &str = "reports";
 /// The directory of the topology's journal ([`journal`]), inside the store's.
 const JOURNAL_DIR: &str = "journal";
+/// Where a start moves the damaged files it skipped ([`recover`]), inside the store's.
+const DAMAGED_DIR: &str = "damaged";
 /// The topology as an older build stored it (the compact form, or an instance file): the
 /// snapshot of sequence number 0.
 const TOPOLOGY_FILE: &str = "topology";
@@ -214,6 +218,8 @@ pub struct Store {
     /// The served record as [`Store::put_served`] last wrote it: the next one rewrites it as
     /// a delta against itself without reading it back (after a start, it is read once).
     last: std::sync::Arc<LastRecord>,
+    /// Where a start moves the damaged files it skipped ([`recover`]): nothing reads them.
+    damaged: std::path::PathBuf,
 }
 
 /// The record [`Store::put_served`] wrote last (at 11 M map units about 100 MB of columns).
@@ -517,6 +523,7 @@ impl Store {
             served: tree("served")?,
             values: Values::open(&path.join(VALUES_DIR))?,
             last: Default::default(),
+            damaged: path.join(DAMAGED_DIR),
             db,
         };
         store.migrate()?;

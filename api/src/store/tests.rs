@@ -1656,3 +1656,266 @@ fn open_err(path: &Path) -> StoreError {
         }
     }
 }
+
+/// Flips a byte in the middle of value file `name` (past its header): its contents damaged.
+fn damage(store: &Store, name: &str) {
+    let path = store.values.path_of(name);
+    let mut bytes = std::fs::read(&path).expect("the file");
+    let at = 24 + (bytes.len() - 24) / 2;
+    bytes[at] ^= 0x55;
+    std::fs::write(&path, &bytes).expect("damage");
+}
+
+/// The files in the store's `damaged/`.
+fn set_aside(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join(DAMAGED_DIR))
+        .map(|d| {
+            d.map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn no_initial() -> Result<Topology, String> {
+    Err("not asked for".into())
+}
+
+/// Issue 41 (8): one damaged byte in the served record (the newest map file, which every
+/// older version is a delta of) refused every start. The start now reads the stored topology,
+/// moves the stored versions aside naming the damaged file, and serves no map until the first
+/// round; the next record is the served one from then on, and a reopen reads it.
+#[test]
+fn a_damaged_served_record_is_moved_aside_and_the_start_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        for v in 1..=3 {
+            put_round(&store, &inst, 0, v, 4, PutStep::Done);
+        }
+        let newest = store.values.names(RECORD_FILE).expect("list");
+        assert_eq!(newest.len(), 1);
+        damage(&store, &newest[0]);
+        let err = store.served_on(&inst, 0).expect_err("damaged");
+        assert!(err.to_string().contains(&newest[0]), "{err}");
+    }
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("the topology reads");
+    assert!(start.exact && start.skipped.is_empty() && !start.fresh);
+    assert_eq!((&start.topology, start.seq), (&inst, 0));
+    let from = store.start_served(&start).expect("the start goes on");
+    assert!(from.served.is_none());
+    assert_eq!(from.skipped_version, Some(3));
+    assert!(
+        from.skipped.len() == 1 && from.skipped[0].contains("map-00000000000000000003"),
+        "{:?}",
+        from.skipped
+    );
+    assert_eq!(store.map_count().expect("count"), 0);
+    assert_eq!(set_aside(dir.path()).len(), 3, "the record and two deltas");
+    // The first round's record, served from then on.
+    put_round(&store, &inst, 0, 1, 4, PutStep::Done);
+    drop(store);
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    let served = store.start_served(&start).expect("read");
+    assert_eq!(served.served.map(|s| s.version), Some(1));
+    assert!(served.skipped.is_empty());
+    assert_rounds(&store, 1..=1, |_| inst.clone());
+}
+
+/// Issue 41 (8): the newest snapshot damaged, an older one kept (the journal is kept from the
+/// oldest kept snapshot on): the start reads the older one with the journal after it, exactly
+/// the topology last published, moves the damaged one aside naming it, writes the topology it
+/// serves as a snapshot, and serves the stored map on it.
+#[test]
+fn a_damaged_snapshot_falls_back_to_an_older_one_and_the_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let mut now = Arc::new(inst.clone());
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        put_round(&store, &inst, 0, 1, 4, PutStep::Done);
+        for n in 1..=7u64 {
+            let e = crate::edit::Edit::ClusterState {
+                id: "a".into(),
+                state: [ClusterState::Drained, ClusterState::Up][(n % 2) as usize],
+            };
+            now = apply(&now, &e).expect("applies").topology;
+            store.append_edit(0, &e).expect("journal");
+            if n == 5 {
+                store.put_snapshot(5, &now).expect("snapshot");
+            }
+        }
+        put_round(&store, &now, 7, 2, 4, PutStep::Done);
+        let kept: Vec<u64> = snapshots(&store.values)
+            .expect("list")
+            .iter()
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(kept, vec![0, 5]);
+        damage(&store, &snapshot_name(5));
+    }
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("the start goes on");
+    assert!(start.exact, "{:?}", start.skipped);
+    assert_eq!((&start.topology, start.seq), (&*now, 7));
+    assert!(
+        start.skipped.len() == 1 && start.skipped[0].contains(&snapshot_name(5)),
+        "{:?}",
+        start.skipped
+    );
+    assert_eq!(set_aside(dir.path()), vec![snapshot_name(5)]);
+    let served = store.start_served(&start).expect("read");
+    assert_eq!(served.served.map(|s| s.version), Some(2));
+    drop(store);
+    let store = reopen(dir.path());
+    let again = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    assert!(again.skipped.is_empty(), "{:?}", again.skipped);
+    assert_eq!((&again.topology, again.seq), (&*now, 7));
+    assert_rounds(&store, 1..=1, |_| inst.clone());
+}
+
+/// Issue 41 (8): the only snapshot damaged. When the configured topology is what it held (its
+/// header's length and checksum say so) and the journal holds every edit, the start is exact:
+/// the snapshot is written again and the stored map served. With another configured topology,
+/// the start serves it with the journal replayed, says that it may not be the topology last
+/// published, and maps afresh (the records' bases are gone).
+#[test]
+fn the_only_snapshot_damaged_falls_back_to_the_configured_topology_and_the_journal() {
+    let inst = instance();
+    let build = |dir: &Path| -> Topology {
+        let store = Store::open(dir).expect("open");
+        store.put_topology(&inst).expect("topology");
+        let mut now = Arc::new(inst.clone());
+        for n in 1..=3u64 {
+            let e = crate::edit::Edit::ClusterState {
+                id: "b".into(),
+                state: [ClusterState::Drained, ClusterState::Down][(n % 2) as usize],
+            };
+            now = apply(&now, &e).expect("applies").topology;
+            store.append_edit(0, &e).expect("journal");
+        }
+        put_round(&store, &now, 3, 1, 4, PutStep::Done);
+        damage(&store, &snapshot_name(0));
+        Arc::unwrap_or_clone(now)
+    };
+    // The configured topology is the one stored.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let after = build(dir.path());
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), || Ok::<_, String>(inst.clone()))
+        .expect("the start goes on");
+    assert!(start.exact, "{:?}", start.skipped);
+    assert_eq!((&start.topology, start.seq), (&after, 3));
+    assert!(
+        start.skipped.iter().any(|s| s.contains("written again")),
+        "{:?}",
+        start.skipped
+    );
+    let served = store.start_served(&start).expect("read");
+    assert_eq!(
+        served.served.map(|s| s.topology.instance),
+        Some(round_of(&after, 1).0)
+    );
+    drop(store);
+    let store = reopen(dir.path());
+    let again = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    assert!(
+        again.skipped.is_empty() && again.topology == after,
+        "{:?}",
+        again.skipped
+    );
+    drop(store);
+    // Another configured topology: served with the journal, said, and the map afresh.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let after = build(dir.path());
+    let other = inst.with_cluster_state(0, ClusterState::Drained);
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), || Ok::<_, String>(other.clone()))
+        .expect("the start goes on");
+    assert!(!start.exact);
+    assert_eq!(
+        start.topology,
+        after.with_cluster_state(0, ClusterState::Drained),
+        "the configured topology with the journal's edits"
+    );
+    assert!(
+        start
+            .skipped
+            .iter()
+            .any(|s| s.contains("only if the configuration")),
+        "{:?}",
+        start.skipped
+    );
+    let served = store.start_served(&start).expect("read");
+    assert!(served.served.is_none() && served.skipped_version == Some(1));
+}
+
+/// Issue 41 (8): the only snapshot damaged and the edits before the journal's first only in
+/// it: the start serves the configured topology with the edits the journal holds, and says
+/// which acknowledged edits are lost.
+#[test]
+fn edits_only_in_a_damaged_snapshot_are_said_to_be_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&inst).expect("topology");
+    // Cluster b with 1,024 long addresses: 40 kB an edit, a journal segment every ~100.
+    let mut b = cdnmap_topology::format::cluster_file(&inst, 1);
+    let mut now = Arc::new(inst.clone());
+    let mut n = 0u64;
+    while store.journal.first().expect("first") == Some(1) || n < 120 {
+        n += 1;
+        b.addresses = (0..1024u16)
+            .map(|i| {
+                format!("2001:db8:{n:x}:{i:x}:aaaa:bbbb:cccc:dddd")
+                    .parse()
+                    .expect("v6")
+            })
+            .collect();
+        let e = crate::edit::Edit::UpsertCluster { cluster: b.clone() };
+        now = apply(&now, &e).expect("applies").topology;
+        store.append_edit(0, &e).expect("journal");
+        if n == 120 {
+            store.put_snapshot(n, &now).expect("snapshot");
+        }
+        assert!(n < 400, "the journal's first segment never dropped");
+    }
+    let first = store.journal.first().expect("first").expect("some");
+    assert!(first > 1 && first <= 120, "{first}");
+    damage(&store, &snapshot_name(120));
+    drop(store);
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), || Ok::<_, String>(inst.clone()))
+        .expect("the start goes on");
+    assert!(!start.exact);
+    assert_eq!(
+        (&start.topology, start.seq),
+        (&*now, n),
+        "b as the last edit left it"
+    );
+    let lost = format!("edits 1 to {} were only in them", first - 1);
+    assert!(
+        start.skipped.iter().any(|s| s.contains(&lost)),
+        "{:?}",
+        start.skipped
+    );
+}
