@@ -37,7 +37,9 @@
 //! version found both whole and as a delta is read from the whole file, and the delta goes at
 //! the next prune; a version left whole stays so until it is pruned. A damaged delta refuses
 //! its version and the older ones (read through it) with an error naming the file; the newer
-//! ones, the start and the next rounds do not read it. Pruning drops the oldest versions
+//! ones, the start and the next rounds do not read it; a damaged served record, or a damaged
+//! snapshot, does not stop a start either: it falls back to the newest state that reads and
+//! says what it skipped ([`recover`]). Pruning drops the oldest versions
 //! first, on which nothing depends (deltas depend on newer versions only). Records of the
 //! formats before (03: the estimator's state inline; 04: the demands as `f64`s) are still
 //! read, and a record of format 04 served before is rewritten as a delta like any other.
