@@ -74,7 +74,18 @@ pub(super) fn replay_skipping(
     for (n, bytes) in entries {
         debug_assert!(*n > seq);
         let applied = serde_json::from_slice::<Edit>(bytes)
-            .map_err(|e| format!("it does not read: {e}"))
+            .map_err(|e| {
+                let deep = if e.to_string().contains("recursion limit") {
+                    format!(
+                        " (a resource tree deeper than the {} levels this build takes, stored \
+                         by an older build)",
+                        cdnmap_mapper::MAX_TREE_DEPTH
+                    )
+                } else {
+                    String::new()
+                };
+                format!("it does not read: {e}{deep}")
+            })
             .and_then(|edit| apply(&now, &edit).map_err(|e| format!("it no longer applies: {e}")));
         match applied {
             Ok(a) => now = a.topology,

@@ -1919,3 +1919,63 @@ fn edits_only_in_a_damaged_snapshot_are_said_to_be_lost() {
         start.skipped
     );
 }
+
+/// Issue 41 (1): a store an older build bricked (it journaled a cluster whose tree is 70
+/// levels deep, past what serde_json reads, so no start could read it again) starts: the edit is skipped, named with why,
+/// the edits after it replayed, and the topology served written as a snapshot.
+#[test]
+fn a_store_bricked_by_a_deep_tree_starts_without_that_edit() {
+    use cdnmap_topology::format::{NestedNode, ResourcesFile};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let drained = inst.with_cluster_state(1, ClusterState::Drained);
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        let mut deep = cdnmap_topology::format::cluster_file(&inst, 0);
+        deep.id = "deep".into();
+        let node = |i: usize, children| NestedNode {
+            name: format!("n{i}"),
+            kind: cdnmap_mapper::ResourceKind::Bps,
+            capacity: 1.0,
+            classes: if i == 70 { vec!["web".into()] } else { vec![] },
+            children,
+        };
+        let tree = (1..70)
+            .rev()
+            .fold(node(70, vec![]), |t, i| node(i, vec![t]));
+        deep.resources = ResourcesFile::Nested(tree);
+        let edit = crate::edit::Edit::UpsertCluster { cluster: deep };
+        // As the older build journaled it (no depth limit then).
+        let bytes = serde_json::to_vec(&edit).expect("json");
+        assert_eq!(store.journal.append(0, &bytes).expect("journal"), 1);
+        let drain = crate::edit::Edit::ClusterState {
+            id: "b".into(),
+            state: ClusterState::Drained,
+        };
+        assert_eq!(store.append_edit(0, &drain).expect("journal"), 2);
+        let err = store
+            .stored_topology(Limits::default())
+            .expect_err("what an older build's start read");
+        assert!(err.to_string().contains("recursion limit"), "{err}");
+    }
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("the start goes on");
+    assert!(!start.exact);
+    assert_eq!((&start.topology, start.seq), (&drained, 2));
+    assert!(
+        start.skipped.len() == 1
+            && start.skipped[0].contains("edit 1 of the topology journal")
+            && start.skipped[0].contains("deeper than the 32 levels"),
+        "{:?}",
+        start.skipped
+    );
+    drop(store);
+    let store = reopen(dir.path());
+    let again = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    assert!(again.skipped.is_empty() && again.topology == drained);
+}
