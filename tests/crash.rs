@@ -49,8 +49,8 @@ use cdnmap_proto::v1::admin_client::AdminClient;
 use cdnmap_proto::v1::feedback_client::FeedbackClient;
 use cdnmap_tests::bin;
 use cdnmap_tests::mapper::{
-    all_clusters, all_units, authed, resolves, try_http_post, unit_sample, Server, Setup,
-    CYCLE_SECS, TOKEN,
+    all_clusters, all_units, authed, ok, resolves, status, try_http_post, unit_sample, Server,
+    Setup, CYCLE_SECS, TOKEN,
 };
 use serde_json::Value as Json;
 use tonic::transport::Channel;
@@ -858,5 +858,140 @@ async fn acknowledged_writes_survive_a_kill_minus_9_campaign_and_every_restart_s
     assert!(
         kills_in_flight >= KILLS / 2,
         "seed {seed}: only {kills_in_flight} of {KILLS} kills came with a write in flight"
+    );
+}
+
+/// Waits until `/metrics` says a map of version `version` or above is stored.
+async fn stored_at_least(server: &Server, version: u64) {
+    let started = Instant::now();
+    loop {
+        let (_, body) = server.http_get("/metrics");
+        let stored = body
+            .lines()
+            .find_map(|l| l.strip_prefix("cdnmap_map_stored_version "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if stored.is_some_and(|s| s >= version as f64) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3 * CYCLE_SECS),
+            "map version {version} not stored ({stored:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Flips one byte in the middle of each file of `values` whose name starts with `prefix`
+/// (past the value's 24-byte header); their names.
+fn damage(values: &std::path::Path, prefix: &str) -> Vec<String> {
+    let mut damaged = Vec::new();
+    for entry in std::fs::read_dir(values).expect("the store's values") {
+        let path = entry.expect("an entry").path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let Some(name) = name.filter(|n| n.starts_with(prefix) && !n.ends_with(".tmp")) else {
+            continue;
+        };
+        let mut bytes = std::fs::read(&path).expect("a value file");
+        let at = 24 + (bytes.len() - 24) / 2;
+        bytes[at] ^= 0x55;
+        std::fs::write(&path, &bytes).expect("damage it");
+        damaged.push(name);
+    }
+    damaged.sort();
+    damaged
+}
+
+/// Issue 41 (8): one damaged byte in the newest map file (every older version a delta of it),
+/// or in the only topology snapshot, made every start exit 2. Killed, damaged and restarted,
+/// the server serves: a damaged map file is moved aside, said in the log, and the first round
+/// maps afresh under a new epoch; a damaged snapshot is replaced by the configured topology
+/// (the demo world, which the header of the damaged file shows to be what it held) with the
+/// journal's edits replayed, so the acknowledged edit is kept and the stored map served.
+#[tokio::test]
+async fn a_damaged_map_file_or_snapshot_is_skipped_and_the_restart_serves() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let values = setup.dir.path().join("data").join("values");
+    let damaged_dir = setup.dir.path().join("data").join("damaged");
+    let units = all_units(&server).await;
+    let drained = all_clusters(&server).await.remove(0).id;
+    ok(
+        server
+            .admin()
+            .set_cluster_state(authed(
+                pb::SetClusterStateRequest {
+                    id: drained.clone(),
+                    state: pb::ClusterState::Drained as i32,
+                    reason: "issue 41".into(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "SetClusterState",
+    );
+    let before = status(&server).await;
+    stored_at_least(&server, before.map_version).await;
+    let is_drained = |server: &Server| {
+        let (server, drained) = (server.admin(), drained.clone());
+        async move {
+            let mut admin = server;
+            let c = ok(
+                admin
+                    .get_cluster(authed(pb::GetClusterRequest { id: drained }, Some(TOKEN)))
+                    .await,
+                "GetCluster",
+            );
+            c.state == pb::ClusterState::Drained as i32
+        }
+    };
+    server.kill();
+
+    // The newest map file damaged.
+    let maps = damage(&values, "map-");
+    assert_eq!(maps.len(), 1, "one whole record: {maps:?}");
+    let server = setup.start().await;
+    resolves(&server, &units[0]).await;
+    let after = status(&server).await;
+    assert!(after.map_epoch > before.map_epoch, "a new epoch");
+    assert!(is_drained(&server).await, "the acknowledged edit is kept");
+    let log = server.log();
+    assert!(
+        log.contains("the start skipped: the served map") && log.contains(&maps[0]),
+        "the skipped file is said:\n{}",
+        tail(&log, 20)
+    );
+    assert!(
+        damaged_dir.join(&maps[0]).exists(),
+        "moved to {}",
+        damaged_dir.display()
+    );
+    stored_at_least(&server, after.map_version).await;
+    server.kill();
+
+    // Every topology snapshot damaged (the only one, edit 0's).
+    let snapshots = damage(&values, "topology-");
+    assert!(!snapshots.is_empty());
+    let server = setup.start().await;
+    resolves(&server, &units[0]).await;
+    let again = status(&server).await;
+    assert_eq!(
+        again.map_version, after.map_version,
+        "the stored map is served"
+    );
+    assert!(is_drained(&server).await, "the journal replayed");
+    let log = server.log();
+    assert!(
+        log.contains("written again") && log.contains(&snapshots[0]),
+        "{}",
+        tail(&log, 20)
+    );
+    server.kill();
+    // And the next start reads what this one wrote, with nothing to skip.
+    let server = setup.start().await;
+    resolves(&server, &units[0]).await;
+    assert!(
+        !server.log().contains("the start skipped"),
+        "{}",
+        tail(&server.log(), 20)
     );
 }

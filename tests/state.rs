@@ -473,3 +473,84 @@ async fn a_running_servers_stored_versions_are_listed_and_dumped() {
     );
     server.terminate().await;
 }
+
+/// A cluster whose resource tree is a chain of `levels` nodes, the last serving web.
+fn chain_cluster(id: &str, levels: usize) -> pb::Cluster {
+    let node = |i: usize, children| pb::ResourceNode {
+        name: format!("n{i}"),
+        kind: "bps".into(),
+        capacity: 1e6,
+        classes: if i == levels {
+            vec!["web".into()]
+        } else {
+            vec![]
+        },
+        children,
+    };
+    pb::Cluster {
+        id: id.into(),
+        lat: 50.0,
+        lon: 8.0,
+        addresses: vec!["192.0.2.77".into()],
+        state: 0,
+        resources: Some(
+            (1..levels)
+                .rev()
+                .fold(node(levels, vec![]), |tree, i| node(i, vec![tree])),
+        ),
+    }
+}
+
+/// The levels of a resource tree.
+fn levels(n: &pb::ResourceNode) -> usize {
+    1 + n.children.iter().map(levels).max().unwrap_or(0)
+}
+
+/// Issue 41 (1): Admin once acknowledged a cluster whose resource tree was 62 levels deep,
+/// journaled it, and every start after it exited 2 (the journal's JSON reader stops at 128
+/// levels of nesting). A tree deeper than the model takes is refused before anything is
+/// stored, naming the level and the limit; the deepest tree taken is acknowledged, and a
+/// kill -9 restart serves it.
+#[tokio::test]
+async fn a_tree_too_deep_is_refused_and_the_deepest_one_taken_survives_a_restart() {
+    let deepest = cdnmap_mapper::MAX_TREE_DEPTH;
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let mut admin = server.admin();
+    let refused = admin
+        .upsert_cluster(authed(chain_cluster("deep-62", 62), Some(TOKEN)))
+        .await
+        .expect_err("a tree 62 levels deep is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        format!(
+            "resources: node \"n{0}\" is at level {0}, deeper than the {deepest} levels a \
+             resource tree may have",
+            deepest + 1
+        )
+    );
+    ok(
+        admin
+            .upsert_cluster(authed(chain_cluster("deep-max", deepest), Some(TOKEN)))
+            .await,
+        "UpsertCluster at the deepest",
+    );
+    drop(admin);
+    server.kill();
+    let server = setup.start().await;
+    let mut admin = server.admin();
+    let get = |id: &str| authed(pb::GetClusterRequest { id: id.into() }, Some(TOKEN));
+    let kept = ok(admin.get_cluster(get("deep-max")).await, "GetCluster");
+    assert_eq!(
+        kept.resources.as_ref().map(levels),
+        Some(deepest),
+        "the deepest tree, kept"
+    );
+    let gone = admin
+        .get_cluster(get("deep-62"))
+        .await
+        .expect_err("never stored");
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    resolves(&server, &all_units(&server).await[0]).await;
+}

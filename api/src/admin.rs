@@ -124,6 +124,32 @@ fn parse_list<T: std::str::FromStr>(items: &[String], field: &str) -> Result<Vec
         .collect()
 }
 
+/// Refuses a tree deeper than [`cdnmap_mapper::MAX_TREE_DEPTH`] levels or of more than
+/// [`cdnmap_mapper::MAX_TREE_NODES`] nodes, walking it without recursion, before
+/// [`node_from_pb`] recurses into it (the model refuses both too, naming the cluster; this
+/// bounds the conversion's own stack and work first).
+fn check_tree_shape(root: &pb::ResourceNode) -> Result<(), Status> {
+    use cdnmap_mapper::{MAX_TREE_DEPTH, MAX_TREE_NODES};
+    let mut nodes = 0usize;
+    let mut stack = vec![(root, 1usize)];
+    while let Some((n, level)) = stack.pop() {
+        if level > MAX_TREE_DEPTH {
+            return Err(invalid(format!(
+                "resources: node {} is at level {level}, deeper than the {MAX_TREE_DEPTH} levels a resource tree may have",
+                shown_id(&n.name)
+            )));
+        }
+        nodes += 1;
+        if nodes > MAX_TREE_NODES {
+            return Err(invalid(format!(
+                "resources: more than {MAX_TREE_NODES} nodes, the most a resource tree may have"
+            )));
+        }
+        stack.extend(n.children.iter().map(|c| (c, level + 1)));
+    }
+    Ok(())
+}
+
 fn node_from_pb(n: pb::ResourceNode, path: &str) -> Result<NestedNode, Status> {
     let kind = match n.kind.as_str() {
         "bps" => cdnmap_mapper::ResourceKind::Bps,
@@ -164,6 +190,7 @@ pub(crate) fn cluster_from_pb(c: pb::Cluster) -> Result<ClusterFile, Status> {
     let root = c
         .resources
         .ok_or_else(|| invalid("resources: a cluster needs a resource tree"))?;
+    check_tree_shape(&root)?;
     Ok(ClusterFile {
         id: c.id,
         lat: c.lat,
@@ -450,7 +477,57 @@ impl pb::admin_server::Admin for AdminService {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use super::{bearer_token, cluster_from_pb, pb};
+    use cdnmap_mapper::MAX_TREE_DEPTH;
+
+    /// A cluster whose resource tree is a chain of `levels` nodes, the last serving web.
+    fn chain(levels: usize) -> pb::Cluster {
+        let node = |i: usize, children| pb::ResourceNode {
+            name: format!("n{i}"),
+            kind: "bps".into(),
+            capacity: 100.0,
+            classes: if i == levels {
+                vec!["web".into()]
+            } else {
+                vec![]
+            },
+            children,
+        };
+        let mut tree = node(levels, vec![]);
+        for i in (1..levels).rev() {
+            tree = node(i, vec![tree]);
+        }
+        pb::Cluster {
+            id: "deep".into(),
+            lat: 1.0,
+            lon: 2.0,
+            addresses: vec!["192.0.2.1".into()],
+            state: 0,
+            resources: Some(tree),
+        }
+    }
+
+    /// A tree deeper than the model takes is refused by the conversion itself, before it
+    /// recurses into it (2,000 levels here; prost would stop at 100 on the wire), naming the
+    /// node and the limit; the deepest tree taken converts and the model takes it.
+    #[test]
+    fn a_tree_too_deep_is_refused_before_the_conversion_recurses() {
+        let deepest = cluster_from_pb(chain(MAX_TREE_DEPTH)).expect("the deepest tree taken");
+        assert_eq!(deepest.resources.to_specs().len(), MAX_TREE_DEPTH);
+        for levels in [MAX_TREE_DEPTH + 1, 62, 2_000] {
+            let e = cluster_from_pb(chain(levels)).expect_err("too deep");
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            let level = MAX_TREE_DEPTH + 1;
+            assert_eq!(
+                e.message(),
+                format!(
+                    "resources: node \"n{level}\" is at level {level}, deeper than the \
+                     {MAX_TREE_DEPTH} levels a resource tree may have"
+                ),
+                "{levels} levels"
+            );
+        }
+    }
 
     /// RFC 7235 §2.1: the scheme is case-insensitive and one or more spaces follow it; another
     /// scheme, or none, gives no token.

@@ -93,7 +93,8 @@ fn upserts() {
 }
 
 /// Mutations of the corpus's requests, with fields put in whole: ids, addresses and
-/// prefixes of 3,000 bytes, the other cluster states, numbers at the edge of their type.
+/// prefixes of 3,000 bytes, the other cluster states, numbers at the edge of their type, a
+/// resource tree deeper than the model takes.
 #[test]
 fn upsert_mutations() {
     let base = base();
@@ -128,6 +129,12 @@ fn upsert_mutations() {
             ..Default::default()
         }
         .encode_to_vec(),
+        // A resource tree past the depth the model takes (62 levels once bricked a store).
+        pb::Cluster {
+            resources: Some(chain(62)),
+            ..Default::default()
+        }
+        .encode_to_vec(),
         vec![0xff; 10],
     ]
     .into();
@@ -135,6 +142,24 @@ fn upsert_mutations() {
     bolero::check!()
         .with_type::<Mutation>()
         .for_each(|m| check(&base, &m.apply(&corpus, &tokens)));
+}
+
+/// A resource tree of `levels` nodes in a chain, the last serving web.
+fn chain(levels: usize) -> pb::ResourceNode {
+    let node = |i: usize, children| pb::ResourceNode {
+        name: format!("n{i}"),
+        kind: "bps".into(),
+        capacity: 10.0,
+        classes: if i == levels {
+            vec!["web".into()]
+        } else {
+            vec![]
+        },
+        children,
+    };
+    (1..levels)
+        .rev()
+        .fold(node(levels, vec![]), |tree, i| node(i, vec![tree]))
 }
 
 /// The corpus: every cluster and the first map units of the world, encoded.

@@ -223,7 +223,8 @@ impl Shared {
     /// before any round, exactly as it was published), else `initial` (stored for next time).
     /// Nothing an acknowledged Admin change did can make a start fail: the served map carries
     /// the instance it was solved with, and a selection override naming a cluster that is gone
-    /// is a warning.
+    /// is a warning. Nor can a damaged stored file: the start falls back to the newest state
+    /// that reads, and says what it skipped (`store::recover`).
     ///
     /// `initial` is called only when the store has no topology (a world of millions of units
     /// takes seconds to generate or read, which a restart then does not spend).
@@ -235,29 +236,41 @@ impl Shared {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let store = Store::open(&config.data_dir)?;
         let epoch = store.next_epoch()?;
-        let (topology, seq) = match store.stored_topology(Limits::default())? {
-            Some((stored, seq)) => {
-                tracing::info!(
-                    map_units = stored.unit_count(),
-                    clusters = stored.clusters().len(),
-                    "serving the stored topology (with every acknowledged edit)"
-                );
-                if let Some(path) = &config.instance {
-                    tracing::warn!(
-                        instance = %path.display(),
-                        data_dir = %config.data_dir.display(),
-                        "the configured instance file is not read: the store's topology is \
-                         served (start on an empty data_dir to serve the file)"
-                    );
-                }
-                (stored, seq)
-            }
-            None => {
-                let initial = initial()?;
-                store.put_topology(&initial)?;
-                (initial, 0)
-            }
+        // The stored topology; where a stored file is damaged, the newest state that reads,
+        // each file or edit skipped said here (`store::recover`).
+        // `initial`'s own error is the start's, as it is (a bad instance file, say).
+        let mut initial_error = None;
+        let start = store.start_topology(Limits::default(), || {
+            initial().map_err(|e| {
+                let said = format!("{e:#}");
+                initial_error = Some(e);
+                said
+            })
+        });
+        let start = match (start, initial_error) {
+            (Err(_), Some(e)) => return Err(e),
+            (start, _) => start?,
         };
+        for skipped in &start.skipped {
+            tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
+        }
+        if !start.fresh {
+            tracing::info!(
+                map_units = start.topology.unit_count(),
+                clusters = start.topology.clusters().len(),
+                exact = start.exact,
+                "serving the stored topology (with every acknowledged edit, unless said above)"
+            );
+            if let Some(path) = &config.instance {
+                tracing::warn!(
+                    instance = %path.display(),
+                    data_dir = %config.data_dir.display(),
+                    "the configured instance file is not read: the store's topology is \
+                     served (start on an empty data_dir to serve the file)"
+                );
+            }
+        }
+        let topology = &start.topology;
         // Every class the name rules and the default class name must be the topology's: refused
         // here, naming it, rather than by every round after the start.
         ClassRules::for_instance(
@@ -275,16 +288,23 @@ impl Shared {
                 "the configuration's bypass.{class}: the topology has no traffic class {class:?}"
             );
         }
-        if let Err(e) = config.selection.check_clusters(&topology) {
+        if let Err(e) = config.selection.check_clusters(topology) {
             tracing::warn!(error = %e, "the selection override is not used");
         }
         let topology_ms = ms(started);
         // The served record's base is most often the stored topology itself (no edit since):
-        // then it is not rebuilt a second time.
+        // then it is not rebuilt a second time. A damaged record is moved aside, said here:
+        // the first round then maps afresh.
         let t = Instant::now();
-        let served = match store.served_on(&topology, seq)? {
+        let from_store = store.start_served(&start)?;
+        for skipped in &from_store.skipped {
+            tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
+        }
+        let (topology, seq) = (start.topology, start.seq);
+        let served = match from_store.served {
             Some(s) => Some(s),
-            None => legacy_served(&store, &topology),
+            None if from_store.skipped_version.is_none() => legacy_served(&store, &topology),
+            None => None,
         };
         let served_ms = ms(t);
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
@@ -361,7 +381,17 @@ impl Shared {
         // checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s of a start).
         let me = Arc::clone(&shared);
         let inline = inline.unwrap_or_default();
-        let restore = move || me.restore_estimator(&start_topology, served_version, inline);
+        // A served record moved aside: the estimator is restored after it still (its
+        // checkpoint and entries are files of their own), and the versions start again.
+        let skipped_version = from_store.skipped_version;
+        let restore = move || {
+            me.restore_estimator(
+                &start_topology,
+                served_version.or(skipped_version),
+                inline,
+                skipped_version.is_some(),
+            )
+        };
         std::thread::Builder::new()
             .name("cdnmap-estimator".into())
             .spawn(restore)
@@ -382,8 +412,16 @@ impl Shared {
     /// Restores the estimator after the round of record `served` (the stored checkpoint, or
     /// the one `inline` in a record of format 03, with the round entries after it read and
     /// replayed one at a time) for `topology`, the topology the start served, or starts it
-    /// afresh; installs it as the round driver's and says it is ready.
-    fn restore_estimator(&self, topology: &Topology, served: Option<u64>, inline: EstimatorLog) {
+    /// afresh; installs it as the round driver's and says it is ready. `versions_restart`:
+    /// the stored versions were moved aside, so the next round's version starts again and
+    /// its checkpoint is due at once (the stored one's version is of the versions before).
+    fn restore_estimator(
+        &self,
+        topology: &Topology,
+        served: Option<u64>,
+        inline: EstimatorLog,
+        versions_restart: bool,
+    ) {
         // Serving the stored map comes first: front ends joining a restarted mapper take the
         // whole map while this runs (at 11 M units, seconds of CPU each on a 2-core machine).
         lower_thread_priority();
@@ -407,7 +445,11 @@ impl Shared {
                     *d = Some(driver);
                 }
                 if let Ok(mut c) = self.checkpoint.lock() {
-                    *c = checkpointed;
+                    *c = if versions_restart {
+                        Checkpointed::default()
+                    } else {
+                        checkpointed
+                    };
                 }
                 // The checkpoint's bytes and the replayed entries are freed.
                 crate::memory::release();

@@ -48,6 +48,13 @@ pub enum ModelError {
     },
     #[error("cluster {cluster:?}: resource tree has no nodes")]
     EmptyTree { cluster: String },
+    #[error("cluster {cluster:?}: resource tree is deeper than {limit} levels (node {node:?} is at level {level})")]
+    TreeTooDeep {
+        cluster: String,
+        node: String,
+        level: usize,
+        limit: usize,
+    },
     #[error("cluster {cluster:?}: resource tree has several roots ({first:?} and {second:?}); it must have exactly one")]
     SeveralRoots {
         cluster: String,

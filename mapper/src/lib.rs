@@ -23,7 +23,7 @@ pub use map::{churn, node_usage, Allocation, Map};
 pub use model::{
     Candidate, CandidateSpec, ClassIdx, Cluster, ClusterIdx, ClusterSpec, ClusterState, Instance,
     InstanceBuilder, Limits, MapUnitSpec, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
-    TrafficClass, UnitIdx,
+    TrafficClass, UnitIdx, MAX_TREE_DEPTH, MAX_TREE_NODES,
 };
 pub use rescore::{admitted, Rescore};
 pub use second_chance::{

@@ -897,3 +897,88 @@ fn unknown_fields_are_ignored() {
     v["map_units"][0]["candidates"][0]["rtt_ms"] = json!(12.5);
     assert_same(&parse(&v, Limits::default()).unwrap(), &plain);
 }
+
+/// A chain of `levels` resource nodes (`n1` the root, `n<levels>` the leaf carrying web and
+/// video), flat or nested.
+fn chain(levels: usize, nested: bool) -> Value {
+    let node = |i: usize| {
+        let mut n = json!({"name": format!("n{i}"), "kind": "bps", "capacity": 100.0});
+        if i == levels {
+            n["classes"] = json!(["web", "video"]);
+        }
+        n
+    };
+    if nested {
+        let mut tree = node(levels);
+        for i in (1..levels).rev() {
+            let mut parent = node(i);
+            parent["children"] = json!([tree]);
+            tree = parent;
+        }
+        tree
+    } else {
+        Value::Array(
+            (1..=levels)
+                .map(|i| {
+                    let mut n = node(i);
+                    if i < levels {
+                        n["children"] = json!([format!("n{}", i + 1)]);
+                    }
+                    n
+                })
+                .collect(),
+        )
+    }
+}
+
+/// A resource tree of the most levels the model takes is parsed, and reads back from every
+/// form it is written in (the nested instance file, the compact form); one level more is
+/// refused with an error naming the cluster and the limit, flat or nested, before anything
+/// could store it (a tree 62 levels deep was once taken and then unreadable: the journal's
+/// JSON reader stops at 128 levels of nesting, two a tree level).
+#[test]
+fn a_resource_tree_deeper_than_the_limit_is_refused_naming_the_cluster() {
+    let limit = cdnmap_mapper::MAX_TREE_DEPTH;
+    for nested in [false, true] {
+        let mut v = base();
+        fra1_tree(&mut v, chain(limit, nested));
+        let deepest = parse(&v, Limits::default()).expect("the deepest tree taken");
+        let mut written = Vec::new();
+        cdnmap_topology::format::write_instance(&deepest, &mut written).expect("write");
+        assert_same(
+            &parse_instance(&written, Limits::default()).expect("the written file reads back"),
+            &deepest,
+        );
+        let compact = cdnmap_topology::compact::encode(&deepest);
+        assert_same(
+            &cdnmap_topology::compact::decode(&compact, Limits::default())
+                .expect("the compact form reads back"),
+            &deepest,
+        );
+        for levels in [limit + 1, 62, 200] {
+            let mut v = base();
+            fra1_tree(&mut v, chain(levels, nested));
+            let e = check_with_value(v);
+            let msg = e.to_string();
+            assert!(
+                matches!(&e, ModelError::TreeTooDeep { cluster, .. } if cluster == "fra1"),
+                "{levels} levels, nested {nested}: {e:?}"
+            );
+            assert!(
+                msg.contains("\"fra1\"") && msg.contains(&format!("{limit} levels")),
+                "{msg}"
+            );
+        }
+    }
+}
+
+/// The model error `v` is refused with (built from its JSON value: a tree nested deeper than
+/// serde_json's reader of text, as Admin's conversion hands it to the model).
+fn check_with_value(v: Value) -> ModelError {
+    let file: InstanceFile = serde_json::from_value(v).expect("an instance file");
+    match file.build(Limits::default()) {
+        Err(cdnmap_topology::TopologyError::Model(e)) => e,
+        Err(e) => panic!("expected a model error, got {e}"),
+        Ok(_) => panic!("expected a model error, the instance was accepted"),
+    }
+}

@@ -195,6 +195,17 @@ impl Journal {
         Ok(self.lock()?.last)
     }
 
+    /// The first sequence number the journal still holds (the edits before it were dropped,
+    /// a snapshot covering them); `None` when it holds none.
+    pub(super) fn first(&self) -> Result<Option<u64>, StoreError> {
+        let inner = self.lock()?;
+        Ok(inner
+            .segments
+            .first()
+            .copied()
+            .filter(|&first| first <= inner.last))
+    }
+
     /// Appends `entry` (received at `at_ms`) as the next edit, synced; returns its sequence
     /// number.
     pub(super) fn append(&self, at_ms: i64, entry: &[u8]) -> Result<u64, StoreError> {

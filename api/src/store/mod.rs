@@ -37,7 +37,9 @@
 //! version found both whole and as a delta is read from the whole file, and the delta goes at
 //! the next prune; a version left whole stays so until it is pruned. A damaged delta refuses
 //! its version and the older ones (read through it) with an error naming the file; the newer
-//! ones, the start and the next rounds do not read it. Pruning drops the oldest versions
+//! ones, the start and the next rounds do not read it; a damaged served record, or a damaged
+//! snapshot, does not stop a start either: it falls back to the newest state that reads and
+//! says what it skipped ([`recover`]). Pruning drops the oldest versions
 //! first, on which nothing depends (deltas depend on newer versions only). Records of the
 //! formats before (03: the estimator's state inline; 04: the demands as `f64`s) are still
 //! read, and a record of format 04 served before is rewritten as a delta like any other.
@@ -52,10 +54,12 @@ use serde::{Deserialize, Serialize};
 mod journal;
 mod read;
 mod record;
+mod recover;
 mod reports;
 mod values;
 
 pub use read::{RecordKind, StoredMaps, VersionInfo};
+pub use recover::{StartServed, StartTopology};
 pub use reports::Bounds as ReportBounds;
 
 use record::Record;
@@ -69,12 +73,19 @@ const VALUES_DIR: &str = "values";
 const REPORTS_DIR: &str = "reports";
 /// The directory of the topology's journal ([`journal`]), inside the store's.
 const JOURNAL_DIR: &str = "journal";
+/// Where a start moves the damaged files it skipped ([`recover`]), inside the store's.
+const DAMAGED_DIR: &str = "damaged";
 /// The topology as an older build stored it (the compact form, or an instance file): the
 /// snapshot of sequence number 0.
 const TOPOLOGY_FILE: &str = "topology";
 /// A snapshot of the topology: this prefix, then the journal's sequence number of the last
 /// edit in it (zero-padded); the compact form.
 const SNAPSHOT_FILE: &str = "topology-";
+/// How many of the snapshots after the served record's base are kept: what a round in flight
+/// may need (its base is after the served one's; each snapshot written while it solves is
+/// after its base, so it needs the newest before those), with this many written while it
+/// solves less one.
+const SNAPSHOTS_AHEAD: usize = 3;
 /// Each stored map version's record ([`Store::put_served`]): this prefix, the version, and the
 /// topology it was solved from: `j` and the journal's sequence number of its last edit, or
 /// (an older build's records) the generation of a base file (zero-padded, so records list in
@@ -114,6 +125,12 @@ const CHECKPOINT_KEY: &[u8] = b"estimator";
 const ENTRY_PREFIX: &[u8] = b"round/";
 /// The topology [`SERVED_KEY`]'s round started from: generation (8 bytes), then JSON.
 const BASE_KEY: &[u8] = b"served-base";
+
+/// What sled writes to its settings file, `conf`, in the store's directory (then a checksum):
+/// its defaults, which this build never changes. A `conf` that does not start so is damaged
+/// (sled refuses it with an error naming neither it nor what to do) and can be removed: sled
+/// writes it anew.
+const SLED_CONF: &str = "segment_size: 524288\nuse_compression: false\nversion: 0.34\n";
 
 /// sled's page cache (its default is 1 GiB). sled holds the small, hot part of the store
 /// (the epoch, the demand reports, which are appended and rarely read back); a cache of the
@@ -203,6 +220,8 @@ pub struct Store {
     /// The served record as [`Store::put_served`] last wrote it: the next one rewrites it as
     /// a delta against itself without reading it back (after a start, it is read once).
     last: std::sync::Arc<LastRecord>,
+    /// Where a start moves the damaged files it skipped ([`recover`]): nothing reads them.
+    damaged: std::path::PathBuf,
 }
 
 /// The record [`Store::put_served`] wrote last (at 11 M map units about 100 MB of columns).
@@ -443,6 +462,46 @@ fn key_number(key: &[u8], prefix: &[u8]) -> Option<u64> {
         .map(u64::from_be_bytes)
 }
 
+/// Why sled's files in `path` did not open, naming the damaged file and what to do when one
+/// is: its settings (`conf`, which can be removed), or its log (`db`: the epoch counter and
+/// the report ids).
+fn sled_open_error(path: &Path, source: sled::Error) -> StoreError {
+    let conf = path.join("conf");
+    let damaged_conf = std::fs::read(&conf)
+        .is_ok_and(|bytes| bytes.len() > 8 && !bytes.starts_with(SLED_CONF.as_bytes()));
+    if damaged_conf {
+        return StoreError::Corrupt {
+            what: format!("sled's settings file {}", conf.display()),
+            problem: format!(
+                "it is damaged (sled says: {source}); it holds only sled's settings, which \
+                 this build always writes the same: remove it and start again (sled writes it \
+                 anew; the epoch counter and the report ids are in {}, which stays)",
+                path.join("db").display()
+            ),
+        };
+    }
+    match source {
+        sled::Error::Corruption { .. } => StoreError::Corrupt {
+            what: format!(
+                "sled's log {} (the store's epoch counter and report ids)",
+                path.join("db").display()
+            ),
+            problem: format!(
+                "it is damaged (sled says: {source}); the topology, the maps and the demand \
+                 record are in files of their own beside it and not affected: to start on \
+                 them, move db, conf and blobs/ out of {} (the epoch counter then starts \
+                 again, so restart the front ends too: they take only maps of an epoch above \
+                 the one they hold)",
+                path.display()
+            ),
+        },
+        source => StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        },
+    }
+}
+
 impl Store {
     /// Opens (creating) the store at `path`: sled's files and the `values/` directory. Values
     /// an older build kept in sled are moved to their files first ([`Self::migrate`]).
@@ -451,10 +510,7 @@ impl Store {
             .path(path)
             .cache_capacity(SLED_CACHE_BYTES)
             .open()
-            .map_err(|source| StoreError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
+            .map_err(|source| sled_open_error(path, source))?;
         let tree = |name: &str| {
             db.open_tree(name)
                 .map_err(io(format!("opening tree {name}")))
@@ -469,6 +525,7 @@ impl Store {
             served: tree("served")?,
             values: Values::open(&path.join(VALUES_DIR))?,
             last: Default::default(),
+            damaged: path.join(DAMAGED_DIR),
             db,
         };
         store.migrate()?;
@@ -804,9 +861,17 @@ impl Store {
 
     /// Keeps the snapshots that are needed and drops the others: the newest (a start reads
     /// it), the newest at or before the served record's base (a start rebuilds that base from
-    /// it), and the newest at or before the oldest kept record's base (the history's bases
-    /// are rebuilt from it); then the journal segments before the oldest kept snapshot. So
-    /// the store holds at most three snapshots, whatever the number of edits.
+    /// it), the newest at or before the oldest kept record's base (the history's bases are
+    /// rebuilt from it), and the newest [`SNAPSHOTS_AHEAD`] after the served record's base; then
+    /// the journal segments before the oldest kept snapshot. So the store holds at most five
+    /// snapshots whatever the number of edits (three when none came after the served
+    /// record's base).
+    ///
+    /// Why those after the served base: a round in flight took its topology after the served
+    /// record's, and its record needs the newest snapshot at or before it, which a snapshot
+    /// written while the round solves must not drop (it did: the record's base was then
+    /// rebuilt from an older snapshot and the journal since, thousands of edits under
+    /// continuous Admin edits, and a start took up to 10 s).
     fn prune_topology(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.pruning.lock().map_err(|_| StoreError::Corrupt {
             what: "the store's snapshots".into(),
@@ -828,6 +893,15 @@ impl Store {
         let mut keep = vec![newest];
         keep.extend(seqs.last().and_then(|&s| newest_at(s)));
         keep.extend(seqs.iter().min().and_then(|&s| newest_at(s)));
+        let served_base = seqs.last().copied().unwrap_or(0);
+        keep.extend(
+            snaps
+                .iter()
+                .rev()
+                .map(|s| s.0)
+                .filter(|&s| s > served_base)
+                .take(SNAPSHOTS_AHEAD),
+        );
         for (seq, name) in &snaps {
             if !keep.contains(seq) {
                 self.values.remove(name)?;
@@ -1025,7 +1099,7 @@ impl Store {
     }
 
     /// Appends one feedback report (already validated, encoded) received at `at_unix_ms`,
-    /// then keeps only what `bounds` keep: the reports received at most `retain_ms` before
+    /// then keeps only what `bounds` keep: the reports that arrived at most `retain_ms` before
     /// it, of those the newest `max_reports`, in at most `max_bytes` of disk ([`reports`]).
     /// Durable when it returns.
     pub fn append_report(
@@ -1084,5 +1158,7 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod restart;
 #[cfg(test)]
 mod tests;

@@ -59,6 +59,45 @@ pub(super) fn replay(
     Ok(Arc::unwrap_or_clone(now))
 }
 
+/// [`replay`], skipping each edit that does not read or no longer applies (stored by an
+/// older build that took what this one refuses, or after a snapshot that was lost); what was
+/// skipped, each naming the edit and why. What a start replays: an edit it cannot carry out
+/// must not keep it from starting.
+pub(super) fn replay_skipping(
+    topology: Topology,
+    seq: u64,
+    entries: &[(u64, Vec<u8>)],
+    journal: &Path,
+) -> (Topology, Vec<String>) {
+    let mut now = Arc::new(topology);
+    let mut skipped = Vec::new();
+    for (n, bytes) in entries {
+        debug_assert!(*n > seq);
+        let applied = serde_json::from_slice::<Edit>(bytes)
+            .map_err(|e| {
+                let deep = if e.to_string().contains("recursion limit") {
+                    format!(
+                        " (a resource tree deeper than the {} levels this build takes, stored \
+                         by an older build)",
+                        cdnmap_mapper::MAX_TREE_DEPTH
+                    )
+                } else {
+                    String::new()
+                };
+                format!("it does not read: {e}{deep}")
+            })
+            .and_then(|edit| apply(&now, &edit).map_err(|e| format!("it no longer applies: {e}")));
+        match applied {
+            Ok(a) => now = a.topology,
+            Err(problem) => skipped.push(format!(
+                "edit {n} of the topology journal in {} is skipped: {problem}",
+                journal.display()
+            )),
+        }
+    }
+    (Arc::unwrap_or_clone(now), skipped)
+}
+
 /// The stored topology after edit `seq`: the newest snapshot at or before it, with the
 /// journal's edits up to `seq` replayed.
 pub(super) fn topology_at(

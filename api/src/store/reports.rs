@@ -18,10 +18,23 @@
 //! cut off when the log is opened. A damaged record elsewhere ends its segment's reading
 //! there (what follows cannot be framed), with a warning.
 //!
-//! **Retention.** Reads see exactly the reports the last append's bounds keep (received no
-//! more than `retain_ms` before the newest, and the newest `max_reports` of those; the bounds
-//! are stored when they change, so a reopened log reads the same); whole segments are deleted
-//! once nothing in them is kept, so the disk holds at most one segment more than the bounds.
+//! **Retention.** Reads see exactly the reports the last append's bounds keep (those that
+//! arrived no more than `retain_ms` before the newest, and the newest `max_reports` of those;
+//! the bounds are stored when they change, so a reopened log reads the same); whole segments
+//! are deleted once nothing in them is kept, so the disk holds at most one segment more than
+//! the bounds.
+//!
+//! Age is by **arrival**, not by the times reports carry: the log keeps an arrival clock that
+//! each append moves on by the wall clock's step since the report before, never back and at
+//! most [`MAX_ARRIVAL_STEP_MS`] ([`Arrival`]). So a report appended after another is never
+//! older than it, and a jump of the wall clock (ahead, then back) ages the record by at most
+//! that step: with the newest time as the measure, a jump of the retention period hid every
+//! report before it, and those acknowledged after the clock was put right (60 of 80 in an
+//! audit). What that costs: a pause in the feed (the mapper stopped, no front end reporting)
+//! ages the record by that step too, so reports are kept for `retain_ms` of arrivals, longer
+//! by the wall clock when the feed paused; the count and byte bounds hold whatever the clock.
+//! The clock is worked out from the reports' own times in the order they were appended, so a
+//! reopened log has it again.
 //! Besides, the log takes at most `max_bytes` of disk: while it holds more, its oldest
 //! segment is deleted whatever the other bounds say (so the reports a read sees are those of
 //! the segments left).
@@ -47,13 +60,40 @@ const MAX_PAYLOAD: usize = 64 << 20;
 pub(super) const PREFIX: &str = "seg-";
 /// The file of the bounds the last append gave: `retain_ms` (i64 LE), `max_reports` (u64 LE).
 const BOUNDS: &str = "bounds";
+/// The most the arrival clock moves on between two reports ([`Arrival`]): a jump of the wall
+/// clock ages the record by no more than this. Front ends report every cycle (10 to 30 s), so
+/// a longer step is a pause in the feed or a clock that jumped.
+pub(super) const MAX_ARRIVAL_STEP_MS: i64 = 60_000;
+
+/// The arrival clock after a report (module docs): the time the report carries, and the
+/// clock, which each report moves on by the step of the times since the report before, at
+/// least 0 and at most [`MAX_ARRIVAL_STEP_MS`]. Only differences of the clock mean anything
+/// (a reopened log starts it at the first kept report's time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Arrival {
+    at_ms: i64,
+    clock_ms: i64,
+}
+
+/// The arrival clock after a report received at `at_ms`, appended after the report that left
+/// the clock at `before` (`None`: the first report).
+fn arrived(before: Option<Arrival>, at_ms: i64) -> Arrival {
+    let clock_ms = match before {
+        None => at_ms,
+        Some(b) => b
+            .clock_ms
+            .saturating_add(at_ms.saturating_sub(b.at_ms).clamp(0, MAX_ARRIVAL_STEP_MS)),
+    };
+    Arrival { at_ms, clock_ms }
+}
 
 pub(super) fn file_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::File { what, source }
 }
 
-/// What an append keeps: reports received at most `retain_ms` before it, the newest
-/// `max_reports` of them, in at most `max_bytes` of disk ([`ReportLog::append`]).
+/// What an append keeps: reports that arrived at most `retain_ms` before it (by the arrival
+/// clock, module docs), the newest `max_reports` of them, in at most `max_bytes` of disk
+/// ([`ReportLog::append`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
     pub retain_ms: i64,
@@ -75,19 +115,21 @@ struct Inner {
     /// The last segment, open to append.
     file: Option<File>,
     /// The bounds of the last append (stored in [`BOUNDS`] when they change, so a reopened
-    /// log reads as it did): reports received more than `retain_ms` before the newest, and
-    /// all but the newest `max_reports`, are not kept.
+    /// log reads as it did): reports that arrived more than `retain_ms` before the newest,
+    /// and all but the newest `max_reports`, are not kept.
     retain_ms: i64,
     max_reports: usize,
-    /// The newest time appended.
-    newest_ms: i64,
+    /// The arrival clock after the newest report (`None`: none yet).
+    newest: Option<Arrival>,
     /// Whether a segment was deleted for the byte bound (said once in the log, not per append).
     bytes_bound_hit: bool,
 }
 
 impl Inner {
+    /// The arrival clock before which reports are no longer kept.
     fn cutoff_ms(&self) -> i64 {
-        self.newest_ms.saturating_sub(self.retain_ms)
+        self.newest
+            .map_or(i64::MIN, |a| a.clock_ms.saturating_sub(self.retain_ms))
     }
 }
 
@@ -97,10 +139,22 @@ struct Segment {
     count: usize,
     /// Bytes of whole records.
     bytes: u64,
+    /// The oldest and newest times its reports carry (for reads of a period).
     oldest_ms: i64,
     newest_ms: i64,
+    /// The arrival clock after the report before its first (`None`: none before it), and
+    /// after its last (`None`: it is empty).
+    before: Option<Arrival>,
+    last: Option<Arrival>,
     /// Appended to no more (damaged, or a write to it failed).
     closed: bool,
+}
+
+impl Segment {
+    /// Whether nothing in it arrived at or after `cutoff_ms` (an empty one: nothing kept).
+    fn expired(&self, cutoff_ms: i64) -> bool {
+        self.last.is_none_or(|a| a.clock_ms < cutoff_ms)
+    }
 }
 
 /// One record read back: its time, id, and where its payload is in the bytes it was read from.
@@ -119,12 +173,12 @@ impl ReportLog {
             inner: Arc::new(Mutex::new(Inner {
                 max_reports: usize::MAX,
                 retain_ms: i64::MAX,
-                newest_ms: i64::MIN,
                 ..Inner::default()
             })),
         };
         let numbers = segments_in(dir)?;
         let mut segments = VecDeque::new();
+        let mut clock: Option<Arrival> = None;
         for (i, &number) in numbers.iter().enumerate() {
             let last = i + 1 == numbers.len();
             let path = log.path(number);
@@ -145,12 +199,18 @@ impl ReportLog {
                     );
                 }
             }
+            let before = clock;
+            for r in &records {
+                clock = Some(arrived(clock, r.at_ms));
+            }
             segments.push_back(Segment {
                 number,
                 count: records.len(),
                 bytes: valid as u64,
                 oldest_ms: records.iter().map(|r| r.at_ms).min().unwrap_or(i64::MAX),
                 newest_ms: records.iter().map(|r| r.at_ms).max().unwrap_or(i64::MIN),
+                before,
+                last: clock.filter(|_| !records.is_empty()),
                 closed,
             });
         }
@@ -161,11 +221,7 @@ impl ReportLog {
             Err(e) => return Err(file_error(format!("reading {}", bounds_path.display()))(e)),
         };
         if let Ok(mut inner) = log.inner.lock() {
-            inner.newest_ms = segments
-                .iter()
-                .map(|s| s.newest_ms)
-                .max()
-                .unwrap_or(i64::MIN);
+            inner.newest = clock;
             inner.segments = segments;
             if let Some(b) = bounds {
                 let (r, m) = b.split_at(8);
@@ -196,9 +252,9 @@ impl ReportLog {
     }
 
     /// Appends the report `payload` received at `at_ms` with `id`, synced, then applies the
-    /// bounds: reports received more than `retain_ms` before `at_ms`, and all but the newest
-    /// `max_reports`, are no longer kept (and their segments deleted once wholly so); the
-    /// oldest segments are deleted while the log holds more than `max_bytes`.
+    /// bounds: reports that arrived more than `retain_ms` before it (module docs), and all but
+    /// the newest `max_reports`, are no longer kept (and their segments deleted once wholly
+    /// so); the oldest segments are deleted while the log holds more than `max_bytes`.
     pub(super) fn append(
         &self,
         at_ms: i64,
@@ -236,12 +292,15 @@ impl ReportLog {
                 .map_err(file_error(format!("opening {}", path.display())))?;
             if full {
                 self.sync_dir()?;
+                let before = inner.newest;
                 inner.segments.push_back(Segment {
                     number,
                     count: 0,
                     bytes: 0,
                     oldest_ms: i64::MAX,
                     newest_ms: i64::MIN,
+                    before,
+                    last: None,
                     closed: false,
                 });
             }
@@ -263,13 +322,15 @@ impl ReportLog {
             }
             return Err(file_error(what())(e));
         }
+        let clock = arrived(inner.newest, at_ms);
+        inner.newest = Some(clock);
         if let Some(s) = inner.segments.back_mut() {
             s.count += 1;
             s.bytes += record.len() as u64;
             s.oldest_ms = s.oldest_ms.min(at_ms);
             s.newest_ms = s.newest_ms.max(at_ms);
+            s.last = Some(clock);
         }
-        inner.newest_ms = inner.newest_ms.max(at_ms);
         let (retain_ms, max_reports) = (retain_ms.max(0), max_reports.max(1));
         if (retain_ms, max_reports) != (inner.retain_ms, inner.max_reports) {
             self.put_bounds(retain_ms, max_reports)?;
@@ -285,7 +346,7 @@ impl ReportLog {
             let Some(&oldest) = inner.segments.front() else {
                 break;
             };
-            let too_old = oldest.newest_ms < cutoff;
+            let too_old = oldest.expired(cutoff);
             let too_many = total - oldest.count >= inner.max_reports;
             let too_big = bytes > max_bytes;
             if !(too_old || too_many || too_big) {
@@ -377,7 +438,11 @@ impl ReportLog {
         for s in &segments {
             let start = at;
             at += s.count;
-            if at <= first_kept || s.newest_ms < from_ms.max(cutoff) || s.oldest_ms >= to_ms {
+            if at <= first_kept
+                || s.expired(cutoff)
+                || s.newest_ms < from_ms
+                || s.oldest_ms >= to_ms
+            {
                 continue;
             }
             let path = self.path(s.number);
@@ -388,12 +453,15 @@ impl ReportLog {
                 Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
             };
             let (records, _) = parse(&bytes[..(s.bytes as usize).min(bytes.len())]);
+            let mut clock = s.before;
             let mut kept: Vec<Record> = records
                 .into_iter()
                 .enumerate()
                 .filter(|(i, r)| {
+                    let arrival = arrived(clock, r.at_ms);
+                    clock = Some(arrival);
                     start + i >= first_kept
-                        && r.at_ms >= cutoff
+                        && arrival.clock_ms >= cutoff
                         && (from_ms..to_ms).contains(&r.at_ms)
                 })
                 .map(|(_, r)| r)
@@ -428,12 +496,18 @@ impl ReportLog {
             .map_err(file_error(what()))?;
         fs::rename(&tmp, &path).map_err(file_error(format!("renaming {}", tmp.display())))?;
         self.sync_dir()?;
+        let clock = records
+            .iter()
+            .fold(None, |clock, r| Some(arrived(clock, r.0)));
+        inner.newest = clock;
         inner.segments.push_back(Segment {
             number: 0,
             count: records.len(),
             bytes: bytes.len() as u64,
             oldest_ms: records.iter().map(|r| r.0).min().unwrap_or(i64::MAX),
             newest_ms: records.iter().map(|r| r.0).max().unwrap_or(i64::MIN),
+            before: None,
+            last: clock,
             closed: false,
         });
         Ok(())
@@ -603,6 +677,46 @@ mod tests {
             .map(|r| r.0)
             .collect();
         assert_eq!(times, vec![1_000, 1_001, 4_000]);
+    }
+
+    /// The arrival clock: a report appended after another is never older, whichever way the
+    /// wall clock stepped between them, and no step ages the record by more than
+    /// `MAX_ARRIVAL_STEP_MS`; a clock set back for a while hides nothing either.
+    #[test]
+    fn the_arrival_clock_only_goes_on_and_by_bounded_steps() {
+        let hour = 3_600_000;
+        let steps = [
+            0,
+            1,
+            999,
+            MAX_ARRIVAL_STEP_MS,
+            2 * hour,
+            -2 * hour,
+            i64::MAX,
+            i64::MIN,
+        ];
+        for step in steps {
+            let before = arrived(None, 1_000_000);
+            let after = arrived(Some(before), 1_000_000i64.saturating_add(step));
+            let moved = after.clock_ms - before.clock_ms;
+            assert!(
+                (0..=MAX_ARRIVAL_STEP_MS).contains(&moved),
+                "{step}: {moved}"
+            );
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = ReportLog::open(dir.path()).expect("open");
+        let t0 = 1_800_000_000_000i64;
+        let times: Vec<i64> = (0..10)
+            .map(|i| t0 + i * 1_000)
+            .chain((0..10).map(|i| t0 - 2 * hour + i * 1_000))
+            .chain((0..10).map(|i| t0 + 20_000 + i * 1_000))
+            .collect();
+        for (id, &at) in times.iter().enumerate() {
+            log.append(at, id as u64, b"r", bounds(hour, 1_000))
+                .expect("append");
+        }
+        assert_eq!(log.read(i64::MIN, i64::MAX).expect("read").len(), 30);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use cdnmap_mapper::{solve, ClusterState, SolveOptions};
 use cdnmap_topology::format::{parse_instance, write_instance};
 use std::sync::Arc;
 
-fn instance() -> Topology {
+pub(super) fn instance() -> Topology {
     let json = r#"{
       "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
       "clusters": [
@@ -49,7 +49,7 @@ fn record04(s: &ServedRef<'_>) -> Vec<u8> {
 
 /// Opens the store again once the dropped one's background threads let go of its lock
 /// (sled releases it a moment after the last handle is dropped).
-fn reopen(path: &Path) -> Store {
+pub(super) fn reopen(path: &Path) -> Store {
     let started = std::time::Instant::now();
     loop {
         match Store::open(path) {
@@ -1449,4 +1449,533 @@ fn a_reader_with_an_old_listing_follows_the_writer() {
         let (t, m) = stored.instance_and_map(&base).expect("instance");
         assert_eq!((&t.instance, &m), (&instance, &map), "version {v}");
     }
+}
+
+/// Issue 41 (9): a round takes the topology after edit 12 and solves it while the writer goes
+/// on and stores a snapshot at edit 20. That snapshot's prune used to drop the snapshot at
+/// edit 10 (neither the newest nor the newest at or before the served record's base, edit 0),
+/// which the round's record then needed: a start rebuilt its base from the snapshot of edit 0
+/// and the journal (under continuous Admin edits, about 2,000 edits and up to 10 s). Every
+/// snapshot after the served record's base is kept (a round in flight started after it), so
+/// the record's base is rebuilt from the snapshot at edit 10 and two edits.
+#[test]
+fn a_snapshot_written_while_a_round_solves_keeps_the_one_its_record_needs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let map = solve(&inst, &SolveOptions::default()).map;
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&inst).expect("topology");
+    let served = |version: u64, base_seq: u64, instance: &Topology| {
+        store
+            .put_served(
+                &ServedRef {
+                    epoch: 1,
+                    version,
+                    solved_at_unix_ms: 0,
+                    base_seq,
+                    instance,
+                    map: &map,
+                    round_entry: &[],
+                },
+                4,
+            )
+            .expect("served");
+    };
+    served(1, 0, &inst);
+    let mut now = Arc::new(inst.clone());
+    let mut after = vec![Arc::clone(&now)];
+    let mut edit = |store: &Store| {
+        let n = after.len() as u64;
+        let e = crate::edit::Edit::ClusterState {
+            id: "a".into(),
+            state: [ClusterState::Drained, ClusterState::Up][(n % 2) as usize],
+        };
+        now = apply(&now, &e).expect("applies").topology;
+        assert_eq!(store.append_edit(0, &e).expect("journal"), n);
+        after.push(Arc::clone(&now));
+        Arc::clone(&now)
+    };
+    for _ in 1..10 {
+        edit(&store);
+    }
+    let ten = edit(&store);
+    store.put_snapshot(10, &ten).expect("snapshot 10");
+    edit(&store);
+    // The round takes the topology after edit 12 ...
+    let base = edit(&store);
+    // ... while the writer goes on and snapshots edit 20.
+    for _ in 13..20 {
+        edit(&store);
+    }
+    let twenty = edit(&store);
+    store.put_snapshot(20, &twenty).expect("snapshot 20");
+    served(2, 12, &base);
+    let kept: Vec<u64> = snapshots(&store.values)
+        .expect("list")
+        .iter()
+        .map(|s| s.0)
+        .collect();
+    assert!(
+        kept.contains(&10),
+        "the snapshot the served record's base is rebuilt from: kept {kept:?}"
+    );
+    let (t, _) = store.stored_map(2).expect("read").expect("kept");
+    assert_eq!(t, *base, "the base rebuilt as the round took it");
+    // The next round's record (after edit 20) needs the snapshot of 20, and no longer 10.
+    served(3, 20, &twenty);
+    let kept: Vec<u64> = snapshots(&store.values)
+        .expect("list")
+        .iter()
+        .map(|s| s.0)
+        .collect();
+    assert!(kept.len() <= 3, "{kept:?}");
+    for v in 1..=3 {
+        assert!(store.stored_map(v).expect("read").is_some(), "version {v}");
+    }
+}
+
+/// Issue 41 (10): the wall clock jumps ahead by two retention periods for a while, then back.
+/// Retention went by the newest time ever appended, so the reports before the jump, and those
+/// acknowledged after the clock was put right, were hidden (60 of 80 in the audit). It goes by
+/// arrival now: a report appended after another is never older, and a jump of the clock ages
+/// the record by at most `MAX_ARRIVAL_STEP_MS`. All 80 are read back, after a reopen too;
+/// they go once reports have kept arriving for the retention period.
+#[test]
+fn a_clock_jump_never_hides_an_acknowledged_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hour = 3_600_000i64;
+    let t0 = 1_800_000_000_000i64;
+    let mut times = Vec::new();
+    {
+        let store = Store::open(dir.path()).expect("open");
+        let mut append = |at: i64| {
+            store
+                .append_report(at, format!("{at}").as_bytes(), bounded(hour, 1_000))
+                .expect("append");
+            times.push(at);
+        };
+        // 20 reports a second apart, 20 with the clock two hours ahead, 40 once it is back.
+        (0..20).for_each(|i| append(t0 + i * 1_000));
+        (0..20).for_each(|i| append(t0 + 2 * hour + 20_000 + i * 1_000));
+        (0..40).for_each(|i| append(t0 + 40_000 + i * 1_000));
+        let read: Vec<i64> = store
+            .reports(i64::MIN, i64::MAX)
+            .expect("read")
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(read.len(), 80, "every acknowledged report: {read:?}");
+    }
+    let store = reopen(dir.path());
+    let mut read: Vec<i64> = store
+        .reports(i64::MIN, i64::MAX)
+        .expect("read")
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    read.sort_unstable();
+    times.sort_unstable();
+    assert_eq!(read, times, "after a reopen too");
+    // A report a minute for an hour and more: the first 80 go, the newest hour stays.
+    let later: Vec<i64> = (1..=70).map(|m| t0 + 80_000 + m * 60_000).collect();
+    for &at in &later {
+        store
+            .append_report(at, b"later", bounded(hour, 1_000))
+            .expect("append");
+    }
+    let read: Vec<i64> = store
+        .reports(i64::MIN, i64::MAX)
+        .expect("read")
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    assert!(
+        read.iter().all(|at| later.contains(at)) && read.len() >= 60 && read.len() <= 62,
+        "{read:?}"
+    );
+}
+
+/// Issue 41 (a nit): a damaged byte in sled's `conf` (its settings, beside the epoch counter
+/// and the report ids in `db`) refused the open with "Read corrupted data at file offset
+/// None", naming neither the file nor what to do. The error names the file and says what to
+/// do; done, the store opens with its epoch counter as it was. A damaged `db` is named too.
+#[test]
+fn a_damaged_sled_conf_is_named_with_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = Store::open(dir.path()).expect("open");
+        assert_eq!(store.next_epoch().expect("epoch"), 1);
+    }
+    let conf = dir.path().join("conf");
+    let whole = std::fs::read(&conf).expect("sled's conf");
+    assert!(
+        whole.starts_with(SLED_CONF.as_bytes()),
+        "sled's settings as this build writes them: {:?}",
+        String::from_utf8_lossy(&whole)
+    );
+    for at in [3, 20, 40] {
+        let mut bad = whole.clone();
+        bad[at] ^= 0x55;
+        std::fs::write(&conf, &bad).expect("damage");
+        let err = open_err(dir.path());
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&conf.display().to_string())
+                && msg.contains("remove it")
+                && msg.contains("epoch counter"),
+            "byte {at}: {msg}"
+        );
+    }
+    std::fs::remove_file(&conf).expect("remove it, as the error says");
+    let store = reopen(dir.path());
+    assert_eq!(store.next_epoch().expect("epoch"), 2, "the counter kept");
+    drop(store);
+    let db = dir.path().join("db");
+    let mut bad = std::fs::read(&db).expect("sled's db");
+    for b in bad.iter_mut().take(200) {
+        *b ^= 0x55;
+    }
+    std::fs::write(&db, &bad).expect("damage");
+    let msg = open_err(dir.path()).to_string();
+    assert!(
+        msg.contains(&db.display().to_string()) && msg.contains("epoch counter"),
+        "{msg}"
+    );
+}
+
+/// The error of opening the store at `path` (once the last handle let go of sled's lock).
+fn open_err(path: &Path) -> StoreError {
+    let started = std::time::Instant::now();
+    loop {
+        match Store::open(path) {
+            Ok(_) => panic!("the damaged store opened"),
+            Err(e) if e.to_string().contains("lock") && started.elapsed().as_secs() < 10 => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => return e,
+        }
+    }
+}
+
+/// Flips a byte in the middle of value file `name` (past its header): its contents damaged.
+fn damage(store: &Store, name: &str) {
+    let path = store.values.path_of(name);
+    let mut bytes = std::fs::read(&path).expect("the file");
+    let at = 24 + (bytes.len() - 24) / 2;
+    bytes[at] ^= 0x55;
+    std::fs::write(&path, &bytes).expect("damage");
+}
+
+/// The files in the store's `damaged/`.
+fn set_aside(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join(DAMAGED_DIR))
+        .map(|d| {
+            d.map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn no_initial() -> Result<Topology, String> {
+    Err("not asked for".into())
+}
+
+/// Issue 41 (8): one damaged byte in the served record (the newest map file, which every
+/// older version is a delta of) refused every start. The start now reads the stored topology,
+/// moves the stored versions aside naming the damaged file, and serves no map until the first
+/// round; the next record is the served one from then on, and a reopen reads it.
+#[test]
+fn a_damaged_served_record_is_moved_aside_and_the_start_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        for v in 1..=3 {
+            put_round(&store, &inst, 0, v, 4, PutStep::Done);
+        }
+        let newest = store.values.names(RECORD_FILE).expect("list");
+        assert_eq!(newest.len(), 1);
+        damage(&store, &newest[0]);
+        let err = store.served_on(&inst, 0).expect_err("damaged");
+        assert!(err.to_string().contains(&newest[0]), "{err}");
+    }
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("the topology reads");
+    assert!(start.exact && start.skipped.is_empty() && !start.fresh);
+    assert_eq!((&start.topology, start.seq), (&inst, 0));
+    let from = store.start_served(&start).expect("the start goes on");
+    assert!(from.served.is_none());
+    assert_eq!(from.skipped_version, Some(3));
+    assert!(
+        from.skipped.len() == 1 && from.skipped[0].contains("map-00000000000000000003"),
+        "{:?}",
+        from.skipped
+    );
+    assert_eq!(store.map_count().expect("count"), 0);
+    assert_eq!(set_aside(dir.path()).len(), 3, "the record and two deltas");
+    // The first round's record, served from then on.
+    put_round(&store, &inst, 0, 1, 4, PutStep::Done);
+    drop(store);
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    let served = store.start_served(&start).expect("read");
+    assert_eq!(served.served.map(|s| s.version), Some(1));
+    assert!(served.skipped.is_empty());
+    assert_rounds(&store, 1..=1, |_| inst.clone());
+}
+
+/// Issue 41 (8): the newest snapshot damaged, an older one kept (the journal is kept from the
+/// oldest kept snapshot on): the start reads the older one with the journal after it, exactly
+/// the topology last published, moves the damaged one aside naming it, writes the topology it
+/// serves as a snapshot, and serves the stored map on it.
+#[test]
+fn a_damaged_snapshot_falls_back_to_an_older_one_and_the_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let mut now = Arc::new(inst.clone());
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        put_round(&store, &inst, 0, 1, 4, PutStep::Done);
+        for n in 1..=7u64 {
+            let e = crate::edit::Edit::ClusterState {
+                id: "a".into(),
+                state: [ClusterState::Drained, ClusterState::Up][(n % 2) as usize],
+            };
+            now = apply(&now, &e).expect("applies").topology;
+            store.append_edit(0, &e).expect("journal");
+            if n == 5 {
+                store.put_snapshot(5, &now).expect("snapshot");
+            }
+        }
+        put_round(&store, &now, 7, 2, 4, PutStep::Done);
+        let kept: Vec<u64> = snapshots(&store.values)
+            .expect("list")
+            .iter()
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(kept, vec![0, 5]);
+        damage(&store, &snapshot_name(5));
+    }
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("the start goes on");
+    assert!(start.exact, "{:?}", start.skipped);
+    assert_eq!((&start.topology, start.seq), (&*now, 7));
+    assert!(
+        start.skipped.len() == 1 && start.skipped[0].contains(&snapshot_name(5)),
+        "{:?}",
+        start.skipped
+    );
+    assert_eq!(set_aside(dir.path()), vec![snapshot_name(5)]);
+    let served = store.start_served(&start).expect("read");
+    assert_eq!(served.served.map(|s| s.version), Some(2));
+    drop(store);
+    let store = reopen(dir.path());
+    let again = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    assert!(again.skipped.is_empty(), "{:?}", again.skipped);
+    assert_eq!((&again.topology, again.seq), (&*now, 7));
+    assert_rounds(&store, 1..=1, |_| inst.clone());
+}
+
+/// Issue 41 (8): the only snapshot damaged. When the configured topology is what it held (its
+/// header's length and checksum say so) and the journal holds every edit, the start is exact:
+/// the snapshot is written again and the stored map served. With another configured topology,
+/// the start serves it with the journal replayed, says that it may not be the topology last
+/// published, and maps afresh (the records' bases are gone).
+#[test]
+fn the_only_snapshot_damaged_falls_back_to_the_configured_topology_and_the_journal() {
+    let inst = instance();
+    let build = |dir: &Path| -> Topology {
+        let store = Store::open(dir).expect("open");
+        store.put_topology(&inst).expect("topology");
+        let mut now = Arc::new(inst.clone());
+        for n in 1..=3u64 {
+            let e = crate::edit::Edit::ClusterState {
+                id: "b".into(),
+                state: [ClusterState::Drained, ClusterState::Down][(n % 2) as usize],
+            };
+            now = apply(&now, &e).expect("applies").topology;
+            store.append_edit(0, &e).expect("journal");
+        }
+        put_round(&store, &now, 3, 1, 4, PutStep::Done);
+        damage(&store, &snapshot_name(0));
+        Arc::unwrap_or_clone(now)
+    };
+    // The configured topology is the one stored.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let after = build(dir.path());
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), || Ok::<_, String>(inst.clone()))
+        .expect("the start goes on");
+    assert!(start.exact, "{:?}", start.skipped);
+    assert_eq!((&start.topology, start.seq), (&after, 3));
+    assert!(
+        start.skipped.iter().any(|s| s.contains("written again")),
+        "{:?}",
+        start.skipped
+    );
+    let served = store.start_served(&start).expect("read");
+    assert_eq!(
+        served.served.map(|s| s.topology.instance),
+        Some(round_of(&after, 1).0)
+    );
+    drop(store);
+    let store = reopen(dir.path());
+    let again = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    assert!(
+        again.skipped.is_empty() && again.topology == after,
+        "{:?}",
+        again.skipped
+    );
+    drop(store);
+    // Another configured topology: served with the journal, said, and the map afresh.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let after = build(dir.path());
+    let other = inst.with_cluster_state(0, ClusterState::Drained);
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), || Ok::<_, String>(other.clone()))
+        .expect("the start goes on");
+    assert!(!start.exact);
+    assert_eq!(
+        start.topology,
+        after.with_cluster_state(0, ClusterState::Drained),
+        "the configured topology with the journal's edits"
+    );
+    assert!(
+        start
+            .skipped
+            .iter()
+            .any(|s| s.contains("only if the configuration")),
+        "{:?}",
+        start.skipped
+    );
+    let served = store.start_served(&start).expect("read");
+    assert!(served.served.is_none() && served.skipped_version == Some(1));
+}
+
+/// Issue 41 (8): the only snapshot damaged and the edits before the journal's first only in
+/// it: the start serves the configured topology with the edits the journal holds, and says
+/// which acknowledged edits are lost.
+#[test]
+fn edits_only_in_a_damaged_snapshot_are_said_to_be_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let store = Store::open(dir.path()).expect("open");
+    store.put_topology(&inst).expect("topology");
+    // Cluster b with 1,024 long addresses: 40 kB an edit, a journal segment every ~100.
+    let mut b = cdnmap_topology::format::cluster_file(&inst, 1);
+    let mut now = Arc::new(inst.clone());
+    let mut n = 0u64;
+    while store.journal.first().expect("first") == Some(1) || n < 120 {
+        n += 1;
+        b.addresses = (0..1024u16)
+            .map(|i| {
+                format!("2001:db8:{n:x}:{i:x}:aaaa:bbbb:cccc:dddd")
+                    .parse()
+                    .expect("v6")
+            })
+            .collect();
+        let e = crate::edit::Edit::UpsertCluster { cluster: b.clone() };
+        now = apply(&now, &e).expect("applies").topology;
+        store.append_edit(0, &e).expect("journal");
+        if n == 120 {
+            store.put_snapshot(n, &now).expect("snapshot");
+        }
+        assert!(n < 400, "the journal's first segment never dropped");
+    }
+    let first = store.journal.first().expect("first").expect("some");
+    assert!(first > 1 && first <= 120, "{first}");
+    damage(&store, &snapshot_name(120));
+    drop(store);
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), || Ok::<_, String>(inst.clone()))
+        .expect("the start goes on");
+    assert!(!start.exact);
+    assert_eq!(
+        (&start.topology, start.seq),
+        (&*now, n),
+        "b as the last edit left it"
+    );
+    let lost = format!("edits 1 to {} were only in them", first - 1);
+    assert!(
+        start.skipped.iter().any(|s| s.contains(&lost)),
+        "{:?}",
+        start.skipped
+    );
+}
+
+/// Issue 41 (1): a store an older build bricked (it journaled a cluster whose tree is 70
+/// levels deep, past what serde_json reads, so no start could read it again) starts: the edit is skipped, named with why,
+/// the edits after it replayed, and the topology served written as a snapshot.
+#[test]
+fn a_store_bricked_by_a_deep_tree_starts_without_that_edit() {
+    use cdnmap_topology::format::{NestedNode, ResourcesFile};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inst = instance();
+    let drained = inst.with_cluster_state(1, ClusterState::Drained);
+    {
+        let store = Store::open(dir.path()).expect("open");
+        store.put_topology(&inst).expect("topology");
+        let mut deep = cdnmap_topology::format::cluster_file(&inst, 0);
+        deep.id = "deep".into();
+        let node = |i: usize, children| NestedNode {
+            name: format!("n{i}"),
+            kind: cdnmap_mapper::ResourceKind::Bps,
+            capacity: 1.0,
+            classes: if i == 70 { vec!["web".into()] } else { vec![] },
+            children,
+        };
+        let tree = (1..70)
+            .rev()
+            .fold(node(70, vec![]), |t, i| node(i, vec![t]));
+        deep.resources = ResourcesFile::Nested(tree);
+        let edit = crate::edit::Edit::UpsertCluster { cluster: deep };
+        // As the older build journaled it (no depth limit then).
+        let bytes = serde_json::to_vec(&edit).expect("json");
+        assert_eq!(store.journal.append(0, &bytes).expect("journal"), 1);
+        let drain = crate::edit::Edit::ClusterState {
+            id: "b".into(),
+            state: ClusterState::Drained,
+        };
+        assert_eq!(store.append_edit(0, &drain).expect("journal"), 2);
+        let err = store
+            .stored_topology(Limits::default())
+            .expect_err("what an older build's start read");
+        assert!(err.to_string().contains("recursion limit"), "{err}");
+    }
+    let store = reopen(dir.path());
+    let start = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("the start goes on");
+    assert!(!start.exact);
+    assert_eq!((&start.topology, start.seq), (&drained, 2));
+    assert!(
+        start.skipped.len() == 1
+            && start.skipped[0].contains("edit 1 of the topology journal")
+            && start.skipped[0].contains("deeper than the 32 levels"),
+        "{:?}",
+        start.skipped
+    );
+    drop(store);
+    let store = reopen(dir.path());
+    let again = store
+        .start_topology(Limits::default(), no_initial)
+        .expect("read");
+    assert!(again.skipped.is_empty() && again.topology == drained);
 }

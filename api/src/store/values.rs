@@ -185,6 +185,12 @@ impl Values {
         self.dir.join(name)
     }
 
+    /// The path of value `name`'s file (tests damage it).
+    #[cfg(test)]
+    pub(super) fn path_of(&self, name: &str) -> PathBuf {
+        self.path(name)
+    }
+
     /// Stores `parts`, one after the other, as the value `name`; durable when it returns.
     pub(super) fn put(&self, name: &str, parts: &[&[u8]]) -> Result<(), StoreError> {
         self.put_with(name, |w| parts.iter().try_for_each(|p| w.write_all(p)))
@@ -243,6 +249,42 @@ impl Values {
             (Some(x), Some(y)) => x == y,
             _ => false,
         })
+    }
+
+    /// Whether the value `name`'s header (its length and checksum) is that of the bytes
+    /// `write` writes: a file whose contents are damaged is told whether it held those bytes,
+    /// so they can be written again in its place. `false` when there is no such file or its
+    /// header is damaged too.
+    pub(super) fn held(
+        &self,
+        name: &str,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<bool, StoreError> {
+        let Some(header) = self.header(name)? else {
+            return Ok(false);
+        };
+        let mut hashing = Hashing::new(std::io::sink());
+        {
+            let mut out = std::io::BufWriter::with_capacity(BUFFER, &mut hashing);
+            write(&mut out).map_err(file_error(format!("hashing a value for {name}")))?;
+            out.flush()
+                .map_err(file_error(format!("hashing a value for {name}")))?;
+        }
+        Ok(header[8..] == hashing.header()[8..])
+    }
+
+    /// Moves the value `name` into directory `to` (created), where nothing reads it: a
+    /// damaged file a start skipped, kept for whoever looks into it. Durable when it returns.
+    pub(super) fn set_aside(&self, name: &str, to: &Path) -> Result<(), StoreError> {
+        fs::create_dir_all(to).map_err(file_error(format!("creating {}", to.display())))?;
+        let (from, into) = (self.path(name), to.join(name));
+        fs::rename(&from, &into).map_err(file_error(format!(
+            "moving {} to {}",
+            from.display(),
+            into.display()
+        )))?;
+        sync_dir(to)?;
+        self.sync_dir()
     }
 
     /// Value `name`'s header, if it has a whole one (a file cut short, or not a value file,

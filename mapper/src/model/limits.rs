@@ -16,6 +16,13 @@ pub const MAX_CLASSES: usize = 255;
 pub const MAX_CLUSTERS: usize = 1 << 20;
 /// At most this many resource nodes in one cluster's tree.
 pub const MAX_TREE_NODES: usize = 1024;
+/// At most this many levels in one cluster's resource tree (the root is level 1). A real tree
+/// has a few (an uplink, a CPU node, a leaf per class); the bound keeps every nested form of a
+/// tree inside its readers' nesting limits, whatever reads it: serde_json stops at 128 levels
+/// (two a tree level in an instance file, the journal's and the replicas' edits), prost at 100
+/// (one a level in Admin's messages). A tree 62 levels deep was once acknowledged and then
+/// unreadable in the journal.
+pub const MAX_TREE_DEPTH: usize = 32;
 /// The hard ceiling on [`Limits::max_candidates`]: a proposal pointer is one byte.
 pub const MAX_CANDIDATES_CEILING: usize = 255;
 /// The default limit on candidates per map unit.

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::limits::{
-    check_id, check_location, check_number, too_many, ClassIdx, ClusterIdx, MAX_TREE_NODES,
+    check_id, check_location, check_number, too_many, ClassIdx, ClusterIdx, MAX_TREE_DEPTH,
+    MAX_TREE_NODES,
 };
 use crate::error::ModelError;
 
@@ -278,7 +279,8 @@ fn the_root(
 }
 
 /// The nodes in pre-order from the root (input positions), and each node's new index there;
-/// a node not reached sits on a cycle, which is refused.
+/// a node not reached sits on a cycle, and a node below [`MAX_TREE_DEPTH`] levels, both
+/// refused.
 fn pre_order(
     cid: &str,
     nodes: &[ResourceNodeSpec],
@@ -288,8 +290,17 @@ fn pre_order(
 ) -> Result<(Vec<usize>, Vec<u32>), ModelError> {
     let mut order: Vec<usize> = Vec::with_capacity(nodes.len());
     let mut new_index = vec![u32::MAX; nodes.len()];
-    let mut stack = vec![root];
-    while let Some(i) = stack.pop() {
+    // Each node with its level (the root's is 1).
+    let mut stack = vec![(root, 1usize)];
+    while let Some((i, level)) = stack.pop() {
+        if level > MAX_TREE_DEPTH {
+            return Err(ModelError::TreeTooDeep {
+                cluster: cid.to_string(),
+                node: nodes[i].name.clone(),
+                level,
+                limit: MAX_TREE_DEPTH,
+            });
+        }
         new_index[i] = order.len() as u32;
         order.push(i);
         stack.extend(
@@ -297,7 +308,7 @@ fn pre_order(
                 .children
                 .iter()
                 .rev()
-                .filter_map(|c| by_name.get(c.as_str()).copied()),
+                .filter_map(|c| by_name.get(c.as_str()).map(|&c| (c, level + 1))),
         );
     }
     if let Some(i) = (0..nodes.len()).find(|&i| new_index[i] == u32::MAX) {
