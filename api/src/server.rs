@@ -264,7 +264,7 @@ fn describe_metrics() {
     );
     describe_counter!(
         "cdnmap_feedback_clipped_total",
-        "Demand samples clipped to feedback_max_demand_ratio times their unit's demand."
+        "Demand samples clipped to their bounds (a round's reports give a unit at most feedback_max_demand_ratio times its demand, a source a class at most twice its demand), and units clipped again at a round."
     );
     describe_counter!(
         "cdnmap_feedback_refused_total",
