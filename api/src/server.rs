@@ -456,6 +456,14 @@ pub async fn serve(
             None
         }
     };
+    let config = &shared.config;
+    if config.feedback_open
+        && !grpc_addr.ip().is_loopback()
+        && config.feedback_tokens.is_empty()
+        && !config.mutual_tls()
+    {
+        tracing::warn!("feedback_open: Feedback takes reports from anyone who reaches gRPC beyond loopback (each address within its budget and the bounds)");
+    }
     let handshake_timeout = Duration::from_secs(shared.config.handshake_timeout_secs);
     let http_conns = crate::listen::accept(
         http,
