@@ -2521,6 +2521,27 @@ async fn bad_grpc_requests_get_exact_errors_and_the_server_serves_on() {
         InvalidArgument,
         "period_end_unix_ms: before period_start_unix_ms"
     );
+    row!(
+        "Feedback: a period of a year",
+        fb.report_demand(fed(pb::DemandReport {
+            period_start_unix_ms: now - 365 * 86_400_000,
+            ..cycle_report("", now, vec![unit_sample(&units[0], 1.0)])
+        })),
+        InvalidArgument,
+        "period_end_unix_ms - period_start_unix_ms: 31536000000 ms, more than the 7200000 ms a \
+         report may cover"
+    );
+    row!(
+        "Feedback: a period longer than an i64",
+        fb.report_demand(fed(pb::DemandReport {
+            period_start_unix_ms: i64::MIN,
+            period_end_unix_ms: i64::MAX,
+            ..cycle_report("", now, vec![unit_sample(&units[0], 1.0)])
+        })),
+        InvalidArgument,
+        "period_end_unix_ms - period_start_unix_ms: more ms than an i64 holds, more than the \
+         7200000 ms a report may cover"
+    );
     let load = |cluster: &str, node: &str, load: f64| {
         authed(
             pb::LoadReport {

@@ -144,7 +144,10 @@ pub const SOURCE_CLASS_RATIO: f64 = 2.0;
 pub enum PeriodError {
     #[error("period_end_unix_ms: before period_start_unix_ms")]
     EndsBeforeStart,
-    #[error("period_end_unix_ms - period_start_unix_ms: {shown} ms, more than {MAX_REPORT_PERIOD_MS} (a report covers at most two hours)", shown = .ms.map_or_else(|| "beyond an i64".to_string(), |m| m.to_string()))]
+    #[error(
+        "period_end_unix_ms - period_start_unix_ms: {}, more than the {MAX_REPORT_PERIOD_MS} ms a report may cover",
+        .ms.map_or_else(|| "more ms than an i64 holds".to_string(), |m| format!("{m} ms"))
+    )]
     TooLong { ms: Option<i64> },
 }
 
@@ -553,8 +556,11 @@ mod tests {
                 "{start}..{end}"
             );
         }
-        let said = PeriodError::TooLong { ms: None }.to_string();
-        assert!(said.contains("beyond an i64"), "{said}");
+        assert_eq!(
+            PeriodError::TooLong { ms: None }.to_string(),
+            "period_end_unix_ms - period_start_unix_ms: more ms than an i64 holds, more than \
+             the 7200000 ms a report may cover"
+        );
     }
 
     #[test]
