@@ -15,7 +15,7 @@ use crate::record::{
     ServerLoad, Target,
 };
 use crate::service::{
-    invalid, now_unix_ms, Pending, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
+    invalid, now_unix_ms, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
 };
 use cdnmap_estimator::rtt::RttTable;
 use cdnmap_mapper::model::{shown_id, shown_number};
@@ -144,6 +144,103 @@ impl Drop for Held<'_> {
             pending.demand.add(unit, q);
         }
     }
+}
+
+impl FeedbackService {
+    /// Admits what `source`'s demand samples `asks` (resolved against `topology`) may add
+    /// within the bounds of this round's period, relative to `reference`
+    /// ([`crate::budget::RoundLedger::admit`]); held until settled ([`Held`]).
+    fn admit(
+        &self,
+        source: &str,
+        asks: &[crate::budget::Ask],
+        topology: &cdnmap_topology::Topology,
+        reference: &Reference,
+    ) -> Result<crate::budget::Admitted, Status> {
+        let mut pending = self
+            .0
+            .pending
+            .lock()
+            .map_err(|_| Status::internal("the pending reports' lock is poisoned"))?;
+        realign(&mut pending, topology);
+        let now = now_unix_ms();
+        let cycle_ms = self.0.config.cycle_secs as i64 * 1_000;
+        let bounds = crate::budget::Bounds {
+            ratio: self.0.config.feedback_max_demand_ratio,
+            cycles: crate::budget::period_cycles(pending.since_ms.unwrap_or(now), now, cycle_ms),
+            classes: &reference.classes,
+        };
+        let Pending { demand, ledger, .. } = &mut *pending;
+        ledger
+            .admit(source, asks, &bounds, |u| demand.get(u).unwrap_or(0.0))
+            .map_err(|_| {
+                metrics::counter!("cdnmap_feedback_refused_total", "reason" => "sources")
+                    .increment(1);
+                Status::resource_exhausted("too many feedback sources in this round: retry later")
+            })
+    }
+}
+
+/// A demand report's samples, checked (a count >= 0, at most [`MAX_SAMPLE_QPS`] over the
+/// report's period of `period_ms`, a target that resolves): each as recorded (its queries
+/// weighed by the period, until the bounds admit them), and what it asks of the bounds — its unit in `topology`, that unit's demand and
+/// class in the last round (`reference`; a unit that round did not have is bounded by its
+/// class's mean there), its queries weighed by the period.
+fn demand_samples(
+    r: &pb::DemandReport,
+    period_ms: i64,
+    topology: &cdnmap_topology::Topology,
+    reference: &Reference,
+    shared: &Shared,
+) -> Result<(Vec<Sample>, Vec<crate::budget::Ask>), Status> {
+    // Finite is not enough: one sample of 1e308 made every figure of the rounds after it
+    // meaningless.
+    let period_secs = (period_ms as f64 / 1e3).max(1.0);
+    let cycle_ms = shared.config.cycle_secs as i64 * 1_000;
+    let weight = crate::budget::period_weight(period_ms, cycle_ms, PERIOD_SLACK);
+    let snap = &reference.snapshot;
+    let mut samples = Vec::with_capacity(r.samples.len());
+    let mut asks = Vec::with_capacity(r.samples.len());
+    for (i, s) in r.samples.iter().enumerate() {
+        if !(s.queries.is_finite() && s.queries >= 0.0) {
+            return Err(invalid(format!(
+                "samples[{i}].queries: {} is not a count >= 0",
+                shown_number(s.queries)
+            )));
+        }
+        if s.queries / period_secs > MAX_SAMPLE_QPS {
+            return Err(invalid(format!(
+                "samples[{i}].queries: {} in {period_secs} s is more than {MAX_SAMPLE_QPS} queries a second from one prefix",
+                shown_number(s.queries)
+            )));
+        }
+        let asked = match &s.target {
+            Some(pb::demand_sample::Target::MapUnit(u)) => Asked::Unit(u),
+            Some(pb::demand_sample::Target::Prefix(p)) => Asked::Prefix(p),
+            None => Asked::Nothing,
+        };
+        let (target, unit, reference_unit) =
+            resolve_target(topology, Some(snap.as_ref()), asked, &s.traffic_class, i)?;
+        let bound_by = match (unit, reference_unit) {
+            (_, Some(u)) => Some((snap.topology.unit_demand(u), snap.topology.unit_class(u))),
+            (Some(u), None) => {
+                let class = &topology.classes()[usize::from(topology.unit_class(u))].name;
+                snap.topology.class_index(class).map(|k| (0.0, k))
+            }
+            (None, None) => None,
+        };
+        asks.push(crate::budget::Ask {
+            unit,
+            reference: bound_by,
+            queries: s.queries * weight,
+        });
+        samples.push(Sample {
+            target,
+            class: s.traffic_class.clone(),
+            queries: s.queries * weight,
+        });
+    }
+    Ok((samples, asks))
 }
 
 /// Seconds on a monotonic clock, for the budgets (module `budget` takes time as an argument).
@@ -315,88 +412,14 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let period_ms =
             crate::budget::report_period_ms(r.period_start_unix_ms, r.period_end_unix_ms)
                 .map_err(|e| invalid(e.to_string()))?;
-        // A sample's rate over the report's period (at least a second), checked against
-        // MAX_SAMPLE_QPS: finite is not enough (one sample of 1e308 made every figure of the
-        // rounds after it meaningless).
-        let period_secs = (period_ms as f64 / 1e3).max(1.0);
-        let cycle_ms = self.0.config.cycle_secs as i64 * 1_000;
-        let weight = crate::budget::period_weight(period_ms, cycle_ms, PERIOD_SLACK);
         let topology = self.0.topology.current();
         // The bounds are relative to the last round: before there is one, nothing is taken
         // (the front end keeps its counts and sends them again).
         let reference = self.0.reference().ok_or_else(|| {
             Status::unavailable("no round yet to bound reported demand by: send it again later")
         })?;
-        let snap = &reference.snapshot;
-        let mut targets = Vec::with_capacity(r.samples.len());
-        let mut asks = Vec::with_capacity(r.samples.len());
-        for (i, s) in r.samples.iter().enumerate() {
-            if !(s.queries.is_finite() && s.queries >= 0.0) {
-                return Err(invalid(format!(
-                    "samples[{i}].queries: {} is not a count >= 0",
-                    shown_number(s.queries)
-                )));
-            }
-            if s.queries / period_secs > MAX_SAMPLE_QPS {
-                return Err(invalid(format!(
-                    "samples[{i}].queries: {} in {period_secs} s is more than {MAX_SAMPLE_QPS} queries a second from one prefix",
-                    shown_number(s.queries)
-                )));
-            }
-            let asked = match &s.target {
-                Some(pb::demand_sample::Target::MapUnit(u)) => Asked::Unit(u),
-                Some(pb::demand_sample::Target::Prefix(p)) => Asked::Prefix(p),
-                None => Asked::Nothing,
-            };
-            let (target, unit, reference_unit) =
-                resolve_target(&topology, Some(snap.as_ref()), asked, &s.traffic_class, i)?;
-            // The unit's demand and class in the last round; a unit that round did not have
-            // is bounded by its class's mean there.
-            let reference = match (unit, reference_unit) {
-                (_, Some(u)) => Some((snap.topology.unit_demand(u), snap.topology.unit_class(u))),
-                (Some(u), None) => {
-                    let class = &topology.classes()[usize::from(topology.unit_class(u))].name;
-                    snap.topology.class_index(class).map(|k| (0.0, k))
-                }
-                (None, None) => None,
-            };
-            asks.push(crate::budget::Ask {
-                unit,
-                reference,
-                queries: s.queries * weight,
-            });
-            targets.push((target, s.traffic_class.clone()));
-        }
-        let admitted = {
-            let mut pending = self
-                .0
-                .pending
-                .lock()
-                .map_err(|_| Status::internal("the pending reports' lock is poisoned"))?;
-            realign(&mut pending, &topology);
-            let now = now_unix_ms();
-            let bounds = crate::budget::Bounds {
-                ratio: self.0.config.feedback_max_demand_ratio,
-                cycles: crate::budget::period_cycles(
-                    pending.since_ms.unwrap_or(now),
-                    now,
-                    cycle_ms,
-                ),
-                classes: &reference.classes,
-            };
-            let Pending { demand, ledger, .. } = &mut *pending;
-            ledger.admit(&source, &asks, &bounds, |u| demand.get(u).unwrap_or(0.0))
-        };
-        let admitted = match admitted {
-            Ok(a) => a,
-            Err(_) => {
-                metrics::counter!("cdnmap_feedback_refused_total", "reason" => "sources")
-                    .increment(1);
-                return Err(Status::resource_exhausted(
-                    "too many feedback sources in this round: retry later",
-                ));
-            }
-        };
+        let (mut samples, asks) = demand_samples(&r, period_ms, &topology, &reference, &self.0)?;
+        let admitted = self.admit(&source, &asks, &topology, &reference)?;
         // Until it is settled, the report holds its share of the bounds; a call dropped
         // before then gives it back.
         let mut held = Held {
@@ -409,15 +432,9 @@ impl pb::feedback_server::Feedback for FeedbackService {
             metrics::counter!("cdnmap_feedback_clipped_total").increment(admitted.clipped as u64);
             tracing::debug!(reporter = %shown_id(&reporter), clipped = admitted.clipped, "demand samples clipped to their bounds");
         }
-        let samples: Vec<Sample> = targets
-            .into_iter()
-            .zip(&admitted.queries)
-            .map(|((target, class), &queries)| Sample {
-                target,
-                class,
-                queries,
-            })
-            .collect();
+        for (s, &q) in samples.iter_mut().zip(&admitted.queries) {
+            s.queries = q;
+        }
         let n = samples.len() as u64;
         let body = DemandBody {
             period_start_unix_ms: r.period_start_unix_ms,
