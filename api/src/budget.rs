@@ -25,7 +25,8 @@
 //!   [`MAX_SOURCES`] sources) and what is admitted but not yet stored; the units' sums are the
 //!   round's own column of observed demand. At the round, [`limit_period`] holds each unit to
 //!   its bound once more, after the period is brought to a cycle (a period shorter than a
-//!   cycle is scaled up).
+//!   cycle, the first after a start, is scaled up; a source's share of a class is not held
+//!   again there, so in such a period it may reach a cycle over the period's length times it).
 //!
 //! Time comes in as an argument (seconds on a monotonic clock for the budgets, Unix
 //! milliseconds for periods), so the arithmetic is tested without waiting.
