@@ -826,6 +826,267 @@ async fn feedback_needs_a_known_front_end_within_its_budget_and_bound() {
     }
 }
 
+/// What the rounds after some reports did: the most churn and overflow share of the two rounds
+/// that follow them.
+#[derive(Debug, Clone, Copy)]
+struct Moved {
+    churn: f64,
+    overflow: f64,
+}
+
+/// Sends `reports` (each with a feedback token, or anonymous) to `server` just after one of its
+/// rounds (so that they fall into one round's period), then waits for two more rounds: what
+/// they moved, and each report's outcome.
+async fn moved_by(
+    server: &Server,
+    reports: Vec<(pb::DemandReport, Option<&str>)>,
+) -> (Moved, Vec<Result<u64, Status>>) {
+    let next_round = |after: u64| async move {
+        let started = Instant::now();
+        loop {
+            let s = status(server).await;
+            if s.map_version > after {
+                return s;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(3 * CYCLE_SECS),
+                "no round after version {after}:\n{}",
+                server.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut s = next_round(status(server).await.map_version).await;
+    let mut fb = server.feedback();
+    let mut outcomes = Vec::new();
+    for (report, token) in reports {
+        let sent = fb.report_demand(authed(report, token)).await;
+        outcomes.push(sent.map(|a| a.into_inner().accepted));
+    }
+    let mut moved = Moved {
+        churn: 0.0,
+        overflow: 0.0,
+    };
+    for _ in 0..2 {
+        s = next_round(s.map_version).await;
+        moved.churn = moved.churn.max(s.churn);
+        moved.overflow = moved.overflow.max(s.overflow_share);
+    }
+    (moved, outcomes)
+}
+
+/// Two mappers of the same world: `forged` reaches one, `honest` the other, each just after a
+/// round; what each moved in the two rounds after. The forged reports may move no more than
+/// the honest ones (the bound's worth), and no more than `most` churn and overflow.
+async fn forged_moves_no_more_than_honest(
+    top: &str,
+    extra: &str,
+    forged: impl FnOnce(&[pb::MapUnit]) -> Vec<(pb::DemandReport, Option<&'static str>)>,
+    honest: impl FnOnce(&[pb::MapUnit]) -> Vec<(pb::DemandReport, Option<&'static str>)>,
+    most: Moved,
+) -> Vec<Result<u64, Status>> {
+    let mut setups = [
+        Setup::with_config(bin!(), true, top, extra),
+        Setup::with_config(bin!(), true, top, extra),
+    ];
+    let [a, b] = &mut setups;
+    let (attacked, control) = tokio::join!(a.start(), b.start());
+    let units = all_units(&attacked).await;
+    let ((by_forged, outcomes), (by_honest, honest_outcomes)) = tokio::join!(
+        moved_by(&attacked, forged(&units)),
+        moved_by(&control, honest(&units))
+    );
+    for o in &honest_outcomes {
+        assert!(o.is_ok(), "an honest report: {o:?}");
+    }
+    eprintln!("forged reports moved {by_forged:?}, honest ones {by_honest:?}");
+    assert!(
+        by_forged.churn <= by_honest.churn + 0.02 && by_forged.churn <= most.churn,
+        "forged reports moved {by_forged:?}, honest ones {by_honest:?}, the bound allows {most:?}:\n{}",
+        attacked.log()
+    );
+    assert!(
+        by_forged.overflow <= by_honest.overflow + 0.02 && by_forged.overflow <= most.overflow,
+        "forged reports overflowed {by_forged:?}, honest ones {by_honest:?}, the bound allows {most:?}"
+    );
+    for s in [&attacked, &control] {
+        assert!(!s.log().contains("panicked"), "{}", s.log());
+    }
+    outcomes
+}
+
+/// The web units of `units` with some demand, most demand first.
+fn web_units(units: &[pb::MapUnit]) -> Vec<pb::MapUnit> {
+    let mut web: Vec<pb::MapUnit> = units
+        .iter()
+        .filter(|u| u.traffic_class == "web" && u.demand > 0.0)
+        .cloned()
+        .collect();
+    web.sort_by(|a, b| b.demand.total_cmp(&a.demand));
+    web
+}
+
+/// Issue 41, finding 3, the first route: a report claiming a long period. The bound is per
+/// round, not per claimed period: a sample over a year of 1e14 queries (anonymous, as the
+/// audit sent it; it gave churn 0.9997 and overflow 99.97%), one over the longest period a
+/// report may claim at the most queries a second it may claim, and one whose period overflows
+/// an i64 move no more than an honest cycle's report of the bound's worth (ten times the
+/// units' demand) — the first and the last are refused, naming the period.
+#[tokio::test(flavor = "multi_thread")]
+async fn feedback_claiming_a_long_period_moves_no_more_than_the_bound() {
+    const DAY_MS: i64 = 86_400_000;
+    let end = 1_800_000_000_000i64;
+    let over = |start: i64, end: i64, samples| {
+        (
+            pb::DemandReport {
+                reporter: "forger".into(),
+                period_start_unix_ms: start,
+                period_end_unix_ms: end,
+                samples,
+            },
+            None,
+        )
+    };
+    let outcomes = forged_moves_no_more_than_honest(
+        "",
+        "",
+        |units| {
+            let web = web_units(units);
+            vec![
+                over(end - 365 * DAY_MS, end, vec![unit_sample(&web[0], 1e14)]),
+                over(
+                    end - 7_200_000,
+                    end,
+                    vec![unit_sample(&web[1], 1e7 * 7_200.0)],
+                ),
+                over(i64::MIN, i64::MAX, vec![unit_sample(&web[2], 1e14)]),
+            ]
+        },
+        |units| {
+            let web = web_units(units);
+            let samples = web[..3]
+                .iter()
+                .map(|u| unit_sample(u, 10.0 * u.demand))
+                .collect();
+            vec![(cycle_report("honest", end, samples), None)]
+        },
+        Moved {
+            churn: 0.1,
+            overflow: 0.1,
+        },
+    )
+    .await;
+    let refused = |o: &Result<u64, Status>| {
+        o.as_ref()
+            .err()
+            .filter(|s| s.code() == Code::InvalidArgument)
+            .map(|s| s.message().to_string())
+    };
+    for i in [0, 2] {
+        let message = refused(&outcomes[i]).unwrap_or_else(|| panic!("{i}: {:?}", outcomes[i]));
+        assert!(message.contains("period"), "{message}");
+    }
+    assert_eq!(outcomes[1].as_ref().ok(), Some(&1), "{:?}", outcomes[1]);
+}
+
+/// Issue 41, finding 3, the second route: repetition. One front end (known by its token) sends
+/// 1,000 copies of one unit's sample at ten times its demand in one report (the audit: overflow
+/// 55%), then three reports of ten times every web unit's demand (39% of the units moved,
+/// overflow 94%): no more moves than one honest report of ten times each of them, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn feedback_repeated_samples_and_reports_move_no_more_than_one_report() {
+    let end = 1_800_000_000_000i64;
+    let tokens = "[feedback_tokens]\n\"fe-ams-1\" = \"fe-ams-1-token\"\n";
+    let token = Some("fe-ams-1-token");
+    let tenfold = |u: &pb::MapUnit| unit_sample(u, 10.0 * u.demand);
+    let video = |units: &[pb::MapUnit]| {
+        units
+            .iter()
+            .filter(|u| u.traffic_class == "video")
+            .max_by(|a, b| a.demand.total_cmp(&b.demand))
+            .cloned()
+            .expect("a video unit")
+    };
+    let outcomes = forged_moves_no_more_than_honest(
+        "",
+        tokens,
+        |units| {
+            let x = video(units);
+            let every_web: Vec<_> = web_units(units).iter().map(tenfold).collect();
+            let mut reports = vec![(
+                cycle_report("fe-ams-1", end, vec![tenfold(&x); 1_000]),
+                token,
+            )];
+            for _ in 0..3 {
+                reports.push((cycle_report("fe-ams-1", end, every_web.clone()), token));
+            }
+            reports
+        },
+        |units| {
+            let mut samples = vec![tenfold(&video(units))];
+            samples.extend(web_units(units).iter().map(tenfold));
+            vec![(cycle_report("fe-ams-1", end, samples), token)]
+        },
+        Moved {
+            churn: 0.5,
+            overflow: 0.5,
+        },
+    )
+    .await;
+    for o in &outcomes {
+        assert!(o.is_ok(), "{o:?}");
+    }
+}
+
+/// Issue 41, finding 3, the third route: feedback anonymous by default. Beyond loopback the
+/// mapper must know its front ends: a gRPC listener beyond loopback with neither
+/// `[feedback_tokens]` nor `tls.client_ca_file` nor `feedback_open = true` is refused at the
+/// start, naming the three (before, it took anyone's reports: `queries = 1000` for every web
+/// unit moved 35% of the primaries). With either, the start goes on to bind (192.0.2.1, a
+/// documentation address this host does not have: nothing here listens beyond loopback).
+#[test]
+fn feedback_beyond_loopback_needs_tokens_a_client_ca_or_feedback_open() {
+    let setup = Setup::new(bin!(), true);
+    let text = std::fs::read_to_string(&setup.config).expect("the config");
+    let beyond = text.replace(
+        &format!("grpc_listen = \"{}\"", setup.grpc),
+        "grpc_listen = \"192.0.2.1:0\"",
+    );
+    assert_ne!(beyond, text);
+    let path = setup.config.to_str().expect("a UTF-8 path");
+    let args = ["serve", "--config", path];
+    let write = |top: &str, tables: &str| {
+        let (head, rest) = beyond.split_once("\n[demo]").expect("a [demo] table");
+        std::fs::write(
+            &setup.config,
+            format!("{head}\n{top}\n[demo]{rest}\n{tables}"),
+        )
+        .expect("write the config");
+    };
+    write("", "");
+    let stderr = cdnmap_tests::assert_refused(bin!(), &args, None, "feedback_open");
+    for key in ["feedback_tokens", "tls.client_ca_file", "192.0.2.1"] {
+        assert!(stderr.contains(key), "{key}: {stderr}");
+    }
+    // Told to take anyone's feedback, or given tokens, it goes on (and fails to bind).
+    for (top, tables) in [
+        ("feedback_open = true", ""),
+        ("", "[feedback_tokens]\n\"fe-1\" = \"fe-1-token\"\n"),
+    ] {
+        write(top, tables);
+        let out = Command::new(bin!())
+            .args(args)
+            .output()
+            .expect("run cdnmap");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{top}{tables}: {stderr}");
+        assert!(
+            !stderr.contains("feedback_open") && !stderr.contains("panicked"),
+            "{top}{tables}: {stderr}"
+        );
+    }
+}
+
 /// ReportDemand and ReportLoad acknowledge every valid sample; a bad sample is INVALID_ARGUMENT
 /// naming it (samples[i].queries, loads[i].load, ...).
 #[tokio::test]
@@ -2259,6 +2520,27 @@ async fn bad_grpc_requests_get_exact_errors_and_the_server_serves_on() {
         })),
         InvalidArgument,
         "period_end_unix_ms: before period_start_unix_ms"
+    );
+    row!(
+        "Feedback: a period of a year",
+        fb.report_demand(fed(pb::DemandReport {
+            period_start_unix_ms: now - 365 * 86_400_000,
+            ..cycle_report("", now, vec![unit_sample(&units[0], 1.0)])
+        })),
+        InvalidArgument,
+        "period_end_unix_ms - period_start_unix_ms: 31536000000 ms, more than the 7200000 ms a \
+         report may cover"
+    );
+    row!(
+        "Feedback: a period longer than an i64",
+        fb.report_demand(fed(pb::DemandReport {
+            period_start_unix_ms: i64::MIN,
+            period_end_unix_ms: i64::MAX,
+            ..cycle_report("", now, vec![unit_sample(&units[0], 1.0)])
+        })),
+        InvalidArgument,
+        "period_end_unix_ms - period_start_unix_ms: more ms than an i64 holds, more than the \
+         7200000 ms a report may cover"
     );
     let load = |cluster: &str, node: &str, load: f64| {
         authed(

@@ -26,7 +26,9 @@
 //! etcd_key_file = "mapper-1.key"   #   etcd that asks for one (--client-cert-auth)
 //! advertise_url = "https://10.0.0.5:50051" # where the other replicas reach this one (https:// with [tls]; absent: grpc_listen's address)
 //! feedback_samples_per_sec = 200000 # each feedback source's budget (30 s of it at once)
-//! feedback_max_demand_ratio = 10.0 # a sample claims at most this times its unit's demand
+//! feedback_max_demand_ratio = 10.0 # a round's reports give a unit at most this times its demand
+//! feedback_open = false            # true: take anonymous feedback beyond loopback (else the start
+//!                                  #   is refused there without [feedback_tokens] or client_ca_file)
 //! default_class = "web"
 //!
 //! [[class_rules]]
@@ -209,9 +211,14 @@ pub struct Config {
     /// Samples (demand samples, loads, server loads) a second each feedback source may send,
     /// with 30 s of it at once (`budget::BURST_SECS`).
     pub feedback_samples_per_sec: u64,
-    /// A demand sample, brought to one cycle, claims at most this times its unit's demand in
-    /// the last round (or its class's mean unit demand, when more); beyond, it is clipped.
+    /// The reports of a round's period (every source together, per cycle) give a unit at most
+    /// this times its demand in the last round (or its class's mean unit demand, when more);
+    /// beyond, they are clipped (`budget`).
     pub feedback_max_demand_ratio: f64,
+    /// Take Feedback from anyone (under the name a report gives, budgeted by address) with
+    /// the gRPC listener beyond loopback. Without it, such a listener needs a way to know its
+    /// front ends, `[feedback_tokens]` or `tls.client_ca_file`, or the start is refused.
+    pub feedback_open: bool,
     pub default_class: String,
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
@@ -748,6 +755,7 @@ impl Default for Config {
             feedback_tokens: Default::default(),
             feedback_samples_per_sec: 200_000,
             feedback_max_demand_ratio: 10.0,
+            feedback_open: false,
             default_class: "web".into(),
             class_rules: vec![
                 ClassRuleConfig {
@@ -944,6 +952,24 @@ impl Config {
         )
     }
 
+    /// Beyond loopback, Feedback from known front ends only, unless `feedback_open` says
+    /// otherwise: anyone who can reach the listener could report demand and steer the map.
+    fn validate_feedback_open(&self) -> Result<(), ConfigError> {
+        let known = !self.feedback_tokens.is_empty() || self.mutual_tls();
+        if known || self.feedback_open || self.grpc_listen.ip().is_loopback() {
+            return Ok(());
+        }
+        Err(invalid(
+            "feedback_open",
+            format!(
+                "grpc_listen {} is beyond loopback, and Feedback would take reports from anyone \
+                 who reaches it: give the front ends [feedback_tokens] or a client CA \
+                 (tls.client_ca_file), or set feedback_open = true to take anonymous reports",
+                self.grpc_listen
+            ),
+        ))
+    }
+
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text)?;
@@ -1016,6 +1042,7 @@ impl Config {
         if let Some(token) = &self.admin_token {
             check_token("admin_token", token)?;
         }
+        self.validate_feedback_open()?;
         let mut seen = std::collections::BTreeMap::new();
         for (name, token) in &self.feedback_tokens {
             let key = format!("feedback_tokens.{}", cdnmap_mapper::model::shown_id(name));
@@ -1208,6 +1235,47 @@ mod tests {
         .expect("with a client certificate");
         assert_eq!(c.etcd_cert_file, Some(PathBuf::from("m1.crt")));
         assert_eq!(c.etcd_key_file, Some(PathBuf::from("m1.key")));
+    }
+
+    /// Beyond loopback, Feedback needs a way to know its front ends — tokens or a client CA —
+    /// or `feedback_open = true`; the refusal names all three. On loopback anyone may report.
+    #[test]
+    fn feedback_beyond_loopback_needs_tokens_a_client_ca_or_feedback_open() {
+        let tls = "[tls]\ncert_file = \"c.crt\"\nkey_file = \"c.key\"\n";
+        for listen in [
+            "0.0.0.0:50051",
+            "192.0.2.1:50051",
+            "[::]:50051",
+            "[2001:db8::1]:1",
+        ] {
+            let beyond = format!("grpc_listen = \"{listen}\"\n");
+            let err = Config::from_toml(&beyond).expect_err(listen).to_string();
+            for key in [
+                "feedback_open",
+                "feedback_tokens",
+                "tls.client_ca_file",
+                listen,
+            ] {
+                assert!(err.contains(key), "{listen}: {err:?} does not name {key:?}");
+            }
+            // TLS alone does not say who the front ends are.
+            assert!(Config::from_toml(&format!("{beyond}{tls}")).is_err());
+            for known in [
+                "feedback_open = true\n".to_string(),
+                "[feedback_tokens]\n\"fe-1\" = \"fe-1-token\"\n".to_string(),
+                format!("{tls}client_ca_file = \"fe-ca.crt\"\n"),
+            ] {
+                let c = Config::from_toml(&format!("{beyond}{known}"));
+                assert!(c.is_ok(), "{listen} with {known:?}: {c:?}");
+            }
+        }
+        for loopback in ["127.0.0.1:0", "127.3.4.5:50051", "[::1]:50051"] {
+            let c = Config::from_toml(&format!("grpc_listen = \"{loopback}\"\n"));
+            assert!(c.is_ok(), "{loopback}: {c:?}");
+        }
+        // HTTP beyond loopback carries no Feedback.
+        assert!(Config::from_toml("http_listen = \"0.0.0.0:8080\"\n").is_ok());
+        assert!(Config::from_toml("feedback_open = \"yes\"\n").is_err());
     }
 
     /// Each bad value is refused, and the message names its key.

@@ -14,7 +14,9 @@ use crate::record::{
     self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
     ServerLoad, Target,
 };
-use crate::service::{invalid, now_unix_ms, Shared, MAX_PENDING_LOADS, MAX_REPORTS};
+use crate::service::{
+    invalid, now_unix_ms, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
+};
 use cdnmap_estimator::rtt::RttTable;
 use cdnmap_mapper::model::{shown_id, shown_number};
 
@@ -60,12 +62,13 @@ impl FeedbackService {
 
     /// The first steps of a demand or RTT report: who it is recorded under (see
     /// [`identify`]), its samples (`of` gives the claimed reporter and the count) no more than
-    /// [`MAX_REPORT_SAMPLES`], its cost taken from its source's budget.
+    /// [`MAX_REPORT_SAMPLES`], its cost taken from its source's budget. Returns the reporter,
+    /// the source (the key of its budget and bounds) and the report.
     fn accept<T: cdnmap_proto::prost::Message>(
         &self,
         request: Request<T>,
         of: impl Fn(&T) -> (&String, usize),
-    ) -> Result<(String, T), Status> {
+    ) -> Result<(String, String, T), Status> {
         let identity = identify(&self.0, &request)?;
         let source = budget_source(identity.as_deref(), &request);
         let r = request.into_inner();
@@ -77,7 +80,7 @@ impl FeedbackService {
             )));
         }
         self.spend(&source, count, r.encoded_len())?;
-        Ok((reporter, r))
+        Ok((reporter, source, r))
     }
 
     /// Writes `report` from `reporter` to the demand record; durable when it returns, with the
@@ -100,6 +103,144 @@ impl FeedbackService {
             .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(at)
     }
+}
+
+/// `pending`'s observed demand by unit index of `topology`, the one a report was resolved
+/// against.
+fn realign(pending: &mut Pending, topology: &cdnmap_topology::Topology) {
+    if !pending
+        .demand
+        .units()
+        .is_some_and(|u| u.same_unit_ids(topology))
+    {
+        pending.demand = std::mem::take(&mut pending.demand).realigned(topology);
+    }
+}
+
+/// A demand report admitted within the bounds ([`crate::budget::RoundLedger::admit`]) and
+/// not yet settled: settled when dropped, adding what it admitted to the round's observed
+/// demand when it was `stored`, else giving its share of the bounds back (a failed store, or
+/// a call cancelled before its ack).
+struct Held<'a> {
+    shared: &'a Shared,
+    topology: &'a cdnmap_topology::Topology,
+    ticket: u64,
+    stored: bool,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut pending = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let adds = pending.ledger.settle(self.ticket, self.stored);
+        if adds.is_empty() {
+            return;
+        }
+        realign(&mut pending, self.topology);
+        for (unit, q) in adds {
+            pending.demand.add(unit, q);
+        }
+    }
+}
+
+impl FeedbackService {
+    /// Admits what `source`'s demand samples `asks` (resolved against `topology`) may add
+    /// within the bounds of this round's period, relative to `reference`
+    /// ([`crate::budget::RoundLedger::admit`]); held until settled ([`Held`]).
+    fn admit(
+        &self,
+        source: &str,
+        asks: &[crate::budget::Ask],
+        topology: &cdnmap_topology::Topology,
+        reference: &Reference,
+    ) -> Result<crate::budget::Admitted, Status> {
+        let mut pending = self
+            .0
+            .pending
+            .lock()
+            .map_err(|_| Status::internal("the pending reports' lock is poisoned"))?;
+        realign(&mut pending, topology);
+        let now = now_unix_ms();
+        let cycle_ms = self.0.config.cycle_secs as i64 * 1_000;
+        let bounds = crate::budget::Bounds {
+            ratio: self.0.config.feedback_max_demand_ratio,
+            cycles: crate::budget::period_cycles(pending.since_ms.unwrap_or(now), now, cycle_ms),
+            classes: &reference.classes,
+        };
+        let Pending { demand, ledger, .. } = &mut *pending;
+        ledger
+            .admit(source, asks, &bounds, |u| demand.get(u).unwrap_or(0.0))
+            .map_err(|_| {
+                metrics::counter!("cdnmap_feedback_refused_total", "reason" => "sources")
+                    .increment(1);
+                Status::resource_exhausted("too many feedback sources in this round: retry later")
+            })
+    }
+}
+
+/// A demand report's samples, checked (a count >= 0, at most [`MAX_SAMPLE_QPS`] over the
+/// report's period of `period_ms`, a target that resolves): each as recorded (its queries
+/// weighed by the period, until the bounds admit them), and what it asks of the bounds — its unit in `topology`, that unit's demand and
+/// class in the last round (`reference`; a unit that round did not have is bounded by its
+/// class's mean there), its queries weighed by the period.
+fn demand_samples(
+    r: &pb::DemandReport,
+    period_ms: i64,
+    topology: &cdnmap_topology::Topology,
+    reference: &Reference,
+    shared: &Shared,
+) -> Result<(Vec<Sample>, Vec<crate::budget::Ask>), Status> {
+    // Finite is not enough: one sample of 1e308 made every figure of the rounds after it
+    // meaningless.
+    let period_secs = (period_ms as f64 / 1e3).max(1.0);
+    let cycle_ms = shared.config.cycle_secs as i64 * 1_000;
+    let weight = crate::budget::period_weight(period_ms, cycle_ms, PERIOD_SLACK);
+    let snap = &reference.snapshot;
+    let mut samples = Vec::with_capacity(r.samples.len());
+    let mut asks = Vec::with_capacity(r.samples.len());
+    for (i, s) in r.samples.iter().enumerate() {
+        if !(s.queries.is_finite() && s.queries >= 0.0) {
+            return Err(invalid(format!(
+                "samples[{i}].queries: {} is not a count >= 0",
+                shown_number(s.queries)
+            )));
+        }
+        if s.queries / period_secs > MAX_SAMPLE_QPS {
+            return Err(invalid(format!(
+                "samples[{i}].queries: {} in {period_secs} s is more than {MAX_SAMPLE_QPS} queries a second from one prefix",
+                shown_number(s.queries)
+            )));
+        }
+        let asked = match &s.target {
+            Some(pb::demand_sample::Target::MapUnit(u)) => Asked::Unit(u),
+            Some(pb::demand_sample::Target::Prefix(p)) => Asked::Prefix(p),
+            None => Asked::Nothing,
+        };
+        let (target, unit, reference_unit) =
+            resolve_target(topology, Some(snap.as_ref()), asked, &s.traffic_class, i)?;
+        let bound_by = match (unit, reference_unit) {
+            (_, Some(u)) => Some((snap.topology.unit_demand(u), snap.topology.unit_class(u))),
+            (Some(u), None) => {
+                let class = &topology.classes()[usize::from(topology.unit_class(u))].name;
+                snap.topology.class_index(class).map(|k| (0.0, k))
+            }
+            (None, None) => None,
+        };
+        asks.push(crate::budget::Ask {
+            unit,
+            reference: bound_by,
+            queries: s.queries * weight,
+        });
+        samples.push(Sample {
+            target,
+            class: s.traffic_class.clone(),
+            queries: s.queries * weight,
+        });
+    }
+    Ok((samples, asks))
 }
 
 /// Seconds on a monotonic clock, for the budgets (module `budget` takes time as an argument).
@@ -267,65 +408,32 @@ impl pb::feedback_server::Feedback for FeedbackService {
         &self,
         request: Request<pb::DemandReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        let (reporter, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
-        if r.period_end_unix_ms < r.period_start_unix_ms {
-            return Err(invalid("period_end_unix_ms: before period_start_unix_ms"));
-        }
-        // A sample's rate over the report's period (at least a second), checked against
-        // MAX_SAMPLE_QPS: finite is not enough (one sample of 1e308 made every figure of the
-        // rounds after it meaningless).
-        let period_secs = ((r.period_end_unix_ms - r.period_start_unix_ms) as f64 / 1e3).max(1.0);
+        let (reporter, source, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
+        let period_ms =
+            crate::budget::report_period_ms(r.period_start_unix_ms, r.period_end_unix_ms)
+                .map_err(|e| invalid(e.to_string()))?;
         let topology = self.0.topology.current();
-        let published = self.0.published();
-        let snapshot = published.as_ref().map(|p| Arc::clone(&p.snapshot));
-        let mut samples = Vec::with_capacity(r.samples.len());
-        // By unit index of `topology` (what the next round maps).
-        let mut observed: Vec<(UnitIdx, f64)> = Vec::with_capacity(r.samples.len());
-        // The demand bound (module `budget`): a sample's queries brought to one cycle.
-        let to_cycle = self.0.config.cycle_secs as f64 / period_secs;
-        let ratio = self.0.config.feedback_max_demand_ratio;
-        let mut clipped = 0u64;
-        for (i, s) in r.samples.iter().enumerate() {
-            if !(s.queries.is_finite() && s.queries >= 0.0) {
-                return Err(invalid(format!(
-                    "samples[{i}].queries: {} is not a count >= 0",
-                    shown_number(s.queries)
-                )));
-            }
-            if s.queries / period_secs > MAX_SAMPLE_QPS {
-                return Err(invalid(format!(
-                    "samples[{i}].queries: {} in {period_secs} s is more than {MAX_SAMPLE_QPS} queries a second from one prefix",
-                    shown_number(s.queries)
-                )));
-            }
-            let asked = match &s.target {
-                Some(pb::demand_sample::Target::MapUnit(u)) => Asked::Unit(u),
-                Some(pb::demand_sample::Target::Prefix(p)) => Asked::Prefix(p),
-                None => Asked::Nothing,
-            };
-            let (target, unit, published_unit) =
-                resolve_target(&topology, snapshot.as_deref(), asked, &s.traffic_class, i)?;
-            let mut queries = s.queries;
-            if let (Some(published), Some(u)) = (&published, published_unit) {
-                let snap = &published.snapshot;
-                let k = usize::from(snap.topology.unit_class(u));
-                let mean = published.class_means.get(k).copied().unwrap_or(0.0);
-                let bound = crate::budget::demand_bound(ratio, snap.topology.unit_demand(u), mean);
-                if queries * to_cycle > bound {
-                    queries = bound / to_cycle;
-                    clipped += 1;
-                }
-            }
-            observed.extend(unit.map(|u| (u, queries)));
-            samples.push(Sample {
-                target,
-                class: s.traffic_class.clone(),
-                queries,
-            });
+        // The bounds are relative to the last round: before there is one, nothing is taken
+        // (the front end keeps its counts and sends them again).
+        let reference = self.0.reference().ok_or_else(|| {
+            Status::unavailable("no round yet to bound reported demand by: send it again later")
+        })?;
+        let (mut samples, asks) = demand_samples(&r, period_ms, &topology, &reference, &self.0)?;
+        let admitted = self.admit(&source, &asks, &topology, &reference)?;
+        // Until it is settled, the report holds its share of the bounds; a call dropped
+        // before then gives it back.
+        let mut held = Held {
+            shared: &self.0,
+            topology: &topology,
+            ticket: admitted.ticket,
+            stored: false,
+        };
+        if admitted.clipped > 0 {
+            metrics::counter!("cdnmap_feedback_clipped_total").increment(admitted.clipped as u64);
+            tracing::debug!(reporter = %shown_id(&reporter), clipped = admitted.clipped, "demand samples clipped to their bounds");
         }
-        if clipped > 0 {
-            metrics::counter!("cdnmap_feedback_clipped_total").increment(clipped);
-            tracing::debug!(reporter = %shown_id(&reporter), clipped, "demand samples clipped to their bound");
+        for (s, &q) in samples.iter_mut().zip(&admitted.queries) {
+            s.queries = q;
         }
         let n = samples.len() as u64;
         let body = DemandBody {
@@ -334,18 +442,8 @@ impl pb::feedback_server::Feedback for FeedbackService {
             samples,
         };
         self.store(&reporter, Report::Demand(body)).await?;
-        if let Ok(mut pending) = self.0.pending.lock() {
-            if !pending
-                .demand
-                .units()
-                .is_some_and(|u| u.same_unit_ids(&topology))
-            {
-                pending.demand = std::mem::take(&mut pending.demand).realigned(&topology);
-            }
-            for (unit, q) in observed {
-                pending.demand.add(unit, q);
-            }
-        }
+        held.stored = true;
+        drop(held);
         Ok(Response::new(pb::ReportAck { accepted: n }))
     }
 
@@ -477,7 +575,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
         &self,
         request: Request<pb::RttReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        let (reporter, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
+        let (reporter, _, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
         let topology = self.0.topology.current();
         let published = self.0.published();
         let snapshot = published.as_ref().map(|p| Arc::clone(&p.snapshot));

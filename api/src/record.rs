@@ -91,6 +91,8 @@ pub struct Sample {
     pub target: Target,
     /// The traffic class as reported (empty: the map unit's own).
     pub class: String,
+    /// The queries as the rounds took them: within Feedback's bounds (`budget`), and one
+    /// cycle's share of them when the period is longer than a cycle.
     pub queries: f64,
 }
 

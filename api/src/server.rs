@@ -264,7 +264,7 @@ fn describe_metrics() {
     );
     describe_counter!(
         "cdnmap_feedback_clipped_total",
-        "Demand samples clipped to feedback_max_demand_ratio times their unit's demand."
+        "Demand samples clipped to their bounds (a round's reports give a unit at most feedback_max_demand_ratio times its demand, a source a class at most twice its demand), and units clipped again at a round."
     );
     describe_counter!(
         "cdnmap_feedback_refused_total",
@@ -456,6 +456,14 @@ pub async fn serve(
             None
         }
     };
+    let config = &shared.config;
+    if config.feedback_open
+        && !grpc_addr.ip().is_loopback()
+        && config.feedback_tokens.is_empty()
+        && !config.mutual_tls()
+    {
+        tracing::warn!("feedback_open: Feedback takes reports from anyone who reaches gRPC beyond loopback (each address within its budget and the bounds)");
+    }
     let handshake_timeout = Duration::from_secs(shared.config.handshake_timeout_secs);
     let http_conns = crate::listen::accept(
         http,

@@ -47,9 +47,15 @@ pub struct Published {
     pub snapshot: Arc<Snapshot>,
     /// `None` when building them failed (answers then name every address of their clusters).
     pub servers: Option<Servers>,
-    /// The mean unit demand of each class in this map's round (Feedback's demand bound,
-    /// `budget::demand_bound`).
-    pub class_means: Vec<f64>,
+}
+
+/// The last round (published or not, or the stored map before the first), which Feedback's
+/// bounds are relative to (`budget`): its map resolves a prefix to its unit, its demands and
+/// its classes' demand bound what the next round's reports may add.
+#[derive(Debug)]
+pub struct Reference {
+    pub snapshot: Arc<Snapshot>,
+    pub classes: crate::budget::ClassDemand,
 }
 
 /// The state shared by the loop and every handler.
@@ -66,6 +72,8 @@ pub struct Shared {
     /// The last round's map, published or not: the next round is seeded from it. Alone it is
     /// the published map; a standby replica solves every round and publishes none.
     pub(crate) last_solved: ArcSwapOption<Snapshot>,
+    /// The last round's map with its demand by class: what Feedback's bounds are relative to.
+    pub(crate) reference: ArcSwapOption<Reference>,
     /// Replicated, as a standby: the leader's last published map (followed over its
     /// WatchMap), which the standby's rounds are seeded from.
     pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
@@ -117,6 +125,9 @@ pub(crate) struct Pending {
     /// When these observations began to be gathered (Unix ms): the service's start, then
     /// each round's time.
     pub(crate) since_ms: Option<i64>,
+    /// What each source has added in this period, and the reports admitted but not yet
+    /// stored (`budget::RoundLedger`).
+    pub(crate) ledger: crate::budget::RoundLedger,
 }
 
 /// The demand of a period of `period_ms` (counts summed over it) as the demand of one cycle
@@ -339,6 +350,7 @@ impl Shared {
             topology: SharedTopology::start(store.clone(), topology, seq, log, Arc::clone(&lead)),
             published: ArcSwapOption::empty(),
             last_solved: ArcSwapOption::empty(),
+            reference: ArcSwapOption::empty(),
             leader_map: ArcSwapOption::empty(),
             last_published: std::sync::atomic::AtomicBool::new(false),
             health: config
@@ -373,7 +385,9 @@ impl Shared {
                 topology_seq = seq,
                 "serving the stored map until the first round (the estimator is restored beside it)"
             );
-            shared.publish(Arc::new(snapshot));
+            let snapshot = Arc::new(snapshot);
+            shared.refer(&snapshot);
+            shared.publish(snapshot);
         }
         // The decoded store's columns are freed: hand them back before the estimator is read.
         crate::memory::release();
@@ -717,12 +731,23 @@ impl Shared {
         };
         metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
         metrics::gauge!("cdnmap_map_epoch").set(snapshot.epoch as f64);
-        let class_means = crate::budget::class_means(&snapshot.topology);
-        self.published.store(Some(Arc::new(Published {
-            snapshot,
-            servers,
-            class_means,
+        self.published
+            .store(Some(Arc::new(Published { snapshot, servers })));
+    }
+
+    /// Makes `snapshot` the round Feedback's bounds are relative to.
+    fn refer(&self, snapshot: &Arc<Snapshot>) {
+        let classes = crate::budget::ClassDemand::of(&snapshot.topology);
+        self.reference.store(Some(Arc::new(Reference {
+            snapshot: Arc::clone(snapshot),
+            classes,
         })));
+    }
+
+    /// The round Feedback's bounds are relative to: the last one solved, or the stored map
+    /// served until the first.
+    pub(crate) fn reference(&self) -> Option<Arc<Reference>> {
+        self.reference.load_full()
     }
 
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, store the
@@ -815,6 +840,7 @@ impl Shared {
             }) => {
                 let snapshot = Arc::new(snapshot);
                 self.last_solved.store(Some(Arc::clone(&snapshot)));
+                self.refer(&snapshot);
                 let t = Instant::now();
                 let publishing = match term {
                     None => true,
@@ -996,6 +1022,9 @@ impl Shared {
             if observe {
                 let taken = std::mem::take(&mut *p);
                 p.since_ms = Some(now);
+                // Reports admitted and not yet stored land in the next period: they count
+                // against its bounds.
+                p.ledger = taken.ledger.next_period();
                 taken
             } else {
                 Pending::default()
@@ -1010,6 +1039,19 @@ impl Shared {
             now.saturating_sub(period_start),
             self.config.cycle_secs as i64 * 1_000,
         );
+        // A period shorter than a cycle was scaled up: each unit is held to its bound again.
+        if let Some(reference) = self.reference() {
+            let clipped = crate::budget::limit_period(
+                &mut pending.demand,
+                &reference.snapshot.topology,
+                &reference.classes,
+                self.config.feedback_max_demand_ratio,
+            );
+            if clipped > 0 {
+                metrics::counter!("cdnmap_feedback_clipped_total").increment(clipped as u64);
+                tracing::debug!(clipped, "the round's observed demand clipped to its bounds");
+            }
+        }
         let observations = Observations {
             // The reports since the last round describe the period that began with it.
             at_unix_ms: previous.as_ref().map_or(now, |p| p.solved_at_unix_ms),

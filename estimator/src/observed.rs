@@ -72,6 +72,24 @@ impl UnitDemand {
         }
     }
 
+    /// Holds each reported demand to at most `bound(u)` (a bound that is not a number >= 0
+    /// holds to 0); unreported units stay unreported. Returns how many were lowered.
+    pub fn limit(&mut self, bound: impl Fn(UnitIdx) -> f64) -> usize {
+        let mut lowered = 0;
+        for (u, v) in self.values.iter_mut().enumerate() {
+            if v.is_nan() {
+                continue;
+            }
+            let b = bound(u as UnitIdx);
+            let b = if b >= 0.0 { b } else { 0.0 };
+            if *v > b {
+                *v = b;
+                lowered += 1;
+            }
+        }
+        lowered
+    }
+
     /// Unit `u`'s reported demand, if any.
     pub fn get(&self, u: UnitIdx) -> Option<f64> {
         self.values.get(u as usize).copied().filter(|v| !v.is_nan())
