@@ -433,34 +433,8 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
 }
 
-/// Starts and kills `setup`'s mapper `n` times on ports no front end knows (port 0), so each
-/// start takes the next epoch from its store unseen; the configuration's pinned addresses
-/// are then put back.
-async fn take_epochs_unseen(setup: &mut Setup, n: u64) {
-    let pinned = std::fs::read_to_string(&setup.config).expect("read the config");
-    let (grpc, http) = (setup.grpc, setup.http);
-    let unseen: String = pinned
-        .lines()
-        .map(|l| {
-            if l.starts_with("grpc_listen =") {
-                "grpc_listen = \"127.0.0.1:0\"\n".to_string()
-            } else if l.starts_with("http_listen =") {
-                "http_listen = \"127.0.0.1:0\"\n".to_string()
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    std::fs::write(&setup.config, unseen).expect("write the config");
-    for _ in 0..n {
-        setup.start().await.kill();
-    }
-    std::fs::write(&setup.config, pinned).expect("write the config");
-    (setup.grpc, setup.http) = (grpc, http);
-}
-
 /// A front end following two mappers (issue 18: the replicas of a highly available mapper,
-/// here two standalone ones of different worlds, whose epochs each start raises by one):
+/// here two standalone ones of different worlds, whose epochs are each start's clock):
 /// it answers from the map of the higher epoch (the front end's epoch and version are that
 /// mapper's, and its answers that mapper's `Resolve`'s), keeps answering from it when that
 /// mapper is killed, never takes the lower epoch's map meanwhile (through that mapper's
@@ -474,14 +448,11 @@ async fn follows_the_highest_epoch_of_two_mappers() {
     assert!(text.contains("\nseed = 1\n"), "{text}");
     std::fs::write(&b.config, text.replace("\nseed = 1\n", "\nseed = 2\n"))
         .expect("write the config");
-    // B starts three times (its third epoch); A once, and A's address is pinned: the front
-    // end must find it there after its restarts.
-    for _ in 0..2 {
-        b.start().await.kill();
-    }
-    let server_b = b.start().await;
+    // A starts first, B after it (an epoch is its start's clock, so B's is the higher); A's
+    // address is pinned: the front end must find it there after its restart.
     let server_a = a.start().await;
     a.pin();
+    let server_b = b.start().await;
     let (epoch_a, epoch_b) = (epoch_of(&server_a).await, epoch_of(&server_b).await);
     assert!(epoch_b > epoch_a, "epochs: A {epoch_a}, B {epoch_b}");
     let units_b = sample_units(&server_b).await;
@@ -558,10 +529,8 @@ async fn follows_the_highest_epoch_of_two_mappers() {
     assert_eq!(connected(&metrics_of(&dns), &url_b), Some(0.0));
     assert_eq!(connected(&metrics_of(&dns), &url_a), Some(1.0));
 
-    // A restarts with an epoch above B's (the starts between take theirs where the front end
-    // does not look): the front end takes A's map.
+    // A restarts, with an epoch above B's (a later clock): the front end takes A's map.
     server_a.kill();
-    take_epochs_unseen(&mut a, epoch_b - epoch_a).await;
     let server_a = a.start().await;
     let epoch = epoch_of(&server_a).await;
     assert!(
@@ -577,6 +546,45 @@ async fn follows_the_highest_epoch_of_two_mappers() {
         .map(str::to_string)
         .unwrap_or_default();
     assert!(last_in_use.contains(&url_a), "{last_in_use}");
+}
+
+/// A mapper that lost its store is followed at once (issue 41, finding 7). The epoch lived
+/// only in the mapper's store, so a mapper started on an empty `data_dir` published epoch 1
+/// again, below what a running front end held, and the front end kept its old map until the
+/// new epoch's versions passed it (never, when the old epoch was higher). A start's epoch is
+/// now at least its clock's (Unix ms), above every epoch of before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mapper_that_lost_its_store_is_followed_at_once() {
+    let mut setup = Setup::new(bin!(), true);
+    // Three starts of one store (before the fix, epochs 1, 2, 3).
+    for _ in 0..2 {
+        setup.start().await.kill();
+    }
+    let server = setup.start().await;
+    setup.pin();
+    let epoch = epoch_of(&server).await;
+    let units = sample_units(&server).await;
+    let mut dns = Dns::start(
+        bin!(),
+        setup.dir.path(),
+        server.grpc,
+        "metrics_listen = \"127.0.0.1:0\"\n",
+    );
+    dns.wait_answering();
+    wait_following(&dns, &server, &units, READY_TIMEOUT).await;
+
+    // The store is lost; the mapper starts again on an empty data_dir, where it was.
+    server.kill();
+    std::fs::remove_dir_all(setup.dir.path().join("data")).expect("removing the store");
+    let server = setup.start().await;
+    let again = epoch_of(&server).await;
+    assert!(
+        again > epoch,
+        "the new store's epoch {again}, the lost one's {epoch}"
+    );
+    let units = sample_units(&server).await;
+    // Followed with its first map, long before a round could pass the version held.
+    wait_following(&dns, &server, &units, Duration::from_secs(CYCLE_SECS - 2)).await;
 }
 
 /// TLS and mutual TLS between the front end and the mapper (issue 17): rustls on both

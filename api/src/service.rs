@@ -246,7 +246,9 @@ impl Shared {
         let started = Instant::now();
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let store = Store::open(&config.data_dir)?;
-        let epoch = store.next_epoch()?;
+        // Above the stored epoch, and above the clock: a store that was lost starts again
+        // above every epoch a front end may hold (issue 41).
+        let epoch = store.next_epoch(u64::try_from(now_unix_ms()).unwrap_or(0))?;
         // The stored topology; where a stored file is damaged, the newest state that reads,
         // each file or edit skipped said here (`store::recover`).
         // `initial`'s own error is the start's, as it is (a bad instance file, say).

@@ -482,7 +482,21 @@ async fn follow(
                 // Not above the map in use (a mapper restarted on its stored map, a standby
                 // of an older epoch): the map in use keeps answering.
                 let held = following.in_use().key();
-                if full && last {
+                if full && last && held.is_some_and(|(e, _)| epoch < e) {
+                    // An identity that went backwards: an older replica, or a mapper that
+                    // lost its store with its clock behind (a new store's epoch is its
+                    // clock's, above any before).
+                    tracing::warn!(
+                        mapper = %link.url,
+                        epoch,
+                        version,
+                        ?held,
+                        "the mapper's map is of an older epoch than the map in use: it is not \
+                         applied, and this front end keeps answering from the map in use until \
+                         that mapper's identity passes it (restart this front end to follow \
+                         that mapper at once)"
+                    );
+                } else if full && last {
                     tracing::info!(mapper = %link.url, epoch, version, ?held, "an older map was not applied");
                 } else {
                     tracing::debug!(mapper = %link.url, epoch, version, ?held, "an update not above the map in use was passed over");

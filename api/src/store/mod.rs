@@ -713,9 +713,11 @@ impl Store {
         Ok(versions.len())
     }
 
-    /// Takes the next epoch (1 for a new store) and stores it before returning, so no two
-    /// starts of this store ever share one.
-    pub fn next_epoch(&self) -> Result<u64, StoreError> {
+    /// Takes the next epoch, the stored one plus one or `floor` when that is more, and stores
+    /// it before returning, so no two starts of this store ever share one. The service's floor
+    /// is its clock (Unix milliseconds): a store that was lost, and starts again at nothing,
+    /// still takes an epoch above every one a front end may hold from before.
+    pub fn next_epoch(&self, floor: u64) -> Result<u64, StoreError> {
         let last = match self
             .topology
             .get(EPOCH_KEY)
@@ -729,10 +731,13 @@ impl Store {
                     problem: format!("{} bytes, not 8", b.len()),
                 })?,
         };
-        let next = last.checked_add(1).ok_or_else(|| StoreError::Corrupt {
-            what: "the stored epoch".into(),
-            problem: "it is at its maximum".into(),
-        })?;
+        let next = last
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Corrupt {
+                what: "the stored epoch".into(),
+                problem: "it is at its maximum".into(),
+            })?
+            .max(floor);
         self.topology
             .insert(EPOCH_KEY, &next.to_be_bytes())
             .map_err(io("writing the epoch"))?;

@@ -84,7 +84,7 @@ fn topology_and_maps_survive_a_restart() {
         let store = Store::open(dir.path()).expect("open");
         assert!(store.topology(Limits::default()).expect("read").is_none());
         assert!(store.served().expect("read").is_none());
-        assert_eq!(store.next_epoch().expect("epoch"), 1);
+        assert_eq!(store.next_epoch(0).expect("epoch"), 1);
         store.put_topology(&inst).expect("topology");
         for version in 1..=5 {
             store
@@ -96,7 +96,7 @@ fn topology_and_maps_survive_a_restart() {
         }
     }
     let store = reopen(dir.path());
-    assert_eq!(store.next_epoch().expect("epoch"), 2);
+    assert_eq!(store.next_epoch(0).expect("epoch"), 2);
     let back = store
         .topology(Limits::default())
         .expect("read")
@@ -1604,7 +1604,7 @@ fn a_damaged_sled_conf_is_named_with_what_to_do() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let store = Store::open(dir.path()).expect("open");
-        assert_eq!(store.next_epoch().expect("epoch"), 1);
+        assert_eq!(store.next_epoch(0).expect("epoch"), 1);
     }
     let conf = dir.path().join("conf");
     let whole = std::fs::read(&conf).expect("sled's conf");
@@ -1628,7 +1628,7 @@ fn a_damaged_sled_conf_is_named_with_what_to_do() {
     }
     std::fs::remove_file(&conf).expect("remove it, as the error says");
     let store = reopen(dir.path());
-    assert_eq!(store.next_epoch().expect("epoch"), 2, "the counter kept");
+    assert_eq!(store.next_epoch(0).expect("epoch"), 2, "the counter kept");
     drop(store);
     let db = dir.path().join("db");
     let mut bad = std::fs::read(&db).expect("sled's db");
@@ -1978,4 +1978,30 @@ fn a_store_bricked_by_a_deep_tree_starts_without_that_edit() {
         .start_topology(Limits::default(), no_initial)
         .expect("read");
     assert!(again.skipped.is_empty() && again.topology == drained);
+}
+
+/// Issue 41, finding 7: a store that was lost restarted at epoch 1, so a front end holding an
+/// epoch of the lost store ignored its maps until their version passed the one it held. The
+/// epoch is the stored one plus one or the floor (the service's clock), whichever is more: a
+/// new store starts at the clock; a clock set back still gets a new epoch, above the last.
+#[test]
+fn an_epoch_is_above_the_stored_one_and_the_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = 1_796_000_000_000; // Unix ms, late 2026
+    {
+        let store = Store::open(dir.path()).expect("open");
+        assert_eq!(store.next_epoch(clock).expect("epoch"), clock);
+        assert_eq!(store.next_epoch(clock + 5).expect("epoch"), clock + 5);
+    }
+    let store = reopen(dir.path());
+    // The clock set back an hour: one above the last all the same.
+    assert_eq!(
+        store.next_epoch(clock - 3_600_000).expect("epoch"),
+        clock + 6
+    );
+    drop(store);
+    // The store lost: a new one, started later, is above everything the old one gave.
+    let lost = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(lost.path()).expect("open");
+    assert!(store.next_epoch(clock + 60_000).expect("epoch") > clock + 6);
 }
