@@ -200,10 +200,15 @@ impl RequestHandler for Handler {
 }
 
 /// The client subnet a query's ECS option carries (`Err` when it is malformed: FORMERR).
-fn client_subnet(edns: Option<&Edns>) -> Result<Option<ClientSubnet>, ()> {
+/// `octets_ok` is what the query's wire bytes say of its address octets
+/// (`wire::ecs_octets_ok`: hickory drops octets beyond the prefix unseen).
+fn client_subnet(edns: Option<&Edns>, octets_ok: bool) -> Result<Option<ClientSubnet>, ()> {
     let Some(EdnsOption::Subnet(ecs)) = edns.and_then(|e| e.option(EdnsCode::Subnet)) else {
         return Ok(None);
     };
+    if !octets_ok {
+        return Err(()); // RFC 7871 §6: too many address octets, or bits set beyond the prefix
+    }
     let bits = if ecs.addr().is_ipv4() { 32 } else { 128 };
     if ecs.source_prefix() > bits || ecs.scope_prefix() != 0 {
         return Err(()); // RFC 7871 §7.1.1: a query's scope must be 0
@@ -227,6 +232,9 @@ struct Query<'q> {
     pub class: DNSClass,
     pub qtype: RecordType,
     pub edns: Option<&'q Edns>,
+    /// Whether the query's ECS option has exactly the address octets its prefix needs, none
+    /// with a bit beyond it, as its wire bytes say (`wire::ecs_octets_ok`).
+    pub ecs_octets_ok: bool,
     /// The resolver's address (the client when the query carries no ECS option).
     pub src: IpAddr,
 }
@@ -333,7 +341,7 @@ fn decide<'a>(
     if matches!(q.qtype, RecordType::AXFR | RecordType::IXFR) {
         return Decision::Bare(ResponseCode::Refused);
     }
-    let Ok(ecs) = client_subnet(q.edns) else {
+    let Ok(ecs) = client_subnet(q.edns, q.ecs_octets_ok) else {
         return Decision::Bare(ResponseCode::FormErr);
     };
     let soa = std::slice::from_ref(&zone.soa);
@@ -471,6 +479,7 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
         class: query.query_class(),
         qtype: query.query_type(),
         edns: request.edns.as_ref(),
+        ecs_octets_ok: crate::wire::ecs_octets_ok(request.as_slice()),
         src: request.src().ip(),
     };
     let guard = front.view.load();
@@ -625,6 +634,7 @@ mod tests {
             class: DNSClass::IN,
             qtype,
             edns: edns.as_ref(),
+            ecs_octets_ok: true,
             src: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)),
         };
         f(&decide(&src, view, &q, &mut Scratch::default()));
@@ -657,6 +667,7 @@ mod tests {
             class: DNSClass::IN,
             qtype: RecordType::A,
             edns: None,
+            ecs_octets_ok: true,
             src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)),
         };
         for (built_for, want) in [((1, 1), [198, 51, 100, 9]), ((2, 1), [192, 0, 2, 1])] {

@@ -163,6 +163,70 @@ fn parse_ecs(rdata: &[u8]) -> Option<Ecs> {
     })
 }
 
+/// Whether each ECS option of `raw`'s OPT record carries exactly the address octets its
+/// source prefix needs, with no bit set beyond the prefix (RFC 7871 §6: a server SHOULD
+/// answer FORMERR otherwise). hickory reads only the octets the prefix needs and drops the
+/// rest, so what the query sent is checked here, on the wire. True when there is no ECS
+/// option, or the message cannot be walked (hickory then refuses it itself).
+pub(crate) fn ecs_octets_ok(raw: &[u8]) -> bool {
+    ecs_options(raw).is_none_or(|options| {
+        options.iter().all(|o| {
+            o.len() >= 4
+                && u16_at(o, 0).is_some_and(|family| {
+                    cdnmap_serve::columns::ecs_address(family, o[2], &o[4..]).is_ok()
+                })
+        })
+    })
+}
+
+/// The data of every ECS option in `raw`'s OPT record; `None` when the message cannot be
+/// walked that far.
+fn ecs_options(raw: &[u8]) -> Option<Vec<&[u8]>> {
+    let count = |i: usize| u16_at(raw, 4 + 2 * i).map(usize::from);
+    let (questions, records) = (count(0)?, count(1)? + count(2)? + count(3)?);
+    let mut at = 12;
+    for _ in 0..questions {
+        at = skip_name(raw, at)? + 4;
+    }
+    let mut found = Vec::new();
+    for _ in 0..records {
+        at = skip_name(raw, at)?;
+        let rtype = u16_at(raw, at)?;
+        let rdlen = usize::from(u16_at(raw, at + 8)?);
+        let rdata = raw.get(at + 10..at + 10 + rdlen)?;
+        at += 10 + rdlen;
+        if rtype != TYPE_OPT {
+            continue;
+        }
+        let mut i = 0;
+        while i + 4 <= rdata.len() {
+            let (code, len) = (u16_at(rdata, i)?, usize::from(u16_at(rdata, i + 2)?));
+            let data = rdata.get(i + 4..i + 4 + len)?;
+            if code == OPTION_ECS {
+                found.push(data);
+            }
+            i += 4 + len;
+        }
+    }
+    Some(found)
+}
+
+/// The position after the name at `at` (its labels, up to the root or a compression
+/// pointer); `None` past the message's end or on a label type that is not one.
+fn skip_name(raw: &[u8], mut at: usize) -> Option<usize> {
+    // A name has at most 127 labels (255 bytes).
+    for _ in 0..128 {
+        let len = *raw.get(at)?;
+        match len & 0xC0 {
+            0xC0 => return Some(at + 2),
+            0 if len == 0 => return Some(at + 1),
+            0 => at += 1 + usize::from(len),
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// Writes `question`'s name in lower case as text with its final dot, as hickory shows a
 /// `LowerName` of such labels.
 fn name_text(question: &[u8], out: &mut String) {
@@ -668,6 +732,105 @@ pub(crate) mod tests {
     /// gives is the hickory path's, byte for byte; it takes those it is for, of every kind
     /// it is for (A and AAAA, with and without EDNS and ECS); and a front end answering through
     /// both paths counts the same demand as one answering through hickory's alone.
+    /// An A query for `www.example` with one ECS option: `family`, `source` and exactly the
+    /// address octets given (none added or taken away).
+    fn query_with_ecs(family: u16, source: u8, octets: &[u8]) -> Vec<u8> {
+        let mut q = Vec::new();
+        for word in [0x1234u16, 0x0100, 1, 0, 0, 1] {
+            push16(&mut q, word);
+        }
+        for label in ["www", "example"] {
+            q.push(label.len() as u8);
+            q.extend_from_slice(label.as_bytes());
+        }
+        q.push(0);
+        push16(&mut q, TYPE_A);
+        push16(&mut q, CLASS_IN);
+        q.push(0); // the OPT record: root owner, type, payload, rcode/version/flags
+        push16(&mut q, TYPE_OPT);
+        push16(&mut q, 1232);
+        q.extend_from_slice(&[0, 0, 0, 0]);
+        let option_len = 4 + octets.len() as u16;
+        push16(&mut q, 4 + option_len);
+        push16(&mut q, OPTION_ECS);
+        push16(&mut q, option_len);
+        push16(&mut q, family);
+        q.extend_from_slice(&[source, 0]);
+        q.extend_from_slice(octets);
+        q
+    }
+
+    /// RFC 7871 §6 (issue 41): an ECS option with more address octets than its source prefix
+    /// needs, or with bits set beyond it, is FORMERR on both paths. hickory reads only the
+    /// octets the prefix needs, so `/24` with the four octets of `10.0.1.9` was answered as
+    /// `10.0.1.0/24` before the wire bytes were checked.
+    #[test]
+    fn an_ecs_option_with_octets_beyond_its_prefix_is_formerr() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handler = Handler(Arc::new(front()));
+        let capture = Capture::default();
+        let src: SocketAddr = "192.0.2.77:5353".parse().expect("src");
+        let rcode = |raw: &[u8]| -> u8 {
+            let mut fast = Vec::new();
+            answer_batch(&handler.0, &[(raw, src)], &mut fast);
+            let answer = fast
+                .pop()
+                .filter(|f| !f.is_empty())
+                .or_else(|| answer_hickory(&handler, runtime.handle(), &capture, raw, src))
+                .expect("an answer");
+            answer[3] & 0x0f
+        };
+        const NOERROR: u8 = 0;
+        const FORMERR: u8 = 1;
+        for (what, family, source, octets, want) in [
+            ("/24, 3 octets", 1, 24, &[10, 0, 1][..], NOERROR),
+            (
+                "/24, 4 octets, the 4th zero",
+                1,
+                24,
+                &[10, 0, 1, 0][..],
+                FORMERR,
+            ),
+            (
+                "/24, 4 octets, the 4th 9",
+                1,
+                24,
+                &[10, 0, 1, 9][..],
+                FORMERR,
+            ),
+            ("/24, 2 octets", 1, 24, &[10, 0][..], FORMERR),
+            (
+                "/20, a bit beyond it in the 3rd octet",
+                1,
+                20,
+                &[10, 0, 1][..],
+                FORMERR,
+            ),
+            ("/0, no octet", 1, 0, &[][..], NOERROR),
+            ("/0, one octet", 1, 0, &[10][..], FORMERR),
+            (
+                "v6 /48, 6 octets",
+                2,
+                48,
+                &[0x20, 1, 0xd, 0xb8, 0, 1][..],
+                NOERROR,
+            ),
+            (
+                "v6 /48, 16 octets",
+                2,
+                48,
+                &[0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1][..],
+                FORMERR,
+            ),
+        ] {
+            let raw = query_with_ecs(family, source, octets);
+            assert_eq!(rcode(&raw), want, "{what}: {raw:02x?}");
+            assert_eq!(ecs_octets_ok(&raw), want == NOERROR, "{what}");
+        }
+    }
+
     #[test]
     fn the_fast_path_answers_byte_for_byte_as_hickory_and_counts_the_same() {
         let runtime = tokio::runtime::Builder::new_current_thread()
