@@ -546,6 +546,39 @@ fn example_instance_gives_designs_worked_example() {
     cdnmap(dir.path(), &["verify", example, "ex.json"]).assert_code(0);
 }
 
+/// A unit whose demand is near `f64::MAX` (issue 41, a nit): `solve`'s summary showed its
+/// overflow as "(inf%)" (100 × 1e308 overflowed before the division) and its allocated
+/// demand as "-0.0" (an empty float sum). Now 100.00% and 0.0.
+#[test]
+fn a_huge_demand_is_shown_as_a_percentage() {
+    let dir = tempdir();
+    let mut instance = read_json(&example_instance());
+    let units = instance["map_units"].as_array_mut().expect("map_units");
+    units.truncate(1);
+    units[0]["demand"] = serde_json::json!(1e308);
+    write_json(&dir.path().join("huge.json"), &instance);
+    let run = cdnmap(dir.path(), &["solve", "huge.json"]);
+    run.assert_code(0);
+    let line = |label: &str| {
+        run.stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} line:\n{}", run.stdout))
+            .to_string()
+    };
+    assert!(line("overflow").ends_with("(100.00%)"), "{}", run.stdout);
+    assert!(
+        line("allocated").contains(" 0.0   (0.00%)"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        !run.stdout.contains("inf") && !run.stdout.contains("-0.0"),
+        "{}",
+        run.stdout
+    );
+}
+
 #[test]
 fn demo_verifies_clean() {
     let dir = tempdir();

@@ -60,9 +60,10 @@ impl Summary {
             map_units: instance.unit_count(),
             clusters: instance.clusters().len(),
             candidates: instance.total_candidates(),
-            demand,
-            allocated,
-            overflow: map.total_overflow(),
+            // `+ 0.0`: an empty sum of floats is -0.0, which would print as "-0.0".
+            demand: demand + 0.0,
+            allocated: allocated + 0.0,
+            overflow: map.total_overflow() + 0.0,
             mean_rtt_ms: if allocated > 0.0 {
                 weighted / allocated
             } else {
@@ -81,9 +82,13 @@ impl Summary {
     }
 }
 
+/// `part` as a percentage of `whole` (0 when there is no whole). The ratio first: `100 ×
+/// part` overflows to infinity for a part near `f64::MAX` (a unit's demand of 1e308 showed as
+/// "inf%"). A whole that is itself infinite (demands that add up past `f64::MAX`) has no
+/// percentage: NaN, shown as such.
 fn pct(part: f64, whole: f64) -> f64 {
     if whole > 0.0 {
-        100.0 * part / whole
+        part / whole * 100.0
     } else {
         0.0
     }
