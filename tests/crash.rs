@@ -994,4 +994,121 @@ async fn a_damaged_map_file_or_snapshot_is_skipped_and_the_restart_serves() {
         "{}",
         tail(&server.log(), 20)
     );
+
+    // Two more edits, the first of them damaged in the journal: the start replays the edits
+    // before it, says the edits from it on are lost, keeps the damaged bytes, and the journal
+    // goes on (an edit after it is acknowledged and survives the next start).
+    let clusters = all_clusters(&server).await;
+    let (second, third) = (clusters[1].id.clone(), clusters[2].id.clone());
+    for id in [&second, &third] {
+        set_state(&server, id, pb::ClusterState::Drained).await;
+    }
+    server.kill();
+    let journal = setup.dir.path().join("data").join("journal");
+    let lost = damage_journal_entry(&journal, 1);
+    let server = setup.start().await;
+    resolves(&server, &units[0]).await;
+    let log = server.log();
+    assert!(
+        log.contains(&format!(
+            "the acknowledged edits from {lost} on cannot be replayed"
+        )),
+        "{}",
+        tail(&log, 20)
+    );
+    assert!(
+        is_drained(&server).await,
+        "the edit before the damage is kept"
+    );
+    assert_eq!(
+        clusters_now(&server, &second).await,
+        pb::ClusterState::Up as i32,
+        "lost"
+    );
+    assert_eq!(
+        clusters_now(&server, &third).await,
+        pb::ClusterState::Up as i32,
+        "lost"
+    );
+    assert!(
+        std::fs::read_dir(&damaged_dir)
+            .expect("damaged/")
+            .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("journal-seg-"))),
+        "the damaged segment is kept in {}",
+        damaged_dir.display()
+    );
+    set_state(&server, &third, pb::ClusterState::Down).await;
+    server.kill();
+    let server = setup.start().await;
+    resolves(&server, &units[0]).await;
+    assert!(
+        !server.log().contains("the start skipped"),
+        "{}",
+        tail(&server.log(), 20)
+    );
+    assert_eq!(
+        clusters_now(&server, &third).await,
+        pb::ClusterState::Down as i32
+    );
+}
+
+/// Sets cluster `id`'s state through Admin (acknowledged, so journaled).
+async fn set_state(server: &Server, id: &str, state: pb::ClusterState) {
+    ok(
+        server
+            .admin()
+            .set_cluster_state(authed(
+                pb::SetClusterStateRequest {
+                    id: id.to_string(),
+                    state: state as i32,
+                    reason: "issue 41".into(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "SetClusterState",
+    );
+}
+
+/// Cluster `id`'s state as Admin says.
+async fn clusters_now(server: &Server, id: &str) -> i32 {
+    ok(
+        server
+            .admin()
+            .get_cluster(authed(
+                pb::GetClusterRequest { id: id.to_string() },
+                Some(TOKEN),
+            ))
+            .await,
+        "GetCluster",
+    )
+    .state
+}
+
+/// Flips a byte in the middle of the journal's entry `back` places before its last (the
+/// journal's frames: length, xxh3, time, sequence number, payload); that entry's number.
+fn damage_journal_entry(journal: &std::path::Path, back: usize) -> u64 {
+    let mut segments: Vec<_> = std::fs::read_dir(journal)
+        .expect("the journal")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("seg-"))
+        })
+        .collect();
+    segments.sort();
+    let last = segments.last().expect("a journal segment");
+    let mut bytes = std::fs::read(last).expect("the segment");
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at + 28 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let seq = u64::from_le_bytes(bytes[at + 20..at + 28].try_into().expect("8 bytes"));
+        frames.push((at, len, seq));
+        at += 28 + len;
+    }
+    let (start, len, seq) = frames[frames.len() - 1 - back];
+    bytes[start + 28 + len / 2] ^= 0x55;
+    std::fs::write(last, &bytes).expect("damage it");
+    seq
 }

@@ -15,8 +15,10 @@
 //! segment's directory entry), so an acknowledged edit survives kill -9. An entry cut short by
 //! a crash can only be the last segment's last, never acknowledged: it is cut off when the
 //! journal opens. Anything else that cannot be read — a damaged entry, a gap in the numbers —
-//! refuses the open with an error naming the segment: the edits after it cannot be replayed,
-//! and serving a topology without them would undo acknowledged changes.
+//! is [`Damage`]: the edits from there on cannot be replayed. The journal opens with the
+//! edits before it, and refuses every append until the start has said what is lost and set
+//! the damaged bytes aside ([`Journal::set_aside_damage`], `store::recover`): serving a
+//! topology without them undoes acknowledged changes, which a start must not do silently.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -53,6 +55,23 @@ struct Inner {
     /// An append failed and its bytes could not be taken back: no more appends until the
     /// store is opened again (which cuts them off).
     broken: bool,
+    /// Where the journal stops being readable, found at the open: no appends until it is set
+    /// aside.
+    damage: Option<Damage>,
+}
+
+/// Where a journal stops being readable: a damaged entry, or a gap in the numbers. The edits
+/// from `lost_from` on cannot be replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Damage {
+    /// The first edit that cannot be read.
+    pub(super) lost_from: u64,
+    /// The first sequence number of the segment it is in, and how many bytes of whole
+    /// entries come before it there.
+    segment: u64,
+    valid: usize,
+    /// What is wrong, naming the segment.
+    pub(super) problem: String,
 }
 
 fn segment_name(first: u64) -> String {
@@ -60,38 +79,39 @@ fn segment_name(first: u64) -> String {
 }
 
 /// The entries of one segment (its bytes), checked: numbered from `first` without a gap.
-/// Returns them and how many bytes they take; `tail_ok` says whether bytes after the last
-/// whole entry may be an entry cut short by a crash (the last segment's), which is then not
-/// an error.
+/// Returns the entries up to the first that does not read, how many bytes they take, and
+/// what is wrong after them, if anything; `tail_ok` says whether bytes after the last whole
+/// entry may be an entry cut short by a crash (the last segment's), which is then not an
+/// error.
 fn entries_of(
     path: &Path,
     bytes: &[u8],
     first: u64,
     tail_ok: bool,
-) -> Result<(Entries, usize), StoreError> {
+) -> (Entries, usize, Option<StoreError>) {
     let corrupt = |problem: String| StoreError::Corrupt {
         what: format!("the topology journal's {}", path.display()),
         problem,
     };
     let (records, valid) = parse(bytes);
-    if valid < bytes.len() && !(tail_ok && torn(&bytes[valid..])) {
-        return Err(corrupt(format!(
-            "the entry at byte {valid} is damaged (the edits from there on cannot be replayed)"
-        )));
-    }
     let mut out = Vec::with_capacity(records.len());
+    let mut end = 0;
     for (i, r) in records.iter().enumerate() {
         let want = first + i as u64;
         if r.id != want {
-            return Err(corrupt(format!(
-                "entry {} is numbered {}, not {want}",
-                i + 1,
-                r.id
-            )));
+            let problem = format!("entry {} is numbered {}, not {want}", i + 1, r.id);
+            return (out, end, Some(corrupt(problem)));
         }
         out.push((r.id, bytes[r.payload.clone()].to_vec()));
+        end = r.payload.end;
     }
-    Ok((out, valid))
+    if valid < bytes.len() && !(tail_ok && torn(&bytes[valid..])) {
+        let problem = format!(
+            "the entry at byte {valid} is damaged (the edits from there on cannot be replayed)"
+        );
+        return (out, valid, Some(corrupt(problem)));
+    }
+    (out, valid, None)
 }
 
 /// The entries after `after` up to `upto` (inclusive) of the journal in `dir`, read without
@@ -121,12 +141,19 @@ pub(super) fn read_dir(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(file_error(format!("reading {}", path.display()))(e)),
         };
-        let (entries, _) = entries_of(&path, &bytes, first, next.is_none())?;
+        let (entries, _, damage) = entries_of(&path, &bytes, first, next.is_none());
+        let read_to = entries.last().map_or(first.saturating_sub(1), |e| e.0);
         out.extend(
             entries
                 .into_iter()
                 .filter(|(s, _)| *s > after && *s <= upto),
         );
+        // Damage after every edit asked for is no concern of this read.
+        match damage {
+            Some(e) if read_to < upto => return Err(e),
+            Some(_) => break,
+            None => {}
+        }
     }
     // What was asked for and is there must come without a gap.
     let want = upto.min(out.last().map_or(after, |e| e.0));
@@ -147,26 +174,46 @@ impl Journal {
     /// Opens (creating) the journal in `dir`, cutting off an entry a crash left cut short.
     pub(super) fn open(dir: &Path) -> Result<Journal, StoreError> {
         fs::create_dir_all(dir).map_err(file_error(format!("creating {}", dir.display())))?;
-        let segments = segments_in(dir)?;
+        let mut segments = segments_in(dir)?;
         let mut last = 0;
+        let mut damage = None;
         for (i, &first) in segments.iter().enumerate() {
             let is_last = i + 1 == segments.len();
             let path = dir.join(segment_name(first));
             let bytes =
                 fs::read(&path).map_err(file_error(format!("reading {}", path.display())))?;
-            let (entries, valid) = entries_of(&path, &bytes, first, is_last)?;
             if i > 0 && first != last + 1 {
-                return Err(StoreError::Corrupt {
-                    what: format!("the topology journal's {}", path.display()),
-                    problem: format!("it starts at edit {first}, after edit {last}"),
+                damage = Some(Damage {
+                    lost_from: last + 1,
+                    segment: first,
+                    valid: 0,
+                    problem: format!(
+                        "the topology journal's {}: it starts at edit {first}, after edit {last}",
+                        path.display()
+                    ),
                 });
+                break;
             }
+            let (entries, valid, problem) = entries_of(&path, &bytes, first, is_last);
             last = entries.last().map_or(first.saturating_sub(1), |e| e.0);
+            if let Some(problem) = problem {
+                damage = Some(Damage {
+                    lost_from: last + 1,
+                    segment: first,
+                    valid,
+                    problem: problem.to_string(),
+                });
+                break;
+            }
             if valid < bytes.len() {
                 // An append a crash cut short: never acknowledged.
                 cut_off(&path, valid)?;
                 tracing::warn!(segment = %path.display(), "an edit cut short by a crash was cut off (it was never acknowledged)");
             }
+        }
+        if let Some(d) = &damage {
+            // The segments from the damaged one on hold nothing that reads in order.
+            segments.retain(|&first| first < d.segment || (first == d.segment && d.valid > 0));
         }
         Ok(Journal {
             dir: dir.to_path_buf(),
@@ -175,8 +222,57 @@ impl Journal {
                 file: None,
                 last,
                 broken: false,
+                damage,
             })),
         })
+    }
+
+    /// Where the journal stops being readable, as found at the open (`None`: it reads whole,
+    /// or the damage was set aside).
+    pub(super) fn damage(&self) -> Result<Option<Damage>, StoreError> {
+        Ok(self.lock()?.damage.clone())
+    }
+
+    /// Sets the journal's damage aside, so appends go on after the last edit that reads: the
+    /// damaged segment is copied whole into `to` and cut to the entries before the damage, and
+    /// the segments after it are moved there. Durable when it returns. Returns the segment
+    /// files set aside.
+    pub(super) fn set_aside_damage(&self, to: &Path) -> Result<Vec<PathBuf>, StoreError> {
+        let mut inner = self.lock()?;
+        let Some(d) = inner.damage.clone() else {
+            return Ok(Vec::new());
+        };
+        fs::create_dir_all(to).map_err(file_error(format!("creating {}", to.display())))?;
+        let mut moved = Vec::new();
+        for first in segments_in(&self.dir)?
+            .into_iter()
+            .filter(|&f| f >= d.segment)
+        {
+            let name = segment_name(first);
+            let (from, into) = (self.dir.join(&name), to.join(format!("journal-{name}")));
+            if first == d.segment && d.valid > 0 {
+                fs::copy(&from, &into).map_err(file_error(format!(
+                    "copying {} to {}",
+                    from.display(),
+                    into.display()
+                )))?;
+                File::open(&into)
+                    .and_then(|f| f.sync_all())
+                    .map_err(file_error(format!("syncing {}", into.display())))?;
+                cut_off(&from, d.valid)?;
+            } else {
+                fs::rename(&from, &into).map_err(file_error(format!(
+                    "moving {} to {}",
+                    from.display(),
+                    into.display()
+                )))?;
+            }
+            moved.push(into);
+        }
+        sync_dir(to)?;
+        sync_dir(&self.dir)?;
+        inner.damage = None;
+        Ok(moved)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
@@ -217,6 +313,15 @@ impl Journal {
             });
         }
         let mut inner = self.lock()?;
+        if let Some(d) = &inner.damage {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                problem: format!(
+                    "{}; a start sets it aside before an edit is appended",
+                    d.problem
+                ),
+            });
+        }
         if inner.broken {
             return Err(StoreError::Corrupt {
                 what: what(),
@@ -329,8 +434,12 @@ mod tests {
         assert!(j.read(60, u64::MAX).expect("read").is_empty());
     }
 
+    /// A crash cuts the last entry short: cut off at the open. A damaged entry elsewhere
+    /// (issue 41: a start falls back past damage) opens the journal with the edits before it,
+    /// refuses appends until it is set aside, and then goes on after the last edit that reads,
+    /// the damaged bytes kept where they were moved.
     #[test]
-    fn an_entry_cut_short_is_cut_off_and_damage_elsewhere_refuses_the_open() {
+    fn an_entry_cut_short_is_cut_off_and_damage_elsewhere_ends_the_journal_there() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("journal");
         let j = Journal::open(&path).expect("open");
@@ -355,11 +464,39 @@ mod tests {
         let at = frame(0, 1, &entry(1)).len() + 30;
         bad[at] ^= 0x55;
         fs::write(&seg, &bad).expect("write");
-        let err = Journal::open(&path).expect_err("damaged");
-        let msg = err.to_string();
-        assert!(msg.contains("seg-") && msg.contains("damaged"), "{msg}");
+        let j = Journal::open(&path).expect("opens with the edits before the damage");
+        assert_eq!(j.last().expect("last"), 1);
+        let d = j.damage().expect("damage").expect("the damage found");
+        assert_eq!(d.lost_from, 2);
+        assert!(
+            d.problem.contains("seg-") && d.problem.contains("damaged"),
+            "{d:?}"
+        );
+        assert_eq!(
+            j.read(0, 1).expect("before the damage"),
+            vec![(1, entry(1))]
+        );
         let err = read_dir(&path, 0, u64::MAX).expect_err("damaged");
         assert!(err.to_string().contains("damaged"), "{err}");
+        let err = j.append(0, &entry(2)).expect_err("no append past damage");
+        assert!(err.to_string().contains("sets it aside"), "{err}");
+        let aside = dir.path().join("damaged");
+        let moved = j.set_aside_damage(&aside).expect("set aside");
+        assert_eq!(moved.len(), 1);
+        assert_eq!(
+            fs::read(&moved[0]).expect("kept"),
+            bad,
+            "the damaged bytes kept whole"
+        );
+        assert_eq!(j.damage().expect("damage"), None);
+        assert_eq!(j.append(0, b"two again").expect("append"), 2);
+        drop(j);
+        let j = Journal::open(&path).expect("reopen");
+        assert_eq!(j.damage().expect("damage"), None);
+        assert_eq!(
+            j.read(0, u64::MAX).expect("read"),
+            vec![(1, entry(1)), (2, b"two again".to_vec())]
+        );
     }
 
     #[test]
@@ -406,7 +543,17 @@ mod tests {
         let segs = segments_in(&path).expect("list");
         assert!(segs.len() >= 3, "{segs:?}");
         fs::remove_file(path.join(segment_name(segs[1]))).expect("remove");
-        let err = Journal::open(&path).expect_err("gap");
-        assert!(err.to_string().contains("after edit"), "{err}");
+        let j = Journal::open(&path).expect("opens up to the gap");
+        let d = j.damage().expect("damage").expect("the gap found");
+        assert!(d.problem.contains("after edit"), "{d:?}");
+        assert_eq!(
+            (d.lost_from, j.last().expect("last")),
+            (segs[1], segs[1] - 1)
+        );
+        let moved = j
+            .set_aside_damage(&dir.path().join("damaged"))
+            .expect("set aside");
+        assert_eq!(moved.len(), segs.len() - 2, "the segments after the gap");
+        assert_eq!(j.append(0, b"next").expect("append"), segs[1]);
     }
 }

@@ -655,6 +655,14 @@ impl Store {
     /// The stored topology (the newest snapshot with the journal's edits after it replayed)
     /// and the sequence number of its last edit.
     pub fn stored_topology(&self, limits: Limits) -> Result<Option<(Topology, u64)>, StoreError> {
+        // The topology after every acknowledged edit, or an error: a damaged journal is a
+        // start's to fall back past, saying what it lost (`recover`).
+        if let Some(d) = self.journal.damage()? {
+            return Err(StoreError::Corrupt {
+                what: "the stored topology".into(),
+                problem: d.problem,
+            });
+        }
         let last = self.journal.last()?;
         let Some((seq, name)) = snapshots(&self.values)?.pop() else {
             if last > 0 {

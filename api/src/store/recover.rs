@@ -10,8 +10,12 @@
 //! journaled edit replayed. Only when the edits before the journal's first are in no readable
 //! snapshot are acknowledged edits lost, and the start says so, naming them. An edit that no
 //! longer applies (a tree deeper than this build takes, stored by an older one) is skipped,
-//! named. Damaged snapshots are moved to `damaged/` in the store's directory, and the
-//! topology the start serves is written as a snapshot, so the next start reads it.
+//! named. A damaged journal entry (or a gap in its numbers) ends the replay there: the edits
+//! from it on are lost, and said so; the damaged segment is copied to `damaged/` and cut to
+//! the entries before the damage, the segments after it moved there, and the journal goes on
+//! after the last edit that reads. Damaged snapshots are moved to `damaged/` in the store's
+//! directory, and the topology the start serves is written as a snapshot, so the next start
+//! reads it.
 //!
 //! **The served map.** The served record, as a start always read it; when it (or its base)
 //! is damaged, the stored versions are moved to `damaged/` (every older version is a delta
@@ -73,8 +77,9 @@ impl Store {
             problem: e.to_string(),
         };
         let last = self.journal.last()?;
+        let damage = self.journal.damage()?;
         let snaps = snapshots(&self.values)?;
-        if snaps.is_empty() && last == 0 {
+        if snaps.is_empty() && last == 0 && damage.is_none() {
             let topology = initial().map_err(initial_error)?;
             self.put_topology(&topology)?;
             return Ok(StartTopology {
@@ -87,6 +92,20 @@ impl Store {
         }
         let mut skipped = Vec::new();
         let mut unreadable = Vec::new();
+        if let Some(d) = &damage {
+            // The edits before the damage are replayed; those from it on are lost, said here.
+            // (A replica gets them again from the replicas' log in etcd, where it still holds
+            // them: it applies that log from its last edit on.)
+            let moved = self.journal.set_aside_damage(&self.damaged)?;
+            let moved: Vec<String> = moved.iter().map(|p| p.display().to_string()).collect();
+            skipped.push(format!(
+                "{}: the acknowledged edits from {} on cannot be replayed and are lost; the \
+                 journal goes on after edit {last}, its damaged bytes kept in {}",
+                d.problem,
+                d.lost_from,
+                moved.join(", ")
+            ));
+        }
         let mut base = None;
         for (seq, name) in snaps.iter().rev() {
             match snapshot(&self.values, name, limits) {
@@ -149,7 +168,7 @@ impl Store {
         };
         let entries = self.journal.read(from, last)?;
         let (topology, refused) = replay_skipping(topology, from, &entries, self.journal.dir());
-        if !refused.is_empty() {
+        if damage.is_some() || !refused.is_empty() {
             exact = false;
             skipped.extend(refused);
         }
