@@ -301,11 +301,14 @@ fn describe_metrics() {
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
 /// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
 ///
-/// `initial` gives the topology when the store has none (see [`Shared::start`]).
+/// `initial` gives the topology when the store has none (see [`Shared::start`]). Each change
+/// of `hangups` (the SIGHUPs the process had, counted) reloads the TLS files (see
+/// [`reload_on_hangup`]); one that came before the listeners are set up is handled then.
 pub async fn serve(
     config: Config,
     initial: impl FnOnce() -> anyhow::Result<cdnmap_topology::Topology>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
     // Latencies as histograms (buckets aggregate across replicas; summaries' quantiles do not).
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -435,6 +438,7 @@ pub async fn serve(
             let tls = crate::tls::ServerTls::load(files.to_files())?;
             tokio::spawn(crate::tls::watch(
                 Arc::clone(&tls),
+                hangups,
                 shared.stopping.subscribe(),
             ));
             tracing::info!(
@@ -453,6 +457,7 @@ pub async fn serve(
             } else {
                 tracing::warn!("plaintext gRPC and HTTP beyond loopback: the Admin token and the maps cross the network in clear (set [tls])");
             }
+            tokio::spawn(reload_on_hangup(hangups, shared.stopping.subscribe()));
             None
         }
     };
@@ -551,6 +556,24 @@ pub async fn serve(
     shared.flush()?;
     tracing::info!("stopped; the store is flushed");
     Ok(())
+}
+
+/// Without TLS: says, for each SIGHUP, that there is nothing to reload (the configuration is
+/// read at start), until `stop` says so. (With TLS, `tls::watch` reloads the certificate and
+/// key on SIGHUP.)
+async fn reload_on_hangup(
+    mut hangups: tokio::sync::watch::Receiver<u64>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            r = hangups.changed() => if r.is_err() { return },
+            _ = stop.wait_for(|&s| s) => return,
+        }
+        tracing::info!(
+            "SIGHUP: nothing to reload (no [tls]; the configuration is read at start only)"
+        );
+    }
 }
 
 /// How often a replica looks for the replicas' edits it has not applied.
