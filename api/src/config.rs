@@ -17,7 +17,10 @@
 //! http_header_timeout_secs = 10    # an HTTP client's headers must arrive within this
 //! http_max_connections = 1024      # HTTP connections open at once, at most
 //! grpc_max_connections = 1024      # gRPC connections open at once, at most
-//! handshake_timeout_secs = 10      # a connection's TLS handshake (plaintext: first bytes) within this
+//! handshake_timeout_secs = 10      # a connection's TLS handshake, HTTP/2 preface and first answered
+//!                                  #   request within this of its arrival, or it is closed
+//! idle_timeout_secs = 120          # a connection with no request open this long is closed
+//! max_connections_per_source = 256 # connections one address (IPv6: one /64) holds on a listener
 //! etcd = ["https://10.0.0.1:2379"] # replicas: a leader elected through etcd publishes (none: alone)
 //! node_id = "mapper-1"             # this replica's name (needed with etcd)
 //! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
@@ -96,6 +99,8 @@ pub const FEEDBACK_SAMPLES_PER_SEC: std::ops::RangeInclusive<u64> = 1..=100_000_
 pub const FEEDBACK_MAX_DEMAND_RATIO: std::ops::RangeInclusive<f64> = 1.0..=1e6;
 pub const GRPC_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
 pub const HANDSHAKE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
+pub const IDLE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=86_400;
+pub const MAX_CONNECTIONS_PER_SOURCE: std::ops::RangeInclusive<usize> = 1..=100_000;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
 /// segments of 32 MiB), a TiB at most.
 pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
@@ -180,8 +185,17 @@ pub struct Config {
     pub http_max_connections: usize,
     /// The most gRPC connections open at once (front ends, operators' tools).
     pub grpc_max_connections: usize,
-    /// A connection's TLS handshake, or in plaintext its first bytes, must come within this.
+    /// Within this of its arrival a connection must have been through its TLS handshake (in
+    /// plaintext: sent its first bytes) and had a request answered (one not refused for want
+    /// of credentials), or it is closed: a client that sends a byte, or HTTP/2's preface, and
+    /// then nothing holds no slot longer.
     pub handshake_timeout_secs: u64,
+    /// A connection with no request open (no call, no WatchMap stream) for this long is
+    /// closed; the client connects again when it needs to.
+    pub idle_timeout_secs: u64,
+    /// The most connections one source address (IPv6: one /64) may hold open on each
+    /// listener (with at most its `*_max_connections`); one more is closed on arrival.
+    pub max_connections_per_source: usize,
     /// etcd's client URLs: with any, this mapper is one replica of several, and publishes
     /// only while it leads (`lead`); none: it runs alone.
     pub etcd: Vec<String>,
@@ -735,6 +749,8 @@ impl Default for Config {
             http_max_connections: 1024,
             grpc_max_connections: 1024,
             handshake_timeout_secs: 10,
+            idle_timeout_secs: 120,
+            max_connections_per_source: 256,
             etcd: Vec::new(),
             node_id: None,
             etcd_prefix: "cdnmap/".into(),
@@ -973,6 +989,16 @@ impl Config {
             &HANDSHAKE_TIMEOUT_SECS,
         )?;
         in_range(
+            "idle_timeout_secs",
+            self.idle_timeout_secs,
+            &IDLE_TIMEOUT_SECS,
+        )?;
+        in_range(
+            "max_connections_per_source",
+            self.max_connections_per_source,
+            &MAX_CONNECTIONS_PER_SOURCE,
+        )?;
+        in_range(
             "feedback_samples_per_sec",
             self.feedback_samples_per_sec,
             &FEEDBACK_SAMPLES_PER_SEC,
@@ -1189,6 +1215,10 @@ mod tests {
         assert_eq!(c.class_rules.len(), 1);
         assert_eq!(c.instance, Some(PathBuf::from("world.json")));
         assert_eq!(c.etcd_ca_file, Some(PathBuf::from("etcd-ca.crt")));
+        assert_eq!(
+            (c.idle_timeout_secs, c.max_connections_per_source),
+            (120, 256)
+        );
         let tls = c.tls.expect("the example's [tls]");
         assert_eq!(tls.peer_ca_file, Some(PathBuf::from("mappers-ca.crt")));
     }
@@ -1381,6 +1411,9 @@ mod tests {
             ("[stickiness]\nmargn = 0.1", "margn"),
             ("grpc_max_connections = 0", "grpc_max_connections"),
             ("handshake_timeout_secs = 0", "handshake_timeout_secs"),
+            ("idle_timeout_secs = 0", "idle_timeout_secs"),
+            ("idle_timeout_secs = 86401", "idle_timeout_secs"),
+            ("max_connections_per_source = 0", "max_connections_per_source"),
             ("feedback_samples_per_sec = 0", "feedback_samples_per_sec"),
             (
                 "feedback_max_demand_ratio = 0.5",

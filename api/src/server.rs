@@ -110,8 +110,10 @@ pub const MAX_HTTP_BODY_BYTES: usize = 64 << 10;
 
 /// Serves `app` on the connections `conns` brings (`listen::accept`: bounded in number, each
 /// past its handshake) until `stop` says so, with hyper's own header-read timeout (a client
-/// sending its headers a byte at a time holds its connection that long, no longer). Then the
-/// open connections are shut down gracefully (the caller bounds how long it waits).
+/// sending its headers a byte at a time holds its connection that long, no longer), each
+/// request answered within [`HTTP_REQUEST_TIMEOUT`] (else 408) and counted on its connection
+/// until its body is sent (the connection's deadlines, `listen`). Then the open connections
+/// are shut down gracefully (the caller bounds how long it waits).
 async fn serve_http(
     mut conns: tokio::sync::mpsc::Receiver<crate::listen::Conn>,
     app: axum::Router,
@@ -132,13 +134,44 @@ async fn serve_http(
         };
         let Some(conn) = conn else { break };
         let remote = conn.peer().remote;
+        let tracked = Arc::clone(&conn.peer().conn);
         let app = app.clone();
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(remote));
                 let mut app = app.clone();
-                async move { tower::Service::call(&mut app, req).await }
+                // Counted on the connection while it is answered and its body sent (its
+                // deadlines, `listen`).
+                let open = tracked.request();
+                async move {
+                    let answer = tokio::time::timeout(
+                        HTTP_REQUEST_TIMEOUT,
+                        tower::Service::call(&mut app, req),
+                    )
+                    .await;
+                    let response = match answer {
+                        Ok(r) => r?,
+                        Err(_) => axum::response::IntoResponse::into_response(
+                            crate::dashboard::ApiError::new(
+                                axum::http::StatusCode::REQUEST_TIMEOUT,
+                                format!(
+                                    "the request was not answered within {HTTP_REQUEST_TIMEOUT:?}"
+                                ),
+                            ),
+                        ),
+                    };
+                    open.answered(crate::listen::refused_for_credentials(
+                        response.status(),
+                        response.headers(),
+                    ));
+                    Ok::<_, std::convert::Infallible>(response.map(|body| {
+                        axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |f| {
+                            let _open = &open;
+                            f
+                        }))
+                    }))
+                }
             });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         tokio::spawn(async move {
@@ -259,8 +292,16 @@ fn describe_metrics() {
         "Connections closed on arrival, by listener: as many were open as its max_connections."
     );
     describe_counter!(
+        "cdnmap_connections_refused_per_source_total",
+        "Connections closed on arrival, by listener: as many were open from their source (IPv6: its /64) as max_connections_per_source."
+    );
+    describe_counter!(
         "cdnmap_handshakes_failed_total",
-        "Connections closed before serving, by listener: the TLS handshake failed, or it (in plaintext, the first bytes) did not come within handshake_timeout_secs."
+        "Connections closed before serving, by listener: the TLS handshake failed, or it (in plaintext, the first bytes) and a first answered request did not come within handshake_timeout_secs."
+    );
+    describe_counter!(
+        "cdnmap_connections_idle_closed_total",
+        "Connections closed by listener after idle_timeout_secs with no request open."
     );
     describe_counter!(
         "cdnmap_feedback_clipped_total",
@@ -461,25 +502,24 @@ pub async fn serve(
             None
         }
     };
-    let handshake_timeout = Duration::from_secs(shared.config.handshake_timeout_secs);
+    let limits = |max_connections| crate::listen::Limits {
+        handshake_timeout: Duration::from_secs(shared.config.handshake_timeout_secs),
+        idle_timeout: Duration::from_secs(shared.config.idle_timeout_secs),
+        max_connections,
+        max_per_source: shared.config.max_connections_per_source,
+    };
     let http_conns = crate::listen::accept(
         http,
         crate::tls::Listener::Http,
         tls.clone(),
-        crate::listen::Limits {
-            handshake_timeout,
-            max_connections: shared.config.http_max_connections,
-        },
+        limits(shared.config.http_max_connections),
         shared.stopping.subscribe(),
     );
     let grpc_conns = crate::listen::accept(
         grpc_listener,
         crate::tls::Listener::Grpc,
         tls,
-        crate::listen::Limits {
-            handshake_timeout,
-            max_connections: shared.config.grpc_max_connections,
-        },
+        limits(shared.config.grpc_max_connections),
         shared.stopping.subscribe(),
     );
     let http_task = tokio::spawn(serve_http(
@@ -496,8 +536,12 @@ pub async fn serve(
     let stopper = Arc::clone(&shared);
     // HTTP/2 limits (hyper's, through tonic): streams a connection may have open at once, the
     // headers a request may bring, and keepalive pings that close a connection whose peer
-    // stopped answering (a WatchMap client that vanished without a FIN).
+    // stopped answering (a WatchMap client that vanished without a FIN). Each request is
+    // counted on its connection (its deadlines, `listen`), and must be answered within
+    // GRPC_REQUEST_TIMEOUT (a body that never ends holds no stream longer).
     let grpc = tonic::transport::Server::builder()
+        .timeout(GRPC_REQUEST_TIMEOUT)
+        .layer(crate::listen::TrackRequestsLayer)
         .max_concurrent_streams(GRPC_MAX_STREAMS)
         .http2_max_header_list_size(GRPC_MAX_HEADER_BYTES)
         .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
@@ -748,6 +792,12 @@ async fn watch_leader(
 pub const GRPC_MAX_STREAMS: u32 = 128;
 /// The most bytes of headers (metadata) a gRPC request may carry.
 pub const GRPC_MAX_HEADER_BYTES: u32 = 16 << 10;
+/// How long a gRPC request may take to be answered (its response's headers: a WatchMap
+/// stream's come at once), its body read included.
+pub const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an HTTP request may take to be answered (the head of its response), its body
+/// read included.
+pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// A gRPC connection is pinged after this long without a frame from its peer...
 pub const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// ...and closed when the ping is not answered within this.
