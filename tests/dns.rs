@@ -507,6 +507,37 @@ async fn sighup_reloads_and_never_kills_the_mapper_or_the_front_end() {
     );
 }
 
+/// A mapper that keeps WatchMap to the front ends it knows (`watch_open = false`, issue 41)
+/// is followed by a front end with its token (sent with WatchMap as with its reports), and
+/// refuses one without.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_front_end_follows_a_mapper_closed_to_strangers_with_its_token() {
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        "watch_open = false\n",
+        "[feedback_tokens]\n\"dns-e2e\" = \"dns-e2e-token-42\"\n",
+    );
+    let server = setup.start().await;
+    let mut dns = Dns::start(
+        bin!(),
+        setup.dir.path(),
+        server.grpc,
+        "feedback_token = \"dns-e2e-token-42\"\n",
+    );
+    dns.wait_answering();
+    let stranger = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
+    let log = || stranger.log();
+    wait_logged(
+        "the front end without a token",
+        log,
+        "WatchMap needs a front end's token",
+        1,
+    )
+    .await;
+    assert_eq!(stranger.dig(&["www.cdn.example", "A"]).status, "SERVFAIL");
+}
+
 /// Starts and kills `setup`'s mapper `n` times on ports no front end knows (port 0), so each
 /// start takes the next epoch from its store unseen; the configuration's pinned addresses
 /// are then put back.

@@ -21,6 +21,10 @@
 //!                                  #   request within this of its arrival, or it is closed
 //! idle_timeout_secs = 120          # a connection with no request open this long is closed
 //! max_connections_per_source = 256 # connections one address (IPv6: one /64) holds on a listener
+//! watch_open = true                # WatchMap for anyone; false: only front ends with a token of
+//!                                  #   [feedback_tokens] (with client_ca_file: a certificate)
+//! watch_stall_secs = 60            # a WatchMap stream whose client takes nothing this long is dropped
+//! watch_max_streams = 1024         # WatchMap streams open at once, at most
 //! etcd = ["https://10.0.0.1:2379"] # replicas: a leader elected through etcd publishes (none: alone)
 //! node_id = "mapper-1"             # this replica's name (needed with etcd)
 //! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
@@ -101,6 +105,8 @@ pub const GRPC_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
 pub const HANDSHAKE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
 pub const IDLE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=86_400;
 pub const MAX_CONNECTIONS_PER_SOURCE: std::ops::RangeInclusive<usize> = 1..=100_000;
+pub const WATCH_STALL_SECS: std::ops::RangeInclusive<u64> = 1..=3_600;
+pub const WATCH_MAX_STREAMS: std::ops::RangeInclusive<usize> = 1..=100_000;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
 /// segments of 32 MiB), a TiB at most.
 pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
@@ -196,6 +202,16 @@ pub struct Config {
     /// The most connections one source address (IPv6: one /64) may hold open on each
     /// listener (with at most its `*_max_connections`); one more is closed on arrival.
     pub max_connections_per_source: usize,
+    /// Whether anyone may follow the map (WatchMap). `false`: only a front end the mapper
+    /// knows, by a token of `feedback_tokens` ("authorization: Bearer <token>"); with mutual
+    /// TLS, WatchMap needs a client certificate whatever this says.
+    pub watch_open: bool,
+    /// A WatchMap stream with a message waiting that its client has taken nothing of for this
+    /// long is dropped with its connection (and the memory it held returns). A front end
+    /// that is slow for a moment (applying a part, indexing a new map) is well within it.
+    pub watch_stall_secs: u64,
+    /// The most WatchMap streams open at once; one more is refused (RESOURCE_EXHAUSTED).
+    pub watch_max_streams: usize,
     /// etcd's client URLs: with any, this mapper is one replica of several, and publishes
     /// only while it leads (`lead`); none: it runs alone.
     pub etcd: Vec<String>,
@@ -751,6 +767,9 @@ impl Default for Config {
             handshake_timeout_secs: 10,
             idle_timeout_secs: 120,
             max_connections_per_source: 256,
+            watch_open: true,
+            watch_stall_secs: 60,
+            watch_max_streams: 1024,
             etcd: Vec::new(),
             node_id: None,
             etcd_prefix: "cdnmap/".into(),
@@ -958,6 +977,24 @@ impl Config {
         )
     }
 
+    /// The WatchMap keys, each error naming its key.
+    fn validate_watch(&self) -> Result<(), ConfigError> {
+        in_range("watch_stall_secs", self.watch_stall_secs, &WATCH_STALL_SECS)?;
+        in_range(
+            "watch_max_streams",
+            self.watch_max_streams,
+            &WATCH_MAX_STREAMS,
+        )?;
+        if !self.watch_open && self.feedback_tokens.is_empty() && !self.mutual_tls() {
+            return Err(invalid(
+                "watch_open",
+                "is false, and no front end could follow the map: give [feedback_tokens] \
+                 (or [tls] client_ca_file)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text)?;
@@ -998,6 +1035,7 @@ impl Config {
             self.max_connections_per_source,
             &MAX_CONNECTIONS_PER_SOURCE,
         )?;
+        self.validate_watch()?;
         in_range(
             "feedback_samples_per_sec",
             self.feedback_samples_per_sec,
@@ -1219,6 +1257,10 @@ mod tests {
             (c.idle_timeout_secs, c.max_connections_per_source),
             (120, 256)
         );
+        assert_eq!(
+            (c.watch_open, c.watch_stall_secs, c.watch_max_streams),
+            (true, 60, 1024)
+        );
         let tls = c.tls.expect("the example's [tls]");
         assert_eq!(tls.peer_ca_file, Some(PathBuf::from("mappers-ca.crt")));
     }
@@ -1414,6 +1456,10 @@ mod tests {
             ("idle_timeout_secs = 0", "idle_timeout_secs"),
             ("idle_timeout_secs = 86401", "idle_timeout_secs"),
             ("max_connections_per_source = 0", "max_connections_per_source"),
+            ("watch_stall_secs = 0", "watch_stall_secs"),
+            ("watch_stall_secs = 3601", "watch_stall_secs"),
+            ("watch_max_streams = 0", "watch_max_streams"),
+            ("watch_open = false", "watch_open"),
             ("feedback_samples_per_sec = 0", "feedback_samples_per_sec"),
             (
                 "feedback_max_demand_ratio = 0.5",

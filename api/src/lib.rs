@@ -22,6 +22,7 @@ pub mod selection;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod throttle;
 pub mod tls;
 pub mod topology;
 pub mod watch;

@@ -239,8 +239,9 @@ impl Tracked {
         }
     }
 
-    /// Makes the connection's reads and writes fail from now on, waking whoever waits on them.
-    fn close(&self) {
+    /// Makes the connection's reads and writes fail from now on, waking whoever waits on them
+    /// (hyper then ends it, and it is dropped).
+    pub fn close(&self) {
         self.closing.store(true, Ordering::Release);
         let wakers =
             std::mem::take(&mut *self.wakers.lock().unwrap_or_else(PoisonError::into_inner));

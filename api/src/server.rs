@@ -337,6 +337,16 @@ fn describe_metrics() {
         Unit::Bytes,
         "Encoded bytes of WatchMap messages sent to front ends, by kind."
     );
+    describe_gauge!("cdnmap_watch_streams", "WatchMap streams open.");
+    describe_gauge!(
+        "cdnmap_watch_queued_bytes",
+        Unit::Bytes,
+        "Encoded bytes of WatchMap messages made and waiting for their connections to take them."
+    );
+    describe_counter!(
+        "cdnmap_watch_streams_dropped_total",
+        "WatchMap streams dropped with their connections, by reason (stalled: a message waited watch_stall_secs untaken)."
+    );
 }
 
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
@@ -549,7 +559,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(pb::mapping_server::MappingServer::new(MappingService(
+        .add_service(pb::mapping_server::MappingServer::new(MappingService::new(
             Arc::clone(&shared),
         )))
         .add_service(pb::feedback_server::FeedbackServer::new(FeedbackService(

@@ -495,11 +495,12 @@ async fn follow(
     // The version in use, whichever mapper it came from: a mapper that has it sends deltas
     // from it, one that does not a full map.
     let (known_epoch, known_version) = following.in_use().key().unwrap_or((0, 0));
+    // With its token, for a mapper that keeps WatchMap to the front ends it knows.
     let mut stream = client
-        .watch_map(pb::WatchMapRequest {
+        .watch_map(link.request(pb::WatchMapRequest {
             known_version,
             known_epoch,
-        })
+        }))
         .await?
         .into_inner();
     connected.set(1.0);
