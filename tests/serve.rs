@@ -2602,6 +2602,103 @@ async fn watch_map_can_be_kept_to_known_front_ends_and_a_number_of_streams() {
     }
 }
 
+/// Failed Admin authentications are logged, counted and rate-limited by source (issue 41):
+/// ten wrong tokens from 127.0.0.1 within a minute are each UNAUTHENTICATED, counted, and
+/// logged in fewer lines than that (one every 10 s, then how many were passed over); then
+/// 127.0.0.1 is refused even with the right token, on gRPC (RESOURCE_EXHAUSTED) and on HTTP
+/// (429), its token not looked at (counted), while 127.0.0.2 with the right token is served
+/// on both.
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_admin_authentications_are_logged_counted_and_limited_by_source() {
+    use std::io::{Read, Write};
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let mut admin = server.admin();
+    for i in 0..10 {
+        assert_status(
+            admin
+                .get_status(authed(pb::GetStatusRequest {}, Some("wrong-token-123")))
+                .await,
+            Code::Unauthenticated,
+            "wrong admin token",
+            &format!("wrong token {i}"),
+        );
+    }
+    assert_status(
+        admin
+            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
+            .await,
+        Code::ResourceExhausted,
+        "too many failed Admin authentications from this address: retry in",
+        "the right token after ten wrong ones",
+    );
+    let (status, body) = server.http_get_authed("/record?from_ms=0&to_ms=1");
+    assert!(status.contains(" 429 "), "{status}: {body}");
+    assert!(
+        body.contains("too many failed Admin authentications"),
+        "{body}"
+    );
+    // Another source is served.
+    let other = server
+        .endpoint(None)
+        .local_address(Some("127.0.0.2".parse().expect("an address")))
+        .connect()
+        .await
+        .expect("connect from 127.0.0.2");
+    ok(
+        pb::admin_client::AdminClient::new(other)
+            .get_status(authed(pb::GetStatusRequest {}, Some(TOKEN)))
+            .await,
+        "GetStatus from 127.0.0.2",
+    );
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 2], 0)))
+        .expect("bind 127.0.0.2");
+    let mut s = socket
+        .connect(setup.http)
+        .await
+        .expect("connect")
+        .into_std()
+        .expect("a std socket");
+    s.set_nonblocking(false).expect("blocking");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    s.write_all(
+        format!(
+            "GET /record?from_ms=0&to_ms=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Authorization: Bearer {TOKEN}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .expect("send");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (_, body) = server.http_get("/metrics");
+    for (name, want) in [
+        ("cdnmap_admin_auth_failures_total{listener=\"grpc\"}", 10.0),
+        ("cdnmap_admin_auth_refused_total{listener=\"grpc\"}", 1.0),
+        ("cdnmap_admin_auth_refused_total{listener=\"http\"}", 1.0),
+    ] {
+        assert_eq!(metric(&body, name), Some(want), "{name}\n{body}");
+    }
+    let log = server.log();
+    let lines = log.matches("Admin authentication failed").count();
+    assert!(
+        (1..10).contains(&lines),
+        "{lines} lines of failures:\n{log}"
+    );
+    assert!(
+        log.contains("wrong token") && log.contains("127.0.0.1"),
+        "{log}"
+    );
+    assert!(
+        log.contains("a source past its failed Admin authentications refused"),
+        "{log}"
+    );
+}
+
 /// One row of a table of bad requests: what was sent, what came back.
 struct Refusal {
     what: &'static str,

@@ -35,14 +35,15 @@ const RECORD_CHUNK: usize = 64 << 10;
 /// refused on its head (413), before anything is read.
 async fn record(
     shared: &Arc<Shared>,
-    token: Option<&str>,
+    gate: &crate::auth::AdminGate,
     headers: &axum::http::HeaderMap,
+    remote: Option<std::net::IpAddr>,
     q: Result<RecordQuery, String>,
 ) -> axum::response::Response {
     use crate::dashboard::ApiError;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    if let Err(e) = crate::dashboard::authorize(token, headers, "reads of /record") {
+    if let Err(e) = crate::dashboard::authorize(gate, headers, remote, "reads of /record") {
         return e.into_response();
     }
     let q = match q {
@@ -304,6 +305,14 @@ fn describe_metrics() {
         "Connections closed by listener after idle_timeout_secs with no request open."
     );
     describe_counter!(
+        "cdnmap_admin_auth_failures_total",
+        "Requests that gave no Admin token or a wrong one, by listener (gRPC Admin; HTTP: the dashboard's actions, /record)."
+    );
+    describe_counter!(
+        "cdnmap_admin_auth_refused_total",
+        "Requests refused, their token not looked at, by listener: their source failed the Admin token 10 times within a minute."
+    );
+    describe_counter!(
         "cdnmap_feedback_clipped_total",
         "Demand samples clipped to feedback_max_demand_ratio times their unit's demand."
     );
@@ -368,7 +377,11 @@ pub async fn serve(
     describe_metrics();
     let grpc_addr: SocketAddr = config.grpc_listen;
     let http_addr: SocketAddr = config.http_listen;
-    let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);
+    // The Admin token's check, one for gRPC, the dashboard and /record (failures counted,
+    // logged and rate-limited by source).
+    let gate = Arc::new(crate::auth::AdminGate::new(
+        config.admin_token.as_deref().map(Arc::from),
+    ));
     // The TLS files of the links to etcd and to the leader, read before anything starts (an
     // error names the key and the file).
     let etcd_tls = crate::lead::etcd::tls_options(&config)?;
@@ -434,8 +447,8 @@ pub async fn serve(
     let reflection = reflecting().build_v1()?;
     let reflection_v1alpha = reflecting().build_v1alpha()?;
 
-    let (record_shared, record_token) = (Arc::clone(&shared), token.clone());
-    let dashboard = crate::dashboard::router(Arc::clone(&shared), token.clone());
+    let (record_shared, record_gate) = (Arc::clone(&shared), Arc::clone(&gate));
+    let dashboard = crate::dashboard::router(Arc::clone(&shared), Arc::clone(&gate));
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -448,14 +461,18 @@ pub async fn serve(
             "/record",
             axum::routing::get(
                 move |headers: axum::http::HeaderMap,
+                      extensions: axum::http::Extensions,
                       q: Result<
                     axum::extract::Query<RecordQuery>,
                     axum::extract::rejection::QueryRejection,
                 >| {
-                    let (shared, token) = (Arc::clone(&record_shared), record_token.clone());
+                    let (shared, gate) = (Arc::clone(&record_shared), Arc::clone(&record_gate));
+                    let remote = extensions
+                        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                        .map(|c| c.0.ip());
                     // The query's problem, as the dashboard's errors say theirs (JSON).
                     let q = q.map(|q| q.0).map_err(|e| e.body_text());
-                    async move { record(&shared, token.as_deref(), &headers, q).await }
+                    async move { record(&shared, &gate, &headers, remote, q).await }
                 },
             ),
         )
@@ -567,7 +584,7 @@ pub async fn serve(
         )))
         .add_service(pb::admin_server::AdminServer::with_interceptor(
             AdminService(Arc::clone(&shared)),
-            AdminAuth(token),
+            AdminAuth(gate),
         ))
         .serve_with_incoming_shutdown(
             tokio_stream::StreamExt::map(
