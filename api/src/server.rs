@@ -112,13 +112,14 @@ pub const MAX_HTTP_BODY_BYTES: usize = 64 << 10;
 /// Serves `app` on the connections `conns` brings (`listen::accept`: bounded in number, each
 /// past its handshake) until `stop` says so, with hyper's own header-read timeout (a client
 /// sending its headers a byte at a time holds its connection that long, no longer), each
-/// request answered within [`HTTP_REQUEST_TIMEOUT`] (else 408) and counted on its connection
+/// request answered within `request_timeout` (else 408) and counted on its connection
 /// until its body is sent (the connection's deadlines, `listen`). Then the open connections
 /// are shut down gracefully (the caller bounds how long it waits).
 async fn serve_http(
     mut conns: tokio::sync::mpsc::Receiver<crate::listen::Conn>,
     app: axum::Router,
     header_timeout: Duration,
+    request_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -146,19 +147,15 @@ async fn serve_http(
                 // deadlines, `listen`).
                 let open = tracked.request();
                 async move {
-                    let answer = tokio::time::timeout(
-                        HTTP_REQUEST_TIMEOUT,
-                        tower::Service::call(&mut app, req),
-                    )
-                    .await;
+                    let answer =
+                        tokio::time::timeout(request_timeout, tower::Service::call(&mut app, req))
+                            .await;
                     let response = match answer {
                         Ok(r) => r?,
                         Err(_) => axum::response::IntoResponse::into_response(
                             crate::dashboard::ApiError::new(
                                 axum::http::StatusCode::REQUEST_TIMEOUT,
-                                format!(
-                                    "the request was not answered within {HTTP_REQUEST_TIMEOUT:?}"
-                                ),
+                                format!("the request was not answered within {request_timeout:?}"),
                             ),
                         ),
                     };
@@ -553,6 +550,7 @@ pub async fn serve(
         http_conns,
         app,
         Duration::from_secs(shared.config.http_header_timeout_secs),
+        HTTP_REQUEST_TIMEOUT,
         shared.stopping.subscribe(),
     ));
     tracing::info!(
@@ -832,3 +830,72 @@ pub const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long calls in flight may take to finish once the service is asked to stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// The HTTP listener over `listen::accept` with a request timeout of 1 s: a request whose
+    /// body never comes is answered 408 at the timeout (its connection then served, closed
+    /// when idle), and one that comes whole is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_request_whose_body_never_comes_is_answered_408_at_the_timeout() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = tcp.local_addr().expect("an address");
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let conns = crate::listen::accept(
+            tcp,
+            crate::tls::Listener::Http,
+            None,
+            crate::listen::Limits {
+                handshake_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(10),
+                max_connections: 8,
+                max_per_source: 8,
+            },
+            stop.clone(),
+        );
+        let app = axum::Router::new().route(
+            "/echo",
+            axum::routing::post(|body: axum::body::Bytes| async move { body }),
+        );
+        tokio::spawn(serve_http(
+            conns,
+            app,
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+            stop,
+        ));
+        let ask = move |request: &'static [u8]| {
+            tokio::task::spawn_blocking(move || {
+                let mut s = std::net::TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5)))
+                    .expect("a read timeout");
+                s.write_all(request).expect("send");
+                let started = std::time::Instant::now();
+                let mut buf = [0u8; 512];
+                let n = s.read(&mut buf).expect("an answer");
+                (
+                    String::from_utf8_lossy(&buf[..n]).to_string(),
+                    started.elapsed(),
+                )
+            })
+        };
+        let (answer, took) = ask(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1")
+            .await
+            .expect("the client");
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "answered after {took:?}"
+        );
+        let (answer, _) = ask(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .expect("the client");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+    }
+}
