@@ -230,11 +230,14 @@ impl Tracked {
 
     fn seen(&self, now: Instant) -> Seen {
         let age = now.saturating_duration_since(self.arrived);
+        // `open` first: a request's end stores its time before it lowers `open`, so seeing
+        // it lowered means seeing that time.
+        let open = self.open.load(Ordering::Acquire);
         let quiet_since = Duration::from_millis(self.quiet_since_ms.load(Ordering::Acquire));
         Seen {
             age,
             answered: self.answered.load(Ordering::Acquire),
-            open: self.open.load(Ordering::Acquire),
+            open,
             quiet: age.saturating_sub(quiet_since),
         }
     }
