@@ -193,8 +193,8 @@ pub struct Config {
     pub grpc_max_connections: usize,
     /// Within this of its arrival a connection must have been through its TLS handshake (in
     /// plaintext: sent its first bytes) and had a request answered (one not refused for want
-    /// of credentials), or it is closed: a client that sends a byte, or HTTP/2's preface, and
-    /// then nothing holds no slot longer.
+    /// of credentials; one sent whole holds this off while it is answered), or it is closed: a
+    /// client that sends a byte, or HTTP/2's preface, and then nothing holds no slot longer.
     pub handshake_timeout_secs: u64,
     /// A connection with no request open (no call, no WatchMap stream) for this long is
     /// closed; the client connects again when it needs to.

@@ -13,8 +13,10 @@
 //! HTTP/2 preface, the SETTINGS, a request's headers and its body. A request refused for want
 //! of credentials (gRPC's UNAUTHENTICATED or PERMISSION_DENIED, HTTP's 401 or 403) does not
 //! count, so with mutual TLS a client without a certificate keeps its connection only by
-//! asking for what anonymous clients may have. One that misses the deadline is closed and
-//! counted (`cdnmap_handshakes_failed_total{listener}`). Once served, a connection is closed
+//! asking for what anonymous clients may have. A request sent whole and still being answered
+//! holds the deadline off (the client did its part: a report waiting on the store's fsync
+//! is not cut). One that misses the deadline is closed and counted
+//! (`cdnmap_handshakes_failed_total{listener}`). Once served, a connection is closed
 //! when it has had no request open (no call in progress, no WatchMap stream) for
 //! `idle_timeout` (`cdnmap_connections_idle_closed_total{listener}`): a client that asks for
 //! something cheap and then only answers HTTP/2 pings holds its slot no longer. A stream open
@@ -30,7 +32,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -154,6 +156,8 @@ pub struct Seen {
     pub answered: bool,
     /// Requests in progress (streams open).
     pub open: usize,
+    /// Requests in progress sent whole (their body ended), not yet answered.
+    pub asked: usize,
     /// Since its last request ended (or, with none yet, since it arrived).
     pub quiet: Duration,
 }
@@ -171,7 +175,7 @@ pub enum Verdict {
 /// What to do with the connection `seen` under `limits`.
 pub fn verdict(seen: Seen, limits: &Limits) -> Verdict {
     if !seen.answered {
-        if seen.age >= limits.handshake_timeout {
+        if seen.age >= limits.handshake_timeout && seen.asked == 0 {
             return Verdict::NotServed;
         }
         return Verdict::Keep;
@@ -188,6 +192,8 @@ pub struct Tracked {
     arrived: Instant,
     answered: AtomicBool,
     open: AtomicUsize,
+    /// Requests sent whole and not yet answered.
+    asked: AtomicUsize,
     /// Milliseconds from `arrived` to the end of the last request.
     quiet_since_ms: AtomicU64,
     closing: AtomicBool,
@@ -213,6 +219,7 @@ impl Tracked {
             arrived,
             answered: AtomicBool::new(false),
             open: AtomicUsize::new(0),
+            asked: AtomicUsize::new(0),
             quiet_since_ms: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             serving: AtomicBool::new(false),
@@ -225,6 +232,7 @@ impl Tracked {
         self.open.fetch_add(1, Ordering::AcqRel);
         RequestGuard {
             conn: Arc::clone(self),
+            state: Arc::new(AtomicU8::new(BODY_COMING)),
         }
     }
 
@@ -238,6 +246,7 @@ impl Tracked {
             age,
             answered: self.answered.load(Ordering::Acquire),
             open,
+            asked: self.asked.load(Ordering::Acquire),
             quiet: age.saturating_sub(quiet_since),
         }
     }
@@ -272,24 +281,101 @@ impl Tracked {
     }
 }
 
+/// Where a request is: its body still coming, sent whole and waiting for its answer (counted
+/// in `Tracked::asked`), or answered (or gone).
+const BODY_COMING: u8 = 0;
+const ASKED: u8 = 1;
+const ANSWERED: u8 = 2;
+
 /// An open request of a connection; its end (the drop) starts the connection's idle time when
 /// it was the last one open.
 pub struct RequestGuard {
     conn: Arc<Tracked>,
+    state: Arc<AtomicU8>,
 }
 
 impl RequestGuard {
     /// The request was answered: the connection is served (unless `refused`, for want of
     /// credentials).
     pub fn answered(&self, refused: bool) {
+        self.finish();
         if !refused {
             self.conn.answered.store(true, Ordering::Release);
         }
+    }
+
+    /// The request's body, watched: when it ends the request counts as sent whole.
+    pub fn watch_body<B: http_body::Body + Unpin>(&self, body: B) -> WatchedBody<B> {
+        let watched = WatchedBody {
+            inner: body,
+            state: Arc::clone(&self.state),
+            conn: Arc::clone(&self.conn),
+        };
+        if watched.inner.is_end_stream() {
+            watched.sent_whole();
+        }
+        watched
+    }
+
+    /// No longer waiting for an answer.
+    fn finish(&self) {
+        if self.state.swap(ANSWERED, Ordering::AcqRel) == ASKED {
+            self.conn.asked.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A request's body that tells its connection when it has come whole.
+pub struct WatchedBody<B> {
+    inner: B,
+    state: Arc<AtomicU8>,
+    conn: Arc<Tracked>,
+}
+
+impl<B> WatchedBody<B> {
+    fn sent_whole(&self) {
+        let asked =
+            self.state
+                .compare_exchange(BODY_COMING, ASKED, Ordering::AcqRel, Ordering::Acquire);
+        if asked.is_ok() {
+            self.conn.asked.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for WatchedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            this.sent_whole();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
+        self.finish();
         let c = &self.conn;
         let now_ms = c.arrived.elapsed().as_millis() as u64;
         c.quiet_since_ms.store(now_ms, Ordering::Release);
@@ -348,6 +434,10 @@ where
 
     fn call(&mut self, request: GrpcRequest) -> Self::Future {
         let guard = request.extensions().get::<Peer>().map(|p| p.conn.request());
+        let request = match &guard {
+            Some(g) => request.map(|body| tonic::body::Body::new(g.watch_body(body))),
+            None => request,
+        };
         let answer = self.0.call(request);
         Box::pin(async move {
             let response = answer.await?;
@@ -718,6 +808,7 @@ mod tests {
             age: Duration::from_secs(age_s),
             answered,
             open,
+            asked: 0,
             quiet: Duration::from_secs(quiet_s),
         }
     }
@@ -729,8 +820,16 @@ mod tests {
         let table = [
             (seen(9, false, 0, 9), Keep),
             (seen(10, false, 0, 10), NotServed),
-            // A request in progress (its body not yet read) is no answer.
+            // A request in progress whose body has not come whole is no answer...
             (seen(11, false, 1, 11), NotServed),
+            // ...one sent whole and still being answered holds the deadline off.
+            (
+                Seen {
+                    asked: 1,
+                    ..seen(11, false, 1, 11)
+                },
+                Keep,
+            ),
             (seen(11, true, 0, 11), Keep),
             (seen(500, true, 0, 119), Keep),
             (seen(500, true, 0, 120), Idle),

@@ -146,6 +146,7 @@ async fn serve_http(
                 // Counted on the connection while it is answered and its body sent (its
                 // deadlines, `listen`).
                 let open = tracked.request();
+                let req = req.map(|body| axum::body::Body::new(open.watch_body(body)));
                 async move {
                     let answer =
                         tokio::time::timeout(request_timeout, tower::Service::call(&mut app, req))
@@ -836,65 +837,125 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
 
+    /// The HTTP listener over `listen::accept` with `limits` and `request_timeout`, its routes
+    /// `POST /echo` (the body back) and `POST /slow` (its body back after 2 s): its address.
+    async fn http_listener(limits: crate::listen::Limits, request_timeout: Duration) -> SocketAddr {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = tcp.local_addr().expect("an address");
+        // The sender is kept for as long as the test's runtime: the listener never stops.
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        std::mem::forget(stop_tx);
+        let conns =
+            crate::listen::accept(tcp, crate::tls::Listener::Http, None, limits, stop.clone());
+        let app = axum::Router::new()
+            .route(
+                "/echo",
+                axum::routing::post(|body: axum::body::Bytes| async move { body }),
+            )
+            .route(
+                "/slow",
+                axum::routing::post(|body: axum::body::Bytes| async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    body
+                }),
+            );
+        tokio::spawn(serve_http(
+            conns,
+            app,
+            Duration::from_secs(10),
+            request_timeout,
+            stop,
+        ));
+        addr
+    }
+
+    /// Sends `request` on a new connection to `addr`: what came back before the connection
+    /// closed or 5 s passed, and after how long.
+    async fn ask(addr: SocketAddr, request: &'static [u8]) -> (String, Duration) {
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("a read timeout");
+            s.write_all(request).expect("send");
+            let started = std::time::Instant::now();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got);
+            (String::from_utf8_lossy(&got).to_string(), started.elapsed())
+        })
+        .await
+        .expect("the client")
+    }
+
+    /// A connection's first request sent whole holds the handshake deadline off while it is
+    /// answered (a slow answer is not cut), one whose body never comes does not: with a
+    /// deadline of 1 s, `/slow` is answered after 2 s, and a request announcing 10 bytes and
+    /// sending 1 has its connection closed, unanswered, at about 1 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_request_sent_whole_holds_the_deadline_off_and_a_half_sent_one_does_not() {
+        let addr = http_listener(
+            crate::listen::Limits {
+                handshake_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(10),
+                max_connections: 8,
+                max_per_source: 8,
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+        let (answer, took) = ask(
+            addr,
+            b"POST /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+            "{answer:?}"
+        );
+        assert!(took >= Duration::from_secs(2), "after {took:?}");
+        let (answer, took) = ask(
+            addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1",
+        )
+        .await;
+        assert_eq!(answer, "", "a half-sent request answered");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "closed after {took:?}"
+        );
+    }
+
     /// The HTTP listener over `listen::accept` with a request timeout of 1 s: a request whose
     /// body never comes is answered 408 at the timeout (its connection then served, closed
     /// when idle), and one that comes whole is answered.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_http_request_whose_body_never_comes_is_answered_408_at_the_timeout() {
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = tcp.local_addr().expect("an address");
-        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-        let conns = crate::listen::accept(
-            tcp,
-            crate::tls::Listener::Http,
-            None,
+        let addr = http_listener(
             crate::listen::Limits {
                 handshake_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(10),
                 max_connections: 8,
                 max_per_source: 8,
             },
-            stop.clone(),
-        );
-        let app = axum::Router::new().route(
-            "/echo",
-            axum::routing::post(|body: axum::body::Bytes| async move { body }),
-        );
-        tokio::spawn(serve_http(
-            conns,
-            app,
-            Duration::from_secs(10),
             Duration::from_secs(1),
-            stop,
-        ));
-        let ask = move |request: &'static [u8]| {
-            tokio::task::spawn_blocking(move || {
-                let mut s = std::net::TcpStream::connect(addr).expect("connect");
-                s.set_read_timeout(Some(Duration::from_secs(5)))
-                    .expect("a read timeout");
-                s.write_all(request).expect("send");
-                let started = std::time::Instant::now();
-                let mut buf = [0u8; 512];
-                let n = s.read(&mut buf).expect("an answer");
-                (
-                    String::from_utf8_lossy(&buf[..n]).to_string(),
-                    started.elapsed(),
-                )
-            })
-        };
-        let (answer, took) = ask(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1")
-            .await
-            .expect("the client");
+        )
+        .await;
+        let (answer, took) = ask(
+            addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 10\r\n\r\n1",
+        )
+        .await;
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
         assert!(
             took >= Duration::from_millis(900) && took < Duration::from_secs(3),
             "answered after {took:?}"
         );
-        let (answer, _) = ask(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
-            .await
-            .expect("the client");
+        let (answer, _) = ask(
+            addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.ends_with("ok"), "{answer}");
     }
