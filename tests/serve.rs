@@ -2079,8 +2079,9 @@ async fn connections_that_stop_after_a_byte_or_the_preface_are_closed_at_the_dea
     let mut held = attack(setup.grpc);
     held.extend(attack(setup.http));
     // A new gRPC client (its own connection) and a new HTTP client get through within the
-    // deadline (and a little for the accept loop and this machine).
-    let within = DEADLINE + Duration::from_millis(1500);
+    // deadline (and a little for the reaper's tick and a machine running the suite's other
+    // servers at once; without the deadline they never do).
+    let within = DEADLINE + Duration::from_secs(3);
     let mut last: String;
     loop {
         let call = async {
@@ -2410,7 +2411,7 @@ fn rss_mib(pid: u32) -> f64 {
 
 /// Opens `CONNECTIONS` connections of `STREAMS` WatchMap streams that never read (see
 /// [`h2_watch_without_reading`]) to `server`, and waits until the mapper has closed them all
-/// (within a round and `watch_stall_secs` + 6 s) and holds no stream but the test's own
+/// (within two cycles and `watch_stall_secs`) and holds no stream but the test's own
 /// follower and no bytes queued: the highest resident memory meanwhile (MiB), the most bytes
 /// queued seen, and the stalled streams counted by then.
 async fn stalled_watch_wave(server: &Server, grpc: std::net::SocketAddr) -> (f64, f64, f64) {
@@ -2434,10 +2435,11 @@ async fn stalled_watch_wave(server: &Server, grpc: std::net::SocketAddr) -> (f64
         })
     };
     // The mapper queues what it cannot send: the next round's delta for every stream. Every
-    // connection is closed once it has waited watch_stall_secs (2 s), with a check's margin
-    // and the time to make 512 deltas on a shared machine.
+    // connection is closed once that has waited watch_stall_secs (2 s), with a check's margin
+    // and the time to make 512 deltas; on a machine running the suite's other servers at
+    // once a round may come late, so two cycles are allowed.
     let mut queued = 0.0f64;
-    let within = Duration::from_secs(CYCLE_SECS + 8);
+    let within = Duration::from_secs(2 * CYCLE_SECS + 5);
     for s in &mut held {
         let (_, body) = server.http_get("/metrics");
         queued = queued.max(metric(&body, "cdnmap_watch_queued_bytes").unwrap_or(0.0));
