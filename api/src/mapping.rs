@@ -652,6 +652,45 @@ pub(crate) mod tests {
         }
     }
 
+    /// A stream whose messages nobody takes ends after `watch_stall_secs` (its task gone, the
+    /// full map it had queued still there to be taken, then the end); one that is read stays
+    /// open however long nothing new comes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_stream_nobody_reads_ends_after_the_stall_bound_and_a_read_one_stays() {
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            watch_stall_secs: 1,
+            ..Config::default()
+        };
+        let shared = Shared::start(config, || Ok(instance())).expect("start");
+        shared.run_round().await;
+        let service = MappingService::new(Arc::clone(&shared));
+        let open = || async {
+            service
+                .watch_map(Request::new(pb::WatchMapRequest::default()))
+                .await
+                .expect("WatchMap")
+                .into_inner()
+        };
+        let (mut unread, mut read) = (open().await, open().await);
+        let full = read.next().await.expect("a message").expect("the full map");
+        assert!(full.full);
+        assert_eq!(service.1.load(Ordering::Acquire), 2, "two streams open");
+        tokio::time::sleep(Duration::from_millis(1_800)).await;
+        assert_eq!(service.1.load(Ordering::Acquire), 1, "the unread one ended");
+        let queued = unread.next().await.expect("what it had queued");
+        assert!(queued.expect("the full map").full);
+        let end = tokio::time::timeout(Duration::from_secs(1), unread.next()).await;
+        assert!(matches!(end, Ok(None)), "then its end: {end:?}");
+        let more = tokio::time::timeout(Duration::from_secs(1), read.next()).await;
+        assert!(
+            more.is_err(),
+            "the read stream waits for the next round: {more:?}"
+        );
+    }
+
     /// Rounds publish new versions (a cluster drained or undrained before each, so answers
     /// change) while ResolveBatch runs in a loop: every batch comes from one version, and every
     /// answer is that version's, its addresses chosen by that version's selectors.
