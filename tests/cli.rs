@@ -1512,10 +1512,12 @@ fn bad_configs_are_refused_with_exact_errors() {
              `grpc_listen`, `http_listen`, `data_dir`, `maps_kept`, `ttl_secs`, `admin_token`, \
              `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
              `http_header_timeout_secs`, `http_max_connections`, `grpc_max_connections`, \
-             `handshake_timeout_secs`, `etcd`, `node_id`, `etcd_prefix`, `etcd_ca_file`, \
+             `handshake_timeout_secs`, `idle_timeout_secs`, `max_connections_per_source`, \
+             `watch_open`, `watch_stall_secs`, `watch_max_streams`, `etcd`, `node_id`, \
+             `etcd_prefix`, `etcd_ca_file`, \
              `etcd_cert_file`, `etcd_key_file`, `advertise_url`, `tls`, \
              `feedback_tokens`, `feedback_samples_per_sec`, \
-             `feedback_max_demand_ratio`, `default_class`, `class_rules`, `stickiness`, \
+             `feedback_max_demand_ratio`, `feedback_open`, `default_class`, `class_rules`, `stickiness`, \
              `second_chance`, `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
                 .into(),
         ),

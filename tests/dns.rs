@@ -433,6 +433,111 @@ async fn keeps_answering_without_the_mapper_reconnects_and_reports_demand() {
     assert_eq!(dns.dig(&["www.cdn.example", "A"]).status, "NOERROR");
 }
 
+/// Waits until `log()` holds `needle` `n` times, for at most 10 s.
+async fn wait_logged(what: &str, log: impl Fn() -> String, needle: &str, n: usize) {
+    let started = Instant::now();
+    while log().matches(needle).count() < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what} did not log {needle:?} {n} times:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// SIGHUP reloads and never kills (issue 41): a plaintext mapper sent SIGHUP while it starts
+/// (as soon as it logs anything, before it listens) and twice while it serves, and a front
+/// end sent SIGHUP twice, keep running and answering, and each says in its log that it had a
+/// SIGHUP and what it reloaded (with no TLS: nothing). Before, SIGHUP killed both.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_and_never_kills_the_mapper_or_the_front_end() {
+    let mut setup = Setup::new(bin!(), true);
+    let mut starting = setup.spawn();
+    let started = Instant::now();
+    while starting.log().is_empty() {
+        starting.assert_running();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "nothing logged"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    starting.send_signal("HUP");
+    let started = Instant::now();
+    while cdnmap_tests::mapper::listening(&starting.log()).is_none() {
+        starting.assert_running();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}",
+            starting.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = || starting.log();
+    wait_logged("the starting mapper", log, "SIGHUP", 1).await;
+    starting.assert_running();
+    drop(starting);
+
+    let mut server = setup.start().await;
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
+    dns.wait_answering();
+    let streams = dns.log().matches("following the mapper's map").count();
+    for n in 1..=2 {
+        server.send_signal("HUP");
+        dns.process.send_signal("HUP");
+        let (mapper_log, dns_log) = (|| server.log(), || dns.log());
+        wait_logged("the mapper", mapper_log, "SIGHUP: nothing to reload", n).await;
+        wait_logged("the front end", dns_log, "SIGHUP: nothing to reload", n).await;
+        server.assert_running();
+        dns.process.assert_running();
+        ok(
+            server.mapping().resolve(www_query()).await,
+            "Resolve after SIGHUP",
+        );
+        let r = dns.dig(&["www.cdn.example", "A"]);
+        assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    }
+    // The front end's map stream was not touched.
+    assert_eq!(
+        dns.log().matches("following the mapper's map").count(),
+        streams,
+        "{}",
+        dns.log()
+    );
+}
+
+/// A mapper that keeps WatchMap to the front ends it knows (`watch_open = false`, issue 41)
+/// is followed by a front end with its token (sent with WatchMap as with its reports), and
+/// refuses one without.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_front_end_follows_a_mapper_closed_to_strangers_with_its_token() {
+    let mut setup = Setup::with_config(
+        bin!(),
+        true,
+        "watch_open = false\n",
+        "[feedback_tokens]\n\"dns-e2e\" = \"dns-e2e-token-42\"\n",
+    );
+    let server = setup.start().await;
+    let mut dns = Dns::start(
+        bin!(),
+        setup.dir.path(),
+        server.grpc,
+        "feedback_token = \"dns-e2e-token-42\"\n",
+    );
+    dns.wait_answering();
+    let stranger = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
+    let log = || stranger.log();
+    wait_logged(
+        "the front end without a token",
+        log,
+        "WatchMap needs a front end's token",
+        1,
+    )
+    .await;
+    assert_eq!(stranger.dig(&["www.cdn.example", "A"]).status, "SERVFAIL");
+}
+
 /// A front end following two mappers (issue 18: the replicas of a highly available mapper,
 /// here two standalone ones of different worlds, whose epochs are each start's clock):
 /// it answers from the map of the higher epoch (the front end's epoch and version are that
@@ -752,7 +857,11 @@ async fn follows_a_mapper_over_mutual_tls() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The front end kept its stream through both reloads, and answers.
+    // The front end's SIGHUP reads its TLS files again, for its next connection.
+    dns.process.send_signal("HUP");
+    let reloaded = "SIGHUP: the TLS files of the links to the mappers reloaded";
+    wait_logged("the front end", || dns.log(), reloaded, 1).await;
+    // The front end kept its stream through the reloads, and answers.
     assert_eq!(follows(&dns.log()), streams, "{}", dns.log());
     let r = dns.dig(&["www.cdn.example", "A", &format!("+subnet={subnet}")]);
     assert_eq!(r.status, "NOERROR", "{}", r.raw);

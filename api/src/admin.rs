@@ -13,28 +13,32 @@ use crate::service::{invalid, Shared};
 use crate::topology::{Applied, Change, ChangeError};
 use cdnmap_mapper::model::shown_id;
 
-/// Checks `authorization: Bearer <token>` on every Admin call.
+/// Checks `authorization: Bearer <token>` on every Admin call, through the gate that watches
+/// failures (`auth`: counted, logged, and a source that fails too often refused for a while).
 #[derive(Clone)]
-pub struct AdminAuth(pub Option<Arc<str>>);
+pub struct AdminAuth(pub Arc<crate::auth::AdminGate>);
 
 impl tonic::service::Interceptor for AdminAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.0 else {
-            return Err(Status::unauthenticated(
-                "Admin is disabled: the server has no admin_token configured",
-            ));
-        };
+        use crate::auth::Denied;
+        let remote = crate::listen::peer_of(&request).map(|p| p.remote.ip());
         let given = request
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token);
-        match given {
-            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(request),
-            Some(_) => Err(Status::unauthenticated("wrong admin token")),
-            None => Err(Status::unauthenticated(
+            .and_then(|v| v.to_str().ok());
+        match self.0.check(given, remote, "grpc", "Admin") {
+            Ok(()) => Ok(request),
+            Err(Denied::Disabled) => Err(Status::unauthenticated(
+                "Admin is disabled: the server has no admin_token configured",
+            )),
+            Err(Denied::Wrong) => Err(Status::unauthenticated("wrong admin token")),
+            Err(Denied::Missing) => Err(Status::unauthenticated(
                 "Admin calls need \"authorization: Bearer <token>\"",
             )),
+            Err(Denied::TooMany { retry_after }) => Err(Status::resource_exhausted(format!(
+                "too many failed Admin authentications from this address: retry in {} s",
+                retry_after.as_secs().max(1)
+            ))),
         }
     }
 }

@@ -17,7 +17,14 @@
 //! http_header_timeout_secs = 10    # an HTTP client's headers must arrive within this
 //! http_max_connections = 1024      # HTTP connections open at once, at most
 //! grpc_max_connections = 1024      # gRPC connections open at once, at most
-//! handshake_timeout_secs = 10      # a connection's TLS handshake (plaintext: first bytes) within this
+//! handshake_timeout_secs = 10      # a connection's TLS handshake, HTTP/2 preface and first answered
+//!                                  #   request within this of its arrival, or it is closed
+//! idle_timeout_secs = 120          # a connection with no request open this long is closed
+//! max_connections_per_source = 256 # connections one address (IPv6: one /64) holds on a listener
+//! watch_open = true                # WatchMap for anyone; false: only front ends with a token of
+//!                                  #   [feedback_tokens] (with client_ca_file: a certificate)
+//! watch_stall_secs = 60            # a WatchMap stream whose client takes nothing this long is dropped
+//! watch_max_streams = 1024         # WatchMap streams open at once, at most
 //! etcd = ["https://10.0.0.1:2379"] # replicas: a leader elected through etcd publishes (none: alone)
 //! node_id = "mapper-1"             # this replica's name (needed with etcd)
 //! etcd_prefix = "cdnmap/"          # the prefix of the replicas' keys in etcd
@@ -98,6 +105,10 @@ pub const FEEDBACK_SAMPLES_PER_SEC: std::ops::RangeInclusive<u64> = 1..=100_000_
 pub const FEEDBACK_MAX_DEMAND_RATIO: std::ops::RangeInclusive<f64> = 1.0..=1e6;
 pub const GRPC_MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=100_000;
 pub const HANDSHAKE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=300;
+pub const IDLE_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=86_400;
+pub const MAX_CONNECTIONS_PER_SOURCE: std::ops::RangeInclusive<usize> = 1..=100_000;
+pub const WATCH_STALL_SECS: std::ops::RangeInclusive<u64> = 1..=3_600;
+pub const WATCH_MAX_STREAMS: std::ops::RangeInclusive<usize> = 1..=100_000;
 /// The demand record's disk bound, in MiB: two segments at least (the log deletes whole
 /// segments of 32 MiB), a TiB at most.
 pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
@@ -184,8 +195,27 @@ pub struct Config {
     pub http_max_connections: usize,
     /// The most gRPC connections open at once (front ends, operators' tools).
     pub grpc_max_connections: usize,
-    /// A connection's TLS handshake, or in plaintext its first bytes, must come within this.
+    /// Within this of its arrival a connection must have been through its TLS handshake (in
+    /// plaintext: sent its first bytes) and had a request answered (one not refused for want
+    /// of credentials; one sent whole holds this off while it is answered), or it is closed: a
+    /// client that sends a byte, or HTTP/2's preface, and then nothing holds no slot longer.
     pub handshake_timeout_secs: u64,
+    /// A connection with no request open (no call, no WatchMap stream) for this long is
+    /// closed; the client connects again when it needs to.
+    pub idle_timeout_secs: u64,
+    /// The most connections one source address (IPv6: one /64) may hold open on each
+    /// listener (with at most its `*_max_connections`); one more is closed on arrival.
+    pub max_connections_per_source: usize,
+    /// Whether anyone may follow the map (WatchMap). `false`: only a front end the mapper
+    /// knows, by a token of `feedback_tokens` ("authorization: Bearer <token>"); with mutual
+    /// TLS, WatchMap needs a client certificate whatever this says.
+    pub watch_open: bool,
+    /// A WatchMap stream with a message waiting that its client has taken nothing of for this
+    /// long is dropped with its connection (and the memory it held returns). A front end
+    /// that is slow for a moment (applying a part, indexing a new map) is well within it.
+    pub watch_stall_secs: u64,
+    /// The most WatchMap streams open at once; one more is refused (RESOURCE_EXHAUSTED).
+    pub watch_max_streams: usize,
     /// etcd's client URLs: with any, this mapper is one replica of several, and publishes
     /// only while it leads (`lead`); none: it runs alone.
     pub etcd: Vec<String>,
@@ -744,6 +774,11 @@ impl Default for Config {
             http_max_connections: 1024,
             grpc_max_connections: 1024,
             handshake_timeout_secs: 10,
+            idle_timeout_secs: 120,
+            max_connections_per_source: 256,
+            watch_open: true,
+            watch_stall_secs: 60,
+            watch_max_streams: 1024,
             etcd: Vec::new(),
             node_id: None,
             etcd_prefix: "cdnmap/".into(),
@@ -970,6 +1005,24 @@ impl Config {
         ))
     }
 
+    /// The WatchMap keys, each error naming its key.
+    fn validate_watch(&self) -> Result<(), ConfigError> {
+        in_range("watch_stall_secs", self.watch_stall_secs, &WATCH_STALL_SECS)?;
+        in_range(
+            "watch_max_streams",
+            self.watch_max_streams,
+            &WATCH_MAX_STREAMS,
+        )?;
+        if !self.watch_open && self.feedback_tokens.is_empty() && !self.mutual_tls() {
+            return Err(invalid(
+                "watch_open",
+                "is false, and no front end could follow the map: give [feedback_tokens] \
+                 (or [tls] client_ca_file)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text)?;
@@ -1000,6 +1053,17 @@ impl Config {
             self.handshake_timeout_secs,
             &HANDSHAKE_TIMEOUT_SECS,
         )?;
+        in_range(
+            "idle_timeout_secs",
+            self.idle_timeout_secs,
+            &IDLE_TIMEOUT_SECS,
+        )?;
+        in_range(
+            "max_connections_per_source",
+            self.max_connections_per_source,
+            &MAX_CONNECTIONS_PER_SOURCE,
+        )?;
+        self.validate_watch()?;
         in_range(
             "feedback_samples_per_sec",
             self.feedback_samples_per_sec,
@@ -1218,6 +1282,14 @@ mod tests {
         assert_eq!(c.class_rules.len(), 1);
         assert_eq!(c.instance, Some(PathBuf::from("world.json")));
         assert_eq!(c.etcd_ca_file, Some(PathBuf::from("etcd-ca.crt")));
+        assert_eq!(
+            (c.idle_timeout_secs, c.max_connections_per_source),
+            (120, 256)
+        );
+        assert_eq!(
+            (c.watch_open, c.watch_stall_secs, c.watch_max_streams),
+            (true, 60, 1024)
+        );
         let tls = c.tls.expect("the example's [tls]");
         assert_eq!(tls.peer_ca_file, Some(PathBuf::from("mappers-ca.crt")));
     }
@@ -1451,6 +1523,13 @@ mod tests {
             ("[stickiness]\nmargn = 0.1", "margn"),
             ("grpc_max_connections = 0", "grpc_max_connections"),
             ("handshake_timeout_secs = 0", "handshake_timeout_secs"),
+            ("idle_timeout_secs = 0", "idle_timeout_secs"),
+            ("idle_timeout_secs = 86401", "idle_timeout_secs"),
+            ("max_connections_per_source = 0", "max_connections_per_source"),
+            ("watch_stall_secs = 0", "watch_stall_secs"),
+            ("watch_stall_secs = 3601", "watch_stall_secs"),
+            ("watch_max_streams = 0", "watch_max_streams"),
+            ("watch_open = false", "watch_open"),
             ("feedback_samples_per_sec = 0", "feedback_samples_per_sec"),
             (
                 "feedback_max_demand_ratio = 0.5",

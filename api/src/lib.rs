@@ -3,6 +3,7 @@
 //! HTTP), the operator dashboard, in-cluster selection at the edge, and the DNS front end.
 
 pub mod admin;
+pub mod auth;
 pub mod budget;
 pub mod config;
 pub mod dashboard;
@@ -22,6 +23,7 @@ pub mod selection;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod throttle;
 pub mod tls;
 pub mod topology;
 pub mod watch;

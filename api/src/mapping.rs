@@ -1,10 +1,21 @@
 //! The `cdnmap.v1.Mapping` service: Resolve, ResolveBatch and WatchMap, each answered from one
 //! published state.
+//!
+//! **WatchMap's bounds.** A stream's messages are made by a task of its own, one at a time as
+//! its queue has room: at most [`WATCH_QUEUE_MESSAGES`] wait for the connection, each at most a
+//! part of a full map (`cdnmap_serve::watch::PART_UNITS` units), so a client that does not
+//! read holds a bounded number of bytes (their sum is `cdnmap_watch_queued_bytes`). A stream
+//! with a message waiting that its connection has taken nothing of for `watch_stall_secs` is
+//! dropped with its connection (hyper takes no more from a stream its client gives no window,
+//! so the connection is the one thing that can be closed), and what it held returns. At most
+//! `watch_max_streams` are open at once (`cdnmap_watch_streams`); `watch_open = false` keeps
+//! WatchMap to the front ends the mapper knows.
 
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_BATCH_QUERIES;
@@ -19,8 +30,14 @@ use crate::round::Snapshot;
 use crate::service::{invalid, Published, Shared, MAX_ANSWER_ADDRESSES};
 use crate::watch::EdgeParts;
 
-/// The `Mapping` service.
-pub struct MappingService(pub Arc<Shared>);
+/// The `Mapping` service, and the WatchMap streams it has open.
+pub struct MappingService(pub Arc<Shared>, Arc<AtomicUsize>);
+
+impl MappingService {
+    pub fn new(shared: Arc<Shared>) -> MappingService {
+        MappingService(shared, Arc::default())
+    }
+}
 
 /// The client subnet of a query: its ECS subnet, else its resolver's address as a host prefix.
 fn client_of(q: &pb::ResolveRequest, index: Option<usize>) -> Result<IpNet, Status> {
@@ -251,110 +268,306 @@ impl pb::mapping_server::Mapping for MappingService {
         &self,
         request: Request<pb::WatchMapRequest>,
     ) -> Result<Response<Self::WatchMapStream>, Status> {
-        // With mutual TLS only front ends with a certificate from the operator's CA follow
-        // the map.
-        let identified = crate::listen::peer_of(&request).is_some_and(|p| p.identity.is_some());
-        if self.0.config.mutual_tls() && !identified {
-            return Err(Status::unauthenticated(
-                "WatchMap needs a client certificate from the operator's CA (tls.client_ca_file)",
-            ));
-        }
+        may_watch(&self.0.config, &request)?;
+        let streams =
+            StreamCount::take(&self.1, self.0.config.watch_max_streams).ok_or_else(|| {
+                Status::resource_exhausted(format!(
+                    "{} WatchMap streams are open, as many as watch_max_streams",
+                    self.0.config.watch_max_streams
+                ))
+            })?;
+        // The connection, to close when the stream stalls.
+        let peer = crate::listen::peer_of(&request).map(|p| (Arc::clone(&p.conn), p.remote));
+        let stall = Duration::from_secs(self.0.config.watch_stall_secs);
         let r = request.into_inner();
         let known = (r.known_epoch, r.known_version);
         let shared = Arc::clone(&self.0);
-        let mut rx = shared.updates.subscribe();
-        let mut stop = shared.stopping.subscribe();
+        let rx = shared.updates.subscribe();
+        let stop = shared.stopping.subscribe();
         let first = shared.current();
-        let stream = async_stream(move |tx| async move {
-            let mut last: Option<Arc<Snapshot>> = None;
-            if let Some(s) = first {
-                if (s.epoch, s.version) != known && !send_full(&shared, &s, &tx).await {
-                    return;
+        let stream = watch_stream(stall, move |tx| async move {
+            let _streams = streams;
+            let ended = follow(&shared, tx, first, known, rx, stop).await;
+            if let Err(Ended::Stalled) = ended {
+                metrics::counter!("cdnmap_watch_streams_dropped_total", "reason" => "stalled")
+                    .increment(1);
+                if let Some(passed) = STALLS_LOGGED.allow(crate::throttle::now_ms()) {
+                    let remote = peer.as_ref().map(|p| p.1);
+                    tracing::warn!(
+                        ?remote,
+                        ?stall,
+                        others_since = passed,
+                        "a WatchMap client took nothing for watch_stall_secs: its stream and connection dropped"
+                    );
                 }
-                last = Some(s);
-            }
-            loop {
-                let received = tokio::select! {
-                    r = rx.recv() => r,
-                    _ = stop.wait_for(|&s| s) => return,
-                };
-                let next = match received {
-                    Ok(s) => s,
-                    Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
-                        Some(s) => {
-                            // Fell behind: start again from a full map.
-                            if !send_full(&shared, &s, &tx).await {
-                                return;
-                            }
-                            last = Some(s);
-                            continue;
-                        }
-                        None => continue,
-                    },
-                    Err(broadcast::error::RecvError::Closed) => return,
-                };
-                let delta = match &last {
-                    // A later version of the same epoch: usually the next, or the one after a
-                    // round whose map could not be stored (never published).
-                    Some(prev) if prev.epoch == next.epoch && prev.version < next.version => {
-                        delta_update(&shared, prev, &next)
-                    }
-                    _ => None,
-                };
-                // No delta follows, or one would carry more units than a part of a full map.
-                let sent = match delta {
-                    Some(d) => tx.send(Ok(counted("delta", d))).await.is_ok(),
-                    None => send_full(&shared, &next, &tx).await,
-                };
-                if !sent {
-                    return;
+                if let Some((conn, _)) = &peer {
+                    conn.close();
                 }
-                last = Some(next);
             }
         });
         Ok(Response::new(stream))
     }
 }
 
-/// A stream fed by a task through a bounded channel.
-fn async_stream<F, Fut>(f: F) -> UpdateStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tokio::spawn(f(tx));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+/// Who may follow the map: with mutual TLS, a client with a certificate from the operator's
+/// CA; else, with `watch_open = false`, a client with a token of `feedback_tokens`; else anyone.
+fn may_watch<T>(config: &crate::config::Config, request: &Request<T>) -> Result<(), Status> {
+    if config.mutual_tls() {
+        let identified = crate::listen::peer_of(request).is_some_and(|p| p.identity.is_some());
+        return if identified {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated(
+                "WatchMap needs a client certificate from the operator's CA (tls.client_ca_file)",
+            ))
+        };
+    }
+    if config.watch_open {
+        return Ok(());
+    }
+    let given = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::admin::bearer_token);
+    let known = given.is_some_and(|g| {
+        // Every token compared, in constant time each.
+        config.feedback_tokens.values().fold(false, |hit, t| {
+            crate::admin::constant_time_eq(g.as_bytes(), t.as_bytes()) | hit
+        })
+    });
+    if known {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated(
+            "WatchMap needs a front end's token (watch_open = false): \"authorization: Bearer <token>\" with a token of feedback_tokens",
+        ))
+    }
 }
 
-/// Sends the whole map of `s`, part by part (each made when the channel has room, so a stream
-/// holds one part at a time); `false` when the client is gone.
-async fn send_full(
+/// How a WatchMap stream ended early.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// The client is gone (or the service stops).
+    Gone,
+    /// The client took nothing for `watch_stall_secs` with a message waiting.
+    Stalled,
+}
+
+/// Drops of stalled streams, logged at most once every 10 s.
+static STALLS_LOGGED: crate::throttle::LogThrottle =
+    crate::throttle::LogThrottle::new(Duration::from_secs(10));
+
+/// Feeds one stream: a full map unless the client knows `first` already (`known`), then each
+/// published version, as a delta from the one before when there is one.
+async fn follow(
     shared: &Shared,
-    s: &Snapshot,
-    tx: &tokio::sync::mpsc::Sender<Result<pb::MapUpdate, Status>>,
-) -> bool {
+    tx: WatchSender,
+    first: Option<Arc<Snapshot>>,
+    known: (u64, u64),
+    mut rx: broadcast::Receiver<Arc<Snapshot>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), Ended> {
+    let mut last: Option<Arc<Snapshot>> = None;
+    if let Some(s) = first {
+        if (s.epoch, s.version) != known {
+            send_full(shared, &s, &tx).await?;
+        }
+        last = Some(s);
+    }
+    loop {
+        let received = tokio::select! {
+            r = rx.recv() => r,
+            _ = stop.wait_for(|&s| s) => return Err(Ended::Gone),
+            () = tx.tx.closed() => return Err(Ended::Gone),
+            () = tx.stalled() => return Err(Ended::Stalled),
+        };
+        let next = match received {
+            Ok(s) => s,
+            Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
+                Some(s) => {
+                    // Fell behind: start again from a full map.
+                    send_full(shared, &s, &tx).await?;
+                    last = Some(s);
+                    continue;
+                }
+                None => continue,
+            },
+            Err(broadcast::error::RecvError::Closed) => return Err(Ended::Gone),
+        };
+        let delta = match &last {
+            // A later version of the same epoch: usually the next, or the one after a round
+            // whose map could not be stored (never published).
+            Some(prev) if prev.epoch == next.epoch && prev.version < next.version => {
+                delta_update(shared, prev, &next)
+            }
+            _ => None,
+        };
+        // No delta follows, or one would carry more units than a part of a full map.
+        match delta {
+            Some(d) => tx.send("delta", d).await?,
+            None => send_full(shared, &next, &tx).await?,
+        }
+        last = Some(next);
+    }
+}
+
+/// Messages a WatchMap stream may have waiting for its connection (each at most a part of a
+/// full map: about 2 MB at 11 M map units).
+pub const WATCH_QUEUE_MESSAGES: usize = 2;
+
+/// The most a stream's producer waits between looks at whether its client stalled.
+const STALL_CHECK_MAX: Duration = Duration::from_secs(1);
+
+/// Whether a stream has stalled: a message waiting, and none taken for `limit`.
+fn stalled(waiting: usize, since_taken: Duration, limit: Duration) -> bool {
+    waiting > 0 && since_taken >= limit
+}
+
+/// One WatchMap stream's open count, given back when it ends.
+struct StreamCount(Arc<AtomicUsize>);
+
+impl StreamCount {
+    /// A place among at most `max` streams, if there is one.
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<StreamCount> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        metrics::gauge!("cdnmap_watch_streams").increment(1.0);
+        Some(StreamCount(Arc::clone(count)))
+    }
+}
+
+impl Drop for StreamCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!("cdnmap_watch_streams").decrement(1.0);
+    }
+}
+
+/// A stream's queue as its producer and its connection see it.
+struct Queue {
+    started: Instant,
+    /// Messages waiting, not yet taken by the connection.
+    waiting: AtomicUsize,
+    /// Milliseconds from `started` to when the connection last took a message.
+    taken_ms: AtomicU64,
+}
+
+impl Queue {
+    fn since_taken(&self) -> Duration {
+        let taken = Duration::from_millis(self.taken_ms.load(Ordering::Acquire));
+        self.started.elapsed().saturating_sub(taken)
+    }
+}
+
+/// A message in a stream's queue: its bytes are in `cdnmap_watch_queued_bytes` until it is
+/// taken by the connection or dropped with the queue.
+struct Queued {
+    msg: Option<pb::MapUpdate>,
+    bytes: usize,
+    queue: Arc<Queue>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        metrics::gauge!("cdnmap_watch_queued_bytes").decrement(self.bytes as f64);
+        self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The producer's end of a stream.
+struct WatchSender {
+    tx: tokio::sync::mpsc::Sender<Queued>,
+    queue: Arc<Queue>,
+    stall: Duration,
+}
+
+impl WatchSender {
+    /// Queues `msg` (counted as `kind`) once there is room.
+    async fn send(&self, kind: &'static str, msg: pb::MapUpdate) -> Result<(), Ended> {
+        let (msg, bytes) = counted(kind, msg);
+        self.queue.waiting.fetch_add(1, Ordering::AcqRel);
+        metrics::gauge!("cdnmap_watch_queued_bytes").increment(bytes as f64);
+        let queued = Queued {
+            msg: Some(msg),
+            bytes,
+            queue: Arc::clone(&self.queue),
+        };
+        tokio::select! {
+            r = self.tx.send(queued) => r.map_err(|_| Ended::Gone),
+            () = self.stalled() => Err(Ended::Stalled),
+        }
+    }
+
+    /// Resolves once the stream has stalled (never while its client takes what it is sent).
+    async fn stalled(&self) {
+        let every = (self.stall / 4).min(STALL_CHECK_MAX);
+        loop {
+            tokio::time::sleep(every).await;
+            let waiting = self.queue.waiting.load(Ordering::Acquire);
+            if stalled(waiting, self.queue.since_taken(), self.stall) {
+                return;
+            }
+        }
+    }
+}
+
+/// A stream fed by a task (`feed`) through a queue of [`WATCH_QUEUE_MESSAGES`].
+fn watch_stream<F, Fut>(stall: Duration, feed: F) -> UpdateStream
+where
+    F: FnOnce(WatchSender) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(WATCH_QUEUE_MESSAGES);
+    let queue = Arc::new(Queue {
+        started: Instant::now(),
+        waiting: AtomicUsize::new(0),
+        taken_ms: AtomicU64::new(0),
+    });
+    tokio::spawn(feed(WatchSender {
+        tx,
+        queue: Arc::clone(&queue),
+        stall,
+    }));
+    let taken = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        move |mut q: Queued| {
+            let ms = queue.started.elapsed().as_millis() as u64;
+            queue.taken_ms.store(ms, Ordering::Release);
+            q.msg
+                .take()
+                .ok_or_else(|| Status::internal("a WatchMap message taken twice"))
+        },
+    );
+    Box::pin(taken)
+}
+
+/// Sends the whole map of `s`, part by part (each made when the queue has room, so a stream
+/// makes one part at a time).
+async fn send_full(shared: &Shared, s: &Snapshot, tx: &WatchSender) -> Result<(), Ended> {
     let policies = shared.policies(&s.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
     for part in 0..crate::watch::full_parts(s) {
-        let msg = counted("full", crate::watch::full_part(&edge, s, part));
-        if tx.send(Ok(msg)).await.is_err() {
-            return false;
-        }
+        tx.send("full", crate::watch::full_part(&edge, s, part))
+            .await?;
     }
-    true
+    Ok(())
 }
 
-/// `msg`, counted in the WatchMap metrics by `kind` ("full": a part of a whole map, "delta"):
-/// messages, map units and encoded bytes sent, so a round's delta size is a metric.
-fn counted(kind: &'static str, msg: pb::MapUpdate) -> pb::MapUpdate {
+/// `msg` and its encoded bytes, counted in the WatchMap metrics by `kind` ("full": a part of
+/// a whole map, "delta"): messages, map units and encoded bytes sent, so a round's delta size
+/// is a metric.
+fn counted(kind: &'static str, msg: pb::MapUpdate) -> (pb::MapUpdate, usize) {
     use cdnmap_proto::prost::Message;
+    let bytes = msg.encoded_len();
     metrics::counter!("cdnmap_watch_messages_total", "kind" => kind).increment(1);
     metrics::counter!("cdnmap_watch_units_total", "kind" => kind)
         .increment(cdnmap_serve::watch::unit_count(&msg) as u64);
-    metrics::counter!("cdnmap_watch_bytes_total", "kind" => kind)
-        .increment(msg.encoded_len() as u64);
-    msg
+    metrics::counter!("cdnmap_watch_bytes_total", "kind" => kind).increment(bytes as u64);
+    (msg, bytes)
 }
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> Option<pb::MapUpdate> {
@@ -425,6 +638,61 @@ pub(crate) mod tests {
         }
     }
 
+    /// A stream has stalled when a message waits and none was taken for the limit: not while
+    /// nothing waits (a front end indexing a new map takes nothing, and is sent nothing).
+    #[test]
+    fn a_stream_stalls_only_with_a_message_waiting_untaken_for_the_limit() {
+        let s = Duration::from_secs;
+        let table = [
+            (0, s(3_600), false),
+            (1, s(59), false),
+            (1, s(60), true),
+            (2, s(61), true),
+        ];
+        for (waiting, since, want) in table {
+            assert_eq!(stalled(waiting, since, s(60)), want, "{waiting} {since:?}");
+        }
+    }
+
+    /// A stream whose messages nobody takes ends after `watch_stall_secs` (its task gone, the
+    /// full map it had queued still there to be taken, then the end); one that is read stays
+    /// open however long nothing new comes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_stream_nobody_reads_ends_after_the_stall_bound_and_a_read_one_stays() {
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            watch_stall_secs: 1,
+            ..Config::default()
+        };
+        let shared = Shared::start(config, || Ok(instance())).expect("start");
+        shared.run_round().await;
+        let service = MappingService::new(Arc::clone(&shared));
+        let open = || async {
+            service
+                .watch_map(Request::new(pb::WatchMapRequest::default()))
+                .await
+                .expect("WatchMap")
+                .into_inner()
+        };
+        let (mut unread, mut read) = (open().await, open().await);
+        let full = read.next().await.expect("a message").expect("the full map");
+        assert!(full.full);
+        assert_eq!(service.1.load(Ordering::Acquire), 2, "two streams open");
+        tokio::time::sleep(Duration::from_millis(1_800)).await;
+        assert_eq!(service.1.load(Ordering::Acquire), 1, "the unread one ended");
+        let queued = unread.next().await.expect("what it had queued");
+        assert!(queued.expect("the full map").full);
+        let end = tokio::time::timeout(Duration::from_secs(1), unread.next()).await;
+        assert!(matches!(end, Ok(None)), "then its end: {end:?}");
+        let more = tokio::time::timeout(Duration::from_secs(1), read.next()).await;
+        assert!(
+            more.is_err(),
+            "the read stream waits for the next round: {more:?}"
+        );
+    }
+
     /// Rounds publish new versions (a cluster drained or undrained before each, so answers
     /// change) while ResolveBatch runs in a loop: every batch comes from one version, and every
     /// answer is that version's, its addresses chosen by that version's selectors.
@@ -459,7 +727,7 @@ pub(crate) mod tests {
                 versions
             })
         };
-        let service = MappingService(Arc::clone(&shared));
+        let service = MappingService::new(Arc::clone(&shared));
         let mut answers = Vec::new();
         while !publisher.is_finished() {
             let batch = pb::ResolveBatchRequest {

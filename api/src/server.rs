@@ -35,14 +35,15 @@ const RECORD_CHUNK: usize = 64 << 10;
 /// refused on its head (413), before anything is read.
 async fn record(
     shared: &Arc<Shared>,
-    token: Option<&str>,
+    gate: &crate::auth::AdminGate,
     headers: &axum::http::HeaderMap,
+    remote: Option<std::net::IpAddr>,
     q: Result<RecordQuery, String>,
 ) -> axum::response::Response {
     use crate::dashboard::ApiError;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    if let Err(e) = crate::dashboard::authorize(token, headers, "reads of /record") {
+    if let Err(e) = crate::dashboard::authorize(gate, headers, remote, "reads of /record") {
         return e.into_response();
     }
     let q = match q {
@@ -110,12 +111,15 @@ pub const MAX_HTTP_BODY_BYTES: usize = 64 << 10;
 
 /// Serves `app` on the connections `conns` brings (`listen::accept`: bounded in number, each
 /// past its handshake) until `stop` says so, with hyper's own header-read timeout (a client
-/// sending its headers a byte at a time holds its connection that long, no longer). Then the
-/// open connections are shut down gracefully (the caller bounds how long it waits).
+/// sending its headers a byte at a time holds its connection that long, no longer), each
+/// request answered within `request_timeout` (else 408) and counted on its connection
+/// until its body is sent (the connection's deadlines, `listen`). Then the open connections
+/// are shut down gracefully (the caller bounds how long it waits).
 async fn serve_http(
     mut conns: tokio::sync::mpsc::Receiver<crate::listen::Conn>,
     app: axum::Router,
     header_timeout: Duration,
+    request_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -132,13 +136,41 @@ async fn serve_http(
         };
         let Some(conn) = conn else { break };
         let remote = conn.peer().remote;
+        let tracked = Arc::clone(&conn.peer().conn);
         let app = app.clone();
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(remote));
                 let mut app = app.clone();
-                async move { tower::Service::call(&mut app, req).await }
+                // Counted on the connection while it is answered and its body sent (its
+                // deadlines, `listen`).
+                let open = tracked.request();
+                let req = req.map(|body| axum::body::Body::new(open.watch_body(body)));
+                async move {
+                    let answer =
+                        tokio::time::timeout(request_timeout, tower::Service::call(&mut app, req))
+                            .await;
+                    let response = match answer {
+                        Ok(r) => r?,
+                        Err(_) => axum::response::IntoResponse::into_response(
+                            crate::dashboard::ApiError::new(
+                                axum::http::StatusCode::REQUEST_TIMEOUT,
+                                format!("the request was not answered within {request_timeout:?}"),
+                            ),
+                        ),
+                    };
+                    open.answered(crate::listen::refused_for_credentials(
+                        response.status(),
+                        response.headers(),
+                    ));
+                    Ok::<_, std::convert::Infallible>(response.map(|body| {
+                        axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |f| {
+                            let _open = &open;
+                            f
+                        }))
+                    }))
+                }
             });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         tokio::spawn(async move {
@@ -259,8 +291,24 @@ fn describe_metrics() {
         "Connections closed on arrival, by listener: as many were open as its max_connections."
     );
     describe_counter!(
+        "cdnmap_connections_refused_per_source_total",
+        "Connections closed on arrival, by listener: as many were open from their source (IPv6: its /64) as max_connections_per_source."
+    );
+    describe_counter!(
         "cdnmap_handshakes_failed_total",
-        "Connections closed before serving, by listener: the TLS handshake failed, or it (in plaintext, the first bytes) did not come within handshake_timeout_secs."
+        "Connections closed before serving, by listener: the TLS handshake failed, or it (in plaintext, the first bytes) and a first answered request did not come within handshake_timeout_secs."
+    );
+    describe_counter!(
+        "cdnmap_connections_idle_closed_total",
+        "Connections closed by listener after idle_timeout_secs with no request open."
+    );
+    describe_counter!(
+        "cdnmap_admin_auth_failures_total",
+        "Requests that gave no Admin token or a wrong one, by listener (gRPC Admin; HTTP: the dashboard's actions, /record)."
+    );
+    describe_counter!(
+        "cdnmap_admin_auth_refused_total",
+        "Requests refused, their token not looked at, by listener: their source failed the Admin token 10 times within a minute."
     );
     describe_counter!(
         "cdnmap_feedback_clipped_total",
@@ -296,16 +344,29 @@ fn describe_metrics() {
         Unit::Bytes,
         "Encoded bytes of WatchMap messages sent to front ends, by kind."
     );
+    describe_gauge!("cdnmap_watch_streams", "WatchMap streams open.");
+    describe_gauge!(
+        "cdnmap_watch_queued_bytes",
+        Unit::Bytes,
+        "Encoded bytes of WatchMap messages made and waiting for their connections to take them."
+    );
+    describe_counter!(
+        "cdnmap_watch_streams_dropped_total",
+        "WatchMap streams dropped with their connections, by reason (stalled: a message waited watch_stall_secs untaken)."
+    );
 }
 
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
 /// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
 ///
-/// `initial` gives the topology when the store has none (see [`Shared::start`]).
+/// `initial` gives the topology when the store has none (see [`Shared::start`]). Each change
+/// of `hangups` (the SIGHUPs the process had, counted) reloads the TLS files (see
+/// [`reload_on_hangup`]); one that came before the listeners are set up is handled then.
 pub async fn serve(
     config: Config,
     initial: impl FnOnce() -> anyhow::Result<cdnmap_topology::Topology>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
     // Latencies as histograms (buckets aggregate across replicas; summaries' quantiles do not).
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -314,7 +375,11 @@ pub async fn serve(
     describe_metrics();
     let grpc_addr: SocketAddr = config.grpc_listen;
     let http_addr: SocketAddr = config.http_listen;
-    let token: Option<Arc<str>> = config.admin_token.as_deref().map(Arc::from);
+    // The Admin token's check, one for gRPC, the dashboard and /record (failures counted,
+    // logged and rate-limited by source).
+    let gate = Arc::new(crate::auth::AdminGate::new(
+        config.admin_token.as_deref().map(Arc::from),
+    ));
     // The TLS files of the links to etcd and to the leader, read before anything starts (an
     // error names the key and the file).
     let etcd_tls = crate::lead::etcd::tls_options(&config)?;
@@ -380,8 +445,8 @@ pub async fn serve(
     let reflection = reflecting().build_v1()?;
     let reflection_v1alpha = reflecting().build_v1alpha()?;
 
-    let (record_shared, record_token) = (Arc::clone(&shared), token.clone());
-    let dashboard = crate::dashboard::router(Arc::clone(&shared), token.clone());
+    let (record_shared, record_gate) = (Arc::clone(&shared), Arc::clone(&gate));
+    let dashboard = crate::dashboard::router(Arc::clone(&shared), Arc::clone(&gate));
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -394,14 +459,18 @@ pub async fn serve(
             "/record",
             axum::routing::get(
                 move |headers: axum::http::HeaderMap,
+                      extensions: axum::http::Extensions,
                       q: Result<
                     axum::extract::Query<RecordQuery>,
                     axum::extract::rejection::QueryRejection,
                 >| {
-                    let (shared, token) = (Arc::clone(&record_shared), record_token.clone());
+                    let (shared, gate) = (Arc::clone(&record_shared), Arc::clone(&record_gate));
+                    let remote = extensions
+                        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                        .map(|c| c.0.ip());
                     // The query's problem, as the dashboard's errors say theirs (JSON).
                     let q = q.map(|q| q.0).map_err(|e| e.body_text());
-                    async move { record(&shared, token.as_deref(), &headers, q).await }
+                    async move { record(&shared, &gate, &headers, remote, q).await }
                 },
             ),
         )
@@ -435,6 +504,7 @@ pub async fn serve(
             let tls = crate::tls::ServerTls::load(files.to_files())?;
             tokio::spawn(crate::tls::watch(
                 Arc::clone(&tls),
+                hangups,
                 shared.stopping.subscribe(),
             ));
             tracing::info!(
@@ -453,6 +523,7 @@ pub async fn serve(
             } else {
                 tracing::warn!("plaintext gRPC and HTTP beyond loopback: the Admin token and the maps cross the network in clear (set [tls])");
             }
+            tokio::spawn(reload_on_hangup(hangups, shared.stopping.subscribe()));
             None
         }
     };
@@ -464,31 +535,31 @@ pub async fn serve(
     {
         tracing::warn!("feedback_open: Feedback takes reports from anyone who reaches gRPC beyond loopback (each address within its budget and the bounds)");
     }
-    let handshake_timeout = Duration::from_secs(shared.config.handshake_timeout_secs);
+    let limits = |max_connections| crate::listen::Limits {
+        handshake_timeout: Duration::from_secs(shared.config.handshake_timeout_secs),
+        idle_timeout: Duration::from_secs(shared.config.idle_timeout_secs),
+        max_connections,
+        max_per_source: shared.config.max_connections_per_source,
+    };
     let http_conns = crate::listen::accept(
         http,
         crate::tls::Listener::Http,
         tls.clone(),
-        crate::listen::Limits {
-            handshake_timeout,
-            max_connections: shared.config.http_max_connections,
-        },
+        limits(shared.config.http_max_connections),
         shared.stopping.subscribe(),
     );
     let grpc_conns = crate::listen::accept(
         grpc_listener,
         crate::tls::Listener::Grpc,
         tls,
-        crate::listen::Limits {
-            handshake_timeout,
-            max_connections: shared.config.grpc_max_connections,
-        },
+        limits(shared.config.grpc_max_connections),
         shared.stopping.subscribe(),
     );
     let http_task = tokio::spawn(serve_http(
         http_conns,
         app,
         Duration::from_secs(shared.config.http_header_timeout_secs),
+        HTTP_REQUEST_TIMEOUT,
         shared.stopping.subscribe(),
     ));
     tracing::info!(
@@ -499,8 +570,12 @@ pub async fn serve(
     let stopper = Arc::clone(&shared);
     // HTTP/2 limits (hyper's, through tonic): streams a connection may have open at once, the
     // headers a request may bring, and keepalive pings that close a connection whose peer
-    // stopped answering (a WatchMap client that vanished without a FIN).
+    // stopped answering (a WatchMap client that vanished without a FIN). Each request is
+    // counted on its connection (its deadlines, `listen`), and must be answered within
+    // GRPC_REQUEST_TIMEOUT (a body that never ends holds no stream longer).
     let grpc = tonic::transport::Server::builder()
+        .timeout(GRPC_REQUEST_TIMEOUT)
+        .layer(crate::listen::TrackRequestsLayer)
         .max_concurrent_streams(GRPC_MAX_STREAMS)
         .http2_max_header_list_size(GRPC_MAX_HEADER_BYTES)
         .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
@@ -508,7 +583,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(pb::mapping_server::MappingServer::new(MappingService(
+        .add_service(pb::mapping_server::MappingServer::new(MappingService::new(
             Arc::clone(&shared),
         )))
         .add_service(pb::feedback_server::FeedbackServer::new(FeedbackService(
@@ -516,7 +591,7 @@ pub async fn serve(
         )))
         .add_service(pb::admin_server::AdminServer::with_interceptor(
             AdminService(Arc::clone(&shared)),
-            AdminAuth(token),
+            AdminAuth(gate),
         ))
         .serve_with_incoming_shutdown(
             tokio_stream::StreamExt::map(
@@ -559,6 +634,24 @@ pub async fn serve(
     shared.flush()?;
     tracing::info!("stopped; the store is flushed");
     Ok(())
+}
+
+/// Without TLS: says, for each SIGHUP, that there is nothing to reload (the configuration is
+/// read at start), until `stop` says so. (With TLS, `tls::watch` reloads the certificate and
+/// key on SIGHUP.)
+async fn reload_on_hangup(
+    mut hangups: tokio::sync::watch::Receiver<u64>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            r = hangups.changed() => if r.is_err() { return },
+            _ = stop.wait_for(|&s| s) => return,
+        }
+        tracing::info!(
+            "SIGHUP: nothing to reload (no [tls]; the configuration is read at start only)"
+        );
+    }
 }
 
 /// How often a replica looks for the replicas' edits it has not applied.
@@ -733,6 +826,12 @@ async fn watch_leader(
 pub const GRPC_MAX_STREAMS: u32 = 128;
 /// The most bytes of headers (metadata) a gRPC request may carry.
 pub const GRPC_MAX_HEADER_BYTES: u32 = 16 << 10;
+/// How long a gRPC request may take to be answered (its response's headers: a WatchMap
+/// stream's come at once), its body read included.
+pub const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an HTTP request may take to be answered (the head of its response), its body
+/// read included.
+pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// A gRPC connection is pinged after this long without a frame from its peer...
 pub const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// ...and closed when the ping is not answered within this.
@@ -740,3 +839,132 @@ pub const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long calls in flight may take to finish once the service is asked to stop.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// The HTTP listener over `listen::accept` with `limits` and `request_timeout`, its routes
+    /// `POST /echo` (the body back) and `POST /slow` (its body back after 2 s): its address.
+    async fn http_listener(limits: crate::listen::Limits, request_timeout: Duration) -> SocketAddr {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = tcp.local_addr().expect("an address");
+        // The sender is kept for as long as the test's runtime: the listener never stops.
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        std::mem::forget(stop_tx);
+        let conns =
+            crate::listen::accept(tcp, crate::tls::Listener::Http, None, limits, stop.clone());
+        let app = axum::Router::new()
+            .route(
+                "/echo",
+                axum::routing::post(|body: axum::body::Bytes| async move { body }),
+            )
+            .route(
+                "/slow",
+                axum::routing::post(|body: axum::body::Bytes| async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    body
+                }),
+            );
+        tokio::spawn(serve_http(
+            conns,
+            app,
+            Duration::from_secs(10),
+            request_timeout,
+            stop,
+        ));
+        addr
+    }
+
+    /// Sends `request` on a new connection to `addr`: what came back before the connection
+    /// closed or 5 s passed, and after how long.
+    async fn ask(addr: SocketAddr, request: &'static [u8]) -> (String, Duration) {
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("a read timeout");
+            s.write_all(request).expect("send");
+            let started = std::time::Instant::now();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got);
+            (String::from_utf8_lossy(&got).to_string(), started.elapsed())
+        })
+        .await
+        .expect("the client")
+    }
+
+    /// A connection's first request sent whole holds the handshake deadline off while it is
+    /// answered (a slow answer is not cut), one whose body never comes does not: with a
+    /// deadline of 1 s, `/slow` is answered after 2 s, and a request announcing 10 bytes and
+    /// sending 1 has its connection closed, unanswered, at about 1 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_request_sent_whole_holds_the_deadline_off_and_a_half_sent_one_does_not() {
+        let addr = http_listener(
+            crate::listen::Limits {
+                handshake_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(10),
+                max_connections: 8,
+                max_per_source: 8,
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+        let (answer, took) = ask(
+            addr,
+            b"POST /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+            "{answer:?}"
+        );
+        assert!(took >= Duration::from_secs(2), "after {took:?}");
+        let (answer, took) = ask(
+            addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1",
+        )
+        .await;
+        assert_eq!(answer, "", "a half-sent request answered");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "closed after {took:?}"
+        );
+    }
+
+    /// The HTTP listener over `listen::accept` with a request timeout of 1 s: a request whose
+    /// body never comes is answered 408 at the timeout (its connection then served, closed
+    /// when idle), and one that comes whole is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_request_whose_body_never_comes_is_answered_408_at_the_timeout() {
+        let addr = http_listener(
+            crate::listen::Limits {
+                handshake_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(10),
+                max_connections: 8,
+                max_per_source: 8,
+            },
+            Duration::from_secs(1),
+        )
+        .await;
+        let (answer, took) = ask(
+            addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 10\r\n\r\n1",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "answered after {took:?}"
+        );
+        let (answer, _) = ask(
+            addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+    }
+}

@@ -1553,7 +1553,7 @@ mod tests {
             let shared = start(&config);
             shared.run_round_at(0).await;
             let first = shared.current().expect("a map");
-            let mut watch = crate::mapping::MappingService(Arc::clone(&shared))
+            let mut watch = crate::mapping::MappingService::new(Arc::clone(&shared))
                 .watch_map(tonic::Request::new(pb::WatchMapRequest::default()))
                 .await
                 .expect("WatchMap")

@@ -223,20 +223,25 @@ impl ServerTls {
 /// How often [`watch`] looks at the files' modification times.
 pub const RELOAD_CHECK: Duration = Duration::from_secs(2);
 
-/// Reloads `tls` on SIGHUP and when one of its files changes, until `stop` says so.
-pub async fn watch(tls: Arc<ServerTls>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    #[cfg(unix)]
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "no SIGHUP handler: TLS files are reloaded when they change only");
-            None
-        }
-    };
+/// Reloads `tls` on SIGHUP (each change of `hangups`, the SIGHUPs counted) and when one of
+/// its files changes, until `stop` says so.
+pub async fn watch(
+    tls: Arc<ServerTls>,
+    mut hangups: tokio::sync::watch::Receiver<u64>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut hup_open = true;
     loop {
         let why = tokio::select! {
             _ = stop.wait_for(|&s| s) => return,
-            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => "SIGHUP",
+            r = hangups.changed(), if hup_open => {
+                if r.is_err() {
+                    // No SIGHUP handler (the process's caller said so): files only.
+                    hup_open = false;
+                    continue;
+                }
+                "SIGHUP"
+            }
             () = tokio::time::sleep(RELOAD_CHECK) => {
                 if !tls.changed() {
                     continue;
@@ -247,7 +252,8 @@ pub async fn watch(tls: Arc<ServerTls>, mut stop: tokio::sync::watch::Receiver<b
         match tls.reload() {
             Ok(()) => tracing::info!(
                 why,
-                "TLS certificate and key reloaded; new connections use them"
+                "{}TLS certificate and key reloaded; new connections use them",
+                if why == "SIGHUP" { "SIGHUP: " } else { "" }
             ),
             Err(e) => {
                 metrics::counter!("cdnmap_tls_reload_failures_total").increment(1);

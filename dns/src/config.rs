@@ -26,7 +26,8 @@
 //! mapper_ca_file = "mapper-ca.crt"    # https:// mappers: the CA their certificate must chain to
 //! cert_file = "dns-1.crt"             # this front end's certificate and key, for a mapper
 //! key_file = "dns-1.key"              #   with mutual TLS (its first DNS name is our name there)
-//! feedback_token = "a-long-random-token"  # for a mapper with feedback_tokens
+//! feedback_token = "a-long-random-token"  # for a mapper with feedback_tokens (sent with
+//!                                     #   the reports and WatchMap)
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -112,7 +113,8 @@ pub struct DnsConfig {
     /// This front end's certificate chain and key (PEM), presented to the mapper.
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
-    /// The token of this front end in the mapper's `feedback_tokens`.
+    /// The token of this front end in the mapper's `feedback_tokens`, sent with its reports
+    /// and its WatchMap (a mapper with `watch_open = false` needs it to be followed).
     pub feedback_token: Option<String>,
 }
 

@@ -69,10 +69,12 @@ fn now_unix_ms() -> i64 {
 /// Runs the front end until `shutdown` resolves. Binds UDP and TCP on `config.listen` before
 /// returning its first error, so a port in use is reported at once. Port 0 takes a port free for
 /// both (and `metrics_listen` port 0 any free port): the log's `listening` line names the
-/// addresses bound.
+/// addresses bound. Each change of `hangups` (the SIGHUPs the process had, counted) reloads
+/// the TLS files of the links to the mappers ([`reload_on_hangup`]).
 pub async fn run(
     config: DnsConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
@@ -90,6 +92,11 @@ pub async fn run(
         links,
         in_use: Mutex::default(),
     });
+    let reloader = tokio::spawn(reload_on_hangup(
+        config.clone(),
+        Arc::clone(&following),
+        hangups,
+    ));
     let (metrics_task, metrics_addr) = match config.metrics_listen {
         Some(addr) => {
             let (task, bound) = serve_metrics(addr).await?;
@@ -167,6 +174,7 @@ pub async fn run(
         w.abort();
     }
     reporter.abort();
+    reloader.abort();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in udp_threads {
         let _ = t.join();
@@ -296,20 +304,71 @@ async fn serve_metrics(
     Ok((task, bound))
 }
 
+/// Says, for each change of `hangups` (a SIGHUP), what it reloaded: with TLS to the mappers,
+/// each link's TLS files (`mapper_ca_file`, `cert_file`, `key_file`), which the next
+/// connection uses (the streams open stay as they are; on an error a link keeps the files it
+/// had); without, nothing (the configuration is read at start only).
+async fn reload_on_hangup(
+    config: DnsConfig,
+    following: Arc<Following>,
+    mut hangups: tokio::sync::watch::Receiver<u64>,
+) {
+    while hangups.changed().await.is_ok() {
+        if config.mapper_ca_file.is_none() {
+            tracing::info!(
+                "SIGHUP: nothing to reload (plaintext to the mappers; the configuration is read at start only)"
+            );
+            continue;
+        }
+        let mut failed = 0;
+        for link in &following.links {
+            if let Err(e) = link.reload(&config) {
+                failed += 1;
+                tracing::warn!(mapper = %link.url, error = %e, "SIGHUP: the TLS files could not be reloaded; the link keeps those it had");
+            }
+        }
+        if failed == 0 {
+            tracing::info!(
+                mappers = following.links.len(),
+                "SIGHUP: the TLS files of the links to the mappers reloaded; the next connection uses them"
+            );
+        }
+    }
+}
+
 /// How the front end reaches one mapper: its URL, the endpoint (TLS with the configured CA and
-/// certificate when the URL is `https://`) and the token its reports carry. Built once at
-/// start, so a missing or unreadable file is an error before anything is served.
+/// certificate when the URL is `https://`) and the token its calls carry. Built at start, so
+/// a missing or unreadable file is an error before anything is served; its TLS files are read
+/// again on SIGHUP ([`MapperLink::reload`]).
 #[derive(Clone)]
 pub struct MapperLink {
     /// The mapper's URL, as configured: how logs and metrics name it.
     pub url: String,
-    endpoint: tonic::transport::Endpoint,
+    endpoint: Arc<arc_swap::ArcSwap<tonic::transport::Endpoint>>,
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl MapperLink {
     /// The link to the mapper at `url` (one of `config`'s), with `config`'s TLS and token.
     pub fn new(config: &DnsConfig, url: &str) -> anyhow::Result<MapperLink> {
+        let endpoint = Self::endpoint(config, url)?;
+        let token = match &config.feedback_token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("feedback_token: not a header value"))?,
+            ),
+            None => None,
+        };
+        Ok(MapperLink {
+            url: url.to_string(),
+            endpoint: Arc::new(arc_swap::ArcSwap::from_pointee(endpoint)),
+            token,
+        })
+    }
+
+    /// The endpoint of the mapper at `url`, with `config`'s TLS files read now.
+    fn endpoint(config: &DnsConfig, url: &str) -> anyhow::Result<tonic::transport::Endpoint> {
         let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
@@ -324,24 +383,20 @@ impl MapperLink {
         if let Some(tls) = tls {
             endpoint = endpoint.tls_config(tls)?;
         }
-        let token = match &config.feedback_token {
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("feedback_token: not a header value"))?,
-            ),
-            None => None,
-        };
-        Ok(MapperLink {
-            url: url.to_string(),
-            endpoint,
-            token,
-        })
+        Ok(endpoint)
+    }
+
+    /// Reads `config`'s TLS files again: the connections from now on use them (one open
+    /// stays as it is). On an error the link keeps the files it had.
+    pub fn reload(&self, config: &DnsConfig) -> anyhow::Result<()> {
+        self.endpoint
+            .store(Arc::new(Self::endpoint(config, &self.url)?));
+        Ok(())
     }
 
     /// A connection to the mapper.
     pub async fn connect(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-        self.endpoint.clone().connect().await
+        self.endpoint.load().as_ref().clone().connect().await
     }
 
     /// `message` as a request carrying the feedback token, if there is one.
@@ -440,11 +495,12 @@ async fn follow(
     // The version in use, whichever mapper it came from: a mapper that has it sends deltas
     // from it, one that does not a full map.
     let (known_epoch, known_version) = following.in_use().key().unwrap_or((0, 0));
+    // With its token, for a mapper that keeps WatchMap to the front ends it knows.
     let mut stream = client
-        .watch_map(pb::WatchMapRequest {
+        .watch_map(link.request(pb::WatchMapRequest {
             known_version,
             known_epoch,
-        })
+        }))
         .await?
         .into_inner();
     connected.set(1.0);

@@ -188,7 +188,7 @@ pub fn run(
     runtime.block_on(async move {
         let shared = Shared::start(config, || Ok(instance.clone()))?;
         shared.run_round().await;
-        let mapper = spawn(MappingService(Arc::clone(&shared))).await?;
+        let mapper = spawn(MappingService::new(Arc::clone(&shared))).await?;
         let echo = spawn(Echo).await?;
         let batch_calls = (calls / batch).max(1);
         println!(

@@ -798,6 +798,13 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
+    // SIGHUP's handler first, before the store (which may take a while) is read: SIGHUP
+    // reloads, and never kills.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let hangups = hangups(&runtime);
     let mut config = match &a.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -864,14 +871,15 @@ fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
             world::generate(&params, &|_| {})
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(cdnmap_api::server::serve(config, initial, async {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-    }))?;
+    runtime.block_on(cdnmap_api::server::serve(
+        config,
+        initial,
+        async {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+        },
+        hangups,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -898,6 +906,17 @@ fn dns_config(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
 
 fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
     init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let mut hup = hangups(&runtime);
+    runtime.spawn(async move {
+        while hup.changed().await.is_ok() {
+            tracing::info!("SIGHUP: nothing to reload (the monitor reads its files at start)");
+        }
+    });
     let mut config = dns_config(a.config.as_ref())?;
     if let Some(m) = a.mapper {
         config.mapper = m;
@@ -911,11 +930,6 @@ fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
         .into_iter()
         .map(|url| cdnmap_dns::MapperLink::new(&config, url))
         .collect::<Result<Vec<_>>>()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
     tracing::info!(name = %config.name, mappers = links.len(), "monitor started");
     runtime.block_on(crate::monitor::run(
         config.name.clone(),
@@ -927,6 +941,11 @@ fn cmd_monitor(a: MonitorArgs) -> Result<ExitCode> {
 
 fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
     init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let hangups = hangups(&runtime);
     let mut config = dns_config(a.config.as_ref())?;
     if let Some(m) = a.mapper {
         config.mapper = m;
@@ -956,12 +975,37 @@ fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
         config.udp_coalesce_us = us;
     }
     config.validate().context("the DNS front end's settings")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(cdnmap_dns::run(config, shutdown_signal()))?;
+    runtime.block_on(cdnmap_dns::run(config, shutdown_signal(), hangups))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// SIGHUPs from now on, counted: what a long-running command watches to reload what it can
+/// (each says in its log what it reloaded). Installed as a command starts, so a SIGHUP never
+/// kills it, even one that comes while the store is read; one that comes before the command
+/// watches is seen when it starts to. Without a handler (it could not be installed, or not
+/// on Unix) the count never changes.
+fn hangups(runtime: &tokio::runtime::Runtime) -> tokio::sync::watch::Receiver<u64> {
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _entered = runtime.enter();
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                runtime.spawn(async move {
+                    while hup.recv().await.is_some() {
+                        tx.send_modify(|n| *n += 1);
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: SIGHUP would stop this process")
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (runtime, tx);
+    rx
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -258,12 +258,17 @@ impl Running {
 
     /// Sends SIGTERM (how systemd and Kubernetes stop a service).
     pub fn send_sigterm(&mut self) {
+        self.send_signal("TERM");
+    }
+
+    /// Sends the signal named `name` (`kill -NAME`: "TERM", "HUP").
+    pub fn send_signal(&mut self, name: &str) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{name}"), &pid])
             .status()
-            .unwrap_or_else(|e| panic!("run kill -TERM {pid}: {e}"));
-        assert!(sent.success(), "kill -TERM {pid} failed");
+            .unwrap_or_else(|e| panic!("run kill -{name} {pid}: {e}"));
+        assert!(sent.success(), "kill -{name} {pid} failed");
     }
 
     /// The exit status, if the process has exited.

@@ -283,6 +283,16 @@ impl Server {
         FeedbackClient::new(self.channel())
     }
 
+    /// Sends the signal named `name` ("HUP", ...) to the server.
+    pub fn send_signal(&mut self, name: &str) {
+        self.process.send_signal(name);
+    }
+
+    /// Panics (with the log) if the server has exited.
+    pub fn assert_running(&mut self) {
+        self.process.assert_running();
+    }
+
     /// Kills the server (as a crash would) and waits for it to exit.
     pub fn kill(mut self) {
         self.process.kill();

@@ -21,7 +21,8 @@ pub(super) const MAX_ACTION_BODY_BYTES: usize = 4096;
 #[derive(Clone)]
 pub(super) struct App {
     pub(super) shared: Arc<Shared>,
-    pub(super) token: Option<Arc<str>>,
+    /// The Admin token's check (actions).
+    pub(super) gate: Arc<crate::auth::AdminGate>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
 use super::figures::{self, View};
 use super::{clean, Actor, MAX_REASON_LEN};
-use crate::admin::{bearer_token, constant_time_eq};
+use crate::auth::{AdminGate, Denied};
 use crate::round::Snapshot;
 use crate::topology::ChangeError;
 use cdnmap_mapper::model::shown_id;
+use std::net::IpAddr;
 
 /// Map units listed per cluster in `/api/clusters` unless `top` says otherwise.
 pub const DEFAULT_TOP_UNITS: usize = 5;
@@ -326,31 +327,37 @@ pub(super) struct StateAnswer {
     warnings: Vec<String>,
 }
 
-/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor (the dashboard's
-/// actions and `/record`).
+/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor, through the same
+/// gate (the dashboard's actions and `/record`; `remote`: who asks): a source that failed too
+/// often is refused with 429.
 ///
 /// `what` names what was asked for in the refusal ("actions", "/record").
 pub(crate) fn authorize(
-    token: Option<&str>,
+    gate: &AdminGate,
     headers: &HeaderMap,
+    remote: Option<IpAddr>,
     what: &str,
 ) -> Result<(), ApiError> {
-    let Some(token) = token else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("{what} are disabled: the server has no admin_token configured"),
-        ));
-    };
     let given = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    match given {
-        Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
-        None => Err(ApiError::new(
+        .and_then(|v| v.to_str().ok());
+    match gate.check(given, remote, "http", what) {
+        Ok(()) => Ok(()),
+        Err(Denied::Disabled) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            format!("{what} are disabled: the server has no admin_token configured"),
+        )),
+        Err(Denied::Wrong) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
+        Err(Denied::Missing) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             format!("{what} need \"Authorization: Bearer <admin token>\""),
+        )),
+        Err(Denied::TooMany { retry_after }) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many failed Admin authentications from this address: retry in {} s",
+                retry_after.as_secs().max(1)
+            ),
         )),
     }
 }
@@ -365,7 +372,7 @@ pub(super) async fn set_state(
     let remote = extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(a)| *a);
-    if let Err(e) = authorize(app.token.as_deref(), &headers, "actions") {
+    if let Err(e) = authorize(&app.gate, &headers, remote.map(|a| a.ip()), "actions") {
         tracing::warn!(cluster = %shown_id(&id), ?remote, error = %e.message, "dashboard action refused");
         return Err(e);
     }

@@ -42,7 +42,7 @@ const APP_CSS: &str = include_str!("../../assets/app.css");
 const LAND_JS: &str = include_str!("../../assets/land.js");
 
 /// The dashboard's routes: `/`, `/assets/*` and `/api/*`.
-pub fn router(shared: Arc<Shared>, token: Option<Arc<str>>) -> Router {
+pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router {
     let api = Router::new()
         .route("/status", get(status))
         .route("/clusters", get(clusters))
@@ -82,7 +82,7 @@ pub fn router(shared: Arc<Shared>, token: Option<Arc<str>>) -> Router {
             get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
         )
         .nest("/api", api)
-        .with_state(App { shared, token })
+        .with_state(App { shared, gate })
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -237,7 +237,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
         churn: s.as_ref().and_then(|s| s.churn),
         mean_rtt_ms,
-        actions_enabled: app.token.is_some(),
+        actions_enabled: app.gate.enabled(),
         replication: replication.map(|r| ReplicationBody {
             node_id: r.node_id,
             role: r.role,
