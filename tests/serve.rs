@@ -3336,6 +3336,7 @@ fn http_raw(addr: std::net::SocketAddr, request: &str) -> (String, String) {
 /// and after each the dashboard answers as before.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_http_requests_get_exact_errors_and_the_server_serves_on() {
+    const PARSE_ERROR: &str = r#"{"error":"the request could not be read as HTTP/1.1: its method, target, version or a header is malformed (a space, quote or byte beyond ASCII in the target must be percent-encoded)"}"#;
     let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let http = server.http;
@@ -3448,6 +3449,26 @@ async fn bad_http_requests_get_exact_errors_and_the_server_serves_on() {
             ),
             "413",
             r#"length limit exceeded"#.into(),
+        ),
+        // Requests hyper cannot parse never reach a route (issue 41, a nit: they were answered
+        // 400 with an empty body).
+        (
+            "a lookup with a raw quote in its target",
+            http_raw(
+                http,
+                "GET /api/lookup?q=a\"b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            ),
+            "400",
+            PARSE_ERROR.into(),
+        ),
+        (
+            "a lookup with a raw space and a byte beyond ASCII in its target",
+            http_raw(
+                http,
+                "GET /api/lookup?q=1.2.3.4 é HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            ),
+            "400",
+            PARSE_ERROR.into(),
         ),
         (
             "a method no route takes",

@@ -17,6 +17,7 @@ pub mod lead;
 pub mod listen;
 pub mod mapping;
 pub mod memory;
+pub mod parse_error;
 pub mod record;
 pub mod round;
 pub mod selection;

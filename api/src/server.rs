@@ -174,6 +174,9 @@ async fn serve_http(
             });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         tokio::spawn(async move {
+            // A request hyper cannot parse is answered by hyper itself: with a JSON body too
+            // (`parse_error`).
+            let conn = crate::parse_error::Explained::new(conn);
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(conn), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, %remote, "an HTTP connection ended with an error");
