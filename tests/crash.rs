@@ -915,20 +915,7 @@ async fn a_damaged_map_file_or_snapshot_is_skipped_and_the_restart_serves() {
     let damaged_dir = setup.dir.path().join("data").join("damaged");
     let units = all_units(&server).await;
     let drained = all_clusters(&server).await.remove(0).id;
-    ok(
-        server
-            .admin()
-            .set_cluster_state(authed(
-                pb::SetClusterStateRequest {
-                    id: drained.clone(),
-                    state: pb::ClusterState::Drained as i32,
-                    reason: "issue 41".into(),
-                },
-                Some(TOKEN),
-            ))
-            .await,
-        "SetClusterState",
-    );
+    set_state(&server, &drained, pb::ClusterState::Drained).await;
     let before = status(&server).await;
     stored_at_least(&server, before.map_version).await;
     let is_drained = |server: &Server| {

@@ -2407,33 +2407,43 @@ async fn connections_that_stop_after_a_byte_or_the_preface_are_closed_at_the_dea
     }
 }
 
-/// A gRPC call as raw HTTP/2 on a new connection to `addr`: the preface, SETTINGS, and one
-/// Health.Check (its headers as HPACK literals, its empty message), with the connection kept
-/// open after it; the connection once an answer came (the server's first bytes).
-fn h2_one_call(s: &mut std::net::TcpStream) {
-    use std::io::{Read, Write};
+/// The header block of a gRPC request for `path`: each header a literal field without
+/// indexing, a new name (RFC 7541 §6.2.2), no Huffman coding.
+fn h2_request_headers(path: &str) -> Vec<u8> {
     let mut block = Vec::new();
     for (name, value) in [
         (":method", "POST"),
         (":scheme", "http"),
-        (":path", "/grpc.health.v1.Health/Check"),
+        (":path", path),
         (":authority", "localhost"),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
     ] {
-        // A literal header field without indexing, a new name (RFC 7541 §6.2.2), no Huffman.
         block.push(0);
         block.push(name.len() as u8);
         block.extend_from_slice(name.as_bytes());
         block.push(value.len() as u8);
         block.extend_from_slice(value.as_bytes());
     }
-    let frame = |kind: u8, flags: u8, payload: &[u8]| {
-        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-        f.extend_from_slice(&[kind, flags, 0, 0, 0, 1]);
-        f.extend_from_slice(payload);
-        f
-    };
+    block
+}
+
+/// An HTTP/2 frame (RFC 9113 §4.1): its length, type, flags, stream and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A gRPC call as raw HTTP/2 on a new connection to `addr`: the preface, SETTINGS, and one
+/// Health.Check (its headers as HPACK literals, its empty message), with the connection kept
+/// open after it; the connection once an answer came (the server's first bytes).
+fn h2_one_call(s: &mut std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let block = h2_request_headers("/grpc.health.v1.Health/Check");
+    let frame = |kind, flags, payload: &[u8]| h2_frame(kind, flags, 1, payload);
     s.write_all(H2_PREFACE).expect("the preface");
     s.write_all(H2_SETTINGS).expect("SETTINGS");
     s.write_all(&frame(1, 0x4, &block)).expect("HEADERS"); // END_HEADERS
@@ -2623,28 +2633,8 @@ async fn over_mutual_tls_only_what_anonymous_clients_may_ask_keeps_a_connection(
 /// reads: the mapper can send them nothing. The connection is kept open.
 fn h2_watch_without_reading(addr: std::net::SocketAddr, streams: u32) -> std::net::TcpStream {
     use std::io::Write;
-    let mut block = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/cdnmap.v1.Mapping/WatchMap"),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ] {
-        block.push(0);
-        block.push(name.len() as u8);
-        block.extend_from_slice(name.as_bytes());
-        block.push(value.len() as u8);
-        block.extend_from_slice(value.as_bytes());
-    }
-    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
-        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-        f.extend_from_slice(&[kind, flags]);
-        f.extend_from_slice(&stream.to_be_bytes());
-        f.extend_from_slice(payload);
-        f
-    };
+    let block = h2_request_headers("/cdnmap.v1.Mapping/WatchMap");
+    let frame = h2_frame;
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     s.write_all(H2_PREFACE).expect("the preface");
     // SETTINGS_INITIAL_WINDOW_SIZE (0x4) = 0.

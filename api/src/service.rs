@@ -1422,6 +1422,15 @@ mod tests {
         assert!(column(25_000)[1..].iter().all(|v| v.is_nan()));
     }
 
+    /// A runtime of two worker threads, as a test of a start and its rounds runs on.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+
     /// Starts the service on `config`'s store once the last start's store has let go of its
     /// lock (sled releases it a moment after the last handle is dropped).
     fn start(config: &Config) -> Arc<Shared> {
@@ -1481,13 +1490,6 @@ mod tests {
             data_dir: dir.path().join("data"),
             ..Config::default()
         };
-        let runtime = || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime")
-        };
         let mut rounds = 0i64;
         let mut before: Option<(Vec<u8>, u64)> = None;
         for (run, more) in [(0, 6), (1, CHECKPOINT_ROUNDS as i64 + 2), (2, 1)] {
@@ -1541,13 +1543,6 @@ mod tests {
         };
         let values = config.data_dir.join("values");
         let away = dir.path().join("values-away");
-        let runtime = || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime")
-        };
         let rt = runtime();
         rt.block_on(async {
             let shared = start(&config);
