@@ -819,6 +819,7 @@ impl Shared {
                 // writes a whole checkpoint.
                 let snapshot = Arc::new(snapshot);
                 self.last_solved.store(Some(Arc::clone(&snapshot)));
+                self.refer(&snapshot);
                 if let Ok(mut c) = self.checkpoint.lock() {
                     c.stored = None;
                 }
