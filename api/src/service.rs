@@ -313,7 +313,7 @@ impl Shared {
         for skipped in &from_store.skipped {
             tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
         }
-        let (topology, seq) = (start.topology, start.seq);
+        let (topology, seq, replayed) = (start.topology, start.seq, start.replayed);
         let served = match from_store.served {
             Some(s) => Some(s),
             None if from_store.skipped_version.is_none() => legacy_served(&store, &topology),
@@ -349,7 +349,14 @@ impl Shared {
             server_loads: ServerLoads::default(),
             rtt: Mutex::new(RttTable::new(config.rtt)),
             budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
-            topology: SharedTopology::start(store.clone(), topology, seq, log, Arc::clone(&lead)),
+            topology: SharedTopology::start(
+                store.clone(),
+                topology,
+                seq,
+                replayed,
+                log,
+                Arc::clone(&lead),
+            ),
             published: ArcSwapOption::empty(),
             last_solved: ArcSwapOption::empty(),
             reference: ArcSwapOption::empty(),

@@ -61,16 +61,17 @@ pub(super) fn replay(
 
 /// [`replay`], skipping each edit that does not read or no longer applies (stored by an
 /// older build that took what this one refuses, or after a snapshot that was lost); what was
-/// skipped, each naming the edit and why. What a start replays: an edit it cannot carry out
-/// must not keep it from starting.
+/// skipped, each naming the edit and why, and what the replay cost (`Applied::cost`, summed).
+/// What a start replays: an edit it cannot carry out must not keep it from starting.
 pub(super) fn replay_skipping(
     topology: Topology,
     seq: u64,
     entries: &[(u64, Vec<u8>)],
     journal: &Path,
-) -> (Topology, Vec<String>) {
+) -> (Topology, Vec<String>, u64) {
     let mut now = Arc::new(topology);
     let mut skipped = Vec::new();
+    let mut cost = 0u64;
     for (n, bytes) in entries {
         debug_assert!(*n > seq);
         let applied = serde_json::from_slice::<Edit>(bytes)
@@ -88,14 +89,17 @@ pub(super) fn replay_skipping(
             })
             .and_then(|edit| apply(&now, &edit).map_err(|e| format!("it no longer applies: {e}")));
         match applied {
-            Ok(a) => now = a.topology,
+            Ok(a) => {
+                cost = cost.saturating_add(a.cost);
+                now = a.topology;
+            }
             Err(problem) => skipped.push(format!(
                 "edit {n} of the topology journal in {} is skipped: {problem}",
                 journal.display()
             )),
         }
     }
-    (Arc::unwrap_or_clone(now), skipped)
+    (Arc::unwrap_or_clone(now), skipped, cost)
 }
 
 /// The stored topology after edit `seq`: the newest snapshot at or before it, with the

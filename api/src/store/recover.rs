@@ -46,6 +46,10 @@ pub struct StartTopology {
     pub exact: bool,
     /// What was skipped, each naming a file or an edit and why.
     pub skipped: Vec<String>,
+    /// What replaying the journal onto the snapshot cost (`Applied::cost`, summed): the
+    /// topology writer goes on counting from it, so a snapshot is taken once replays cost
+    /// more than `topology::replay_budget`, however many starts the edits were made across.
+    pub replayed: u64,
 }
 
 /// The served map a start serves ([`Store::start_served`]).
@@ -88,6 +92,7 @@ impl Store {
                 fresh: true,
                 exact: true,
                 skipped: Vec::new(),
+                replayed: 0,
             });
         }
         let mut skipped = Vec::new();
@@ -167,7 +172,8 @@ impl Store {
             }
         };
         let entries = self.journal.read(from, last)?;
-        let (topology, refused) = replay_skipping(topology, from, &entries, self.journal.dir());
+        let (topology, refused, replayed) =
+            replay_skipping(topology, from, &entries, self.journal.dir());
         if damage.is_some() || !refused.is_empty() {
             exact = false;
             skipped.extend(refused);
@@ -185,6 +191,8 @@ impl Store {
             seq,
             fresh: false,
             exact,
+            // The snapshot just written (after a skip) has nothing to replay after it.
+            replayed: if skipped.is_empty() { replayed } else { 0 },
             skipped,
         })
     }

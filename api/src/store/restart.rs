@@ -230,7 +230,7 @@ fn run<'a>(
     let store = super::tests::reopen(path);
     let (topology, seq, rest) = runtime.block_on(async {
         let log: crate::topology::Log = Arc::new(|_, _| {});
-        let writer = SharedTopology::start(store.clone(), start, seq, log, Default::default());
+        let writer = SharedTopology::start(store.clone(), start, seq, 0, log, Default::default());
         let mut rest = ops;
         while let Some((op, tail)) = rest.split_first() {
             rest = tail;
