@@ -2326,12 +2326,15 @@ async fn connections_that_stop_after_a_byte_or_the_preface_are_closed_at_the_dea
         (0..2 * CAP)
             .map(|i| {
                 let mut s = TcpStream::connect(addr).expect("connect");
-                if i % 2 == 0 {
-                    s.write_all(b"P").expect("a byte");
+                // The connections over the cap are closed on arrival, so a write may find the
+                // peer gone (a broken pipe or a reset); that connection is closed, as the
+                // check below wants, and the write's error is no failure.
+                let _ = if i % 2 == 0 {
+                    s.write_all(b"P")
                 } else {
-                    s.write_all(H2_PREFACE).expect("the preface");
-                    s.write_all(H2_SETTINGS).expect("SETTINGS");
-                }
+                    s.write_all(H2_PREFACE)
+                        .and_then(|()| s.write_all(H2_SETTINGS))
+                };
                 s
             })
             .collect()
