@@ -1568,4 +1568,33 @@ mod tests {
             assert!(msg.contains(key), "{toml:?}: {msg:?} does not name {key:?}");
         }
     }
+
+    /// docs/operations.md's configuration reference lists every key the configuration accepts
+    /// and no other. The accepted keys come from the parser itself (serde's "unknown field ...,
+    /// expected one of ..." for each table, `cdnmap_tests::config_doc`), not from a list kept
+    /// by hand, so a key added to `Config` or any of its tables fails this until it is
+    /// documented.
+    #[test]
+    fn the_operations_reference_lists_every_key_and_no_other() {
+        use cdnmap_tests::config_doc::{accepted_keys, assert_same_keys, documented_keys};
+        let accepted = accepted_keys(|text| {
+            toml::from_str::<Config>(text)
+                .map(drop)
+                .map_err(|e| e.message().to_string())
+        });
+        // The walk found the nested tables, maps of tables and arrays of tables.
+        for key in [
+            "cycle_secs",
+            "tls.cert_file",
+            "health.clusters.*.port",
+            "class_rules[].pattern",
+            "feedback_tokens.*",
+            "rtt.max_pairs",
+        ] {
+            assert!(accepted.contains(key), "{key} not found in {accepted:?}");
+        }
+        let doc = include_str!("../../docs/operations.md");
+        let documented = documented_keys(doc, "config-reference");
+        assert_same_keys(&documented, &accepted, "docs/operations.md");
+    }
 }
