@@ -6,7 +6,7 @@
 //! cycle_secs = 10                  # a mapping round every 10..=30 seconds
 //! grpc_listen = "127.0.0.1:50051"
 //! http_listen = "127.0.0.1:8080"   # dashboard and /metrics
-//! data_dir = "cdnmap-data"         # sled store: topology, maps, demand record
+//! data_dir = "cdnmap-data"         # the store: topology, maps, demand record
 //! maps_kept = 64                   # map versions kept in the store
 //! ttl_secs = 20                    # DNS answer TTL
 //! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
@@ -59,7 +59,7 @@
 //! margin = 0.1                     # 0: every round a cold solve
 //! incumbents_first = true
 //!
-//! [second_chance]                  # what the stable pass leaves in overflow (issue 20)
+//! [second_chance]                  # what the stable pass leaves in overflow
 //! mode = "off"                     # or "beyond-lists": the nearest clusters with room
 //!                                  # beyond a unit's candidate list
 //! max_beyond_ms = 150              # at most this much over the unit's best listed score

@@ -442,7 +442,7 @@ mod tests {
             ("zone = \"x.\"", "zone"),
             ("metrics_listen = \"127.0.0.1:5353\"", "metrics_listen"),
             // TLS: https:// needs the CA; a CA or certificate with http:// is refused, and a
-            // token over plaintext beyond loopback (issue 17).
+            // token over plaintext beyond loopback.
             ("mapper = \"https://m.example:1\"", "mapper_ca_file"),
             ("mapper_ca_file = \"ca.crt\"", "mapper_ca_file"),
             ("cert_file = \"fe.crt\"", "cert_file"),
