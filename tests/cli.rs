@@ -615,7 +615,7 @@ fn json_error_cause_is_printed_once() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sticky rounds (ARCHITECTURE.md, "Stickiness"): perturbed worlds, --previous, --stickiness,
+// Sticky rounds (docs/solver.md, "Stickiness"): perturbed worlds, --previous, --stickiness,
 // --down, --drain, and the demo's second round.
 
 /// Runs `cdnmap world` for the 3,000-unit, 40-cluster world of seed 5 with `extra` arguments.
@@ -900,7 +900,7 @@ fn sticky_round_churns_less_than_a_cold_round() {
     assert!(run.stdout.contains("ok"), "{}", run.show());
 }
 
-/// ARCHITECTURE.md: "`margin = 0` is a plain cold solve"; the `--stickiness` help: "0 = a
+/// docs/solver.md: "`margin = 0` is a cold solve"; the `--stickiness` help: "0 = a
 /// cold solve". With `--previous`, `solve` still runs the warm start (`solve_seeded`) on the
 /// unchanged instance: it reaches the same stable map, but its amounts differ from the cold
 /// solve's in the last bits (about 80 of this world's 3,000 units, ~1e-12 relative), and its

@@ -6,7 +6,7 @@
 //! cycle_secs = 10                  # a mapping round every 10..=30 seconds
 //! grpc_listen = "127.0.0.1:50051"
 //! http_listen = "127.0.0.1:8080"   # dashboard and /metrics
-//! data_dir = "cdnmap-data"         # sled store: topology, maps, demand record
+//! data_dir = "cdnmap-data"         # the store: topology, maps, demand record
 //! maps_kept = 64                   # map versions kept in the store
 //! ttl_secs = 20                    # DNS answer TTL
 //! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
@@ -59,7 +59,7 @@
 //! margin = 0.1                     # 0: every round a cold solve
 //! incumbents_first = true
 //!
-//! [second_chance]                  # what the stable pass leaves in overflow (issue 20)
+//! [second_chance]                  # what the stable pass leaves in overflow
 //! mode = "off"                     # or "beyond-lists": the nearest clusters with room
 //!                                  # beyond a unit's candidate list
 //! max_beyond_ms = 150              # at most this much over the unit's best listed score
@@ -1567,5 +1567,34 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(key), "{toml:?}: {msg:?} does not name {key:?}");
         }
+    }
+
+    /// docs/operations.md's configuration reference lists every key the configuration accepts
+    /// and no other. The accepted keys come from the parser itself (serde's "unknown field ...,
+    /// expected one of ..." for each table, `cdnmap_tests::config_doc`), not from a list kept
+    /// by hand, so a key added to `Config` or any of its tables fails this until it is
+    /// documented.
+    #[test]
+    fn the_operations_reference_lists_every_key_and_no_other() {
+        use cdnmap_tests::config_doc::{accepted_keys, assert_same_keys, documented_keys};
+        let accepted = accepted_keys(|text| {
+            toml::from_str::<Config>(text)
+                .map(drop)
+                .map_err(|e| e.message().to_string())
+        });
+        // The walk found the nested tables, maps of tables and arrays of tables.
+        for key in [
+            "cycle_secs",
+            "tls.cert_file",
+            "health.clusters.*.port",
+            "class_rules[].pattern",
+            "feedback_tokens.*",
+            "rtt.max_pairs",
+        ] {
+            assert!(accepted.contains(key), "{key} not found in {accepted:?}");
+        }
+        let doc = include_str!("../../docs/operations.md");
+        let documented = documented_keys(doc, "config-reference");
+        assert_same_keys(&documented, &accepted, "docs/operations.md");
     }
 }

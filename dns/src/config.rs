@@ -442,7 +442,7 @@ mod tests {
             ("zone = \"x.\"", "zone"),
             ("metrics_listen = \"127.0.0.1:5353\"", "metrics_listen"),
             // TLS: https:// needs the CA; a CA or certificate with http:// is refused, and a
-            // token over plaintext beyond loopback (issue 17).
+            // token over plaintext beyond loopback.
             ("mapper = \"https://m.example:1\"", "mapper_ca_file"),
             ("mapper_ca_file = \"ca.crt\"", "mapper_ca_file"),
             ("cert_file = \"fe.crt\"", "cert_file"),
@@ -578,5 +578,23 @@ mod tests {
             ..DnsConfig::default()
         };
         assert_eq!(tls.validate().map_err(|e| e.to_string()), Ok(()));
+    }
+
+    /// docs/dns.md's configuration reference lists every key the front end's configuration
+    /// accepts and no other, the accepted keys found by asking the parser
+    /// (`cdnmap_tests::config_doc`).
+    #[test]
+    fn the_dns_reference_lists_every_key_and_no_other() {
+        use cdnmap_tests::config_doc::{accepted_keys, assert_same_keys, documented_keys};
+        let accepted = accepted_keys(|text| {
+            DnsConfig::parse_toml(text).map(drop).map_err(|e| match e {
+                ConfigError::Toml(e) => e.message().to_string(),
+                other => other.to_string(),
+            })
+        });
+        assert!(accepted.contains("udp_coalesce_us"), "{accepted:?}");
+        let doc = include_str!("../../docs/dns.md");
+        let documented = documented_keys(doc, "dns-config-reference");
+        assert_same_keys(&documented, &accepted, "docs/dns.md");
     }
 }

@@ -1381,7 +1381,7 @@ fn rejection_rotation_is_followed_to_the_stable_allocation() {
 /// repair rounds gets the same budget and runs out too, and the map returned has a blocking pair
 /// the verifier reports: (c, x), x could take 1e-4 more of c. Even at δ = 1e-3 the bound is hit
 /// (a repair round then finishes the job). The pass is not linear in the candidate lists, as
-/// ARCHITECTURE.md ("Cost") and DESIGN.md claim: evicted demand re-offered to a unit's current
+/// docs/solver.md ("Cost") and DESIGN.md claim: evicted demand re-offered to a unit's current
 /// candidate moves along a rejection rotation one displaced amount at a time, so the number of
 /// offers grows like demand / δ.
 #[test]

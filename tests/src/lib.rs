@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+pub mod config_doc;
 pub mod dns;
 pub mod etcd;
 pub mod fuzz;

@@ -7,7 +7,7 @@
 //! (score, then cluster id).
 //!
 //! Map units are stored column-wise (one vector per field, candidates in one flat arena) so that
-//! ten million of them fit in a few GB: see `ARCHITECTURE.md`, "Memory".
+//! ten million of them fit in a few GB: see `docs/solver.md` and `docs/perf/solver.md`.
 //!
 //! Its parts, whose items are re-exported here (every path stays `model::...`):
 //! - `limits`: the named limits, the index types, and the number checks validation shares;
