@@ -181,7 +181,7 @@ pub struct Config {
     pub learning: bool,
     /// How long feedback reports stay in the demand record, by arrival: counted as reports
     /// keep arriving, so a jump of the wall clock hides none (a pause in the feed counts as
-    /// a minute at most, `store::reports`).
+    /// a minute at most, `cdnmap_store`'s `reports`).
     pub record_retention_hours: u64,
     /// The most disk the demand record takes, in MiB: past it the oldest reports go, whatever
     /// their age (at 100,000 demand samples a second a week of reports would be terabytes).

@@ -10,15 +10,15 @@ use cdnmap_proto::MAX_REPORT_SAMPLES;
 use ipnet::IpNet;
 use tonic::{Request, Response, Status};
 
-use crate::record::{
-    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
-    ServerLoad, Target,
-};
 use crate::service::{
     invalid, now_unix_ms, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
 };
 use cdnmap_estimator::rtt::RttTable;
 use cdnmap_mapper::model::{shown_id, shown_number};
+use cdnmap_store::record::{
+    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
+    ServerLoad, Target,
+};
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
 pub struct FeedbackService(pub Arc<Shared>);
@@ -91,7 +91,7 @@ impl FeedbackService {
             report,
         });
         let shared = Arc::clone(&self.0);
-        let bounds = crate::store::ReportBounds {
+        let bounds = cdnmap_store::ReportBounds {
             retain_ms: shared.config.record_retention_hours as i64 * 3_600_000,
             max_reports: MAX_REPORTS,
             max_bytes: shared.config.record_max_mb << 20,

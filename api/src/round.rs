@@ -59,7 +59,7 @@ impl Snapshot {
     /// A snapshot read back from the store, as it was published: its identity, instance and
     /// map, indexed with `rules` (no stats, churn or timings: no round made it here).
     pub fn restored(
-        served: crate::store::Served,
+        served: cdnmap_store::Served,
         rules: ClassRules,
     ) -> Result<Snapshot, ServeError> {
         let resolver = Resolver::of_solution(&served.topology, &served.map, rules)?;

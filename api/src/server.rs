@@ -76,7 +76,7 @@ async fn record(
         let mut chunk = String::with_capacity(RECORD_CHUNK);
         let mut failed = None;
         let walked = store.for_each_report(from, to, |at, payload| {
-            if let Err(e) = crate::record::push_json_line(&mut chunk, at, payload) {
+            if let Err(e) = cdnmap_store::record::push_json_line(&mut chunk, at, payload) {
                 failed = Some(e);
                 return false;
             }

@@ -21,8 +21,10 @@ use crate::config::Config;
 use crate::driver::{Driver, Observations, StepError, StepTimings};
 use crate::round::{Snapshot, Solved};
 use crate::selection::{self, ServerLoads};
-use crate::store::{EstimatorLog, Served, ServedRef, Store};
-use crate::topology::{Applied, Change, ChangeError, SharedTopology};
+use cdnmap_store::edit::Applied;
+use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
+
+use crate::topology::{Change, ChangeError, SharedTopology};
 
 /// The most addresses one answer carries.
 pub const MAX_ANSWER_ADDRESSES: usize = 8;
@@ -235,7 +237,7 @@ impl Shared {
     /// Nothing an acknowledged Admin change did can make a start fail: the served map carries
     /// the instance it was solved with, and a selection override naming a cluster that is gone
     /// is a warning. Nor can a damaged stored file: the start falls back to the newest state
-    /// that reads, and says what it skipped (`store::recover`).
+    /// that reads, and says what it skipped (`cdnmap_store`'s `recover`).
     ///
     /// `initial` is called only when the store has no topology (a world of millions of units
     /// takes seconds to generate or read, which a restart then does not spend).
@@ -250,7 +252,7 @@ impl Shared {
         // above every epoch a front end may hold (issue 41).
         let epoch = store.next_epoch(u64::try_from(now_unix_ms()).unwrap_or(0))?;
         // The stored topology; where a stored file is damaged, the newest state that reads,
-        // each file or edit skipped said here (`store::recover`).
+        // each file or edit skipped said here (`cdnmap_store`'s `recover`).
         // `initial`'s own error is the start's, as it is (a bad instance file, say).
         let mut initial_error = None;
         let start = store.start_topology(Limits::default(), || {
@@ -490,7 +492,7 @@ impl Shared {
 
     /// Takes the samples of an acknowledged RTT report, received at `at_ms`, into the table
     /// (those of a prefix no map unit covered are only in the record).
-    pub(crate) fn take_rtt(&self, body: &crate::record::RttBody, at_ms: i64) {
+    pub(crate) fn take_rtt(&self, body: &cdnmap_store::record::RttBody, at_ms: i64) {
         let Ok(mut table) = self.rtt.lock() else {
             return;
         };
@@ -516,10 +518,10 @@ impl Shared {
         let read = self
             .store
             .for_each_report(now.saturating_sub(max_age_ms), i64::MAX, |at, bytes| {
-                if crate::record::is_rtt(bytes) {
-                    match crate::record::decode(bytes) {
-                        Ok(crate::record::RecordedReport {
-                            report: crate::record::Report::Rtt(body),
+                if cdnmap_store::record::is_rtt(bytes) {
+                    match cdnmap_store::record::decode(bytes) {
+                        Ok(cdnmap_store::record::RecordedReport {
+                            report: cdnmap_store::record::Report::Rtt(body),
                             ..
                         }) => {
                             reports += 1;
@@ -658,7 +660,7 @@ impl Shared {
                         crate::lead::etcd::EDITS_KEPT
                     ));
                 }
-                let edit: crate::edit::Edit = serde_json::from_slice(&bytes)
+                let edit: cdnmap_store::edit::Edit = serde_json::from_slice(&bytes)
                     .map_err(|e| format!("edit {seq} of the replicas' log: {e}"))?;
                 match self.topology.apply_shared(seq, edit).await {
                     Ok(_) => applied += 1,
@@ -713,7 +715,7 @@ impl Shared {
     }
 
     /// Waits until every write acknowledged so far is on disk.
-    pub fn flush(&self) -> Result<(), crate::store::StoreError> {
+    pub fn flush(&self) -> Result<(), cdnmap_store::StoreError> {
         self.store.flush_all()
     }
 
@@ -1290,7 +1292,7 @@ fn legacy_served(store: &Store, topology: &Topology) -> Option<Served> {
             solved_at_unix_ms: meta.solved_at_unix_ms,
             topology: topology.clone(),
             map,
-            estimator: crate::store::EstimatorLog::default(),
+            estimator: EstimatorLog::default(),
         }),
         Ok(None) => None,
         Err(e) => {

@@ -104,8 +104,8 @@ mod tests {
     use cdnmap_serve::watch::{Applied, FollowError, Follower};
 
     use crate::round::round;
-    use crate::store::{ServedRef, Store};
     use cdnmap_dns::local::LocalView;
+    use cdnmap_store::{ServedRef, Store};
 
     const CLASSES: [&str; 3] = ["web", "video", "apps"];
     const QNAMES: [&str; 3] = [

@@ -202,7 +202,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
     };
     // A traffic class that no up cluster serves (its last cluster drained or deleted) is
     // shown too: its clients get no address.
-    let unserved_classes = crate::topology::unserved_classes(&topo);
+    let unserved_classes = cdnmap_store::edit::unserved_classes(&topo);
     let banner = banner.or_else(|| {
         (!unserved_classes.is_empty()).then(|| {
             format!(
