@@ -4,10 +4,8 @@
 
 pub mod admin;
 pub mod auth;
-pub mod budget;
 pub mod config;
 pub mod dashboard;
-pub mod driver;
 pub mod feedback;
 #[cfg(test)]
 mod fuzz;
@@ -17,7 +15,6 @@ pub mod listen;
 pub mod mapping;
 pub mod memory;
 pub mod parse_error;
-pub mod round;
 pub mod selection;
 pub mod server;
 pub mod service;
@@ -27,4 +24,3 @@ pub mod topology;
 pub mod watch;
 
 pub use config::{Config, ConfigError};
-pub use round::{round, RoundError, Snapshot};

@@ -18,9 +18,9 @@ use tokio::sync::broadcast;
 use tonic::Status;
 
 use crate::config::Config;
-use crate::driver::{Driver, Observations, StepError, StepTimings};
-use crate::round::{Snapshot, Solved};
 use crate::selection::{self, ServerLoads};
+use cdnmap_engine::driver::{Driver, Observations, StepError, StepTimings};
+use cdnmap_engine::round::{Snapshot, Solved};
 use cdnmap_store::edit::Applied;
 use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
 
@@ -57,7 +57,7 @@ pub struct Published {
 #[derive(Debug)]
 pub struct Reference {
     pub snapshot: Arc<Snapshot>,
-    pub classes: crate::budget::ClassDemand,
+    pub classes: cdnmap_engine::budget::ClassDemand,
 }
 
 /// The state shared by the loop and every handler.
@@ -102,7 +102,7 @@ pub struct Shared {
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// Each feedback source's budget.
-    pub(crate) budgets: crate::budget::Budgets,
+    pub(crate) budgets: cdnmap_engine::budget::Budgets,
     /// In-cluster selection: the last reported server loads.
     pub(crate) server_loads: ServerLoads,
     /// Measured RTTs (Feedback's `ReportRtt`), rebuilt from the record at a start: each
@@ -129,7 +129,7 @@ pub(crate) struct Pending {
     pub(crate) since_ms: Option<i64>,
     /// What each source has added in this period, and the reports admitted but not yet
     /// stored (`budget::RoundLedger`).
-    pub(crate) ledger: crate::budget::RoundLedger,
+    pub(crate) ledger: cdnmap_engine::budget::RoundLedger,
 }
 
 /// The demand of a period of `period_ms` (counts summed over it) as the demand of one cycle
@@ -350,7 +350,7 @@ impl Shared {
             }),
             server_loads: ServerLoads::default(),
             rtt: Mutex::new(RttTable::new(config.rtt)),
-            budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
+            budgets: cdnmap_engine::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(
                 store.clone(),
                 topology,
@@ -386,7 +386,8 @@ impl Shared {
         if let Some(s) = served {
             let t = Instant::now();
             let rules = shared.rules(&s.topology)?;
-            let snapshot = Snapshot::restored(s, rules)?;
+            let identity = (s.epoch, s.version, s.solved_at_unix_ms);
+            let snapshot = Snapshot::restored(identity, s.topology, s.map, rules)?;
             tracing::info!(
                 epoch = snapshot.epoch,
                 version = snapshot.version,
@@ -748,7 +749,7 @@ impl Shared {
 
     /// Makes `snapshot` the round Feedback's bounds are relative to.
     fn refer(&self, snapshot: &Arc<Snapshot>) {
-        let classes = crate::budget::ClassDemand::of(&snapshot.topology);
+        let classes = cdnmap_engine::budget::ClassDemand::of(&snapshot.topology);
         self.reference.store(Some(Arc::new(Reference {
             snapshot: Arc::clone(snapshot),
             classes,
@@ -1053,7 +1054,7 @@ impl Shared {
         );
         // A period shorter than a cycle was scaled up: each unit is held to its bound again.
         if let Some(reference) = self.reference() {
-            let clipped = crate::budget::limit_period(
+            let clipped = cdnmap_engine::budget::limit_period(
                 &mut pending.demand,
                 &reference.snapshot.topology,
                 &reference.classes,
@@ -1091,7 +1092,10 @@ impl Shared {
                     leader_version = leader.identity.version,
                     "the round is seeded from the leader's map"
                 );
-                Some(crate::round::map_of_shares(&leader.map, &prev.topology))
+                Some(cdnmap_engine::round::map_of_shares(
+                    &leader.map,
+                    &prev.topology,
+                ))
             }
             _ => None,
         };
@@ -1125,7 +1129,7 @@ impl Shared {
         } else {
             0.0
         });
-        let utilization = crate::round::utilization(&snapshot.topology, &snapshot.map);
+        let utilization = cdnmap_engine::round::utilization(&snapshot.topology, &snapshot.map);
         for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
             metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
         }

@@ -14,11 +14,11 @@ use cdnmap_mapper::{ClusterState, Instance};
 use serde::{Deserialize, Serialize};
 
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
-use super::figures::{self, View};
 use super::{clean, Actor, MAX_REASON_LEN};
 use crate::auth::{AdminGate, Denied};
-use crate::round::Snapshot;
 use crate::topology::ChangeError;
+use cdnmap_engine::figures::{self, View};
+use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::model::shown_id;
 use cdnmap_store::edit::EditError;
 use std::net::IpAddr;
