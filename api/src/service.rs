@@ -588,7 +588,7 @@ impl Shared {
     /// only if this replica still leads that term (by its lease's deadline) and etcd's
     /// transaction, comparing the leader key's revision, writes the publication. A map not
     /// published is still the next round's seed.
-    async fn may_publish(&self, term: Option<&crate::lead::Term>, snapshot: &Snapshot) -> bool {
+    async fn may_publish(&self, term: Option<&cdnmap_lead::Term>, snapshot: &Snapshot) -> bool {
         let (Some(lead), Some(term)) = (self.lead.get(), term) else {
             return false;
         };
@@ -658,7 +658,7 @@ impl Shared {
                         "edit {next} of the replicas' log is no longer in etcd (it keeps the \
                          newest {}): this replica cannot catch up; start it on a copy of \
                          another replica's data_dir",
-                        crate::lead::etcd::EDITS_KEPT
+                        crate::lead::EDITS_KEPT
                     ));
                 }
                 let edit: cdnmap_store::edit::Edit = serde_json::from_slice(&bytes)
@@ -687,7 +687,7 @@ impl Shared {
         let lead = self.lead.get()?;
         let status = lead.status().borrow().clone();
         let (role, leader_epoch) = match &status.role {
-            Some(crate::lead::Role::Leader { epoch, .. }) => ("leader", *epoch),
+            Some(cdnmap_lead::Role::Leader { epoch, .. }) => ("leader", *epoch),
             _ => ("standby", 0),
         };
         Some(cdnmap_proto::v1::Replication {
@@ -1210,7 +1210,7 @@ impl Shared {
 /// Waits for the election's next change; true when it made this replica the leader (it was
 /// not). Never ready without an election.
 async fn leadership_won(
-    status: &mut Option<tokio::sync::watch::Receiver<crate::lead::etcd::Status>>,
+    status: &mut Option<tokio::sync::watch::Receiver<crate::lead::Status>>,
     leading: &mut bool,
 ) -> bool {
     let Some(rx) = status else {
@@ -1221,7 +1221,7 @@ async fn leadership_won(
     }
     let leads = matches!(
         rx.borrow_and_update().role,
-        Some(crate::lead::Role::Leader { .. })
+        Some(cdnmap_lead::Role::Leader { .. })
     );
     let won = leads && !*leading;
     *leading = leads;

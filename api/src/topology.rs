@@ -132,7 +132,7 @@ struct Request {
 
 /// Replicated, this replica's part in the election (set once the service has connected to
 /// etcd): the writer appends the leader's changes to the replicas' log through it.
-pub type Lead = Arc<std::sync::OnceLock<Arc<crate::lead::etcd::Coordinator>>>;
+pub type Lead = Arc<std::sync::OnceLock<Arc<crate::lead::Coordinator>>>;
 
 /// The published topology and the journal's sequence number of the last edit in it (the
 /// topology is the stored one after that many edits).
@@ -306,7 +306,7 @@ async fn carry_out(
     shared_seq: Option<u64>,
     now: &Arc<Versioned>,
     store: &Store,
-    lead: Option<&Arc<crate::lead::etcd::Coordinator>>,
+    lead: Option<&Arc<crate::lead::Coordinator>>,
 ) -> Result<(Applied, u64, u64), ChangeError> {
     let next = now.seq + 1;
     let term = match (lead, shared_seq) {
