@@ -719,12 +719,83 @@ impl Work<'_> {
         report: &mut SecondChanceReport,
     ) {
         use crate::geo::unit_vector;
-        let inst = self.inst;
-        let vectors: Vec<[f64; 3]> = inst
+        let vectors: Vec<[f64; 3]> = self
+            .inst
             .clusters()
             .iter()
             .map(|cl| unit_vector(cl.lat, cl.lon))
             .collect();
+        let pending: Vec<UnitIdx> = (0..n as UnitIdx).filter(|&u| self.left(u)).collect();
+        if let Some(prev) = previous {
+            self.keep_beyond(&pending, &vectors, params, prev, report);
+        }
+        self.nearest_beyond(&pending, &vectors, params, report);
+    }
+
+    /// Whether unit `u` still overflows.
+    fn left(&self, u: UnitIdx) -> bool {
+        self.overflow[u as usize] > EPS * self.inst.unit_demand(u).max(1.0)
+    }
+
+    /// Whether cluster `c` has room for each class.
+    fn roomy(&self, c: ClusterIdx) -> Vec<bool> {
+        (0..self.inst.classes().len())
+            .map(|k| self.room(k as ClassIdx, c) > EPS)
+            .collect()
+    }
+
+    /// Last round's placements beyond the lists (in `prev`), kept where they still fit: each
+    /// `pending` unit gets back, up to what it had there, the clusters beyond its list that
+    /// `prev` placed it at, within its bound.
+    fn keep_beyond(
+        &mut self,
+        pending: &[UnitIdx],
+        vectors: &[[f64; 3]],
+        params: &SecondChanceParams,
+        prev: &Map,
+        report: &mut SecondChanceReport,
+    ) {
+        let inst = self.inst;
+        for &u in pending
+            .iter()
+            .take_while(|&&u| (u as usize) < prev.unit_count())
+        {
+            if !self.left(u) {
+                continue;
+            }
+            let beyond: Vec<Allocation> = prev
+                .allocations(u)
+                .iter()
+                .filter(|a| {
+                    (a.cluster as usize) < vectors.len()
+                        && !inst.candidate_cluster_set(u).contains(&a.cluster)
+                })
+                .copied()
+                .collect();
+            if beyond.is_empty() {
+                continue;
+            }
+            let Some(reach) = self.reach(u, vectors, params) else {
+                continue;
+            };
+            for a in beyond {
+                if let Some(est) = reach.estimate(&vectors[a.cluster as usize]) {
+                    self.place_beyond(u, a.cluster, a.amount, est, report);
+                }
+            }
+        }
+    }
+
+    /// Each `pending` unit still overflowing, in index order, placed at the nearest up
+    /// clusters with room for its class that are not its candidates, within its bound.
+    fn nearest_beyond(
+        &mut self,
+        pending: &[UnitIdx],
+        vectors: &[[f64; 3]],
+        params: &SecondChanceParams,
+        report: &mut SecondChanceReport,
+    ) {
+        let inst = self.inst;
         let up: Vec<(ClusterIdx, [f64; 3])> = inst
             .clusters()
             .iter()
@@ -732,13 +803,10 @@ impl Work<'_> {
             .filter(|(_, cl)| cl.state == ClusterState::Up)
             .map(|(c, _)| (c as ClusterIdx, vectors[c]))
             .collect();
-        let left =
-            |w: &Self, u: UnitIdx| w.overflow[u as usize] > EPS * w.inst.unit_demand(u).max(1.0);
-        // The units still overflowing, in index order: a sparse few of the map's, each with
-        // its candidates and location far from the one before, so they are prefetched ahead
-        // (hints only), in two stages as in the solver (`solve/ahead.rs`): a unit's columns,
-        // then its candidates, found through them.
-        let pending: Vec<UnitIdx> = (0..n as UnitIdx).filter(|&u| left(self, u)).collect();
+        // The units still overflowing are a sparse few of the map's, each with its candidates
+        // and location far from the one before, so they are prefetched ahead (hints only), in
+        // two stages as in the solver (`solve/ahead.rs`): a unit's columns, then its
+        // candidates, found through them.
         let ahead = |j: usize| {
             if let Some(&v) = pending.get(j + 16) {
                 let (units, v) = (&inst.units, v as usize);
@@ -751,50 +819,13 @@ impl Work<'_> {
                 inst.prefetch_candidate(v, inst.candidate_range(v).start);
             }
         };
-        // Last round's placements beyond the lists, kept where they still fit.
-        if let Some(prev) = previous {
-            for &u in pending
-                .iter()
-                .take_while(|&&u| (u as usize) < prev.unit_count())
-            {
-                if !left(self, u) {
-                    continue;
-                }
-                let beyond: Vec<Allocation> = prev
-                    .allocations(u)
-                    .iter()
-                    .filter(|a| {
-                        (a.cluster as usize) < vectors.len()
-                            && !inst.candidate_cluster_set(u).contains(&a.cluster)
-                    })
-                    .copied()
-                    .collect();
-                if beyond.is_empty() {
-                    continue;
-                }
-                let Some(reach) = self.reach(u, &vectors, params) else {
-                    continue;
-                };
-                for a in beyond {
-                    if let Some(est) = reach.estimate(&vectors[a.cluster as usize]) {
-                        self.place_beyond(u, a.cluster, a.amount, est, report);
-                    }
-                }
-            }
-        }
         // Which clusters have room for a class, kept true to the residuals after each
         // placement (a placement only takes room); most clusters where overflow is are full,
-        // and this skips them before any distance.
-        let classes = inst.classes().len();
-        let roomy = |w: &Self, c: ClusterIdx| -> Vec<bool> {
-            (0..classes)
-                .map(|k| w.room(k as ClassIdx, c) > EPS)
-                .collect()
-        };
-        // Per class: the positions in `up` of the clusters with room, ascending.
-        let mut with_room: Vec<Vec<usize>> = vec![Vec::new(); classes];
+        // and this skips them before any distance. Per class: the positions in `up` of the
+        // clusters with room, ascending.
+        let mut with_room: Vec<Vec<usize>> = vec![Vec::new(); inst.classes().len()];
         for (i, (c, _)) in up.iter().enumerate() {
-            for (k, r) in roomy(self, *c).into_iter().enumerate() {
+            for (k, r) in self.roomy(*c).into_iter().enumerate() {
                 if r {
                     with_room[k].push(i);
                 }
@@ -804,14 +835,14 @@ impl Work<'_> {
         let mut options: Vec<(f64, ClusterIdx, usize)> = Vec::new();
         for (j, &u) in pending.iter().enumerate() {
             ahead(j);
-            if !left(self, u) {
+            if !self.left(u) {
                 continue;
             }
             let k = inst.unit_class(u);
             if with_room[usize::from(k)].is_empty() {
                 continue; // no room for its class anywhere: nothing to estimate
             }
-            let Some(reach) = self.reach(u, &vectors, params) else {
+            let Some(reach) = self.reach(u, vectors, params) else {
                 continue;
             };
             let listed = inst.candidate_cluster_set(u);
@@ -828,7 +859,7 @@ impl Work<'_> {
             // distance, so past the first beyond the bound all are.
             options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for &(c2, c, i) in &options {
-                if !left(self, u) {
+                if !self.left(u) {
                     break;
                 }
                 let Some(est) = reach.estimate_at(c2) else {
@@ -838,7 +869,7 @@ impl Work<'_> {
                 if self.place_beyond(u, c, want, est, report) <= 0.0 {
                     continue;
                 }
-                for (k, r) in roomy(self, c).into_iter().enumerate() {
+                for (k, r) in self.roomy(c).into_iter().enumerate() {
                     if !r {
                         with_room[k].retain(|&j| j != i);
                     }

@@ -205,50 +205,51 @@ impl Report {
     /// A human-readable account of at most `max_lines` violations (plus one line saying how many
     /// were left out), naming map units, clusters and nodes by id.
     pub fn describe(&self, instance: &Instance, max_lines: usize) -> String {
-        let unit = |u: UnitIdx| {
+        let total = self.violation_count();
+        if total == 0 {
+            return "no violations".to_string();
+        }
+        let mut lines: Vec<String> = self.lines(instance).take(max_lines).collect();
+        if lines.len() < total {
+            lines.push(format!("... and {} more", total - lines.len()));
+        }
+        lines.join("\n")
+    }
+
+    /// A line for each violation, in [`Self::describe`]'s order (each made only when taken).
+    fn lines<'a>(&'a self, instance: &'a Instance) -> impl Iterator<Item = String> + 'a {
+        let unit = move |u: UnitIdx| {
             if (u as usize) < instance.unit_count() {
                 format!("{:?}", instance.unit_id(u))
             } else {
                 format!("#{u}")
             }
         };
-        let cluster = |c: ClusterIdx| match instance.clusters().get(c as usize) {
+        let cluster = move |c: ClusterIdx| match instance.clusters().get(c as usize) {
             Some(cl) => format!("{:?}", cl.id),
             None => format!("#{c} (no such cluster)"),
         };
-        let mut lines: Vec<String> = Vec::new();
-        let total = self.violation_count();
-        if total == 0 {
-            return "no violations".to_string();
-        }
-        let room = |lines: &Vec<String>| lines.len() < max_lines;
-        if let Some(s) = &self.shape {
-            lines.push(format!(
+        let shape = self.shape.iter().map(|s| {
+            format!(
                 "the map has {} map units, the instance {}",
                 s.map_units, s.instance_units
-            ));
-        }
-        for v in &self.capacity {
-            if !room(&lines) {
-                break;
-            }
+            )
+        });
+        let capacity = self.capacity.iter().map(move |v| {
             let node = instance
                 .clusters()
                 .get(v.cluster as usize)
                 .and_then(|c| c.nodes.get(v.node as usize))
                 .map_or_else(|| format!("#{}", v.node), |n| format!("{:?}", n.name));
-            lines.push(format!(
+            format!(
                 "cluster {} node {}: used {} > capacity {}",
                 cluster(v.cluster),
                 node,
                 num(v.used),
                 num(v.capacity)
-            ));
-        }
-        for v in &self.conservation {
-            if !room(&lines) {
-                break;
-            }
+            )
+        });
+        let conservation = self.conservation.iter().map(move |v| {
             let mut line = format!(
                 "map unit {}: demand {}, but allocated {} + overflow {} = {}",
                 unit(v.map_unit),
@@ -263,51 +264,43 @@ impl Report {
             if v.overflow.is_nan() || v.overflow < 0.0 {
                 line.push_str("; overflow is negative");
             }
-            lines.push(line);
-        }
-        for p in &self.not_candidate {
-            if !room(&lines) {
-                break;
-            }
-            lines.push(format!(
+            line
+        });
+        let not_candidate = self.not_candidate.iter().map(move |p| {
+            format!(
                 "map unit {}: {} placed at cluster {}, which is not one of its candidates",
                 unit(p.map_unit),
                 num(p.amount),
                 cluster(p.cluster)
-            ));
-        }
-        for p in &self.unavailable {
-            if !room(&lines) {
-                break;
-            }
+            )
+        });
+        let unavailable = self.unavailable.iter().map(move |p| {
             let state = instance
                 .clusters()
                 .get(p.cluster as usize)
                 .map_or(ClusterState::Down, |c| c.state);
-            lines.push(format!(
+            format!(
                 "map unit {}: {} placed at cluster {}, which is {}",
                 unit(p.map_unit),
                 num(p.amount),
                 cluster(p.cluster),
                 format!("{state:?}").to_lowercase()
-            ));
-        }
-        for b in &self.blocking_pairs {
-            if !room(&lines) {
-                break;
-            }
-            lines.push(format!(
+            )
+        });
+        let blocking = self.blocking_pairs.iter().map(move |b| {
+            format!(
                 "blocking pair: map unit {} and cluster {}: the cluster could take {} more of it",
                 unit(b.map_unit),
                 cluster(b.cluster),
                 num(b.gain)
-            ));
-        }
-        lines.truncate(max_lines);
-        if lines.len() < total {
-            lines.push(format!("... and {} more", total - lines.len()));
-        }
-        lines.join("\n")
+            )
+        });
+        shape
+            .chain(capacity)
+            .chain(conservation)
+            .chain(not_candidate)
+            .chain(unavailable)
+            .chain(blocking)
     }
 }
 

@@ -282,29 +282,7 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
     let c: Columns =
         postcard::from_bytes(body).map_err(|e| CompactError::Encoding(e.to_string()))?;
     let head: InstanceFile = serde_json::from_slice(&c.head).map_err(CompactError::Head)?;
-    let n = c.id_end.len();
-    for (what, len) in [
-        ("classes", c.class.len()),
-        ("demands", c.demand.len()),
-        ("latitudes", c.lat.len()),
-        ("longitudes", c.lon.len()),
-        ("candidate lists", c.cand_end.len()),
-        ("prefix lists", c.prefix_end.len()),
-    ] {
-        if len != n {
-            return Err(shape(what, format!("{len} entries for {n} map units")));
-        }
-    }
-    if c.cand_score.len() != c.cand_cluster.len() {
-        return Err(shape(
-            "candidate scores",
-            format!(
-                "{} for {} candidates",
-                c.cand_score.len(),
-                c.cand_cluster.len()
-            ),
-        ));
-    }
+    let n = check_lengths(&c)?;
     let clusters = head
         .clusters
         .iter()
@@ -355,31 +333,7 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
             "candidates",
             format_args!("{id:?}"),
         )?;
-        cands.clear();
-        for e in entries {
-            let cluster = cluster_of
-                .get(c.cand_cluster[e] as usize)
-                .copied()
-                .flatten()
-                .ok_or_else(|| {
-                    shape(
-                        "candidates",
-                        format!("map unit {id:?} names cluster {}", c.cand_cluster[e]),
-                    )
-                })?;
-            let cluster_rank = match ranks.peek() {
-                Some(&&(at, rank)) if at as usize == e => {
-                    ranks.next();
-                    Some(f64::from(rank))
-                }
-                _ => None,
-            };
-            cands.push(IndexedCandidate {
-                cluster,
-                score: f64::from(c.cand_score[e]),
-                cluster_rank,
-            });
-        }
+        unit_candidates(&c, entries, &cluster_of, &mut ranks, id, &mut cands)?;
         let packed = next_range(
             &mut prefix_at,
             c.prefix_end[u],
@@ -387,14 +341,8 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
             "prefixes",
             format_args!("{id:?}"),
         )?;
-        prefixes.clear();
-        let mut packed = &c.prefixes[packed];
-        while !packed.is_empty() {
-            prefixes.push(
-                unpack(&mut packed)
-                    .map_err(|p| shape("prefixes", format!("map unit {id:?}: {p}")))?,
-            );
-        }
+        unpack_all(&c.prefixes[packed], &mut prefixes)
+            .map_err(|p| shape("prefixes", format!("map unit {id:?}: {p}")))?;
         let spec = IndexedUnitSpec {
             id,
             class,
@@ -413,6 +361,82 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
         ));
     }
     Ok(b.finish()?)
+}
+
+/// The number of map units, once every per-unit column has one entry for each and every
+/// candidate a score.
+fn check_lengths(c: &Columns) -> Result<usize, CompactError> {
+    let n = c.id_end.len();
+    for (what, len) in [
+        ("classes", c.class.len()),
+        ("demands", c.demand.len()),
+        ("latitudes", c.lat.len()),
+        ("longitudes", c.lon.len()),
+        ("candidate lists", c.cand_end.len()),
+        ("prefix lists", c.prefix_end.len()),
+    ] {
+        if len != n {
+            return Err(shape(what, format!("{len} entries for {n} map units")));
+        }
+    }
+    if c.cand_score.len() != c.cand_cluster.len() {
+        return Err(shape(
+            "candidate scores",
+            format!(
+                "{} for {} candidates",
+                c.cand_score.len(),
+                c.cand_cluster.len()
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+/// Map unit `id`'s candidates, the columns' `entries`, into `cands` (cleared first): each
+/// cluster by the builder's index, its rank when the ranks' next entry is this candidate.
+fn unit_candidates(
+    c: &Columns,
+    entries: std::ops::Range<usize>,
+    cluster_of: &[Option<ClusterIdx>],
+    ranks: &mut std::iter::Peekable<std::slice::Iter<'_, (u32, f32)>>,
+    id: &str,
+    cands: &mut Vec<IndexedCandidate>,
+) -> Result<(), CompactError> {
+    cands.clear();
+    for e in entries {
+        let cluster = cluster_of
+            .get(c.cand_cluster[e] as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| {
+                shape(
+                    "candidates",
+                    format!("map unit {id:?} names cluster {}", c.cand_cluster[e]),
+                )
+            })?;
+        let cluster_rank = match ranks.peek() {
+            Some(&&(at, rank)) if at as usize == e => {
+                ranks.next();
+                Some(f64::from(rank))
+            }
+            _ => None,
+        };
+        cands.push(IndexedCandidate {
+            cluster,
+            score: f64::from(c.cand_score[e]),
+            cluster_rank,
+        });
+    }
+    Ok(())
+}
+
+/// Every prefix packed in `packed`, into `prefixes` (cleared first).
+fn unpack_all(mut packed: &[u8], prefixes: &mut Vec<IpNet>) -> Result<(), String> {
+    prefixes.clear();
+    while !packed.is_empty() {
+        prefixes.push(unpack(&mut packed)?);
+    }
+    Ok(())
 }
 
 fn shape(what: &str, problem: String) -> CompactError {

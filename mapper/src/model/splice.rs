@@ -68,6 +68,31 @@ impl Instance {
             });
         }
 
+        let runs = self.runs_of(&new, &gone);
+        let (units, cands, demand) = self.spliced(&new, &runs)?;
+        let instance = Instance {
+            topology: Arc::clone(&self.topology),
+            units: Arc::new(units),
+            demand: Arc::new(demand),
+            cands: Arc::new(cands),
+            favour: None,
+        };
+        let pieces = runs
+            .into_iter()
+            .map(|(from_new, r)| {
+                if from_new {
+                    Piece::New(push_of(r.start))
+                } else {
+                    Piece::Kept(r.start as UnitIdx..r.end as UnitIdx)
+                }
+            })
+            .collect();
+        Ok((instance, pieces))
+    }
+
+    /// The result's units as runs, in order: this instance's units kept, and `new`'s (the
+    /// upserts), each at its place among the old units, without the units of `gone`.
+    fn runs_of(&self, new: &Instance, gone: &[&str]) -> Vec<Run> {
         // Each change at its place among the old units: (old position, id, new unit, whether
         // the old unit there goes). An added unit sorts before the old unit at its position.
         let mut events: Vec<(usize, &str, Option<usize>, bool)> = Vec::new();
@@ -78,7 +103,7 @@ impl Instance {
                 Err(i) => events.push((i, id, Some(j), false)),
             }
         }
-        for id in &gone {
+        for id in gone {
             if let Ok(i) = self.units.ids.binary_search(id) {
                 events.push((i, id, None, true));
             }
@@ -102,10 +127,18 @@ impl Instance {
         if at < n {
             runs.push((false, at..n));
         }
+        runs
+    }
 
+    /// The columns of the result, `runs` copied from this instance and `new`.
+    fn spliced(
+        &self,
+        new: &Instance,
+        runs: &[Run],
+    ) -> Result<(MapUnits, CandidateColumns, Vec<f64>), ModelError> {
         let count: usize = runs.iter().map(|(_, r)| r.len()).sum();
         too_many(|| "instance".into(), "map units", count, MAX_MAP_UNITS)?;
-        let source = |from_new: bool| if from_new { &new } else { self };
+        let source = |from_new: bool| if from_new { new } else { self };
         let cand_total: usize = runs
             .iter()
             .map(|(f, r)| {
@@ -133,7 +166,7 @@ impl Instance {
         cands.score.reserve_exact(cand_total);
         cands.head.reserve_exact(count);
         let mut demand = Vec::with_capacity(count);
-        for (from_new, r) in &runs {
+        for (from_new, r) in runs {
             let src = source(*from_new);
             copy_run(src, r.clone(), &mut units, &mut cands, &mut demand)?;
         }
@@ -145,24 +178,7 @@ impl Instance {
         {
             cands.rank = None;
         }
-        let instance = Instance {
-            topology: Arc::clone(&self.topology),
-            units: Arc::new(units),
-            demand: Arc::new(demand),
-            cands: Arc::new(cands),
-            favour: None,
-        };
-        let pieces = runs
-            .into_iter()
-            .map(|(from_new, r)| {
-                if from_new {
-                    Piece::New(push_of(r.start))
-                } else {
-                    Piece::Kept(r.start as UnitIdx..r.end as UnitIdx)
-                }
-            })
-            .collect();
-        Ok((instance, pieces))
+        Ok((units, cands, demand))
     }
 }
 

@@ -58,7 +58,6 @@ impl Solver<'_> {
     pub(super) fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let units = self.inst.unit_count();
         let n = units.min(seed.unit_count());
-        let paths = self.paths.start.len() - 1;
         // Every unit gets its home slot; a unit not seeded leaves its own unused. The parts
         // write every unit's state and home slot, into memory not written before. The heaps
         // are not built here: a node's heap takes the seeded keys of the paths through it only
@@ -106,7 +105,35 @@ impl Solver<'_> {
                 }
             }
         }
-        // The paths through each node.
+        let (through, node_paths) = self.paths_through_nodes();
+        self.note_worst_seeded(&done);
+        self.node_paths_start = through;
+        self.node_paths = node_paths;
+        let (mut pending, mut late) = (Vec::new(), Vec::new());
+        self.seeded = done
+            .into_iter()
+            .map(|part| {
+                pending = merge_sorted(std::mem::take(&mut pending), part.pending);
+                late = merge_sorted(std::mem::take(&mut late), part.late);
+                part.keys
+            })
+            .collect();
+        let removed_before = self.removed;
+        self.shed_all();
+        self.stats.seeded_demand = seeded_total - (self.removed - removed_before);
+        // Units the shedding gave demand back to are queued already: they propose last. Before
+        // them, the units the seed left in overflow: most are refused by every candidate again,
+        // and a refusal made after the others have settled is rarely undone by a later removal,
+        // so the blocking-pair scan passes it (`surely_full`) instead of sizing the offer
+        // again; fewer of them are accepted and then evicted on the way, too.
+        self.queue_sorted(&late);
+        self.queue_sorted(&pending);
+    }
+
+    /// The paths through each node, as an index: node `n`'s are
+    /// `node_paths[through[n]..through[n + 1]]`.
+    fn paths_through_nodes(&self) -> (Vec<u32>, Vec<u32>) {
+        let paths = self.paths.start.len() - 1;
         let nodes = self.heap.len();
         let mut through = vec![0u32; nodes + 1];
         for &node in &self.paths.node {
@@ -125,11 +152,16 @@ impl Solver<'_> {
                 fill[node] += 1;
             }
         }
-        // Each node's worst seeded key, for `worst_bound` and `unmerged`.
+        (through, node_paths)
+    }
+
+    /// Each node's worst seeded key, for `worst_bound` and `unmerged`, from the parts.
+    fn note_worst_seeded(&mut self, done: &[SeedPart]) {
+        let (nodes, paths) = (self.heap.len(), self.paths.start.len() - 1);
         self.unmerged = vec![0; nodes];
         self.merged_worst = vec![false; nodes];
         self.path_worst = vec![None; paths];
-        for part in &done {
+        for part in done {
             for (p, &worst) in part.worst.iter().enumerate() {
                 if part.keys.of_path(p).is_empty() {
                     continue;
@@ -141,32 +173,15 @@ impl Solver<'_> {
                 }
             }
         }
-        self.node_paths_start = through;
-        self.node_paths = node_paths;
-        let (mut pending, mut late) = (Vec::new(), Vec::new());
-        self.seeded = done
-            .into_iter()
-            .map(|part| {
-                pending = merge_sorted(std::mem::take(&mut pending), part.pending);
-                late = merge_sorted(std::mem::take(&mut late), part.late);
-                part.keys
-            })
-            .collect();
-        // Shed what no longer fits (demand grew, capacity shrank), children before parents.
-        let removed_before = self.removed;
+    }
+
+    /// Sheds what no longer fits (demand grew, capacity shrank), children before parents.
+    fn shed_all(&mut self) {
         for c in 0..self.inst.clusters().len() as ClusterIdx {
             for local in (0..self.inst.clusters()[c as usize].nodes.len() as u32).rev() {
                 self.shed(c, self.inst.global_node(c, local));
             }
         }
-        self.stats.seeded_demand = seeded_total - (self.removed - removed_before);
-        // Units the shedding gave demand back to are queued already: they propose last. Before
-        // them, the units the seed left in overflow: most are refused by every candidate again,
-        // and a refusal made after the others have settled is rarely undone by a later removal,
-        // so the blocking-pair scan passes it (`surely_full`) instead of sizing the offer
-        // again; fewer of them are accepted and then evicted on the way, too.
-        self.queue_sorted(&late);
-        self.queue_sorted(&pending);
     }
 
     /// One part of the seeding pass: the units from `from` on, whose states are `unit` and

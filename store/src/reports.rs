@@ -274,38 +274,58 @@ impl ReportLog {
             });
         }
         let mut inner = self.lock()?;
+        self.open_segment(&mut inner)?;
+        self.write_record(&mut inner, at_ms, id, payload)?;
+        self.apply_bounds(&mut inner, retain_ms, max_reports, max_bytes)
+    }
+
+    /// Opens the segment to append to: the newest, or a new one when the newest is full or
+    /// closed (after a failed write).
+    fn open_segment(&self, inner: &mut Inner) -> Result<(), StoreError> {
         let full = inner
             .segments
             .back()
             .is_none_or(|s| s.closed || s.bytes >= SEGMENT_BYTES);
-        if full || inner.file.is_none() {
-            let number = match inner.segments.back() {
-                Some(s) if !full => s.number,
-                Some(s) => s.number + 1,
-                None => 0,
-            };
-            let path = self.path(number);
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(file_error(format!("opening {}", path.display())))?;
-            if full {
-                self.sync_dir()?;
-                let before = inner.newest;
-                inner.segments.push_back(Segment {
-                    number,
-                    count: 0,
-                    bytes: 0,
-                    oldest_ms: i64::MAX,
-                    newest_ms: i64::MIN,
-                    before,
-                    last: None,
-                    closed: false,
-                });
-            }
-            inner.file = Some(file);
+        if !(full || inner.file.is_none()) {
+            return Ok(());
         }
+        let number = match inner.segments.back() {
+            Some(s) if !full => s.number,
+            Some(s) => s.number + 1,
+            None => 0,
+        };
+        let path = self.path(number);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(file_error(format!("opening {}", path.display())))?;
+        if full {
+            self.sync_dir()?;
+            let before = inner.newest;
+            inner.segments.push_back(Segment {
+                number,
+                count: 0,
+                bytes: 0,
+                oldest_ms: i64::MAX,
+                newest_ms: i64::MIN,
+                before,
+                last: None,
+                closed: false,
+            });
+        }
+        inner.file = Some(file);
+        Ok(())
+    }
+
+    /// Appends one record to the open segment, synced, and counts it.
+    fn write_record(
+        &self,
+        inner: &mut Inner,
+        at_ms: i64,
+        id: u64,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
         let record = frame(at_ms, id, payload);
         let what = || format!("appending a report to {}", self.dir.display());
         let Some(file) = inner.file.as_mut() else {
@@ -331,6 +351,18 @@ impl ReportLog {
             s.newest_ms = s.newest_ms.max(at_ms);
             s.last = Some(clock);
         }
+        Ok(())
+    }
+
+    /// Applies the bounds (stored when they changed): whole segments nothing is kept of, or
+    /// past the byte bound, are deleted, oldest first (never the one appended to).
+    fn apply_bounds(
+        &self,
+        inner: &mut Inner,
+        retain_ms: i64,
+        max_reports: usize,
+        max_bytes: u64,
+    ) -> Result<(), StoreError> {
         let (retain_ms, max_reports) = (retain_ms.max(0), max_reports.max(1));
         if (retain_ms, max_reports) != (inner.retain_ms, inner.max_reports) {
             self.put_bounds(retain_ms, max_reports)?;

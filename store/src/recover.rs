@@ -30,6 +30,7 @@
 use cdnmap_mapper::Limits;
 use cdnmap_topology::Topology;
 
+use super::journal::Damage;
 use super::read::{replay_skipping, snapshot};
 use super::{snapshot_name, snapshots, version_files, Served, Store, StoreError};
 
@@ -96,78 +97,19 @@ impl Store {
             });
         }
         let mut skipped = Vec::new();
-        let mut unreadable = Vec::new();
         if let Some(d) = &damage {
-            // The edits before the damage are replayed; those from it on are lost, said here.
-            // (A replica gets them again from the replicas' log in etcd, where it still holds
-            // them: it applies that log from its last edit on.)
-            let moved = self.journal.set_aside_damage(&self.damaged)?;
-            let moved: Vec<String> = moved.iter().map(|p| p.display().to_string()).collect();
-            skipped.push(format!(
-                "{}: the acknowledged edits from {} on cannot be replayed and are lost; the \
-                 journal goes on after edit {last}, its damaged bytes kept in {}",
-                d.problem,
-                d.lost_from,
-                moved.join(", ")
-            ));
+            skipped.push(self.set_aside_damage(d, last)?);
         }
-        let mut base = None;
-        for (seq, name) in snaps.iter().rev() {
-            match snapshot(&self.values, name, limits) {
-                Ok(t) => {
-                    base = Some((t, *seq));
-                    break;
-                }
-                Err(e) if damaged(&e) => {
-                    skipped.push(format!("{e}"));
-                    unreadable.push((*seq, name.clone()));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let (base, mut unreadable) = self.newest_readable_snapshot(&snaps, limits, &mut skipped)?;
         let mut exact = true;
         let (topology, from) = match base {
             Some(b) => b,
             None => {
                 let topology = initial().map_err(initial_error)?;
                 let first = self.journal.first()?.unwrap_or(last + 1);
-                // The snapshot of edit 0 (damaged) held exactly the configured topology?
-                let zero = unreadable.iter().find(|s| s.0 == 0).map(|s| s.1.clone());
-                let same = match &zero {
-                    Some(name) => self
-                        .values
-                        .held(name, |w| cdnmap_topology::compact::encode_to(&topology, w))?,
-                    None => false,
-                };
-                if let (true, true, Some(name)) = (same, first <= 1, &zero) {
-                    skipped.push(format!(
-                        "the configured topology is what the snapshot {name} held (its length \
-                         and checksum say so): it is written again, and every journaled edit \
-                         replayed onto it"
-                    ));
-                    self.values.set_aside(name, &self.damaged)?;
-                    unreadable.retain(|s| &s.1 != name);
-                    self.values.put_with(&snapshot_name(0), |w| {
-                        cdnmap_topology::compact::encode_to(&topology, w)
-                    })?;
-                } else {
-                    exact = false;
-                    skipped.push(if first > 1 {
-                        format!(
-                            "no snapshot reads, and edits 1 to {} were only in them: those \
-                             acknowledged edits are lost; the configured topology is served \
-                             with the journal's edits {first} to {last} replayed onto it",
-                            first - 1
-                        )
-                    } else {
-                        format!(
-                            "no snapshot reads: the configured topology is served with the \
-                             journal's {last} edits replayed onto it, which is the topology \
-                             last published only if the configuration is what the store was \
-                             first started with"
-                        )
-                    });
-                }
+                let (note, same) = self.configured_base(&topology, first, last, &mut unreadable)?;
+                exact &= same;
+                skipped.push(note);
                 (topology, first.saturating_sub(1))
             }
         };
@@ -195,6 +137,97 @@ impl Store {
             replayed: if skipped.is_empty() { replayed } else { 0 },
             skipped,
         })
+    }
+
+    /// Sets the journal's damaged bytes aside (the edits before the damage are replayed;
+    /// those from it on are lost): what a start says of it.
+    fn set_aside_damage(&self, d: &Damage, last: u64) -> Result<String, StoreError> {
+        // (A replica gets the lost edits again from the replicas' log in etcd, where it still
+        // holds them: it applies that log from its last edit on.)
+        let moved = self.journal.set_aside_damage(&self.damaged)?;
+        let moved: Vec<String> = moved.iter().map(|p| p.display().to_string()).collect();
+        Ok(format!(
+            "{}: the acknowledged edits from {} on cannot be replayed and are lost; the \
+             journal goes on after edit {last}, its damaged bytes kept in {}",
+            d.problem,
+            d.lost_from,
+            moved.join(", ")
+        ))
+    }
+
+    /// The newest snapshot that reads, with its edit, and the damaged ones newer than it
+    /// (each said in `skipped`).
+    #[allow(clippy::type_complexity)]
+    fn newest_readable_snapshot(
+        &self,
+        snaps: &[(u64, String)],
+        limits: Limits,
+        skipped: &mut Vec<String>,
+    ) -> Result<(Option<(Topology, u64)>, Vec<(u64, String)>), StoreError> {
+        let mut unreadable = Vec::new();
+        for (seq, name) in snaps.iter().rev() {
+            match snapshot(&self.values, name, limits) {
+                Ok(t) => return Ok((Some((t, *seq)), unreadable)),
+                Err(e) if damaged(&e) => {
+                    skipped.push(format!("{e}"));
+                    unreadable.push((*seq, name.clone()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((None, unreadable))
+    }
+
+    /// When no snapshot reads, the configured `topology` is the base the journal's edits
+    /// `first..=last` are replayed onto: what a start says of it, and whether the result is
+    /// exactly the stored topology (it is when the damaged snapshot of edit 0 held exactly the
+    /// configured topology, which is then written again).
+    fn configured_base(
+        &self,
+        topology: &Topology,
+        first: u64,
+        last: u64,
+        unreadable: &mut Vec<(u64, String)>,
+    ) -> Result<(String, bool), StoreError> {
+        // The snapshot of edit 0 (damaged) held exactly the configured topology?
+        let zero = unreadable.iter().find(|s| s.0 == 0).map(|s| s.1.clone());
+        let same = match &zero {
+            Some(name) => self
+                .values
+                .held(name, |w| cdnmap_topology::compact::encode_to(topology, w))?,
+            None => false,
+        };
+        if let (true, true, Some(name)) = (same, first <= 1, &zero) {
+            self.values.set_aside(name, &self.damaged)?;
+            unreadable.retain(|s| &s.1 != name);
+            self.values.put_with(&snapshot_name(0), |w| {
+                cdnmap_topology::compact::encode_to(topology, w)
+            })?;
+            return Ok((
+                format!(
+                    "the configured topology is what the snapshot {name} held (its length \
+                     and checksum say so): it is written again, and every journaled edit \
+                     replayed onto it"
+                ),
+                true,
+            ));
+        }
+        let note = if first > 1 {
+            format!(
+                "no snapshot reads, and edits 1 to {} were only in them: those \
+                 acknowledged edits are lost; the configured topology is served \
+                 with the journal's edits {first} to {last} replayed onto it",
+                first - 1
+            )
+        } else {
+            format!(
+                "no snapshot reads: the configured topology is served with the \
+                 journal's {last} edits replayed onto it, which is the topology \
+                 last published only if the configuration is what the store was \
+                 first started with"
+            )
+        };
+        Ok((note, false))
     }
 
     /// The served map a start serves (module docs), given the topology it serves (`start`):
