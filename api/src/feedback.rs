@@ -4,20 +4,21 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use cdnmap_estimator::rtt::RttTable;
+use cdnmap_mapper::model::{shown_id, shown_number};
 use cdnmap_mapper::UnitIdx;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_REPORT_SAMPLES;
-use ipnet::IpNet;
-use tonic::{Request, Response, Status};
-
-use crate::service::{
-    invalid, now_unix_ms, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
-};
-use cdnmap_estimator::rtt::RttTable;
-use cdnmap_mapper::model::{shown_id, shown_number};
 use cdnmap_store::record::{
     self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
     ServerLoad, Target,
+};
+use ipnet::IpNet;
+use tonic::{Request, Response, Status};
+
+use crate::clock::now_unix_ms;
+use crate::service::{
+    invalid, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
 };
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
@@ -272,14 +273,14 @@ pub(crate) fn identify<T>(shared: &Shared, request: &Request<T>) -> Result<Optio
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::admin::bearer_token);
+        .and_then(crate::auth::bearer_token);
     match given {
         Some(g) => tokens
             .iter()
             // Every token compared, in constant time each: how long it takes says nothing of
             // which token came close.
             .fold(None, |found, (name, t)| {
-                let hit = crate::admin::constant_time_eq(g.as_bytes(), t.as_bytes());
+                let hit = crate::auth::constant_time_eq(g.as_bytes(), t.as_bytes());
                 found.or(hit.then(|| name.clone()))
             })
             .map(Some)

@@ -329,11 +329,11 @@ fn may_watch<T>(config: &crate::config::Config, request: &Request<T>) -> Result<
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::admin::bearer_token);
+        .and_then(crate::auth::bearer_token);
     let known = given.is_some_and(|g| {
         // Every token compared, in constant time each.
         config.feedback_tokens.values().fold(false, |hit, t| {
-            crate::admin::constant_time_eq(g.as_bytes(), t.as_bytes()) | hit
+            crate::auth::constant_time_eq(g.as_bytes(), t.as_bytes()) | hit
         })
     });
     if known {
@@ -715,7 +715,7 @@ pub(crate) mod tests {
                     } else {
                         ClusterState::Up
                     };
-                    let actor = crate::dashboard::Actor::new(Some("test"), None, "test");
+                    let actor = crate::topology::Actor::new(Some("test"), None, "test");
                     shared
                         .set_cluster_state(&format!("c{}", i % 4), state, "", actor)
                         .await

@@ -5,25 +5,25 @@
 //! `Status`. Protobuf stops here.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use cdnmap_engine::driver::{Driver, Observations, StepError, StepTimings};
+use cdnmap_engine::round::{Snapshot, Solved};
 use cdnmap_estimator::rtt::RttTable;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{ClusterIdx, ClusterState, Instance, Limits, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_serve::servers::Servers;
+use cdnmap_store::edit::Applied;
+use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
 use cdnmap_topology::Topology;
 use tokio::sync::broadcast;
 use tonic::Status;
 
+use crate::clock::now_unix_ms;
 use crate::config::Config;
 use crate::selection::{self, ServerLoads};
-use cdnmap_engine::driver::{Driver, Observations, StepError, StepTimings};
-use cdnmap_engine::round::{Snapshot, Solved};
-use cdnmap_store::edit::Applied;
-use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
-
 use crate::topology::{Change, ChangeError, SharedTopology};
 
 /// The most addresses one answer carries.
@@ -110,8 +110,8 @@ pub struct Shared {
     pub(crate) rtt: Mutex<RttTable>,
     /// The estimator's last stored checkpoint, and whether one is being written.
     pub(crate) checkpoint: Mutex<Checkpointed>,
-    /// The dashboard's round history, action log and per-version figures.
-    pub(crate) dash: Arc<crate::dashboard::DashState>,
+    /// The rounds published and the actions on clusters, recent ones (the dashboard reads them).
+    pub(crate) activity: Arc<crate::activity::Activity>,
     /// Turns true when the service is asked to stop: the loop ends after its round, and
     /// WatchMap streams end, so in-flight calls can finish.
     pub(crate) stopping: tokio::sync::watch::Sender<bool>,
@@ -190,12 +190,6 @@ impl Checkpointed {
 /// An INVALID_ARGUMENT status naming what was wrong.
 pub(crate) fn invalid(what: impl std::fmt::Display) -> Status {
     Status::invalid_argument(what.to_string())
-}
-
-pub fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Why the round failed (the last good map stays published).
@@ -323,8 +317,8 @@ impl Shared {
         };
         let served_ms = ms(t);
         let (updates, _) = broadcast::channel(WATCH_BACKLOG);
-        let dash = Arc::new(crate::dashboard::DashState::default());
-        let log_to = Arc::clone(&dash);
+        let activity = Arc::new(crate::activity::Activity::default());
+        let log_to = Arc::clone(&activity);
         let log: crate::topology::Log = Arc::new(move |change, result| {
             if let Change::ClusterState {
                 id,
@@ -375,7 +369,7 @@ impl Shared {
             config,
             epoch,
             checkpoint: Mutex::new(Checkpointed::default()),
-            dash,
+            activity,
             stopping: tokio::sync::watch::channel(false).0,
         });
         // Nothing has changed the topology yet: no one can reach Admin before this returns.
@@ -864,7 +858,7 @@ impl Shared {
                 if publishing {
                     // The round's history entry before its map: whoever sees the map sees it
                     // too.
-                    self.dash.record_round(&snapshot, solve_ms);
+                    self.activity.record_round(&snapshot, solve_ms);
                     self.publish(Arc::clone(&snapshot));
                     let _ = self.updates.send(Arc::clone(&snapshot));
                     // A leader seeds from its own maps: the last leader's is let go.
@@ -1016,7 +1010,7 @@ impl Shared {
         let (mut base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
         if let Some(health) = &self.health {
             base = health.overlay(&base, |cluster, down, why| {
-                self.dash.log_health(cluster, down, why, now);
+                self.activity.log_health(cluster, down, why, now);
                 if down {
                     tracing::warn!(cluster, reason = why, "health checks: cluster down");
                 } else {
@@ -1315,7 +1309,7 @@ impl Shared {
         id: &str,
         state: ClusterState,
         reason: &str,
-        actor: crate::dashboard::Actor,
+        actor: crate::topology::Actor,
     ) -> Result<Applied, ChangeError> {
         let (who, via) = (actor.who.clone(), actor.via);
         let applied = self
@@ -1350,8 +1344,8 @@ impl Shared {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    pub(crate) fn dash(&self) -> &crate::dashboard::DashState {
-        &self.dash
+    pub(crate) fn activity(&self) -> &crate::activity::Activity {
+        &self.activity
     }
 
     /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
