@@ -438,7 +438,13 @@ impl pb::admin_server::Admin for AdminService {
         _: Request<pb::GetStatusRequest>,
     ) -> Result<Response<pb::Status>, Status> {
         let s = self.0.current();
-        let status = self.0.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let status = self
+            .0
+            .read
+            .status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         let inst = self.topology();
         let overflow_share = s.as_ref().map_or(0.0, |s| {
             let d = s.topology.total_demand();

@@ -32,6 +32,7 @@ impl FeedbackService {
         let now = budget_clock();
         let refused = match self
             .0
+            .intake
             .budgets
             .take(source, samples as f64, bytes as f64, now)
         {
@@ -133,6 +134,7 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         let mut pending = self
             .shared
+            .intake
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -160,6 +162,7 @@ impl FeedbackService {
     ) -> Result<cdnmap_engine::budget::Admitted, Status> {
         let mut pending = self
             .0
+            .intake
             .pending
             .lock()
             .map_err(|_| Status::internal("the pending reports' lock is poisoned"))?;
@@ -559,11 +562,11 @@ impl pb::feedback_server::Feedback for FeedbackService {
         };
         self.store(&reporter, Report::Load(body)).await?;
         for &(cluster, address, load) in &servers {
-            if !self.0.server_loads.set(cluster, address, load) {
+            if !self.0.intake.server_loads.set(cluster, address, load) {
                 tracing::warn!(cluster, %address, "server load table full; report dropped");
             }
         }
-        if let Ok(mut pending) = self.0.pending.lock() {
+        if let Ok(mut pending) = self.0.intake.pending.lock() {
             for l in &r.loads {
                 if pending.loads.len() >= MAX_PENDING_LOADS {
                     pending.loads.pop_front();

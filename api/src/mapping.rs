@@ -282,7 +282,7 @@ impl pb::mapping_server::Mapping for MappingService {
         let r = request.into_inner();
         let known = (r.known_epoch, r.known_version);
         let shared = Arc::clone(&self.0);
-        let rx = shared.updates.subscribe();
+        let rx = shared.read.updates.subscribe();
         let stop = shared.stopping.subscribe();
         let first = shared.current();
         let stream = watch_stream(stall, move |tx| async move {
@@ -549,7 +549,7 @@ where
 /// makes one part at a time).
 async fn send_full(shared: &Shared, s: &Snapshot, tx: &WatchSender) -> Result<(), Ended> {
     let policies = shared.policies(&s.topology);
-    let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
+    let edge = EdgeParts::new(&policies, Some(&shared.intake.server_loads), &shared.config);
     for part in 0..crate::watch::full_parts(s) {
         tx.send("full", crate::watch::full_part(&edge, s, part))
             .await?;
@@ -572,7 +572,7 @@ fn counted(kind: &'static str, msg: pb::MapUpdate) -> (pb::MapUpdate, usize) {
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> Option<pb::MapUpdate> {
     let policies = shared.policies(&next.topology);
-    let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
+    let edge = EdgeParts::new(&policies, Some(&shared.intake.server_loads), &shared.config);
     crate::watch::delta_update(&edge, prev, next)
 }
 

@@ -815,7 +815,7 @@ async fn watch_leader(
         match applied? {
             Applied::New => {
                 if let Some(held) = follower.held() {
-                    shared.leader_map.store(Some(Arc::new(held.clone())));
+                    shared.round.leader_map.store(Some(Arc::new(held.clone())));
                 }
             }
             Applied::Part | Applied::Stale => {}

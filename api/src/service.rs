@@ -60,7 +60,13 @@ pub struct Reference {
     pub classes: cdnmap_engine::budget::ClassDemand,
 }
 
-/// The state shared by the loop and every handler.
+/// The state shared by the loop and every handler: what the whole process holds (the
+/// configuration, this start's epoch, the store, the topology's writer, the health checks, the
+/// election, the stop signal) and three parts, each with one writer:
+///
+/// - [`ReadSide`]: what the handlers and the dashboard read, published by the loop;
+/// - [`RoundState`]: what the round loop owns and nobody else reads (but Admin's status);
+/// - [`Intake`]: what the Feedback handlers bring in for the next round.
 pub struct Shared {
     pub(crate) config: Config,
     /// This start's epoch (stored before anything is served): a map's identity is
@@ -69,27 +75,55 @@ pub struct Shared {
     pub(crate) epoch: u64,
     /// The topology the next round solves: one writer, read without a lock.
     pub(crate) topology: SharedTopology,
-    /// The published map and its selectors.
-    pub(crate) published: ArcSwapOption<Published>,
-    /// The last round's map, published or not: the next round is seeded from it. Alone it is
-    /// the published map; a standby replica solves every round and publishes none.
-    pub(crate) last_solved: ArcSwapOption<Snapshot>,
-    /// The last round's map with its demand by class: what Feedback's bounds are relative to.
-    pub(crate) reference: ArcSwapOption<Reference>,
-    /// Replicated, as a standby: the leader's last published map (followed over its
-    /// WatchMap), which the standby's rounds are seeded from.
-    pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
-    /// Whether the last round's map was published (a standby's is not).
-    pub(crate) last_published: std::sync::atomic::AtomicBool,
     /// The health checks' verdicts, with `[health]` configured: each round sets the clusters
     /// they hold down down (where the operator has them up).
     pub(crate) health: Option<Arc<crate::health::Health>>,
     /// This replica's part in the election, with `etcd` configured (set once, at the start of
     /// `server::serve`, before the first round).
     pub(crate) lead: crate::topology::Lead,
-    pub(crate) status: Mutex<RoundStatus>,
     pub(crate) store: Store,
+    /// Turns true when the service is asked to stop: the loop ends after its round, and
+    /// WatchMap streams end, so in-flight calls can finish.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// What readers see.
+    pub(crate) read: ReadSide,
+    /// What the round loop owns.
+    pub(crate) round: RoundState,
+    /// What the reports bring in.
+    pub(crate) intake: Intake,
+}
+
+/// The published read side: written by the round loop only (each published round: its history
+/// entry, then its map and selectors in one swap, then the watchers' notice; its status after
+/// it), read by the gRPC handlers, WatchMap streams and the dashboard. The action log in
+/// [`activity`](Self::activity) is written by the topology writer's log too, in the order of
+/// the changes.
+pub struct ReadSide {
+    /// The published map and its selectors.
+    pub(crate) published: ArcSwapOption<Published>,
+    /// Each published map, to WatchMap streams.
     pub(crate) updates: broadcast::Sender<Arc<Snapshot>>,
+    /// What the last round did.
+    pub(crate) status: Mutex<RoundStatus>,
+    /// The rounds published and the actions on clusters, recent ones (the dashboard reads them).
+    pub(crate) activity: Arc<crate::activity::Activity>,
+}
+
+/// What the round loop owns: the driver with its estimator, the last round's map and whether
+/// it went out, and the estimator's checkpoint. Written by the loop's rounds (and, once, by the
+/// start's estimator restore before the first round runs); read by Admin's status
+/// (`last_solved`, `last_published`) and the dashboard (the estimator's state). The one
+/// exception is `leader_map`, written by the standby's follower of the leader's WatchMap and
+/// read by the rounds.
+pub(crate) struct RoundState {
+    /// The last round's map, published or not: the next round is seeded from it. Alone it is
+    /// the published map; a standby replica solves every round and publishes none.
+    pub(crate) last_solved: ArcSwapOption<Snapshot>,
+    /// Whether the last round's map was published (a standby's is not).
+    pub(crate) last_published: std::sync::atomic::AtomicBool,
+    /// Replicated, as a standby: the leader's last published map (followed over its
+    /// WatchMap), which the standby's rounds are seeded from.
+    pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
     /// The round driver with the estimator (demand forecasts, learned coefficients,
     /// derating): fed by the reports, run each round; each round's entry is stored with its map
     /// and the whole state checkpointed now and then.
@@ -99,22 +133,90 @@ pub struct Shared {
     /// estimator on a thread of its own ([`Shared::restore_estimator`]); the first round
     /// waits for it.
     pub(crate) estimator_ready: tokio::sync::watch::Sender<bool>,
+    /// The estimator's last stored checkpoint, and whether one is being written.
+    pub(crate) checkpoint: Mutex<Checkpointed>,
+}
+
+/// The feedback intake: what the Feedback handlers add between two rounds (demand and loads
+/// in `pending`, measured RTTs, server loads, each source's budget), which the round loop takes
+/// (it drains `pending`, reads the RTT table, and sets `reference`, the round the next
+/// reports' bounds are relative to).
+pub(crate) struct Intake {
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// Each feedback source's budget.
     pub(crate) budgets: cdnmap_engine::budget::Budgets,
-    /// In-cluster selection: the last reported server loads.
+    /// In-cluster selection: the last reported server loads (each publication builds its
+    /// selectors with them; WatchMap sends them).
     pub(crate) server_loads: ServerLoads,
     /// Measured RTTs (Feedback's `ReportRtt`), rebuilt from the record at a start: each
     /// round scores the measured candidates by them.
     pub(crate) rtt: Mutex<RttTable>,
-    /// The estimator's last stored checkpoint, and whether one is being written.
-    pub(crate) checkpoint: Mutex<Checkpointed>,
-    /// The rounds published and the actions on clusters, recent ones (the dashboard reads them).
-    pub(crate) activity: Arc<crate::activity::Activity>,
-    /// Turns true when the service is asked to stop: the loop ends after its round, and
-    /// WatchMap streams end, so in-flight calls can finish.
-    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// The last round's map with its demand by class: what Feedback's bounds are relative to
+    /// (set by the loop).
+    pub(crate) reference: ArcSwapOption<Reference>,
+}
+
+impl ReadSide {
+    fn new() -> ReadSide {
+        ReadSide {
+            published: ArcSwapOption::empty(),
+            updates: broadcast::channel(WATCH_BACKLOG).0,
+            status: Mutex::new(RoundStatus::default()),
+            activity: Arc::new(crate::activity::Activity::default()),
+        }
+    }
+
+    /// The topology writer's log: each operator's action on a cluster, with its outcome, into
+    /// the action log (in the order the writer carries the changes out).
+    fn action_log(&self) -> crate::topology::Log {
+        let log_to = Arc::clone(&self.activity);
+        Arc::new(move |change, result| {
+            if let Change::ClusterState {
+                id,
+                state,
+                reason,
+                actor,
+            } = change
+            {
+                let outcome = match result {
+                    Ok(a) => Ok(a.before),
+                    Err(e) => Err(e.to_string()),
+                };
+                log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
+            }
+        })
+    }
+}
+
+impl RoundState {
+    /// No round yet, and no estimator until the start restores it.
+    fn new() -> RoundState {
+        RoundState {
+            last_solved: ArcSwapOption::empty(),
+            last_published: std::sync::atomic::AtomicBool::new(false),
+            leader_map: ArcSwapOption::empty(),
+            driver: Mutex::new(None),
+            estimator_ready: tokio::sync::watch::channel(false).0,
+            checkpoint: Mutex::new(Checkpointed::default()),
+        }
+    }
+}
+
+impl Intake {
+    /// Nothing reported yet; the first period begins at `now` (Unix ms).
+    fn new(config: &Config, now: i64) -> Intake {
+        Intake {
+            pending: Mutex::new(Pending {
+                since_ms: Some(now),
+                ..Pending::default()
+            }),
+            budgets: cdnmap_engine::budget::Budgets::new(config.feedback_samples_per_sec as f64),
+            server_loads: ServerLoads::default(),
+            rtt: Mutex::new(RttTable::new(config.rtt)),
+            reference: ArcSwapOption::empty(),
+        }
+    }
 }
 
 /// Observations waiting for the next round.
@@ -316,61 +418,29 @@ impl Shared {
             None => None,
         };
         let served_ms = ms(t);
-        let (updates, _) = broadcast::channel(WATCH_BACKLOG);
-        let activity = Arc::new(crate::activity::Activity::default());
-        let log_to = Arc::clone(&activity);
-        let log: crate::topology::Log = Arc::new(move |change, result| {
-            if let Change::ClusterState {
-                id,
-                state,
-                reason,
-                actor,
-            } = change
-            {
-                let outcome = match result {
-                    Ok(a) => Ok(a.before),
-                    Err(e) => Err(e.to_string()),
-                };
-                log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
-            }
-        });
+        let read = ReadSide::new();
         let lead = crate::topology::Lead::default();
         let shared = Arc::new(Shared {
-            driver: Mutex::new(None),
-            estimator_ready: tokio::sync::watch::channel(false).0,
-            pending: Mutex::new(Pending {
-                since_ms: Some(now_unix_ms()),
-                ..Pending::default()
-            }),
-            server_loads: ServerLoads::default(),
-            rtt: Mutex::new(RttTable::new(config.rtt)),
-            budgets: cdnmap_engine::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(
                 store.clone(),
                 topology,
                 seq,
                 replayed,
-                log,
+                read.action_log(),
                 Arc::clone(&lead),
             ),
-            published: ArcSwapOption::empty(),
-            last_solved: ArcSwapOption::empty(),
-            reference: ArcSwapOption::empty(),
-            leader_map: ArcSwapOption::empty(),
-            last_published: std::sync::atomic::AtomicBool::new(false),
             health: config
                 .health
                 .clone()
                 .map(|h| Arc::new(crate::health::Health::new(h))),
             lead,
-            status: Mutex::new(RoundStatus::default()),
             store,
-            updates,
-            config,
             epoch,
-            checkpoint: Mutex::new(Checkpointed::default()),
-            activity,
             stopping: tokio::sync::watch::channel(false).0,
+            read,
+            round: RoundState::new(),
+            intake: Intake::new(&config, now_unix_ms()),
+            config,
         });
         // Nothing has changed the topology yet: no one can reach Admin before this returns.
         let start_topology = shared.topology.current();
@@ -423,6 +493,7 @@ impl Shared {
     /// serves; the first round waits for it too).
     pub async fn estimator_restored(&self) {
         let _ = self
+            .round
             .estimator_ready
             .subscribe()
             .wait_for(|&ready| ready)
@@ -461,10 +532,10 @@ impl Shared {
                 )
                 .with_max_reordered(self.config.rtt.max_reordered_units)
                 .with_second_chance(self.config.round_chance().unwrap_or_default());
-                if let Ok(mut d) = self.driver.lock() {
+                if let Ok(mut d) = self.round.driver.lock() {
                     *d = Some(driver);
                 }
-                if let Ok(mut c) = self.checkpoint.lock() {
+                if let Ok(mut c) = self.round.checkpoint.lock() {
                     *c = if versions_restart {
                         Checkpointed::default()
                     } else {
@@ -482,13 +553,13 @@ impl Shared {
                 tracing::error!(error = %e, "no estimator: every round fails until a restart")
             }
         }
-        self.estimator_ready.send_replace(true);
+        self.round.estimator_ready.send_replace(true);
     }
 
     /// Takes the samples of an acknowledged RTT report, received at `at_ms`, into the table
     /// (those of a prefix no map unit covered are only in the record).
     pub(crate) fn take_rtt(&self, body: &cdnmap_store::record::RttBody, at_ms: i64) {
-        let Ok(mut table) = self.rtt.lock() else {
+        let Ok(mut table) = self.intake.rtt.lock() else {
             return;
         };
         for s in &body.samples {
@@ -531,14 +602,14 @@ impl Shared {
         if let Err(e) = read {
             tracing::error!(error = %e, "reading the record's RTT reports failed: the RTT table starts empty");
         }
-        let pairs = self.rtt.lock().map_or(0, |t| t.pairs());
+        let pairs = self.intake.rtt.lock().map_or(0, |t| t.pairs());
         tracing::info!(reports, pairs, "RTT table rebuilt from the record");
     }
 
     /// The measured RTTs at `now` by index of `base` (pairs whose unit or cluster is gone
     /// are left out); reports older than `rtt.max_age_secs` are dropped.
     fn measured_rtt(&self, base: &Topology, now: i64) -> Vec<(UnitIdx, ClusterIdx, f32)> {
-        let Ok(mut table) = self.rtt.lock() else {
+        let Ok(mut table) = self.intake.rtt.lock() else {
             return Vec::new();
         };
         table.prune(now);
@@ -562,7 +633,8 @@ impl Shared {
 
     /// The published map version.
     pub fn current(&self) -> Option<Arc<Snapshot>> {
-        self.published
+        self.read
+            .published
             .load()
             .as_ref()
             .map(|p| Arc::clone(&p.snapshot))
@@ -570,7 +642,7 @@ impl Shared {
 
     /// The published map version with its selectors.
     pub fn published(&self) -> Option<Arc<Published>> {
-        self.published.load_full()
+        self.read.published.load_full()
     }
 
     /// This start's epoch.
@@ -691,8 +763,14 @@ impl Shared {
             replicas: status.replicas,
             etcd_reachable: status.etcd_reachable,
             etcd_error: status.etcd_error,
-            last_solved_version: self.last_solved.load().as_ref().map_or(0, |s| s.version),
+            last_solved_version: self
+                .round
+                .last_solved
+                .load()
+                .as_ref()
+                .map_or(0, |s| s.version),
             last_round_published: self
+                .round
                 .last_published
                 .load(std::sync::atomic::Ordering::Relaxed),
         })
@@ -726,7 +804,7 @@ impl Shared {
     fn publish(&self, snapshot: Arc<Snapshot>) {
         let clusters = snapshot.resolver.map().clusters();
         let policies = self.policies(&snapshot.topology);
-        let built = selection::build(clusters, &policies, &self.server_loads, &[])
+        let built = selection::build(clusters, &policies, &self.intake.server_loads, &[])
             .map_err(|e| e.to_string());
         let servers = match built {
             Ok(servers) => Some(servers),
@@ -737,14 +815,15 @@ impl Shared {
         };
         metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
         metrics::gauge!("cdnmap_map_epoch").set(snapshot.epoch as f64);
-        self.published
+        self.read
+            .published
             .store(Some(Arc::new(Published { snapshot, servers })));
     }
 
     /// Makes `snapshot` the round Feedback's bounds are relative to.
     fn refer(&self, snapshot: &Arc<Snapshot>) {
         let classes = cdnmap_engine::budget::ClassDemand::of(&snapshot.topology);
-        self.reference.store(Some(Arc::new(Reference {
+        self.intake.reference.store(Some(Arc::new(Reference {
             snapshot: Arc::clone(snapshot),
             classes,
         })));
@@ -753,7 +832,7 @@ impl Shared {
     /// The round Feedback's bounds are relative to: the last one solved, or the stored map
     /// served until the first.
     pub(crate) fn reference(&self) -> Option<Arc<Reference>> {
-        self.reference.load_full()
+        self.intake.reference.load_full()
     }
 
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, store the
@@ -822,9 +901,9 @@ impl Shared {
                 // would end a restart's replay of the entries there: the next stored round
                 // writes a whole checkpoint.
                 let snapshot = Arc::new(snapshot);
-                self.last_solved.store(Some(Arc::clone(&snapshot)));
+                self.round.last_solved.store(Some(Arc::clone(&snapshot)));
                 self.refer(&snapshot);
-                if let Ok(mut c) = self.checkpoint.lock() {
+                if let Ok(mut c) = self.round.checkpoint.lock() {
                     c.stored = None;
                 }
                 metrics::counter!("cdnmap_rounds_failed_total").increment(1);
@@ -846,23 +925,24 @@ impl Shared {
                 stored,
             }) => {
                 let snapshot = Arc::new(snapshot);
-                self.last_solved.store(Some(Arc::clone(&snapshot)));
+                self.round.last_solved.store(Some(Arc::clone(&snapshot)));
                 self.refer(&snapshot);
                 let t = Instant::now();
                 let publishing = match term {
                     None => true,
                     Some(term) => self.may_publish(term.as_ref(), &snapshot).await,
                 };
-                self.last_published
+                self.round
+                    .last_published
                     .store(publishing, std::sync::atomic::Ordering::Relaxed);
                 if publishing {
                     // The round's history entry before its map: whoever sees the map sees it
                     // too.
-                    self.activity.record_round(&snapshot, solve_ms);
+                    self.read.activity.record_round(&snapshot, solve_ms);
                     self.publish(Arc::clone(&snapshot));
-                    let _ = self.updates.send(Arc::clone(&snapshot));
+                    let _ = self.read.updates.send(Arc::clone(&snapshot));
                     // A leader seeds from its own maps: the last leader's is let go.
-                    self.leader_map.store(None);
+                    self.round.leader_map.store(None);
                 }
                 let publish_ms = t.elapsed().as_secs_f64() * 1e3;
                 let parts = [
@@ -897,7 +977,7 @@ impl Shared {
                 status.error = e.to_string();
             }
         }
-        if let Ok(mut s) = self.status.lock() {
+        if let Ok(mut s) = self.read.status.lock() {
             *s = status;
         }
     }
@@ -948,7 +1028,7 @@ impl Shared {
     /// so the state is exactly the one after `version`), and stores it on a blocking thread of
     /// its own, off the loop: the next round does not wait for the write. One at a time.
     async fn checkpoint_if_due(self: &Arc<Self>, version: u64, generation: u64) {
-        match self.checkpoint.lock() {
+        match self.round.checkpoint.lock() {
             Ok(mut c) if c.due(version, generation) => c.writing = true,
             _ => return,
         }
@@ -957,7 +1037,7 @@ impl Shared {
         // Streamed to the file under the driver's lock (the state must be the one after
         // `version`; a copy of it would be as large as the state), synced after the lock is
         // released.
-        let pending = tokio::task::spawn_blocking(move || match me.driver.lock() {
+        let pending = tokio::task::spawn_blocking(move || match me.round.driver.lock() {
             Ok(d) => match d.as_ref() {
                 Some(d) => me
                     .store
@@ -992,7 +1072,7 @@ impl Shared {
                 stored,
                 "estimator checkpoint"
             );
-            if let Ok(mut c) = me.checkpoint.lock() {
+            if let Ok(mut c) = me.round.checkpoint.lock() {
                 c.writing = false;
                 if stored {
                     c.stored = Some((version, generation));
@@ -1010,7 +1090,7 @@ impl Shared {
         let (mut base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
         if let Some(health) = &self.health {
             base = health.overlay(&base, |cluster, down, why| {
-                self.activity.log_health(cluster, down, why, now);
+                self.read.activity.log_health(cluster, down, why, now);
                 if down {
                     tracing::warn!(cluster, reason = why, "health checks: cluster down");
                 } else {
@@ -1020,9 +1100,14 @@ impl Shared {
         }
         // Seeded from the last round's map (a standby's own, unpublished), else the map
         // served since the start.
-        let previous = self.last_solved.load_full().or_else(|| self.current());
+        let previous = self
+            .round
+            .last_solved
+            .load_full()
+            .or_else(|| self.current());
         let mut pending = {
             let mut p = self
+                .intake
                 .pending
                 .lock()
                 .map_err(|_| LoopError::Poisoned("pending"))?;
@@ -1067,6 +1152,7 @@ impl Shared {
             rtt: self.measured_rtt(&base, now),
         };
         let mut driver = self
+            .round
             .driver
             .lock()
             .map_err(|_| LoopError::Poisoned("round driver"))?;
@@ -1079,7 +1165,7 @@ impl Shared {
         // So is a standby's first round as leader: the leader's map is used while it is newer
         // than what this replica last published.
         let published = self.current().map_or((0, 0), |p| (p.epoch, p.version));
-        let served = match (&previous, self.leader_map.load_full()) {
+        let served = match (&previous, self.round.leader_map.load_full()) {
             (Some(prev), Some(leader)) if leader.identity.key() > published => {
                 tracing::info!(
                     leader_epoch = leader.identity.epoch,
@@ -1341,16 +1427,21 @@ impl Shared {
     }
 
     pub(crate) fn round_status(&self) -> RoundStatus {
-        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+        self.read
+            .status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
 
     pub(crate) fn activity(&self) -> &crate::activity::Activity {
-        &self.activity
+        &self.read.activity
     }
 
     /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
     pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
-        self.driver
+        self.round
+            .driver
             .lock()
             .ok()
             .and_then(|d| d.as_ref().map(|d| f(d.estimates())))
@@ -1479,7 +1570,7 @@ mod tests {
 
     async fn checkpoint_written(shared: &Shared) -> Option<(u64, u64)> {
         for _ in 0..500 {
-            match shared.checkpoint.lock() {
+            match shared.round.checkpoint.lock() {
                 Ok(c) if !c.writing => return c.stored,
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
