@@ -347,77 +347,13 @@ impl Shared {
         // Above the stored epoch, and above the clock: a store that was lost starts again
         // above every epoch a front end may hold (issue 41).
         let epoch = store.next_epoch(u64::try_from(now_unix_ms()).unwrap_or(0))?;
-        // The stored topology; where a stored file is damaged, the newest state that reads,
-        // each file or edit skipped said here (`cdnmap_store`'s `recover`).
-        // `initial`'s own error is the start's, as it is (a bad instance file, say).
-        let mut initial_error = None;
-        let start = store.start_topology(Limits::default(), || {
-            initial().map_err(|e| {
-                let said = format!("{e:#}");
-                initial_error = Some(e);
-                said
-            })
-        });
-        let start = match (start, initial_error) {
-            (Err(_), Some(e)) => return Err(e),
-            (start, _) => start?,
-        };
-        for skipped in &start.skipped {
-            tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
-        }
-        if !start.fresh {
-            tracing::info!(
-                map_units = start.topology.unit_count(),
-                clusters = start.topology.clusters().len(),
-                exact = start.exact,
-                "serving the stored topology (with every acknowledged edit, unless said above)"
-            );
-            if let Some(path) = &config.instance {
-                tracing::warn!(
-                    instance = %path.display(),
-                    data_dir = %config.data_dir.display(),
-                    "the configured instance file is not read: the store's topology is \
-                     served (start on an empty data_dir to serve the file)"
-                );
-            }
-        }
-        let topology = &start.topology;
-        // Every class the name rules and the default class name must be the topology's: refused
-        // here, naming it, rather than by every round after the start.
-        ClassRules::for_instance(
-            &topology.instance,
-            &config.class_rule_pairs(),
-            &config.default_class,
-        )
-        .map_err(|e| anyhow::anyhow!("the configuration's class_rules and default_class: {e}"))?;
-        if let Some(class) = config
-            .bypass
-            .keys()
-            .find(|k| topology.instance.class_index(k).is_none())
-        {
-            anyhow::bail!(
-                "the configuration's bypass.{class}: the topology has no traffic class {class:?}"
-            );
-        }
-        if let Err(e) = config.selection.check_clusters(topology) {
-            tracing::warn!(error = %e, "the selection override is not used");
-        }
+        let start = start_topology(&store, &config, initial)?;
+        check_against_topology(&config, &start.topology)?;
         let topology_ms = ms(started);
-        // The served record's base is most often the stored topology itself (no edit since):
-        // then it is not rebuilt a second time. A damaged record is moved aside, said here:
-        // the first round then maps afresh.
         let t = Instant::now();
-        let from_store = store.start_served(&start)?;
-        for skipped in &from_store.skipped {
-            tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
-        }
-        let (topology, seq, replayed) = (start.topology, start.seq, start.replayed);
-        let served = match from_store.served {
-            Some(s) => Some(s),
-            None if from_store.skipped_version.is_none() => legacy_served(&store, &topology),
-            None => None,
-        };
+        let (served, skipped_version) = start_served(&store, &config, &start)?;
         let served_ms = ms(t);
+        let (topology, seq, replayed) = (start.topology, start.seq, start.replayed);
         let read = ReadSide::new();
         let lead = crate::topology::Lead::default();
         let shared = Arc::new(Shared {
@@ -448,45 +384,65 @@ impl Shared {
         let inline = served.as_mut().map(|s| std::mem::take(&mut s.estimator));
         let served_version = served.as_ref().map(|s| s.version);
         if let Some(s) = served {
-            let t = Instant::now();
-            let rules = shared.rules(&s.topology)?;
-            let identity = (s.epoch, s.version, s.solved_at_unix_ms);
-            let snapshot = Snapshot::restored(identity, s.topology, s.map, rules)?;
-            tracing::info!(
-                epoch = snapshot.epoch,
-                version = snapshot.version,
-                topology_ms,
-                served_ms,
-                index_ms = ms(t),
-                topology_seq = seq,
-                "serving the stored map until the first round (the estimator is restored beside it)"
-            );
-            let snapshot = Arc::new(snapshot);
-            shared.refer(&snapshot);
-            shared.publish(snapshot);
+            let timings = (topology_ms, served_ms, seq);
+            shared.serve_stored(s, timings)?;
         }
         // The decoded store's columns are freed: hand them back before the estimator is read.
         crate::memory::release();
-        // The estimator is restored while the stored map is served (at 11 M map units it is a
-        // checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s of a start).
-        let me = Arc::clone(&shared);
-        let inline = inline.unwrap_or_default();
         // A served record moved aside: the estimator is restored after it still (its
         // checkpoint and entries are files of their own), and the versions start again.
-        let skipped_version = from_store.skipped_version;
-        let restore = move || {
-            me.restore_estimator(
-                &start_topology,
-                served_version.or(skipped_version),
-                inline,
-                skipped_version.is_some(),
-            )
-        };
+        let after = served_version.or(skipped_version);
+        let inline = inline.unwrap_or_default();
+        Arc::clone(&shared).spawn_restore(
+            start_topology,
+            after,
+            inline,
+            skipped_version.is_some(),
+        )?;
+        Ok(shared)
+    }
+
+    /// Publishes the map of the served record `s` (the stored map, served until the first
+    /// round, exactly as it was published), and makes it the round Feedback's bounds are
+    /// relative to. `timings`: the start's milliseconds so far (topology, served record) and
+    /// the topology's journal sequence number, for the log.
+    fn serve_stored(&self, s: Served, timings: (f64, f64, u64)) -> anyhow::Result<()> {
+        let (topology_ms, served_ms, seq) = timings;
+        let t = Instant::now();
+        let rules = self.rules(&s.topology)?;
+        let identity = (s.epoch, s.version, s.solved_at_unix_ms);
+        let snapshot = Snapshot::restored(identity, s.topology, s.map, rules)?;
+        tracing::info!(
+            epoch = snapshot.epoch,
+            version = snapshot.version,
+            topology_ms,
+            served_ms,
+            index_ms = t.elapsed().as_secs_f64() * 1e3,
+            topology_seq = seq,
+            "serving the stored map until the first round (the estimator is restored beside it)"
+        );
+        let snapshot = Arc::new(snapshot);
+        self.refer(&snapshot);
+        self.publish(snapshot);
+        Ok(())
+    }
+
+    /// Restores the estimator on a thread of its own, while the stored map is served (at
+    /// 11 M map units it is a checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s
+    /// of a start): see [`Shared::restore_estimator`].
+    fn spawn_restore(
+        self: Arc<Self>,
+        topology: Arc<Topology>,
+        served: Option<u64>,
+        inline: EstimatorLog,
+        versions_restart: bool,
+    ) -> anyhow::Result<()> {
+        let restore = move || self.restore_estimator(&topology, served, inline, versions_restart);
         std::thread::Builder::new()
             .name("cdnmap-estimator".into())
             .spawn(restore)
             .map_err(|e| anyhow::anyhow!("no thread to restore the estimator on: {e}"))?;
-        Ok(shared)
+        Ok(())
     }
 
     /// Waits until the estimator is restored (a start restores it beside the stored map it
@@ -869,21 +825,7 @@ impl Shared {
             .await
             .unwrap_or_else(|e| Err(LoopError::Task(e.to_string())));
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
-        let mut status = RoundStatus {
-            last_round_at_unix_ms: now,
-            solve_ms,
-            ..RoundStatus::default()
-        };
-        let cycle_ms = self.config.cycle_secs as f64 * 1e3;
-        if solve_ms > cycle_ms {
-            // The next round starts late (the loop never overlaps rounds); the map served until
-            // then is the previous one.
-            metrics::counter!("cdnmap_rounds_slow_total").increment(1);
-            tracing::warn!(solve_ms, cycle_ms, "round took longer than the cycle");
-            status.error = format!(
-                "the last round took {solve_ms:.0} ms, longer than the {cycle_ms:.0} ms cycle"
-            );
-        }
+        let mut status = self.timed_status(now, solve_ms);
         match result {
             Ok(Round {
                 snapshot,
@@ -891,85 +833,8 @@ impl Shared {
                     error: Some(error), ..
                 },
                 ..
-            }) => {
-                // Not stored, so not published: a client never sees a version a restart could
-                // not serve. The next round is seeded from it all the same (a standby's
-                // unpublished maps are too) and takes the next version: this one may be in the
-                // store in part (its record written, the write after it failed), and a version
-                // number is never written twice. Clients see the version after it, by a delta
-                // from the one they hold. The estimator's entry for it may be missing, which
-                // would end a restart's replay of the entries there: the next stored round
-                // writes a whole checkpoint.
-                let snapshot = Arc::new(snapshot);
-                self.round.last_solved.store(Some(Arc::clone(&snapshot)));
-                self.refer(&snapshot);
-                if let Ok(mut c) = self.round.checkpoint.lock() {
-                    c.stored = None;
-                }
-                metrics::counter!("cdnmap_rounds_failed_total").increment(1);
-                tracing::error!(
-                    error = %error,
-                    epoch = snapshot.epoch,
-                    version = snapshot.version,
-                    "storing the round's map failed: not published; the last stored map keeps serving"
-                );
-                status.failed = true;
-                status.error = format!(
-                    "storing map version {} failed, so it was not published (the last stored map keeps serving): {error}",
-                    snapshot.version
-                );
-            }
-            Ok(Round {
-                snapshot,
-                timings: step_timings,
-                stored,
-            }) => {
-                let snapshot = Arc::new(snapshot);
-                self.round.last_solved.store(Some(Arc::clone(&snapshot)));
-                self.refer(&snapshot);
-                let t = Instant::now();
-                let publishing = match term {
-                    None => true,
-                    Some(term) => self.may_publish(term.as_ref(), &snapshot).await,
-                };
-                self.round
-                    .last_published
-                    .store(publishing, std::sync::atomic::Ordering::Relaxed);
-                if publishing {
-                    // The round's history entry before its map: whoever sees the map sees it
-                    // too.
-                    self.read.activity.record_round(&snapshot, solve_ms);
-                    self.publish(Arc::clone(&snapshot));
-                    let _ = self.read.updates.send(Arc::clone(&snapshot));
-                    // A leader seeds from its own maps: the last leader's is let go.
-                    self.round.leader_map.store(None);
-                }
-                let publish_ms = t.elapsed().as_secs_f64() * 1e3;
-                let parts = [
-                    ("estimator", step_timings.estimate_ms),
-                    ("effective_preferences", snapshot.timings.effective_ms),
-                    ("solve", snapshot.timings.solve_ms),
-                    ("index", snapshot.timings.index_ms),
-                    ("publish", publish_ms),
-                    ("persist", stored.ms),
-                ];
-                for (part, ms) in parts {
-                    metrics::histogram!("cdnmap_round_part_seconds", "part" => part)
-                        .record(ms / 1e3);
-                }
-                tracing::info!(
-                    estimator_ms = step_timings.estimate_ms,
-                    effective_ms = snapshot.timings.effective_ms,
-                    solve_ms = snapshot.timings.solve_ms,
-                    index_ms = snapshot.timings.index_ms,
-                    publish_ms,
-                    persist_ms = stored.ms,
-                    "round parts (persist ran beside index)"
-                );
-                self.round_metrics(&snapshot, solve_ms, publishing);
-                self.checkpoint_if_due(snapshot.version, stored.generation)
-                    .await;
-            }
+            }) => self.not_stored(snapshot, &error, &mut status),
+            Ok(round) => self.stored(round, term, solve_ms).await,
             Err(e) => {
                 metrics::counter!("cdnmap_rounds_failed_total").increment(1);
                 tracing::error!(error = %e, "round failed; serving the last good map");
@@ -980,6 +845,112 @@ impl Shared {
         if let Ok(mut s) = self.read.status.lock() {
             *s = status;
         }
+    }
+
+    /// The status of a round at `now` that took `solve_ms`: a round longer than the cycle is
+    /// said (the next starts late: the loop never overlaps rounds; the map served until then
+    /// is the previous one).
+    fn timed_status(&self, now: i64, solve_ms: f64) -> RoundStatus {
+        let mut status = RoundStatus {
+            last_round_at_unix_ms: now,
+            solve_ms,
+            ..RoundStatus::default()
+        };
+        let cycle_ms = self.config.cycle_secs as f64 * 1e3;
+        if solve_ms > cycle_ms {
+            metrics::counter!("cdnmap_rounds_slow_total").increment(1);
+            tracing::warn!(solve_ms, cycle_ms, "round took longer than the cycle");
+            status.error = format!(
+                "the last round took {solve_ms:.0} ms, longer than the {cycle_ms:.0} ms cycle"
+            );
+        }
+        status
+    }
+
+    /// A round whose record could not be stored: not published, so a client never sees a
+    /// version a restart could not serve. The next round is seeded from it all the same (a
+    /// standby's unpublished maps are too) and takes the next version: this one may be in the
+    /// store in part (its record written, the write after it failed), and a version number is
+    /// never written twice. Clients see the version after it, by a delta from the one they
+    /// hold. The estimator's entry for it may be missing, which would end a restart's replay
+    /// of the entries there: the next stored round writes a whole checkpoint.
+    fn not_stored(&self, snapshot: Snapshot, error: &str, status: &mut RoundStatus) {
+        let snapshot = Arc::new(snapshot);
+        self.round.last_solved.store(Some(Arc::clone(&snapshot)));
+        self.refer(&snapshot);
+        if let Ok(mut c) = self.round.checkpoint.lock() {
+            c.stored = None;
+        }
+        metrics::counter!("cdnmap_rounds_failed_total").increment(1);
+        tracing::error!(
+            error = %error,
+            epoch = snapshot.epoch,
+            version = snapshot.version,
+            "storing the round's map failed: not published; the last stored map keeps serving"
+        );
+        status.failed = true;
+        status.error = format!(
+            "storing map version {} failed, so it was not published (the last stored map keeps serving): {error}",
+            snapshot.version
+        );
+    }
+
+    /// A stored round: the next round's seed and Feedback's reference; published if this
+    /// replica may (alone, or leading `term` still); its parts timed; a checkpoint if due.
+    async fn stored(
+        self: &Arc<Self>,
+        round: Round,
+        term: Option<Option<cdnmap_lead::Term>>,
+        solve_ms: f64,
+    ) {
+        let Round {
+            snapshot,
+            timings: step_timings,
+            stored,
+        } = round;
+        let snapshot = Arc::new(snapshot);
+        self.round.last_solved.store(Some(Arc::clone(&snapshot)));
+        self.refer(&snapshot);
+        let t = Instant::now();
+        let publishing = match term {
+            None => true,
+            Some(term) => self.may_publish(term.as_ref(), &snapshot).await,
+        };
+        self.round
+            .last_published
+            .store(publishing, std::sync::atomic::Ordering::Relaxed);
+        if publishing {
+            // The round's history entry before its map: whoever sees the map sees it too.
+            self.read.activity.record_round(&snapshot, solve_ms);
+            self.publish(Arc::clone(&snapshot));
+            let _ = self.read.updates.send(Arc::clone(&snapshot));
+            // A leader seeds from its own maps: the last leader's is let go.
+            self.round.leader_map.store(None);
+        }
+        let publish_ms = t.elapsed().as_secs_f64() * 1e3;
+        let parts = [
+            ("estimator", step_timings.estimate_ms),
+            ("effective_preferences", snapshot.timings.effective_ms),
+            ("solve", snapshot.timings.solve_ms),
+            ("index", snapshot.timings.index_ms),
+            ("publish", publish_ms),
+            ("persist", stored.ms),
+        ];
+        for (part, ms) in parts {
+            metrics::histogram!("cdnmap_round_part_seconds", "part" => part).record(ms / 1e3);
+        }
+        tracing::info!(
+            estimator_ms = step_timings.estimate_ms,
+            effective_ms = snapshot.timings.effective_ms,
+            solve_ms = snapshot.timings.solve_ms,
+            index_ms = snapshot.timings.index_ms,
+            publish_ms,
+            persist_ms = stored.ms,
+            "round parts (persist ran beside index)"
+        );
+        self.round_metrics(&snapshot, solve_ms, publishing);
+        self.checkpoint_if_due(snapshot.version, stored.generation)
+            .await;
     }
 
     /// Stores the record of the round `solved` (from the topology after journal entry
@@ -1081,6 +1052,80 @@ impl Shared {
         });
     }
 
+    /// The observations reported since the last round, taken (`observe`; else left for the
+    /// next round, and none taken), their demand counted per cycle over the period since the
+    /// last round (or since `previous` was solved) until `now`, and held to their bounds again.
+    fn take_pending(
+        &self,
+        now: i64,
+        observe: bool,
+        previous: Option<&Snapshot>,
+    ) -> Result<Pending, LoopError> {
+        let mut pending = {
+            let mut p = self
+                .intake
+                .pending
+                .lock()
+                .map_err(|_| LoopError::Poisoned("pending"))?;
+            if observe {
+                let taken = std::mem::take(&mut *p);
+                p.since_ms = Some(now);
+                // Reports admitted and not yet stored land in the next period: they count
+                // against its bounds.
+                p.ledger = taken.ledger.next_period();
+                taken
+            } else {
+                Pending::default()
+            }
+        };
+        let period_start = pending
+            .since_ms
+            .or(previous.map(|p| p.solved_at_unix_ms))
+            .unwrap_or(now);
+        per_cycle(
+            &mut pending.demand,
+            now.saturating_sub(period_start),
+            self.config.cycle_secs as i64 * 1_000,
+        );
+        // A period shorter than a cycle was scaled up: each unit is held to its bound again.
+        if let Some(reference) = self.reference() {
+            let clipped = cdnmap_engine::budget::limit_period(
+                &mut pending.demand,
+                &reference.snapshot.topology,
+                &reference.classes,
+                self.config.feedback_max_demand_ratio,
+            );
+            if clipped > 0 {
+                metrics::counter!("cdnmap_feedback_clipped_total").increment(clipped as u64);
+                tracing::debug!(clipped, "the round's observed demand clipped to its bounds");
+            }
+        }
+        Ok(pending)
+    }
+
+    /// A standby seeds from the leader's published map (what clients were answered from),
+    /// not from its own unpublished one: the replicas' own maps drift apart (a sticky round
+    /// depends on the map it starts from), and a takeover would move the difference. So is a
+    /// standby's first round as leader: the leader's map is used while it is newer than what
+    /// this replica last published. `None`: the round seeds from `previous`.
+    fn leader_seed(&self, previous: Option<&Snapshot>) -> Option<cdnmap_mapper::Map> {
+        let published = self.current().map_or((0, 0), |p| (p.epoch, p.version));
+        match (previous, self.round.leader_map.load_full()) {
+            (Some(prev), Some(leader)) if leader.identity.key() > published => {
+                tracing::info!(
+                    leader_epoch = leader.identity.epoch,
+                    leader_version = leader.identity.version,
+                    "the round is seeded from the leader's map"
+                );
+                Some(cdnmap_engine::round::map_of_shares(
+                    &leader.map,
+                    &prev.topology,
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// The round itself, on a blocking thread: the observations since the last round through
     /// the round driver (the same step `cdnmap replay` runs), the record stored while the map
     /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
@@ -1105,45 +1150,7 @@ impl Shared {
             .last_solved
             .load_full()
             .or_else(|| self.current());
-        let mut pending = {
-            let mut p = self
-                .intake
-                .pending
-                .lock()
-                .map_err(|_| LoopError::Poisoned("pending"))?;
-            if observe {
-                let taken = std::mem::take(&mut *p);
-                p.since_ms = Some(now);
-                // Reports admitted and not yet stored land in the next period: they count
-                // against its bounds.
-                p.ledger = taken.ledger.next_period();
-                taken
-            } else {
-                Pending::default()
-            }
-        };
-        let period_start = pending
-            .since_ms
-            .or(previous.as_ref().map(|p| p.solved_at_unix_ms))
-            .unwrap_or(now);
-        per_cycle(
-            &mut pending.demand,
-            now.saturating_sub(period_start),
-            self.config.cycle_secs as i64 * 1_000,
-        );
-        // A period shorter than a cycle was scaled up: each unit is held to its bound again.
-        if let Some(reference) = self.reference() {
-            let clipped = cdnmap_engine::budget::limit_period(
-                &mut pending.demand,
-                &reference.snapshot.topology,
-                &reference.classes,
-                self.config.feedback_max_demand_ratio,
-            );
-            if clipped > 0 {
-                metrics::counter!("cdnmap_feedback_clipped_total").increment(clipped as u64);
-                tracing::debug!(clipped, "the round's observed demand clipped to its bounds");
-            }
-        }
+        let pending = self.take_pending(now, observe, previous.as_deref())?;
         let observations = Observations {
             // The reports since the last round describe the period that began with it.
             at_unix_ms: previous.as_ref().map_or(now, |p| p.solved_at_unix_ms),
@@ -1159,26 +1166,7 @@ impl Shared {
         let driver = driver.as_mut().ok_or_else(|| {
             LoopError::NoEstimator("its state and a fresh one both failed (see the log)".into())
         })?;
-        // A standby seeds from the leader's published map (what clients were answered from),
-        // not from its own unpublished one: the replicas' own maps drift apart (a sticky
-        // round depends on the map it starts from), and a takeover would move the difference.
-        // So is a standby's first round as leader: the leader's map is used while it is newer
-        // than what this replica last published.
-        let published = self.current().map_or((0, 0), |p| (p.epoch, p.version));
-        let served = match (&previous, self.round.leader_map.load_full()) {
-            (Some(prev), Some(leader)) if leader.identity.key() > published => {
-                tracing::info!(
-                    leader_epoch = leader.identity.epoch,
-                    leader_version = leader.identity.version,
-                    "the round is seeded from the leader's map"
-                );
-                Some(cdnmap_engine::round::map_of_shares(
-                    &leader.map,
-                    &prev.topology,
-                ))
-            }
-            _ => None,
-        };
+        let served = self.leader_seed(previous.as_deref());
         let (step, stored) = driver.step_alongside(
             &base,
             previous.as_deref(),
@@ -1363,6 +1351,94 @@ fn restore_estimates(
             fresh()
         }
     }
+}
+
+/// The topology a start serves: the stored one (where a stored file is damaged, the newest
+/// state that reads, each file or edit skipped said here: `cdnmap_store`'s `recover`), else
+/// `initial`'s, whose own error is the start's, as it is (a bad instance file, say).
+fn start_topology(
+    store: &Store,
+    config: &Config,
+    initial: impl FnOnce() -> anyhow::Result<Topology>,
+) -> anyhow::Result<cdnmap_store::StartTopology> {
+    let mut initial_error = None;
+    let start = store.start_topology(Limits::default(), || {
+        initial().map_err(|e| {
+            let said = format!("{e:#}");
+            initial_error = Some(e);
+            said
+        })
+    });
+    let start = match (start, initial_error) {
+        (Err(_), Some(e)) => return Err(e),
+        (start, _) => start?,
+    };
+    for skipped in &start.skipped {
+        tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
+    }
+    if !start.fresh {
+        tracing::info!(
+            map_units = start.topology.unit_count(),
+            clusters = start.topology.clusters().len(),
+            exact = start.exact,
+            "serving the stored topology (with every acknowledged edit, unless said above)"
+        );
+        if let Some(path) = &config.instance {
+            tracing::warn!(
+                instance = %path.display(),
+                data_dir = %config.data_dir.display(),
+                "the configured instance file is not read: the store's topology is \
+                 served (start on an empty data_dir to serve the file)"
+            );
+        }
+    }
+    Ok(start)
+}
+
+/// What of the configuration names the topology's parts: every class the name rules, the
+/// default class and `bypass` name must be the topology's (refused here, naming it, rather
+/// than by every round after the start); a selection override naming a cluster that is gone
+/// is a warning.
+fn check_against_topology(config: &Config, topology: &Topology) -> anyhow::Result<()> {
+    ClassRules::for_instance(
+        &topology.instance,
+        &config.class_rule_pairs(),
+        &config.default_class,
+    )
+    .map_err(|e| anyhow::anyhow!("the configuration's class_rules and default_class: {e}"))?;
+    if let Some(class) = config
+        .bypass
+        .keys()
+        .find(|k| topology.instance.class_index(k).is_none())
+    {
+        anyhow::bail!(
+            "the configuration's bypass.{class}: the topology has no traffic class {class:?}"
+        );
+    }
+    if let Err(e) = config.selection.check_clusters(topology) {
+        tracing::warn!(error = %e, "the selection override is not used");
+    }
+    Ok(())
+}
+
+/// The served record a start serves, and the version of one moved aside. Its base is most
+/// often the stored topology itself (no edit since): then it is not rebuilt a second time.
+/// A damaged record is moved aside, said here: the first round then maps afresh.
+fn start_served(
+    store: &Store,
+    config: &Config,
+    start: &cdnmap_store::StartTopology,
+) -> anyhow::Result<(Option<Served>, Option<u64>)> {
+    let from_store = store.start_served(start)?;
+    for skipped in &from_store.skipped {
+        tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
+    }
+    let served = match from_store.served {
+        Some(s) => Some(s),
+        None if from_store.skipped_version.is_none() => legacy_served(store, &start.topology),
+        None => None,
+    };
+    Ok((served, from_store.skipped_version))
 }
 
 /// The newest map of a store written before the served record existed, read against the
