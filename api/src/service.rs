@@ -98,7 +98,7 @@ pub struct Shared {
 /// it), read by the gRPC handlers, WatchMap streams and the dashboard. The action log in
 /// [`activity`](Self::activity) is written by the topology writer's log too, in the order of
 /// the changes.
-pub struct ReadSide {
+pub(crate) struct ReadSide {
     /// The published map and its selectors.
     pub(crate) published: ArcSwapOption<Published>,
     /// Each published map, to WatchMap streams.
