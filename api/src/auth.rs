@@ -6,7 +6,7 @@
 //! (`cdnmap_admin_auth_refused_total{listener}`; gRPC RESOURCE_EXHAUSTED, HTTP 429). A right
 //! token forgets a source's failures. The table of sources is bounded ([`MAX_SOURCES`]); its
 //! core, [`Failures`], is pure (time is an argument). Also the token checks every listener
-//! shares: [`bearer_token`] (an `Authorization` header's token) and [`constant_time_eq`].
+//! shares: `bearer_token` (an `Authorization` header's token) and `constant_time_eq`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -1,8 +1,10 @@
-//! The running mapper: the mapping loop, atomic map publication, and the gRPC services
-//! (`cdnmap.v1.Mapping`, `Feedback`, `Admin`, plus `grpc.health.v1` and server reflection).
-//!
-//! Handlers are thin (house style): validate → convert → call the core → map errors to a
-//! `Status`. Protobuf stops here.
+//! The running mapper: its start (the stored topology and map served at once, the estimator
+//! restored beside them), the mapping loop (a round per cycle through the engine's driver,
+//! stored, then published in one swap), and [`Shared`], the state the loop and every
+//! handler share, in parts with one writer each: [`ReadSide`] (what readers see, published
+//! by the loop), [`RoundState`] (the loop's own) and [`Intake`] (what Feedback brings the
+//! next round). The gRPC handlers (`mapping`, `feedback`, `admin`) and the dashboard read it;
+//! it imports none of them.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -96,9 +98,9 @@ pub struct Shared {
 /// The published read side: written by the round loop only (each published round: its history
 /// entry, then its map and selectors in one swap, then the watchers' notice; its status after
 /// it), read by the gRPC handlers, WatchMap streams and the dashboard. The action log in
-/// [`activity`](Self::activity) is written by the topology writer's log too, in the order of
+/// `activity` is written by the topology writer's log too, in the order of
 /// the changes.
-pub(crate) struct ReadSide {
+pub struct ReadSide {
     /// The published map and its selectors.
     pub(crate) published: ArcSwapOption<Published>,
     /// Each published map, to WatchMap streams.
@@ -115,7 +117,7 @@ pub(crate) struct ReadSide {
 /// (`last_solved`, `last_published`) and the dashboard (the estimator's state). The one
 /// exception is `leader_map`, written by the standby's follower of the leader's WatchMap and
 /// read by the rounds.
-pub(crate) struct RoundState {
+pub struct RoundState {
     /// The last round's map, published or not: the next round is seeded from it. Alone it is
     /// the published map; a standby replica solves every round and publishes none.
     pub(crate) last_solved: ArcSwapOption<Snapshot>,
@@ -141,7 +143,7 @@ pub(crate) struct RoundState {
 /// in `pending`, measured RTTs, server loads, each source's budget), which the round loop takes
 /// (it drains `pending`, reads the RTT table, and sets `reference`, the round the next
 /// reports' bounds are relative to).
-pub(crate) struct Intake {
+pub struct Intake {
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// Each feedback source's budget.
