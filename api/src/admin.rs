@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use cdnmap_mapper::model::shown_id;
 use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use cdnmap_store::edit::{Applied, EditError};
@@ -12,7 +13,6 @@ use tonic::{Request, Response, Status};
 
 use crate::service::{invalid, Shared};
 use crate::topology::{Change, ChangeError};
-use cdnmap_mapper::model::shown_id;
 
 /// Checks `authorization: Bearer <token>` on every Admin call, through the gate that watches
 /// failures (`auth`: counted, logged, and a source that fails too often refused for a while).
@@ -42,20 +42,6 @@ impl tonic::service::Interceptor for AdminAuth {
             ))),
         }
     }
-}
-
-/// The token of an `Authorization` header's value in the Bearer scheme (RFC 6750 §2.1), the
-/// scheme's name in any case (RFC 7235 §2.1: auth-schemes are case-insensitive) and one or
-/// more spaces after it; `None` for another scheme.
-pub(crate) fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, rest) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| rest.trim_start_matches(' '))
-}
-
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The `Admin` service.
@@ -431,7 +417,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::SetClusterStateRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
-        let actor = crate::dashboard::Actor::of_grpc(&request);
+        let actor = crate::topology::Actor::of_grpc(&request);
         let r = request.into_inner();
         let state = cdnmap_serve::watch::state_from_pb(r.state)
             .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
@@ -452,7 +438,13 @@ impl pb::admin_server::Admin for AdminService {
         _: Request<pb::GetStatusRequest>,
     ) -> Result<Response<pb::Status>, Status> {
         let s = self.0.current();
-        let status = self.0.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let status = self
+            .0
+            .read
+            .status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         let inst = self.topology();
         let overflow_share = s.as_ref().map_or(0.0, |s| {
             let d = s.topology.total_demand();
@@ -482,7 +474,7 @@ impl pb::admin_server::Admin for AdminService {
 
 #[cfg(test)]
 mod tests {
-    use super::{bearer_token, cluster_from_pb, pb};
+    use super::{cluster_from_pb, pb};
     use cdnmap_mapper::MAX_TREE_DEPTH;
 
     /// A cluster whose resource tree is a chain of `levels` nodes, the last serving web.
@@ -531,25 +523,6 @@ mod tests {
                 ),
                 "{levels} levels"
             );
-        }
-    }
-
-    /// RFC 7235 §2.1: the scheme is case-insensitive and one or more spaces follow it; another
-    /// scheme, or none, gives no token.
-    #[test]
-    fn the_bearer_scheme_is_read_in_any_case() {
-        for (value, token) in [
-            ("Bearer s3cret", Some("s3cret")),
-            ("bearer s3cret", Some("s3cret")),
-            ("BEARER s3cret", Some("s3cret")),
-            ("bEaReR   s3cret", Some("s3cret")),
-            ("Bearer ", Some("")),
-            ("Basic s3cret", None),
-            ("Bearers3cret", None),
-            ("Bearer", None),
-            ("", None),
-        ] {
-            assert_eq!(bearer_token(value), token, "{value:?}");
         }
     }
 }

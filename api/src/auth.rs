@@ -5,7 +5,8 @@
 //! [`FAILURE_WINDOW`] is refused, its token not looked at, until the window ends
 //! (`cdnmap_admin_auth_refused_total{listener}`; gRPC RESOURCE_EXHAUSTED, HTTP 429). A right
 //! token forgets a source's failures. The table of sources is bounded ([`MAX_SOURCES`]); its
-//! core, [`Failures`], is pure (time is an argument).
+//! core, [`Failures`], is pure (time is an argument). Also the token checks every listener
+//! shares: `bearer_token` (an `Authorization` header's token) and `constant_time_eq`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -23,6 +24,22 @@ pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 pub const MAX_SOURCES: usize = 4096;
 /// At most one log line of failures, and one of refused sources, this often.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The token of an `Authorization` header's value in the Bearer scheme (RFC 6750 §2.1), the
+/// scheme's name in any case (RFC 7235 §2.1: auth-schemes are case-insensitive) and one or
+/// more spaces after it; `None` for another scheme.
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
+/// Whether `a` and `b` are equal, in a time that depends on their lengths only (how long a
+/// comparison takes says nothing of how close a wrong token came).
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// One source's failures in its current window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,9 +210,9 @@ impl AdminGate {
             }
             return Err(Denied::TooMany { retry_after });
         }
-        let given = authorization.and_then(crate::admin::bearer_token);
+        let given = authorization.and_then(bearer_token);
         let denied = match given {
-            Some(g) if crate::admin::constant_time_eq(g.as_bytes(), token.as_bytes()) => {
+            Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => {
                 self.failures().succeeded(source);
                 return Ok(());
             }
@@ -306,5 +323,24 @@ mod tests {
             disabled.check_at(Some("Bearer x"), a, "grpc", "test", 0),
             Err(Denied::Disabled)
         );
+    }
+
+    /// RFC 7235 §2.1: the scheme is case-insensitive and one or more spaces follow it; another
+    /// scheme, or none, gives no token.
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for (value, token) in [
+            ("Bearer s3cret", Some("s3cret")),
+            ("bearer s3cret", Some("s3cret")),
+            ("BEARER s3cret", Some("s3cret")),
+            ("bEaReR   s3cret", Some("s3cret")),
+            ("Bearer ", Some("")),
+            ("Basic s3cret", None),
+            ("Bearers3cret", None),
+            ("Bearer", None),
+            ("", None),
+        ] {
+            assert_eq!(bearer_token(value), token, "{value:?}");
+        }
     }
 }

@@ -854,6 +854,15 @@ impl Config {
 
     /// `etcd`, `node_id` and `etcd_prefix`, each error naming its key and entry.
     fn validate_etcd(&self) -> Result<(), ConfigError> {
+        let tls = self.validate_etcd_urls()?;
+        self.validate_etcd_tls(tls)?;
+        self.validate_advertise_url()?;
+        self.validate_replica_names()
+    }
+
+    /// The `etcd` URLs: at most [`MAX_ETCD_ENDPOINTS`], each `http://` or `https://` (one
+    /// scheme for all) and HOST:PORT, none twice. Whether they are `https://`.
+    fn validate_etcd_urls(&self) -> Result<bool, ConfigError> {
         if self.etcd.len() > MAX_ETCD_ENDPOINTS {
             return Err(invalid(
                 "etcd",
@@ -899,7 +908,11 @@ impl Config {
                 return Err(invalid(&key, format!("{shown} is given twice")));
             }
         }
-        self.validate_etcd_tls(tls)?;
+        Ok(tls)
+    }
+
+    /// `advertise_url`, in the scheme the listeners speak.
+    fn validate_advertise_url(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.advertise_url {
             let shown = cdnmap_mapper::model::shown_id(url);
             // The scheme the listeners speak: a standby follows the URL as advertised, and
@@ -930,6 +943,12 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `node_id` (needed with `etcd`) and `etcd_prefix`: names of at most
+    /// [`MAX_NODE_ID_BYTES`] of A-Z a-z 0-9 - _ . (and / in the prefix, which ends in one).
+    fn validate_replica_names(&self) -> Result<(), ConfigError> {
         let name_ok = |s: &str| {
             !s.is_empty()
                 && s.len() <= MAX_NODE_ID_BYTES
@@ -1032,6 +1051,48 @@ impl Config {
 
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_ranges()?;
+        if self.grpc_listen == self.http_listen && self.grpc_listen.port() != 0 {
+            return Err(invalid(
+                "http_listen",
+                format!("{} is also grpc_listen", self.http_listen),
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "is empty"));
+        }
+        self.validate_etcd()?;
+        if let Some(tls) = &self.tls {
+            tls.validate_peers(self.replicated())?;
+        }
+        if let Some(token) = &self.admin_token {
+            check_token("admin_token", token)?;
+        }
+        self.validate_feedback_open()?;
+        self.validate_feedback_tokens()?;
+        self.validate_classes()?;
+        cdnmap_mapper::Stickiness {
+            margin: self.stickiness.margin,
+            incumbents_first: self.stickiness.incumbents_first,
+        }
+        .validate()
+        .map_err(|e| invalid("stickiness.margin", e.to_string()))?;
+        self.round_chance()?;
+        self.validate_selection()?;
+        if let Some(h) = &self.health {
+            h.validate()?;
+        }
+        self.rtt.validate().map_err(|e| invalid("rtt", e))?;
+        for (class, b) in &self.bypass {
+            b.bypass()
+                .map_err(|e| invalid(&format!("bypass.{class}"), e))?;
+        }
+        self.validate_start()
+    }
+
+    /// The numbers with a range (timeouts, connection counts, WatchMap's, the feedback
+    /// budget and bounds, what is kept), each error naming its key.
+    fn validate_ranges(&self) -> Result<(), ConfigError> {
         in_range("cycle_secs", self.cycle_secs, &CYCLE_SECS)?;
         in_range(
             "http_header_timeout_secs",
@@ -1090,23 +1151,12 @@ impl Config {
             &RECORD_RETENTION_HOURS,
         )?;
         in_range("record_max_mb", self.record_max_mb, &RECORD_MAX_MB)?;
-        if self.grpc_listen == self.http_listen && self.grpc_listen.port() != 0 {
-            return Err(invalid(
-                "http_listen",
-                format!("{} is also grpc_listen", self.http_listen),
-            ));
-        }
-        if self.data_dir.as_os_str().is_empty() {
-            return Err(invalid("data_dir", "is empty"));
-        }
-        self.validate_etcd()?;
-        if let Some(tls) = &self.tls {
-            tls.validate_peers(self.replicated())?;
-        }
-        if let Some(token) = &self.admin_token {
-            check_token("admin_token", token)?;
-        }
-        self.validate_feedback_open()?;
+        Ok(())
+    }
+
+    /// `feedback_tokens`: each name an id, each token a token, none the Admin token's nor
+    /// another front end's.
+    fn validate_feedback_tokens(&self) -> Result<(), ConfigError> {
         let mut seen = std::collections::BTreeMap::new();
         for (name, token) in &self.feedback_tokens {
             let key = format!("feedback_tokens.{}", cdnmap_mapper::model::shown_id(name));
@@ -1123,6 +1173,11 @@ impl Config {
                 return Err(invalid(&key, format!("is also the token of {other:?}")));
             }
         }
+        Ok(())
+    }
+
+    /// `default_class` and `class_rules` (at most [`MAX_CLASS_RULES`], none empty).
+    fn validate_classes(&self) -> Result<(), ConfigError> {
         if self.default_class.is_empty() {
             return Err(invalid("default_class", "is empty"));
         }
@@ -1143,13 +1198,11 @@ impl Config {
                 ));
             }
         }
-        cdnmap_mapper::Stickiness {
-            margin: self.stickiness.margin,
-            incumbents_first: self.stickiness.incumbents_first,
-        }
-        .validate()
-        .map_err(|e| invalid("stickiness.margin", e.to_string()))?;
-        self.round_chance()?;
+        Ok(())
+    }
+
+    /// The selection policies, the default's and each cluster's.
+    fn validate_selection(&self) -> Result<(), ConfigError> {
         let policies = std::iter::once(("selection.default".to_string(), &self.selection.default))
             .chain(
                 self.selection
@@ -1162,14 +1215,12 @@ impl Config {
                 .validate()
                 .map_err(|e| invalid(&key, e.to_string()))?;
         }
-        if let Some(h) = &self.health {
-            h.validate()?;
-        }
-        self.rtt.validate().map_err(|e| invalid("rtt", e))?;
-        for (class, b) in &self.bypass {
-            b.bypass()
-                .map_err(|e| invalid(&format!("bypass.{class}"), e))?;
-        }
+        Ok(())
+    }
+
+    /// What the topology starts from: `[mmdb]` (not with `instance`), else with neither the
+    /// demo world's size.
+    fn validate_start(&self) -> Result<(), ConfigError> {
         if let Some(m) = &self.mmdb {
             if self.instance.is_some() {
                 return Err(invalid(

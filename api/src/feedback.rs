@@ -4,20 +4,21 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use cdnmap_estimator::rtt::RttTable;
+use cdnmap_mapper::model::{shown_id, shown_number};
 use cdnmap_mapper::UnitIdx;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_REPORT_SAMPLES;
-use ipnet::IpNet;
-use tonic::{Request, Response, Status};
-
-use crate::service::{
-    invalid, now_unix_ms, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
-};
-use cdnmap_estimator::rtt::RttTable;
-use cdnmap_mapper::model::{shown_id, shown_number};
 use cdnmap_store::record::{
     self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
     ServerLoad, Target,
+};
+use ipnet::IpNet;
+use tonic::{Request, Response, Status};
+
+use crate::clock::now_unix_ms;
+use crate::service::{
+    invalid, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
 };
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
@@ -31,6 +32,7 @@ impl FeedbackService {
         let now = budget_clock();
         let refused = match self
             .0
+            .intake
             .budgets
             .take(source, samples as f64, bytes as f64, now)
         {
@@ -132,6 +134,7 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         let mut pending = self
             .shared
+            .intake
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -159,6 +162,7 @@ impl FeedbackService {
     ) -> Result<cdnmap_engine::budget::Admitted, Status> {
         let mut pending = self
             .0
+            .intake
             .pending
             .lock()
             .map_err(|_| Status::internal("the pending reports' lock is poisoned"))?;
@@ -195,12 +199,11 @@ fn demand_samples(
     period_ms: i64,
     topology: &cdnmap_topology::Topology,
     reference: &Reference,
-    shared: &Shared,
+    cycle_ms: i64,
 ) -> Result<(Vec<Sample>, Vec<cdnmap_engine::budget::Ask>), Status> {
     // Finite is not enough: one sample of 1e308 made every figure of the rounds after it
     // meaningless.
     let period_secs = (period_ms as f64 / 1e3).max(1.0);
-    let cycle_ms = shared.config.cycle_secs as i64 * 1_000;
     let weight = cdnmap_engine::budget::period_weight(period_ms, cycle_ms, PERIOD_SLACK);
     let snap = &reference.snapshot;
     let mut samples = Vec::with_capacity(r.samples.len());
@@ -272,14 +275,14 @@ pub(crate) fn identify<T>(shared: &Shared, request: &Request<T>) -> Result<Optio
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::admin::bearer_token);
+        .and_then(crate::auth::bearer_token);
     match given {
         Some(g) => tokens
             .iter()
             // Every token compared, in constant time each: how long it takes says nothing of
             // which token came close.
             .fold(None, |found, (name, t)| {
-                let hit = crate::admin::constant_time_eq(g.as_bytes(), t.as_bytes());
+                let hit = crate::auth::constant_time_eq(g.as_bytes(), t.as_bytes());
                 found.or(hit.then(|| name.clone()))
             })
             .map(Some)
@@ -397,6 +400,187 @@ fn resolve_target(
     }
 }
 
+/// At most [`MAX_REPORT_SAMPLES`] entries of `what` in one report.
+fn check_count(what: &str, n: usize) -> Result<(), Status> {
+    if n > MAX_REPORT_SAMPLES {
+        return Err(invalid(format!(
+            "{what}: {n} in one report, more than {MAX_REPORT_SAMPLES}"
+        )));
+    }
+    Ok(())
+}
+
+/// A load report's node loads, checked against `topology` (a node of a cluster it has; a
+/// load >= 0 and at most [`MAX_LOAD_OF_CAPACITY`] times the node's capacity), as recorded.
+fn node_loads(
+    topology: &cdnmap_topology::Topology,
+    loads: &[pb::NodeLoad],
+) -> Result<Vec<NodeLoad>, Status> {
+    for (i, l) in loads.iter().enumerate() {
+        let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
+            invalid(format!(
+                "loads[{i}].cluster: no cluster {}",
+                shown_id(&l.cluster)
+            ))
+        })?;
+        let nodes = &topology.clusters()[cluster as usize].nodes;
+        let Some(node) = nodes.iter().find(|n| n.name == l.node) else {
+            return Err(invalid(format!(
+                "loads[{i}].node: cluster {:?} has no resource node {}",
+                l.cluster,
+                shown_id(&l.node)
+            )));
+        };
+        if !(l.load.is_finite() && l.load >= 0.0) {
+            return Err(invalid(format!(
+                "loads[{i}].load: {} is not a load >= 0",
+                shown_number(l.load)
+            )));
+        }
+        let capacity = node.capacity;
+        if l.load > MAX_LOAD_OF_CAPACITY * capacity.max(1.0) {
+            return Err(invalid(format!(
+                "loads[{i}].load: {} is more than {MAX_LOAD_OF_CAPACITY} times the node's capacity ({})",
+                shown_number(l.load),
+                shown_number(capacity)
+            )));
+        }
+    }
+    Ok(loads
+        .iter()
+        .map(|l| NodeLoad {
+            cluster: l.cluster.clone(),
+            node: l.node.clone(),
+            load: l.load,
+        })
+        .collect())
+}
+
+/// A load report's server loads, checked against `topology` (an address of a cluster it has;
+/// a load >= 0), as recorded.
+fn server_loads(
+    topology: &cdnmap_topology::Topology,
+    servers: &[pb::ServerLoad],
+) -> Result<Vec<ServerLoad>, Status> {
+    let mut out = Vec::with_capacity(servers.len());
+    for (i, l) in servers.iter().enumerate() {
+        let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
+            invalid(format!(
+                "servers[{i}].cluster: no cluster {}",
+                shown_id(&l.cluster)
+            ))
+        })?;
+        let address: IpAddr = l.address.parse().map_err(|_| {
+            invalid(format!(
+                "servers[{i}].address: {} is not an IP address",
+                shown_id(&l.address)
+            ))
+        })?;
+        if !topology.cluster_addresses(cluster).contains(&address) {
+            return Err(invalid(format!(
+                "servers[{i}].address: cluster {:?} has no server {address}",
+                l.cluster
+            )));
+        }
+        if !(l.load.is_finite() && l.load >= 0.0) {
+            return Err(invalid(format!(
+                "servers[{i}].load: {} is not a load >= 0",
+                l.load
+            )));
+        }
+        out.push(ServerLoad {
+            cluster: l.cluster.clone(),
+            address,
+            load: l.load,
+        });
+    }
+    Ok(out)
+}
+
+/// An RTT report's samples, checked (an RTT and a count [`RttTable::check`] takes, a cluster
+/// `topology` has, a target that resolves against it and `snapshot`'s map), as recorded.
+fn rtt_samples(
+    topology: &cdnmap_topology::Topology,
+    snapshot: Option<&cdnmap_engine::round::Snapshot>,
+    samples: &[pb::RttSample],
+) -> Result<Vec<RttSample>, Status> {
+    let mut out = Vec::with_capacity(samples.len());
+    for (i, s) in samples.iter().enumerate() {
+        RttTable::check(s.rtt_ms, s.samples).map_err(|e| invalid(format!("samples[{i}].{e}")))?;
+        if topology.cluster_index(&s.cluster).is_none() {
+            return Err(invalid(format!(
+                "samples[{i}].cluster: no cluster {}",
+                shown_id(&s.cluster)
+            )));
+        }
+        let asked = match &s.target {
+            Some(pb::rtt_sample::Target::MapUnit(u)) => Asked::Unit(u),
+            Some(pb::rtt_sample::Target::Prefix(p)) => Asked::Prefix(p),
+            None => Asked::Nothing,
+        };
+        let (target, unit, _) = resolve_target(topology, snapshot, asked, &s.traffic_class, i)?;
+        out.push(RttSample {
+            target,
+            class: s.traffic_class.clone(),
+            unit: unit.map(|u| topology.unit_id(u).to_string()),
+            cluster: s.cluster.clone(),
+            rtt_ms: s.rtt_ms,
+            samples: s.samples,
+        });
+    }
+    Ok(out)
+}
+
+/// A monitor's verdict on one address: (cluster, address, up, the failure's text).
+type Verdict = (String, std::net::SocketAddr, bool, String);
+
+/// A health report's verdicts, checked (an IP:port, a failure text of at most
+/// [`MAX_HEALTH_ERROR`] bytes, a cluster id as ids are checked).
+fn verdicts(addresses: &[pb::AddressHealth]) -> Result<Vec<Verdict>, Status> {
+    let mut out = Vec::with_capacity(addresses.len());
+    for (i, a) in addresses.iter().enumerate() {
+        let addr: std::net::SocketAddr = a.address.parse().map_err(|_| {
+            invalid(format!(
+                "addresses[{i}].address: {} is not an IP:port",
+                shown_id(&a.address)
+            ))
+        })?;
+        if a.error.len() > MAX_HEALTH_ERROR {
+            return Err(invalid(format!(
+                "addresses[{i}].error: {} bytes, more than {MAX_HEALTH_ERROR}",
+                a.error.len()
+            )));
+        }
+        cdnmap_mapper::model::check_id("cluster", &a.cluster, String::new)
+            .map_err(|e| invalid(format!("addresses[{i}].cluster: {e}")))?;
+        out.push((a.cluster.clone(), addr, a.up, a.error.clone()));
+    }
+    Ok(out)
+}
+
+/// The probe targets a monitor is sent, by cluster, in the order they are probed.
+fn probe_targets(targets: Vec<crate::health::Target>) -> Vec<pb::ProbeTarget> {
+    let mut out: Vec<pb::ProbeTarget> = Vec::new();
+    for (cluster, addr, probe) in targets {
+        if out.last().is_none_or(|t| t.cluster != cluster) {
+            out.push(pb::ProbeTarget {
+                cluster,
+                addresses: Vec::new(),
+                kind: match probe.kind {
+                    crate::config::ProbeKind::Tcp => "tcp".into(),
+                    crate::config::ProbeKind::Http => "http".into(),
+                },
+                path: probe.path,
+                expect_status: u32::from(probe.expect_status),
+            });
+        }
+        if let Some(t) = out.last_mut() {
+            t.addresses.push(addr.to_string());
+        }
+    }
+    out
+}
+
 /// The most queries a second one demand sample (one prefix or map unit, one class) may
 /// report: a /24 of clients does not send ten million queries a second to one name's
 /// resolvers, and a report beyond it is refused rather than allowed to swamp the map.
@@ -422,7 +606,13 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let reference = self.0.reference().ok_or_else(|| {
             Status::unavailable("no round yet to bound reported demand by: send it again later")
         })?;
-        let (mut samples, asks) = demand_samples(&r, period_ms, &topology, &reference, &self.0)?;
+        let (mut samples, asks) = demand_samples(
+            &r,
+            period_ms,
+            &topology,
+            &reference,
+            self.0.config.cycle_secs as i64 * 1_000,
+        )?;
         let admitted = self.admit(&source, &asks, &topology, &reference)?;
         // Until it is settled, the report holds its share of the bounds; a call dropped
         // before then gives it back.
@@ -464,112 +654,34 @@ impl pb::feedback_server::Feedback for FeedbackService {
             r.loads.len() + r.servers.len(),
             cdnmap_proto::prost::Message::encoded_len(&r),
         )?;
-        if r.loads.len() > MAX_REPORT_SAMPLES {
-            return Err(invalid(format!(
-                "loads: {} in one report, more than {MAX_REPORT_SAMPLES}",
-                r.loads.len()
-            )));
-        }
-        if r.servers.len() > MAX_REPORT_SAMPLES {
-            return Err(invalid(format!(
-                "servers: {} in one report, more than {MAX_REPORT_SAMPLES}",
-                r.servers.len()
-            )));
-        }
+        check_count("loads", r.loads.len())?;
+        check_count("servers", r.servers.len())?;
         let topology = self.0.topology.current();
-        for (i, l) in r.loads.iter().enumerate() {
-            let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
-                invalid(format!(
-                    "loads[{i}].cluster: no cluster {}",
-                    shown_id(&l.cluster)
-                ))
-            })?;
-            let nodes = &topology.clusters()[cluster as usize].nodes;
-            let Some(node) = nodes.iter().find(|n| n.name == l.node) else {
-                return Err(invalid(format!(
-                    "loads[{i}].node: cluster {:?} has no resource node {}",
-                    l.cluster,
-                    shown_id(&l.node)
-                )));
-            };
-            if !(l.load.is_finite() && l.load >= 0.0) {
-                return Err(invalid(format!(
-                    "loads[{i}].load: {} is not a load >= 0",
-                    shown_number(l.load)
-                )));
-            }
-            let capacity = node.capacity;
-            if l.load > MAX_LOAD_OF_CAPACITY * capacity.max(1.0) {
-                return Err(invalid(format!(
-                    "loads[{i}].load: {} is more than {MAX_LOAD_OF_CAPACITY} times the node's capacity ({})",
-                    shown_number(l.load),
-                    shown_number(capacity)
-                )));
-            }
-        }
-        let mut servers = Vec::with_capacity(r.servers.len());
-        for (i, l) in r.servers.iter().enumerate() {
-            let cluster = topology.cluster_index(&l.cluster).ok_or_else(|| {
-                invalid(format!(
-                    "servers[{i}].cluster: no cluster {}",
-                    shown_id(&l.cluster)
-                ))
-            })?;
-            let address: IpAddr = l.address.parse().map_err(|_| {
-                invalid(format!(
-                    "servers[{i}].address: {} is not an IP address",
-                    shown_id(&l.address)
-                ))
-            })?;
-            if !topology.cluster_addresses(cluster).contains(&address) {
-                return Err(invalid(format!(
-                    "servers[{i}].address: cluster {:?} has no server {address}",
-                    l.cluster
-                )));
-            }
-            if !(l.load.is_finite() && l.load >= 0.0) {
-                return Err(invalid(format!(
-                    "servers[{i}].load: {} is not a load >= 0",
-                    l.load
-                )));
-            }
-            servers.push((l.cluster.as_str(), address, l.load));
-        }
-        let n = (r.loads.len() + r.servers.len()) as u64;
+        let loads = node_loads(&topology, &r.loads)?;
+        let servers = server_loads(&topology, &r.servers)?;
+        let n = (loads.len() + servers.len()) as u64;
         let body = LoadBody {
             measured_at_unix_ms: r.measured_at_unix_ms,
-            loads: r
-                .loads
-                .iter()
-                .map(|l| NodeLoad {
-                    cluster: l.cluster.clone(),
-                    node: l.node.clone(),
-                    load: l.load,
-                })
-                .collect(),
-            servers: servers
-                .iter()
-                .map(|&(cluster, address, load)| ServerLoad {
-                    cluster: cluster.to_string(),
-                    address,
-                    load,
-                })
-                .collect(),
+            loads,
+            servers,
         };
-        self.store(&reporter, Report::Load(body)).await?;
-        for &(cluster, address, load) in &servers {
-            if !self.0.server_loads.set(cluster, address, load) {
-                tracing::warn!(cluster, %address, "server load table full; report dropped");
+        self.store(&reporter, Report::Load(body.clone())).await?;
+        for l in &body.servers {
+            if !self
+                .0
+                .intake
+                .server_loads
+                .set(&l.cluster, l.address, l.load)
+            {
+                tracing::warn!(cluster = %l.cluster, address = %l.address, "server load table full; report dropped");
             }
         }
-        if let Ok(mut pending) = self.0.pending.lock() {
-            for l in &r.loads {
+        if let Ok(mut pending) = self.0.intake.pending.lock() {
+            for l in body.loads {
                 if pending.loads.len() >= MAX_PENDING_LOADS {
                     pending.loads.pop_front();
                 }
-                pending
-                    .loads
-                    .push_back((l.cluster.clone(), l.node.clone(), l.load));
+                pending.loads.push_back((l.cluster, l.node, l.load));
             }
         }
         Ok(Response::new(pb::ReportAck { accepted: n }))
@@ -583,32 +695,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
         let topology = self.0.topology.current();
         let published = self.0.published();
         let snapshot = published.as_ref().map(|p| Arc::clone(&p.snapshot));
-        let mut samples = Vec::with_capacity(r.samples.len());
-        for (i, s) in r.samples.iter().enumerate() {
-            RttTable::check(s.rtt_ms, s.samples)
-                .map_err(|e| invalid(format!("samples[{i}].{e}")))?;
-            if topology.cluster_index(&s.cluster).is_none() {
-                return Err(invalid(format!(
-                    "samples[{i}].cluster: no cluster {}",
-                    shown_id(&s.cluster)
-                )));
-            }
-            let asked = match &s.target {
-                Some(pb::rtt_sample::Target::MapUnit(u)) => Asked::Unit(u),
-                Some(pb::rtt_sample::Target::Prefix(p)) => Asked::Prefix(p),
-                None => Asked::Nothing,
-            };
-            let (target, unit, _) =
-                resolve_target(&topology, snapshot.as_deref(), asked, &s.traffic_class, i)?;
-            samples.push(RttSample {
-                target,
-                class: s.traffic_class.clone(),
-                unit: unit.map(|u| topology.unit_id(u).to_string()),
-                cluster: s.cluster.clone(),
-                rtt_ms: s.rtt_ms,
-                samples: s.samples,
-            });
-        }
+        let samples = rtt_samples(&topology, snapshot.as_deref(), &r.samples)?;
         let n = samples.len() as u64;
         let body = RttBody {
             measured_at_unix_ms: r.measured_at_unix_ms,
@@ -640,57 +727,17 @@ impl pb::feedback_server::Feedback for FeedbackService {
                 shown_id(&name)
             )));
         }
-        if r.addresses.len() > MAX_REPORT_SAMPLES {
-            return Err(invalid(format!(
-                "addresses: {} in one report, more than {MAX_REPORT_SAMPLES}",
-                r.addresses.len()
-            )));
-        }
+        check_count("addresses", r.addresses.len())?;
         self.spend(
             &source,
             r.addresses.len().max(1),
             cdnmap_proto::prost::Message::encoded_len(&r),
         )?;
-        let mut verdicts = Vec::with_capacity(r.addresses.len());
-        for (i, a) in r.addresses.iter().enumerate() {
-            let addr: std::net::SocketAddr = a.address.parse().map_err(|_| {
-                invalid(format!(
-                    "addresses[{i}].address: {} is not an IP:port",
-                    shown_id(&a.address)
-                ))
-            })?;
-            if a.error.len() > MAX_HEALTH_ERROR {
-                return Err(invalid(format!(
-                    "addresses[{i}].error: {} bytes, more than {MAX_HEALTH_ERROR}",
-                    a.error.len()
-                )));
-            }
-            cdnmap_mapper::model::check_id("cluster", &a.cluster, String::new)
-                .map_err(|e| invalid(format!("addresses[{i}].cluster: {e}")))?;
-            verdicts.push((a.cluster.clone(), addr, a.up, a.error.clone()));
-        }
+        let verdicts = verdicts(&r.addresses)?;
         let accepted = verdicts.len() as u64;
         health.report(&name, verdicts);
         let config = health.config();
-        // The targets, by cluster, in the order they are probed.
-        let mut targets: Vec<pb::ProbeTarget> = Vec::new();
-        for (cluster, addr, probe) in health.targets() {
-            if targets.last().is_none_or(|t| t.cluster != cluster) {
-                targets.push(pb::ProbeTarget {
-                    cluster,
-                    addresses: Vec::new(),
-                    kind: match probe.kind {
-                        crate::config::ProbeKind::Tcp => "tcp".into(),
-                        crate::config::ProbeKind::Http => "http".into(),
-                    },
-                    path: probe.path,
-                    expect_status: u32::from(probe.expect_status),
-                });
-            }
-            if let Some(t) = targets.last_mut() {
-                t.addresses.push(addr.to_string());
-            }
-        }
+        let targets = probe_targets(health.targets());
         Ok(Response::new(pb::HealthAck {
             accepted,
             interval_ms: config.interval_ms,
@@ -699,5 +746,238 @@ impl pb::feedback_server::Feedback for FeedbackService {
             rise: config.rise,
             targets,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::tests::instance;
+
+    /// The message of a refusal, or "ok".
+    fn said<T>(r: Result<T, Status>) -> String {
+        match r {
+            Ok(_) => "ok".into(),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+                e.message().to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn counts_beyond_the_bound_are_refused() {
+        for (n, want) in [
+            (0, "ok".to_string()),
+            (MAX_REPORT_SAMPLES, "ok".to_string()),
+            (
+                MAX_REPORT_SAMPLES + 1,
+                format!(
+                    "loads: {} in one report, more than {MAX_REPORT_SAMPLES}",
+                    MAX_REPORT_SAMPLES + 1
+                ),
+            ),
+        ] {
+            assert_eq!(said(check_count("loads", n)), want, "{n}");
+        }
+    }
+
+    #[test]
+    fn node_loads_name_a_node_and_a_load_it_can_carry() {
+        let topology = instance();
+        let load = |cluster: &str, node: &str, load: f64| pb::NodeLoad {
+            cluster: cluster.into(),
+            node: node.into(),
+            load,
+        };
+        for (l, want) in [
+            (load("c0", "r", 0.0), "ok"),
+            (load("c3", "r", 4_000.0), "ok"),
+            (load("c9", "r", 1.0), "loads[0].cluster: no cluster \"c9\""),
+            (
+                load("c0", "x", 1.0),
+                "loads[0].node: cluster \"c0\" has no resource node \"x\"",
+            ),
+            (
+                load("c0", "r", -1.0),
+                "loads[0].load: -1 is not a load >= 0",
+            ),
+            (
+                load("c0", "r", f64::NAN),
+                "loads[0].load: NaN is not a load >= 0",
+            ),
+            (
+                load("c0", "r", 4_001.0),
+                "loads[0].load: 4001 is more than 100 times the node's capacity (40)",
+            ),
+        ] {
+            assert_eq!(
+                said(node_loads(&topology, std::slice::from_ref(&l))),
+                want,
+                "{l:?}"
+            );
+        }
+        let ok = node_loads(&topology, &[load("c1", "r", 3.5)]).expect("valid");
+        assert_eq!(
+            ok,
+            vec![NodeLoad {
+                cluster: "c1".into(),
+                node: "r".into(),
+                load: 3.5
+            }]
+        );
+    }
+
+    #[test]
+    fn server_loads_name_a_server_of_the_cluster() {
+        let topology = instance();
+        let load = |cluster: &str, address: &str, load: f64| pb::ServerLoad {
+            cluster: cluster.into(),
+            address: address.into(),
+            load,
+        };
+        for (l, want) in [
+            (load("c1", "198.18.1.4", 0.5), "ok"),
+            (
+                load("c9", "198.18.1.4", 0.5),
+                "servers[0].cluster: no cluster \"c9\"",
+            ),
+            (
+                load("c1", "not-an-ip", 0.5),
+                "servers[0].address: \"not-an-ip\" is not an IP address",
+            ),
+            (
+                load("c1", "198.18.0.1", 0.5),
+                "servers[0].address: cluster \"c1\" has no server 198.18.0.1",
+            ),
+            (
+                load("c1", "198.18.1.1", f64::INFINITY),
+                "servers[0].load: inf is not a load >= 0",
+            ),
+        ] {
+            assert_eq!(
+                said(server_loads(&topology, std::slice::from_ref(&l))),
+                want,
+                "{l:?}"
+            );
+        }
+        let ok = server_loads(&topology, &[load("c2", "198.18.2.3", 0.25)]).expect("valid");
+        assert_eq!(
+            ok,
+            vec![ServerLoad {
+                cluster: "c2".into(),
+                address: "198.18.2.3".parse().expect("an address"),
+                load: 0.25
+            }]
+        );
+    }
+
+    #[test]
+    fn rtt_samples_name_a_cluster_and_a_target() {
+        let topology = instance();
+        let sample =
+            |cluster: &str, target: Option<pb::rtt_sample::Target>, class: &str| pb::RttSample {
+                cluster: cluster.into(),
+                target,
+                traffic_class: class.into(),
+                rtt_ms: 20.0,
+                samples: 5,
+            };
+        let unit = |u: &str| Some(pb::rtt_sample::Target::MapUnit(u.into()));
+        let prefix = |p: &str| Some(pb::rtt_sample::Target::Prefix(p.into()));
+        for (s, want) in [
+            (sample("c0", unit("u00"), ""), "ok"),
+            (sample("c0", unit("u00"), "web"), "ok"),
+            (sample("c0", prefix("10.0.3.0/24"), "web"), "ok"),
+            (sample("c9", unit("u00"), ""), "samples[0].cluster: no cluster \"c9\""),
+            (sample("c0", unit("u99"), ""), "samples[0].map_unit: no map unit \"u99\""),
+            (
+                sample("c0", unit("u00"), "video"),
+                "samples[0].traffic_class: \"video\" is not the class of map unit \"u00\" (\"web\")",
+            ),
+            (
+                sample("c0", prefix("10.0.3.0/24"), ""),
+                "samples[0].traffic_class: \"\" is not a traffic class (a prefix sample needs one)",
+            ),
+            (
+                sample("c0", prefix("10.0.3.0/33"), "web"),
+                "samples[0].prefix: \"10.0.3.0/33\" is not an IP prefix",
+            ),
+            (sample("c0", None, "web"), "samples[0]: needs a map_unit or a prefix"),
+        ] {
+            assert_eq!(said(rtt_samples(&topology, None, std::slice::from_ref(&s))), want, "{s:?}");
+        }
+        let bad_rtt = pb::RttSample {
+            rtt_ms: -1.0,
+            ..sample("c0", unit("u00"), "")
+        };
+        assert!(said(rtt_samples(&topology, None, &[bad_rtt])).starts_with("samples[0]."));
+        // Without a map, a prefix sample is recorded for no unit; a unit sample names its unit.
+        let ok = rtt_samples(
+            &topology,
+            None,
+            &[
+                sample("c1", prefix("10.0.3.0/24"), "web"),
+                sample("c1", unit("u05"), ""),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(ok[0].unit, None);
+        assert_eq!(ok[1].unit.as_deref(), Some("u05"));
+    }
+
+    #[test]
+    fn verdicts_name_an_address_and_a_short_error() {
+        let verdict = |cluster: &str, address: &str, error: String| pb::AddressHealth {
+            cluster: cluster.into(),
+            address: address.into(),
+            up: error.is_empty(),
+            error,
+        };
+        let long = "e".repeat(MAX_HEALTH_ERROR + 1);
+        for (v, want) in [
+            (
+                verdict("c0", "198.18.0.1:53", String::new()),
+                "ok".to_string(),
+            ),
+            (
+                verdict("c0", "198.18.0.1:53", "e".repeat(MAX_HEALTH_ERROR)),
+                "ok".to_string(),
+            ),
+            (
+                verdict("c0", "198.18.0.1", String::new()),
+                "addresses[0].address: \"198.18.0.1\" is not an IP:port".to_string(),
+            ),
+            (
+                verdict("c0", "198.18.0.1:53", long),
+                format!(
+                    "addresses[0].error: {} bytes, more than {MAX_HEALTH_ERROR}",
+                    MAX_HEALTH_ERROR + 1
+                ),
+            ),
+        ] {
+            assert_eq!(said(verdicts(std::slice::from_ref(&v))), want, "{v:?}");
+        }
+        assert!(
+            said(verdicts(&[verdict("", "198.18.0.1:53", String::new())]))
+                .starts_with("addresses[0].cluster: ")
+        );
+    }
+
+    #[test]
+    fn a_reporter_is_its_identity_or_a_valid_claimed_name() {
+        for (identity, claimed, want) in [
+            (Some("fe1"), "other", Ok("fe1")),
+            (None, "", Ok("")),
+            (None, "fe2", Ok("fe2")),
+            (None, "bad name\n", Err(())),
+        ] {
+            let got = reporter_of(identity.map(String::from), claimed);
+            assert_eq!(
+                got.as_deref().map_err(|_| ()),
+                want,
+                "{identity:?} {claimed:?}"
+            );
+        }
     }
 }

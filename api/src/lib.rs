@@ -1,9 +1,16 @@
-//! The service edge: the configuration, one mapping round (pure: the clock and the previous
-//! snapshot are passed in), the sled store, the running mapper (`service`: the loop, gRPC,
-//! HTTP), the operator dashboard, in-cluster selection at the edge, and the DNS front end.
+//! The process of `cdnmap serve`: the configuration, the published state and the mapping loop
+//! (`service`), the one writer of the topology (`topology`), the gRPC handlers (`mapping`,
+//! `feedback`, `admin`), the dashboard's HTTP (`dashboard`), the election's I/O against etcd
+//! (`lead`), health checks, listeners and TLS, and the wiring of it all (`server`).
+//!
+//! What a round computes is `cdnmap-engine`'s, what is stored `cdnmap-store`'s, the election's
+//! logic `cdnmap-lead`'s: this crate calls them and owns the I/O, the tasks and the wall clock
+//! (`clock`). Protobuf stops here.
 
+pub mod activity;
 pub mod admin;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod feedback;

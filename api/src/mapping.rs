@@ -282,7 +282,7 @@ impl pb::mapping_server::Mapping for MappingService {
         let r = request.into_inner();
         let known = (r.known_epoch, r.known_version);
         let shared = Arc::clone(&self.0);
-        let rx = shared.updates.subscribe();
+        let rx = shared.read.updates.subscribe();
         let stop = shared.stopping.subscribe();
         let first = shared.current();
         let stream = watch_stream(stall, move |tx| async move {
@@ -329,11 +329,11 @@ fn may_watch<T>(config: &crate::config::Config, request: &Request<T>) -> Result<
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::admin::bearer_token);
+        .and_then(crate::auth::bearer_token);
     let known = given.is_some_and(|g| {
         // Every token compared, in constant time each.
         config.feedback_tokens.values().fold(false, |hit, t| {
-            crate::admin::constant_time_eq(g.as_bytes(), t.as_bytes()) | hit
+            crate::auth::constant_time_eq(g.as_bytes(), t.as_bytes()) | hit
         })
     });
     if known {
@@ -549,7 +549,7 @@ where
 /// makes one part at a time).
 async fn send_full(shared: &Shared, s: &Snapshot, tx: &WatchSender) -> Result<(), Ended> {
     let policies = shared.policies(&s.topology);
-    let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
+    let edge = EdgeParts::new(&policies, Some(&shared.intake.server_loads), &shared.config);
     for part in 0..crate::watch::full_parts(s) {
         tx.send("full", crate::watch::full_part(&edge, s, part))
             .await?;
@@ -572,7 +572,7 @@ fn counted(kind: &'static str, msg: pb::MapUpdate) -> (pb::MapUpdate, usize) {
 
 fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> Option<pb::MapUpdate> {
     let policies = shared.policies(&next.topology);
-    let edge = EdgeParts::new(&policies, Some(&shared.server_loads), &shared.config);
+    let edge = EdgeParts::new(&policies, Some(&shared.intake.server_loads), &shared.config);
     crate::watch::delta_update(&edge, prev, next)
 }
 
@@ -715,7 +715,7 @@ pub(crate) mod tests {
                     } else {
                         ClusterState::Up
                     };
-                    let actor = crate::dashboard::Actor::new(Some("test"), None, "test");
+                    let actor = crate::topology::Actor::new(Some("test"), None, "test");
                     shared
                         .set_cluster_state(&format!("c{}", i % 4), state, "", actor)
                         .await

@@ -197,7 +197,15 @@ const SECONDS_BUCKETS: &[f64] = &[
 /// The HELP text and unit of every metric the mapper exports (`promtool check metrics` wants
 /// one for each).
 fn describe_metrics() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_probe_metrics();
+    describe_round_metrics();
+    describe_listener_metrics();
+    describe_watch_metrics();
+}
+
+/// The health checks' and the measured RTTs' metrics.
+fn describe_probe_metrics() {
+    use metrics::{describe_counter, describe_gauge};
     describe_counter!(
         "cdnmap_health_probes_total",
         "Health probes of the clusters' addresses, by result (ok, failed)."
@@ -218,6 +226,11 @@ fn describe_metrics() {
         "cdnmap_rtt_pairs",
         "(map unit, cluster) pairs the RTT table holds."
     );
+}
+
+/// The rounds', the maps' and the election's metrics.
+fn describe_round_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         "cdnmap_rounds_total",
         "Mapping rounds solved (a standby replica's too, which it does not publish)."
@@ -288,6 +301,12 @@ fn describe_metrics() {
         "Version of the map last stored."
     );
     describe_gauge!("cdnmap_map_stored_epoch", "Epoch of the map last stored.");
+}
+
+/// The listeners', the gRPC calls', the Admin token's, Feedback's refusals' and TLS's
+/// metrics.
+fn describe_listener_metrics() {
+    use metrics::{describe_counter, describe_histogram, Unit};
     describe_counter!("cdnmap_rpc_total", "gRPC calls by method and status code.");
     describe_counter!(
         "cdnmap_connections_refused_total",
@@ -334,6 +353,11 @@ fn describe_metrics() {
         Unit::Seconds,
         "gRPC call latency by method."
     );
+}
+
+/// WatchMap's metrics.
+fn describe_watch_metrics() {
+    use metrics::{describe_counter, describe_gauge, Unit};
     describe_counter!(
         "cdnmap_watch_messages_total",
         "WatchMap messages sent to front ends, by kind."
@@ -371,13 +395,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
-    // Latencies as histograms (buckets aggregate across replicas; summaries' quantiles do not).
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets(SECONDS_BUCKETS)?
-        .install_recorder()?;
-    describe_metrics();
-    let grpc_addr: SocketAddr = config.grpc_listen;
-    let http_addr: SocketAddr = config.http_listen;
+    let prometheus = install_metrics()?;
     // The Admin token's check, one for gRPC, the dashboard and /record (failures counted,
     // logged and rate-limited by source).
     let gate = Arc::new(crate::auth::AdminGate::new(
@@ -388,156 +406,23 @@ pub async fn serve(
     let etcd_tls = crate::lead::tls_options(&config)?;
     let peer_tls = peer_tls(&config)?;
     let shared = Shared::start(config, initial)?;
-    let lead_task = match &shared.config.node_id {
-        Some(node_id) if shared.config.replicated() => {
-            // Leases last a cycle: a leader that dies is replaced within about two.
-            let ttl = Duration::from_secs(shared.config.cycle_secs);
-            if etcd_tls.is_none() && !crate::lead::all_loopback(&shared.config.etcd) {
-                tracing::warn!(
-                    etcd = %shared.config.etcd.join(","),
-                    "etcd is plaintext beyond loopback: whoever can reach it can read the \
-                     replicas' keys and append edits every replica applies; use https:// \
-                     with etcd_ca_file (and a client certificate)"
-                );
-            }
-            let (lead, events) = crate::lead::Coordinator::connect(
-                &shared.config.etcd,
-                &shared.config.etcd_prefix,
-                node_id,
-                ttl,
-                etcd_tls,
-            )
-            .await?;
-            tracing::info!(
-                node_id = %node_id,
-                etcd = %shared.config.etcd.join(","),
-                ttl_secs = ttl.as_secs(),
-                "a replica: publishes only while it leads (elected through etcd)"
-            );
-            let _ = shared.lead.set(Arc::clone(&lead));
-            tokio::spawn(follow_edits(Arc::clone(&shared)));
-            // It campaigns once the listeners are bound (its campaign names its address).
-            Some((lead, events))
-        }
-        _ => None,
-    };
-    if let Some(health) = &shared.health {
-        let reader = Arc::clone(&shared);
-        tokio::spawn(crate::health::run(
-            Arc::clone(health),
-            move || Arc::clone(&reader.topology.current_versioned().topology),
-            shared.stopping.subscribe(),
-        ));
-    }
+    let election = join_election(&shared, etcd_tls).await?;
+    start_health_checks(&shared);
     if shared.current().is_none() {
         shared.run_round().await; // the first map before the first query
     }
     let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
-
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::mapping_server::MappingServer<MappingService>>()
-        .await;
-    // Reflection in both versions: v1, and v1alpha, which grpcurl 1.8 (what many
-    // distributions ship), grpcui and Python's grpc_reflection client still ask for.
-    let reflecting = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(cdnmap_proto::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection = reflecting().build_v1()?;
-    let reflection_v1alpha = reflecting().build_v1alpha()?;
-
-    let (record_shared, record_gate) = (Arc::clone(&shared), Arc::clone(&gate));
-    let dashboard = crate::dashboard::router(Arc::clone(&shared), Arc::clone(&gate));
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let p = prometheus.clone();
-                async move { p.render() }
-            }),
-        )
-        .route(
-            "/record",
-            axum::routing::get(
-                move |headers: axum::http::HeaderMap,
-                      extensions: axum::http::Extensions,
-                      q: Result<
-                    axum::extract::Query<RecordQuery>,
-                    axum::extract::rejection::QueryRejection,
-                >| {
-                    let (shared, gate) = (Arc::clone(&record_shared), Arc::clone(&record_gate));
-                    let remote = extensions
-                        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                        .map(|c| c.0.ip());
-                    // The query's problem, as the dashboard's errors say theirs (JSON).
-                    let q = q.map(|q| q.0).map_err(|e| e.body_text());
-                    async move { record(&shared, &gate, &headers, remote, q).await }
-                },
-            ),
-        )
-        .merge(dashboard)
-        // A body announced larger than any route takes is refused on the head (413), not
-        // waited for (the dashboard's actions take at most 4 KiB).
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(
-            MAX_HTTP_BODY_BYTES,
-        ));
-    let http = tokio::net::TcpListener::bind(http_addr).await?;
+    let app = http_app(&shared, &gate, prometheus);
     // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
     // tests find them without racing for free ports.
-    let grpc_listener = tokio::net::TcpListener::bind(grpc_addr).await?;
+    let http = tokio::net::TcpListener::bind(shared.config.http_listen).await?;
+    let grpc_listener = tokio::net::TcpListener::bind(shared.config.grpc_listen).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
-    let lead_task = lead_task.map(|(lead, events)| {
-        let scheme = if shared.config.tls.is_some() { "https" } else { "http" };
-        let advertise = shared
-            .config
-            .advertise_url
-            .clone()
-            .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
-        if grpc_addr.ip().is_unspecified() && shared.config.advertise_url.is_none() {
-            tracing::warn!(%advertise, "listening on every address: set advertise_url to the one the other replicas reach this one at");
-        }
-        tokio::spawn(follow_leader(Arc::clone(&shared), advertise.clone(), peer_tls.clone()));
-        tokio::spawn(lead.run(events, shared.stopping.subscribe(), advertise))
-    });
-    let tls = match &shared.config.tls {
-        Some(files) => {
-            let tls = crate::tls::ServerTls::load(files.to_files())?;
-            tokio::spawn(crate::tls::watch(
-                Arc::clone(&tls),
-                hangups,
-                shared.stopping.subscribe(),
-            ));
-            tracing::info!(
-                cert = %files.cert_file.display(),
-                mutual = tls.mutual(),
-                "TLS on gRPC and HTTP (reloaded on SIGHUP or when a file changes)"
-            );
-            Some(tls)
-        }
-        None => {
-            let loopback = grpc_addr.ip().is_loopback() && http_addr.ip().is_loopback();
-            if loopback {
-                tracing::info!(
-                    "plaintext gRPC and HTTP, on loopback only (set [tls] to listen beyond)"
-                );
-            } else {
-                tracing::warn!("plaintext gRPC and HTTP beyond loopback: the Admin token and the maps cross the network in clear (set [tls])");
-            }
-            tokio::spawn(reload_on_hangup(hangups, shared.stopping.subscribe()));
-            None
-        }
-    };
-    let config = &shared.config;
-    if config.feedback_open
-        && !grpc_addr.ip().is_loopback()
-        && config.feedback_tokens.is_empty()
-        && !config.mutual_tls()
-    {
-        tracing::warn!("feedback_open: Feedback takes reports from anyone who reaches gRPC beyond loopback (each address within its budget and the bounds)");
-    }
+    let lead_task =
+        election.map(|(lead, events)| campaign(&shared, lead, events, grpc_addr, peer_tls));
+    let tls = server_tls(&shared, hangups, grpc_addr, http_addr)?;
+    warn_feedback_open(&shared.config, grpc_addr);
     let limits = |max_connections| crate::listen::Limits {
         handshake_timeout: Duration::from_secs(shared.config.handshake_timeout_secs),
         idle_timeout: Duration::from_secs(shared.config.idle_timeout_secs),
@@ -570,13 +455,228 @@ pub async fn serve(
         http = %http_addr,
         "cdnmap serving: try `grpcurl -plaintext -d '{{\"resolver_ip\": \"1.0.0.1\", \"qname\": \"www.cdn.example.\", \"qtype\": 1}}' {grpc_addr} cdnmap.v1.Mapping/Resolve`"
     );
-    let stopper = Arc::clone(&shared);
+    let grpc = serve_grpc(&shared, gate, grpc_conns, shutdown).await?;
+    stop_in_order(&shared, grpc, http_task, loop_task, lead_task).await
+}
+
+/// Installs the Prometheus recorder, latencies as histograms (buckets aggregate across
+/// replicas; summaries' quantiles do not), and describes every metric.
+fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(SECONDS_BUCKETS)?
+        .install_recorder()?;
+    describe_metrics();
+    Ok(prometheus)
+}
+
+/// A replica's coordinator of the election, and its events.
+type Election = (
+    Arc<crate::lead::Coordinator>,
+    tokio::sync::mpsc::Receiver<cdnmap_lead::Event>,
+);
+
+/// A replica (`node_id` and `etcd` configured): connects to etcd, sets the service's part in
+/// the election and starts following the replicas' edits. Returns the coordinator and its
+/// events, whose campaign starts once the listeners are bound ([`campaign`]: it names the
+/// address). Alone: `None`.
+async fn join_election(
+    shared: &Arc<Shared>,
+    etcd_tls: Option<etcd_client::TlsOptions>,
+) -> anyhow::Result<Option<Election>> {
+    let config = &shared.config;
+    let Some(node_id) = config.node_id.as_ref().filter(|_| config.replicated()) else {
+        return Ok(None);
+    };
+    // Leases last a cycle: a leader that dies is replaced within about two.
+    let ttl = Duration::from_secs(config.cycle_secs);
+    if etcd_tls.is_none() && !crate::lead::all_loopback(&config.etcd) {
+        tracing::warn!(
+            etcd = %config.etcd.join(","),
+            "etcd is plaintext beyond loopback: whoever can reach it can read the \
+             replicas' keys and append edits every replica applies; use https:// \
+             with etcd_ca_file (and a client certificate)"
+        );
+    }
+    let (lead, events) = crate::lead::Coordinator::connect(
+        &config.etcd,
+        &config.etcd_prefix,
+        node_id,
+        ttl,
+        etcd_tls,
+    )
+    .await?;
+    tracing::info!(
+        node_id = %node_id,
+        etcd = %config.etcd.join(","),
+        ttl_secs = ttl.as_secs(),
+        "a replica: publishes only while it leads (elected through etcd)"
+    );
+    let _ = shared.lead.set(Arc::clone(&lead));
+    tokio::spawn(follow_edits(Arc::clone(shared)));
+    Ok(Some((lead, events)))
+}
+
+/// With `[health]`: the health checks' task, probing the current topology's targets.
+fn start_health_checks(shared: &Arc<Shared>) {
+    if let Some(health) = &shared.health {
+        let reader = Arc::clone(shared);
+        tokio::spawn(crate::health::run(
+            Arc::clone(health),
+            move || Arc::clone(&reader.topology.current_versioned().topology),
+            shared.stopping.subscribe(),
+        ));
+    }
+}
+
+/// The HTTP routes: `/metrics`, `/record` (Admin token) and the dashboard, with the body
+/// limit.
+fn http_app(
+    shared: &Arc<Shared>,
+    gate: &Arc<crate::auth::AdminGate>,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+) -> axum::Router {
+    let (record_shared, record_gate) = (Arc::clone(shared), Arc::clone(gate));
+    let dashboard = crate::dashboard::router(Arc::clone(shared), Arc::clone(gate));
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let p = prometheus.clone();
+                async move { p.render() }
+            }),
+        )
+        .route(
+            "/record",
+            axum::routing::get(
+                move |headers: axum::http::HeaderMap,
+                      extensions: axum::http::Extensions,
+                      q: Result<
+                    axum::extract::Query<RecordQuery>,
+                    axum::extract::rejection::QueryRejection,
+                >| {
+                    let (shared, gate) = (Arc::clone(&record_shared), Arc::clone(&record_gate));
+                    let remote = extensions
+                        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                        .map(|c| c.0.ip());
+                    // The query's problem, as the dashboard's errors say theirs (JSON).
+                    let q = q.map(|q| q.0).map_err(|e| e.body_text());
+                    async move { record(&shared, &gate, &headers, remote, q).await }
+                },
+            ),
+        )
+        .merge(dashboard)
+        // A body announced larger than any route takes is refused on the head (413), not
+        // waited for (the dashboard's actions take at most 4 KiB).
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_HTTP_BODY_BYTES,
+        ))
+}
+
+/// A replica, once its gRPC address is known: follows the leader's maps and campaigns under
+/// the address the others reach it at (`advertise_url`, else the bound one). Returns the
+/// election's task.
+fn campaign(
+    shared: &Arc<Shared>,
+    lead: Arc<crate::lead::Coordinator>,
+    events: tokio::sync::mpsc::Receiver<cdnmap_lead::Event>,
+    grpc_addr: SocketAddr,
+    peer_tls: Option<tonic::transport::ClientTlsConfig>,
+) -> tokio::task::JoinHandle<()> {
+    let scheme = if shared.config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let advertise = shared
+        .config
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+    if grpc_addr.ip().is_unspecified() && shared.config.advertise_url.is_none() {
+        tracing::warn!(%advertise, "listening on every address: set advertise_url to the one the other replicas reach this one at");
+    }
+    tokio::spawn(follow_leader(
+        Arc::clone(shared),
+        advertise.clone(),
+        peer_tls,
+    ));
+    tokio::spawn(lead.run(events, shared.stopping.subscribe(), advertise))
+}
+
+/// The listeners' TLS, with `[tls]` (reloaded on SIGHUP or when a file changes); without it,
+/// says what plaintext means for the bound addresses, and answers SIGHUPs that there is
+/// nothing to reload.
+fn server_tls(
+    shared: &Shared,
+    hangups: tokio::sync::watch::Receiver<u64>,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+) -> anyhow::Result<Option<Arc<crate::tls::ServerTls>>> {
+    let Some(files) = &shared.config.tls else {
+        let loopback = grpc_addr.ip().is_loopback() && http_addr.ip().is_loopback();
+        if loopback {
+            tracing::info!(
+                "plaintext gRPC and HTTP, on loopback only (set [tls] to listen beyond)"
+            );
+        } else {
+            tracing::warn!("plaintext gRPC and HTTP beyond loopback: the Admin token and the maps cross the network in clear (set [tls])");
+        }
+        tokio::spawn(reload_on_hangup(hangups, shared.stopping.subscribe()));
+        return Ok(None);
+    };
+    let tls = crate::tls::ServerTls::load(files.to_files())?;
+    tokio::spawn(crate::tls::watch(
+        Arc::clone(&tls),
+        hangups,
+        shared.stopping.subscribe(),
+    ));
+    tracing::info!(
+        cert = %files.cert_file.display(),
+        mutual = tls.mutual(),
+        "TLS on gRPC and HTTP (reloaded on SIGHUP or when a file changes)"
+    );
+    Ok(Some(tls))
+}
+
+/// Warns when Feedback takes anyone's reports beyond loopback.
+fn warn_feedback_open(config: &Config, grpc_addr: SocketAddr) {
+    if config.feedback_open
+        && !grpc_addr.ip().is_loopback()
+        && config.feedback_tokens.is_empty()
+        && !config.mutual_tls()
+    {
+        tracing::warn!("feedback_open: Feedback takes reports from anyone who reaches gRPC beyond loopback (each address within its budget and the bounds)");
+    }
+}
+
+/// The gRPC server over `conns` (Mapping, Feedback, Admin behind the token's check, health,
+/// reflection), until `shutdown` resolves, which asks the service to stop.
+async fn serve_grpc(
+    shared: &Arc<Shared>,
+    gate: Arc<crate::auth::AdminGate>,
+    conns: tokio::sync::mpsc::Receiver<crate::listen::Conn>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<impl std::future::Future<Output = Result<(), tonic::transport::Error>>> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::mapping_server::MappingServer<MappingService>>()
+        .await;
+    // Reflection in both versions: v1, and v1alpha, which grpcurl 1.8 (what many
+    // distributions ship), grpcui and Python's grpc_reflection client still ask for.
+    let reflecting = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(cdnmap_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflecting().build_v1()?;
+    let reflection_v1alpha = reflecting().build_v1alpha()?;
+    let stopper = Arc::clone(shared);
     // HTTP/2 limits (hyper's, through tonic): streams a connection may have open at once, the
     // headers a request may bring, and keepalive pings that close a connection whose peer
     // stopped answering (a WatchMap client that vanished without a FIN). Each request is
     // counted on its connection (its deadlines, `listen`), and must be answered within
     // GRPC_REQUEST_TIMEOUT (a body that never ends holds no stream longer).
-    let grpc = tonic::transport::Server::builder()
+    Ok(tonic::transport::Server::builder()
         .timeout(GRPC_REQUEST_TIMEOUT)
         .layer(crate::listen::TrackRequestsLayer)
         .max_concurrent_streams(GRPC_MAX_STREAMS)
@@ -587,18 +687,18 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(pb::mapping_server::MappingServer::new(MappingService::new(
-            Arc::clone(&shared),
+            Arc::clone(shared),
         )))
         .add_service(pb::feedback_server::FeedbackServer::new(FeedbackService(
-            Arc::clone(&shared),
+            Arc::clone(shared),
         )))
         .add_service(pb::admin_server::AdminServer::with_interceptor(
-            AdminService(Arc::clone(&shared)),
+            AdminService(Arc::clone(shared)),
             AdminAuth(gate),
         ))
         .serve_with_incoming_shutdown(
             tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::ReceiverStream::new(grpc_conns),
+                tokio_stream::wrappers::ReceiverStream::new(conns),
                 Ok::<_, std::io::Error>,
             ),
             async move {
@@ -606,10 +706,20 @@ pub async fn serve(
                 tracing::info!("stopping: finishing the calls in flight and the round in progress");
                 stopper.stop();
             },
-        );
-    // Calls in flight get SHUTDOWN_GRACE to finish (tonic's and axum's graceful shutdowns wait
-    // for every connection, which a client that never closes would hold forever); the round in
-    // progress always finishes and is stored, then the store is flushed.
+        ))
+}
+
+/// The graceful stop: calls in flight get SHUTDOWN_GRACE to finish (tonic's and axum's
+/// graceful shutdowns wait for every connection, which a client that never closes would hold
+/// forever); the round in progress always finishes and is stored; the lease is given back;
+/// then the store is flushed.
+async fn stop_in_order(
+    shared: &Shared,
+    grpc: impl std::future::Future<Output = Result<(), tonic::transport::Error>>,
+    http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    loop_task: tokio::task::JoinHandle<()>,
+    lead_task: Option<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
     let mut stopped = shared.stopping.subscribe();
     let grace = async move {
         let _ = stopped.wait_for(|&s| s).await;
@@ -815,7 +925,7 @@ async fn watch_leader(
         match applied? {
             Applied::New => {
                 if let Some(held) = follower.held() {
-                    shared.leader_map.store(Some(Arc::new(held.clone())));
+                    shared.round.leader_map.store(Some(Arc::new(held.clone())));
                 }
             }
             Applied::Part | Applied::Stale => {}

@@ -1,29 +1,31 @@
-//! The running mapper: the mapping loop, atomic map publication, and the gRPC services
-//! (`cdnmap.v1.Mapping`, `Feedback`, `Admin`, plus `grpc.health.v1` and server reflection).
-//!
-//! Handlers are thin (house style): validate → convert → call the core → map errors to a
-//! `Status`. Protobuf stops here.
+//! The running mapper: its start (the stored topology and map served at once, the estimator
+//! restored beside them), the mapping loop (a round per cycle through the engine's driver,
+//! stored, then published in one swap), and [`Shared`], the state the loop and every
+//! handler share, in parts with one writer each: [`ReadSide`] (what readers see, published
+//! by the loop), [`RoundState`] (the loop's own) and [`Intake`] (what Feedback brings the
+//! next round). The gRPC handlers (`mapping`, `feedback`, `admin`) and the dashboard read it;
+//! it imports none of them.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use cdnmap_engine::driver::{Driver, Observations, StepError, StepTimings};
+use cdnmap_engine::round::{Snapshot, Solved};
 use cdnmap_estimator::rtt::RttTable;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{ClusterIdx, ClusterState, Instance, Limits, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
 use cdnmap_serve::servers::Servers;
+use cdnmap_store::edit::Applied;
+use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
 use cdnmap_topology::Topology;
 use tokio::sync::broadcast;
 use tonic::Status;
 
+use crate::clock::now_unix_ms;
 use crate::config::Config;
 use crate::selection::{self, ServerLoads};
-use cdnmap_engine::driver::{Driver, Observations, StepError, StepTimings};
-use cdnmap_engine::round::{Snapshot, Solved};
-use cdnmap_store::edit::Applied;
-use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
-
 use crate::topology::{Change, ChangeError, SharedTopology};
 
 /// The most addresses one answer carries.
@@ -60,7 +62,13 @@ pub struct Reference {
     pub classes: cdnmap_engine::budget::ClassDemand,
 }
 
-/// The state shared by the loop and every handler.
+/// The state shared by the loop and every handler: what the whole process holds (the
+/// configuration, this start's epoch, the store, the topology's writer, the health checks, the
+/// election, the stop signal) and three parts, each with one writer:
+///
+/// - [`ReadSide`]: what the handlers and the dashboard read, published by the loop;
+/// - [`RoundState`]: what the round loop owns and nobody else reads (but Admin's status);
+/// - [`Intake`]: what the Feedback handlers bring in for the next round.
 pub struct Shared {
     pub(crate) config: Config,
     /// This start's epoch (stored before anything is served): a map's identity is
@@ -69,27 +77,55 @@ pub struct Shared {
     pub(crate) epoch: u64,
     /// The topology the next round solves: one writer, read without a lock.
     pub(crate) topology: SharedTopology,
-    /// The published map and its selectors.
-    pub(crate) published: ArcSwapOption<Published>,
-    /// The last round's map, published or not: the next round is seeded from it. Alone it is
-    /// the published map; a standby replica solves every round and publishes none.
-    pub(crate) last_solved: ArcSwapOption<Snapshot>,
-    /// The last round's map with its demand by class: what Feedback's bounds are relative to.
-    pub(crate) reference: ArcSwapOption<Reference>,
-    /// Replicated, as a standby: the leader's last published map (followed over its
-    /// WatchMap), which the standby's rounds are seeded from.
-    pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
-    /// Whether the last round's map was published (a standby's is not).
-    pub(crate) last_published: std::sync::atomic::AtomicBool,
     /// The health checks' verdicts, with `[health]` configured: each round sets the clusters
     /// they hold down down (where the operator has them up).
     pub(crate) health: Option<Arc<crate::health::Health>>,
     /// This replica's part in the election, with `etcd` configured (set once, at the start of
     /// `server::serve`, before the first round).
     pub(crate) lead: crate::topology::Lead,
-    pub(crate) status: Mutex<RoundStatus>,
     pub(crate) store: Store,
+    /// Turns true when the service is asked to stop: the loop ends after its round, and
+    /// WatchMap streams end, so in-flight calls can finish.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// What readers see.
+    pub(crate) read: ReadSide,
+    /// What the round loop owns.
+    pub(crate) round: RoundState,
+    /// What the reports bring in.
+    pub(crate) intake: Intake,
+}
+
+/// The published read side: written by the round loop only (each published round: its history
+/// entry, then its map and selectors in one swap, then the watchers' notice; its status after
+/// it), read by the gRPC handlers, WatchMap streams and the dashboard. The action log in
+/// `activity` is written by the topology writer's log too, in the order of
+/// the changes.
+pub struct ReadSide {
+    /// The published map and its selectors.
+    pub(crate) published: ArcSwapOption<Published>,
+    /// Each published map, to WatchMap streams.
     pub(crate) updates: broadcast::Sender<Arc<Snapshot>>,
+    /// What the last round did.
+    pub(crate) status: Mutex<RoundStatus>,
+    /// The rounds published and the actions on clusters, recent ones (the dashboard reads them).
+    pub(crate) activity: Arc<crate::activity::Activity>,
+}
+
+/// What the round loop owns: the driver with its estimator, the last round's map and whether
+/// it went out, and the estimator's checkpoint. Written by the loop's rounds (and, once, by the
+/// start's estimator restore before the first round runs); read by Admin's status
+/// (`last_solved`, `last_published`) and the dashboard (the estimator's state). The one
+/// exception is `leader_map`, written by the standby's follower of the leader's WatchMap and
+/// read by the rounds.
+pub struct RoundState {
+    /// The last round's map, published or not: the next round is seeded from it. Alone it is
+    /// the published map; a standby replica solves every round and publishes none.
+    pub(crate) last_solved: ArcSwapOption<Snapshot>,
+    /// Whether the last round's map was published (a standby's is not).
+    pub(crate) last_published: std::sync::atomic::AtomicBool,
+    /// Replicated, as a standby: the leader's last published map (followed over its
+    /// WatchMap), which the standby's rounds are seeded from.
+    pub(crate) leader_map: ArcSwapOption<cdnmap_serve::watch::Followed>,
     /// The round driver with the estimator (demand forecasts, learned coefficients,
     /// derating): fed by the reports, run each round; each round's entry is stored with its map
     /// and the whole state checkpointed now and then.
@@ -99,22 +135,90 @@ pub struct Shared {
     /// estimator on a thread of its own ([`Shared::restore_estimator`]); the first round
     /// waits for it.
     pub(crate) estimator_ready: tokio::sync::watch::Sender<bool>,
+    /// The estimator's last stored checkpoint, and whether one is being written.
+    pub(crate) checkpoint: Mutex<Checkpointed>,
+}
+
+/// The feedback intake: what the Feedback handlers add between two rounds (demand and loads
+/// in `pending`, measured RTTs, server loads, each source's budget), which the round loop takes
+/// (it drains `pending`, reads the RTT table, and sets `reference`, the round the next
+/// reports' bounds are relative to).
+pub struct Intake {
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// Each feedback source's budget.
     pub(crate) budgets: cdnmap_engine::budget::Budgets,
-    /// In-cluster selection: the last reported server loads.
+    /// In-cluster selection: the last reported server loads (each publication builds its
+    /// selectors with them; WatchMap sends them).
     pub(crate) server_loads: ServerLoads,
     /// Measured RTTs (Feedback's `ReportRtt`), rebuilt from the record at a start: each
     /// round scores the measured candidates by them.
     pub(crate) rtt: Mutex<RttTable>,
-    /// The estimator's last stored checkpoint, and whether one is being written.
-    pub(crate) checkpoint: Mutex<Checkpointed>,
-    /// The dashboard's round history, action log and per-version figures.
-    pub(crate) dash: Arc<crate::dashboard::DashState>,
-    /// Turns true when the service is asked to stop: the loop ends after its round, and
-    /// WatchMap streams end, so in-flight calls can finish.
-    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// The last round's map with its demand by class: what Feedback's bounds are relative to
+    /// (set by the loop).
+    pub(crate) reference: ArcSwapOption<Reference>,
+}
+
+impl ReadSide {
+    fn new() -> ReadSide {
+        ReadSide {
+            published: ArcSwapOption::empty(),
+            updates: broadcast::channel(WATCH_BACKLOG).0,
+            status: Mutex::new(RoundStatus::default()),
+            activity: Arc::new(crate::activity::Activity::default()),
+        }
+    }
+
+    /// The topology writer's log: each operator's action on a cluster, with its outcome, into
+    /// the action log (in the order the writer carries the changes out).
+    fn action_log(&self) -> crate::topology::Log {
+        let log_to = Arc::clone(&self.activity);
+        Arc::new(move |change, result| {
+            if let Change::ClusterState {
+                id,
+                state,
+                reason,
+                actor,
+            } = change
+            {
+                let outcome = match result {
+                    Ok(a) => Ok(a.before),
+                    Err(e) => Err(e.to_string()),
+                };
+                log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
+            }
+        })
+    }
+}
+
+impl RoundState {
+    /// No round yet, and no estimator until the start restores it.
+    fn new() -> RoundState {
+        RoundState {
+            last_solved: ArcSwapOption::empty(),
+            last_published: std::sync::atomic::AtomicBool::new(false),
+            leader_map: ArcSwapOption::empty(),
+            driver: Mutex::new(None),
+            estimator_ready: tokio::sync::watch::channel(false).0,
+            checkpoint: Mutex::new(Checkpointed::default()),
+        }
+    }
+}
+
+impl Intake {
+    /// Nothing reported yet; the first period begins at `now` (Unix ms).
+    fn new(config: &Config, now: i64) -> Intake {
+        Intake {
+            pending: Mutex::new(Pending {
+                since_ms: Some(now),
+                ..Pending::default()
+            }),
+            budgets: cdnmap_engine::budget::Budgets::new(config.feedback_samples_per_sec as f64),
+            server_loads: ServerLoads::default(),
+            rtt: Mutex::new(RttTable::new(config.rtt)),
+            reference: ArcSwapOption::empty(),
+        }
+    }
 }
 
 /// Observations waiting for the next round.
@@ -192,12 +296,6 @@ pub(crate) fn invalid(what: impl std::fmt::Display) -> Status {
     Status::invalid_argument(what.to_string())
 }
 
-pub fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Why the round failed (the last good map stays published).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -251,132 +349,36 @@ impl Shared {
         // Above the stored epoch, and above the clock: a store that was lost starts again
         // above every epoch a front end may hold (issue 41).
         let epoch = store.next_epoch(u64::try_from(now_unix_ms()).unwrap_or(0))?;
-        // The stored topology; where a stored file is damaged, the newest state that reads,
-        // each file or edit skipped said here (`cdnmap_store`'s `recover`).
-        // `initial`'s own error is the start's, as it is (a bad instance file, say).
-        let mut initial_error = None;
-        let start = store.start_topology(Limits::default(), || {
-            initial().map_err(|e| {
-                let said = format!("{e:#}");
-                initial_error = Some(e);
-                said
-            })
-        });
-        let start = match (start, initial_error) {
-            (Err(_), Some(e)) => return Err(e),
-            (start, _) => start?,
-        };
-        for skipped in &start.skipped {
-            tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
-        }
-        if !start.fresh {
-            tracing::info!(
-                map_units = start.topology.unit_count(),
-                clusters = start.topology.clusters().len(),
-                exact = start.exact,
-                "serving the stored topology (with every acknowledged edit, unless said above)"
-            );
-            if let Some(path) = &config.instance {
-                tracing::warn!(
-                    instance = %path.display(),
-                    data_dir = %config.data_dir.display(),
-                    "the configured instance file is not read: the store's topology is \
-                     served (start on an empty data_dir to serve the file)"
-                );
-            }
-        }
-        let topology = &start.topology;
-        // Every class the name rules and the default class name must be the topology's: refused
-        // here, naming it, rather than by every round after the start.
-        ClassRules::for_instance(
-            &topology.instance,
-            &config.class_rule_pairs(),
-            &config.default_class,
-        )
-        .map_err(|e| anyhow::anyhow!("the configuration's class_rules and default_class: {e}"))?;
-        if let Some(class) = config
-            .bypass
-            .keys()
-            .find(|k| topology.instance.class_index(k).is_none())
-        {
-            anyhow::bail!(
-                "the configuration's bypass.{class}: the topology has no traffic class {class:?}"
-            );
-        }
-        if let Err(e) = config.selection.check_clusters(topology) {
-            tracing::warn!(error = %e, "the selection override is not used");
-        }
+        let start = start_topology(&store, &config, initial)?;
+        check_against_topology(&config, &start.topology)?;
         let topology_ms = ms(started);
-        // The served record's base is most often the stored topology itself (no edit since):
-        // then it is not rebuilt a second time. A damaged record is moved aside, said here:
-        // the first round then maps afresh.
         let t = Instant::now();
-        let from_store = store.start_served(&start)?;
-        for skipped in &from_store.skipped {
-            tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
-        }
-        let (topology, seq, replayed) = (start.topology, start.seq, start.replayed);
-        let served = match from_store.served {
-            Some(s) => Some(s),
-            None if from_store.skipped_version.is_none() => legacy_served(&store, &topology),
-            None => None,
-        };
+        let (served, skipped_version) = start_served(&store, &config, &start)?;
         let served_ms = ms(t);
-        let (updates, _) = broadcast::channel(WATCH_BACKLOG);
-        let dash = Arc::new(crate::dashboard::DashState::default());
-        let log_to = Arc::clone(&dash);
-        let log: crate::topology::Log = Arc::new(move |change, result| {
-            if let Change::ClusterState {
-                id,
-                state,
-                reason,
-                actor,
-            } = change
-            {
-                let outcome = match result {
-                    Ok(a) => Ok(a.before),
-                    Err(e) => Err(e.to_string()),
-                };
-                log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
-            }
-        });
+        let (topology, seq, replayed) = (start.topology, start.seq, start.replayed);
+        let read = ReadSide::new();
         let lead = crate::topology::Lead::default();
         let shared = Arc::new(Shared {
-            driver: Mutex::new(None),
-            estimator_ready: tokio::sync::watch::channel(false).0,
-            pending: Mutex::new(Pending {
-                since_ms: Some(now_unix_ms()),
-                ..Pending::default()
-            }),
-            server_loads: ServerLoads::default(),
-            rtt: Mutex::new(RttTable::new(config.rtt)),
-            budgets: cdnmap_engine::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(
                 store.clone(),
                 topology,
                 seq,
                 replayed,
-                log,
+                read.action_log(),
                 Arc::clone(&lead),
             ),
-            published: ArcSwapOption::empty(),
-            last_solved: ArcSwapOption::empty(),
-            reference: ArcSwapOption::empty(),
-            leader_map: ArcSwapOption::empty(),
-            last_published: std::sync::atomic::AtomicBool::new(false),
             health: config
                 .health
                 .clone()
                 .map(|h| Arc::new(crate::health::Health::new(h))),
             lead,
-            status: Mutex::new(RoundStatus::default()),
             store,
-            updates,
-            config,
             epoch,
-            checkpoint: Mutex::new(Checkpointed::default()),
-            dash,
             stopping: tokio::sync::watch::channel(false).0,
+            read,
+            round: RoundState::new(),
+            intake: Intake::new(&config, now_unix_ms()),
+            config,
         });
         // Nothing has changed the topology yet: no one can reach Admin before this returns.
         let start_topology = shared.topology.current();
@@ -384,51 +386,72 @@ impl Shared {
         let inline = served.as_mut().map(|s| std::mem::take(&mut s.estimator));
         let served_version = served.as_ref().map(|s| s.version);
         if let Some(s) = served {
-            let t = Instant::now();
-            let rules = shared.rules(&s.topology)?;
-            let identity = (s.epoch, s.version, s.solved_at_unix_ms);
-            let snapshot = Snapshot::restored(identity, s.topology, s.map, rules)?;
-            tracing::info!(
-                epoch = snapshot.epoch,
-                version = snapshot.version,
-                topology_ms,
-                served_ms,
-                index_ms = ms(t),
-                topology_seq = seq,
-                "serving the stored map until the first round (the estimator is restored beside it)"
-            );
-            let snapshot = Arc::new(snapshot);
-            shared.refer(&snapshot);
-            shared.publish(snapshot);
+            let timings = (topology_ms, served_ms, seq);
+            shared.serve_stored(s, timings)?;
         }
         // The decoded store's columns are freed: hand them back before the estimator is read.
         crate::memory::release();
-        // The estimator is restored while the stored map is served (at 11 M map units it is a
-        // checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s of a start).
-        let me = Arc::clone(&shared);
-        let inline = inline.unwrap_or_default();
         // A served record moved aside: the estimator is restored after it still (its
         // checkpoint and entries are files of their own), and the versions start again.
-        let skipped_version = from_store.skipped_version;
-        let restore = move || {
-            me.restore_estimator(
-                &start_topology,
-                served_version.or(skipped_version),
-                inline,
-                skipped_version.is_some(),
-            )
-        };
+        let after = served_version.or(skipped_version);
+        let inline = inline.unwrap_or_default();
+        Arc::clone(&shared).spawn_restore(
+            start_topology,
+            after,
+            inline,
+            skipped_version.is_some(),
+        )?;
+        Ok(shared)
+    }
+
+    /// Publishes the map of the served record `s` (the stored map, served until the first
+    /// round, exactly as it was published), and makes it the round Feedback's bounds are
+    /// relative to. `timings`: the start's milliseconds so far (topology, served record) and
+    /// the topology's journal sequence number, for the log.
+    fn serve_stored(&self, s: Served, timings: (f64, f64, u64)) -> anyhow::Result<()> {
+        let (topology_ms, served_ms, seq) = timings;
+        let t = Instant::now();
+        let rules = self.rules(&s.topology)?;
+        let identity = (s.epoch, s.version, s.solved_at_unix_ms);
+        let snapshot = Snapshot::restored(identity, s.topology, s.map, rules)?;
+        tracing::info!(
+            epoch = snapshot.epoch,
+            version = snapshot.version,
+            topology_ms,
+            served_ms,
+            index_ms = t.elapsed().as_secs_f64() * 1e3,
+            topology_seq = seq,
+            "serving the stored map until the first round (the estimator is restored beside it)"
+        );
+        let snapshot = Arc::new(snapshot);
+        self.refer(&snapshot);
+        self.publish(snapshot);
+        Ok(())
+    }
+
+    /// Restores the estimator on a thread of its own, while the stored map is served (at
+    /// 11 M map units it is a checkpoint of 1.4 GB and up to 30 entries of 88 MB, about 12 s
+    /// of a start): see [`Shared::restore_estimator`].
+    fn spawn_restore(
+        self: Arc<Self>,
+        topology: Arc<Topology>,
+        served: Option<u64>,
+        inline: EstimatorLog,
+        versions_restart: bool,
+    ) -> anyhow::Result<()> {
+        let restore = move || self.restore_estimator(&topology, served, inline, versions_restart);
         std::thread::Builder::new()
             .name("cdnmap-estimator".into())
             .spawn(restore)
             .map_err(|e| anyhow::anyhow!("no thread to restore the estimator on: {e}"))?;
-        Ok(shared)
+        Ok(())
     }
 
     /// Waits until the estimator is restored (a start restores it beside the stored map it
     /// serves; the first round waits for it too).
     pub async fn estimator_restored(&self) {
         let _ = self
+            .round
             .estimator_ready
             .subscribe()
             .wait_for(|&ready| ready)
@@ -467,10 +490,10 @@ impl Shared {
                 )
                 .with_max_reordered(self.config.rtt.max_reordered_units)
                 .with_second_chance(self.config.round_chance().unwrap_or_default());
-                if let Ok(mut d) = self.driver.lock() {
+                if let Ok(mut d) = self.round.driver.lock() {
                     *d = Some(driver);
                 }
-                if let Ok(mut c) = self.checkpoint.lock() {
+                if let Ok(mut c) = self.round.checkpoint.lock() {
                     *c = if versions_restart {
                         Checkpointed::default()
                     } else {
@@ -488,13 +511,13 @@ impl Shared {
                 tracing::error!(error = %e, "no estimator: every round fails until a restart")
             }
         }
-        self.estimator_ready.send_replace(true);
+        self.round.estimator_ready.send_replace(true);
     }
 
     /// Takes the samples of an acknowledged RTT report, received at `at_ms`, into the table
     /// (those of a prefix no map unit covered are only in the record).
     pub(crate) fn take_rtt(&self, body: &cdnmap_store::record::RttBody, at_ms: i64) {
-        let Ok(mut table) = self.rtt.lock() else {
+        let Ok(mut table) = self.intake.rtt.lock() else {
             return;
         };
         for s in &body.samples {
@@ -537,14 +560,14 @@ impl Shared {
         if let Err(e) = read {
             tracing::error!(error = %e, "reading the record's RTT reports failed: the RTT table starts empty");
         }
-        let pairs = self.rtt.lock().map_or(0, |t| t.pairs());
+        let pairs = self.intake.rtt.lock().map_or(0, |t| t.pairs());
         tracing::info!(reports, pairs, "RTT table rebuilt from the record");
     }
 
     /// The measured RTTs at `now` by index of `base` (pairs whose unit or cluster is gone
     /// are left out); reports older than `rtt.max_age_secs` are dropped.
     fn measured_rtt(&self, base: &Topology, now: i64) -> Vec<(UnitIdx, ClusterIdx, f32)> {
-        let Ok(mut table) = self.rtt.lock() else {
+        let Ok(mut table) = self.intake.rtt.lock() else {
             return Vec::new();
         };
         table.prune(now);
@@ -568,7 +591,8 @@ impl Shared {
 
     /// The published map version.
     pub fn current(&self) -> Option<Arc<Snapshot>> {
-        self.published
+        self.read
+            .published
             .load()
             .as_ref()
             .map(|p| Arc::clone(&p.snapshot))
@@ -576,7 +600,7 @@ impl Shared {
 
     /// The published map version with its selectors.
     pub fn published(&self) -> Option<Arc<Published>> {
-        self.published.load_full()
+        self.read.published.load_full()
     }
 
     /// This start's epoch.
@@ -697,8 +721,14 @@ impl Shared {
             replicas: status.replicas,
             etcd_reachable: status.etcd_reachable,
             etcd_error: status.etcd_error,
-            last_solved_version: self.last_solved.load().as_ref().map_or(0, |s| s.version),
+            last_solved_version: self
+                .round
+                .last_solved
+                .load()
+                .as_ref()
+                .map_or(0, |s| s.version),
             last_round_published: self
+                .round
                 .last_published
                 .load(std::sync::atomic::Ordering::Relaxed),
         })
@@ -732,7 +762,7 @@ impl Shared {
     fn publish(&self, snapshot: Arc<Snapshot>) {
         let clusters = snapshot.resolver.map().clusters();
         let policies = self.policies(&snapshot.topology);
-        let built = selection::build(clusters, &policies, &self.server_loads, &[])
+        let built = selection::build(clusters, &policies, &self.intake.server_loads, &[])
             .map_err(|e| e.to_string());
         let servers = match built {
             Ok(servers) => Some(servers),
@@ -743,14 +773,15 @@ impl Shared {
         };
         metrics::gauge!("cdnmap_map_version").set(snapshot.version as f64);
         metrics::gauge!("cdnmap_map_epoch").set(snapshot.epoch as f64);
-        self.published
+        self.read
+            .published
             .store(Some(Arc::new(Published { snapshot, servers })));
     }
 
     /// Makes `snapshot` the round Feedback's bounds are relative to.
     fn refer(&self, snapshot: &Arc<Snapshot>) {
         let classes = cdnmap_engine::budget::ClassDemand::of(&snapshot.topology);
-        self.reference.store(Some(Arc::new(Reference {
+        self.intake.reference.store(Some(Arc::new(Reference {
             snapshot: Arc::clone(snapshot),
             classes,
         })));
@@ -759,7 +790,7 @@ impl Shared {
     /// The round Feedback's bounds are relative to: the last one solved, or the stored map
     /// served until the first.
     pub(crate) fn reference(&self) -> Option<Arc<Reference>> {
-        self.reference.load_full()
+        self.intake.reference.load_full()
     }
 
     /// Runs one round now: solve (on a blocking thread), verify in debug builds, store the
@@ -796,21 +827,7 @@ impl Shared {
             .await
             .unwrap_or_else(|e| Err(LoopError::Task(e.to_string())));
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
-        let mut status = RoundStatus {
-            last_round_at_unix_ms: now,
-            solve_ms,
-            ..RoundStatus::default()
-        };
-        let cycle_ms = self.config.cycle_secs as f64 * 1e3;
-        if solve_ms > cycle_ms {
-            // The next round starts late (the loop never overlaps rounds); the map served until
-            // then is the previous one.
-            metrics::counter!("cdnmap_rounds_slow_total").increment(1);
-            tracing::warn!(solve_ms, cycle_ms, "round took longer than the cycle");
-            status.error = format!(
-                "the last round took {solve_ms:.0} ms, longer than the {cycle_ms:.0} ms cycle"
-            );
-        }
+        let mut status = self.timed_status(now, solve_ms);
         match result {
             Ok(Round {
                 snapshot,
@@ -818,84 +835,8 @@ impl Shared {
                     error: Some(error), ..
                 },
                 ..
-            }) => {
-                // Not stored, so not published: a client never sees a version a restart could
-                // not serve. The next round is seeded from it all the same (a standby's
-                // unpublished maps are too) and takes the next version: this one may be in the
-                // store in part (its record written, the write after it failed), and a version
-                // number is never written twice. Clients see the version after it, by a delta
-                // from the one they hold. The estimator's entry for it may be missing, which
-                // would end a restart's replay of the entries there: the next stored round
-                // writes a whole checkpoint.
-                let snapshot = Arc::new(snapshot);
-                self.last_solved.store(Some(Arc::clone(&snapshot)));
-                self.refer(&snapshot);
-                if let Ok(mut c) = self.checkpoint.lock() {
-                    c.stored = None;
-                }
-                metrics::counter!("cdnmap_rounds_failed_total").increment(1);
-                tracing::error!(
-                    error = %error,
-                    epoch = snapshot.epoch,
-                    version = snapshot.version,
-                    "storing the round's map failed: not published; the last stored map keeps serving"
-                );
-                status.failed = true;
-                status.error = format!(
-                    "storing map version {} failed, so it was not published (the last stored map keeps serving): {error}",
-                    snapshot.version
-                );
-            }
-            Ok(Round {
-                snapshot,
-                timings: step_timings,
-                stored,
-            }) => {
-                let snapshot = Arc::new(snapshot);
-                self.last_solved.store(Some(Arc::clone(&snapshot)));
-                self.refer(&snapshot);
-                let t = Instant::now();
-                let publishing = match term {
-                    None => true,
-                    Some(term) => self.may_publish(term.as_ref(), &snapshot).await,
-                };
-                self.last_published
-                    .store(publishing, std::sync::atomic::Ordering::Relaxed);
-                if publishing {
-                    // The round's history entry before its map: whoever sees the map sees it
-                    // too.
-                    self.dash.record_round(&snapshot, solve_ms);
-                    self.publish(Arc::clone(&snapshot));
-                    let _ = self.updates.send(Arc::clone(&snapshot));
-                    // A leader seeds from its own maps: the last leader's is let go.
-                    self.leader_map.store(None);
-                }
-                let publish_ms = t.elapsed().as_secs_f64() * 1e3;
-                let parts = [
-                    ("estimator", step_timings.estimate_ms),
-                    ("effective_preferences", snapshot.timings.effective_ms),
-                    ("solve", snapshot.timings.solve_ms),
-                    ("index", snapshot.timings.index_ms),
-                    ("publish", publish_ms),
-                    ("persist", stored.ms),
-                ];
-                for (part, ms) in parts {
-                    metrics::histogram!("cdnmap_round_part_seconds", "part" => part)
-                        .record(ms / 1e3);
-                }
-                tracing::info!(
-                    estimator_ms = step_timings.estimate_ms,
-                    effective_ms = snapshot.timings.effective_ms,
-                    solve_ms = snapshot.timings.solve_ms,
-                    index_ms = snapshot.timings.index_ms,
-                    publish_ms,
-                    persist_ms = stored.ms,
-                    "round parts (persist ran beside index)"
-                );
-                self.round_metrics(&snapshot, solve_ms, publishing);
-                self.checkpoint_if_due(snapshot.version, stored.generation)
-                    .await;
-            }
+            }) => self.not_stored(snapshot, &error, &mut status),
+            Ok(round) => self.stored(round, term, solve_ms).await,
             Err(e) => {
                 metrics::counter!("cdnmap_rounds_failed_total").increment(1);
                 tracing::error!(error = %e, "round failed; serving the last good map");
@@ -903,9 +844,115 @@ impl Shared {
                 status.error = e.to_string();
             }
         }
-        if let Ok(mut s) = self.status.lock() {
+        if let Ok(mut s) = self.read.status.lock() {
             *s = status;
         }
+    }
+
+    /// The status of a round at `now` that took `solve_ms`: a round longer than the cycle is
+    /// said (the next starts late: the loop never overlaps rounds; the map served until then
+    /// is the previous one).
+    fn timed_status(&self, now: i64, solve_ms: f64) -> RoundStatus {
+        let mut status = RoundStatus {
+            last_round_at_unix_ms: now,
+            solve_ms,
+            ..RoundStatus::default()
+        };
+        let cycle_ms = self.config.cycle_secs as f64 * 1e3;
+        if solve_ms > cycle_ms {
+            metrics::counter!("cdnmap_rounds_slow_total").increment(1);
+            tracing::warn!(solve_ms, cycle_ms, "round took longer than the cycle");
+            status.error = format!(
+                "the last round took {solve_ms:.0} ms, longer than the {cycle_ms:.0} ms cycle"
+            );
+        }
+        status
+    }
+
+    /// A round whose record could not be stored: not published, so a client never sees a
+    /// version a restart could not serve. The next round is seeded from it all the same (a
+    /// standby's unpublished maps are too) and takes the next version: this one may be in the
+    /// store in part (its record written, the write after it failed), and a version number is
+    /// never written twice. Clients see the version after it, by a delta from the one they
+    /// hold. The estimator's entry for it may be missing, which would end a restart's replay
+    /// of the entries there: the next stored round writes a whole checkpoint.
+    fn not_stored(&self, snapshot: Snapshot, error: &str, status: &mut RoundStatus) {
+        let snapshot = Arc::new(snapshot);
+        self.round.last_solved.store(Some(Arc::clone(&snapshot)));
+        self.refer(&snapshot);
+        if let Ok(mut c) = self.round.checkpoint.lock() {
+            c.stored = None;
+        }
+        metrics::counter!("cdnmap_rounds_failed_total").increment(1);
+        tracing::error!(
+            error = %error,
+            epoch = snapshot.epoch,
+            version = snapshot.version,
+            "storing the round's map failed: not published; the last stored map keeps serving"
+        );
+        status.failed = true;
+        status.error = format!(
+            "storing map version {} failed, so it was not published (the last stored map keeps serving): {error}",
+            snapshot.version
+        );
+    }
+
+    /// A stored round: the next round's seed and Feedback's reference; published if this
+    /// replica may (alone, or leading `term` still); its parts timed; a checkpoint if due.
+    async fn stored(
+        self: &Arc<Self>,
+        round: Round,
+        term: Option<Option<cdnmap_lead::Term>>,
+        solve_ms: f64,
+    ) {
+        let Round {
+            snapshot,
+            timings: step_timings,
+            stored,
+        } = round;
+        let snapshot = Arc::new(snapshot);
+        self.round.last_solved.store(Some(Arc::clone(&snapshot)));
+        self.refer(&snapshot);
+        let t = Instant::now();
+        let publishing = match term {
+            None => true,
+            Some(term) => self.may_publish(term.as_ref(), &snapshot).await,
+        };
+        self.round
+            .last_published
+            .store(publishing, std::sync::atomic::Ordering::Relaxed);
+        if publishing {
+            // The round's history entry before its map: whoever sees the map sees it too.
+            self.read.activity.record_round(&snapshot, solve_ms);
+            self.publish(Arc::clone(&snapshot));
+            let _ = self.read.updates.send(Arc::clone(&snapshot));
+            // A leader seeds from its own maps: the last leader's is let go.
+            self.round.leader_map.store(None);
+        }
+        let publish_ms = t.elapsed().as_secs_f64() * 1e3;
+        let parts = [
+            ("estimator", step_timings.estimate_ms),
+            ("effective_preferences", snapshot.timings.effective_ms),
+            ("solve", snapshot.timings.solve_ms),
+            ("index", snapshot.timings.index_ms),
+            ("publish", publish_ms),
+            ("persist", stored.ms),
+        ];
+        for (part, ms) in parts {
+            metrics::histogram!("cdnmap_round_part_seconds", "part" => part).record(ms / 1e3);
+        }
+        tracing::info!(
+            estimator_ms = step_timings.estimate_ms,
+            effective_ms = snapshot.timings.effective_ms,
+            solve_ms = snapshot.timings.solve_ms,
+            index_ms = snapshot.timings.index_ms,
+            publish_ms,
+            persist_ms = stored.ms,
+            "round parts (persist ran beside index)"
+        );
+        self.round_metrics(&snapshot, solve_ms, publishing);
+        self.checkpoint_if_due(snapshot.version, stored.generation)
+            .await;
     }
 
     /// Stores the record of the round `solved` (from the topology after journal entry
@@ -954,7 +1001,7 @@ impl Shared {
     /// so the state is exactly the one after `version`), and stores it on a blocking thread of
     /// its own, off the loop: the next round does not wait for the write. One at a time.
     async fn checkpoint_if_due(self: &Arc<Self>, version: u64, generation: u64) {
-        match self.checkpoint.lock() {
+        match self.round.checkpoint.lock() {
             Ok(mut c) if c.due(version, generation) => c.writing = true,
             _ => return,
         }
@@ -963,7 +1010,7 @@ impl Shared {
         // Streamed to the file under the driver's lock (the state must be the one after
         // `version`; a copy of it would be as large as the state), synced after the lock is
         // released.
-        let pending = tokio::task::spawn_blocking(move || match me.driver.lock() {
+        let pending = tokio::task::spawn_blocking(move || match me.round.driver.lock() {
             Ok(d) => match d.as_ref() {
                 Some(d) => me
                     .store
@@ -998,7 +1045,7 @@ impl Shared {
                 stored,
                 "estimator checkpoint"
             );
-            if let Ok(mut c) = me.checkpoint.lock() {
+            if let Ok(mut c) = me.round.checkpoint.lock() {
                 c.writing = false;
                 if stored {
                     c.stored = Some((version, generation));
@@ -1007,28 +1054,18 @@ impl Shared {
         });
     }
 
-    /// The round itself, on a blocking thread: the observations since the last round through
-    /// the round driver (the same step `cdnmap replay` runs), the record stored while the map
-    /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
-    /// how storing went.
-    fn solve_round(&self, now: i64, epoch: u64, observe: bool) -> Result<Round, LoopError> {
-        let versioned = self.topology.current_versioned();
-        let (mut base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
-        if let Some(health) = &self.health {
-            base = health.overlay(&base, |cluster, down, why| {
-                self.dash.log_health(cluster, down, why, now);
-                if down {
-                    tracing::warn!(cluster, reason = why, "health checks: cluster down");
-                } else {
-                    tracing::info!(cluster, "health checks: cluster up again");
-                }
-            });
-        }
-        // Seeded from the last round's map (a standby's own, unpublished), else the map
-        // served since the start.
-        let previous = self.last_solved.load_full().or_else(|| self.current());
+    /// The observations reported since the last round, taken (`observe`; else left for the
+    /// next round, and none taken), their demand counted per cycle over the period since the
+    /// last round (or since `previous` was solved) until `now`, and held to their bounds again.
+    fn take_pending(
+        &self,
+        now: i64,
+        observe: bool,
+        previous: Option<&Snapshot>,
+    ) -> Result<Pending, LoopError> {
         let mut pending = {
             let mut p = self
+                .intake
                 .pending
                 .lock()
                 .map_err(|_| LoopError::Poisoned("pending"))?;
@@ -1045,7 +1082,7 @@ impl Shared {
         };
         let period_start = pending
             .since_ms
-            .or(previous.as_ref().map(|p| p.solved_at_unix_ms))
+            .or(previous.map(|p| p.solved_at_unix_ms))
             .unwrap_or(now);
         per_cycle(
             &mut pending.demand,
@@ -1065,27 +1102,17 @@ impl Shared {
                 tracing::debug!(clipped, "the round's observed demand clipped to its bounds");
             }
         }
-        let observations = Observations {
-            // The reports since the last round describe the period that began with it.
-            at_unix_ms: previous.as_ref().map_or(now, |p| p.solved_at_unix_ms),
-            demand: pending.demand,
-            loads: pending.loads.into_iter().collect(),
-            rtt: self.measured_rtt(&base, now),
-        };
-        let mut driver = self
-            .driver
-            .lock()
-            .map_err(|_| LoopError::Poisoned("round driver"))?;
-        let driver = driver.as_mut().ok_or_else(|| {
-            LoopError::NoEstimator("its state and a fresh one both failed (see the log)".into())
-        })?;
-        // A standby seeds from the leader's published map (what clients were answered from),
-        // not from its own unpublished one: the replicas' own maps drift apart (a sticky
-        // round depends on the map it starts from), and a takeover would move the difference.
-        // So is a standby's first round as leader: the leader's map is used while it is newer
-        // than what this replica last published.
+        Ok(pending)
+    }
+
+    /// A standby seeds from the leader's published map (what clients were answered from),
+    /// not from its own unpublished one: the replicas' own maps drift apart (a sticky round
+    /// depends on the map it starts from), and a takeover would move the difference. So is a
+    /// standby's first round as leader: the leader's map is used while it is newer than what
+    /// this replica last published. `None`: the round seeds from `previous`.
+    fn leader_seed(&self, previous: Option<&Snapshot>) -> Option<cdnmap_mapper::Map> {
         let published = self.current().map_or((0, 0), |p| (p.epoch, p.version));
-        let served = match (&previous, self.leader_map.load_full()) {
+        match (previous, self.round.leader_map.load_full()) {
             (Some(prev), Some(leader)) if leader.identity.key() > published => {
                 tracing::info!(
                     leader_epoch = leader.identity.epoch,
@@ -1098,7 +1125,50 @@ impl Shared {
                 ))
             }
             _ => None,
+        }
+    }
+
+    /// The round itself, on a blocking thread: the observations since the last round through
+    /// the round driver (the same step `cdnmap replay` runs), the record stored while the map
+    /// is indexed ([`Shared::store_round`]). Returns the new snapshot, the driver's timings and
+    /// how storing went.
+    fn solve_round(&self, now: i64, epoch: u64, observe: bool) -> Result<Round, LoopError> {
+        let versioned = self.topology.current_versioned();
+        let (mut base, base_seq) = (Arc::clone(&versioned.topology), versioned.seq);
+        if let Some(health) = &self.health {
+            base = health.overlay(&base, |cluster, down, why| {
+                self.read.activity.log_health(cluster, down, why, now);
+                if down {
+                    tracing::warn!(cluster, reason = why, "health checks: cluster down");
+                } else {
+                    tracing::info!(cluster, "health checks: cluster up again");
+                }
+            });
+        }
+        // Seeded from the last round's map (a standby's own, unpublished), else the map
+        // served since the start.
+        let previous = self
+            .round
+            .last_solved
+            .load_full()
+            .or_else(|| self.current());
+        let pending = self.take_pending(now, observe, previous.as_deref())?;
+        let observations = Observations {
+            // The reports since the last round describe the period that began with it.
+            at_unix_ms: previous.as_ref().map_or(now, |p| p.solved_at_unix_ms),
+            demand: pending.demand,
+            loads: pending.loads.into_iter().collect(),
+            rtt: self.measured_rtt(&base, now),
         };
+        let mut driver = self
+            .round
+            .driver
+            .lock()
+            .map_err(|_| LoopError::Poisoned("round driver"))?;
+        let driver = driver.as_mut().ok_or_else(|| {
+            LoopError::NoEstimator("its state and a fresh one both failed (see the log)".into())
+        })?;
+        let served = self.leader_seed(previous.as_deref());
         let (step, stored) = driver.step_alongside(
             &base,
             previous.as_deref(),
@@ -1285,6 +1355,94 @@ fn restore_estimates(
     }
 }
 
+/// The topology a start serves: the stored one (where a stored file is damaged, the newest
+/// state that reads, each file or edit skipped said here: `cdnmap_store`'s `recover`), else
+/// `initial`'s, whose own error is the start's, as it is (a bad instance file, say).
+fn start_topology(
+    store: &Store,
+    config: &Config,
+    initial: impl FnOnce() -> anyhow::Result<Topology>,
+) -> anyhow::Result<cdnmap_store::StartTopology> {
+    let mut initial_error = None;
+    let start = store.start_topology(Limits::default(), || {
+        initial().map_err(|e| {
+            let said = format!("{e:#}");
+            initial_error = Some(e);
+            said
+        })
+    });
+    let start = match (start, initial_error) {
+        (Err(_), Some(e)) => return Err(e),
+        (start, _) => start?,
+    };
+    for skipped in &start.skipped {
+        tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
+    }
+    if !start.fresh {
+        tracing::info!(
+            map_units = start.topology.unit_count(),
+            clusters = start.topology.clusters().len(),
+            exact = start.exact,
+            "serving the stored topology (with every acknowledged edit, unless said above)"
+        );
+        if let Some(path) = &config.instance {
+            tracing::warn!(
+                instance = %path.display(),
+                data_dir = %config.data_dir.display(),
+                "the configured instance file is not read: the store's topology is \
+                 served (start on an empty data_dir to serve the file)"
+            );
+        }
+    }
+    Ok(start)
+}
+
+/// What of the configuration names the topology's parts: every class the name rules, the
+/// default class and `bypass` name must be the topology's (refused here, naming it, rather
+/// than by every round after the start); a selection override naming a cluster that is gone
+/// is a warning.
+fn check_against_topology(config: &Config, topology: &Topology) -> anyhow::Result<()> {
+    ClassRules::for_instance(
+        &topology.instance,
+        &config.class_rule_pairs(),
+        &config.default_class,
+    )
+    .map_err(|e| anyhow::anyhow!("the configuration's class_rules and default_class: {e}"))?;
+    if let Some(class) = config
+        .bypass
+        .keys()
+        .find(|k| topology.instance.class_index(k).is_none())
+    {
+        anyhow::bail!(
+            "the configuration's bypass.{class}: the topology has no traffic class {class:?}"
+        );
+    }
+    if let Err(e) = config.selection.check_clusters(topology) {
+        tracing::warn!(error = %e, "the selection override is not used");
+    }
+    Ok(())
+}
+
+/// The served record a start serves, and the version of one moved aside. Its base is most
+/// often the stored topology itself (no edit since): then it is not rebuilt a second time.
+/// A damaged record is moved aside, said here: the first round then maps afresh.
+fn start_served(
+    store: &Store,
+    config: &Config,
+    start: &cdnmap_store::StartTopology,
+) -> anyhow::Result<(Option<Served>, Option<u64>)> {
+    let from_store = store.start_served(start)?;
+    for skipped in &from_store.skipped {
+        tracing::error!(data_dir = %config.data_dir.display(), "the start skipped: {skipped}");
+    }
+    let served = match from_store.served {
+        Some(s) => Some(s),
+        None if from_store.skipped_version.is_none() => legacy_served(store, &start.topology),
+        None => None,
+    };
+    Ok((served, from_store.skipped_version))
+}
+
 /// The newest map of a store written before the served record existed, read against the
 /// stored topology; when an edit since makes it unreadable, the start goes on without it
 /// (the first round is then a cold one).
@@ -1315,7 +1473,7 @@ impl Shared {
         id: &str,
         state: ClusterState,
         reason: &str,
-        actor: crate::dashboard::Actor,
+        actor: crate::topology::Actor,
     ) -> Result<Applied, ChangeError> {
         let (who, via) = (actor.who.clone(), actor.via);
         let applied = self
@@ -1347,16 +1505,21 @@ impl Shared {
     }
 
     pub(crate) fn round_status(&self) -> RoundStatus {
-        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+        self.read
+            .status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
 
-    pub(crate) fn dash(&self) -> &crate::dashboard::DashState {
-        &self.dash
+    pub(crate) fn activity(&self) -> &crate::activity::Activity {
+        &self.read.activity
     }
 
     /// Reads the estimator's state (the dashboard shows its coefficients and deratings).
     pub(crate) fn with_estimates<R>(&self, f: impl FnOnce(&Estimates) -> R) -> Option<R> {
-        self.driver
+        self.round
+            .driver
             .lock()
             .ok()
             .and_then(|d| d.as_ref().map(|d| f(d.estimates())))
@@ -1485,7 +1648,7 @@ mod tests {
 
     async fn checkpoint_written(shared: &Shared) -> Option<(u64, u64)> {
         for _ in 0..500 {
-            match shared.checkpoint.lock() {
+            match shared.round.checkpoint.lock() {
                 Ok(c) if !c.writing => return c.stored,
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }

@@ -24,17 +24,18 @@
 //! What an edit does to candidates, and to classes left without an up cluster (a warning in
 //! the answer, in the log and in the metrics, `cdnmap_classes_unserved`), is `cdnmap_store::edit`'s.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use cdnmap_mapper::ClusterState;
-use cdnmap_topology::format::{ClusterFile, MapUnitFile};
-use cdnmap_topology::Topology;
-use tokio::sync::{mpsc, oneshot};
-
 use cdnmap_store::edit::{apply, unserved_classes, Applied, Edit, EditError};
 use cdnmap_store::Store;
+use cdnmap_topology::format::{ClusterFile, MapUnitFile};
+use cdnmap_topology::Topology;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
 
 /// Changes waiting for the writer; a caller beyond it waits for room.
 const QUEUE: usize = 64;
@@ -48,6 +49,57 @@ pub fn replay_budget(units: usize) -> u64 {
     units as u64 + 65_536
 }
 
+/// The longest operator name kept from an `X-Operator` header (longer ones are cut).
+pub const MAX_OPERATOR_LEN: usize = 64;
+/// The longest reason kept with an action (longer ones are cut).
+pub const MAX_REASON_LEN: usize = 200;
+
+/// Who did an action: the operator's name (the page's `X-Operator` header, or gRPC metadata
+/// `x-operator`), the remote address, and the interface.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Actor {
+    pub who: String,
+    pub remote: String,
+    pub via: &'static str,
+}
+
+/// Keeps printable characters of an operator-supplied string, at most `max` of them.
+pub fn clean(text: &str, max: usize) -> String {
+    text.chars()
+        .filter(|c| !c.is_control())
+        .take(max)
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+impl Actor {
+    pub fn new(who: Option<&str>, remote: Option<SocketAddr>, via: &'static str) -> Actor {
+        let who = who
+            .map(|w| clean(w, MAX_OPERATOR_LEN))
+            .filter(|w| !w.is_empty())
+            .unwrap_or_else(|| "anonymous".into());
+        Actor {
+            who,
+            remote: remote.map_or_else(|| "unknown".into(), |a| a.to_string()),
+            via,
+        }
+    }
+
+    /// The caller of a gRPC Admin request.
+    pub fn of_grpc<T>(request: &tonic::Request<T>) -> Actor {
+        let who = request
+            .metadata()
+            .get("x-operator")
+            .and_then(|v| v.to_str().ok());
+        Actor::new(
+            who,
+            crate::listen::peer_of(request).map(|p| p.remote),
+            "grpc",
+        )
+    }
+}
+
 /// One change of the topology.
 #[derive(Debug, Clone)]
 pub enum Change {
@@ -57,7 +109,7 @@ pub enum Change {
         id: String,
         state: ClusterState,
         reason: String,
-        actor: crate::dashboard::Actor,
+        actor: Actor,
     },
     UpsertCluster(ClusterFile),
     DeleteCluster(String),
@@ -74,7 +126,7 @@ impl Change {
                 id,
                 state,
                 reason: "applied from the replicas' edits".into(),
-                actor: crate::dashboard::Actor::new(Some("leader"), None, "etcd"),
+                actor: Actor::new(Some("leader"), None, "etcd"),
             },
             Edit::UpsertCluster { cluster } => Change::UpsertCluster(cluster),
             Edit::DeleteCluster { id } => Change::DeleteCluster(id),
@@ -362,7 +414,7 @@ async fn carry_out(
     let cost = applied.cost;
     let seq = tokio::task::spawn_blocking(move || {
         store
-            .append_edit(crate::service::now_unix_ms(), &edit)
+            .append_edit(crate::clock::now_unix_ms(), &edit)
             .map_err(|e| ChangeError::Store(e.to_string()))
     })
     .await
@@ -462,7 +514,7 @@ mod tests {
             id: id.into(),
             state,
             reason: String::new(),
-            actor: crate::dashboard::Actor::new(Some("test"), None, "test"),
+            actor: Actor::new(Some("test"), None, "test"),
         }
     }
 
@@ -660,5 +712,17 @@ mod tests {
                     .await
             );
         }
+    }
+
+    #[test]
+    fn operator_names_are_cleaned_and_bounded() {
+        let actor = Actor::new(Some("ana\u{7}\n "), None, "http");
+        assert_eq!(actor.who, "ana");
+        assert_eq!(Actor::new(Some("  "), None, "http").who, "anonymous");
+        let long = "x".repeat(MAX_OPERATOR_LEN * 2);
+        assert_eq!(
+            Actor::new(Some(&long), None, "http").who.len(),
+            MAX_OPERATOR_LEN
+        );
     }
 }

@@ -3,13 +3,13 @@
 //! the one place that converts WatchMap, from the snapshot's serving map; this module gives
 //! them what the service adds (selection policies, server loads, hostname rules).
 
+use cdnmap_engine::round::Snapshot;
 use cdnmap_proto::v1 as pb;
 use cdnmap_serve::servers::Policy;
 use cdnmap_serve::watch::{self as wire, Edge, Identity};
 
 use crate::config::Config;
 use crate::selection::ServerLoads;
-use cdnmap_engine::round::Snapshot;
 
 /// What a message carries besides the snapshot: each cluster's selection policy (by cluster
 /// index of the snapshot's instance), the last reported server loads, and the configuration's

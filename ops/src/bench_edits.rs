@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use cdnmap_api::config::Config;
-use cdnmap_api::dashboard::Actor;
 use cdnmap_api::service::Shared;
+use cdnmap_api::topology::Actor;
 use cdnmap_api::topology::Change;
 use cdnmap_mapper::ClusterState;
 use cdnmap_topology::format::{cluster_file, unit_file, ResourcesFile};

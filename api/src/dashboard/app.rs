@@ -1,19 +1,19 @@
 //! The dashboard API's state and errors, shared by its handlers (`http.rs`, `clusters.rs`):
 //! the app state, the JSON error answer, and the extractors every handler uses.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use cdnmap_engine::figures::View;
+use cdnmap_engine::round::Snapshot;
 use cdnmap_topology::Topology;
 use serde_json::json;
 
 use crate::service::Shared;
-use cdnmap_engine::figures::View;
-use cdnmap_engine::round::Snapshot;
 
 /// The largest action body accepted, bytes.
 pub(super) const MAX_ACTION_BODY_BYTES: usize = 4096;
@@ -23,6 +23,32 @@ pub(super) struct App {
     pub(super) shared: Arc<Shared>,
     /// The Admin token's check (actions).
     pub(super) gate: Arc<crate::auth::AdminGate>,
+    /// The figures of the newest map version asked for.
+    pub(super) views: Arc<Views>,
+}
+
+/// The figures of the newest map version asked for, computed once per version on first
+/// request.
+#[derive(Default)]
+pub(super) struct Views(Mutex<Option<Arc<View>>>);
+
+impl Views {
+    /// The figures of `snapshot`, computed once per version.
+    fn of(&self, snapshot: &Snapshot) -> Arc<View> {
+        if let Ok(v) = self.0.lock() {
+            if let Some(v) = v.as_ref().filter(|v| v.version == snapshot.version) {
+                return Arc::clone(v);
+            }
+        }
+        let view = Arc::new(View::new(snapshot));
+        if let Ok(mut v) = self.0.lock() {
+            // Keep the newest version (two requests may compute concurrently).
+            if v.as_ref().is_none_or(|old| old.version <= view.version) {
+                *v = Some(Arc::clone(&view));
+            }
+        }
+        view
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -82,8 +108,8 @@ pub(super) fn snapshot(app: &App) -> Result<Arc<Snapshot>, ApiError> {
 /// The current snapshot and its figures (computed off the async threads once per version).
 pub(super) async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiError> {
     let s = snapshot(app)?;
-    let (shared, s2) = (Arc::clone(&app.shared), Arc::clone(&s));
-    let v = tokio::task::spawn_blocking(move || shared.dash().view(&s2))
+    let (views, s2) = (Arc::clone(&app.views), Arc::clone(&s));
+    let v = tokio::task::spawn_blocking(move || views.of(&s2))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok((s, v))

@@ -3,6 +3,7 @@
 //! /api/clusters/{id}/state`, token-checked) and the world map (`GET /api/map`).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::net::SocketAddr;
 
 use axum::body::Bytes;
@@ -10,18 +11,16 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, Extensions, HeaderMap, StatusCode};
 use axum::Json;
-use cdnmap_mapper::{ClusterState, Instance};
-use serde::{Deserialize, Serialize};
-
-use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
-use super::{clean, Actor, MAX_REASON_LEN};
-use crate::auth::{AdminGate, Denied};
-use crate::topology::ChangeError;
 use cdnmap_engine::figures::{self, View};
 use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::model::shown_id;
+use cdnmap_mapper::{ClusterState, Instance};
 use cdnmap_store::edit::EditError;
-use std::net::IpAddr;
+use serde::{Deserialize, Serialize};
+
+use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
+use crate::auth::{AdminGate, Denied};
+use crate::topology::{clean, Actor, ChangeError, MAX_REASON_LEN};
 
 /// Map units listed per cluster in `/api/clusters` unless `top` says otherwise.
 pub const DEFAULT_TOP_UNITS: usize = 5;

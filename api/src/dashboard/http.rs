@@ -14,6 +14,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use cdnmap_engine::figures::{self, CandidateView, View};
+use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::model::shown_id;
 use cdnmap_mapper::{ClusterState, PerUnit, UnitIdx};
 use ipnet::IpNet;
@@ -21,10 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
 use super::clusters::{cluster, clusters, deratings, set_state, world_map};
-use super::{MAX_EVENTS, MAX_HISTORY_ROUNDS};
-use crate::service::{now_unix_ms, RoundStatus, Shared};
-use cdnmap_engine::figures::{self, CandidateView, View};
-use cdnmap_engine::round::Snapshot;
+use crate::activity::{MAX_EVENTS, MAX_HISTORY_ROUNDS};
+use crate::clock::now_unix_ms;
+use crate::service::{RoundStatus, Shared};
 
 /// A map older than this many cycles is reported stale.
 pub const STALE_AFTER_CYCLES: u64 = 3;
@@ -82,7 +83,11 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
             get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
         )
         .nest("/api", api)
-        .with_state(App { shared, gate })
+        .with_state(App {
+            shared,
+            gate,
+            views: Arc::default(),
+        })
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -172,7 +177,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
     let s = app.shared.current();
     // The mean RTT of the published map: from the history, or (a map restored at start, not
     // yet in the history) from its figures.
-    let mean_rtt_ms = match app.shared.dash().history(1).pop() {
+    let mean_rtt_ms = match app.shared.activity().history(1).pop() {
         Some(p) if Some(p.version) == s.as_ref().map(|s| s.version) => p.mean_rtt_ms,
         _ if s.is_some() => view(&app).await.ok().and_then(|(_, v)| v.mean_rtt_ms),
         _ => None,
@@ -303,7 +308,7 @@ fn limit_of(limit: Option<usize>, default: usize, max: usize) -> Result<usize, A
 
 #[derive(Serialize)]
 struct HistoryBody {
-    rounds: Vec<super::RoundPoint>,
+    rounds: Vec<crate::activity::RoundPoint>,
 }
 
 async fn history(
@@ -312,13 +317,13 @@ async fn history(
 ) -> ApiResult<HistoryBody> {
     let limit = limit_of(query(q)?.limit, MAX_HISTORY_ROUNDS, MAX_HISTORY_ROUNDS)?;
     Ok(Json(HistoryBody {
-        rounds: app.shared.dash().history(limit),
+        rounds: app.shared.activity().history(limit),
     }))
 }
 
 #[derive(Serialize)]
 struct EventsBody {
-    events: Vec<super::Event>,
+    events: Vec<crate::activity::Event>,
 }
 
 async fn events(
@@ -327,7 +332,7 @@ async fn events(
 ) -> ApiResult<EventsBody> {
     let limit = limit_of(query(q)?.limit, DEFAULT_EVENTS, MAX_EVENTS)?;
     Ok(Json(EventsBody {
-        events: app.shared.dash().events(limit),
+        events: app.shared.activity().events(limit),
     }))
 }
 

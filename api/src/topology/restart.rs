@@ -216,7 +216,7 @@ fn change(op: &Op) -> Option<Change> {
             id: cluster_id(id),
             state: state(s),
             reason: "a property test".into(),
-            actor: crate::dashboard::Actor::new(Some("test"), None, "test"),
+            actor: crate::topology::Actor::new(Some("test"), None, "test"),
         },
         Op::UpsertUnit {
             id,
