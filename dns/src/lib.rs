@@ -28,16 +28,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_REPORT_SAMPLES;
 use tokio::net::TcpListener;
 
 pub use config::DnsConfig;
 
-use answer::{Front, Handler, Zone};
+use answer::{Front, Handler, Zones};
 use cdnmap_serve::watch::Followed;
-use demand::{Counts, DemandCounter};
+use demand::Counts;
 use in_use::{InUse, Taken};
 use local::{Follower, LocalView};
 
@@ -105,20 +104,12 @@ pub async fn run(
         None => (None, None),
     };
     let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
-    let front = Arc::new(Front {
-        zones: zones
-            .iter()
-            .map(|z| Zone::new(z, serial, config.ttl_secs))
-            .collect(),
-        view: ArcSwapOption::empty(),
-        servers: ArcSwapOption::empty(),
-        ttl: config.ttl_secs,
-        max_udp_payload: config.max_udp_payload,
-        demand: DemandCounter::default(),
-        hot_hosts: arc_swap::ArcSwap::default(),
-        period_start_unix_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
-        counters: answer::Counters::register(),
-    });
+    let front = Arc::new(Front::new(
+        Zones::new(&zones, serial, config.ttl_secs),
+        config.ttl_secs,
+        config.max_udp_payload,
+        now_unix_ms(),
+    ));
     // UDP: `udp_threads` answering loops (default one per core), each on its own socket
     // (SO_REUSEPORT); TCP: hickory's server.
     let loops = config
@@ -433,7 +424,7 @@ impl Following {
         metrics::gauge!("cdnmap_dns_map_epoch").set(f.identity.epoch as f64);
         metrics::gauge!("cdnmap_dns_map_version").set(f.identity.version as f64);
         front.demand.prepare(&view.resolver);
-        front.view.store(Some(Arc::new(view)));
+        front.put_view(view);
         true
     }
 }
@@ -512,7 +503,7 @@ async fn follow(
         // The copy moves to a blocking thread (applying a delta merges every unit) and back.
         let hosts = front.hot_hosts.load_full();
         // The view in use: the next one shares its prefix index when the units are the same.
-        let in_use_view = front.view.load_full();
+        let in_use_view = front.view();
         let lent = following.in_use().followed();
         let mut next = std::mem::take(&mut local);
         let (taken, built, next) = tokio::task::spawn_blocking(move || {
@@ -604,14 +595,15 @@ async fn report(config: DnsConfig, following: Arc<Following>, front: Arc<Front>)
                 .collect(),
         );
         front.hot_hosts.store(Arc::clone(&hosts));
-        if let Some(view) = front.view.load_full().filter(|v| v.has_bounded) {
-            let rebuilt = tokio::task::spawn_blocking(move || {
-                view.build_servers(&keys(&hosts))
-                    .map(|s| ((view.epoch, view.version), s))
-            })
-            .await;
+        if let Some(view) = front.view().filter(|v| v.has_bounded) {
+            let built_for = Arc::clone(&view);
+            let rebuilt =
+                tokio::task::spawn_blocking(move || view.build_servers(&keys(&hosts))).await;
             match rebuilt {
-                Ok(Ok(s)) => front.servers.store(Some(Arc::new(s))),
+                // Put in use only while that view is (a newer one has selectors of its own).
+                Ok(Ok(s)) => {
+                    front.put_rebuilt(&built_for, s);
+                }
                 Ok(Err(e)) => tracing::warn!(error = %e, "rebuilding the selectors failed"),
                 Err(e) => tracing::warn!(error = %e, "rebuilding the selectors failed"),
             }
