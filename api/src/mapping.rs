@@ -735,20 +735,11 @@ pub(crate) mod tests {
         );
     }
 
-    /// Resolve's answers are the decision the DNS front end makes: over a table of queries
-    /// (names in and out of the hostname rules, A, AAAA and other types, client subnets of
-    /// both families, resolver addresses alone, units mapped and unmatched, units whose every
-    /// candidate is down going to their class's last resort: a CNAME or addresses), Resolve's
-    /// protobuf says what `cdnmap_serve::answer` decides from the front end's own copy of the
-    /// map (followed over WatchMap), field by field.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn resolve_says_what_the_front_ends_decision_says() {
-        use cdnmap_dns::local::LocalView;
-        use cdnmap_serve::watch::{Applied, Follower};
-        use tokio_stream::StreamExt;
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// A mapper whose classes web and video have a last resort (a CNAME, addresses) and
+    /// three of whose four clusters are down, after its first round.
+    async fn mapper_with_last_resorts(dir: &std::path::Path) -> Arc<Shared> {
         let mut config = Config {
-            data_dir: dir.path().join("data"),
+            data_dir: dir.join("data"),
             ..Config::default()
         };
         let bypass =
@@ -773,7 +764,13 @@ pub(crate) mod tests {
                 .expect("state");
         }
         shared.run_round().await;
-        let service = MappingService::new(Arc::clone(&shared));
+        shared
+    }
+
+    /// The DNS front end's copy of `service`'s map, followed over WatchMap.
+    async fn front_end_view(service: &MappingService) -> cdnmap_dns::local::LocalView {
+        use cdnmap_serve::watch::{Applied, Follower};
+        use tokio_stream::StreamExt;
         let mut stream = service
             .watch_map(Request::new(pb::WatchMapRequest::default()))
             .await
@@ -786,7 +783,69 @@ pub(crate) mod tests {
                 break;
             }
         }
-        let front = LocalView::build(follower.held().expect("held"), &[], None).expect("view");
+        cdnmap_dns::local::LocalView::build(follower.held().expect("held"), &[], None)
+            .expect("view")
+    }
+
+    /// What Resolve answers when `cdnmap_serve::answer` decides `d` (addresses `addrs`) from
+    /// `front`, field by field; the routes it takes go into `routes`.
+    fn resolve_response_of(
+        front: &cdnmap_dns::local::LocalView,
+        d: &Decision<'_>,
+        addrs: &[IpAddr],
+        ttl_seconds: u32,
+        routes: &mut std::collections::BTreeSet<String>,
+    ) -> pb::ResolveResponse {
+        let map = front.resolver.map();
+        let mut want = pb::ResolveResponse {
+            ttl_seconds,
+            map_version: front.version,
+            map_epoch: front.epoch,
+            rcode: u32::from(d.rcode.code()),
+            ..pb::ResolveResponse::default()
+        };
+        let Some(m) = d.mapped else {
+            return want;
+        };
+        let a = m.answer;
+        want.addresses = addrs.iter().map(|a| a.to_string()).collect();
+        want.scope_prefix_len = u32::from(a.scope_prefix_len);
+        if m.asks_addresses && m.bypass.is_none() {
+            want.cluster_ids = [a.primary, a.secondary]
+                .into_iter()
+                .flatten()
+                .map(|c| map.clusters()[c as usize].id.clone())
+                .collect();
+        }
+        want.map_unit = a.unit.map_or(String::new(), |u| map.unit_id(u).into());
+        want.traffic_class = map.classes()[usize::from(a.class)].to_string();
+        want.route = m.route.as_str().into();
+        match m.bypass {
+            Some(Bypass::Cname(target)) => {
+                want.cname = target.clone();
+                routes.insert("bypass to a CNAME".into());
+            }
+            Some(Bypass::Addresses(_)) if !addrs.is_empty() => {
+                routes.insert("bypass to addresses".into());
+            }
+            _ => {}
+        }
+        routes.insert(want.route.clone());
+        want
+    }
+
+    /// Resolve's answers are the decision the DNS front end makes: over a table of queries
+    /// (names in and out of the hostname rules, A, AAAA and other types, client subnets of
+    /// both families, resolver addresses alone, units mapped and unmatched, units whose every
+    /// candidate is down going to their class's last resort: a CNAME or addresses), Resolve's
+    /// protobuf says what `cdnmap_serve::answer` decides from the front end's own copy of the
+    /// map (followed over WatchMap), field by field.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resolve_says_what_the_front_ends_decision_says() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = mapper_with_last_resorts(dir.path()).await;
+        let service = MappingService::new(Arc::clone(&shared));
+        let front = front_end_view(&service).await;
         let view = front.answer_view(front.servers());
         let names = [
             "www.cdn.example.",
@@ -827,47 +886,10 @@ pub(crate) mod tests {
                     let client = client_of(&q, None).expect("a client");
                     let query = Query::resolve(name, qtype, client);
                     let (mut key, mut addrs) = (String::new(), Vec::new());
-                    let d = answer::decide(
-                        &Zones::default(),
-                        Some(&view),
-                        &query,
-                        &mut key,
-                        &mut addrs,
-                    );
-                    let map = view.resolver.map();
-                    let mut want = pb::ResolveResponse {
-                        ttl_seconds: got.ttl_seconds,
-                        map_version: front.version,
-                        map_epoch: front.epoch,
-                        rcode: u32::from(d.rcode.code()),
-                        ..pb::ResolveResponse::default()
-                    };
-                    if let Some(m) = d.mapped {
-                        let a = m.answer;
-                        want.addresses = addrs.iter().map(|a| a.to_string()).collect();
-                        want.scope_prefix_len = u32::from(a.scope_prefix_len);
-                        if m.asks_addresses && m.bypass.is_none() {
-                            want.cluster_ids = [a.primary, a.secondary]
-                                .into_iter()
-                                .flatten()
-                                .map(|c| map.clusters()[c as usize].id.clone())
-                                .collect();
-                        }
-                        want.map_unit = a.unit.map_or(String::new(), |u| map.unit_id(u).into());
-                        want.traffic_class = map.classes()[usize::from(a.class)].to_string();
-                        want.route = m.route.as_str().into();
-                        match m.bypass {
-                            Some(Bypass::Cname(target)) => {
-                                want.cname = target.clone();
-                                routes.insert("bypass to a CNAME".into());
-                            }
-                            Some(Bypass::Addresses(_)) if !addrs.is_empty() => {
-                                routes.insert("bypass to addresses".into());
-                            }
-                            _ => {}
-                        }
-                        routes.insert(want.route.clone());
-                    }
+                    let zones = Zones::default();
+                    let d = answer::decide(&zones, Some(&view), &query, &mut key, &mut addrs);
+                    let want =
+                        resolve_response_of(&front, &d, &addrs, got.ttl_seconds, &mut routes);
                     rcodes.insert(want.rcode);
                     assert_eq!(got, want, "{what}");
                 }

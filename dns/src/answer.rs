@@ -901,7 +901,7 @@ pub(crate) mod tests {
                     Some(i) => Place::Below(Some(i)),
                 };
                 assert_eq!(place(&zones, &n), want, "{name} in {apex_set:?}");
-                let target = format!("{name}");
+                let target = name.to_string();
                 let hickory =
                     Name::from_ascii(&target).is_ok_and(|t| configs.iter().any(|a| a.zone_of(&t)));
                 assert_eq!(zones.holds(&target), hickory, "{name} in {apex_set:?}");

@@ -123,20 +123,9 @@ pub async fn run(
         Some(metrics) => tracing::info!(dns = %listen, metrics = %metrics, "listening"),
         None => tracing::info!(dns = %listen, "listening"),
     }
-    let handler = Arc::new(Handler(Arc::clone(&front)));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let udp_threads = sockets
-        .into_iter()
-        .enumerate()
-        .map(|(i, socket)| {
-            let (handler, stop) = (Arc::clone(&handler), Arc::clone(&stop));
-            let runtime = tokio::runtime::Handle::current();
-            let coalesce = Duration::from_micros(config.udp_coalesce_us);
-            std::thread::Builder::new()
-                .name(format!("dns-udp-{i}"))
-                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let coalesce = Duration::from_micros(config.udp_coalesce_us);
+    let udp_threads = spawn_udp(sockets, &front, &stop, coalesce)?;
     let mut server = hickory_server::Server::new(Handler(Arc::clone(&front)));
     server.register_listener(
         tcp,
@@ -177,6 +166,27 @@ pub async fn run(
         t.abort();
     }
     Ok(())
+}
+
+/// A thread answering UDP on each of `sockets` until `stop` is set (`udp::serve`).
+fn spawn_udp(
+    sockets: Vec<Arc<std::net::UdpSocket>>,
+    front: &Arc<Front>,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    coalesce: Duration,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let handler = Arc::new(Handler(Arc::clone(front)));
+    sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let (handler, stop) = (Arc::clone(&handler), Arc::clone(stop));
+            let runtime = tokio::runtime::Handle::current();
+            std::thread::Builder::new()
+                .name(format!("dns-udp-{i}"))
+                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce))
+        })
+        .collect()
 }
 
 /// How many ports `listen` port 0 tries: each is one the kernel found free for TCP, so it is
@@ -529,25 +539,7 @@ async fn follow(
                 // Not above the map in use (a mapper restarted on its stored map, a standby
                 // of an older epoch): the map in use keeps answering.
                 let held = following.in_use().key();
-                if full && last && held.is_some_and(|(e, _)| epoch < e) {
-                    // An identity that went backwards: an older replica, or a mapper that
-                    // lost its store with its clock behind (a new store's epoch is its
-                    // clock's, above any before).
-                    tracing::warn!(
-                        mapper = %link.url,
-                        epoch,
-                        version,
-                        ?held,
-                        "the mapper's map is of an older epoch than the map in use: it is not \
-                         applied, and this front end keeps answering from the map in use until \
-                         that mapper's identity passes it (restart this front end to follow \
-                         that mapper at once)"
-                    );
-                } else if full && last {
-                    tracing::info!(mapper = %link.url, epoch, version, ?held, "an older map was not applied");
-                } else {
-                    tracing::debug!(mapper = %link.url, epoch, version, ?held, "an update not above the map in use was passed over");
-                }
+                log_passed(&link.url, (epoch, version), full && last, held);
                 continue;
             }
             Err(e) => anyhow::bail!("update to version {version} of epoch {epoch}: {e}"),
@@ -573,6 +565,29 @@ async fn follow(
         }
     }
     Ok(())
+}
+
+/// Says why update `(epoch, version)` from mapper `url` was passed over, `held` in use:
+/// `whole` when it ends a full map.
+fn log_passed(url: &str, (epoch, version): (u64, u64), whole: bool, held: Option<(u64, u64)>) {
+    if whole && held.is_some_and(|(e, _)| epoch < e) {
+        // An identity that went backwards: an older replica, or a mapper that lost its store
+        // with its clock behind (a new store's epoch is its clock's, above any before).
+        tracing::warn!(
+            mapper = %url,
+            epoch,
+            version,
+            ?held,
+            "the mapper's map is of an older epoch than the map in use: it is not \
+             applied, and this front end keeps answering from the map in use until \
+             that mapper's identity passes it (restart this front end to follow \
+             that mapper at once)"
+        );
+    } else if whole {
+        tracing::info!(mapper = %url, epoch, version, ?held, "an older map was not applied");
+    } else {
+        tracing::debug!(mapper = %url, epoch, version, ?held, "an update not above the map in use was passed over");
+    }
 }
 
 /// Every `report_secs`: the period's demand to the mappers, and bounded-loads selectors

@@ -319,7 +319,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
                     *h = key_hash_of(q.name, &mut scratch.key);
                 }
             }
-            let demand = front.demand.block(&view.resolver);
+            let demand = front.demand.block(view.resolver);
             for a in &answers {
                 demand.prefetch(a);
             }
