@@ -19,14 +19,15 @@ use std::time::{Duration, Instant};
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_BATCH_QUERIES;
-use cdnmap_serve::resolve::Route;
+use cdnmap_serve::answer::{self, Decision, Query, View, Zones};
 use cdnmap_serve::resolve::MAX_QNAME_LEN;
+use cdnmap_serve::watch::Bypass;
 use ipnet::IpNet;
 use tokio::sync::broadcast;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::service::{invalid, Published, Shared, MAX_ANSWER_ADDRESSES};
+use crate::service::{invalid, Published, Shared};
 use crate::watch::EdgeParts;
 use cdnmap_engine::round::Snapshot;
 
@@ -76,8 +77,12 @@ impl MappingService {
     fn resolve_one(&self, q: pb::ResolveRequest) -> Result<pb::ResolveResponse, Status> {
         let client = client_of(&q, None)?;
         let p = self.published()?;
-        let answer = p.snapshot.resolver.resolve(client, &q.qname);
-        Ok(self.to_pb(&p, q.qtype, &answer, &q.qname))
+        let bypass = self.0.config.bypass_pairs();
+        let view = answer_view(&p, &bypass);
+        let query = Query::resolve(&q.qname, q.qtype, client);
+        let (mut key, mut addrs) = (String::new(), Vec::new());
+        let d = answer::decide(&Zones::default(), Some(&view), &query, &mut key, &mut addrs);
+        Ok(self.to_pb(&p, &d, &addrs))
     }
 
     fn resolve_many(
@@ -97,19 +102,17 @@ impl MappingService {
             .map(|(i, q)| client_of(q, Some(i)))
             .collect::<Result<Vec<_>, _>>()?;
         let p = self.published()?;
-        let s = &p.snapshot;
-        let pairs: Vec<(IpNet, &str)> = clients
+        let bypass = self.0.config.bypass_pairs();
+        let view = answer_view(&p, &bypass);
+        let queries: Vec<Query<'_>> = clients
             .iter()
             .zip(&batch.queries)
-            .map(|(&c, q)| (c, q.qname.as_str()))
+            .map(|(&c, q)| Query::resolve(&q.qname, q.qtype, c))
             .collect();
-        let mut answers = Vec::with_capacity(pairs.len());
-        s.resolver.resolve_batch(&pairs, &mut answers);
-        let out = answers
-            .iter()
-            .zip(&batch.queries)
-            .map(|(a, q)| self.to_pb(&p, q.qtype, a, &q.qname))
-            .collect();
+        let mut out = Vec::with_capacity(queries.len());
+        answer::decide_each(&Zones::default(), &view, &queries, |_, d, addrs| {
+            out.push(self.to_pb(&p, d, addrs));
+        });
         Ok(pb::ResolveBatchResponse { answers: out })
     }
 
@@ -121,109 +124,60 @@ impl MappingService {
             .ok_or_else(|| Status::unavailable("no map yet: the first round has not finished"))
     }
 
-    fn to_pb(
-        &self,
-        p: &Published,
-        qtype: u32,
-        answer: &cdnmap_serve::resolve::Answer,
-        qname: &str,
-    ) -> pb::ResolveResponse {
+    /// The decision `d` (its addresses `addrs`) as Resolve's answer.
+    fn to_pb(&self, p: &Published, d: &Decision<'_>, addrs: &[IpAddr]) -> pb::ResolveResponse {
         let s = &p.snapshot;
-        // A name no hostname rule names is NXDOMAIN, as the DNS front end answers it.
-        if s.resolver.rules().rule_class(qname).is_none() {
-            return pb::ResolveResponse {
-                ttl_seconds: self.0.config.ttl_secs,
-                map_version: s.version,
-                map_epoch: s.epoch,
-                rcode: RCODE_NXDOMAIN,
-                ..pb::ResolveResponse::default()
-            };
-        }
-        let clusters = s.topology.clusters();
-        let want_v6 = qtype == 28;
-        let mut addresses = Vec::new();
-        let mut cluster_ids = Vec::new();
-        let class_name = &s.topology.classes()[usize::from(answer.class)].name;
-        // The class's last resort, for a unit whose every candidate is full or down.
-        let bypass = answer
-            .route
-            .bypassed()
-            .then(|| self.0.config.bypass.get(class_name))
-            .flatten()
-            .and_then(|b| b.bypass().ok());
-        if let Some(b) = bypass {
-            use cdnmap_serve::watch::Bypass;
-            let (addresses, cname) = match b {
-                Bypass::Cname(name) => (Vec::new(), name),
-                Bypass::Addresses(all) => (
-                    all.iter()
-                        .filter(|a| a.is_ipv6() == want_v6 && (qtype == 1 || want_v6))
-                        .map(|a| a.to_string())
-                        .collect(),
-                    String::new(),
-                ),
-            };
-            return pb::ResolveResponse {
-                addresses,
-                ttl_seconds: self.0.config.ttl_secs,
-                scope_prefix_len: u32::from(answer.scope_prefix_len),
-                map_version: s.version,
-                map_epoch: s.epoch,
-                map_unit: answer
-                    .unit
-                    .map_or(String::new(), |u| s.topology.unit_id(u).to_string()),
-                traffic_class: class_name.clone(),
-                route: Route::Bypass.as_str().into(),
-                cname,
-                ..pb::ResolveResponse::default()
-            };
-        }
-        if qtype == 1 || want_v6 {
-            match &p.servers {
-                // The selectors' servers for the hostname.
-                Some(servers) => {
-                    let (mut key, mut picked) = (String::new(), Vec::new());
-                    servers.answer(answer, qname, want_v6, &mut key, &mut picked);
-                    addresses.extend(picked.iter().map(|a| a.to_string()));
-                }
-                // No selectors for this version: every address of both clusters.
-                None => {
-                    for c in [answer.primary, answer.secondary].into_iter().flatten() {
-                        addresses.extend(
-                            s.topology
-                                .cluster_addresses(c)
-                                .iter()
-                                .filter(|a| a.is_ipv6() == want_v6)
-                                .map(|a| a.to_string()),
-                        );
-                    }
-                }
-            }
-            for c in [answer.primary, answer.secondary].into_iter().flatten() {
-                cluster_ids.push(clusters[c as usize].id.clone());
-            }
-        }
-        addresses.truncate(MAX_ANSWER_ADDRESSES);
-        pb::ResolveResponse {
-            addresses,
+        let base = pb::ResolveResponse {
             ttl_seconds: self.0.config.ttl_secs,
-            scope_prefix_len: u32::from(answer.scope_prefix_len),
-            cluster_ids,
             map_version: s.version,
             map_epoch: s.epoch,
-            map_unit: answer
+            rcode: u32::from(d.rcode.code()),
+            ..pb::ResolveResponse::default()
+        };
+        // No map answer: a name no hostname rule names (NXDOMAIN, as the front end answers).
+        let Some(m) = d.mapped else {
+            return base;
+        };
+        let a = &m.answer;
+        let clusters = s.topology.clusters();
+        // The clusters an answer from the map names, to A and AAAA queries.
+        let cluster_ids = if m.bypass.is_none() && m.asks_addresses {
+            [a.primary, a.secondary]
+                .into_iter()
+                .flatten()
+                .map(|c| clusters[c as usize].id.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        pb::ResolveResponse {
+            addresses: addrs.iter().map(IpAddr::to_string).collect(),
+            scope_prefix_len: u32::from(a.scope_prefix_len),
+            cluster_ids,
+            map_unit: a
                 .unit
                 .map_or(String::new(), |u| s.topology.unit_id(u).to_string()),
-            traffic_class: s.topology.classes()[usize::from(answer.class)].name.clone(),
-            rcode: 0,
-            route: answer.route.as_str().into(),
-            cname: String::new(),
+            traffic_class: s.topology.classes()[usize::from(a.class)].name.clone(),
+            route: m.route.as_str().into(),
+            cname: match m.bypass {
+                Some(Bypass::Cname(target)) => target.clone(),
+                _ => String::new(),
+            },
+            ..base
         }
     }
 }
 
-/// The RCODE of a name no hostname rule names (RFC 1035 §4.1.1).
-const RCODE_NXDOMAIN: u32 = 3;
+/// What Resolve decides from: the published map and selectors, the classes' last resorts
+/// (`bypass`, from the configuration as WatchMap sends them).
+fn answer_view<'v>(p: &'v Published, bypass: &'v [(String, Bypass)]) -> View<'v> {
+    View {
+        resolver: &p.snapshot.resolver,
+        servers: p.servers.as_ref(),
+        bypass,
+        bounded: false,
+    }
+}
 
 /// Counts an RPC by method and outcome, and times it.
 fn record_rpc<T>(method: &'static str, started: Instant, result: &Result<T, Status>) {
@@ -779,5 +733,177 @@ pub(crate) mod tests {
             "{} versions seen while publishing",
             seen.len()
         );
+    }
+
+    /// A mapper whose classes web and video have a last resort (a CNAME, addresses) and
+    /// three of whose four clusters are down, after its first round.
+    async fn mapper_with_last_resorts(dir: &std::path::Path) -> Arc<Shared> {
+        let mut config = Config {
+            data_dir: dir.join("data"),
+            ..Config::default()
+        };
+        let bypass =
+            |cname: Option<&str>, addresses: Option<&[&str]>| crate::config::BypassConfig {
+                cname: cname.map(str::to_string),
+                addresses: addresses.map(|a| a.iter().map(|a| a.to_string()).collect()),
+            };
+        config
+            .bypass
+            .insert("web".into(), bypass(Some("web.partner.test."), None));
+        config.bypass.insert(
+            "video".into(),
+            bypass(None, Some(&["192.0.2.99", "2001:db8::99"])),
+        );
+        let shared = Shared::start(config, || Ok(instance())).expect("start");
+        // Three clusters of four down: the units of those alone overflow or are down.
+        for c in ["c0", "c1", "c2"] {
+            let actor = crate::topology::Actor::new(Some("test"), None, "test");
+            shared
+                .set_cluster_state(c, ClusterState::Down, "", actor)
+                .await
+                .expect("state");
+        }
+        shared.run_round().await;
+        shared
+    }
+
+    /// The DNS front end's copy of `service`'s map, followed over WatchMap.
+    async fn front_end_view(service: &MappingService) -> cdnmap_dns::local::LocalView {
+        use cdnmap_serve::watch::{Applied, Follower};
+        use tokio_stream::StreamExt;
+        let mut stream = service
+            .watch_map(Request::new(pb::WatchMapRequest::default()))
+            .await
+            .expect("WatchMap")
+            .into_inner();
+        let mut follower = Follower::default();
+        loop {
+            let update = stream.next().await.expect("a message").expect("an update");
+            if follower.apply(update).expect("applies") == Applied::New {
+                break;
+            }
+        }
+        cdnmap_dns::local::LocalView::build(follower.held().expect("held"), &[], None)
+            .expect("view")
+    }
+
+    /// What Resolve answers when `cdnmap_serve::answer` decides `d` (addresses `addrs`) from
+    /// `front`, field by field; the routes it takes go into `routes`.
+    fn resolve_response_of(
+        front: &cdnmap_dns::local::LocalView,
+        d: &Decision<'_>,
+        addrs: &[IpAddr],
+        ttl_seconds: u32,
+        routes: &mut std::collections::BTreeSet<String>,
+    ) -> pb::ResolveResponse {
+        let map = front.resolver.map();
+        let mut want = pb::ResolveResponse {
+            ttl_seconds,
+            map_version: front.version,
+            map_epoch: front.epoch,
+            rcode: u32::from(d.rcode.code()),
+            ..pb::ResolveResponse::default()
+        };
+        let Some(m) = d.mapped else {
+            return want;
+        };
+        let a = m.answer;
+        want.addresses = addrs.iter().map(|a| a.to_string()).collect();
+        want.scope_prefix_len = u32::from(a.scope_prefix_len);
+        if m.asks_addresses && m.bypass.is_none() {
+            want.cluster_ids = [a.primary, a.secondary]
+                .into_iter()
+                .flatten()
+                .map(|c| map.clusters()[c as usize].id.clone())
+                .collect();
+        }
+        want.map_unit = a.unit.map_or(String::new(), |u| map.unit_id(u).into());
+        want.traffic_class = map.classes()[usize::from(a.class)].to_string();
+        want.route = m.route.as_str().into();
+        match m.bypass {
+            Some(Bypass::Cname(target)) => {
+                want.cname = target.clone();
+                routes.insert("bypass to a CNAME".into());
+            }
+            Some(Bypass::Addresses(_)) if !addrs.is_empty() => {
+                routes.insert("bypass to addresses".into());
+            }
+            _ => {}
+        }
+        routes.insert(want.route.clone());
+        want
+    }
+
+    /// Resolve's answers are the decision the DNS front end makes: over a table of queries
+    /// (names in and out of the hostname rules, A, AAAA and other types, client subnets of
+    /// both families, resolver addresses alone, units mapped and unmatched, units whose every
+    /// candidate is down going to their class's last resort: a CNAME or addresses), Resolve's
+    /// protobuf says what `cdnmap_serve::answer` decides from the front end's own copy of the
+    /// map (followed over WatchMap), field by field.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resolve_says_what_the_front_ends_decision_says() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = mapper_with_last_resorts(dir.path()).await;
+        let service = MappingService::new(Arc::clone(&shared));
+        let front = front_end_view(&service).await;
+        let view = front.answer_view(front.servers());
+        let names = [
+            "www.cdn.example.",
+            "A.Video.Cdn.Example",
+            "b.apps.cdn.example.",
+            "nx.nowhere.test.",
+        ];
+        let clients: Vec<(String, String)> = (0..60)
+            .step_by(7)
+            .map(|u| (format!("10.0.{u}.7/32"), String::new()))
+            .chain([
+                ("10.0.9.0/24".into(), String::new()),
+                ("192.0.2.0/24".into(), String::new()),
+                ("2001:db8::/48".into(), String::new()),
+                (String::new(), "10.0.4.9".into()),
+                (String::new(), "2001:db8::53".into()),
+            ])
+            .collect();
+        let (mut routes, mut rcodes) = (
+            std::collections::BTreeSet::new(),
+            std::collections::BTreeSet::new(),
+        );
+        for (subnet, resolver) in &clients {
+            for name in names {
+                for qtype in [1, 28, 16, 255, 252] {
+                    let q = pb::ResolveRequest {
+                        client_subnet: subnet.clone(),
+                        resolver_ip: resolver.clone(),
+                        qname: name.into(),
+                        qtype,
+                    };
+                    let what = format!("{q:?}");
+                    let got = service
+                        .resolve(Request::new(q.clone()))
+                        .await
+                        .expect("Resolve")
+                        .into_inner();
+                    let client = client_of(&q, None).expect("a client");
+                    let query = Query::resolve(name, qtype, client);
+                    let (mut key, mut addrs) = (String::new(), Vec::new());
+                    let zones = Zones::default();
+                    let d = answer::decide(&zones, Some(&view), &query, &mut key, &mut addrs);
+                    let want =
+                        resolve_response_of(&front, &d, &addrs, got.ttl_seconds, &mut routes);
+                    rcodes.insert(want.rcode);
+                    assert_eq!(got, want, "{what}");
+                }
+            }
+        }
+        for route in [
+            "mapped",
+            "unmatched",
+            "bypass",
+            "bypass to a CNAME",
+            "bypass to addresses",
+        ] {
+            assert!(routes.contains(route), "no {route} among {routes:?}");
+        }
+        assert_eq!(rcodes, [0, 3].into(), "NOERROR and NXDOMAIN");
     }
 }

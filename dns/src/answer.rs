@@ -1,21 +1,18 @@
 //! Answering one DNS query from the local map (hickory's `RequestHandler`).
 //!
-//! - Names outside every configured zone: REFUSED.
-//! - The apex: SOA and NS; other types there: NOERROR with no answers and the SOA.
-//! - Names below the apex that a hostname rule names: A/AAAA from the map (the client subnet of
-//!   the query's EDNS Client Subnet option, else the resolver's address), the ECS option echoed
-//!   with the answer's scope (`Answer::scope_prefix_len`: the addresses it holds for); other types: NOERROR, no
-//!   answers, the SOA. Names no rule names: NXDOMAIN with the SOA.
-//! - No map yet: SERVFAIL. Anything but a standard query: NOTIMP; not exactly one question:
-//!   FORMERR.
+//! What a query is answered with is decided by `cdnmap_serve::answer` (the one decision the
+//! fast path, `crate::wire`, and the mapper's `Resolve` make too): REFUSED outside the zones,
+//! SOA and NS at an apex, NXDOMAIN for names no hostname rule names, A/AAAA from the map (the
+//! client subnet of the query's EDNS Client Subnet option, else the resolver's address) with
+//! the ECS option echoed with the answer's scope, NODATA with the SOA for other types,
+//! SERVFAIL before the first map (its module docs have the whole order). Here the query is
+//! read out of hickory's `Request` (`read`), the decision encoded as hickory's records
+//! (`reply`), its demand and outcome counted, and the reply sent. Before the decision,
+//! anything but a standard query is NOTIMP and not exactly one question FORMERR.
 //!
 //! Truncation is hickory's: a UDP response larger than the smaller of the client's EDNS buffer
 //! and `max_udp_payload` (512 bytes without EDNS) is cut with TC set, and the client asks again
 //! over TCP.
-//!
-//! `decide` makes the `Decision` from the parsed query and the view alone (no socket, no
-//! `ResponseHandler`: unit tested below); the handler counts its demand and outcome, and
-//! `send` encodes it with hickory.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -31,27 +28,54 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
 
+use cdnmap_serve::answer::{self, Authority, Decision, Ecs, Place, QType, Rcode, Records};
 use cdnmap_serve::resolve::Route;
-use cdnmap_serve::watch::Bypass;
+use cdnmap_serve::servers::Servers;
 
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
-use super::local::LocalView;
+use super::local::{Live, LocalView};
 
 /// SOA timers (seconds): refresh, retry, expire, minimum (the negative-caching TTL).
 const SOA_TIMERS: (i32, i32, i32, u32) = (3600, 600, 86_400, 60);
 
-/// A served zone, with its apex records made once.
-pub struct Zone {
-    pub apex: LowerName,
-    /// The apex as text, lower case with the final dot (the fast path's `crate::wire`).
-    pub apex_text: String,
+/// The served zones: where names fall among them (`cdnmap_serve::answer::Zones`, in the
+/// configuration's order) and each one's apex records, made once.
+pub struct Zones {
+    pub names: answer::Zones,
+    records: Vec<ApexRecords>,
+}
+
+/// A zone's SOA and NS records.
+struct ApexRecords {
     soa: Record,
     ns: Vec<Record>,
 }
 
-impl Zone {
-    pub fn new(z: &ZoneConfig, serial: u32, ttl: u32) -> Zone {
+impl Zones {
+    pub fn new(zones: &[ZoneConfig], serial: u32, ttl: u32) -> Zones {
+        let records = zones
+            .iter()
+            .map(|z| ApexRecords::new(z, serial, ttl))
+            .collect();
+        let names = answer::Zones::new(zones.iter().map(|z| z.apex.iter()));
+        Zones { names, records }
+    }
+
+    /// Zone `z`'s SOA record, as a section.
+    fn soa(&self, z: Option<usize>) -> &[Record] {
+        z.and_then(|z| self.records.get(z))
+            .map_or(&[], |r| std::slice::from_ref(&r.soa))
+    }
+
+    /// Zone `z`'s NS records.
+    fn ns(&self, z: Option<usize>) -> &[Record] {
+        z.and_then(|z| self.records.get(z)).map_or(&[], |r| &r.ns)
+    }
+}
+
+impl ApexRecords {
+    fn new(z: &ZoneConfig, serial: u32, ttl: u32) -> ApexRecords {
         let apex: Name = z.apex.clone();
         let soa = Record::from_rdata(
             apex.clone(),
@@ -71,13 +95,7 @@ impl Zone {
             .iter()
             .map(|n| Record::from_rdata(apex.clone(), ttl.max(3600), RData::NS(NS(n.clone()))))
             .collect();
-        let apex = LowerName::new(&apex);
-        Zone {
-            apex_text: apex.to_string(),
-            apex,
-            soa,
-            ns,
-        }
+        ApexRecords { soa, ns }
     }
 }
 
@@ -129,16 +147,27 @@ impl Counters {
     pub(crate) fn route(&self, r: Route) -> &metrics::Counter {
         &self.routes[r as usize]
     }
+
+    /// The `cdnmap_dns_queries_total` counter a decision counts in.
+    fn outcome(&self, d: &Decision<'_>) -> &metrics::Counter {
+        match (d.rcode, d.records) {
+            (Rcode::Refused, _) => &self.refused,
+            (Rcode::FormErr, _) => &self.formerr,
+            (Rcode::ServFail, _) => &self.servfail,
+            (Rcode::NxDomain, _) => &self.nxdomain,
+            (Rcode::BadVers, _) => &self.badvers,
+            (Rcode::NoError, Records::None) => &self.nodata,
+            (Rcode::NoError, _) => &self.answer,
+        }
+    }
 }
 
 /// What the handler reads: the zones, the published view, the counters.
 pub struct Front {
-    pub zones: Vec<Zone>,
-    pub view: ArcSwapOption<LocalView>,
-    /// Selectors rebuilt each report period over the hostnames seen (bounded loads), for the
-    /// view identity (epoch, version) they were built for: a version number alone recurs in
-    /// another epoch (another mapper's, or a restarted one's), with other clusters.
-    pub servers: ArcSwapOption<((u64, u64), cdnmap_serve::servers::Servers)>,
+    pub zones: Zones,
+    /// The view answered from and the selectors answering with it, swapped as one
+    /// ([`Front::put_view`], [`Front::put_rebuilt`]).
+    pub live: ArcSwapOption<Live>,
     pub ttl: u32,
     pub max_udp_payload: u16,
     pub demand: DemandCounter,
@@ -147,6 +176,49 @@ pub struct Front {
     /// Where the current demand report period began.
     pub period_start_unix_ms: std::sync::atomic::AtomicI64,
     pub counters: Counters,
+}
+
+impl Front {
+    /// A front end with no map yet.
+    pub fn new(zones: Zones, ttl: u32, max_udp_payload: u16, period_start_unix_ms: i64) -> Front {
+        Front {
+            zones,
+            live: ArcSwapOption::empty(),
+            ttl,
+            max_udp_payload,
+            demand: DemandCounter::default(),
+            hot_hosts: arc_swap::ArcSwap::default(),
+            period_start_unix_ms: std::sync::atomic::AtomicI64::new(period_start_unix_ms),
+            counters: Counters::register(),
+        }
+    }
+
+    /// Answers from `view` from now on, with the selectors built with it.
+    pub fn put_view(&self, view: LocalView) {
+        self.live.store(Some(Arc::new(Live::new(Arc::new(view)))));
+    }
+
+    /// The view answered from, if any.
+    pub fn view(&self) -> Option<Arc<LocalView>> {
+        self.live.load().as_ref().map(|l| Arc::clone(&l.view))
+    }
+
+    /// Answers with `servers` (rebuilt over the last period's hostnames for bounded loads)
+    /// when `view` is still the one answered from; says whether it did. A view put in use
+    /// meanwhile keeps its own selectors: selectors are never used with a view they were not
+    /// built for (another version, or the same version number of another epoch).
+    pub fn put_rebuilt(&self, view: &Arc<LocalView>, servers: Servers) -> bool {
+        let current = self.live.load();
+        if !current.as_ref().is_some_and(|l| Arc::ptr_eq(&l.view, view)) {
+            return false;
+        }
+        let next = Live::rebuilt(Arc::clone(view), servers);
+        let before = self.live.compare_and_swap(&current, Some(Arc::new(next)));
+        match (before.as_ref(), current.as_ref()) {
+            (Some(b), Some(c)) => Arc::ptr_eq(b, c),
+            _ => false,
+        }
+    }
 }
 
 /// hickory's handler over a shared [`Front`].
@@ -182,7 +254,8 @@ impl RequestHandler for Handler {
                 .send_response(builder.build_no_records(send(ResponseCode::FormErr)))
                 .await
         } else {
-            answer(front, request, response.clone()).await
+            let reply = decide_and_count(front, request);
+            send_reply(request, response.clone(), &reply).await
         };
         match result {
             Ok(info) => info,
@@ -226,8 +299,8 @@ fn client_subnet(edns: Option<&Edns>, octets_ok: bool) -> Result<Option<ClientSu
 /// keep it and do not ask again; 3789 s is the RFC's own example).
 const ANY_HINFO_TTL: u32 = 3789;
 
-/// The parsed query a decision reads.
-struct Query<'q> {
+/// The parsed query, as hickory's `Request` holds it.
+struct Parsed<'q> {
     pub name: &'q LowerName,
     pub class: DNSClass,
     pub qtype: RecordType,
@@ -239,27 +312,20 @@ struct Query<'q> {
     pub src: IpAddr,
 }
 
-/// What a decision reads besides the query and the view: the zones, the selectors rebuilt for
-/// bounded loads, the answers' TTL and our UDP buffer size.
+/// What a reply is encoded with besides the decision: the zones' records, the answers' TTL
+/// and our UDP buffer size.
 struct Source<'a> {
-    pub zones: &'a [Zone],
-    pub rebuilt: &'a ArcSwapOption<((u64, u64), cdnmap_serve::servers::Servers)>,
+    pub zones: &'a Zones,
     pub ttl: u32,
     pub max_udp_payload: u16,
 }
 
-/// A query counted as demand: its client and the resolver's answer (the matched unit's slot,
-/// prefix length and class).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Demand {
-    pub client: IpNet,
-    pub answer: cdnmap_serve::resolve::Answer,
-}
-
-/// An authoritative response: NOERROR (with records, or NODATA) or NXDOMAIN.
+/// A decision in hickory's records.
 #[derive(Debug)]
-struct Answer<'a> {
+struct Reply<'a> {
     pub code: ResponseCode,
+    /// Bare (REFUSED, FORMERR, SERVFAIL): no records, no OPT record, not authoritative.
+    pub bare: bool,
     pub records: Vec<Record>,
     /// The authority section's NS records (with the apex SOA).
     pub ns: &'a [Record],
@@ -267,214 +333,144 @@ struct Answer<'a> {
     pub soa: &'a [Record],
     /// The response's OPT record (when the query had one), with the ECS option echoed.
     pub edns: Option<Edns>,
-    /// What to count as demand for the matched unit.
-    pub demand: Option<Demand>,
-    /// Count the query's hostname (some cluster selects with bounded loads).
-    pub count_host: bool,
-    /// Why the map's answer names its clusters (`None`: no map answer).
-    pub route: Option<Route>,
 }
 
-/// What to answer one query with, decided without sockets or hickory's `ResponseHandler`.
-#[derive(Debug)]
-enum Decision<'a> {
-    /// No records, no OPT record, not authoritative: REFUSED (outside the zones, or not class
-    /// IN), FORMERR (a malformed ECS option), SERVFAIL (no map yet).
-    Bare(ResponseCode),
-    Answer(Answer<'a>),
-}
-
-impl Decision<'_> {
-    /// The `cdnmap_dns_queries_total` counter this outcome counts in.
-    fn counter<'c>(&self, c: &'c Counters) -> &'c metrics::Counter {
-        match self {
-            Decision::Bare(ResponseCode::Refused) => &c.refused,
-            Decision::Bare(ResponseCode::FormErr) => &c.formerr,
-            Decision::Bare(_) => &c.servfail,
-            Decision::Answer(a) if a.code == ResponseCode::NXDomain => &c.nxdomain,
-            Decision::Answer(a) if a.code == ResponseCode::BADVERS => &c.badvers,
-            Decision::Answer(a) if a.records.is_empty() => &c.nodata,
-            Decision::Answer(_) => &c.answer,
-        }
+/// The place of hickory's name among the zones, from its labels.
+fn place(zones: &answer::Zones, name: &LowerName) -> Place {
+    // A name has at most 127 labels (255 bytes).
+    let mut labels: [&[u8]; 128] = [&[]; 128];
+    let mut n = 0;
+    for (slot, label) in labels.iter_mut().zip(name.iter()) {
+        *slot = label;
+        n += 1;
     }
+    zones.place(n, labels[..n].iter().copied())
 }
 
-/// The decision for `q` from the view held (`None` before the first map); the query's name is
-/// left in `scratch.qname` for counting.
-fn decide<'a>(
+/// The decision for `q` from `live` (`None` before the first map), and its reply; the query's
+/// name is left in `scratch.qname`, the addresses answered in `scratch.addrs`.
+fn decide<'a, 'v>(
     src: &Source<'a>,
-    view: Option<&LocalView>,
-    q: &Query<'_>,
+    live: Option<&'v Live>,
+    q: &Parsed<'_>,
     scratch: &mut Scratch,
-) -> Decision<'a> {
+) -> (Decision<'v>, Reply<'a>) {
+    let subnet = client_subnet(q.edns, q.ecs_octets_ok);
+    let ecs = match subnet {
+        Err(()) => Ecs::Malformed,
+        Ok(None) => Ecs::Absent,
+        Ok(Some(s)) => Ecs::Subnet {
+            addr: s.addr(),
+            source: s.source_prefix(),
+        },
+    };
+    let Scratch { qname, key, addrs } = scratch;
+    qname.clear();
+    let _ = write!(qname, "{}", q.name);
+    let query = answer::Query {
+        name: qname,
+        place: place(&src.zones.names, q.name),
+        class_in: q.class == DNSClass::IN,
+        qtype: QType::of(u16::from(q.qtype)),
+        edns_version: q.edns.map(Edns::version),
+        ecs,
+        client: ecs.client(q.src),
+    };
+    let view = live.map(Live::view);
+    let decision = answer::decide(&src.zones.names, view.as_ref(), &query, key, addrs);
+    let reply = reply(src, q, &decision, addrs, subnet.ok().flatten());
+    (decision, reply)
+}
+
+/// `d` in hickory's records: the answer section's (`addrs`, the addresses decided), the
+/// authority section's and the OPT record (the query's ECS option `ecs` echoed).
+fn reply<'a>(
+    src: &Source<'a>,
+    q: &Parsed<'_>,
+    d: &Decision<'_>,
+    addrs: &[IpAddr],
+    ecs: Option<ClientSubnet>,
+) -> Reply<'a> {
+    let code = match d.rcode {
+        Rcode::NoError => ResponseCode::NoError,
+        Rcode::FormErr => ResponseCode::FormErr,
+        Rcode::ServFail => ResponseCode::ServFail,
+        Rcode::NxDomain => ResponseCode::NXDomain,
+        Rcode::Refused => ResponseCode::Refused,
+        Rcode::BadVers => ResponseCode::BADVERS,
+    };
+    let bare = d.rcode.is_bare();
     // The response's OPT record: our buffer size, and the ECS option echoed with its scope.
-    let edns = q.edns.map(|req| {
+    let mut edns = q.edns.filter(|_| !bare).map(|req| {
         let mut e = Edns::new();
         e.set_max_payload(req.max_payload().clamp(512, src.max_udp_payload));
         e.set_version(0);
         e
     });
-    let mut answer = Answer {
-        code: ResponseCode::NoError,
-        records: Vec::new(),
-        ns: &[],
-        soa: &[],
-        edns,
-        demand: None,
-        route: None,
-        count_host: false,
-    };
-    // RFC 6891 §6.1.3: an EDNS version we do not implement (we implement 0) is answered
-    // BADVERS, with our OPT record saying version 0, before anything else is looked at.
-    if q.edns.is_some_and(|e| e.version() > 0) {
-        answer.code = ResponseCode::BADVERS; // its high bits go in the OPT record (hickory)
-        return Decision::Answer(answer);
-    }
-    let Some(zone) = src.zones.iter().find(|z| z.apex.zone_of(q.name)) else {
-        return Decision::Bare(ResponseCode::Refused);
-    };
-    if q.class != DNSClass::IN {
-        return Decision::Bare(ResponseCode::Refused);
-    }
-    // Zone transfers are not offered (RFC 5936 §2.2.1: a server may refuse a transfer; the
-    // map changes every round, and its zone is synthesized per client).
-    if matches!(q.qtype, RecordType::AXFR | RecordType::IXFR) {
-        return Decision::Bare(ResponseCode::Refused);
-    }
-    let Ok(ecs) = client_subnet(q.edns, q.ecs_octets_ok) else {
-        return Decision::Bare(ResponseCode::FormErr);
-    };
-    let soa = std::slice::from_ref(&zone.soa);
-    let any = |answer: &mut Answer<'_>| {
-        // RFC 8482 §4.2: ANY gets one synthesized HINFO record, not every RRset.
-        let hinfo = HINFO::new("RFC8482".to_string(), String::new());
-        let owner: Name = q.name.into();
-        answer.records.push(Record::from_rdata(
-            owner,
-            ANY_HINFO_TTL,
-            RData::HINFO(hinfo),
-        ));
-    };
-    if zone.apex == *q.name {
-        match q.qtype {
-            RecordType::ANY => any(&mut answer),
-            RecordType::SOA => {
-                answer.records.push(zone.soa.clone());
-                answer.ns = &zone.ns;
-            }
-            RecordType::NS => answer.records.extend(zone.ns.iter().cloned()),
-            _ => answer.soa = soa,
-        }
-        return Decision::Answer(answer);
-    }
-    let Some(view) = view else {
-        return Decision::Bare(ResponseCode::ServFail);
-    };
-    let Scratch { qname, key, addrs } = scratch;
-    qname.clear();
-    let _ = write!(qname, "{}", q.name);
-    if view.resolver.rules().rule_class(qname).is_none() {
-        answer.code = ResponseCode::NXDomain;
-        answer.soa = soa;
-        return Decision::Answer(answer);
-    }
-    let client = match &ecs {
-        Some(e) if e.source_prefix() > 0 => IpNet::new(e.addr(), e.source_prefix())
-            .map(|n| n.trunc())
-            .ok(),
-        _ => None,
-    }
-    .unwrap_or_else(|| IpNet::from(q.src));
-    let a = view.resolver.resolve(client, qname);
-    // A unit whose every candidate is full or down goes to its class's last resort, if any
-    // (a CNAME into the front end's own zones would loop: not taken).
-    let bypass = a
-        .route
-        .bypassed()
-        .then(|| view.bypass(a.class))
-        .flatten()
-        .filter(|b| match b {
-            Bypass::Cname(target) => !Name::from_ascii(target).is_ok_and(|t| {
-                let t = LowerName::from(&t);
-                src.zones.iter().any(|z| z.apex.zone_of(&t))
-            }),
-            Bypass::Addresses(_) => true,
-        });
-    // RFC 1034 §3.6.2: a name with a CNAME has no other data; every type gets the CNAME.
-    let cname = matches!(bypass, Some(Bypass::Cname(_)));
-    if q.qtype == RecordType::ANY && !cname {
-        any(&mut answer);
-        return Decision::Answer(answer);
-    }
-    if !matches!(q.qtype, RecordType::A | RecordType::AAAA) && !cname {
-        answer.soa = soa;
-        return Decision::Answer(answer);
-    }
-    let v6 = q.qtype == RecordType::AAAA;
-    let rebuilt = src.rebuilt.load();
-    let servers = match rebuilt.as_deref() {
-        Some((built_for, s)) if *built_for == (view.epoch, view.version) => Some(s),
-        _ => view.servers(),
-    };
-    addrs.clear();
-    let owner: Name = q.name.into();
-    match bypass {
-        Some(Bypass::Cname(target)) => {
-            if let Ok(target) = Name::from_ascii(target) {
-                answer.records.push(Record::from_rdata(
-                    owner.clone(),
-                    src.ttl,
-                    RData::CNAME(CNAME(target)),
-                ));
-            }
-        }
-        Some(Bypass::Addresses(all)) => {
-            addrs.extend(all.iter().copied().filter(|ip| ip.is_ipv6() == v6));
-        }
-        None => {
-            if let Some(servers) = servers {
-                servers.answer(&a, qname, v6, key, addrs);
-            }
-        }
-    }
-    for &ip in addrs.iter() {
-        let rdata = match ip {
-            IpAddr::V4(v4) => RData::A(A(v4)),
-            IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
-        };
-        answer
-            .records
-            .push(Record::from_rdata(owner.clone(), src.ttl, rdata));
-    }
-    if answer.records.is_empty() {
-        answer.soa = soa; // no server of the family: NODATA
-    }
-    if let (Some(e), Some(ecs)) = (answer.edns.as_mut(), &ecs) {
-        let mut echo = *ecs;
-        echo.set_scope_prefix(if ecs.source_prefix() == 0 {
-            0
-        } else {
-            a.scope_prefix_len
-        });
+    let scope = d.mapped.and_then(|m| m.ecs_scope);
+    if let (Some(e), Some(mut echo), Some(scope)) = (edns.as_mut(), ecs, scope) {
+        echo.set_scope_prefix(scope);
         e.options_mut().insert(EdnsOption::Subnet(echo));
     }
-    if a.unit.is_some() && matches!(q.qtype, RecordType::A | RecordType::AAAA) {
-        answer.demand = Some(Demand { client, answer: a });
+    let zones = src.zones;
+    Reply {
+        code,
+        bare,
+        records: records(src, q.name, d, addrs),
+        ns: match d.authority {
+            Authority::Ns => zones.ns(d.zone),
+            _ => &[],
+        },
+        soa: match d.authority {
+            Authority::Soa => zones.soa(d.zone),
+            _ => &[],
+        },
+        edns,
     }
-    answer.count_host = view.has_bounded && matches!(q.qtype, RecordType::A | RecordType::AAAA);
-    answer.route = Some(if bypass.is_some() {
-        Route::Bypass
-    } else {
-        a.route
-    });
-    Decision::Answer(answer)
+}
+
+/// The answer section of `d` for `name`.
+fn records(src: &Source<'_>, name: &LowerName, d: &Decision<'_>, addrs: &[IpAddr]) -> Vec<Record> {
+    let owner = || -> Name { name.into() };
+    match d.records {
+        Records::None => Vec::new(),
+        Records::Addresses => {
+            let owner = owner();
+            addrs
+                .iter()
+                .map(|&ip| {
+                    let rdata = match ip {
+                        IpAddr::V4(v4) => RData::A(A(v4)),
+                        IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+                    };
+                    Record::from_rdata(owner.clone(), src.ttl, rdata)
+                })
+                .collect()
+        }
+        // `cdnmap_serve::answer` answers only targets hickory takes.
+        Records::Cname(target) => Name::from_ascii(target)
+            .map(|t| Record::from_rdata(owner(), src.ttl, RData::CNAME(CNAME(t))))
+            .into_iter()
+            .collect(),
+        Records::Hinfo => {
+            // RFC 8482 §4.2: ANY gets one synthesized HINFO record, not every RRset.
+            let hinfo = HINFO::new("RFC8482".to_string(), String::new());
+            vec![Record::from_rdata(
+                owner(),
+                ANY_HINFO_TTL,
+                RData::HINFO(hinfo),
+            )]
+        }
+        Records::Soa => src.zones.soa(d.zone).to_vec(),
+        Records::Ns => src.zones.ns(d.zone).to_vec(),
+    }
 }
 
 /// Decides the request's (single) query from what `front` holds, counts its demand and its
-/// outcome.
-fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
+/// outcome, and gives the reply.
+fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
     let query = &request.queries.queries()[0];
-    let q = Query {
+    let q = Parsed {
         name: query.name(),
         class: query.query_class(),
         qtype: query.query_type(),
@@ -482,78 +478,60 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Decision<'f> {
         ecs_octets_ok: crate::wire::ecs_octets_ok(request.as_slice()),
         src: request.src().ip(),
     };
-    let guard = front.view.load();
-    let view = guard.as_deref();
+    let guard = front.live.load();
+    let live = guard.as_deref();
     let src = Source {
         zones: &front.zones,
-        rebuilt: &front.servers,
         ttl: front.ttl,
         max_udp_payload: front.max_udp_payload,
     };
-    let decision = SCRATCH.with_borrow_mut(|scratch| {
-        let decision = decide(&src, view, &q, scratch);
-        if let (Decision::Answer(a), Some(view)) = (&decision, view) {
-            if let Some(d) = a.demand {
-                front
-                    .demand
-                    .block(&view.resolver)
-                    .count(&d.client, &d.answer);
+    SCRATCH.with_borrow_mut(|scratch| {
+        let (decision, reply) = decide(&src, live, &q, scratch);
+        if let (Some(m), Some(live)) = (decision.mapped, live) {
+            if m.demand {
+                let block = front.demand.block(&live.view.resolver);
+                block.count(&m.client, &m.answer);
             }
-            if a.count_host {
+            if m.count_host {
                 front.demand.count_host(&scratch.qname);
             }
         }
-        decision
-    });
-    decision.counter(&front.counters).increment(1);
-    if let Decision::Answer(Answer {
-        route: Some(r),
-        records,
-        ..
-    }) = &decision
-    {
-        if !records.is_empty() {
-            front.counters.route(*r).increment(1);
+        front.counters.outcome(&decision).increment(1);
+        if let Some(r) = decision.routed() {
+            front.counters.route(r).increment(1);
         }
-    }
-    decision
+        reply
+    })
 }
 
-/// Encodes a decision with hickory and sends it.
-async fn send<R: ResponseHandler>(
+/// Encodes a reply with hickory and sends it.
+async fn send_reply<R: ResponseHandler>(
     request: &Request,
     mut response: R,
-    decision: &Decision<'_>,
+    reply: &Reply<'_>,
 ) -> Result<ResponseInfo, hickory_server::net::NetError> {
     let mut builder = MessageResponseBuilder::from_message_request(request);
-    match decision {
-        Decision::Bare(code) => {
-            let m = metadata(request, *code, false);
-            response.send_response(builder.build_no_records(m)).await
-        }
-        Decision::Answer(a) => {
-            // BADVERS says nothing of the zone's data: not authoritative.
-            let m = metadata(request, a.code, a.code != ResponseCode::BADVERS);
-            if let Some(e) = a.edns.as_ref() {
-                builder.edns(e);
-            }
-            let msg = builder.build(m, a.records.iter(), a.ns.iter(), a.soa.iter(), []);
-            response.send_response(msg).await
-        }
+    if reply.bare {
+        let m = metadata(request, reply.code, false);
+        return response.send_response(builder.build_no_records(m)).await;
     }
-}
-
-async fn answer<R: ResponseHandler>(
-    front: &Front,
-    request: &Request,
-    response: R,
-) -> Result<ResponseInfo, hickory_server::net::NetError> {
-    let decision = decide_and_count(front, request);
-    send(request, response, &decision).await
+    // BADVERS says nothing of the zone's data: not authoritative.
+    let m = metadata(request, reply.code, reply.code != ResponseCode::BADVERS);
+    if let Some(e) = reply.edns.as_ref() {
+        builder.edns(e);
+    }
+    let msg = builder.build(
+        m,
+        reply.records.iter(),
+        reply.ns.iter(),
+        reply.soa.iter(),
+        [],
+    );
+    response.send_response(msg).await
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::net::Ipv4Addr;
 
     use cdnmap_mapper::model::ClusterState;
@@ -584,23 +562,25 @@ mod tests {
         crate::local::test_view(&m, &[("*.video.example", "video")])
     }
 
-    fn zone() -> Zone {
+    /// The zone `example.` (name server `ns1.example.`), serial 1, TTL 20.
+    pub(crate) fn zones() -> Zones {
         let name = |s: &str| Name::from_ascii(s).expect("a name");
         let config = ZoneConfig {
             apex: name("example."),
             nameservers: vec![name("ns1.example.")],
             hostmaster: name("hostmaster.example."),
         };
-        Zone::new(&config, 1, 20)
+        Zones::new(&[config], 1, 20)
     }
 
-    /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any.
+    /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any,
+    /// and its reply.
     fn check(
-        view: Option<&LocalView>,
+        live: Option<&Live>,
         qname: &str,
         qtype: RecordType,
         ecs: Option<(&str, u8)>,
-        f: impl FnOnce(&Decision<'_>),
+        f: impl FnOnce(&Decision<'_>, &Reply<'_>),
     ) {
         let edns = ecs.map(|(addr, len)| {
             let mut e = Edns::new();
@@ -609,27 +589,25 @@ mod tests {
             e.options_mut().insert(EdnsOption::Subnet(subnet));
             e
         });
-        check_edns(view, qname, qtype, edns, f);
+        check_edns(live, qname, qtype, edns, f);
     }
 
     /// [`check`] with the query's OPT record `edns`.
     fn check_edns(
-        view: Option<&LocalView>,
+        live: Option<&Live>,
         qname: &str,
         qtype: RecordType,
         edns: Option<Edns>,
-        f: impl FnOnce(&Decision<'_>),
+        f: impl FnOnce(&Decision<'_>, &Reply<'_>),
     ) {
-        let zones = [zone()];
-        let rebuilt = ArcSwapOption::empty();
+        let zones = zones();
         let src = Source {
             zones: &zones,
-            rebuilt: &rebuilt,
             ttl: 20,
             max_udp_payload: 1232,
         };
         let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
-        let q = Query {
+        let q = Parsed {
             name: &name,
             class: DNSClass::IN,
             qtype,
@@ -637,66 +615,81 @@ mod tests {
             ecs_octets_ok: true,
             src: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)),
         };
-        f(&decide(&src, view, &q, &mut Scratch::default()));
+        let (d, reply) = decide(&src, live, &q, &mut Scratch::default());
+        f(&d, &reply);
     }
 
-    fn answer<'d>(d: &'d Decision<'_>) -> &'d Answer<'d> {
-        match d {
-            Decision::Answer(a) => a,
-            Decision::Bare(code) => panic!("a bare {code:?}, not an answer"),
-        }
+    fn live(view: LocalView) -> Live {
+        Live::new(Arc::new(view))
     }
 
-    fn echoed_scope(a: &Answer<'_>) -> Option<u8> {
-        match a.edns.as_ref()?.option(EdnsCode::Subnet)? {
+    /// A bare reply of `code`.
+    fn is_bare(r: &Reply<'_>, code: ResponseCode) -> bool {
+        r.bare && r.code == code && r.records.is_empty() && r.edns.is_none()
+    }
+
+    fn echoed_scope(r: &Reply<'_>) -> Option<u8> {
+        match r.edns.as_ref()?.option(EdnsCode::Subnet)? {
             EdnsOption::Subnet(s) => Some(s.scope_prefix()),
             _ => None,
         }
     }
 
-    /// Selectors rebuilt for a view are used with the view of that identity (epoch, version)
-    /// only: version 1 of another epoch (another mapper's map) has its own.
+    /// A front end answering from `view` (no demand counted yet).
+    pub(crate) fn front_of(zones: Zones, view: LocalView) -> Front {
+        let front = Front::new(zones, 20, 1232, 0);
+        front.put_view(view);
+        front
+    }
+
+    /// Selectors rebuilt for a view are used with that view only: once another is in use
+    /// (version 1 of another epoch, another mapper's map, or any later one), selectors
+    /// rebuilt for the one before are refused and the view in use keeps its own.
     #[test]
-    fn rebuilt_selectors_serve_the_identity_they_were_built_for() {
-        let v = view(); // version 1 of epoch 1
+    fn rebuilt_selectors_serve_the_view_they_were_built_for() {
+        let front = front_of(zones(), view()); // version 1 of epoch 1
         let other = view_with_server("198.51.100.9");
-        let zones = [zone()];
-        let name = LowerName::new(&Name::from_ascii("www.video.example.").expect("a name"));
-        let q = Query {
-            name: &name,
-            class: DNSClass::IN,
-            qtype: RecordType::A,
-            edns: None,
-            ecs_octets_ok: true,
-            src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)),
-        };
-        for (built_for, want) in [((1, 1), [198, 51, 100, 9]), ((2, 1), [192, 0, 2, 1])] {
-            let servers = other.build_servers(&[]).expect("selectors");
-            let rebuilt = ArcSwapOption::from_pointee((built_for, servers));
+        let a = |front: &Front| -> Vec<RData> {
+            let name = LowerName::new(&Name::from_ascii("www.video.example.").expect("a name"));
+            let q = Parsed {
+                name: &name,
+                class: DNSClass::IN,
+                qtype: RecordType::A,
+                edns: None,
+                ecs_octets_ok: true,
+                src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)),
+            };
             let src = Source {
-                zones: &zones,
-                rebuilt: &rebuilt,
+                zones: &front.zones,
                 ttl: 20,
                 max_udp_payload: 1232,
             };
-            let d = decide(&src, Some(&v), &q, &mut Scratch::default());
-            let ips: Vec<RData> = answer(&d).records.iter().map(|r| r.data.clone()).collect();
-            assert_eq!(
-                ips,
-                [RData::A(A(Ipv4Addr::from(want)))],
-                "built for {built_for:?}"
-            );
-        }
+            let live = front.live.load();
+            let (_, reply) = decide(&src, live.as_deref(), &q, &mut Scratch::default());
+            reply.records.iter().map(|r| r.data.clone()).collect()
+        };
+        let in_use = front.view().expect("a view");
+        let servers = other.build_servers(&[]).expect("selectors");
+        assert!(front.put_rebuilt(&in_use, servers), "for the view in use");
+        assert_eq!(a(&front), [RData::A(A(Ipv4Addr::from([198, 51, 100, 9])))]);
+        // Another view put in use: selectors rebuilt for the one before are refused.
+        front.put_view(view());
+        let servers = other.build_servers(&[]).expect("selectors");
+        assert!(
+            !front.put_rebuilt(&in_use, servers),
+            "for the view replaced"
+        );
+        assert_eq!(a(&front), [RData::A(A(Ipv4Addr::from([192, 0, 2, 1])))]);
     }
 
     #[test]
     fn names_outside_the_zones_are_refused_and_no_map_is_servfail() {
-        let v = view();
-        check(Some(&v), "www.other.test.", RecordType::A, None, |d| {
-            assert!(matches!(d, Decision::Bare(ResponseCode::Refused)), "{d:?}");
+        let v = live(view());
+        check(Some(&v), "www.other.test.", RecordType::A, None, |_, r| {
+            assert!(is_bare(r, ResponseCode::Refused), "{r:?}");
         });
-        check(None, "www.video.example.", RecordType::A, None, |d| {
-            assert!(matches!(d, Decision::Bare(ResponseCode::ServFail)), "{d:?}");
+        check(None, "www.video.example.", RecordType::A, None, |_, r| {
+            assert!(is_bare(r, ResponseCode::ServFail), "{r:?}");
         });
         // A query's ECS scope must be 0; a source prefix beyond the family's bits is malformed.
         check(
@@ -704,8 +697,8 @@ mod tests {
             "www.video.example.",
             RecordType::A,
             Some(("10.0.0.0", 33)),
-            |d| {
-                assert!(matches!(d, Decision::Bare(ResponseCode::FormErr)), "{d:?}");
+            |_, r| {
+                assert!(is_bare(r, ResponseCode::FormErr), "{r:?}");
             },
         );
     }
@@ -714,28 +707,40 @@ mod tests {
     /// transfers are refused; RFC 8482 §4.2: ANY is one HINFO, at a mapped name and the apex.
     #[test]
     fn host_bits_transfers_and_any_answer_as_their_rfcs_say() {
-        let v = view();
+        let v = live(view());
         let name = "www.video.example.";
-        check(Some(&v), name, RecordType::A, Some(("10.0.0.1", 24)), |d| {
-            assert!(matches!(d, Decision::Bare(ResponseCode::FormErr)), "{d:?}");
-        });
-        check(Some(&v), name, RecordType::A, Some(("10.0.0.0", 24)), |d| {
-            assert_eq!(answer(d).records.len(), 1, "{d:?}");
-        });
+        check(
+            Some(&v),
+            name,
+            RecordType::A,
+            Some(("10.0.0.1", 24)),
+            |_, r| {
+                assert!(is_bare(r, ResponseCode::FormErr), "{r:?}");
+            },
+        );
+        check(
+            Some(&v),
+            name,
+            RecordType::A,
+            Some(("10.0.0.0", 24)),
+            |_, r| {
+                assert_eq!(r.records.len(), 1, "{r:?}");
+            },
+        );
         for qtype in [RecordType::AXFR, RecordType::IXFR] {
-            check(Some(&v), "example.", qtype, None, |d| {
-                assert!(matches!(d, Decision::Bare(ResponseCode::Refused)), "{d:?}");
+            check(Some(&v), "example.", qtype, None, |_, r| {
+                assert!(is_bare(r, ResponseCode::Refused), "{r:?}");
             });
         }
         for qname in [name, "example."] {
-            check(Some(&v), qname, RecordType::ANY, None, |d| {
-                let a = answer(d);
-                assert_eq!(a.code, ResponseCode::NoError);
-                assert_eq!(a.records.len(), 1, "{d:?}");
+            check(Some(&v), qname, RecordType::ANY, None, |d, r| {
+                assert!(!r.bare);
+                assert_eq!(r.code, ResponseCode::NoError);
+                assert_eq!(r.records.len(), 1, "{r:?}");
                 let expected = RData::HINFO(HINFO::new("RFC8482".into(), String::new()));
-                assert_eq!(a.records[0].data, expected);
-                assert_eq!(a.records[0].ttl, ANY_HINFO_TTL);
-                assert_eq!(a.demand, None);
+                assert_eq!(r.records[0].data, expected);
+                assert_eq!(r.records[0].ttl, ANY_HINFO_TTL);
+                assert!(!d.mapped.is_some_and(|m| m.demand));
             });
         }
         check(
@@ -743,8 +748,8 @@ mod tests {
             "www.unknown.example.",
             RecordType::ANY,
             None,
-            |d| {
-                assert_eq!(answer(d).code, ResponseCode::NXDomain);
+            |_, r| {
+                assert_eq!(r.code, ResponseCode::NXDomain);
             },
         );
     }
@@ -753,67 +758,76 @@ mod tests {
     /// 0, inside the zones or not.
     #[test]
     fn an_edns_version_above_0_is_badvers() {
-        let v = view();
+        let v = live(view());
         let mut edns = Edns::new();
         edns.set_version(1);
         for qname in ["www.video.example.", "www.other.test."] {
-            check_edns(Some(&v), qname, RecordType::A, Some(edns.clone()), |d| {
-                let a = answer(d);
-                assert_eq!(a.code, ResponseCode::BADVERS, "{qname}");
-                assert!(a.records.is_empty());
-                assert_eq!(a.edns.as_ref().map(Edns::version), Some(0));
-            });
+            check_edns(
+                Some(&v),
+                qname,
+                RecordType::A,
+                Some(edns.clone()),
+                |_, r| {
+                    assert!(!r.bare);
+                    assert_eq!(r.code, ResponseCode::BADVERS, "{qname}");
+                    assert!(r.records.is_empty());
+                    assert_eq!(r.edns.as_ref().map(Edns::version), Some(0));
+                },
+            );
         }
     }
 
     #[test]
     fn the_apex_answers_soa_and_ns_without_a_map() {
-        check(None, "example.", RecordType::SOA, None, |d| {
-            let a = answer(d);
-            assert_eq!(a.code, ResponseCode::NoError);
-            assert_eq!(a.records.len(), 1);
-            assert_eq!(a.records[0].record_type(), RecordType::SOA);
-            assert_eq!(a.ns.len(), 1);
-            assert!(a.soa.is_empty());
+        check(None, "example.", RecordType::SOA, None, |_, r| {
+            assert_eq!(r.code, ResponseCode::NoError);
+            assert_eq!(r.records.len(), 1);
+            assert_eq!(r.records[0].record_type(), RecordType::SOA);
+            assert_eq!(r.ns.len(), 1);
+            assert!(r.soa.is_empty());
         });
-        check(None, "example.", RecordType::A, None, |d| {
-            let a = answer(d);
-            assert!(a.records.is_empty());
-            assert_eq!(a.soa.len(), 1);
+        check(None, "example.", RecordType::A, None, |_, r| {
+            assert!(r.records.is_empty());
+            assert_eq!(r.soa.len(), 1);
         });
     }
 
     #[test]
     fn a_name_no_rule_names_is_nxdomain_with_the_soa() {
-        let v = view();
-        check(Some(&v), "www.unknown.example.", RecordType::A, None, |d| {
-            let a = answer(d);
-            assert_eq!(a.code, ResponseCode::NXDomain);
-            assert!(a.records.is_empty());
-            assert_eq!(a.soa.len(), 1);
-            assert_eq!(a.demand, None);
-        });
+        let v = live(view());
+        check(
+            Some(&v),
+            "www.unknown.example.",
+            RecordType::A,
+            None,
+            |d, r| {
+                assert_eq!(r.code, ResponseCode::NXDomain);
+                assert!(r.records.is_empty());
+                assert_eq!(r.soa.len(), 1);
+                assert_eq!(d.mapped, None);
+            },
+        );
     }
 
     #[test]
     fn the_ecs_scope_is_the_units_prefix_and_the_query_counts_as_demand() {
-        let v = view();
+        let v = live(view());
         check(
             Some(&v),
             "www.video.example.",
             RecordType::A,
             Some(("10.0.0.77", 32)),
-            |d| {
-                let a = answer(d);
-                assert_eq!(a.code, ResponseCode::NoError);
-                let ips: Vec<RData> = a.records.iter().map(|r| r.data.clone()).collect();
+            |d, r| {
+                assert_eq!(r.code, ResponseCode::NoError);
+                let ips: Vec<RData> = r.records.iter().map(|r| r.data.clone()).collect();
                 assert_eq!(ips, [RData::A(A(Ipv4Addr::new(192, 0, 2, 1)))]);
-                assert!(a.soa.is_empty());
-                assert_eq!(echoed_scope(a), Some(24));
-                let d = a.demand.expect("the unit's demand");
-                assert_eq!(d.client, "10.0.0.77/32".parse::<IpNet>().expect("a net"));
-                assert_eq!((d.answer.prefix_len, d.answer.class), (24, 0));
-                assert!(!a.count_host, "no cluster selects with bounded loads");
+                assert!(r.soa.is_empty());
+                assert_eq!(echoed_scope(r), Some(24));
+                let m = d.mapped.expect("the map's answer");
+                assert!(m.demand, "the unit's demand");
+                assert_eq!(m.client, "10.0.0.77/32".parse::<IpNet>().expect("a net"));
+                assert_eq!((m.answer.prefix_len, m.answer.class), (24, 0));
+                assert!(!m.count_host, "no cluster selects with bounded loads");
             },
         );
         // A source prefix of 0: the resolver's address is the client, the scope echoed 0.
@@ -822,30 +836,80 @@ mod tests {
             "www.video.example.",
             RecordType::A,
             Some(("0.0.0.0", 0)),
-            |d| {
-                assert_eq!(echoed_scope(answer(d)), Some(0));
+            |_, r| {
+                assert_eq!(echoed_scope(r), Some(0));
             },
         );
         // No ECS in the query: none echoed; the resolver's address is in no unit (the class's
         // fallback answers), so nothing counts as demand.
-        check(Some(&v), "www.video.example.", RecordType::A, None, |d| {
-            let a = answer(d);
-            assert!(a.edns.is_none());
-            assert_eq!(a.records.len(), 1);
-            assert_eq!(a.demand, None);
-        });
+        check(
+            Some(&v),
+            "www.video.example.",
+            RecordType::A,
+            None,
+            |d, r| {
+                assert!(r.edns.is_none());
+                assert_eq!(r.records.len(), 1);
+                let m = d.mapped.expect("the map's answer");
+                assert!(m.answer.unit.is_none() && !m.demand, "{m:?}");
+            },
+        );
     }
 
     #[test]
     fn aaaa_without_an_ipv6_server_and_other_types_are_nodata() {
-        let v = view();
+        let v = live(view());
         for qtype in [RecordType::AAAA, RecordType::TXT] {
-            check(Some(&v), "www.video.example.", qtype, None, |d| {
-                let a = answer(d);
-                assert_eq!(a.code, ResponseCode::NoError, "{qtype}");
-                assert!(a.records.is_empty(), "{qtype}");
-                assert_eq!(a.soa.len(), 1, "{qtype}");
+            check(Some(&v), "www.video.example.", qtype, None, |_, r| {
+                assert_eq!(r.code, ResponseCode::NoError, "{qtype}");
+                assert!(r.records.is_empty(), "{qtype}");
+                assert_eq!(r.soa.len(), 1, "{qtype}");
             });
+        }
+    }
+
+    /// `cdnmap_serve::answer` places names by their labels as hickory's `zone_of` does, and
+    /// answers a CNAME target only where hickory can make a name of it (no label beginning
+    /// with '-', which `Bypass::cname` lets through): the two agree name by name.
+    #[test]
+    fn zones_place_names_as_hickory_does() {
+        let apexes = ["example.", "sub.example.", "other.test.", "."];
+        for apex_set in [&apexes[..1], &apexes[1..3], &apexes[..3], &apexes[3..]] {
+            let configs: Vec<Name> = apex_set
+                .iter()
+                .map(|a| Name::from_ascii(a).expect("an apex"))
+                .collect();
+            let zones = answer::Zones::new(configs.iter().map(|n| n.iter()));
+            for name in [
+                "example.",
+                "EXAMPLE.",
+                "www.example.",
+                "a.b.sub.example.",
+                "sub.example.",
+                "badexample.",
+                "example.org.",
+                "other.test.",
+                "x.other.TEST.",
+                ".",
+                "a.",
+            ] {
+                let n = LowerName::new(&Name::from_ascii(name).expect("a name"));
+                let holding = configs.iter().position(|a| LowerName::new(a).zone_of(&n));
+                let want = match holding {
+                    None => Place::Outside,
+                    Some(i) if LowerName::new(&configs[i]) == n => Place::Apex(i),
+                    Some(i) => Place::Below(Some(i)),
+                };
+                assert_eq!(place(&zones, &n), want, "{name} in {apex_set:?}");
+                let target = name.to_string();
+                let hickory =
+                    Name::from_ascii(&target).is_ok_and(|t| configs.iter().any(|a| a.zone_of(&t)));
+                assert_eq!(zones.holds(&target), hickory, "{name} in {apex_set:?}");
+            }
+        }
+        for target in ["-x.example.", "a.-b.example.", "x-.example.", "_x.example."] {
+            let parses = Name::from_ascii(target).is_ok();
+            assert_eq!(parses, answer::cname_answerable(target), "{target}");
         }
     }
 }

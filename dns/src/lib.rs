@@ -28,16 +28,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_REPORT_SAMPLES;
 use tokio::net::TcpListener;
 
 pub use config::DnsConfig;
 
-use answer::{Front, Handler, Zone};
+use answer::{Front, Handler, Zones};
 use cdnmap_serve::watch::Followed;
-use demand::{Counts, DemandCounter};
+use demand::Counts;
 use in_use::{InUse, Taken};
 use local::{Follower, LocalView};
 
@@ -105,20 +104,12 @@ pub async fn run(
         None => (None, None),
     };
     let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
-    let front = Arc::new(Front {
-        zones: zones
-            .iter()
-            .map(|z| Zone::new(z, serial, config.ttl_secs))
-            .collect(),
-        view: ArcSwapOption::empty(),
-        servers: ArcSwapOption::empty(),
-        ttl: config.ttl_secs,
-        max_udp_payload: config.max_udp_payload,
-        demand: DemandCounter::default(),
-        hot_hosts: arc_swap::ArcSwap::default(),
-        period_start_unix_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
-        counters: answer::Counters::register(),
-    });
+    let front = Arc::new(Front::new(
+        Zones::new(&zones, serial, config.ttl_secs),
+        config.ttl_secs,
+        config.max_udp_payload,
+        now_unix_ms(),
+    ));
     // UDP: `udp_threads` answering loops (default one per core), each on its own socket
     // (SO_REUSEPORT); TCP: hickory's server.
     let loops = config
@@ -132,20 +123,9 @@ pub async fn run(
         Some(metrics) => tracing::info!(dns = %listen, metrics = %metrics, "listening"),
         None => tracing::info!(dns = %listen, "listening"),
     }
-    let handler = Arc::new(Handler(Arc::clone(&front)));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let udp_threads = sockets
-        .into_iter()
-        .enumerate()
-        .map(|(i, socket)| {
-            let (handler, stop) = (Arc::clone(&handler), Arc::clone(&stop));
-            let runtime = tokio::runtime::Handle::current();
-            let coalesce = Duration::from_micros(config.udp_coalesce_us);
-            std::thread::Builder::new()
-                .name(format!("dns-udp-{i}"))
-                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let coalesce = Duration::from_micros(config.udp_coalesce_us);
+    let udp_threads = spawn_udp(sockets, &front, &stop, coalesce)?;
     let mut server = hickory_server::Server::new(Handler(Arc::clone(&front)));
     server.register_listener(
         tcp,
@@ -186,6 +166,27 @@ pub async fn run(
         t.abort();
     }
     Ok(())
+}
+
+/// A thread answering UDP on each of `sockets` until `stop` is set (`udp::serve`).
+fn spawn_udp(
+    sockets: Vec<Arc<std::net::UdpSocket>>,
+    front: &Arc<Front>,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    coalesce: Duration,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let handler = Arc::new(Handler(Arc::clone(front)));
+    sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let (handler, stop) = (Arc::clone(&handler), Arc::clone(stop));
+            let runtime = tokio::runtime::Handle::current();
+            std::thread::Builder::new()
+                .name(format!("dns-udp-{i}"))
+                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce))
+        })
+        .collect()
 }
 
 /// How many ports `listen` port 0 tries: each is one the kernel found free for TCP, so it is
@@ -433,7 +434,7 @@ impl Following {
         metrics::gauge!("cdnmap_dns_map_epoch").set(f.identity.epoch as f64);
         metrics::gauge!("cdnmap_dns_map_version").set(f.identity.version as f64);
         front.demand.prepare(&view.resolver);
-        front.view.store(Some(Arc::new(view)));
+        front.put_view(view);
         true
     }
 }
@@ -512,7 +513,7 @@ async fn follow(
         // The copy moves to a blocking thread (applying a delta merges every unit) and back.
         let hosts = front.hot_hosts.load_full();
         // The view in use: the next one shares its prefix index when the units are the same.
-        let in_use_view = front.view.load_full();
+        let in_use_view = front.view();
         let lent = following.in_use().followed();
         let mut next = std::mem::take(&mut local);
         let (taken, built, next) = tokio::task::spawn_blocking(move || {
@@ -538,25 +539,7 @@ async fn follow(
                 // Not above the map in use (a mapper restarted on its stored map, a standby
                 // of an older epoch): the map in use keeps answering.
                 let held = following.in_use().key();
-                if full && last && held.is_some_and(|(e, _)| epoch < e) {
-                    // An identity that went backwards: an older replica, or a mapper that
-                    // lost its store with its clock behind (a new store's epoch is its
-                    // clock's, above any before).
-                    tracing::warn!(
-                        mapper = %link.url,
-                        epoch,
-                        version,
-                        ?held,
-                        "the mapper's map is of an older epoch than the map in use: it is not \
-                         applied, and this front end keeps answering from the map in use until \
-                         that mapper's identity passes it (restart this front end to follow \
-                         that mapper at once)"
-                    );
-                } else if full && last {
-                    tracing::info!(mapper = %link.url, epoch, version, ?held, "an older map was not applied");
-                } else {
-                    tracing::debug!(mapper = %link.url, epoch, version, ?held, "an update not above the map in use was passed over");
-                }
+                log_passed(&link.url, (epoch, version), full && last, held);
                 continue;
             }
             Err(e) => anyhow::bail!("update to version {version} of epoch {epoch}: {e}"),
@@ -584,6 +567,29 @@ async fn follow(
     Ok(())
 }
 
+/// Says why update `(epoch, version)` from mapper `url` was passed over, `held` in use:
+/// `whole` when it ends a full map.
+fn log_passed(url: &str, (epoch, version): (u64, u64), whole: bool, held: Option<(u64, u64)>) {
+    if whole && held.is_some_and(|(e, _)| epoch < e) {
+        // An identity that went backwards: an older replica, or a mapper that lost its store
+        // with its clock behind (a new store's epoch is its clock's, above any before).
+        tracing::warn!(
+            mapper = %url,
+            epoch,
+            version,
+            ?held,
+            "the mapper's map is of an older epoch than the map in use: it is not \
+             applied, and this front end keeps answering from the map in use until \
+             that mapper's identity passes it (restart this front end to follow \
+             that mapper at once)"
+        );
+    } else if whole {
+        tracing::info!(mapper = %url, epoch, version, ?held, "an older map was not applied");
+    } else {
+        tracing::debug!(mapper = %url, epoch, version, ?held, "an update not above the map in use was passed over");
+    }
+}
+
 /// Every `report_secs`: the period's demand to the mappers, and bounded-loads selectors
 /// rebuilt over the hostnames seen.
 async fn report(config: DnsConfig, following: Arc<Following>, front: Arc<Front>) {
@@ -604,14 +610,15 @@ async fn report(config: DnsConfig, following: Arc<Following>, front: Arc<Front>)
                 .collect(),
         );
         front.hot_hosts.store(Arc::clone(&hosts));
-        if let Some(view) = front.view.load_full().filter(|v| v.has_bounded) {
-            let rebuilt = tokio::task::spawn_blocking(move || {
-                view.build_servers(&keys(&hosts))
-                    .map(|s| ((view.epoch, view.version), s))
-            })
-            .await;
+        if let Some(view) = front.view().filter(|v| v.has_bounded) {
+            let built_for = Arc::clone(&view);
+            let rebuilt =
+                tokio::task::spawn_blocking(move || view.build_servers(&keys(&hosts))).await;
             match rebuilt {
-                Ok(Ok(s)) => front.servers.store(Some(Arc::new(s))),
+                // Put in use only while that view is (a newer one has selectors of its own).
+                Ok(Ok(s)) => {
+                    front.put_rebuilt(&built_for, s);
+                }
                 Ok(Err(e)) => tracing::warn!(error = %e, "rebuilding the selectors failed"),
                 Err(e) => tracing::warn!(error = %e, "rebuilding the selectors failed"),
             }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use cdnmap_mapper::{ClassIdx, ClusterIdx};
+use cdnmap_serve::answer::View;
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_serve::servers::{Policy, Servers};
 use cdnmap_serve::watch::{Extras, FollowError, Followed};
@@ -88,19 +89,19 @@ impl LocalView {
         .map_err(|e| invalid("clusters", e))
     }
 
-    /// Class `k`'s last resort, if it has one (the extras name it by class name).
-    pub fn bypass(&self, k: ClassIdx) -> Option<&cdnmap_serve::watch::Bypass> {
-        let name = self.class_name(k);
-        self.extras
-            .bypass
-            .iter()
-            .find(|(class, _)| class == name)
-            .map(|(_, b)| b)
-    }
-
     /// The selectors built with the view.
     pub fn servers(&self) -> Option<&Servers> {
         self.servers.as_ref()
+    }
+
+    /// The view as `cdnmap_serve::answer` decides from it, answering with `servers`.
+    pub fn answer_view<'v>(&'v self, servers: Option<&'v Servers>) -> View<'v> {
+        View {
+            resolver: &self.resolver,
+            servers,
+            bypass: &self.extras.bypass,
+            bounded: self.has_bounded,
+        }
     }
 
     pub fn class_name(&self, k: ClassIdx) -> &str {
@@ -116,10 +117,58 @@ impl LocalView {
     }
 }
 
+/// What the front end answers from: one view and the selectors answering with it, swapped as
+/// one (`crate::answer::Front::live`), so no query reads a view with selectors of another.
+#[derive(Debug)]
+pub struct Live {
+    pub view: Arc<LocalView>,
+    /// Selectors rebuilt over the last report period's hostnames (bounded loads), in place of
+    /// those built with the view.
+    rebuilt: Option<Servers>,
+}
+
+impl Live {
+    /// `view`, answering with the selectors built with it.
+    pub fn new(view: Arc<LocalView>) -> Live {
+        Live {
+            view,
+            rebuilt: None,
+        }
+    }
+
+    /// `view`, answering with `servers` (rebuilt for it).
+    pub fn rebuilt(view: Arc<LocalView>, servers: Servers) -> Live {
+        Live {
+            view,
+            rebuilt: Some(servers),
+        }
+    }
+
+    /// The selectors answering.
+    pub fn servers(&self) -> Option<&Servers> {
+        self.rebuilt.as_ref().or(self.view.servers())
+    }
+
+    /// What `cdnmap_serve::answer` decides from.
+    pub fn view(&self) -> View<'_> {
+        self.view.answer_view(self.servers())
+    }
+}
+
 /// A view of `m` for this crate's tests: every cluster with the default policy, hostname
 /// `rules` (pattern, class), default class "web", version 1 of epoch 1.
 #[cfg(test)]
 pub(crate) fn test_view(m: &cdnmap_serve::ServingMap, rules: &[(&str, &str)]) -> LocalView {
+    test_view_with(m, rules, &[])
+}
+
+/// [`test_view`] with the classes' last resorts `bypass` (class name, last resort).
+#[cfg(test)]
+pub(crate) fn test_view_with(
+    m: &cdnmap_serve::ServingMap,
+    rules: &[(&str, &str)],
+    bypass: &[(String, cdnmap_serve::watch::Bypass)],
+) -> LocalView {
     use cdnmap_serve::watch::{full_part, Applied, Edge, Identity};
     let policies = vec![Policy::default(); m.clusters().len()];
     let rules: Vec<(String, String)> = rules
@@ -132,7 +181,7 @@ pub(crate) fn test_view(m: &cdnmap_serve::ServingMap, rules: &[(&str, &str)]) ->
         load: &load,
         rules: &rules,
         default_class: "web",
-        bypass: &[],
+        bypass,
     };
     let id = Identity {
         epoch: 1,

@@ -21,10 +21,12 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 
 use cdnmap_mapper::model::ClassIdx;
+use cdnmap_serve::answer::{self, QType, Query, Records, View};
 use cdnmap_serve::resolve::{Answer, Route};
-use cdnmap_serve::servers::{key_hash_of, PREFETCH_STEPS};
+use cdnmap_serve::servers::{key_hash_of, Servers, PREFETCH_STEPS};
 
 use super::answer::{Front, SCRATCH};
+use super::demand::BlockCounts;
 
 /// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
 /// (RD and CD, which the response copies, may be set).
@@ -55,6 +57,8 @@ struct Parsed<'a> {
     flags: u16,
     /// The question section as sent (name, type, class).
     question: &'a [u8],
+    /// How many labels the name has.
+    labels: u8,
     qtype: u16,
     /// The OPT record's UDP payload size, if the query has one.
     edns_payload: Option<u16>,
@@ -83,12 +87,13 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
     // The name: uncompressed labels of letters, digits, '-' and '_', 255 bytes at most, no
     // label beginning with '-' (hickory shows that one escaped, `\-`: its text, and so the
     // content key, would differ from ours).
-    let mut at = 12;
+    let (mut at, mut labels) = (12, 0usize);
     loop {
         let len = usize::from(*raw.get(at)?);
         if len == 0 {
             break;
         }
+        labels += 1;
         if len > 63 {
             return None; // a pointer or an extended label type
         }
@@ -105,6 +110,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
     if at == 12 || at + 1 - 12 > 255 {
         return None; // the root, or too long
     }
+    let labels = u8::try_from(labels).ok()?; // at most 127 in 255 bytes
     at += 1;
     let qtype = u16_at(raw, at)?;
     if !matches!(qtype, TYPE_A | TYPE_AAAA) || u16_at(raw, at + 2)? != CLASS_IN {
@@ -138,6 +144,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         id: [raw[0], raw[1]],
         flags,
         question,
+        labels,
         qtype,
         edns_payload,
         ecs,
@@ -248,21 +255,6 @@ fn name_text(question: &[u8], out: &mut String) {
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
 }
 
-/// Whether name `qname` is strictly below `apex` (both lower-case text with the final dot).
-fn strictly_below(qname: &str, apex: &str) -> bool {
-    if apex == "." {
-        return qname != ".";
-    }
-    qname.len() > apex.len()
-        && qname.ends_with(apex)
-        && qname.as_bytes()[qname.len() - apex.len() - 1] == b'.'
-}
-
-/// Whether `qname` is at or below `apex`.
-fn in_zone(qname: &str, apex: &str) -> bool {
-    qname == apex || strictly_below(qname, apex)
-}
-
 /// Datagrams answered together: their map lookups are started together (the resolver's
 /// batch, prefetched), so one query's cache misses overlap the others'.
 const BLOCK: usize = 32;
@@ -288,138 +280,201 @@ pub(crate) fn answer_batch(front: &Front, batch: &[(&[u8], SocketAddr)], out: &m
     }
 }
 
+/// A query the fast path took: as parsed, as the decision reads it, and its rule's class.
+type Taken<'a, 'n> = Option<(Parsed<'a>, Query<'n>, ClassIdx)>;
+
 /// [`answer_batch`] for at most [`BLOCK`] datagrams.
 fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>]) {
-    let guard = front.view.load();
-    let Some(view) = guard.as_deref() else {
+    let guard = front.live.load();
+    let Some(live) = guard.as_deref() else {
         return; // no map yet: SERVFAIL, hickory's
     };
-    let rebuilt = front.servers.load();
-    let Some(servers) = (match rebuilt.as_deref() {
-        Some((built_for, s)) if *built_for == (view.epoch, view.version) => Some(s),
-        _ => view.servers(),
-    }) else {
+    let view = live.view();
+    let Some(servers) = view.servers else {
         return;
     };
     NAMES.with_borrow_mut(|names| {
         if names.len() < BLOCK {
             names.resize(BLOCK, String::new());
         }
-        // 1: what each datagram asks, where the fast path takes it.
-        let mut taken: [Option<(Parsed<'_>, IpNet, ClassIdx)>; BLOCK] = [None; BLOCK];
-        for (i, &(raw, src)) in batch.iter().take(BLOCK).enumerate() {
-            taken[i] = take(front, view, raw, src, &mut names[i]);
+        // 1: what each datagram asks, where the fast path takes it (up to the map).
+        let mut taken: [Taken<'_, '_>; BLOCK] = [None; BLOCK];
+        for ((t, &(raw, src)), name) in taken.iter_mut().zip(batch).zip(names.iter_mut()) {
+            *t = take(&front.zones.names, &view, raw, src, name);
         }
         // 2: the map's answers, looked up together.
         let queries: Vec<(IpNet, &str, ClassIdx)> = taken
             .iter()
-            .zip(names.iter())
-            .filter_map(|(t, name)| t.map(|(_, client, class)| (client, name.as_str(), class)))
+            .flatten()
+            .map(|(_, q, class)| (q.client, q.name, *class))
             .collect();
         let mut answers = Vec::with_capacity(queries.len());
         view.resolver.resolve_classed(&queries, &mut answers);
-        // 3: the servers, their reads started together too (each step over the block, then
-        // the next), then the bytes and the counts.
+        // 3: the servers, their reads started together too, then the decisions, the bytes
+        // and the counts.
         SCRATCH.with_borrow_mut(|scratch| {
             let mut hashes = [0u64; BLOCK];
-            for (i, t) in taken.iter().enumerate() {
-                if t.is_some() {
-                    hashes[i] = key_hash_of(&names[i], &mut scratch.key);
+            for (h, t) in hashes.iter_mut().zip(&taken) {
+                if let Some((_, q, _)) = t {
+                    *h = key_hash_of(q.name, &mut scratch.key);
                 }
             }
-            let picks = || {
-                taken
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, t)| t.map(|(q, _, _)| (i, q.qtype == TYPE_AAAA)))
-                    .zip(&answers)
-            };
-            let demand = front.demand.block(&view.resolver);
+            let demand = front.demand.block(view.resolver);
             for a in &answers {
                 demand.prefetch(a);
             }
-            for step in 0..PREFETCH_STEPS {
-                for ((i, v6), a) in picks() {
-                    for c in [a.primary, a.secondary].into_iter().flatten() {
-                        servers.prefetch(c, v6, hashes[i], step);
-                    }
-                }
-            }
-            // The block's answers by route, counted once for the block (a shared counter's
-            // atomic add per query is a cache line the answering threads pass between them).
-            let mut routed = [0u64; Route::ALL.len()];
-            // The demand each answered query counts, added after the block's answers: each
-            // add is an atomic read-modify-write, a full barrier on x86, and in the loop it
-            // held up the next query's loads behind its cache miss.
-            let mut counted: [Option<(IpNet, &Answer)>; BLOCK] = [None; BLOCK];
-            let mut n_counted = 0;
-            let mut answers = answers.iter();
-            for (i, t) in taken.iter().enumerate() {
-                let (Some((q, client, _)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
-                    continue;
-                };
-                if a.route.bypassed() && view.bypass(a.class).is_some() {
-                    continue; // the class's last resort: hickory's (a CNAME, perhaps)
-                }
-                let qname = names[i].as_str();
-                let v6 = q.qtype == TYPE_AAAA;
-                servers.answer_hashed(a, hashes[i], v6, &mut scratch.addrs);
-                if scratch.addrs.is_empty() {
-                    continue; // NODATA: hickory's, with the SOA
-                }
-                let scope = match q.ecs {
-                    Some(e) if e.source > 0 => a.scope_prefix_len,
-                    _ => 0,
-                };
-                if !encode(q, front, &scratch.addrs, scope, &mut out[i]) {
-                    continue; // truncated: hickory's
-                }
-                counted[n_counted] = Some((*client, a));
-                n_counted += 1;
-                if view.has_bounded {
-                    front.demand.count_host(qname);
-                }
-                routed[a.route as usize] += 1;
-            }
-            for (client, a) in counted[..n_counted].iter().flatten() {
-                demand.count(client, a);
-            }
-            let answered: u64 = routed.iter().sum();
-            if answered > 0 {
-                front.counters.answer.increment(answered);
-                for (route, n) in Route::ALL.into_iter().zip(routed) {
-                    if n > 0 {
-                        front.counters.route(route).increment(n);
-                    }
-                }
-            }
+            prefetch_servers(servers, &taken, &hashes, &answers);
+            let block = Block {
+                front,
+                view: &view,
+                taken: &taken,
+                hashes: &hashes,
+                answers: &answers,
+            };
+            block.answer(&demand, &mut scratch.addrs, out);
         });
     });
 }
 
-/// The query in `raw` from `src`, its client and its class, if the fast path takes it (module docs: up
-/// to the map's answer); its name as text left in `name`.
-fn take<'a>(
-    front: &Front,
-    view: &crate::local::LocalView,
+/// Starts the reads of the server picks of a block's queries, each step over the block, then
+/// the next ([`PREFETCH_STEPS`]).
+fn prefetch_servers(
+    servers: &Servers,
+    taken: &[Taken<'_, '_>],
+    hashes: &[u64],
+    answers: &[Answer],
+) {
+    let picks = || {
+        taken
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.map(|(q, _, _)| (i, q.qtype == TYPE_AAAA)))
+            .zip(answers)
+    };
+    for step in 0..PREFETCH_STEPS {
+        for ((i, v6), a) in picks() {
+            for c in [a.primary, a.secondary].into_iter().flatten() {
+                servers.prefetch(c, v6, hashes[i], step);
+            }
+        }
+    }
+}
+
+/// A block's queries taken, with their names' selection hashes and the map's answers (in
+/// the order of those taken).
+struct Block<'b, 'a, 'n> {
+    front: &'b Front,
+    view: &'b View<'b>,
+    taken: &'b [Taken<'a, 'n>],
+    hashes: &'b [u64],
+    answers: &'b [Answer],
+}
+
+impl Block<'_, '_, '_> {
+    /// The decision for each query taken, its bytes into `out` where it is an answer with
+    /// addresses routed by the map and fits; its demand and outcome counted as the hickory
+    /// path counts them.
+    fn answer(&self, demand: &BlockCounts<'_>, addrs: &mut Vec<IpAddr>, out: &mut [Vec<u8>]) {
+        let front = self.front;
+        // The block's answers by route, counted once for the block (a shared counter's
+        // atomic add per query is a cache line the answering threads pass between them).
+        let mut routed = [0u64; Route::ALL.len()];
+        // The demand each answered query counts, added after the block's answers: each
+        // add is an atomic read-modify-write, a full barrier on x86, and in the loop it
+        // held up the next query's loads behind its cache miss.
+        let mut counted: [Option<(IpNet, Answer)>; BLOCK] = [None; BLOCK];
+        let mut n_counted = 0;
+        let mut answers = self.answers.iter();
+        for (i, t) in self.taken.iter().enumerate() {
+            let (Some((p, q, _)), Some(a)) = (t, t.and_then(|_| answers.next())) else {
+                continue;
+            };
+            let zones = &front.zones.names;
+            let d = answer::from_map(zones, self.view, q, *a, self.hashes[i], addrs);
+            let Some(m) = d.mapped.filter(|m| m.route != Route::Bypass) else {
+                continue; // the class's last resort: hickory's (a CNAME, perhaps)
+            };
+            if d.records != Records::Addresses {
+                continue; // NODATA: hickory's, with the SOA
+            }
+            let scope = m.ecs_scope.unwrap_or(0);
+            if !encode(p, front, addrs, scope, &mut out[i]) {
+                continue; // truncated: hickory's
+            }
+            if m.demand {
+                counted[n_counted] = Some((m.client, m.answer));
+                n_counted += 1;
+            }
+            if m.count_host {
+                front.demand.count_host(q.name);
+            }
+            routed[m.route as usize] += 1;
+        }
+        for (client, a) in counted[..n_counted].iter().flatten() {
+            demand.count(client, a);
+        }
+        let answered: u64 = routed.iter().sum();
+        if answered > 0 {
+            front.counters.answer.increment(answered);
+            for (route, n) in Route::ALL.into_iter().zip(routed) {
+                if n > 0 {
+                    front.counters.route(route).increment(n);
+                }
+            }
+        }
+    }
+}
+
+/// The labels of a name as on the wire (uncompressed, up to the root).
+#[derive(Clone)]
+struct WireLabels<'a>(&'a [u8]);
+
+impl<'a> Iterator for WireLabels<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let (&len, rest) = self.0.split_first()?;
+        if len == 0 {
+            return None;
+        }
+        let (label, rest) = rest.split_at_checked(usize::from(len))?;
+        self.0 = rest;
+        Some(label)
+    }
+}
+
+/// The query in `raw` from `src`, as the decision reads it, and its class, if the fast path
+/// takes it (module docs: up to the map's answer, the decision's first step); its name as
+/// text left in `name`.
+fn take<'a, 'n>(
+    zones: &answer::Zones,
+    view: &View<'_>,
     raw: &'a [u8],
     src: SocketAddr,
-    name: &mut String,
-) -> Option<(Parsed<'a>, IpNet, ClassIdx)> {
-    let q = parse(raw)?;
-    name_text(q.question, name);
-    let qname = name.as_str();
-    // The first zone holding the name decides, as in `decide`; at its apex, hickory's.
-    let zone = front.zones.iter().find(|z| in_zone(qname, &z.apex_text))?;
-    if !strictly_below(qname, &zone.apex_text) {
-        return None;
-    }
-    let class = view.resolver.rules().rule_class(qname)?;
-    let client = match q.ecs {
-        Some(e) if e.source > 0 => IpNet::new(e.addr, e.source).ok()?.trunc(),
-        _ => IpNet::from(src.ip()),
+    name: &'n mut String,
+) -> Taken<'a, 'n> {
+    let p = parse(raw)?;
+    name_text(p.question, name);
+    let name: &'n String = name;
+    let ecs = match p.ecs {
+        Some(e) => answer::Ecs::Subnet {
+            addr: e.addr,
+            source: e.source,
+        },
+        None => answer::Ecs::Absent,
     };
-    Some((q, client, class))
+    let q = Query {
+        name,
+        place: zones.place(usize::from(p.labels), WireLabels(p.question)),
+        class_in: true,                          // `parse` takes class IN only
+        qtype: QType::of(p.qtype),               // A or AAAA
+        edns_version: p.edns_payload.map(|_| 0), // version 0 only
+        ecs,
+        client: ecs.client(src.ip()),
+    };
+    // At an apex, outside the zones or for a name no rule names: hickory's.
+    let class = answer::admit(&q, Some(view.resolver.rules())).ok()?;
+    Some((p, q, class))
 }
 
 /// The response's bytes into `out` (empty), as hickory encodes it: the question as sent; the
@@ -512,7 +567,6 @@ fn encode_into(
 pub(crate) mod tests {
     use std::sync::Arc;
 
-    use arc_swap::ArcSwapOption;
     use cdnmap_mapper::model::{ClassIdx, ClusterIdx, ClusterState};
     use cdnmap_serve::serving::{Builder, ServingCluster};
     use hickory_server::proto::rr::Name;
@@ -520,9 +574,7 @@ pub(crate) mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::answer::{Counters, Handler, Zone};
-    use crate::config::ZoneConfig;
-    use crate::demand::DemandCounter;
+    use crate::answer::Handler;
     use crate::udp::{answer_hickory, Capture};
     use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -583,23 +635,7 @@ pub(crate) mod tests {
         let m = b.finish();
         let view =
             crate::local::test_view(&m, &[("*.video.example", "video"), ("www.example", "web")]);
-        let name = |s: &str| Name::from_ascii(s).expect("a name");
-        let zone = ZoneConfig {
-            apex: name("example."),
-            nameservers: vec![name("ns1.example.")],
-            hostmaster: name("hostmaster.example."),
-        };
-        Front {
-            zones: vec![Zone::new(&zone, 1, 20)],
-            view: ArcSwapOption::from_pointee(view),
-            servers: ArcSwapOption::empty(),
-            ttl: 20,
-            max_udp_payload: 1232,
-            demand: DemandCounter::default(),
-            hot_hosts: arc_swap::ArcSwap::default(),
-            period_start_unix_ms: std::sync::atomic::AtomicI64::new(0),
-            counters: Counters::register(),
-        }
+        crate::answer::tests::front_of(crate::answer::tests::zones(), view)
     }
 
     fn push16(out: &mut Vec<u8>, v: u16) {
@@ -727,11 +763,6 @@ pub(crate) mod tests {
         q
     }
 
-    /// The oracle: on 20,000 generated queries from three sources, in batches of every size up
-    /// to past two blocks, every response the fast path
-    /// gives is the hickory path's, byte for byte; it takes those it is for, of every kind
-    /// it is for (A and AAAA, with and without EDNS and ECS); and a front end answering through
-    /// both paths counts the same demand as one answering through hickory's alone.
     /// An A query for `www.example` with one ECS option: `family`, `source` and exactly the
     /// address octets given (none added or taken away).
     fn query_with_ecs(family: u16, source: u8, octets: &[u8]) -> Vec<u8> {
@@ -831,6 +862,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// The oracle: on 20,000 generated queries from three sources, in batches of every size up
+    /// to past two blocks, every response the fast path
+    /// gives is the hickory path's, byte for byte; it takes those it is for, of every kind
+    /// it is for (A and AAAA, with and without EDNS and ECS); and a front end answering through
+    /// both paths counts the same demand as one answering through hickory's alone.
     #[test]
     fn the_fast_path_answers_byte_for_byte_as_hickory_and_counts_the_same() {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -841,7 +877,7 @@ pub(crate) mod tests {
         // `both` counts by its view's slots (as a front end does once the view is in use),
         // `hickory_only` keyed by prefix (as a block on a view just replaced does): the same
         // counts either way.
-        let view = both.0.view.load_full().expect("a view");
+        let view = both.0.view().expect("a view");
         both.0.demand.prepare(&view.resolver);
         let capture = Capture::default();
         let sources: [SocketAddr; 3] = [
@@ -937,10 +973,402 @@ pub(crate) mod tests {
             parse(&query).is_some(),
             "the same query with 'a' for '-' is taken"
         );
-        assert!(strictly_below("www.example.", "example."));
-        assert!(!strictly_below("example.", "example."));
-        assert!(!strictly_below("badexample.", "example."));
-        assert!(strictly_below("a.", "."));
-        assert!(in_zone("example.", "example."));
+        // Placed by their wire labels: an apex is not below itself, nor a name that only
+        // ends with its letters.
+        let place = |name: &str, apex: &str| {
+            let n = Name::from_ascii(name).expect("name");
+            let mut wire = Vec::new();
+            for l in n.iter() {
+                wire.push(l.len() as u8);
+                wire.extend_from_slice(l);
+            }
+            wire.push(0);
+            answer::Zones::of_text(&[apex]).place(n.iter().len(), WireLabels(&wire))
+        };
+        use answer::Place::{Apex, Below, Outside};
+        assert_eq!(place("www.example.", "example."), Below(Some(0)));
+        assert_eq!(place("WWW.Example.", "example."), Below(Some(0)));
+        assert_eq!(place("example.", "example."), Apex(0));
+        assert_eq!(place("badexample.", "example."), Outside);
+        assert_eq!(place("a.", "."), Below(Some(0)));
+    }
+
+    /// The world of the table: zone `example.`; clusters a (up, IPv4 and IPv6 servers), b
+    /// (down) and c (up, IPv4 only); units mapped, split, on a backup and over IPv6, and per
+    /// class one at the down cluster, whose last resort is a CNAME (web), addresses (video)
+    /// or a CNAME back into the zone (apps: a loop, not taken).
+    fn table_front() -> Front {
+        use cdnmap_serve::watch::Bypass;
+        let classes: Vec<Arc<str>> = vec![Arc::from("video"), Arc::from("web"), Arc::from("apps")];
+        let cluster = |id: &str, state, addresses: &[&str]| ServingCluster {
+            id: id.to_string(),
+            addresses: addresses
+                .iter()
+                .map(|a| a.parse().expect("address"))
+                .collect(),
+            state,
+        };
+        let mut b = Builder::new(
+            classes,
+            vec![
+                cluster(
+                    "a",
+                    ClusterState::Up,
+                    &["192.0.2.1", "192.0.2.2", "2001:db8::a"],
+                ),
+                cluster("b", ClusterState::Down, &["192.0.2.11"]),
+                cluster("c", ClusterState::Up, &["192.0.2.21", "192.0.2.22"]),
+            ],
+        )
+        .expect("clusters");
+        type Unit<'a> = (
+            &'a str,
+            ClassIdx,
+            &'a str,
+            &'a [(ClusterIdx, f64)],
+            [Option<ClusterIdx>; 2],
+        );
+        let units: [Unit<'_>; 7] = [
+            ("u1", 0, "10.0.0.0/24", &[(0, 1.0)], [Some(2), None]),
+            ("u2", 1, "10.0.1.0/24", &[(1, 1.0)], [None, None]),
+            ("u3", 0, "10.0.2.0/24", &[(1, 1.0)], [None, None]),
+            ("u4", 2, "10.0.3.0/24", &[(1, 1.0)], [None, None]),
+            ("u5", 2, "10.0.4.0/24", &[(1, 1.0)], [Some(2), None]),
+            ("u6", 1, "10.0.5.0/24", &[(0, 0.5), (2, 0.5)], [None, None]),
+            ("u7", 1, "2001:db8:1::/48", &[(0, 1.0)], [Some(2), None]),
+        ];
+        for (id, class, prefix, shares, backups) in units {
+            let prefix: IpNet = prefix.parse().expect("prefix");
+            b.push(id, class, [prefix], shares.iter().copied(), 0.0, backups)
+                .expect(id);
+        }
+        b.set_fallback(&[[Some(0), Some(2)], [Some(2), Some(0)], [Some(2), None]]);
+        let bypass = [
+            ("web", Bypass::cname("web.partner.test").expect("a name")),
+            (
+                "video",
+                Bypass::addresses(&["192.0.2.99".into(), "2001:db8::99".into()])
+                    .expect("addresses"),
+            ),
+            ("apps", Bypass::cname("loop.example").expect("a name")),
+        ]
+        .map(|(c, b)| (c.to_string(), b));
+        let rules = [
+            ("*.video.example", "video"),
+            ("www.example", "web"),
+            ("*.apps.example", "apps"),
+        ];
+        let view = crate::local::test_view_with(&b.finish(), &rules, &bypass);
+        crate::answer::tests::front_of(crate::answer::tests::zones(), view)
+    }
+
+    /// A query of `qtype` for `name` (as given: its case is kept), with EDNS when `ecs` is
+    /// not `None`, and then an ECS option of `Some((addr, source))`.
+    fn table_query(name: &str, qtype: u16, ecs: Option<Option<(IpAddr, u8)>>) -> Vec<u8> {
+        let mut q = Vec::new();
+        let edns = ecs.is_some();
+        for word in [0x4321u16, 0x0100, 1, 0, 0, u16::from(edns)] {
+            push16(&mut q, word);
+        }
+        for label in name.trim_end_matches('.').split('.') {
+            q.push(label.len() as u8);
+            q.extend_from_slice(label.as_bytes());
+        }
+        q.push(0);
+        push16(&mut q, qtype);
+        push16(&mut q, CLASS_IN);
+        if let Some(ecs) = ecs {
+            q.push(0);
+            push16(&mut q, TYPE_OPT);
+            push16(&mut q, 1232);
+            q.extend_from_slice(&[0, 0, 0, 0]);
+            let mut rdata = Vec::new();
+            if let Some((addr, source)) = ecs {
+                let (family, octets) = match addr {
+                    IpAddr::V4(a) => (1u16, a.octets().to_vec()),
+                    IpAddr::V6(a) => (2, a.octets().to_vec()),
+                };
+                let n = usize::from(source).div_ceil(8);
+                push16(&mut rdata, OPTION_ECS);
+                push16(&mut rdata, 4 + n as u16);
+                push16(&mut rdata, family);
+                rdata.extend_from_slice(&[source, 0]);
+                rdata.extend_from_slice(&octets[..n]);
+            }
+            push16(&mut q, rdata.len() as u16);
+            q.extend_from_slice(&rdata);
+        }
+        q
+    }
+
+    /// The decision for the table's query, as `cdnmap_serve::answer` makes it from the
+    /// front's view: its code, route, addresses, CNAME target and ECS scope.
+    type Decided = (u16, Option<Route>, Vec<IpAddr>, Option<String>, Option<u8>);
+
+    fn decided(
+        front: &Front,
+        name: &str,
+        qtype: u16,
+        ecs: Option<Option<(IpAddr, u8)>>,
+        src: IpAddr,
+    ) -> Decided {
+        let live = front.live.load_full().expect("a view");
+        let view = live.view();
+        let zones = &front.zones.names;
+        let lower = name.to_ascii_lowercase();
+        let (count, labels) = (
+            lower.split('.').filter(|l| !l.is_empty()).count(),
+            lower
+                .split('.')
+                .filter(|l| !l.is_empty())
+                .map(str::as_bytes),
+        );
+        let ecs = match ecs.flatten() {
+            Some((addr, source)) => answer::Ecs::Subnet { addr, source },
+            None => answer::Ecs::Absent,
+        };
+        let q = Query {
+            name: &lower,
+            place: zones.place(count, labels),
+            class_in: true,
+            qtype: QType::of(qtype),
+            edns_version: None,
+            ecs,
+            client: ecs.client(src),
+        };
+        let (mut key, mut out) = (String::new(), Vec::new());
+        let d = answer::decide(zones, Some(&view), &q, &mut key, &mut out);
+        let cname = match d.records {
+            Records::Cname(t) => Some(t.to_string()),
+            _ => None,
+        };
+        (
+            d.rcode.code(),
+            d.mapped.map(|m| m.route),
+            out,
+            cname,
+            d.mapped.and_then(|m| m.ecs_scope),
+        )
+    }
+
+    /// What a response says: its code, the addresses and CNAME target it answers, the ECS
+    /// scope it echoes.
+    fn said(response: &[u8]) -> (u16, Vec<IpAddr>, Option<String>, Option<u8>) {
+        use hickory_server::proto::op::Message;
+        use hickory_server::proto::rr::RData;
+        let m = Message::from_vec(response).expect("a readable response");
+        let (mut addrs, mut cname) = (Vec::new(), None);
+        for r in &m.answers {
+            match &r.data {
+                RData::A(a) => addrs.push(IpAddr::V4(a.0)),
+                RData::AAAA(a) => addrs.push(IpAddr::V6(a.0)),
+                RData::CNAME(c) => cname = Some(c.0.to_string()),
+                _ => {}
+            }
+        }
+        let scope = m.edns.as_ref().and_then(|e| {
+            match e.option(hickory_server::proto::rr::rdata::opt::EdnsCode::Subnet)? {
+                hickory_server::proto::rr::rdata::opt::EdnsOption::Subnet(s) => {
+                    Some(s.scope_prefix())
+                }
+                _ => None,
+            }
+        });
+        (u16::from(m.metadata.response_code), addrs, cname, scope)
+    }
+
+    /// The table: names in and out of the zone and its rules, A, AAAA and other types, ECS of
+    /// both families and none, clients mapped and unmapped, units at a down cluster and their
+    /// classes' last resorts. Each response, through the fast path or hickory's, is what the
+    /// decision says (code, addresses in order, CNAME, ECS scope, as hickory reads it back);
+    /// the fast path's bytes are hickory's; the fast path takes exactly the rows it is for
+    /// (an A or AAAA answer with addresses that are not a last resort's).
+    #[test]
+    fn both_paths_encode_the_decision_over_a_table_of_queries() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handler = Handler(Arc::new(table_front()));
+        let capture = Capture::default();
+        let ip = |s: &str| -> IpAddr { s.parse().expect("an address") };
+        let v4 = |s: &str, n| Some(Some((ip(s), n)));
+        let (no_edns, no_ecs) = (None, Some(None));
+        let (mapped, unmatched, bypass) = (
+            Some(Route::Mapped),
+            Some(Route::Unmatched),
+            Some(Route::Bypass),
+        );
+        type Row<'a> = (
+            &'a str,
+            u16,
+            Option<Option<(IpAddr, u8)>>,
+            &'a str,
+            u16,
+            Option<Route>,
+            bool,
+        );
+        let table: Vec<Row<'_>> = vec![
+            // name, type, ECS, resolver, rcode, route, the fast path's
+            ("www.other.test", 1, no_ecs, "192.0.2.77", 5, None, false),
+            ("example", 1, no_ecs, "192.0.2.77", 0, None, false),
+            ("example", 6, no_edns, "192.0.2.77", 0, None, false),
+            (
+                "nx.example",
+                1,
+                v4("10.0.0.0", 24),
+                "192.0.2.77",
+                3,
+                None,
+                false,
+            ),
+            (
+                "v.video.example",
+                1,
+                v4("10.0.0.0", 24),
+                "192.0.2.77",
+                0,
+                mapped,
+                true,
+            ),
+            (
+                "V.Video.Example",
+                28,
+                v4("10.0.0.0", 24),
+                "192.0.2.77",
+                0,
+                mapped,
+                true,
+            ),
+            ("v.video.example", 1, no_ecs, "10.0.0.9", 0, mapped, true),
+            (
+                "v.video.example",
+                1,
+                no_edns,
+                "192.0.2.77",
+                0,
+                unmatched,
+                true,
+            ),
+            (
+                "v.video.example",
+                1,
+                v4("10.0.0.0", 0),
+                "2001:db8:1::5",
+                0,
+                unmatched,
+                true,
+            ),
+            (
+                "v.video.example",
+                16,
+                v4("10.0.0.0", 24),
+                "192.0.2.77",
+                0,
+                mapped,
+                false,
+            ),
+            (
+                "v.video.example",
+                255,
+                no_ecs,
+                "192.0.2.77",
+                0,
+                unmatched,
+                false,
+            ),
+            (
+                "www.example",
+                28,
+                Some(Some((ip("2001:db8:1::"), 48))),
+                "192.0.2.77",
+                0,
+                mapped,
+                true,
+            ),
+            ("www.example", 1, no_ecs, "2001:db8:1::5", 0, mapped, true),
+            (
+                "www.example",
+                1,
+                v4("10.0.5.0", 24),
+                "192.0.2.77",
+                0,
+                Some(Route::Split),
+                true,
+            ),
+            (
+                "x.apps.example",
+                1,
+                v4("10.0.4.0", 24),
+                "192.0.2.77",
+                0,
+                Some(Route::Backup),
+                true,
+            ),
+            // A unit at the down cluster: its class's last resort.
+            (
+                "www.example",
+                1,
+                v4("10.0.1.0", 24),
+                "192.0.2.77",
+                0,
+                bypass,
+                false,
+            ),
+            (
+                "www.example",
+                16,
+                v4("10.0.1.0", 24),
+                "192.0.2.77",
+                0,
+                bypass,
+                false,
+            ),
+            (
+                "v.video.example",
+                1,
+                v4("10.0.2.0", 24),
+                "192.0.2.77",
+                0,
+                bypass,
+                false,
+            ),
+            (
+                "v.video.example",
+                28,
+                v4("10.0.2.0", 24),
+                "192.0.2.77",
+                0,
+                bypass,
+                false,
+            ),
+            // A CNAME back into the zone is not taken: the class's fallback, the route down.
+            (
+                "x.apps.example",
+                1,
+                v4("10.0.3.0", 24),
+                "192.0.2.77",
+                0,
+                Some(Route::Down),
+                true,
+            ),
+        ];
+        for (name, qtype, ecs, resolver, rcode, route, fast) in table {
+            let what = format!("{name} type {qtype} ECS {ecs:?} from {resolver}");
+            let raw = table_query(name, qtype, ecs);
+            let src = SocketAddr::new(ip(resolver), 5353);
+            let slow =
+                answer_hickory(&handler, runtime.handle(), &capture, &raw, src).expect("an answer");
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(&raw, src)], &mut out);
+            let taken = !out[0].is_empty();
+            assert_eq!(taken, fast, "{what}: the fast path's?");
+            if taken {
+                assert_eq!(out[0], slow, "{what}");
+            }
+            let (code, routed, addrs, cname, scope) =
+                decided(&handler.0, name, qtype, ecs, ip(resolver));
+            assert_eq!((code, routed), (rcode, route), "{what}");
+            assert_eq!(said(&slow), (code, addrs, cname, scope), "{what}");
+        }
     }
 }

@@ -1,11 +1,14 @@
 //! What answering a query needs, on both sides of WatchMap: the resolver over one published
 //! map version (prefix tables, hostname class rules, the split of a unit over its clusters,
-//! the fallback) and the in-cluster server selection over it. The mapper's `Resolve` and the
-//! DNS front end both answer through this crate, so they answer alike by construction.
+//! the fallback) and the in-cluster server selection over it, and the one decision of what a
+//! query is answered with (`answer`). The mapper's `Resolve` and both paths of the DNS front
+//! end decide through this crate and only encode its decision, so they answer alike by
+//! construction.
 //!
 //! No I/O, no async, no clock reads: a resolver is built once per map version and then only
 //! read.
 
+pub mod answer;
 pub mod columns;
 pub mod resolve;
 pub mod servers;

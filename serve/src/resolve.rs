@@ -1046,6 +1046,13 @@ impl Resolver {
     /// address as a host prefix) for `qname`. Never fails.
     pub fn resolve(&self, client: IpNet, qname: &str) -> Answer {
         let class = self.rules.class_of(qname);
+        self.resolve_in_class(client, qname, class)
+    }
+
+    /// [`Self::resolve`] for a query whose class is known (its name's
+    /// [`ClassRules::class_of`]: a caller that matched the name against the rules already,
+    /// as `crate::answer` does to tell NXDOMAIN, need not match it again).
+    pub fn resolve_in_class(&self, client: IpNet, qname: &str, class: ClassIdx) -> Answer {
         self.answer(class, self.index.hit(client.network()), client, qname)
     }
 
