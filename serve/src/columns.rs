@@ -12,8 +12,9 @@ use cdnmap_mapper::model::{ClassIdx, ClusterIdx, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
 
+use crate::follow_error::{invalid, FollowError};
+use crate::limits::{MAX_UNITS, MAX_UNIT_PREFIXES};
 use crate::serving::{Builder, ServingMap, Sizes};
-use crate::watch::{FollowError, MAX_UNITS, MAX_UNIT_PREFIXES};
 
 /// The ECS family numbers (RFC 7871, section 6; IANA address family numbers).
 const FAMILY_V4: u8 = 1;
@@ -149,13 +150,6 @@ pub fn ecs_address(family: u16, source: u8, bytes: &[u8]) -> Result<IpAddr, Stri
     } else {
         IpAddr::V6(Ipv6Addr::from(octets))
     })
-}
-
-fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FollowError {
-    FollowError::Invalid {
-        field: field.into(),
-        problem: problem.into(),
-    }
 }
 
 /// Appends the units of `c` to `b`. `class_of` maps a class number (a position in the first

@@ -7,6 +7,8 @@
 //! read.
 
 pub mod columns;
+pub mod follow_error;
+pub mod limits;
 pub mod resolve;
 pub mod servers;
 pub mod serving;
