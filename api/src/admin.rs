@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
 use cdnmap_proto::v1 as pb;
+use cdnmap_store::edit::{Applied, EditError};
 use cdnmap_topology::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use cdnmap_topology::Topology;
 use tonic::{Request, Response, Status};
 
 use crate::service::{invalid, Shared};
-use crate::topology::{Applied, Change, ChangeError};
+use crate::topology::{Change, ChangeError};
 use cdnmap_mapper::model::shown_id;
 
 /// Checks `authorization: Bearer <token>` on every Admin call, through the gate that watches
@@ -271,8 +272,8 @@ impl AdminService {
 /// The status of a change the topology writer did not carry out.
 fn change_status(e: ChangeError) -> Status {
     match e {
-        ChangeError::NoCluster(_) => Status::not_found(e.to_string()),
-        ChangeError::Refused(_) => invalid(e.to_string()),
+        ChangeError::Edit(EditError::NoCluster(_)) => Status::not_found(e.to_string()),
+        ChangeError::Edit(_) => invalid(e.to_string()),
         ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
             Status::unavailable(e.to_string())
         }
@@ -464,7 +465,7 @@ impl pb::admin_server::Admin for AdminService {
         Ok(Response::new(pb::Status {
             map_version: s.as_ref().map_or(0, |s| s.version),
             map_epoch: s.as_ref().map_or(0, |s| s.epoch),
-            unserved_classes: crate::topology::unserved_classes(&inst),
+            unserved_classes: cdnmap_store::edit::unserved_classes(&inst),
             map_solved_at_unix_ms: s.as_ref().map_or(0, |s| s.solved_at_unix_ms),
             last_round_at_unix_ms: status.last_round_at_unix_ms,
             last_round_failed: status.failed,

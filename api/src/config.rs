@@ -181,7 +181,7 @@ pub struct Config {
     pub learning: bool,
     /// How long feedback reports stay in the demand record, by arrival: counted as reports
     /// keep arriving, so a jump of the wall clock hides none (a pause in the feed counts as
-    /// a minute at most, `store::reports`).
+    /// a minute at most, `cdnmap_store`'s `reports`).
     pub record_retention_hours: u64,
     /// The most disk the demand record takes, in MiB: past it the oldest reports go, whatever
     /// their age (at 100,000 demand samples a second a week of reports would be terabytes).
@@ -1229,7 +1229,7 @@ impl Config {
     }
 
     /// The second chance rounds give overflow (`[second_chance]`), checked.
-    pub fn round_chance(&self) -> Result<crate::round::RoundChance, ConfigError> {
+    pub fn round_chance(&self) -> Result<cdnmap_engine::round::RoundChance, ConfigError> {
         use cdnmap_mapper::SecondChance;
         let c = &self.second_chance;
         if !(c.max_beyond_ms.is_finite() && c.max_beyond_ms > 0.0 && c.max_beyond_ms <= 10_000.0) {
@@ -1239,10 +1239,10 @@ impl Config {
             ));
         }
         match c.mode.parse::<SecondChance>() {
-            Ok(SecondChance::Off) => Ok(crate::round::RoundChance::default()),
-            Ok(SecondChance::BeyondLists) => {
-                Ok(crate::round::RoundChance::beyond_lists(c.max_beyond_ms))
-            }
+            Ok(SecondChance::Off) => Ok(cdnmap_engine::round::RoundChance::default()),
+            Ok(SecondChance::BeyondLists) => Ok(cdnmap_engine::round::RoundChance::beyond_lists(
+                c.max_beyond_ms,
+            )),
             Ok(SecondChance::WithinLists) => Err(invalid(
                 "second_chance.mode",
                 "\"within-lists\" (chains of moves) costs 90-560x the solve at 100 k-1 M units \

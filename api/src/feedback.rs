@@ -10,15 +10,15 @@ use cdnmap_proto::MAX_REPORT_SAMPLES;
 use ipnet::IpNet;
 use tonic::{Request, Response, Status};
 
-use crate::record::{
-    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
-    ServerLoad, Target,
-};
 use crate::service::{
     invalid, now_unix_ms, Pending, Reference, Shared, MAX_PENDING_LOADS, MAX_REPORTS, PERIOD_SLACK,
 };
 use cdnmap_estimator::rtt::RttTable;
 use cdnmap_mapper::model::{shown_id, shown_number};
+use cdnmap_store::record::{
+    self, DemandBody, LoadBody, NodeLoad, RecordedReport, Report, RttBody, RttSample, Sample,
+    ServerLoad, Target,
+};
 
 /// The `Feedback` service: validated reports go to the demand record (durable before the ack).
 pub struct FeedbackService(pub Arc<Shared>);
@@ -27,7 +27,7 @@ impl FeedbackService {
     /// Takes a report of `samples` samples in `bytes` bytes from `source`'s budget, or refuses
     /// it (RESOURCE_EXHAUSTED, counted; the sender keeps it for later).
     fn spend(&self, source: &str, samples: usize, bytes: usize) -> Result<(), Status> {
-        use crate::budget::Refusal;
+        use cdnmap_engine::budget::Refusal;
         let now = budget_clock();
         let refused = match self
             .0
@@ -91,7 +91,7 @@ impl FeedbackService {
             report,
         });
         let shared = Arc::clone(&self.0);
-        let bounds = crate::store::ReportBounds {
+        let bounds = cdnmap_store::ReportBounds {
             retain_ms: shared.config.record_retention_hours as i64 * 3_600_000,
             max_reports: MAX_REPORTS,
             max_bytes: shared.config.record_max_mb << 20,
@@ -117,7 +117,7 @@ fn realign(pending: &mut Pending, topology: &cdnmap_topology::Topology) {
     }
 }
 
-/// A demand report admitted within the bounds ([`crate::budget::RoundLedger::admit`]) and
+/// A demand report admitted within the bounds ([`cdnmap_engine::budget::RoundLedger::admit`]) and
 /// not yet settled: settled when dropped, adding what it admitted to the round's observed
 /// demand when it was `stored`, else giving its share of the bounds back (a failed store, or
 /// a call cancelled before its ack).
@@ -149,14 +149,14 @@ impl Drop for Held<'_> {
 impl FeedbackService {
     /// Admits what `source`'s demand samples `asks` (resolved against `topology`) may add
     /// within the bounds of this round's period, relative to `reference`
-    /// ([`crate::budget::RoundLedger::admit`]); held until settled ([`Held`]).
+    /// ([`cdnmap_engine::budget::RoundLedger::admit`]); held until settled ([`Held`]).
     fn admit(
         &self,
         source: &str,
-        asks: &[crate::budget::Ask],
+        asks: &[cdnmap_engine::budget::Ask],
         topology: &cdnmap_topology::Topology,
         reference: &Reference,
-    ) -> Result<crate::budget::Admitted, Status> {
+    ) -> Result<cdnmap_engine::budget::Admitted, Status> {
         let mut pending = self
             .0
             .pending
@@ -165,9 +165,13 @@ impl FeedbackService {
         realign(&mut pending, topology);
         let now = now_unix_ms();
         let cycle_ms = self.0.config.cycle_secs as i64 * 1_000;
-        let bounds = crate::budget::Bounds {
+        let bounds = cdnmap_engine::budget::Bounds {
             ratio: self.0.config.feedback_max_demand_ratio,
-            cycles: crate::budget::period_cycles(pending.since_ms.unwrap_or(now), now, cycle_ms),
+            cycles: cdnmap_engine::budget::period_cycles(
+                pending.since_ms.unwrap_or(now),
+                now,
+                cycle_ms,
+            ),
             classes: &reference.classes,
         };
         let Pending { demand, ledger, .. } = &mut *pending;
@@ -192,12 +196,12 @@ fn demand_samples(
     topology: &cdnmap_topology::Topology,
     reference: &Reference,
     shared: &Shared,
-) -> Result<(Vec<Sample>, Vec<crate::budget::Ask>), Status> {
+) -> Result<(Vec<Sample>, Vec<cdnmap_engine::budget::Ask>), Status> {
     // Finite is not enough: one sample of 1e308 made every figure of the rounds after it
     // meaningless.
     let period_secs = (period_ms as f64 / 1e3).max(1.0);
     let cycle_ms = shared.config.cycle_secs as i64 * 1_000;
-    let weight = crate::budget::period_weight(period_ms, cycle_ms, PERIOD_SLACK);
+    let weight = cdnmap_engine::budget::period_weight(period_ms, cycle_ms, PERIOD_SLACK);
     let snap = &reference.snapshot;
     let mut samples = Vec::with_capacity(r.samples.len());
     let mut asks = Vec::with_capacity(r.samples.len());
@@ -229,7 +233,7 @@ fn demand_samples(
             }
             (None, None) => None,
         };
-        asks.push(crate::budget::Ask {
+        asks.push(cdnmap_engine::budget::Ask {
             unit,
             reference: bound_by,
             queries: s.queries * weight,
@@ -327,7 +331,7 @@ enum Asked<'a> {
 /// same, for no unit).
 fn resolve_target(
     topology: &cdnmap_topology::Topology,
-    snapshot: Option<&crate::round::Snapshot>,
+    snapshot: Option<&cdnmap_engine::round::Snapshot>,
     asked: Asked<'_>,
     traffic_class: &str,
     i: usize,
@@ -410,7 +414,7 @@ impl pb::feedback_server::Feedback for FeedbackService {
     ) -> Result<Response<pb::ReportAck>, Status> {
         let (reporter, source, r) = self.accept(request, |r| (&r.reporter, r.samples.len()))?;
         let period_ms =
-            crate::budget::report_period_ms(r.period_start_unix_ms, r.period_end_unix_ms)
+            cdnmap_engine::budget::report_period_ms(r.period_start_unix_ms, r.period_end_unix_ms)
                 .map_err(|e| invalid(e.to_string()))?;
         let topology = self.0.topology.current();
         // The bounds are relative to the last round: before there is one, nothing is taken

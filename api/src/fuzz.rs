@@ -1,7 +1,7 @@
 //! Fuzz targets for the mapper's gRPC conversions that change state: the `Cluster` and
 //! `MapUnit` messages of Admin's upserts, as prost decodes them from a request's bytes,
 //! turned into an edit (`admin::cluster_from_pb`, `admin::unit_from_pb`) and applied to a
-//! topology (`edit::apply`, what the topology writer does). Whatever the bytes, nothing
+//! topology (`cdnmap_store::edit::apply`, what the topology writer does). Whatever the bytes, nothing
 //! panics; a refusal's message is of bounded length; and an edit carried out is one a restart
 //! reproduces: journaled (JSON) and replayed onto the same topology, it gives the same
 //! topology, which written as an instance file parses back to itself.
@@ -22,7 +22,7 @@ use cdnmap_topology::format::{parse_instance, write_instance};
 use cdnmap_topology::Topology;
 
 use crate::admin::{cluster_from_pb, cluster_pb, unit_admin_pb, unit_from_pb};
-use crate::edit::{apply, Edit};
+use cdnmap_store::edit::{apply, Edit};
 
 const CORPUS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -4,11 +4,8 @@
 
 pub mod admin;
 pub mod auth;
-pub mod budget;
 pub mod config;
 pub mod dashboard;
-pub mod driver;
-pub mod edit;
 pub mod feedback;
 #[cfg(test)]
 mod fuzz;
@@ -18,17 +15,12 @@ pub mod listen;
 pub mod mapping;
 pub mod memory;
 pub mod parse_error;
-pub mod record;
-pub mod round;
 pub mod selection;
 pub mod server;
 pub mod service;
-pub mod store;
 pub mod throttle;
 pub mod tls;
 pub mod topology;
 pub mod watch;
 
 pub use config::{Config, ConfigError};
-pub use round::{round, RoundError, Snapshot};
-pub use store::{Store, StoreError};

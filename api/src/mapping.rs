@@ -26,9 +26,9 @@ use tokio::sync::broadcast;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::round::Snapshot;
 use crate::service::{invalid, Published, Shared, MAX_ANSWER_ADDRESSES};
 use crate::watch::EdgeParts;
+use cdnmap_engine::round::Snapshot;
 
 /// The `Mapping` service, and the WatchMap streams it has open.
 pub struct MappingService(pub Arc<Shared>, Arc<AtomicUsize>);

@@ -76,7 +76,7 @@ async fn record(
         let mut chunk = String::with_capacity(RECORD_CHUNK);
         let mut failed = None;
         let walked = store.for_each_report(from, to, |at, payload| {
-            if let Err(e) = crate::record::push_json_line(&mut chunk, at, payload) {
+            if let Err(e) = cdnmap_store::record::push_json_line(&mut chunk, at, payload) {
                 failed = Some(e);
                 return false;
             }
@@ -385,14 +385,14 @@ pub async fn serve(
     ));
     // The TLS files of the links to etcd and to the leader, read before anything starts (an
     // error names the key and the file).
-    let etcd_tls = crate::lead::etcd::tls_options(&config)?;
+    let etcd_tls = crate::lead::tls_options(&config)?;
     let peer_tls = peer_tls(&config)?;
     let shared = Shared::start(config, initial)?;
     let lead_task = match &shared.config.node_id {
         Some(node_id) if shared.config.replicated() => {
             // Leases last a cycle: a leader that dies is replaced within about two.
             let ttl = Duration::from_secs(shared.config.cycle_secs);
-            if etcd_tls.is_none() && !crate::lead::etcd::all_loopback(&shared.config.etcd) {
+            if etcd_tls.is_none() && !crate::lead::all_loopback(&shared.config.etcd) {
                 tracing::warn!(
                     etcd = %shared.config.etcd.join(","),
                     "etcd is plaintext beyond loopback: whoever can reach it can read the \
@@ -400,7 +400,7 @@ pub async fn serve(
                      with etcd_ca_file (and a client certificate)"
                 );
             }
-            let (lead, events) = crate::lead::etcd::Coordinator::connect(
+            let (lead, events) = crate::lead::Coordinator::connect(
                 &shared.config.etcd,
                 &shared.config.etcd_prefix,
                 node_id,
@@ -731,8 +731,8 @@ async fn follow_leader(
     let mut stop = shared.stopping.subscribe();
     // The last failure said (the leader's URL, the error), so a repeat is not said again.
     let mut last_error = (String::new(), String::new());
-    let target = |s: &crate::lead::etcd::Status| match s.role {
-        Some(crate::lead::Role::Leader { .. }) => None,
+    let target = |s: &crate::lead::Status| match s.role {
+        Some(cdnmap_lead::Role::Leader { .. }) => None,
         _ => s
             .replica_urls
             .first()

@@ -18,11 +18,13 @@ use tokio::sync::broadcast;
 use tonic::Status;
 
 use crate::config::Config;
-use crate::driver::{Driver, Observations, StepError, StepTimings};
-use crate::round::{Snapshot, Solved};
 use crate::selection::{self, ServerLoads};
-use crate::store::{EstimatorLog, Served, ServedRef, Store};
-use crate::topology::{Applied, Change, ChangeError, SharedTopology};
+use cdnmap_engine::driver::{Driver, Observations, StepError, StepTimings};
+use cdnmap_engine::round::{Snapshot, Solved};
+use cdnmap_store::edit::Applied;
+use cdnmap_store::{EstimatorLog, Served, ServedRef, Store};
+
+use crate::topology::{Change, ChangeError, SharedTopology};
 
 /// The most addresses one answer carries.
 pub const MAX_ANSWER_ADDRESSES: usize = 8;
@@ -55,7 +57,7 @@ pub struct Published {
 #[derive(Debug)]
 pub struct Reference {
     pub snapshot: Arc<Snapshot>,
-    pub classes: crate::budget::ClassDemand,
+    pub classes: cdnmap_engine::budget::ClassDemand,
 }
 
 /// The state shared by the loop and every handler.
@@ -100,7 +102,7 @@ pub struct Shared {
     /// What the reports brought since the last round.
     pub(crate) pending: Mutex<Pending>,
     /// Each feedback source's budget.
-    pub(crate) budgets: crate::budget::Budgets,
+    pub(crate) budgets: cdnmap_engine::budget::Budgets,
     /// In-cluster selection: the last reported server loads.
     pub(crate) server_loads: ServerLoads,
     /// Measured RTTs (Feedback's `ReportRtt`), rebuilt from the record at a start: each
@@ -127,7 +129,7 @@ pub(crate) struct Pending {
     pub(crate) since_ms: Option<i64>,
     /// What each source has added in this period, and the reports admitted but not yet
     /// stored (`budget::RoundLedger`).
-    pub(crate) ledger: crate::budget::RoundLedger,
+    pub(crate) ledger: cdnmap_engine::budget::RoundLedger,
 }
 
 /// The demand of a period of `period_ms` (counts summed over it) as the demand of one cycle
@@ -235,7 +237,7 @@ impl Shared {
     /// Nothing an acknowledged Admin change did can make a start fail: the served map carries
     /// the instance it was solved with, and a selection override naming a cluster that is gone
     /// is a warning. Nor can a damaged stored file: the start falls back to the newest state
-    /// that reads, and says what it skipped (`store::recover`).
+    /// that reads, and says what it skipped (`cdnmap_store`'s `recover`).
     ///
     /// `initial` is called only when the store has no topology (a world of millions of units
     /// takes seconds to generate or read, which a restart then does not spend).
@@ -250,7 +252,7 @@ impl Shared {
         // above every epoch a front end may hold (issue 41).
         let epoch = store.next_epoch(u64::try_from(now_unix_ms()).unwrap_or(0))?;
         // The stored topology; where a stored file is damaged, the newest state that reads,
-        // each file or edit skipped said here (`store::recover`).
+        // each file or edit skipped said here (`cdnmap_store`'s `recover`).
         // `initial`'s own error is the start's, as it is (a bad instance file, say).
         let mut initial_error = None;
         let start = store.start_topology(Limits::default(), || {
@@ -348,7 +350,7 @@ impl Shared {
             }),
             server_loads: ServerLoads::default(),
             rtt: Mutex::new(RttTable::new(config.rtt)),
-            budgets: crate::budget::Budgets::new(config.feedback_samples_per_sec as f64),
+            budgets: cdnmap_engine::budget::Budgets::new(config.feedback_samples_per_sec as f64),
             topology: SharedTopology::start(
                 store.clone(),
                 topology,
@@ -384,7 +386,8 @@ impl Shared {
         if let Some(s) = served {
             let t = Instant::now();
             let rules = shared.rules(&s.topology)?;
-            let snapshot = Snapshot::restored(s, rules)?;
+            let identity = (s.epoch, s.version, s.solved_at_unix_ms);
+            let snapshot = Snapshot::restored(identity, s.topology, s.map, rules)?;
             tracing::info!(
                 epoch = snapshot.epoch,
                 version = snapshot.version,
@@ -490,7 +493,7 @@ impl Shared {
 
     /// Takes the samples of an acknowledged RTT report, received at `at_ms`, into the table
     /// (those of a prefix no map unit covered are only in the record).
-    pub(crate) fn take_rtt(&self, body: &crate::record::RttBody, at_ms: i64) {
+    pub(crate) fn take_rtt(&self, body: &cdnmap_store::record::RttBody, at_ms: i64) {
         let Ok(mut table) = self.rtt.lock() else {
             return;
         };
@@ -516,10 +519,10 @@ impl Shared {
         let read = self
             .store
             .for_each_report(now.saturating_sub(max_age_ms), i64::MAX, |at, bytes| {
-                if crate::record::is_rtt(bytes) {
-                    match crate::record::decode(bytes) {
-                        Ok(crate::record::RecordedReport {
-                            report: crate::record::Report::Rtt(body),
+                if cdnmap_store::record::is_rtt(bytes) {
+                    match cdnmap_store::record::decode(bytes) {
+                        Ok(cdnmap_store::record::RecordedReport {
+                            report: cdnmap_store::record::Report::Rtt(body),
                             ..
                         }) => {
                             reports += 1;
@@ -585,7 +588,7 @@ impl Shared {
     /// only if this replica still leads that term (by its lease's deadline) and etcd's
     /// transaction, comparing the leader key's revision, writes the publication. A map not
     /// published is still the next round's seed.
-    async fn may_publish(&self, term: Option<&crate::lead::Term>, snapshot: &Snapshot) -> bool {
+    async fn may_publish(&self, term: Option<&cdnmap_lead::Term>, snapshot: &Snapshot) -> bool {
         let (Some(lead), Some(term)) = (self.lead.get(), term) else {
             return false;
         };
@@ -655,10 +658,10 @@ impl Shared {
                         "edit {next} of the replicas' log is no longer in etcd (it keeps the \
                          newest {}): this replica cannot catch up; start it on a copy of \
                          another replica's data_dir",
-                        crate::lead::etcd::EDITS_KEPT
+                        crate::lead::EDITS_KEPT
                     ));
                 }
-                let edit: crate::edit::Edit = serde_json::from_slice(&bytes)
+                let edit: cdnmap_store::edit::Edit = serde_json::from_slice(&bytes)
                     .map_err(|e| format!("edit {seq} of the replicas' log: {e}"))?;
                 match self.topology.apply_shared(seq, edit).await {
                     Ok(_) => applied += 1,
@@ -684,7 +687,7 @@ impl Shared {
         let lead = self.lead.get()?;
         let status = lead.status().borrow().clone();
         let (role, leader_epoch) = match &status.role {
-            Some(crate::lead::Role::Leader { epoch, .. }) => ("leader", *epoch),
+            Some(cdnmap_lead::Role::Leader { epoch, .. }) => ("leader", *epoch),
             _ => ("standby", 0),
         };
         Some(cdnmap_proto::v1::Replication {
@@ -713,7 +716,7 @@ impl Shared {
     }
 
     /// Waits until every write acknowledged so far is on disk.
-    pub fn flush(&self) -> Result<(), crate::store::StoreError> {
+    pub fn flush(&self) -> Result<(), cdnmap_store::StoreError> {
         self.store.flush_all()
     }
 
@@ -746,7 +749,7 @@ impl Shared {
 
     /// Makes `snapshot` the round Feedback's bounds are relative to.
     fn refer(&self, snapshot: &Arc<Snapshot>) {
-        let classes = crate::budget::ClassDemand::of(&snapshot.topology);
+        let classes = cdnmap_engine::budget::ClassDemand::of(&snapshot.topology);
         self.reference.store(Some(Arc::new(Reference {
             snapshot: Arc::clone(snapshot),
             classes,
@@ -1051,7 +1054,7 @@ impl Shared {
         );
         // A period shorter than a cycle was scaled up: each unit is held to its bound again.
         if let Some(reference) = self.reference() {
-            let clipped = crate::budget::limit_period(
+            let clipped = cdnmap_engine::budget::limit_period(
                 &mut pending.demand,
                 &reference.snapshot.topology,
                 &reference.classes,
@@ -1089,7 +1092,10 @@ impl Shared {
                     leader_version = leader.identity.version,
                     "the round is seeded from the leader's map"
                 );
-                Some(crate::round::map_of_shares(&leader.map, &prev.topology))
+                Some(cdnmap_engine::round::map_of_shares(
+                    &leader.map,
+                    &prev.topology,
+                ))
             }
             _ => None,
         };
@@ -1123,7 +1129,7 @@ impl Shared {
         } else {
             0.0
         });
-        let utilization = crate::round::utilization(&snapshot.topology, &snapshot.map);
+        let utilization = cdnmap_engine::round::utilization(&snapshot.topology, &snapshot.map);
         for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
             metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
         }
@@ -1204,7 +1210,7 @@ impl Shared {
 /// Waits for the election's next change; true when it made this replica the leader (it was
 /// not). Never ready without an election.
 async fn leadership_won(
-    status: &mut Option<tokio::sync::watch::Receiver<crate::lead::etcd::Status>>,
+    status: &mut Option<tokio::sync::watch::Receiver<crate::lead::Status>>,
     leading: &mut bool,
 ) -> bool {
     let Some(rx) = status else {
@@ -1215,7 +1221,7 @@ async fn leadership_won(
     }
     let leads = matches!(
         rx.borrow_and_update().role,
-        Some(crate::lead::Role::Leader { .. })
+        Some(cdnmap_lead::Role::Leader { .. })
     );
     let won = leads && !*leading;
     *leading = leads;
@@ -1290,7 +1296,7 @@ fn legacy_served(store: &Store, topology: &Topology) -> Option<Served> {
             solved_at_unix_ms: meta.solved_at_unix_ms,
             topology: topology.clone(),
             map,
-            estimator: crate::store::EstimatorLog::default(),
+            estimator: EstimatorLog::default(),
         }),
         Ok(None) => None,
         Err(e) => {

@@ -22,7 +22,7 @@
 //! writer ([`SharedTopology::apply_shared`]), under the same numbers as its journal's.
 //!
 //! What an edit does to candidates, and to classes left without an up cluster (a warning in
-//! the answer, in the log and in the metrics, `cdnmap_classes_unserved`), is `edit.rs`'s.
+//! the answer, in the log and in the metrics, `cdnmap_classes_unserved`), is `cdnmap_store::edit`'s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,9 +33,8 @@ use cdnmap_topology::format::{ClusterFile, MapUnitFile};
 use cdnmap_topology::Topology;
 use tokio::sync::{mpsc, oneshot};
 
-pub use crate::edit::{apply, unserved_classes, Applied, ChangeError, Edit};
-
-use crate::store::Store;
+use cdnmap_store::edit::{apply, unserved_classes, Applied, Edit, EditError};
+use cdnmap_store::Store;
 
 /// Changes waiting for the writer; a caller beyond it waits for room.
 const QUEUE: usize = 64;
@@ -99,6 +98,25 @@ impl Change {
     }
 }
 
+/// Why a change was not carried out (the topology and the store are then unchanged).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChangeError {
+    /// The edit does not apply to the topology ([`apply`]'s refusal).
+    #[error(transparent)]
+    Edit(#[from] EditError),
+    #[error("storing the topology failed: {0}")]
+    Store(String),
+    #[error("the topology writer has stopped")]
+    Stopped,
+    /// Replicated: this replica does not lead; changes go to the leader (named when known).
+    #[error("this replica is a standby ({0}): send changes to the leader")]
+    NotLeader(String),
+    /// Replicated: the change could not be written to etcd for the replicas (nothing changed).
+    #[error("the change could not be shared with the replicas: {0}")]
+    Shared(String),
+}
+
 /// Called by the writer after each change is published, before the caller is answered: the
 /// action log sees changes in the order they were made.
 pub type Log = Arc<dyn Fn(&Change, &Result<Applied, ChangeError>) + Send + Sync>;
@@ -114,7 +132,7 @@ struct Request {
 
 /// Replicated, this replica's part in the election (set once the service has connected to
 /// etcd): the writer appends the leader's changes to the replicas' log through it.
-pub type Lead = Arc<std::sync::OnceLock<Arc<crate::lead::etcd::Coordinator>>>;
+pub type Lead = Arc<std::sync::OnceLock<Arc<crate::lead::Coordinator>>>;
 
 /// The published topology and the journal's sequence number of the last edit in it (the
 /// topology is the stored one after that many edits).
@@ -137,7 +155,7 @@ impl SharedTopology {
     /// Starts the writer task (on the current tokio runtime) over `initial`, the stored
     /// topology after journal entry `seq`.
     /// `replayed` is what the start's replay of the journal onto the newest snapshot cost
-    /// (`store::StartTopology::replayed`): the count toward the next snapshot goes on from
+    /// (`cdnmap_store::StartTopology::replayed`): the count toward the next snapshot goes on from
     /// there, and a snapshot is taken at once when it is over [`replay_budget`] already, so
     /// edits made across many short-lived starts do not pile up in the journal.
     pub fn start(
@@ -288,7 +306,7 @@ async fn carry_out(
     shared_seq: Option<u64>,
     now: &Arc<Versioned>,
     store: &Store,
-    lead: Option<&Arc<crate::lead::etcd::Coordinator>>,
+    lead: Option<&Arc<crate::lead::Coordinator>>,
 ) -> Result<(Applied, u64, u64), ChangeError> {
     let next = now.seq + 1;
     let term = match (lead, shared_seq) {
@@ -309,9 +327,12 @@ async fn carry_out(
     let edit = change.edit();
     let base = Arc::clone(&now.topology);
     let to_apply = edit.clone();
-    let applied = tokio::task::spawn_blocking(move || apply(&base, &to_apply))
-        .await
-        .unwrap_or_else(|e| Err(ChangeError::Store(format!("the writer's task failed: {e}"))))?;
+    let applied =
+        tokio::task::spawn_blocking(move || apply(&base, &to_apply).map_err(ChangeError::from))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ChangeError::Store(format!("the writer's task failed: {e}")))
+            })?;
     if !applied.changed {
         if let Some(n) = shared_seq {
             // The leader's edit changed its topology; here it changes nothing: the two have
@@ -398,6 +419,8 @@ fn kind(change: &Change) -> &'static str {
 }
 
 #[cfg(test)]
+mod restart;
+#[cfg(test)]
 mod tests {
     use super::*;
     use cdnmap_mapper::Limits;
@@ -479,7 +502,7 @@ mod tests {
         let mut u = file.map_units.remove(2);
         u.candidates[0].cluster = "b".into();
         let err = apply(&applied.topology, &Change::UpsertMapUnit(u).edit()).expect_err("refused");
-        assert!(matches!(err, ChangeError::Refused(_)), "{err}");
+        assert!(matches!(err, EditError::Refused(_)), "{err}");
     }
 
     /// A unit edit claiming a client network that another unit of its class has is refused,
@@ -520,7 +543,7 @@ mod tests {
         assert_eq!(two.before, Some(ClusterState::Up));
         let err =
             apply(&base, &state("zz", ClusterState::Down).edit()).expect_err("no such cluster");
-        assert!(matches!(err, ChangeError::NoCluster(_)));
+        assert!(matches!(err, EditError::NoCluster(_)));
     }
 
     /// Three writers at once, each on its own cluster and unit: every change goes through the one
@@ -607,7 +630,7 @@ mod tests {
         let store = Store::open(dir.path()).expect("open");
         let base = instance();
         let budget = replay_budget(base.unit_count());
-        assert!(300 * crate::edit::CHEAP_EDIT_COST < budget);
+        assert!(300 * cdnmap_store::edit::CHEAP_EDIT_COST < budget);
         store.put_topology(&base).expect("topology");
         let log: Log = Arc::new(|_, _| {});
         for start in 0..5 {

@@ -8,8 +8,8 @@ use cdnmap_serve::servers::Policy;
 use cdnmap_serve::watch::{self as wire, Edge, Identity};
 
 use crate::config::Config;
-use crate::round::Snapshot;
 use crate::selection::ServerLoads;
+use cdnmap_engine::round::Snapshot;
 
 /// What a message carries besides the snapshot: each cluster's selection policy (by cluster
 /// index of the snapshot's instance), the last reported server loads, and the configuration's
@@ -103,9 +103,9 @@ mod tests {
     use cdnmap_mapper::ClusterState;
     use cdnmap_serve::watch::{Applied, FollowError, Follower};
 
-    use crate::round::round;
-    use crate::store::{ServedRef, Store};
     use cdnmap_dns::local::LocalView;
+    use cdnmap_engine::round::round;
+    use cdnmap_store::{ServedRef, Store};
 
     const CLASSES: [&str; 3] = ["web", "video", "apps"];
     const QNAMES: [&str; 3] = [
@@ -241,7 +241,8 @@ mod tests {
             .expect("store");
         let served = store.served().expect("read").expect("stored");
         let rules = rules(config, &served.topology);
-        Snapshot::restored(served, rules).expect("index")
+        let identity = (served.epoch, served.version, served.solved_at_unix_ms);
+        Snapshot::restored(identity, served.topology, served.map, rules).expect("index")
     }
 
     /// Every unit's prefix, a few hosts in it, every class's name: the front end's view and

@@ -41,7 +41,7 @@ fn sticky_round(
         solve_seeded(black_box(&effective), first, &options)
     });
     // The warm figure is everything a round does from (instance, previous map) to the new map
-    // (api/src/round.rs): the effective preferences plus the seeded solve, each a median.
+    // (engine/src/round.rs): the effective preferences plus the seeded solve, each a median.
     let warm = prefs + warm_solve;
     // The independent verifier, against the preferences the warm solve used (not timed).
     let report = cdnmap_mapper::verify::verify(&effective, &warm_sol.map);

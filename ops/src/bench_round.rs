@@ -11,14 +11,14 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
-use cdnmap_api::driver::{Driver, Observations};
-use cdnmap_api::round::{Snapshot, Solved};
 use cdnmap_api::selection::{self, ServerLoads};
-use cdnmap_api::store::{RecordKind, ServedRef, Store};
+use cdnmap_engine::driver::{Driver, Observations};
+use cdnmap_engine::round::{Snapshot, Solved};
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::Estimates;
 use cdnmap_mapper::{Stickiness, UnitIdx};
 use cdnmap_serve::resolve::ClassRules;
+use cdnmap_store::{RecordKind, ServedRef, Store};
 use cdnmap_topology::Topology;
 use clap::Args;
 use rand::{Rng, SeedableRng};
@@ -247,7 +247,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
     let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
     if a.beyond_lists {
         driver = driver
-            .with_second_chance(cdnmap_api::round::RoundChance::beyond_lists_at_default_bound());
+            .with_second_chance(cdnmap_engine::round::RoundChance::beyond_lists_at_default_bound());
     }
     let default_class = base
         .classes()

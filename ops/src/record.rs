@@ -4,14 +4,14 @@
 //! A running server holds its sled store locked, so the record is read through its HTTP
 //! listener (`GET /record?from_ms=&to_ms=`); a stopped server's store can be read directly
 //! (`--data-dir`). Either way the reports come as JSON Lines of
-//! [`cdnmap_api::record::RecordLine`], the one type the service writes them with.
+//! [`cdnmap_store::record::RecordLine`], the one type the service writes them with.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_api::record::{RecordLine, Report, Target};
+use cdnmap_store::record::{RecordLine, Report, Target};
 
 use cdnmap_world::trace::{Header, Load, Record};
 
@@ -125,9 +125,9 @@ pub fn fetch(addr: SocketAddr, token: Option<&str>, from_ms: i64, to_ms: i64) ->
 
 /// The record of `[from_ms, to_ms)` from a stopped server's store.
 pub fn read_store(data_dir: &Path, from_ms: i64, to_ms: i64) -> Result<String> {
-    let store = cdnmap_api::Store::open(data_dir)
+    let store = cdnmap_store::Store::open(data_dir)
         .context("opening the store (if `cdnmap serve` is running on it, use --http instead)")?;
-    cdnmap_api::record::json_lines(&store.reports(from_ms, to_ms)?).map_err(anyhow::Error::msg)
+    cdnmap_store::record::json_lines(&store.reports(from_ms, to_ms)?).map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //!
 //! Each round `r` (time `t_r`):
 //! 1. cluster state changes of the round apply;
-//! 2. the service's round driver (`cdnmap_api::driver`, the same step `cdnmap serve` runs)
+//! 2. the service's round driver (`cdnmap_engine::driver`, the same step `cdnmap serve` runs)
 //!    takes what was observed in round `r − 1` and maps the *forecast* demand (what the mapper
 //!    would have known), with the learned coefficients once confident and derated capacities
 //!    (learning on), seeded from the previous map (stickiness on);
@@ -20,8 +20,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_api::driver::{Driver, Observations};
-use cdnmap_api::round::Snapshot;
+use cdnmap_engine::driver::{Driver, Observations};
+use cdnmap_engine::round::Snapshot;
 use cdnmap_estimator::forecast::ForecastConfig;
 use cdnmap_estimator::observed::UnitDemand;
 use cdnmap_estimator::state::{through, Estimates, Through};
@@ -224,7 +224,8 @@ fn driver(base: &Topology, setting: &Setting) -> Result<Driver> {
     };
     let driver = Driver::new(est, stickiness, setting.learning, false);
     Ok(if setting.beyond_lists {
-        driver.with_second_chance(cdnmap_api::round::RoundChance::beyond_lists_at_default_bound())
+        driver
+            .with_second_chance(cdnmap_engine::round::RoundChance::beyond_lists_at_default_bound())
     } else {
         driver
     })

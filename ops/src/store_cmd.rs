@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use cdnmap_api::store::{RecordKind, StoredMaps};
+use cdnmap_store::{RecordKind, StoredMaps};
 use cdnmap_topology::format::{write_assignment, write_instance};
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -170,9 +170,9 @@ fn dump(a: &DumpArgs) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cdnmap_api::store::{ServedRef, Store};
     use cdnmap_estimator::demand_code;
     use cdnmap_mapper::{solve, SolveOptions};
+    use cdnmap_store::{ServedRef, Store};
     use cdnmap_topology::Topology;
     use cdnmap_world::world::WorldParams;
 

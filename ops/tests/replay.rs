@@ -203,7 +203,7 @@ async fn replay_and_the_service_loop_make_the_same_maps() {
                 .report_demand(tonic::Request::new(pb::DemandReport {
                     reporter: "replay".into(),
                     // One cycle's counts, over one cycle (a sample's claim is bounded per
-                    // cycle: `cdnmap_api::budget`).
+                    // cycle: `cdnmap_engine::budget`).
                     period_start_unix_ms: 0,
                     period_end_unix_ms: 10_000,
                     samples,

@@ -11,9 +11,9 @@ use axum::Json;
 use cdnmap_topology::Topology;
 use serde_json::json;
 
-use super::figures::View;
-use crate::round::Snapshot;
 use crate::service::Shared;
+use cdnmap_engine::figures::View;
+use cdnmap_engine::round::Snapshot;
 
 /// The largest action body accepted, bytes.
 pub(super) const MAX_ACTION_BODY_BYTES: usize = 4096;

@@ -14,12 +14,13 @@ use cdnmap_mapper::{ClusterState, Instance};
 use serde::{Deserialize, Serialize};
 
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
-use super::figures::{self, View};
 use super::{clean, Actor, MAX_REASON_LEN};
 use crate::auth::{AdminGate, Denied};
-use crate::round::Snapshot;
 use crate::topology::ChangeError;
+use cdnmap_engine::figures::{self, View};
+use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::model::shown_id;
+use cdnmap_store::edit::EditError;
 use std::net::IpAddr;
 
 /// Map units listed per cluster in `/api/clusters` unless `top` says otherwise.
@@ -398,8 +399,8 @@ pub(super) async fn set_state(
         .set_cluster_state(&id, body.state, &reason, actor)
         .await
         .map_err(|e| match e {
-            ChangeError::NoCluster(_) => ApiError::not_found(e.to_string()),
-            ChangeError::Refused(_) => ApiError::bad(e.to_string()),
+            ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
+            ChangeError::Edit(_) => ApiError::bad(e.to_string()),
             ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }

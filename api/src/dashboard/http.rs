@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
 use super::clusters::{cluster, clusters, deratings, set_state, world_map};
-use super::figures::{self, CandidateView, View};
 use super::{MAX_EVENTS, MAX_HISTORY_ROUNDS};
-use crate::round::Snapshot;
 use crate::service::{now_unix_ms, RoundStatus, Shared};
+use cdnmap_engine::figures::{self, CandidateView, View};
+use cdnmap_engine::round::Snapshot;
 
 /// A map older than this many cycles is reported stale.
 pub const STALE_AFTER_CYCLES: u64 = 3;
@@ -202,7 +202,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
     };
     // A traffic class that no up cluster serves (its last cluster drained or deleted) is
     // shown too: its clients get no address.
-    let unserved_classes = crate::topology::unserved_classes(&topo);
+    let unserved_classes = cdnmap_store::edit::unserved_classes(&topo);
     let banner = banner.or_else(|| {
         (!unserved_classes.is_empty()).then(|| {
             format!(

@@ -13,7 +13,6 @@
 
 mod app;
 mod clusters;
-pub mod figures;
 pub mod http;
 
 use std::collections::VecDeque;
@@ -23,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use cdnmap_mapper::ClusterState;
 use serde::Serialize;
 
-use crate::round::Snapshot;
+use cdnmap_engine::figures;
+use cdnmap_engine::round::Snapshot;
 
 pub(crate) use app::ApiError;
 pub(crate) use clusters::authorize;

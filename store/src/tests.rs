@@ -1,6 +1,6 @@
 //! The store's tests.
 
-use super::record::{
+use super::map_record::{
     CompactMap, Delta, MapColumns, Record03, Record04, SERVED_MAGIC_03, SERVED_MAGIC_04,
 };
 use super::*;
@@ -1222,10 +1222,10 @@ fn a_damaged_delta_refuses_its_versions_and_nothing_else() {
         }),
         ("columns that do not fit", |_, values, name| {
             let bytes = values.get(name).expect("read").expect("delta");
-            let mut delta = record::decode_delta(&bytes).expect("a delta");
+            let mut delta = map_record::decode_delta(&bytes).expect("a delta");
             delta.cluster.pop();
             let mut out = Vec::new();
-            record::write_delta(&delta, &mut out).expect("encode");
+            map_record::write_delta(&delta, &mut out).expect("encode");
             values.put(name, &[&out]).expect("write");
         }),
     ];
@@ -1307,7 +1307,7 @@ fn a_delta_gives_the_older_record_back_and_damage_never_panics() {
             base_generation: rng.random_range(0..3),
             per_unit: vec![cdnmap_mapper::PerUnit { bps: 1.0, fps: 2.0 }],
             capacities: vec![rng.random::<f64>(); rng.random_range(0..3)],
-            demands: record::Demands::of(&demands),
+            demands: map_record::Demands::of(&demands),
             map: CompactMap {
                 count,
                 cluster,
@@ -1334,21 +1334,21 @@ fn a_delta_gives_the_older_record_back_and_damage_never_panics() {
         let delta = Delta::between(&older, &newer).expect("a delta");
         assert_eq!(delta.apply(&newer).expect("applies"), older, "case {case}");
         let mut bytes = Vec::new();
-        record::write_delta(&delta, &mut bytes).expect("encode");
-        assert_eq!(record::decode_delta(&bytes).expect("decodes"), delta);
+        map_record::write_delta(&delta, &mut bytes).expect("encode");
+        assert_eq!(map_record::decode_delta(&bytes).expect("decodes"), delta);
         // What the store writes, computed while it is written: the same bytes.
         let mut streamed = Vec::new();
-        let of = record::DeltaOf::new(&older, &newer).expect("columns that fit");
-        record::write_delta(&of, &mut streamed).expect("encode");
+        let of = map_record::DeltaOf::new(&older, &newer).expect("columns that fit");
+        map_record::write_delta(&of, &mut streamed).expect("encode");
         assert!(streamed == bytes, "case {case}: the streamed delta differs");
         let check = |bytes: &[u8]| {
-            if let Ok(d) = record::decode_delta(bytes) {
+            if let Ok(d) = map_record::decode_delta(bytes) {
                 let _ = d.apply(&newer);
             }
         };
         for cut in 0..bytes.len() {
             assert!(
-                record::decode_delta(&bytes[..cut]).is_err(),
+                map_record::decode_delta(&bytes[..cut]).is_err(),
                 "case {case}: cut at {cut}"
             );
         }
@@ -1370,7 +1370,7 @@ fn a_delta_gives_the_older_record_back_and_damage_never_panics() {
 #[test]
 fn demands_are_codes_where_exact_and_exceptions_else() {
     let demands = vec![0.0, 1.0 / 3.0, 2.0, -0.0, 55.25, 1e-310, 7.0];
-    let d = record::Demands::of(&demands);
+    let d = map_record::Demands::of(&demands);
     assert_eq!(d.exceptions.len(), 3, "1/3, -0 and a tiny subnormal");
     assert_eq!(d.exception_units, vec![1, 2, 2]);
     let back = d.to_vec().expect("reads back");

@@ -9,7 +9,7 @@
 //! wins, with a higher revision: epochs only grow.
 //!
 //! A replica publishes only if two things hold (`Elector::term`, then the etcd transaction of
-//! [`etcd::Coordinator::publish`]):
+//! the service's `Coordinator::publish`, `api/src/lead.rs`):
 //! - by its own clock its lease is still alive, with a margin: the deadline is counted from
 //!   the moment the last successful keepalive was *sent* (etcd counts the TTL from when it got
 //!   it, which is later), so a replica that cannot renew stops believing it leads before etcd
@@ -19,11 +19,11 @@
 //!   clock or scheduler did between the check and the write.
 //!
 //! The logic is the pure state machine [`Elector`]: events and the time in, commands out, no
-//! I/O and no clock of its own. [`etcd`] drives it against a real etcd; the tests in `sim.rs`
-//! drive it against a model of etcd's election under seeded partitions, delays, message loss,
-//! pauses and clock drift, and check the safety properties on every run.
+//! I/O and no clock of its own (this crate depends on nothing but `std`). The service
+//! (`api/src/lead.rs`) drives it against a real etcd; the tests in `sim.rs` drive it against a
+//! model of etcd's election under seeded partitions, delays, message loss, pauses and clock
+//! drift, and check the safety properties on every run.
 
-pub mod etcd;
 #[cfg(test)]
 mod sim;
 

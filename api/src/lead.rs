@@ -1,4 +1,5 @@
-//! The [`Elector`] driven against a real etcd (`etcd-client`): a task that ticks it, carries
+//! The election's I/O: the [`Elector`] (`cdnmap-lead`, the pure state machine) driven against a
+//! real etcd (`etcd-client`): a task that ticks it, carries
 //! out its commands as etcd calls (each bounded in time but the campaign, which etcd answers
 //! when the campaign leads) and hands the answers back; and the guarded publication.
 //!
@@ -21,7 +22,7 @@ use etcd_client::{
 };
 use tokio::sync::{mpsc, watch};
 
-use super::{Command, Elector, Event, LeaseId, Role, Term};
+use cdnmap_lead::{Command, Elector, Event, LeaseId, Role, Term};
 
 /// How long one etcd call but a campaign may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cdnmap_mapper::Limits;
 use cdnmap_topology::Topology;
 
-use super::record::{decode, decode_delta, decode_topology, identity, Record, Stored};
+use super::map_record::{decode, decode_delta, decode_topology, identity, Record, Stored};
 use super::values::Values;
 use super::{
     base_name, delta_name, journal, record_name, snapshots, version_files, BaseOf, EstimatorLog,
@@ -272,7 +272,7 @@ impl StoredMaps {
             problem: format!("{name}: {problem}"),
         };
         // The deltas from `version` up, each with its file's name.
-        let mut deltas: Vec<(super::record::Delta, String)> = Vec::new();
+        let mut deltas: Vec<(super::map_record::Delta, String)> = Vec::new();
         let mut v = version;
         let mut first_base = None;
         let newest = loop {

@@ -1,5 +1,5 @@
 //! The round driver: one step of the mapping loop, from what was observed since the last round
-//! to the next snapshot. The service's loop runs it on the real clock (`service.rs`) and
+//! to the next snapshot. The service's loop runs it on the real clock (`api/src/service.rs`) and
 //! `cdnmap replay` on a simulated one, so a replay exercises the code that runs in production:
 //! the same order, the same estimator calls, the same round.
 //!

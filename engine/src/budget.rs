@@ -483,6 +483,41 @@ pub fn limit_period(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cdnmap_topology::format::parse_instance;
+    use cdnmap_topology::Topology;
+
+    /// Four clusters, 60 units of demand 2 over 10.0.x.0/24 in three classes.
+    fn instance() -> Topology {
+        let clusters: Vec<String> = (0..4)
+            .map(|c| {
+                format!(
+                    r#"{{"id": "c{c}", "lat": 0, "lon": 0, "addresses": ["198.18.{c}.1"],
+                      "resources": {{"name": "r", "kind": "bps", "capacity": 40,
+                                     "classes": ["web", "video", "apps"]}}}}"#
+                )
+            })
+            .collect();
+        let units: Vec<String> = (0..60)
+            .map(|u| {
+                let class = ["web", "video", "apps"][u % 3];
+                format!(
+                    r#"{{"id": "u{u:02}", "class": "{class}", "demand": 2, "prefixes": ["10.0.{u}.0/24"],
+                      "lat": 0, "lon": 0, "candidates": [{{"cluster": "c{}", "score": 1}}]}}"#,
+                    u % 4
+                )
+            })
+            .collect();
+        let json = format!(
+            r#"{{"traffic_classes": [
+                {{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 0}}}},
+                {{"name": "video", "priority": 1, "per_unit": {{"bps": 1, "fps": 0}}}},
+                {{"name": "apps", "priority": 2, "per_unit": {{"bps": 1, "fps": 0}}}}],
+              "clusters": [{}], "map_units": [{}]}}"#,
+            clusters.join(","),
+            units.join(",")
+        );
+        parse_instance(json.as_bytes(), cdnmap_mapper::Limits::default()).expect("valid")
+    }
 
     #[test]
     fn a_bucket_holds_its_burst_and_refills_at_its_rate() {
@@ -830,7 +865,7 @@ mod tests {
     /// by id when the column's units are another topology's.
     #[test]
     fn a_rounds_demand_is_held_to_the_units_bounds() {
-        let inst = crate::mapping::tests::instance(); // 60 units of 2, three classes
+        let inst = instance(); // 60 units of 2, three classes
         let classes = ClassDemand::of(&inst);
         assert_eq!(classes.totals, vec![40.0, 40.0, 40.0]);
         assert_eq!(classes.means, vec![2.0, 2.0, 2.0]);
@@ -844,7 +879,7 @@ mod tests {
             (Some(19.0), Some(20.0), Some(20.0), None)
         );
         // The reference without unit u00: the column's other units are still matched.
-        let fewer = crate::mapping::tests::instance()
+        let fewer = instance()
             .with_units_edited(&[], &["u00"], cdnmap_mapper::Limits::default())
             .expect("an edit");
         let mut d = UnitDemand::new(&inst);

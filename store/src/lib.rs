@@ -1,6 +1,13 @@
 //! Persistence: the topology, the last maps (versioned, a bounded number kept) with what
 //! rebuilds the estimator, and the demand record (feedback reports, bounded by age, count and
-//! disk bytes).
+//! disk bytes). Also the two things a start replays or reads back without the service: the
+//! topology's edits ([`edit`]: [`edit::Edit`] and [`edit::apply`]) and the demand record's
+//! types ([`record`]).
+//!
+//! The crate depends on the pure crates only (mapper, topology, estimator), not on the
+//! service or the round engine: a map record is written from its parts ([`ServedRef`]) and
+//! read back as its parts ([`Served`]). It never reads the clock (every time is an argument)
+//! and does no I/O outside its own directory; errors are [`StoreError`], naming the file.
 //! What is large is a value file of its own ([`values`]: the topology, each map version's
 //! record, the base topologies they name, the estimator's round entries and checkpoint); the
 //! demand record is a log of segment files ([`reports`]); sled keeps the epoch.
@@ -21,7 +28,7 @@
 //!
 //! **The history of map versions.** The served record (the newest) is always whole
 //! (`map-<version>-j<seq>`); each older kept version is a delta against the next newer one
-//! (`mapd-<version>-j<seq>`, [`record::Delta`]), so a listing tells the two apart. A record
+//! (`mapd-<version>-j<seq>`, [`map_record::Delta`]), so a listing tells the two apart. A record
 //! holds the round's demands as 16-bit codes where the code's value is the demand bit for bit
 //! (every forecast: the estimator rounds them so, `cdnmap_estimator::demand_code`), the
 //! others exactly; a delta holds, column by column, what differs from the next record
@@ -51,21 +58,25 @@ use cdnmap_topology::format::parse_assignment;
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
+pub mod edit;
+mod error;
 mod journal;
+mod map_record;
 mod read;
-mod record;
+pub mod record;
 mod recover;
 mod reports;
 mod values;
 
+pub use error::StoreError;
 pub use read::{RecordKind, StoredMaps, VersionInfo};
 pub use recover::{StartServed, StartTopology};
 pub use reports::Bounds as ReportBounds;
 
-use record::Record;
+use edit::Edit;
+use error::io;
+use map_record::Record;
 use values::Values;
-
-use crate::edit::Edit;
 
 /// The directory of value files, inside the store's.
 const VALUES_DIR: &str = "values";
@@ -93,7 +104,7 @@ const SNAPSHOTS_AHEAD: usize = 3;
 /// of `maps_kept` versions, each a delta ([`DELTA_FILE`]) once the next one is written.
 const RECORD_FILE: &str = "map-";
 /// An older version of the history kept as a delta against the next newer record
-/// ([`record::Delta`]): this prefix, then the version and the topology as for
+/// ([`map_record::Delta`]): this prefix, then the version and the topology as for
 /// [`RECORD_FILE`], so a listing tells whole records from deltas.
 const DELTA_FILE: &str = "mapd-";
 /// The base topologies an older build's records were solved from: this prefix, then the
@@ -165,28 +176,6 @@ impl PendingCheckpoint {
         }
         Ok(())
     }
-}
-
-/// Why the store failed, naming what it was doing.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    #[error("store at {path}: {source}")]
-    Open { path: String, source: sled::Error },
-    #[error("store: {what}: {source}")]
-    Io { what: String, source: sled::Error },
-    #[error("store: {what}: {source}")]
-    File {
-        what: String,
-        source: std::io::Error,
-    },
-    #[error("store: {what} is unreadable: {problem}")]
-    Corrupt { what: String, problem: String },
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(sled::Error) -> StoreError {
-    let what = what.into();
-    move |source| StoreError::Io { what, source }
 }
 
 /// A map as stored: its version metadata and the map in the assignment format.
@@ -288,8 +277,8 @@ pub struct ServedRef<'a> {
     pub version: u64,
     pub solved_at_unix_ms: i64,
     /// The journal's sequence number of the last edit in the topology the round started from
-    /// (the published one it took, [`crate::topology::Versioned`]): the record names its base
-    /// by it, and the store rebuilds the base from a snapshot and the journal.
+    /// (the topology writer publishes each topology with that number): the record names its
+    /// base by it, and the store rebuilds the base from a snapshot and the journal.
     pub base_seq: u64,
     /// The round's instance: `base` with the round's demands, coefficients and capacities.
     pub instance: &'a Instance,
@@ -581,7 +570,7 @@ impl Store {
             } else if key == CHECKPOINT_KEY {
                 (CHECKPOINT_FILE.to_string(), &value)
             } else if key == SERVED_KEY {
-                match record::decode(&value) {
+                match map_record::decode(&value) {
                     Ok((r, _)) => {
                         let (_, version, _, generation) = r.identity();
                         (record_name(version, BaseOf::File(generation)), &value)
@@ -781,7 +770,8 @@ impl Store {
             .into_iter()
             .rfind(|f| !f.delta && f.version < served.version);
         let name = record_name(served.version, BaseOf::Journal(served.base_seq));
-        self.values.put_with(&name, |w| record::write(&record, w))?;
+        self.values
+            .put_with(&name, |w| map_record::write(&record, w))?;
         let cached = match self.last.0.lock() {
             Ok(mut last) => last.replace(std::sync::Arc::clone(&record)),
             Err(_) => None,
@@ -818,19 +808,19 @@ impl Store {
                 r
             }
             _ => match self.values.get(&previous.name) {
-                Ok(Some(bytes)) => match record::decode(&bytes) {
-                    Ok((record::Stored::Now(r), _)) => std::sync::Arc::new(r),
+                Ok(Some(bytes)) => match map_record::decode(&bytes) {
+                    Ok((map_record::Stored::Now(r), _)) => std::sync::Arc::new(r),
                     _ => return Ok(()),
                 },
                 _ => return Ok(()),
             },
         };
-        let Ok(delta) = record::DeltaOf::new(&older, newer) else {
+        let Ok(delta) = map_record::DeltaOf::new(&older, newer) else {
             return Ok(());
         };
         self.values
             .put_with(&delta_name(previous.version, previous.base), |w| {
-                record::write_delta(&delta, w)
+                map_record::write_delta(&delta, w)
             })?;
         if until == PutStep::DeltaWritten {
             return Ok(());
@@ -1171,7 +1161,5 @@ impl Store {
     }
 }
 
-#[cfg(test)]
-mod restart;
 #[cfg(test)]
 mod tests;

@@ -17,7 +17,7 @@
 //! journal opens. Anything else that cannot be read — a damaged entry, a gap in the numbers —
 //! is [`Damage`]: the edits from there on cannot be replayed. The journal opens with the
 //! edits before it, and refuses every append until the start has said what is lost and set
-//! the damaged bytes aside ([`Journal::set_aside_damage`], `store::recover`): serving a
+//! the damaged bytes aside ([`Journal::set_aside_damage`], `recover`): serving a
 //! topology without them undoes acknowledged changes, which a start must not do silently.
 
 use std::fs::{self, File, OpenOptions};

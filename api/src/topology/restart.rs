@@ -19,7 +19,9 @@ use cdnmap_topology::format::{
 };
 use cdnmap_topology::Topology;
 
-use super::Store;
+use cdnmap_store::Store;
+use cdnmap_topology::format::parse_instance;
+
 use crate::topology::{Change, SharedTopology};
 
 /// Cluster ids the cases draw from: the base world's two and four more.
@@ -32,6 +34,39 @@ const LEVELS_MAX: u8 = 80;
 /// Up to this many leaves beside a tree's spine at its bottom (with the spine, past
 /// `MAX_TREE_NODES` at times: refused).
 const WIDTH_MAX: u16 = 1_100;
+
+/// The store at `path` opened again (the writer's last handle on it may still be going).
+fn reopen(path: &Path) -> Store {
+    let started = std::time::Instant::now();
+    loop {
+        match Store::open(path) {
+            Ok(s) => return s,
+            Err(e) if started.elapsed() < std::time::Duration::from_secs(10) => {
+                assert!(e.to_string().contains("lock"), "reopen: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("reopen: {e}"),
+        }
+    }
+}
+
+/// The base world: two clusters, two map units.
+fn instance() -> Topology {
+    let json = r#"{
+      "traffic_classes": [{"name": "web", "priority": 0, "per_unit": {"bps": 1, "fps": 1}}],
+      "clusters": [
+        {"id": "a", "lat": 1, "lon": 2, "addresses": ["198.18.0.1"],
+         "resources": {"name": "r", "kind": "bps", "capacity": 1.5, "classes": ["web"]}},
+        {"id": "b", "lat": 3, "lon": 4, "addresses": ["198.18.1.1"],
+         "resources": {"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}],
+      "map_units": [
+        {"id": "u1", "class": "web", "demand": 1, "prefixes": ["10.0.1.0/24"], "lat": 0, "lon": 0,
+         "candidates": [{"cluster": "a", "score": 1}, {"cluster": "b", "score": 2}]},
+        {"id": "u2", "class": "web", "demand": 1, "prefixes": ["10.0.2.0/24"], "lat": 0, "lon": 0,
+         "candidates": [{"cluster": "a", "score": 1}, {"cluster": "b", "score": 2}]}]
+    }"#;
+    parse_instance(json.as_bytes(), Limits::default()).expect("valid")
+}
 
 /// One step of a case.
 #[derive(Debug, Clone, TypeGenerator)]
@@ -207,7 +242,7 @@ fn change(op: &Op) -> Option<Change> {
 
 /// The stored topology after a reopen, and the journal number of its last edit.
 fn restarted(path: &Path) -> (Topology, u64) {
-    let store = super::tests::reopen(path);
+    let store = reopen(path);
     store
         .stored_topology(Limits::default())
         .unwrap_or_else(|e| panic!("a restart cannot read what was acknowledged: {e}"))
@@ -227,7 +262,7 @@ fn run<'a>(
         .enable_all()
         .build()
         .expect("a runtime");
-    let store = super::tests::reopen(path);
+    let store = reopen(path);
     let (topology, seq, rest) = runtime.block_on(async {
         let log: crate::topology::Log = Arc::new(|_, _| {});
         let writer = SharedTopology::start(store.clone(), start, seq, 0, log, Default::default());
@@ -262,7 +297,7 @@ fn run<'a>(
 /// The property (module docs) for one case.
 fn check(ops: &[Op]) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let base = super::tests::instance();
+    let base = instance();
     Store::open(dir.path())
         .expect("open")
         .put_topology(&base)

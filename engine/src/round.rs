@@ -1,6 +1,6 @@
 //! One mapping round, without I/O or a clock: the instance of the round and the previous
-//! snapshot in, the next snapshot out. The service's loop (issue 4) calls it every `cycle_secs`,
-//! times it, publishes the result atomically and persists it; tests and replays call it
+//! snapshot in, the next snapshot out. The service's loop calls it (through the driver) every
+//! `cycle_secs`, publishes the result atomically and persists it; tests and replays call it
 //! directly with a simulated clock.
 
 use std::borrow::Cow;
@@ -56,19 +56,22 @@ fn ms_since(t: std::time::Instant) -> f64 {
 }
 
 impl Snapshot {
-    /// A snapshot read back from the store, as it was published: its identity, instance and
-    /// map, indexed with `rules` (no stats, churn or timings: no round made it here).
+    /// A snapshot read back from the store, as it was published: its identity (`epoch`,
+    /// `version`, `solved_at_unix_ms`), the round's topology and the map, indexed with `rules`
+    /// (no stats, churn or timings: no round made it here).
     pub fn restored(
-        served: crate::store::Served,
+        (epoch, version, solved_at_unix_ms): (u64, u64, i64),
+        topology: Topology,
+        map: Map,
         rules: ClassRules,
     ) -> Result<Snapshot, ServeError> {
-        let resolver = Resolver::of_solution(&served.topology, &served.map, rules)?;
+        let resolver = Resolver::of_solution(&topology, &map, rules)?;
         Ok(Snapshot {
-            epoch: served.epoch,
-            version: served.version,
-            solved_at_unix_ms: served.solved_at_unix_ms,
-            topology: served.topology,
-            map: served.map,
+            epoch,
+            version,
+            solved_at_unix_ms,
+            topology,
+            map,
             resolver,
             stats: SolveStats::default(),
             churn: None,

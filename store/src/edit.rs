@@ -1,6 +1,6 @@
 //! A change of the topology as it is carried out and journaled: [`Edit`], and [`apply`], the
-//! pure function from a topology and an edit to the next topology. The topology writer
-//! (`topology.rs`) applies each change with it before storing and publishing it; the store
+//! pure function from a topology and an edit to the next topology. The service's topology
+//! writer (`api/src/topology.rs`) applies each change with it before storing and publishing it; the store
 //! keeps every acknowledged edit in its journal and a start replays them with the same
 //! function onto the last snapshot, so what a start serves is what the writer published.
 //!
@@ -60,24 +60,14 @@ pub struct Applied {
 /// `replay_budget` of them, a million at 1 M units: half a minute of replay at a start.
 pub const CHEAP_EDIT_COST: u64 = 128;
 
-/// Why an edit was not carried out (the topology and the store are then unchanged).
+/// Why an edit does not apply to a topology (which is then unchanged): [`apply`]'s refusal.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum ChangeError {
+pub enum EditError {
     #[error("no cluster {}", cdnmap_mapper::model::shown_id(.0))]
     NoCluster(String),
     #[error("the change is refused: {0}")]
     Refused(String),
-    #[error("storing the topology failed: {0}")]
-    Store(String),
-    #[error("the topology writer has stopped")]
-    Stopped,
-    /// Replicated: this replica does not lead; changes go to the leader (named when known).
-    #[error("this replica is a standby ({0}): send changes to the leader")]
-    NotLeader(String),
-    /// Replicated: the change could not be written to etcd for the replicas (nothing changed).
-    #[error("the change could not be shared with the replicas: {0}")]
-    Shared(String),
 }
 
 /// The names of the traffic classes no up cluster serves.
@@ -99,13 +89,13 @@ pub fn unserved_classes(instance: &Instance) -> Vec<String> {
 /// `edit` applied to `base`, validated like an instance file: the pure part of the writer,
 /// and what a start replays from the store's journal (the same edit on the same topology
 /// gives the same topology).
-pub fn apply(base: &Arc<Topology>, edit: &Edit) -> Result<Applied, ChangeError> {
+pub fn apply(base: &Arc<Topology>, edit: &Edit) -> Result<Applied, EditError> {
     let unserved_before = unserved_classes(base);
     let mut applied = match edit {
         Edit::ClusterState { id, state } => {
             let c = base
                 .cluster_index(id)
-                .ok_or_else(|| ChangeError::NoCluster(id.clone()))?;
+                .ok_or_else(|| EditError::NoCluster(id.clone()))?;
             let before = base.clusters()[c as usize].state;
             Applied {
                 cost: CHEAP_EDIT_COST,
@@ -125,7 +115,7 @@ pub fn apply(base: &Arc<Topology>, edit: &Edit) -> Result<Applied, ChangeError> 
             // the same classes): no rebuild of every unit.
             match base
                 .with_cluster_replaced(c.to_spec(), c.addresses.clone())
-                .map_err(|e| ChangeError::Refused(e.to_string()))?
+                .map_err(|e| EditError::Refused(e.to_string()))?
             {
                 Some(t) => Applied {
                     cost: CHEAP_EDIT_COST,
@@ -195,10 +185,10 @@ fn units_edited(
     base: &Topology,
     upserts: &[(cdnmap_mapper::MapUnitSpec<'_>, &[ipnet::IpNet])],
     deletes: &[&str],
-) -> Result<Applied, ChangeError> {
+) -> Result<Applied, EditError> {
     let topology = base
         .with_units_edited(upserts, deletes, Limits::default())
-        .map_err(|e| ChangeError::Refused(e.to_string()))?;
+        .map_err(|e| EditError::Refused(e.to_string()))?;
     Ok(Applied::rebuilt(base, topology, 0, 0))
 }
 
@@ -209,7 +199,7 @@ fn units_edited(
 fn clusters_edited(
     base: &Arc<Topology>,
     change: impl FnOnce(&mut Vec<ClusterFile>) -> bool,
-) -> Result<Applied, ChangeError> {
+) -> Result<Applied, EditError> {
     let mut files: Vec<ClusterFile> = (0..base.clusters().len())
         .map(|c| cluster_file(base, c as cdnmap_mapper::ClusterIdx))
         .collect();
@@ -222,7 +212,7 @@ fn clusters_edited(
         .collect();
     let (topology, entries, units) = base
         .with_clusters(list, Limits::default())
-        .map_err(|e| ChangeError::Refused(e.to_string()))?;
+        .map_err(|e| EditError::Refused(e.to_string()))?;
     Ok(Applied::rebuilt(base, topology, entries, units))
 }
 
@@ -262,7 +252,7 @@ fn rebuild(
     base: &Topology,
     of_clusters: bool,
     change: impl FnOnce(&mut InstanceFile) -> bool,
-) -> Result<Applied, ChangeError> {
+) -> Result<Applied, EditError> {
     let mut file = InstanceFile::of(base);
     if !change(&mut file) {
         return Ok(Applied {
@@ -281,7 +271,7 @@ fn rebuild(
     };
     let topology = file
         .build(Limits::default())
-        .map_err(|e| ChangeError::Refused(e.to_string()))?;
+        .map_err(|e| EditError::Refused(e.to_string()))?;
     Ok(Applied::rebuilt(base, topology, skipped.0, skipped.1))
 }
 
@@ -289,13 +279,13 @@ fn rebuild(
 /// returns (entries dropped, units touched). A cluster whose tree is invalid serves nothing
 /// here, and the build refuses it with the model's error.
 #[cfg(test)]
-fn drop_unservable(file: &mut InstanceFile) -> Result<(usize, usize), ChangeError> {
+fn drop_unservable(file: &mut InstanceFile) -> Result<(usize, usize), EditError> {
     // Which classes each cluster serves, from a build of the clusters alone.
     let mut probe = file.clone();
     probe.map_units.clear();
     let clusters = probe
         .build(Limits::default())
-        .map_err(|e| ChangeError::Refused(e.to_string()))?;
+        .map_err(|e| EditError::Refused(e.to_string()))?;
     let (mut entries, mut units) = (0, 0);
     for u in &mut file.map_units {
         let class = clusters.class_index(&u.class);
