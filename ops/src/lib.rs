@@ -11,6 +11,7 @@ pub mod bench_follow;
 pub mod bench_grpc;
 pub mod bench_loads;
 pub mod bench_overflow;
+pub mod bench_procs;
 pub mod bench_round;
 pub mod bench_serve;
 pub mod bench_soak;

@@ -30,8 +30,9 @@ use anyhow::{bail, Context, Result};
 use cdnmap_mapper::Instance;
 use clap::Args;
 
-use crate::bench_dns::{cpu_secs, parse_dnsperf, program, Proc, Run};
-use crate::bench_follow::memory_mb;
+use crate::bench_dns::{parse_dnsperf, Run};
+use crate::bench_procs::memory_mb;
+use crate::bench_procs::{cpu_secs, program, Proc};
 use crate::bench_serve::dns_load::{dnsperf_args, finish_dns_load, start_dns_load, DnsFigures};
 use crate::bench_serve::log::{rounds_of, Event, RoundRec};
 use crate::bench_serve::phases::{
