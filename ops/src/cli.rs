@@ -14,7 +14,6 @@ use cdnmap_topology::format::{parse_assignment, write_assignment};
 use cdnmap_topology::Topology;
 use clap::{Args, Parser, Subcommand};
 
-use crate::bench;
 use crate::io::{check_writable, generate_world, progress, read_instance, write_atomically};
 use crate::report::Summary;
 use cdnmap_world::synth;
@@ -51,7 +50,7 @@ enum Command {
     Demo(DemoArgs),
     /// Benchmarks that print medians and quality figures.
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(crate::bench::BenchCommand),
     /// Replay a demand trace through the estimator and the mapper, round by round on a
     /// simulated clock, and write a report (report.md, rounds.csv, SVG plots).
     Replay(ReplayArgs),
@@ -542,50 +541,6 @@ struct DemoArgs {
     shape: WorldShape,
 }
 
-#[derive(Subcommand, Debug)]
-enum BenchCommand {
-    /// Cold solve of a generated world: median time, proposals, evictions, peak memory, and
-    /// the ratio to a trivial pass over the same input.
-    Solve(bench::SolveBenchArgs),
-    /// Resolution of a pre-generated query set against a solved world's map: median lookups
-    /// per second on one core, and the ratio to a trivial pass over the same queries.
-    Resolve(bench::ResolveBenchArgs),
-    /// The service's round with demand reports for every map unit, part by part (estimator,
-    /// effective preferences, solve, index, publish, persist): medians and maxima over the
-    /// timed warm rounds, peak memory, the store's size.
-    Round(crate::bench_round::RoundBenchArgs),
-    /// The table of reported server loads (a DashMap) against a HashMap behind one mutex:
-    /// one report written, every load read, and both at once; medians and the ratio.
-    ServerLoads(crate::bench_loads::LoadsBenchArgs),
-    /// dnsperf against `cdnmap dns` (following a `cdnmap serve` it starts), against gdnsd with
-    /// plugin_geoip answering the same world (a longest-prefix match a query) and against
-    /// gdnsd serving a static zone, in turn, on loopback: median queries per second, CPU per
-    /// query, latency and peak memory of each, and the ratios against issue 16's targets.
-    /// Needs Debian's dnsperf and gdnsd.
-    Dns(crate::bench_dns::DnsBenchArgs),
-    /// What the stable map leaves in overflow and its latency, against a latency-optimal
-    /// fractional map (a linear program over the same candidates, solved in the same run) on
-    /// the generated world and on an independently generated one (issue 20).
-    Overflow(crate::bench_overflow::OverflowBenchArgs),
-    /// `cdnmap serve` on a demo world and one `cdnmap dns` following it, as processes: the time
-    /// to the first DNS answer from the map, then a few rounds followed, and each process's
-    /// peak resident memory.
-    Follow(crate::bench_follow::FollowBenchArgs),
-    /// The whole service as processes: `cdnmap serve` and `cdnmap dns` on a demo world with
-    /// Feedback reports flowing; each round's parts, memory, the store, a front end joining,
-    /// the deltas, DNS queries per second and a restart from the store.
-    Serve(crate::bench_serve::ServeBenchArgs),
-    /// The whole service held at a steady DNS load: dnsperf at `--load` (0.8) of the front
-    /// end's measured peak for `--minutes` (10) while the mapper runs its rounds and Feedback
-    /// flows; errors (target 0), latency percentiles, the rounds, and both processes' memory
-    /// a minute (flat?). Needs Debian's dnsperf.
-    Soak(crate::bench_soak::SoakBenchArgs),
-    /// Topology edits through the service's writer and store, in process: cluster-state
-    /// changes with rounds between them, cluster and map-unit upserts; each kind's
-    /// acknowledgement time, the store's size after them, and a restart on that store.
-    Edits(crate::bench_edits::EditsBenchArgs),
-}
-
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     // The front end holds one map version and builds the next beside it: memory it frees goes
@@ -610,16 +565,7 @@ pub fn run() -> Result<ExitCode> {
         Command::Verify(a) => cmd_verify(&a),
         Command::World(a) => cmd_world(&a),
         Command::Demo(a) => cmd_demo(&a),
-        Command::Bench(BenchCommand::Solve(a)) => bench::solve(&a),
-        Command::Bench(BenchCommand::Resolve(a)) => bench::resolve(&a),
-        Command::Bench(BenchCommand::Round(a)) => crate::bench_round::round(&a),
-        Command::Bench(BenchCommand::ServerLoads(a)) => crate::bench_loads::server_loads(&a),
-        Command::Bench(BenchCommand::Dns(a)) => crate::bench_dns::dns(&a),
-        Command::Bench(BenchCommand::Overflow(a)) => crate::bench_overflow::overflow(&a),
-        Command::Bench(BenchCommand::Follow(a)) => crate::bench_follow::follow(&a),
-        Command::Bench(BenchCommand::Serve(a)) => crate::bench_serve::serve(&a),
-        Command::Bench(BenchCommand::Soak(a)) => crate::bench_soak::soak(&a),
-        Command::Bench(BenchCommand::Edits(a)) => crate::bench_edits::edits(&a),
+        Command::Bench(c) => crate::bench::run(c),
         Command::Ring(a) => crate::ring::run(&a).map(|()| ExitCode::SUCCESS),
         Command::Simulate(c) => crate::simulate::run(&c).map(|()| ExitCode::SUCCESS),
     }

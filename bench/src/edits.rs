@@ -23,7 +23,7 @@ use cdnmap_mapper::ClusterState;
 use cdnmap_topology::format::{cluster_file, unit_file, ResourcesFile};
 use clap::Args;
 
-use crate::bench::BenchWorld;
+use crate::solve::BenchWorld;
 
 #[derive(Args, Debug)]
 pub struct EditsBenchArgs {
@@ -137,7 +137,7 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
     let t = Instant::now();
     rt.block_on(shared.run_round());
     let cold_round_ms = t.elapsed().as_secs_f64() * 1e3;
-    let after_first = crate::bench_serve::dir_size(&dir);
+    let after_first = crate::serve::dir_size(&dir);
 
     // Cluster states: drain cluster i, then set it up again, taking clusters in turn.
     let mut state_ms = Vec::new();
@@ -223,7 +223,7 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
     drop(shared);
     drop(enter);
     rt.shutdown_timeout(std::time::Duration::from_secs(30));
-    let store_bytes = crate::bench_serve::dir_size(&dir);
+    let store_bytes = crate::serve::dir_size(&dir);
 
     // The restart: the stored topology (every edit) and the served map.
     let rt = runtime()?;

@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::alloc;
-use crate::bench::BenchWorld;
+use crate::solve::BenchWorld;
 
 #[derive(Args, Debug)]
 pub struct RoundBenchArgs {

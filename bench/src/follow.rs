@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::bench_dns::{answers, spawn_mapper_and_front_end, DemoWorld};
-use crate::bench_procs::{check_running, free_port, memory_mb, out_dir};
+use crate::dns::{answers, spawn_mapper_and_front_end, DemoWorld};
+use crate::procs::{check_running, free_port, memory_mb, out_dir};
 
 #[derive(Args, Debug)]
 pub struct FollowBenchArgs {

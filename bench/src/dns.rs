@@ -55,7 +55,7 @@ use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::bench_procs::{check_running, cpu_secs, free_port, out_dir, program, spawn, Proc};
+use crate::procs::{check_running, cpu_secs, free_port, out_dir, program, spawn, Proc};
 use cdnmap_world::world::{self, WorldParams};
 
 #[derive(Args, Debug)]
@@ -991,12 +991,10 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     let peaks: Vec<String> = SERVERS
         .iter()
         .zip(&targets)
-        .map(
-            |(name, (_, p))| match crate::bench_procs::memory_mb(p.0.id()) {
-                Some((peak, _)) => format!("{name} {peak:.0} MB"),
-                None => format!("{name} not read"),
-            },
-        )
+        .map(|(name, (_, p))| match crate::procs::memory_mb(p.0.id()) {
+            Some((peak, _)) => format!("{name} {peak:.0} MB"),
+            None => format!("{name} not read"),
+        })
         .collect();
     println!("peak RSS (VmHWM): {}", peaks.join(", "));
     drop((stat, geoip, front, serve));
