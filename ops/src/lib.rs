@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod cli;
+mod cmd;
 pub mod io;
 pub mod monitor;
 pub mod record;
