@@ -2736,7 +2736,7 @@ async fn stalled_watch_wave(server: &Server, grpc: std::net::SocketAddr) -> (f64
 /// are dropped with their connections (counted), the bytes queued
 /// (`cdnmap_watch_queued_bytes`) go back to none, and what they held is the allocator's again: of three waves alike,
 /// the third adds less than half what the first did (mimalloc hands freed memory back to the
-/// kernel after a minute, `ops/src/alloc.rs`). A normal client keeps following throughout (its
+/// kernel after a minute, `bench/src/alloc.rs`). A normal client keeps following throughout (its
 /// stream open, the rounds' updates taken). Before, the streams and their connections stayed,
 /// and each round added to what they held.
 #[tokio::test(flavor = "multi_thread")]

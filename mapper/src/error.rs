@@ -1,4 +1,5 @@
-//! The mapper's typed errors. Every message names the input that was wrong and what was wrong with it.
+//! The mapper's typed errors, and how they show a number ([`shown_number`]). Every message names
+//! the input that was wrong and what was wrong with it.
 
 /// Why an instance (or a map checked against one) was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -20,7 +21,7 @@ pub enum ModelError {
         id: String,
         context: String,
     },
-    #[error("{subject}: {field} is {}, {rule}", crate::model::shown_number(*.value))]
+    #[error("{subject}: {field} is {}, {rule}", shown_number(*.value))]
     BadNumber {
         subject: String,
         field: &'static str,
@@ -107,4 +108,14 @@ pub enum ModelError {
     DuplicateAssignment { map_unit: String },
     #[error("assignment names map unit {map_unit:?}, which the instance does not have")]
     UnknownMapUnit { map_unit: String },
+}
+
+/// A number as an error shows it: as written for the usual magnitudes, in scientific notation
+/// past them (`1e308`, not 309 digits).
+pub fn shown_number(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e15).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
 }

@@ -4,6 +4,7 @@
 //! No I/O, no async, no clock reads, no global randomness: the same input gives the same map,
 //! byte for byte. See `ARCHITECTURE.md` for the invariants this crate keeps.
 
+pub mod beyond;
 pub mod error;
 pub mod geo;
 pub mod map;

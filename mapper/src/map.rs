@@ -160,7 +160,7 @@ pub fn node_usage(instance: &Instance, map: &Map) -> Vec<f64> {
 
 /// The demand-weighted mean score of what `map` places (DESIGN.md: a candidate's score is its
 /// estimated RTT in ms plus penalties; a placement beyond a unit's list counts at the second
-/// chance's estimate, [`crate::second_chance::estimate_beyond`]), each unit's placed amounts
+/// chance's estimate, [`crate::beyond::estimate_beyond`]), each unit's placed amounts
 /// scaled by `scale(u)`
 /// (`None`: the unit left out): 1 for the map's own demand, observed / planned for the demand
 /// that landed on it. `None` when nothing is placed.
@@ -197,7 +197,7 @@ pub fn mean_measured_score(
                         .map(|c| c.score)
                 })
                 .map(f64::from)
-                .or_else(|| crate::second_chance::estimate_beyond(instance, u, a.cluster));
+                .or_else(|| crate::beyond::estimate_beyond(instance, u, a.cluster));
             if let Some(score) = score {
                 sum += a.amount * x * score;
                 placed += a.amount * x;

@@ -1499,7 +1499,7 @@ proptest! {
         prop_assert_eq!(found, listed);
         for b in &report.beyond {
             // The estimate the rest of the system counts such a placement at is the phase's.
-            let est = cdnmap_mapper::second_chance::estimate_beyond(&inst, b.unit, b.cluster);
+            let est = cdnmap_mapper::beyond::estimate_beyond(&inst, b.unit, b.cluster);
             prop_assert!(est.is_some_and(|e| (e as f32 - b.estimate_ms).abs() <= 1e-3 * (1.0 + e as f32)));
             let best = inst.candidates(b.unit).map(|c| c.score).fold(f32::INFINITY, f32::min);
             prop_assert!(b.estimate_ms <= best + params.max_beyond_ms + 1e-3);

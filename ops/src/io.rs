@@ -1,17 +1,18 @@
 //! What the commands share for files and the terminal: reading an instance file, writing a
-//! file through a temporary name and a rename, progress bars, a world generated with one. A
-//! leaf of the crate: the subcommands and benchmarks use it, it uses none of them.
+//! file through a temporary name and a rename, progress bars and a world generated with one
+//! (from `cdnmap-bench`, which the benchmarks share them from). A leaf of the crate: the
+//! subcommands use it, it uses none of them.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+pub use cdnmap_bench::progress::{generate_world, progress};
 use cdnmap_mapper::Limits;
 use cdnmap_topology::format::parse_instance;
 use cdnmap_topology::Topology;
 use cdnmap_world::world::{self, WorldParams};
-use indicatif::{ProgressBar, ProgressStyle};
 
 /// The first bytes of a zstd frame.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
@@ -64,25 +65,6 @@ pub fn write_instance_as(
             Ok(())
         }
     }
-}
-
-/// A progress bar on stderr for `len` steps (hidden when stderr is not a terminal).
-pub fn progress(len: u64, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({eta} left)")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(what.to_string());
-    bar
-}
-
-/// Generates a world with a progress bar.
-pub fn generate_world(params: &WorldParams) -> Result<Topology> {
-    let bar = progress(params.map_units as u64, "world");
-    let inst = world::generate(params, &|done| bar.set_position(done as u64))?;
-    bar.finish_and_clear();
-    Ok(inst)
 }
 
 /// Where a world of real client networks comes from (`cdnmap world --mmdb`, the service's

@@ -1,28 +1,22 @@
-//! The operator's command line: generate worlds, solve and verify instance files, benchmark.
+//! The operator's command line: generate worlds, solve and verify instance files, run the
+//! service and the front end, and the `bench` commands (whose harnesses are `cdnmap-bench`).
 //!
 //! Everything here is a thin shell around the pure `cdnmap-mapper` core: read files, call the
 //! core, print and write results. Errors carry the file and the problem (`anyhow` context).
 
-pub mod alloc;
 pub mod bench;
-pub mod bench_dns;
-pub mod bench_edits;
-pub mod bench_follow;
-pub mod bench_grpc;
-pub mod bench_loads;
-pub mod bench_overflow;
-pub mod bench_round;
-pub mod bench_serve;
-pub mod bench_soak;
 pub mod cli;
+mod cmd;
 pub mod io;
 pub mod monitor;
 pub mod record;
 pub mod replay;
-pub mod report;
 pub mod ring;
 pub mod simulate;
 pub mod store_cmd;
+
+// What the command line shares with the benchmarks (the binary installs `alloc::Counting`).
+pub use cdnmap_bench::{alloc, report};
 
 use std::process::ExitCode;
 

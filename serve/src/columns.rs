@@ -12,8 +12,9 @@ use cdnmap_mapper::model::{ClassIdx, ClusterIdx, UnitIdx};
 use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
 
+use crate::follow_error::{invalid, FollowError};
+use crate::limits::{MAX_UNITS, MAX_UNIT_PREFIXES};
 use crate::serving::{Builder, ServingMap, Sizes};
-use crate::watch::{FollowError, MAX_UNITS, MAX_UNIT_PREFIXES};
 
 /// The ECS family numbers (RFC 7871, section 6; IANA address family numbers).
 const FAMILY_V4: u8 = 1;
@@ -151,13 +152,6 @@ pub fn ecs_address(family: u16, source: u8, bytes: &[u8]) -> Result<IpAddr, Stri
     })
 }
 
-fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FollowError {
-    FollowError::Invalid {
-        field: field.into(),
-        problem: problem.into(),
-    }
-}
-
 /// Appends the units of `c` to `b`. `class_of` maps a class number (a position in the first
 /// part's fallbacks) to the class index; cluster numbers are cluster indices. Every column is
 /// checked against the others and used up exactly; a unit is checked as [`Builder::push`]
@@ -167,6 +161,25 @@ pub fn push(
     class_of: &[ClassIdx],
     c: &pb::UnitColumns,
 ) -> Result<(), FollowError> {
+    let n = check_lengths(b, c)?;
+    // Room for this part's columns (grown by doubling when no exact reserve was made).
+    b.grow(Sizes {
+        units: n,
+        id_bytes: c.ids.len(),
+        prefixes: n,
+        shares: c.share_clusters.len(),
+    });
+    let mut at = Cursor::default();
+    let mut prefixes: Vec<IpNet> = Vec::new();
+    for i in 0..n {
+        push_unit(b, class_of, c, i, &mut at, &mut prefixes)?;
+    }
+    check_used_up(c, &at)
+}
+
+/// The number of units of `c`, after checking that the columns of one entry per unit agree,
+/// that the overflow columns pair up, and that `b` has room for them.
+fn check_lengths(b: &Builder, c: &pb::UnitColumns) -> Result<usize, FollowError> {
     let n = c.id_lengths.len();
     let per_unit = [
         ("classes", c.classes.len()),
@@ -204,95 +217,123 @@ pub fn push(
             format!("{total} map units, at most {MAX_UNITS}"),
         ));
     }
-    // Room for this part's columns (grown by doubling when no exact reserve was made).
-    b.grow(Sizes {
-        units: n,
-        id_bytes: c.ids.len(),
-        prefixes: n,
-        shares: c.share_clusters.len(),
-    });
-    let (mut id_at, mut prefix_at, mut share_at, mut value_at, mut over_at) =
-        (0usize, 0usize, 0usize, 0usize, 0usize);
-    let mut prefixes: Vec<IpNet> = Vec::new();
-    for i in 0..n {
-        let len = c.id_lengths[i] as usize;
-        let id = c
-            .ids
-            .get(id_at..id_at.saturating_add(len))
-            .ok_or_else(|| invalid("columns.ids", format!("cut short at unit {i}")))
-            .and_then(|bytes| {
-                std::str::from_utf8(bytes)
-                    .map_err(|_| invalid("columns.ids", format!("unit {i}'s id is not UTF-8")))
-            })?;
-        id_at += len;
-        let field = |f: &str| format!("units[{id:?}].{f}");
-        let class = class_of
-            .get(c.classes[i] as usize)
-            .copied()
-            .ok_or_else(|| {
-                invalid(
-                    field("traffic_class"),
-                    format!("class number {} of {}", c.classes[i], class_of.len()),
-                )
-            })?;
-        let count = c.prefix_counts[i] as usize;
-        if count > MAX_UNIT_PREFIXES {
-            return Err(invalid(
-                field("prefixes"),
-                format!("{count} prefixes, at most {MAX_UNIT_PREFIXES}"),
-            ));
-        }
-        prefixes.clear();
-        for _ in 0..count {
-            let p = take_prefix(&c.prefixes, &mut prefix_at)
-                .map_err(|e| invalid(field("prefixes"), e))?;
-            prefixes.push(p);
-        }
-        let (k, whole) = ((c.placements[i] >> 1) as usize, c.placements[i] & 1 == 1);
-        if k > MAX_UNIT_PREFIXES || (whole && k != 1) {
-            return Err(invalid(
-                field("shares"),
-                format!("placement {} ({k} shares, whole: {whole})", c.placements[i]),
-            ));
-        }
-        let clusters: &[ClusterIdx] = c
-            .share_clusters
-            .get(share_at..share_at + k)
-            .ok_or_else(|| invalid(field("shares"), "cut short in columns.share_clusters"))?;
-        share_at += k;
-        let values: &[f64] = if whole {
-            &[1.0]
-        } else {
-            let v = c
-                .shares
-                .get(value_at..value_at + k)
-                .ok_or_else(|| invalid(field("shares"), "cut short in columns.shares"))?;
-            value_at += k;
-            v
-        };
-        let overflow = match c.overflow_units.get(over_at) {
-            Some(&at) if at as usize == i => {
-                over_at += 1;
-                c.overflow_shares[over_at - 1]
-            }
-            _ => 0.0,
-        };
-        let backups = [c.backups[2 * i], c.backups[2 * i + 1]].map(|b| b.checked_sub(1));
-        b.push(
-            id,
-            class,
-            prefixes.iter().copied(),
-            clusters.iter().copied().zip(values.iter().copied()),
-            overflow,
-            backups,
-        )?;
+    Ok(n)
+}
+
+/// How far each variable-length column has been read.
+#[derive(Default)]
+struct Cursor {
+    ids: usize,
+    prefixes: usize,
+    share_clusters: usize,
+    shares: usize,
+    overflow_units: usize,
+}
+
+/// Reads unit `i` of `c` from the columns at `at` (moved past it) and pushes it to `b`;
+/// `prefixes` is scratch space.
+fn push_unit(
+    b: &mut Builder,
+    class_of: &[ClassIdx],
+    c: &pb::UnitColumns,
+    i: usize,
+    at: &mut Cursor,
+    prefixes: &mut Vec<IpNet>,
+) -> Result<(), FollowError> {
+    let len = c.id_lengths[i] as usize;
+    let id = c
+        .ids
+        .get(at.ids..at.ids.saturating_add(len))
+        .ok_or_else(|| invalid("columns.ids", format!("cut short at unit {i}")))
+        .and_then(|bytes| {
+            std::str::from_utf8(bytes)
+                .map_err(|_| invalid("columns.ids", format!("unit {i}'s id is not UTF-8")))
+        })?;
+    at.ids += len;
+    let field = |f: &str| format!("units[{id:?}].{f}");
+    let class = class_of
+        .get(c.classes[i] as usize)
+        .copied()
+        .ok_or_else(|| {
+            invalid(
+                field("traffic_class"),
+                format!("class number {} of {}", c.classes[i], class_of.len()),
+            )
+        })?;
+    let count = c.prefix_counts[i] as usize;
+    if count > MAX_UNIT_PREFIXES {
+        return Err(invalid(
+            field("prefixes"),
+            format!("{count} prefixes, at most {MAX_UNIT_PREFIXES}"),
+        ));
     }
+    prefixes.clear();
+    for _ in 0..count {
+        let p = take_prefix(&c.prefixes, &mut at.prefixes)
+            .map_err(|e| invalid(field("prefixes"), e))?;
+        prefixes.push(p);
+    }
+    let (clusters, values) = unit_shares(c, i, at, &field)?;
+    let overflow = match c.overflow_units.get(at.overflow_units) {
+        Some(&unit) if unit as usize == i => {
+            at.overflow_units += 1;
+            c.overflow_shares[at.overflow_units - 1]
+        }
+        _ => 0.0,
+    };
+    let backups = [c.backups[2 * i], c.backups[2 * i + 1]].map(|b| b.checked_sub(1));
+    b.push(
+        id,
+        class,
+        prefixes.iter().copied(),
+        clusters.iter().copied().zip(values.iter().copied()),
+        overflow,
+        backups,
+    )?;
+    Ok(())
+}
+
+/// Unit `i`'s shares: its clusters and their shares (one share of 1 when it is placed
+/// whole), read at `at` (moved past them); `field` names the unit's fields in errors.
+fn unit_shares<'c>(
+    c: &'c pb::UnitColumns,
+    i: usize,
+    at: &mut Cursor,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(&'c [ClusterIdx], &'c [f64]), FollowError> {
+    let (k, whole) = ((c.placements[i] >> 1) as usize, c.placements[i] & 1 == 1);
+    if k > MAX_UNIT_PREFIXES || (whole && k != 1) {
+        return Err(invalid(
+            field("shares"),
+            format!("placement {} ({k} shares, whole: {whole})", c.placements[i]),
+        ));
+    }
+    let clusters: &[ClusterIdx] = c
+        .share_clusters
+        .get(at.share_clusters..at.share_clusters + k)
+        .ok_or_else(|| invalid(field("shares"), "cut short in columns.share_clusters"))?;
+    at.share_clusters += k;
+    let values: &[f64] = if whole {
+        &[1.0]
+    } else {
+        let v = c
+            .shares
+            .get(at.shares..at.shares + k)
+            .ok_or_else(|| invalid(field("shares"), "cut short in columns.shares"))?;
+        at.shares += k;
+        v
+    };
+    Ok((clusters, values))
+}
+
+/// Fails when a column has entries left after the last unit.
+fn check_used_up(c: &pb::UnitColumns, at: &Cursor) -> Result<(), FollowError> {
     let left = [
-        ("ids", id_at, c.ids.len()),
-        ("prefixes", prefix_at, c.prefixes.len()),
-        ("share_clusters", share_at, c.share_clusters.len()),
-        ("shares", value_at, c.shares.len()),
-        ("overflow_units", over_at, c.overflow_units.len()),
+        ("ids", at.ids, c.ids.len()),
+        ("prefixes", at.prefixes, c.prefixes.len()),
+        ("share_clusters", at.share_clusters, c.share_clusters.len()),
+        ("shares", at.shares, c.shares.len()),
+        ("overflow_units", at.overflow_units, c.overflow_units.len()),
     ];
     for (name, used, len) in left {
         if used != len {

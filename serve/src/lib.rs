@@ -10,6 +10,8 @@
 
 pub mod answer;
 pub mod columns;
+pub mod follow_error;
+pub mod limits;
 pub mod resolve;
 pub mod servers;
 pub mod serving;

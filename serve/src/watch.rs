@@ -29,22 +29,14 @@ use cdnmap_proto::v1 as pb;
 use ipnet::IpNet;
 
 use crate::columns;
+use crate::follow_error::invalid;
 use crate::servers::Policy;
-use crate::serving::{Builder, ServeError, ServingCluster, ServingMap, Sizes};
+use crate::serving::{Builder, ServingCluster, ServingMap, Sizes};
 
-/// Most map units in one message of a full map.
-pub const PART_UNITS: usize = 65_536;
-/// Most map units a delta carries, changed or gone: a round that moves more is sent whole.
-pub const MAX_DELTA_UNITS: usize = PART_UNITS;
-/// Most map units a front end holds: as many as an instance may have (a front end that
-/// refused a map the mapper can make would answer from its last one forever).
-pub const MAX_UNITS: usize = cdnmap_mapper::model::MAX_MAP_UNITS;
-/// Most clusters a front end holds.
-pub const MAX_CLUSTERS: usize = 100_000;
-/// Most prefixes of one map unit, and most shares.
-pub const MAX_UNIT_PREFIXES: usize = 4_096;
-/// Most traffic classes (names in fallbacks, rules and the default).
-pub const MAX_CLASSES: usize = 256;
+pub use crate::follow_error::FollowError;
+pub use crate::limits::{
+    MAX_CLASSES, MAX_CLUSTERS, MAX_DELTA_UNITS, MAX_UNITS, MAX_UNIT_PREFIXES, PART_UNITS,
+};
 
 /// A cluster's state on the wire.
 pub fn state_pb(state: ClusterState) -> pb::ClusterState {
@@ -390,33 +382,6 @@ pub fn changed_units(prev: &ServingMap, next: &ServingMap) -> (Vec<UnitIdx>, Vec
         }
     }
     (changed, removed)
-}
-
-/// Why an update could not be applied (the copy is then unchanged; the stream is restarted
-/// with a full map).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum FollowError {
-    #[error("a delta against version {base:?} (epoch, version) arrived while holding {held:?}")]
-    Gap { base: (u64, u64), held: (u64, u64) },
-    #[error(
-        "part of a full map of {got:?} (epoch, version) arrived while {building:?} was coming"
-    )]
-    Parts {
-        got: (u64, u64),
-        building: Option<(u64, u64)>,
-    },
-    #[error("{field}: {problem}")]
-    Invalid { field: String, problem: String },
-    #[error(transparent)]
-    Map(#[from] ServeError),
-}
-
-fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FollowError {
-    FollowError::Invalid {
-        field: field.into(),
-        problem: problem.into(),
-    }
 }
 
 /// What the front end answers with besides the map: per cluster (by index) its selection

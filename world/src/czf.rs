@@ -208,6 +208,42 @@ pub fn world_of(
     let instance = &base.instance;
     let class_names: Vec<&str> = instance.classes().iter().map(|c| c.name.as_str()).collect();
     let classes = params.mix.classes_in(&class_names)?;
+    check_params(params)?;
+    let clusters = instance.clusters();
+    let mut report = Report::default();
+    let in_file: HashSet<&str> = zones.iter().map(|z| z.group.as_str()).collect();
+    report.unused = groups
+        .keys()
+        .filter(|g| !in_file.contains(g.as_str()))
+        .cloned()
+        .collect();
+    let group_cluster = group_clusters(groups, clusters)?;
+    let mut zoned = zone_candidates(zones, clusters, &group_cluster, params, &mut report);
+    // The first zone's network of each; then in id order (the network's text, then the
+    // class), so the builder need not sort.
+    let mut seen: HashSet<IpNet> = HashSet::with_capacity(zoned.taken.len());
+    let before = zoned.taken.len();
+    zoned.taken.retain(|(n, _)| seen.insert(*n));
+    drop(seen);
+    report.duplicates = before - zoned.taken.len();
+    report.networks = zoned.taken.len();
+    ensure!(
+        !zoned.taken.is_empty(),
+        "no network to map (every zone left out or empty)"
+    );
+    let map_units = zoned.taken.len().saturating_mul(classes.len());
+    ensure!(
+        map_units <= MAX_MAP_UNITS,
+        "{} networks × {} classes make {map_units} map units, at most {MAX_MAP_UNITS}",
+        zoned.taken.len(),
+        classes.len()
+    );
+    let topology = build(base, &zoned, (&classes, &class_names), map_units, params)?;
+    Ok((topology, report))
+}
+
+/// Refuses a candidate count outside 1..=255 and an RTT bound that is not a number > 0.
+fn check_params(params: &ZoneParams) -> Result<()> {
     ensure!(
         (1..=255).contains(&params.candidates),
         "candidates must be in 1..=255, got {}",
@@ -218,14 +254,14 @@ pub fn world_of(
         "max_rtt_ms must be a finite number > 0, got {}",
         params.max_rtt_ms
     );
-    let clusters = instance.clusters();
-    let mut report = Report::default();
-    let in_file: HashSet<&str> = zones.iter().map(|z| z.group.as_str()).collect();
-    report.unused = groups
-        .keys()
-        .filter(|g| !in_file.contains(g.as_str()))
-        .cloned()
-        .collect();
+    Ok(())
+}
+
+/// Each group's cluster by index; an error names a group whose cluster does not exist.
+fn group_clusters<'a>(
+    groups: &'a BTreeMap<String, String>,
+    clusters: &[cdnmap_mapper::Cluster],
+) -> Result<BTreeMap<&'a str, ClusterIdx>> {
     let mut group_cluster: BTreeMap<&str, ClusterIdx> = BTreeMap::new();
     for (g, c) in groups {
         let Some(j) = clusters.iter().position(|x| &x.id == c) else {
@@ -233,10 +269,33 @@ pub fn world_of(
         };
         group_cluster.insert(g, j as ClusterIdx);
     }
-    // Each zone's candidates: (score, cluster), best first.
-    let mut taken: Vec<(IpNet, usize)> = Vec::new();
-    let mut lists: Vec<Vec<(f64, ClusterIdx)>> = Vec::with_capacity(zones.len());
-    let mut origins: Vec<(f64, f64)> = Vec::with_capacity(zones.len());
+    Ok(group_cluster)
+}
+
+/// The zones' networks with their zone, and each zone's candidates and origin.
+struct Zoned {
+    /// Every network of a zone that is mapped, with the zone's index.
+    taken: Vec<(IpNet, usize)>,
+    /// Each zone's candidates: (score, cluster), best first (empty for a zone left out).
+    lists: Vec<Vec<(f64, ClusterIdx)>>,
+    /// Each zone's (lat, lon).
+    origins: Vec<(f64, f64)>,
+}
+
+/// Each zone's candidates from where it is (its coordinates, else its group's cluster); a
+/// zone with neither is left out, one whose group has no cluster is told in `report`.
+fn zone_candidates(
+    zones: &[Zone],
+    clusters: &[cdnmap_mapper::Cluster],
+    group_cluster: &BTreeMap<&str, ClusterIdx>,
+    params: &ZoneParams,
+    report: &mut Report,
+) -> Zoned {
+    let mut zoned = Zoned {
+        taken: Vec::new(),
+        lists: Vec::with_capacity(zones.len()),
+        origins: Vec::with_capacity(zones.len()),
+    };
     for (z, zone) in zones.iter().enumerate() {
         let mine = group_cluster.get(zone.group.as_str()).copied();
         let origin = match (zone.coordinates, mine) {
@@ -246,8 +305,8 @@ pub fn world_of(
                 report
                     .left_out
                     .push((zone.group.clone(), zone.networks.len()));
-                lists.push(Vec::new());
-                origins.push((0.0, 0.0));
+                zoned.lists.push(Vec::new());
+                zoned.origins.push((0.0, 0.0));
                 continue;
             }
         };
@@ -256,55 +315,64 @@ pub fn world_of(
                 .unknown_groups
                 .push((zone.group.clone(), zone.networks.len()));
         }
-        let mut by_rtt: Vec<(f64, ClusterIdx)> = clusters
-            .iter()
-            .enumerate()
-            .filter(|&(j, _)| Some(j as ClusterIdx) != mine)
-            .map(|(j, c)| (rtt_ms(origin.0, origin.1, c.lat, c.lon), j as ClusterIdx))
-            .collect();
-        by_rtt.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let mut list = Vec::with_capacity(params.candidates);
-        if let Some(j) = mine {
-            let c = &clusters[j as usize];
-            let own = rtt_ms(origin.0, origin.1, c.lat, c.lon);
-            // Strictly below the best other (candidates are ordered by score, then cluster).
-            let best = by_rtt.first().map_or(own, |b| b.0 - GROUP_MARGIN_MS);
-            list.push((own.min(best).max(0.0), j));
-        }
-        for &(rtt, j) in &by_rtt {
-            if list.len() >= params.candidates || rtt > params.max_rtt_ms {
-                break;
-            }
-            list.push((rtt, j));
-        }
-        if list.is_empty() {
-            // Nothing within reach: the nearest cluster.
-            list.extend(by_rtt.first().copied());
-        }
-        lists.push(list);
-        origins.push(origin);
-        taken.extend(zone.networks.iter().map(|&n| (n, z)));
+        zoned
+            .lists
+            .push(candidates_from(origin, mine, clusters, params));
+        zoned.origins.push(origin);
+        zoned.taken.extend(zone.networks.iter().map(|&n| (n, z)));
     }
-    // The first zone's network of each; then in id order (the network's text, then the
-    // class), so the builder need not sort.
-    let mut seen: HashSet<IpNet> = HashSet::with_capacity(taken.len());
-    let before = taken.len();
-    taken.retain(|(n, _)| seen.insert(*n));
-    drop(seen);
-    report.duplicates = before - taken.len();
-    report.networks = taken.len();
-    ensure!(
-        !taken.is_empty(),
-        "no network to map (every zone left out or empty)"
-    );
-    let map_units = taken.len().saturating_mul(classes.len());
-    ensure!(
-        map_units <= MAX_MAP_UNITS,
-        "{} networks × {} classes make {map_units} map units, at most {MAX_MAP_UNITS}",
-        taken.len(),
-        classes.len()
-    );
-    let mut order: Vec<(String, usize)> = taken
+    zoned
+}
+
+/// The candidates of a zone at `origin`: its group's cluster `mine` first (scored strictly
+/// below the best other), then the nearest within the bound, at least the nearest one.
+fn candidates_from(
+    origin: (f64, f64),
+    mine: Option<ClusterIdx>,
+    clusters: &[cdnmap_mapper::Cluster],
+    params: &ZoneParams,
+) -> Vec<(f64, ClusterIdx)> {
+    let mut by_rtt: Vec<(f64, ClusterIdx)> = clusters
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| Some(j as ClusterIdx) != mine)
+        .map(|(j, c)| (rtt_ms(origin.0, origin.1, c.lat, c.lon), j as ClusterIdx))
+        .collect();
+    by_rtt.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut list = Vec::with_capacity(params.candidates);
+    if let Some(j) = mine {
+        let c = &clusters[j as usize];
+        let own = rtt_ms(origin.0, origin.1, c.lat, c.lon);
+        // Strictly below the best other (candidates are ordered by score, then cluster).
+        let best = by_rtt.first().map_or(own, |b| b.0 - GROUP_MARGIN_MS);
+        list.push((own.min(best).max(0.0), j));
+    }
+    for &(rtt, j) in &by_rtt {
+        if list.len() >= params.candidates || rtt > params.max_rtt_ms {
+            break;
+        }
+        list.push((rtt, j));
+    }
+    if list.is_empty() {
+        // Nothing within reach: the nearest cluster.
+        list.extend(by_rtt.first().copied());
+    }
+    list
+}
+
+/// The topology: `base`'s clusters and classes, a map unit per network taken and class (in
+/// id order: the network's text, then the class).
+fn build(
+    base: &Topology,
+    zoned: &Zoned,
+    (classes, class_names): (&[(usize, f64)], &[&str]),
+    map_units: usize,
+    params: &ZoneParams,
+) -> Result<Topology> {
+    let instance = &base.instance;
+    let clusters = instance.clusters();
+    let mut order: Vec<(String, usize)> = zoned
+        .taken
         .iter()
         .enumerate()
         .map(|(i, (n, _))| (n.to_string(), i))
@@ -323,15 +391,15 @@ pub fn world_of(
     let mut id = String::with_capacity(64);
     let mut candidates: Vec<CandidateSpec<'_>> = Vec::with_capacity(params.candidates);
     for (text, i) in &order {
-        let (net, z) = taken[*i];
+        let (net, z) = zoned.taken[*i];
         candidates.clear();
-        candidates.extend(lists[z].iter().map(|&(score, j)| CandidateSpec {
+        candidates.extend(zoned.lists[z].iter().map(|&(score, j)| CandidateSpec {
             cluster: &clusters[j as usize].id,
             score,
             cluster_rank: None,
         }));
-        let (lat, lon) = origins[z];
-        for &(k, share) in &classes {
+        let (lat, lon) = zoned.origins[z];
+        for &(k, share) in classes {
             id.clear();
             id.push_str(text);
             id.push('-');
@@ -349,7 +417,7 @@ pub fn world_of(
             )?;
         }
     }
-    Ok((builder.finish()?, report))
+    Ok(builder.finish()?)
 }
 
 #[cfg(test)]

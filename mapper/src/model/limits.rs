@@ -180,16 +180,6 @@ pub fn check_id(
     }
 }
 
-/// A number as an error shows it: as written for the usual magnitudes, in scientific notation
-/// past them (`1e308`, not 309 digits).
-pub fn shown_number(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() || (1e-4..1e15).contains(&x.abs()) {
-        format!("{x}")
-    } else {
-        format!("{x:e}")
-    }
-}
-
 /// `id` as an error shows it: escaped (`{:?}`), its first [`SHOWN_ID_CHARS`] characters and
 /// its length when it is longer.
 pub fn shown_id(id: &str) -> String {

@@ -29,12 +29,13 @@ mod limits;
 mod splice;
 mod topology;
 
+pub use crate::error::shown_number;
 pub use builder::{CandidateSpec, IndexedCandidate, IndexedUnitSpec, InstanceBuilder, MapUnitSpec};
 pub use candidates::Candidate;
 pub(crate) use columns::{CandidateColumns, Head, NO_RANK};
 pub(crate) use favour::{Favour, FirstCandidate};
 pub use instance::Instance;
-pub use limits::{check_id, shown_id, shown_number, too_many, MAX_ID_BYTES, SHOWN_ID_CHARS};
+pub use limits::{check_id, shown_id, too_many, MAX_ID_BYTES, SHOWN_ID_CHARS};
 pub use limits::{
     ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING,
     MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_TREE_DEPTH, MAX_TREE_NODES,

@@ -772,6 +772,16 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
         _ => bail!("--bins: give one number without --sweep"),
     };
     let p = params(a, bins)?;
+    let (main, reference) = single_runs(&p)?;
+    let out = single_report(a, &p, &main, reference.as_ref());
+    single_files(a, dir, &p, &main, reference.as_ref())?;
+    Ok(out)
+}
+
+/// The run of `p`, and from a bad start the reference run from empty (another seed) that
+/// fixes the steady-state band the run must recover to.
+fn single_runs(p: &BallsParams) -> Result<(RunStats, Option<RunStats>)> {
+    let p = *p;
     let bar = crate::io::progress(0, "balls");
     // From a bad start, a reference run from empty (another seed) fixes the steady-state band.
     let reference = BallsParams {
@@ -791,8 +801,20 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
         (simulate(&p, None, &tick)?, None)
     };
     bar.finish_and_clear();
-    let steady = reference.as_ref().unwrap_or(&main);
+    Ok((main, reference))
+}
 
+/// The report of a single run: the steady state, the max-load distribution, the tail, and
+/// from a bad start the recovery.
+fn single_report(
+    a: &BallsArgs,
+    p: &BallsParams,
+    main: &RunStats,
+    reference: Option<&RunStats>,
+) -> String {
+    let bad_start = p.initial != Initial::Empty;
+    let steady = reference.unwrap_or(main);
+    let total = steady.measured_rounds().max(1) as f64;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -837,7 +859,6 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
         out,
         "\nmax-load distribution (end of round, measured rounds):"
     );
-    let total = steady.measured_rounds().max(1) as f64;
     let dist_rows: Vec<Vec<String>> = steady
         .max_dist
         .iter()
@@ -865,36 +886,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
             .join(", ")
     );
     if bad_start {
-        let target = steady.quantile(0.99);
-        let _ = writeln!(
-            out,
-            "\nrecovery from `{}` (initial max load {}): target = the steady state's p99 max load, {target}",
-            a.initial_load,
-            match p.initial {
-                Initial::Empty => 0,
-                Initial::All(x) | Initial::Spike(x) | Initial::Uniform(x) => x,
-            }
-        );
-        match main.recovered_at {
-            Some(r) => {
-                let _ = writeln!(out, "recovered after {r} rounds");
-            }
-            None => {
-                let _ = writeln!(out, "not recovered within {} rounds", p.rounds);
-            }
-        }
-        let _ = writeln!(
-            out,
-            "claim (self-stabilizing: from any start the max load returns to the steady-state band): {} in this run",
-            held(main.recovered_at.is_some())
-        );
-        if let Some(m) = main.max_after_recovery {
-            let _ = writeln!(
-                out,
-                "largest max load after recovery: {m} (steady-state max seen {})",
-                steady.max_seen()
-            );
-        }
+        recovery_report(&mut out, a, p, main, steady);
     }
     if !steady.stationary() {
         let _ = writeln!(
@@ -904,6 +896,59 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
         );
     }
 
+    out
+}
+
+/// From a bad start: the target, when (whether) the run recovered, and after.
+fn recovery_report(
+    out: &mut String,
+    a: &BallsArgs,
+    p: &BallsParams,
+    main: &RunStats,
+    steady: &RunStats,
+) {
+    let target = steady.quantile(0.99);
+    let _ = writeln!(
+        out,
+        "\nrecovery from `{}` (initial max load {}): target = the steady state's p99 max load, {target}",
+        a.initial_load,
+        match p.initial {
+            Initial::Empty => 0,
+            Initial::All(x) | Initial::Spike(x) | Initial::Uniform(x) => x,
+        }
+    );
+    match main.recovered_at {
+        Some(r) => {
+            let _ = writeln!(out, "recovered after {r} rounds");
+        }
+        None => {
+            let _ = writeln!(out, "not recovered within {} rounds", p.rounds);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "claim (self-stabilizing: from any start the max load returns to the steady-state band): {} in this run",
+        held(main.recovered_at.is_some())
+    );
+    if let Some(m) = main.max_after_recovery {
+        let _ = writeln!(
+            out,
+            "largest max load after recovery: {m} (steady-state max seen {})",
+            steady.max_seen()
+        );
+    }
+}
+
+/// balls.csv (every run's time series), balls-maxdist.csv and balls.svg.
+fn single_files(
+    a: &BallsArgs,
+    dir: &std::path::Path,
+    p: &BallsParams,
+    main: &RunStats,
+    reference: Option<&RunStats>,
+) -> Result<()> {
+    let steady = reference.unwrap_or(main);
+    let total = steady.measured_rounds().max(1) as f64;
     // CSV: the time series of every run; the distribution beside it.
     let mut rows = Vec::new();
     for (name, r) in [("main", Some(&main)), ("reference", reference.as_ref())] {
@@ -986,7 +1031,7 @@ fn single(a: &BallsArgs, dir: &std::path::Path) -> Result<String> {
             },
         ],
     )?;
-    Ok(out)
+    Ok(())
 }
 
 /// One point of the sweep.
@@ -998,6 +1043,22 @@ struct Point {
 }
 
 fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String> {
+    let bins = sweep_sizes(a)?;
+    let points = sweep_points(&bins);
+    let base = params(a, bins[0])?;
+    for &n in &bins {
+        BallsParams { bins: n, ..base }.validate()?;
+    }
+    let by_point = sweep_runs(&base, &points, threads)?;
+    let mut out = sweep_table(dir, &base, &by_point)?;
+    out.push_str(&verdicts(&bins, &by_point));
+    sweep_plot(dir, &bins, &by_point)?;
+    Ok(out)
+}
+
+/// The sweep's numbers of bins (`--bins`, by default 1,000 and 10,000): at most 8, and a
+/// sweep starts from empty.
+fn sweep_sizes(a: &BallsArgs) -> Result<Vec<u64>> {
     let bins: Vec<u64> = if a.bins.is_empty() {
         vec![1000, 10_000]
     } else {
@@ -1012,8 +1073,13 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
             a.initial_load
         );
     }
+    Ok(bins)
+}
+
+/// Every point of the sweep: each n, d and λ.
+fn sweep_points(bins: &[u64]) -> Vec<Point> {
     let mut points = Vec::new();
-    for &n in &bins {
+    for &n in bins {
         for &d in &SWEEP_D {
             for l in 0..SWEEP_LAMBDA.len() {
                 points.push(Point {
@@ -1024,10 +1090,16 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
             }
         }
     }
-    let base = params(a, bins[0])?;
-    for &n in &bins {
-        BallsParams { bins: n, ..base }.validate()?;
-    }
+    points
+}
+
+/// Runs every point (on `threads` threads), in point order.
+fn sweep_runs(
+    base: &BallsParams,
+    points: &[Point],
+    threads: usize,
+) -> Result<Vec<(Point, RunStats)>> {
+    let base = *base;
     // The costliest first (d = 1, λ near 1, large n), so two threads finish together.
     let mut order: Vec<usize> = (0..points.len()).collect();
     order.sort_by_key(|&i| {
@@ -1056,7 +1128,15 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
     bar.finish_and_clear();
     let mut by_point: Vec<(Point, RunStats)> = jobs.into_iter().zip(results).collect();
     by_point.sort_by_key(|(p, _)| (p.bins, p.d, p.lambda_idx));
+    Ok(by_point)
+}
 
+/// The sweep's table (returned, under its heading) and balls.csv.
+fn sweep_table(
+    dir: &std::path::Path,
+    base: &BallsParams,
+    by_point: &[(Point, RunStats)],
+) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1076,7 +1156,7 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
     ];
     let mut rows = Vec::new();
     let mut csv_rows = Vec::new();
-    for (pt, r) in &by_point {
+    for (pt, r) in by_point {
         let l = SWEEP_LAMBDA[pt.lambda_idx];
         rows.push(vec![
             pt.bins.to_string(),
@@ -1129,11 +1209,14 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
         )?,
     )?;
 
-    out.push_str(&verdicts(&bins, &by_point));
+    Ok(out)
+}
 
+/// balls.svg: per n, the mean max load over ln(1/(1-λ)) for every d, and for d ≥ 2 alone.
+fn sweep_plot(dir: &std::path::Path, bins: &[u64], by_point: &[(Point, RunStats)]) -> Result<()> {
     // Per n: every d, and d ≥ 2 alone (d = 1's scale flattens it).
     let mut panels = Vec::new();
-    for &n in &bins {
+    for &n in bins {
         for (title, first) in [("", 0), (" (d ≥ 2)", 1)] {
             let ds = &SWEEP_D[first..];
             panels.push(Panel {
@@ -1160,7 +1243,7 @@ fn sweep(a: &BallsArgs, dir: &std::path::Path, threads: usize) -> Result<String>
         }
     }
     plot_svg(dir, "balls.svg", &panels)?;
-    Ok(out)
+    Ok(())
 }
 
 /// The verdicts, computed from the run. How "matches" is judged (docs/simulate.md): over the

@@ -9,7 +9,7 @@
 //! keys moved are counted against the previous state.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use cdnmap_select::{BoundedLoads, Ring, ServerIdx, MAX_D};
@@ -321,6 +321,22 @@ pub fn run(a: &HashingArgs) -> Result<()> {
         "# hashing under joins and leaves: {} keys, {} nodes at the start, {} vnodes, {} events, seed {}\n",
         r.keys, a.nodes, a.vnodes, a.events, a.seed
     );
+    out.push_str(&states_table(&dir, &r)?);
+    let sums = summarize(&r);
+    out.push_str(&summary_table(&sums));
+    out.push_str(&verdicts(&sums, a.nodes));
+    print!("{out}");
+    write_text(&dir, "hashing.md", &out)?;
+    plot(&dir, &r)?;
+    eprintln!(
+        "wrote {}/hashing.csv, hashing.svg, hashing.md",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Every state's table (returned) and hashing.csv.
+fn states_table(dir: &Path, r: &HashingRun) -> Result<String> {
     let mut rows = Vec::new();
     let mut csv_rows = Vec::new();
     for (i, s) in r.states.iter().enumerate() {
@@ -353,7 +369,7 @@ pub fn run(a: &HashingArgs) -> Result<()> {
             ]);
         }
     }
-    out.push_str(&table(
+    let out = table(
         &[
             "#",
             "event",
@@ -367,9 +383,9 @@ pub fn run(a: &HashingArgs) -> Result<()> {
             "moved %",
         ],
         &rows,
-    ));
+    );
     write_text(
-        &dir,
+        dir,
         "hashing.csv",
         &csv_string(
             &[
@@ -388,7 +404,12 @@ pub fn run(a: &HashingArgs) -> Result<()> {
         )?,
     )?;
 
-    let sums = summarize(&r);
+    Ok(out)
+}
+
+/// The summary over the run, under its heading.
+fn summary_table(sums: &[PolicySummary]) -> String {
+    let mut out = String::new();
     let _ = writeln!(out, "\nsummary over the run:");
     let srows: Vec<Vec<String>> = sums
         .iter()
@@ -415,10 +436,11 @@ pub fn run(a: &HashingArgs) -> Result<()> {
         ],
         &srows,
     ));
-    out.push_str(&verdicts(&sums, a.nodes));
-    print!("{out}");
-    write_text(&dir, "hashing.md", &out)?;
+    out
+}
 
+/// hashing.svg: keys moved by each event, and max / average load, per policy.
+fn plot(dir: &Path, r: &HashingRun) -> Result<()> {
     let policies = &r.states[0].policies;
     let series = |f: &dyn Fn(&PolicyState) -> f64, skip_start: bool| -> Vec<Series> {
         (0..policies.len())
@@ -436,7 +458,7 @@ pub fn run(a: &HashingArgs) -> Result<()> {
     };
     let keys = r.keys as f64;
     plot_svg(
-        &dir,
+        dir,
         "hashing.svg",
         &[
             Panel {
@@ -457,10 +479,6 @@ pub fn run(a: &HashingArgs) -> Result<()> {
             },
         ],
     )?;
-    eprintln!(
-        "wrote {}/hashing.csv, hashing.svg, hashing.md",
-        dir.display()
-    );
     Ok(())
 }
 

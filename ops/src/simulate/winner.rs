@@ -20,7 +20,7 @@
 //! happened, and the worst user's hit rate over its last `judge` requests.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use cdnmap_select::{least_loaded, ServerIdx};
@@ -328,30 +328,7 @@ pub fn simulate(p: &WinnerParams, seed: u64) -> Result<WinnerRun> {
     let mut caches: Vec<Lru> = (0..p.servers)
         .map(|_| Lru::new(p.cache, total_objects))
         .collect();
-    let mut users: Vec<User> = (0..p.users)
-        .map(|u| {
-            let k = if p.adoption >= 1.0 || rng.random_bool(p.adoption) {
-                p.k
-            } else {
-                1
-            };
-            let mut cand = [0; MAX_K];
-            for (i, s) in sample(&mut rng, p.servers, k).into_iter().enumerate() {
-                cand[i] = s as ServerIdx;
-            }
-            User {
-                site: (u % p.sites) as u32,
-                arrive: rng.random_range(0..p.arrival),
-                k,
-                cand,
-                misses: [0; MAX_K],
-                tried: 0,
-                chosen: None,
-                history: 0,
-                since: 0,
-            }
-        })
-        .collect();
+    let mut users = users_of(p, &mut rng);
     let stride = p.steps.div_ceil(SAMPLES).max(1);
     let mask: u128 = if p.judge == 128 {
         u128::MAX
@@ -366,28 +343,7 @@ pub fn simulate(p: &WinnerParams, seed: u64) -> Result<WinnerRun> {
             if u.arrive > step {
                 continue;
             }
-            let r: f64 = rng.random();
-            let rank = cdf.partition_point(|&c| c < r).min(p.objects - 1);
-            let obj = u.site * p.objects as u32 + rank as u32;
-            match u.chosen {
-                Some(s) => {
-                    let hit = caches[s as usize].access(obj);
-                    u.history = (u.history << 1) | u128::from(hit);
-                    u.since = u.since.saturating_add(1);
-                }
-                None => {
-                    let i = (u.tried as usize) % u.k;
-                    let hit = caches[u.cand[i] as usize].access(obj);
-                    u.misses[i] += u32::from(!hit);
-                    u.tried += 1;
-                    if u.tried >= p.tau * u.k as u32 {
-                        // Positions 0..k compete on misses: the fewest wins, the earliest on ties.
-                        let pos: [ServerIdx; MAX_K] = std::array::from_fn(|i| i as ServerIdx);
-                        let best = least_loaded(&pos[..u.k], &u.misses[..u.k]).unwrap_or(0);
-                        u.chosen = Some(u.cand[best as usize]);
-                    }
-                }
-            }
+            access(p, &cdf, &mut caches, u, &mut rng);
         }
         if (step + 1) % stride == 0 || step + 1 == p.steps {
             let full = users.iter().filter(|u| at_full(u)).count();
@@ -404,7 +360,74 @@ pub fn simulate(p: &WinnerParams, seed: u64) -> Result<WinnerRun> {
     } else {
         None
     };
-    let worst_hit_rate = users
+    let worst_hit_rate = worst_hit_rate(p, &users);
+    Ok(WinnerRun {
+        series,
+        final_share,
+        converged_at,
+        worst_hit_rate,
+    })
+}
+
+/// The users: each with its site, arrival step and candidates (k of them, or 1 for a user
+/// that has not adopted k choices), drawn from `rng`.
+fn users_of(p: &WinnerParams, rng: &mut ChaCha8Rng) -> Vec<User> {
+    (0..p.users)
+        .map(|u| {
+            let k = if p.adoption >= 1.0 || rng.random_bool(p.adoption) {
+                p.k
+            } else {
+                1
+            };
+            let mut cand = [0; MAX_K];
+            for (i, s) in sample(&mut *rng, p.servers, k).into_iter().enumerate() {
+                cand[i] = s as ServerIdx;
+            }
+            User {
+                site: (u % p.sites) as u32,
+                arrive: rng.random_range(0..p.arrival),
+                k,
+                cand,
+                misses: [0; MAX_K],
+                tried: 0,
+                chosen: None,
+                history: 0,
+                since: 0,
+            }
+        })
+        .collect()
+}
+
+/// One access of user `u`: an object of its site drawn by popularity, from its chosen server,
+/// or while it still tries, from its next candidate (choosing after τ tries of each).
+fn access(p: &WinnerParams, cdf: &[f64], caches: &mut [Lru], u: &mut User, rng: &mut ChaCha8Rng) {
+    let r: f64 = rng.random();
+    let rank = cdf.partition_point(|&c| c < r).min(p.objects - 1);
+    let obj = u.site * p.objects as u32 + rank as u32;
+    match u.chosen {
+        Some(s) => {
+            let hit = caches[s as usize].access(obj);
+            u.history = (u.history << 1) | u128::from(hit);
+            u.since = u.since.saturating_add(1);
+        }
+        None => {
+            let i = (u.tried as usize) % u.k;
+            let hit = caches[u.cand[i] as usize].access(obj);
+            u.misses[i] += u32::from(!hit);
+            u.tried += 1;
+            if u.tried >= p.tau * u.k as u32 {
+                // Positions 0..k compete on misses: the fewest wins, the earliest on ties.
+                let pos: [ServerIdx; MAX_K] = std::array::from_fn(|i| i as ServerIdx);
+                let best = least_loaded(&pos[..u.k], &u.misses[..u.k]).unwrap_or(0);
+                u.chosen = Some(u.cand[best as usize]);
+            }
+        }
+    }
+}
+
+/// The worst hit rate of a user that has chosen, over its judge window.
+fn worst_hit_rate(p: &WinnerParams, users: &[User]) -> f64 {
+    users
         .iter()
         .filter(|u| u.chosen.is_some() && u.since > 0)
         .map(|u| {
@@ -416,13 +439,7 @@ pub fn simulate(p: &WinnerParams, seed: u64) -> Result<WinnerRun> {
             };
             f64::from((u.history & m).count_ones()) / f64::from(w)
         })
-        .fold(1.0, f64::min);
-    Ok(WinnerRun {
-        series,
-        final_share,
-        converged_at,
-        worst_hit_rate,
-    })
+        .fold(1.0, f64::min)
 }
 
 /// A scenario of the report and what its runs gave.
@@ -615,6 +632,22 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
     scenarios(a)?; // refuse bad arguments before anything is created on disk
     let dir = out_dir(&a.out, "winner")?;
     let scen = run_scenarios(a, threads)?;
+    let mut out = heading(a);
+    out.push_str(&scenario_table(&scen));
+    out.push_str(&verdicts(&scen));
+    print!("{out}");
+    write_text(&dir, "winner.md", &out)?;
+    write_csvs(&dir, &scen)?;
+    plot(&dir, &scen)?;
+    eprintln!(
+        "wrote {}/winner.csv, winner-summary.csv, winner.svg, winner.md",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// The report's heading: the settings every scenario starts from.
+fn heading(a: &WinnerArgs) -> String {
     let base = base_params(a);
     let mut out = String::new();
     let _ = writeln!(
@@ -633,6 +666,11 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
         a.runs,
         a.seed
     );
+    out
+}
+
+/// One row per scenario: how many users ended at 100%, how often and when all did.
+fn scenario_table(scen: &[Scenario]) -> String {
     let rows: Vec<Vec<String>> = scen
         .iter()
         .map(|s| {
@@ -648,7 +686,7 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
             ]
         })
         .collect();
-    out.push_str(&table(
+    table(
         &[
             "scenario",
             "users",
@@ -659,13 +697,13 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
             "worst user's hit rate",
         ],
         &rows,
-    ));
-    out.push_str(&verdicts(&scen));
-    print!("{out}");
-    write_text(&dir, "winner.md", &out)?;
+    )
+}
 
+/// winner.csv (each scenario's mean series) and winner-summary.csv.
+fn write_csvs(dir: &Path, scen: &[Scenario]) -> Result<()> {
     let mut csv_rows = Vec::new();
-    for s in &scen {
+    for s in scen {
         for (step, share) in s.mean_series() {
             csv_rows.push(vec![
                 s.group.to_string(),
@@ -676,7 +714,7 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
         }
     }
     write_text(
-        &dir,
+        dir,
         "winner.csv",
         &csv_string(&["group", "scenario", "step", "share_at_100"], &csv_rows)?,
     )?;
@@ -702,7 +740,7 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
         })
         .collect();
     write_text(
-        &dir,
+        dir,
         "winner-summary.csv",
         &csv_string(
             &[
@@ -723,6 +761,11 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
             &summary_rows,
         )?,
     )?;
+    Ok(())
+}
+
+/// winner.svg: the share of users at 100% over the steps, per group of scenarios.
+fn plot(dir: &Path, scen: &[Scenario]) -> Result<()> {
     let panel = |group: &str, title: &str| Panel {
         title: title.to_string(),
         x_desc: "step",
@@ -745,11 +788,7 @@ pub fn run(a: &WinnerArgs) -> Result<()> {
     if scen.iter().any(|s| s.group == "alpha") {
         panels.push(panel("alpha", "effect of Zipf α"));
     }
-    plot_svg(&dir, "winner.svg", &panels)?;
-    eprintln!(
-        "wrote {}/winner.csv, winner-summary.csv, winner.svg, winner.md",
-        dir.display()
-    );
+    plot_svg(dir, "winner.svg", &panels)?;
     Ok(())
 }
 
@@ -768,6 +807,50 @@ pub fn verdicts(scen: &[Scenario]) -> String {
             );
         }
     }
+    k1_verdicts(&mut out, scen);
+    if let Some(s) = scen
+        .iter()
+        .find(|s| s.group == "policy" && s.params.adoption < 1.0)
+    {
+        let share = s.mean_final_share();
+        let _ = writeln!(
+            out,
+            "- with {:.0}% of users at k = 2, about 95% of users reach 100% (within 5 points): {} ({:.2}%)",
+            100.0 * s.params.adoption,
+            held((share - 0.95).abs() <= 0.05),
+            100.0 * share
+        );
+    }
+    tau_verdicts(&mut out, scen);
+    let alphas: Vec<&Scenario> = scen
+        .iter()
+        .filter(|s| s.group == "alpha" && s.params.k == 2)
+        .collect();
+    if alphas.len() >= 2 {
+        let times: Vec<Option<f64>> = alphas.iter().map(|s| s.mean_converged_at()).collect();
+        let faster = times.iter().all(Option::is_some) && times.windows(2).all(|w| w[1] <= w[0]);
+        let _ = writeln!(
+            out,
+            "- a larger α (more skewed popularity) converges sooner (k = 2; mean step all 100%: {}): {}",
+            alphas
+                .iter()
+                .zip(&times)
+                .map(|(s, t)| format!(
+                    "α={}: {}",
+                    s.params.alpha,
+                    t.map_or("never".to_string(), |t| format!("{t:.0}"))
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
+            held(faster)
+        );
+    }
+    out
+}
+
+/// Where k = 1 fails and k = 2 does not, and k = 1's worst user as load grows.
+fn k1_verdicts(out: &mut String, scen: &[Scenario]) {
+    let find = |name: &str| scen.iter().find(|s| s.name == name);
     if let (Some(k1), Some(k2)) = (find("k=1"), find("k=2")) {
         let loads: Vec<&Scenario> = scen.iter().filter(|s| s.group == "load").collect();
         let falling = loads.len() >= 2
@@ -794,19 +877,10 @@ pub fn verdicts(scen: &[Scenario]) -> String {
             );
         }
     }
-    if let Some(s) = scen
-        .iter()
-        .find(|s| s.group == "policy" && s.params.adoption < 1.0)
-    {
-        let share = s.mean_final_share();
-        let _ = writeln!(
-            out,
-            "- with {:.0}% of users at k = 2, about 95% of users reach 100% (within 5 points): {} ({:.2}%)",
-            100.0 * s.params.adoption,
-            held((share - 0.95).abs() <= 0.05),
-            100.0 * share
-        );
-    }
+}
+
+/// What a longer history window τ does to failures and convergence.
+fn tau_verdicts(out: &mut String, scen: &[Scenario]) {
     let taus: Vec<&Scenario> = scen.iter().filter(|s| s.group == "tau").collect();
     if taus.len() >= 2 {
         let fewer = taus
@@ -838,30 +912,6 @@ pub fn verdicts(scen: &[Scenario]) -> String {
             held(slower)
         );
     }
-    let alphas: Vec<&Scenario> = scen
-        .iter()
-        .filter(|s| s.group == "alpha" && s.params.k == 2)
-        .collect();
-    if alphas.len() >= 2 {
-        let times: Vec<Option<f64>> = alphas.iter().map(|s| s.mean_converged_at()).collect();
-        let faster = times.iter().all(Option::is_some) && times.windows(2).all(|w| w[1] <= w[0]);
-        let _ = writeln!(
-            out,
-            "- a larger α (more skewed popularity) converges sooner (k = 2; mean step all 100%: {}): {}",
-            alphas
-                .iter()
-                .zip(&times)
-                .map(|(s, t)| format!(
-                    "α={}: {}",
-                    s.params.alpha,
-                    t.map_or("never".to_string(), |t| format!("{t:.0}"))
-                ))
-                .collect::<Vec<_>>()
-                .join(", "),
-            held(faster)
-        );
-    }
-    out
 }
 
 #[cfg(test)]

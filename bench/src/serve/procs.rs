@@ -154,7 +154,7 @@ pub(crate) fn spawn_dns(
 
 /// A process's peak resident memory (`VmHWM`), MB.
 pub(crate) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
-    crate::bench_follow::memory_mb(pid?).map(|(peak, _)| peak)
+    crate::procs::memory_mb(pid?).map(|(peak, _)| peak)
 }
 
 /// Bytes of the files under `dir`.

@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::alloc;
-use crate::bench::BenchWorld;
+use crate::solve::BenchWorld;
 
 #[derive(Args, Debug)]
 pub struct RoundBenchArgs {
@@ -243,12 +243,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         store.put_topology(&base)?;
         println!("topology       stored in {:.1} ms", ms(t));
     }
-    let estimates = Estimates::new(&base).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
-    if a.beyond_lists {
-        driver = driver
-            .with_second_chance(cdnmap_engine::round::RoundChance::beyond_lists_at_default_bound());
-    }
+    let mut driver = driver_for(a, &base)?;
     let default_class = base
         .classes()
         .first()
@@ -309,7 +304,39 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
         previous = Some(s);
     }
     print_medians(&times, base.unit_count());
+    print_overflow_checkpoints_memory(a, previous.as_ref(), &checkpoints, live_before);
+    let size: u64 = walk_size(dir.path());
+    println!("store          {:.1} MB on disk", size as f64 / 1e6);
+    if !a.no_persist {
+        print_records(&store)?;
+    }
+    // After the rounds' figures: the baselines' JSON is not the rounds' memory.
     if let Some(s) = &previous {
+        print_baselines(s, &base)?;
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The round driver the service runs (stickiness, the verifier on), with the second chance
+/// beyond the lists when asked for.
+fn driver_for(a: &RoundBenchArgs, base: &Topology) -> Result<Driver> {
+    let estimates = Estimates::new(base).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut driver = Driver::new(estimates, Stickiness::default(), true, false);
+    if a.beyond_lists {
+        driver = driver
+            .with_second_chance(cdnmap_engine::round::RoundChance::beyond_lists_at_default_bound());
+    }
+    Ok(driver)
+}
+
+/// The last round's overflow, each checkpoint's cost, and the peak live heap.
+fn print_overflow_checkpoints_memory(
+    a: &RoundBenchArgs,
+    previous: Option<&Snapshot>,
+    checkpoints: &[(f64, f64, usize)],
+    live_before: usize,
+) {
+    if let Some(s) = previous {
         println!(
             "overflow       {:.3}% of the last round's demand (second chance: {})",
             100.0 * s.map.total_overflow() / s.topology.total_demand().max(f64::MIN_POSITIVE),
@@ -320,7 +347,7 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             }
         );
     }
-    for (encode_ms, write_ms, bytes) in &checkpoints {
+    for (encode_ms, write_ms, bytes) in checkpoints {
         println!(
             "checkpoint     the estimator's whole state, {:.0} MB: encode {encode_ms:.0} ms, write {write_ms:.0} ms \
              (off the round, at most every {} rounds)",
@@ -335,16 +362,6 @@ pub fn round(a: &RoundBenchArgs) -> Result<std::process::ExitCode> {
             live_before as f64 / 1e6
         );
     }
-    let size: u64 = walk_size(dir.path());
-    println!("store          {:.1} MB on disk", size as f64 / 1e6);
-    if !a.no_persist {
-        print_records(&store)?;
-    }
-    // After the rounds' figures: the baselines' JSON is not the rounds' memory.
-    if let Some(s) = &previous {
-        print_baselines(s, &base)?;
-    }
-    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// The kept map versions' sizes on disk: the served record (whole) and the older ones (deltas

@@ -12,6 +12,7 @@
 //! every edit.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
@@ -21,9 +22,10 @@ use cdnmap_api::topology::Actor;
 use cdnmap_api::topology::Change;
 use cdnmap_mapper::ClusterState;
 use cdnmap_topology::format::{cluster_file, unit_file, ResourcesFile};
+use cdnmap_topology::Topology;
 use clap::Args;
 
-use crate::bench::BenchWorld;
+use crate::solve::BenchWorld;
 
 #[derive(Args, Debug)]
 pub struct EditsBenchArgs {
@@ -82,17 +84,7 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         (1..=1024).contains(&a.maps_kept),
         "--maps-kept must be within 1..=1024"
     );
-    // The service's own lines that say where a start's and a snapshot's time went (the
-    // stored map served, with its parts; a snapshot stored), on stderr; RUST_LOG overrides.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(
-            "warn,cdnmap_api::service=info,cdnmap_api::topology=info",
-        )
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    trace_to_stderr();
     let world = a.world.generate()?;
     let units = world.unit_count();
     let clusters = world.clusters().len();
@@ -118,30 +110,104 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         maps_kept: a.maps_kept,
         ..Config::default()
     };
-    let runtime = || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("a tokio runtime")
-    };
+    let mut m = Measured::default();
     let rt = runtime()?;
     let enter = rt.enter();
-    let actor = || Actor::new(Some("bench"), None, "bench");
 
     // The first start: the topology stored, a cold round.
     let t = Instant::now();
     let initial = world.clone();
     let shared = Shared::start(config.clone(), move || Ok(initial))?;
-    let first_start_ms = t.elapsed().as_secs_f64() * 1e3;
+    m.first_start_ms = ms_since(t);
     let t = Instant::now();
     rt.block_on(shared.run_round());
-    let cold_round_ms = t.elapsed().as_secs_f64() * 1e3;
-    let after_first = crate::bench_serve::dir_size(&dir);
+    m.cold_round_ms = ms_since(t);
+    m.after_first = crate::serve::dir_size(&dir);
 
-    // Cluster states: drain cluster i, then set it up again, taking clusters in turn.
-    let mut state_ms = Vec::new();
-    let mut round_ms = Vec::new();
+    let expected = state_edits(a, &rt, &shared, &world, &mut m)?;
+    cluster_edits(a, &rt, &shared, &world, &mut m)?;
+    unit_edits(a, &rt, &shared, units, &mut m)?;
+    let t = Instant::now();
+    rt.block_on(shared.run_round());
+    m.round_ms.push(ms_since(t));
+    let live = shared.topology_now();
+    shared.stop();
+    // As a stop does: the snapshot in progress (if any) finishes before the store lets go.
+    rt.block_on(shared.snapshot_written(std::time::Duration::from_secs(600)));
+    shared.flush()?;
+    m.version = shared.current().map(|s| s.version);
+    // Every task holding the store (the topology writer's) ends with the runtime, so the
+    // restart can open it.
+    drop(shared);
+    drop(enter);
+    rt.shutdown_timeout(std::time::Duration::from_secs(30));
+    m.store_bytes = crate::serve::dir_size(&dir);
+
+    restart(config, &live, &expected, &mut m)?;
+    print(a, &mut m);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// What the benchmark measured: times in milliseconds, the store's sizes in bytes.
+#[derive(Default)]
+struct Measured {
+    first_start_ms: f64,
+    cold_round_ms: f64,
+    /// The store after the first round.
+    after_first: u64,
+    state_ms: Vec<f64>,
+    round_ms: Vec<f64>,
+    cluster_ms: Vec<f64>,
+    add_delete_ms: Vec<f64>,
+    unit_ms: Vec<f64>,
+    /// The store after every edit and round.
+    store_bytes: u64,
+    restart_ms: f64,
+    estimator_ms: f64,
+    /// The map version served when the service stopped.
+    version: Option<u64>,
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// The service's own lines that say where a start's and a snapshot's time went (the stored
+/// map served, with its parts; a snapshot stored), on stderr; RUST_LOG overrides.
+fn trace_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,cdnmap_api::service=info,cdnmap_api::topology=info",
+        )
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("a tokio runtime")
+}
+
+fn actor() -> Actor {
+    Actor::new(Some("bench"), None, "bench")
+}
+
+/// Cluster states: drain cluster i, then set it up again, taking clusters in turn, a round
+/// after every `--edits-per-round`. Returns the state each cluster is left in.
+fn state_edits(
+    a: &EditsBenchArgs,
+    rt: &tokio::runtime::Runtime,
+    shared: &Arc<Shared>,
+    world: &Topology,
+    m: &mut Measured,
+) -> Result<Vec<ClusterState>> {
+    let clusters = world.clusters().len();
     let mut expected = vec![ClusterState::Up; clusters];
     for e in 0..a.edits {
         let c = (e / 2) % clusters;
@@ -154,17 +220,28 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         let t = Instant::now();
         rt.block_on(shared.set_cluster_state(&id, state, "bench", actor()))
             .with_context(|| format!("setting cluster {id} {state:?}"))?;
-        state_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        m.state_ms.push(ms_since(t));
         expected[c] = state;
         if (e + 1) % a.edits_per_round == 0 {
             let t = Instant::now();
             rt.block_on(shared.run_round());
-            round_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            m.round_ms.push(ms_since(t));
         }
     }
+    Ok(expected)
+}
 
-    // Cluster upserts: a cluster's capacity raised by 1%.
-    let mut cluster_ms = Vec::new();
+/// Cluster upserts (a cluster's capacity raised by 1%), then as many clusters added (a copy
+/// of one under a new id) and deleted again: each renumbers the candidates of the clusters
+/// after it.
+fn cluster_edits(
+    a: &EditsBenchArgs,
+    rt: &tokio::runtime::Runtime,
+    shared: &Arc<Shared>,
+    world: &Topology,
+    m: &mut Measured,
+) -> Result<()> {
+    let clusters = world.clusters().len();
     for e in 0..a.cluster_edits {
         let now = shared.topology_now();
         let c = (e * 7 + 1) % clusters;
@@ -175,12 +252,8 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         let t = Instant::now();
         rt.block_on(shared.change(Change::UpsertCluster(file)))
             .with_context(|| format!("upserting cluster {}", world.clusters()[c].id))?;
-        cluster_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        m.cluster_ms.push(ms_since(t));
     }
-
-    // A cluster added (a copy of one under a new id), then deleted again: each renumbers the
-    // candidates of the clusters after it.
-    let mut add_delete_ms = Vec::new();
     for e in 0..a.cluster_edits {
         let now = shared.topology_now();
         let c = (e * 11 + 3) % clusters;
@@ -190,15 +263,23 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         let t = Instant::now();
         rt.block_on(shared.change(Change::UpsertCluster(file)))
             .with_context(|| format!("adding cluster {id}"))?;
-        add_delete_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        m.add_delete_ms.push(ms_since(t));
         let t = Instant::now();
         rt.block_on(shared.change(Change::DeleteCluster(id.clone())))
             .with_context(|| format!("deleting cluster {id}"))?;
-        add_delete_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        m.add_delete_ms.push(ms_since(t));
     }
+    Ok(())
+}
 
-    // Map-unit upserts: a unit's demand raised by 1%.
-    let mut unit_ms = Vec::new();
+/// Map-unit upserts: a unit's demand raised by 1%.
+fn unit_edits(
+    a: &EditsBenchArgs,
+    rt: &tokio::runtime::Runtime,
+    shared: &Arc<Shared>,
+    units: usize,
+    m: &mut Measured,
+) -> Result<()> {
     for e in 0..a.unit_edits {
         let now = shared.topology_now();
         let u = ((e as u64 * 7_919 + 13) % units as u64) as cdnmap_mapper::UnitIdx;
@@ -207,32 +288,26 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
         let t = Instant::now();
         rt.block_on(shared.change(Change::UpsertMapUnit(file)))
             .context("upserting a map unit")?;
-        unit_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        m.unit_ms.push(ms_since(t));
     }
-    let t = Instant::now();
-    rt.block_on(shared.run_round());
-    round_ms.push(t.elapsed().as_secs_f64() * 1e3);
-    let live = shared.topology_now();
-    shared.stop();
-    // As a stop does: the snapshot in progress (if any) finishes before the store lets go.
-    rt.block_on(shared.snapshot_written(std::time::Duration::from_secs(600)));
-    shared.flush()?;
-    let version = shared.current().map(|s| s.version);
-    // Every task holding the store (the topology writer's) ends with the runtime, so the
-    // restart can open it.
-    drop(shared);
-    drop(enter);
-    rt.shutdown_timeout(std::time::Duration::from_secs(30));
-    let store_bytes = crate::bench_serve::dir_size(&dir);
+    Ok(())
+}
 
-    // The restart: the stored topology (every edit) and the served map.
+/// The restart: the stored topology (every edit, checked against `live` and `expected`) and
+/// the served map (checked to be the version served before).
+fn restart(
+    config: Config,
+    live: &Topology,
+    expected: &[ClusterState],
+    m: &mut Measured,
+) -> Result<()> {
     let rt = runtime()?;
     let _enter = rt.enter();
     let t = Instant::now();
     let restarted = Shared::start(config, || anyhow::bail!("the store has a topology"))?;
-    let restart_ms = t.elapsed().as_secs_f64() * 1e3;
+    m.restart_ms = ms_since(t);
     rt.block_on(restarted.estimator_restored());
-    let estimator_ms = t.elapsed().as_secs_f64() * 1e3;
+    m.estimator_ms = ms_since(t);
     let stored = restarted.topology_now();
     ensure!(
         *stored == *live,
@@ -246,33 +321,38 @@ pub fn edits(a: &EditsBenchArgs) -> Result<std::process::ExitCode> {
             stored.clusters()[c].state
         );
     }
+    let version = m.version;
     ensure!(
         restarted.current().map(|s| s.version) == version,
         "the restart serves version {:?}, not the stored {version:?}",
         restarted.current().map(|s| s.version)
     );
+    Ok(())
+}
 
+fn print(a: &EditsBenchArgs, m: &mut Measured) {
+    let (first_start_ms, cold_round_ms) = (m.first_start_ms, m.cold_round_ms);
     println!(
         "first start (topology stored) {first_start_ms:>9.1} ms; cold round {cold_round_ms:.1} ms"
     );
-    line("cluster state, ack", &mut state_ms);
-    line("cluster upsert, ack", &mut cluster_ms);
-    line("cluster add / delete, ack", &mut add_delete_ms);
-    line("map-unit upsert, ack", &mut unit_ms);
-    line("round (with persist)", &mut round_ms);
+    line("cluster state, ack", &mut m.state_ms);
+    line("cluster upsert, ack", &mut m.cluster_ms);
+    line("cluster add / delete, ack", &mut m.add_delete_ms);
+    line("map-unit upsert, ack", &mut m.unit_ms);
+    line("round (with persist)", &mut m.round_ms);
     println!(
         "store on disk                after the first round {:.1} MB; after {} edits and {} rounds {:.1} MB (maps_kept {})",
-        after_first as f64 / 1e6,
+        m.after_first as f64 / 1e6,
         a.edits + 3 * a.cluster_edits + a.unit_edits,
-        round_ms.len() + 1,
-        store_bytes as f64 / 1e6,
+        m.round_ms.len() + 1,
+        m.store_bytes as f64 / 1e6,
         a.maps_kept
     );
+    let (restart_ms, estimator_ms) = (m.restart_ms, m.estimator_ms);
     println!(
         "restart                      {restart_ms:.1} ms to serve version {} with every edit (checked); the estimator restored beside it at {estimator_ms:.1} ms",
-        version.unwrap_or(0)
+        m.version.unwrap_or(0)
     );
     let peak = crate::alloc::peak_bytes();
     println!("peak live heap               {:.1} MB", peak as f64 / 1e6);
-    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -30,17 +30,18 @@ use anyhow::{bail, Context, Result};
 use cdnmap_mapper::Instance;
 use clap::Args;
 
-use crate::bench_dns::{cpu_secs, parse_dnsperf, program, Proc, Run};
-use crate::bench_follow::memory_mb;
-use crate::bench_serve::dns_load::{dnsperf_args, finish_dns_load, start_dns_load, DnsFigures};
-use crate::bench_serve::log::{rounds_of, Event, RoundRec};
-use crate::bench_serve::phases::{
+use crate::dns::{parse_dnsperf, Run};
+use crate::procs::memory_mb;
+use crate::procs::{cpu_secs, program, Proc};
+use crate::serve::dns_load::{dnsperf_args, finish_dns_load, start_dns_load, DnsFigures};
+use crate::serve::log::{rounds_of, Event, RoundRec};
+use crate::serve::phases::{
     start_front, start_mapper, start_reports, start_watcher, Ctx, Front, Mapper,
 };
-use crate::bench_serve::print::{fmt_mb, median_max, print_logs};
-use crate::bench_serve::procs::{http_get, metric_series, write_serve_config};
-use crate::bench_serve::reports::ReportStats;
-use crate::bench_serve::{
+use crate::serve::print::{fmt_mb, median_max, print_logs};
+use crate::serve::procs::{http_get, metric_series, write_serve_config};
+use crate::serve::reports::ReportStats;
+use crate::serve::{
     check_args as check_service_args, dir_size, lock, now_unix_ms, with_service, ServeBenchArgs,
     MIN_ROUNDS,
 };

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::bench_dns::{answers, check_running, free_port, spawn_mapper_and_front_end, DemoWorld};
+use crate::dns::{answers, spawn_mapper_and_front_end, DemoWorld};
+use crate::procs::{check_running, free_port, memory_mb, out_dir};
 
 #[derive(Args, Debug)]
 pub struct FollowBenchArgs {
@@ -42,20 +43,6 @@ pub struct FollowBenchArgs {
     pub exe: Option<PathBuf>,
 }
 
-/// A process's memory from /proc, in MB: (peak resident, resident now).
-pub(crate) fn memory_mb(pid: u32) -> Option<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map(|kb| kb / 1024.0)
-    };
-    Some((field("VmHWM:")?, field("VmRSS:")?))
-}
-
 /// How many map versions the front end's log says it took into use.
 fn versions_in_use(log: &std::path::Path) -> usize {
     std::fs::read_to_string(log)
@@ -76,7 +63,7 @@ pub fn follow(a: &FollowBenchArgs) -> Result<ExitCode> {
             cycles.end()
         );
     }
-    let (dir, scratch) = crate::bench_dns::out_dir(a.out.as_deref(), "cdnmap-bench-follow-")?;
+    let (dir, scratch) = out_dir(a.out.as_deref(), "cdnmap-bench-follow-")?;
     let exe = match &a.exe {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("finding the cdnmap binary")?,

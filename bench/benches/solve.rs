@@ -1,11 +1,11 @@
 //! Criterion benchmark of a cold solve of a generated world, beside the trivial pass that only
 //! sums each map unit's demand into its first candidate (the baseline the solve is compared
-//! with). `cargo bench -p cdnmap-ops`; `cdnmap bench solve` is the large-scale version.
+//! with). `cargo bench -p cdnmap-bench`; `cdnmap bench solve` is the large-scale version.
 
 use std::hint::black_box;
 
+use cdnmap_bench::solve::trivial_pass;
 use cdnmap_mapper::{solve, SolveOptions};
-use cdnmap_ops::bench::trivial_pass;
 use cdnmap_world::world::{generate, WorldParams};
 use criterion::{criterion_group, criterion_main, Criterion};
 

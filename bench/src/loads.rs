@@ -15,7 +15,7 @@ use anyhow::{ensure, Result};
 use cdnmap_api::selection::ServerLoads;
 use clap::Args;
 
-use crate::bench::median;
+use crate::solve::median;
 
 #[derive(Args, Debug)]
 pub struct LoadsBenchArgs {

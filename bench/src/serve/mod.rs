@@ -43,9 +43,8 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::bench_dns::{
-    answers, cpu_secs, out_dir, parse_dnsperf, program, spawn, write_queries, Proc,
-};
+use crate::dns::{answers, parse_dnsperf, write_queries};
+use crate::procs::{cpu_secs, out_dir, program, spawn, Proc};
 use cdnmap_world::world::{self, WorldParams};
 
 // The parts are the crate's: `bench soak` runs the same service with them.

@@ -108,7 +108,7 @@ pub fn overflow(a: &OverflowBenchArgs) -> Result<std::process::ExitCode> {
         (1..=64).contains(&a.candidates),
         "--candidates must be in 1..=64"
     );
-    let generated = crate::io::generate_world(&cdnmap_world::world::WorldParams {
+    let generated = crate::progress::generate_world(&cdnmap_world::world::WorldParams {
         map_units: a.map_units,
         clusters: a.clusters,
         seed: a.seed,

@@ -255,7 +255,7 @@ pub(super) fn print_memory(s: &Soaked, (store_start, store_end): (u64, u64)) {
             s.rss_start[i],
             s.rss_max[i],
             fmt_mb(s.hwm[i]),
-            crate::simulate::fit_line(&points).map_or("—".to_string(), |(_, mb_per_min, _)| {
+            crate::stats::fit_line(&points).map_or("—".to_string(), |(_, mb_per_min, _)| {
                 format!("{mb_per_min:+.2} MB/min")
             }),
             s.rows.len(),

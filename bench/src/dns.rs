@@ -39,7 +39,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -55,6 +55,7 @@ use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::procs::{check_running, cpu_secs, free_port, out_dir, program, spawn, Proc};
 use cdnmap_world::world::{self, WorldParams};
 
 #[derive(Args, Debug)]
@@ -160,36 +161,6 @@ const NAMES_PER_CLASS: u32 = 1000;
 /// front end's join take minutes; a server that exits fails the wait at once).
 const READY: Duration = Duration::from_secs(900);
 
-/// A child process killed when dropped.
-pub(crate) struct Proc(pub(crate) Child, pub(crate) &'static str);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-pub(crate) fn program(name: &str) -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .with_context(|| format!("{name} is not installed (Debian: apt-get install {name})"))
-}
-
-pub(crate) fn free_port() -> Result<u16> {
-    for _ in 0..50 {
-        let u = UdpSocket::bind("127.0.0.1:0")?;
-        let port = u.local_addr()?.port();
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    bail!("no port free for both UDP and TCP on 127.0.0.1")
-}
-
 /// One query, encoded.
 fn query(id: u16, name: &str, qtype: RecordType, subnet: Option<IpNet>) -> Result<Vec<u8>> {
     let mut m = Message::new(id, MessageType::Query, OpCode::Query);
@@ -225,20 +196,6 @@ pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
         .is_some_and(|m| m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty())
 }
 
-/// Fails, naming the process and the logs, if any of `procs` has exited.
-pub(crate) fn check_running(procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
-    for p in procs.iter_mut() {
-        if let Ok(Some(status)) = p.0.try_wait() {
-            bail!(
-                "{} exited with {status}; see the logs in {}",
-                p.1,
-                dir.display()
-            );
-        }
-    }
-    Ok(())
-}
-
 fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
     let started = Instant::now();
     while !answers(addr, "cdn.example.") {
@@ -252,18 +209,6 @@ fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Resu
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
-}
-
-pub(crate) fn spawn(cmd: &mut Command, log: &Path, name: &'static str) -> Result<Proc> {
-    let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let err = out.try_clone()?;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .with_context(|| format!("starting {name}"))?;
-    Ok(Proc(child, name))
 }
 
 /// A host address inside `net` at `offset` (wrapped into the host part).
@@ -489,16 +434,6 @@ fn client_cpu_rate(pid: u32, seconds: u64) -> Option<f64> {
     Some((c1 - c0) / (t1 - t0).as_secs_f64())
 }
 
-/// CPU seconds (user + system) a process has used, from /proc (Linux; `None` elsewhere).
-pub(crate) fn cpu_secs(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0) // USER_HZ is 100 on Linux
-}
-
 /// One dnsperf run's figures.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Run {
@@ -607,58 +542,6 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
         bail!("--udp-coalesce-us {us}: must be in {UDP_COALESCE_US:?}");
     }
     Ok(())
-}
-
-/// Where a benchmark's files go: `out` (`--out`), else a temporary directory named after
-/// `prefix` (returned, to be kept while the servers run).
-pub(crate) fn out_dir(out: Option<&Path>, prefix: &str) -> Result<(PathBuf, Scratch)> {
-    Ok(match out {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            (d.to_path_buf(), Scratch::default())
-        }
-        None => {
-            let temp = tempfile::Builder::new().prefix(prefix).tempdir()?;
-            (temp.path().to_path_buf(), Scratch::new(temp))
-        }
-    })
-}
-
-/// A benchmark's temporary directory: removed once the benchmark has succeeded
-/// ([`Scratch::done`]), kept, and named on stderr, when it ends any other way (an error, a
-/// panic): its logs are what the error points at. Declared before the processes it holds the
-/// logs of, it is dropped after them.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    temp: Option<tempfile::TempDir>,
-    done: bool,
-}
-
-impl Scratch {
-    fn new(temp: tempfile::TempDir) -> Scratch {
-        Scratch {
-            temp: Some(temp),
-            done: false,
-        }
-    }
-
-    /// The benchmark succeeded: the directory goes.
-    pub(crate) fn done(mut self) {
-        self.done = true;
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Some(temp) = self.temp.take() {
-            if !self.done {
-                eprintln!(
-                    "kept {} (the logs of the run that failed)",
-                    temp.keep().display()
-                );
-            }
-        }
-    }
 }
 
 /// The world (the same one `cdnmap serve` builds from the same demo settings) and dnsperf's
@@ -1108,12 +991,10 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     let peaks: Vec<String> = SERVERS
         .iter()
         .zip(&targets)
-        .map(
-            |(name, (_, p))| match crate::bench_follow::memory_mb(p.0.id()) {
-                Some((peak, _)) => format!("{name} {peak:.0} MB"),
-                None => format!("{name} not read"),
-            },
-        )
+        .map(|(name, (_, p))| match crate::procs::memory_mb(p.0.id()) {
+            Some((peak, _)) => format!("{name} {peak:.0} MB"),
+            None => format!("{name} not read"),
+        })
         .collect();
     println!("peak RSS (VmHWM): {}", peaks.join(", "));
     drop((stat, geoip, front, serve));

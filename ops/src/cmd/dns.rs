@@ -1,0 +1,102 @@
+//! `cdnmap dns`: an authoritative DNS front end following the mapper's map.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::{hangups, init_tracing, shutdown_signal};
+
+#[derive(Args, Debug)]
+pub(crate) struct DnsArgs {
+    /// The configuration file (TOML; see the dns crate's config module). The flags below
+    /// override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The mapper's gRPC address, e.g. http://127.0.0.1:50051, or several, comma-separated
+    /// (the replicas of a highly available mapper: the highest map identity is followed).
+    #[arg(long)]
+    mapper: Option<String>,
+    /// Where to answer DNS, UDP and TCP (port 0: any port free for both; the log's
+    /// `listening` line names it).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// A zone to be authoritative for (repeatable; replaces the config's list).
+    #[arg(long = "zone", value_name = "ZONE")]
+    zones: Vec<String>,
+    /// TTL of A/AAAA answers, seconds.
+    #[arg(long)]
+    ttl: Option<u32>,
+    /// The name this front end reports demand under.
+    #[arg(long)]
+    name: Option<String>,
+    /// Seconds between demand reports.
+    #[arg(long)]
+    report_secs: Option<u64>,
+    /// Serve Prometheus /metrics here (queries by outcome, map version, reconnects, reports;
+    /// port 0: any free port, named in the log's `listening` line).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// UDP answering loops, each a thread with its own socket (default: one per core).
+    #[arg(long)]
+    udp_threads: Option<usize>,
+    /// Under load (queries closer than this), how long a UDP loop waits between receives so
+    /// that each takes a batch, microseconds (default 50; 0: never waits).
+    #[arg(long)]
+    udp_coalesce_us: Option<u64>,
+}
+
+/// A `cdnmap dns` configuration: the file's, or the defaults; checked once the command line's
+/// overrides are in (by the caller).
+pub(crate) fn dns_config(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
+    Ok(match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            cdnmap_dns::DnsConfig::parse_toml(&text)
+                .with_context(|| format!("{}", path.display()))?
+        }
+        None => cdnmap_dns::DnsConfig::default(),
+    })
+}
+
+pub(crate) fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
+    init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let hangups = hangups(&runtime);
+    let mut config = dns_config(a.config.as_ref())?;
+    if let Some(m) = a.mapper {
+        config.mapper = m;
+    }
+    if let Some(l) = a.listen {
+        config.listen = l;
+    }
+    if !a.zones.is_empty() {
+        config.zones = a.zones;
+    }
+    if let Some(t) = a.ttl {
+        config.ttl_secs = t;
+    }
+    if let Some(n) = a.name {
+        config.name = n;
+    }
+    if let Some(r) = a.report_secs {
+        config.report_secs = r;
+    }
+    if let Some(m) = a.metrics_listen {
+        config.metrics_listen = Some(m);
+    }
+    if let Some(n) = a.udp_threads {
+        config.udp_threads = Some(n);
+    }
+    if let Some(us) = a.udp_coalesce_us {
+        config.udp_coalesce_us = us;
+    }
+    config.validate().context("the DNS front end's settings")?;
+    runtime.block_on(cdnmap_dns::run(config, shutdown_signal(), hangups))?;
+    Ok(ExitCode::SUCCESS)
+}

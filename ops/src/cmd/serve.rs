@@ -1,0 +1,119 @@
+//! `cdnmap serve`: the mapper as a process (the configuration read, the service started, the
+//! listeners and the election), until a signal stops it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use cdnmap_mapper::Limits;
+use clap::Args;
+
+use crate::io::read_instance;
+use cdnmap_world::world::{self, WorldParams};
+
+use super::{hangups, shutdown_signal};
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// The configuration file (TOML; see the api crate's config module). Absent: defaults.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// etcd's client URLs, comma-separated (the config's `etcd`): this mapper is then one
+    /// replica of several, and publishes only while it leads. `https://` URLs need the
+    /// config's `etcd_ca_file` (and `etcd_cert_file`, `etcd_key_file` for client
+    /// certificates).
+    #[arg(long, value_delimiter = ',', value_name = "URL[,URL...]")]
+    etcd: Vec<String>,
+    /// This replica's name among the replicas (the config's `node_id`).
+    #[arg(long)]
+    node_id: Option<String>,
+}
+
+pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    // SIGHUP's handler first, before the store (which may take a while) is read: SIGHUP
+    // reloads, and never kills.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let hangups = hangups(&runtime);
+    let mut config = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            cdnmap_api::Config::from_toml(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => cdnmap_api::Config::default(),
+    };
+    // The flags override the file's keys, and are checked as the file's are.
+    if !a.etcd.is_empty() {
+        config.etcd = a.etcd.clone();
+    }
+    if let Some(id) = &a.node_id {
+        config.node_id = Some(id.clone());
+    }
+    config
+        .validate()
+        .context("the configuration with --etcd and --node-id")?;
+    // Checked at every start, not only the first (when the store has no topology yet and the
+    // networks are read).
+    if let Some(m) = &config.mmdb {
+        m.class_mix
+            .parse::<world::ClassMix>()
+            .with_context(|| format!("the configuration's mmdb.class_mix {:?}", m.class_mix))?;
+    }
+    // The topology to start from when the store has none (a restart keeps the stored one,
+    // with every acknowledged edit, and does not read or generate this).
+    let (instance_file, demo) = (config.instance.clone(), config.demo.clone());
+    let mmdb = config.mmdb.clone();
+    let initial = move || match (&instance_file, &mmdb) {
+        (Some(path), _) => read_instance(path, Limits::default()),
+        (None, Some(m)) => {
+            let source = crate::io::MmdbSource {
+                files: m.files.clone(),
+                sites: m.sites.clone(),
+                class_mix: m.class_mix.parse().context("mmdb.class_mix")?,
+                v6_fold_len: m.v6_fold_len,
+            };
+            let params = WorldParams {
+                clusters: m.clusters,
+                seed: m.seed,
+                ..WorldParams::default()
+            };
+            let (topology, summary) = crate::io::mmdb_world(&source, &params, &|_| {})?;
+            tracing::info!(
+                map_units = topology.instance.unit_count(),
+                clusters = params.clusters,
+                "the world of the [mmdb] networks:\n{summary}"
+            );
+            Ok(topology)
+        }
+        (None, None) => {
+            let params = WorldParams {
+                map_units: demo.map_units,
+                clusters: demo.clusters,
+                seed: demo.seed,
+                ..WorldParams::default()
+            };
+            tracing::info!(
+                map_units = params.map_units,
+                clusters = params.clusters,
+                "no instance configured: serving the demo world"
+            );
+            world::generate(&params, &|_| {})
+        }
+    };
+    runtime.block_on(cdnmap_api::server::serve(
+        config,
+        initial,
+        async {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+        },
+        hangups,
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,248 @@
+//! `cdnmap solve`, `cdnmap verify` and `cdnmap demo`: a round of an instance file solved (or
+//! an assignment checked) on the command line, and the demo's two rounds. `solve` and
+//! `verify` share [`RoundArgs`], so `verify` checks exactly the preferences `solve` used.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use cdnmap_mapper::{
+    churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Limits, Map,
+    SolveOptions, Stickiness, DEFAULT_STICKINESS,
+};
+use cdnmap_topology::format::{parse_assignment, write_assignment};
+use cdnmap_topology::Topology;
+use clap::Args;
+
+use crate::io::{check_writable, generate_world, read_instance, write_atomically};
+use crate::report::Summary;
+use cdnmap_world::world;
+
+use super::world::WorldShape;
+
+#[derive(Args, Debug)]
+pub(crate) struct SolveArgs {
+    /// The instance file (JSON, see docs/formats.md).
+    instance: PathBuf,
+    /// Where to write the assignment (JSON).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    round: RoundArgs,
+    /// At most this many repair rounds after the first pass.
+    #[arg(long, default_value_t = SolveOptions::default().max_repair_rounds)]
+    repair_rounds: u32,
+    /// Skip the independent verifier (it takes about as long as the solve).
+    #[arg(long)]
+    no_verify: bool,
+}
+
+/// What makes the instance of a round: the file, cluster states set on the command line, and
+/// the previous map with the stickiness that turns it into effective preferences. `solve` and
+/// `verify` share it, so `verify` checks exactly the preferences `solve` used.
+#[derive(Args, Debug)]
+pub(crate) struct RoundArgs {
+    /// Refuse map units with more candidates than this (at most 255).
+    #[arg(long, default_value_t = Limits::default().max_candidates)]
+    max_candidates: usize,
+    /// Mark this cluster down for the round (repeatable).
+    #[arg(long = "down", value_name = "CLUSTER")]
+    down: Vec<String>,
+    /// Mark this cluster drained for the round (repeatable).
+    #[arg(long = "drain", value_name = "CLUSTER")]
+    drain: Vec<String>,
+    /// The previous round's assignment: the round is seeded from it (sticky, warm start).
+    #[arg(long, value_name = "ASSIGNMENT.json")]
+    previous: Option<PathBuf>,
+    /// With --previous: incumbent scores and ranks are multiplied by 1 - X, X in [0, 0.9]
+    /// (0 = a cold solve; churn is still reported against the previous map).
+    #[arg(long, default_value_t = DEFAULT_STICKINESS, value_name = "X", allow_negative_numbers = true)]
+    stickiness: f64,
+    /// With --previous: do not put incumbents before newcomers at clusters.
+    #[arg(long)]
+    no_incumbents_first: bool,
+}
+
+/// An instance as a round sees it.
+pub(crate) struct Round {
+    /// The instance with the command line's cluster states.
+    instance: Topology,
+    /// The previous map, if any: churn is measured against it.
+    previous: Option<Map>,
+    /// The effective preferences built from the previous map, when stickiness is on: the
+    /// round is then solved warm from the previous map.
+    sticky: Option<Instance>,
+}
+
+impl Round {
+    /// The preferences the solver uses and the verifier checks.
+    fn effective(&self) -> &Instance {
+        self.sticky.as_ref().unwrap_or(&self.instance)
+    }
+}
+
+impl RoundArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_candidates: self.max_candidates,
+        }
+    }
+
+    fn load(&self, path: &Path) -> Result<Round> {
+        let mut instance = read_instance(path, self.limits())?;
+        for (ids, state) in [
+            (&self.down, ClusterState::Down),
+            (&self.drain, ClusterState::Drained),
+        ] {
+            for id in ids {
+                let c = instance
+                    .cluster_index(id)
+                    .with_context(|| format!("{}: no cluster {id:?}", path.display()))?;
+                instance = instance.with_cluster_state(c, state);
+            }
+        }
+        let stickiness = Stickiness {
+            margin: self.stickiness,
+            incumbents_first: !self.no_incumbents_first,
+        };
+        let previous = match &self.previous {
+            None => None,
+            Some(p) => Some(read_assignment(p, &instance)?),
+        };
+        // Checked even without --previous, so a bad value is never silently ignored.
+        let context = || format!("--stickiness {}", self.stickiness);
+        stickiness.validate().with_context(context)?;
+        let sticky = match (&previous, &self.previous) {
+            (Some(map), Some(path)) if self.stickiness > 0.0 => Some(
+                favour_incumbents(&instance, map, &stickiness)
+                    .with_context(|| format!("{} (with {})", path.display(), context()))?,
+            ),
+            _ => None,
+        };
+        Ok(Round {
+            instance,
+            previous,
+            sticky,
+        })
+    }
+}
+
+/// Reads an assignment file against `instance`; errors name the file.
+pub fn read_assignment(path: &Path, instance: &Instance) -> Result<Map> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_assignment(&bytes, instance).with_context(|| format!("{}", path.display()))
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct VerifyArgs {
+    instance: PathBuf,
+    assignment: PathBuf,
+    /// The same round options `solve` was given: the map is checked against the preferences
+    /// they make (with --previous, the effective preferences).
+    #[command(flatten)]
+    round: RoundArgs,
+    /// Print at most this many violations.
+    #[arg(long, default_value_t = 20)]
+    max_lines: usize,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DemoArgs {
+    #[command(flatten)]
+    shape: WorldShape,
+}
+
+/// Solves a round (warm from the previous map when there is one), verifies the result against
+/// the preferences used, and summarises it.
+pub(crate) fn solve_and_report(round: &Round, repair_rounds: u32, check: bool) -> (Map, Summary) {
+    let options = SolveOptions {
+        max_repair_rounds: repair_rounds,
+        ..SolveOptions::default()
+    };
+    let inst = round.effective();
+    let t = Instant::now();
+    let sol = match (&round.previous, &round.sticky) {
+        (Some(previous), Some(effective)) => solve_seeded(effective, previous, &options),
+        _ => solve(inst, &options),
+    };
+    let elapsed = t.elapsed();
+    // Quality (RTT, first choice) is judged by the real scores, not the effective ones.
+    let mut summary = Summary::new(&round.instance, &sol.map, &sol.stats, elapsed);
+    if let Some(previous) = &round.previous {
+        summary.churn = Some(churn(&round.instance, previous, &sol.map));
+    }
+    if check {
+        let report = verify::verify(inst, &sol.map);
+        summary.verifier_violations = Some(report.violation_count());
+        if !report.is_ok() {
+            eprintln!("{}", report.describe(inst, 20));
+        }
+    }
+    (sol.map, summary)
+}
+
+pub(crate) fn cmd_solve(a: &SolveArgs) -> Result<ExitCode> {
+    if let Some(out) = &a.out {
+        check_writable(out)?;
+    }
+    let round = a.round.load(&a.instance)?;
+    let (map, summary) = solve_and_report(&round, a.repair_rounds, !a.no_verify);
+    println!("{summary}");
+    if let Some(out) = &a.out {
+        write_atomically(out, |w| {
+            Ok(write_assignment(&round.instance, &map, &summary, w)?)
+        })?;
+        println!("assignment     {}", out.display());
+    }
+    Ok(if summary.verifier_violations.unwrap_or(0) > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+pub(crate) fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
+    let round = a.round.load(&a.instance)?;
+    let inst = round.effective();
+    let map = read_assignment(&a.assignment, inst)?;
+    let report = verify::verify(inst, &map);
+    if report.is_ok() {
+        println!(
+            "ok: {} map units, capacity, conservation, candidates and stability hold",
+            inst.unit_count()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("{}", report.describe(inst, a.max_lines));
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// Two rounds of a demo world: a cold solve, then the same world with ±5% noise on demand and
+/// scores, solved seeded from the first round.
+pub(crate) fn cmd_demo(a: &DemoArgs) -> Result<ExitCode> {
+    let params = a.shape.params();
+    let inst = generate_world(&params)?;
+    let repair = SolveOptions::default().max_repair_rounds;
+    let first = Round {
+        instance: inst.clone(),
+        previous: None,
+        sticky: None,
+    };
+    let (m0, s0) = solve_and_report(&first, repair, true);
+    println!("round 1: cold solve\n{s0}\n");
+    let next = world::perturb(&inst, 5.0, params.seed.wrapping_add(1))?;
+    let effective = favour_incumbents(&next, &m0, &Stickiness::default())?;
+    let second = Round {
+        instance: next,
+        previous: Some(m0),
+        sticky: Some(effective),
+    };
+    let (_, s1) = solve_and_report(&second, repair, true);
+    println!("round 2: ±5% noise on demand and scores, seeded from round 1 (stickiness {DEFAULT_STICKINESS})\n{s1}");
+    if s0.verifier_violations.unwrap_or(0) + s1.verifier_violations.unwrap_or(0) > 0 {
+        bail!("the verifier found violations in the demo world's map");
+    }
+    Ok(ExitCode::SUCCESS)
+}
