@@ -65,11 +65,7 @@ const PURE_FORBIDS: &[&str] = &["tokio", "tokio-stream", "async-trait"];
 /// Circles known and left for now: (crate, the modules a circle may take in). A circle is
 /// excused when all its modules are listed; an exception no circle needs any more fails the
 /// test, so that it is taken out.
-const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
-    // `dns`'s answer decision moves to `serve::answer` in another change, which rewrites both
-    // files; the lead removes this line when that lands.
-    ("cdnmap-dns", &["answer", "wire"]),
-];
+const KNOWN_CIRCLES: &[(&str, &[&str])] = &[];
 
 #[test]
 fn crates_depend_only_downward() {

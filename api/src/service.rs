@@ -28,8 +28,6 @@ use crate::config::Config;
 use crate::selection::{self, ServerLoads};
 use crate::topology::{Change, ChangeError, SharedTopology};
 
-/// The most addresses one answer carries.
-pub const MAX_ANSWER_ADDRESSES: usize = 8;
 /// The most feedback reports kept.
 pub const MAX_REPORTS: usize = 1_000_000;
 /// Map updates a slow watcher may fall behind before it gets a full map instead.

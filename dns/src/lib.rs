@@ -1,6 +1,6 @@
 //! `cdnmap dns`: an authoritative DNS front end that answers from a local copy of the map.
 //!
-//! These tasks share one [`answer::Front`]:
+//! These tasks share one [`front::Front`]:
 //! - a watcher per mapper (the config's `mapper` is a list: the replicas of a highly available
 //!   mapper) holds a `WatchMap` stream to it, applies each update with a
 //!   [`local::Follower`] lent the version in use ([`in_use`]), indexes a new version on a
@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod config;
 pub mod demand;
+pub mod front;
 pub mod in_use;
 pub mod local;
 mod udp;
@@ -34,9 +35,10 @@ use tokio::net::TcpListener;
 
 pub use config::DnsConfig;
 
-use answer::{Front, Handler, Zones};
+use answer::Handler;
 use cdnmap_serve::watch::Followed;
 use demand::Counts;
+use front::{Front, Zones};
 use in_use::{InUse, Taken};
 use local::{Follower, LocalView};
 

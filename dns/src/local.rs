@@ -118,7 +118,7 @@ impl LocalView {
 }
 
 /// What the front end answers from: one view and the selectors answering with it, swapped as
-/// one (`crate::answer::Front::live`), so no query reads a view with selectors of another.
+/// one (`crate::front::Front::live`), so no query reads a view with selectors of another.
 #[derive(Debug)]
 pub struct Live {
     pub view: Arc<LocalView>,

@@ -25,8 +25,8 @@ use cdnmap_serve::answer::{self, QType, Query, Records, View};
 use cdnmap_serve::resolve::{Answer, Route};
 use cdnmap_serve::servers::{key_hash_of, Servers, PREFETCH_STEPS};
 
-use super::answer::{Front, SCRATCH};
 use super::demand::BlockCounts;
+use super::front::{Front, SCRATCH};
 
 /// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
 /// (RD and CD, which the response copies, may be set).
