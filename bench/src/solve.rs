@@ -1,6 +1,7 @@
-//! `cdnmap bench ...`: benchmarks that print medians, ratios to a baseline measured in the same
+//! `cdnmap bench solve` and `cdnmap bench resolve`: a cold (and a seeded) solve, and lookups
+//! against a solved world's map, printing medians, ratios to a baseline measured in the same
 //! run, memory, and the quality of the result (DESIGN.md: "benchmarks report quality as well as
-//! speed").
+//! speed"). Also [`BenchWorld`], the generated world the in-process benchmarks start from.
 
 use std::hint::black_box;
 use std::process::ExitCode;

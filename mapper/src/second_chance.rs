@@ -678,13 +678,11 @@ impl Work<'_> {
             .filter(|(_, cl)| cl.state == ClusterState::Up)
             .map(|(c, _)| (c as ClusterIdx, vectors[c]))
             .collect();
-        let left =
-            |w: &Self, u: UnitIdx| w.overflow[u as usize] > EPS * w.inst.unit_demand(u).max(1.0);
         // The units still overflowing, in index order: a sparse few of the map's, each with
         // its candidates and location far from the one before, so they are prefetched ahead
         // (hints only), in two stages as in the solver (`solve/ahead.rs`): a unit's columns,
         // then its candidates, found through them.
-        let pending: Vec<UnitIdx> = (0..n as UnitIdx).filter(|&u| left(self, u)).collect();
+        let pending: Vec<UnitIdx> = (0..n as UnitIdx).filter(|&u| self.left(u)).collect();
         let ahead = |j: usize| {
             if let Some(&v) = pending.get(j + 16) {
                 let (units, v) = (&inst.units, v as usize);
@@ -699,58 +697,17 @@ impl Work<'_> {
         };
         // Last round's placements beyond the lists, kept where they still fit.
         if let Some(prev) = previous {
-            for &u in pending
-                .iter()
-                .take_while(|&&u| (u as usize) < prev.unit_count())
-            {
-                if !left(self, u) {
-                    continue;
-                }
-                let beyond: Vec<Allocation> = prev
-                    .allocations(u)
-                    .iter()
-                    .filter(|a| {
-                        (a.cluster as usize) < vectors.len()
-                            && !inst.candidate_cluster_set(u).contains(&a.cluster)
-                    })
-                    .copied()
-                    .collect();
-                if beyond.is_empty() {
-                    continue;
-                }
-                let Some(reach) = self.reach(u, &vectors, params) else {
-                    continue;
-                };
-                for a in beyond {
-                    if let Some(est) = reach.estimate(&vectors[a.cluster as usize]) {
-                        self.place_beyond(u, a.cluster, a.amount, est, report);
-                    }
-                }
-            }
+            self.keep_previous(&pending, prev, &vectors, params, report);
         }
-        // Which clusters have room for a class, kept true to the residuals after each
-        // placement (a placement only takes room); most clusters where overflow is are full,
-        // and this skips them before any distance.
-        let classes = inst.classes().len();
-        let roomy = |w: &Self, c: ClusterIdx| -> Vec<bool> {
-            (0..classes)
-                .map(|k| w.room(k as ClassIdx, c) > EPS)
-                .collect()
-        };
-        // Per class: the positions in `up` of the clusters with room, ascending.
-        let mut with_room: Vec<Vec<usize>> = vec![Vec::new(); classes];
-        for (i, (c, _)) in up.iter().enumerate() {
-            for (k, r) in roomy(self, *c).into_iter().enumerate() {
-                if r {
-                    with_room[k].push(i);
-                }
-            }
-        }
+        // Per class: the positions in `up` of the clusters with room, ascending, kept true to
+        // the residuals after each placement (a placement only takes room); most clusters
+        // where overflow is are full, and this skips them before any distance.
+        let mut with_room = self.with_room(&up);
         // (squared chord, cluster, position in `up`): the clusters within a unit's bound.
         let mut options: Vec<(f64, ClusterIdx, usize)> = Vec::new();
         for (j, &u) in pending.iter().enumerate() {
             ahead(j);
-            if !left(self, u) {
+            if !self.left(u) {
                 continue;
             }
             let k = inst.unit_class(u);
@@ -774,7 +731,7 @@ impl Work<'_> {
             // distance, so past the first beyond the bound all are.
             options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for &(c2, c, i) in &options {
-                if !left(self, u) {
+                if !self.left(u) {
                     break;
                 }
                 let Some(est) = reach.estimate_at(c2) else {
@@ -784,10 +741,76 @@ impl Work<'_> {
                 if self.place_beyond(u, c, want, est, report) <= 0.0 {
                     continue;
                 }
-                for (k, r) in roomy(self, c).into_iter().enumerate() {
+                for (k, r) in self.roomy(c).into_iter().enumerate() {
                     if !r {
                         with_room[k].retain(|&j| j != i);
                     }
+                }
+            }
+        }
+    }
+
+    /// Whether unit `u` still overflows.
+    fn left(&self, u: UnitIdx) -> bool {
+        self.overflow[u as usize] > EPS * self.inst.unit_demand(u).max(1.0)
+    }
+
+    /// For each class, whether cluster `c` has room for it.
+    fn roomy(&self, c: ClusterIdx) -> Vec<bool> {
+        (0..self.inst.classes().len())
+            .map(|k| self.room(k as ClassIdx, c) > EPS)
+            .collect()
+    }
+
+    /// Per class: the positions in `up` of the clusters with room, ascending.
+    fn with_room(&self, up: &[(ClusterIdx, [f64; 3])]) -> Vec<Vec<usize>> {
+        let mut with_room: Vec<Vec<usize>> = vec![Vec::new(); self.inst.classes().len()];
+        for (i, (c, _)) in up.iter().enumerate() {
+            for (k, r) in self.roomy(*c).into_iter().enumerate() {
+                if r {
+                    with_room[k].push(i);
+                }
+            }
+        }
+        with_room
+    }
+
+    /// The sticky part of [`Self::beyond`]: each of the `pending` units gets back, up to what it
+    /// had, the clusters beyond its list `prev` placed it at, where they still fit.
+    fn keep_previous(
+        &mut self,
+        pending: &[UnitIdx],
+        prev: &Map,
+        vectors: &[[f64; 3]],
+        params: &SecondChanceParams,
+        report: &mut SecondChanceReport,
+    ) {
+        let inst = self.inst;
+        for &u in pending
+            .iter()
+            .take_while(|&&u| (u as usize) < prev.unit_count())
+        {
+            if !self.left(u) {
+                continue;
+            }
+            let beyond: Vec<Allocation> = prev
+                .allocations(u)
+                .iter()
+                .filter(|a| {
+                    (a.cluster as usize) < vectors.len()
+                        && !inst.candidate_cluster_set(u).contains(&a.cluster)
+                })
+                .copied()
+                .collect();
+            if beyond.is_empty() {
+                continue;
+            }
+            let Some(reach) = self.reach(u, vectors, params) else {
+                continue;
+            };
+            for a in beyond {
+                if let Some(est) = reach.estimate(&vectors[a.cluster as usize]) {
+                    self.place_beyond(u, a.cluster, a.amount, est, report);
                 }
             }
         }

@@ -205,31 +205,33 @@ impl Report {
     /// A human-readable account of at most `max_lines` violations (plus one line saying how many
     /// were left out), naming map units, clusters and nodes by id.
     pub fn describe(&self, instance: &Instance, max_lines: usize) -> String {
-        let unit = |u: UnitIdx| {
-            if (u as usize) < instance.unit_count() {
-                format!("{:?}", instance.unit_id(u))
-            } else {
-                format!("#{u}")
-            }
-        };
-        let cluster = |c: ClusterIdx| match instance.clusters().get(c as usize) {
-            Some(cl) => format!("{:?}", cl.id),
-            None => format!("#{c} (no such cluster)"),
-        };
         let mut lines: Vec<String> = Vec::new();
         let total = self.violation_count();
         if total == 0 {
             return "no violations".to_string();
         }
-        let room = |lines: &Vec<String>| lines.len() < max_lines;
         if let Some(s) = &self.shape {
             lines.push(format!(
                 "the map has {} map units, the instance {}",
                 s.map_units, s.instance_units
             ));
         }
+        self.describe_amounts(instance, max_lines, &mut lines);
+        self.describe_placements(instance, max_lines, &mut lines);
+        lines.truncate(max_lines);
+        if lines.len() < total {
+            lines.push(format!("... and {} more", total - lines.len()));
+        }
+        lines.join("\n")
+    }
+
+    /// [`Report::describe`]'s lines on capacity and conservation, while there is room.
+    fn describe_amounts(&self, instance: &Instance, max_lines: usize, lines: &mut Vec<String>) {
+        let unit = |u: UnitIdx| unit_name(instance, u);
+        let cluster = |c: ClusterIdx| cluster_name(instance, c);
+        let room = |lines: &Vec<String>| lines.len() < max_lines;
         for v in &self.capacity {
-            if !room(&lines) {
+            if !room(lines) {
                 break;
             }
             let node = instance
@@ -246,7 +248,7 @@ impl Report {
             ));
         }
         for v in &self.conservation {
-            if !room(&lines) {
+            if !room(lines) {
                 break;
             }
             let mut line = format!(
@@ -265,8 +267,16 @@ impl Report {
             }
             lines.push(line);
         }
+    }
+
+    /// [`Report::describe`]'s lines on placements: outside the candidates, at a cluster not
+    /// up, blocking pairs, while there is room.
+    fn describe_placements(&self, instance: &Instance, max_lines: usize, lines: &mut Vec<String>) {
+        let unit = |u: UnitIdx| unit_name(instance, u);
+        let cluster = |c: ClusterIdx| cluster_name(instance, c);
+        let room = |lines: &Vec<String>| lines.len() < max_lines;
         for p in &self.not_candidate {
-            if !room(&lines) {
+            if !room(lines) {
                 break;
             }
             lines.push(format!(
@@ -277,7 +287,7 @@ impl Report {
             ));
         }
         for p in &self.unavailable {
-            if !room(&lines) {
+            if !room(lines) {
                 break;
             }
             let state = instance
@@ -293,7 +303,7 @@ impl Report {
             ));
         }
         for b in &self.blocking_pairs {
-            if !room(&lines) {
+            if !room(lines) {
                 break;
             }
             lines.push(format!(
@@ -303,11 +313,24 @@ impl Report {
                 num(b.gain)
             ));
         }
-        lines.truncate(max_lines);
-        if lines.len() < total {
-            lines.push(format!("... and {} more", total - lines.len()));
-        }
-        lines.join("\n")
+    }
+}
+
+/// A map unit as a description names it: its id, or its index when the instance has no such
+/// unit.
+fn unit_name(instance: &Instance, u: UnitIdx) -> String {
+    if (u as usize) < instance.unit_count() {
+        format!("{:?}", instance.unit_id(u))
+    } else {
+        format!("#{u}")
+    }
+}
+
+/// A cluster as a description names it: its id, or its index when there is no such cluster.
+fn cluster_name(instance: &Instance, c: ClusterIdx) -> String {
+    match instance.clusters().get(c as usize) {
+        Some(cl) => format!("{:?}", cl.id),
+        None => format!("#{c} (no such cluster)"),
     }
 }
 

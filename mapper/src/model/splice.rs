@@ -68,6 +68,36 @@ impl Instance {
             });
         }
 
+        let runs = self.runs(&new, &gone);
+        let count: usize = runs.iter().map(|(_, r)| r.len()).sum();
+        too_many(|| "instance".into(), "map units", count, MAX_MAP_UNITS)?;
+        let source = |from_new: bool| if from_new { &new } else { self };
+        let cand_total: usize = runs
+            .iter()
+            .map(|(f, r)| {
+                let s = &source(*f).units.cand_start;
+                (s[r.end] - s[r.start]) as usize
+            })
+            .sum();
+        let cand_limit = u32::MAX as usize;
+        too_many(|| "instance".into(), "candidates", cand_total, cand_limit)?;
+        let instance = self.spliced(&new, &runs, count, cand_total)?;
+        let pieces = runs
+            .into_iter()
+            .map(|(from_new, r)| {
+                if from_new {
+                    Piece::New(push_of(r.start))
+                } else {
+                    Piece::Kept(r.start as UnitIdx..r.end as UnitIdx)
+                }
+            })
+            .collect();
+        Ok((instance, pieces))
+    }
+
+    /// The result of an edit as runs of units: kept runs of this instance's and single units
+    /// of `new` (the upserts, built), in id order, without the units of `gone`.
+    fn runs(&self, new: &Instance, gone: &[&str]) -> Vec<Run> {
         // Each change at its place among the old units: (old position, id, new unit, whether
         // the old unit there goes). An added unit sorts before the old unit at its position.
         let mut events: Vec<(usize, &str, Option<usize>, bool)> = Vec::new();
@@ -78,7 +108,7 @@ impl Instance {
                 Err(i) => events.push((i, id, Some(j), false)),
             }
         }
-        for id in &gone {
+        for id in gone {
             if let Ok(i) = self.units.ids.binary_search(id) {
                 events.push((i, id, None, true));
             }
@@ -102,19 +132,19 @@ impl Instance {
         if at < n {
             runs.push((false, at..n));
         }
+        runs
+    }
 
-        let count: usize = runs.iter().map(|(_, r)| r.len()).sum();
-        too_many(|| "instance".into(), "map units", count, MAX_MAP_UNITS)?;
-        let source = |from_new: bool| if from_new { &new } else { self };
-        let cand_total: usize = runs
-            .iter()
-            .map(|(f, r)| {
-                let s = &source(*f).units.cand_start;
-                (s[r.end] - s[r.start]) as usize
-            })
-            .sum();
-        let cand_limit = u32::MAX as usize;
-        too_many(|| "instance".into(), "candidates", cand_total, cand_limit)?;
+    /// The instance made of `runs` (of this instance when a run's flag is false, of `new`
+    /// when true): `count` units with `cand_total` candidates, this instance's topology.
+    fn spliced(
+        &self,
+        new: &Instance,
+        runs: &[Run],
+        count: usize,
+        cand_total: usize,
+    ) -> Result<Instance, ModelError> {
+        let source = |from_new: bool| if from_new { new } else { self };
         let ranks = self.cands.rank.is_some() || new.cands.rank.is_some();
         let mut units = MapUnits::default();
         units.cand_start.reserve_exact(count + 1);
@@ -133,7 +163,7 @@ impl Instance {
         cands.score.reserve_exact(cand_total);
         cands.head.reserve_exact(count);
         let mut demand = Vec::with_capacity(count);
-        for (from_new, r) in &runs {
+        for (from_new, r) in runs {
             let src = source(*from_new);
             copy_run(src, r.clone(), &mut units, &mut cands, &mut demand)?;
         }
@@ -145,24 +175,13 @@ impl Instance {
         {
             cands.rank = None;
         }
-        let instance = Instance {
+        Ok(Instance {
             topology: Arc::clone(&self.topology),
             units: Arc::new(units),
             demand: Arc::new(demand),
             cands: Arc::new(cands),
             favour: None,
-        };
-        let pieces = runs
-            .into_iter()
-            .map(|(from_new, r)| {
-                if from_new {
-                    Piece::New(push_of(r.start))
-                } else {
-                    Piece::Kept(r.start as UnitIdx..r.end as UnitIdx)
-                }
-            })
-            .collect();
-        Ok((instance, pieces))
+        })
     }
 }
 

@@ -58,7 +58,6 @@ impl Solver<'_> {
     pub(super) fn seed(&mut self, seed: &Map, arrival: Arrival) {
         let units = self.inst.unit_count();
         let n = units.min(seed.unit_count());
-        let paths = self.paths.start.len() - 1;
         // Every unit gets its home slot; a unit not seeded leaves its own unused. The parts
         // write every unit's state and home slot, into memory not written before. The heaps
         // are not built here: a node's heap takes the seeded keys of the paths through it only
@@ -93,54 +92,9 @@ impl Solver<'_> {
         self.slots = slots;
         self.holdings = done.iter().map(|part| part.keys.keys.len()).collect();
         self.map_bounds = bounds;
-        // Each node's usage, from the demand seeded per path.
-        let mut seeded_total = 0.0;
-        for part in &done {
-            for (p, &d) in part.demand.iter().enumerate() {
-                if d == 0.0 {
-                    continue;
-                }
-                seeded_total += d;
-                for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
-                    self.node[self.paths.node[pi] as usize].used += d * self.paths.coef[pi];
-                }
-            }
-        }
-        // The paths through each node.
-        let nodes = self.heap.len();
-        let mut through = vec![0u32; nodes + 1];
-        for &node in &self.paths.node {
-            through[node as usize + 1] += 1;
-        }
-        for i in 0..nodes {
-            through[i + 1] += through[i];
-        }
-        let mut node_paths = vec![0u32; self.paths.node.len()];
-        let mut fill = through.clone();
-        for p in 0..paths {
-            let (a, b) = (self.paths.start[p], self.paths.start[p + 1]);
-            for pi in a as usize..b as usize {
-                let node = self.paths.node[pi] as usize;
-                node_paths[fill[node] as usize] = p as u32;
-                fill[node] += 1;
-            }
-        }
-        // Each node's worst seeded key, for `worst_bound` and `unmerged`.
-        self.unmerged = vec![0; nodes];
-        self.merged_worst = vec![false; nodes];
-        self.path_worst = vec![None; paths];
-        for part in &done {
-            for (p, &worst) in part.worst.iter().enumerate() {
-                if part.keys.of_path(p).is_empty() {
-                    continue;
-                }
-                for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
-                    let n = self.paths.node[pi] as usize;
-                    self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
-                    self.unmerged[n] = self.unmerged[n].max(worst.saturating_add(1));
-                }
-            }
-        }
+        let seeded_total = self.seeded_usage(&done);
+        let (through, node_paths) = self.paths_through_nodes();
+        self.seeded_worst(&done);
         self.node_paths_start = through;
         self.node_paths = node_paths;
         let (mut pending, mut late) = (Vec::new(), Vec::new());
@@ -167,6 +121,67 @@ impl Solver<'_> {
         // again; fewer of them are accepted and then evicted on the way, too.
         self.queue_sorted(&late);
         self.queue_sorted(&pending);
+    }
+
+    /// Adds the demand `done` seeded on each path to its nodes' usage; the total seeded.
+    fn seeded_usage(&mut self, done: &[SeedPart]) -> f64 {
+        let mut seeded_total = 0.0;
+        for part in done {
+            for (p, &d) in part.demand.iter().enumerate() {
+                if d == 0.0 {
+                    continue;
+                }
+                seeded_total += d;
+                for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
+                    self.node[self.paths.node[pi] as usize].used += d * self.paths.coef[pi];
+                }
+            }
+        }
+        seeded_total
+    }
+
+    /// The paths through each node: where each node's start in the list, and the list.
+    fn paths_through_nodes(&self) -> (Vec<u32>, Vec<u32>) {
+        let paths = self.paths.start.len() - 1;
+        let nodes = self.heap.len();
+        let mut through = vec![0u32; nodes + 1];
+        for &node in &self.paths.node {
+            through[node as usize + 1] += 1;
+        }
+        for i in 0..nodes {
+            through[i + 1] += through[i];
+        }
+        let mut node_paths = vec![0u32; self.paths.node.len()];
+        let mut fill = through.clone();
+        for p in 0..paths {
+            let (a, b) = (self.paths.start[p], self.paths.start[p + 1]);
+            for pi in a as usize..b as usize {
+                let node = self.paths.node[pi] as usize;
+                node_paths[fill[node] as usize] = p as u32;
+                fill[node] += 1;
+            }
+        }
+        (through, node_paths)
+    }
+
+    /// Each node's worst seeded key, for `worst_bound` and `unmerged`.
+    fn seeded_worst(&mut self, done: &[SeedPart]) {
+        let (nodes, paths) = (self.heap.len(), self.paths.start.len() - 1);
+        self.unmerged = vec![0; nodes];
+        self.merged_worst = vec![false; nodes];
+        self.path_worst = vec![None; paths];
+        for part in done {
+            for (p, &worst) in part.worst.iter().enumerate() {
+                if part.keys.of_path(p).is_empty() {
+                    continue;
+                }
+                for pi in self.paths.start[p] as usize..self.paths.start[p + 1] as usize {
+                    let n = self.paths.node[pi] as usize;
+                    self.node[n].worst_bound = self.node[n].worst_bound.max(worst);
+                    self.unmerged[n] = self.unmerged[n].max(worst.saturating_add(1));
+                }
+            }
+        }
     }
 
     /// One part of the seeding pass: the units from `from` on, whose states are `unit` and
