@@ -364,35 +364,76 @@ fn lp_figures(inst: &Instance) -> Result<Figures> {
 /// (log-normal) so that total capacity is about 1.1 times the demand it must carry.
 fn unseen_world(units: usize, clusters: usize, candidates: usize, seed: u64) -> Result<Topology> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x005e_ed0f_0e4e_f10e);
-    let point = |rng: &mut ChaCha8Rng| {
-        (
-            rng.random_range(-45.0..60.0f64),
-            rng.random_range(-180.0..180.0f64),
-        )
-    };
     let sites: Vec<(f64, f64)> = (0..clusters).map(|_| point(&mut rng)).collect();
-    let rtt = |a: (f64, f64), b: (f64, f64)| {
-        let (la1, lo1, la2, lo2) = (
-            a.0.to_radians(),
-            a.1.to_radians(),
-            b.0.to_radians(),
-            b.1.to_radians(),
-        );
-        let h = ((la2 - la1) / 2.0).sin().powi(2)
-            + la1.cos() * la2.cos() * ((lo2 - lo1) / 2.0).sin().powi(2);
-        let km = 2.0 * 6371.0 * h.sqrt().asin();
-        5.0 + km / 100.0
-    };
-    // (name, priority, bps, fps, share of units)
-    let classes = [
-        ("web", 1, 1.0, 2.0, 0.5),
-        ("video", 2, 6.0, 0.5, 0.3),
-        ("apps", 0, 0.5, 4.0, 0.2),
-    ];
+    let (unit_json, bps_total, fps_of) = unseen_units(&mut rng, units, &sites, candidates);
+    let cluster_json = unseen_clusters(&mut rng, &sites, bps_total, fps_of);
+    let class_json: Vec<String> = UNSEEN_CLASSES
+        .iter()
+        .map(|(name, priority, bps, fps, _)| {
+            format!(r#"{{"name": "{name}", "priority": {priority}, "per_unit": {{"bps": {bps}, "fps": {fps}}}}}"#)
+        })
+        .collect();
+    let json = format!(
+        r#"{{"traffic_classes": [{}], "clusters": [{}], "map_units": [{}]}}"#,
+        class_json.join(","),
+        cluster_json.join(","),
+        unit_json.join(",")
+    );
+    let world =
+        cdnmap_topology::format::parse_instance(json.as_bytes(), cdnmap_mapper::Limits::default())
+            .context("the unseen world")?;
+    println!(
+        "unseen world: {} map units, {} clusters, {:.1} candidates a unit",
+        world.instance.unit_count(),
+        clusters,
+        world.instance.total_candidates() as f64 / units.max(1) as f64
+    );
+    Ok(world)
+}
+
+/// The unseen world's traffic classes: (name, priority, bps, fps, share of units).
+const UNSEEN_CLASSES: [(&str, u32, f64, f64, f64); 3] = [
+    ("web", 1, 1.0, 2.0, 0.5),
+    ("video", 2, 6.0, 0.5, 0.3),
+    ("apps", 0, 0.5, 4.0, 0.2),
+];
+
+/// A point of the unseen world: latitude in [-45, 60), longitude in [-180, 180).
+fn point(rng: &mut ChaCha8Rng) -> (f64, f64) {
+    (
+        rng.random_range(-45.0..60.0f64),
+        rng.random_range(-180.0..180.0f64),
+    )
+}
+
+/// The RTT between two points: 5 ms plus 1 ms per 100 km of great circle.
+fn rtt(a: (f64, f64), b: (f64, f64)) -> f64 {
+    let (la1, lo1, la2, lo2) = (
+        a.0.to_radians(),
+        a.1.to_radians(),
+        b.0.to_radians(),
+        b.1.to_radians(),
+    );
+    let h = ((la2 - la1) / 2.0).sin().powi(2)
+        + la1.cos() * la2.cos() * ((lo2 - lo1) / 2.0).sin().powi(2);
+    let km = 2.0 * 6371.0 * h.sqrt().asin();
+    5.0 + km / 100.0
+}
+
+/// The unseen world's map units as JSON, each at a random point with a class and a demand
+/// and its `candidates` nearest sites (RTTs with noise); and the demand's total bps and each
+/// class's fps.
+fn unseen_units(
+    rng: &mut ChaCha8Rng,
+    units: usize,
+    sites: &[(f64, f64)],
+    candidates: usize,
+) -> (Vec<String>, f64, [f64; 3]) {
+    let classes = UNSEEN_CLASSES;
     let mut unit_json = Vec::with_capacity(units);
     let (mut bps_total, mut fps_of) = (0.0, [0.0f64; 3]);
     for u in 0..units {
-        let at = point(&mut rng);
+        let at = point(rng);
         let pick: f64 = rng.random();
         let k = if pick < classes[0].4 {
             0
@@ -423,12 +464,23 @@ fn unseen_world(units: usize, clusters: usize, candidates: usize, seed: u64) -> 
             cands.join(",")
         ));
     }
-    // Capacities: each cluster's share log-normal, the totals 1.1 times the demand's cost.
+    (unit_json, bps_total, fps_of)
+}
+
+/// The unseen world's clusters as JSON: capacities, each cluster's share log-normal, the
+/// totals 1.1 times the demand's cost.
+fn unseen_clusters(
+    rng: &mut ChaCha8Rng,
+    sites: &[(f64, f64)],
+    bps_total: f64,
+    fps_of: [f64; 3],
+) -> Vec<String> {
+    let clusters = sites.len();
     let shares: Vec<f64> = (0..clusters)
         .map(|_| (rng.random_range(-1.0..1.0f64) * 0.8).exp())
         .collect();
     let total: f64 = shares.iter().sum();
-    let cluster_json: Vec<String> = (0..clusters)
+    (0..clusters)
         .map(|c| {
             let s = shares[c] / total * 1.1;
             // Each class's leaf: its own Fps demand's share, a little looser than the root.
@@ -445,29 +497,7 @@ fn unseen_world(units: usize, clusters: usize, candidates: usize, seed: u64) -> 
                 leaf("apps", fps_of[2]),
             )
         })
-        .collect();
-    let class_json: Vec<String> = classes
-        .iter()
-        .map(|(name, priority, bps, fps, _)| {
-            format!(r#"{{"name": "{name}", "priority": {priority}, "per_unit": {{"bps": {bps}, "fps": {fps}}}}}"#)
-        })
-        .collect();
-    let json = format!(
-        r#"{{"traffic_classes": [{}], "clusters": [{}], "map_units": [{}]}}"#,
-        class_json.join(","),
-        cluster_json.join(","),
-        unit_json.join(",")
-    );
-    let world =
-        cdnmap_topology::format::parse_instance(json.as_bytes(), cdnmap_mapper::Limits::default())
-            .context("the unseen world")?;
-    println!(
-        "unseen world: {} map units, {} clusters, {:.1} candidates a unit",
-        world.instance.unit_count(),
-        clusters,
-        world.instance.total_candidates() as f64 / units.max(1) as f64
-    );
-    Ok(world)
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! `cdnmap bench ...`: benchmarks that print medians, ratios to a baseline measured in the same
+//! `cdnmap bench solve` and `cdnmap bench resolve`: a cold (and a seeded) solve, and lookups
+//! against a solved world's map, printing medians, ratios to a baseline measured in the same
 //! run, memory, and the quality of the result (DESIGN.md: "benchmarks report quality as well as
-//! speed").
+//! speed"). Also [`BenchWorld`], the generated world the in-process benchmarks start from.
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -201,61 +202,12 @@ fn measured_round(
     prefs_before: Duration,
     solve_before: Duration,
 ) -> Result<()> {
-    use rand::{Rng, SeedableRng};
     ensure!(
         (0.0..=100.0).contains(&pct),
         "--measured must be a percentage in [0, 100]"
     );
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.world.seed.wrapping_add(2));
-    let mut measurements = Vec::new();
-    let mut units = 0usize;
-    for u in 0..next.unit_count() as UnitIdx {
-        if rng.random_range(0.0..100.0) >= pct {
-            continue;
-        }
-        units += 1;
-        for c in next.candidates(u) {
-            let score = (c.score * rng.random_range(0.5f32..1.5)).clamp(0.01, 60_000.0);
-            measurements.push((u, c.cluster, score));
-        }
-    }
-    // The service's side: the same measurements as reports in an RTT table (by ids), and
-    // what a round reads of it (every pair's estimate, mapped to indices).
-    let mut table = cdnmap_estimator::rtt::RttTable::new(cdnmap_estimator::rtt::RttConfig {
-        max_pairs: measurements.len(),
-        min_samples: 1,
-        ..Default::default()
-    });
-    let t = Instant::now();
-    for &(u, c, score) in &measurements {
-        table.record(
-            next.unit_id(u),
-            &next.clusters()[c as usize].id,
-            f64::from(score),
-            10,
-            0,
-        )?;
-    }
-    let fed = t.elapsed();
-    let (read, _, read_back) = time_runs(a.runs, || {
-        let mut out = Vec::with_capacity(measurements.len());
-        table.for_each_estimate(0, |unit, cluster, e| {
-            if let (Some(u), Some(c)) = (next.unit_index(unit), next.cluster_index(cluster)) {
-                out.push((u, c, e.rtt_ms));
-            }
-        });
-        out
-    });
-    ensure!(
-        read_back.len() == measurements.len(),
-        "the RTT table lost pairs"
-    );
-    println!(
-        "RTT table      {} pairs fed in {:.1} ms; a round's read of every estimate, by index, {:.1} ms",
-        table.pairs(),
-        ms(fed),
-        ms(read)
-    );
+    let (units, measurements) = draw_measurements(next, a.world.seed, pct);
+    rtt_table(a, next, &measurements)?;
     let t = Instant::now();
     let rescore = Rescore::new(next, measurements)?;
     let build = t.elapsed();
@@ -303,6 +255,75 @@ fn measured_round(
         100.0 * churn(next, first, &bounded_sol.map),
         bounded_sol.stats.repair_rounds,
         bounded_sol.stats.blocking_pairs_left,
+    );
+    Ok(())
+}
+
+/// Measured RTTs for about `pct`% of `next`'s units (each of their candidates' scores times
+/// 0.5 to 1.5), drawn from the world's seed: the units drawn and the (unit, cluster, RTT)s.
+fn draw_measurements(
+    next: &Topology,
+    seed: u64,
+    pct: f64,
+) -> (usize, Vec<(UnitIdx, cdnmap_mapper::ClusterIdx, f32)>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_add(2));
+    let mut measurements = Vec::new();
+    let mut units = 0usize;
+    for u in 0..next.unit_count() as UnitIdx {
+        if rng.random_range(0.0..100.0) >= pct {
+            continue;
+        }
+        units += 1;
+        for c in next.candidates(u) {
+            let score = (c.score * rng.random_range(0.5f32..1.5)).clamp(0.01, 60_000.0);
+            measurements.push((u, c.cluster, score));
+        }
+    }
+    (units, measurements)
+}
+
+/// The service's side: the same measurements as reports in an RTT table (by ids), and what a
+/// round reads of it (every pair's estimate, mapped to indices), timed.
+fn rtt_table(
+    a: &SolveBenchArgs,
+    next: &Topology,
+    measurements: &[(UnitIdx, cdnmap_mapper::ClusterIdx, f32)],
+) -> Result<()> {
+    let mut table = cdnmap_estimator::rtt::RttTable::new(cdnmap_estimator::rtt::RttConfig {
+        max_pairs: measurements.len(),
+        min_samples: 1,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    for &(u, c, score) in measurements {
+        table.record(
+            next.unit_id(u),
+            &next.clusters()[c as usize].id,
+            f64::from(score),
+            10,
+            0,
+        )?;
+    }
+    let fed = t.elapsed();
+    let (read, _, read_back) = time_runs(a.runs, || {
+        let mut out = Vec::with_capacity(measurements.len());
+        table.for_each_estimate(0, |unit, cluster, e| {
+            if let (Some(u), Some(c)) = (next.unit_index(unit), next.cluster_index(cluster)) {
+                out.push((u, c, e.rtt_ms));
+            }
+        });
+        out
+    });
+    ensure!(
+        read_back.len() == measurements.len(),
+        "the RTT table lost pairs"
+    );
+    println!(
+        "RTT table      {} pairs fed in {:.1} ms; a round's read of every estimate, by index, {:.1} ms",
+        table.pairs(),
+        ms(fed),
+        ms(read)
     );
     Ok(())
 }

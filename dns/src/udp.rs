@@ -276,21 +276,7 @@ mod mmsg {
         // not look like load.
         let mut waiting_since = Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            for i in 0..BATCH {
-                iovs[i] = libc::iovec {
-                    iov_base: bufs[i * MAX_DATAGRAM..].as_mut_ptr().cast(),
-                    iov_len: MAX_DATAGRAM,
-                };
-                hdrs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-                hdrs[i].msg_hdr.msg_namelen =
-                    std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
-                hdrs[i].msg_hdr.msg_iovlen = 1;
-                hdrs[i].msg_hdr.msg_control = std::ptr::null_mut();
-                hdrs[i].msg_hdr.msg_controllen = 0;
-                hdrs[i].msg_hdr.msg_flags = 0;
-                hdrs[i].msg_len = 0;
-            }
+            arm(&mut bufs, &mut names, &mut iovs, &mut hdrs);
             // SAFETY: `hdrs` holds BATCH headers, each pointing at its own buffer of
             // MAX_DATAGRAM bytes and its own sockaddr_storage, all alive for the call.
             let n = unsafe {
@@ -313,26 +299,7 @@ mod mmsg {
             let under_load = waiting_since.elapsed() < coalesce;
             receives.increment(1);
             datagrams.increment(n as u64);
-            let mut batch: Vec<(&[u8], std::net::SocketAddr)> = Vec::with_capacity(n as usize);
-            to.clear();
-            for i in 0..n as usize {
-                let mut storage = SockAddrStorage::zeroed();
-                // SAFETY: SockAddrStorage is a sockaddr_storage underneath, and the kernel wrote
-                // a socket address of msg_namelen bytes into names[i].
-                let addr = unsafe {
-                    *storage.view_as::<libc::sockaddr_storage>() = names[i];
-                    SockAddr::new(storage, hdrs[i].msg_hdr.msg_namelen)
-                };
-                let Some(src) = addr.as_socket() else {
-                    continue;
-                };
-                let len = (hdrs[i].msg_len as usize).min(MAX_DATAGRAM);
-                let raw = &bufs[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len];
-                if raw.len() >= 12 && src.port() != 0 {
-                    batch.push((raw, src)); // else not even a header, or nowhere to answer
-                    to.push(i);
-                }
-            }
+            let batch = received(&bufs, &names, &hdrs, n as usize, &mut to);
             // The fast path takes the batch's common queries together; hickory's the rest.
             crate::wire::answer_batch(&handler.0, &batch, &mut responses);
             for (&(raw, src), response) in batch.iter().zip(responses.iter_mut()) {
@@ -357,6 +324,63 @@ mod mmsg {
             }
             waiting_since = Instant::now();
         }
+    }
+
+    /// Points each of the BATCH headers at its own buffer of MAX_DATAGRAM bytes in `bufs` and
+    /// its own address in `names`, for the next `recvmmsg`.
+    fn arm(
+        bufs: &mut [u8],
+        names: &mut [libc::sockaddr_storage],
+        iovs: &mut [libc::iovec],
+        hdrs: &mut [libc::mmsghdr],
+    ) {
+        for i in 0..BATCH {
+            iovs[i] = libc::iovec {
+                iov_base: bufs[i * MAX_DATAGRAM..].as_mut_ptr().cast(),
+                iov_len: MAX_DATAGRAM,
+            };
+            hdrs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            hdrs[i].msg_hdr.msg_namelen =
+                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
+            hdrs[i].msg_hdr.msg_iovlen = 1;
+            hdrs[i].msg_hdr.msg_control = std::ptr::null_mut();
+            hdrs[i].msg_hdr.msg_controllen = 0;
+            hdrs[i].msg_hdr.msg_flags = 0;
+            hdrs[i].msg_len = 0;
+        }
+    }
+
+    /// The `n` datagrams one `recvmmsg` took, each with its source, leaving out those with
+    /// no header or nowhere to answer; `to` gets the index (in `names`) of each one kept.
+    fn received<'b>(
+        bufs: &'b [u8],
+        names: &[libc::sockaddr_storage],
+        hdrs: &[libc::mmsghdr],
+        n: usize,
+        to: &mut Vec<usize>,
+    ) -> Vec<(&'b [u8], std::net::SocketAddr)> {
+        let mut batch: Vec<(&[u8], std::net::SocketAddr)> = Vec::with_capacity(n);
+        to.clear();
+        for i in 0..n {
+            let mut storage = SockAddrStorage::zeroed();
+            // SAFETY: SockAddrStorage is a sockaddr_storage underneath, and the kernel wrote
+            // a socket address of msg_namelen bytes into names[i].
+            let addr = unsafe {
+                *storage.view_as::<libc::sockaddr_storage>() = names[i];
+                SockAddr::new(storage, hdrs[i].msg_hdr.msg_namelen)
+            };
+            let Some(src) = addr.as_socket() else {
+                continue;
+            };
+            let len = (hdrs[i].msg_len as usize).min(MAX_DATAGRAM);
+            let raw = &bufs[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len];
+            if raw.len() >= 12 && src.port() != 0 {
+                batch.push((raw, src)); // else not even a header, or nowhere to answer
+                to.push(i);
+            }
+        }
+        batch
     }
 
     /// The headers of one `sendmmsg` batch, kept from batch to batch (their pointers are set

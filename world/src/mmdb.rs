@@ -246,29 +246,7 @@ pub fn write(nets: &[Located], database_type: &str, build_epoch: u64) -> Result<
     let mut data = Vec::new();
     let mut offsets: HashMap<Vec<u8>, u32> = HashMap::new();
     for l in nets {
-        ensure!(
-            l.lat.is_finite()
-                && l.lon.is_finite()
-                && (-90.0..=90.0).contains(&l.lat)
-                && (-180.0..=180.0).contains(&l.lon),
-            "{}: location ({}, {}) out of range",
-            l.net,
-            l.lat,
-            l.lon
-        );
-        if let IpNet::V6(n) = l.net {
-            let a = n.network();
-            ensure!(
-                a.to_ipv4_mapped().is_none() && a.segments()[0] != 0x2002 && n.prefix_len() > 0,
-                "{}: an IPv6 network in a range readers alias to IPv4",
-                l.net
-            );
-            ensure!(
-                !(u128::from(a) >> 32 == 0 && n.prefix_len() >= 96),
-                "{}: write IPv4 networks as IPv4",
-                l.net
-            );
-        }
+        check_network(l)?;
         let record = location_record(l.lat, l.lon);
         let offset = match offsets.get(&record) {
             Some(&o) => o,
@@ -279,29 +257,7 @@ pub fn write(nets: &[Located], database_type: &str, build_epoch: u64) -> Result<
                 o
             }
         };
-        let (bits, len) = tree_key(&l.net);
-        ensure!(len > 0, "{}: a network of length 0", l.net);
-        let mut node = 0usize;
-        for depth in 0..len {
-            let bit = ((bits >> (127 - depth)) & 1) as usize;
-            if depth + 1 == len {
-                match tree[node][bit] {
-                    Rec::Empty => tree[node][bit] = Rec::Data(offset),
-                    _ => bail!("{}: overlaps a network written before it", l.net),
-                }
-                break;
-            }
-            node = match tree[node][bit] {
-                Rec::Node(n) => n as usize,
-                Rec::Empty => {
-                    tree.push([Rec::Empty; 2]);
-                    let n = tree.len() - 1;
-                    tree[node][bit] = Rec::Node(u32::try_from(n).context("too many nodes")?);
-                    n
-                }
-                Rec::Data(_) => bail!("{}: inside a network written before it", l.net),
-            };
-        }
+        insert(&mut tree, l, offset)?;
     }
     let node_count = u32::try_from(tree.len()).context("too many nodes")?;
     let mut out = Vec::with_capacity(tree.len() * 8 + 16 + data.len() + 512);
@@ -322,6 +278,69 @@ pub fn write(nets: &[Located], database_type: &str, build_epoch: u64) -> Result<
     out.extend_from_slice(&[0u8; 16]);
     out.extend_from_slice(&data);
     out.extend_from_slice(b"\xAB\xCD\xEFMaxMind.com");
+    out.extend_from_slice(&metadata(database_type, build_epoch, node_count));
+    Ok(out)
+}
+
+/// Refuses a location out of range and an IPv6 network readers would alias to IPv4.
+fn check_network(l: &Located) -> Result<()> {
+    ensure!(
+        l.lat.is_finite()
+            && l.lon.is_finite()
+            && (-90.0..=90.0).contains(&l.lat)
+            && (-180.0..=180.0).contains(&l.lon),
+        "{}: location ({}, {}) out of range",
+        l.net,
+        l.lat,
+        l.lon
+    );
+    if let IpNet::V6(n) = l.net {
+        let a = n.network();
+        ensure!(
+            a.to_ipv4_mapped().is_none() && a.segments()[0] != 0x2002 && n.prefix_len() > 0,
+            "{}: an IPv6 network in a range readers alias to IPv4",
+            l.net
+        );
+        ensure!(
+            !(u128::from(a) >> 32 == 0 && n.prefix_len() >= 96),
+            "{}: write IPv4 networks as IPv4",
+            l.net
+        );
+    }
+    Ok(())
+}
+
+/// Puts `l`'s network in the search tree, its leaf pointing at data `offset`; refuses one
+/// that overlaps a network put there before.
+fn insert(tree: &mut Vec<[Rec; 2]>, l: &Located, offset: u32) -> Result<()> {
+    let (bits, len) = tree_key(&l.net);
+    ensure!(len > 0, "{}: a network of length 0", l.net);
+    let mut node = 0usize;
+    for depth in 0..len {
+        let bit = ((bits >> (127 - depth)) & 1) as usize;
+        if depth + 1 == len {
+            match tree[node][bit] {
+                Rec::Empty => tree[node][bit] = Rec::Data(offset),
+                _ => bail!("{}: overlaps a network written before it", l.net),
+            }
+            break;
+        }
+        node = match tree[node][bit] {
+            Rec::Node(n) => n as usize,
+            Rec::Empty => {
+                tree.push([Rec::Empty; 2]);
+                let n = tree.len() - 1;
+                tree[node][bit] = Rec::Node(u32::try_from(n).context("too many nodes")?);
+                n
+            }
+            Rec::Data(_) => bail!("{}: inside a network written before it", l.net),
+        };
+    }
+    Ok(())
+}
+
+/// The database's metadata section (after its marker).
+fn metadata(database_type: &str, build_epoch: u64, node_count: u32) -> Vec<u8> {
     let mut m = Encoder(Vec::new());
     m.map(9);
     m.string("binary_format_major_version");
@@ -345,8 +364,7 @@ pub fn write(nets: &[Located], database_type: &str, build_epoch: u64) -> Result<
     m.uint(kind::UINT32, u64::from(node_count));
     m.string("record_size");
     m.uint(kind::UINT16, 32);
-    out.extend_from_slice(&m.0);
-    Ok(out)
+    m.0
 }
 
 /// Where `ip` is in `nets` as a MaxMind DB reader would find it: the network containing it.

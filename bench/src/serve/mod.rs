@@ -347,6 +347,24 @@ fn run(
     };
     let first_log = std::mem::replace(&mut mapper.log, LogTail::new(PathBuf::new()));
     let r = restart(ctx, &mut mapper, &mut front, versions)?;
+    print_report(
+        ctx,
+        (&c, &f, &stats, &r),
+        &first_log,
+        &[&mapper.log, &front.log, &c.late.log, &r.fresh.log],
+    );
+    Ok(())
+}
+
+/// The report on stdout: the setting, the counted rounds, the service's figures, the restart,
+/// and what the logs say (`first_log`: the mapper's before the restart).
+fn print_report(
+    ctx: &Ctx,
+    (c, f, stats, r): (&Counted, &Figures, &ReportStats, &Restart),
+    first_log: &LogTail,
+    fronts: &[&LogTail],
+) {
+    let a = ctx.a;
     println!();
     println!(
         "bench serve: {} map units, {} clusters, cycle {} s, binary {}; the front ends' own \
@@ -361,14 +379,10 @@ fn run(
             "off (--report-secs 3600)"
         }
     );
-    print_rounds(a, &c);
-    print_service(a, &f, &c, &stats);
-    print_restart(&r);
-    print_logs(
-        &first_log,
-        &[&mapper.log, &front.log, &c.late.log, &r.fresh.log],
-    );
-    Ok(())
+    print_rounds(a, c);
+    print_service(a, f, c, stats);
+    print_restart(r);
+    print_logs(first_log, fronts);
 }
 
 pub fn serve(a: &ServeBenchArgs) -> Result<ExitCode> {

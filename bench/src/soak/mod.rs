@@ -423,16 +423,7 @@ fn soak_phase(
             used(2),
         ),
     ];
-    let udp = udp_errors()
-        .into_iter()
-        .map(|(name, n)| {
-            let was = udp_start
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map_or(0, |x| x.1);
-            (name, n.saturating_sub(was))
-        })
-        .collect();
+    let udp = udp_errors_since(&udp_start);
     // The last row ends when dnsperf stopped sending (by its own clock, not this loop's).
     let end_secs = if run.run_secs.is_finite() {
         run.run_secs
@@ -441,18 +432,7 @@ fn soak_phase(
     };
     t.close(rest, end_secs, mapper);
     let to_ms = now_unix_ms();
-    mapper.log.poll();
-    let during = |at: f64| at >= from_ms && at <= to_ms;
-    let rounds = rounds_of(&mapper.log.events)
-        .into_iter()
-        .filter(|r| during(r.at_ms))
-        .collect();
-    let slow = mapper
-        .log
-        .events
-        .iter()
-        .filter(|(at, e)| *e == Event::Slow && during(*at))
-        .count();
+    let (rounds, slow) = rounds_during(mapper, from_ms, to_ms);
     Ok(Soaked {
         asked_qps: qps,
         secs: end_secs,
@@ -467,6 +447,34 @@ fn soak_phase(
         cpu,
         udp,
     })
+}
+
+/// The kernel's UDP error counters' growth since `start`.
+fn udp_errors_since(start: &[(String, u64)]) -> Vec<(String, u64)> {
+    udp_errors()
+        .into_iter()
+        .map(|(name, n)| {
+            let was = start.iter().find(|(k, _)| *k == name).map_or(0, |x| x.1);
+            (name, n.saturating_sub(was))
+        })
+        .collect()
+}
+
+/// The mapper's rounds logged in [`from_ms`, `to_ms`], and how many of them were slow.
+fn rounds_during(mapper: &mut Mapper, from_ms: f64, to_ms: f64) -> (Vec<RoundRec>, usize) {
+    mapper.log.poll();
+    let during = |at: f64| at >= from_ms && at <= to_ms;
+    let rounds = rounds_of(&mapper.log.events)
+        .into_iter()
+        .filter(|r| during(r.at_ms))
+        .collect();
+    let slow = mapper
+        .log
+        .events
+        .iter()
+        .filter(|(at, e)| *e == Event::Slow && during(*at))
+        .count();
+    (rounds, slow)
 }
 
 /// The soak's figures as they come: the rows closed so far, the whole tally, the memory.

@@ -16,13 +16,13 @@ use std::fmt::Write as _;
 
 use anyhow::{bail, ensure, Result};
 use cdnmap_mapper::model::{DEFAULT_MAX_CANDIDATES, MAX_MAP_UNITS};
-use cdnmap_mapper::{CandidateSpec, Limits, MapUnitSpec};
+use cdnmap_mapper::{CandidateSpec, ClusterSpec, Limits, MapUnitSpec};
 use cdnmap_topology::{Topology, TopologyBuilder};
 
-use super::candidates::{prefix_key, shortlists, within_reach, SiteIndex};
+use super::candidates::{prefix_key, shortlists, within_reach, Shortlists, SiteIndex};
 use super::capacity::cluster_specs;
 use super::classes::{traffic_classes, CLASSES};
-use super::clusters::layout_clusters;
+use super::clusters::{layout_clusters, GenCluster};
 use super::data::Site;
 use super::geo::unit_vector;
 use super::WorldParams;
@@ -119,49 +119,20 @@ pub fn from_located(
     };
     params.validate()?;
     // The distinct locations (a shortlist of sites each).
-    let mut order: Vec<u32> = (0..nets.len() as u32).collect();
-    let key = |i: u32| {
-        let l = &nets[i as usize];
-        (l.lat.to_bits(), l.lon.to_bits())
-    };
-    order.sort_unstable_by_key(|&i| key(i));
-    let mut location_of = vec![0u32; nets.len()];
-    let mut places: Vec<(f64, f64)> = Vec::new();
-    for (n, &i) in order.iter().enumerate() {
-        if n == 0 || key(order[n - 1]) != key(i) {
-            let l = &nets[i as usize];
-            places.push((l.lat, l.lon));
-        }
-        location_of[i as usize] = (places.len() - 1) as u32;
-    }
-    // The networks in the order of their units' ids (`NETWORK-CLASS`: the network's text,
-    // then the class; `-` sorts before every character a network's text goes on with), so
-    // that the builder has its units in id order and need not sort a copy of them.
-    let mut texts: Vec<(String, u32)> = nets
-        .iter()
-        .enumerate()
-        .map(|(p, l)| (l.net.to_string(), p as u32))
-        .collect();
-    texts.sort_unstable();
-    for (slot, (_, p)) in order.iter_mut().zip(&texts) {
-        *slot = *p;
-    }
-    drop(texts);
+    let (mut order, location_of, places) = distinct_locations(nets);
+    in_id_order(nets, &mut order);
     let clusters = layout_clusters(sites, params.clusters);
     let used_sites = params.clusters.min(sites.len());
     let index = SiteIndex::new(&sites[..used_sites], &clusters);
     let lists = shortlists(&places, &index.xyz, &index.sizes(), &params);
-    // Demand: each network its classes' shares; a site credited with its nearest networks'.
-    let network_demand: f64 = classes.iter().map(|&(_, s)| s).sum();
-    let mut site_demand = vec![0.0; used_sites];
-    for &loc in &location_of {
-        site_demand[lists.nearest_site[loc as usize] as usize] += network_demand;
-    }
-    let mut class_demand = [0.0; 3];
-    for &(k, share) in &classes {
-        class_demand[k] = share * nets.len() as f64;
-    }
-    let specs = cluster_specs(&clusters, sites, &site_demand, &class_demand, &params);
+    let specs = demand_specs(
+        &clusters,
+        sites,
+        (&location_of, &lists),
+        &classes,
+        nets.len(),
+        &params,
+    );
     let limits = Limits {
         max_candidates: params.candidates.max(DEFAULT_MAX_CANDIDATES),
     };
@@ -211,6 +182,66 @@ pub fn from_located(
     let topology = builder.finish()?;
     progress(done);
     Ok(topology)
+}
+
+/// The networks sorted by location, each network's location (an index into the distinct
+/// locations), and the distinct locations.
+fn distinct_locations(nets: &[Located]) -> (Vec<u32>, Vec<u32>, Vec<(f64, f64)>) {
+    let mut order: Vec<u32> = (0..nets.len() as u32).collect();
+    let key = |i: u32| {
+        let l = &nets[i as usize];
+        (l.lat.to_bits(), l.lon.to_bits())
+    };
+    order.sort_unstable_by_key(|&i| key(i));
+    let mut location_of = vec![0u32; nets.len()];
+    let mut places: Vec<(f64, f64)> = Vec::new();
+    for (n, &i) in order.iter().enumerate() {
+        if n == 0 || key(order[n - 1]) != key(i) {
+            let l = &nets[i as usize];
+            places.push((l.lat, l.lon));
+        }
+        location_of[i as usize] = (places.len() - 1) as u32;
+    }
+    (order, location_of, places)
+}
+
+/// Puts in `order` the networks in the order of their units' ids (`NETWORK-CLASS`: the
+/// network's text, then the class; `-` sorts before every character a network's text goes on
+/// with), so that the builder has its units in id order and need not sort a copy of them.
+fn in_id_order(nets: &[Located], order: &mut [u32]) {
+    let mut texts: Vec<(String, u32)> = nets
+        .iter()
+        .enumerate()
+        .map(|(p, l)| (l.net.to_string(), p as u32))
+        .collect();
+    texts.sort_unstable();
+    for (slot, (_, p)) in order.iter_mut().zip(&texts) {
+        *slot = *p;
+    }
+    drop(texts);
+}
+
+/// The clusters' specs with demand: each network its classes' shares, a site credited with
+/// its nearest networks'.
+fn demand_specs(
+    clusters: &[GenCluster],
+    sites: &[Site],
+    (location_of, lists): (&[u32], &Shortlists),
+    classes: &[(usize, f64)],
+    networks: usize,
+    params: &WorldParams,
+) -> Vec<(ClusterSpec, Vec<std::net::IpAddr>)> {
+    let used_sites = params.clusters.min(sites.len());
+    let network_demand: f64 = classes.iter().map(|&(_, s)| s).sum();
+    let mut site_demand = vec![0.0; used_sites];
+    for &loc in location_of {
+        site_demand[lists.nearest_site[loc as usize] as usize] += network_demand;
+    }
+    let mut class_demand = [0.0; 3];
+    for &(k, share) in classes {
+        class_demand[k] = share * networks as f64;
+    }
+    cluster_specs(clusters, sites, &site_demand, &class_demand, params)
 }
 
 /// The located networks of `topology`: each unit's prefixes at its location, one per prefix
