@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use cdnmap_mapper::{
     churn, effective_preferences, second_chance_seeded, solve, solve_seeded, verify, Allocation,
-    Beyond, Instance, Map, ModelError, Rescore, SecondChance, SecondChanceParams, SolveOptions,
-    SolveStats, Stickiness, UnitIdx,
+    Beyond, Instance, Map, ModelError, Rescore, SecondChance, SecondChanceParams, Solution,
+    SolveOptions, SolveStats, Stickiness, UnitIdx,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_serve::ServeError;
@@ -183,37 +183,20 @@ pub fn solve_round(
     check: bool,
 ) -> Result<Solved, RoundError> {
     let instance = &topology.instance;
-    let options = SolveOptions::default();
     let mut timings = RoundTimings::default();
     let seed =
         previous.map(|prev| carry_over(&prev.topology, served.unwrap_or(&prev.map), instance));
-    // Sticky: seeded from the previous map, its incumbents favoured; else a cold solve.
-    let sticky = seed.as_deref().filter(|_| stickiness.margin > 0.0);
     let t = std::time::Instant::now();
-    let preferences = effective_preferences(instance, sticky, stickiness, &measured)?;
+    let (preferences, sticky) = preferences(instance, seed.as_deref(), stickiness, &measured)?;
     timings.effective_ms = ms_since(t);
     let t = std::time::Instant::now();
-    let mut sol = match sticky {
-        Some(seed) => solve_seeded(&preferences, seed, &options),
-        None => solve(&preferences, &options),
-    };
-    // The second chance works with the instance's own scores (its bound and estimates are
-    // RTTs), over the same capacities and candidates as the preferences.
-    let mut beyond = Vec::new();
-    if chance.mode != SecondChance::Off {
-        let (map, report) =
-            second_chance_seeded(instance, &sol.map, sticky, chance.mode, &chance.params);
-        if !report.beyond.is_empty() || report.moves > 0 {
-            tracing::debug!(
-                placed = report.placed,
-                beyond = report.beyond.len(),
-                moves = report.moves,
-                "round: the second chance for overflow"
-            );
-        }
-        sol.map = map;
-        beyond = report.beyond;
-    }
+    let (sol, beyond) = solve_preferences(
+        instance,
+        &preferences,
+        sticky,
+        chance,
+        &SolveOptions::default(),
+    );
     if check {
         checked(&preferences, &sol.map, &beyond)?;
     }
@@ -230,6 +213,56 @@ pub fn solve_round(
         timings,
         measured,
     })
+}
+
+/// A round's effective preferences, and the map it is solved from: seeded from `seed` (the
+/// previous map, in `instance`'s index space) when sticky (a margin above 0), its incumbents
+/// favoured; a cold solve's otherwise. The scores measured in `measured` replace the
+/// instance's estimates ([`effective_preferences`]). The service's round and the command
+/// line's `solve` and `demo` all make their preferences here.
+pub fn preferences<'m>(
+    instance: &Instance,
+    seed: Option<&'m Map>,
+    stickiness: &Stickiness,
+    measured: &Rescore,
+) -> Result<(Instance, Option<&'m Map>), ModelError> {
+    let sticky = seed.filter(|_| stickiness.margin > 0.0);
+    let preferences = effective_preferences(instance, sticky, stickiness, measured)?;
+    Ok((preferences, sticky))
+}
+
+/// Solves `preferences` (made by [`preferences`]): seeded from `sticky` when given, cold
+/// otherwise, with `options`; then `chance`, the second chance for overflow, which works with
+/// `instance`'s own scores (its bound and estimates are RTTs) over the same capacities and
+/// candidates, and gives a unit back first the clusters beyond its list it had in the seed.
+/// The solution, and the placements the second chance made beyond the lists.
+pub fn solve_preferences(
+    instance: &Instance,
+    preferences: &Instance,
+    sticky: Option<&Map>,
+    chance: &RoundChance,
+    options: &SolveOptions,
+) -> (Solution, Vec<Beyond>) {
+    let mut sol = match sticky {
+        Some(seed) => solve_seeded(preferences, seed, options),
+        None => solve(preferences, options),
+    };
+    let mut beyond = Vec::new();
+    if chance.mode != SecondChance::Off {
+        let (map, report) =
+            second_chance_seeded(instance, &sol.map, sticky, chance.mode, &chance.params);
+        if !report.beyond.is_empty() || report.moves > 0 {
+            tracing::debug!(
+                placed = report.placed,
+                beyond = report.beyond.len(),
+                moves = report.moves,
+                "round: the second chance for overflow"
+            );
+        }
+        sol.map = map;
+        beyond = report.beyond;
+    }
+    (sol, beyond)
 }
 
 impl Solved {

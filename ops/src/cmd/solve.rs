@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use cdnmap_engine::round::{preferences, solve_preferences, RoundChance};
 use cdnmap_mapper::{
-    churn, favour_incumbents, solve, solve_seeded, verify, ClusterState, Instance, Limits, Map,
-    SolveOptions, Stickiness, DEFAULT_STICKINESS,
+    churn, verify, ClusterState, Instance, Limits, Map, Rescore, SolveOptions, Stickiness,
+    DEFAULT_STICKINESS,
 };
 use cdnmap_topology::format::{parse_assignment, write_assignment};
 use cdnmap_topology::Topology;
@@ -70,15 +71,35 @@ pub(crate) struct Round {
     instance: Topology,
     /// The previous map, if any: churn is measured against it.
     previous: Option<Map>,
-    /// The effective preferences built from the previous map, when stickiness is on: the
-    /// round is then solved warm from the previous map.
-    sticky: Option<Instance>,
+    /// The preferences the solver uses and the verifier checks (`cdnmap_engine`'s, as the
+    /// service's rounds make them): with stickiness on and a previous map, its incumbents
+    /// favoured, and the round solved warm from that map.
+    preferences: Instance,
+    /// Whether the round is solved warm from `previous`.
+    seeded: bool,
 }
 
 impl Round {
+    /// `instance`'s round, seeded from `previous` when `stickiness` has a margin.
+    fn new(instance: Topology, previous: Option<Map>, stickiness: &Stickiness) -> Result<Round> {
+        let (preferences, sticky) = preferences(
+            &instance,
+            previous.as_ref(),
+            stickiness,
+            &Rescore::default(),
+        )?;
+        let seeded = sticky.is_some();
+        Ok(Round {
+            instance,
+            previous,
+            preferences,
+            seeded,
+        })
+    }
+
     /// The preferences the solver uses and the verifier checks.
     fn effective(&self) -> &Instance {
-        self.sticky.as_ref().unwrap_or(&self.instance)
+        &self.preferences
     }
 }
 
@@ -113,17 +134,10 @@ impl RoundArgs {
         // Checked even without --previous, so a bad value is never silently ignored.
         let context = || format!("--stickiness {}", self.stickiness);
         stickiness.validate().with_context(context)?;
-        let sticky = match (&previous, &self.previous) {
-            (Some(map), Some(path)) if self.stickiness > 0.0 => Some(
-                favour_incumbents(&instance, map, &stickiness)
-                    .with_context(|| format!("{} (with {})", path.display(), context()))?,
-            ),
-            _ => None,
-        };
-        Ok(Round {
-            instance,
-            previous,
-            sticky,
+        let path = self.previous.as_deref();
+        Round::new(instance, previous, &stickiness).with_context(|| match path {
+            Some(path) => format!("{} (with {})", path.display(), context()),
+            None => context(),
         })
     }
 }
@@ -161,11 +175,15 @@ pub(crate) fn solve_and_report(round: &Round, repair_rounds: u32, check: bool) -
         ..SolveOptions::default()
     };
     let inst = round.effective();
+    let sticky = round.previous.as_ref().filter(|_| round.seeded);
     let t = Instant::now();
-    let sol = match (&round.previous, &round.sticky) {
-        (Some(previous), Some(effective)) => solve_seeded(effective, previous, &options),
-        _ => solve(inst, &options),
-    };
+    let (sol, _) = solve_preferences(
+        &round.instance,
+        inst,
+        sticky,
+        &RoundChance::default(),
+        &options,
+    );
     let elapsed = t.elapsed();
     // Quality (RTT, first choice) is judged by the real scores, not the effective ones.
     let mut summary = Summary::new(&round.instance, &sol.map, &sol.stats, elapsed);
@@ -225,20 +243,11 @@ pub(crate) fn cmd_demo(a: &DemoArgs) -> Result<ExitCode> {
     let params = a.shape.params();
     let inst = generate_world(&params)?;
     let repair = SolveOptions::default().max_repair_rounds;
-    let first = Round {
-        instance: inst.clone(),
-        previous: None,
-        sticky: None,
-    };
+    let first = Round::new(inst.clone(), None, &Stickiness::default())?;
     let (m0, s0) = solve_and_report(&first, repair, true);
     println!("round 1: cold solve\n{s0}\n");
     let next = world::perturb(&inst, 5.0, params.seed.wrapping_add(1))?;
-    let effective = favour_incumbents(&next, &m0, &Stickiness::default())?;
-    let second = Round {
-        instance: next,
-        previous: Some(m0),
-        sticky: Some(effective),
-    };
+    let second = Round::new(next, Some(m0), &Stickiness::default())?;
     let (_, s1) = solve_and_report(&second, repair, true);
     println!("round 2: ±5% noise on demand and scores, seeded from round 1 (stickiness {DEFAULT_STICKINESS})\n{s1}");
     if s0.verifier_violations.unwrap_or(0) + s1.verifier_violations.unwrap_or(0) > 0 {
