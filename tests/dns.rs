@@ -611,10 +611,13 @@ async fn follows_the_highest_epoch_of_two_mappers() {
     cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 
     // B dies: the front end answers from B's map throughout A's rounds of the lower epoch.
-    let held = metric(&body, "cdnmap_dns_map_version");
-    let before = answers_for(&dns, &units_b);
+    // (What it holds is read once B is gone and a version B sent just before has landed: B
+    // may publish between any earlier read and the kill.)
     let version_a = status(&server_a).await.map_version;
     server_b.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = metric(&metrics_of(&dns), "cdnmap_dns_map_version");
+    let before = answers_for(&dns, &units_b);
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(CYCLE_SECS + 3) {
         let body = metrics_of(&dns);
