@@ -491,10 +491,42 @@ fn sled_open_error(path: &Path, source: sled::Error) -> StoreError {
     }
 }
 
+/// Removes the snapshot files sled was writing when the process died (`snap.<lsn>.generating`).
+/// sled 0.34 writes a snapshot under that name, syncs it, then renames it to `snap.<lsn>`; but
+/// its open reads the newest `snap.` file by name, the `.generating` one included, and refuses
+/// to start when a kill -9 tore it (sled issue #1527: "empty/corrupt snapshot file found",
+/// then `Corruption { at: None }`). Such a file is never a snapshot sled finished, and a
+/// snapshot only caches the log, so sled starts from the one before and the log after it.
+fn remove_torn_sled_snapshots(path: &Path) -> Result<(), StoreError> {
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(reports::file_error(format!("listing {}", path.display()))(
+                e,
+            ))
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            let file = entry.path();
+            tracing::warn!(
+                file = %file.display(),
+                "a snapshot sled did not finish (the process stopped while writing it) is removed; sled starts from its log"
+            );
+            values::remove_if_present(&file)?;
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens (creating) the store at `path`: sled's files and the `values/` directory. Values
     /// an older build kept in sled are moved to their files first ([`Self::migrate`]).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        remove_torn_sled_snapshots(path)?;
         let db = sled::Config::new()
             .path(path)
             .cache_capacity(SLED_CACHE_BYTES)
