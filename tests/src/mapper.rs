@@ -26,6 +26,10 @@ pub const CYCLE_SECS: u64 = 10;
 pub const TTL_SECS: u32 = 30;
 pub const MAP_UNITS: u64 = 3000;
 pub const CLUSTERS: u64 = 40;
+/// The tests' demo world keeps the generator's tight capacity (total capacity 1.1 × the total
+/// demand), not the roomier default of `cdnmap serve`'s demo: clusters run full, demand is
+/// evicted and passed over, which is what the tests exercise.
+pub const HEADROOM: f64 = 1.1;
 /// How long a server may take to answer after it is started.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -104,6 +108,7 @@ impl Setup {
              map_units = {MAP_UNITS}\n\
              clusters = {CLUSTERS}\n\
              seed = 1\n\
+             headroom = {HEADROOM:?}\n\
              {extra}\n",
             data = data.to_str().expect("a UTF-8 temporary path"),
         );

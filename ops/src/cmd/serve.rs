@@ -96,6 +96,7 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
                 map_units: demo.map_units,
                 clusters: demo.clusters,
                 seed: demo.seed,
+                headroom: demo.headroom,
                 ..WorldParams::default()
             };
             tracing::info!(
