@@ -51,15 +51,45 @@ function sv(tag, attrs, ...children) {
 
 function fmt(x, digits) {
   if (x === null || x === undefined || Number.isNaN(x)) return "—";
-  const a = Math.abs(x);
   if (digits !== undefined) return x.toFixed(digits);
-  if (a >= 1e6) return (x / 1e6).toFixed(2) + "M";
-  if (a >= 1e4) return (x / 1e3).toFixed(1) + "k";
-  if (a >= 100) return x.toFixed(0);
-  if (a >= 1) return x.toFixed(1);
-  return x.toFixed(3);
+  return quantity(x, "");
 }
-const pct = (x) => (x === null || x === undefined ? "—" : (100 * x).toFixed(x < 0.01 ? 2 : 1) + "%");
+
+// The page's one formatter of quantities: `x` in the API's unit `unit`, shown in the unit an
+// operator reads, with an SI prefix.
+//   "bps"   the model's Bps, bytes per second: shown as bits per second (bps, kbps, Mbps, Gbps)
+//   "fps"   the model's Fps, flytes per second (flytes/s, kflytes/s, Mflytes/s)
+//   "ratio" a share (0.011 → 1.1%)
+//   "ms"    milliseconds (ms below a second, s above)
+//   ""      a plain count or demand (k, M, G)
+// `ref` (optional) picks the prefix and precision instead of `x`, so that the ticks of an axis
+// or a load and its capacity share one ("1.2 / 2.1 Mbps").
+const SI = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+function quantity(x, unit, ref, bare) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "—";
+  const r = Math.abs(ref === undefined || ref === null ? x : ref);
+  if (unit === "ratio") {
+    // Below 0.0005% is float noise (a churn of 4e-16): shown as 0.
+    const d = r < 5e-6 ? 0 : r < 0.001 ? 3 : r < 0.01 ? 2 : r < 0.1 ? 1 : 0;
+    const v = 100 * x;
+    return (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) + (bare ? "" : "%");
+  }
+  if (unit === "ms") {
+    if (r >= 1000) return num(x / 1000, r / 1000) + (bare ? "" : " s");
+    return num(x, r) + (bare ? "" : " ms");
+  }
+  const k = unit === "bps" ? 8 : 1;
+  if (x === 0 && !bare) return unit === "bps" ? "0 bps" : unit === "fps" ? "0 flytes/s" : "0";
+  const [div, p] = SI.find(([d]) => k * r >= d) || [1, ""];
+  const name = p + (unit === "bps" ? "bps" : unit === "fps" ? "flytes/s" : "");
+  return num((k * x) / div, (k * r) / div) + (bare || !name ? "" : " " + name);
+}
+// A number with 3 significant digits of `ref` (at most).
+function num(v, ref) {
+  const d = ref === 0 ? 0 : ref < 10 ? 2 : ref < 100 ? 1 : 0;
+  return v.toFixed(d).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+}
+const pct = (x) => quantity(x, "ratio");
 const utilColor = (u) => `hsl(${Math.round(120 * (1 - Math.min(1, Math.max(0, u))))} 75% ${u >= 0.999 ? 55 : 45}%)`;
 const proj = (lat, lon) => [((lon + 180) / 360) * W, ((90 - lat) / 180) * H];
 
@@ -82,11 +112,11 @@ function renderStatus(s) {
   v.dataset.version = s.map_version;
   const f = document.getElementById("figures");
   f.replaceChildren(
-    el("span", {}, "demand ", el("b", {}, fmt(s.demand))),
+    el("span", { title: "demand units (the estimator's forecast the round mapped)" }, "demand ", el("b", {}, fmt(s.demand))),
     el("span", {}, "overflow ", el("b", {}, pct(s.overflow_share))),
     el("span", {}, "churn ", el("b", {}, pct(s.churn))),
-    el("span", {}, "mean RTT ", el("b", {}, s.mean_rtt_ms === null ? "—" : fmt(s.mean_rtt_ms, 1) + " ms")),
-    el("span", {}, "solve ", el("b", {}, fmt(s.last_round.solve_ms, 0) + " ms")),
+    el("span", {}, "mean RTT ", el("b", {}, quantity(s.mean_rtt_ms, "ms"))),
+    el("span", { title: "wall time of the last round (estimates, solve, index)" }, "round ", el("b", {}, quantity(s.last_round.solve_ms, "ms"))),
     el("span", {}, "clusters ", el("b", {}, `${s.clusters.up} up`), ` · ${s.clusters.drained} drained · ${s.clusters.down} down`),
     el("span", {}, "units ", el("b", {}, fmt(s.map_units))),
   );
@@ -118,7 +148,7 @@ function renderMode() {
   const can = state.actionsEnabled && token() !== "";
   m.textContent = !state.actionsEnabled ? "read-only (no admin token on the server)" : can ? "actions enabled" : "read-only: enter the admin token";
   m.className = "pill" + (can ? " rw" : "");
-  document.querySelectorAll("#clusters button[data-action]").forEach((btn) => { btn.disabled = !can || btn.dataset.same === "1"; });
+  document.querySelectorAll("#clusters button[data-action]").forEach((btn) => { btn.disabled = !can; });
 }
 
 // --- the world map --------------------------------------------------------------------------
@@ -224,63 +254,147 @@ function select(id) {
 
 // --- charts ---------------------------------------------------------------------------------
 
+// Every chart starts its y axis at 0 (all these figures are ≥ 0), so a dip of 1.1% looks like
+// one; the x axis is the rounds' clock time.
 const CHARTS = [
-  { key: "solve_ms", label: "solve time", unit: "ms", f: (x) => fmt(x, 0) + " ms" },
-  { key: "churn", label: "churn", f: pct },
-  { key: "overflow_share", label: "overflow", f: pct },
-  { key: "mean_rtt_ms", label: "demand-weighted mean RTT", f: (x) => fmt(x, 1) + " ms" },
-  { key: "demand", label: "total demand", f: fmt },
+  { key: "solve_ms", label: "round time", unit: "ms", title: "wall time of the whole round (estimates, solve, index)" },
+  { key: "churn", label: "churn", unit: "ratio", title: "share of the demand that moved since the round before" },
+  { key: "overflow_share", label: "overflow", unit: "ratio", title: "share of the demand no candidate had room for" },
+  { key: "mean_rtt_ms", label: "mean RTT", unit: "ms", title: "demand-weighted mean RTT of the placed demand" },
+  { key: "demand", label: "demand", unit: "", title: "the demand the round mapped, in demand units" },
 ];
+// What an axis names its unit.
+const UNIT_NAME = { ms: "ms", ratio: "%", "": "demand units" };
 
 function renderCharts() {
   const rounds = state.history;
   const box = document.getElementById("charts");
-  box.replaceChildren(...CHARTS.map((c) => chart(c, rounds)));
+  // Drawn at the width of a column of #charts' grid (columns of at least CHART_MIN_PX), so
+  // that text is drawn at its size, not scaled.
+  const CHART_MIN_PX = 230, GAP = 8, PAD = 12;
+  const total = box.clientWidth || 300;
+  const cols = Math.max(1, Math.floor((total + GAP) / (CHART_MIN_PX + GAP)));
+  const width = Math.max(200, Math.floor((total - GAP * (cols - 1)) / cols) - PAD);
+  box.replaceChildren(...CHARTS.map((c) => chart(c, rounds, width)));
 }
 
-function chart(c, rounds) {
-  const pts = rounds.map((r) => [r.version, r[c.key]]).filter((p) => p[1] !== null && p[1] !== undefined);
-  const cw = 300, ch = 64, pad = 3;
-  const svg = sv("svg", { viewBox: `0 0 ${cw} ${ch}`, preserveAspectRatio: "none", "data-metric": c.key, "data-points": pts.length });
+// "Nice" ticks from 0 to at least `hi`: 0, step, 2·step, … with step 1, 2 or 5 × 10^k.
+function yTicks(hi, minTop) {
+  const top = Math.max(hi, minTop);
+  const raw = top / 4;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+  const n = Math.max(1, Math.ceil(top / step - 1e-9));
+  return Array.from({ length: n + 1 }, (_, i) => i * step);
+}
+
+// Round clock times across [t0, t1] (Unix ms), at most `most` of them.
+const TIME_STEPS_S = [10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200];
+function xTicks(t0, t1, most) {
+  const span = Math.max(1, (t1 - t0) / 1000);
+  const step = (TIME_STEPS_S.find((s) => span / s <= most) || 7200) * 1000;
+  const out = [];
+  for (let t = Math.ceil(t0 / step) * step; t <= t1 && out.length < 64; t += step) out.push(t);
+  return { ticks: out, step };
+}
+
+function clock(ms, seconds) {
+  const d = new Date(ms), p = (n) => String(n).padStart(2, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}` + (seconds ? `:${p(d.getSeconds())}` : "");
+}
+
+function chart(c, rounds, cw) {
+  const pts = rounds.map((r) => [r.at_unix_ms, r[c.key], r.version]).filter((p) => p[1] !== null && p[1] !== undefined);
+  const ch = 118, left = 46, right = 8, top = 8, bottom = 20;
+  const pw = cw - left - right, ph = ch - top - bottom;
+  const svg = sv("svg", {
+    viewBox: `0 0 ${cw} ${ch}`, width: cw, height: ch, role: "img",
+    "aria-label": `${c.label} over the last ${pts.length} rounds`,
+    "data-metric": c.key, "data-points": pts.length, "data-unit": UNIT_NAME[c.unit],
+  });
   const last = pts.length ? pts[pts.length - 1][1] : null;
-  if (pts.length) {
-    const ys = pts.map((p) => p[1]);
-    let lo = Math.min(...ys), hi = Math.max(...ys);
-    if (c.key !== "demand" && c.key !== "mean_rtt_ms") lo = Math.min(0, lo);
-    if (hi - lo < 1e-12) { hi = lo + (Math.abs(lo) || 1) * 0.1; lo = lo - (hi - lo); }
-    const n = Math.max(1, pts.length - 1);
-    const xy = pts.map((p, i) => [pad + ((cw - 2 * pad) * (pts.length === 1 ? 0.5 : i / n)), ch - pad - ((ch - 2 * pad) * (p[1] - lo)) / (hi - lo)]);
-    const line = xy.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" ");
-    svg.append(sv("polygon", { points: `${xy[0][0].toFixed(1)},${ch} ${line} ${xy[xy.length - 1][0].toFixed(1)},${ch}`, fill: "rgba(79,179,255,0.12)" }));
-    svg.append(sv("polyline", { points: line, fill: "none", stroke: "#4fb3ff", "stroke-width": 1.5, "vector-effect": "non-scaling-stroke" }));
-    const [lx, ly] = xy[xy.length - 1];
-    svg.append(sv("circle", { cx: lx, cy: ly, r: 2.5, fill: "#fff" }));
-    svg.append(sv("title", {}, `${c.label}: min ${c.f(Math.min(...ys))}, max ${c.f(Math.max(...ys))} over ${pts.length} rounds (v${pts[0][0]}–v${pts[pts.length - 1][0]})`));
+  const ys = pts.map((p) => p[1]);
+  const hi = ys.length ? Math.max(...ys) : 0;
+  // A ratio's axis shows at least 0–1%; others at least up to a small round figure.
+  const yt = yTicks(hi, c.unit === "ratio" ? 0.01 : hi > 0 ? hi : 1);
+  const yTop = yt[yt.length - 1];
+  const now = pts.length ? pts[pts.length - 1][0] : Date.now();
+  let t0 = pts.length ? pts[0][0] : now - 60000;
+  if (now - t0 < 60000) t0 = now - 60000; // at least a minute wide
+  const X = (t) => left + (pw * (t - t0)) / (now - t0);
+  const Y = (v) => top + ph - (ph * v) / yTop;
+  const axes = sv("g", { class: "axes" });
+  for (const v of yt) {
+    const y = Y(v).toFixed(1);
+    axes.append(sv("line", { x1: left, x2: left + pw, y1: y, y2: y, class: v === 0 ? "base" : "grid" }));
+    axes.append(sv("text", { x: left - 4, y: (Y(v) + 3).toFixed(1), class: "tick y", "text-anchor": "end" }, quantity(v, c.unit, yTop)));
   }
-  return el("div", { class: "chart" },
-    el("div", { class: "head" }, el("span", {}, c.label, ` · ${pts.length} rounds`), el("b", {}, last === null ? "—" : c.f(last))),
+  const { ticks, step } = xTicks(t0, now, Math.max(2, Math.floor(pw / 70)));
+  // A label is ~48 px wide: ticks too near an edge for it are left out.
+  for (const t of ticks.filter((t) => X(t) - 24 >= left - 20 && X(t) + 24 <= cw)) {
+    const x = X(t).toFixed(1);
+    axes.append(sv("line", { x1: x, x2: x, y1: top + ph, y2: top + ph + 3, class: "base" }));
+    axes.append(sv("text", { x, y: ch - 5, class: "tick x", "text-anchor": "middle" }, clock(t, step < 60000)));
+  }
+  axes.append(sv("line", { x1: left, x2: left, y1: top, y2: top + ph, class: "base" }));
+  svg.append(axes);
+  if (pts.length) {
+    const xy = pts.map((p) => [X(p[0]), Y(p[1])]);
+    const line = xy.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" ");
+    svg.append(sv("polygon", { points: `${xy[0][0].toFixed(1)},${Y(0).toFixed(1)} ${line} ${xy[xy.length - 1][0].toFixed(1)},${Y(0).toFixed(1)}`, fill: "rgba(79,179,255,0.12)" }));
+    svg.append(sv("polyline", { points: line, fill: "none", stroke: "#4fb3ff", "stroke-width": 1.5 }));
+    const [lx, ly] = xy[xy.length - 1];
+    svg.append(sv("circle", { cx: lx.toFixed(1), cy: ly.toFixed(1), r: 2.5, fill: "#fff" }));
+    // Hover: each round's value (a wide invisible target around each point).
+    const hits = sv("g", { class: "hits" });
+    pts.forEach((p, i) => hits.append(sv("circle", { cx: xy[i][0].toFixed(1), cy: xy[i][1].toFixed(1), r: 5, fill: "transparent" },
+      sv("title", {}, `${c.label} ${quantity(p[1], c.unit)} · map v${p[2]} at ${clock(p[0], true)}`))));
+    svg.append(hits);
+  }
+  const unitName = c.unit === "ms" && yTop >= 1000 ? "s" : UNIT_NAME[c.unit];
+  return el("div", { class: "chart", title: `${c.title}; ${pts.length} rounds` },
+    el("div", { class: "head" }, el("span", { class: "chart-title" }, `${c.label} (${unitName})`),
+      el("b", { class: "last" }, last === null ? "—" : quantity(last, c.unit))),
     svg);
 }
 
 // --- the cluster table ----------------------------------------------------------------------
 
-const STATE_ORDER = { up: 0, drained: 1, down: 2 };
+// Down first, then drained, then up: with "drained & down first" on (the default), the clusters
+// an operator took out of service head the table whatever it is sorted by.
+const STATE_ORDER = { down: 0, drained: 1, up: 2 };
+// What each sortable column sorts by.
+const SORT_KEYS = {
+  id: (c) => c.id,
+  state: (c) => STATE_ORDER[c.state],
+  demand: (c) => c.demand,
+  utilization: (c) => c.utilization,
+  capacity: (c) => (c.nodes.length ? c.nodes[0].capacity : 0), // the root node's (the uplink)
+  units: (c) => c.units,
+  top: (c) => (c.top_units.length ? c.top_units[0].amount : 0),
+};
 
 function renderTable() {
   const q = document.getElementById("filter").value.trim().toLowerCase();
+  const pin = document.getElementById("pin-out").checked;
   const { key, desc } = state.sort;
-  const rows = state.clusters.filter((c) => !q || c.id.toLowerCase().includes(q));
+  const by = SORT_KEYS[key] || SORT_KEYS.demand;
+  const rows = state.clusters.filter((c) => !q || c.id.toLowerCase().includes(q) || c.state.includes(q));
   rows.sort((a, b) => {
-    let x, y;
-    if (key === "state") { x = STATE_ORDER[a.state]; y = STATE_ORDER[b.state]; }
-    else { x = a[key]; y = b[key]; }
+    if (pin && (a.state === "up") !== (b.state === "up")) return STATE_ORDER[a.state] - STATE_ORDER[b.state];
+    const x = by(a), y = by(b);
     const r = x < y ? -1 : x > y ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
     return desc ? -r : r;
   });
   document.querySelectorAll("#clusters th[data-sort]").forEach((th) => {
-    th.classList.toggle("sorted", th.dataset.sort === key);
-    th.classList.toggle("desc", th.dataset.sort === key && desc);
+    const on = th.dataset.sort === key;
+    th.classList.toggle("sorted", on);
+    th.classList.toggle("desc", on && desc);
+    th.setAttribute("aria-sort", on ? (desc ? "descending" : "ascending") : "none");
   });
+  const out = state.clusters.filter((c) => c.state !== "up").length;
+  document.getElementById("table-note").textContent =
+    `${rows.length} of ${state.clusters.length} shown` + (out ? ` · ${out} out of service` : "");
   const tbody = document.querySelector("#clusters tbody");
   tbody.replaceChildren(...rows.map(row));
   renderMode();
@@ -292,24 +406,36 @@ function bar(u, label) {
     el("span", {}, label));
 }
 
+// A resource node's load and capacity in its unit (one prefix for both) and how full it is.
+function nodeLabel(n) {
+  return `${n.name} ${quantity(n.load, n.kind, n.capacity, true)} / ${quantity(n.capacity, n.kind)} · ${pct(n.utilization)}`;
+}
+
+// The actions of a cluster, labelled by what they do from its state: the one that takes a
+// drained cluster back is "Undrain", a down one "Mark up" (both ask for the state "up").
+function actions(c) {
+  const up = c.state === "down" ? "Mark up" : "Undrain";
+  return [["drain", "drained", "Drain"], ["undrain", "up", up], ["down", "down", "Mark down"]]
+    .filter(([, target]) => target !== c.state)
+    .map(([action, target, label]) => el("button", {
+      "data-action": action, "data-cluster": c.id,
+      title: `${label} ${c.id} (to the state ${target}; the map follows in the next round)`, onclick: () => act(c.id, target),
+    }, label));
+}
+
 function row(c) {
   const pending = c.map_state && c.map_state !== c.state ? el("span", { class: "pending" }, `map: ${c.map_state} until the next round`) : null;
-  const actions = [["drain", "drained", "Drain"], ["undrain", "up", "Undrain"], ["down", "down", "Mark down"]].map(([action, target, label]) =>
-    el("button", {
-      "data-action": action, "data-cluster": c.id, "data-same": c.state === target ? "1" : "0",
-      title: `${label} ${c.id}`, onclick: () => act(c.id, target),
-    }, label));
-  return el("tr", { "data-id": c.id, "data-state": c.state, "data-demand": c.demand, class: state.selected === c.id ? "sel" : "", onclick: (e) => { if (e.target.tagName !== "BUTTON") select(c.id); } },
+  return el("tr", { "data-id": c.id, "data-state": c.state, "data-demand": c.demand, class: `st-${c.state}` + (state.selected === c.id ? " sel" : ""), onclick: (e) => { if (e.target.tagName !== "BUTTON") select(c.id); } },
     el("td", {}, c.id),
     el("td", { class: "state-cell" }, el("span", { class: `state ${c.state}` }, c.state), pending,
       c.capacity_factor < 1 ? el("span", { class: "derated", title: c.derated_because || "" }, `derated to ${pct(c.capacity_factor)}`) : null,
       c.health_down ? el("span", { class: "derated health-down", title: c.health_down }, "health checks: down") : null),
+    el("td", { class: "actions" }, actions(c)),
     el("td", { class: "num" }, fmt(c.demand)),
     el("td", {}, bar(c.utilization, pct(c.utilization))),
-    el("td", {}, el("div", { class: "nodes" }, c.nodes.map((n) => bar(n.utilization, `${n.name} (${n.kind}) ${fmt(n.load)} / ${fmt(n.capacity)}`)))),
+    el("td", {}, el("div", { class: "nodes" }, c.nodes.map((n) => bar(n.utilization, nodeLabel(n))))),
     el("td", { class: "num" }, c.units),
-    el("td", { class: "units" }, c.top_units.slice(0, 3).map((u) => el("div", { title: `${u.id} (${u.class}): ${fmt(u.amount)}` }, `${u.id} `, el("b", {}, fmt(u.amount))))),
-    el("td", { class: "actions" }, actions));
+    el("td", { class: "units" }, c.top_units.slice(0, 3).map((u) => el("div", { title: `${u.id} (${u.class}): ${fmt(u.amount)} demand units` }, `${u.id} `, el("b", {}, fmt(u.amount))))));
 }
 
 async function act(id, target) {
@@ -381,13 +507,14 @@ function shownCandidates(cands) {
 function renderEstimator(e) {
   document.getElementById("estimator-note").textContent =
     !e.learning ? "learning off: configured coefficients" : e.confident ? "learned coefficients in use" : "learning; configured coefficients until confident";
-  const per = (p) => `${fmt(p.bps)} / ${fmt(p.fps)}`;
+  // Per demand unit: the Bps (shown in bits per second) and the Fps it costs, one per line.
+  const per = (p) => [el("div", {}, quantity(p.bps, "bps")), el("div", {}, quantity(p.fps, "fps"))];
   const rows = e.coefficients.map((c) => el("tr", {}, el("td", {}, c.class), el("td", { class: "num" }, per(c.in_use)), el("td", { class: "num" }, per(c.learned)), el("td", { class: "num" }, per(c.configured))));
   const derated = e.derated.length
     ? e.derated.map((d) => el("div", { class: "derated-row", title: d.because || "" }, el("b", {}, d.cluster), ` capacity × ${fmt(d.capacity_factor, 2)}`, d.because ? ` — ${d.because}` : ""))
     : [el("div", { class: "dim" }, "no cluster derated")];
   document.getElementById("estimator").replaceChildren(
-    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "class: bps / fps per unit"), el("th", { class: "num" }, "in use"), el("th", { class: "num" }, "learned"), el("th", { class: "num" }, "configured"))), el("tbody", {}, rows)),
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "class: per demand unit"), el("th", { class: "num" }, "in use"), el("th", { class: "num" }, "learned"), el("th", { class: "num" }, "configured"))), el("tbody", {}, rows)),
     ...derated);
 }
 
@@ -444,11 +571,19 @@ function init() {
   op.value = sessionStorage.getItem("cdnmap.operator") || "";
   op.addEventListener("input", () => sessionStorage.setItem("cdnmap.operator", op.value));
   document.getElementById("filter").addEventListener("input", renderTable);
-  document.querySelectorAll("#clusters th[data-sort]").forEach((th) => th.addEventListener("click", () => {
-    const k = th.dataset.sort;
-    state.sort = { key: k, desc: state.sort.key === k ? !state.sort.desc : k !== "id" && k !== "state" };
-    renderTable();
-  }));
+  document.getElementById("pin-out").addEventListener("change", renderTable);
+  // A header sorts by its column: click, or Enter / Space when it has the focus; again reverses.
+  document.querySelectorAll("#clusters th[data-sort]").forEach((th) => {
+    const sortBy = () => {
+      const k = th.dataset.sort;
+      state.sort = { key: k, desc: state.sort.key === k ? !state.sort.desc : k !== "id" && k !== "state" };
+      renderTable();
+    };
+    th.tabIndex = 0;
+    th.addEventListener("click", sortBy);
+    th.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(); } });
+  });
+  window.addEventListener("resize", () => { clearTimeout(state.resizeTimer); state.resizeTimer = setTimeout(renderCharts, 150); });
   document.getElementById("lookup-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const q = document.getElementById("lookup-q").value.trim();
