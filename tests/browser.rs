@@ -1,9 +1,13 @@
 //! The dashboard in a real browser (issue 8): headless Chromium, driven by chromedriver over the
 //! W3C WebDriver protocol, loads the page of a running `cdnmap serve`, checks that the map, the
-//! cluster table and the charts show the same data as the JSON API, drains the busiest cluster
-//! by clicking its button (with the token typed into the page), sees its state change on the
-//! page and in the next round's map, runs a lookup, and saves a screenshot to
-//! `<target>/test-artifacts/dashboard.png`.
+//! cluster table and the charts show the same data as the JSON API, that every chart has axes
+//! (y ticks in its unit from 0, x ticks in clock time) and every resource load its unit (bit/s,
+//! flytes/s), sorts the table by a click and from the keyboard, drains the busiest cluster by
+//! clicking its button (with the token typed into the page), sees its state change on the page
+//! and in the next round's map, sees the drained and then a marked-down cluster head the table
+//! (the down one offering "Mark up"), runs a lookup, saves a screenshot to
+//! `<target>/test-artifacts/dashboard.png`, and at 800 × 600 checks that the page does not
+//! scroll sideways and the action buttons are in view (`dashboard-800x600.png`).
 //!
 //! The test installs what it needs (Debian's `chromium` and `chromium-driver`, through
 //! `ensure_debian_tool`) and fails — never skips — when they cannot be had or the page does
@@ -247,6 +251,27 @@ impl Driver {
         }
     }
 
+    /// Sets the window's outer size.
+    fn resize(&self, width: u32, height: u32) {
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(json!({"width": width, "height": height})),
+        )
+        .expect("set the window's size");
+    }
+
+    /// Focuses the element `css` and presses Enter on it (WebDriver key events).
+    fn press_enter(&self, css: &str) {
+        let e = self.find(css).expect("the element");
+        self.cmd(
+            "POST",
+            &format!("/element/{e}/value"),
+            Some(json!({ "text": "\u{E007}" })),
+        )
+        .unwrap_or_else(|err| panic!("Enter on {css}: {err}"));
+    }
+
     fn screenshot(&self) -> Vec<u8> {
         let b64 = self.cmd("GET", "/screenshot", None).expect("a screenshot");
         base64::engine::general_purpose::STANDARD
@@ -414,6 +439,79 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         "{header}"
     );
 
+    // Every chart has axes: y ticks in its unit starting at 0, x ticks in clock time.
+    let axes = driver.js(READ_AXES);
+    for c in axes.as_array().expect("charts") {
+        let metric = c["metric"].as_str().unwrap_or_default();
+        let ys: Vec<&str> = c["y"]
+            .as_array()
+            .expect("y ticks")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let unit_ok = |t: &str| match metric {
+            "solve_ms" | "mean_rtt_ms" => t.ends_with(" ms") || t.ends_with(" s"),
+            "churn" | "overflow_share" => t.ends_with('%'),
+            "demand" => t.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            other => panic!("unknown chart {other}"),
+        };
+        assert!(ys.len() >= 3, "{metric}: y ticks {ys:?}");
+        assert!(ys.iter().all(|t| unit_ok(t)), "{metric}: y ticks {ys:?}");
+        assert!(
+            ys[0].trim_start_matches(['0', '.']).starts_with([' ', '%']) || ys[0] == "0",
+            "{metric}: the y axis starts at 0: {ys:?}"
+        );
+        let xs = c["x"].as_array().expect("x ticks");
+        assert!(!xs.is_empty(), "{metric}: no x tick");
+        for x in xs {
+            let x = x.as_str().unwrap_or_default();
+            let clock = x.split(':').collect::<Vec<_>>();
+            assert!(
+                (2..=3).contains(&clock.len())
+                    && clock
+                        .iter()
+                        .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit())),
+                "{metric}: x tick {x:?} is not a clock time"
+            );
+        }
+        let title = c["title"].as_str().unwrap_or_default();
+        assert!(
+            title.ends_with(')'),
+            "{metric}: title {title:?} has no unit"
+        );
+    }
+    // Resource loads with their units: bit/s for Bps nodes (the model's bytes × 8), flytes/s
+    // for Fps nodes, and how full the node is.
+    let labels = driver.js(
+        "return [...document.querySelectorAll('#clusters tbody tr')].map(r => [r.dataset.id, \
+         [...r.querySelectorAll('.nodes .bar span')].map(s => s.textContent)]);",
+    );
+    for r in labels.as_array().expect("rows") {
+        let id = r[0].as_str().expect("id");
+        let api_row = api_rows.iter().find(|a| a["id"] == id).expect("the row");
+        let nodes = api_row["nodes"].as_array().expect("nodes");
+        let shown = r[1].as_array().expect("labels");
+        assert_eq!(shown.len(), nodes.len(), "{id}");
+        for (n, label) in nodes.iter().zip(shown) {
+            let label = label.as_str().unwrap_or_default();
+            let (kind, cap) = (
+                n["kind"].as_str().expect("kind"),
+                n["capacity"].as_f64().expect("capacity"),
+            );
+            let unit = match kind {
+                "bps" => format!("{}bps", si_prefix(8.0 * cap)),
+                "fps" => format!("{}flytes/s", si_prefix(cap)),
+                other => panic!("unknown kind {other}"),
+            };
+            assert!(
+                label.starts_with(n["name"].as_str().unwrap_or("?"))
+                    && label.contains(&format!(" {unit} · "))
+                    && label.ends_with('%'),
+                "{id}: {label:?} for {n}"
+            );
+        }
+    }
+
     // Sorting: a click on "cluster" sorts by id, a second click reverses it.
     let ids_shown =
         "return [...document.querySelectorAll('#clusters tbody tr')].map(r => r.dataset.id);";
@@ -430,6 +528,22 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         driver.js(ids_shown).as_array(),
         Some(&sorted),
         "sorted by id, descending"
+    );
+    // From the keyboard: Enter on the focused "utilization" header sorts by it, fullest first.
+    driver.press_enter("#clusters th[data-sort=\"utilization\"]");
+    let shown = driver.js(ids_shown);
+    let util_of = |id: &Value| {
+        api_rows
+            .iter()
+            .find(|a| &a["id"] == id)
+            .and_then(|a| a["utilization"].as_f64())
+            .expect("the row's utilization")
+    };
+    let utils: Vec<f64> = shown.as_array().expect("ids").iter().map(util_of).collect();
+    assert_eq!(utils.len() as u64, CLUSTERS);
+    assert!(
+        utils.windows(2).all(|w| w[0] >= w[1]),
+        "sorted by utilization, descending: {utils:?}"
     );
     driver.click("#clusters th[data-sort=\"demand\"]"); // back to the busiest first
 
@@ -489,9 +603,44 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         Value::Bool(true),
         "the page reloaded"
     );
+    // Sorted by demand, the drained cluster (no demand now) still heads the table, with its
+    // badge and the action that takes it back.
+    let first_row = "const r = document.querySelector('#clusters tbody tr'); \
+         return [r.dataset.id, r.querySelector('.state').textContent, \
+         [...r.querySelectorAll('button[data-action]')].map(b => b.dataset.action + ':' + b.textContent)];";
+    assert_eq!(
+        driver.js(first_row),
+        json!([busiest, "drained", ["undrain:Undrain", "down:Mark down"]]),
+        "the drained cluster first"
+    );
+    // Mark another cluster down from the page: it comes first (down, then drained), and its
+    // way back says "Mark up".
+    let other = driver
+        .js(ids_shown)
+        .as_array()
+        .and_then(|ids| ids.get(1).and_then(Value::as_str).map(str::to_string))
+        .expect("a second row");
+    assert_ne!(other, busiest);
+    driver.click(&format!(
+        "button[data-action=\"down\"][data-cluster=\"{other}\"]"
+    ));
+    driver.wait_for(
+        "the down cluster first, then the drained one",
+        PAGE_TIMEOUT,
+        &format!(
+            "const ids = [...document.querySelectorAll('#clusters tbody tr')].map(r => r.dataset.id);
+             return ids[0] === '{other}' && ids[1] === '{busiest}';"
+        ),
+    );
+    assert_eq!(
+        driver.js(first_row),
+        json!([other, "down", ["drain:Drain", "undrain:Mark up"]]),
+        "the down cluster's actions"
+    );
 
-    // A lookup from the page, by prefix: a unit that a full cluster passed over (the demo
-    // world runs its clusters full), so the page shows the full node as the reason.
+    // A lookup from the page, by prefix: a unit that a full cluster passed over (the tests'
+    // world keeps the generator's tight headroom, so its clusters run full), so the page shows
+    // the full node as the reason.
     let passed_over = |lookup: &Value| {
         lookup["units"][0]["candidates"]
             .as_array()
@@ -539,4 +688,76 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
     let path = artifacts_dir().join("dashboard.png");
     std::fs::write(&path, &png).expect("write the screenshot");
     eprintln!("screenshot: {}", path.display());
+
+    // At 800 × 600: no horizontal scrolling of the page, and the first rows' action buttons
+    // inside the window and inside the table's scrolling box once the row is scrolled to.
+    driver.resize(800, 600);
+    let fit = driver.wait_for(
+        "the page laid out at 800 px",
+        PAGE_TIMEOUT,
+        "return document.documentElement.clientWidth < 800 ? document.documentElement.clientWidth : 0;",
+    );
+    let fit = fit.as_f64().expect("a width");
+    let boxes = driver.js(
+        "const d = document.documentElement, wrap = document.querySelector('.table-wrap');
+         const out = {scroll_width: d.scrollWidth, client_width: d.clientWidth, buttons: []};
+         for (const r of [...document.querySelectorAll('#clusters tbody tr')].slice(0, 5)) {
+           r.scrollIntoView({block: 'nearest'});
+           const w = wrap.getBoundingClientRect();
+           for (const b of r.querySelectorAll('button[data-action]')) {
+             const x = b.getBoundingClientRect();
+             out.buttons.push({id: r.dataset.id, label: b.textContent, left: x.left, right: x.right, top: x.top, bottom: x.bottom,
+               visible_right: Math.min(w.right, d.clientWidth), visible_bottom: Math.min(w.bottom, innerHeight)});
+           }
+         }
+         return out;",
+    );
+    assert!(
+        boxes["scroll_width"].as_f64() <= Some(fit),
+        "the page scrolls sideways at 800 px: {boxes}"
+    );
+    let buttons = boxes["buttons"].as_array().expect("buttons");
+    assert!(buttons.len() >= 10, "{boxes}");
+    for b in buttons {
+        let v = |k: &str| b[k].as_f64().unwrap_or(f64::NAN);
+        assert!(
+            v("right") - v("left") >= 20.0
+                && v("bottom") - v("top") >= 10.0
+                && v("left") >= 0.0
+                && v("right") <= v("visible_right")
+                && v("top") >= 0.0
+                && v("bottom") <= v("visible_bottom"),
+            "a button out of view at 800 x 600: {b}"
+        );
+    }
+    let png = driver.screenshot();
+    let path = artifacts_dir().join("dashboard-800x600.png");
+    std::fs::write(&path, &png).expect("write the screenshot");
+    eprintln!("screenshot: {}", path.display());
 }
+
+/// The SI prefix the page gives a quantity of this size (its formatter, `quantity`).
+fn si_prefix(x: f64) -> &'static str {
+    let a = x.abs();
+    if a >= 1e12 {
+        "T"
+    } else if a >= 1e9 {
+        "G"
+    } else if a >= 1e6 {
+        "M"
+    } else if a >= 1e3 {
+        "k"
+    } else {
+        ""
+    }
+}
+
+/// Each chart's axes, read from its SVG: tick labels and the title (with its unit).
+const READ_AXES: &str = r#"
+return [...document.querySelectorAll('#charts .chart')].map(ch => ({
+  metric: ch.querySelector('svg').dataset.metric,
+  title: ch.querySelector('.chart-title').textContent,
+  y: [...ch.querySelectorAll('svg text.tick.y')].map(t => t.textContent),
+  x: [...ch.querySelectorAll('svg text.tick.x')].map(t => t.textContent),
+}));
+"#;

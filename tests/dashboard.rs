@@ -264,8 +264,8 @@ fn lookup_says_where_demand_went_and_why() {
     }
     assert!(
         passed_over_full > 0,
-        "no looked-up unit was passed over by a full cluster (the demo world runs its clusters \
-         full, so some should be)"
+        "no looked-up unit was passed over by a full cluster (the tests' demo world keeps the \
+         generator's tight headroom and runs its clusters full, so some should be)"
     );
 
     // By address: an address inside a unit's prefix finds that unit (among the classes).
