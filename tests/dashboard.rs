@@ -206,6 +206,35 @@ fn the_api_describes_the_running_map_consistently() {
     );
 }
 
+/// `cdnmap serve`'s demo world has room: most clusters run 40–90% busy at their tightest
+/// node and only a few are full, so the map shows where the trouble is (the tests' world,
+/// at the generator's tight headroom, runs most of its clusters full).
+#[test]
+fn the_serve_demo_world_has_headroom_and_a_few_hot_spots() {
+    let s = DashServer::start_with_serve_defaults();
+    let (_, _, _) = s.consistent_reads();
+    let cl = s.get_ok("/api/clusters");
+    let utils: Vec<f64> = cl["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| f(&c["utilization"]))
+        .collect();
+    assert_eq!(utils.len() as u64, CLUSTERS);
+    let within = utils.iter().filter(|u| (0.4..=0.9).contains(*u)).count();
+    let full = utils.iter().filter(|u| **u >= 0.999).count();
+    assert!(
+        within * 10 >= utils.len() * 7,
+        "{within} of {} clusters 40-90% busy: {utils:?}",
+        utils.len()
+    );
+    assert!(
+        full * 10 <= utils.len(),
+        "{full} of {} clusters full: {utils:?}",
+        utils.len()
+    );
+}
+
 #[test]
 fn lookup_says_where_demand_went_and_why() {
     let s = DashServer::start(false);

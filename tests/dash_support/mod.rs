@@ -163,7 +163,21 @@ impl DashServer {
     /// Starts a server (with the Admin token if `with_token`) and waits until `/api/status`
     /// answers with a map.
     pub fn start(with_token: bool) -> DashServer {
-        let mut setup = Setup::new(bin!(), with_token);
+        DashServer::start_with(Setup::new(bin!(), with_token))
+    }
+
+    /// [`DashServer::start`] without the tests' tight capacity: the demo world at `cdnmap
+    /// serve`'s own default headroom (the `[demo]` table without `headroom`).
+    pub fn start_with_serve_defaults() -> DashServer {
+        let setup = Setup::new(bin!(), false);
+        let text = std::fs::read_to_string(&setup.config).expect("read the config");
+        let pinned = format!("headroom = {:?}\n", cdnmap_tests::mapper::HEADROOM);
+        assert!(text.contains(&pinned), "{text}");
+        std::fs::write(&setup.config, text.replace(&pinned, "")).expect("write the config");
+        DashServer::start_with(setup)
+    }
+
+    fn start_with(mut setup: Setup) -> DashServer {
         let process = setup.spawn();
         let mut server = DashServer {
             http: setup.http,
