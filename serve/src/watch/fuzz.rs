@@ -6,8 +6,9 @@
 //! encodes to the same bytes.
 //!
 //! The corpus (`src/watch/__fuzz__/watch__fuzz__map_updates/corpus`) is the messages of a
-//! stream: a 60-unit map in parts, then a delta to the next version (written by the ignored
-//! test `write_corpus`). `cdnmap_tests::fuzz` says how the targets run.
+//! stream: a 60-unit map in parts, then a delta to the next version, which carries the
+//! clusters that changed and the ones gone (`sections`, `removed_clusters`), as a front end
+//! that asks for changes only gets it (written by the ignored test `write_corpus`). `cdnmap_tests::fuzz` says how the targets run.
 
 use std::path::Path;
 
