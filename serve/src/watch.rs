@@ -19,6 +19,16 @@
 //! demand) is sent as a full map in parts ([`delta_update`] says so), so no message grows
 //! with the map. A front end taking a full map of the units it holds keeps their keys and
 //! its prefix index ([`Builder::expect_units_of`]).
+//!
+//! **Changed sections.** Besides its units, a delta carries the map-wide sections (clusters,
+//! hostname rules with the default class, fallbacks, last resorts) whole, or, to a front end
+//! that asked for it, only those that differ from the [`Sections`] the stream last sent
+//! ([`delta_for`]): the clusters that changed or appeared, whole, and `removed_clusters`; the
+//! others named in `sections` when carried, so that "unchanged" and "now empty" differ. The
+//! [`Follower`] completes such a delta with the sections of the version it holds and applies
+//! it as one that carries them all; a mapper that sends them all (an older one) is followed
+//! as before. A cluster's server loads travel only when its policy reads them (power-of-d),
+//! so reported loads do not make every cluster change.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
