@@ -1559,11 +1559,13 @@ async fn watch_drain_and_restart() {
     }
     let mut view = MapView::new();
     apply(&mut view, &first);
-    // A caller that already holds the current version gets no full map, only what follows.
+    // A caller that already holds the current version gets no full map, only what follows;
+    // this one asks for deltas of the changed sections only.
     let mut resumed = ok(
         m.watch_map(pb::WatchMapRequest {
             known_version: first.version,
             known_epoch: first.epoch,
+            changed_sections_only: true,
         })
         .await,
         "WatchMap from the current version",
@@ -1632,6 +1634,12 @@ async fn watch_drain_and_restart() {
         "a stream from the current version starts with the next delta"
     );
     assert_eq!(resumed_first.units, second.units);
+    // Its first delta carries every section (the stream does not know the caller's).
+    assert_eq!(resumed_first.sections, None);
+    assert_eq!(resumed_first.clusters, second.clusters);
+    // Each delta's size, whole (`stream`, which did not ask for changes only), by version.
+    use cdnmap_proto::prost::Message;
+    let mut whole_bytes = BTreeMap::from([(second.version, second.encoded_len())]);
 
     // The first version made after the drain shows the cluster drained (the round that was
     // running when the drain arrived, if any, may not).
@@ -1641,15 +1649,43 @@ async fn watch_drain_and_restart() {
             .iter()
             .any(|c| c.id == busiest && c.state == pb::ClusterState::Drained as i32)
     };
+    // Whether the resumed stream's first delta (every section) already shows the drain.
+    let drained_in_resumed_first = is_drained(&last);
     while !is_drained(&last) || last.version <= drained_at {
         let next = next_update(&mut stream, within, "a version with the drain").await;
         assert_eq!(next.version, last.version + 1);
         assert!(!next.full);
         assert_eq!(next.base_version, last.version);
         apply(&mut view, &next);
+        whole_bytes.insert(next.version, next.encoded_len());
         last = next;
     }
     let drain_version = last.version;
+    // The stream that asked for changes only: from its second delta on, the clusters it
+    // carries are the drained one alone (in the version that first shows it drained), and
+    // each delta is smaller than the same version's with every section.
+    let mut carried = Vec::new();
+    let mut resumed_last = resumed_first.version;
+    while resumed_last < drain_version {
+        let d = next_update(&mut resumed, within, "the resumed stream's next delta").await;
+        assert_eq!((d.full, d.base_version), (false, resumed_last));
+        assert!(d.sections.is_some(), "{d:?}");
+        assert!(d.removed_clusters.is_empty());
+        let whole = whole_bytes[&d.version];
+        assert!(
+            d.encoded_len() < whole,
+            "version {}: {} bytes with the changed sections only, {whole} with every section",
+            d.version,
+            d.encoded_len()
+        );
+        carried.extend(d.clusters.iter().map(|c| (c.id.clone(), c.state)));
+        resumed_last = d.version;
+    }
+    let want = match drained_in_resumed_first {
+        true => Vec::new(),
+        false => vec![(busiest.clone(), pb::ClusterState::Drained as i32)],
+    };
+    assert_eq!(carried, want, "{}", server.log());
     // GetStatus agrees.
     let s = status(&server).await;
     assert!(s.map_version >= drain_version, "{s:?}");

@@ -21,7 +21,7 @@ use cdnmap_proto::v1 as pb;
 use cdnmap_proto::MAX_BATCH_QUERIES;
 use cdnmap_serve::answer::{self, Decision, Query, View, Zones};
 use cdnmap_serve::resolve::MAX_QNAME_LEN;
-use cdnmap_serve::watch::Bypass;
+use cdnmap_serve::watch::{Bypass, Sections};
 use ipnet::IpNet;
 use tokio::sync::broadcast;
 use tokio_stream::Stream;
@@ -235,13 +235,14 @@ impl pb::mapping_server::Mapping for MappingService {
         let stall = Duration::from_secs(self.0.config.watch_stall_secs);
         let r = request.into_inner();
         let known = (r.known_epoch, r.known_version);
+        let changes_only = r.changed_sections_only;
         let shared = Arc::clone(&self.0);
         let rx = shared.read.updates.subscribe();
         let stop = shared.stopping.subscribe();
         let first = shared.current();
         let stream = watch_stream(stall, move |tx| async move {
             let _streams = streams;
-            let ended = follow(&shared, tx, first, known, rx, stop).await;
+            let ended = follow(&shared, tx, first, known, changes_only, rx, stop).await;
             if let Err(Ended::Stalled) = ended {
                 metrics::counter!("cdnmap_watch_streams_dropped_total", "reason" => "stalled")
                     .increment(1);
@@ -313,19 +314,26 @@ static STALLS_LOGGED: crate::throttle::LogThrottle =
     crate::throttle::LogThrottle::new(Duration::from_secs(10));
 
 /// Feeds one stream: a full map unless the client knows `first` already (`known`), then each
-/// published version, as a delta from the one before when there is one.
+/// published version, as a delta from the one before when there is one. With `changes_only`,
+/// a delta carries the map-wide sections that changed since those the client holds, once
+/// the stream knows them (a full map or a whole delta sent).
 async fn follow(
     shared: &Shared,
     tx: WatchSender,
     first: Option<Arc<Snapshot>>,
     known: (u64, u64),
+    changes_only: bool,
     mut rx: broadcast::Receiver<Arc<Snapshot>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Ended> {
     let mut last: Option<Arc<Snapshot>> = None;
+    // The sections the client holds, as this stream sent them (`None`: not known, or the
+    // client did not ask for changes only).
+    let mut held: Option<Sections> = None;
+    let keep = |sections: Sections| changes_only.then_some(sections);
     if let Some(s) = first {
         if (s.epoch, s.version) != known {
-            send_full(shared, &s, &tx).await?;
+            held = keep(send_full(shared, &s, &tx).await?);
         }
         last = Some(s);
     }
@@ -341,7 +349,7 @@ async fn follow(
             Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
                 Some(s) => {
                     // Fell behind: start again from a full map.
-                    send_full(shared, &s, &tx).await?;
+                    held = keep(send_full(shared, &s, &tx).await?);
                     last = Some(s);
                     continue;
                 }
@@ -353,14 +361,19 @@ async fn follow(
             // A later version of the same epoch: usually the next, or the one after a round
             // whose map could not be stored (never published).
             Some(prev) if prev.epoch == next.epoch && prev.version < next.version => {
-                delta_update(shared, prev, &next)
+                delta_update(shared, held.as_mut(), prev, &next)
             }
             _ => None,
         };
         // No delta follows, or one would carry more units than a part of a full map.
         match delta {
-            Some(d) => tx.send("delta", d).await?,
-            None => send_full(shared, &next, &tx).await?,
+            Some(d) => {
+                if d.sections.is_none() {
+                    held = keep(Sections::of(&d));
+                }
+                tx.send("delta", d).await?
+            }
+            None => held = keep(send_full(shared, &next, &tx).await?),
         }
         last = Some(next);
     }
@@ -500,15 +513,19 @@ where
 }
 
 /// Sends the whole map of `s`, part by part (each made when the queue has room, so a stream
-/// makes one part at a time).
-async fn send_full(shared: &Shared, s: &Snapshot, tx: &WatchSender) -> Result<(), Ended> {
+/// makes one part at a time); returns the sections its first part carried.
+async fn send_full(shared: &Shared, s: &Snapshot, tx: &WatchSender) -> Result<Sections, Ended> {
     let policies = shared.policies(&s.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.intake.server_loads), &shared.config);
+    let mut sections = Sections::default();
     for part in 0..crate::watch::full_parts(s) {
-        tx.send("full", crate::watch::full_part(&edge, s, part))
-            .await?;
+        let msg = crate::watch::full_part(&edge, s, part);
+        if part == 0 {
+            sections = Sections::of(&msg);
+        }
+        tx.send("full", msg).await?;
     }
-    Ok(())
+    Ok(sections)
 }
 
 /// `msg` and its encoded bytes, counted in the WatchMap metrics by `kind` ("full": a part of
@@ -524,10 +541,15 @@ fn counted(kind: &'static str, msg: pb::MapUpdate) -> (pb::MapUpdate, usize) {
     (msg, bytes)
 }
 
-fn delta_update(shared: &Shared, prev: &Snapshot, next: &Snapshot) -> Option<pb::MapUpdate> {
+fn delta_update(
+    shared: &Shared,
+    held: Option<&mut Sections>,
+    prev: &Snapshot,
+    next: &Snapshot,
+) -> Option<pb::MapUpdate> {
     let policies = shared.policies(&next.topology);
     let edge = EdgeParts::new(&policies, Some(&shared.intake.server_loads), &shared.config);
-    crate::watch::delta_update(&edge, prev, next)
+    crate::watch::delta_update(&edge, held, prev, next)
 }
 
 #[cfg(test)]

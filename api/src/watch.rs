@@ -2,11 +2,18 @@
 //! delta from the version before. The messages themselves are made by `cdnmap_serve::watch`,
 //! the one place that converts WatchMap, from the snapshot's serving map; this module gives
 //! them what the service adds (selection policies, server loads, hostname rules).
+//!
+//! A stream whose caller asked for `changed_sections_only` keeps the map-wide sections it last
+//! sent ([`Sections`]: from a full map's first part, or a delta that carried them all) and
+//! sends each later delta against them, so a round that changed no cluster, rule, fallback or
+//! last resort sends units only. It does not know what a caller that started at a version it
+//! already held has (the server loads may be another mapper's), so the first delta it sends
+//! such a caller carries every section.
 
 use cdnmap_engine::round::Snapshot;
 use cdnmap_proto::v1 as pb;
 use cdnmap_serve::servers::Policy;
-use cdnmap_serve::watch::{self as wire, Edge, Identity};
+use cdnmap_serve::watch::{self as wire, Edge, Identity, Sections};
 
 use crate::config::Config;
 use crate::selection::ServerLoads;
@@ -66,17 +73,20 @@ pub fn full_part(edge: &EdgeParts<'_>, s: &Snapshot, part: usize) -> pb::MapUpda
     edge.with(|e| wire::full_part(e, identity(s), s.resolver.map(), part))
 }
 
-/// What changed from `prev` to `next` (by map unit id): the units whose answer may differ,
-/// the units gone, and the clusters, rules and fallbacks whole; `None` when a full map is to
-/// be sent instead ([`wire::MAX_DELTA_UNITS`]).
+/// What changed from `prev` to `next` (by map unit id): the units whose answer may differ and
+/// the units gone; with `held` (the sections the caller holds, which become `next`'s), the
+/// clusters that changed and the other sections that differ; without, every section whole.
+/// `None` when a full map is to be sent instead ([`wire::MAX_DELTA_UNITS`]).
 pub fn delta_update(
     edge: &EdgeParts<'_>,
+    held: Option<&mut Sections>,
     prev: &Snapshot,
     next: &Snapshot,
 ) -> Option<pb::MapUpdate> {
     edge.with(|e| {
-        wire::delta_update(
+        wire::delta_for(
             e,
+            held,
             identity(prev),
             prev.resolver.map(),
             identity(next),
@@ -102,6 +112,8 @@ mod tests {
 
     use cdnmap_mapper::ClusterState;
     use cdnmap_serve::watch::{Applied, FollowError, Follower};
+
+    use crate::selection::ServerLoads;
 
     use cdnmap_dns::local::LocalView;
     use cdnmap_engine::round::round;
@@ -320,6 +332,11 @@ mod tests {
         let mut front = Follower::default();
         // The stream's last message, per connection: `None` right after a (re)connect.
         let mut sent: Option<Arc<Snapshot>> = None;
+        // The sections the stream sent the front end, as `mapping::follow` keeps them (`None`:
+        // not known, after a reconnect to the version held).
+        let mut held: Option<Sections> = None;
+        let loads = ServerLoads::default();
+        let mut sparse = 0;
         let (mut deltas, mut fulls, mut restarts, mut gaps, mut split, mut checked) =
             (0, 0, 0, 0, 0, 0);
         for step in 0..60 {
@@ -343,13 +360,27 @@ mod tests {
                 epoch += 1;
                 restarts += 1;
                 sent = None;
+                held = None;
             }
-            let policies = config.selection.policies(&snapshot.topology);
-            let edge = EdgeParts::new(&policies, None, &config);
+            // Cluster c00 picks its servers by load; a load reported every third round.
+            let mut policies = config.selection.policies(&snapshot.topology);
+            policies[0] = Policy::PowerOfD { vnodes: 10, d: 2 };
+            if step % 3 == 0 {
+                let a = IpAddr::from([198, 18, 0, 1 + (step % 2) as u8]);
+                assert!(loads.set("c00", a, step as f64));
+            }
+            let edge = EdgeParts::new(&policies, Some(&loads), &config);
             let missed = step % 7 == 5;
             let update = match &sent {
                 Some(prev) if prev.version + 1 == snapshot.version => {
-                    delta_update(&edge, prev, &snapshot).expect("a round's delta of a small world")
+                    let d = delta_update(&edge, held.as_mut(), prev, &snapshot)
+                        .expect("a round's delta of a small world");
+                    if d.sections.is_none() {
+                        held = Some(Sections::of(&d));
+                    } else {
+                        sparse += 1;
+                    }
+                    d
                 }
                 _ if front.identity() == (snapshot.epoch, snapshot.version) => {
                     // A reconnect to the version held: nothing is sent.
@@ -360,6 +391,7 @@ mod tests {
                 _ => {
                     // A full map: its parts up to the last, which the loop below applies.
                     let parts = full_parts(&snapshot);
+                    held = Some(Sections::of(&full_part(&edge, &snapshot, 0)));
                     for part in 0..parts - 1 {
                         let applied = front.apply(full_part(&edge, &snapshot, part));
                         assert_eq!(applied, Ok(Applied::Part), "step {step}");
@@ -378,6 +410,7 @@ mod tests {
             match front.apply(update.clone()) {
                 Ok(applied) => assert_eq!(applied, Applied::New, "step {step}"),
                 Err(FollowError::Gap { .. }) => {
+                    held = Some(Sections::of(&full_part(&edge, &snapshot, 0)));
                     for part in 0..full_parts(&snapshot) {
                         front
                             .apply(full_part(&edge, &snapshot, part))
@@ -396,7 +429,15 @@ mod tests {
                 .filter(|&u| snapshot.map.allocations(u).len() > 1)
                 .count();
             checked += assert_same_answers(&front, &snapshot, step);
+            // What the front end selects servers by is the mapper's: the policies, and the
+            // loads of the power-of-d cluster as last reported.
+            let x = &front.held().expect("held").extras;
+            assert_eq!(x.policies, policies, "step {step}");
+            let c00 = &snapshot.resolver.map().clusters()[0];
+            let want: Vec<f64> = c00.addresses.iter().map(|&a| loads.get("c00", a)).collect();
+            assert_eq!(x.loads[0], want, "step {step}");
         }
+        assert!(sparse >= 20, "{sparse} deltas of the changed sections only");
         assert!(
             deltas >= 30 && restarts >= 4 && gaps >= 3,
             "{deltas} deltas, {restarts} restarts, {gaps} gaps"

@@ -498,11 +498,14 @@ async fn follow(
     // The version in use, whichever mapper it came from: a mapper that has it sends deltas
     // from it, one that does not a full map.
     let (known_epoch, known_version) = following.in_use().key().unwrap_or((0, 0));
-    // With its token, for a mapper that keeps WatchMap to the front ends it knows.
+    // With its token, for a mapper that keeps WatchMap to the front ends it knows. Deltas
+    // carry only the sections that changed; the follower keeps the others (and takes a
+    // mapper's that carry them all, as an older mapper's do).
     let mut stream = client
         .watch_map(link.request(pb::WatchMapRequest {
             known_version,
             known_epoch,
+            changed_sections_only: true,
         }))
         .await?
         .into_inner();

@@ -19,6 +19,16 @@
 //! demand) is sent as a full map in parts ([`delta_update`] says so), so no message grows
 //! with the map. A front end taking a full map of the units it holds keeps their keys and
 //! its prefix index ([`Builder::expect_units_of`]).
+//!
+//! **Changed sections.** Besides its units, a delta carries the map-wide sections (clusters,
+//! hostname rules with the default class, fallbacks, last resorts) whole, or, to a front end
+//! that asked for it, only those that differ from the [`Sections`] the stream last sent
+//! ([`delta_for`]): the clusters that changed or appeared, whole, and `removed_clusters`; the
+//! others named in `sections` when carried, so that "unchanged" and "now empty" differ. The
+//! [`Follower`] completes such a delta with the sections of the version it holds and applies
+//! it as one that carries them all; a mapper that sends them all (an older one) is followed
+//! as before. A cluster's server loads travel only when its policy reads them (power-of-d),
+//! so reported loads do not make every cluster change.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -199,18 +209,37 @@ fn unit_pb(m: &ServingMap, u: UnitIdx) -> pb::UnitMapping {
     }
 }
 
+/// A cluster on the wire: its servers' loads only when its policy reads them (power-of-d),
+/// so that a delta carrying what changed is not made of loads nothing reads.
+fn cluster_pb(
+    c: &ServingCluster,
+    policy: Policy,
+    load: &dyn Fn(usize, IpAddr) -> f64,
+) -> pb::ClusterAddresses {
+    pb::ClusterAddresses {
+        id: c.id.clone(),
+        addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
+        state: state_pb(c.state) as i32,
+        selection: Some(policy_pb(&policy)),
+        server_loads: match policy {
+            Policy::PowerOfD { .. } => c
+                .addresses
+                .iter()
+                .enumerate()
+                .map(|(j, &a)| load(j, a))
+                .collect(),
+            Policy::Consistent { .. } | Policy::BoundedLoads { .. } => Vec::new(),
+        },
+    }
+}
+
 fn clusters_pb(edge: &Edge<'_>, m: &ServingMap) -> Vec<pb::ClusterAddresses> {
     m.clusters()
         .iter()
         .enumerate()
-        .map(|(i, c)| pb::ClusterAddresses {
-            id: c.id.clone(),
-            addresses: c.addresses.iter().map(|a| a.to_string()).collect(),
-            state: state_pb(c.state) as i32,
-            selection: Some(policy_pb(
-                &edge.policies.get(i).copied().unwrap_or_default(),
-            )),
-            server_loads: c.addresses.iter().map(|&a| (edge.load)(&c.id, a)).collect(),
+        .map(|(i, c)| {
+            let policy = edge.policies.get(i).copied().unwrap_or_default();
+            cluster_pb(c, policy, &|_, a| (edge.load)(&c.id, a))
         })
         .collect()
 }
@@ -232,41 +261,148 @@ fn fallbacks_pb(m: &ServingMap) -> Vec<pb::ClassFallback> {
         .collect()
 }
 
-/// The message of `m` without units: identity, clusters, rules, fallbacks.
+fn rules_pb(rules: &[(String, String)]) -> Vec<pb::ClassRule> {
+    rules
+        .iter()
+        .map(|(pattern, class)| pb::ClassRule {
+            pattern: pattern.clone(),
+            traffic_class: class.clone(),
+        })
+        .collect()
+}
+
+fn bypass_pb(bypass: &[(String, Bypass)]) -> Vec<pb::ClassBypass> {
+    bypass
+        .iter()
+        .map(|(class, b)| match b {
+            Bypass::Cname(name) => pb::ClassBypass {
+                traffic_class: class.clone(),
+                cname: name.clone(),
+                addresses: Vec::new(),
+            },
+            Bypass::Addresses(a) => pb::ClassBypass {
+                traffic_class: class.clone(),
+                cname: String::new(),
+                addresses: a.iter().map(|a| a.to_string()).collect(),
+            },
+        })
+        .collect()
+}
+
+/// The message of `m` without units: identity, clusters, rules, fallbacks, last resorts.
 fn frame(edge: &Edge<'_>, id: Identity, m: &ServingMap) -> pb::MapUpdate {
     pb::MapUpdate {
         epoch: id.epoch,
         version: id.version,
         solved_at_unix_ms: id.solved_at_unix_ms,
         clusters: clusters_pb(edge, m),
-        class_rules: edge
-            .rules
-            .iter()
-            .map(|(pattern, class)| pb::ClassRule {
-                pattern: pattern.clone(),
-                traffic_class: class.clone(),
-            })
-            .collect(),
+        class_rules: rules_pb(edge.rules),
         default_class: edge.default_class.to_string(),
         fallbacks: fallbacks_pb(m),
-        bypass: edge
-            .bypass
-            .iter()
-            .map(|(class, b)| match b {
-                Bypass::Cname(name) => pb::ClassBypass {
-                    traffic_class: class.clone(),
-                    cname: name.clone(),
-                    addresses: Vec::new(),
-                },
-                Bypass::Addresses(a) => pb::ClassBypass {
-                    traffic_class: class.clone(),
-                    cname: String::new(),
-                    addresses: a.iter().map(|a| a.to_string()).collect(),
-                },
-            })
-            .collect(),
+        bypass: bypass_pb(edge.bypass),
         ..Default::default()
     }
+}
+
+/// The map-wide sections a WatchMap caller holds (clusters, hostname rules and default class,
+/// fallbacks, last resorts), as the mapper last sent them: what a delta that carries only
+/// what changed is made against ([`delta_for`]). A stream keeps one per caller (at most
+/// [`MAX_CLUSTERS`] clusters and [`MAX_CLASSES`] classes' worth).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sections {
+    clusters: Vec<pb::ClusterAddresses>,
+    class_rules: Vec<pb::ClassRule>,
+    default_class: String,
+    fallbacks: Vec<pb::ClassFallback>,
+    bypass: Vec<pb::ClassBypass>,
+}
+
+impl Sections {
+    /// The sections `update` brings its caller to when it carries them all: a full map's
+    /// first part, or a delta without `sections`.
+    pub fn of(update: &pb::MapUpdate) -> Sections {
+        Sections {
+            clusters: update.clusters.clone(),
+            class_rules: update.class_rules.clone(),
+            default_class: update.default_class.clone(),
+            fallbacks: update.fallbacks.clone(),
+            bypass: update.bypass.clone(),
+        }
+    }
+
+    /// Moves `msg`'s sections into a delta that carries those that differ from `self`'s
+    /// (clusters one by one, by id; the others whole), and makes `self` the sections `msg`
+    /// had.
+    fn carry_changes(&mut self, msg: &mut pb::MapUpdate) {
+        let next = Sections {
+            clusters: std::mem::take(&mut msg.clusters),
+            class_rules: std::mem::take(&mut msg.class_rules),
+            default_class: std::mem::take(&mut msg.default_class),
+            fallbacks: std::mem::take(&mut msg.fallbacks),
+            bypass: std::mem::take(&mut msg.bypass),
+        };
+        let (changed, removed) = changed_clusters(&self.clusters, &next.clusters);
+        msg.clusters = changed;
+        msg.removed_clusters = removed;
+        let class_rules =
+            self.class_rules != next.class_rules || self.default_class != next.default_class;
+        let sections = pb::DeltaSections {
+            class_rules,
+            // With new rules, the fallbacks too: a front end numbers the classes the
+            // fallbacks name first, then those only the rules name, as in a full map.
+            fallbacks: class_rules || self.fallbacks != next.fallbacks,
+            bypass: self.bypass != next.bypass,
+        };
+        if sections.class_rules {
+            msg.class_rules = next.class_rules.clone();
+            msg.default_class = next.default_class.clone();
+        }
+        if sections.fallbacks {
+            msg.fallbacks = next.fallbacks.clone();
+        }
+        if sections.bypass {
+            msg.bypass = next.bypass.clone();
+        }
+        msg.sections = Some(sections);
+        *self = next;
+    }
+}
+
+/// The clusters of `next` that `held` lacks or holds otherwise (whole, in `next`'s order),
+/// and the ids of `held`'s that `next` lacks (in `held`'s order): one merge, both lists being
+/// in increasing id order; a list out of order only makes more clusters look changed.
+fn changed_clusters(
+    held: &[pb::ClusterAddresses],
+    next: &[pb::ClusterAddresses],
+) -> (Vec<pb::ClusterAddresses>, Vec<String>) {
+    use std::cmp::Ordering;
+    let (mut changed, mut removed) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < held.len() || j < next.len() {
+        let order = match (held.get(i), next.get(j)) {
+            (Some(h), Some(n)) => h.id.cmp(&n.id),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        match order {
+            Ordering::Less => {
+                removed.push(held[i].id.clone());
+                i += 1;
+            }
+            Ordering::Greater => {
+                changed.push(next[j].clone());
+                j += 1;
+            }
+            Ordering::Equal => {
+                if held[i] != next[j] {
+                    changed.push(next[j].clone());
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    (changed, removed)
 }
 
 /// How many messages the full map of `m` takes.
@@ -328,12 +464,28 @@ pub fn readable(update: pb::MapUpdate) -> Result<pb::MapUpdate, FollowError> {
     })
 }
 
-/// What changed from `prev` to `next`: the units whose answer may differ (by id; see
-/// [`ServingMap::same_unit`]) in id order, the ids gone, and the clusters, rules and fallbacks
-/// whole; `None` when that is more than [`MAX_DELTA_UNITS`] units (`next` is then sent as a
-/// full map).
+/// What changed from `prev` to `next`, for a caller that holds `prev` with the sections
+/// `edge` gives it: [`delta_for`] against those sections.
 pub fn delta_update(
     edge: &Edge<'_>,
+    prev_id: Identity,
+    prev: &ServingMap,
+    id: Identity,
+    next: &ServingMap,
+) -> Option<pb::MapUpdate> {
+    let mut held = Sections::of(&frame(edge, prev_id, prev));
+    delta_for(edge, Some(&mut held), prev_id, prev, id, next)
+}
+
+/// What changed from `prev` to `next`: the units whose answer may differ (by id; see
+/// [`ServingMap::same_unit`]) in id order and the ids gone; with `held` (the sections the
+/// caller holds), the clusters that changed and the other sections that differ from `held`'s,
+/// `held` becoming `next`'s; without, every section whole (a caller that did not ask for
+/// changes only, or whose sections the stream does not know). `None` when the units are more
+/// than [`MAX_DELTA_UNITS`] (`next` is then sent as a full map, and `held` is unchanged).
+pub fn delta_for(
+    edge: &Edge<'_>,
+    held: Option<&mut Sections>,
     prev_id: Identity,
     prev: &ServingMap,
     id: Identity,
@@ -344,6 +496,9 @@ pub fn delta_update(
         return None;
     }
     let mut msg = frame(edge, id, next);
+    if let Some(held) = held {
+        held.carry_changes(&mut msg);
+    }
     msg.base_epoch = prev_id.epoch;
     msg.base_version = prev_id.version;
     msg.units = changed.into_iter().map(|u| unit_pb(next, u)).collect();
@@ -386,7 +541,7 @@ pub fn changed_units(prev: &ServingMap, next: &ServingMap) -> (Vec<UnitIdx>, Vec
 
 /// What the front end answers with besides the map: per cluster (by index) its selection
 /// policy and its servers' last reported loads, and the hostname rules.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Extras {
     pub policies: Vec<Policy>,
     pub loads: Vec<Vec<f64>>,
@@ -505,6 +660,12 @@ impl Follower {
             self.held = Some(next);
             return Ok(Applied::New);
         }
+        if update.sections.is_some() || !update.removed_clusters.is_empty() {
+            return Err(invalid(
+                "sections",
+                "a full map carries every section, and no `sections` or `removed_clusters`",
+            ));
+        }
         let more = update.more;
         match &mut self.building {
             Some(b) if b.identity.key() == identity.key() => {
@@ -588,6 +749,7 @@ impl Follower {
                 held: (0, 0),
             });
         };
+        let update = with_held_sections(held, update)?;
         let old = &held.map;
         let (extras, classes, clusters) = frame_of(&update)?;
         let removed: HashSet<&str> = update.removed_units.iter().map(String::as_str).collect();
@@ -679,6 +841,120 @@ impl Follower {
             extras: Arc::new(extras),
         })
     }
+}
+
+/// `update`, a delta, with every map-wide section: when it carries only those that changed
+/// (`sections` set), the others as `held` has them, and its clusters merged into `held`'s by
+/// id (those in `removed_clusters` left out). Refused, naming the field: clusters or removed
+/// ids out of order or unknown, and a section carried that `sections` does not name.
+fn with_held_sections(
+    held: &Followed,
+    mut update: pb::MapUpdate,
+) -> Result<pb::MapUpdate, FollowError> {
+    let Some(sections) = update.sections.take() else {
+        if !update.removed_clusters.is_empty() {
+            return Err(invalid(
+                "removed_clusters",
+                "only in a delta with `sections` (one without carries every cluster)",
+            ));
+        }
+        return Ok(update);
+    };
+    for (n, field) in [
+        (update.clusters.len(), "clusters"),
+        (update.removed_clusters.len(), "removed_clusters"),
+    ] {
+        if n > MAX_CLUSTERS {
+            return Err(invalid(
+                field,
+                format!("{n} clusters, at most {MAX_CLUSTERS}"),
+            ));
+        }
+    }
+    let carried_unnamed = [
+        (
+            !sections.class_rules
+                && (!update.class_rules.is_empty() || !update.default_class.is_empty()),
+            "class_rules",
+        ),
+        (
+            !sections.fallbacks && !update.fallbacks.is_empty(),
+            "fallbacks",
+        ),
+        (!sections.bypass && !update.bypass.is_empty(), "bypass"),
+    ];
+    if let Some((_, field)) = carried_unnamed.iter().find(|(bad, _)| *bad) {
+        return Err(invalid(
+            *field,
+            format!("carried, but `sections.{field}` is not set"),
+        ));
+    }
+    let (m, x) = (&*held.map, &*held.extras);
+    let changed = std::mem::take(&mut update.clusters);
+    let removed = std::mem::take(&mut update.removed_clusters);
+    for (ids, field) in [
+        (
+            changed.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+            "clusters",
+        ),
+        (
+            removed.iter().map(String::as_str).collect(),
+            "removed_clusters",
+        ),
+    ] {
+        if let Some(w) = ids.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(invalid(
+                field,
+                format!(
+                    "{} after {}: not in increasing id order",
+                    shown_id(w[1]),
+                    shown_id(w[0])
+                ),
+            ));
+        }
+    }
+    let mut changed = changed.into_iter().peekable();
+    let mut removed = removed.iter().peekable();
+    let mut merged = Vec::with_capacity(m.clusters().len() + changed.len());
+    for (i, c) in m.clusters().iter().enumerate() {
+        merged.extend(std::iter::from_fn(|| changed.next_if(|n| n.id < c.id)));
+        let new = changed.next_if(|n| n.id == c.id);
+        if removed.next_if(|r| **r == c.id).is_some() {
+            if new.is_some() {
+                return Err(invalid(
+                    "removed_clusters",
+                    format!("{} is both removed and changed", shown_id(&c.id)),
+                ));
+            }
+            continue;
+        }
+        merged.push(new.unwrap_or_else(|| {
+            let policy = x.policies.get(i).copied().unwrap_or_default();
+            let loads = x.loads.get(i);
+            cluster_pb(c, policy, &|j, _| {
+                loads.and_then(|l| l.get(j)).copied().unwrap_or(0.0)
+            })
+        }));
+    }
+    merged.extend(changed);
+    if let Some(r) = removed.next() {
+        return Err(invalid(
+            "removed_clusters",
+            format!("{} is no cluster held", shown_id(r)),
+        ));
+    }
+    update.clusters = merged;
+    if !sections.class_rules {
+        update.class_rules = rules_pb(&x.rules);
+        update.default_class = x.default_class.clone();
+    }
+    if !sections.fallbacks {
+        update.fallbacks = fallbacks_pb(m);
+    }
+    if !sections.bypass {
+        update.bypass = bypass_pb(&x.bypass);
+    }
+    Ok(update)
 }
 
 /// A placement from a delta, for a unit `old` has with the same class and prefixes.
@@ -1066,9 +1342,12 @@ mod tests {
         b.finish()
     }
 
+    /// Policies (the first cluster's power-of-d, so its loads travel) and rules.
     fn edge_parts() -> (Vec<Policy>, Vec<(String, String)>) {
+        let mut policies = vec![Policy::default(); 8];
+        policies[0] = Policy::PowerOfD { vnodes: 10, d: 2 };
         (
-            vec![Policy::default(); 8],
+            policies,
             vec![("*.video.example".to_string(), "video".to_string())],
         )
     }
@@ -1243,7 +1522,8 @@ mod tests {
         let held = f.held().expect("held");
         assert_eq!(*held.map, m);
         assert_eq!(held.identity, id(1, 1));
-        assert_eq!(held.extras.loads, vec![vec![0.5]; 3]);
+        // Loads travel for the power-of-d cluster only; the others' read 0 (nothing reads them).
+        assert_eq!(held.extras.loads, vec![vec![0.5], vec![0.0], vec![0.0]]);
         assert_eq!(held.extras.bypass, bypass_parts());
         assert_eq!(
             held.extras.bypass[0].1,
@@ -1334,6 +1614,26 @@ mod tests {
     /// each unit moved with probability `moved`.
     fn replaced(rng: &mut ChaCha8Rng, prev: &ServingMap, ids: &[&str], moved: f64) -> ServingMap {
         let clusters = ids.iter().map(|id| cluster(id, ClusterState::Up)).collect();
+        edited(
+            rng,
+            prev,
+            clusters,
+            moved,
+            &[[Some(0), Some(1)], [Some(1), None]],
+        )
+    }
+
+    /// `prev`'s units (ids, classes, prefixes) over `clusters` (in id order), each unit placed
+    /// elsewhere at random with probability `moved` or when a cluster it names is gone, and
+    /// the classes' fallbacks `fallback`.
+    fn edited(
+        rng: &mut ChaCha8Rng,
+        prev: &ServingMap,
+        clusters: Vec<ServingCluster>,
+        moved: f64,
+        fallback: &[[Option<ClusterIdx>; 2]],
+    ) -> ServingMap {
+        let ids: Vec<String> = clusters.iter().map(|c| c.id.clone()).collect();
         let mut b = Builder::new(prev.classes().to_vec(), clusters).expect("clusters");
         let n = ids.len() as ClusterIdx;
         let index = |c: ClusterIdx| {
@@ -1368,7 +1668,7 @@ mod tests {
             )
             .expect("a valid unit");
         }
-        b.set_fallback(&[[Some(0), Some(1)], [Some(1), None]]);
+        b.set_fallback(fallback);
         b.finish()
     }
 
@@ -1519,6 +1819,444 @@ mod tests {
         delta.columns = good.columns.clone();
         let e = f.apply(delta).expect_err("columns in a delta");
         assert!(e.to_string().contains("as `units`"), "{e}");
+    }
+
+    /// What a mapper adds to a map, owned: policies by cluster index, server loads, rules, the
+    /// default class and last resorts.
+    #[derive(Clone)]
+    struct Side {
+        policies: Vec<Policy>,
+        loads: std::collections::HashMap<(String, IpAddr), f64>,
+        rules: Vec<(String, String)>,
+        default_class: String,
+        bypass: Vec<(String, Bypass)>,
+    }
+
+    impl Side {
+        /// What `with_edge` gives.
+        fn base() -> Side {
+            let (policies, rules) = edge_parts();
+            Side {
+                policies,
+                loads: Default::default(),
+                rules,
+                default_class: "web".into(),
+                bypass: bypass_parts(),
+            }
+        }
+
+        fn with<R>(&self, f: impl FnOnce(&Edge<'_>) -> R) -> R {
+            let load =
+                |c: &str, a: IpAddr| self.loads.get(&(c.to_string(), a)).copied().unwrap_or(0.0);
+            f(&Edge {
+                policies: &self.policies,
+                load: &load,
+                rules: &self.rules,
+                default_class: &self.default_class,
+                bypass: &self.bypass,
+            })
+        }
+
+        /// `m` whole at `at`, followed by a new front end; and the sections its first part
+        /// carries, as a stream keeps them.
+        fn full(&self, m: &ServingMap, at: Identity) -> (Followed, Sections) {
+            let mut f = Follower::default();
+            let mut sections = None;
+            for p in 0..full_parts(m) {
+                let msg = self.with(|e| full_part(e, at, m, p));
+                sections.get_or_insert_with(|| Sections::of(&msg));
+                f.apply(msg).expect("a part applies");
+            }
+            let held = f.held().expect("a map held").clone();
+            (held, sections.unwrap_or_default())
+        }
+    }
+
+    /// Whether `d` carries no map-wide section.
+    fn carries_no_section(d: &pb::MapUpdate) -> bool {
+        d.clusters.is_empty()
+            && d.removed_clusters.is_empty()
+            && d.class_rules.is_empty()
+            && d.default_class.is_empty()
+            && d.fallbacks.is_empty()
+            && d.bypass.is_empty()
+    }
+
+    const FALLBACK: [[Option<ClusterIdx>; 2]; 2] = [[Some(0), Some(1)], [Some(1), None]];
+
+    /// A round that changed nothing is a delta of no unit and no section (a few bytes, where
+    /// every section whole is hundreds), and the follower holds the same map and extras at
+    /// the new version. A delta that carries every section (to a front end that did not ask
+    /// for changes only) gives the same.
+    #[test]
+    fn a_delta_with_nothing_changed_carries_no_section_and_keeps_the_map() {
+        use cdnmap_proto::prost::Message;
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        let m = map(&mut rng, 500, &["a", "b", "c"]);
+        let mut f = Follower::default();
+        send_full(&mut f, &m, id(1, 1));
+        let before = f.held().expect("held").clone();
+        let d = with_edge(|e| delta_update(e, id(1, 1), &m, id(1, 2), &m)).expect("a delta");
+        assert_eq!(d.sections, Some(pb::DeltaSections::default()));
+        assert!(carries_no_section(&d), "{d:?}");
+        assert!(d.units.is_empty() && d.removed_units.is_empty());
+        let whole = with_edge(|e| delta_for(e, None, id(1, 1), &m, id(1, 2), &m)).expect("a delta");
+        assert_eq!(whole.sections, None);
+        assert_eq!(whole.clusters.len(), 3);
+        assert!(
+            d.encoded_len() < 32 && whole.encoded_len() > 200,
+            "{} and {} bytes",
+            d.encoded_len(),
+            whole.encoded_len()
+        );
+        let mut g = Follower::holding(before.clone());
+        assert_eq!(f.apply(d), Ok(Applied::New));
+        assert_eq!(g.apply(whole), Ok(Applied::New));
+        for f in [&f, &g] {
+            let held = f.held().expect("held");
+            assert_eq!(held.identity.key(), (1, 2));
+            assert_eq!(*held.map, m);
+            assert_eq!(held.extras, before.extras);
+        }
+    }
+
+    /// A cluster drained: the delta carries that cluster alone, whole, and the follower's map
+    /// is the mapper's.
+    #[test]
+    fn a_drained_cluster_is_the_only_cluster_a_delta_carries() {
+        let mut rng = ChaCha8Rng::seed_from_u64(22);
+        let up = |id: &str| cluster(id, ClusterState::Up);
+        let base = map(&mut rng, 400, &["a", "b", "c"]);
+        let prev = edited(
+            &mut rng,
+            &base,
+            vec![up("a"), up("b"), up("c")],
+            0.0,
+            &FALLBACK,
+        );
+        let drained = vec![up("a"), cluster("b", ClusterState::Drained), up("c")];
+        let next = edited(&mut rng, &prev, drained, 0.0, &FALLBACK);
+        let side = Side::base();
+        let (held, mut sections) = side.full(&prev, id(1, 1));
+        let d = side
+            .with(|e| delta_for(e, Some(&mut sections), id(1, 1), &prev, id(1, 2), &next))
+            .expect("a delta");
+        assert_eq!(d.sections, Some(pb::DeltaSections::default()));
+        let ids: Vec<&str> = d.clusters.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["b"]);
+        assert_eq!(d.clusters[0].state, pb::ClusterState::Drained as i32);
+        assert_eq!(d.clusters[0].addresses, ["192.0.2.1"]);
+        assert!(d.removed_clusters.is_empty() && d.fallbacks.is_empty());
+        let mut f = Follower::holding(held);
+        assert_eq!(f.apply(d), Ok(Applied::New));
+        let (fresh, fresh_sections) = side.full(&next, id(1, 2));
+        assert_eq!(*f.held().expect("held").map, next);
+        assert_eq!(f.held().expect("held").extras, fresh.extras);
+        assert_eq!(
+            sections, fresh_sections,
+            "the stream holds what the front end holds"
+        );
+    }
+
+    /// Rules, the default class and last resorts changed (to none): the delta carries them
+    /// (empty, flagged), the fallbacks with the rules, and no cluster; the follower has none
+    /// after it, and keeps none through the next delta that does not carry them.
+    #[test]
+    fn changed_rules_and_last_resorts_travel_even_when_now_empty() {
+        let mut rng = ChaCha8Rng::seed_from_u64(23);
+        let m = map(&mut rng, 300, &["a", "b", "c"]);
+        let side = Side::base();
+        let (held, mut sections) = side.full(&m, id(1, 1));
+        assert!(!held.extras.rules.is_empty() && !held.extras.bypass.is_empty());
+        let mut f = Follower::holding(held);
+        let bare = Side {
+            rules: Vec::new(),
+            default_class: "video".into(),
+            bypass: Vec::new(),
+            ..side.clone()
+        };
+        let d = bare
+            .with(|e| delta_for(e, Some(&mut sections), id(1, 1), &m, id(1, 2), &m))
+            .expect("a delta");
+        assert_eq!(
+            d.sections,
+            Some(pb::DeltaSections {
+                class_rules: true,
+                fallbacks: true,
+                bypass: true
+            })
+        );
+        assert!(d.class_rules.is_empty() && d.bypass.is_empty() && d.clusters.is_empty());
+        assert_eq!(d.default_class, "video");
+        assert_eq!(f.apply(d), Ok(Applied::New));
+        let x = &f.held().expect("held").extras;
+        assert!(x.rules.is_empty() && x.bypass.is_empty(), "{x:?}");
+        assert_eq!(x.default_class, "video");
+        // Unchanged since: nothing carried, nothing brought back.
+        let d = bare
+            .with(|e| delta_for(e, Some(&mut sections), id(1, 2), &m, id(1, 3), &m))
+            .expect("a delta");
+        assert!(carries_no_section(&d));
+        assert_eq!(f.apply(d), Ok(Applied::New));
+        let held = f.held().expect("held");
+        assert_eq!(held.extras, bare.full(&m, id(1, 3)).0.extras);
+        assert_eq!(*held.map, m);
+    }
+
+    /// A rule naming a class the map has no unit of makes a class the front end numbers
+    /// after the map's; rules without it again take it away, as a full map would.
+    #[test]
+    fn a_class_only_a_rule_names_comes_and_goes_as_in_a_full_map() {
+        let mut rng = ChaCha8Rng::seed_from_u64(26);
+        let m = map(&mut rng, 200, &["a", "b", "c"]);
+        let plain = Side::base();
+        let apps = Side {
+            rules: vec![("*.apps.example".into(), "apps".into())],
+            ..plain.clone()
+        };
+        let (held, mut sections) = plain.full(&m, id(1, 1));
+        let mut f = Follower::holding(held);
+        for (v, side) in [(2, &apps), (3, &plain), (4, &apps)] {
+            let d = side
+                .with(|e| delta_for(e, Some(&mut sections), id(1, v - 1), &m, id(1, v), &m))
+                .expect("a delta");
+            assert_eq!(f.apply(d), Ok(Applied::New), "version {v}");
+            let (fresh, _) = side.full(&m, id(1, v));
+            let held = f.held().expect("held");
+            assert_eq!(held.map.classes(), fresh.map.classes(), "version {v}");
+            assert_eq!(*held.map, *fresh.map, "version {v}");
+            assert_eq!(held.extras, fresh.extras, "version {v}");
+        }
+    }
+
+    /// A reported load changed: a power-of-d cluster's is carried (that cluster alone), one
+    /// that nothing reads (a consistent-hashing cluster's) is not.
+    #[test]
+    fn loads_travel_when_a_policy_reads_them() {
+        let mut rng = ChaCha8Rng::seed_from_u64(24);
+        let m = map(&mut rng, 300, &["a", "b", "c"]);
+        let mut side = Side::base();
+        let (held, mut sections) = side.full(&m, id(1, 1));
+        let mut f = Follower::holding(held);
+        let server: IpAddr = "192.0.2.1".parse().expect("address");
+        side.loads.insert(("b".into(), server), 0.75);
+        let d = side
+            .with(|e| delta_for(e, Some(&mut sections), id(1, 1), &m, id(1, 2), &m))
+            .expect("a delta");
+        assert!(carries_no_section(&d), "b is consistent hashing: {d:?}");
+        assert_eq!(f.apply(d), Ok(Applied::New));
+        side.loads.insert(("a".into(), server), 0.25);
+        let d = side
+            .with(|e| delta_for(e, Some(&mut sections), id(1, 2), &m, id(1, 3), &m))
+            .expect("a delta");
+        let carried: Vec<(&str, &[f64])> = d
+            .clusters
+            .iter()
+            .map(|c| (c.id.as_str(), c.server_loads.as_slice()))
+            .collect();
+        assert_eq!(carried, [("a", &[0.25][..])]);
+        assert_eq!(f.apply(d), Ok(Applied::New));
+        assert_eq!(
+            f.held().expect("held").extras.loads,
+            [vec![0.25], vec![0.0], vec![0.0]]
+        );
+    }
+
+    /// A delta of changed sections that does not hold together is refused by field, and
+    /// nothing held changes: removed clusters without `sections`, an unknown one, one both
+    /// removed and changed, clusters out of order, a section carried that `sections` does
+    /// not name; and a full map with `sections`.
+    #[test]
+    fn bad_changed_sections_are_refused_by_field() {
+        let mut rng = ChaCha8Rng::seed_from_u64(25);
+        let m = map(&mut rng, 100, &["a", "b", "c"]);
+        let next = map(&mut rng, 100, &["a", "b", "c"]);
+        let mut f = Follower::default();
+        send_full(&mut f, &m, id(1, 1));
+        let good = with_edge(|e| delta_update(e, id(1, 1), &m, id(1, 2), &next)).expect("delta");
+        let cluster_pb = |id: &str| pb::ClusterAddresses {
+            id: id.into(),
+            addresses: vec!["192.0.2.9".into()],
+            state: pb::ClusterState::Up as i32,
+            ..Default::default()
+        };
+        type Break = Box<dyn Fn(&mut pb::MapUpdate)>;
+        let cases: Vec<(Break, &str)> = vec![
+            (
+                Box::new(|d| {
+                    d.sections = None;
+                    d.removed_clusters = vec!["a".into()];
+                }),
+                "removed_clusters: only in a delta with `sections`",
+            ),
+            (
+                Box::new(|d| d.removed_clusters = vec!["zz".into()]),
+                "\"zz\" is no cluster held",
+            ),
+            (
+                Box::new(move |d| {
+                    d.removed_clusters = vec!["b".into()];
+                    d.clusters = vec![cluster_pb("b")];
+                }),
+                "both removed and changed",
+            ),
+            (
+                Box::new(move |d| d.clusters = vec![cluster_pb("c"), cluster_pb("a")]),
+                "not in increasing id order",
+            ),
+            (
+                Box::new(|d| d.removed_clusters = vec!["c".into(), "a".into()]),
+                "not in increasing id order",
+            ),
+            (
+                Box::new(|d| {
+                    d.fallbacks = vec![pb::ClassFallback {
+                        traffic_class: "web".into(),
+                        clusters: vec!["a".into()],
+                    }]
+                }),
+                "`sections.fallbacks` is not set",
+            ),
+            (
+                Box::new(|d| d.default_class = "video".into()),
+                "`sections.class_rules` is not set",
+            ),
+            (
+                Box::new(|d| {
+                    d.full = true;
+                    d.base_version = 0;
+                }),
+                "a full map carries every section",
+            ),
+        ];
+        for (break_it, want) in cases {
+            let mut bad = good.clone();
+            break_it(&mut bad);
+            let e = f.apply(bad).expect_err(want);
+            assert!(e.to_string().contains(want), "{e} (wanted {want:?})");
+            assert_eq!(f.identity(), (1, 1));
+            assert_eq!(*f.held().expect("held").map, m);
+        }
+        assert_eq!(f.apply(good), Ok(Applied::New));
+        assert_eq!(*f.held().expect("held").map, next);
+    }
+
+    /// One random round's edits of `map` and `side`: units moved, clusters gained, lost,
+    /// drained or brought back, fallbacks, policies, loads, rules, the default class and
+    /// last resorts changed, each now and then.
+    fn random_round(rng: &mut ChaCha8Rng, m: &ServingMap, side: &mut Side) -> ServingMap {
+        const POOL: [&str; 5] = ["a", "b", "c", "d", "e"];
+        const STATES: [ClusterState; 3] =
+            [ClusterState::Up, ClusterState::Drained, ClusterState::Down];
+        let mut clusters: Vec<ServingCluster> = m.clusters().to_vec();
+        if rng.random_bool(0.3) {
+            let mut ids: Vec<&str> = POOL
+                .iter()
+                .copied()
+                .filter(|_| rng.random_bool(0.7))
+                .collect();
+            if ids.len() < 2 {
+                ids = vec!["a", "c"];
+            }
+            clusters = ids
+                .into_iter()
+                .map(|id| {
+                    m.clusters()
+                        .iter()
+                        .find(|c| c.id == id)
+                        .cloned()
+                        .unwrap_or_else(|| cluster(id, ClusterState::Up))
+                })
+                .collect();
+        }
+        for c in &mut clusters {
+            if rng.random_bool(0.15) {
+                c.state = STATES[rng.random_range(0..3)];
+            }
+            if rng.random_bool(0.05) {
+                c.addresses
+                    .push(IpAddr::from([192, 0, 2, rng.random_range(2..250)]));
+            }
+        }
+        let n = clusters.len() as ClusterIdx;
+        let mut fallback = [[Some(0), Some(1)], [Some(1), None]];
+        if rng.random_bool(0.3) {
+            let a = rng.random_range(0..n);
+            fallback = [[Some(a), None], [Some((a + 1) % n), Some(a)]];
+        }
+        let next = edited(rng, m, clusters, 0.05, &fallback);
+        let pick = |rng: &mut ChaCha8Rng| match rng.random_range(0..3) {
+            0 => Policy::Consistent { vnodes: 100 },
+            1 => Policy::PowerOfD { vnodes: 10, d: 2 },
+            _ => Policy::BoundedLoads {
+                vnodes: 20,
+                c: 1.25,
+            },
+        };
+        if rng.random_bool(0.2) {
+            let i = rng.random_range(0..side.policies.len());
+            side.policies[i] = pick(rng);
+        }
+        for c in next.clusters() {
+            for &a in &c.addresses {
+                if rng.random_bool(0.3) {
+                    side.loads
+                        .insert((c.id.clone(), a), f64::from(rng.random_range(0..4u8)) / 4.0);
+                }
+            }
+        }
+        if rng.random_bool(0.15) {
+            side.rules = match rng.random_range(0..4) {
+                0 => Vec::new(),
+                1 => vec![("*.video.example".into(), "video".into())],
+                // A class the map has no unit of: a front end numbers it after the map's.
+                2 => vec![("*.apps.example".into(), "apps".into())],
+                _ => vec![
+                    ("www.example".into(), "web".into()),
+                    ("*.v.example".into(), "video".into()),
+                ],
+            };
+        }
+        if rng.random_bool(0.1) {
+            side.default_class = ["web", "video"][rng.random_range(0..2)].into();
+        }
+        if rng.random_bool(0.15) {
+            side.bypass = if rng.random_bool(0.5) {
+                Vec::new()
+            } else {
+                bypass_parts()
+            };
+        }
+        next
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// A front end following a seeded random run of rounds with deltas of the changed
+        /// sections holds, after each, what a new front end given the map whole holds (map
+        /// and extras), and the stream's sections are those of that full map.
+        #[test]
+        fn deltas_of_changed_sections_follow_like_full_maps(seed in 0u64..1_000_000, rounds in 1usize..12) {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut side = Side::base();
+            let mut m = map(&mut rng, 200, &["a", "b", "c"]);
+            let (held, mut sections) = side.full(&m, id(3, 1));
+            let mut f = Follower::holding(held);
+            for v in 2..2 + rounds as u64 {
+                let next = random_round(&mut rng, &m, &mut side);
+                let d = side
+                    .with(|e| delta_for(e, Some(&mut sections), id(3, v - 1), &m, id(3, v), &next))
+                    .expect("a small delta");
+                proptest::prop_assert!(d.sections.is_some());
+                proptest::prop_assert_eq!(f.apply(d), Ok(Applied::New), "round {}", v);
+                let (fresh, fresh_sections) = side.full(&next, id(3, v));
+                let held = f.held().expect("held");
+                proptest::prop_assert_eq!(&*held.map, &*fresh.map, "round {}", v);
+                proptest::prop_assert_eq!(&held.extras, &fresh.extras, "round {}", v);
+                proptest::prop_assert_eq!(&sections, &fresh_sections, "round {}", v);
+                m = next;
+            }
+        }
     }
 
     proptest::proptest! {

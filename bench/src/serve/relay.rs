@@ -89,7 +89,11 @@ pub(crate) async fn follow(relay: SocketAddr, watched: &Arc<Watched>) -> Result<
         .await?
         .max_decoding_message_size(1 << 30);
     let mut stream = client
-        .watch_map(pb::WatchMapRequest::default())
+        .watch_map(pb::WatchMapRequest {
+            // As `cdnmap dns` asks: deltas of the changed sections only.
+            changed_sections_only: true,
+            ..Default::default()
+        })
         .await?
         .into_inner();
     let mut follower = Follower::default();

@@ -6,8 +6,9 @@
 //! encodes to the same bytes.
 //!
 //! The corpus (`src/watch/__fuzz__/watch__fuzz__map_updates/corpus`) is the messages of a
-//! stream: a 60-unit map in parts, then a delta to the next version (written by the ignored
-//! test `write_corpus`). `cdnmap_tests::fuzz` says how the targets run.
+//! stream: a 60-unit map in parts, then a delta to the next version, which carries the
+//! clusters that changed (`sections`), as a front end that asks for changes only gets it, and
+//! a delta of a round that changed nothing (written by the ignored test `write_corpus`). `cdnmap_tests::fuzz` says how the targets run.
 
 use std::path::Path;
 
@@ -25,7 +26,7 @@ const CORPUS: &str = concat!(
 );
 
 /// A stream's messages: the first map whole, in parts of at most `part_units`, then a delta
-/// to a second map over the same units.
+/// to a second map over the same units, then a delta that changes nothing.
 fn stream() -> Vec<pb::MapUpdate> {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let first = map(&mut rng, 60, &["a", "b", "c"]);
@@ -36,6 +37,10 @@ fn stream() -> Vec<pb::MapUpdate> {
         .collect();
     messages.extend(with_edge(|e| {
         delta_update(e, id(1, 1), &first, id(1, 2), &second)
+    }));
+    // A round that changed nothing: `sections` with no section named.
+    messages.extend(with_edge(|e| {
+        delta_update(e, id(1, 2), &second, id(1, 3), &second)
     }));
     messages
 }
@@ -132,6 +137,16 @@ fn map_update_mutations() {
             ..Default::default()
         }
         .encode_to_vec(),
+        pb::MapUpdate {
+            sections: Some(pb::DeltaSections {
+                class_rules: true,
+                fallbacks: true,
+                bypass: true,
+            }),
+            removed_clusters: vec!["a".into(), "b".into()],
+            ..Default::default()
+        }
+        .encode_to_vec(),
         vec![0xff; 10],
         vec![0x80, 0x80, 0x80, 0x80, 0x10],
         vec![0x08, 0x00],
@@ -171,5 +186,5 @@ fn the_corpus_is_a_stream_followed_to_its_end() {
         f.apply(pb::MapUpdate::decode(bytes.as_slice()).expect("decodes"))
             .expect("applies");
     }
-    assert_eq!(f.identity(), (1, 2));
+    assert_eq!(f.identity(), (1, 3));
 }
