@@ -9,8 +9,9 @@
 //! the HTTP status's mapping (gRPC's `http-grpc-status-mapping.md`) when it is not 200, else
 //! `OK`: a unary call's answer, or a stream (WatchMap, health's Watch, reflection) that
 //! opened. A stream's end is not counted again (`cdnmap_watch_streams_dropped_total` says why
-//! WatchMap streams were dropped). The duration is the time to those headers: a unary call's
-//! whole answer, a stream's opening.
+//! WatchMap streams were dropped). A request dropped before its headers (its client or
+//! connection gone) counts as `Canceled`. The duration is the time to those headers: a unary
+//! call's whole answer, a stream's opening.
 //!
 //! Labels are bounded: a path outside [`METHODS`] counts as `service="other",
 //! method="other"`, and the code is one of gRPC's 17 names. Every (service, method) of
@@ -177,17 +178,46 @@ where
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         let (service, method) = labels_of(request.uri().path());
-        let started = Instant::now();
+        let mut pending = Pending {
+            service,
+            method,
+            started: Instant::now(),
+            counted: false,
+        };
         let answer = self.0.call(request);
         Box::pin(async move {
             let response = answer.await;
-            let code = match &response {
+            pending.count(match &response {
                 Ok(r) => code_of(r.status(), r.headers()),
                 Err(_) => "Unknown",
-            };
-            count(service, method, code, Some(started.elapsed().as_secs_f64()));
+            });
             response
         })
+    }
+}
+
+/// A request not yet counted: counted with its code when its headers are ready, or as
+/// `Canceled` if it is dropped before (the client went away, the connection closed).
+struct Pending {
+    service: &'static str,
+    method: &'static str,
+    started: Instant,
+    counted: bool,
+}
+
+impl Pending {
+    fn count(&mut self, code: &'static str) {
+        if !self.counted {
+            self.counted = true;
+            let took = self.started.elapsed().as_secs_f64();
+            count(self.service, self.method, code, Some(took));
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.count("Canceled");
     }
 }
 
