@@ -213,6 +213,31 @@ async fn mapper_metrics_are_true_and_present_from_start() {
     cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 }
 
+/// The demo world's rounds on unchanged inputs: every round after the first reads churn
+/// exactly 0 (a sticky round re-derives its amounts, whose last bits differ: the second read
+/// 4.4e-16 before churn took the solver's tolerance), and no cluster reads above 1.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_worlds_unchanged_rounds_read_churn_zero() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let (mut seen, last) = (1.0, 4.0);
+    while seen < last {
+        let body = wait_rounds(&server, seen + 1.0).await;
+        seen = value(&body, "cdnmap_rounds_total").expect("cdnmap_rounds_total");
+        assert_eq!(
+            value(&body, "cdnmap_churn_ratio"),
+            Some(0.0),
+            "round {seen}:\n{body}"
+        );
+        let over: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("cdnmap_cluster_utilization_ratio{"))
+            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) > Some(1.0))
+            .collect();
+        assert!(over.is_empty(), "round {seen}: {over:?}");
+    }
+}
+
 /// The front end's /metrics right after start: promtool finds nothing and every documented
 /// series is there; after queries, real rcodes and the batch latency histogram.
 #[tokio::test(flavor = "multi_thread")]

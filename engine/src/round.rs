@@ -643,6 +643,21 @@ pub(crate) mod tests {
         map.push_unit([a(1, 1.0 / 3.0), a(0, 1.0 / 3.0)], 1.0 / 3.0);
         map.push_unit([a(0, 0.7), a(1, 0.1)], 0.2);
         assert_eq!(cdnmap_mapper::churn(&inst, &map, &map), 0.0);
+        // The same split re-derived through other arithmetic (its last bits differ, as a
+        // sticky round's do): no move either; a move of a millionth of a unit is one.
+        let mut rederived = Map::with_capacity(4, 8);
+        rederived.push_unit([a(0, 0.1 * (1.0 + 1e-15)), a(1, 0.3)], 0.2 * (1.0 - 1e-15));
+        for u in 1..4 {
+            rederived.push_unit(map.allocations(u).iter().copied(), map.overflow(u));
+        }
+        assert_eq!(cdnmap_mapper::churn(&inst, &map, &rederived), 0.0);
+        let mut nudged = Map::with_capacity(4, 8);
+        nudged.push_unit([a(0, 0.1 + 6e-7), a(1, 0.3)], 0.2 - 6e-7);
+        for u in 1..4 {
+            nudged.push_unit(map.allocations(u).iter().copied(), map.overflow(u));
+        }
+        let churn = cdnmap_mapper::churn(&inst, &map, &nudged);
+        assert!((churn - 1e-6 / 4.0).abs() < 1e-12, "{churn}");
         // The last unit's 0.7 moves from one cluster to the other: 0.7 of 4 units' demand.
         let mut moved = Map::with_capacity(4, 8);
         for u in 0..3 {

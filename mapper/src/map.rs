@@ -214,7 +214,10 @@ pub fn mean_measured_score(
 /// Exact where the answer is: a unit whose split is the same in both maps adds exactly 0
 /// (its moved share is a sum of `max(0, new share − old share)` terms, each exactly 0 when
 /// the amounts and totals are the same), so an unchanged map has churn exactly 0, not the
-/// rounding error of `1 − Σ kept`.
+/// rounding error of `1 − Σ kept`. A share that grew by no more than the solver's tolerance
+/// ([`crate::solve::EPS_REL`] of the unit's demand: amounts it does not tell apart) is not a
+/// move either: a sticky round on unchanged inputs re-derives its amounts through other
+/// arithmetic, and their last bits differ (the demo world's second round read 4.9e-16).
 pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
     let mut moved = 0.0;
     let mut total = 0.0;
@@ -240,6 +243,15 @@ pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
 /// ulp). Runs once per unit per round, so it allocates nothing: a unit has a handful of
 /// allocations.
 fn moved_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
+    // How much a share grew: 0 within the solver's tolerance.
+    let grown = |old: f64, new: f64| {
+        let d = new - old;
+        if d > crate::solve::EPS_REL {
+            d
+        } else {
+            0.0
+        }
+    };
     let total = |m: &Map| m.allocations(u).iter().map(|a| a.amount).sum::<f64>() + m.overflow(u);
     let (t_old, t_new) = (total(old), total(new));
     if t_old <= 0.0 || t_new <= 0.0 {
@@ -266,8 +278,8 @@ fn moved_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
             .map(|b| b.amount)
             .sum::<f64>()
             / t_new;
-        moved += f64::max(0.0, s_new - at_old(a.cluster) / t_old);
+        moved += grown(at_old(a.cluster) / t_old, s_new);
     }
-    moved += f64::max(0.0, new.overflow(u) / t_new - old.overflow(u) / t_old);
+    moved += grown(old.overflow(u) / t_old, new.overflow(u) / t_new);
     moved.min(1.0)
 }
