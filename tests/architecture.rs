@@ -37,6 +37,8 @@ const LAYERS: &[&str] = &[
     // The round engine (over the pure crates) and the store.
     "cdnmap-engine",
     "cdnmap-store",
+    // What both processes export beside their own metrics (process_*, build info).
+    "cdnmap-telemetry",
     // The processes.
     "cdnmap-dns",
     "cdnmap-api",

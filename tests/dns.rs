@@ -288,18 +288,18 @@ async fn status_codes_apex_records_and_truncation() {
     assert!(status.contains("200"), "{status}");
     let count = |rcode: &str| -> f64 {
         body.lines()
-            .find(|l| l.starts_with(&format!("cdnmap_dns_queries_total{{rcode=\"{rcode}\"}}")))
+            .find(|l| l.starts_with(&format!("cdnmap_dns_responses_total{{{rcode}}}")))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
     for (rcode, at_least) in [
-        ("answer", 4.0),
-        ("nxdomain", 1.0),
-        ("refused", 3.0),
-        ("nodata", 1.0),
-        ("formerr", 2.0),
-        ("badvers", 2.0),
+        ("rcode=\"NOERROR\",answer=\"records\"", 4.0),
+        ("rcode=\"NXDOMAIN\",answer=\"none\"", 1.0),
+        ("rcode=\"REFUSED\",answer=\"none\"", 3.0),
+        ("rcode=\"NOERROR\",answer=\"nodata\"", 1.0),
+        ("rcode=\"FORMERR\",answer=\"none\"", 2.0),
+        ("rcode=\"BADVERS\",answer=\"none\"", 2.0),
     ] {
         assert!(
             count(rcode) >= at_least,
@@ -326,9 +326,9 @@ async fn status_codes_apex_records_and_truncation() {
         .sum();
     assert!(routed("unmatched") >= 3.0, "{body}");
     assert!(
-        all <= count("answer"),
+        all <= count("rcode=\"NOERROR\",answer=\"records\""),
         "{all} routed of {} answers",
-        count("answer")
+        count("rcode=\"NOERROR\",answer=\"records\"")
     );
     assert!(body.contains("cdnmap_dns_map_version"), "{body}");
     cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));

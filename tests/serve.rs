@@ -1392,12 +1392,12 @@ async fn metrics_are_served_over_http() {
     assert!(status_line.contains(" 200"), "{status_line}\n{body}");
     for name in [
         "cdnmap_map_version",
-        "cdnmap_rpc_total",
-        "cdnmap_rpc_seconds",
+        "cdnmap_grpc_requests_total",
+        "cdnmap_grpc_request_duration_seconds",
         "cdnmap_solve_seconds",
         "cdnmap_proposals_total",
-        "cdnmap_churn",
-        "cdnmap_overflow_share",
+        "cdnmap_churn_ratio",
+        "cdnmap_overflow_ratio",
     ] {
         assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
     }
@@ -1408,7 +1408,11 @@ async fn metrics_are_served_over_http() {
     );
     let resolves = body
         .lines()
-        .find(|l| l.starts_with("cdnmap_rpc_total") && l.contains("method=\"Resolve\""))
+        .find(|l| {
+            l.starts_with("cdnmap_grpc_requests_total")
+                && l.contains("method=\"Resolve\"")
+                && l.contains("code=\"OK\"")
+        })
         .unwrap_or_else(|| panic!("no Resolve count:\n{body}"));
     let count: f64 = resolves
         .rsplit(' ')
@@ -1473,10 +1477,13 @@ async fn metrics_include_per_cluster_utilization_and_pass_promtool() {
     let (_, body) = server.http_get("/metrics");
     assert!(
         body.lines()
-            .any(|l| l.starts_with("cdnmap_cluster_utilization") && l.contains("cluster=\"")),
+            .any(|l| l.starts_with("cdnmap_cluster_utilization_ratio{") && l.contains("cluster=\"")),
         "no per-cluster utilization:\n{body}"
     );
-    for histogram in ["cdnmap_rpc_seconds", "cdnmap_solve_seconds"] {
+    for histogram in [
+        "cdnmap_grpc_request_duration_seconds",
+        "cdnmap_solve_seconds",
+    ] {
         assert!(
             body.contains(&format!("# TYPE {histogram} histogram"))
                 && body.contains(&format!("{histogram}_bucket{{")),

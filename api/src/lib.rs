@@ -22,6 +22,7 @@ pub mod listen;
 pub mod mapping;
 pub mod memory;
 pub mod parse_error;
+pub mod rpc_metrics;
 pub mod selection;
 pub mod server;
 pub mod service;

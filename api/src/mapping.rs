@@ -179,19 +179,6 @@ fn answer_view<'v>(p: &'v Published, bypass: &'v [(String, Bypass)]) -> View<'v>
     }
 }
 
-/// Counts an RPC by method and outcome, and times it.
-fn record_rpc<T>(method: &'static str, started: Instant, result: &Result<T, Status>) {
-    let code = match result {
-        Ok(_) => "ok",
-        Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid_argument",
-        Err(s) if s.code() == tonic::Code::Unavailable => "unavailable",
-        Err(_) => "error",
-    };
-    metrics::counter!("cdnmap_rpc_total", "method" => method, "code" => code).increment(1);
-    metrics::histogram!("cdnmap_rpc_seconds", "method" => method)
-        .record(started.elapsed().as_secs_f64());
-}
-
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::MapUpdate, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -200,20 +187,14 @@ impl pb::mapping_server::Mapping for MappingService {
         &self,
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
-        let started = Instant::now();
-        let result = self.resolve_one(request.into_inner());
-        record_rpc("Resolve", started, &result);
-        result.map(Response::new)
+        self.resolve_one(request.into_inner()).map(Response::new)
     }
 
     async fn resolve_batch(
         &self,
         request: Request<pb::ResolveBatchRequest>,
     ) -> Result<Response<pb::ResolveBatchResponse>, Status> {
-        let started = Instant::now();
-        let result = self.resolve_many(request.into_inner());
-        record_rpc("ResolveBatch", started, &result);
-        result.map(Response::new)
+        self.resolve_many(request.into_inner()).map(Response::new)
     }
 
     type WatchMapStream = UpdateStream;

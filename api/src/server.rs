@@ -249,7 +249,7 @@ fn describe_round_metrics() {
     );
     describe_counter!(
         "cdnmap_rounds_failed_total",
-        "Mapping rounds that failed (the last good map stays served)."
+        "Mapping rounds that failed, every kind (the solve, the round's task, storing its map): the last good map stays served."
     );
     describe_counter!(
         "cdnmap_rounds_slow_total",
@@ -262,7 +262,12 @@ fn describe_round_metrics() {
     describe_histogram!(
         "cdnmap_solve_seconds",
         Unit::Seconds,
-        "A round's time from its start to its map, all parts."
+        "A round's solve alone (its part \"solve\" of cdnmap_round_part_seconds)."
+    );
+    describe_histogram!(
+        "cdnmap_round_seconds",
+        Unit::Seconds,
+        "A round's whole time, from its start to its map stored (and published), failed rounds too."
     );
     describe_histogram!(
         "cdnmap_round_part_seconds",
@@ -275,20 +280,20 @@ fn describe_round_metrics() {
         "Encoding and storing the estimator's whole state."
     );
     describe_gauge!(
-        "cdnmap_churn",
-        "Share of demand the last round moved, 0 to 1."
+        "cdnmap_churn_ratio",
+        "Share of demand the last round moved, 0 to 1 (exactly 0 when nothing moved)."
     );
     describe_gauge!(
         "cdnmap_demand",
         "Total demand the last round mapped, in the topology's demand units."
     );
     describe_gauge!(
-        "cdnmap_overflow_share",
+        "cdnmap_overflow_ratio",
         "Share of demand the last round left in overflow, 0 to 1."
     );
     describe_gauge!(
-        "cdnmap_cluster_utilization",
-        "Per cluster, the largest used/capacity over its resource nodes."
+        "cdnmap_cluster_utilization_ratio",
+        "Per cluster, the largest used/capacity over its resource nodes under the last round's map (exactly 1 when full; above 1 only when over capacity)."
     );
     describe_gauge!(
         "cdnmap_classes_unserved",
@@ -306,8 +311,7 @@ fn describe_round_metrics() {
 /// The listeners', the gRPC calls', the Admin token's, Feedback's refusals' and TLS's
 /// metrics.
 fn describe_listener_metrics() {
-    use metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!("cdnmap_rpc_total", "gRPC calls by method and status code.");
+    use metrics::describe_counter;
     describe_counter!(
         "cdnmap_connections_refused_total",
         "Connections closed on arrival, by listener: as many were open as its max_connections."
@@ -348,11 +352,7 @@ fn describe_listener_metrics() {
         "cdnmap_tls_reload_failures_total",
         "TLS reloads refused (the files in use stay)."
     );
-    describe_histogram!(
-        "cdnmap_rpc_seconds",
-        Unit::Seconds,
-        "gRPC call latency by method."
-    );
+    crate::rpc_metrics::register();
 }
 
 /// WatchMap's metrics.
@@ -406,6 +406,7 @@ pub async fn serve(
     let etcd_tls = crate::lead::tls_options(&config)?;
     let peer_tls = peer_tls(&config)?;
     let shared = Shared::start(config, initial)?;
+    start_gauges(&shared);
     let election = join_election(&shared, etcd_tls).await?;
     start_health_checks(&shared);
     if shared.current().is_none() {
@@ -465,8 +466,96 @@ fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHa
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(SECONDS_BUCKETS)?
         .install_recorder()?;
+    cdnmap_telemetry::spawn_upkeep(prometheus.clone());
     describe_metrics();
+    cdnmap_telemetry::build_info("serve");
+    register_metrics();
     Ok(prometheus)
+}
+
+/// Every series whose labels are known at start, registered at 0 (counters) or set
+/// (gauges), so a scrape before the first event reads 0, not nothing: an alert on a rate or
+/// an absence can tell them apart. (The round's gauges come with the first round or the map
+/// restored, the election's with `--etcd`, the health checks' with `[health]`.)
+fn register_metrics() {
+    let zero = |name: &'static str, labels: &[(&'static str, &'static str)]| {
+        let labels: Vec<metrics::Label> = labels
+            .iter()
+            .map(|(k, v)| metrics::Label::new(*k, *v))
+            .collect();
+        metrics::counter!(name, labels).increment(0);
+    };
+    for name in [
+        "cdnmap_rounds_total",
+        "cdnmap_rounds_failed_total",
+        "cdnmap_rounds_slow_total",
+        "cdnmap_proposals_total",
+        "cdnmap_feedback_clipped_total",
+        "cdnmap_tls_reloads_total",
+        "cdnmap_tls_reload_failures_total",
+    ] {
+        zero(name, &[]);
+    }
+    for result in ["ok", "failed", "skipped"] {
+        zero("cdnmap_health_probes_total", &[("result", result)]);
+    }
+    for result in ["taken", "full", "no_unit"] {
+        zero("cdnmap_rtt_samples_total", &[("result", result)]);
+    }
+    for reason in ["budget", "too_large", "sources"] {
+        zero("cdnmap_feedback_refused_total", &[("reason", reason)]);
+    }
+    for listener in ["grpc", "http"] {
+        for name in [
+            "cdnmap_connections_refused_total",
+            "cdnmap_connections_refused_per_source_total",
+            "cdnmap_handshakes_failed_total",
+            "cdnmap_connections_idle_closed_total",
+            "cdnmap_admin_auth_failures_total",
+            "cdnmap_admin_auth_refused_total",
+        ] {
+            zero(name, &[("listener", listener)]);
+        }
+    }
+    for kind in ["full", "delta"] {
+        for name in [
+            "cdnmap_watch_messages_total",
+            "cdnmap_watch_units_total",
+            "cdnmap_watch_bytes_total",
+        ] {
+            zero(name, &[("kind", kind)]);
+        }
+    }
+    zero(
+        "cdnmap_watch_streams_dropped_total",
+        &[("reason", "stalled")],
+    );
+    metrics::gauge!("cdnmap_watch_streams").set(0.0);
+    metrics::gauge!("cdnmap_watch_queued_bytes").set(0.0);
+    metrics::gauge!("cdnmap_rtt_pairs").set(0.0);
+    for part in crate::service::ROUND_PARTS {
+        drop(metrics::histogram!("cdnmap_round_part_seconds", "part" => part));
+    }
+    for name in [
+        "cdnmap_solve_seconds",
+        "cdnmap_round_seconds",
+        "cdnmap_estimator_checkpoint_seconds",
+    ] {
+        drop(metrics::histogram!(name));
+    }
+}
+
+/// The gauges a start knows: the classes no up cluster serves, and the restored map's
+/// figures (a restored map is served a whole cycle before the first round).
+fn start_gauges(shared: &Shared) {
+    let topology = Arc::clone(&shared.topology.current_versioned().topology);
+    metrics::gauge!("cdnmap_classes_unserved")
+        .set(cdnmap_store::edit::unserved_classes(&topology).len() as f64);
+    if let Some(current) = shared.current() {
+        crate::service::map_gauges(&current);
+        metrics::gauge!("cdnmap_map_stored_version").set(current.version as f64);
+        metrics::gauge!("cdnmap_map_stored_epoch").set(current.epoch as f64);
+    }
 }
 
 /// A replica's coordinator of the election, and its events.
@@ -511,6 +600,10 @@ async fn join_election(
         ttl_secs = ttl.as_secs(),
         "a replica: publishes only while it leads (elected through etcd)"
     );
+    // A standby until the election says otherwise; etcd reachable once a call says so.
+    metrics::gauge!("cdnmap_leader").set(0.0);
+    metrics::gauge!("cdnmap_leader_epoch").set(0.0);
+    metrics::gauge!("cdnmap_etcd_reachable").set(0.0);
     let _ = shared.lead.set(Arc::clone(&lead));
     tokio::spawn(follow_edits(Arc::clone(shared)));
     Ok(Some((lead, events)))
@@ -519,6 +612,9 @@ async fn join_election(
 /// With `[health]`: the health checks' task, probing the current topology's targets.
 fn start_health_checks(shared: &Arc<Shared>) {
     if let Some(health) = &shared.health {
+        // Nothing held down, no monitor heard from, until the checks say otherwise.
+        metrics::gauge!("cdnmap_health_clusters_down").set(0.0);
+        metrics::gauge!("cdnmap_health_monitors_fresh").set(0.0);
         let reader = Arc::clone(shared);
         tokio::spawn(crate::health::run(
             Arc::clone(health),
@@ -542,7 +638,7 @@ fn http_app(
             "/metrics",
             axum::routing::get(move || {
                 let p = prometheus.clone();
-                async move { p.render() }
+                async move { cdnmap_telemetry::render(&p) }
             }),
         )
         .route(
@@ -679,6 +775,7 @@ async fn serve_grpc(
     Ok(tonic::transport::Server::builder()
         .timeout(GRPC_REQUEST_TIMEOUT)
         .layer(crate::listen::TrackRequestsLayer)
+        .layer(crate::rpc_metrics::RpcMetricsLayer)
         .max_concurrent_streams(GRPC_MAX_STREAMS)
         .http2_max_header_list_size(GRPC_MAX_HEADER_BYTES)
         .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))

@@ -842,6 +842,7 @@ impl Shared {
                 status.error = e.to_string();
             }
         }
+        metrics::histogram!("cdnmap_round_seconds").record(started.elapsed().as_secs_f64());
         if let Ok(mut s) = self.read.status.lock() {
             *s = status;
         }
@@ -929,14 +930,14 @@ impl Shared {
         }
         let publish_ms = t.elapsed().as_secs_f64() * 1e3;
         let parts = [
-            ("estimator", step_timings.estimate_ms),
-            ("effective_preferences", snapshot.timings.effective_ms),
-            ("solve", snapshot.timings.solve_ms),
-            ("index", snapshot.timings.index_ms),
-            ("publish", publish_ms),
-            ("persist", stored.ms),
+            step_timings.estimate_ms,
+            snapshot.timings.effective_ms,
+            snapshot.timings.solve_ms,
+            snapshot.timings.index_ms,
+            publish_ms,
+            stored.ms,
         ];
-        for (part, ms) in parts {
+        for (part, ms) in ROUND_PARTS.into_iter().zip(parts) {
             metrics::histogram!("cdnmap_round_part_seconds", "part" => part).record(ms / 1e3);
         }
         tracing::info!(
@@ -1186,21 +1187,9 @@ impl Shared {
 
     fn round_metrics(&self, snapshot: &Snapshot, solve_ms: f64, published: bool) {
         metrics::counter!("cdnmap_rounds_total").increment(1);
-        metrics::histogram!("cdnmap_solve_seconds").record(solve_ms / 1e3);
-        metrics::gauge!("cdnmap_churn").set(snapshot.churn.unwrap_or(0.0));
+        metrics::histogram!("cdnmap_solve_seconds").record(snapshot.timings.solve_ms / 1e3);
         metrics::counter!("cdnmap_proposals_total").increment(snapshot.stats.proposals);
-        let demand = snapshot.topology.total_demand();
-        metrics::gauge!("cdnmap_demand").set(demand);
-        let overflow = snapshot.map.total_overflow();
-        metrics::gauge!("cdnmap_overflow_share").set(if demand > 0.0 {
-            overflow / demand
-        } else {
-            0.0
-        });
-        let utilization = cdnmap_engine::round::utilization(&snapshot.topology, &snapshot.map);
-        for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
-            metrics::gauge!("cdnmap_cluster_utilization", "cluster" => c.id.clone()).set(u);
-        }
+        let overflow = map_gauges(snapshot);
         if !published {
             tracing::info!(
                 epoch = snapshot.epoch,
@@ -1540,6 +1529,38 @@ fn lower_thread_priority() {
             tracing::debug!(error = %std::io::Error::last_os_error(), "the thread's priority stays");
         }
     }
+}
+
+/// The parts of a round `cdnmap_round_part_seconds{part}` times, in their order.
+pub const ROUND_PARTS: [&str; 6] = [
+    "estimator",
+    "effective_preferences",
+    "solve",
+    "index",
+    "publish",
+    "persist",
+];
+
+/// Sets the gauges that describe the map of `snapshot` (churn, demand, overflow, each
+/// cluster's utilization); returns its overflow. Ratios are exact where the answer is (an
+/// unchanged map's churn is 0, a full cluster's utilization 1: `mapper::churn`,
+/// `engine::round::utilization`), and the overflow ratio is clamped to [0, 1], which the
+/// map's conservation of demand guarantees up to rounding.
+pub(crate) fn map_gauges(snapshot: &Snapshot) -> f64 {
+    metrics::gauge!("cdnmap_churn_ratio").set(snapshot.churn.unwrap_or(0.0));
+    let demand = snapshot.topology.total_demand();
+    metrics::gauge!("cdnmap_demand").set(demand);
+    let overflow = snapshot.map.total_overflow();
+    metrics::gauge!("cdnmap_overflow_ratio").set(if demand > 0.0 {
+        (overflow / demand).clamp(0.0, 1.0)
+    } else {
+        0.0
+    });
+    let utilization = cdnmap_engine::round::utilization(&snapshot.topology, &snapshot.map);
+    for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
+        metrics::gauge!("cdnmap_cluster_utilization_ratio", "cluster" => c.id.clone()).set(u);
+    }
+    overflow
 }
 
 #[cfg(test)]

@@ -57,10 +57,12 @@ impl RequestHandler for Handler {
         let result = if request.metadata.op_code != OpCode::Query
             || request.metadata.message_type != MessageType::Query
         {
+            front.counters.notimp.increment(1);
             response
                 .send_response(builder.build_no_records(send(ResponseCode::NotImp)))
                 .await
         } else if request.queries.queries().len() != 1 {
+            front.counters.formerr.increment(1);
             response
                 .send_response(builder.build_no_records(send(ResponseCode::FormErr)))
                 .await

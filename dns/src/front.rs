@@ -93,36 +93,62 @@ thread_local! {
     pub(crate) static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
-/// Queries answered, by outcome: `cdnmap_dns_queries_total{rcode=...}` (registered once, so
-/// counting a query is one atomic add, and nothing without a metrics recorder).
+/// Responses by their rcode (`cdnmap_dns_responses_total{rcode, answer}`: `rcode` the
+/// response's RCODE mnemonic, `answer` "records" or "nodata" for NOERROR, "none" otherwise),
+/// registered once, so counting a response is one atomic add, and nothing without a metrics
+/// recorder.
 pub struct Counters {
     pub(crate) answer: metrics::Counter,
     nodata: metrics::Counter,
     nxdomain: metrics::Counter,
     refused: metrics::Counter,
     servfail: metrics::Counter,
-    formerr: metrics::Counter,
+    pub(crate) formerr: metrics::Counter,
+    pub(crate) notimp: metrics::Counter,
     badvers: metrics::Counter,
     /// Answers with addresses by why they name them (`Route`, in its order).
     routes: [metrics::Counter; Route::ALL.len()],
 }
 
+/// The `cdnmap_dns_responses_total` counter of `rcode` (a mnemonic of RFC 1035 / 6891) and
+/// `answer`.
+pub fn response_counter(rcode: &'static str, answer: &'static str) -> metrics::Counter {
+    metrics::counter!("cdnmap_dns_responses_total", "rcode" => rcode, "answer" => answer)
+}
+
 impl Counters {
     pub fn register() -> Counters {
-        let c =
-            |rcode: &'static str| metrics::counter!("cdnmap_dns_queries_total", "rcode" => rcode);
-        Counters {
-            answer: c("answer"),
-            nodata: c("nodata"),
-            nxdomain: c("nxdomain"),
-            refused: c("refused"),
-            servfail: c("servfail"),
-            formerr: c("formerr"),
-            badvers: c("badvers"),
+        let c = |rcode: &'static str| response_counter(rcode, "none");
+        let counters = Counters {
+            answer: response_counter("NOERROR", "records"),
+            nodata: response_counter("NOERROR", "nodata"),
+            nxdomain: c("NXDOMAIN"),
+            refused: c("REFUSED"),
+            servfail: c("SERVFAIL"),
+            formerr: c("FORMERR"),
+            notimp: c("NOTIMP"),
+            badvers: c("BADVERS"),
             routes: Route::ALL.map(
                 |r| metrics::counter!("cdnmap_dns_answers_by_route_total", "route" => r.as_str()),
             ),
+        };
+        // Every series at 0 from the start (an alert on a rate sees 0, not nothing).
+        for c in [
+            &counters.answer,
+            &counters.nodata,
+            &counters.nxdomain,
+            &counters.refused,
+            &counters.servfail,
+            &counters.formerr,
+            &counters.notimp,
+            &counters.badvers,
+        ]
+        .into_iter()
+        .chain(&counters.routes)
+        {
+            c.increment(0);
         }
+        counters
     }
 
     /// The counter of answers with addresses routed so.
@@ -130,7 +156,7 @@ impl Counters {
         &self.routes[r as usize]
     }
 
-    /// The `cdnmap_dns_queries_total` counter a decision counts in.
+    /// The `cdnmap_dns_responses_total` counter a decision counts in.
     pub(crate) fn outcome(&self, d: &Decision<'_>) -> &metrics::Counter {
         match (d.rcode, d.records) {
             (Rcode::Refused, _) => &self.refused,

@@ -100,7 +100,8 @@ pub async fn run(
     ));
     let (metrics_task, metrics_addr) = match config.metrics_listen {
         Some(addr) => {
-            let (task, bound) = serve_metrics(addr).await?;
+            let mappers: Vec<String> = following.links.iter().map(|l| l.url.clone()).collect();
+            let (task, bound) = serve_metrics(addr, &mappers).await?;
             (Some(task), Some(bound))
         }
         None => (None, None),
@@ -226,10 +227,15 @@ async fn bind(
 /// The HELP text of every metric the front end exports (`promtool check metrics` wants one
 /// for each).
 fn describe_metrics() {
-    use metrics::{describe_counter, describe_gauge};
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
-        "cdnmap_dns_queries_total",
-        "DNS queries answered, by outcome (answer, nodata, nxdomain, refused, servfail, formerr, badvers)."
+        "cdnmap_dns_responses_total",
+        "DNS responses sent, by rcode (NOERROR, NXDOMAIN, REFUSED, SERVFAIL, FORMERR, NOTIMP, BADVERS) and answer (NOERROR: records or nodata; else none)."
+    );
+    describe_histogram!(
+        "cdnmap_dns_udp_batch_duration_seconds",
+        Unit::Seconds,
+        "Per UDP receive (recvmmsg, up to 32 queries), the time from its return to its responses sent: the longest any of its queries spent in the process (time waiting in the socket buffer not counted)."
     );
     describe_counter!(
         "cdnmap_dns_answers_by_route_total",
@@ -281,18 +287,60 @@ fn describe_metrics() {
     );
 }
 
+/// The buckets of the front end's histograms, in seconds: a batch's microseconds up to a
+/// stalled one's tenth of a second.
+const DNS_SECONDS_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 1.0,
+];
+
+/// Every series whose labels are known at start, at 0 (the per-mapper ones for each of
+/// `mappers`), so a scrape before the first event reads 0, not nothing. (The responses' are
+/// registered with the front end, `front::Counters`; the UDP loops' when they start.)
+fn register_metrics(mappers: &[String]) {
+    for mapper in mappers {
+        metrics::gauge!("cdnmap_dns_mapper_connected", "mapper" => mapper.clone()).set(0.0);
+        for name in [
+            "cdnmap_dns_reconnects_total",
+            "cdnmap_dns_demand_samples_sent_total",
+            "cdnmap_dns_demand_refused_total",
+        ] {
+            metrics::counter!(name, "mapper" => mapper.clone()).increment(0);
+        }
+    }
+    for name in [
+        "cdnmap_dns_send_errors_total",
+        "cdnmap_dns_demand_dropped_total",
+        "cdnmap_dns_udp_receives_total",
+        "cdnmap_dns_udp_datagrams_total",
+        "cdnmap_dns_udp_coalescing_waits_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    drop(metrics::histogram!("cdnmap_dns_udp_batch_duration_seconds"));
+    // No map yet: (epoch, version) (0, 0) until the first is in use.
+    metrics::gauge!("cdnmap_dns_map_epoch").set(0.0);
+    metrics::gauge!("cdnmap_dns_map_version").set(0.0);
+}
+
 /// Installs the Prometheus recorder and serves `/metrics` on `addr`; returns the task and the
-/// address bound.
+/// address bound. `mappers`: the URLs the per-mapper series are registered for.
 async fn serve_metrics(
     addr: SocketAddr,
+    mappers: &[String],
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(DNS_SECONDS_BUCKETS)?
+        .install_recorder()?;
+    cdnmap_telemetry::spawn_upkeep(prometheus.clone());
     describe_metrics();
+    cdnmap_telemetry::build_info("dns");
+    register_metrics(mappers);
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
             let p = prometheus.clone();
-            async move { p.render() }
+            async move { cdnmap_telemetry::render(&p) }
         }),
     );
     let listener = TcpListener::bind(addr)

@@ -265,6 +265,7 @@ mod mmsg {
         let receives = metrics::counter!("cdnmap_dns_udp_receives_total");
         let datagrams = metrics::counter!("cdnmap_dns_udp_datagrams_total");
         let waits = metrics::counter!("cdnmap_dns_udp_coalescing_waits_total");
+        let batch_seconds = metrics::histogram!("cdnmap_dns_udp_batch_duration_seconds");
         if !coalesce.is_zero() {
             // The wait is `coalesce`, not that plus the default 50 µs of timer slack a sleep
             // may be stretched by (this thread's only sleep is that wait).
@@ -296,7 +297,8 @@ mod mmsg {
                 continue;
             }
             // Under load when the first datagram was already there or came within `coalesce`.
-            let under_load = waiting_since.elapsed() < coalesce;
+            let received_at = Instant::now();
+            let under_load = received_at.duration_since(waiting_since) < coalesce;
             receives.increment(1);
             datagrams.increment(n as u64);
             let batch = received(&bufs, &names, &hdrs, n as usize, &mut to);
@@ -318,11 +320,16 @@ mod mmsg {
                 .map(|(r, &i)| (r.as_slice(), &names[i], namelen(i)))
                 .collect();
             out.send_all(fd, &sent);
+            // One observation per batch, from the two clock reads the loop makes anyway.
+            let sent_at = Instant::now();
+            batch_seconds.record(sent_at.duration_since(received_at).as_secs_f64());
             if under_load && (n as usize) < BATCH {
                 waits.increment(1);
                 std::thread::sleep(coalesce);
+                waiting_since = Instant::now();
+            } else {
+                waiting_since = sent_at;
             }
-            waiting_since = Instant::now();
         }
     }
 
@@ -479,7 +486,7 @@ fn formerr(raw: &[u8]) -> Option<Vec<u8>> {
     out[..2].copy_from_slice(&raw[..2]);
     out[2] = 0x80 | (raw[2] & 0x78); // QR, the opcode
     out[3] = ResponseCode::FormErr.low();
-    metrics::counter!("cdnmap_dns_queries_total", "rcode" => "formerr").increment(1);
+    crate::front::response_counter("FORMERR", "none").increment(1);
     Some(out)
 }
 

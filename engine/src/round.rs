@@ -441,7 +441,9 @@ pub fn map_of_shares(serving: &cdnmap_serve::ServingMap, to: &Instance) -> Map {
 }
 
 /// Per cluster, its utilization under `map`: the largest used/capacity over its resource nodes
-/// (0 for a cluster with nothing placed; a node of capacity 0 with load counts as 1).
+/// (0 for a cluster with nothing placed; a node of capacity 0 with load counts as 1). A node
+/// filled to its capacity within the solver's tolerance (`EPS_REL` × capacity) reads exactly
+/// 1, so `> 1` means over capacity, never rounding error.
 pub fn utilization(instance: &Instance, map: &Map) -> Vec<f64> {
     let used = cdnmap_mapper::map::node_usage(instance, map);
     instance
@@ -454,7 +456,13 @@ pub fn utilization(instance: &Instance, map: &Map) -> Vec<f64> {
                 .enumerate()
                 .map(|(n, node)| {
                     let u = used[instance.global_node(c as u32, n as u32)];
-                    if node.capacity > 0.0 {
+                    // The solver fills a node up to its capacity within its tolerance; the
+                    // usage summed again here, in another order, lands an ulp or so either
+                    // side of it. Within that tolerance the node is full: exactly 1.
+                    let full_within = cdnmap_mapper::solve::EPS_REL * node.capacity.max(1.0);
+                    if node.capacity > 0.0 && (u - node.capacity).abs() <= full_within {
+                        1.0
+                    } else if node.capacity > 0.0 {
                         u / node.capacity
                     } else if u > 0.0 {
                         1.0
@@ -580,6 +588,84 @@ pub(crate) mod tests {
             solved().index_alongside(rules(&inst), None, |_| panic!("the job failed"))
         });
         assert!(panicked.is_err());
+    }
+
+    /// Three units of demand 0.1 fill "near" (capacity 0.3) exactly: its utilization reads
+    /// exactly 1 (0.1 + 0.1 + 0.1 is 0.30000000000000004 in floats), "far" reads 0.
+    #[test]
+    fn a_full_cluster_reads_exactly_one() {
+        let unit = |id: &str, prefix: &str| {
+            format!(
+                r#"{{"id": "{id}", "class": "web", "demand": 0.1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
+                  "candidates": [{{"cluster": "near", "score": 1}}, {{"cluster": "far", "score": 5}}]}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
+              "clusters": [
+                {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 0.3, "classes": ["web"]}}}},
+                {{"id": "far", "lat": 0, "lon": 0, "addresses": ["198.18.1.1"],
+                  "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
+              "map_units": [{}, {}, {}]}}"#,
+            unit("u1", "10.0.1.0/24"),
+            unit("u2", "10.0.2.0/24"),
+            unit("u3", "10.0.3.0/24"),
+        );
+        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let sol = cdnmap_mapper::solve(&inst, &SolveOptions::default());
+        let near = inst
+            .clusters()
+            .iter()
+            .position(|c| c.id == "near")
+            .expect("near");
+        let used = cdnmap_mapper::map::node_usage(&inst, &sol.map);
+        let near_used = used[inst.global_node(near as u32, 0)];
+        assert_ne!(
+            near_used, 0.3,
+            "the sum is off by an ulp: the case is a real one"
+        );
+        let utilization = utilization(&inst, &sol.map);
+        assert_eq!(utilization[near], 1.0);
+        assert_eq!(utilization[1 - near], 0.0);
+    }
+
+    /// A map against itself moved nothing: churn exactly 0, with splits whose shares do not
+    /// sum to exactly 1 in floats; a real move still counts.
+    #[test]
+    fn an_unchanged_map_has_churn_exactly_zero() {
+        let inst = instance();
+        let a = |cluster, amount| Allocation { cluster, amount };
+        let mut map = Map::with_capacity(4, 8);
+        // 0.1/0.6 + 0.3/0.6 + 0.2/0.6 is 1 − 2.2e-16 in floats.
+        map.push_unit([a(0, 0.1), a(1, 0.3)], 0.2);
+        map.push_unit([a(0, 0.3), a(1, 0.6)], 0.1);
+        map.push_unit([a(1, 1.0 / 3.0), a(0, 1.0 / 3.0)], 1.0 / 3.0);
+        map.push_unit([a(0, 0.7), a(1, 0.1)], 0.2);
+        assert_eq!(cdnmap_mapper::churn(&inst, &map, &map), 0.0);
+        // The same split re-derived through other arithmetic (its last bits differ, as a
+        // sticky round's do): no move either; a move of a millionth of a unit is one.
+        let mut rederived = Map::with_capacity(4, 8);
+        rederived.push_unit([a(0, 0.1 * (1.0 + 1e-15)), a(1, 0.3)], 0.2 * (1.0 - 1e-15));
+        for u in 1..4 {
+            rederived.push_unit(map.allocations(u).iter().copied(), map.overflow(u));
+        }
+        assert_eq!(cdnmap_mapper::churn(&inst, &map, &rederived), 0.0);
+        let mut nudged = Map::with_capacity(4, 8);
+        nudged.push_unit([a(0, 0.1 + 6e-7), a(1, 0.3)], 0.2 - 6e-7);
+        for u in 1..4 {
+            nudged.push_unit(map.allocations(u).iter().copied(), map.overflow(u));
+        }
+        let churn = cdnmap_mapper::churn(&inst, &map, &nudged);
+        assert!((churn - 1e-6 / 4.0).abs() < 1e-12, "{churn}");
+        // The last unit's 0.7 moves from one cluster to the other: 0.7 of 4 units' demand.
+        let mut moved = Map::with_capacity(4, 8);
+        for u in 0..3 {
+            moved.push_unit(map.allocations(u).iter().copied(), map.overflow(u));
+        }
+        moved.push_unit([a(1, 0.8)], 0.2);
+        let churn = cdnmap_mapper::churn(&inst, &map, &moved);
+        assert!((churn - 0.175).abs() < 1e-12, "{churn}");
     }
 
     #[test]

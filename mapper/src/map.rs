@@ -210,6 +210,14 @@ pub fn mean_measured_score(
 /// Churn between two maps of the same instance shape (DESIGN.md, "Stickiness"): the
 /// demand-weighted share of demand whose cluster changed, overflow counting as one more
 /// "cluster", using the demands of `instance` (the new round's).
+///
+/// Exact where the answer is: a unit whose split is the same in both maps adds exactly 0
+/// (its moved share is a sum of `max(0, new share − old share)` terms, each exactly 0 when
+/// the amounts and totals are the same), so an unchanged map has churn exactly 0, not the
+/// rounding error of `1 − Σ kept`. A share that grew by no more than the solver's tolerance
+/// ([`crate::solve::EPS_REL`] of the unit's demand: amounts it does not tell apart) is not a
+/// move either: a sticky round on unchanged inputs re-derives its amounts through other
+/// arithmetic, and their last bits differ (the demo world's second round read 4.9e-16).
 pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
     let mut moved = 0.0;
     let mut total = 0.0;
@@ -219,22 +227,35 @@ pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
             continue;
         }
         total += d;
-        moved += d * (1.0 - kept_share(old, new, u).min(1.0));
+        moved += d * moved_share(old, new, u);
     }
     if total > 0.0 {
-        moved / total
+        // Each unit's share is at most 1 (clamped there), so the mean is too.
+        (moved / total).min(1.0)
     } else {
         0.0
     }
 }
 
-/// Σ over clusters (and overflow) of min(old share, new share) of unit `u`'s demand. Runs once
-/// per unit per round, so it allocates nothing: a unit has a handful of allocations.
-fn kept_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
+/// The share of unit `u`'s demand that `new` places where `old` did not: Σ over clusters (and
+/// overflow) of max(0, new share − old share), which is 1 − Σ min(old share, new share) as
+/// both sides' shares sum to 1, at most 1 (clamped: the shares' float sum may pass it by an
+/// ulp). Runs once per unit per round, so it allocates nothing: a unit has a handful of
+/// allocations.
+fn moved_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
+    // How much a share grew: 0 within the solver's tolerance.
+    let grown = |old: f64, new: f64| {
+        let d = new - old;
+        if d > crate::solve::EPS_REL {
+            d
+        } else {
+            0.0
+        }
+    };
     let total = |m: &Map| m.allocations(u).iter().map(|a| a.amount).sum::<f64>() + m.overflow(u);
     let (t_old, t_new) = (total(old), total(new));
     if t_old <= 0.0 || t_new <= 0.0 {
-        return 0.0;
+        return 1.0;
     }
     let old_allocs = old.allocations(u);
     let at_old = |c: ClusterIdx| -> f64 {
@@ -246,7 +267,7 @@ fn kept_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
     };
     // A cluster named twice in a map (possible in one read from a file) counts once here.
     let new_allocs = new.allocations(u);
-    let mut kept = 0.0;
+    let mut moved = 0.0;
     for (i, a) in new_allocs.iter().enumerate() {
         if new_allocs[..i].iter().any(|b| b.cluster == a.cluster) {
             continue;
@@ -257,11 +278,8 @@ fn kept_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
             .map(|b| b.amount)
             .sum::<f64>()
             / t_new;
-        kept += f64::min(at_old(a.cluster) / t_old, s_new);
+        moved += grown(at_old(a.cluster) / t_old, s_new);
     }
-    let (o_old, o_new) = (old.overflow(u), new.overflow(u));
-    if o_old > 0.0 && o_new > 0.0 {
-        kept += f64::min(o_old / t_old, o_new / t_new);
-    }
-    kept
+    moved += grown(old.overflow(u) / t_old, new.overflow(u) / t_new);
+    moved.min(1.0)
 }

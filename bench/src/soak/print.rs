@@ -204,13 +204,13 @@ pub(super) fn print_feedback(before: &Snapshot, after: &Snapshot, stats: &Report
             .as_ref()
             .map_or(String::new(), |e| format!(" (first: {e})"))
     );
-    let answers: Vec<String> = growth(&before.front, &after.front, "cdnmap_dns_queries_total")
+    let answers: Vec<String> = growth(&before.front, &after.front, "cdnmap_dns_responses_total")
         .iter()
         .filter(|(_, n)| *n > 0.0)
         .map(|(labels, n)| format!("{labels} {}", count(*n as u64)))
         .collect();
     println!(
-        "the front end's own count over the soak (/metrics): cdnmap_dns_queries_total {}; \
+        "the front end's own count over the soak (/metrics): cdnmap_dns_responses_total {}; \
          cdnmap_dns_send_errors_total +{:.0}",
         if answers.is_empty() {
             "+0".to_string()
