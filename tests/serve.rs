@@ -4161,3 +4161,72 @@ async fn the_second_chance_places_overflow_beyond_the_lists() {
         );
     }
 }
+
+/// Waits (at most `within`, polling) for `process` to exit: its status, or a panic with its log.
+fn exit_of(process: &mut cdnmap_tests::Running, within: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = process.exited() {
+            return status;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{} still running after {within:?}:\n{}",
+            process.what(),
+            process.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A listener's port in use stops `cdnmap serve` at once, before it opens its store or runs a
+/// round: exit 2, the error naming the setting and the address, no data directory made. Each
+/// listener in turn (the other on port 0).
+#[test]
+fn a_port_in_use_stops_serve_before_any_round_naming_the_address() {
+    let bin = bin!();
+    for key in ["grpc_listen", "http_listen"] {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+        let addr = taken.local_addr().expect("its address");
+        let setup = Setup::new(&bin, false);
+        let text = std::fs::read_to_string(&setup.config).expect("read the config");
+        let text: String = text
+            .lines()
+            .map(|l| match l.starts_with(&format!("{key} =")) {
+                true => format!("{key} = \"{addr}\"\n"),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&setup.config, text).expect("write the config");
+        let mut process = cdnmap_tests::Running::cdnmap(
+            &bin,
+            setup.dir.path(),
+            [
+                std::ffi::OsStr::new("serve"),
+                "--config".as_ref(),
+                setup.config.as_os_str(),
+            ],
+            setup.dir.path().join("serve.log"),
+        );
+        // Generous: a round of this world takes about a second; a start that ran one before
+        // binding would still pass this bound, which is why the store is looked at below.
+        let status = exit_of(&mut process, Duration::from_secs(60));
+        let log = process.log();
+        assert_eq!(status.code(), Some(2), "{key}: {status}\n{log}");
+        assert!(
+            log.contains(&format!("error: {key} {addr}: ")) && log.contains("in use"),
+            "{key}: the error does not name the setting and address {addr}:\n{log}"
+        );
+        assert!(
+            !log.contains("round"),
+            "{key}: a round ran before the bind failed:\n{log}"
+        );
+        let data = setup.dir.path().join("data");
+        assert!(
+            !data.exists(),
+            "{key}: the store at {} was opened before the bind failed",
+            data.display()
+        );
+        drop(taken);
+    }
+}

@@ -1,5 +1,6 @@
 //! The listeners of `cdnmap serve`: gRPC (Mapping, Feedback, Admin, health, reflection) and
-//! HTTP (`/metrics`, `/record`, the dashboard), the mapping loop, and the graceful stop.
+//! HTTP (`/metrics`, `/record`, the dashboard), bound before anything
+//! else; the mapping loop, and the graceful stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -395,6 +396,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
+    // The listeners first: a port in use (or an address this host lacks) stops the start at
+    // once, before the store is opened or any round runs, naming the setting and the address.
+    let (http, grpc_listener) = bind_listeners(&config).await?;
     let prometheus = install_metrics()?;
     // The Admin token's check, one for gRPC, the dashboard and /record (failures counted,
     // logged and rate-limited by source).
@@ -415,8 +419,6 @@ pub async fn serve(
     let app = http_app(&shared, &gate, prometheus);
     // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
     // tests find them without racing for free ports.
-    let http = tokio::net::TcpListener::bind(shared.config.http_listen).await?;
-    let grpc_listener = tokio::net::TcpListener::bind(shared.config.grpc_listen).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
     let lead_task =
@@ -457,6 +459,22 @@ pub async fn serve(
     );
     let grpc = serve_grpc(&shared, gate, grpc_conns, shutdown).await?;
     stop_in_order(&shared, grpc, http_task, loop_task, lead_task).await
+}
+
+/// Binds `http_listen` and `grpc_listen` (in that order); an error names the setting and the
+/// address (`grpc_listen 127.0.0.1:50051: Address already in use`). Bound before anything
+/// else, so a start that cannot serve stops before it touches the store.
+async fn bind_listeners(
+    config: &Config,
+) -> anyhow::Result<(tokio::net::TcpListener, tokio::net::TcpListener)> {
+    let bind = |key: &'static str, addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("{key} {addr}: {e}"))
+    };
+    let http = bind("http_listen", config.http_listen).await?;
+    let grpc = bind("grpc_listen", config.grpc_listen).await?;
+    Ok((http, grpc))
 }
 
 /// Installs the Prometheus recorder, latencies as histograms (buckets aggregate across
