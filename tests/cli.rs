@@ -1859,7 +1859,11 @@ fn logs_are_plain_or_json_and_the_first_line_says_version_and_settings() {
 
     let text = cdnmap_env(dir.path(), &["serve", "--config", config], &[], 30);
     text.assert_error(&[&format!("grpc_listen {grpc}")]);
-    assert!(!text.stdout.contains('\x1b'), "colour codes:\n{}", text.show());
+    assert!(
+        !text.stdout.contains('\x1b'),
+        "colour codes:\n{}",
+        text.show()
+    );
     assert!(
         text.stdout.contains("cdnmap serve starting")
             && text.stdout.contains(&format!("version=\"{version}\""))
@@ -1906,13 +1910,19 @@ fn logs_are_plain_or_json_and_the_first_line_says_version_and_settings() {
         &[("CDNMAP_LOG_FORMAT", "xml")],
         30,
     )
-    .assert_error(&["CDNMAP_LOG_FORMAT", "\"xml\" is not a log format (text or json)"]);
+    .assert_error(&[
+        "CDNMAP_LOG_FORMAT",
+        "\"xml\" is not a log format (text or json)",
+    ]);
     cdnmap_env(
         dir.path(),
         &["--log-format", "yaml", "serve", "--config", config],
         &[],
         30,
     )
-    .assert_error(&["--log-format", "\"yaml\" is not a log format (text or json)"]);
+    .assert_error(&[
+        "--log-format",
+        "\"yaml\" is not a log format (text or json)",
+    ]);
     drop(taken);
 }

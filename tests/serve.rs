@@ -4188,7 +4188,7 @@ fn a_port_in_use_stops_serve_before_any_round_naming_the_address() {
     for key in ["grpc_listen", "http_listen"] {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
         let addr = taken.local_addr().expect("its address");
-        let setup = Setup::new(&bin, false);
+        let setup = Setup::new(bin, false);
         let text = std::fs::read_to_string(&setup.config).expect("read the config");
         let text: String = text
             .lines()
@@ -4199,7 +4199,7 @@ fn a_port_in_use_stops_serve_before_any_round_naming_the_address() {
             .collect();
         std::fs::write(&setup.config, text).expect("write the config");
         let mut process = cdnmap_tests::Running::cdnmap(
-            &bin,
+            bin,
             setup.dir.path(),
             [
                 std::ffi::OsStr::new("serve"),
@@ -4229,4 +4229,99 @@ fn a_port_in_use_stops_serve_before_any_round_naming_the_address() {
         );
         drop(taken);
     }
+}
+
+/// The probes' answers: (status line, the body as JSON).
+fn probe(addr: std::net::SocketAddr, path: &str) -> (String, Value) {
+    let (status, body) = http_get(addr, path);
+    let json = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {status} {body:?}"));
+    (status, json)
+}
+
+/// `/healthz` and `/readyz` need no token (with an Admin token configured): alive, and ready
+/// with the map served (its version the one Admin reports, this mapper alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_answer_without_a_token_with_the_map_served() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let (status_line, alive) = probe(server.http, "/healthz");
+    assert!(status_line.contains(" 200 "), "{status_line} {alive}");
+    assert_eq!(alive, serde_json::json!({ "alive": true }));
+    let (status_line, ready) = probe(server.http, "/readyz");
+    assert!(status_line.contains(" 200 "), "{status_line} {ready}");
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert_eq!(ready["role"], "alone", "{ready}");
+    let version = ready["map"]["version"].as_u64().expect("a map version");
+    let served = status(&server).await;
+    assert!(
+        version >= 1 && version <= served.map_version,
+        "readyz says version {version}, Admin {}: {ready}",
+        served.map_version
+    );
+    assert!(
+        ready["map"]["age_secs"].as_f64().is_some_and(|a| a >= 0.0),
+        "{ready}"
+    );
+}
+
+/// HTTP answers before the first round has made a map: alive, not ready (503, saying why), then
+/// ready once the map is served. The world is large enough that its first round outlasts many
+/// polls (the test asserts it saw the 503, so a start that served HTTP only after the round
+/// fails it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_until_the_first_map_and_healthz_answers_meanwhile() {
+    let bin = bin!();
+    let mut setup = Setup::new(bin, false);
+    let text = std::fs::read_to_string(&setup.config).expect("read the config");
+    let text = text.replace(&format!("map_units = {MAP_UNITS}\n"), "map_units = 50000\n");
+    std::fs::write(&setup.config, text).expect("write the config");
+    let mut process = setup.spawn();
+    let started = Instant::now();
+    let http = loop {
+        process.assert_running();
+        let log = process.log();
+        let line = log.lines().find(|l| l.contains("before the first map"));
+        if let Some(addr) = line.and_then(|l| {
+            let at = l.find(" probes=")? + " probes=".len();
+            l[at..]
+                .split_whitespace()
+                .next()?
+                .parse::<std::net::SocketAddr>()
+                .ok()
+        }) {
+            break addr;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no probes line within 120 s:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut not_ready = 0;
+    for _ in 0..6000 {
+        process.assert_running();
+        let (alive_line, _) = probe(http, "/healthz");
+        assert!(alive_line.contains(" 200 "), "{alive_line}");
+        let (line, ready) = probe(http, "/readyz");
+        if line.contains(" 200 ") {
+            assert_eq!(ready["ready"], true, "{ready}");
+            assert!(ready["map"]["version"].as_u64().is_some(), "{ready}");
+            assert!(
+                not_ready > 0,
+                "ready at the first poll: the first round ran before HTTP answered"
+            );
+            eprintln!("not ready for {not_ready} polls, then ready");
+            return;
+        }
+        assert!(line.contains(" 503 "), "{line} {ready}");
+        assert_eq!(ready["ready"], false, "{ready}");
+        assert_eq!(
+            ready["reason"], "no map yet: the first round has not finished",
+            "{ready}"
+        );
+        not_ready += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not ready after {not_ready} polls:\n{}", process.log());
 }

@@ -1,5 +1,5 @@
 //! The listeners of `cdnmap serve`: gRPC (Mapping, Feedback, Admin, health, reflection) and
-//! HTTP (`/metrics`, `/record`, the dashboard), bound before anything
+//! HTTP (`/metrics`, `/healthz`, `/readyz`, `/record`, the dashboard), bound before anything
 //! else; the mapping loop, and the graceful stop.
 
 use std::net::SocketAddr;
@@ -412,25 +412,16 @@ pub async fn serve(
     let shared = Shared::start(config, initial)?;
     let election = join_election(&shared, etcd_tls).await?;
     start_health_checks(&shared);
-    if shared.current().is_none() {
-        shared.run_round().await; // the first map before the first query
-    }
-    let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
-    let app = http_app(&shared, &gate, prometheus);
-    // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
-    // tests find them without racing for free ports.
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
-    let lead_task =
-        election.map(|(lead, events)| campaign(&shared, lead, events, grpc_addr, peer_tls));
     let tls = server_tls(&shared, hangups, grpc_addr, http_addr)?;
-    warn_feedback_open(&shared.config, grpc_addr);
     let limits = |max_connections| crate::listen::Limits {
         handshake_timeout: Duration::from_secs(shared.config.handshake_timeout_secs),
         idle_timeout: Duration::from_secs(shared.config.idle_timeout_secs),
         max_connections,
         max_per_source: shared.config.max_connections_per_source,
     };
+    // HTTP answers from now on, so an orchestrator sees the process alive (`/healthz`) and not
+    // yet ready (`/readyz`) while a first round runs (at millions of map units, a while).
     let http_conns = crate::listen::accept(
         http,
         crate::tls::Listener::Http,
@@ -438,6 +429,24 @@ pub async fn serve(
         limits(shared.config.http_max_connections),
         shared.stopping.subscribe(),
     );
+    let http_task = tokio::spawn(serve_http(
+        http_conns,
+        http_app(&shared, &gate, prometheus),
+        Duration::from_secs(shared.config.http_header_timeout_secs),
+        HTTP_REQUEST_TIMEOUT,
+        shared.stopping.subscribe(),
+    ));
+    tracing::info!(probes = %http_addr, "HTTP answers (/healthz, /readyz, /metrics) before the first map");
+    if shared.current().is_none() {
+        shared.run_round().await; // the first map before the first query
+    }
+    let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
+    // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
+    // tests find them without racing for free ports.
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
+    let lead_task =
+        election.map(|(lead, events)| campaign(&shared, lead, events, grpc_addr, peer_tls));
+    warn_feedback_open(&shared.config, grpc_addr);
     let grpc_conns = crate::listen::accept(
         grpc_listener,
         crate::tls::Listener::Grpc,
@@ -445,13 +454,6 @@ pub async fn serve(
         limits(shared.config.grpc_max_connections),
         shared.stopping.subscribe(),
     );
-    let http_task = tokio::spawn(serve_http(
-        http_conns,
-        app,
-        Duration::from_secs(shared.config.http_header_timeout_secs),
-        HTTP_REQUEST_TIMEOUT,
-        shared.stopping.subscribe(),
-    ));
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
@@ -546,8 +548,8 @@ fn start_health_checks(shared: &Arc<Shared>) {
     }
 }
 
-/// The HTTP routes: `/metrics`, `/record` (Admin token) and the dashboard, with the body
-/// limit.
+/// The HTTP routes: `/metrics`, `/healthz` and `/readyz` (`probes`), `/record` (Admin token)
+/// and the dashboard, with the body limit.
 fn http_app(
     shared: &Arc<Shared>,
     gate: &Arc<crate::auth::AdminGate>,
@@ -582,6 +584,7 @@ fn http_app(
                 },
             ),
         )
+        .merge(crate::probes::routes(shared))
         .merge(dashboard)
         // A body announced larger than any route takes is refused on the head (413), not
         // waited for (the dashboard's actions take at most 4 KiB).
