@@ -1926,3 +1926,61 @@ fn logs_are_plain_or_json_and_the_first_line_says_version_and_settings() {
     ]);
     drop(taken);
 }
+
+/// A token given twice (inline and in the environment) stops `serve` and `dns` at start,
+/// naming both sources; `record export` has no `--token` (a secret on the command line), and
+/// names what to use instead.
+#[test]
+fn a_token_given_twice_is_refused_and_no_token_flag_exists() {
+    let dir = tempdir();
+    let d = dir.path();
+    let serve = d.join("serve.toml");
+    std::fs::write(&serve, "admin_token = \"inline-admin-token\"\n").expect("write");
+    cdnmap_env(
+        d,
+        &["serve", "--config", serve.to_str().expect("UTF-8")],
+        &[("CDNMAP_ADMIN_TOKEN", "env-admin-token")],
+        30,
+    )
+    .assert_error(&["admin_token: the token is given by admin_token and CDNMAP_ADMIN_TOKEN"]);
+    let dns = d.join("dns.toml");
+    std::fs::write(&dns, "feedback_token = \"inline-front-token\"\n").expect("write");
+    cdnmap_env(
+        d,
+        &["dns", "--config", dns.to_str().expect("UTF-8")],
+        &[("CDNMAP_FEEDBACK_TOKEN", "env-front-token")],
+        30,
+    )
+    .assert_error(&[
+        "feedback_token: the token is given by feedback_token and CDNMAP_FEEDBACK_TOKEN",
+    ]);
+    let missing = d.join("no-such-token");
+    let run = cdnmap_env(
+        d,
+        &[
+            "record",
+            "export",
+            "--from",
+            "0",
+            "--to",
+            "1",
+            "--http",
+            "127.0.0.1:1",
+            "--token-file",
+            missing.to_str().expect("UTF-8"),
+            "out.jsonl",
+        ],
+        &[],
+        30,
+    );
+    run.assert_error(&[&format!("--token-file {}: ", missing.display())]);
+    let run = cdnmap_env(
+        d,
+        &[
+            "record", "export", "--from", "0", "--to", "1", "--token", "x", "o.jsonl",
+        ],
+        &[],
+        30,
+    );
+    run.assert_error(&["--token"]);
+}

@@ -1358,3 +1358,25 @@ fn a_port_in_use_stops_dns_naming_the_address() {
     }
     drop(taken);
 }
+
+/// The front end's token from `feedback_token_file`: a mapper with `watch_open = false` lets
+/// only a front end with a token of its `[feedback_tokens]` follow the map, and this one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_ends_token_comes_from_a_file() {
+    let bin = bin!();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let token = "front-end-token-e2e";
+    let mut setup = Setup::with_config(
+        bin,
+        false,
+        "watch_open = false\n",
+        &format!("[feedback_tokens]\n\"dns-e2e\" = {token:?}\n"),
+    );
+    let server = setup.start().await;
+    let path = dir.path().join("feedback-token");
+    std::fs::write(&path, format!("{token}\n")).expect("write the token file");
+    let config = format!("feedback_token_file = {path:?}\n");
+    let mut dns = Dns::start(bin, dir.path(), server.grpc, &config);
+    dns.wait_answering();
+    assert!(!dns.log().contains(token), "the token is in the log");
+}

@@ -1817,8 +1817,26 @@ async fn reported_demand_round_trips_through_export_and_replay() {
     let http = setup.http.to_string();
     let from = (now - 600_000).to_string();
     let to = (now + 60_000).to_string();
+    // The token from a file (0600, as systemd's credentials are): never on the command line.
+    let token_file = dir.join("admin-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("write the token file");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod the token file");
+    }
+    let token_file = token_file.to_str().expect("a UTF-8 path");
     run(&[
-        "record", "export", "--from", &from, "--to", &to, "--http", &http, "--token", TOKEN,
+        "record",
+        "export",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--http",
+        &http,
+        "--token-file",
+        token_file,
         "t.jsonl",
     ]);
     let text = std::fs::read_to_string(dir.join("t.jsonl")).expect("the trace");
@@ -4324,4 +4342,26 @@ async fn readyz_is_503_until_the_first_map_and_healthz_answers_meanwhile() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("not ready after {not_ready} polls:\n{}", process.log());
+}
+
+/// The Admin token from `admin_token_file` (0600, one trailing newline): Admin answers with
+/// it, and the start line says a token is configured without showing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_comes_from_a_file() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let path = secrets.path().join("admin-token");
+    std::fs::write(&path, format!("{TOKEN}\n")).expect("write the token file");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let top = format!("admin_token_file = {path:?}\n");
+    let mut setup = Setup::with_config(bin!(), false, &top, "");
+    let server = setup.start().await;
+    // `status` calls Admin with TOKEN: refused unless the file's token is the one in use.
+    assert!(status(&server).await.map_version >= 1);
+    let log = server.log();
+    assert!(log.contains("admin_token=\"yes\""), "{log}");
+    assert!(!log.contains(TOKEN), "the token is in the log:\n{log}");
+    assert!(!log.contains("readable by its group"), "{log}");
 }

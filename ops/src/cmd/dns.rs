@@ -47,9 +47,22 @@ pub(crate) struct DnsArgs {
     udp_coalesce_us: Option<u64>,
 }
 
-/// A `cdnmap dns` configuration: the file's, or the defaults; checked once the command line's
-/// overrides are in (by the caller).
+/// A `cdnmap dns` (or `cdnmap monitor`) configuration: the file's, or the defaults, with the
+/// token kept outside it (`feedback_token_file`, `CDNMAP_FEEDBACK_TOKEN`) read in; checked
+/// once the command line's overrides are in (by the caller).
 pub(crate) fn dns_config(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
+    let mut config = dns_file(path)?;
+    let warnings = config
+        .load_secrets(&|name| std::env::var(name).ok())
+        .context("the configuration's secrets")?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(config)
+}
+
+/// The configuration file's settings, or the defaults.
+fn dns_file(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
     Ok(match path {
         Some(path) => {
             let text = std::fs::read_to_string(path)

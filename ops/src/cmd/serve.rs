@@ -53,6 +53,13 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     if let Some(id) = &a.node_id {
         config.node_id = Some(id.clone());
     }
+    // The secrets kept outside the file: token files, CDNMAP_ADMIN_TOKEN.
+    let warnings = config
+        .load_secrets(&|name| std::env::var(name).ok())
+        .context("the configuration's secrets")?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
     config
         .validate()
         .context("the configuration with --etcd and --node-id")?;
