@@ -1787,6 +1787,16 @@ mod tests {
         );
     }
 
+    /// The example configuration of `deploy/systemd/` parses and is valid (its secrets are
+    /// credential files, read at start only).
+    #[test]
+    fn the_systemd_example_is_valid() {
+        let c = Config::from_toml(include_str!("../../deploy/systemd/serve.toml"))
+            .expect("deploy/systemd/serve.toml");
+        assert!(c.admin_token.is_none() && c.admin_token_file.is_some());
+        assert!(c.feedback_tokens_file.is_some());
+    }
+
     /// docs/operations.md's configuration reference lists every key the configuration accepts
     /// and no other. The accepted keys come from the parser itself (serde's "unknown field ...,
     /// expected one of ..." for each table, `cdnmap_tests::config_doc`), not from a list kept

@@ -682,4 +682,13 @@ mod tests {
         );
         let _ = std::fs::remove_file(&path);
     }
+
+    /// The example configuration of `deploy/systemd/` parses and is valid.
+    #[test]
+    fn the_systemd_example_is_valid() {
+        let c = DnsConfig::from_toml(include_str!("../../deploy/systemd/dns.toml"))
+            .expect("deploy/systemd/dns.toml");
+        assert!(c.feedback_token.is_none() && c.feedback_token_file.is_some());
+        assert_eq!(c.listen.port(), 53);
+    }
 }
