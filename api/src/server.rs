@@ -385,7 +385,12 @@ fn describe_watch_metrics() {
 }
 
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
-/// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
+/// (Mapping, Feedback, Admin, health, reflection) and `/metrics`, the probes and the dashboard
+/// on `http_listen`.
+///
+/// In this order: both listeners bound (an address in use stops the start before the store is
+/// opened), the store opened, HTTP served (alive, not ready), the first round if the store had
+/// no map, then gRPC served and the loop started.
 ///
 /// `initial` gives the topology when the store has none (see [`Shared::start`]). Each change
 /// of `hangups` (the SIGHUPs the process had, counted) reloads the TLS files (see
