@@ -1799,3 +1799,188 @@ fn a_coverage_zone_file_imports_as_units_over_an_instances_clusters() {
     import("czf.json", "stray.toml").assert_error(&["stray.toml", "other"]);
     assert!(!d.join("x.json").exists(), "nothing written on a refusal");
 }
+
+/// Runs `cdnmap args...` in `dir` with `env` set (and `NO_COLOR` and `CDNMAP_*` unset, so
+/// only what the test gives counts), killed after `secs`.
+fn cdnmap_env(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Run {
+    let mut cmd = Command::new(bin!());
+    cmd.current_dir(dir)
+        .args(args)
+        .env_remove("NO_COLOR")
+        .env_remove("CDNMAP_LOG_FORMAT")
+        .env_remove("CDNMAP_ADMIN_TOKEN")
+        .env_remove("CDNMAP_FEEDBACK_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("run cdnmap");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().expect("wait for cdnmap").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Run::from(child.wait_with_output().expect("cdnmap's output"))
+}
+
+/// A `cdnmap serve` configuration in `dir` whose gRPC address is `grpc` (one the test holds,
+/// so the start logs its first line and stops at the bind), with `extra` keys.
+fn serve_config_on(dir: &Path, grpc: std::net::SocketAddr, extra: &str) -> PathBuf {
+    let data = dir.join("data");
+    let text = format!(
+        "grpc_listen = \"{grpc}\"\nhttp_listen = \"127.0.0.1:0\"\ndata_dir = {data:?}\n{extra}\n\
+         [demo]\nmap_units = 300\nclusters = 10\n"
+    );
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, text).expect("write the config");
+    path
+}
+
+/// The logs: text has no colour codes when it does not go to a terminal (with `NO_COLOR`
+/// unset); `--log-format json` or `CDNMAP_LOG_FORMAT=json` writes one JSON object a line, the
+/// first the start's: the version, the addresses, the data directory and whether an Admin token
+/// is configured, never the token. A format that is neither, from the flag or the
+/// environment, is an error naming it (exit 2).
+#[test]
+fn logs_are_plain_or_json_and_the_first_line_says_version_and_settings() {
+    let dir = tempdir();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let grpc = taken.local_addr().expect("its address");
+    let secret = "the-admin-secret-1234";
+    let config = serve_config_on(dir.path(), grpc, &format!("admin_token = {secret:?}"));
+    let config = config.to_str().expect("a UTF-8 path");
+    let version = env!("CARGO_PKG_VERSION");
+
+    let text = cdnmap_env(dir.path(), &["serve", "--config", config], &[], 30);
+    text.assert_error(&[&format!("grpc_listen {grpc}")]);
+    assert!(
+        !text.stdout.contains('\x1b'),
+        "colour codes:\n{}",
+        text.show()
+    );
+    assert!(
+        text.stdout.contains("cdnmap serve starting")
+            && text.stdout.contains(&format!("version=\"{version}\""))
+            && text.stdout.contains("admin_token=\"yes\""),
+        "no start line with the version:\n{}",
+        text.show()
+    );
+    assert!(!text.stdout.contains(secret), "{}", text.show());
+
+    let by_flag = cdnmap_env(
+        dir.path(),
+        &["--log-format", "json", "serve", "--config", config],
+        &[],
+        30,
+    );
+    let by_env = cdnmap_env(
+        dir.path(),
+        &["serve", "--config", config],
+        &[("CDNMAP_LOG_FORMAT", "json")],
+        30,
+    );
+    for run in [&by_flag, &by_env] {
+        run.assert_error(&[&format!("grpc_listen {grpc}")]);
+        let lines: Vec<Value> = run
+            .stdout
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}\n{}", run.show()))
+            })
+            .collect();
+        let first = &lines.first().expect("a log line")["fields"];
+        assert_eq!(first["message"], "cdnmap serve starting", "{}", run.show());
+        assert_eq!(first["version"], version, "{}", run.show());
+        assert_eq!(first["grpc_listen"], grpc.to_string(), "{}", run.show());
+        assert_eq!(first["admin_token"], "yes", "{}", run.show());
+        assert_eq!(first["instance"], "demo", "{}", run.show());
+        assert!(!run.stdout.contains(secret), "{}", run.show());
+    }
+
+    cdnmap_env(
+        dir.path(),
+        &["serve", "--config", config],
+        &[("CDNMAP_LOG_FORMAT", "xml")],
+        30,
+    )
+    .assert_error(&[
+        "CDNMAP_LOG_FORMAT",
+        "\"xml\" is not a log format (text or json)",
+    ]);
+    cdnmap_env(
+        dir.path(),
+        &["--log-format", "yaml", "serve", "--config", config],
+        &[],
+        30,
+    )
+    .assert_error(&[
+        "--log-format",
+        "\"yaml\" is not a log format (text or json)",
+    ]);
+    drop(taken);
+}
+
+/// A token given twice (inline and in the environment) stops `serve` and `dns` at start,
+/// naming both sources; `record export` has no `--token` (a secret on the command line), and
+/// names what to use instead.
+#[test]
+fn a_token_given_twice_is_refused_and_no_token_flag_exists() {
+    let dir = tempdir();
+    let d = dir.path();
+    let serve = d.join("serve.toml");
+    std::fs::write(&serve, "admin_token = \"inline-admin-token\"\n").expect("write");
+    cdnmap_env(
+        d,
+        &["serve", "--config", serve.to_str().expect("UTF-8")],
+        &[("CDNMAP_ADMIN_TOKEN", "env-admin-token")],
+        30,
+    )
+    .assert_error(&["admin_token: the token is given by admin_token and CDNMAP_ADMIN_TOKEN"]);
+    let dns = d.join("dns.toml");
+    std::fs::write(&dns, "feedback_token = \"inline-front-token\"\n").expect("write");
+    cdnmap_env(
+        d,
+        &["dns", "--config", dns.to_str().expect("UTF-8")],
+        &[("CDNMAP_FEEDBACK_TOKEN", "env-front-token")],
+        30,
+    )
+    .assert_error(&[
+        "feedback_token: the token is given by feedback_token and CDNMAP_FEEDBACK_TOKEN",
+    ]);
+    let missing = d.join("no-such-token");
+    let run = cdnmap_env(
+        d,
+        &[
+            "record",
+            "export",
+            "--from",
+            "0",
+            "--to",
+            "1",
+            "--http",
+            "127.0.0.1:1",
+            "--token-file",
+            missing.to_str().expect("UTF-8"),
+            "out.jsonl",
+        ],
+        &[],
+        30,
+    );
+    run.assert_error(&[&format!("--token-file {}: ", missing.display())]);
+    let run = cdnmap_env(
+        d,
+        &[
+            "record", "export", "--from", "0", "--to", "1", "--token", "x", "o.jsonl",
+        ],
+        &[],
+        30,
+    );
+    run.assert_error(&["--token"]);
+}

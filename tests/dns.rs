@@ -1254,3 +1254,129 @@ async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
         "queries every {PACE:?}, waits of 1 ms: {datagrams} datagrams in {receives} receives"
     );
 }
+
+/// The front end's probes on its metrics listener, no token: `/healthz` alive; `/readyz` 503
+/// naming the mapper while it has no map (its mapper is not up), then, following a real mapper,
+/// 200 with the map in use (the mapper's epoch) and its age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_on_the_metrics_listener() {
+    let bin = bin!();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("an address");
+    let config = "metrics_listen = \"127.0.0.1:0\"\n";
+    let alone = Dns::start(bin, dir.path(), nowhere, config);
+    let metrics = alone.metrics.expect("metrics_listen");
+    let (line, body) = http_get(metrics, "/healthz");
+    assert!(line.contains(" 200 "), "{line} {body}");
+    assert_eq!(body, r#"{"alive":true}"#);
+    let (line, body) = http_get(metrics, "/readyz");
+    assert!(line.contains(" 503 "), "{line} {body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(ready["ready"], false, "{body}");
+    let reason = ready["reason"].as_str().expect("a reason");
+    assert!(
+        reason.starts_with("no map yet") && reason.contains(&nowhere.to_string()),
+        "{body}"
+    );
+    drop(alone);
+
+    let mut setup = Setup::new(bin, true);
+    let server = setup.start().await;
+    let epoch = epoch_of(&server).await;
+    let mut dns = Dns::start(bin, dir.path(), server.grpc, config);
+    dns.wait_answering();
+    let metrics = dns.metrics.expect("metrics_listen");
+    let (line, body) = http_get(metrics, "/readyz");
+    assert!(line.contains(" 200 "), "{line} {body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(ready["ready"], true, "{body}");
+    assert_eq!(ready["map"]["epoch"], epoch, "{body}");
+    assert!(
+        ready["map"]["version"].as_u64().is_some_and(|v| v >= 1),
+        "{body}"
+    );
+    assert!(
+        ready["map"]["age_secs"].as_f64().is_some_and(|a| a >= 0.0),
+        "{body}"
+    );
+}
+
+/// A port in use stops `cdnmap dns` at once, exit 2, the error naming the setting and the
+/// address: `listen` (its TCP side) and `metrics_listen`.
+#[test]
+fn a_port_in_use_stops_dns_naming_the_address() {
+    let bin = bin!();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("its address");
+    let cases = [
+        (
+            format!("listen = \"{addr}\"\n"),
+            format!("error: listen {addr}: TCP: "),
+        ),
+        (
+            format!("listen = \"127.0.0.1:0\"\nmetrics_listen = \"{addr}\"\n"),
+            format!("error: metrics_listen {addr}: "),
+        ),
+    ];
+    for (i, (config, needle)) in cases.iter().enumerate() {
+        let conf = dir.path().join(format!("in-use-{i}.toml"));
+        std::fs::write(&conf, format!("{config}zones = [\"cdn.example.\"]\n")).expect("write");
+        let mut process = cdnmap_tests::Running::cdnmap(
+            bin,
+            dir.path(),
+            [
+                "dns".as_ref(),
+                "--config".as_ref(),
+                conf.as_os_str(),
+                "--mapper".as_ref(),
+                std::ffi::OsStr::new("http://127.0.0.1:1"),
+            ],
+            dir.path().join(format!("in-use-{i}.log")),
+        );
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = process.exited() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "still running:\n{}",
+                process.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = process.log();
+        assert_eq!(status.code(), Some(2), "{config}: {status}\n{log}");
+        assert!(
+            log.contains(needle) && log.contains("in use"),
+            "{config}: no {needle:?}:\n{log}"
+        );
+    }
+    drop(taken);
+}
+
+/// The front end's token from `feedback_token_file`: a mapper with `watch_open = false` lets
+/// only a front end with a token of its `[feedback_tokens]` follow the map, and this one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_ends_token_comes_from_a_file() {
+    let bin = bin!();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let token = "front-end-token-e2e";
+    let mut setup = Setup::with_config(
+        bin,
+        false,
+        "watch_open = false\n",
+        &format!("[feedback_tokens]\n\"dns-e2e\" = {token:?}\n"),
+    );
+    let server = setup.start().await;
+    let path = dir.path().join("feedback-token");
+    std::fs::write(&path, format!("{token}\n")).expect("write the token file");
+    let config = format!("feedback_token_file = {path:?}\n");
+    let mut dns = Dns::start(bin, dir.path(), server.grpc, &config);
+    dns.wait_answering();
+    assert!(!dns.log().contains(token), "the token is in the log");
+}

@@ -999,3 +999,42 @@ async fn with_etcd_auth_a_replica_needs_no_more_than_its_prefix() {
     ];
     only_the_last_leads(&mut replicas, &["permission denied", "permission denied"]).await;
 }
+
+/// `/readyz` of replicas: the leader is ready, `"role": "leader"`, with the map it published;
+/// a standby that never held a map (a fresh data directory: it publishes none of its own
+/// rounds) is not, 503 saying so; `/healthz` says both are alive.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_tells_the_leader_from_a_standby_with_no_map() {
+    let etcd = Etcd::start(1);
+    let mut replicas = vec![
+        Replica::new("m1", &etcd.urls(), None),
+        Replica::new("m2", &etcd.urls(), None),
+    ];
+    replicas[0].start().await;
+    let (leader, epoch) = wait_leader(&replicas, 0, TAKEOVER_LIMIT).await;
+    assert_eq!(leader, 0);
+    replicas[1].start().await;
+    assert_eq!(replication(replicas[1].server()).await.role, "standby");
+    let get = |r: &Replica, path: &str| {
+        let (line, body) = cdnmap_tests::mapper::http_get(r.server().http, path);
+        let json: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {line} {body}"));
+        (line, json)
+    };
+    let (line, ready) = get(&replicas[0], "/readyz");
+    assert!(line.contains(" 200 "), "{line} {ready}");
+    assert_eq!(ready["role"], "leader", "{ready}");
+    assert_eq!(ready["map"]["epoch"], epoch, "{ready}");
+    let (line, ready) = get(&replicas[1], "/readyz");
+    assert!(line.contains(" 503 "), "{line} {ready}");
+    assert_eq!(ready["role"], "standby", "{ready}");
+    assert_eq!(
+        ready["reason"],
+        "no map: a standby serves only a map it stored or published while it led, and holds none",
+        "{ready}"
+    );
+    for r in &replicas {
+        let (line, alive) = get(r, "/healthz");
+        assert!(line.contains(" 200 "), "{line} {alive}");
+    }
+}

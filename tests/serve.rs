@@ -1860,8 +1860,26 @@ async fn reported_demand_round_trips_through_export_and_replay() {
     let http = setup.http.to_string();
     let from = (now - 600_000).to_string();
     let to = (now + 60_000).to_string();
+    // The token from a file (0600, as systemd's credentials are): never on the command line.
+    let token_file = dir.join("admin-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("write the token file");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod the token file");
+    }
+    let token_file = token_file.to_str().expect("a UTF-8 path");
     run(&[
-        "record", "export", "--from", &from, "--to", &to, "--http", &http, "--token", TOKEN,
+        "record",
+        "export",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--http",
+        &http,
+        "--token-file",
+        token_file,
         "t.jsonl",
     ]);
     let text = std::fs::read_to_string(dir.join("t.jsonl")).expect("the trace");
@@ -4203,4 +4221,190 @@ async fn the_second_chance_places_overflow_beyond_the_lists() {
             "{what}: {answer:?}"
         );
     }
+}
+
+/// Waits (at most `within`, polling) for `process` to exit: its status, or a panic with its log.
+fn exit_of(process: &mut cdnmap_tests::Running, within: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = process.exited() {
+            return status;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{} still running after {within:?}:\n{}",
+            process.what(),
+            process.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A listener's port in use stops `cdnmap serve` at once, before it opens its store or runs a
+/// round: exit 2, the error naming the setting and the address, no data directory made. Each
+/// listener in turn (the other on port 0).
+#[test]
+fn a_port_in_use_stops_serve_before_any_round_naming_the_address() {
+    let bin = bin!();
+    for key in ["grpc_listen", "http_listen"] {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+        let addr = taken.local_addr().expect("its address");
+        let setup = Setup::new(bin, false);
+        let text = std::fs::read_to_string(&setup.config).expect("read the config");
+        let text: String = text
+            .lines()
+            .map(|l| match l.starts_with(&format!("{key} =")) {
+                true => format!("{key} = \"{addr}\"\n"),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&setup.config, text).expect("write the config");
+        let mut process = cdnmap_tests::Running::cdnmap(
+            bin,
+            setup.dir.path(),
+            [
+                std::ffi::OsStr::new("serve"),
+                "--config".as_ref(),
+                setup.config.as_os_str(),
+            ],
+            setup.dir.path().join("serve.log"),
+        );
+        // Generous: a round of this world takes about a second; a start that ran one before
+        // binding would still pass this bound, which is why the store is looked at below.
+        let status = exit_of(&mut process, Duration::from_secs(60));
+        let log = process.log();
+        assert_eq!(status.code(), Some(2), "{key}: {status}\n{log}");
+        assert!(
+            log.contains(&format!("error: {key} {addr}: ")) && log.contains("in use"),
+            "{key}: the error does not name the setting and address {addr}:\n{log}"
+        );
+        assert!(
+            !log.contains("round"),
+            "{key}: a round ran before the bind failed:\n{log}"
+        );
+        let data = setup.dir.path().join("data");
+        assert!(
+            !data.exists(),
+            "{key}: the store at {} was opened before the bind failed",
+            data.display()
+        );
+        drop(taken);
+    }
+}
+
+/// The probes' answers: (status line, the body as JSON).
+fn probe(addr: std::net::SocketAddr, path: &str) -> (String, Value) {
+    let (status, body) = http_get(addr, path);
+    let json = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {status} {body:?}"));
+    (status, json)
+}
+
+/// `/healthz` and `/readyz` need no token (with an Admin token configured): alive, and ready
+/// with the map served (its version the one Admin reports, this mapper alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_answer_without_a_token_with_the_map_served() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let (status_line, alive) = probe(server.http, "/healthz");
+    assert!(status_line.contains(" 200 "), "{status_line} {alive}");
+    assert_eq!(alive, serde_json::json!({ "alive": true }));
+    let (status_line, ready) = probe(server.http, "/readyz");
+    assert!(status_line.contains(" 200 "), "{status_line} {ready}");
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert_eq!(ready["role"], "alone", "{ready}");
+    let version = ready["map"]["version"].as_u64().expect("a map version");
+    let served = status(&server).await;
+    assert!(
+        version >= 1 && version <= served.map_version,
+        "readyz says version {version}, Admin {}: {ready}",
+        served.map_version
+    );
+    assert!(
+        ready["map"]["age_secs"].as_f64().is_some_and(|a| a >= 0.0),
+        "{ready}"
+    );
+}
+
+/// HTTP answers before the first round has made a map: alive, not ready (503, saying why), then
+/// ready once the map is served. The world is large enough that its first round outlasts many
+/// polls (the test asserts it saw the 503, so a start that served HTTP only after the round
+/// fails it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_until_the_first_map_and_healthz_answers_meanwhile() {
+    let bin = bin!();
+    let mut setup = Setup::new(bin, false);
+    let text = std::fs::read_to_string(&setup.config).expect("read the config");
+    let text = text.replace(&format!("map_units = {MAP_UNITS}\n"), "map_units = 50000\n");
+    std::fs::write(&setup.config, text).expect("write the config");
+    let mut process = setup.spawn();
+    let started = Instant::now();
+    let http = loop {
+        process.assert_running();
+        let log = process.log();
+        let line = log.lines().find(|l| l.contains("before the first map"));
+        if let Some(addr) = line.and_then(|l| {
+            let at = l.find(" probes=")? + " probes=".len();
+            l[at..]
+                .split_whitespace()
+                .next()?
+                .parse::<std::net::SocketAddr>()
+                .ok()
+        }) {
+            break addr;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no probes line within 120 s:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut not_ready = 0;
+    for _ in 0..6000 {
+        process.assert_running();
+        let (alive_line, _) = probe(http, "/healthz");
+        assert!(alive_line.contains(" 200 "), "{alive_line}");
+        let (line, ready) = probe(http, "/readyz");
+        if line.contains(" 200 ") {
+            assert_eq!(ready["ready"], true, "{ready}");
+            assert!(ready["map"]["version"].as_u64().is_some(), "{ready}");
+            assert!(
+                not_ready > 0,
+                "ready at the first poll: the first round ran before HTTP answered"
+            );
+            eprintln!("not ready for {not_ready} polls, then ready");
+            return;
+        }
+        assert!(line.contains(" 503 "), "{line} {ready}");
+        assert_eq!(ready["ready"], false, "{ready}");
+        assert_eq!(
+            ready["reason"], "no map yet: the first round has not finished",
+            "{ready}"
+        );
+        not_ready += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not ready after {not_ready} polls:\n{}", process.log());
+}
+
+/// The Admin token from `admin_token_file` (0600, one trailing newline): Admin answers with
+/// it, and the start line says a token is configured without showing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_comes_from_a_file() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let path = secrets.path().join("admin-token");
+    std::fs::write(&path, format!("{TOKEN}\n")).expect("write the token file");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let top = format!("admin_token_file = {path:?}\n");
+    let mut setup = Setup::with_config(bin!(), false, &top, "");
+    let server = setup.start().await;
+    // `status` calls Admin with TOKEN: refused unless the file's token is the one in use.
+    assert!(status(&server).await.map_version >= 1);
+    let log = server.log();
+    assert!(log.contains("admin_token=\"yes\""), "{log}");
+    assert!(!log.contains(TOKEN), "the token is in the log:\n{log}");
+    assert!(!log.contains("readable by its group"), "{log}");
 }

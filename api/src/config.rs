@@ -10,6 +10,9 @@
 //! maps_kept = 64                   # map versions kept in the store
 //! ttl_secs = 20                    # DNS answer TTL
 //! admin_token = "change-me"        # Admin calls need "authorization: Bearer <token>"; none: Admin refused
+//! # admin_token_file = "/run/credentials/cdnmap-serve.service/admin-token"  # or the token in a
+//! #                                #   file, or in CDNMAP_ADMIN_TOKEN: one of the three
+//! # feedback_tokens_file = "front-end-tokens.toml"  # more [feedback_tokens], in a file of their own
 //! learning = true                  # learned coefficients and derating go into the rounds
 //! record_retention_hours = 168     # how long feedback reports stay in the demand record
 //! record_max_mb = 768              # and the most disk it takes (the oldest reports go first)
@@ -155,6 +158,10 @@ fn in_range<T: PartialOrd + std::fmt::Display>(
     }
 }
 
+/// The environment variable the Admin token may come from (instead of `admin_token` or
+/// `admin_token_file`).
+pub const ADMIN_TOKEN_ENV: &str = "CDNMAP_ADMIN_TOKEN";
+
 /// A bearer token's rules: at least 8 characters, no spaces or control characters.
 fn check_token(key: &str, token: &str) -> Result<(), ConfigError> {
     if token.len() < 8 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -177,6 +184,9 @@ pub struct Config {
     pub maps_kept: usize,
     pub ttl_secs: u32,
     pub admin_token: Option<String>,
+    /// A file holding the Admin token (one trailing newline dropped), instead of
+    /// `admin_token`; read at start by [`Config::load_secrets`], as `CDNMAP_ADMIN_TOKEN` is.
+    pub admin_token_file: Option<PathBuf>,
     /// Feed measured loads to the estimator: learned coefficients (once confident) and derated
     /// capacities go into the rounds.
     pub learning: bool,
@@ -239,6 +249,9 @@ pub struct Config {
     /// Front end name → its Feedback token. With any (or with mutual TLS), Feedback takes
     /// reports only from a front end it knows, under that front end's name.
     pub feedback_tokens: std::collections::BTreeMap<String, String>,
+    /// A TOML file of more front ends' tokens, shaped as `[feedback_tokens]` (`"fe-1" =
+    /// "token"` lines), read at start by [`Config::load_secrets`]; a name in both is refused.
+    pub feedback_tokens_file: Option<PathBuf>,
     /// Samples (demand samples, loads, server loads) a second each feedback source may send,
     /// with 30 s of it at once (`budget::BURST_SECS`).
     pub feedback_samples_per_sec: u64,
@@ -775,6 +788,7 @@ impl Default for Config {
             maps_kept: 64,
             ttl_secs: 20,
             admin_token: None,
+            admin_token_file: None,
             learning: true,
             record_retention_hours: 7 * 24,
             record_max_mb: 768,
@@ -797,6 +811,7 @@ impl Default for Config {
             advertise_url: None,
             tls: None,
             feedback_tokens: Default::default(),
+            feedback_tokens_file: None,
             feedback_samples_per_sec: 200_000,
             feedback_max_demand_ratio: 10.0,
             feedback_open: false,
@@ -1019,7 +1034,7 @@ impl Config {
     /// Beyond loopback, Feedback from known front ends only, unless `feedback_open` says
     /// otherwise: anyone who can reach the listener could report demand and steer the map.
     fn validate_feedback_open(&self) -> Result<(), ConfigError> {
-        let known = !self.feedback_tokens.is_empty() || self.mutual_tls();
+        let known = self.has_feedback_tokens() || self.mutual_tls();
         if known || self.feedback_open || self.grpc_listen.ip().is_loopback() {
             return Ok(());
         }
@@ -1042,7 +1057,7 @@ impl Config {
             self.watch_max_streams,
             &WATCH_MAX_STREAMS,
         )?;
-        if !self.watch_open && self.feedback_tokens.is_empty() && !self.mutual_tls() {
+        if !self.watch_open && !self.has_feedback_tokens() && !self.mutual_tls() {
             return Err(invalid(
                 "watch_open",
                 "is false, and no front end could follow the map: give [feedback_tokens] \
@@ -1050,6 +1065,63 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Whether front ends' tokens are configured (inline, or in `feedback_tokens_file`, which
+    /// [`Config::load_secrets`] reads).
+    fn has_feedback_tokens(&self) -> bool {
+        !self.feedback_tokens.is_empty() || self.feedback_tokens_file.is_some()
+    }
+
+    /// Reads the secrets kept outside the configuration: the Admin token from
+    /// `admin_token_file` or the environment variable [`ADMIN_TOKEN_ENV`] (read through `env`),
+    /// at most one of them and `admin_token`; the front ends' tokens of `feedback_tokens_file`
+    /// into `feedback_tokens`. The files' keys are emptied (what they held is now inline), so
+    /// [`Config::validate`] then checks the tokens as if written inline. Returns warnings for
+    /// the log (a file others may read). Errors name the key, the variable and the file.
+    pub fn load_secrets(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let mut warnings = Vec::new();
+        let from_env = env(ADMIN_TOKEN_ENV);
+        let file = self.admin_token_file.take();
+        let admin = cdnmap_proto::secret::token(cdnmap_proto::secret::Sources {
+            inline: self.admin_token.as_deref().map(|t| ("admin_token", t)),
+            file: file.as_deref().map(|p| ("admin_token_file", p)),
+            env: from_env.as_deref().map(|v| (ADMIN_TOKEN_ENV, v)),
+        })
+        .map_err(|e| invalid("admin_token", e))?;
+        if let Some(secret) = admin {
+            warnings.extend(secret.warning);
+            self.admin_token = Some(secret.value);
+        }
+        if let Some(path) = self.feedback_tokens_file.take() {
+            let key = "feedback_tokens_file";
+            let read = cdnmap_proto::secret::read_file(key, &path).map_err(|e| invalid(key, e))?;
+            warnings.extend(read.warning);
+            let tokens: std::collections::BTreeMap<String, String> = toml::from_str(&read.value)
+                .map_err(|e| {
+                    invalid(
+                        key,
+                        format!("{}: {}", path.display(), e.message().trim_end()),
+                    )
+                })?;
+            for (name, token) in tokens {
+                let shown = cdnmap_mapper::model::shown_id(&name);
+                if self.feedback_tokens.contains_key(&name) {
+                    return Err(invalid(
+                        key,
+                        format!(
+                            "{}: {shown} is also in [feedback_tokens]: keep one",
+                            path.display()
+                        ),
+                    ));
+                }
+                self.feedback_tokens.insert(name, token);
+            }
+        }
+        Ok(warnings)
     }
 
     /// Parses and validates a TOML document.
@@ -1636,6 +1708,111 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(key), "{toml:?}: {msg:?} does not name {key:?}");
         }
+    }
+
+    /// A file at `dir/name` holding `text`, readable by its owner only.
+    fn secret_file(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        path
+    }
+
+    /// The Admin token from `admin_token_file` or `CDNMAP_ADMIN_TOKEN`, checked then as an
+    /// inline one; two sources refused naming both; the front ends' tokens of
+    /// `feedback_tokens_file` join `[feedback_tokens]`, a name in both refused; a file's
+    /// problem names the key and the file.
+    #[test]
+    fn secrets_come_from_files_or_the_environment_one_source_each() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let token = secret_file(dir.path(), "admin", "file-admin-token\n");
+        let no_env = |_: &str| None;
+        let load = |text: &str, env: &dyn Fn(&str) -> Option<String>| {
+            let mut c = Config::from_toml(text)?;
+            c.load_secrets(env)?;
+            c.validate()?;
+            Ok::<Config, ConfigError>(c)
+        };
+        let c = load(&format!("admin_token_file = {token:?}"), &no_env).expect("a file");
+        assert_eq!(c.admin_token.as_deref(), Some("file-admin-token"));
+        assert_eq!(c.admin_token_file, None);
+        let env = |name: &str| (name == ADMIN_TOKEN_ENV).then(|| "env-admin-token".to_string());
+        let c = load("", &env).expect("the environment");
+        assert_eq!(c.admin_token.as_deref(), Some("env-admin-token"));
+        let e = load("admin_token = \"inline-token\"", &env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "admin_token: the token is given by admin_token and CDNMAP_ADMIN_TOKEN: keep one of them"
+        );
+        let e = load(&format!("admin_token_file = {token:?}"), &env).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("by admin_token_file and CDNMAP_ADMIN_TOKEN"),
+            "{e}"
+        );
+        // A token file's content is checked as an inline token is.
+        let short = secret_file(dir.path(), "short", "short\n");
+        let e = load(&format!("admin_token_file = {short:?}"), &no_env).unwrap_err();
+        assert!(
+            e.to_string().starts_with("admin_token: must be at least 8"),
+            "{e}"
+        );
+        let empty = secret_file(dir.path(), "empty", "\n");
+        let e = load(&format!("admin_token_file = {empty:?}"), &no_env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "admin_token: admin_token_file {}: is empty",
+                empty.display()
+            )
+        );
+
+        let fronts = secret_file(dir.path(), "fronts", "\"fe-2\" = \"front-end-2-token\"\n");
+        let c = load(
+            &format!(
+                "grpc_listen = \"10.0.0.1:50051\"\nfeedback_tokens_file = {fronts:?}\n\
+                 [feedback_tokens]\n\"fe-1\" = \"front-end-1-token\"\n"
+            ),
+            &no_env,
+        )
+        .expect("tokens in both");
+        assert_eq!(c.feedback_tokens.len(), 2);
+        assert_eq!(c.feedback_tokens["fe-2"], "front-end-2-token");
+        let twice = secret_file(dir.path(), "twice", "\"fe-1\" = \"front-end-9-token\"\n");
+        let e = load(
+            &format!(
+                "feedback_tokens_file = {twice:?}\n[feedback_tokens]\n\"fe-1\" = \"front-end-1-token\"\n"
+            ),
+            &no_env,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "feedback_tokens_file: {}: \"fe-1\" is also in [feedback_tokens]: keep one",
+                twice.display()
+            )
+        );
+        let missing = dir.path().join("missing");
+        let e = load(&format!("feedback_tokens_file = {missing:?}"), &no_env).unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!(
+                "feedback_tokens_file: feedback_tokens_file {}: ",
+                missing.display()
+            )),
+            "{e}"
+        );
+    }
+
+    /// The example configuration of `deploy/systemd/` parses and is valid (its secrets are
+    /// credential files, read at start only).
+    #[test]
+    fn the_systemd_example_is_valid() {
+        let c = Config::from_toml(include_str!("../../deploy/systemd/serve.toml"))
+            .expect("deploy/systemd/serve.toml");
+        assert!(c.admin_token.is_none() && c.admin_token_file.is_some());
+        assert!(c.feedback_tokens_file.is_some());
     }
 
     /// docs/operations.md's configuration reference lists every key the configuration accepts

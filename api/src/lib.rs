@@ -1,7 +1,8 @@
 //! The process of `cdnmap serve`: the configuration, the published state and the mapping loop
 //! (`service`), the one writer of the topology (`topology`), the gRPC handlers (`mapping`,
 //! `feedback`, `admin`), the dashboard's HTTP (`dashboard`), the election's I/O against etcd
-//! (`lead`), health checks, listeners and TLS, and the wiring of it all (`server`).
+//! (`lead`), health checks, listeners and TLS, the orchestrators' probes (`probes`), and the
+//! wiring of it all (`server`).
 //!
 //! What a round computes is `cdnmap-engine`'s, what is stored `cdnmap-store`'s, the election's
 //! logic `cdnmap-lead`'s: this crate calls them and owns the I/O, the tasks and the wall clock
@@ -22,6 +23,7 @@ pub mod listen;
 pub mod mapping;
 pub mod memory;
 pub mod parse_error;
+mod probes;
 pub mod rpc_metrics;
 pub mod selection;
 pub mod server;

@@ -1,5 +1,6 @@
 //! The listeners of `cdnmap serve`: gRPC (Mapping, Feedback, Admin, health, reflection) and
-//! HTTP (`/metrics`, `/record`, the dashboard), the mapping loop, and the graceful stop.
+//! HTTP (`/metrics`, `/healthz`, `/readyz`, `/record`, the dashboard), bound before anything
+//! else; the mapping loop, and the graceful stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -384,7 +385,12 @@ fn describe_watch_metrics() {
 }
 
 /// Runs the mapper until `shutdown` resolves: the mapping loop, gRPC on `grpc_listen`
-/// (Mapping, Feedback, Admin, health, reflection) and `/metrics` on `http_listen`.
+/// (Mapping, Feedback, Admin, health, reflection) and `/metrics`, the probes and the dashboard
+/// on `http_listen`.
+///
+/// In this order: both listeners bound (an address in use stops the start before the store is
+/// opened), the store opened, HTTP served (alive, not ready), the first round if the store had
+/// no map, then gRPC served and the loop started.
 ///
 /// `initial` gives the topology when the store has none (see [`Shared::start`]). Each change
 /// of `hangups` (the SIGHUPs the process had, counted) reloads the TLS files (see
@@ -395,6 +401,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
+    // The listeners first: a port in use (or an address this host lacks) stops the start at
+    // once, before the store is opened or any round runs, naming the setting and the address.
+    let (http, grpc_listener) = bind_listeners(&config).await?;
     let prometheus = install_metrics()?;
     // The Admin token's check, one for gRPC, the dashboard and /record (failures counted,
     // logged and rate-limited by source).
@@ -409,27 +418,16 @@ pub async fn serve(
     start_gauges(&shared);
     let election = join_election(&shared, etcd_tls).await?;
     start_health_checks(&shared);
-    if shared.current().is_none() {
-        shared.run_round().await; // the first map before the first query
-    }
-    let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
-    let app = http_app(&shared, &gate, prometheus);
-    // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
-    // tests find them without racing for free ports.
-    let http = tokio::net::TcpListener::bind(shared.config.http_listen).await?;
-    let grpc_listener = tokio::net::TcpListener::bind(shared.config.grpc_listen).await?;
     let (grpc_addr, http_addr) = (grpc_listener.local_addr()?, http.local_addr()?);
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
-    let lead_task =
-        election.map(|(lead, events)| campaign(&shared, lead, events, grpc_addr, peer_tls));
     let tls = server_tls(&shared, hangups, grpc_addr, http_addr)?;
-    warn_feedback_open(&shared.config, grpc_addr);
     let limits = |max_connections| crate::listen::Limits {
         handshake_timeout: Duration::from_secs(shared.config.handshake_timeout_secs),
         idle_timeout: Duration::from_secs(shared.config.idle_timeout_secs),
         max_connections,
         max_per_source: shared.config.max_connections_per_source,
     };
+    // HTTP answers from now on, so an orchestrator sees the process alive (`/healthz`) and not
+    // yet ready (`/readyz`) while a first round runs (at millions of map units, a while).
     let http_conns = crate::listen::accept(
         http,
         crate::tls::Listener::Http,
@@ -437,6 +435,24 @@ pub async fn serve(
         limits(shared.config.http_max_connections),
         shared.stopping.subscribe(),
     );
+    let http_task = tokio::spawn(serve_http(
+        http_conns,
+        http_app(&shared, &gate, prometheus),
+        Duration::from_secs(shared.config.http_header_timeout_secs),
+        HTTP_REQUEST_TIMEOUT,
+        shared.stopping.subscribe(),
+    ));
+    tracing::info!(probes = %http_addr, "HTTP answers (/healthz, /readyz, /metrics) before the first map");
+    if shared.current().is_none() {
+        shared.run_round().await; // the first map before the first query
+    }
+    let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
+    // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
+    // tests find them without racing for free ports.
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
+    let lead_task =
+        election.map(|(lead, events)| campaign(&shared, lead, events, grpc_addr, peer_tls));
+    warn_feedback_open(&shared.config, grpc_addr);
     let grpc_conns = crate::listen::accept(
         grpc_listener,
         crate::tls::Listener::Grpc,
@@ -444,13 +460,6 @@ pub async fn serve(
         limits(shared.config.grpc_max_connections),
         shared.stopping.subscribe(),
     );
-    let http_task = tokio::spawn(serve_http(
-        http_conns,
-        app,
-        Duration::from_secs(shared.config.http_header_timeout_secs),
-        HTTP_REQUEST_TIMEOUT,
-        shared.stopping.subscribe(),
-    ));
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
@@ -458,6 +467,22 @@ pub async fn serve(
     );
     let grpc = serve_grpc(&shared, gate, grpc_conns, shutdown).await?;
     stop_in_order(&shared, grpc, http_task, loop_task, lead_task).await
+}
+
+/// Binds `http_listen` and `grpc_listen` (in that order); an error names the setting and the
+/// address (`grpc_listen 127.0.0.1:50051: Address already in use`). Bound before anything
+/// else, so a start that cannot serve stops before it touches the store.
+async fn bind_listeners(
+    config: &Config,
+) -> anyhow::Result<(tokio::net::TcpListener, tokio::net::TcpListener)> {
+    let bind = |key: &'static str, addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("{key} {addr}: {e}"))
+    };
+    let http = bind("http_listen", config.http_listen).await?;
+    let grpc = bind("grpc_listen", config.grpc_listen).await?;
+    Ok((http, grpc))
 }
 
 /// Installs the Prometheus recorder, latencies as histograms (buckets aggregate across
@@ -624,8 +649,8 @@ fn start_health_checks(shared: &Arc<Shared>) {
     }
 }
 
-/// The HTTP routes: `/metrics`, `/record` (Admin token) and the dashboard, with the body
-/// limit.
+/// The HTTP routes: `/metrics`, `/healthz` and `/readyz` (`probes`), `/record` (Admin token)
+/// and the dashboard, with the body limit.
 fn http_app(
     shared: &Arc<Shared>,
     gate: &Arc<crate::auth::AdminGate>,
@@ -660,6 +685,7 @@ fn http_app(
                 },
             ),
         )
+        .merge(crate::probes::routes(shared))
         .merge(dashboard)
         // A body announced larger than any route takes is refused on the head (413), not
         // waited for (the dashboard's actions take at most 4 KiB).

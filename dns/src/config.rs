@@ -28,6 +28,8 @@
 //! key_file = "dns-1.key"              #   with mutual TLS (its first DNS name is our name there)
 //! feedback_token = "a-long-random-token"  # for a mapper with feedback_tokens (sent with
 //!                                     #   the reports and WatchMap)
+//! # feedback_token_file = "/run/credentials/cdnmap-dns.service/feedback-token"  # or the
+//! #                                   #   token in a file, or in CDNMAP_FEEDBACK_TOKEN: one of three
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -48,6 +50,10 @@ use std::path::PathBuf;
 
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
+
+/// The environment variable the front end's token may come from (instead of
+/// `feedback_token` or `feedback_token_file`).
+pub const FEEDBACK_TOKEN_ENV: &str = "CDNMAP_FEEDBACK_TOKEN";
 
 /// The TTLs an answer may carry, in seconds (the service's `ttl_secs` takes the same range).
 pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
@@ -116,6 +122,9 @@ pub struct DnsConfig {
     /// The token of this front end in the mapper's `feedback_tokens`, sent with its reports
     /// and its WatchMap (a mapper with `watch_open = false` needs it to be followed).
     pub feedback_token: Option<String>,
+    /// A file holding `feedback_token` (one trailing newline dropped), read at start by
+    /// [`DnsConfig::load_secrets`], as [`FEEDBACK_TOKEN_ENV`] is: one of the three.
+    pub feedback_token_file: Option<PathBuf>,
 }
 
 impl Default for DnsConfig {
@@ -138,6 +147,7 @@ impl Default for DnsConfig {
             cert_file: None,
             key_file: None,
             feedback_token: None,
+            feedback_token_file: None,
         }
     }
 }
@@ -175,6 +185,35 @@ impl DnsConfig {
     /// caller that overrides some first (the command line), then calls [`Self::validate`].
     pub fn parse_toml(text: &str) -> Result<Self, ConfigError> {
         Ok(toml::from_str(text)?)
+    }
+
+    /// Reads the token kept outside the configuration, from `feedback_token_file` or the
+    /// environment variable [`FEEDBACK_TOKEN_ENV`] (read through `env`): at most one of them
+    /// and `feedback_token`. The file's key is emptied (its token is now `feedback_token`), so
+    /// [`Self::validate`] checks the token as if written inline. Returns warnings for the log
+    /// (a file others may read); an error names the key, the variable and the file.
+    pub fn load_secrets(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let from_env = env(FEEDBACK_TOKEN_ENV);
+        let file = self.feedback_token_file.take();
+        let token = cdnmap_proto::secret::token(cdnmap_proto::secret::Sources {
+            inline: self
+                .feedback_token
+                .as_deref()
+                .map(|t| ("feedback_token", t)),
+            file: file.as_deref().map(|p| ("feedback_token_file", p)),
+            env: from_env.as_deref().map(|v| (FEEDBACK_TOKEN_ENV, v)),
+        })
+        .map_err(|e| invalid("feedback_token", e))?;
+        Ok(match token {
+            Some(secret) => {
+                self.feedback_token = Some(secret.value);
+                secret.warning.into_iter().collect()
+            }
+            None => Vec::new(),
+        })
     }
 
     /// Checks every value; the error names the key.
@@ -309,7 +348,8 @@ impl DnsConfig {
                 ("key_file", self.key_file.is_some()),
                 (
                     "feedback_token",
-                    self.feedback_token.is_some() && !is_loopback(url),
+                    (self.feedback_token.is_some() || self.feedback_token_file.is_some())
+                        && !is_loopback(url),
                 ),
             ] {
                 if given {
@@ -596,5 +636,59 @@ mod tests {
         let doc = include_str!("../../docs/dns.md");
         let documented = documented_keys(doc, "dns-config-reference");
         assert_same_keys(&documented, &accepted, "docs/dns.md");
+    }
+
+    /// The front end's token from `feedback_token_file` or `CDNMAP_FEEDBACK_TOKEN`, checked
+    /// then as an inline one (a plaintext mapper beyond loopback refuses it); two sources
+    /// refused naming both.
+    #[test]
+    fn the_token_comes_from_a_file_or_the_environment_one_source_each() {
+        let path = std::env::temp_dir().join(format!("cdnmap-dns-token-{}", std::process::id()));
+        std::fs::write(&path, "front-end-token\n").expect("write");
+        let no_env = |_: &str| None;
+        let env = |n: &str| (n == FEEDBACK_TOKEN_ENV).then(|| "env-front-token".to_string());
+        let load = |text: &str, env: &dyn Fn(&str) -> Option<String>| {
+            let mut c = DnsConfig::parse_toml(text)?;
+            c.load_secrets(env)?;
+            c.validate()?;
+            Ok::<DnsConfig, ConfigError>(c)
+        };
+        let c = load(&format!("feedback_token_file = {path:?}"), &no_env).expect("a file");
+        assert_eq!(c.feedback_token.as_deref(), Some("front-end-token"));
+        let c = load("", &env).expect("the environment");
+        assert_eq!(c.feedback_token.as_deref(), Some("env-front-token"));
+        let e = load("feedback_token = \"inline-token\"", &env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "feedback_token: the token is given by feedback_token and CDNMAP_FEEDBACK_TOKEN: keep one of them"
+        );
+        let e = load(
+            &format!("mapper = \"http://10.0.0.1:1\"\nfeedback_token_file = {path:?}"),
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with("feedback_token: is given but"),
+            "{e}"
+        );
+        // Refused before it is read, too (parse, then validate, as `from_toml` does).
+        let e = DnsConfig::from_toml(&format!(
+            "mapper = \"http://10.0.0.1:1\"\nfeedback_token_file = {path:?}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with("feedback_token: is given but"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// The example configuration of `deploy/systemd/` parses and is valid.
+    #[test]
+    fn the_systemd_example_is_valid() {
+        let c = DnsConfig::from_toml(include_str!("../../deploy/systemd/dns.toml"))
+            .expect("deploy/systemd/dns.toml");
+        assert!(c.feedback_token.is_none() && c.feedback_token_file.is_some());
+        assert_eq!(c.listen.port(), 53);
     }
 }

@@ -98,13 +98,14 @@ pub async fn run(
         Arc::clone(&following),
         hangups,
     ));
-    let (metrics_task, metrics_addr) = match config.metrics_listen {
+    // The metrics listener is bound (and the recorder installed, before the front registers
+    // its counters) first: a port in use stops the start at once.
+    let metrics = match config.metrics_listen {
         Some(addr) => {
             let mappers: Vec<String> = following.links.iter().map(|l| l.url.clone()).collect();
-            let (task, bound) = serve_metrics(addr, &mappers).await?;
-            (Some(task), Some(bound))
+            Some(bind_metrics(addr, &mappers).await?)
         }
-        None => (None, None),
+        None => None,
     };
     let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
     let front = Arc::new(Front::new(
@@ -113,6 +114,19 @@ pub async fn run(
         config.max_udp_payload,
         now_unix_ms(),
     ));
+    let (metrics_task, metrics_addr) = match metrics {
+        Some((listener, prometheus)) => {
+            let bound = listener.local_addr()?;
+            let task = serve_metrics(
+                listener,
+                prometheus,
+                Arc::clone(&front),
+                config.mapper.clone(),
+            );
+            (Some(task), Some(bound))
+        }
+        None => (None, None),
+    };
     // UDP: `udp_threads` answering loops (default one per core), each on its own socket
     // (SO_REUSEPORT); TCP: hickory's server.
     let loops = config
@@ -323,12 +337,16 @@ fn register_metrics(mappers: &[String]) {
     metrics::gauge!("cdnmap_dns_map_version").set(0.0);
 }
 
-/// Installs the Prometheus recorder and serves `/metrics` on `addr`; returns the task and the
-/// address bound. `mappers`: the URLs the per-mapper series are registered for.
-async fn serve_metrics(
+/// Installs the Prometheus recorder (its upkeep, HELP texts, build info and the series known
+/// at start: the per-mapper ones for each of `mappers`) and binds `addr` for `/metrics` (an
+/// error names `metrics_listen` and the address).
+async fn bind_metrics(
     addr: SocketAddr,
     mappers: &[String],
-) -> anyhow::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
+) -> anyhow::Result<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("metrics_listen {addr}: {e}"))?;
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(DNS_SECONDS_BUCKETS)?
         .install_recorder()?;
@@ -336,23 +354,66 @@ async fn serve_metrics(
     describe_metrics();
     cdnmap_telemetry::build_info("dns");
     register_metrics(mappers);
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let p = prometheus.clone();
-            async move { cdnmap_telemetry::render(&p) }
-        }),
-    );
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("metrics_listen {addr}: {e}"))?;
-    let bound = listener.local_addr()?;
-    let task = tokio::spawn(async move {
+    Ok((listener, prometheus))
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (no token for any): alive while
+/// the process answers; ready while `front` answers from a map (`mapper`, the URLs followed, is
+/// named when it has none). A map that is old still answers, and the front end is ready with
+/// it: its age is in the body (and in `cdnmap_dns_map_version` staying put), for an alert
+/// rather than for a restart that would leave the front end with no map at all.
+fn serve_metrics(
+    listener: TcpListener,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    front: Arc<Front>,
+    mapper: String,
+) -> tokio::task::JoinHandle<()> {
+    use axum::http::StatusCode;
+    use axum::Json;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let p = prometheus.clone();
+                async move { cdnmap_telemetry::render(&p) }
+            }),
+        )
+        .route(
+            "/healthz",
+            axum::routing::get(|| async { Json(serde_json::json!({ "alive": true })) }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let view = front.view();
+                let mapper = mapper.clone();
+                async move {
+                    let Some(view) = view else {
+                        let body = serde_json::json!({
+                            "ready": false,
+                            "reason": format!("no map yet: no mapper of {mapper:?} has sent one"),
+                        });
+                        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
+                    };
+                    let age_secs = (now_unix_ms() - view.solved_at_unix_ms).max(0) as f64 / 1e3;
+                    let body = serde_json::json!({
+                        "ready": true,
+                        "map": {
+                            "epoch": view.epoch,
+                            "version": view.version,
+                            "solved_at_unix_ms": view.solved_at_unix_ms,
+                            "age_secs": age_secs,
+                        },
+                    });
+                    (StatusCode::OK, Json(body))
+                }
+            }),
+        );
+    tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "the metrics listener failed");
         }
-    });
-    Ok((task, bound))
+    })
 }
 
 /// Says, for each change of `hangups` (a SIGHUP), what it reloaded: with TLS to the mappers,

@@ -13,6 +13,10 @@ use crate::cmd::{dns, monitor, record, replay, serve, solve, world};
 #[derive(Parser, Debug)]
 #[command(name = "cdnmap", version, about = "CDN mapping control plane")]
 struct Cli {
+    /// How `serve`, `dns` and `monitor` log: text (coloured only on a terminal, and never with
+    /// NO_COLOR set) or json (one object a line). Default: $CDNMAP_LOG_FORMAT, else text.
+    #[arg(long, global = true, value_name = "text|json")]
+    log_format: Option<crate::cmd::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -67,6 +71,7 @@ enum Command {
 
 pub fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
+    crate::cmd::set_log_format(cli.log_format)?;
     // The front end holds one map version and builds the next beside it: memory it frees goes
     // back to the kernel at once (mimalloc's default), so its resident size is what it holds.
     // Every other command keeps freed memory for the next round (see `alloc`).

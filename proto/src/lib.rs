@@ -14,6 +14,7 @@ pub mod v1 {
 }
 
 pub mod client_tls;
+pub mod secret;
 
 /// The protobuf runtime the messages are built on (`Message::encoded_len`, say).
 pub use prost;

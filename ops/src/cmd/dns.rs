@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::{hangups, init_tracing, shutdown_signal};
+use super::{configured, hangups, init_tracing, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub(crate) struct DnsArgs {
@@ -47,9 +47,22 @@ pub(crate) struct DnsArgs {
     udp_coalesce_us: Option<u64>,
 }
 
-/// A `cdnmap dns` configuration: the file's, or the defaults; checked once the command line's
-/// overrides are in (by the caller).
+/// A `cdnmap dns` (or `cdnmap monitor`) configuration: the file's, or the defaults, with the
+/// token kept outside it (`feedback_token_file`, `CDNMAP_FEEDBACK_TOKEN`) read in; checked
+/// once the command line's overrides are in (by the caller).
 pub(crate) fn dns_config(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
+    let mut config = dns_file(path)?;
+    let warnings = config
+        .load_secrets(&|name| std::env::var(name).ok())
+        .context("the configuration's secrets")?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(config)
+}
+
+/// The configuration file's settings, or the defaults.
+fn dns_file(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
     Ok(match path {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -97,6 +110,24 @@ pub(crate) fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
         config.udp_coalesce_us = us;
     }
     config.validate().context("the DNS front end's settings")?;
+    log_start(&config);
     runtime.block_on(cdnmap_dns::run(config, shutdown_signal(), hangups))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The start's first line: the version and what the configuration says, the token as yes/no.
+fn log_start(config: &cdnmap_dns::DnsConfig) {
+    let metrics_listen = config.metrics_listen.map(|a| a.to_string());
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        listen = %config.listen,
+        metrics_listen = metrics_listen.as_deref().unwrap_or("none"),
+        mapper = %config.mapper,
+        zones = %config.zones.join(","),
+        name = %config.name,
+        report_secs = config.report_secs,
+        tls = config.mapper_ca_file.is_some(),
+        feedback_token = configured(&config.feedback_token),
+        "cdnmap dns starting"
+    );
 }

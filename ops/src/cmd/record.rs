@@ -27,9 +27,11 @@ pub(crate) struct ExportArgs {
     /// The running server's HTTP address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: std::net::SocketAddr,
-    /// The running server's Admin token (`/record` needs it).
-    #[arg(long)]
-    token: Option<String>,
+    /// A file holding the running server's Admin token (`/record` needs it; one trailing
+    /// newline dropped), or the token in `CDNMAP_ADMIN_TOKEN`: never on the command line,
+    /// where `ps` would show it.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// Read a stopped server's store instead of asking a running one.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -48,7 +50,10 @@ pub(crate) fn cmd_export(a: &ExportArgs) -> Result<ExitCode> {
     check_writable(&a.out)?;
     let lines = match &a.data_dir {
         Some(dir) => crate::record::read_store(dir, a.from, a.to)?,
-        None => crate::record::fetch(a.http, a.token.as_deref(), a.from, a.to)?,
+        None => {
+            let token = admin_token(a.token_file.as_deref())?;
+            crate::record::fetch(a.http, token.as_deref(), a.from, a.to)?
+        }
     };
     let (header, records) = crate::record::to_trace(&lines, a.from, a.round_ms)?;
     write_atomically(&a.out, |w| {
@@ -60,4 +65,23 @@ pub(crate) fn cmd_export(a: &ExportArgs) -> Result<ExitCode> {
     })?;
     println!("wrote {}: {} records", a.out.display(), records.len());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Admin token of `--token-file` or `CDNMAP_ADMIN_TOKEN` (not both), if any; a file others
+/// may read is warned of on stderr.
+fn admin_token(file: Option<&std::path::Path>) -> Result<Option<String>> {
+    let env_name = cdnmap_api::config::ADMIN_TOKEN_ENV;
+    let from_env = std::env::var(env_name).ok();
+    let token = cdnmap_proto::secret::token(cdnmap_proto::secret::Sources {
+        inline: None,
+        file: file.map(|p| ("--token-file", p)),
+        env: from_env.as_deref().map(|v| (env_name, v)),
+    })
+    .map_err(anyhow::Error::msg)?;
+    Ok(token.map(|secret| {
+        if let Some(w) = secret.warning {
+            eprintln!("warning: {w}");
+        }
+        secret.value
+    }))
 }

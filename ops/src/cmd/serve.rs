@@ -11,7 +11,7 @@ use clap::Args;
 use crate::io::read_instance;
 use cdnmap_world::world::{self, WorldParams};
 
-use super::{hangups, shutdown_signal};
+use super::{configured, hangups, init_tracing, shutdown_signal};
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
@@ -30,9 +30,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    init_tracing();
     // SIGHUP's handler first, before the store (which may take a while) is read: SIGHUP
     // reloads, and never kills.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -55,9 +53,17 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
     if let Some(id) = &a.node_id {
         config.node_id = Some(id.clone());
     }
+    // The secrets kept outside the file: token files, CDNMAP_ADMIN_TOKEN.
+    let warnings = config
+        .load_secrets(&|name| std::env::var(name).ok())
+        .context("the configuration's secrets")?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
     config
         .validate()
         .context("the configuration with --etcd and --node-id")?;
+    log_start(&config);
     // Checked at every start, not only the first (when the store has no topology yet and the
     // networks are read).
     if let Some(m) = &config.mmdb {
@@ -117,4 +123,27 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         hangups,
     ))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The start's first line: the version and what the configuration says, secrets as yes/no.
+fn log_start(config: &cdnmap_api::Config) {
+    let instance = match (&config.instance, &config.mmdb) {
+        (Some(path), _) => format!("file {}", path.display()),
+        (None, Some(_)) => "mmdb".to_string(),
+        (None, None) => "demo".to_string(),
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        grpc_listen = %config.grpc_listen,
+        http_listen = %config.http_listen,
+        cycle_secs = config.cycle_secs,
+        data_dir = %config.data_dir.display(),
+        instance = %instance,
+        tls = config.tls.is_some(),
+        replicated = config.replicated(),
+        node_id = config.node_id.as_deref().unwrap_or(""),
+        admin_token = configured(&config.admin_token),
+        feedback_tokens = config.feedback_tokens.len(),
+        "cdnmap serve starting"
+    );
 }
