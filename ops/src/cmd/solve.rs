@@ -16,7 +16,7 @@ use cdnmap_topology::format::{parse_assignment, write_assignment};
 use cdnmap_topology::Topology;
 use clap::Args;
 
-use crate::io::{check_writable, generate_world, read_instance, write_atomically};
+use crate::io::{check_writable, generate_world, located, read_instance, write_atomically};
 use crate::report::Summary;
 use cdnmap_world::world;
 
@@ -145,7 +145,7 @@ impl RoundArgs {
 /// Reads an assignment file against `instance`; errors name the file.
 pub fn read_assignment(path: &Path, instance: &Instance) -> Result<Map> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_assignment(&bytes, instance).with_context(|| format!("{}", path.display()))
+    parse_assignment(&bytes, instance).map_err(|e| located(path, e))
 }
 
 #[derive(Args, Debug)]
