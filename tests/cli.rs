@@ -854,6 +854,128 @@ fn perturb_out_of_range_exits_2_without_writing() {
     );
 }
 
+/// `verify` of a sticky map without `--previous`: a summary first (violations by kind, the
+/// map's totals), the hint that a sticky map needs `--previous` before the examples, at most
+/// `--max-lines` examples, exit 1. The hint is given when the file's summary says the map was
+/// solved warm (or has no summary), and not for a cold map's file; with `--previous`, exit 0.
+#[test]
+fn verify_summarises_and_says_when_a_sticky_map_needs_previous() {
+    let dir = tempdir();
+    let d = dir.path();
+    sticky_fixture(d);
+    cdnmap(
+        d,
+        &[
+            "solve",
+            "w1.json",
+            "--previous",
+            "a0.json",
+            "--out",
+            "a1.json",
+        ],
+    )
+    .assert_code(0);
+    let hint = "hint: a sticky map is stable with respect to the preferences of its round: \
+                give the previous map with --previous";
+
+    let all = cdnmap(
+        d,
+        &["verify", "w1.json", "a1.json", "--max-lines", "1000000"],
+    );
+    all.assert_code(1);
+    let pairs = all
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("blocking pair: "))
+        .count();
+    assert!(pairs > 3, "{}", all.show());
+    let counted = |run: &Run, kind: &str| -> usize {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(kind))
+            .unwrap_or_else(|| panic!("no {kind:?} line:\n{}", run.show()));
+        line.trim_start()[kind.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line:?}"))
+    };
+    assert_eq!(counted(&all, "blocking pairs"), pairs, "{}", all.show());
+    assert_eq!(counted(&all, "violations:"), pairs, "{}", all.show());
+    assert_eq!(counted(&all, "capacity (nodes over capacity)"), 0);
+    assert_eq!(counted(&all, "conservation of demand"), 0);
+    // The totals, against the files.
+    let a1 = read_json(&d.join("a1.json"));
+    let placed: f64 = array_of(&a1["assignments"])
+        .iter()
+        .flat_map(|e| array_of(&e["allocations"]).iter())
+        .map(|x| f64_of(&x["amount"]))
+        .sum();
+    let map_line = all
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("map: 3000 map units, 40 clusters (40 up); demand "))
+        .unwrap_or_else(|| panic!("no map line:\n{}", all.show()));
+    let shown: f64 = map_line
+        .split("placed ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no placed amount in {map_line:?}"));
+    assert!(
+        (shown - placed).abs() <= 1e-6 * placed,
+        "{shown} vs {placed}"
+    );
+
+    // Twenty examples by default, after the summary and the hint.
+    let run = cdnmap(d, &["verify", "w1.json", "a1.json"]);
+    run.assert_code(1);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line:\n{}", run.show()))
+    };
+    assert!(at("violations: ") < at("map: ") && at("map: ") < at(hint));
+    assert!(at(hint) < at("blocking pair: "), "{}", run.show());
+    let examples = lines
+        .iter()
+        .filter(|l| l.starts_with("blocking pair: "))
+        .count();
+    assert_eq!(examples, 20, "{}", run.show());
+    assert!(
+        run.stdout.contains(&format!("... and {} more", pairs - 20)),
+        "{}",
+        run.show()
+    );
+
+    // A file without a summary cannot tell: the hint is given.
+    let mut bare = a1.clone();
+    bare.as_object_mut().expect("an object").remove("summary");
+    write_json(&d.join("bare.json"), &bare);
+    let run = cdnmap(d, &["verify", "w1.json", "bare.json"]);
+    run.assert_code(1);
+    assert!(run.stdout.contains(hint), "{}", run.show());
+    // A cold map's file (its summary has no churn and no seeding): no hint.
+    let mut cold = a1.clone();
+    let summary = cold["summary"].as_object_mut().expect("a summary");
+    summary.remove("churn");
+    summary.remove("seeded");
+    write_json(&d.join("cold.json"), &cold);
+    let run = cdnmap(d, &["verify", "w1.json", "cold.json"]);
+    run.assert_code(1);
+    assert!(!run.stdout.contains("hint:"), "{}", run.show());
+
+    let run = cdnmap(
+        d,
+        &["verify", "w1.json", "a1.json", "--previous", "a0.json"],
+    );
+    run.assert_code(0);
+    assert!(!run.stdout.contains("hint:"), "{}", run.show());
+}
+
 #[test]
 fn sticky_round_churns_less_than_a_cold_round() {
     let dir = tempdir();
