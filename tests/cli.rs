@@ -1981,3 +1981,81 @@ fn a_coverage_zone_file_imports_as_units_over_an_instances_clusters() {
     import("czf.json", "stray.toml").assert_error(&["stray.toml", "other"]);
     assert!(!d.join("x.json").exists(), "nothing written on a refusal");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Long work: replay's streamed rounds, progress lines when stderr is not a terminal.
+
+/// `replay` prints a line for a round as soon as the round is done, not all at the end: the
+/// first round's line is read while the report (written after the last round) does not exist
+/// yet. With `--every 5`, a line at every 5 simulated minutes and one for the last round; on
+/// stderr (a pipe, not a terminal), plain progress lines, the last at 100%.
+#[test]
+fn replay_streams_a_line_per_round_as_it_goes() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempdir();
+    let d = dir.path();
+    cdnmap(
+        d,
+        &[
+            "world",
+            "--map-units",
+            "300",
+            "--clusters",
+            "10",
+            "--seed",
+            "3",
+            "--trace",
+            "0.25",
+            "--out",
+            "w.json",
+            "--out-trace",
+            "t.jsonl",
+        ],
+    )
+    .assert_code(0);
+    let mut child = Command::new(bin!())
+        .current_dir(d)
+        .args([
+            "replay", "w.json", "t.jsonl", "--out", "report", "--every", "5",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cdnmap replay");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("read a line");
+    let report_then = d.join("report").join("report.md").exists();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("read the rest");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = child.wait().expect("wait");
+    let show = format!("--- stdout\n{first}{rest}--- stderr\n{stderr}");
+    assert!(status.success(), "{show}");
+    assert!(
+        first.starts_with("default          0:00 round 1/90: churn "),
+        "{show}"
+    );
+    assert!(
+        !report_then,
+        "the report was written before the first line was read\n{show}"
+    );
+    // 90 rounds of 10 s: rounds 1, 31 and 61 start at 0, 5 and 10 minutes, and the last.
+    let numbers: Vec<String> = std::iter::once(first.as_str())
+        .chain(rest.lines())
+        .filter(|l| l.contains(": churn "))
+        .filter_map(|l| l.split(" round ").nth(1))
+        .filter_map(|r| r.split(':').next())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(numbers, ["1/90", "31/90", "61/90", "90/90"], "{show}");
+    assert!(rest.contains("default        90 rounds, "), "{show}");
+    assert!(stderr.contains("default: 90/90 (100%), "), "{show}");
+}
