@@ -2059,3 +2059,49 @@ fn replay_streams_a_line_per_round_as_it_goes() {
     assert!(rest.contains("default        90 rounds, "), "{show}");
     assert!(stderr.contains("default: 90/90 (100%), "), "{show}");
 }
+
+/// A trace estimated past `--trace-max-bytes` is refused before anything is written, with
+/// the estimate and the `--trace-round-ms` that fits; with that round it is written, within
+/// the bound.
+#[test]
+fn a_trace_past_its_byte_bound_is_refused_before_it_is_written() {
+    let dir = tempdir();
+    let d = dir.path();
+    let world = |extra: &[&str]| {
+        let mut args = vec![
+            "world",
+            "--map-units",
+            "300",
+            "--clusters",
+            "10",
+            "--seed",
+            "3",
+            "--trace",
+            "2",
+            "--trace-max-bytes",
+            "2000000",
+            "--out",
+            "w.json",
+            "--out-trace",
+            "t.jsonl",
+        ];
+        args.extend_from_slice(extra);
+        cdnmap(d, &args)
+    };
+    let run = world(&[]);
+    run.assert_error(&[
+        "error: --trace 2 would write about 14 MB (720 rounds of 10000 ms, 300 map units, ",
+        "more than --trace-max-bytes 2000000: give --trace-round-ms 80000 (or more), fewer \
+         hours, or a larger --trace-max-bytes",
+    ]);
+    assert!(!d.join("w.json").exists() && !d.join("t.jsonl").exists());
+
+    world(&["--trace-round-ms", "80000"]).assert_code(0);
+    let size = std::fs::metadata(d.join("t.jsonl"))
+        .expect("the trace")
+        .len();
+    assert!(size <= 2_000_000, "{size} bytes");
+    let text = std::fs::read_to_string(d.join("t.jsonl")).expect("the trace");
+    let header: Value = serde_json::from_str(text.lines().next().expect("a header")).expect("JSON");
+    assert_eq!(header["header"]["round_ms"], Value::from(80_000));
+}
