@@ -2024,6 +2024,9 @@ fn replay_streams_a_line_per_round_as_it_goes() {
         .spawn()
         .expect("start cdnmap replay");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    // The trace's line, then the first round's.
+    let mut read = String::new();
+    stdout.read_line(&mut read).expect("read a line");
     let mut first = String::new();
     stdout.read_line(&mut first).expect("read a line");
     let report_then = d.join("report").join("report.md").exists();
@@ -2037,8 +2040,9 @@ fn replay_streams_a_line_per_round_as_it_goes() {
         .read_to_string(&mut stderr)
         .expect("read stderr");
     let status = child.wait().expect("wait");
-    let show = format!("--- stdout\n{first}{rest}--- stderr\n{stderr}");
+    let show = format!("--- stdout\n{read}{first}{rest}--- stderr\n{stderr}");
     assert!(status.success(), "{show}");
+    assert!(read.starts_with("read t.jsonl: 27002 records, "), "{show}");
     assert!(
         first.starts_with("default          0:00 round 1/90: churn "),
         "{show}"

@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-pub use cdnmap_bench::progress::{generate_world, progress};
+pub use cdnmap_bench::progress::{generate_world, progress, Progress};
 use cdnmap_mapper::Limits;
 use cdnmap_topology::format::{parse_instance, FormatError};
 use cdnmap_topology::Topology;

@@ -34,6 +34,22 @@ pub(crate) struct ReplayArgs {
     every: u64,
 }
 
+/// A file read with its progress shown (bytes).
+struct Reading<'a, R> {
+    inner: R,
+    done: u64,
+    bar: &'a crate::io::Progress,
+}
+
+impl<R: std::io::Read> std::io::Read for Reading<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.done += n as u64;
+        self.bar.set_position(self.done);
+        Ok(n)
+    }
+}
+
 /// One round as `replay` prints it while it runs: the setting, the simulated time since the
 /// trace's start, and the round's figures.
 fn round_line(setting: &str, header: &Header, row: &Row, total: usize) -> String {
@@ -58,7 +74,22 @@ pub(crate) fn cmd_replay(a: &ReplayArgs) -> Result<ExitCode> {
     let instance = read_instance(&a.instance, Limits::default())?;
     let file = File::open(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
     let name = a.trace.display().to_string();
-    let (header, records) = cdnmap_world::trace::read(std::io::BufReader::new(file), &name)?;
+    let started = std::time::Instant::now();
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let bar = progress(size, "trace (bytes)");
+    let reading = Reading {
+        inner: file,
+        done: 0,
+        bar: &bar,
+    };
+    let (header, records) =
+        cdnmap_world::trace::read(std::io::BufReader::with_capacity(1 << 20, reading), &name)?;
+    bar.finish_and_clear();
+    println!(
+        "read {name}: {} records, {size} bytes in {:.1} s",
+        records.len(),
+        started.elapsed().as_secs_f64()
+    );
     let mut settings = vec![Setting::default()];
     for spec in &a.compare {
         settings.push(Setting::parse(spec)?);
