@@ -600,18 +600,20 @@ fn demo_verifies_clean() {
     );
 }
 
-/// `FormatError::Json` (mapper/src/format.rs) prints its serde error in its own message
-/// (`"not a valid file: {0}"`) and also returns it as its `source()` (`#[from]`), so the binary's
-/// `{:#}` chain prints the cause twice: `error: g.json: not a valid file: expected value at
-/// line 1 column 1: expected value at line 1 column 1`.
+/// A file that is not JSON is refused with the file, line and column before serde's message,
+/// once (the position is not repeated at the end, and the cause is not printed twice).
 #[test]
 fn json_error_cause_is_printed_once() {
     let dir = tempdir();
     std::fs::write(dir.path().join("garbage.json"), "this is not json {").expect("write");
     let run = cdnmap(dir.path(), &["solve", "garbage.json"]);
-    run.assert_error(&["garbage.json", "not a valid file"]);
-    let cause = "expected ident at line 1 column 2";
-    assert_eq!(run.stderr.matches(cause).count(), 1, "{}", run.show());
+    run.assert_error(&["error: garbage.json:1:2: expected ident\n"]);
+    assert_eq!(
+        run.stderr.matches("expected ident").count(),
+        1,
+        "{}",
+        run.show()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -850,6 +852,128 @@ fn perturb_out_of_range_exits_2_without_writing() {
         !dir.path().join("w2.json").exists(),
         "a refused world was written"
     );
+}
+
+/// `verify` of a sticky map without `--previous`: a summary first (violations by kind, the
+/// map's totals), the hint that a sticky map needs `--previous` before the examples, at most
+/// `--max-lines` examples, exit 1. The hint is given when the file's summary says the map was
+/// solved warm (or has no summary), and not for a cold map's file; with `--previous`, exit 0.
+#[test]
+fn verify_summarises_and_says_when_a_sticky_map_needs_previous() {
+    let dir = tempdir();
+    let d = dir.path();
+    sticky_fixture(d);
+    cdnmap(
+        d,
+        &[
+            "solve",
+            "w1.json",
+            "--previous",
+            "a0.json",
+            "--out",
+            "a1.json",
+        ],
+    )
+    .assert_code(0);
+    let hint = "hint: a sticky map is stable with respect to the preferences of its round: \
+                give the previous map with --previous";
+
+    let all = cdnmap(
+        d,
+        &["verify", "w1.json", "a1.json", "--max-lines", "1000000"],
+    );
+    all.assert_code(1);
+    let pairs = all
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("blocking pair: "))
+        .count();
+    assert!(pairs > 3, "{}", all.show());
+    let counted = |run: &Run, kind: &str| -> usize {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(kind))
+            .unwrap_or_else(|| panic!("no {kind:?} line:\n{}", run.show()));
+        line.trim_start()[kind.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line:?}"))
+    };
+    assert_eq!(counted(&all, "blocking pairs"), pairs, "{}", all.show());
+    assert_eq!(counted(&all, "violations:"), pairs, "{}", all.show());
+    assert_eq!(counted(&all, "capacity (nodes over capacity)"), 0);
+    assert_eq!(counted(&all, "conservation of demand"), 0);
+    // The totals, against the files.
+    let a1 = read_json(&d.join("a1.json"));
+    let placed: f64 = array_of(&a1["assignments"])
+        .iter()
+        .flat_map(|e| array_of(&e["allocations"]).iter())
+        .map(|x| f64_of(&x["amount"]))
+        .sum();
+    let map_line = all
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("map: 3000 map units, 40 clusters (40 up); demand "))
+        .unwrap_or_else(|| panic!("no map line:\n{}", all.show()));
+    let shown: f64 = map_line
+        .split("placed ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no placed amount in {map_line:?}"));
+    assert!(
+        (shown - placed).abs() <= 1e-6 * placed,
+        "{shown} vs {placed}"
+    );
+
+    // Twenty examples by default, after the summary and the hint.
+    let run = cdnmap(d, &["verify", "w1.json", "a1.json"]);
+    run.assert_code(1);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line:\n{}", run.show()))
+    };
+    assert!(at("violations: ") < at("map: ") && at("map: ") < at(hint));
+    assert!(at(hint) < at("blocking pair: "), "{}", run.show());
+    let examples = lines
+        .iter()
+        .filter(|l| l.starts_with("blocking pair: "))
+        .count();
+    assert_eq!(examples, 20, "{}", run.show());
+    assert!(
+        run.stdout.contains(&format!("... and {} more", pairs - 20)),
+        "{}",
+        run.show()
+    );
+
+    // A file without a summary cannot tell: the hint is given.
+    let mut bare = a1.clone();
+    bare.as_object_mut().expect("an object").remove("summary");
+    write_json(&d.join("bare.json"), &bare);
+    let run = cdnmap(d, &["verify", "w1.json", "bare.json"]);
+    run.assert_code(1);
+    assert!(run.stdout.contains(hint), "{}", run.show());
+    // A cold map's file (its summary has no churn and no seeding): no hint.
+    let mut cold = a1.clone();
+    let summary = cold["summary"].as_object_mut().expect("a summary");
+    summary.remove("churn");
+    summary.remove("seeded");
+    write_json(&d.join("cold.json"), &cold);
+    let run = cdnmap(d, &["verify", "w1.json", "cold.json"]);
+    run.assert_code(1);
+    assert!(!run.stdout.contains("hint:"), "{}", run.show());
+
+    let run = cdnmap(
+        d,
+        &["verify", "w1.json", "a1.json", "--previous", "a0.json"],
+    );
+    run.assert_code(0);
+    assert!(!run.stdout.contains("hint:"), "{}", run.show());
 }
 
 #[test]
@@ -1314,8 +1438,7 @@ fn bad_files_are_refused_with_exact_errors() {
             name: "empty.json",
             content: vec![],
             args: solve,
-            error: "empty.json: not a valid file: EOF while parsing a value at line 1 column 0"
-                .into(),
+            error: "empty.json:1:0: EOF while parsing a value".into(),
         },
         BadFile {
             name: "negative.json",
@@ -1339,7 +1462,7 @@ fn bad_files_are_refused_with_exact_errors() {
                 .replacen("7.5", "1e309", 1)
                 .into_bytes(),
             args: solve,
-            error: "past-f64.json: not a valid file: number out of range".into(),
+            error: format!("past-f64.json:1:715: map unit {unit:?}, demand: number out of range"),
         },
         BadFile {
             name: "nul.json",
@@ -1377,7 +1500,7 @@ fn bad_files_are_refused_with_exact_errors() {
             name: "prefix.json",
             content: with(&|v| v["map_units"][0]["prefixes"] = serde_json::json!(["10.0.0.1/33"])),
             args: solve,
-            error: "prefix.json: not a valid file: invalid IP address syntax".into(),
+            error: format!("prefix.json:1:782: map unit {unit:?}, prefixes[0]: invalid IP address syntax"),
         },
         BadFile {
             name: "damaged.top",
@@ -1397,34 +1520,90 @@ fn bad_files_are_refused_with_exact_errors() {
             name: "backwards.jsonl",
             content: trace(&[unit_line(20_000, "1"), unit_line(10_000, "1")]),
             args: replay,
-            error: "backwards.jsonl: line 3: time 10000 is before the previous record's 20000"
+            error: "backwards.jsonl:3: time 10000 is before the previous record's 20000"
                 .into(),
         },
         BadFile {
             name: "headless.jsonl",
             content: format!("{}\n", unit_line(1, "1")).into_bytes(),
             args: replay,
-            error: "headless.jsonl: line 1: the first line must be the header".into(),
+            error: "headless.jsonl:1: the first line must be the header".into(),
         },
         BadFile {
             name: "negative.jsonl",
             content: trace(&[unit_line(1, "-1e308")]),
             args: replay,
-            error: "negative.jsonl: line 2: demand is -1e308, must be a finite number >= 0".into(),
+            error: "negative.jsonl:2: demand is -1e308, must be a finite number >= 0".into(),
         },
         BadFile {
             name: "classless.jsonl",
             content: trace(&[r#"{"t": 1, "prefix": "1.2.3.0/24", "demand": 1}"#.into()]),
             args: replay,
-            error: "classless.jsonl: line 2: a prefix record needs a \"class\"".into(),
+            error: "classless.jsonl:2: a prefix record needs a \"class\"".into(),
         },
         BadFile {
             name: "not-an-assignment.json",
             content: with(&|_| {}),
             args: verify,
-            error: "not-an-assignment.json: not a valid file: missing field `assignments`".into(),
+            error: "not-an-assignment.json:1:11: unknown field `clusters`, expected `assignments` or \
+                    `summary`"
+                .into(),
+        },
+        BadFile {
+            name: "stat.json",
+            content: with(&|v| {
+                let c = v["clusters"][0].as_object_mut().expect("a cluster");
+                c.remove("state");
+                c.insert("stat".into(), "down".into());
+            }),
+            args: solve,
+            error: "stat.json:1:367: cluster \"fra-1\": unknown field `stat`, expected one of \
+                    `id`, `lat`, `lon`, `addresses`, `state`, `classes`, `resources`"
+                .into(),
+        },
+        BadFile {
+            name: "unit-key.json",
+            content: with(&|v| v["map_units"][0]["demnd"] = Value::from(1)),
+            args: solve,
+            error: format!(
+                "unit-key.json:1:720: map unit {unit:?}: unknown field `demnd`, expected one of \
+                 `id`, `class`, `demand`, `prefixes`, `lat`, `lon`, `candidates`"
+            ),
+        },
+        BadFile {
+            name: "class-key.json",
+            content: with(&|v| v["traffic_classes"][0]["per_unit"]["rtt"] = Value::from(1)),
+            args: solve,
+            error: "class-key.json:1:1020: traffic class \"video\", per_unit: unknown field `rtt`, expected \
+                    `bps` or `fps`"
+                .into(),
+        },
+        BadFile {
+            name: "assignment-key.json",
+            content: br#"{"assignments": [], "sumary": {}}"#.to_vec(),
+            args: verify,
+            error: "assignment-key.json:1:28: unknown field `sumary`, expected `assignments` or \
+                    `summary`"
+                .into(),
+        },
+        BadFile {
+            name: "record-key.jsonl",
+            content: trace(&[format!(r#"{{"t": 1, "map_unit": "{unit}", "demand": 1, "dmand": 2}}"#)]),
+            args: replay,
+            error: "record-key.jsonl:2:60: unknown field `dmand`, expected one of `header`, `t`, \
+                    `map_unit`, `prefix`, `class`, `demand`, `load`, `state`"
+                .into(),
+        },
+        BadFile {
+            name: "header-key.jsonl",
+            content: br#"{"header": {"round_ms": 10000, "start_ms": 0, "round_s": 10}}"#.to_vec(),
+            args: replay,
+            error: "header-key.jsonl:1:55: unknown field `round_s`, expected one of `round_ms`, \
+                    `start_ms`, `true_per_unit`"
+                .into(),
         },
     ];
+    let mut wrong = Vec::new();
     for row in rows {
         std::fs::write(d.join(row.name), &row.content).expect("write the bad file");
         let args: Vec<&str> = row
@@ -1439,14 +1618,17 @@ fn bad_files_are_refused_with_exact_errors() {
             .lines()
             .find(|l| l.starts_with("error: "))
             .unwrap_or("");
-        // serde_json's messages end with where in the file: checked up to it.
         let shown = line.strip_prefix("error: ").unwrap_or(line);
-        let shown = match shown.find(" at line ") {
-            Some(at) if !row.error.contains(" at line ") => &shown[..at],
-            _ => shown,
-        };
-        assert_eq!(shown, row.error, "{}:\n{}", row.name, run.show());
+        if shown != row.error {
+            wrong.push(format!(
+                "{}:\n  shown    {shown}\n  expected {}\n{}",
+                row.name,
+                row.error,
+                run.show()
+            ));
+        }
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     // Nothing missing or unreadable is taken for an empty input.
     for (path, error) in [
         (
@@ -1983,4 +2165,131 @@ fn a_token_given_twice_is_refused_and_no_token_flag_exists() {
         30,
     );
     run.assert_error(&["--token"]);
+
+// ---------------------------------------------------------------------------------------------
+// Long work: replay's streamed rounds, progress lines when stderr is not a terminal.
+
+/// `replay` prints a line for a round as soon as the round is done, not all at the end: the
+/// first round's line is read while the report (written after the last round) does not exist
+/// yet. With `--every 5`, a line at every 5 simulated minutes and one for the last round; on
+/// stderr (a pipe, not a terminal), plain progress lines, the last at 100%.
+#[test]
+fn replay_streams_a_line_per_round_as_it_goes() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempdir();
+    let d = dir.path();
+    cdnmap(
+        d,
+        &[
+            "world",
+            "--map-units",
+            "300",
+            "--clusters",
+            "10",
+            "--seed",
+            "3",
+            "--trace",
+            "0.25",
+            "--out",
+            "w.json",
+            "--out-trace",
+            "t.jsonl",
+        ],
+    )
+    .assert_code(0);
+    let mut child = Command::new(bin!())
+        .current_dir(d)
+        .args([
+            "replay", "w.json", "t.jsonl", "--out", "report", "--every", "5",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cdnmap replay");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    // The trace's line, then the first round's.
+    let mut read = String::new();
+    stdout.read_line(&mut read).expect("read a line");
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("read a line");
+    let report_then = d.join("report").join("report.md").exists();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("read the rest");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = child.wait().expect("wait");
+    let show = format!("--- stdout\n{read}{first}{rest}--- stderr\n{stderr}");
+    assert!(status.success(), "{show}");
+    assert!(read.starts_with("read t.jsonl: 27002 records, "), "{show}");
+    assert!(
+        first.starts_with("default          0:00 round 1/90: churn "),
+        "{show}"
+    );
+    assert!(
+        !report_then,
+        "the report was written before the first line was read\n{show}"
+    );
+    // 90 rounds of 10 s: rounds 1, 31 and 61 start at 0, 5 and 10 minutes, and the last.
+    let numbers: Vec<String> = std::iter::once(first.as_str())
+        .chain(rest.lines())
+        .filter(|l| l.contains(": churn "))
+        .filter_map(|l| l.split(" round ").nth(1))
+        .filter_map(|r| r.split(':').next())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(numbers, ["1/90", "31/90", "61/90", "90/90"], "{show}");
+    assert!(rest.contains("default        90 rounds, "), "{show}");
+    assert!(stderr.contains("default: 90/90 (100%), "), "{show}");
+}
+
+/// A trace estimated past `--trace-max-bytes` is refused before anything is written, with
+/// the estimate and the `--trace-round-ms` that fits; with that round it is written, within
+/// the bound.
+#[test]
+fn a_trace_past_its_byte_bound_is_refused_before_it_is_written() {
+    let dir = tempdir();
+    let d = dir.path();
+    let world = |extra: &[&str]| {
+        let mut args = vec![
+            "world",
+            "--map-units",
+            "300",
+            "--clusters",
+            "10",
+            "--seed",
+            "3",
+            "--trace",
+            "2",
+            "--trace-max-bytes",
+            "2000000",
+            "--out",
+            "w.json",
+            "--out-trace",
+            "t.jsonl",
+        ];
+        args.extend_from_slice(extra);
+        cdnmap(d, &args)
+    };
+    let run = world(&[]);
+    run.assert_error(&[
+        "error: --trace 2 would write about 14 MB (720 rounds of 10000 ms, 300 map units, ",
+        "more than --trace-max-bytes 2000000: give --trace-round-ms 80000 (or more), fewer \
+         hours, or a larger --trace-max-bytes",
+    ]);
+    assert!(!d.join("w.json").exists() && !d.join("t.jsonl").exists());
+
+    world(&["--trace-round-ms", "80000"]).assert_code(0);
+    let size = std::fs::metadata(d.join("t.jsonl"))
+        .expect("the trace")
+        .len();
+    assert!(size <= 2_000_000, "{size} bytes");
+    let text = std::fs::read_to_string(d.join("t.jsonl")).expect("the trace");
+    let header: Value = serde_json::from_str(text.lines().next().expect("a header")).expect("JSON");
+    assert_eq!(header["header"]["round_ms"], Value::from(80_000));
 }

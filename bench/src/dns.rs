@@ -553,7 +553,7 @@ fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<(Topology, PathBuf)> {
         seed: a.seed,
         ..WorldParams::default()
     };
-    let instance = world::generate(&params, &|_| {})?;
+    let instance = crate::progress::generate_world(&params)?;
     let queries = dir.join("queries.bin");
     let (n_a, n_aaaa) = write_queries(&instance, a.queries, a.seed, &queries)?;
     println!(

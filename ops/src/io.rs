@@ -8,9 +8,9 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-pub use cdnmap_bench::progress::{generate_world, progress};
+pub use cdnmap_bench::progress::{generate_world, progress, Progress};
 use cdnmap_mapper::Limits;
-use cdnmap_topology::format::parse_instance;
+use cdnmap_topology::format::{parse_instance, FormatError};
 use cdnmap_topology::Topology;
 use cdnmap_world::world::{self, WorldParams};
 
@@ -46,7 +46,17 @@ pub fn read_instance(path: &Path, limits: Limits) -> Result<Topology> {
     if bytes.starts_with(cdnmap_topology::compact::MAGIC) {
         return cdnmap_topology::compact::decode(&bytes, limits).with_context(what);
     }
-    parse_instance(&bytes, limits).with_context(what)
+    parse_instance(&bytes, limits).map_err(|e| located(path, e))
+}
+
+/// An instance or assignment file's error with the file's name before it: `world.json:12:9:
+/// cluster "fra1": unknown field ...` when it has a line and column (the compilers' form,
+/// which editors and terminals link), `world.json: ...` otherwise.
+pub fn located(path: &Path, e: FormatError) -> anyhow::Error {
+    match e {
+        FormatError::Json { .. } => anyhow::anyhow!("{}:{e}", path.display()),
+        e => anyhow::Error::new(e).context(path.display().to_string()),
+    }
 }
 
 /// Writes `topology` to `w` as an instance file in `format`.

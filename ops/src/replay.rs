@@ -191,13 +191,14 @@ fn index(instance: &Topology, header: &Header, records: &[Record]) -> Result<Rou
     Ok(rounds)
 }
 
-/// Runs one setting over the whole trace.
+/// Runs one setting over the whole trace. `progress` is called after every round with the
+/// round's row and the number of rounds (so a caller can show each round as it is done).
 pub fn replay(
     base: &Topology,
     header: &Header,
     records: &[Record],
     setting: &Setting,
-    progress: &dyn Fn(usize, usize),
+    progress: &dyn Fn(&Row, usize),
 ) -> Result<Vec<Row>> {
     replay_with(base, header, records, setting, progress, &mut |_, _| {})
 }
@@ -308,7 +309,7 @@ pub fn replay_with(
     header: &Header,
     records: &[Record],
     setting: &Setting,
-    progress: &dyn Fn(usize, usize),
+    progress: &dyn Fn(&Row, usize),
     sink: &mut dyn FnMut(&Snapshot, &Observations),
 ) -> Result<Vec<Row>> {
     let rounds = index(base, header, records)?;
@@ -393,7 +394,9 @@ pub fn replay_with(
         });
         sink(&snapshot, &observed_before);
         previous = Some(snapshot);
-        progress(r + 1, rounds.demand.len());
+        if let Some(row) = rows.last() {
+            progress(row, rounds.demand.len());
+        }
     }
     Ok(rows)
 }

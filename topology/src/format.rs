@@ -1,7 +1,10 @@
 //! The JSON instance and assignment file formats (documented in `docs/formats.md`).
 //!
 //! Parsing goes JSON → plain serde structs → [`TopologyBuilder`], so every semantic check lives in
-//! one place (the model, and the addressing's limits). Fields not named here are ignored, so files may carry extra fields.
+//! one place (the model, and the addressing's limits). A key not named here is refused (every
+//! struct of the formats denies unknown fields), so a typo (`"stat": "down"`) is an error, not
+//! a default silently taken; an error says where: line, column, and the item it is in
+//! (`12:9: cluster "fra1": unknown field `stat`, expected one of ...`).
 //! Writing streams map units one at a time, so a large world never exists twice in memory.
 
 use std::fmt;
@@ -26,8 +29,18 @@ use crate::{Topology, TopologyBuilder, TopologyError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FormatError {
-    #[error("not a valid file")]
-    Json(#[from] serde_json::Error),
+    /// Not JSON, or JSON that is not the format (a missing or unknown key, a wrong type):
+    /// where (1-based line and column; 0 when serde does not know), in which part of the file
+    /// (`cluster "fra1"`, `map unit "u1"`, `traffic_classes[2]`...; empty at the top level),
+    /// and serde's message (`unknown field `stat`, expected one of ...`). Shown as
+    /// `12:9: cluster "fra1": unknown field ...`; the command line puts the file name before it.
+    #[error("{line}:{column}: {at}{message}")]
+    Json {
+        line: usize,
+        column: usize,
+        at: String,
+        message: String,
+    },
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -45,8 +58,143 @@ impl From<TopologyError> for FormatError {
     }
 }
 
+/// The most characters of serde's message (or of the path to the error) an error repeats:
+/// an unknown key is shown whole up to this, so a key of a megabyte is not.
+const MAX_SHOWN_CHARS: usize = 512;
+
+/// `text`, cut to [`MAX_SHOWN_CHARS`] characters (with `…` when cut).
+fn shown(text: &str) -> String {
+    if text.chars().count() <= MAX_SHOWN_CHARS {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(MAX_SHOWN_CHARS).collect();
+    out.push('…');
+    out
+}
+
+/// The ids of the lists of an instance or assignment file, read leniently (every other key
+/// ignored, an id that is not a string left out), to name the item an error is in.
+#[derive(Deserialize)]
+struct Ids {
+    #[serde(default)]
+    traffic_classes: Vec<Id>,
+    #[serde(default)]
+    clusters: Vec<Id>,
+    #[serde(default)]
+    map_units: Vec<Id>,
+    #[serde(default)]
+    assignments: Vec<Id>,
+}
+
+#[derive(Deserialize)]
+struct Id {
+    #[serde(default)]
+    id: Option<serde_json::Value>,
+    #[serde(default)]
+    name: Option<serde_json::Value>,
+    #[serde(default)]
+    map_unit: Option<serde_json::Value>,
+}
+
+/// Which key of an [`Id`] is the item's id.
+type IdKey = fn(&Id) -> &Option<serde_json::Value>;
+
+impl Ids {
+    /// How an error at `list[index]` names the item: `cluster "fra1"`, or `clusters[3]` when
+    /// the item has no string id.
+    fn name(&self, list: &str, index: usize) -> Option<String> {
+        let (items, what, key): (&[Id], _, IdKey) = match list {
+            "traffic_classes" => (&self.traffic_classes, "traffic class", |i| &i.name),
+            "clusters" => (&self.clusters, "cluster", |i| &i.id),
+            "map_units" => (&self.map_units, "map unit", |i| &i.id),
+            "assignments" => (&self.assignments, "assignment of map unit", |i| &i.map_unit),
+            _ => return None,
+        };
+        match key(items.get(index)?) {
+            Some(serde_json::Value::String(id)) => {
+                Some(format!("{what} {}", cdnmap_mapper::model::shown_id(id)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Parses `bytes` as a `T` of the instance or assignment formats; an error says where (line
+/// and column) and in which item of which list (module docs, [`FormatError::Json`]).
+fn parse_json<T: de::DeserializeOwned>(bytes: &[u8]) -> Result<T, FormatError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let segments: Vec<_> = e.path().iter().collect();
+        json_error(bytes, &segments, e.inner())
+    })?;
+    // Nothing but white space after the value.
+    de.end().map_err(|e| json_error(bytes, &[], &e))?;
+    Ok(value)
+}
+
+/// A serde error at a path (`segments`) of the file as a [`FormatError::Json`].
+fn json_error(
+    bytes: &[u8],
+    segments: &[&serde_path_to_error::Segment],
+    inner: &serde_json::Error,
+) -> FormatError {
+    use serde_path_to_error::Segment;
+    let (line, column) = (inner.line(), inner.column());
+    let mut message = inner.to_string();
+    // serde_json's message ends with where it is, which the error shows first.
+    let suffix = format!(" at line {line} column {column}");
+    if let Some(cut) = message.strip_suffix(&suffix) {
+        message = cut.to_string();
+    }
+    // The item of a top-level list the error is in, by its id when it has one.
+    let mut at = String::new();
+    let mut rest = segments;
+    if let [Segment::Map { key }, Segment::Seq { index }, tail @ ..] = segments {
+        let named = serde_json::from_slice::<Ids>(bytes)
+            .ok()
+            .and_then(|ids| ids.name(key, *index));
+        at = named.unwrap_or_else(|| format!("{}[{index}]", shown(key)));
+        rest = tail;
+    }
+    // Below the item (or the top level): the path to the value that is wrong. An unknown key
+    // is the path's last segment, which the message names: the path shown stops before it.
+    if message.starts_with("unknown field") {
+        if let [head @ .., Segment::Map { .. }] = rest {
+            rest = head;
+        }
+    }
+    let inside: Vec<String> = rest
+        .iter()
+        .filter(|s| !matches!(s, Segment::Unknown))
+        .map(|s| match s {
+            Segment::Seq { index } => format!("[{index}]"),
+            Segment::Map { key } => format!(".{key}"),
+            Segment::Enum { variant } => format!(".{variant}"),
+            Segment::Unknown => String::new(),
+        })
+        .collect();
+    let inside = inside.concat();
+    let inside = inside.strip_prefix('.').unwrap_or(&inside);
+    if !inside.is_empty() {
+        if !at.is_empty() {
+            at.push_str(", ");
+        }
+        at.push_str(&shown(inside));
+    }
+    if !at.is_empty() {
+        at.push_str(": ");
+    }
+    FormatError::Json {
+        line,
+        column,
+        at,
+        message: shown(&message),
+    }
+}
+
 /// The instance file, as serde sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InstanceFile {
     pub traffic_classes: Vec<TrafficClass>,
     pub clusters: Vec<ClusterFile>,
@@ -54,6 +202,7 @@ pub struct InstanceFile {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClusterFile {
     pub id: String,
     pub lat: f64,
@@ -77,6 +226,7 @@ pub enum ResourcesFile {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NestedNode {
     pub name: String,
     pub kind: ResourceKind,
@@ -88,6 +238,7 @@ pub struct NestedNode {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FlatNode {
     pub name: String,
     pub kind: ResourceKind,
@@ -163,6 +314,7 @@ impl ResourcesFile {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MapUnitFile {
     pub id: String,
     pub class: String,
@@ -175,6 +327,7 @@ pub struct MapUnitFile {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CandidateFile {
     pub cluster: String,
     pub score: f64,
@@ -244,7 +397,7 @@ impl InstanceFile {
 
 /// Parses and validates an instance file.
 pub fn parse_instance(bytes: &[u8], limits: Limits) -> Result<Topology, FormatError> {
-    let file: InstanceFile = serde_json::from_slice(bytes)?;
+    let file: InstanceFile = parse_json(bytes)?;
     Ok(file.build(limits)?)
 }
 
@@ -360,6 +513,7 @@ pub fn write_instance<W: Write>(topology: &Topology, w: W) -> Result<(), serde_j
 
 /// The assignment file, as serde sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AssignmentFile {
     pub assignments: Vec<AssignmentEntry>,
     #[serde(default)]
@@ -367,6 +521,7 @@ pub struct AssignmentFile {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AssignmentEntry {
     pub map_unit: String,
     pub allocations: Vec<AllocationEntry>,
@@ -374,6 +529,7 @@ pub struct AssignmentEntry {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AllocationEntry {
     pub cluster: String,
     pub amount: f64,
@@ -420,7 +576,16 @@ pub fn write_assignment<W: Write, T: Serialize>(
 /// Reads an assignment file against `instance`. Map units the file omits get no allocation and
 /// no overflow (the verifier then reports their demand as lost); unknown ids are refused.
 pub fn parse_assignment(bytes: &[u8], instance: &Instance) -> Result<Map, FormatError> {
-    let file: AssignmentFile = serde_json::from_slice(bytes)?;
+    Ok(parse_assignment_with_summary(bytes, instance)?.0)
+}
+
+/// [`parse_assignment`], with the file's `summary` (`null` when it has none): what the
+/// solve that wrote it reported (its `churn` and `seeded` tell a sticky round's map).
+pub fn parse_assignment_with_summary(
+    bytes: &[u8],
+    instance: &Instance,
+) -> Result<(Map, serde_json::Value), FormatError> {
+    let file: AssignmentFile = parse_json(bytes)?;
     let n = instance.unit_count();
     let mut per_unit: Vec<Option<&AssignmentEntry>> = vec![None; n];
     for e in &file.assignments {
@@ -458,5 +623,179 @@ pub fn parse_assignment(bytes: &[u8], instance: &Instance) -> Result<Map, Format
         }
         map.push_unit(allocs, e.overflow);
     }
-    Ok(map)
+    Ok((map, file.summary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../docs/example-instance.json");
+
+    /// The error of `text` as an instance file, as shown.
+    fn instance_error(text: &str) -> String {
+        match parse_instance(text.as_bytes(), Limits::default()) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// `EXAMPLE` with `from` (which must occur once) replaced by `to`.
+    fn edited(from: &str, to: &str) -> String {
+        assert_eq!(EXAMPLE.matches(from).count(), 1, "{from}");
+        EXAMPLE.replacen(from, to, 1)
+    }
+
+    /// Line and column (1-based, the column just after the key) of `needle`'s end in `text`.
+    fn position(text: &str, needle: &str) -> (usize, usize) {
+        let at = text.find(needle).expect("needle") + needle.len();
+        let before = &text[..at];
+        let line = before.matches('\n').count() + 1;
+        let column = at - before.rfind('\n').map_or(0, |n| n + 1);
+        (line, column)
+    }
+
+    #[test]
+    fn the_example_parses() {
+        parse_instance(EXAMPLE.as_bytes(), Limits::default()).expect("the example parses");
+    }
+
+    /// An unknown key anywhere in an instance is refused with its line, column, the item it
+    /// is in and the key.
+    #[test]
+    fn unknown_keys_are_refused_with_where_and_what() {
+        // (what is edited, into what, the unknown key, the item, what the message expects)
+        let cases: &[(&str, &str, &str, &str)] = &[
+            (
+                "\"state\": \"up\"",
+                "\"stat\": \"down\"",
+                "cluster \"fra-1\"",
+                "unknown field `stat`, expected one of `id`, `lat`, `lon`, `addresses`, `state`, `classes`, `resources`",
+            ),
+            (
+                "\"name\": \"video\",\n      \"priority\": 1",
+                "\"name\": \"video\",\n      \"priorty\": 1",
+                "traffic class \"video\"",
+                "unknown field `priorty`",
+            ),
+            (
+                "\"bps\": 1.0",
+                "\"bpz\": 1.0",
+                "traffic class \"video\", per_unit",
+                "unknown field `bpz`, expected `bps` or `fps`",
+            ),
+            (
+                "\"capacity\": 26.5",
+                "\"capacity\": 26.5, \"kapacity\": 1",
+                "cluster \"fra-1\", resources",
+                "unknown field `kapacity`",
+            ),
+        ];
+        for (from, to, item, expected) in cases {
+            let text = edited(from, to);
+            let key = expected
+                .split('`')
+                .nth(1)
+                .expect("the message names the key");
+            let (line, column) = position(&text, &format!("\"{key}\""));
+            let error = instance_error(&text);
+            let head = format!("{line}:{column}: {item}: {expected}");
+            assert!(error.starts_with(&head), "{error}\nexpected {head}...");
+        }
+    }
+
+    /// Map units, their candidates and flat resource nodes refuse unknown keys too; an item
+    /// without a string id is named by its list and index.
+    #[test]
+    fn unknown_keys_in_units_candidates_and_flat_nodes() {
+        let mut v: serde_json::Value = serde_json::from_str(EXAMPLE).expect("JSON");
+        let unit = v["map_units"][0]["id"].as_str().expect("id").to_string();
+        v["map_units"][0]["demnd"] = 1.into();
+        let error = instance_error(&v.to_string());
+        assert!(
+            error.contains(&format!(": map unit {unit:?}: unknown field `demnd`")),
+            "{error}"
+        );
+
+        let mut v: serde_json::Value = serde_json::from_str(EXAMPLE).expect("JSON");
+        v["map_units"][0]["candidates"][0]["rank"] = 1.into();
+        let error = instance_error(&v.to_string());
+        assert!(
+            error.contains(&format!(
+                ": map unit {unit:?}, candidates[0]: unknown field `rank`"
+            )),
+            "{error}"
+        );
+
+        let mut v: serde_json::Value = serde_json::from_str(EXAMPLE).expect("JSON");
+        v["clusters"][1]["resources"][0]["child"] = serde_json::json!([]);
+        let error = instance_error(&v.to_string());
+        assert!(
+            error.contains(": cluster \"ams-1\", resources[0]: unknown field `child`"),
+            "{error}"
+        );
+
+        let mut v: serde_json::Value = serde_json::from_str(EXAMPLE).expect("JSON");
+        v["clusters"][1]["id"] = 7.into();
+        v["clusters"][1]["x"] = 7.into();
+        let error = instance_error(&v.to_string());
+        assert!(error.contains(": clusters[1], id: invalid type"), "{error}");
+
+        let text = EXAMPLE.replacen('{', "{\"comment\": \"hello\",", 1);
+        let (line, column) = position(&text, "\"comment\"");
+        let error = instance_error(&text);
+        let want = format!("{line}:{column}: unknown field `comment`, expected one of");
+        assert!(error.starts_with(&want), "{error}");
+    }
+
+    /// A value of the wrong type names the key it is the value of.
+    #[test]
+    fn a_wrong_value_names_its_key() {
+        let text = edited("\"capacity\": 26.5", "\"capacity\": \"lots\"");
+        let error = instance_error(&text);
+        assert!(
+            error
+                .contains(": cluster \"fra-1\", resources.capacity: invalid type: string \"lots\""),
+            "{error}"
+        );
+    }
+
+    /// Assignment files refuse unknown keys as instance files do.
+    #[test]
+    fn assignments_refuse_unknown_keys() {
+        let topology = parse_instance(EXAMPLE.as_bytes(), Limits::default()).expect("valid");
+        let unit = topology.instance.unit_id(0).to_string();
+        let cluster = topology.instance.clusters()[0].id.clone();
+        let ok = serde_json::json!({"assignments": [
+            {"map_unit": unit, "allocations": [{"cluster": cluster, "amount": 0.0}], "overflow": 0.0}
+        ]});
+        parse_assignment(ok.to_string().as_bytes(), &topology.instance).expect("valid");
+        for (edit, key) in [
+            ("/assignments/0", "overflw"),
+            ("/assignments/0/allocations/0", "amont"),
+            ("", "summry"),
+        ] {
+            let mut v = ok.clone();
+            v.pointer_mut(edit).expect("pointer")[key] = 1.into();
+            let error = match parse_assignment(v.to_string().as_bytes(), &topology.instance) {
+                Ok(_) => panic!("accepted {key}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(error.contains(&format!("unknown field `{key}`")), "{error}");
+            if !edit.is_empty() {
+                assert!(
+                    error.contains(&format!("assignment of map unit {unit:?}")),
+                    "{error}"
+                );
+            }
+        }
+    }
+
+    /// An unknown key of a megabyte is shown cut.
+    #[test]
+    fn a_long_key_is_cut() {
+        let key = "k".repeat(1 << 20);
+        let error = instance_error(&format!("{{\"{key}\": 1}}"));
+        assert!(error.len() < 2 * MAX_SHOWN_CHARS, "{} bytes", error.len());
+    }
 }

@@ -41,7 +41,7 @@ fn check(bytes: &[u8]) {
         Err(e) => {
             let text = format!("{e:#}");
             assert!(
-                text.starts_with("fuzz.jsonl: "),
+                text.starts_with("fuzz.jsonl:"),
                 "an error not naming the trace: {text}"
             );
             assert_bounded(&text, bytes.len());

@@ -8,8 +8,11 @@
 //! {"t": 1764460810000, "state": {"cluster": "fra-1", "to": "down"}}
 //! ```
 //!
-//! Reading is strict: a line that is not one of these records, a time that goes backwards, or
-//! a negative or non-finite number is an error naming the line number; nothing is skipped.
+//! Reading is strict: a line that is not one of these records (an unknown key included, at
+//! every level: the header, its `true_per_unit`, a load, a state), a time that goes backwards,
+//! or a negative or non-finite number is an error naming the file and the line
+//! (`trace.jsonl:7: ...`; `trace.jsonl:7:40: ...` with the column when serde found it);
+//! nothing is skipped.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -156,39 +159,55 @@ fn record_of(line: Line) -> Result<Record> {
     Ok(record)
 }
 
-/// Reads a whole trace. `name` names it in errors (`trace.jsonl: line 7: ...`).
+/// The most characters of serde's message a trace error repeats (an unknown key of a
+/// megabyte is shown cut).
+const MAX_SHOWN_CHARS: usize = 512;
+
+/// A line that is not JSON, or not a record's shape (an unknown key, a wrong type), as
+/// `name:line:column: message`: the column is serde's, within the line.
+fn json_error(name: &str, n: usize, e: &serde_json::Error) -> anyhow::Error {
+    let mut message = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    if let Some(cut) = message.strip_suffix(&suffix) {
+        message = cut.to_string();
+    }
+    if message.chars().count() > MAX_SHOWN_CHARS {
+        message = message.chars().take(MAX_SHOWN_CHARS).collect::<String>() + "…";
+    }
+    anyhow::anyhow!("{name}:{n}:{}: {message}", e.column())
+}
+
+/// Reads a whole trace. `name` names it in errors, with the line (and for a line that is not
+/// a record's JSON, the column): `trace.jsonl:7:40: unknown field `demnd`, expected ...`,
+/// `trace.jsonl:9: time 10000 is before the previous record's 20000`.
 pub fn read(input: impl BufRead, name: &str) -> Result<(Header, Vec<Record>)> {
     let mut header = None;
     let mut records = Vec::new();
     let mut last_t = i64::MIN;
     for (i, line) in input.lines().enumerate() {
         let n = i + 1;
-        let line = line.with_context(|| format!("{name}: line {n}"))?;
+        let line = line.with_context(|| format!("{name}:{n}"))?;
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: Line =
-            serde_json::from_str(&line).with_context(|| format!("{name}: line {n}"))?;
+        let parsed: Line = serde_json::from_str(&line).map_err(|e| json_error(name, n, &e))?;
         if let Some(h) = parsed.header {
             if header.is_some() || !records.is_empty() {
-                bail!("{name}: line {n}: a header may only be the first line");
+                bail!("{name}:{n}: a header may only be the first line");
             }
             if h.round_ms <= 0 {
-                bail!(
-                    "{name}: line {n}: header.round_ms is {}, must be > 0",
-                    h.round_ms
-                );
+                bail!("{name}:{n}: header.round_ms is {}, must be > 0", h.round_ms);
             }
             header = Some(h);
             continue;
         }
         if header.is_none() {
-            bail!("{name}: line {n}: the first line must be the header");
+            bail!("{name}:{n}: the first line must be the header");
         }
-        let record = record_of(parsed).with_context(|| format!("{name}: line {n}"))?;
+        let record = record_of(parsed).with_context(|| format!("{name}:{n}"))?;
         if record.t() < last_t {
             bail!(
-                "{name}: line {n}: time {} is before the previous record's {last_t}",
+                "{name}:{n}: time {} is before the previous record's {last_t}",
                 record.t()
             );
         }
@@ -313,45 +332,53 @@ mod tests {
     fn malformed_lines_name_their_line_number() {
         let head = r#"{"header": {"round_ms": 10000, "start_ms": 0}}"#;
         let cases = [
-            ("not json", "line 2"),
-            (r#"{"t": 0, "demand": 1}"#, "line 2"),
-            (r#"{"map_unit": "u", "demand": 1}"#, "line 2"),
-            (r#"{"t": 0, "map_unit": "u"}"#, "line 2"),
-            (r#"{"t": 0, "map_unit": "u", "demand": -1}"#, "line 2"),
+            ("not json", "t.jsonl:2:2: expected ident"),
+            (r#"{"t": 0, "demand": 1}"#, "t.jsonl:2: "),
+            (r#"{"map_unit": "u", "demand": 1}"#, "t.jsonl:2: "),
+            (r#"{"t": 0, "map_unit": "u"}"#, "t.jsonl:2: "),
+            (r#"{"t": 0, "map_unit": "u", "demand": -1}"#, "t.jsonl:2: "),
             (
                 r#"{"t": 0, "map_unit": "u", "demand": 1, "class": "web"}"#,
-                "line 2",
+                "t.jsonl:2: ",
             ),
-            (r#"{"t": 0, "prefix": "1.0.1.0/24", "demand": 1}"#, "line 2"),
+            (
+                r#"{"t": 0, "prefix": "1.0.1.0/24", "demand": 1}"#,
+                "t.jsonl:2: ",
+            ),
             (
                 r#"{"t": 0, "prefix": "1.0.1.0/33", "class": "web", "demand": 1}"#,
-                "line 2",
+                "t.jsonl:2:31: invalid IP address syntax",
             ),
             (
                 r#"{"t": 0, "map_unit": "u", "prefix": "1.0.1.0/24", "demand": 1}"#,
-                "line 2",
+                "t.jsonl:2: ",
             ),
             (
                 r#"{"t": 0, "load": {"cluster": "c", "node": "n", "value": -5}}"#,
-                "line 2",
+                "t.jsonl:2: ",
             ),
             (
                 r#"{"t": 0, "state": {"cluster": "c", "to": "sideways"}}"#,
-                "line 2",
+                "t.jsonl:2:51: unknown variant `sideways`",
             ),
             (
                 r#"{"t": 0, "map_unit": "u", "demand": 1, "extra": 1}"#,
-                "line 2",
+                "t.jsonl:2:46: unknown field `extra`, expected one of",
+            ),
+            (
+                r#"{"t": 0, "load": {"cluster": "c", "node": "n", "valu": 5}}"#,
+                "t.jsonl:2:53: unknown field `valu`, expected one of",
+            ),
+            (
+                r#"{"t": 0, "state": {"cluster": "c", "to": "down", "at": 5}}"#,
+                "t.jsonl:2:53: unknown field `at`, expected `cluster` or `to`",
             ),
         ];
         for (line, want) in cases {
             let text = format!("{head}\n{line}\n");
             let err = read(text.as_bytes(), "t.jsonl").expect_err(line);
             let msg = format!("{err:#}");
-            assert!(
-                msg.contains(want) && msg.contains("t.jsonl"),
-                "{line}: {msg}"
-            );
+            assert!(msg.starts_with(want), "{line}: {msg}");
         }
         let backwards = format!(
             "{head}\n{}\n{}\n",
@@ -362,10 +389,33 @@ mod tests {
             "{:#}",
             read(backwards.as_bytes(), "t").expect_err("backwards")
         );
-        assert!(msg.contains("line 3") && msg.contains("before"), "{msg}");
+        assert!(msg.starts_with("t:3: time 5 is before"), "{msg}");
         assert!(read(r#"{"t": 0, "map_unit": "u", "demand": 1}"#.as_bytes(), "t").is_err());
         assert!(read("".as_bytes(), "t").is_err());
         let two_headers = format!("{head}\n{head}\n");
         assert!(read(two_headers.as_bytes(), "t").is_err());
+    }
+
+    /// The header refuses unknown keys at every level, with the line and column.
+    #[test]
+    fn the_header_refuses_unknown_keys() {
+        let cases = [
+            (
+                r#"{"header": {"round_ms": 10000, "start_ms": 0, "round": 1}}"#,
+                "h:1:53: unknown field `round`, expected one of",
+            ),
+            (
+                r#"{"header": {"round_ms": 10000, "start_ms": 0, "true_per_unit": {"web": {"bps": 1, "fps": 1, "rtt": 1}}}}"#,
+                "h:1:97: unknown field `rtt`, expected `bps` or `fps`",
+            ),
+            (
+                r#"{"headr": {"round_ms": 10000, "start_ms": 0}}"#,
+                "h:1:8: unknown field `headr`, expected one of",
+            ),
+        ];
+        for (line, want) in cases {
+            let msg = format!("{:#}", read(line.as_bytes(), "h").expect_err(line));
+            assert!(msg.starts_with(want), "{line}: {msg}");
+        }
     }
 }

@@ -227,7 +227,7 @@ pub(crate) fn prepare_world(a: &ServeBenchArgs, dir: &Path) -> Result<(Arc<Insta
         seed: a.seed,
         ..WorldParams::default()
     };
-    let inst = world::generate(&params, &|_| {})?;
+    let inst = crate::progress::generate_world(&params)?;
     let queries = dir.join("queries.bin");
     let (n_a, n_aaaa) = write_queries(&inst, a.queries, a.seed, &queries)?;
     eprintln!(

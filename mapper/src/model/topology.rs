@@ -40,6 +40,7 @@ pub enum ClusterState {
 
 /// What one unit of demand of a class consumes on each kind of resource node it passes.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PerUnit {
     pub bps: f64,
     pub fps: f64,
@@ -56,6 +57,7 @@ impl PerUnit {
 
 /// A kind of traffic with its own resource profile. Lower `priority` is preferred by clusters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrafficClass {
     pub name: String,
     pub priority: u32,

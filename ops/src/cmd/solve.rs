@@ -1,6 +1,8 @@
 //! `cdnmap solve`, `cdnmap verify` and `cdnmap demo`: a round of an instance file solved (or
 //! an assignment checked) on the command line, and the demo's two rounds. `solve` and
 //! `verify` share [`RoundArgs`], so `verify` checks exactly the preferences `solve` used.
+//! `verify` prints a summary (violations by kind, the map's totals) before its examples, and
+//! says when a map with blocking pairs may be a sticky round's that needs `--previous`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,11 +14,11 @@ use cdnmap_mapper::{
     churn, verify, ClusterState, Instance, Limits, Map, Rescore, SolveOptions, Stickiness,
     DEFAULT_STICKINESS,
 };
-use cdnmap_topology::format::{parse_assignment, write_assignment};
+use cdnmap_topology::format::{parse_assignment, parse_assignment_with_summary, write_assignment};
 use cdnmap_topology::Topology;
 use clap::Args;
 
-use crate::io::{check_writable, generate_world, read_instance, write_atomically};
+use crate::io::{check_writable, generate_world, located, read_instance, write_atomically};
 use crate::report::Summary;
 use cdnmap_world::world;
 
@@ -145,7 +147,7 @@ impl RoundArgs {
 /// Reads an assignment file against `instance`; errors name the file.
 pub fn read_assignment(path: &Path, instance: &Instance) -> Result<Map> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_assignment(&bytes, instance).with_context(|| format!("{}", path.display()))
+    parse_assignment(&bytes, instance).map_err(|e| located(path, e))
 }
 
 #[derive(Args, Debug)]
@@ -223,18 +225,118 @@ pub(crate) fn cmd_solve(a: &SolveArgs) -> Result<ExitCode> {
 pub(crate) fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
     let round = a.round.load(&a.instance)?;
     let inst = round.effective();
-    let map = read_assignment(&a.assignment, inst)?;
+    let bytes = std::fs::read(&a.assignment)
+        .with_context(|| format!("reading {}", a.assignment.display()))?;
+    let (map, summary) =
+        parse_assignment_with_summary(&bytes, inst).map_err(|e| located(&a.assignment, e))?;
     let report = verify::verify(inst, &map);
-    if report.is_ok() {
-        println!(
+    let hint =
+        !report.blocking_pairs.is_empty() && round.previous.is_none() && maybe_sticky(&summary);
+    print!(
+        "{}",
+        verdict(
+            inst,
+            &map,
+            &report,
+            a.max_lines,
+            hint.then_some(STICKY_HINT)
+        )
+    );
+    Ok(if report.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What `verify` says of a map with blocking pairs checked without `--previous`, when the map
+/// may be a sticky round's.
+pub(crate) const STICKY_HINT: &str = "hint: a sticky map is stable with respect to the \
+preferences of its round: give the previous map with --previous (and the round's --stickiness)";
+
+/// Whether an assignment file's `summary` says (or cannot rule out) that its map was solved
+/// warm from a previous map: `churn` or `seeded` in it, or no summary at all.
+fn maybe_sticky(summary: &serde_json::Value) -> bool {
+    match summary.as_object() {
+        None => true,
+        Some(s) => s.contains_key("churn") || s.contains_key("seeded"),
+    }
+}
+
+/// `verify`'s account of a map: the verdict, the violations counted by kind, the map's
+/// totals, `hint` if any, then at most `max_lines` violations (and how many more there are).
+fn verdict(
+    inst: &Instance,
+    map: &Map,
+    report: &verify::Report,
+    max_lines: usize,
+    hint: Option<&str>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let count = report.violation_count();
+    if count == 0 {
+        let _ = writeln!(
+            out,
             "ok: {} map units, capacity, conservation, candidates and stability hold",
             inst.unit_count()
         );
-        Ok(ExitCode::SUCCESS)
     } else {
-        println!("{}", report.describe(inst, a.max_lines));
-        Ok(ExitCode::from(1))
+        let _ = writeln!(out, "violations: {count}");
+        let kinds = [
+            (
+                "shape (units in the map vs the instance)",
+                usize::from(report.shape.is_some()),
+            ),
+            ("capacity (nodes over capacity)", report.capacity.len()),
+            ("conservation of demand", report.conservation.len()),
+            ("placed at a non-candidate", report.not_candidate.len()),
+            (
+                "placed at a drained or down cluster",
+                report.unavailable.len(),
+            ),
+            ("blocking pairs", report.blocking_pairs.len()),
+        ];
+        for (kind, n) in kinds {
+            let _ = write!(out, "  {kind:<42} {n:>9}");
+            if kind == "blocking pairs" && n > 0 {
+                let _ = write!(out, " (largest gain {:.6})", report.max_blocking_gain());
+            }
+            out.push('\n');
+        }
     }
+    let demand = inst.total_demand();
+    let (placed, overflow) = (map.total_allocated(), map.total_overflow());
+    let up = inst
+        .clusters()
+        .iter()
+        .filter(|c| c.state == ClusterState::Up)
+        .count();
+    let share = |x: f64| {
+        if demand > 0.0 {
+            100.0 * x / demand
+        } else {
+            0.0
+        }
+    };
+    let _ = writeln!(
+        out,
+        "map: {} map units, {} clusters ({up} up); demand {demand:.6}: placed {placed:.6} \
+         ({:.2}%), overflow {overflow:.6} ({:.2}%)",
+        inst.unit_count(),
+        inst.clusters().len(),
+        share(placed),
+        share(overflow),
+    );
+    if let Some(hint) = hint {
+        let _ = writeln!(out, "{hint}");
+    }
+    if count > 0 {
+        let shown = count.min(max_lines);
+        let _ = writeln!(out, "the first {shown} (--max-lines):");
+        let _ = writeln!(out, "{}", report.describe(inst, max_lines));
+    }
+    out
 }
 
 /// Two rounds of a demo world: a cold solve, then the same world with ±5% noise on demand and

@@ -168,6 +168,16 @@ pub(crate) struct WorldArgs {
     /// Seed of the trace (default: the world seed + 2).
     #[arg(long)]
     trace_seed: Option<u64>,
+    /// The trace's round, in ms: one demand record per map unit per round (a longer round,
+    /// a smaller trace: 60000 writes a sixth of the default's).
+    #[arg(long, default_value_t = synth::DEFAULT_ROUND_MS, value_name = "MS")]
+    trace_round_ms: i64,
+    /// The most bytes the trace may take: a trace estimated larger is refused before it is
+    /// written (with the --trace-round-ms that would fit), and the writing stops with an error
+    /// past it. A trace holds one line (about 60 bytes) per map unit per round: two weeks of
+    /// 3,000 units at 10 s rounds would take 23 GB.
+    #[arg(long, default_value_t = DEFAULT_TRACE_MAX_BYTES, value_name = "BYTES")]
+    trace_max_bytes: u64,
     /// Map units from the located networks of this MaxMind DB (GeoIP2/GeoLite2 City, DB-IP
     /// City) instead of generated ones: one per network and class of --class-mix, at the
     /// network's location, with the world's clusters and candidate model (--map-units does
@@ -210,7 +220,9 @@ impl WorldArgs {
                     );
                 }
                 let seed = self.trace_seed.unwrap_or(self.shape.seed.wrapping_add(2));
-                Ok(Some((synth::TraceParams::new(hours, seed), path)))
+                let mut params = synth::TraceParams::new(hours, seed);
+                params.round_ms = self.trace_round_ms;
+                Ok(Some((params, path)))
             }
             (Some(hours), None) => {
                 bail!("--trace {hours} needs --out-trace TRACE.jsonl (where to write the trace)")
@@ -227,6 +239,96 @@ impl WorldArgs {
             }
         }
     }
+}
+
+/// `--trace-max-bytes`'s default: 4 GiB, a day and a half of 3,000 units at 10 s rounds
+/// (or two weeks of them at 60 s rounds).
+const DEFAULT_TRACE_MAX_BYTES: u64 = 4 << 30;
+
+/// A writer that refuses to write past `max` bytes (the trace's bound).
+struct Bounded<W> {
+    inner: W,
+    written: u64,
+    max: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Bounded<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let after = self.written.saturating_add(buf.len() as u64);
+        if after > self.max {
+            return Err(std::io::Error::other(format!(
+                "the trace passed --trace-max-bytes {} (it was cut there and not kept)",
+                self.max
+            )));
+        }
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A writer that only counts.
+#[derive(Default)]
+struct Counting(u64);
+
+impl std::io::Write for Counting {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Refuses a trace that would take more than `max` bytes, before any of it is written: its
+/// size is estimated as its first round's (written to nowhere) times its rounds.
+fn check_trace_size(
+    inst: &cdnmap_topology::Topology,
+    params: &synth::TraceParams,
+    max: u64,
+) -> Result<()> {
+    let rounds = params.rounds();
+    let mut first = params.clone();
+    // One round and a half: one whole round.
+    first.hours = 1.5 * params.round_ms as f64 / 3.6e6;
+    first.flash_start_h = None;
+    first.failure_start_h = None;
+    let mut counted = Counting::default();
+    if synth::write_trace(inst, &first, &mut counted, &|_| {}).is_err() {
+        // No estimate: the bound is still kept as the trace is written.
+        return Ok(());
+    }
+    let estimate = counted.0.saturating_mul(rounds);
+    if estimate <= max {
+        return Ok(());
+    }
+    // The round (a whole number of 10 s) that would fit, when it is shorter than an hour.
+    let factor = estimate.div_ceil(max.max(1));
+    let fits_ms = (params.round_ms as u64)
+        .saturating_mul(factor)
+        .div_ceil(10_000)
+        .saturating_mul(10_000);
+    let longer_round = if fits_ms <= 3_600_000 {
+        format!("--trace-round-ms {fits_ms} (or more), ")
+    } else {
+        String::new()
+    };
+    bail!(
+        "--trace {} would write about {} MB ({rounds} rounds of {} ms, {} map units, {} \
+         bytes a round), more than --trace-max-bytes {max}: give {longer_round}fewer hours, \
+         or a larger --trace-max-bytes",
+        params.hours,
+        estimate / 1_000_000,
+        params.round_ms,
+        inst.unit_count(),
+        counted.0
+    )
 }
 
 pub(crate) fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
@@ -267,6 +369,10 @@ pub(crate) fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
         let seed = a.perturb_seed.unwrap_or(a.shape.seed.wrapping_add(1));
         inst = world::perturb(&inst, pct, seed).with_context(|| format!("--perturb {pct}"))?;
     }
+    if let Some((params, _)) = &trace {
+        // Before anything is written.
+        check_trace_size(&inst, params, a.trace_max_bytes)?;
+    }
     write_atomically(&a.out, |w| crate::io::write_instance_as(&inst, a.format, w))?;
     if let Some(path) = &a.write_mmdb {
         let nets = world::located_networks(&inst);
@@ -292,7 +398,12 @@ pub(crate) fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
         let bar = progress(params.rounds(), "trace");
         let mut summary = None;
         write_atomically(path, |w| {
-            summary = Some(synth::write_trace(&inst, params, w, &|r| {
+            let mut bounded = Bounded {
+                inner: w,
+                written: 0,
+                max: a.trace_max_bytes,
+            };
+            summary = Some(synth::write_trace(&inst, params, &mut bounded, &|r| {
                 bar.set_position(r)
             })?);
             Ok(())
@@ -302,4 +413,29 @@ pub(crate) fn cmd_world(a: &WorldArgs) -> Result<ExitCode> {
         println!("wrote {}\n{summary}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::Bounded;
+
+    /// The trace's writer stops with an error at its bound, having written what fitted.
+    #[test]
+    fn the_bounded_writer_refuses_past_its_bound() {
+        let mut out = Vec::new();
+        let mut w = Bounded {
+            inner: &mut out,
+            written: 0,
+            max: 10,
+        };
+        w.write_all(b"0123456789").expect("within the bound");
+        let e = w.write_all(b"x").expect_err("past the bound");
+        assert_eq!(
+            e.to_string(),
+            "the trace passed --trace-max-bytes 10 (it was cut there and not kept)"
+        );
+        assert_eq!(out, b"0123456789");
+    }
 }
