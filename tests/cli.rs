@@ -2165,6 +2165,7 @@ fn a_token_given_twice_is_refused_and_no_token_flag_exists() {
         30,
     );
     run.assert_error(&["--token"]);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Long work: replay's streamed rounds, progress lines when stderr is not a terminal.

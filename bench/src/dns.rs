@@ -56,7 +56,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::procs::{check_running, cpu_secs, free_port, out_dir, program, spawn, Proc};
-use cdnmap_world::world::{self, WorldParams};
+use cdnmap_world::world::WorldParams;
 
 #[derive(Args, Debug)]
 pub struct DnsBenchArgs {
@@ -1056,7 +1056,7 @@ mod tests {
     /// missing.)
     #[test]
     fn gdnsd_geoip_answers_each_prefix_with_its_units_first_candidate() {
-        let world = world::generate(
+        let world = cdnmap_world::world::generate(
             &WorldParams {
                 map_units: 300,
                 clusters: 10,
@@ -1111,7 +1111,7 @@ mod tests {
 
     #[test]
     fn query_files_are_length_prefixed_messages_with_ecs() {
-        let world = world::generate(
+        let world = cdnmap_world::world::generate(
             &WorldParams {
                 map_units: 200,
                 clusters: 8,

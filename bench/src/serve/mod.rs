@@ -45,7 +45,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::dns::{answers, parse_dnsperf, write_queries};
 use crate::procs::{cpu_secs, out_dir, program, spawn, Proc};
-use cdnmap_world::world::{self, WorldParams};
+use cdnmap_world::world::WorldParams;
 
 // The parts are the crate's: `bench soak` runs the same service with them.
 pub(crate) mod dns_load;
