@@ -4,6 +4,10 @@
 use crate::model::{ClassIdx, ClusterIdx, Instance, UnitIdx};
 use crate::rescore::Rescore;
 
+/// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise:
+/// the solver does not tell them apart (it is re-exported as `solve::EPS_REL`).
+pub const EPS_REL: f64 = 1e-9;
+
 /// Demand of one map unit placed at one cluster.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Allocation {
@@ -215,7 +219,7 @@ pub fn mean_measured_score(
 /// (its moved share is a sum of `max(0, new share − old share)` terms, each exactly 0 when
 /// the amounts and totals are the same), so an unchanged map has churn exactly 0, not the
 /// rounding error of `1 − Σ kept`. A share that grew by no more than the solver's tolerance
-/// ([`crate::solve::EPS_REL`] of the unit's demand: amounts it does not tell apart) is not a
+/// ([`EPS_REL`] of the unit's demand: amounts it does not tell apart) is not a
 /// move either: a sticky round on unchanged inputs re-derives its amounts through other
 /// arithmetic, and their last bits differ (the demo world's second round read 4.9e-16).
 pub fn churn(instance: &Instance, old: &Map, new: &Map) -> f64 {
@@ -246,7 +250,7 @@ fn moved_share(old: &Map, new: &Map, u: UnitIdx) -> f64 {
     // How much a share grew: 0 within the solver's tolerance.
     let grown = |old: f64, new: f64| {
         let d = new - old;
-        if d > crate::solve::EPS_REL {
+        if d > EPS_REL {
             d
         } else {
             0.0

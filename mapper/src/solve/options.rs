@@ -6,8 +6,7 @@
 use crate::map::Map;
 use crate::model::Instance;
 
-/// Amounts and capacities below this share of a unit's demand (or a node's capacity) are noise.
-pub const EPS_REL: f64 = 1e-9;
+pub use crate::map::EPS_REL;
 
 /// Tunables of a solve.
 #[derive(Debug, Clone, Copy, PartialEq)]
