@@ -423,9 +423,10 @@ fn bad_input_is_an_error_naming_file_and_problem() {
 
     // Not JSON.
     std::fs::write(d.join("garbage.json"), "this is not json {").expect("write");
-    cdnmap(d, &["solve", "garbage.json"]).assert_error(&["garbage.json", "not a valid file"]);
+    cdnmap(d, &["solve", "garbage.json"])
+        .assert_error(&["garbage.json", "garbage.json:1:2: expected ident"]);
     cdnmap(d, &["verify", example, "garbage.json"])
-        .assert_error(&["garbage.json", "not a valid file"]);
+        .assert_error(&["garbage.json", "garbage.json:1:2: expected ident"]);
 
     let base = read_json(Path::new(example));
 
@@ -1692,13 +1693,13 @@ fn bad_configs_are_refused_with_exact_errors() {
             "serve.toml: TOML parse error at line 1, column 1\n  |\n1 | nonsense_key = 1\n  | \
              ^^^^^^^^^^^^\nunknown field `nonsense_key`, expected one of `cycle_secs`, \
              `grpc_listen`, `http_listen`, `data_dir`, `maps_kept`, `ttl_secs`, `admin_token`, \
-             `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
+             `admin_token_file`, `learning`, `record_retention_hours`, `record_max_mb`, `instance`, \
              `http_header_timeout_secs`, `http_max_connections`, `grpc_max_connections`, \
              `handshake_timeout_secs`, `idle_timeout_secs`, `max_connections_per_source`, \
              `watch_open`, `watch_stall_secs`, `watch_max_streams`, `etcd`, `node_id`, \
              `etcd_prefix`, `etcd_ca_file`, \
              `etcd_cert_file`, `etcd_key_file`, `advertise_url`, `tls`, \
-             `feedback_tokens`, `feedback_samples_per_sec`, \
+             `feedback_tokens`, `feedback_tokens_file`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `feedback_open`, `default_class`, `class_rules`, `stickiness`, \
              `second_chance`, `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
                 .into(),
