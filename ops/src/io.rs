@@ -177,10 +177,30 @@ pub fn check_writable(path: &Path) -> Result<()> {
 
 /// Writes a file through a temporary sibling (`.NAME.tmp-PID`) and a rename, so a failed write
 /// never leaves a half-written file under the real name and never touches another file.
+///
+/// A path that is not a regular file (`/dev/null`, `/dev/stdout`, a FIFO) is written in place:
+/// a rename would put a regular file where the device was (`--out /dev/null` replaced the
+/// machine's `/dev/null`). A symbolic link stays one: the file it names is the one replaced.
 pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            let result = (|| {
+                let mut w = BufWriter::new(File::create(path)?);
+                write(&mut w)?;
+                w.flush()?;
+                Ok::<_, anyhow::Error>(())
+            })();
+            return result.with_context(|| format!("writing {}", path.display()));
+        }
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            let target = std::fs::canonicalize(path)
+                .with_context(|| format!("writing {}: resolving the link", path.display()))?;
+            return write_atomically(&target, write);
+        }
+    }
     check_writable(path)?;
     let name = path
         .file_name()
@@ -203,4 +223,56 @@ pub fn write_atomically(
         let _ = std::fs::remove_file(&tmp);
     }
     result.with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("cdnmap-io-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("make a temporary directory");
+        dir
+    }
+
+    /// A FIFO (as `/dev/null` or `/dev/stdout`, not a regular file) is written in place and is
+    /// still a FIFO after: a rename put a regular file where it was.
+    #[test]
+    fn a_fifo_is_written_in_place_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = temp_dir("fifo");
+        let fifo = dir.join("out");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read_to_string(fifo).expect("read the FIFO"))
+        };
+        write_atomically(&fifo, |w| Ok(w.write_all(b"through the pipe\n")?)).expect("write");
+        // The kind first: had the FIFO been replaced, the reader would wait on it for ever.
+        let kind = std::fs::symlink_metadata(&fifo).expect("stat").file_type();
+        assert!(kind.is_fifo(), "{kind:?}");
+        assert_eq!(reader.join().expect("the reader"), "through the pipe\n");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    /// A symbolic link stays a link; the file it names gets the new content.
+    #[test]
+    fn a_link_stays_a_link() {
+        let dir = temp_dir("link");
+        let (real, link) = (dir.join("real.json"), dir.join("link.json"));
+        std::fs::write(&real, "old").expect("write");
+        std::os::unix::fs::symlink(&real, &link).expect("link");
+        write_atomically(&link, |w| Ok(w.write_all(b"new")?)).expect("write");
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("stat")
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&real).expect("read"), "new");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
 }
