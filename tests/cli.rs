@@ -1993,6 +1993,7 @@ fn cdnmap_env(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Run
         .env_remove("CDNMAP_LOG_FORMAT")
         .env_remove("CDNMAP_ADMIN_TOKEN")
         .env_remove("CDNMAP_FEEDBACK_TOKEN")
+        .env_remove("CDNMAP_FEEDBACK_TOKENS")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -2137,6 +2138,21 @@ fn a_token_given_twice_is_refused_and_no_token_flag_exists() {
     .assert_error(&[
         "feedback_token: the token is given by feedback_token and CDNMAP_FEEDBACK_TOKEN",
     ]);
+    // The mapper's front-end tokens from the environment: a pair that is not NAME=TOKEN is
+    // refused naming the variable, and never shown (it may be a token).
+    let run = cdnmap_env(
+        d,
+        &["serve", "--config", serve.to_str().expect("UTF-8")],
+        &[(
+            "CDNMAP_FEEDBACK_TOKENS",
+            "fe-1=front-end-1-token a-bare-secret-1",
+        )],
+        30,
+    );
+    run.assert_error(&[
+        "CDNMAP_FEEDBACK_TOKENS: pair 2 is not NAME=TOKEN (pairs separated by white space)",
+    ]);
+    assert!(!run.stderr.contains("a-bare-secret-1"), "{}", run.show());
     let missing = d.join("no-such-token");
     let run = cdnmap_env(
         d,

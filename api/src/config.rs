@@ -13,6 +13,7 @@
 //! # admin_token_file = "/run/credentials/cdnmap-serve.service/admin-token"  # or the token in a
 //! #                                #   file, or in CDNMAP_ADMIN_TOKEN: one of the three
 //! # feedback_tokens_file = "front-end-tokens.toml"  # more [feedback_tokens], in a file of their own
+//! #                                #   (and in CDNMAP_FEEDBACK_TOKENS="fe-1=TOKEN fe-2=TOKEN")
 //! learning = true                  # learned coefficients and derating go into the rounds
 //! record_retention_hours = 168     # how long feedback reports stay in the demand record
 //! record_max_mb = 768              # and the most disk it takes (the oldest reports go first)
@@ -118,6 +119,9 @@ pub const WATCH_MAX_STREAMS: std::ops::RangeInclusive<usize> = 1..=100_000;
 pub const RECORD_MAX_MB: std::ops::RangeInclusive<u64> = 64..=1 << 20;
 pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
 pub const MAX_CLASS_RULES: usize = 10_000;
+
+/// At most this many front ends' tokens in [`FEEDBACK_TOKENS_ENV`].
+pub const MAX_FEEDBACK_TOKENS_ENV: usize = 10_000;
 /// The demo world may be as large as the model allows: the field's scale (about 3.8 M client
 /// /24 blocks × a few classes) runs from the compact store.
 pub const MAX_DEMO_MAP_UNITS: usize = cdnmap_mapper::model::MAX_MAP_UNITS;
@@ -161,6 +165,11 @@ fn in_range<T: PartialOrd + std::fmt::Display>(
 /// The environment variable the Admin token may come from (instead of `admin_token` or
 /// `admin_token_file`).
 pub const ADMIN_TOKEN_ENV: &str = "CDNMAP_ADMIN_TOKEN";
+
+/// The environment variable more front ends' tokens may come from, as `NAME=TOKEN` pairs
+/// separated by white space (a token has none; it may hold `=`, a name may not), joined to
+/// `[feedback_tokens]` as `feedback_tokens_file`'s are.
+pub const FEEDBACK_TOKENS_ENV: &str = "CDNMAP_FEEDBACK_TOKENS";
 
 /// A bearer token's rules: at least 8 characters, no spaces or control characters.
 fn check_token(key: &str, token: &str) -> Result<(), ConfigError> {
@@ -1076,7 +1085,7 @@ impl Config {
     /// Reads the secrets kept outside the configuration: the Admin token from
     /// `admin_token_file` or the environment variable [`ADMIN_TOKEN_ENV`] (read through `env`),
     /// at most one of them and `admin_token`; the front ends' tokens of `feedback_tokens_file`
-    /// into `feedback_tokens`. The files' keys are emptied (what they held is now inline), so
+    /// and of [`FEEDBACK_TOKENS_ENV`] into `feedback_tokens`. The files' keys are emptied (what they held is now inline), so
     /// [`Config::validate`] then checks the tokens as if written inline. Returns warnings for
     /// the log (a file others may read). Errors name the key, the variable and the file.
     pub fn load_secrets(
@@ -1107,28 +1116,75 @@ impl Config {
                         format!("{}: {}", path.display(), e.message().trim_end()),
                     )
                 })?;
-            for (name, token) in tokens {
-                let shown = cdnmap_mapper::model::shown_id(&name);
-                if self.feedback_tokens.contains_key(&name) {
+            let source = path.display().to_string();
+            self.join_feedback_tokens(key, &source, "[feedback_tokens]", tokens)?;
+        }
+        if let Some(pairs) = env(FEEDBACK_TOKENS_ENV).filter(|v| !v.trim().is_empty()) {
+            let key = FEEDBACK_TOKENS_ENV;
+            let mut tokens = std::collections::BTreeMap::new();
+            for pair in pairs.split_whitespace().take(MAX_FEEDBACK_TOKENS_ENV + 1) {
+                if tokens.len() == MAX_FEEDBACK_TOKENS_ENV {
+                    return Err(invalid(
+                        key,
+                        format!("more than {MAX_FEEDBACK_TOKENS_ENV} NAME=TOKEN pairs"),
+                    ));
+                }
+                let Some((name, token)) = pair.split_once('=').filter(|(n, _)| !n.is_empty())
+                else {
+                    // The pair is not shown: it may be a token.
                     return Err(invalid(
                         key,
                         format!(
-                            "{}: {shown} is also in [feedback_tokens]: keep one",
-                            path.display()
+                            "pair {} is not NAME=TOKEN (pairs separated by white space)",
+                            tokens.len() + 1
                         ),
                     ));
+                };
+                if tokens.insert(name.to_string(), token.to_string()).is_some() {
+                    let shown = cdnmap_mapper::model::shown_id(name);
+                    return Err(invalid(key, format!("{shown} is named twice")));
                 }
-                self.feedback_tokens.insert(name, token);
             }
+            let elsewhere = "[feedback_tokens] or feedback_tokens_file";
+            self.join_feedback_tokens(key, "the environment", elsewhere, tokens)?;
         }
         Ok(warnings)
     }
 
+    /// Adds the front ends' `tokens` read from `source` (under `key`) to `feedback_tokens`; a
+    /// name already there (from `elsewhere`) is refused.
+    fn join_feedback_tokens(
+        &mut self,
+        key: &str,
+        source: &str,
+        elsewhere: &str,
+        tokens: std::collections::BTreeMap<String, String>,
+    ) -> Result<(), ConfigError> {
+        for (name, token) in tokens {
+            if self.feedback_tokens.contains_key(&name) {
+                let shown = cdnmap_mapper::model::shown_id(&name);
+                return Err(invalid(
+                    key,
+                    format!("{source}: {shown} is also in {elsewhere}: keep one"),
+                ));
+            }
+            self.feedback_tokens.insert(name, token);
+        }
+        Ok(())
+    }
+
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text)?;
+        let config = Config::parse_toml(text)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Parses a TOML document (unknown keys and wrong types refused) without checking the
+    /// values: for a caller that adds what is kept outside the file ([`Config::load_secrets`])
+    /// before [`Config::validate`].
+    pub fn parse_toml(text: &str) -> Result<Self, ConfigError> {
+        Ok(toml::from_str(text)?)
     }
 
     /// Checks every value; the error names the key.
@@ -1793,6 +1849,60 @@ mod tests {
                 "feedback_tokens_file: {}: \"fe-1\" is also in [feedback_tokens]: keep one",
                 twice.display()
             )
+        );
+        // CDNMAP_FEEDBACK_TOKENS: NAME=TOKEN pairs (a token may hold '='), joined to the
+        // others; before the values are checked, so `watch_open = false` may rest on them.
+        let fronts_env = |pairs: &'static str| {
+            move |name: &str| (name == FEEDBACK_TOKENS_ENV).then(|| pairs.to_string())
+        };
+        let mut c = Config::parse_toml(
+            "watch_open = false\n[feedback_tokens]\n\"fe-1\" = \"front-end-1-token\"\n",
+        )
+        .expect("parse");
+        c.load_secrets(&fronts_env(
+            "fe-2=front-end-2-token==\n fe-3=front-end-3-token",
+        ))
+        .expect("pairs");
+        c.validate().expect("valid");
+        assert_eq!(c.feedback_tokens.len(), 3);
+        assert_eq!(c.feedback_tokens["fe-2"], "front-end-2-token==");
+        let mut c = Config::parse_toml("watch_open = false").expect("parse");
+        c.load_secrets(&fronts_env("fe-9=front-end-9-token"))
+            .expect("one pair");
+        c.validate()
+            .expect("watch_open = false with the environment's tokens");
+        for (pairs, error) in [
+            (
+                "fe-1=front-end-7-token",
+                "CDNMAP_FEEDBACK_TOKENS: the environment: \"fe-1\" is also in [feedback_tokens] or feedback_tokens_file: keep one",
+            ),
+            (
+                "fe-2=front-end-2-token just-a-secret-token",
+                "CDNMAP_FEEDBACK_TOKENS: pair 2 is not NAME=TOKEN (pairs separated by white space)",
+            ),
+            (
+                "fe-2=front-end-2-token fe-2=front-end-8-token",
+                "CDNMAP_FEEDBACK_TOKENS: \"fe-2\" is named twice",
+            ),
+            (
+                "=front-end-2-token",
+                "CDNMAP_FEEDBACK_TOKENS: pair 1 is not NAME=TOKEN (pairs separated by white space)",
+            ),
+        ] {
+            let e = load(
+                "[feedback_tokens]\n\"fe-1\" = \"front-end-1-token\"\n",
+                &fronts_env(pairs),
+            )
+            .unwrap_err();
+            assert_eq!(e.to_string(), error, "{pairs}");
+            assert!(!e.to_string().contains("secret-token"), "{e}");
+        }
+        // A token from the environment is checked as an inline one.
+        let e = load("", &fronts_env("fe-2=short")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("feedback_tokens.\"fe-2\": must be at least 8"),
+            "{e}"
         );
         let missing = dir.path().join("missing");
         let e = load(&format!("feedback_tokens_file = {missing:?}"), &no_env).unwrap_err();

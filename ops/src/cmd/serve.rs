@@ -42,23 +42,30 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            cdnmap_api::Config::from_toml(&text).with_context(|| format!("{}", path.display()))?
+            cdnmap_api::Config::parse_toml(&text).with_context(|| format!("{}", path.display()))?
         }
         None => cdnmap_api::Config::default(),
     };
+    // The secrets kept outside the file (token files, CDNMAP_ADMIN_TOKEN,
+    // CDNMAP_FEEDBACK_TOKENS), before the file's values are checked: a check may need them
+    // (`watch_open = false` needs front ends' tokens).
+    let warnings = config
+        .load_secrets(&|name| std::env::var(name).ok())
+        .context("the configuration's secrets")?;
+    if let Some(path) = &a.config {
+        config
+            .validate()
+            .with_context(|| format!("{}", path.display()))?;
+    }
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
     // The flags override the file's keys, and are checked as the file's are.
     if !a.etcd.is_empty() {
         config.etcd = a.etcd.clone();
     }
     if let Some(id) = &a.node_id {
         config.node_id = Some(id.clone());
-    }
-    // The secrets kept outside the file: token files, CDNMAP_ADMIN_TOKEN.
-    let warnings = config
-        .load_secrets(&|name| std::env::var(name).ok())
-        .context("the configuration's secrets")?;
-    for w in warnings {
-        tracing::warn!("{w}");
     }
     config
         .validate()
