@@ -211,6 +211,28 @@ async fn mapper_metrics_are_true_and_present_from_start() {
     assert!(value(&body, "cdnmap_round_seconds_count").is_some_and(|n| n >= 1.0));
     assert!(value(&body, "cdnmap_solve_seconds_count").is_some_and(|n| n >= 1.0));
     cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+
+    // A cluster deleted leaves no series behind after the next round (a gauge read on at its
+    // last value, and an alert on it fired, until a restart).
+    let deleted = server
+        .admin()
+        .delete_cluster(authed(
+            pb::DeleteRequest { id: "spare".into() },
+            Some(TOKEN),
+        ))
+        .await
+        .expect("DeleteCluster");
+    assert!(deleted.get_ref().deleted);
+    // (Two rounds: the first may have started before the deletion.)
+    let rounds = value(&body, "cdnmap_rounds_total").expect("cdnmap_rounds_total");
+    let body = wait_rounds(&server, rounds + 2.0).await;
+    assert_eq!(
+        value(&body, "cdnmap_cluster_utilization_ratio{cluster=\"spare\"}"),
+        None,
+        "{body}"
+    );
+    assert_eq!(value(&body, full), Some(1.0), "{body}");
+    cdnmap_tests::promtool_check_metrics(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 }
 
 /// The demo world's rounds on unchanged inputs: every round after the first reads churn

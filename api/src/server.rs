@@ -292,10 +292,8 @@ fn describe_round_metrics() {
         "cdnmap_overflow_ratio",
         "Share of demand the last round left in overflow, 0 to 1."
     );
-    describe_gauge!(
-        "cdnmap_cluster_utilization_ratio",
-        "Per cluster, the largest used/capacity over its resource nodes under the last round's map (exactly 1 when full; above 1 only when over capacity)."
-    );
+    // cdnmap_cluster_utilization_ratio is written at each scrape, with its HELP text
+    // (`service::render_cluster_utilization`).
     describe_gauge!(
         "cdnmap_classes_unserved",
         "Traffic classes no up cluster serves."
@@ -663,7 +661,11 @@ fn http_app(
             "/metrics",
             axum::routing::get(move || {
                 let p = prometheus.clone();
-                async move { cdnmap_telemetry::render(&p) }
+                async move {
+                    let mut body = cdnmap_telemetry::render(&p);
+                    crate::service::render_cluster_utilization(&mut body);
+                    body
+                }
             }),
         )
         .route(

@@ -1557,10 +1557,67 @@ pub(crate) fn map_gauges(snapshot: &Snapshot) -> f64 {
         0.0
     });
     let utilization = cdnmap_engine::round::utilization(&snapshot.topology, &snapshot.map);
-    for (c, u) in snapshot.topology.clusters().iter().zip(utilization) {
-        metrics::gauge!("cdnmap_cluster_utilization_ratio", "cluster" => c.id.clone()).set(u);
-    }
+    let by_cluster = snapshot.topology.clusters().iter().zip(utilization);
+    CLUSTER_UTILIZATION.store(Some(Arc::new(
+        by_cluster.map(|(c, u)| (c.id.clone(), u)).collect(),
+    )));
     overflow
+}
+
+/// The last map's utilization of each of its clusters, by id, as [`render_cluster_utilization`]
+/// writes it at each scrape. Not a gauge of the recorder: a gauge keeps its last value until
+/// the process ends, so a cluster deleted or renamed would read on (and an alert on it fire)
+/// with no cluster behind it, and every id ever used would stay a series.
+static CLUSTER_UTILIZATION: ArcSwapOption<Vec<(String, f64)>> = ArcSwapOption::const_empty();
+
+/// Appends `cdnmap_cluster_utilization_ratio{cluster}` for the clusters of the last map set by
+/// [`map_gauges`] (nothing before the first map) to a scrape's text, `out`.
+pub fn render_cluster_utilization(out: &mut String) {
+    use std::fmt::Write as _;
+    let Some(clusters) = CLUSTER_UTILIZATION.load_full() else {
+        return;
+    };
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    let name = "cdnmap_cluster_utilization_ratio";
+    let _ = write!(
+        out,
+        "# HELP {name} Per cluster of the last round's map, the largest used/capacity over its \
+         resource nodes (exactly 1 when full; above 1 only when over capacity).\n\
+         # TYPE {name} gauge\n"
+    );
+    for (id, u) in clusters.iter() {
+        let _ = writeln!(
+            out,
+            "{name}{{cluster=\"{}\"}} {}",
+            label_value(id),
+            sample_value(*u)
+        );
+    }
+    out.push('\n');
+}
+
+/// A label value escaped as the text format asks (backslash, double quote, line feed).
+fn label_value(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
+}
+
+/// A sample value as the text format writes it (`NaN`, `+Inf`, `-Inf`, else the number).
+fn sample_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        v.to_string()
+    }
 }
 
 #[cfg(test)]
