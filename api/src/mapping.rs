@@ -325,9 +325,19 @@ async fn follow(
             () = tx.tx.closed() => return Err(Ended::Gone),
             () = tx.stalled() => return Err(Ended::Stalled),
         };
+        // Only what is newer than what the stream sent: the map current when the stream
+        // started may come again from the broadcast (published between the subscription
+        // and the read of the current map), and sending it twice would leave `held` with the
+        // second copy's sections while the client keeps the first's.
+        let newer = |s: &Snapshot| {
+            last.as_ref()
+                .is_none_or(|p| (s.epoch, s.version) > (p.epoch, p.version))
+        };
         let next = match received {
+            Ok(s) if !newer(&s) => continue,
             Ok(s) => s,
             Err(broadcast::error::RecvError::Lagged(_)) => match shared.current() {
+                Some(s) if !newer(&s) => continue,
                 Some(s) => {
                     // Fell behind: start again from a full map.
                     held = keep(send_full(shared, &s, &tx).await?);
