@@ -146,6 +146,9 @@ fn record_of(line: Line) -> Result<Record> {
             class: line.class.context("a prefix record needs a \"class\"")?,
             demand: number("demand", line.demand.context("no \"demand\"")?)?,
         },
+        (None, None, Some(_), None) | (None, None, None, Some(_)) if line.class.is_some() => {
+            bail!("only a prefix record has a \"class\"")
+        }
         (None, None, Some(load), None) => {
             number("load.value", load.value)?;
             Record::Load { t, load }
@@ -190,8 +193,28 @@ pub fn read(input: impl BufRead, name: &str) -> Result<(Header, Vec<Record>)> {
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: Line = serde_json::from_str(&line).map_err(|e| json_error(name, n, &e))?;
-        if let Some(h) = parsed.header {
+        let mut parsed: Line = serde_json::from_str(&line).map_err(|e| json_error(name, n, &e))?;
+        if let Some(h) = parsed.header.take() {
+            let Line {
+                t,
+                map_unit,
+                prefix,
+                class,
+                demand,
+                load,
+                state,
+                ..
+            } = &parsed;
+            if t.is_some()
+                || map_unit.is_some()
+                || prefix.is_some()
+                || class.is_some()
+                || demand.is_some()
+                || load.is_some()
+                || state.is_some()
+            {
+                bail!("{name}:{n}: a header line holds the header only (a record is a line of its own)");
+            }
             if header.is_some() || !records.is_empty() {
                 bail!("{name}:{n}: a header may only be the first line");
             }
@@ -373,6 +396,14 @@ mod tests {
                 r#"{"t": 0, "state": {"cluster": "c", "to": "down", "at": 5}}"#,
                 "t.jsonl:2:53: unknown field `at`, expected `cluster` or `to`",
             ),
+            (
+                r#"{"t": 0, "load": {"cluster": "c", "node": "n", "value": 5}, "class": "web"}"#,
+                "t.jsonl:2: only a prefix record has a \"class\"",
+            ),
+            (
+                r#"{"t": 0, "state": {"cluster": "c", "to": "down"}, "class": "web"}"#,
+                "t.jsonl:2: only a prefix record has a \"class\"",
+            ),
         ];
         for (line, want) in cases {
             let text = format!("{head}\n{line}\n");
@@ -394,6 +425,14 @@ mod tests {
         assert!(read("".as_bytes(), "t").is_err());
         let two_headers = format!("{head}\n{head}\n");
         assert!(read(two_headers.as_bytes(), "t").is_err());
+        // A header line with a record's fields: refused, not read as the header alone (the
+        // record was lost).
+        let both = r#"{"header": {"round_ms": 10000, "start_ms": 0}, "t": 0, "map_unit": "u", "demand": 5}"#;
+        let msg = format!("{:#}", read(both.as_bytes(), "t").expect_err("both"));
+        assert!(
+            msg.starts_with("t:1: a header line holds the header only"),
+            "{msg}"
+        );
     }
 
     /// The header refuses unknown keys at every level, with the line and column.
