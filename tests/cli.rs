@@ -2310,4 +2310,35 @@ fn a_trace_past_its_byte_bound_is_refused_before_it_is_written() {
     let text = std::fs::read_to_string(d.join("t.jsonl")).expect("the trace");
     let header: Value = serde_json::from_str(text.lines().next().expect("a header")).expect("JSON");
     assert_eq!(header["header"]["round_ms"], Value::from(80_000));
+
+    // A round that cannot be: refused before the instance is written, naming the flags.
+    let (d, _gone) = (
+        d.join("bad-round"),
+        std::fs::create_dir(d.join("bad-round")),
+    );
+    for round in ["0", "9000000"] {
+        let run = cdnmap(
+            &d,
+            &[
+                "world",
+                "--map-units",
+                "300",
+                "--clusters",
+                "10",
+                "--trace",
+                "2",
+                "--trace-round-ms",
+                round,
+                "--out",
+                "w.json",
+                "--out-trace",
+                "t.jsonl",
+            ],
+        );
+        run.assert_error(&[&format!("--trace 2 with --trace-round-ms {round}: ")]);
+        assert!(
+            !d.join("w.json").exists() && !d.join("t.jsonl").exists(),
+            "{round}"
+        );
+    }
 }

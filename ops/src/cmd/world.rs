@@ -222,6 +222,13 @@ impl WorldArgs {
                 let seed = self.trace_seed.unwrap_or(self.shape.seed.wrapping_add(2));
                 let mut params = synth::TraceParams::new(hours, seed);
                 params.round_ms = self.trace_round_ms;
+                // Every setting checked before anything is written.
+                params.validate().with_context(|| {
+                    format!(
+                        "--trace {hours} with --trace-round-ms {}",
+                        self.trace_round_ms
+                    )
+                })?;
                 Ok(Some((params, path)))
             }
             (Some(hours), None) => {
