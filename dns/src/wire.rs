@@ -353,7 +353,7 @@ fn prefetch_servers(
     };
     for step in 0..PREFETCH_STEPS {
         for ((i, v6), a) in picks() {
-            for c in [a.primary, a.secondary].into_iter().flatten() {
+            if let Some(c) = a.primary {
                 servers.prefetch(c, v6, hashes[i], step);
             }
         }

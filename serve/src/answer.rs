@@ -597,9 +597,12 @@ fn addresses<'v>(
         None => match view.servers {
             Some(servers) => servers.answer_hashed(answer, hash, v6, out),
             None => {
+                // The primary cluster's only, as `Servers::answer_hashed` names.
                 let clusters = view.resolver.map().clusters();
-                let both = [answer.primary, answer.secondary].into_iter().flatten();
-                let all = both.flat_map(|c| clusters[c as usize].addresses.iter().copied());
+                let all = answer
+                    .primary
+                    .into_iter()
+                    .flat_map(|c| clusters[c as usize].addresses.iter().copied());
                 out.extend(
                     all.filter(|a| a.is_ipv6() == v6)
                         .take(MAX_UNSELECTED_ADDRESSES),
@@ -1153,7 +1156,8 @@ mod tests {
         let q = Query::resolve("v.video.example", 1, net("10.0.0.0/24"));
         let d = decide(&zones, Some(&unselected), &q, &mut key, &mut out);
         assert_eq!(d.records, Records::Addresses);
-        assert_eq!(out, [ip("192.0.2.1"), ip("192.0.2.2"), ip("192.0.2.21")]);
+        // The primary cluster's addresses only, without selectors too.
+        assert_eq!(out, [ip("192.0.2.1"), ip("192.0.2.2")]);
     }
 
     /// Names are placed by their labels, ASCII case ignored, the first zone holding them
