@@ -51,6 +51,8 @@ use std::path::PathBuf;
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
+use crate::zonedata::{RecordConfig, StaticData};
+
 /// The environment variable the front end's token may come from (instead of
 /// `feedback_token` or `feedback_token_file`).
 pub const FEEDBACK_TOKEN_ENV: &str = "CDNMAP_FEEDBACK_TOKEN";
@@ -125,6 +127,12 @@ pub struct DnsConfig {
     /// A file holding `feedback_token` (one trailing newline dropped), read at start by
     /// [`DnsConfig::load_secrets`], as [`FEEDBACK_TOKEN_ENV`] is: one of the three.
     pub feedback_token_file: Option<PathBuf>,
+    /// The zones' SOA serial (absent: the map's epoch in seconds, the same on every front end
+    /// following the same mappers; see `Zones::follow_epoch`).
+    pub soa_serial: Option<u32>,
+    /// Static records beside the map's names: the nameservers' addresses (the glue), TXT,
+    /// CAA, MX, SRV, CNAME (`crate::zonedata`).
+    pub records: Vec<RecordConfig>,
 }
 
 impl Default for DnsConfig {
@@ -148,6 +156,8 @@ impl Default for DnsConfig {
             key_file: None,
             feedback_token: None,
             feedback_token_file: None,
+            soa_serial: None,
+            records: Vec::new(),
         }
     }
 }
@@ -218,7 +228,7 @@ impl DnsConfig {
 
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.zones()?;
+        self.static_data()?;
         let mappers = self.mappers();
         if mappers.len() > MAX_MAPPERS {
             return Err(invalid(
@@ -368,6 +378,11 @@ impl DnsConfig {
     /// Whether every mapper's URL names a loopback address (or `localhost`).
     pub fn mapper_is_loopback(&self) -> bool {
         self.mappers().into_iter().all(is_loopback)
+    }
+
+    /// The static records (`records`) of the zones, validated (`crate::zonedata`).
+    pub fn static_data(&self) -> Result<StaticData, ConfigError> {
+        StaticData::build(&self.zones()?, &self.records)
     }
 
     /// The zones with their NS names and hostmaster, validated.

@@ -21,6 +21,7 @@ pub mod in_use;
 pub mod local;
 mod udp;
 mod wire;
+pub mod zonedata;
 
 #[cfg(test)]
 mod fuzz;
@@ -107,9 +108,14 @@ pub async fn run(
         }
         None => None,
     };
-    let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
+    let statics = config.static_data()?;
+    for z in &zones {
+        for ns in zonedata::unaddressed(z, &statics) {
+            tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
+        }
+    }
     let front = Arc::new(Front::new(
-        Zones::new(&zones, serial, config.ttl_secs),
+        Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics),
         config.ttl_secs,
         config.max_udp_payload,
         now_unix_ms(),

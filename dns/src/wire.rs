@@ -12,9 +12,9 @@
 //! as before. Anything unusual gives up before anything is counted: a header flag or count
 //! other than a plain query's, a compressed or non-LDH name, another type or class, an OPT
 //! record of another version or with any option but one well-formed ECS option (no address
-//! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex or matched by no
-//! hostname rule, no map yet, an answer with no address (NODATA) or larger than the response
-//! may be. The test below holds the two paths to the same bytes over generated queries.
+//! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex, matched by no
+//! hostname rule or with static records (`crate::zonedata`), no map yet, an answer with no
+//! address (NODATA) or larger than the response may be. The test below holds the two paths to the same bytes over generated queries.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -26,7 +26,7 @@ use cdnmap_serve::resolve::{Answer, Route};
 use cdnmap_serve::servers::{key_hash_of, Servers, PREFETCH_STEPS};
 
 use super::demand::BlockCounts;
-use super::front::{Front, SCRATCH};
+use super::front::{Front, Zones, SCRATCH};
 
 /// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
 /// (RD and CD, which the response copies, may be set).
@@ -300,7 +300,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
         // 1: what each datagram asks, where the fast path takes it (up to the map).
         let mut taken: [Taken<'_, '_>; BLOCK] = [None; BLOCK];
         for ((t, &(raw, src)), name) in taken.iter_mut().zip(batch).zip(names.iter_mut()) {
-            *t = take(&front.zones.names, &view, raw, src, name);
+            *t = take(&front.zones, &view, raw, src, name);
         }
         // 2: the map's answers, looked up together.
         let queries: Vec<(IpNet, &str, ClassIdx)> = taken
@@ -447,7 +447,7 @@ impl<'a> Iterator for WireLabels<'a> {
 /// takes it (module docs: up to the map's answer, the decision's first step); its name as
 /// text left in `name`.
 fn take<'a, 'n>(
-    zones: &answer::Zones,
+    zones: &Zones,
     view: &View<'_>,
     raw: &'a [u8],
     src: SocketAddr,
@@ -465,7 +465,9 @@ fn take<'a, 'n>(
     };
     let q = Query {
         name,
-        place: zones.place(usize::from(p.labels), WireLabels(p.question)),
+        place: zones
+            .names
+            .place(usize::from(p.labels), WireLabels(p.question)),
         class_in: true,                          // `parse` takes class IN only
         qtype: QType::of(p.qtype),               // A or AAAA
         edns_version: p.edns_payload.map(|_| 0), // version 0 only
@@ -474,6 +476,10 @@ fn take<'a, 'n>(
     };
     // At an apex, outside the zones or for a name no rule names: hickory's.
     let class = answer::admit(&q, Some(view.resolver.rules())).ok()?;
+    // A static name (`crate::zonedata`), even one a rule names: hickory's.
+    if zones.statics.get(name).is_some() {
+        return None;
+    }
     Some((p, q, class))
 }
 
