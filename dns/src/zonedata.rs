@@ -404,7 +404,7 @@ impl StaticData {
         }
         if !data.names.is_empty() {
             for (zi, z) in zones.iter().enumerate() {
-                for ns in unaddressed(z, &data) {
+                if let Some(ns) = unaddressed(z, &data).first() {
                     return Err(ConfigError::Invalid {
                         key: format!("zones[{zi}]"),
                         problem: format!(
