@@ -446,6 +446,43 @@ pub(crate) mod tests {
         Zones::new(&[config], 1, 20)
     }
 
+    /// [`zones`] with static records: `ns1.example.` A and AAAA (the glue), a TXT at the apex,
+    /// `static.video.example.` A (a name the rule `*.video.example` names too), `alias` a
+    /// CNAME to it and `out` a CNAME out of the zone.
+    pub(crate) fn zones_with_statics() -> Zones {
+        let text = r#"
+            zones = ["example."]
+            [[records]]
+            name = "ns1"
+            type = "A"
+            data = "192.0.2.53"
+            [[records]]
+            name = "ns1"
+            type = "AAAA"
+            data = "2001:db8::53"
+            [[records]]
+            name = "@"
+            type = "TXT"
+            data = "v=spf1 -all"
+            [[records]]
+            name = "static.video.example."
+            type = "A"
+            data = "198.51.100.7"
+            ttl = 60
+            [[records]]
+            name = "alias"
+            type = "CNAME"
+            data = "static.video"
+            [[records]]
+            name = "out"
+            type = "CNAME"
+            data = "www.example.org."
+        "#;
+        let config = crate::config::DnsConfig::from_toml(text).expect("valid");
+        let statics = config.static_data().expect("valid records");
+        Zones::with_data(&config.zones().expect("zones"), Some(1), 20, statics)
+    }
+
     /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any,
     /// and its reply.
     fn check(

@@ -331,3 +331,37 @@ impl Front {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DnsConfig;
+
+    fn serial_of(zones: &Zones) -> u32 {
+        match &zones.soa(Some(0))[0].data {
+            RData::SOA(s) => s.serial,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Without `soa_serial` the serial is 1 until a map, then its epoch in seconds, and only
+    /// moves forward (RFC 1982, across the wrap too); a configured one stays.
+    #[test]
+    fn the_serial_follows_the_maps_epoch_forward_only() {
+        let config = DnsConfig::default();
+        let zones = config.zones().expect("zones");
+        let derived = Zones::with_data(&zones, None, 20, StaticData::default());
+        assert_eq!(serial_of(&derived), 1);
+        assert!(derived.follow_epoch(1_780_000_000_123));
+        assert_eq!(serial_of(&derived), 1_780_000_000);
+        assert!(!derived.follow_epoch(1_700_000_000_000), "an older epoch");
+        assert_eq!(serial_of(&derived), 1_780_000_000);
+        assert!(derived.follow_epoch(1_780_000_001_000));
+        assert_eq!(derived.serial(), 1_780_000_001);
+        let fixed = Zones::with_data(&zones, Some(7), 20, StaticData::default());
+        assert!(!fixed.follow_epoch(1_780_000_000_000));
+        assert_eq!(serial_of(&fixed), 7);
+        assert!(serial_after(1, u32::MAX) && !serial_after(u32::MAX, 1));
+        assert!(!serial_after(5, 5));
+    }
+}

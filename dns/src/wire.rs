@@ -1065,7 +1065,7 @@ pub(crate) mod tests {
             ("*.apps.example", "apps"),
         ];
         let view = crate::local::test_view_with(&b.finish(), &rules, &bypass);
-        crate::answer::tests::front_of(crate::answer::tests::zones(), view)
+        crate::answer::tests::front_of(crate::answer::tests::zones_with_statics(), view)
     }
 
     /// A query of `qtype` for `name` (as given: its case is kept), with EDNS when `ecs` is
@@ -1375,6 +1375,61 @@ pub(crate) mod tests {
                 decided(&handler.0, name, qtype, ecs, ip(resolver));
             assert_eq!((code, routed), (rcode, route), "{what}");
             assert_eq!(said(&slow), (code, addrs, cname, scope), "{what}");
+        }
+        // Static names (`crate::zonedata`), one a rule names too: the fast path gives them to
+        // hickory's, which answers their records (no ECS scope: not the map's).
+        type StaticRow<'a> = (
+            &'a str,
+            u16,
+            Option<Option<(IpAddr, u8)>>,
+            u16,
+            &'a [&'a str],
+            Option<&'a str>,
+        );
+        let statics: Vec<StaticRow<'_>> = vec![
+            ("ns1.example", 1, no_ecs, 0, &["192.0.2.53"], None),
+            (
+                "NS1.Example",
+                28,
+                v4("10.0.0.0", 24),
+                0,
+                &["2001:db8::53"],
+                None,
+            ),
+            ("ns1.example", 16, no_edns, 0, &[], None),
+            (
+                "static.video.example",
+                1,
+                v4("10.0.0.0", 24),
+                0,
+                &["198.51.100.7"],
+                None,
+            ),
+            ("static.video.example", 28, no_ecs, 0, &[], None),
+            (
+                "alias.example",
+                1,
+                v4("10.0.0.0", 24),
+                0,
+                &["198.51.100.7"],
+                Some("static.video.example."),
+            ),
+            ("out.example", 28, no_ecs, 0, &[], Some("www.example.org.")),
+            ("example", 1, no_ecs, 0, &[], None),
+            ("nope.example", 1, no_ecs, 3, &[], None),
+        ];
+        for (name, qtype, ecs, rcode, addrs, cname) in statics {
+            let what = format!("{name} type {qtype} ECS {ecs:?}");
+            let raw = table_query(name, qtype, ecs);
+            let src = SocketAddr::new(ip("192.0.2.77"), 5353);
+            let slow =
+                answer_hickory(&handler, runtime.handle(), &capture, &raw, src).expect("an answer");
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(&raw, src)], &mut out);
+            assert!(out[0].is_empty(), "{what}: not the fast path's");
+            let addrs: Vec<IpAddr> = addrs.iter().map(|a| ip(a)).collect();
+            let cname = cname.map(str::to_string);
+            assert_eq!(said(&slow), (rcode, addrs, cname, None), "{what}");
         }
     }
 }

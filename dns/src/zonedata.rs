@@ -263,16 +263,17 @@ fn rdata(rtype: RecordType, data: &str, apex: &Name) -> Result<RData, String> {
                 128 => true,
                 f => return Err(format!("flags {f}: 0, or 128 (critical)")),
             };
+            if !matches!(tag, "issue" | "issuewild") {
+                return Err(format!(
+                    "tag {tag:?}: issue or issuewild (data such as `0 issue \"ca.example\"`)"
+                ));
+            }
             let (issuer, options) = read_issuer(value.as_bytes())
                 .map_err(|e| format!("{value:?} is not an issuer value: {e}"))?;
-            match tag {
-                "issue" => RData::CAA(CAA::new_issue(critical, issuer, options)),
-                "issuewild" => RData::CAA(CAA::new_issuewild(critical, issuer, options)),
-                _ => {
-                    return Err(format!(
-                        "tag {tag:?}: issue or issuewild (data such as `0 issue \"ca.example\"`)"
-                    ))
-                }
+            if tag == "issue" {
+                RData::CAA(CAA::new_issue(critical, issuer, options))
+            } else {
+                RData::CAA(CAA::new_issuewild(critical, issuer, options))
             }
         }
         RecordType::MX => {
@@ -435,4 +436,233 @@ pub fn unaddressed<'z>(z: &'z ZoneConfig, data: &StaticData) -> Vec<&'z Name> {
                 })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DnsConfig;
+
+    /// One zone `cdn.example.` with `ns1` and `ns2` in it, and these records after the glue.
+    fn config(records: &str) -> String {
+        format!(
+            "zones = [\"cdn.example.\"]\nnameservers = [\"ns1.cdn.example.\", \"ns2.cdn.example.\"]\n\
+             [[records]]\nname = \"ns1\"\ntype = \"A\"\ndata = \"192.0.2.53\"\n\
+             [[records]]\nname = \"ns2.cdn.example.\"\ntype = \"AAAA\"\ndata = \"2001:db8::53\"\n{records}"
+        )
+    }
+
+    fn record(name: &str, rtype: &str, data: &str) -> String {
+        format!("[[records]]\nname = {name:?}\ntype = {rtype:?}\ndata = {data:?}\n")
+    }
+
+    fn build(text: &str) -> Result<StaticData, String> {
+        let c = DnsConfig::from_toml(text).map_err(|e| e.to_string())?;
+        c.static_data().map_err(|e| e.to_string())
+    }
+
+    /// Every refusal, with its exact text: the entry, the record's name and type, its zone.
+    #[test]
+    fn bad_records_are_refused_naming_the_entry_the_record_and_the_zone() {
+        let long_txt = "x".repeat(MAX_TXT_BYTES + 1);
+        let cases: Vec<(String, &str)> = vec![
+            (
+                config(&record("www", "HINFO", "a b")),
+                "records[2]: www HINFO: the type must be one of A, AAAA, TXT, CAA, MX, SRV, CNAME",
+            ),
+            (
+                config(&record("www.other.test.", "A", "192.0.2.1")),
+                "records[2]: www.other.test. A: www.other.test. is in none of the zones",
+            ),
+            (
+                config(&record("a..b", "A", "192.0.2.1")),
+                "records[2]: a..b A: \"a..b\" is not a domain name: Malformed label: ",
+            ),
+            (
+                config(&record("*.w", "A", "192.0.2.1")),
+                "records[2]: *.w A in zone cdn.example.: wildcard names are not served",
+            ),
+            (
+                config(&record("@", "CNAME", "www.example.org.")),
+                "records[2]: @ CNAME in zone cdn.example.: a CNAME at the apex would hide its SOA and NS records",
+            ),
+            (
+                config(&format!(
+                    "{}{}",
+                    record("docs", "TXT", "hello"),
+                    record("docs", "CNAME", "www.example.org.")
+                )),
+                "records[3]: docs CNAME in zone cdn.example.: a CNAME cannot be beside other data at docs.cdn.example. (RFC 1034 §3.6.2)",
+            ),
+            (
+                config(&format!(
+                    "{}{}",
+                    record("docs", "CNAME", "www.example.org."),
+                    record("docs", "A", "192.0.2.1")
+                )),
+                "records[3]: docs A in zone cdn.example.: a CNAME cannot be beside other data at docs.cdn.example. (RFC 1034 §3.6.2)",
+            ),
+            (
+                config(&record("ns1", "A", "192.0.2.53")),
+                "records[2]: ns1 A in zone cdn.example.: \"192.0.2.53\" is given twice",
+            ),
+            (
+                config(&record("www", "A", "192.0.2.300")),
+                "records[2]: www A in zone cdn.example.: \"192.0.2.300\" is not an IPv4 address",
+            ),
+            (
+                config(&record("www", "AAAA", "192.0.2.1")),
+                "records[2]: www AAAA in zone cdn.example.: \"192.0.2.1\" is not an IPv6 address",
+            ),
+            (
+                config(&record("www", "TXT", &long_txt)),
+                "records[2]: www TXT in zone cdn.example.: 2049 bytes of text; at most 2048",
+            ),
+            (
+                config(&record("@", "CAA", "1 issue \"ca.example\"")),
+                "records[2]: @ CAA in zone cdn.example.: flags 1: 0, or 128 (critical)",
+            ),
+            (
+                config(&record("@", "CAA", "0 iodef \"mailto:a@b\"")),
+                "records[2]: @ CAA in zone cdn.example.: tag \"iodef\": issue or issuewild (data such as `0 issue \"ca.example\"`)",
+            ),
+            (
+                config(&record("@", "MX", "ten mail")),
+                "records[2]: @ MX in zone cdn.example.: \"ten\" is not a number of 0 to 65535 (data \"ten mail\")",
+            ),
+            (
+                config(&record("@", "MX", "10 mail other")),
+                "records[2]: @ MX in zone cdn.example.: \"10 mail other\" must end with one domain name",
+            ),
+            (
+                config(&record("_sip._tcp", "SRV", "0 5 sip")),
+                "records[2]: _sip._tcp SRV in zone cdn.example.: \"sip\" is not a number of 0 to 65535 (data \"0 5 sip\")",
+            ),
+            (
+                config("[[records]]\nname = \"www\"\ntype = \"A\"\ndata = \"192.0.2.1\"\nttl = 0\n"),
+                "records[2]: www A in zone cdn.example.: ttl 0 is outside 1..=86400",
+            ),
+            (
+                config("[[records]]\nname = \"www\"\ntype = \"A\"\ndata = \"192.0.2.1\"\nclass = \"IN\"\n"),
+                "unknown field `class`",
+            ),
+            (
+                format!(
+                    "zones = [\"a.example.\", \"b.example.\"]\n{}",
+                    record("www", "A", "192.0.2.1")
+                ),
+                "records[0]: www A: a name relative to the apex needs exactly one zone (2 are served): write it fully qualified, with a final dot",
+            ),
+            // Glue: an in-zone nameserver without an address, once records are given.
+            (
+                format!(
+                    "zones = [\"cdn.example.\"]\nnameservers = [\"ns1.cdn.example.\", \"ns.other.test.\"]\n{}",
+                    record("@", "TXT", "hello")
+                ),
+                "zones[0]: cdn.example.: the nameserver ns1.cdn.example. is inside the zone but has no address: give it an A or AAAA record in [[records]]",
+            ),
+            (
+                format!(
+                    "zones = [\"cdn.example.\"]\n{}",
+                    record("ns1", "CNAME", "host.other.test.")
+                ),
+                "zones[0]: cdn.example.: the nameserver ns1.cdn.example. is inside the zone but has no address: give it an A or AAAA record in [[records]]",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = build(&text).expect_err(&text);
+            assert!(
+                e.starts_with(want) || (want.starts_with("unknown") && e.contains(want)),
+                "{text}\n got: {e}\nwant: {want}"
+            );
+        }
+        // The bounds: records a name.
+        let many: String = (0..=MAX_RECORDS_PER_NAME)
+            .map(|i| record("www", "A", &format!("192.0.2.{i}")))
+            .collect();
+        assert_eq!(
+            build(&config(&many)).expect_err("too many"),
+            "records[34]: www A in zone cdn.example.: more than 32 records at www.cdn.example."
+        );
+        // Without records, an in-zone nameserver without an address is what it was (warned).
+        assert!(build("nameservers = [\"ns1.cdn.example.\"]").is_ok());
+    }
+
+    /// The records built: names in lower case, relative names and data below the apex, TXT
+    /// cut into strings of 255 bytes, the default TTL; empty non-terminals; CNAME chains.
+    #[test]
+    fn records_are_built_and_answered_by_type() {
+        let text = config(&format!(
+            "{}{}{}{}{}{}{}",
+            record("@", "TXT", &"é".repeat(200)),
+            record("@", "CAA", "128 issue \"ca.example\""),
+            record("@", "MX", "10 mail"),
+            record("_SIP._tcp", "SRV", "0 5 5060 sip.cdn.example."),
+            record("docs", "CNAME", "alias"),
+            record("alias", "CNAME", "ns1"),
+            record("loop", "CNAME", "loop"),
+        ));
+        let data = build(&text).expect("valid");
+        assert_eq!(
+            data.names(),
+            [
+                "_sip._tcp.cdn.example.",
+                "alias.cdn.example.",
+                "cdn.example.",
+                "docs.cdn.example.",
+                "loop.cdn.example.",
+                "ns1.cdn.example.",
+                "ns2.cdn.example."
+            ]
+        );
+        assert!(data.is_between("_tcp.cdn.example."));
+        assert!(!data.is_between("cdn.example.") && !data.is_between("ns1.cdn.example."));
+        let apex = data.get("cdn.example.").expect("the apex");
+        let txt = data.answer(apex, RecordType::TXT);
+        let RData::TXT(t) = &txt[0].data else {
+            panic!("{txt:?}")
+        };
+        let lens: Vec<usize> = t.txt_data.iter().map(|s| s.len()).collect();
+        assert_eq!(lens, [254, 146], "400 bytes of two-byte characters");
+        assert_eq!(txt[0].ttl, DEFAULT_TTL);
+        let mx = data.answer(apex, RecordType::MX);
+        assert_eq!(mx[0].data.to_string(), "10 mail.cdn.example.");
+        assert!(data.answer(apex, RecordType::A).is_empty(), "NODATA");
+        let docs = data.get("docs.cdn.example.").expect("docs");
+        let chain: Vec<String> = data
+            .answer(docs, RecordType::A)
+            .iter()
+            .map(|r| format!("{} {}", r.name, r.data))
+            .collect();
+        assert_eq!(
+            chain,
+            [
+                "docs.cdn.example. alias.cdn.example.",
+                "alias.cdn.example. ns1.cdn.example.",
+                "ns1.cdn.example. 192.0.2.53"
+            ]
+        );
+        assert_eq!(data.answer(docs, RecordType::CNAME).len(), 1);
+        assert_eq!(
+            data.answer(docs, RecordType::TXT).len(),
+            2,
+            "the chain, no TXT"
+        );
+        let looped = data.get("loop.cdn.example.").expect("loop");
+        assert_eq!(data.answer(looped, RecordType::A).len(), 1, "a loop stops");
+    }
+
+    /// The example of docs/dns.md's "Zone data" is valid.
+    #[test]
+    fn the_documented_zone_data_example_is_valid() {
+        let doc = include_str!("../../docs/dns.md");
+        let section = doc
+            .split("## Zone data")
+            .nth(1)
+            .and_then(|s| s.split("```toml\n").nth(1))
+            .and_then(|s| s.split("```").next())
+            .expect("the example");
+        let data = build(section).expect("the documented example");
+        assert_eq!(data.len(), 5);
+    }
 }
