@@ -24,7 +24,8 @@
 //! type), its zone and what is wrong: names in a zone, no wildcard; a CNAME never beside other
 //! data at a name, never at an apex, never two; data of the type (addresses, TXT up to
 //! [`MAX_TXT_BYTES`] split into strings of 255 bytes, CAA `issue`/`issuewild`, MX, SRV); TTLs
-//! within [`crate::config::TTL_SECS`] (default [`DEFAULT_TTL`]); no record twice; at most
+//! within [`crate::config::TTL_SECS`] (default [`DEFAULT_TTL`]), one for all the records of
+//! a name and type (an RRset: RFC 2181 §5.2); no record twice; at most
 //! [`MAX_STATIC_NAMES`] names, [`MAX_RECORDS_PER_NAME`] records a name. Once any record is
 //! configured, every nameserver name inside its zone must have an address (A or AAAA), as a
 //! delegation checker verifies; a configuration without records keeps working as before (the
@@ -383,6 +384,19 @@ impl StaticData {
             if entry.records.iter().any(|o| o.data == rd) {
                 return Err(err(Some(apex), format!("{:?} is given twice", r.data)));
             }
+            if let Some(other) = entry
+                .records
+                .iter()
+                .find(|o| o.record_type() == rtype && o.ttl != ttl)
+            {
+                return Err(err(
+                    Some(apex),
+                    format!(
+                        "ttl {ttl} differs from the other {rtype} records' at {name} ({}): one TTL an RRset (RFC 2181 §5.2)",
+                        other.ttl
+                    ),
+                ));
+            }
             let has_cname = entry.cname().is_some();
             if has_cname || (rtype == RecordType::CNAME && !entry.records.is_empty()) {
                 return Err(err(
@@ -541,6 +555,10 @@ mod tests {
             (
                 config("[[records]]\nname = \"www\"\ntype = \"A\"\ndata = \"192.0.2.1\"\nttl = 0\n"),
                 "records[2]: www A in zone cdn.example.: ttl 0 is outside 1..=86400",
+            ),
+            (
+                config("[[records]]\nname = \"ns1\"\ntype = \"A\"\ndata = \"192.0.2.1\"\nttl = 60\n"),
+                "records[2]: ns1 A in zone cdn.example.: ttl 60 differs from the other A records' at ns1.cdn.example. (3600): one TTL an RRset (RFC 2181 §5.2)",
             ),
             (
                 config("[[records]]\nname = \"www\"\ntype = \"A\"\ndata = \"192.0.2.1\"\nclass = \"IN\"\n"),
