@@ -641,7 +641,7 @@ pub(crate) mod tests {
         let m = b.finish();
         let view =
             crate::local::test_view(&m, &[("*.video.example", "video"), ("www.example", "web")]);
-        crate::answer::tests::front_of(crate::answer::tests::zones(), view)
+        crate::answer::tests::front_of(crate::answer::tests::zones_with_statics(), view)
     }
 
     fn push16(out: &mut Vec<u8>, v: u16) {

@@ -670,6 +670,37 @@ mod tests {
         assert_eq!(data.answer(looped, RecordType::A).len(), 1, "a loop stops");
     }
 
+    /// Whatever a record's name and data hold, it is built or refused with an error naming its
+    /// entry: never a panic (a fuzz target: its inputs in `cargo test` are random for a
+    /// second, `cdnmap_tests::fuzz`).
+    #[test]
+    fn any_record_is_built_or_refused_never_a_panic() {
+        let zones = DnsConfig::default().zones().expect("zones");
+        bolero::check!()
+            .with_type::<(u8, String, String, Option<u32>)>()
+            .for_each(|(t, name, data, ttl)| {
+                let r = RecordConfig {
+                    name: name.clone(),
+                    rtype: TYPES[usize::from(*t) % TYPES.len()].0.to_string(),
+                    data: data.clone(),
+                    ttl: *ttl,
+                };
+                let glue = RecordConfig {
+                    name: "ns1".into(),
+                    rtype: "A".into(),
+                    data: "192.0.2.53".into(),
+                    ttl: None,
+                };
+                if let Err(e) = StaticData::build(&zones, &[glue, r]) {
+                    let e = e.to_string();
+                    assert!(
+                        e.starts_with("records[1]: ") || e.starts_with("zones[0]: "),
+                        "{e}"
+                    );
+                }
+            });
+    }
+
     /// The example of docs/dns.md's "Zone data" is valid.
     #[test]
     fn the_documented_zone_data_example_is_valid() {
