@@ -452,7 +452,8 @@ async fn wait_logged(what: &str, log: impl Fn() -> String, needle: &str, n: usiz
 /// SIGHUP reloads and never kills (issue 41): a plaintext mapper sent SIGHUP while it starts
 /// (as soon as it logs anything, before it listens) and twice while it serves, and a front
 /// end sent SIGHUP twice, keep running and answering, and each says in its log that it had a
-/// SIGHUP and what it reloaded (with no TLS: nothing). Before, SIGHUP killed both.
+/// SIGHUP and what it reloaded (with no TLS: nothing but the front end's zone data). Before,
+/// SIGHUP killed both.
 #[tokio::test(flavor = "multi_thread")]
 async fn sighup_reloads_and_never_kills_the_mapper_or_the_front_end() {
     let mut setup = Setup::new(bin!(), true);
@@ -491,7 +492,13 @@ async fn sighup_reloads_and_never_kills_the_mapper_or_the_front_end() {
         dns.process.send_signal("HUP");
         let (mapper_log, dns_log) = (|| server.log(), || dns.log());
         wait_logged("the mapper", mapper_log, "SIGHUP: nothing to reload", n).await;
-        wait_logged("the front end", dns_log, "SIGHUP: nothing to reload", n).await;
+        wait_logged(
+            "the front end",
+            dns_log,
+            "SIGHUP: no TLS files to reload",
+            n,
+        )
+        .await;
         server.assert_running();
         dns.process.assert_running();
         ok(
@@ -1601,4 +1608,104 @@ async fn zone_data_is_served_like_gdnsd_and_one_serial_for_two_front_ends() {
     }
     a.process.assert_running();
     b.process.assert_running();
+}
+
+/// SIGHUP reloads the zone data: a record added to the file is answered, one removed is
+/// NXDOMAIN; a file whose records do not load (a CNAME beside other data) keeps the data in
+/// use, and the log says why, naming the record; a configured serial moves forward and one
+/// before it is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_the_zone_data_and_keeps_it_when_the_file_is_bad() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let glue = "nameservers = [\"ns1.cdn.example.\"]\n\
+                [[records]]\nname = \"ns1\"\ntype = \"A\"\ndata = \"192.0.2.53\"\n";
+    let txt =
+        |data: &str| format!("[[records]]\nname = \"info\"\ntype = \"TXT\"\ndata = {data:?}\n");
+    let first = format!("soa_serial = 10\n{glue}{}", txt("one"));
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, &first);
+    dns.wait_answering();
+    let txt_of = |dns: &Dns, name: &str| {
+        let r = dns.dig(&[name, "TXT"]);
+        (
+            r.status.clone(),
+            r.answers.iter().map(|a| a.3.clone()).collect::<Vec<_>>(),
+        )
+    };
+    let serial_of = |dns: &Dns| -> String {
+        let soa = dns.dig(&["cdn.example", "SOA"]);
+        soa.answers[0]
+            .3
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        txt_of(&dns, "info.cdn.example"),
+        ("NOERROR".into(), vec!["\"one\"".to_string()])
+    );
+    assert_eq!(serial_of(&dns), "10");
+
+    // A new record, the old one gone, the serial forward.
+    let second = format!(
+        "soa_serial = 11\n{glue}[[records]]\nname = \"news\"\ntype = \"TXT\"\ndata = \"two\"\n"
+    );
+    std::fs::write(&dns.config, &second).expect("rewrite the config");
+    dns.process.send_signal("HUP");
+    wait_logged(
+        "the front end",
+        || dns.log(),
+        "SIGHUP: the zone data reloaded",
+        1,
+    )
+    .await;
+    assert_eq!(
+        txt_of(&dns, "news.cdn.example"),
+        ("NOERROR".into(), vec!["\"two\"".to_string()])
+    );
+    assert_eq!(txt_of(&dns, "info.cdn.example").0, "NXDOMAIN");
+    assert_eq!(serial_of(&dns), "11");
+
+    // Records that do not load: kept as they were, the record named in the log.
+    let bad = format!(
+        "soa_serial = 12\n{glue}{}[[records]]\nname = \"news\"\ntype = \"CNAME\"\ndata = \"x.example.org.\"\n",
+        txt("two")
+    );
+    std::fs::write(
+        &dns.config,
+        bad.replace("name = \"info\"", "name = \"news\""),
+    )
+    .expect("rewrite");
+    dns.process.send_signal("HUP");
+    wait_logged("the front end", || dns.log(), "the one in use is kept", 1).await;
+    assert!(
+        dns.log().contains(
+            "records[2]: news CNAME in zone cdn.example.: a CNAME cannot be beside other data"
+        ),
+        "{}",
+        dns.log()
+    );
+    assert_eq!(
+        txt_of(&dns, "news.cdn.example"),
+        ("NOERROR".into(), vec!["\"two\"".to_string()])
+    );
+    assert_eq!(serial_of(&dns), "11");
+
+    // A serial before the one in use: refused, kept.
+    std::fs::write(
+        &dns.config,
+        second.replace("soa_serial = 11", "soa_serial = 9"),
+    )
+    .expect("rewrite");
+    dns.process.send_signal("HUP");
+    wait_logged("the front end", || dns.log(), "the one in use is kept", 2).await;
+    assert!(
+        dns.log()
+            .contains("soa_serial 9 is before the serial in use, 11"),
+        "{}",
+        dns.log()
+    );
+    assert_eq!(serial_of(&dns), "11");
+    dns.process.assert_running();
 }

@@ -195,7 +195,7 @@ fn decide<'a, 'v>(
     }
     let view = live.map(Live::view);
     let mut decision = answer::decide(&src.zones.names, view.as_ref(), &query, key, addrs);
-    if decision.rcode == Rcode::NxDomain && src.zones.statics.is_between(qname) {
+    if decision.rcode == Rcode::NxDomain && src.zones.statics.load().is_between(qname) {
         // Between an apex and a static name (RFC 8020): the name exists, without data.
         decision.rcode = Rcode::NoError;
     }
@@ -211,7 +211,7 @@ fn from_statics<'a, 'v>(
     q: &Parsed<'_>,
     query: &answer::Query<'_>,
 ) -> Option<(Decision<'v>, Reply<'a>)> {
-    let statics = &src.zones.statics;
+    let statics = src.zones.statics.load();
     let at = statics.get(query.name)?;
     // What the map's decision says before it asks the map: SERVFAIL (no map) below an apex,
     // the apex's own answer at one.

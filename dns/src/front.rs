@@ -4,10 +4,10 @@
 //! fast path (`crate::wire`) and hickory's (`crate::answer`), read it.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use hickory_server::proto::rr::rdata::{NS, SOA};
 use hickory_server::proto::rr::{Name, RData, Record};
 
@@ -36,11 +36,12 @@ const SOA_TIMERS: (i32, i32, i32, u32) = (3600, 600, 86_400, 60);
 pub struct Zones {
     pub names: answer::Zones,
     records: Vec<ApexRecords>,
-    /// The static records (empty without `[[records]]`).
-    pub statics: StaticData,
+    /// The static records (empty without `[[records]]`), replaced whole on SIGHUP
+    /// ([`Zones::reload`]).
+    pub statics: ArcSwap<StaticData>,
     serial: AtomicU32,
     /// The serial follows the map's epoch (no `soa_serial`).
-    derived_serial: bool,
+    derived_serial: AtomicBool,
 }
 
 /// A zone's SOA and NS records.
@@ -57,9 +58,7 @@ pub fn serial_after(a: u32, b: u32) -> bool {
 impl Zones {
     /// Zones with a fixed serial and no static records.
     pub fn new(zones: &[ZoneConfig], serial: u32, ttl: u32) -> Zones {
-        let mut z = Zones::with_data(zones, Some(serial), ttl, StaticData::default());
-        z.derived_serial = false;
-        z
+        Zones::with_data(zones, Some(serial), ttl, StaticData::default())
     }
 
     /// Zones with the configured serial `soa_serial` (`None`: the map's epoch) and static
@@ -75,9 +74,9 @@ impl Zones {
         Zones {
             names,
             records,
-            statics,
+            statics: ArcSwap::from_pointee(statics),
             serial: AtomicU32::new(soa_serial.unwrap_or(1)),
-            derived_serial: soa_serial.is_none(),
+            derived_serial: AtomicBool::new(soa_serial.is_none()),
         }
     }
 
@@ -90,7 +89,7 @@ impl Zones {
     /// becomes its seconds when that is after the serial in use (RFC 1982), never before.
     /// Nothing with a configured serial. Says whether the serial changed.
     pub fn follow_epoch(&self, epoch_ms: u64) -> bool {
-        if !self.derived_serial {
+        if !self.derived_serial.load(Ordering::Relaxed) {
             return false;
         }
         let secs = u32::try_from(epoch_ms / 1000).unwrap_or(u32::MAX).max(1);
@@ -99,6 +98,32 @@ impl Zones {
                 serial_after(secs, now).then_some(secs)
             })
             .is_ok()
+    }
+
+    /// Takes reloaded zone data: the static records `statics`, and `soa_serial` (`None`: the
+    /// serial follows the map's epoch from the next map on, forward only). A configured serial
+    /// before the one in use (RFC 1982) is refused: the serial never goes backward. Says what
+    /// it did, for the log.
+    pub fn reload(&self, statics: StaticData, soa_serial: Option<u32>) -> Result<String, String> {
+        if let Some(n) = soa_serial {
+            let now = self.serial();
+            if n != now && !serial_after(n, now) {
+                return Err(format!(
+                    "soa_serial {n} is before the serial in use, {now} (RFC 1982): the zone data is kept as it was"
+                ));
+            }
+        }
+        let names = statics.len();
+        self.statics.store(Arc::new(statics));
+        self.derived_serial
+            .store(soa_serial.is_none(), Ordering::Relaxed);
+        if let Some(n) = soa_serial {
+            self.serial.store(n, Ordering::Relaxed);
+        }
+        Ok(format!(
+            "{names} static names; SOA serial {}",
+            soa_serial.map_or("from the map's epoch".to_string(), |n| n.to_string())
+        ))
     }
 
     /// Zone `z`'s SOA record (with the serial in use), as a section.
@@ -287,13 +312,12 @@ impl Front {
     /// Logs the static names the hostname rules of `view` also name (answered from their
     /// static records: `crate::zonedata`), when they are not the ones logged last.
     fn warn_shadowed(&self, view: &LocalView) {
-        if self.zones.statics.is_empty() {
+        let statics = self.zones.statics.load();
+        if statics.is_empty() {
             return;
         }
         let rules = view.resolver.rules();
-        let named: Vec<&str> = self
-            .zones
-            .statics
+        let named: Vec<&str> = statics
             .names()
             .into_iter()
             .filter(|n| rules.rule_class(n).is_some())
@@ -361,6 +385,17 @@ mod tests {
         let fixed = Zones::with_data(&zones, Some(7), 20, StaticData::default());
         assert!(!fixed.follow_epoch(1_780_000_000_000));
         assert_eq!(serial_of(&fixed), 7);
+        // Reloaded: a configured serial forward is taken, one before it refused; none again
+        // follows the epoch, forward only.
+        assert_eq!(
+            fixed.reload(StaticData::default(), Some(5)),
+            Err("soa_serial 5 is before the serial in use, 7 (RFC 1982): the zone data is kept as it was".to_string())
+        );
+        assert!(fixed.reload(StaticData::default(), Some(8)).is_ok());
+        assert_eq!(serial_of(&fixed), 8);
+        assert!(fixed.reload(StaticData::default(), None).is_ok());
+        assert!(fixed.follow_epoch(1_780_000_000_000));
+        assert_eq!(serial_of(&fixed), 1_780_000_000);
         assert!(serial_after(1, u32::MAX) && !serial_after(u32::MAX, 1));
         assert!(!serial_after(5, 5));
     }

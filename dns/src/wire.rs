@@ -27,6 +27,7 @@ use cdnmap_serve::servers::{key_hash_of, Servers, PREFETCH_STEPS};
 
 use super::demand::BlockCounts;
 use super::front::{Front, Zones, SCRATCH};
+use super::zonedata::StaticData;
 
 /// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
 /// (RD and CD, which the response copies, may be set).
@@ -293,6 +294,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
     let Some(servers) = view.servers else {
         return;
     };
+    let statics = front.zones.statics.load();
     NAMES.with_borrow_mut(|names| {
         if names.len() < BLOCK {
             names.resize(BLOCK, String::new());
@@ -300,7 +302,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
         // 1: what each datagram asks, where the fast path takes it (up to the map).
         let mut taken: [Taken<'_, '_>; BLOCK] = [None; BLOCK];
         for ((t, &(raw, src)), name) in taken.iter_mut().zip(batch).zip(names.iter_mut()) {
-            *t = take(&front.zones, &view, raw, src, name);
+            *t = take(&front.zones, &statics, &view, raw, src, name);
         }
         // 2: the map's answers, looked up together.
         let queries: Vec<(IpNet, &str, ClassIdx)> = taken
@@ -448,6 +450,7 @@ impl<'a> Iterator for WireLabels<'a> {
 /// text left in `name`.
 fn take<'a, 'n>(
     zones: &Zones,
+    statics: &StaticData,
     view: &View<'_>,
     raw: &'a [u8],
     src: SocketAddr,
@@ -477,7 +480,7 @@ fn take<'a, 'n>(
     // At an apex, outside the zones or for a name no rule names: hickory's.
     let class = answer::admit(&q, Some(view.resolver.rules())).ok()?;
     // A static name (`crate::zonedata`), even one a rule names: hickory's.
-    if zones.statics.get(name).is_some() {
+    if statics.get(name).is_some() {
         return None;
     }
     Some((p, q, class))

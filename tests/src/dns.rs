@@ -29,6 +29,8 @@ pub struct Dns {
     pub addr: SocketAddr,
     /// Where it serves /metrics, if its config asks for it.
     pub metrics: Option<SocketAddr>,
+    /// Its configuration file (rewritten by a test before a SIGHUP).
+    pub config: PathBuf,
 }
 
 impl Dns {
@@ -83,6 +85,7 @@ impl Dns {
             process,
             addr,
             metrics,
+            config: conf,
         }
     }
 
