@@ -30,6 +30,11 @@
 //!                                     #   the reports and WatchMap)
 //! # feedback_token_file = "/run/credentials/cdnmap-dns.service/feedback-token"  # or the
 //! #                                   #   token in a file, or in CDNMAP_FEEDBACK_TOKEN: one of three
+//! # soa_serial = 2026120701           # the SOA serial (default: the map's epoch in seconds)
+//! # [[records]]                       # static records: the nameservers' addresses, TXT, CAA,
+//! # name = "ns1"                      #   MX, SRV, CNAME (`crate::zonedata`, docs/dns.md's
+//! # type = "A"                        #   "Zone data"); reloaded on SIGHUP
+//! # data = "192.0.2.53"
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
