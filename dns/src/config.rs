@@ -63,7 +63,7 @@ use crate::zonedata::{RecordConfig, StaticData};
 pub const FEEDBACK_TOKEN_ENV: &str = "CDNMAP_FEEDBACK_TOKEN";
 
 /// The TTLs an answer may carry, in seconds (the service's `ttl_secs` takes the same range).
-pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
+pub use crate::zonedata::TTL_SECS;
 
 /// Why the front end's configuration was refused: which key, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
@@ -168,12 +168,7 @@ impl Default for DnsConfig {
 }
 
 /// A zone as the front end serves it.
-#[derive(Debug, Clone)]
-pub struct ZoneConfig {
-    pub apex: Name,
-    pub nameservers: Vec<Name>,
-    pub hostmaster: Name,
-}
+pub use crate::zonedata::ZoneConfig;
 
 /// A domain name from the config, fully qualified.
 pub fn fqdn(key: &str, text: &str) -> Result<Name, ConfigError> {
@@ -387,7 +382,10 @@ impl DnsConfig {
 
     /// The static records (`records`) of the zones, validated (`crate::zonedata`).
     pub fn static_data(&self) -> Result<StaticData, ConfigError> {
-        StaticData::build(&self.zones()?, &self.records)
+        StaticData::build(&self.zones()?, &self.records).map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            problem: e.problem,
+        })
     }
 
     /// The zones with their NS names and hostmaster, validated.

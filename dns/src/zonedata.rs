@@ -24,7 +24,7 @@
 //! type), its zone and what is wrong: names in a zone, no wildcard; a CNAME never beside other
 //! data at a name, never at an apex, never two; data of the type (addresses, TXT up to
 //! [`MAX_TXT_BYTES`] split into strings of 255 bytes, CAA `issue`/`issuewild`, MX, SRV); TTLs
-//! within [`crate::config::TTL_SECS`] (default [`DEFAULT_TTL`]), one for all the records of
+//! within [`TTL_SECS`] (default [`DEFAULT_TTL`]), one for all the records of
 //! a name and type (an RRset: RFC 2181 §5.2); no record twice; at most
 //! [`MAX_STATIC_NAMES`] names, [`MAX_RECORDS_PER_NAME`] records a name. Once any record is
 //! configured, every nameserver name inside its zone must have an address (A or AAAA), as a
@@ -41,7 +41,25 @@ use serde::Deserialize;
 
 use cdnmap_serve::answer::{self, Place};
 
-use crate::config::{ConfigError, ZoneConfig, TTL_SECS};
+/// The TTLs a record may carry, in seconds (the answers' `ttl_secs` takes the same range).
+pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
+
+/// A zone as the front end serves it: its apex, NS names and SOA mailbox.
+#[derive(Debug, Clone)]
+pub struct ZoneConfig {
+    pub apex: Name,
+    pub nameservers: Vec<Name>,
+    pub hostmaster: Name,
+}
+
+/// Why the zone data was refused: the configuration's key (`records[i]`, `zones[i]`) and what
+/// is wrong, the record named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ZoneDataError {
+    pub key: String,
+    pub problem: String,
+}
 
 /// Most static names (the glue included) over all zones.
 pub const MAX_STATIC_NAMES: usize = 1024;
@@ -166,9 +184,9 @@ fn record_error(
     rtype: &str,
     zone: Option<&Name>,
     problem: String,
-) -> ConfigError {
+) -> ZoneDataError {
     let zone = zone.map_or(String::new(), |z| format!(" in zone {z}"));
-    ConfigError::Invalid {
+    ZoneDataError {
         key: format!("records[{i}]"),
         problem: format!("{name} {rtype}{zone}: {problem}"),
     }
@@ -307,9 +325,9 @@ impl StaticData {
     pub fn build(
         zones: &[ZoneConfig],
         records: &[RecordConfig],
-    ) -> Result<StaticData, ConfigError> {
+    ) -> Result<StaticData, ZoneDataError> {
         if records.len() > MAX_RECORDS {
-            return Err(ConfigError::Invalid {
+            return Err(ZoneDataError {
                 key: "records".into(),
                 problem: format!("{} records; at most {MAX_RECORDS}", records.len()),
             });
@@ -420,7 +438,7 @@ impl StaticData {
         if !data.names.is_empty() {
             for (zi, z) in zones.iter().enumerate() {
                 if let Some(ns) = unaddressed(z, &data).first() {
-                    return Err(ConfigError::Invalid {
+                    return Err(ZoneDataError {
                         key: format!("zones[{zi}]"),
                         problem: format!(
                             "{}: the nameserver {ns} is inside the zone but has no address: give it an A or AAAA record in [[records]]",
