@@ -5,9 +5,12 @@
 //! SOA and NS at an apex, NXDOMAIN for names no hostname rule names, A/AAAA from the map (the
 //! client subnet of the query's EDNS Client Subnet option, else the resolver's address) with
 //! the ECS option echoed with the answer's scope, NODATA with the SOA for other types,
-//! SERVFAIL before the first map (its module docs have the whole order). Here the query is
-//! read out of hickory's `Request` (`read`), the decision encoded as hickory's records
-//! (`reply`), its demand and outcome counted, and the reply sent. Before the decision,
+//! SERVFAIL before the first map (its module docs have the whole order). A name with static
+//! records (`crate::zonedata`: the glue, TXT, CAA, MX, SRV, CNAME) is answered from them once
+//! the checks before the map's pass (EDNS version, class, transfers, ECS), map or no map; the
+//! names between an apex and a static name are NODATA where the map says NXDOMAIN. Here the
+//! query is read out of hickory's `Request` (`read`), the decision encoded as hickory's
+//! records (`reply`), its demand and outcome counted, and the reply sent. Before the decision,
 //! anything but a standard query is NOTIMP and not exactly one question FORMERR.
 //!
 //! Truncation is hickory's: a UDP response larger than the smaller of the client's EDNS buffer
