@@ -19,7 +19,10 @@
 //!   the operator's CA watch maps and send feedback, their reports are recorded under their
 //!   certificate's name, and the mapper's certificate is replaced without dropping the stream;
 //! - under load the UDP loop takes queries in batches (receive coalescing) and still answers
-//!   each once, to its sender.
+//!   each once, to its sender;
+//! - static zone data (the nameservers' addresses, TXT, CAA, MX, SRV, CNAME) is answered as
+//!   gdnsd answers the same records from a zone file (the oracle), and two front ends of one
+//!   mapper answer the same SOA serial, the mapper's epoch.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -449,7 +452,8 @@ async fn wait_logged(what: &str, log: impl Fn() -> String, needle: &str, n: usiz
 /// SIGHUP reloads and never kills (issue 41): a plaintext mapper sent SIGHUP while it starts
 /// (as soon as it logs anything, before it listens) and twice while it serves, and a front
 /// end sent SIGHUP twice, keep running and answering, and each says in its log that it had a
-/// SIGHUP and what it reloaded (with no TLS: nothing). Before, SIGHUP killed both.
+/// SIGHUP and what it reloaded (with no TLS: nothing but the front end's zone data). Before,
+/// SIGHUP killed both.
 #[tokio::test(flavor = "multi_thread")]
 async fn sighup_reloads_and_never_kills_the_mapper_or_the_front_end() {
     let mut setup = Setup::new(bin!(), true);
@@ -488,7 +492,13 @@ async fn sighup_reloads_and_never_kills_the_mapper_or_the_front_end() {
         dns.process.send_signal("HUP");
         let (mapper_log, dns_log) = (|| server.log(), || dns.log());
         wait_logged("the mapper", mapper_log, "SIGHUP: nothing to reload", n).await;
-        wait_logged("the front end", dns_log, "SIGHUP: nothing to reload", n).await;
+        wait_logged(
+            "the front end",
+            dns_log,
+            "SIGHUP: no TLS files to reload",
+            n,
+        )
+        .await;
         server.assert_running();
         dns.process.assert_running();
         ok(
@@ -1379,4 +1389,323 @@ async fn the_front_ends_token_comes_from_a_file() {
     let mut dns = Dns::start(bin, dir.path(), server.grpc, &config);
     dns.wait_answering();
     assert!(!dns.log().contains(token), "the token is in the log");
+}
+
+/// The static records of [`zone_data_is_served_like_gdnsd_and_one_serial_for_two_front_ends`],
+/// in the front end's configuration (after the NS names).
+const ZONE_DATA: &str = r#"
+nameservers = ["ns1.cdn.example.", "ns2.cdn.example."]
+
+[[records]]
+name = "ns1"
+type = "A"
+data = "192.0.2.53"
+
+[[records]]
+name = "ns2.cdn.example."
+type = "AAAA"
+data = "2001:db8::53"
+ttl = 7200
+
+[[records]]
+name = "@"
+type = "TXT"
+data = "v=spf1 -all"
+ttl = 300
+
+[[records]]
+name = "@"
+type = "TXT"
+data = "LONG_TXT"
+ttl = 300
+
+[[records]]
+name = "@"
+type = "CAA"
+data = '0 issue "letsencrypt.org"'
+
+[[records]]
+name = "@"
+type = "MX"
+data = "10 mail"
+
+[[records]]
+name = "mail"
+type = "A"
+data = "192.0.2.25"
+
+[[records]]
+name = "_sip._tcp"
+type = "SRV"
+data = "0 5 5060 sip.example.org."
+
+[[records]]
+name = "docs"
+type = "CNAME"
+data = "www.example.org."
+
+[[records]]
+name = "alias"
+type = "CNAME"
+data = "ns1"
+"#;
+
+/// The same records as a zone file, for gdnsd (CAA in RFC 3597's generic form: gdnsd has no
+/// CAA syntax; `TXT_A`, `TXT_B` the long TXT's two strings, `CAA_LEN` and `CAA_HEX` its CAA).
+const GDNSD_ZONE: &str = r#"$TTL 3600
+@ SOA ns1 hostmaster 1 3600 600 86400 60
+@ NS ns1
+@ NS ns2
+ns1 A 192.0.2.53
+ns2 7200 AAAA 2001:db8::53
+@ 300 TXT "v=spf1 -all"
+@ 300 TXT "TXT_A" "TXT_B"
+@ TYPE257 \# CAA_LEN CAA_HEX
+@ MX 10 mail
+mail A 192.0.2.25
+_sip._tcp SRV 0 5 5060 sip.example.org.
+docs CNAME www.example.org.
+alias CNAME ns1
+"#;
+
+/// Zone data beyond the map, end to end with dig: the nameservers' addresses (the glue), TXT
+/// (one of 300 bytes, sent as two strings) and CAA at the apex, MX, SRV and CNAME at names,
+/// NODATA at a static name without the type and at an empty non-terminal, NXDOMAIN beside
+/// them, all on UDP and TCP; the same questions asked of gdnsd serving the same records as a
+/// zone file (the oracle) get the same answer sections (names, TTLs, types, data) and
+/// statuses. And two front ends of one mapper, started more than a second apart, answer the
+/// same SOA serial: the mapper's epoch in seconds, not their start times.
+#[tokio::test(flavor = "multi_thread")]
+async fn zone_data_is_served_like_gdnsd_and_one_serial_for_two_front_ends() {
+    use cdnmap_tests::dns::Gdnsd;
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let (txt_a, txt_b) = ("a".repeat(255), "b".repeat(45));
+    let config = ZONE_DATA.replace("LONG_TXT", &format!("{txt_a}{txt_b}"));
+    let mut a = Dns::start(bin!(), setup.dir.path(), server.grpc, &config);
+    a.wait_answering();
+    // A second apart at least: start times in seconds would differ.
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut b = Dns::start(bin!(), setup.dir.path(), server.grpc, &config);
+    b.wait_answering();
+
+    let caa: Vec<u8> = [&[0u8, 5][..], b"issue", b"letsencrypt.org"].concat();
+    let caa_hex: String = caa.iter().map(|b| format!("{b:02x}")).collect();
+    let zone = GDNSD_ZONE
+        .replace("TXT_A", &txt_a)
+        .replace("TXT_B", &txt_b)
+        .replace("CAA_LEN", &caa.len().to_string())
+        .replace("CAA_HEX", &caa_hex);
+    let gdnsd = Gdnsd::start(setup.dir.path(), "cdn.example", &zone);
+
+    // (name, type, status, the answer section's types)
+    let questions: [(&str, &str, &str, &[&str]); 14] = [
+        ("ns1.cdn.example", "A", "NOERROR", &["A"]),
+        ("ns2.cdn.example", "AAAA", "NOERROR", &["AAAA"]),
+        ("NS1.cdn.example", "A", "NOERROR", &["A"]),
+        ("cdn.example", "TXT", "NOERROR", &["TXT", "TXT"]),
+        ("cdn.example", "CAA", "NOERROR", &["CAA"]),
+        ("cdn.example", "MX", "NOERROR", &["MX"]),
+        ("mail.cdn.example", "A", "NOERROR", &["A"]),
+        ("_sip._tcp.cdn.example", "SRV", "NOERROR", &["SRV"]),
+        ("docs.cdn.example", "A", "NOERROR", &["CNAME"]),
+        ("docs.cdn.example", "TXT", "NOERROR", &["CNAME"]),
+        ("alias.cdn.example", "CNAME", "NOERROR", &["CNAME"]),
+        ("ns1.cdn.example", "TXT", "NOERROR", &[]),
+        ("_tcp.cdn.example", "SRV", "NOERROR", &[]),
+        ("nope.cdn.example", "A", "NXDOMAIN", &[]),
+    ];
+    // Sorted, owner names in lower case (ours are, as for the map's names; gdnsd copies the
+    // question's case).
+    let sorted = |r: &cdnmap_tests::dns::Reply| {
+        let mut v = r.answers.clone();
+        v.iter_mut().for_each(|a| a.0.make_ascii_lowercase());
+        v.sort();
+        v
+    };
+    for (name, qtype, want_status, want_types) in questions {
+        let oracle = cdnmap_tests::dns::dig(gdnsd.addr, &[name, qtype, "+norec"]);
+        assert_eq!(oracle.status, want_status, "gdnsd: {}", oracle.raw);
+        for tcp in ["+notcp", "+tcp"] {
+            let ours = a.dig(&[name, qtype, "+norec", tcp]);
+            assert_eq!(
+                ours.status, want_status,
+                "{name} {qtype} {tcp}: {}",
+                ours.raw
+            );
+            assert!(ours.flags.contains(&"aa".to_string()), "{}", ours.raw);
+            let types: Vec<&str> = ours.answers.iter().map(|a| a.2.as_str()).collect();
+            assert_eq!(types, want_types, "{name} {qtype} {tcp}: {}", ours.raw);
+            assert_eq!(
+                sorted(&ours),
+                sorted(&oracle),
+                "{name} {qtype} {tcp}: ours\n{}\ngdnsd's\n{}",
+                ours.raw,
+                oracle.raw
+            );
+            if want_types.is_empty() {
+                assert_eq!(
+                    ours.authority.first().map(|r| r.2.as_str()),
+                    Some("SOA"),
+                    "{}",
+                    ours.raw
+                );
+            }
+        }
+    }
+    // A CNAME to a static name of the zone: the target's records follow (gdnsd answers the
+    // CNAME alone and leaves the rest to the resolver; BIND and Knot add them, as here).
+    let chased = a.dig(&["alias.cdn.example", "A", "+norec"]);
+    let lines: Vec<(String, String, String)> = chased
+        .answers
+        .iter()
+        .map(|r| (r.0.clone(), r.2.clone(), r.3.clone()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            (
+                "alias.cdn.example.".to_string(),
+                "CNAME".to_string(),
+                "ns1.cdn.example.".to_string()
+            ),
+            (
+                "ns1.cdn.example.".to_string(),
+                "A".to_string(),
+                "192.0.2.53".to_string()
+            )
+        ],
+        "{}",
+        chased.raw
+    );
+    // The map's names are answered as before beside them.
+    let mapped = a.dig(&["www.cdn.example", "A", "+subnet=1.2.3.0/24"]);
+    assert_eq!(mapped.status, "NOERROR", "{}", mapped.raw);
+    assert!(!mapped.addresses().is_empty(), "{}", mapped.raw);
+
+    // One serial: the mapper's epoch in seconds, on both front ends.
+    let epoch = epoch_of(&server).await;
+    let serial_of = |dns: &Dns| -> u64 {
+        let soa = dns.dig(&["cdn.example", "SOA"]);
+        assert_eq!(soa.answers.len(), 1, "{}", soa.raw);
+        let fields: Vec<&str> = soa.answers[0].3.split_whitespace().collect();
+        fields[2].parse().expect("a serial")
+    };
+    // The front ends may still hold the map of the mapper's store (the epoch before) for a
+    // round: wait, boundedly, until both serve the current epoch's.
+    let started = Instant::now();
+    loop {
+        let (sa, sb) = (serial_of(&a), serial_of(&b));
+        if sa == epoch / 1000 && sb == epoch / 1000 {
+            break;
+        }
+        assert!(
+            started.elapsed() < READY_TIMEOUT,
+            "serials {sa} and {sb}, the mapper's epoch {epoch} ms:\n{}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    a.process.assert_running();
+    b.process.assert_running();
+}
+
+/// SIGHUP reloads the zone data: a record added to the file is answered, one removed is
+/// NXDOMAIN; a file whose records do not load (a CNAME beside other data) keeps the data in
+/// use, and the log says why, naming the record; a configured serial moves forward and one
+/// before it is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_the_zone_data_and_keeps_it_when_the_file_is_bad() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let glue = "nameservers = [\"ns1.cdn.example.\"]\n\
+                [[records]]\nname = \"ns1\"\ntype = \"A\"\ndata = \"192.0.2.53\"\n";
+    let txt =
+        |data: &str| format!("[[records]]\nname = \"info\"\ntype = \"TXT\"\ndata = {data:?}\n");
+    let first = format!("soa_serial = 10\n{glue}{}", txt("one"));
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, &first);
+    dns.wait_answering();
+    let txt_of = |dns: &Dns, name: &str| {
+        let r = dns.dig(&[name, "TXT"]);
+        (
+            r.status.clone(),
+            r.answers.iter().map(|a| a.3.clone()).collect::<Vec<_>>(),
+        )
+    };
+    let serial_of = |dns: &Dns| -> String {
+        let soa = dns.dig(&["cdn.example", "SOA"]);
+        soa.answers[0]
+            .3
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        txt_of(&dns, "info.cdn.example"),
+        ("NOERROR".into(), vec!["\"one\"".to_string()])
+    );
+    assert_eq!(serial_of(&dns), "10");
+
+    // A new record, the old one gone, the serial forward.
+    let second = format!(
+        "soa_serial = 11\n{glue}[[records]]\nname = \"news\"\ntype = \"TXT\"\ndata = \"two\"\n"
+    );
+    std::fs::write(&dns.config, &second).expect("rewrite the config");
+    dns.process.send_signal("HUP");
+    wait_logged(
+        "the front end",
+        || dns.log(),
+        "SIGHUP: the zone data reloaded",
+        1,
+    )
+    .await;
+    assert_eq!(
+        txt_of(&dns, "news.cdn.example"),
+        ("NOERROR".into(), vec!["\"two\"".to_string()])
+    );
+    assert_eq!(txt_of(&dns, "info.cdn.example").0, "NXDOMAIN");
+    assert_eq!(serial_of(&dns), "11");
+
+    // Records that do not load: kept as they were, the record named in the log.
+    let bad = format!(
+        "soa_serial = 12\n{glue}{}[[records]]\nname = \"news\"\ntype = \"CNAME\"\ndata = \"x.example.org.\"\n",
+        txt("two")
+    );
+    std::fs::write(
+        &dns.config,
+        bad.replace("name = \"info\"", "name = \"news\""),
+    )
+    .expect("rewrite");
+    dns.process.send_signal("HUP");
+    wait_logged("the front end", || dns.log(), "the one in use is kept", 1).await;
+    assert!(
+        dns.log().contains(
+            "records[2]: news CNAME in zone cdn.example.: a CNAME cannot be beside other data"
+        ),
+        "{}",
+        dns.log()
+    );
+    assert_eq!(
+        txt_of(&dns, "news.cdn.example"),
+        ("NOERROR".into(), vec!["\"two\"".to_string()])
+    );
+    assert_eq!(serial_of(&dns), "11");
+
+    // A serial before the one in use: refused, kept.
+    std::fs::write(
+        &dns.config,
+        second.replace("soa_serial = 11", "soa_serial = 9"),
+    )
+    .expect("rewrite");
+    dns.process.send_signal("HUP");
+    wait_logged("the front end", || dns.log(), "the one in use is kept", 2).await;
+    assert!(
+        dns.log()
+            .contains("soa_serial 9 is before the serial in use, 11"),
+        "{}",
+        dns.log()
+    );
+    assert_eq!(serial_of(&dns), "11");
+    dns.process.assert_running();
 }

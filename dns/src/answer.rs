@@ -5,9 +5,12 @@
 //! SOA and NS at an apex, NXDOMAIN for names no hostname rule names, A/AAAA from the map (the
 //! client subnet of the query's EDNS Client Subnet option, else the resolver's address) with
 //! the ECS option echoed with the answer's scope, NODATA with the SOA for other types,
-//! SERVFAIL before the first map (its module docs have the whole order). Here the query is
-//! read out of hickory's `Request` (`read`), the decision encoded as hickory's records
-//! (`reply`), its demand and outcome counted, and the reply sent. Before the decision,
+//! SERVFAIL before the first map (its module docs have the whole order). A name with static
+//! records (`crate::zonedata`: the glue, TXT, CAA, MX, SRV, CNAME) is answered from them once
+//! the checks before the map's pass (EDNS version, class, transfers, ECS), map or no map; the
+//! names between an apex and a static name are NODATA where the map says NXDOMAIN. Here the
+//! query is read out of hickory's `Request` (`read`), the decision encoded as hickory's
+//! records (`reply`), its demand and outcome counted, and the reply sent. Before the decision,
 //! anything but a standard query is NOTIMP and not exactly one question FORMERR.
 //!
 //! Truncation is hickory's: a UDP response larger than the smaller of the client's EDNS buffer
@@ -143,7 +146,7 @@ struct Reply<'a> {
     /// The authority section's NS records (with the apex SOA).
     pub ns: &'a [Record],
     /// The authority section's SOA (negative answers), else empty.
-    pub soa: &'a [Record],
+    pub soa: Vec<Record>,
     /// The response's OPT record (when the query had one), with the ECS option echoed.
     pub edns: Option<Edns>,
 }
@@ -189,10 +192,68 @@ fn decide<'a, 'v>(
         ecs,
         client: ecs.client(q.src),
     };
+    if let Some(answered) = from_statics(src, q, &query) {
+        addrs.clear();
+        return answered;
+    }
     let view = live.map(Live::view);
-    let decision = answer::decide(&src.zones.names, view.as_ref(), &query, key, addrs);
+    let mut decision = answer::decide(&src.zones.names, view.as_ref(), &query, key, addrs);
+    if decision.rcode == Rcode::NxDomain && src.zones.statics.load().is_between(qname) {
+        // Between an apex and a static name (RFC 8020): the name exists, without data.
+        decision.rcode = Rcode::NoError;
+    }
     let reply = reply(src, q, &decision, addrs, subnet.ok().flatten());
     (decision, reply)
+}
+
+/// The decision and reply for `query` from the static records (`crate::zonedata`), when
+/// its name has some and the query gets that far (the checks before the map's: EDNS
+/// version, class, transfers, ECS; at an apex, types other than SOA, NS and ANY).
+fn from_statics<'a, 'v>(
+    src: &Source<'a>,
+    q: &Parsed<'_>,
+    query: &answer::Query<'_>,
+) -> Option<(Decision<'v>, Reply<'a>)> {
+    let statics = src.zones.statics.load();
+    let at = statics.get(query.name)?;
+    // What the map's decision says before it asks the map: SERVFAIL (no map) below an apex,
+    // the apex's own answer at one.
+    let before = match answer::admit(query, None) {
+        Ok(_) => return None,
+        Err(d) => d,
+    };
+    let zone = match (query.place, before.rcode) {
+        (answer::Place::Below(Some(z)), Rcode::ServFail) => z,
+        (answer::Place::Apex(z), Rcode::NoError)
+            if !matches!(query.qtype, QType::Soa | QType::Ns | QType::Any) =>
+        {
+            z
+        }
+        _ => return None,
+    };
+    let records = if query.qtype == QType::Any && at.cname().is_none() {
+        Vec::new()
+    } else {
+        statics.answer(at, q.qtype)
+    };
+    let (kind, authority) = match (query.qtype, records.is_empty()) {
+        (QType::Any, true) => (Records::Hinfo, Authority::None), // RFC 8482
+        (_, true) => (Records::None, Authority::Soa),            // NODATA
+        // Counted as an answer with records (not the map's: no route).
+        (_, false) => (Records::Addresses, Authority::None),
+    };
+    let decision = Decision {
+        rcode: Rcode::NoError,
+        zone: Some(zone),
+        records: kind,
+        authority,
+        mapped: None,
+    };
+    let mut reply = reply(src, q, &decision, &[], None);
+    if !records.is_empty() {
+        reply.records = records;
+    }
+    Some((decision, reply))
 }
 
 /// `d` in hickory's records: the answer section's (`addrs`, the addresses decided), the
@@ -236,7 +297,7 @@ fn reply<'a>(
         },
         soa: match d.authority {
             Authority::Soa => zones.soa(d.zone),
-            _ => &[],
+            _ => Vec::new(),
         },
         edns,
     }
@@ -274,7 +335,7 @@ fn records(src: &Source<'_>, name: &LowerName, d: &Decision<'_>, addrs: &[IpAddr
                 RData::HINFO(hinfo),
             )]
         }
-        Records::Soa => src.zones.soa(d.zone).to_vec(),
+        Records::Soa => src.zones.soa(d.zone),
         Records::Ns => src.zones.ns(d.zone).to_vec(),
     }
 }
@@ -386,6 +447,43 @@ pub(crate) mod tests {
             hostmaster: name("hostmaster.example."),
         };
         Zones::new(&[config], 1, 20)
+    }
+
+    /// [`zones`] with static records: `ns1.example.` A and AAAA (the glue), a TXT at the apex,
+    /// `static.video.example.` A (a name the rule `*.video.example` names too), `alias` a
+    /// CNAME to it and `out` a CNAME out of the zone.
+    pub(crate) fn zones_with_statics() -> Zones {
+        let text = r#"
+            zones = ["example."]
+            [[records]]
+            name = "ns1"
+            type = "A"
+            data = "192.0.2.53"
+            [[records]]
+            name = "ns1"
+            type = "AAAA"
+            data = "2001:db8::53"
+            [[records]]
+            name = "@"
+            type = "TXT"
+            data = "v=spf1 -all"
+            [[records]]
+            name = "static.video.example."
+            type = "A"
+            data = "198.51.100.7"
+            ttl = 60
+            [[records]]
+            name = "alias"
+            type = "CNAME"
+            data = "static.video"
+            [[records]]
+            name = "out"
+            type = "CNAME"
+            data = "www.example.org."
+        "#;
+        let config = crate::config::DnsConfig::from_toml(text).expect("valid");
+        let statics = config.static_data().expect("valid records");
+        Zones::with_data(&config.zones().expect("zones"), Some(1), 20, statics)
     }
 
     /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any,

@@ -30,6 +30,11 @@
 //!                                     #   the reports and WatchMap)
 //! # feedback_token_file = "/run/credentials/cdnmap-dns.service/feedback-token"  # or the
 //! #                                   #   token in a file, or in CDNMAP_FEEDBACK_TOKEN: one of three
+//! # soa_serial = 2026120701           # the SOA serial (default: the map's epoch in seconds)
+//! # [[records]]                       # static records: the nameservers' addresses, TXT, CAA,
+//! # name = "ns1"                      #   MX, SRV, CNAME (`crate::zonedata`, docs/dns.md's
+//! # type = "A"                        #   "Zone data"); reloaded on SIGHUP
+//! # data = "192.0.2.53"
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -51,12 +56,14 @@ use std::path::PathBuf;
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
+use crate::zonedata::{RecordConfig, StaticData};
+
 /// The environment variable the front end's token may come from (instead of
 /// `feedback_token` or `feedback_token_file`).
 pub const FEEDBACK_TOKEN_ENV: &str = "CDNMAP_FEEDBACK_TOKEN";
 
 /// The TTLs an answer may carry, in seconds (the service's `ttl_secs` takes the same range).
-pub const TTL_SECS: std::ops::RangeInclusive<u32> = 1..=86_400;
+pub use crate::zonedata::TTL_SECS;
 
 /// Why the front end's configuration was refused: which key, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +132,12 @@ pub struct DnsConfig {
     /// A file holding `feedback_token` (one trailing newline dropped), read at start by
     /// [`DnsConfig::load_secrets`], as [`FEEDBACK_TOKEN_ENV`] is: one of the three.
     pub feedback_token_file: Option<PathBuf>,
+    /// The zones' SOA serial (absent: the map's epoch in seconds, the same on every front end
+    /// following the same mappers; see `Zones::follow_epoch`).
+    pub soa_serial: Option<u32>,
+    /// Static records beside the map's names: the nameservers' addresses (the glue), TXT,
+    /// CAA, MX, SRV, CNAME (`crate::zonedata`).
+    pub records: Vec<RecordConfig>,
 }
 
 impl Default for DnsConfig {
@@ -148,17 +161,14 @@ impl Default for DnsConfig {
             key_file: None,
             feedback_token: None,
             feedback_token_file: None,
+            soa_serial: None,
+            records: Vec::new(),
         }
     }
 }
 
 /// A zone as the front end serves it.
-#[derive(Debug, Clone)]
-pub struct ZoneConfig {
-    pub apex: Name,
-    pub nameservers: Vec<Name>,
-    pub hostmaster: Name,
-}
+pub use crate::zonedata::ZoneConfig;
 
 /// A domain name from the config, fully qualified.
 pub fn fqdn(key: &str, text: &str) -> Result<Name, ConfigError> {
@@ -218,7 +228,7 @@ impl DnsConfig {
 
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.zones()?;
+        self.static_data()?;
         let mappers = self.mappers();
         if mappers.len() > MAX_MAPPERS {
             return Err(invalid(
@@ -368,6 +378,14 @@ impl DnsConfig {
     /// Whether every mapper's URL names a loopback address (or `localhost`).
     pub fn mapper_is_loopback(&self) -> bool {
         self.mappers().into_iter().all(is_loopback)
+    }
+
+    /// The static records (`records`) of the zones, validated (`crate::zonedata`).
+    pub fn static_data(&self) -> Result<StaticData, ConfigError> {
+        StaticData::build(&self.zones()?, &self.records).map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            problem: e.problem,
+        })
     }
 
     /// The zones with their NS names and hostmaster, validated.

@@ -4,9 +4,10 @@
 //! fast path (`crate::wire`) and hickory's (`crate::answer`), read it.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use hickory_server::proto::rr::rdata::{NS, SOA};
 use hickory_server::proto::rr::{Name, RData, Record};
 
@@ -17,15 +18,30 @@ use cdnmap_serve::servers::Servers;
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
 use super::local::{Live, LocalView};
+use super::zonedata::StaticData;
 
 /// SOA timers (seconds): refresh, retry, expire, minimum (the negative-caching TTL).
 const SOA_TIMERS: (i32, i32, i32, u32) = (3600, 600, 86_400, 60);
 
 /// The served zones: where names fall among them (`cdnmap_serve::answer::Zones`, in the
-/// configuration's order) and each one's apex records, made once.
+/// configuration's order), each one's apex records, made once, their static records
+/// (`crate::zonedata`) and their SOA serial.
+///
+/// **The serial** is one for the whole fleet, never a process's start time: `soa_serial` when
+/// configured, else the epoch of the map answered from, in seconds (the mapper's start, Unix
+/// time: the same on every front end following the same mappers, and a larger one after each
+/// restart of the mapper; seconds fit a u32 until 2106). Before the first map it is 1. It
+/// moves only forward in RFC 1982 serial arithmetic ([`Zones::follow_epoch`]): a front end
+/// that keeps running never answers an older serial.
 pub struct Zones {
     pub names: answer::Zones,
     records: Vec<ApexRecords>,
+    /// The static records (empty without `[[records]]`), replaced whole on SIGHUP
+    /// ([`Zones::reload`]).
+    pub statics: ArcSwap<StaticData>,
+    serial: AtomicU32,
+    /// The serial follows the map's epoch (no `soa_serial`).
+    derived_serial: AtomicBool,
 }
 
 /// A zone's SOA and NS records.
@@ -34,20 +50,95 @@ struct ApexRecords {
     ns: Vec<Record>,
 }
 
+/// Whether serial `a` is after `b` (RFC 1982 §3.2, 32 bits).
+pub fn serial_after(a: u32, b: u32) -> bool {
+    a != b && (a.wrapping_sub(b) as i32) > 0
+}
+
 impl Zones {
+    /// Zones with a fixed serial and no static records.
     pub fn new(zones: &[ZoneConfig], serial: u32, ttl: u32) -> Zones {
-        let records = zones
-            .iter()
-            .map(|z| ApexRecords::new(z, serial, ttl))
-            .collect();
-        let names = answer::Zones::new(zones.iter().map(|z| z.apex.iter()));
-        Zones { names, records }
+        Zones::with_data(zones, Some(serial), ttl, StaticData::default())
     }
 
-    /// Zone `z`'s SOA record, as a section.
-    pub(crate) fn soa(&self, z: Option<usize>) -> &[Record] {
+    /// Zones with the configured serial `soa_serial` (`None`: the map's epoch) and static
+    /// records `statics`.
+    pub fn with_data(
+        zones: &[ZoneConfig],
+        soa_serial: Option<u32>,
+        ttl: u32,
+        statics: StaticData,
+    ) -> Zones {
+        let records = zones.iter().map(|z| ApexRecords::new(z, ttl)).collect();
+        let names = answer::Zones::new(zones.iter().map(|z| z.apex.iter()));
+        Zones {
+            names,
+            records,
+            statics: ArcSwap::from_pointee(statics),
+            serial: AtomicU32::new(soa_serial.unwrap_or(1)),
+            derived_serial: AtomicBool::new(soa_serial.is_none()),
+        }
+    }
+
+    /// The SOA serial answered now.
+    pub fn serial(&self) -> u32 {
+        self.serial.load(Ordering::Relaxed)
+    }
+
+    /// Follows a map of epoch `epoch_ms` (Unix milliseconds at the mapper's start): the serial
+    /// becomes its seconds when that is after the serial in use (RFC 1982), never before.
+    /// Nothing with a configured serial. Says whether the serial changed.
+    pub fn follow_epoch(&self, epoch_ms: u64) -> bool {
+        if !self.derived_serial.load(Ordering::Relaxed) {
+            return false;
+        }
+        let secs = u32::try_from(epoch_ms / 1000).unwrap_or(u32::MAX).max(1);
+        self.serial
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                serial_after(secs, now).then_some(secs)
+            })
+            .is_ok()
+    }
+
+    /// Takes reloaded zone data: the static records `statics`, and `soa_serial` (`None`: the
+    /// serial follows the map's epoch from the next map on, forward only). A configured serial
+    /// before the one in use (RFC 1982) is refused: the serial never goes backward. Says what
+    /// it did, for the log.
+    pub fn reload(&self, statics: StaticData, soa_serial: Option<u32>) -> Result<String, String> {
+        if let Some(n) = soa_serial {
+            let now = self.serial();
+            if n != now && !serial_after(n, now) {
+                return Err(format!(
+                    "soa_serial {n} is before the serial in use, {now} (RFC 1982): the zone data is kept as it was"
+                ));
+            }
+        }
+        let names = statics.len();
+        self.statics.store(Arc::new(statics));
+        self.derived_serial
+            .store(soa_serial.is_none(), Ordering::Relaxed);
+        if let Some(n) = soa_serial {
+            self.serial.store(n, Ordering::Relaxed);
+        }
+        Ok(format!(
+            "{names} static names; SOA serial {}",
+            soa_serial.map_or("from the map's epoch".to_string(), |n| n.to_string())
+        ))
+    }
+
+    /// Zone `z`'s SOA record (with the serial in use), as a section.
+    pub(crate) fn soa(&self, z: Option<usize>) -> Vec<Record> {
+        let serial = self.serial();
         z.and_then(|z| self.records.get(z))
-            .map_or(&[], |r| std::slice::from_ref(&r.soa))
+            .map(|r| {
+                let mut soa = r.soa.clone();
+                if let RData::SOA(s) = &mut soa.data {
+                    s.serial = serial;
+                }
+                soa
+            })
+            .into_iter()
+            .collect()
     }
 
     /// Zone `z`'s NS records.
@@ -57,7 +148,8 @@ impl Zones {
 }
 
 impl ApexRecords {
-    fn new(z: &ZoneConfig, serial: u32, ttl: u32) -> ApexRecords {
+    /// The SOA with serial 0 ([`Zones::soa`] sets the one in use).
+    fn new(z: &ZoneConfig, ttl: u32) -> ApexRecords {
         let apex: Name = z.apex.clone();
         let soa = Record::from_rdata(
             apex.clone(),
@@ -65,7 +157,7 @@ impl ApexRecords {
             RData::SOA(SOA::new(
                 z.nameservers[0].clone(),
                 z.hostmaster.clone(),
-                serial,
+                0,
                 SOA_TIMERS.0,
                 SOA_TIMERS.1,
                 SOA_TIMERS.2,
@@ -184,6 +276,8 @@ pub struct Front {
     /// Where the current demand report period began.
     pub period_start_unix_ms: std::sync::atomic::AtomicI64,
     pub counters: Counters,
+    /// A digest of the static names the map's rules named, as last logged.
+    shadowed: std::sync::atomic::AtomicU64,
 }
 
 impl Front {
@@ -198,12 +292,45 @@ impl Front {
             hot_hosts: arc_swap::ArcSwap::default(),
             period_start_unix_ms: std::sync::atomic::AtomicI64::new(period_start_unix_ms),
             counters: Counters::register(),
+            shadowed: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     /// Answers from `view` from now on, with the selectors built with it.
     pub fn put_view(&self, view: LocalView) {
+        if self.zones.follow_epoch(view.epoch) {
+            tracing::info!(
+                serial = self.zones.serial(),
+                epoch = view.epoch,
+                "the SOA serial follows the map's epoch"
+            );
+        }
+        self.warn_shadowed(&view);
         self.live.store(Some(Arc::new(Live::new(Arc::new(view)))));
+    }
+
+    /// Logs the static names the hostname rules of `view` also name (answered from their
+    /// static records: `crate::zonedata`), when they are not the ones logged last.
+    fn warn_shadowed(&self, view: &LocalView) {
+        let statics = self.zones.statics.load();
+        if statics.is_empty() {
+            return;
+        }
+        let rules = view.resolver.rules();
+        let named: Vec<&str> = statics
+            .names()
+            .into_iter()
+            .filter(|n| rules.rule_class(n).is_some())
+            .collect();
+        let mut digest = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&named, &mut digest);
+        let digest = std::hash::Hasher::finish(&digest);
+        if self.shadowed.swap(digest, Ordering::Relaxed) != digest && !named.is_empty() {
+            tracing::warn!(
+                names = %named.join(" "),
+                "static names the map's hostname rules also name: answered from their static records, not the map"
+            );
+        }
     }
 
     /// The view answered from, if any.
@@ -226,5 +353,50 @@ impl Front {
             (Some(b), Some(c)) => Arc::ptr_eq(b, c),
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DnsConfig;
+
+    fn serial_of(zones: &Zones) -> u32 {
+        match &zones.soa(Some(0))[0].data {
+            RData::SOA(s) => s.serial,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Without `soa_serial` the serial is 1 until a map, then its epoch in seconds, and only
+    /// moves forward (RFC 1982, across the wrap too); a configured one stays.
+    #[test]
+    fn the_serial_follows_the_maps_epoch_forward_only() {
+        let config = DnsConfig::default();
+        let zones = config.zones().expect("zones");
+        let derived = Zones::with_data(&zones, None, 20, StaticData::default());
+        assert_eq!(serial_of(&derived), 1);
+        assert!(derived.follow_epoch(1_780_000_000_123));
+        assert_eq!(serial_of(&derived), 1_780_000_000);
+        assert!(!derived.follow_epoch(1_700_000_000_000), "an older epoch");
+        assert_eq!(serial_of(&derived), 1_780_000_000);
+        assert!(derived.follow_epoch(1_780_000_001_000));
+        assert_eq!(derived.serial(), 1_780_000_001);
+        let fixed = Zones::with_data(&zones, Some(7), 20, StaticData::default());
+        assert!(!fixed.follow_epoch(1_780_000_000_000));
+        assert_eq!(serial_of(&fixed), 7);
+        // Reloaded: a configured serial forward is taken, one before it refused; none again
+        // follows the epoch, forward only.
+        assert_eq!(
+            fixed.reload(StaticData::default(), Some(5)),
+            Err("soa_serial 5 is before the serial in use, 7 (RFC 1982): the zone data is kept as it was".to_string())
+        );
+        assert!(fixed.reload(StaticData::default(), Some(8)).is_ok());
+        assert_eq!(serial_of(&fixed), 8);
+        assert!(fixed.reload(StaticData::default(), None).is_ok());
+        assert!(fixed.follow_epoch(1_780_000_000_000));
+        assert_eq!(serial_of(&fixed), 1_780_000_000);
+        assert!(serial_after(1, u32::MAX) && !serial_after(u32::MAX, 1));
+        assert!(!serial_after(5, 5));
     }
 }

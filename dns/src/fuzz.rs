@@ -5,8 +5,9 @@
 //! The corpus (`src/__fuzz__/fuzz__datagram/corpus`) is queries as dig 9.18 sends them (A and
 //! AAAA, ECS of both families and several prefix lengths, EDNS version 1, no EDNS, DNSSEC OK
 //! with a cookie, NSID, padding, SOA, NS, IXFR, MX, TXT, CHAOS), the same without the AD flag
-//! and the cookie dig sets by default (`plain-*`: what the fast path takes), and three made
-//! from them (ANY, AXFR over UDP, a response). `cargo bolero test --engine libfuzzer` runs the targets under
+//! and the cookie dig sets by default (`plain-*`: what the fast path takes), three made
+//! from them (ANY, AXFR over UDP, a response), and queries of the test zone's static records
+//! (`static-*`: glue, a static name a rule names too, a CNAME, TXT at the apex). `cargo bolero test --engine libfuzzer` runs the targets under
 //! libFuzzer where a nightly toolchain exists; in `cargo test` each runs its corpus, then
 //! random inputs for a second (`cdnmap_tests::fuzz`).
 

@@ -21,11 +21,13 @@ pub mod in_use;
 pub mod local;
 mod udp;
 mod wire;
+pub mod zonedata;
 
 #[cfg(test)]
 mod fuzz;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -77,6 +79,18 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     hangups: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
+    run_from(config, None, shutdown, hangups).await
+}
+
+/// [`run`], the configuration read from `config_file` (then overridden by the command line):
+/// on SIGHUP its zone data (`[[records]]`, `soa_serial`) is read again from the file and
+/// replaces the one in use ([`reload_zone_data`]).
+pub async fn run_from(
+    config: DnsConfig,
+    config_file: Option<PathBuf>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::watch::Receiver<u64>,
+) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
     let links = config
@@ -93,11 +107,6 @@ pub async fn run(
         links,
         in_use: Mutex::default(),
     });
-    let reloader = tokio::spawn(reload_on_hangup(
-        config.clone(),
-        Arc::clone(&following),
-        hangups,
-    ));
     // The metrics listener is bound (and the recorder installed, before the front registers
     // its counters) first: a port in use stops the start at once.
     let metrics = match config.metrics_listen {
@@ -107,12 +116,24 @@ pub async fn run(
         }
         None => None,
     };
-    let serial = (now_unix_ms() / 1000).clamp(1, i64::from(u32::MAX)) as u32;
+    let statics = config.static_data()?;
+    for z in &zones {
+        for ns in zonedata::unaddressed(z, &statics) {
+            tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
+        }
+    }
     let front = Arc::new(Front::new(
-        Zones::new(&zones, serial, config.ttl_secs),
+        Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics),
         config.ttl_secs,
         config.max_udp_payload,
         now_unix_ms(),
+    ));
+    let reloader = tokio::spawn(reload_on_hangup(
+        config.clone(),
+        config_file,
+        Arc::clone(&following),
+        Arc::clone(&front),
+        hangups,
     ));
     let (metrics_task, metrics_addr) = match metrics {
         Some((listener, prometheus)) => {
@@ -416,20 +437,37 @@ fn serve_metrics(
     })
 }
 
-/// Says, for each change of `hangups` (a SIGHUP), what it reloaded: with TLS to the mappers,
+/// Says, for each change of `hangups` (a SIGHUP), what it reloaded: the zone data of
+/// `config_file` when there is one ([`reload_zone_data`]); with TLS to the mappers,
 /// each link's TLS files (`mapper_ca_file`, `cert_file`, `key_file`), which the next
 /// connection uses (the streams open stay as they are; on an error a link keeps the files it
-/// had); without, nothing (the configuration is read at start only).
+/// had); the rest of the configuration is read at start only.
 async fn reload_on_hangup(
     config: DnsConfig,
+    config_file: Option<PathBuf>,
     following: Arc<Following>,
+    front: Arc<Front>,
     mut hangups: tokio::sync::watch::Receiver<u64>,
 ) {
     while hangups.changed().await.is_ok() {
+        if let Some(path) = &config_file {
+            match reload_zone_data(&config, path, &front) {
+                Ok(said) => {
+                    tracing::info!(file = %path.display(), "SIGHUP: the zone data reloaded: {said}");
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "SIGHUP: the zone data could not be reloaded; the one in use is kept");
+                }
+            }
+        }
         if config.mapper_ca_file.is_none() {
-            tracing::info!(
-                "SIGHUP: nothing to reload (plaintext to the mappers; the configuration is read at start only)"
-            );
+            if config_file.is_none() {
+                tracing::info!(
+                    "SIGHUP: nothing to reload (plaintext to the mappers; the configuration is read at start only)"
+                );
+            } else {
+                tracing::info!("SIGHUP: no TLS files to reload (plaintext to the mappers)");
+            }
             continue;
         }
         let mut failed = 0;
@@ -446,6 +484,29 @@ async fn reload_on_hangup(
             );
         }
     }
+}
+
+/// Reads `path` again and puts its zone data in use in `front`: its `[[records]]` and
+/// `soa_serial`, checked against the zones, nameservers and TTLs of `running` (the
+/// configuration the front end started with: the other keys are read at start only). An error
+/// (the file, its TOML, a record) leaves the zone data in use as it was.
+pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let file =
+        DnsConfig::parse_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let next = DnsConfig {
+        records: file.records,
+        soa_serial: file.soa_serial,
+        ..running.clone()
+    };
+    let statics = next
+        .static_data()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    front
+        .zones
+        .reload(statics, next.soa_serial)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// How the front end reaches one mapper: its URL, the endpoint (TLS with the configured CA and

@@ -12,9 +12,9 @@
 //! as before. Anything unusual gives up before anything is counted: a header flag or count
 //! other than a plain query's, a compressed or non-LDH name, another type or class, an OPT
 //! record of another version or with any option but one well-formed ECS option (no address
-//! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex or matched by no
-//! hostname rule, no map yet, an answer with no address (NODATA) or larger than the response
-//! may be. The test below holds the two paths to the same bytes over generated queries.
+//! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex, matched by no
+//! hostname rule or with static records (`crate::zonedata`), no map yet, an answer with no
+//! address (NODATA) or larger than the response may be. The test below holds the two paths to the same bytes over generated queries.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -26,7 +26,8 @@ use cdnmap_serve::resolve::{Answer, Route};
 use cdnmap_serve::servers::{key_hash_of, Servers, PREFETCH_STEPS};
 
 use super::demand::BlockCounts;
-use super::front::{Front, SCRATCH};
+use super::front::{Front, Zones, SCRATCH};
+use super::zonedata::StaticData;
 
 /// Header flags of a query the fast path takes: QR, opcode, AA, TC, RA, Z, AD and RCODE all 0
 /// (RD and CD, which the response copies, may be set).
@@ -293,6 +294,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
     let Some(servers) = view.servers else {
         return;
     };
+    let statics = front.zones.statics.load();
     NAMES.with_borrow_mut(|names| {
         if names.len() < BLOCK {
             names.resize(BLOCK, String::new());
@@ -300,7 +302,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
         // 1: what each datagram asks, where the fast path takes it (up to the map).
         let mut taken: [Taken<'_, '_>; BLOCK] = [None; BLOCK];
         for ((t, &(raw, src)), name) in taken.iter_mut().zip(batch).zip(names.iter_mut()) {
-            *t = take(&front.zones.names, &view, raw, src, name);
+            *t = take(&front.zones, &statics, &view, raw, src, name);
         }
         // 2: the map's answers, looked up together.
         let queries: Vec<(IpNet, &str, ClassIdx)> = taken
@@ -447,7 +449,8 @@ impl<'a> Iterator for WireLabels<'a> {
 /// takes it (module docs: up to the map's answer, the decision's first step); its name as
 /// text left in `name`.
 fn take<'a, 'n>(
-    zones: &answer::Zones,
+    zones: &Zones,
+    statics: &StaticData,
     view: &View<'_>,
     raw: &'a [u8],
     src: SocketAddr,
@@ -465,7 +468,9 @@ fn take<'a, 'n>(
     };
     let q = Query {
         name,
-        place: zones.place(usize::from(p.labels), WireLabels(p.question)),
+        place: zones
+            .names
+            .place(usize::from(p.labels), WireLabels(p.question)),
         class_in: true,                          // `parse` takes class IN only
         qtype: QType::of(p.qtype),               // A or AAAA
         edns_version: p.edns_payload.map(|_| 0), // version 0 only
@@ -474,6 +479,10 @@ fn take<'a, 'n>(
     };
     // At an apex, outside the zones or for a name no rule names: hickory's.
     let class = answer::admit(&q, Some(view.resolver.rules())).ok()?;
+    // A static name (`crate::zonedata`), even one a rule names: hickory's.
+    if statics.get(name).is_some() {
+        return None;
+    }
     Some((p, q, class))
 }
 
@@ -635,7 +644,7 @@ pub(crate) mod tests {
         let m = b.finish();
         let view =
             crate::local::test_view(&m, &[("*.video.example", "video"), ("www.example", "web")]);
-        crate::answer::tests::front_of(crate::answer::tests::zones(), view)
+        crate::answer::tests::front_of(crate::answer::tests::zones_with_statics(), view)
     }
 
     fn push16(out: &mut Vec<u8>, v: u16) {
@@ -1059,7 +1068,7 @@ pub(crate) mod tests {
             ("*.apps.example", "apps"),
         ];
         let view = crate::local::test_view_with(&b.finish(), &rules, &bypass);
-        crate::answer::tests::front_of(crate::answer::tests::zones(), view)
+        crate::answer::tests::front_of(crate::answer::tests::zones_with_statics(), view)
     }
 
     /// A query of `qtype` for `name` (as given: its case is kept), with EDNS when `ecs` is
@@ -1369,6 +1378,61 @@ pub(crate) mod tests {
                 decided(&handler.0, name, qtype, ecs, ip(resolver));
             assert_eq!((code, routed), (rcode, route), "{what}");
             assert_eq!(said(&slow), (code, addrs, cname, scope), "{what}");
+        }
+        // Static names (`crate::zonedata`), one a rule names too: the fast path gives them to
+        // hickory's, which answers their records (no ECS scope: not the map's).
+        type StaticRow<'a> = (
+            &'a str,
+            u16,
+            Option<Option<(IpAddr, u8)>>,
+            u16,
+            &'a [&'a str],
+            Option<&'a str>,
+        );
+        let statics: Vec<StaticRow<'_>> = vec![
+            ("ns1.example", 1, no_ecs, 0, &["192.0.2.53"], None),
+            (
+                "NS1.Example",
+                28,
+                v4("10.0.0.0", 24),
+                0,
+                &["2001:db8::53"],
+                None,
+            ),
+            ("ns1.example", 16, no_edns, 0, &[], None),
+            (
+                "static.video.example",
+                1,
+                v4("10.0.0.0", 24),
+                0,
+                &["198.51.100.7"],
+                None,
+            ),
+            ("static.video.example", 28, no_ecs, 0, &[], None),
+            (
+                "alias.example",
+                1,
+                v4("10.0.0.0", 24),
+                0,
+                &["198.51.100.7"],
+                Some("static.video.example."),
+            ),
+            ("out.example", 28, no_ecs, 0, &[], Some("www.example.org.")),
+            ("example", 1, no_ecs, 0, &[], None),
+            ("nope.example", 1, no_ecs, 3, &[], None),
+        ];
+        for (name, qtype, ecs, rcode, addrs, cname) in statics {
+            let what = format!("{name} type {qtype} ECS {ecs:?}");
+            let raw = table_query(name, qtype, ecs);
+            let src = SocketAddr::new(ip("192.0.2.77"), 5353);
+            let slow =
+                answer_hickory(&handler, runtime.handle(), &capture, &raw, src).expect("an answer");
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(&raw, src)], &mut out);
+            assert!(out[0].is_empty(), "{what}: not the fast path's");
+            let addrs: Vec<IpAddr> = addrs.iter().map(|a| ip(a)).collect();
+            let cname = cname.map(str::to_string);
+            assert_eq!(said(&slow), (rcode, addrs, cname, None), "{what}");
         }
     }
 }

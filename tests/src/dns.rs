@@ -29,6 +29,8 @@ pub struct Dns {
     pub addr: SocketAddr,
     /// Where it serves /metrics, if its config asks for it.
     pub metrics: Option<SocketAddr>,
+    /// Its configuration file (rewritten by a test before a SIGHUP).
+    pub config: PathBuf,
 }
 
 impl Dns {
@@ -83,6 +85,7 @@ impl Dns {
             process,
             addr,
             metrics,
+            config: conf,
         }
     }
 
@@ -355,5 +358,82 @@ front end:
             dns.log()
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Debian's gdnsd serving one zone file, the oracle of the static records; killed when
+/// dropped.
+pub struct Gdnsd {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Gdnsd {
+    /// Starts gdnsd (installed when missing) in `dir/gdnsd` serving `zone` (a zone file's text)
+    /// as `origin` (no final dot) on a free loopback port, once it answers the apex's SOA.
+    pub fn start(dir: &Path, origin: &str, zone: &str) -> Gdnsd {
+        let gdnsd = ensure_debian_tool("gdnsd", &["gdnsd"]).unwrap_or_else(|e| panic!("{e}"));
+        let dir = dir.join("gdnsd");
+        for sub in ["zones", "run", "state"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("gdnsd's directories");
+        }
+        // A port free for UDP and TCP now (gdnsd cannot take port 0 and say which it took).
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("a free port")
+            .port();
+        std::fs::write(
+            dir.join("config"),
+            format!(
+                "options => {{\n  listen => [ 127.0.0.1:{port} ]\n  udp_threads => 1\n  tcp_threads => 1\n  run_dir => {}\n  state_dir => {}\n}}\n",
+                dir.join("run").display(),
+                dir.join("state").display()
+            ),
+        )
+        .expect("gdnsd's config");
+        std::fs::write(dir.join("zones").join(origin), zone).expect("the zone file");
+        let log = std::fs::File::create(dir.join("gdnsd.log")).expect("gdnsd's log");
+        let err = log.try_clone().expect("the log");
+        let child = Command::new(gdnsd)
+            .arg("-c")
+            .arg(&dir)
+            .arg("start")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .expect("start gdnsd");
+        let mut g = Gdnsd {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            dir,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = g.child.try_wait() {
+                panic!("gdnsd exited with {status}:\n{}", g.log());
+            }
+            if dig(g.addr, &[origin, "SOA"]).status == "NOERROR" {
+                return g;
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "gdnsd answered nothing within {READY_TIMEOUT:?}:\n{}",
+                g.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gdnsd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Gdnsd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

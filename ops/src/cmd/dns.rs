@@ -111,7 +111,12 @@ pub(crate) fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
     }
     config.validate().context("the DNS front end's settings")?;
     log_start(&config);
-    runtime.block_on(cdnmap_dns::run(config, shutdown_signal(), hangups))?;
+    runtime.block_on(cdnmap_dns::run_from(
+        config,
+        a.config,
+        shutdown_signal(),
+        hangups,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
