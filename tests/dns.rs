@@ -1709,3 +1709,34 @@ async fn sighup_reloads_the_zone_data_and_keeps_it_when_the_file_is_bad() {
     assert_eq!(serial_of(&dns), "11");
     dns.process.assert_running();
 }
+
+/// The front end says who it is, as a fleet's operators ask with dig: CHAOS TXT `id.server` and
+/// `hostname.bind` answer its configured `name`, and so does NSID (RFC 5001) on an answer from
+/// the map (the fast path hands a query with an NSID option to hickory's) and on NXDOMAIN;
+/// `version.bind` is REFUSED.
+#[tokio::test(flavor = "multi_thread")]
+async fn it_says_its_name_by_chaos_and_nsid_and_not_its_version() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, "");
+    dns.wait_answering();
+    for name in ["id.server", "hostname.bind"] {
+        let r = dns.dig(&[name, "CH", "TXT"]);
+        assert_eq!(r.status, "NOERROR", "{}", r.raw);
+        assert_eq!(r.answers.len(), 1, "{}", r.raw);
+        assert_eq!(r.answers[0].3, "\"dns-e2e\"", "{}", r.raw);
+        assert!(r.raw.contains("\tCH\tTXT\t"), "{}", r.raw);
+    }
+    let version = dns.dig(&["version.bind", "CH", "TXT"]);
+    assert_eq!(version.status, "REFUSED", "{}", version.raw);
+    for name in ["www.cdn.example", "no-such-name.cdn.example"] {
+        let r = dns.dig(&["+nsid", name, "A", "+subnet=1.2.3.0/24"]);
+        assert!(
+            r.raw.contains("NSID: 64 6e 73 2d 65 32 65 (\"dns-e2e\")"),
+            "{name}: {}",
+            r.raw
+        );
+        let plain = dns.dig(&[name, "A", "+subnet=1.2.3.0/24"]);
+        assert!(!plain.raw.contains("NSID"), "{name}: {}", plain.raw);
+    }
+}

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, MessageType, Metadata, OpCode, ResponseCode};
-use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
-use hickory_server::proto::rr::rdata::{A, AAAA, CNAME, HINFO};
+use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption, NSIDPayload};
+use hickory_server::proto::rr::rdata::{A, AAAA, CNAME, HINFO, TXT};
 use hickory_server::proto::rr::{DNSClass, LowerName, Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
@@ -132,6 +132,8 @@ struct Parsed<'q> {
 /// and our UDP buffer size.
 struct Source<'a> {
     pub zones: &'a Zones,
+    /// The front end's name: NSID's and CHAOS `id.server`'s answer.
+    pub identity: &'a str,
     pub ttl: u32,
     pub max_udp_payload: u16,
 }
@@ -192,6 +194,10 @@ fn decide<'a, 'v>(
         ecs,
         client: ecs.client(q.src),
     };
+    if q.class == DNSClass::CH {
+        addrs.clear();
+        return chaos(src, q, &query);
+    }
     if let Some(answered) = from_statics(src, q, &query) {
         addrs.clear();
         return answered;
@@ -256,6 +262,59 @@ fn from_statics<'a, 'v>(
     Some((decision, reply))
 }
 
+/// The names a CHAOS TXT query asks a server's identity by: RFC 4892's `id.server` and BIND's
+/// `hostname.bind`.
+const IDENTITY_NAMES: [&str; 2] = ["id.server.", "hostname.bind."];
+
+/// A CHAOS-class query's decision and reply: TXT at `id.server` and `hostname.bind` answers the
+/// front end's name (`src.identity`), as operators of a fleet ask which server answered; every
+/// other CHAOS query is REFUSED, `version.bind` and `version.server` included (a version tells
+/// an attacker which bugs to try). Checks that come first for every query (EDNS version,
+/// ECS) come first here too.
+fn chaos<'a, 'v>(
+    src: &Source<'a>,
+    q: &Parsed<'_>,
+    query: &answer::Query<'_>,
+) -> (Decision<'v>, Reply<'a>) {
+    let refused = Decision {
+        rcode: Rcode::Refused,
+        zone: None,
+        records: Records::None,
+        authority: Authority::None,
+        mapped: None,
+    };
+    let asks_identity = q.qtype == RecordType::TXT
+        && IDENTITY_NAMES
+            .iter()
+            .any(|n| query.name.eq_ignore_ascii_case(n));
+    // An EDNS version above 0 or a malformed ECS option: as for any query.
+    let first = match (query.edns_version, query.ecs) {
+        (Some(v), _) if v > 0 => Some(Rcode::BadVers),
+        (_, Ecs::Malformed) => Some(Rcode::FormErr),
+        _ => None,
+    };
+    let decision = match (first, asks_identity) {
+        (Some(rcode), _) => Decision { rcode, ..refused },
+        (None, true) => Decision {
+            rcode: Rcode::NoError,
+            records: Records::Addresses,
+            ..refused
+        },
+        (None, false) => refused,
+    };
+    let mut reply = reply(src, q, &decision, &[], None);
+    if decision.rcode == Rcode::NoError {
+        let mut record = Record::from_rdata(
+            q.name.into(),
+            0,
+            RData::TXT(TXT::new(vec![src.identity.to_string()])),
+        );
+        record.dns_class = DNSClass::CH;
+        reply.records = vec![record];
+    }
+    (decision, reply)
+}
+
 /// `d` in hickory's records: the answer section's (`addrs`, the addresses decided), the
 /// authority section's and the OPT record (the query's ECS option `ecs` echoed).
 fn reply<'a>(
@@ -281,6 +340,13 @@ fn reply<'a>(
         e.set_version(0);
         e
     });
+    // NSID (RFC 5001): a query that asks gets the front end's name.
+    let asks_nsid = q.edns.is_some_and(|e| e.option(EdnsCode::NSID).is_some());
+    if let (Some(e), true) = (edns.as_mut(), asks_nsid) {
+        if let Ok(nsid) = NSIDPayload::new(src.identity.as_bytes()) {
+            e.options_mut().insert(EdnsOption::NSID(nsid));
+        }
+    }
     let scope = d.mapped.and_then(|m| m.ecs_scope);
     if let (Some(e), Some(mut echo), Some(scope)) = (edns.as_mut(), ecs, scope) {
         echo.set_scope_prefix(scope);
@@ -356,6 +422,7 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
     let live = guard.as_deref();
     let src = Source {
         zones: &front.zones,
+        identity: &front.identity,
         ttl: front.ttl,
         max_udp_payload: front.max_udp_payload,
     };
@@ -513,16 +580,29 @@ pub(crate) mod tests {
         edns: Option<Edns>,
         f: impl FnOnce(&Decision<'_>, &Reply<'_>),
     ) {
+        check_class(live, qname, DNSClass::IN, qtype, edns, f);
+    }
+
+    /// [`check_edns`] in class `class`.
+    fn check_class(
+        live: Option<&Live>,
+        qname: &str,
+        class: DNSClass,
+        qtype: RecordType,
+        edns: Option<Edns>,
+        f: impl FnOnce(&Decision<'_>, &Reply<'_>),
+    ) {
         let zones = zones();
         let src = Source {
             zones: &zones,
+            identity: "fe-test-1",
             ttl: 20,
             max_udp_payload: 1232,
         };
         let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
         let q = Parsed {
             name: &name,
-            class: DNSClass::IN,
+            class,
             qtype,
             edns: edns.as_ref(),
             ecs_octets_ok: true,
@@ -530,6 +610,85 @@ pub(crate) mod tests {
         };
         let (d, reply) = decide(&src, live, &q, &mut Scratch::default());
         f(&d, &reply);
+    }
+
+    /// CHAOS TXT `id.server` and `hostname.bind` (any case) answer the front end's name, in
+    /// class CH; `version.bind`, `version.server`, another type or another name are REFUSED;
+    /// an EDNS version above 0 is BADVERS there too.
+    #[test]
+    fn chaos_answers_the_identity_and_refuses_the_version() {
+        let txt = |r: &Reply<'_>| -> Vec<String> {
+            r.records
+                .iter()
+                .filter(|rec| rec.dns_class == DNSClass::CH)
+                .filter_map(|rec| match &rec.data {
+                    RData::TXT(t) => Some(t.to_string()),
+                    _ => None,
+                })
+                .collect()
+        };
+        for name in ["id.server.", "hostname.bind.", "ID.Server."] {
+            check_class(None, name, DNSClass::CH, RecordType::TXT, None, |d, r| {
+                assert_eq!(d.rcode, Rcode::NoError, "{name}");
+                assert_eq!(txt(r), ["fe-test-1"], "{name}: {r:?}");
+            });
+        }
+        for (name, qtype) in [
+            ("version.bind.", RecordType::TXT),
+            ("version.server.", RecordType::TXT),
+            ("authors.bind.", RecordType::TXT),
+            ("id.server.", RecordType::A),
+        ] {
+            check_class(None, name, DNSClass::CH, qtype, None, |d, r| {
+                assert_eq!(d.rcode, Rcode::Refused, "{name} {qtype}");
+                assert!(is_bare(r, ResponseCode::Refused), "{name}: {r:?}");
+            });
+        }
+        let mut v1 = Edns::new();
+        v1.set_version(1);
+        check_class(
+            None,
+            "id.server.",
+            DNSClass::CH,
+            RecordType::TXT,
+            Some(v1),
+            |d, _| {
+                assert_eq!(d.rcode, Rcode::BadVers);
+            },
+        );
+    }
+
+    /// A query with an NSID option gets the front end's name in it, whatever the answer; one
+    /// without gets none.
+    #[test]
+    fn nsid_answers_the_identity_when_asked() {
+        let nsid = |r: &Reply<'_>| match r.edns.as_ref()?.option(EdnsCode::NSID)? {
+            EdnsOption::NSID(p) => Some(p.clone()),
+            _ => None,
+        };
+        let asking = || {
+            let mut e = Edns::new();
+            e.set_max_payload(1232);
+            let empty = NSIDPayload::new(Vec::new()).expect("an empty payload");
+            e.options_mut().insert(EdnsOption::NSID(empty));
+            e
+        };
+        let want = NSIDPayload::new(b"fe-test-1".to_vec()).expect("a payload");
+        let l = live(view());
+        for (qname, qtype) in [
+            ("x.video.example.", RecordType::A),
+            ("example.", RecordType::SOA),
+            ("nx.example.", RecordType::A),
+        ] {
+            check_edns(Some(&l), qname, qtype, Some(asking()), |_, r| {
+                assert_eq!(nsid(r), Some(want.clone()), "{qname}: {r:?}");
+            });
+            let mut plain = Edns::new();
+            plain.set_max_payload(1232);
+            check_edns(Some(&l), qname, qtype, Some(plain), |_, r| {
+                assert_eq!(nsid(r), None, "{qname}: {r:?}");
+            });
+        }
     }
 
     fn live(view: LocalView) -> Live {
@@ -574,6 +733,7 @@ pub(crate) mod tests {
             };
             let src = Source {
                 zones: &front.zones,
+                identity: &front.identity,
                 ttl: 20,
                 max_udp_payload: 1232,
             };

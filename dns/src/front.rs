@@ -278,6 +278,9 @@ pub struct Front {
     pub counters: Counters,
     /// A digest of the static names the map's rules named, as last logged.
     shadowed: std::sync::atomic::AtomicU64,
+    /// The front end's name, as NSID (RFC 5001) and CHAOS `id.server`/`hostname.bind` answer
+    /// it ([`Front::with_identity`]; default `cdnmap-dns`).
+    pub identity: Box<str>,
 }
 
 impl Front {
@@ -293,7 +296,15 @@ impl Front {
             period_start_unix_ms: std::sync::atomic::AtomicI64::new(period_start_unix_ms),
             counters: Counters::register(),
             shadowed: std::sync::atomic::AtomicU64::new(0),
+            identity: "cdnmap-dns".into(),
         }
+    }
+
+    /// The front end answering NSID and CHAOS identity queries with `name` (its configured
+    /// `name`, at most 253 bytes).
+    pub fn with_identity(mut self, name: &str) -> Front {
+        self.identity = name.into();
+        self
     }
 
     /// Answers from `view` from now on, with the selectors built with it.

@@ -122,12 +122,15 @@ pub async fn run_from(
             tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
         }
     }
-    let front = Arc::new(Front::new(
-        Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics),
-        config.ttl_secs,
-        config.max_udp_payload,
-        now_unix_ms(),
-    ));
+    let front = Arc::new(
+        Front::new(
+            Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics),
+            config.ttl_secs,
+            config.max_udp_payload,
+            now_unix_ms(),
+        )
+        .with_identity(&config.name),
+    );
     let reloader = tokio::spawn(reload_on_hangup(
         config.clone(),
         config_file,
