@@ -296,4 +296,6 @@ fn the_example_configurations_run_with_their_credentials() {
     let log = front.log();
     assert!(!log.contains("deploy-front-token"), "{log}");
     assert!(!log.contains("readable by its group"), "{log}");
+    // The example gives its nameserver an address (the glue a delegation needs).
+    assert!(!log.contains("without an address"), "{log}");
 }
