@@ -1651,9 +1651,14 @@ fn bad_files_are_refused_with_exact_errors() {
 /// Runs `cdnmap args...` in `dir`, killing it after `secs` (a server given a configuration
 /// it should have refused would otherwise serve on and hang the test).
 fn cdnmap_within(dir: &Path, args: &[&str], secs: u64) -> Run {
-    let mut child = Command::new(bin!())
-        .current_dir(dir)
-        .args(args)
+    let mut cmd = Command::new(bin!());
+    cmd.current_dir(dir).args(args);
+    run_within(cmd, secs)
+}
+
+/// Runs `cmd` (stdin closed, stdout and stderr kept), killing it after `secs`.
+fn run_within(mut cmd: Command, secs: u64) -> Run {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1995,22 +2000,8 @@ fn cdnmap_env(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Run
         .env_remove("CDNMAP_FEEDBACK_TOKEN")
         .env_remove("CDNMAP_FEEDBACK_TOKENS")
         .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("run cdnmap");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while child.try_wait().expect("wait for cdnmap").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    Run::from(child.wait_with_output().expect("cdnmap's output"))
+        .envs(env.iter().copied());
+    run_within(cmd, secs)
 }
 
 /// A `cdnmap serve` configuration in `dir` whose gRPC address is `grpc` (one the test holds,
