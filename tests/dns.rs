@@ -1477,7 +1477,7 @@ alias CNAME ns1
 /// same SOA serial: the mapper's epoch in seconds, not their start times.
 #[tokio::test(flavor = "multi_thread")]
 async fn zone_data_is_served_like_gdnsd_and_one_serial_for_two_front_ends() {
-    use cdnmap_tests::dns::Gdnsd;
+    use cdnmap_tests::dns::DnsPeer;
     let mut setup = Setup::new(bin!(), true);
     let server = setup.start().await;
     let (txt_a, txt_b) = ("a".repeat(255), "b".repeat(45));
@@ -1496,7 +1496,7 @@ async fn zone_data_is_served_like_gdnsd_and_one_serial_for_two_front_ends() {
         .replace("TXT_B", &txt_b)
         .replace("CAA_LEN", &caa.len().to_string())
         .replace("CAA_HEX", &caa_hex);
-    let gdnsd = Gdnsd::start(setup.dir.path(), "cdn.example", &zone);
+    let gdnsd = DnsPeer::gdnsd(setup.dir.path(), "cdn.example", &zone);
 
     // (name, type, status, the answer section's types)
     let questions: [(&str, &str, &str, &[&str]); 14] = [

@@ -7,92 +7,44 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use cdnmap_proto::v1 as pb;
 use cdnmap_tests::bin;
-use cdnmap_tests::dns::{client_of, dig, resolve, Dns};
+use cdnmap_tests::dns::{client_of, dig, free_port, resolve, Dns, DnsPeer};
 use cdnmap_tests::mapper::{all_units, authed, qname_of, Server, Setup, TOKEN};
 
-/// A running unbound; killed and reaped when dropped.
-struct Unbound {
-    child: Child,
-    addr: SocketAddr,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Unbound {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Unbound {
-    /// Starts unbound on loopback with `cdn.example.` a stub zone at `front_end`, sending the
-    /// client's subnet (ECS, /24 and /56 at most) to it, and waits (bounded) until it answers.
-    fn start(dir: &Path, front_end: SocketAddr) -> Unbound {
-        let program = cdnmap_tests::unpacked_debian_program("unbound", "usr/sbin/unbound")
-            .unwrap_or_else(|e| panic!("unbound cannot run here: {e}"));
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("a free port")
-            .port();
-        let log = dir.join("unbound.log");
-        let conf = dir.join("unbound.conf");
-        let text = format!(
-            "server:\n  interface: 127.0.0.1\n  port: {port}\n  do-daemonize: no\n  \
-             username: \"\"\n  chroot: \"\"\n  directory: {dir:?}\n  pidfile: \"\"\n  \
-             use-syslog: no\n  logfile: {log:?}\n  verbosity: 1\n  do-not-query-localhost: no\n  \
-             module-config: \"subnetcache iterator\"\n  send-client-subnet: {ip}\n  \
-             client-subnet-zone: cdn.example\n  client-subnet-always-forward: yes\n  \
-             max-client-subnet-ipv4: 24\n  max-client-subnet-ipv6: 56\n  \
-             access-control: 127.0.0.0/8 allow\n  rrset-roundrobin: yes\n  \
-             qname-minimisation: no\n\
-             stub-zone:\n  name: \"cdn.example\"\n  stub-addr: {ip}@{front_port}\n",
-            ip = front_end.ip(),
-            front_port = front_end.port(),
-        );
-        std::fs::write(&conf, text).expect("write unbound.conf");
-        let child = Command::new(&program)
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
-        let mut unbound = Unbound {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            log,
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(Some(status)) = unbound.child.try_wait() {
-                panic!("unbound exited with {status}:\n{}", unbound.log());
-            }
-            let r = dig(
-                unbound.addr,
-                &["www.cdn.example", "A", "+tries=1", "+time=1"],
-            );
-            if r.status == "NOERROR" && !r.addresses().is_empty() {
-                return unbound;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "unbound did not answer within 30 s:\n{}\n{}",
-                r.raw,
-                unbound.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
-    }
+/// Debian's unbound (unpacked) on loopback with `cdn.example.` a stub zone at `front_end`,
+/// sending the client's subnet (ECS, /24 and /56 at most) to it, once it answers.
+fn unbound(dir: &Path, front_end: SocketAddr) -> DnsPeer {
+    let program = cdnmap_tests::unpacked_debian_program("unbound", "usr/sbin/unbound")
+        .unwrap_or_else(|e| panic!("unbound cannot run here: {e}"));
+    let port = free_port();
+    let conf = dir.join("unbound.conf");
+    let text = format!(
+        "server:\n  interface: 127.0.0.1\n  port: {port}\n  do-daemonize: no\n  \
+         username: \"\"\n  chroot: \"\"\n  directory: {dir:?}\n  pidfile: \"\"\n  \
+         use-syslog: no\n  logfile: \"\"\n  verbosity: 1\n  do-not-query-localhost: no\n  \
+         module-config: \"subnetcache iterator\"\n  send-client-subnet: {ip}\n  \
+         client-subnet-zone: cdn.example\n  client-subnet-always-forward: yes\n  \
+         max-client-subnet-ipv4: 24\n  max-client-subnet-ipv6: 56\n  \
+         access-control: 127.0.0.0/8 allow\n  rrset-roundrobin: yes\n  \
+         qname-minimisation: no\n\
+         stub-zone:\n  name: \"cdn.example\"\n  stub-addr: {ip}@{front_port}\n",
+        ip = front_end.ip(),
+        front_port = front_end.port(),
+    );
+    std::fs::write(&conf, text).expect("write unbound.conf");
+    let mut cmd = Command::new(&program);
+    cmd.arg("-c").arg(&conf);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    DnsPeer::start(
+        "unbound",
+        cmd,
+        dir.join("unbound.log"),
+        addr,
+        &["www.cdn.example", "A", "+tries=1", "+time=1"],
+    )
 }
 
 /// Every cluster's addresses, by id (Admin `ListClusters`, every page).
@@ -137,7 +89,7 @@ async fn through_unbound_every_address_is_of_the_units_cluster() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut dns = Dns::start(bin, dir.path(), server.grpc, "");
     dns.wait_answering();
-    let unbound = Unbound::start(dir.path(), dns.addr);
+    let unbound = unbound(dir.path(), dns.addr);
     let cluster_of = cluster_addresses(&server).await;
 
     let units = all_units(&server).await;

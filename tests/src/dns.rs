@@ -361,28 +361,82 @@ front end:
     }
 }
 
-/// Debian's gdnsd serving one zone file, the oracle of the static records; killed when
-/// dropped.
-pub struct Gdnsd {
+/// A peer DNS server a test runs (Debian's gdnsd, unbound) on loopback; killed and reaped
+/// when dropped.
+pub struct DnsPeer {
+    what: &'static str,
     child: std::process::Child,
     pub addr: SocketAddr,
-    dir: PathBuf,
+    log: PathBuf,
 }
 
-impl Gdnsd {
-    /// Starts gdnsd (installed when missing) in `dir/gdnsd` serving `zone` (a zone file's text)
-    /// as `origin` (no final dot) on a free loopback port, once it answers the apex's SOA.
-    pub fn start(dir: &Path, origin: &str, zone: &str) -> Gdnsd {
+/// A UDP port free on loopback now (the peers cannot take port 0 and say which they took).
+pub fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl DnsPeer {
+    /// Starts `cmd` (the peer `what`, its output to `log`), which will answer on `addr`, and
+    /// waits (bounded) until `dig @addr probe` says NOERROR.
+    pub fn start(
+        what: &'static str,
+        mut cmd: Command,
+        log: PathBuf,
+        addr: SocketAddr,
+        probe: &[&str],
+    ) -> DnsPeer {
+        let out = std::fs::File::create(&log).expect("the peer's log");
+        let err = out.try_clone().expect("the log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
+        let mut peer = DnsPeer {
+            what,
+            child,
+            addr,
+            log,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = peer.child.try_wait() {
+                panic!("{what} exited with {status}:\n{}", peer.log());
+            }
+            let r = dig(peer.addr, probe);
+            if r.status == "NOERROR" {
+                return peer;
+            }
+            assert!(
+                started.elapsed() < READY_TIMEOUT,
+                "{} answered nothing within {READY_TIMEOUT:?}:\n{}\n{}",
+                peer.what,
+                r.raw,
+                peer.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What the peer logged so far (its own log file where it writes one there).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Debian's gdnsd (installed when missing) in `dir/gdnsd` serving `zone` (a zone file's
+    /// text) as `origin` (no final dot) on a free loopback port, once it answers the apex's
+    /// SOA: the oracle of the static records.
+    pub fn gdnsd(dir: &Path, origin: &str, zone: &str) -> DnsPeer {
         let gdnsd = ensure_debian_tool("gdnsd", &["gdnsd"]).unwrap_or_else(|e| panic!("{e}"));
         let dir = dir.join("gdnsd");
         for sub in ["zones", "run", "state"] {
             std::fs::create_dir_all(dir.join(sub)).expect("gdnsd's directories");
         }
-        // A port free for UDP and TCP now (gdnsd cannot take port 0 and say which it took).
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         std::fs::write(
             dir.join("config"),
             format!(
@@ -393,45 +447,14 @@ impl Gdnsd {
         )
         .expect("gdnsd's config");
         std::fs::write(dir.join("zones").join(origin), zone).expect("the zone file");
-        let log = std::fs::File::create(dir.join("gdnsd.log")).expect("gdnsd's log");
-        let err = log.try_clone().expect("the log");
-        let child = Command::new(gdnsd)
-            .arg("-c")
-            .arg(&dir)
-            .arg("start")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .expect("start gdnsd");
-        let mut g = Gdnsd {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            dir,
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(Some(status)) = g.child.try_wait() {
-                panic!("gdnsd exited with {status}:\n{}", g.log());
-            }
-            if dig(g.addr, &[origin, "SOA"]).status == "NOERROR" {
-                return g;
-            }
-            assert!(
-                started.elapsed() < READY_TIMEOUT,
-                "gdnsd answered nothing within {READY_TIMEOUT:?}:\n{}",
-                g.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("gdnsd.log")).unwrap_or_default()
+        let mut cmd = Command::new(gdnsd);
+        cmd.arg("-c").arg(&dir).arg("start");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        DnsPeer::start("gdnsd", cmd, dir.join("gdnsd.log"), addr, &[origin, "SOA"])
     }
 }
 
-impl Drop for Gdnsd {
+impl Drop for DnsPeer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
