@@ -494,12 +494,20 @@ pub(crate) mod tests {
 
     /// [`instance`] with `near`'s capacity `near` (2.5 splits a unit between the two).
     fn instance_with_room(near: &str) -> Topology {
-        let unit = |id: &str, prefix: &str| {
-            format!(
-                r#"{{"id": "{id}", "class": "web", "demand": 1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
+        two_clusters(4, "1", near)
+    }
+
+    /// `units` units of demand `demand`, each preferring "near" (capacity `near`) to "far"
+    /// (capacity 10).
+    fn two_clusters(units: usize, demand: &str, near: &str) -> Topology {
+        let units: Vec<String> = (1..=units)
+            .map(|i| {
+                format!(
+                    r#"{{"id": "u{i}", "class": "web", "demand": {demand}, "prefixes": ["10.0.{i}.0/24"], "lat": 0, "lon": 0,
                   "candidates": [{{"cluster": "near", "score": 1}}, {{"cluster": "far", "score": 5}}]}}"#
-            )
-        };
+                )
+            })
+            .collect();
         let json = format!(
             r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
               "clusters": [
@@ -507,11 +515,8 @@ pub(crate) mod tests {
                   "resources": {{"name": "r", "kind": "bps", "capacity": {near}, "classes": ["web"]}}}},
                 {{"id": "far", "lat": 0, "lon": 0, "addresses": ["198.18.1.1"],
                   "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
-              "map_units": [{}, {}, {}, {}]}}"#,
-            unit("u1", "10.0.1.0/24"),
-            unit("u2", "10.0.2.0/24"),
-            unit("u3", "10.0.3.0/24"),
-            unit("u4", "10.0.4.0/24")
+              "map_units": [{}]}}"#,
+            units.join(", ")
         );
         parse_instance(json.as_bytes(), Limits::default()).expect("valid")
     }
@@ -594,25 +599,7 @@ pub(crate) mod tests {
     /// exactly 1 (0.1 + 0.1 + 0.1 is 0.30000000000000004 in floats), "far" reads 0.
     #[test]
     fn a_full_cluster_reads_exactly_one() {
-        let unit = |id: &str, prefix: &str| {
-            format!(
-                r#"{{"id": "{id}", "class": "web", "demand": 0.1, "prefixes": ["{prefix}"], "lat": 0, "lon": 0,
-                  "candidates": [{{"cluster": "near", "score": 1}}, {{"cluster": "far", "score": 5}}]}}"#
-            )
-        };
-        let json = format!(
-            r#"{{"traffic_classes": [{{"name": "web", "priority": 0, "per_unit": {{"bps": 1, "fps": 1}}}}],
-              "clusters": [
-                {{"id": "near", "lat": 0, "lon": 0, "addresses": ["198.18.0.1"],
-                  "resources": {{"name": "r", "kind": "bps", "capacity": 0.3, "classes": ["web"]}}}},
-                {{"id": "far", "lat": 0, "lon": 0, "addresses": ["198.18.1.1"],
-                  "resources": {{"name": "r", "kind": "bps", "capacity": 10, "classes": ["web"]}}}}],
-              "map_units": [{}, {}, {}]}}"#,
-            unit("u1", "10.0.1.0/24"),
-            unit("u2", "10.0.2.0/24"),
-            unit("u3", "10.0.3.0/24"),
-        );
-        let inst = parse_instance(json.as_bytes(), Limits::default()).expect("valid");
+        let inst = two_clusters(3, "0.1", "0.3");
         let sol = cdnmap_mapper::solve(&inst, &SolveOptions::default());
         let near = inst
             .clusters()
