@@ -486,12 +486,8 @@ async fn bind_listeners(
 /// Installs the Prometheus recorder, latencies as histograms (buckets aggregate across
 /// replicas; summaries' quantiles do not), and describes every metric.
 fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets(SECONDS_BUCKETS)?
-        .install_recorder()?;
-    cdnmap_telemetry::spawn_upkeep(prometheus.clone());
+    let prometheus = cdnmap_telemetry::install("serve", SECONDS_BUCKETS)?;
     describe_metrics();
-    cdnmap_telemetry::build_info("serve");
     register_metrics();
     Ok(prometheus)
 }

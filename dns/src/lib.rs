@@ -371,12 +371,8 @@ async fn bind_metrics(
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("metrics_listen {addr}: {e}"))?;
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets(DNS_SECONDS_BUCKETS)?
-        .install_recorder()?;
-    cdnmap_telemetry::spawn_upkeep(prometheus.clone());
+    let prometheus = cdnmap_telemetry::install("dns", DNS_SECONDS_BUCKETS)?;
     describe_metrics();
-    cdnmap_telemetry::build_info("dns");
     register_metrics(mappers);
     Ok((listener, prometheus))
 }

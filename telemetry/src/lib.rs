@@ -42,6 +42,22 @@ pub fn spawn_upkeep(handle: metrics_exporter_prometheus::PrometheusHandle) {
     });
 }
 
+/// Installs the process's Prometheus recorder, its histograms with `buckets` (seconds), with
+/// its upkeep ([`spawn_upkeep`], on the current tokio runtime) and `cdnmap_build_info` for
+/// `component`: what both processes do before describing and registering their own metrics.
+pub fn install(
+    component: &'static str,
+    buckets: &[f64],
+) -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError>
+{
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(buckets)?
+        .install_recorder()?;
+    spawn_upkeep(handle.clone());
+    build_info(component);
+    Ok(handle)
+}
+
 /// The recorder's metrics followed by the `process_*` ones: what `/metrics` answers.
 pub fn render(handle: &metrics_exporter_prometheus::PrometheusHandle) -> String {
     let mut out = handle.render();
