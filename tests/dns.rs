@@ -1740,3 +1740,141 @@ async fn it_says_its_name_by_chaos_and_nsid_and_not_its_version() {
         assert!(!plain.raw.contains("NSID"), "{name}: {}", plain.raw);
     }
 }
+
+/// The `key=value` parameters of an HTTPS record's data as dig prints it, by key.
+fn svc_params(data: &str) -> std::collections::BTreeMap<String, String> {
+    data.split_whitespace()
+        .skip(2)
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.trim_matches('"').to_string()),
+            None => (p.to_string(), String::new()),
+        })
+        .collect()
+}
+
+/// HTTPS records at mapped names (RFC 9460) carry as `ipv4hint` and `ipv6hint` the addresses
+/// the same client gets for A and AAAA (the same map decision, in the same order), with the
+/// same ECS scope, over UDP and TCP; the configured parameters come first, in key order; a
+/// name without a binding answers NODATA; a bad binding stops the start naming the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_records_carry_the_maps_addresses_as_hints() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let config = r#"
+[[services]]
+name = "*.cdn.example."
+data = "1 . alpn=h3,h2 port=443"
+
+[[services]]
+name = "static.cdn.example."
+type = "SVCB"
+data = "2 . alpn=h2"
+"#;
+    let mut dns = Dns::start(bin!(), setup.dir.path(), server.grpc, config);
+    dns.wait_answering();
+    let units = sample_units(&server).await;
+    let (mut checked, mut with_v6) = (0, 0);
+    for (i, u) in units.iter().enumerate() {
+        let qname = qname_of(&u.traffic_class);
+        let net: IpNet = u.prefixes[0].parse().expect("a prefix");
+        let subnet = format!("+subnet={}/{}", host_in(net), net.prefix_len());
+        let tcp = if i % 2 == 0 { "+tcp" } else { "+notcp" };
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let a = dns.dig(&[qname, "A", &subnet, tcp]);
+            let aaaa = dns.dig(&[qname, "AAAA", &subnet, tcp]);
+            let https = dns.dig(&[qname, "HTTPS", &subnet, tcp]);
+            assert_eq!(https.status, "NOERROR", "{}", https.raw);
+            assert_eq!(https.answers.len(), 1, "{}", https.raw);
+            let (_, ttl, rtype, data) = &https.answers[0];
+            assert_eq!((rtype.as_str(), *ttl), ("HTTPS", 20), "{}", https.raw);
+            assert!(data.starts_with("1 . "), "{data}");
+            let params = svc_params(data);
+            let keys: Vec<&str> = params.keys().map(String::as_str).collect();
+            let hints = |key: &str| -> Vec<String> {
+                params
+                    .get(key)
+                    .map(|v| v.split(',').map(str::to_string).collect())
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                params.get("alpn").map(String::as_str),
+                Some("h3,h2"),
+                "{data}"
+            );
+            assert_eq!(
+                params.get("port").map(String::as_str),
+                Some("443"),
+                "{data}"
+            );
+            let order: Vec<&str> = data
+                .split_whitespace()
+                .skip(2)
+                .map(|p| p.split('=').next().unwrap_or(p))
+                .collect();
+            let rank = |k: &str| {
+                ["alpn", "port", "ipv4hint", "ech", "ipv6hint"]
+                    .iter()
+                    .position(|x| *x == k)
+            };
+            assert!(
+                order.windows(2).all(|w| rank(w[0]) < rank(w[1])),
+                "key order: {data}"
+            );
+            let same = hints("ipv4hint") == a.addresses()
+                && hints("ipv6hint") == aaaa.addresses()
+                && https.scope() == a.scope()
+                && https.scope() == aaaa.scope();
+            if same {
+                assert!(!a.addresses().is_empty(), "{}", a.raw);
+                assert!(https.scope().is_some(), "{}", https.raw);
+                with_v6 += usize::from(keys.contains(&"ipv6hint"));
+                break;
+            }
+            // A round may have moved the unit between the three queries: ask again.
+            assert!(
+                attempts < 4,
+                "unit {}: HTTPS {data} scope {:?}; A {:?} scope {:?}; AAAA {:?} scope {:?}",
+                u.id,
+                https.scope(),
+                a.addresses(),
+                a.scope(),
+                aaaa.addresses(),
+                aaaa.scope()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} units checked");
+    assert!(with_v6 > 0, "some unit's answer has IPv6 hints");
+    // SVCB: only the name that has one; HTTPS without a binding below another zone's
+    // suffix does not exist here, and a static name answers from its records first.
+    let svcb = dns.dig(&["www.cdn.example", "SVCB", "+subnet=1.2.3.0/24"]);
+    assert_eq!(
+        (svcb.status.as_str(), svcb.answers.len()),
+        ("NOERROR", 0),
+        "NODATA: {}",
+        svcb.raw
+    );
+    let nx = dns.dig(&["no-such-name.cdn.example", "HTTPS"]);
+    assert_eq!(nx.status, "NXDOMAIN", "{}", nx.raw);
+    drop(dns);
+
+    // A binding that carries its own hints is refused at start, naming the entry.
+    let bad = "[[services]]\nname = \"www\"\ndata = \"1 . ipv4hint=192.0.2.1\"\n";
+    let path = setup.dir.path().join("bad-services.toml");
+    std::fs::write(&path, bad).expect("write the config");
+    let out = std::process::Command::new(bin!())
+        .args(["dns", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run cdnmap dns");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused: {err}");
+    assert!(
+        err.contains("services[0]") && err.contains("come from the map"),
+        "{err}"
+    );
+}

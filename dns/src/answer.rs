@@ -189,7 +189,10 @@ fn decide<'a, 'v>(
         name: qname,
         place: place(&src.zones.names, q.name),
         class_in: q.class == DNSClass::IN,
-        qtype: QType::of(u16::from(q.qtype)),
+        qtype: match QType::of(u16::from(q.qtype)) {
+            QType::Other if binding_asked(src, q) => QType::Service,
+            t => t,
+        },
         edns_version: q.edns.map(Edns::version),
         ecs,
         client: ecs.client(q.src),
@@ -356,7 +359,7 @@ fn reply<'a>(
     Reply {
         code,
         bare,
-        records: records(src, q.name, d, addrs),
+        records: records(src, q.name, q.qtype, d, addrs),
         ns: match d.authority {
             Authority::Ns => zones.ns(d.zone),
             _ => &[],
@@ -370,7 +373,13 @@ fn reply<'a>(
 }
 
 /// The answer section of `d` for `name`.
-fn records(src: &Source<'_>, name: &LowerName, d: &Decision<'_>, addrs: &[IpAddr]) -> Vec<Record> {
+fn records(
+    src: &Source<'_>,
+    name: &LowerName,
+    rtype: RecordType,
+    d: &Decision<'_>,
+    addrs: &[IpAddr],
+) -> Vec<Record> {
     let owner = || -> Name { name.into() };
     match d.records {
         Records::None => Vec::new(),
@@ -403,7 +412,24 @@ fn records(src: &Source<'_>, name: &LowerName, d: &Decision<'_>, addrs: &[IpAddr
         }
         Records::Soa => src.zones.soa(d.zone),
         Records::Ns => src.zones.ns(d.zone).to_vec(),
+        Records::Service => src
+            .zones
+            .services
+            .load()
+            .answer(name, rtype, addrs, src.ttl),
     }
+}
+
+/// Whether `q` asks for a service binding the configuration publishes at its name
+/// (`crate::service`): HTTPS or SVCB, class IN.
+fn binding_asked(src: &Source<'_>, q: &Parsed<'_>) -> bool {
+    q.class == DNSClass::IN
+        && crate::service::is_binding_type(q.qtype)
+        && src
+            .zones
+            .services
+            .load()
+            .publishes(&q.name.to_string(), q.qtype)
 }
 
 /// Decides the request's (single) query from what `front` holds, counts its demand and its

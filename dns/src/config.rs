@@ -35,6 +35,9 @@
 //! # name = "ns1"                      #   MX, SRV, CNAME (`crate::zonedata`, docs/dns.md's
 //! # type = "A"                        #   "Zone data"); reloaded on SIGHUP
 //! # data = "192.0.2.53"
+//! # [[services]]                      # HTTPS/SVCB records at mapped names, their ipv4hint
+//! # name = "*.cdn.example."           #   and ipv6hint the map's answer to the same client
+//! # data = "1 . alpn=h3,h2"           #   (`crate::service`); reloaded on SIGHUP
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -56,6 +59,7 @@ use std::path::PathBuf;
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
+use crate::service::{ServiceConfig, Services};
 use crate::zonedata::{RecordConfig, StaticData};
 
 /// The environment variable the front end's token may come from (instead of
@@ -138,6 +142,9 @@ pub struct DnsConfig {
     /// Static records beside the map's names: the nameservers' addresses (the glue), TXT,
     /// CAA, MX, SRV, CNAME (`crate::zonedata`).
     pub records: Vec<RecordConfig>,
+    /// HTTPS and SVCB records at the map's names, their hints from the map
+    /// (`crate::service`).
+    pub services: Vec<ServiceConfig>,
 }
 
 impl Default for DnsConfig {
@@ -163,6 +170,7 @@ impl Default for DnsConfig {
             feedback_token_file: None,
             soa_serial: None,
             records: Vec::new(),
+            services: Vec::new(),
         }
     }
 }
@@ -229,6 +237,7 @@ impl DnsConfig {
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.static_data()?;
+        self.services()?;
         let mappers = self.mappers();
         if mappers.len() > MAX_MAPPERS {
             return Err(invalid(
@@ -383,6 +392,14 @@ impl DnsConfig {
     /// The static records (`records`) of the zones, validated (`crate::zonedata`).
     pub fn static_data(&self) -> Result<StaticData, ConfigError> {
         StaticData::build(&self.zones()?, &self.records).map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            problem: e.problem,
+        })
+    }
+
+    /// The service bindings (`services`) of the zones, validated (`crate::service`).
+    pub fn services(&self) -> Result<Services, ConfigError> {
+        Services::build(&self.zones()?, &self.services).map_err(|e| ConfigError::Invalid {
             key: e.key,
             problem: e.problem,
         })

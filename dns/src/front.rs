@@ -18,6 +18,7 @@ use cdnmap_serve::servers::Servers;
 use super::config::ZoneConfig;
 use super::demand::DemandCounter;
 use super::local::{Live, LocalView};
+use super::service::Services;
 use super::zonedata::StaticData;
 
 /// SOA timers (seconds): refresh, retry, expire, minimum (the negative-caching TTL).
@@ -39,6 +40,8 @@ pub struct Zones {
     /// The static records (empty without `[[records]]`), replaced whole on SIGHUP
     /// ([`Zones::reload`]).
     pub statics: ArcSwap<StaticData>,
+    /// The service bindings (empty without `[[services]]`), replaced whole on SIGHUP.
+    pub services: ArcSwap<Services>,
     serial: AtomicU32,
     /// The serial follows the map's epoch (no `soa_serial`).
     derived_serial: AtomicBool,
@@ -75,9 +78,16 @@ impl Zones {
             names,
             records,
             statics: ArcSwap::from_pointee(statics),
+            services: ArcSwap::from_pointee(Services::default()),
             serial: AtomicU32::new(soa_serial.unwrap_or(1)),
             derived_serial: AtomicBool::new(soa_serial.is_none()),
         }
+    }
+
+    /// These zones publishing the service bindings `services`.
+    pub fn with_services(self, services: Services) -> Zones {
+        self.services.store(Arc::new(services));
+        self
     }
 
     /// The SOA serial answered now.

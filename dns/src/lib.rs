@@ -19,6 +19,7 @@ pub mod demand;
 pub mod front;
 pub mod in_use;
 pub mod local;
+pub mod service;
 mod udp;
 mod wire;
 pub mod zonedata;
@@ -122,9 +123,11 @@ pub async fn run_from(
             tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
         }
     }
+    let services = config.services()?;
     let front = Arc::new(
         Front::new(
-            Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics),
+            Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics)
+                .with_services(services),
             config.ttl_secs,
             config.max_udp_payload,
             now_unix_ms(),
@@ -497,15 +500,22 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
     let next = DnsConfig {
         records: file.records,
         soa_serial: file.soa_serial,
+        services: file.services,
         ..running.clone()
     };
     let statics = next
         .static_data()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    front
+    let services = next
+        .services()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let done = front
         .zones
         .reload(statics, next.soa_serial)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let bindings = services.len();
+    front.zones.services.store(Arc::new(services));
+    Ok(format!("{done}; {bindings} service bindings"))
 }
 
 /// How the front end reaches one mapper: its URL, the endpoint (TLS with the configured CA and

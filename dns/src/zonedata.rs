@@ -194,7 +194,7 @@ fn record_error(
 
 /// `text` as a domain name: fully qualified when it ends with a dot, else relative to `apex`
 /// (`@`: the apex itself).
-fn name_in(text: &str, apex: &Name) -> Result<Name, String> {
+pub(crate) fn name_in(text: &str, apex: &Name) -> Result<Name, String> {
     if text == "@" {
         return Ok(apex.clone());
     }

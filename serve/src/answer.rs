@@ -25,8 +25,12 @@
 //! ([`Place::Below`]`(None)`), are of class IN without EDNS, and no CNAME target is one of
 //! its zones ([`Zones::default`]).
 //!
+//! A service binding (HTTPS or SVCB, RFC 9460) the front end publishes at a mapped name is
+//! asked as [`QType::Service`]: its hints are the addresses of both families step 5 answers
+//! the same client at that moment.
+//!
 //! Pure: no I/O, no clock, no allocation per query (the addresses go into the caller's
-//! buffer).
+//! buffer; a service binding's IPv6 hints take one buffer of their own).
 
 use std::net::IpAddr;
 
@@ -156,6 +160,10 @@ pub enum QType {
     Ns,
     /// AXFR or IXFR.
     Transfer,
+    /// A service binding (HTTPS or SVCB, RFC 9460) the front end publishes at the name: the
+    /// map's addresses of both families are its hints. [`QType::of`] never gives it: the front
+    /// end asks for it when its configuration has a binding for the name.
+    Service,
     Other,
 }
 
@@ -178,9 +186,15 @@ impl QType {
         u16::try_from(code).map_or(QType::Other, QType::of)
     }
 
-    /// A or AAAA: the map's servers are asked for.
+    /// A or AAAA: the map's servers are asked for (as the client's connection will follow:
+    /// its demand is counted).
     pub fn asks_addresses(self) -> bool {
         matches!(self, QType::A | QType::Aaaa)
+    }
+
+    /// A, AAAA or a service binding: the selectors pick servers for the answer.
+    pub fn picks_servers(self) -> bool {
+        matches!(self, QType::A | QType::Aaaa | QType::Service)
     }
 }
 
@@ -313,6 +327,9 @@ pub enum Records<'v> {
     Soa,
     /// The zone's NS records.
     Ns,
+    /// The service binding's records ([`QType::Service`]): the addresses the decision wrote
+    /// into the caller's buffer (IPv4 first, maybe none) are their hints.
+    Service,
 }
 
 /// The authority section: the zone's SOA or NS records.
@@ -406,7 +423,7 @@ pub fn decide<'v>(
         return Decision::bare(Rcode::ServFail); // `admit` says so first
     };
     let answer = view.resolver.resolve_in_class(q.client, q.name, class);
-    let hash = if q.qtype.asks_addresses() {
+    let hash = if q.qtype.picks_servers() {
         key_hash_of(q.name, key)
     } else {
         0 // no servers are picked
@@ -538,9 +555,12 @@ pub fn from_map<'v>(
     };
     let (records, authority) = match (cname, q.qtype) {
         (None, QType::Any) => (Records::Hinfo, Authority::None),
-        (None, t) if !t.asks_addresses() => (Records::None, Authority::Soa),
+        (None, t) if !t.asks_addresses() && t != QType::Service => (Records::None, Authority::Soa),
         _ => {
-            let records = addresses(view, q.qtype, &answer, bypass, hash, out);
+            let records = match q.qtype {
+                QType::Service => hints(view, &answer, bypass, hash, out),
+                t => addresses(view, t, &answer, bypass, hash, out),
+            };
             mapped.ecs_scope = match q.ecs {
                 Ecs::Subnet { source: 0, .. } => Some(0),
                 Ecs::Subnet { .. } => Some(answer.scope_prefix_len),
@@ -561,6 +581,26 @@ pub fn from_map<'v>(
         authority,
         mapped: Some(mapped),
     }
+}
+
+/// The records of an answer to a service binding query ([`QType::Service`]): a CNAME when the
+/// last resort is one (it answers every type), else the binding with, as hints, the addresses
+/// an A query and an AAAA query of the same client would get now (the same answer, the same
+/// name's hash), IPv4 first, into `out`.
+fn hints<'v>(
+    view: &View<'v>,
+    answer: &Answer,
+    bypass: Option<&'v Bypass>,
+    hash: u64,
+    out: &mut Vec<IpAddr>,
+) -> Records<'v> {
+    let mut v6 = Vec::new();
+    if let r @ Records::Cname(_) = addresses(view, QType::Aaaa, answer, bypass, hash, &mut v6) {
+        return r;
+    }
+    addresses(view, QType::A, answer, bypass, hash, out);
+    out.extend(v6);
+    Records::Service
 }
 
 /// The class's last resort for `answer`, when its unit's every candidate is full or down and
@@ -1088,6 +1128,59 @@ mod tests {
         assert_eq!(positions, (0..queries.len()).collect::<Vec<_>>());
         let each: Vec<_> = each.into_iter().map(|(_, d, out)| (d, out)).collect();
         assert_eq!(each, decided);
+    }
+
+    /// A service binding's hints are the addresses an A query and an AAAA query of the same
+    /// client get at that moment (IPv4 first), with the same ECS scope; a CNAME last resort
+    /// answers it as it answers every type; it counts no demand (the client's address
+    /// queries do).
+    #[test]
+    fn service_hints_are_the_address_answers_of_the_same_client() {
+        let w = world();
+        let view = w.view();
+        let zones = Zones::of_text(&["example."]);
+        let clients = [
+            ("v.video.example.", "10.0.0.0", 24), // mapped
+            ("www.example.", "10.0.5.0", 24),     // split
+            ("x.apps.example.", "10.0.4.0", 24),  // on its backup
+            ("v.video.example.", "10.0.2.0", 24), // last resort: addresses
+            ("www.example.", "2001:db8:1::", 48), // over IPv6
+            ("www.example.", "10.0.1.0", 24),     // last resort: a CNAME
+            ("x.dash.example.", "10.0.6.0", 24),  // last resort no answer carries
+        ];
+        for (name, addr, source) in clients {
+            let ask = |qtype: u16| {
+                let mut q = dns_query(&zones, name, qtype, Some((addr, source)));
+                if qtype == 65 {
+                    q.qtype = QType::Service;
+                }
+                let (mut key, mut out) = (String::new(), Vec::new());
+                let d = decide(&zones, Some(&view), &q, &mut key, &mut out);
+                (d, out)
+            };
+            let (a, v4) = ask(1);
+            let (aaaa, v6) = ask(28);
+            let (service, hints) = ask(65);
+            let m = service.mapped.expect("mapped");
+            assert_eq!(m.ecs_scope, a.mapped.and_then(|m| m.ecs_scope), "{name}");
+            assert!(!m.demand && !m.count_host, "{name}: no demand");
+            match a.records {
+                Records::Cname(t) => {
+                    assert_eq!(service.records, Records::Cname(t), "{name}");
+                    assert!(hints.is_empty(), "{name}");
+                }
+                _ => {
+                    assert_eq!(service.records, Records::Service, "{name}");
+                    assert_eq!(service.authority, Authority::None, "{name}");
+                    assert_eq!(hints, [v4, v6].concat(), "{name}");
+                }
+            }
+            assert_eq!(aaaa.mapped.map(|m| m.answer), Some(m.answer), "{name}");
+        }
+        // Without a binding configured the front end asks as for any other type: NODATA.
+        let q = dns_query(&zones, "www.example.", 65, Some(("10.0.5.0", 24)));
+        let d = decide(&zones, Some(&view), &q, &mut String::new(), &mut Vec::new());
+        assert_eq!((d.records, d.authority), (Records::None, Authority::Soa));
     }
 
     /// Without a map, the apex still answers and the rest is SERVFAIL; ahead of everything,
