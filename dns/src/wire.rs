@@ -954,7 +954,7 @@ pub(crate) mod tests {
             "10.0.1.9:5353".parse().expect("src"),
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(16);
-        let (mut taken, mut kinds) = (0, std::collections::BTreeSet::new());
+        let (mut taken, mut kinds, mut with_cookie) = (0, std::collections::BTreeSet::new(), 0);
         let n = 20_000;
         let mut fast = Vec::new();
         let mut i = 0;
@@ -979,13 +979,18 @@ pub(crate) mod tests {
                 assert_eq!(Some(fast), slow.as_ref(), "query {at}: {raw:02x?}");
                 let q = parse(raw).expect("taken, so parsed");
                 kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));
+                with_cookie += usize::from(q.cookie.is_some());
                 taken += 1;
             }
             i += size;
         }
         // About a sixth of the generated queries are of the kind it is for (a mapped name,
-        // A or AAAA, well formed): it must take them.
+        // A or AAAA, well formed): it must take them, those with a client cookie too.
         assert!(taken > n / 8, "the fast path took only {taken} of {n}");
+        assert!(
+            with_cookie > 20,
+            "the fast path took {with_cookie} with a cookie"
+        );
         for kind in [
             (TYPE_A, false, None),
             (TYPE_A, true, None),
@@ -1493,5 +1498,136 @@ pub(crate) mod tests {
             let cname = cname.map(str::to_string);
             assert_eq!(said(&slow), (rcode, addrs, cname, None), "{what}");
         }
+    }
+
+    /// An A query for `www.example` from 10.0.0.0/24 (ECS or not) with a COOKIE option of
+    /// `cookie`'s bytes.
+    fn query_with_cookie(cookie: &[u8], ecs: bool) -> Vec<u8> {
+        let mut q = table_query("www.example", TYPE_A, Some(None));
+        let mut rdata = Vec::new();
+        if ecs {
+            rdata.extend_from_slice(&[0, 8, 0, 7, 0, 1, 24, 0, 10, 0, 0]);
+        }
+        push16(&mut rdata, cookie::OPTION_COOKIE);
+        push16(&mut rdata, cookie.len() as u16);
+        rdata.extend_from_slice(cookie);
+        let at = q.len() - 2;
+        q.truncate(at);
+        push16(&mut q, rdata.len() as u16);
+        q.extend_from_slice(&rdata);
+        q
+    }
+
+    /// DNS cookies (RFC 7873, RFC 9018) on both paths, byte for byte, the secret and the time
+    /// fixed: a client cookie alone, with or without ECS, gets a new server cookie in the
+    /// fast path's response too; a valid server cookie is echoed while young, renewed when
+    /// older than half an hour; one of another secret or expired is replaced; a malformed
+    /// option is FORMERR (hickory's).
+    #[test]
+    fn cookies_are_answered_alike_on_both_paths() {
+        use hickory_server::proto::op::ResponseCode;
+        use hickory_server::proto::rr::rdata::opt::{EdnsCode, EdnsOption};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handler = Handler(Arc::new(table_front()));
+        let capture = Capture::default();
+        let src: SocketAddr = "192.0.2.77:5353".parse().expect("src");
+        let now = handler.0.cookies.now();
+        let cc = [0x24, 0x64, 0xc4, 0xab, 0xcf, 0x10, 0xc9, 0x57];
+        let secret = [1u8; 16]; // the test front's (`answer::tests::front_of`)
+        let with = |server: [u8; 16]| -> Vec<u8> { [&cc[..], &server[..]].concat() };
+        let made = |secret: &[u8; 16], at: u32| cookie::server_cookie(secret, &cc, src.ip(), at);
+        let fresh = with(made(&secret, now));
+        // query cookie, ECS, the server cookie the response must carry (None: FORMERR)
+        type Case<'a> = (&'a str, Vec<u8>, bool, Option<Vec<u8>>);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "client cookie alone",
+                cc.to_vec(),
+                false,
+                Some(fresh.clone()),
+            ),
+            (
+                "client cookie and ECS",
+                cc.to_vec(),
+                true,
+                Some(fresh.clone()),
+            ),
+            (
+                "valid, 10 min old",
+                with(made(&secret, now - 600)),
+                true,
+                Some(with(made(&secret, now - 600))),
+            ),
+            (
+                "valid, 40 min old: renewed",
+                with(made(&secret, now - 2400)),
+                false,
+                Some(fresh.clone()),
+            ),
+            (
+                "expired",
+                with(made(&secret, now - 3700)),
+                false,
+                Some(fresh.clone()),
+            ),
+            (
+                "another secret",
+                with(made(&[2; 16], now)),
+                true,
+                Some(fresh.clone()),
+            ),
+            ("a client cookie of 7 bytes", cc[..7].to_vec(), false, None),
+            (
+                "a server cookie of 7 bytes",
+                [&cc[..], &[1; 7]].concat(),
+                false,
+                None,
+            ),
+            (
+                "a server cookie of 33 bytes",
+                [&cc[..], &[1; 33]].concat(),
+                true,
+                None,
+            ),
+        ];
+        for (what, option, ecs, want) in cases {
+            let raw = query_with_cookie(&option, ecs);
+            let slow =
+                answer_hickory(&handler, runtime.handle(), &capture, &raw, src).expect("an answer");
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(&raw, src)], &mut out);
+            let m = hickory_server::proto::op::Message::from_vec(&slow).expect("readable");
+            let got = m
+                .edns
+                .as_ref()
+                .and_then(|e| match e.option(EdnsCode::Cookie) {
+                    Some(EdnsOption::Unknown(_, data)) => Some(data.clone()),
+                    _ => None,
+                });
+            match want {
+                Some(want) => {
+                    assert_eq!(u16::from(m.metadata.response_code), 0, "{what}");
+                    assert_eq!(got, Some(want), "{what}");
+                    assert!(!m.answers.is_empty(), "{what}");
+                    assert_eq!(out[0], slow, "{what}: the fast path's bytes are hickory's");
+                }
+                None => {
+                    assert_eq!(m.metadata.response_code, ResponseCode::FormErr, "{what}");
+                    assert!(out[0].is_empty(), "{what}: hickory's");
+                }
+            }
+        }
+        // Two COOKIE options, or one beside another option: hickory's (it reads the first).
+        let mut two = query_with_cookie(&cc, false);
+        let n = two.len();
+        two[n - 13] += 12; // the OPT RDLENGTH's low byte
+        two.extend_from_slice(&[0, 10, 0, 8]);
+        two.extend_from_slice(&cc);
+        let mut out = Vec::new();
+        answer_batch(&handler.0, &[(&two, src)], &mut out);
+        assert!(out[0].is_empty());
+        assert!(answer_hickory(&handler, runtime.handle(), &capture, &two, src).is_some());
     }
 }
