@@ -66,6 +66,10 @@ impl RequestHandler for Handler {
             response
                 .send_response(builder.build_no_records(send(ResponseCode::NotImp)))
                 .await
+        } else if request.queries.queries().is_empty() && request_cookie(request).is_some() {
+            // RFC 7873 §5.4: a query for a server cookie alone.
+            let reply = cookie_only(front, request);
+            send_reply(request, response.clone(), &reply).await
         } else if request.queries.queries().len() != 1 {
             front.counters.formerr.increment(1);
             response
@@ -87,6 +91,51 @@ impl RequestHandler for Handler {
                 .into()
             }
         }
+    }
+}
+
+/// The data of a request's COOKIE option, in EDNS version 0.
+fn request_cookie(request: &Request) -> Option<&[u8]> {
+    let edns = request.edns.as_ref().filter(|e| e.version() == 0)?;
+    match edns.option(EdnsCode::Cookie)? {
+        EdnsOption::Unknown(_, data) => Some(data),
+        _ => None,
+    }
+}
+
+/// The reply to a query with no question and a COOKIE option (RFC 7873 §5.4: "querying for a
+/// server cookie"): NOERROR, no records, the cookie option with a server cookie; FORMERR when
+/// the option is malformed.
+fn cookie_only<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
+    let cookies = &front.cookies;
+    let checked =
+        request_cookie(request).map(|data| cookies.check(data, request.src().ip(), cookies.now()));
+    let Some(Checked::Good { reply: option, .. }) = checked else {
+        front.counters.formerr.increment(1);
+        return Reply {
+            code: ResponseCode::FormErr,
+            bare: true,
+            records: Vec::new(),
+            ns: &[],
+            soa: Vec::new(),
+            edns: None,
+        };
+    };
+    let mut edns = Edns::new();
+    let asked = request.edns.as_ref().map_or(512, Edns::max_payload);
+    edns.set_max_payload(asked.clamp(512, front.max_udp_payload));
+    edns.set_version(0);
+    let code = crate::cookie::OPTION_COOKIE;
+    edns.options_mut()
+        .insert(EdnsOption::Unknown(code, option.to_vec()));
+    front.counters.nodata().increment(1);
+    Reply {
+        code: ResponseCode::NoError,
+        bare: false,
+        records: Vec::new(),
+        ns: &[],
+        soa: Vec::new(),
+        edns: Some(edns),
     }
 }
 

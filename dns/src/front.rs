@@ -243,6 +243,11 @@ impl Counters {
         counters
     }
 
+    /// The counter of NOERROR responses without records.
+    pub(crate) fn nodata(&self) -> &metrics::Counter {
+        &self.nodata
+    }
+
     /// The counter of answers with addresses routed so.
     pub(crate) fn route(&self, r: Route) -> &metrics::Counter {
         &self.routes[r as usize]

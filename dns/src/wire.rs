@@ -1629,5 +1629,28 @@ pub(crate) mod tests {
         answer_batch(&handler.0, &[(&two, src)], &mut out);
         assert!(out[0].is_empty());
         assert!(answer_hickory(&handler, runtime.handle(), &capture, &two, src).is_some());
+        // RFC 7873 §5.4: no question, a client cookie: NOERROR and a server cookie; a
+        // malformed one FORMERR; no question and no cookie, FORMERR as before.
+        let question_len = "www.example".len() + 2 + 4;
+        for (option, rcode) in [(&cc[..], 0), (&cc[..5], 1)] {
+            let mut q = query_with_cookie(option, false);
+            q.drain(12..12 + question_len);
+            q[5] = 0;
+            let r = answer_hickory(&handler, runtime.handle(), &capture, &q, src).expect("a reply");
+            let m = hickory_server::proto::op::Message::from_vec(&r).expect("readable");
+            assert_eq!(u16::from(m.metadata.response_code), rcode, "{q:02x?}");
+            assert!(m.queries.is_empty() && m.answers.is_empty());
+            let cookie = m
+                .edns
+                .as_ref()
+                .and_then(|e| e.option(EdnsCode::Cookie).cloned());
+            let want = (rcode == 0).then(|| EdnsOption::Unknown(10, fresh.clone()));
+            assert_eq!(cookie, want);
+        }
+        let mut q = table_query("www.example", TYPE_A, Some(None));
+        q.drain(12..12 + question_len);
+        q[5] = 0;
+        let r = answer_hickory(&handler, runtime.handle(), &capture, &q, src).expect("a reply");
+        assert_eq!(r[3] & 0x0f, 1, "FORMERR");
     }
 }
