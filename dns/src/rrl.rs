@@ -271,7 +271,8 @@ impl Rrl {
         h.finish()
     }
 
-    /// Applies the limit to `response`, the UDP answer to `query` from `src`, at `now`: left as
+    /// Applies the limit to `response`, the UDP answer to `query` from `src`, at `now` (Unix
+    /// seconds, as cookies are dated: [`Cookies::now`]): left as
     /// it is, emptied (dropped: nothing is sent) or replaced by a slip (module docs).
     /// `max_udp_payload` is the OPT payload size a BADCOOKIE slip announces.
     pub fn apply(
@@ -287,7 +288,7 @@ impl Rrl {
             return;
         }
         let cookie = crate::wire::option_in(query, OPTION_COOKIE)
-            .map(|data| cookies.check(data, src.ip(), cookies.now()));
+            .map(|data| cookies.check(data, src.ip(), now));
         if cookie.is_some_and(|c| c.valid()) {
             return; // a valid server cookie: the source is real
         }
