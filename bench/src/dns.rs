@@ -103,16 +103,33 @@ pub struct DnsBenchArgs {
     /// coalescing off, to measure what it gives).
     #[arg(long)]
     pub udp_coalesce_us: Option<u64>,
+    /// Every query carries a DNS cookie (RFC 7873): a client cookie of its own, with no server
+    /// cookie (dnsperf cannot send back what a server gave), so each answer makes a new server
+    /// cookie: the costliest case. The same query file goes to every server.
+    #[arg(long)]
+    pub cookies: bool,
+    /// `cdnmap dns`'s `rrl_responses_per_sec` (default: off). dnsperf sends from one address,
+    /// so a limit below the rate of the bench's most asked name (`www.cdn.example`, about a
+    /// sixth of the queries) limits the bench: give one above it (100000, the most allowed)
+    /// to measure what the accounting costs.
+    #[arg(long)]
+    pub rrl_responses_per_sec: Option<u32>,
 }
 
 impl DnsBenchArgs {
-    /// The front end's flags for this bench's settings.
-    fn front_args(&self) -> Vec<String> {
+    /// The front end's flags for this bench's settings; a configuration file for the settings
+    /// without a flag (response rate limiting) is written into `dir`.
+    fn front_args(&self, dir: &Path) -> Result<Vec<String>> {
         let mut args = vec!["--udp-threads".to_string(), self.threads().to_string()];
         if let Some(us) = self.udp_coalesce_us {
             args.extend(["--udp-coalesce-us".to_string(), us.to_string()]);
         }
-        args
+        if let Some(rate) = self.rrl_responses_per_sec {
+            let path = dir.join("dns-rrl.toml");
+            std::fs::write(&path, format!("rrl_responses_per_sec = {rate}\n"))?;
+            args.extend(["--config".to_string(), path.display().to_string()]);
+        }
+        Ok(args)
     }
 
     /// The UDP threads each server runs: `--udp-threads`, else half the cores (at least 1).
@@ -161,8 +178,14 @@ const NAMES_PER_CLASS: u32 = 1000;
 /// front end's join take minutes; a server that exits fails the wait at once).
 const READY: Duration = Duration::from_secs(900);
 
-/// One query, encoded.
-fn query(id: u16, name: &str, qtype: RecordType, subnet: Option<IpNet>) -> Result<Vec<u8>> {
+/// One query, encoded, with a COOKIE option of the client cookie `cookie` when given.
+fn query(
+    id: u16,
+    name: &str,
+    qtype: RecordType,
+    subnet: Option<IpNet>,
+    cookie: Option<[u8; 8]>,
+) -> Result<Vec<u8>> {
     let mut m = Message::new(id, MessageType::Query, OpCode::Query);
     let name = fqdn("query", name).map_err(|e| anyhow::anyhow!("{e}"))?;
     m.add_query(Query::query(name, qtype));
@@ -171,6 +194,11 @@ fn query(id: u16, name: &str, qtype: RecordType, subnet: Option<IpNet>) -> Resul
     if let Some(net) = subnet {
         edns.options_mut()
             .insert(EdnsOption::Subnet(ClientSubnet::from(net)));
+    }
+    if let Some(c) = cookie {
+        let code = cdnmap_dns::cookie::OPTION_COOKIE;
+        edns.options_mut()
+            .insert(EdnsOption::Unknown(code, c.to_vec()));
     }
     m.set_edns(edns);
     Ok(m.to_vec()?)
@@ -190,7 +218,7 @@ fn ask(addr: SocketAddr, q: &[u8]) -> Option<Message> {
 
 /// Whether `addr` answers `www.<zone> A` with NOERROR and an address.
 pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
-    query(7, &format!("www.{zone}"), RecordType::A, None)
+    query(7, &format!("www.{zone}"), RecordType::A, None, None)
         .ok()
         .and_then(|q| ask(addr, &q))
         .is_some_and(|m| m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty())
@@ -231,12 +259,14 @@ fn host(net: IpNet, offset: u128) -> IpAddr {
     }
 }
 
-/// Writes the query file; returns how many queries of each type it holds.
+/// Writes the query file, each query with a client cookie of its own when `cookies`; returns
+/// how many queries of each type it holds.
 pub(crate) fn write_queries(
     instance: &Topology,
     n: usize,
     seed: u64,
     path: &Path,
+    cookies: bool,
 ) -> Result<(usize, usize)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd115);
     let units: Vec<UnitIdx> = (0..instance.unit_count() as UnitIdx)
@@ -278,7 +308,8 @@ pub(crate) fn write_queries(
             }
         };
         let client = IpNet::new(host(net, rng.random::<u128>()), len)?.trunc();
-        let bytes = query(i as u16, &name, qtype, Some(client))?;
+        let cookie = cookies.then(|| rng.random::<[u8; 8]>());
+        let bytes = query(i as u16, &name, qtype, Some(client), cookie)?;
         w.write_all(&(bytes.len() as u16).to_be_bytes())?;
         w.write_all(&bytes)?;
     }
@@ -541,6 +572,13 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     if let Some(us) = a.udp_coalesce_us.filter(|us| !UDP_COALESCE_US.contains(us)) {
         bail!("--udp-coalesce-us {us}: must be in {UDP_COALESCE_US:?}");
     }
+    use cdnmap_dns::rrl::RESPONSES_PER_SEC;
+    if let Some(r) = a
+        .rrl_responses_per_sec
+        .filter(|r| !RESPONSES_PER_SEC.contains(r))
+    {
+        bail!("--rrl-responses-per-sec {r}: must be in {RESPONSES_PER_SEC:?}");
+    }
     Ok(())
 }
 
@@ -555,11 +593,16 @@ fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<(Topology, PathBuf)> {
     };
     let instance = crate::progress::generate_world(&params)?;
     let queries = dir.join("queries.bin");
-    let (n_a, n_aaaa) = write_queries(&instance, a.queries, a.seed, &queries)?;
+    let (n_a, n_aaaa) = write_queries(&instance, a.queries, a.seed, &queries, a.cookies)?;
     println!(
-        "query file: {} queries ({n_a} A, {n_aaaa} AAAA), ECS from {} map units by demand: {}",
+        "query file: {} queries ({n_a} A, {n_aaaa} AAAA), ECS from {} map units by demand{}: {}",
         a.queries,
         instance.unit_count(),
+        if a.cookies {
+            ", each with a client cookie"
+        } else {
+            ""
+        },
         queries.display()
     );
     Ok((instance, queries))
@@ -630,7 +673,7 @@ fn start_cdnmap(
         cycle_secs: 30,
     };
     let (mut serve, mut front, dns_addr) =
-        spawn_mapper_and_front_end(exe, dir, &world, ports, &a.front_args())?;
+        spawn_mapper_and_front_end(exe, dir, &world, ports, &a.front_args(dir)?)?;
     wait_answering(dns_addr, &mut [&mut serve, &mut front], dir)?;
     Ok((serve, front, dns_addr))
 }
@@ -672,7 +715,7 @@ fn measure(
         .map(|(name, (addr, _))| format!("{name} on :{}", addr.port()))
         .collect();
     println!(
-        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s); cdnmap dns's receive coalescing {}",
+        "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s); cdnmap dns's receive coalescing {}, response rate limiting {}",
         a.seconds,
         a.clients,
         a.outstanding,
@@ -680,6 +723,7 @@ fn measure(
         ports.join(", "),
         a.threads(),
         a.udp_coalesce_us.map_or("at its default".to_string(), |us| format!("{us} µs")),
+        a.rrl_responses_per_sec.map_or("off".to_string(), |r| format!("at {r}/s")),
     );
     let mut results: [Vec<Run>; 3] = Default::default();
     for r in 0..a.runs {
@@ -1087,7 +1131,7 @@ mod tests {
                 continue;
             };
             let first = world.candidates(u).next().expect("a candidate").cluster;
-            let q = query(1, name, RecordType::A, Some(*net)).expect("query");
+            let q = query(1, name, RecordType::A, Some(*net), None).expect("query");
             let (mut got, scope) = dns_says(addr, &q).expect("an answer");
             let mut want: Vec<String> = world
                 .cluster_addresses(first)
@@ -1123,7 +1167,7 @@ mod tests {
         .expect("world");
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("q.bin");
-        let (a, aaaa) = write_queries(&world, 500, 3, &path).expect("writes");
+        let (a, aaaa) = write_queries(&world, 500, 3, &path, false).expect("writes");
         assert_eq!(a + aaaa, 500);
         let bytes = std::fs::read(&path).expect("read");
         let (mut at, mut seen) = (0, 0);

@@ -32,6 +32,8 @@ use ipnet::IpNet;
 
 use cdnmap_serve::answer::{self, Authority, Decision, Ecs, Place, QType, Rcode, Records};
 
+use crate::cookie::Checked;
+
 use super::front::{Front, Scratch, Zones, SCRATCH};
 use super::local::Live;
 
@@ -64,6 +66,10 @@ impl RequestHandler for Handler {
             response
                 .send_response(builder.build_no_records(send(ResponseCode::NotImp)))
                 .await
+        } else if request.queries.queries().is_empty() && request_cookie(request).is_some() {
+            // RFC 7873 §5.4: a query for a server cookie alone.
+            let reply = cookie_only(front, request);
+            send_reply(request, response.clone(), &reply).await
         } else if request.queries.queries().len() != 1 {
             front.counters.formerr.increment(1);
             response
@@ -85,6 +91,51 @@ impl RequestHandler for Handler {
                 .into()
             }
         }
+    }
+}
+
+/// The data of a request's COOKIE option, in EDNS version 0.
+fn request_cookie(request: &Request) -> Option<&[u8]> {
+    let edns = request.edns.as_ref().filter(|e| e.version() == 0)?;
+    match edns.option(EdnsCode::Cookie)? {
+        EdnsOption::Unknown(_, data) => Some(data),
+        _ => None,
+    }
+}
+
+/// The reply to a query with no question and a COOKIE option (RFC 7873 §5.4: "querying for a
+/// server cookie"): NOERROR, no records, the cookie option with a server cookie; FORMERR when
+/// the option is malformed.
+fn cookie_only<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
+    let cookies = &front.cookies;
+    let checked =
+        request_cookie(request).map(|data| cookies.check(data, request.src().ip(), cookies.now()));
+    let Some(Checked::Good { reply: option, .. }) = checked else {
+        front.counters.formerr.increment(1);
+        return Reply {
+            code: ResponseCode::FormErr,
+            bare: true,
+            records: Vec::new(),
+            ns: &[],
+            soa: Vec::new(),
+            edns: None,
+        };
+    };
+    let mut edns = Edns::new();
+    let asked = request.edns.as_ref().map_or(512, Edns::max_payload);
+    edns.set_max_payload(asked.clamp(512, front.max_udp_payload));
+    edns.set_version(0);
+    let code = crate::cookie::OPTION_COOKIE;
+    edns.options_mut()
+        .insert(EdnsOption::Unknown(code, option.to_vec()));
+    front.counters.nodata().increment(1);
+    Reply {
+        code: ResponseCode::NoError,
+        bare: false,
+        records: Vec::new(),
+        ns: &[],
+        soa: Vec::new(),
+        edns: Some(edns),
     }
 }
 
@@ -136,6 +187,8 @@ struct Source<'a> {
     pub identity: &'a str,
     pub ttl: u32,
     pub max_udp_payload: u16,
+    /// The server cookies' secrets and clock (`crate::cookie`).
+    pub cookies: &'a crate::cookie::Cookies,
 }
 
 /// A decision in hickory's records.
@@ -165,9 +218,53 @@ fn place(zones: &answer::Zones, name: &LowerName) -> Place {
     zones.place(n, labels[..n].iter().copied())
 }
 
-/// The decision for `q` from `live` (`None` before the first map), and its reply; the query's
-/// name is left in `scratch.qname`, the addresses answered in `scratch.addrs`.
+/// The decision for `q` from `live` (`None` before the first map), and its reply, with the
+/// query's COOKIE option answered (`crate::cookie`: FORMERR when it is malformed, else the
+/// server cookie in the reply's OPT record, after the ECS option); the query's name is left in
+/// `scratch.qname`, the addresses answered in `scratch.addrs`.
 fn decide<'a, 'v>(
+    src: &Source<'a>,
+    live: Option<&'v Live>,
+    q: &Parsed<'_>,
+    scratch: &mut Scratch,
+) -> (Decision<'v>, Reply<'a>) {
+    let cookies = src.cookies;
+    // Options are read in EDNS version 0 only (RFC 6891 §6.1.3: BADVERS first).
+    let cookie =
+        q.edns
+            .filter(|e| e.version() == 0)
+            .and_then(|e| match e.option(EdnsCode::Cookie)? {
+                EdnsOption::Unknown(_, data) => Some(cookies.check(data, q.src, cookies.now())),
+                _ => None,
+            });
+    match cookie {
+        Some(Checked::Malformed) => {
+            scratch.addrs.clear();
+            let formerr = Decision {
+                rcode: Rcode::FormErr,
+                zone: None,
+                records: Records::None,
+                authority: Authority::None,
+                mapped: None,
+            };
+            let reply = reply(src, q, &formerr, &[], None);
+            (formerr, reply)
+        }
+        Some(Checked::Good { reply: option, .. }) => {
+            let (d, mut reply) = decide_query(src, live, q, scratch);
+            if let Some(e) = reply.edns.as_mut() {
+                let code = crate::cookie::OPTION_COOKIE;
+                e.options_mut()
+                    .insert(EdnsOption::Unknown(code, option.to_vec()));
+            }
+            (d, reply)
+        }
+        None => decide_query(src, live, q, scratch),
+    }
+}
+
+/// [`decide`] but for the COOKIE option.
+fn decide_query<'a, 'v>(
     src: &Source<'a>,
     live: Option<&'v Live>,
     q: &Parsed<'_>,
@@ -451,6 +548,7 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
         identity: &front.identity,
         ttl: front.ttl,
         max_udp_payload: front.max_udp_payload,
+        cookies: &front.cookies,
     };
     SCRATCH.with_borrow_mut(|scratch| {
         let (decision, reply) = decide(&src, live, &q, scratch);
@@ -624,6 +722,7 @@ pub(crate) mod tests {
             identity: "fe-test-1",
             ttl: 20,
             max_udp_payload: 1232,
+            cookies: &crate::cookie::Cookies::at_fixed_time([1; 16], None, 1_800_000_000),
         };
         let name = LowerName::new(&Name::from_ascii(qname).expect("a name"));
         let q = Parsed {
@@ -735,7 +834,9 @@ pub(crate) mod tests {
 
     /// A front end answering from `view` (no demand counted yet).
     pub(crate) fn front_of(zones: Zones, view: LocalView) -> Front {
-        let front = Front::new(zones, 20, 1232, 0);
+        let front = Front::new(zones, 20, 1232, 0).with_cookies(
+            crate::cookie::Cookies::at_fixed_time([1; 16], None, 1_800_000_000),
+        );
         front.put_view(view);
         front
     }
@@ -762,6 +863,7 @@ pub(crate) mod tests {
                 identity: &front.identity,
                 ttl: 20,
                 max_udp_payload: 1232,
+                cookies: &front.cookies,
             };
             let live = front.live.load();
             let (_, reply) = decide(&src, live.as_deref(), &q, &mut Scratch::default());

@@ -31,6 +31,16 @@
 //! # feedback_token_file = "/run/credentials/cdnmap-dns.service/feedback-token"  # or the
 //! #                                   #   token in a file, or in CDNMAP_FEEDBACK_TOKEN: one of three
 //! # soa_serial = 2026120701           # the SOA serial (default: the map's epoch in seconds)
+//! cookie_secret = "e5e973e5a6b2a43f48e7dc849e37bfcf"  # DNS cookies (RFC 7873/9018): one
+//!                                     #   secret for the fleet, 32 hex digits (default: a
+//!                                     #   random one per process); or cookie_secret_file
+//! # cookie_secret_previous = "dd3bdf9344b678b185a6f5cb60fca715"  # still accepted (rotation)
+//! rrl_responses_per_sec = 0           # response rate limiting per client prefix and kind
+//!                                     #   (0: off); below, BIND's defaults
+//! rrl_window_secs = 15                # seconds of responses a prefix may owe
+//! rrl_slip = 2                        # every 2nd limited response TC=1 (or BADCOOKIE)
+//! rrl_ipv4_prefix = 24                # client prefixes counted together
+//! rrl_ipv6_prefix = 56
 //! # [[records]]                       # static records: the nameservers' addresses, TXT, CAA,
 //! # name = "ns1"                      #   MX, SRV, CNAME (`crate::zonedata`, docs/dns.md's
 //! # type = "A"                        #   "Zone data"); reloaded on SIGHUP
@@ -60,6 +70,8 @@ use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
 use crate::service::{ServiceConfig, Services};
+use crate::cookie::{parse_secret, Cookies};
+use crate::rrl::RrlConfig;
 use crate::zonedata::{RecordConfig, StaticData};
 
 /// The environment variable the front end's token may come from (instead of
@@ -145,6 +157,24 @@ pub struct DnsConfig {
     /// HTTPS and SVCB records at the map's names, their hints from the map
     /// (`crate::service`).
     pub services: Vec<ServiceConfig>,
+    /// The server cookies' secret, 32 hex digits, the same on every front end of a fleet
+    /// (`crate::cookie`; absent, and no file: a random one for this process).
+    pub cookie_secret: Option<String>,
+    /// A file holding `cookie_secret`, read at start.
+    pub cookie_secret_file: Option<PathBuf>,
+    /// The secret before `cookie_secret`: cookies it made stay valid (a rotation), none is
+    /// made with it.
+    pub cookie_secret_previous: Option<String>,
+    /// Response rate limiting (`crate::rrl`): responses a second per client prefix and kind
+    /// (0: off).
+    pub rrl_responses_per_sec: u32,
+    /// Seconds of responses a limited prefix may owe.
+    pub rrl_window_secs: u32,
+    /// Every this many limited responses one is sent truncated (or BADCOOKIE); 0: none.
+    pub rrl_slip: u32,
+    /// The client prefixes counted together.
+    pub rrl_ipv4_prefix: u8,
+    pub rrl_ipv6_prefix: u8,
 }
 
 impl Default for DnsConfig {
@@ -171,6 +201,14 @@ impl Default for DnsConfig {
             soa_serial: None,
             records: Vec::new(),
             services: Vec::new(),
+            cookie_secret: None,
+            cookie_secret_file: None,
+            cookie_secret_previous: None,
+            rrl_responses_per_sec: RrlConfig::default().responses_per_sec,
+            rrl_window_secs: RrlConfig::default().window_secs,
+            rrl_slip: RrlConfig::default().slip,
+            rrl_ipv4_prefix: RrlConfig::default().ipv4_prefix,
+            rrl_ipv6_prefix: RrlConfig::default().ipv6_prefix,
         }
     }
 }
@@ -312,7 +350,100 @@ impl DnsConfig {
                 format!("{} is outside {UDP_COALESCE_US:?}", self.udp_coalesce_us),
             ));
         }
+        self.validate_cookies()?;
+        self.validate_rrl()
+    }
+
+    /// The cookie keys: a secret inline or in a file, not both; the previous one only with a
+    /// secret; each 32 hex digits (a file's is checked when it is read, [`Self::cookies`]).
+    fn validate_cookies(&self) -> Result<(), ConfigError> {
+        if self.cookie_secret.is_some() && self.cookie_secret_file.is_some() {
+            return Err(invalid(
+                "cookie_secret_file",
+                "cookie_secret is given too: keep one of them",
+            ));
+        }
+        let has_secret = self.cookie_secret.is_some() || self.cookie_secret_file.is_some();
+        if self.cookie_secret_previous.is_some() && !has_secret {
+            return Err(invalid(
+                "cookie_secret_previous",
+                "is given without cookie_secret or cookie_secret_file (the secret that replaced it)",
+            ));
+        }
+        for (key, value) in [
+            ("cookie_secret", &self.cookie_secret),
+            ("cookie_secret_previous", &self.cookie_secret_previous),
+        ] {
+            if let Some(text) = value {
+                parse_secret(text).map_err(|e| invalid(key, e))?;
+            }
+        }
         Ok(())
+    }
+
+    /// The `rrl_*` keys within their bounds (`crate::rrl`).
+    fn validate_rrl(&self) -> Result<(), ConfigError> {
+        use crate::rrl::{IPV4_PREFIX, IPV6_PREFIX, RESPONSES_PER_SEC, SLIP, WINDOW_SECS};
+        let bounded = [
+            (
+                "rrl_responses_per_sec",
+                self.rrl_responses_per_sec,
+                RESPONSES_PER_SEC,
+            ),
+            ("rrl_window_secs", self.rrl_window_secs, WINDOW_SECS),
+            ("rrl_slip", self.rrl_slip, SLIP),
+            (
+                "rrl_ipv4_prefix",
+                u32::from(self.rrl_ipv4_prefix),
+                u32::from(*IPV4_PREFIX.start())..=u32::from(*IPV4_PREFIX.end()),
+            ),
+            (
+                "rrl_ipv6_prefix",
+                u32::from(self.rrl_ipv6_prefix),
+                u32::from(*IPV6_PREFIX.start())..=u32::from(*IPV6_PREFIX.end()),
+            ),
+        ];
+        for (key, value, range) in bounded {
+            if !range.contains(&value) {
+                return Err(invalid(key, format!("{value} is outside {range:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The server cookies' secrets: `cookie_secret` (or the file of `cookie_secret_file`, read
+    /// now) and `cookie_secret_previous`; `None` when no secret is configured (a random one
+    /// then). The error names the key and the file, never the secret.
+    pub fn cookies(&self) -> Result<Option<Cookies>, ConfigError> {
+        let current = match (&self.cookie_secret, &self.cookie_secret_file) {
+            (Some(text), _) => parse_secret(text).map_err(|e| invalid("cookie_secret", e))?,
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    invalid("cookie_secret_file", format!("{}: {e}", path.display()))
+                })?;
+                parse_secret(&text).map_err(|e| {
+                    invalid("cookie_secret_file", format!("{}: {e}", path.display()))
+                })?
+            }
+            (None, None) => return Ok(None),
+        };
+        let previous = self
+            .cookie_secret_previous
+            .as_deref()
+            .map(|t| parse_secret(t).map_err(|e| invalid("cookie_secret_previous", e)))
+            .transpose()?;
+        Ok(Some(Cookies::new(current, previous)))
+    }
+
+    /// The response rate limits.
+    pub fn rrl(&self) -> RrlConfig {
+        RrlConfig {
+            responses_per_sec: self.rrl_responses_per_sec,
+            window_secs: self.rrl_window_secs,
+            slip: self.rrl_slip,
+            ipv4_prefix: self.rrl_ipv4_prefix,
+            ipv6_prefix: self.rrl_ipv6_prefix,
+        }
     }
 
     /// The mappers' URLs: `mapper` split at its commas, each trimmed (unchecked: see
@@ -516,6 +647,21 @@ mod tests {
             ("listen = \"nowhere\"", "listen"),
             ("zone = \"x.\"", "zone"),
             ("metrics_listen = \"127.0.0.1:5353\"", "metrics_listen"),
+            ("cookie_secret = \"00\"", "cookie_secret"),
+            ("cookie_secret_previous = \"e5e973e5a6b2a43f48e7dc849e37bfcf\"", "cookie_secret_previous"),
+            (
+                "cookie_secret = \"e5e973e5a6b2a43f48e7dc849e37bfcf\"\ncookie_secret_previous = \"xx\"",
+                "cookie_secret_previous",
+            ),
+            (
+                "cookie_secret = \"e5e973e5a6b2a43f48e7dc849e37bfcf\"\ncookie_secret_file = \"s\"",
+                "cookie_secret_file",
+            ),
+            ("rrl_responses_per_sec = 100001", "rrl_responses_per_sec"),
+            ("rrl_window_secs = 0", "rrl_window_secs"),
+            ("rrl_slip = 11", "rrl_slip"),
+            ("rrl_ipv4_prefix = 33", "rrl_ipv4_prefix"),
+            ("rrl_ipv6_prefix = 129", "rrl_ipv6_prefix"),
             // TLS: https:// needs the CA; a CA or certificate with http:// is refused, and a
             // token over plaintext beyond loopback.
             ("mapper = \"https://m.example:1\"", "mapper_ca_file"),
@@ -716,6 +862,42 @@ mod tests {
             "{e}"
         );
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// The cookie secret inline or from a file, the previous one beside it; a file that is
+    /// missing or holds no secret is refused naming the key and the file, not the secret.
+    #[test]
+    fn cookie_secrets_come_inline_or_from_a_file() {
+        let path = std::env::temp_dir().join(format!("cdnmap-dns-cookie-{}", std::process::id()));
+        std::fs::write(&path, "e5e973e5a6b2a43f48e7dc849e37bfcf\n").expect("write");
+        let from_file = DnsConfig::from_toml(&format!(
+            "cookie_secret_file = {path:?}\ncookie_secret_previous = \"dd3bdf9344b678b185a6f5cb60fca715\""
+        ))
+        .expect("valid");
+        let inline = DnsConfig::from_toml("cookie_secret = \"e5e973e5a6b2a43f48e7dc849e37bfcf\"")
+            .expect("valid");
+        let client: std::net::IpAddr = "198.51.100.100".parse().expect("an address");
+        let option = [0x24, 0x64, 0xc4, 0xab, 0xcf, 0x10, 0xc9, 0x57];
+        let made = |c: &DnsConfig| match c
+            .cookies()
+            .expect("read")
+            .expect("a secret")
+            .check(&option, client, 1559731985)
+        {
+            crate::cookie::Checked::Good { reply, .. } => reply,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(made(&from_file), made(&inline));
+        assert!(DnsConfig::default().cookies().expect("none").is_none());
+        std::fs::write(&path, "not a secret").expect("write");
+        let e = from_file.cookies().expect_err("a bad file").to_string();
+        assert!(
+            e.starts_with("cookie_secret_file: ") && e.contains(&path.display().to_string()),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&path);
+        let e = from_file.cookies().expect_err("no file").to_string();
+        assert!(e.starts_with("cookie_secret_file: "), "{e}");
     }
 
     /// The example configuration of `deploy/systemd/` parses and is valid.

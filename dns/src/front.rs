@@ -253,6 +253,11 @@ impl Counters {
         counters
     }
 
+    /// The counter of NOERROR responses without records.
+    pub(crate) fn nodata(&self) -> &metrics::Counter {
+        &self.nodata
+    }
+
     /// The counter of answers with addresses routed so.
     pub(crate) fn route(&self, r: Route) -> &metrics::Counter {
         &self.routes[r as usize]
@@ -291,6 +296,12 @@ pub struct Front {
     /// The front end's name, as NSID (RFC 5001) and CHAOS `id.server`/`hostname.bind` answer
     /// it ([`Front::with_identity`]; default `cdnmap-dns`).
     pub identity: Box<str>,
+    /// The secrets server cookies are made and checked with (`crate::cookie`;
+    /// [`Front::with_cookies`]; default a random secret).
+    pub cookies: crate::cookie::Cookies,
+    /// Response rate limiting of UDP responses (`crate::rrl`; [`Front::with_rrl`]; default
+    /// none).
+    pub rrl: Option<crate::rrl::Rrl>,
 }
 
 impl Front {
@@ -304,10 +315,27 @@ impl Front {
             demand: DemandCounter::default(),
             hot_hosts: arc_swap::ArcSwap::default(),
             period_start_unix_ms: std::sync::atomic::AtomicI64::new(period_start_unix_ms),
-            counters: Counters::register(),
+            counters: {
+                crate::rrl::register_counters();
+                Counters::register()
+            },
             shadowed: std::sync::atomic::AtomicU64::new(0),
             identity: "cdnmap-dns".into(),
+            cookies: crate::cookie::Cookies::random(),
+            rrl: None,
         }
+    }
+
+    /// The front end making and checking server cookies with `cookies`.
+    pub fn with_cookies(mut self, cookies: crate::cookie::Cookies) -> Front {
+        self.cookies = cookies;
+        self
+    }
+
+    /// The front end limiting its UDP responses with `rrl` (`None`: not limited).
+    pub fn with_rrl(mut self, rrl: Option<crate::rrl::Rrl>) -> Front {
+        self.rrl = rrl;
+        self
     }
 
     /// The front end answering NSID and CHAOS identity queries with `name` (its configured

@@ -15,11 +15,13 @@
 
 pub mod answer;
 pub mod config;
+pub mod cookie;
 pub mod demand;
 pub mod front;
 pub mod in_use;
 pub mod local;
 pub mod service;
+pub mod rrl;
 mod udp;
 mod wire;
 pub mod zonedata;
@@ -132,7 +134,9 @@ pub async fn run_from(
             config.max_udp_payload,
             now_unix_ms(),
         )
-        .with_identity(&config.name),
+        .with_identity(&config.name)
+        .with_cookies(cookies_of(&config)?)
+        .with_rrl(rrl_of(&config)),
     );
     let reloader = tokio::spawn(reload_on_hangup(
         config.clone(),
@@ -210,6 +214,33 @@ pub async fn run_from(
         t.abort();
     }
     Ok(())
+}
+
+/// The server cookies' secrets of `config`, else a random one for this process (logged: its
+/// cookies are not valid at other front ends).
+fn cookies_of(config: &DnsConfig) -> anyhow::Result<cookie::Cookies> {
+    Ok(match config.cookies()? {
+        Some(c) => c,
+        None => {
+            tracing::info!("no cookie_secret: DNS cookies made with a random secret of this process (give the fleet one secret so that its cookies are valid at every front end)");
+            cookie::Cookies::random()
+        }
+    })
+}
+
+/// The response rate limiting of `config`, if it is on (logged).
+fn rrl_of(config: &DnsConfig) -> Option<rrl::Rrl> {
+    let limits = config.rrl();
+    let on = rrl::Rrl::new(limits, rand::random())?;
+    tracing::info!(
+        responses_per_sec = limits.responses_per_sec,
+        window_secs = limits.window_secs,
+        slip = limits.slip,
+        ipv4_prefix = limits.ipv4_prefix,
+        ipv6_prefix = limits.ipv6_prefix,
+        "response rate limiting on UDP"
+    );
+    Some(on)
 }
 
 /// A thread answering UDP on each of `sockets` until `stop` is set (`udp::serve`).
@@ -317,6 +348,14 @@ fn describe_metrics() {
     describe_counter!(
         "cdnmap_dns_demand_dropped_total",
         "Queries not counted as demand because the period's table was full."
+    );
+    describe_counter!(
+        "cdnmap_dns_rrl_dropped_total",
+        "UDP responses response rate limiting dropped (over a client prefix's limit)."
+    );
+    describe_counter!(
+        "cdnmap_dns_rrl_slipped_total",
+        "UDP responses response rate limiting sent as a slip instead (TC=1, or BADCOOKIE to a query with a cookie)."
     );
     describe_gauge!(
         "cdnmap_dns_map_epoch",

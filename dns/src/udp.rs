@@ -134,9 +134,40 @@ fn answer_datagram(
     }
     let mut fast = Vec::with_capacity(1);
     crate::wire::answer_batch(&handler.0, &[(raw, src)], &mut fast);
-    fast.pop()
+    let mut out = fast
+        .pop()
         .filter(|f| !f.is_empty())
-        .or_else(|| answer_hickory(handler, runtime, capture, raw, src))
+        .or_else(|| answer_hickory(handler, runtime, capture, raw, src))?;
+    if let Some(rrl) = handler.0.rrl.as_ref() {
+        limit(
+            &handler.0,
+            rrl,
+            &[(raw, src)],
+            std::slice::from_mut(&mut out),
+        );
+    }
+    Some(out).filter(|o| !o.is_empty())
+}
+
+/// Applies response rate limiting to `responses`, the answers to `batch`: each is left,
+/// emptied (dropped) or replaced by a slip (`crate::rrl`). One clock read for the batch.
+fn limit(
+    front: &crate::front::Front,
+    rrl: &crate::rrl::Rrl,
+    batch: &[(&[u8], SocketAddr)],
+    responses: &mut [Vec<u8>],
+) {
+    let now = front.cookies.now();
+    for (&(raw, src), response) in batch.iter().zip(responses.iter_mut()) {
+        rrl.apply(
+            &front.cookies,
+            raw,
+            src,
+            response,
+            now,
+            front.max_udp_payload,
+        );
+    }
 }
 
 /// One datagram's answer through hickory's `Request` and `handler` (what the fast path,
@@ -310,6 +341,10 @@ mod mmsg {
                         *response = slow;
                     }
                 }
+            }
+            // Both paths' responses, limited (`crate::rrl`) when that is on.
+            if let Some(rrl) = handler.0.rrl.as_ref() {
+                super::limit(&handler.0, rrl, &batch, &mut responses);
             }
             // Each response goes to the address its query came from, as the kernel wrote it.
             let namelen = |i: usize| hdrs[i].msg_hdr.msg_namelen;

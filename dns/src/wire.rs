@@ -1,5 +1,6 @@
 //! The UDP fast path: the common query — one question for the A or AAAA records of a mapped
-//! name below a zone's apex, with at most an OPT record carrying at most a client subnet —
+//! name below a zone's apex, with at most an OPT record carrying at most a client subnet and a
+//! DNS cookie (`crate::cookie`: its server cookie is appended to the response's OPT record) —
 //! read and answered on the wire, without hickory's message types.
 //!
 //! Why: at a million map units hickory's decoding of the request and encoding of the response
@@ -12,7 +13,7 @@
 //! as before. Anything unusual gives up before anything is counted: a header flag or count
 //! other than a plain query's, a compressed or non-LDH name, another type or class, an OPT
 //! record of another version or with any option but one well-formed ECS option (no address
-//! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex, matched by no
+//! bits beyond its source prefix, scope 0) and one well-formed COOKIE option, trailing bytes, a name at an apex, matched by no
 //! hostname rule or with static records (`crate::zonedata`), no map yet, an answer with no
 //! address (NODATA) or larger than the response may be. The test below holds the two paths to the same bytes over generated queries.
 
@@ -25,6 +26,7 @@ use cdnmap_serve::answer::{self, QType, Query, Records, View};
 use cdnmap_serve::resolve::{Answer, Route};
 use cdnmap_serve::servers::{key_hash_of, Servers, PREFETCH_STEPS};
 
+use super::cookie::{self, Checked, Cookies};
 use super::demand::BlockCounts;
 use super::front::{Front, Zones, SCRATCH};
 use super::zonedata::StaticData;
@@ -64,6 +66,10 @@ struct Parsed<'a> {
     /// The OPT record's UDP payload size, if the query has one.
     edns_payload: Option<u16>,
     ecs: Option<Ecs>,
+    /// The COOKIE option's data, as sent (checked by [`take`]).
+    cookie: Option<&'a [u8]>,
+    /// The COOKIE option to answer with (the client cookie and ours), set by [`take`].
+    cookie_reply: Option<[u8; cookie::REPLY_LEN]>,
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -119,7 +125,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
     }
     at += 4;
     let question = &raw[12..at];
-    let (mut edns_payload, mut ecs) = (None, None);
+    let (mut edns_payload, mut ecs, mut cookie) = (None, None, None);
     if counts[3] == 1 {
         // OPT: the root name, type 41, class = payload size, TTL = extended RCODE, version,
         // flags; then its options.
@@ -134,9 +140,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         at += 11;
         let rdata = raw.get(at..at + rdlen)?;
         at += rdlen;
-        if !rdata.is_empty() {
-            ecs = Some(parse_ecs(rdata)?);
-        }
+        (ecs, cookie) = parse_options(rdata)?;
     }
     if at != raw.len() {
         return None;
@@ -149,21 +153,38 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         qtype,
         edns_payload,
         ecs,
+        cookie,
+        cookie_reply: None,
     })
 }
 
-/// An OPT record's options when they are exactly one well-formed ECS option.
-fn parse_ecs(rdata: &[u8]) -> Option<Ecs> {
-    if u16_at(rdata, 0)? != OPTION_ECS || usize::from(u16_at(rdata, 2)?) != rdata.len() - 4 {
-        return None;
+/// An OPT record's options when they are at most one well-formed ECS option and at most one
+/// COOKIE option (its data as sent, checked later), in either order.
+#[allow(clippy::type_complexity)]
+fn parse_options(mut rdata: &[u8]) -> Option<(Option<Ecs>, Option<&[u8]>)> {
+    let (mut ecs, mut cookie) = (None, None);
+    while !rdata.is_empty() {
+        let (code, len) = (u16_at(rdata, 0)?, usize::from(u16_at(rdata, 2)?));
+        let data = rdata.get(4..4 + len)?;
+        match code {
+            OPTION_ECS if ecs.is_none() => ecs = Some(parse_ecs(data)?),
+            cookie::OPTION_COOKIE if cookie.is_none() => cookie = Some(data),
+            _ => return None,
+        }
+        rdata = &rdata[4 + len..];
     }
-    let family = u16_at(rdata, 4)?;
-    let (source, scope) = (*rdata.get(6)?, *rdata.get(7)?);
+    Some((ecs, cookie))
+}
+
+/// An ECS option's data when it is well formed.
+fn parse_ecs(rdata: &[u8]) -> Option<Ecs> {
+    let family = u16_at(rdata, 0)?;
+    let (source, scope) = (*rdata.get(2)?, *rdata.get(3)?);
     if scope != 0 {
         return None;
     }
     // The family, the length and the address bytes (none beyond the source prefix).
-    let addr = cdnmap_serve::columns::ecs_address(family, source, &rdata[8..]).ok()?;
+    let addr = cdnmap_serve::columns::ecs_address(family, source, &rdata[4..]).ok()?;
     Some(Ecs {
         family,
         source,
@@ -190,13 +211,35 @@ pub(crate) fn ecs_octets_ok(raw: &[u8]) -> bool {
 /// The data of every ECS option in `raw`'s OPT record; `None` when the message cannot be
 /// walked that far.
 fn ecs_options(raw: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut found = Vec::new();
+    each_option(raw, |code, data| {
+        if code == OPTION_ECS {
+            found.push(data);
+        }
+    })?;
+    Some(found)
+}
+
+/// The data of the first option of `code` in `raw`'s OPT record, if it can be walked to.
+pub(crate) fn option_in(raw: &[u8], code: u16) -> Option<&[u8]> {
+    let mut found = None;
+    let _ = each_option(raw, |c, data| {
+        if c == code && found.is_none() {
+            found = Some(data);
+        }
+    });
+    found
+}
+
+/// Calls `f` with the code and data of each option of `raw`'s OPT record, in order; `None`
+/// when the message cannot be walked to its end.
+fn each_option<'a>(raw: &'a [u8], mut f: impl FnMut(u16, &'a [u8])) -> Option<()> {
     let count = |i: usize| u16_at(raw, 4 + 2 * i).map(usize::from);
     let (questions, records) = (count(0)?, count(1)? + count(2)? + count(3)?);
     let mut at = 12;
     for _ in 0..questions {
         at = skip_name(raw, at)? + 4;
     }
-    let mut found = Vec::new();
     for _ in 0..records {
         at = skip_name(raw, at)?;
         let rtype = u16_at(raw, at)?;
@@ -209,14 +252,11 @@ fn ecs_options(raw: &[u8]) -> Option<Vec<&[u8]>> {
         let mut i = 0;
         while i + 4 <= rdata.len() {
             let (code, len) = (u16_at(rdata, i)?, usize::from(u16_at(rdata, i + 2)?));
-            let data = rdata.get(i + 4..i + 4 + len)?;
-            if code == OPTION_ECS {
-                found.push(data);
-            }
+            f(code, rdata.get(i + 4..i + 4 + len)?);
             i += 4 + len;
         }
     }
-    Some(found)
+    Some(())
 }
 
 /// The position after the name at `at` (its labels, up to the root or a compression
@@ -302,7 +342,15 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
         // 1: what each datagram asks, where the fast path takes it (up to the map).
         let mut taken: [Taken<'_, '_>; BLOCK] = [None; BLOCK];
         for ((t, &(raw, src)), name) in taken.iter_mut().zip(batch).zip(names.iter_mut()) {
-            *t = take(&front.zones, &statics, &view, raw, src, name);
+            *t = take(
+                &front.zones,
+                &front.cookies,
+                &statics,
+                &view,
+                raw,
+                src,
+                name,
+            );
         }
         // 2: the map's answers, looked up together.
         let queries: Vec<(IpNet, &str, ClassIdx)> = taken
@@ -450,13 +498,21 @@ impl<'a> Iterator for WireLabels<'a> {
 /// text left in `name`.
 fn take<'a, 'n>(
     zones: &Zones,
+    cookies: &Cookies,
     statics: &StaticData,
     view: &View<'_>,
     raw: &'a [u8],
     src: SocketAddr,
     name: &'n mut String,
 ) -> Taken<'a, 'n> {
-    let p = parse(raw)?;
+    let mut p = parse(raw)?;
+    if let Some(option) = p.cookie {
+        // Malformed: FORMERR, hickory's.
+        match cookies.check(option, src.ip(), cookies.now()) {
+            Checked::Malformed => return None,
+            Checked::Good { reply, .. } => p.cookie_reply = Some(reply),
+        }
+    }
     name_text(p.question, name);
     let name: &'n String = name;
     let ecs = match p.ecs {
@@ -549,24 +605,27 @@ fn encode_into(
         out.extend_from_slice(&TYPE_OPT.to_be_bytes());
         out.extend_from_slice(&payload.to_be_bytes());
         out.extend_from_slice(&[0, 0, 0, 0]);
-        match q.ecs {
-            None => out.extend_from_slice(&[0, 0]),
-            Some(e) => {
-                let n = usize::from(e.source).div_ceil(8);
-                let mut octets = [0u8; 16];
-                match e.addr {
-                    IpAddr::V4(a) => octets[..4].copy_from_slice(&a.octets()),
-                    IpAddr::V6(a) => octets = a.octets(),
-                }
-                let bytes = &octets[..n];
-                let len = 4 + n as u16;
-                out.extend_from_slice(&(len + 4).to_be_bytes());
-                out.extend_from_slice(&OPTION_ECS.to_be_bytes());
-                out.extend_from_slice(&len.to_be_bytes());
-                out.extend_from_slice(&e.family.to_be_bytes());
-                out.extend_from_slice(&[e.source, scope]);
-                out.extend_from_slice(bytes);
+        // The options, in hickory's order: ECS echoed, then the cookie.
+        let ecs_len = q.ecs.map_or(0, |e| 8 + usize::from(e.source).div_ceil(8));
+        let cookie_len = q.cookie_reply.map_or(0, |c| 4 + c.len());
+        out.extend_from_slice(&((ecs_len + cookie_len) as u16).to_be_bytes());
+        if let Some(e) = q.ecs {
+            let n = usize::from(e.source).div_ceil(8);
+            let mut octets = [0u8; 16];
+            match e.addr {
+                IpAddr::V4(a) => octets[..4].copy_from_slice(&a.octets()),
+                IpAddr::V6(a) => octets = a.octets(),
             }
+            out.extend_from_slice(&OPTION_ECS.to_be_bytes());
+            out.extend_from_slice(&(4 + n as u16).to_be_bytes());
+            out.extend_from_slice(&e.family.to_be_bytes());
+            out.extend_from_slice(&[e.source, scope]);
+            out.extend_from_slice(&octets[..n]);
+        }
+        if let Some(c) = q.cookie_reply {
+            out.extend_from_slice(&cookie::OPTION_COOKIE.to_be_bytes());
+            out.extend_from_slice(&(c.len() as u16).to_be_bytes());
+            out.extend_from_slice(&c);
         }
     }
     out.len() <= max
@@ -895,7 +954,7 @@ pub(crate) mod tests {
             "10.0.1.9:5353".parse().expect("src"),
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(16);
-        let (mut taken, mut kinds) = (0, std::collections::BTreeSet::new());
+        let (mut taken, mut kinds, mut with_cookie) = (0, std::collections::BTreeSet::new(), 0);
         let n = 20_000;
         let mut fast = Vec::new();
         let mut i = 0;
@@ -920,13 +979,18 @@ pub(crate) mod tests {
                 assert_eq!(Some(fast), slow.as_ref(), "query {at}: {raw:02x?}");
                 let q = parse(raw).expect("taken, so parsed");
                 kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));
+                with_cookie += usize::from(q.cookie.is_some());
                 taken += 1;
             }
             i += size;
         }
         // About a sixth of the generated queries are of the kind it is for (a mapped name,
-        // A or AAAA, well formed): it must take them.
+        // A or AAAA, well formed): it must take them, those with a client cookie too.
         assert!(taken > n / 8, "the fast path took only {taken} of {n}");
+        assert!(
+            with_cookie > 20,
+            "the fast path took {with_cookie} with a cookie"
+        );
         for kind in [
             (TYPE_A, false, None),
             (TYPE_A, true, None),
@@ -1434,5 +1498,159 @@ pub(crate) mod tests {
             let cname = cname.map(str::to_string);
             assert_eq!(said(&slow), (rcode, addrs, cname, None), "{what}");
         }
+    }
+
+    /// An A query for `www.example` from 10.0.0.0/24 (ECS or not) with a COOKIE option of
+    /// `cookie`'s bytes.
+    fn query_with_cookie(cookie: &[u8], ecs: bool) -> Vec<u8> {
+        let mut q = table_query("www.example", TYPE_A, Some(None));
+        let mut rdata = Vec::new();
+        if ecs {
+            rdata.extend_from_slice(&[0, 8, 0, 7, 0, 1, 24, 0, 10, 0, 0]);
+        }
+        push16(&mut rdata, cookie::OPTION_COOKIE);
+        push16(&mut rdata, cookie.len() as u16);
+        rdata.extend_from_slice(cookie);
+        let at = q.len() - 2;
+        q.truncate(at);
+        push16(&mut q, rdata.len() as u16);
+        q.extend_from_slice(&rdata);
+        q
+    }
+
+    /// DNS cookies (RFC 7873, RFC 9018) on both paths, byte for byte, the secret and the time
+    /// fixed: a client cookie alone, with or without ECS, gets a new server cookie in the
+    /// fast path's response too; a valid server cookie is echoed while young, renewed when
+    /// older than half an hour; one of another secret or expired is replaced; a malformed
+    /// option is FORMERR (hickory's).
+    #[test]
+    fn cookies_are_answered_alike_on_both_paths() {
+        use hickory_server::proto::op::ResponseCode;
+        use hickory_server::proto::rr::rdata::opt::{EdnsCode, EdnsOption};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handler = Handler(Arc::new(table_front()));
+        let capture = Capture::default();
+        let src: SocketAddr = "192.0.2.77:5353".parse().expect("src");
+        let now = handler.0.cookies.now();
+        let cc = [0x24, 0x64, 0xc4, 0xab, 0xcf, 0x10, 0xc9, 0x57];
+        let secret = [1u8; 16]; // the test front's (`answer::tests::front_of`)
+        let with = |server: [u8; 16]| -> Vec<u8> { [&cc[..], &server[..]].concat() };
+        let made = |secret: &[u8; 16], at: u32| cookie::server_cookie(secret, &cc, src.ip(), at);
+        let fresh = with(made(&secret, now));
+        // query cookie, ECS, the server cookie the response must carry (None: FORMERR)
+        type Case<'a> = (&'a str, Vec<u8>, bool, Option<Vec<u8>>);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "client cookie alone",
+                cc.to_vec(),
+                false,
+                Some(fresh.clone()),
+            ),
+            (
+                "client cookie and ECS",
+                cc.to_vec(),
+                true,
+                Some(fresh.clone()),
+            ),
+            (
+                "valid, 10 min old",
+                with(made(&secret, now - 600)),
+                true,
+                Some(with(made(&secret, now - 600))),
+            ),
+            (
+                "valid, 40 min old: renewed",
+                with(made(&secret, now - 2400)),
+                false,
+                Some(fresh.clone()),
+            ),
+            (
+                "expired",
+                with(made(&secret, now - 3700)),
+                false,
+                Some(fresh.clone()),
+            ),
+            (
+                "another secret",
+                with(made(&[2; 16], now)),
+                true,
+                Some(fresh.clone()),
+            ),
+            ("a client cookie of 7 bytes", cc[..7].to_vec(), false, None),
+            (
+                "a server cookie of 7 bytes",
+                [&cc[..], &[1; 7]].concat(),
+                false,
+                None,
+            ),
+            (
+                "a server cookie of 33 bytes",
+                [&cc[..], &[1; 33]].concat(),
+                true,
+                None,
+            ),
+        ];
+        for (what, option, ecs, want) in cases {
+            let raw = query_with_cookie(&option, ecs);
+            let slow =
+                answer_hickory(&handler, runtime.handle(), &capture, &raw, src).expect("an answer");
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(&raw, src)], &mut out);
+            let m = hickory_server::proto::op::Message::from_vec(&slow).expect("readable");
+            let got = m
+                .edns
+                .as_ref()
+                .and_then(|e| match e.option(EdnsCode::Cookie) {
+                    Some(EdnsOption::Unknown(_, data)) => Some(data.clone()),
+                    _ => None,
+                });
+            match want {
+                Some(want) => {
+                    assert_eq!(u16::from(m.metadata.response_code), 0, "{what}");
+                    assert_eq!(got, Some(want), "{what}");
+                    assert!(!m.answers.is_empty(), "{what}");
+                    assert_eq!(out[0], slow, "{what}: the fast path's bytes are hickory's");
+                }
+                None => {
+                    assert_eq!(m.metadata.response_code, ResponseCode::FormErr, "{what}");
+                    assert!(out[0].is_empty(), "{what}: hickory's");
+                }
+            }
+        }
+        // Two COOKIE options, or one beside another option: hickory's (it reads the first).
+        let mut two = query_with_cookie(&cc, false);
+        let n = two.len();
+        two[n - 13] += 12; // the OPT RDLENGTH's low byte
+        two.extend_from_slice(&[0, 10, 0, 8]);
+        two.extend_from_slice(&cc);
+        let mut out = Vec::new();
+        answer_batch(&handler.0, &[(&two, src)], &mut out);
+        assert!(out[0].is_empty());
+        assert!(answer_hickory(&handler, runtime.handle(), &capture, &two, src).is_some());
+        // RFC 7873 §5.4: no question, a client cookie: NOERROR and a server cookie; a
+        // malformed one FORMERR; no question and no cookie, FORMERR as before.
+        let question_len = "www.example".len() + 2 + 4;
+        for (option, rcode) in [(&cc[..], 0), (&cc[..5], 1)] {
+            let mut q = query_with_cookie(option, false);
+            q.drain(12..12 + question_len);
+            q[5] = 0;
+            let r = answer_hickory(&handler, runtime.handle(), &capture, &q, src).expect("a reply");
+            let m = hickory_server::proto::op::Message::from_vec(&r).expect("readable");
+            assert_eq!(u16::from(m.metadata.response_code), rcode, "{q:02x?}");
+            assert!(m.queries.is_empty() && m.answers.is_empty());
+            let cookie = m
+                .edns
+                .as_ref()
+                .and_then(|e| e.option(EdnsCode::Cookie).cloned());
+            let want = (rcode == 0).then(|| EdnsOption::Unknown(10, fresh.clone()));
+            assert_eq!(cookie, want);
+        }
+        let mut q = table_query("www.example", TYPE_A, Some(None));
+        q.drain(12..12 + question_len);
+        q[5] = 0;
+        let r = answer_hickory(&handler, runtime.handle(), &capture, &q, src).expect("a reply");
+        assert_eq!(r[3] & 0x0f, 1, "FORMERR");
     }
 }
