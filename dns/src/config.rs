@@ -35,6 +35,11 @@
 //! # name = "ns1"                      #   MX, SRV, CNAME (`crate::zonedata`, docs/dns.md's
 //! # type = "A"                        #   "Zone data"); reloaded on SIGHUP
 //! # data = "192.0.2.53"
+//! # dnstap_file = "/var/log/cdnmap/dns.dnstap"  # dnstap query log (`crate::dnstap`), or
+//! # dnstap_socket = "/run/dnstap.sock"  #   to a Frame Streams reader's unix socket
+//! # dnstap_sample = 100               #   one query of every 100 (default 1: all)
+//! # dnstap_identity = "dns-1"         #   the messages' identity (default: `name`)
+//! # dnstap_messages = "both"          #   "queries", "responses" or "both" (default)
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -138,6 +143,14 @@ pub struct DnsConfig {
     /// Static records beside the map's names: the nameservers' addresses (the glue), TXT,
     /// CAA, MX, SRV, CNAME (`crate::zonedata`).
     pub records: Vec<RecordConfig>,
+    /// dnstap (`crate::dnstap`): the file the queries and responses are logged to, or the
+    /// unix socket of a Frame Streams reader; one query of `dnstap_sample`; the messages'
+    /// identity (absent: `name`); which messages (absent: both).
+    pub dnstap_file: Option<PathBuf>,
+    pub dnstap_socket: Option<PathBuf>,
+    pub dnstap_sample: Option<u32>,
+    pub dnstap_identity: Option<String>,
+    pub dnstap_messages: Option<crate::dnstap::Messages>,
 }
 
 impl Default for DnsConfig {
@@ -163,6 +176,11 @@ impl Default for DnsConfig {
             feedback_token_file: None,
             soa_serial: None,
             records: Vec::new(),
+            dnstap_file: None,
+            dnstap_socket: None,
+            dnstap_sample: None,
+            dnstap_identity: None,
+            dnstap_messages: None,
         }
     }
 }
@@ -297,6 +315,7 @@ impl DnsConfig {
                 format!("{n} is outside {UDP_THREADS:?}"),
             ));
         }
+        crate::dnstap::Settings::from_config(self)?;
         if !UDP_COALESCE_US.contains(&self.udp_coalesce_us) {
             return Err(invalid(
                 "udp_coalesce_us",
