@@ -608,10 +608,23 @@ impl Dnstap {
 }
 
 /// The writer: takes batches until the front end stops, writing their frames to `out`.
+///
+/// Frames count as written once flushed: those buffered when a write or a flush fails (the
+/// socket's reader went away) count as dropped, with those that could not be written.
 fn write_loop(shared: &Shared, rx: &Receiver<Batch>, mut out: Output, origin: &Origin) {
     let written = metrics::counter!("cdnmap_dns_dnstap_written_total");
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut last_flush = Instant::now();
+    // Frames buffered since the last flush.
+    let mut pending = 0u64;
+    let flush = |out: &mut Output, pending: &mut u64| {
+        if out.flush() {
+            written.increment(*pending);
+        } else {
+            shared.dropped.increment(*pending);
+        }
+        *pending = 0;
+    };
     loop {
         let next = rx.recv_timeout(IDLE_FLUSH);
         let closing = shared.closing.load(Ordering::Relaxed);
@@ -623,17 +636,18 @@ fn write_loop(shared: &Shared, rx: &Receiver<Batch>, mut out: Output, origin: &O
                 buf.clear();
                 let frames = encode_batch(origin, batch, &mut buf);
                 if out.write(&buf) {
-                    written.increment(frames);
+                    pending += frames;
                 } else {
-                    shared.dropped.increment(frames);
+                    shared.dropped.increment(pending + frames);
+                    pending = 0;
                 }
                 if last_flush.elapsed() >= FLUSH_EVERY {
-                    out.flush();
+                    flush(&mut out, &mut pending);
                     last_flush = Instant::now();
                 }
             }
             Err(RecvTimeoutError::Timeout) => {
-                out.flush();
+                flush(&mut out, &mut pending);
                 last_flush = Instant::now();
                 if closing {
                     break;
@@ -642,6 +656,7 @@ fn write_loop(shared: &Shared, rx: &Receiver<Batch>, mut out: Output, origin: &O
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+    flush(&mut out, &mut pending);
     out.close();
 }
 
@@ -692,7 +707,7 @@ impl Output {
         Output::File { path, w: None }
     }
 
-    /// Writes `frames`; false when they were not written (and are to be counted as dropped).
+    /// Writes (buffers) `frames`; false when they were lost, with what was buffered before.
     fn write(&mut self, frames: &[u8]) -> bool {
         match self {
             Output::File { path, w } => match w {
@@ -740,20 +755,21 @@ impl Output {
         }
     }
 
-    fn flush(&mut self) {
+    /// Flushes what is buffered; false when it was lost (a socket is then connected again).
+    fn flush(&mut self) -> bool {
         let failed = match self {
             Output::File { w: Some(f), .. } => f.flush().err(),
             #[cfg(unix)]
             Output::Socket { w: Some(s), .. } => s.flush().err(),
             _ => None,
         };
-        if let Some(e) = failed {
-            tracing::warn!(error = %e, "dnstap: flushing failed");
-            #[cfg(unix)]
-            if let Output::Socket { w, .. } = self {
-                *w = None;
-            }
+        let Some(e) = failed else { return true };
+        tracing::warn!(error = %e, "dnstap: flushing failed");
+        #[cfg(unix)]
+        if let Output::Socket { w, .. } = self {
+            *w = None;
         }
+        false
     }
 
     /// Ends the stream: STOP, and on a socket the reader's FINISH (waited for a little).
