@@ -34,6 +34,7 @@ use cdnmap_proto::prost::Message as _;
 use hickory_server::net::runtime::Time;
 use hickory_server::net::xfer::Protocol;
 use hickory_server::net::NetError;
+use hickory_server::proto::op::{MessageType, Metadata, ResponseCode};
 use hickory_server::proto::rr::Record;
 use hickory_server::proto::serialize::binary::BinEncoder;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
@@ -482,6 +483,8 @@ impl Tap {
         sent: SystemTime,
     ) {
         let mut batch: Option<Batch> = None;
+        // The queries sampled, about: what the buffers are made for.
+        let expected = (queries.len() as u64 / self.shared.sample) as usize + 1;
         for (i, &(query, client)) in queries.iter().enumerate() {
             if !self.sampled() {
                 continue;
@@ -491,8 +494,8 @@ impl Tap {
                 protocol: Protocol::Udp,
                 received,
                 sent,
-                bytes: Vec::with_capacity(queries.len() * 256),
-                entries: Vec::with_capacity(queries.len()),
+                bytes: Vec::with_capacity(expected * 256),
+                entries: Vec::with_capacity(expected),
             });
             b.push(client, query, response);
         }
@@ -544,6 +547,10 @@ impl Dnstap {
     /// written stops the start (the error names `dnstap_file`); a socket is connected by the
     /// writer, again and again until a reader listens.
     pub fn start(settings: &Settings, local: SocketAddr) -> Result<Dnstap, ConfigError> {
+        let key = match &settings.sink {
+            Sink::File(_) => "dnstap_file",
+            Sink::Socket(_) => "dnstap_socket",
+        };
         let out = match &settings.sink {
             Sink::File(path) => Output::file(path)
                 .map_err(|e| invalid("dnstap_file", format!("{}: {e}", path.display())))?,
@@ -568,7 +575,7 @@ impl Dnstap {
             std::thread::Builder::new()
                 .name("dns-dnstap".into())
                 .spawn(move || write_loop(&shared, &rx, out, &origin))
-                .map_err(|e| invalid("dnstap_file", format!("the writer thread: {e}")))?
+                .map_err(|e| invalid(key, format!("the writer thread: {e}")))?
         };
         tracing::info!(sink = ?settings.sink, sample = settings.sample, messages = ?settings.messages, "dnstap on");
         Ok(Dnstap { shared, tx, writer })
@@ -921,9 +928,15 @@ impl<R: ResponseHandler> ResponseHandler for Logged<R> {
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
         encoder.set_max_size(u16::MAX);
-        response.destructive_emit(&mut encoder)?;
-        let parsed = Request::from_bytes(bytes.clone(), self.client, self.protocol)
-            .map_err(|e| NetError::from(format!("dnstap: re-reading a response: {e}")))?;
+        let emitted = response.destructive_emit(&mut encoder);
+        let parsed = emitted
+            .ok()
+            .and_then(|_| Request::from_bytes(bytes.clone(), self.client, self.protocol).ok());
+        let Some(parsed) = parsed else {
+            // As hickory does with a response it cannot encode.
+            tracing::warn!(client = %self.client, "a TCP response could not be encoded (or read back for dnstap): SERVFAIL");
+            return self.servfail().await;
+        };
         let sent = {
             let builder = MessageResponseBuilder::from_message_request(&parsed);
             let again = builder.build(
@@ -940,6 +953,20 @@ impl<R: ResponseHandler> ResponseHandler for Logged<R> {
                 .record(self.client, &self.query, &bytes, self.received);
         }
         sent
+    }
+}
+
+impl<R: ResponseHandler> Logged<R> {
+    /// SERVFAIL to the query (which parsed: hickory handed it over), not logged.
+    async fn servfail(&mut self) -> Result<ResponseInfo, NetError> {
+        let query = Request::from_bytes(self.query.to_vec(), self.client, self.protocol)
+            .map_err(|e| NetError::from(format!("re-reading a query: {e}")))?;
+        let mut metadata = Metadata::response_from_request(&query.metadata);
+        metadata.message_type = MessageType::Response;
+        metadata.response_code = ResponseCode::ServFail;
+        let response =
+            MessageResponseBuilder::from_message_request(&query).build_no_records(metadata);
+        self.inner.send_response(response).await
     }
 }
 
