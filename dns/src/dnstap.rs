@@ -24,7 +24,7 @@ use std::io::{BufWriter, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -61,6 +61,10 @@ pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(2);
 /// With nothing queued for this long, the writer flushes what it buffered.
 const IDLE_FLUSH: Duration = Duration::from_millis(200);
+/// The writer's naps between looks at the queue: the shortest while batches come, doubling
+/// to the longest while none does.
+const POLL_MIN: Duration = Duration::from_millis(1);
+const POLL_MAX: Duration = Duration::from_millis(50);
 /// Under load the writer flushes at least this often.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// The longest a stopping front end waits for the writer to drain and close.
@@ -632,36 +636,49 @@ fn write_loop(shared: &Shared, rx: &Receiver<Batch>, mut out: Output, origin: &O
         }
         *pending = 0;
     };
+    let mut last_data = Instant::now();
+    let mut nap = POLL_MIN;
     loop {
-        let next = rx.recv_timeout(IDLE_FLUSH);
+        // Everything queued, then a nap: the loops' sends find no waiting receiver to wake (a
+        // wakeup a batch would cost the answering threads a system call each).
         let closing = shared.closing.load(Ordering::Relaxed);
-        match next {
-            Ok(batch) => {
-                shared
-                    .queued_bytes
-                    .fetch_sub(batch.bytes.len(), Ordering::Relaxed);
-                buf.clear();
-                let frames = encode_batch(origin, batch, &mut buf);
-                if out.write(&buf) {
-                    pending += frames;
-                } else {
-                    shared.dropped.increment(pending + frames);
-                    pending = 0;
+        let mut took = false;
+        let gone = loop {
+            match rx.try_recv() {
+                Ok(batch) => {
+                    took = true;
+                    shared
+                        .queued_bytes
+                        .fetch_sub(batch.bytes.len(), Ordering::Relaxed);
+                    buf.clear();
+                    let frames = encode_batch(origin, batch, &mut buf);
+                    if out.write(&buf) {
+                        pending += frames;
+                    } else {
+                        shared.dropped.increment(pending + frames);
+                        pending = 0;
+                    }
                 }
-                if last_flush.elapsed() >= FLUSH_EVERY {
-                    flush(&mut out, &mut pending);
-                    last_flush = Instant::now();
-                }
+                Err(TryRecvError::Empty) => break false,
+                Err(TryRecvError::Disconnected) => break true,
             }
-            Err(RecvTimeoutError::Timeout) => {
-                flush(&mut out, &mut pending);
-                last_flush = Instant::now();
-                if closing {
-                    break;
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let now = Instant::now();
+        if took {
+            last_data = now;
+            nap = POLL_MIN;
+        } else {
+            nap = (nap * 2).min(POLL_MAX);
         }
+        let idle = now.duration_since(last_data) >= IDLE_FLUSH;
+        if pending > 0 && (idle || now.duration_since(last_flush) >= FLUSH_EVERY) {
+            flush(&mut out, &mut pending);
+            last_flush = now;
+        }
+        if gone || (closing && !took) {
+            break;
+        }
+        std::thread::sleep(nap);
     }
     flush(&mut out, &mut pending);
     out.close();
