@@ -22,6 +22,7 @@
 
 use std::io::{BufWriter, Write};
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -319,15 +320,27 @@ fn seconds_and_nanos(t: SystemTime) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
-fn address(ip: IpAddr) -> (pb::SocketFamily, Bytes) {
-    match ip {
-        IpAddr::V4(a) => (pb::SocketFamily::Inet, Bytes::copy_from_slice(&a.octets())),
+/// Appends `ip`'s octets (4 or 16) to `bytes`: its family and where they are.
+fn push_address(ip: IpAddr, bytes: &mut Vec<u8>) -> (pb::SocketFamily, Range<usize>) {
+    let at = bytes.len();
+    let family = match ip {
+        IpAddr::V4(a) => {
+            bytes.extend_from_slice(&a.octets());
+            pb::SocketFamily::Inet
+        }
         IpAddr::V6(a) => match a.to_ipv4_mapped() {
             // A v4 client on a dual-stack socket is a v4 client.
-            Some(v4) => (pb::SocketFamily::Inet, Bytes::copy_from_slice(&v4.octets())),
-            None => (pb::SocketFamily::Inet6, Bytes::copy_from_slice(&a.octets())),
+            Some(v4) => {
+                bytes.extend_from_slice(&v4.octets());
+                pb::SocketFamily::Inet
+            }
+            None => {
+                bytes.extend_from_slice(&a.octets());
+                pb::SocketFamily::Inet6
+            }
         },
-    }
+    };
+    (family, at..bytes.len())
 }
 
 /// What every frame of a front end carries.
@@ -348,9 +361,15 @@ fn encode_batch(origin: &Origin, batch: Batch, out: &mut Vec<u8>) -> u64 {
         protocol,
         received,
         sent,
-        bytes,
+        mut bytes,
         entries,
     } = batch;
+    // The addresses go into the batch's buffer too: every field a slice of one allocation.
+    let local = origin.local.map(|l| push_address(l.ip(), &mut bytes).1);
+    let clients: Vec<_> = entries
+        .iter()
+        .map(|e| push_address(e.client.ip(), &mut bytes))
+        .collect();
     let bytes = Bytes::from(bytes);
     let (q_sec, q_nsec) = seconds_and_nanos(received);
     let (r_sec, r_nsec) = seconds_and_nanos(sent);
@@ -358,13 +377,11 @@ fn encode_batch(origin: &Origin, batch: Batch, out: &mut Vec<u8>) -> u64 {
         Protocol::Tcp => pb::SocketProtocol::Tcp,
         _ => pb::SocketProtocol::Udp,
     };
-    let (response_address, response_port) = match origin.local {
-        Some(l) => (Some(address(l.ip()).1), Some(u32::from(l.port()))),
-        None => (None, None),
-    };
+    let response_address = local.map(|r| bytes.slice(r));
+    let response_port = origin.local.map(|l| u32::from(l.port()));
     let mut frames = 0;
-    for e in entries {
-        let (family, client) = address(e.client.ip());
+    for (e, (family, client)) in entries.into_iter().zip(clients) {
+        let client = bytes.slice(client);
         let base = pb::Message {
             r#type: 0,
             socket_family: Some(family as i32),
