@@ -1,6 +1,7 @@
 //! Compiles `cdnmap/v1/*.proto` with the protoc that the `protoc-bin-vendored` crate ships, so a
 //! fresh machine needs nothing beyond cargo. Also writes the file descriptor set, which the
-//! server's reflection service embeds.
+//! server's reflection service embeds. Also compiles `dnstap/dnstap.proto` (messages only, its
+//! bytes fields as `bytes::Bytes`), the query log format `cdnmap dns` writes.
 
 use std::path::PathBuf;
 
@@ -20,5 +21,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("cdnmap_v1_descriptor.bin"))
         .compile_protos(&protos, &["."])?;
+    // dnstap: no services, and its wire messages shared, not copied, into each frame.
+    println!("cargo:rerun-if-changed=dnstap/dnstap.proto");
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .bytes(".dnstap")
+        .compile_protos(&["dnstap/dnstap.proto"], &["."])?;
     Ok(())
 }

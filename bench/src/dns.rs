@@ -34,6 +34,12 @@
 //! each, on a 2-core machine that dnsperf and the server already fill) would fall into some
 //! servers' runs and not others'. `cdnmap dns` answers from the map it holds, as gdnsd does
 //! from its configuration; `--mapper-running` measures with the rounds going on.
+//!
+//! `--dnstap FILE` adds a fourth server to the turns: a second `cdnmap dns` following the same
+//! mapper with dnstap on (`dnstap_file = FILE`, every query and response logged, or one of
+//! `--dnstap-sample`), and prints its rate and CPU a query over the first front end's, run by
+//! run, against issue 44's target (at least 0.9× the rate without it), with the messages it
+//! wrote and dropped.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -114,6 +120,13 @@ pub struct DnsBenchArgs {
     /// to measure what the accounting costs.
     #[arg(long)]
     pub rrl_responses_per_sec: Option<u32>,
+    /// Also measure a second `cdnmap dns` logging queries and responses in dnstap to this file
+    /// (`dnstap_file`), in the same turns, and compare it with the first.
+    #[arg(long)]
+    pub dnstap: Option<PathBuf>,
+    /// With `--dnstap`: log one query of this many (`dnstap_sample`, default 1: every one).
+    #[arg(long, default_value_t = 1, requires = "dnstap")]
+    pub dnstap_sample: u32,
 }
 
 impl DnsBenchArgs {
@@ -648,15 +661,69 @@ pub(crate) fn spawn_mapper_and_front_end(
         "cdnmap serve",
     )?;
     let dns_addr = SocketAddr::from(([127, 0, 0, 1], dns_port));
+    let front = spawn_front_end(exe, dir, grpc, dns_addr, front_args, "dns")?;
+    Ok((serve, front, dns_addr))
+}
+
+/// A front end (`cdnmap dns` on `addr`, following the mapper with gRPC on `grpc`, with
+/// `front_args`, logging at info to `dir/NAME.log`). Does not wait for it.
+fn spawn_front_end(
+    exe: &Path,
+    dir: &Path,
+    grpc: u16,
+    addr: SocketAddr,
+    front_args: &[String],
+    name: &str,
+) -> Result<Proc> {
     let mut cmd = Command::new(exe);
     cmd.arg("dns")
         .args(["--mapper", &format!("http://127.0.0.1:{grpc}")])
-        .args(["--listen", &dns_addr.to_string()])
+        .args(["--listen", &addr.to_string()])
         .args(["--zone", "cdn.example."])
         .args(front_args)
         .env("RUST_LOG", "info");
-    let front = spawn(&mut cmd, &dir.join("dns.log"), "cdnmap dns")?;
-    Ok((serve, front, dns_addr))
+    spawn(&mut cmd, &dir.join(format!("{name}.log")), "cdnmap dns")
+}
+
+/// The second front end of `--dnstap`: dnstap to `file` (one query of `sample`), its metrics
+/// on `metrics`; once it answers.
+fn start_tapped(
+    a: &DnsBenchArgs,
+    exe: &Path,
+    dir: &Path,
+    grpc: u16,
+    (port, metrics): (u16, u16),
+    (file, sample): (&Path, u32),
+) -> Result<(Proc, SocketAddr)> {
+    let conf = dir.join("dns-dnstap.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "dnstap_file = {:?}\ndnstap_sample = {sample}\nmetrics_listen = \"127.0.0.1:{metrics}\"\n",
+            file.display().to_string()
+        ),
+    )?;
+    let mut args = vec!["--config".to_string(), conf.display().to_string()];
+    args.extend(a.front_args());
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut front = spawn_front_end(exe, dir, grpc, addr, &args, "dns-dnstap")?;
+    wait_answering(addr, &mut [&mut front], dir)?;
+    Ok((front, addr))
+}
+
+/// The dnstap messages the front end with metrics on `metrics` wrote and dropped.
+fn dnstap_counts(metrics: u16) -> Result<(f64, f64)> {
+    let page =
+        crate::serve::procs::http_get(SocketAddr::from(([127, 0, 0, 1], metrics)), "/metrics")?;
+    let value = |name: &str| {
+        page.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok((
+        value("cdnmap_dns_dnstap_written_total"),
+        value("cdnmap_dns_dnstap_dropped_total"),
+    ))
 }
 
 /// The mapper and the front end, once the front end answers: (mapper, front end, its address).
@@ -698,21 +765,23 @@ fn start_gdnsd(
     Ok((peer, addr))
 }
 
-/// The servers measured: cdnmap's front end first, then its peers.
+/// The servers measured: cdnmap's front end first, then its peers; with `--dnstap`, a fourth,
+/// [`TAPPED`].
 const SERVERS: [&str; 3] = ["cdnmap dns", "gdnsd-geoip", "gdnsd-static"];
+/// The front end with dnstap on (`--dnstap`).
+const TAPPED: &str = "cdnmap dns+dnstap";
 
-/// The dnsperf runs, taking the servers in turn (`targets`: address, process, in the order of
-/// [`SERVERS`]); prints each run.
+/// The dnsperf runs, taking the servers in turn (`targets`: name, address, process, in the
+/// order of [`SERVERS`], then [`TAPPED`] if measured); prints each run.
 fn measure(
     a: &DnsBenchArgs,
     dnsperf: &Path,
     queries: &Path,
-    targets: [(SocketAddr, &Proc); 3],
-) -> Result<[Vec<Run>; 3]> {
-    let ports: Vec<String> = SERVERS
+    targets: &[(&'static str, SocketAddr, &Proc)],
+) -> Result<Vec<Vec<Run>>> {
+    let ports: Vec<String> = targets
         .iter()
-        .zip(&targets)
-        .map(|(name, (addr, _))| format!("{name} on :{}", addr.port()))
+        .map(|(name, addr, _)| format!("{name} on :{}", addr.port()))
         .collect();
     println!(
         "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s); cdnmap dns's receive coalescing {}, response rate limiting {}",
@@ -725,11 +794,10 @@ fn measure(
         a.udp_coalesce_us.map_or("at its default".to_string(), |us| format!("{us} µs")),
         a.rrl_responses_per_sec.map_or("off".to_string(), |r| format!("at {r}/s")),
     );
-    let mut results: [Vec<Run>; 3] = Default::default();
+    let mut results: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
     for r in 0..a.runs {
-        let pids = targets.map(|(_, p)| p.0.id());
-        for (i, (addr, _)) in targets.into_iter().enumerate() {
-            let name = SERVERS[i];
+        let pids: Vec<u32> = targets.iter().map(|(_, _, p)| p.0.id()).collect();
+        for (i, &(name, addr, _)) in targets.iter().enumerate() {
             let cpu_before = cpu_secs(pids[i]);
             let child = Command::new(dnsperf)
                 .args([
@@ -765,7 +833,7 @@ fn measure(
             }
             run.client_cpu_us = client_rate.map_or(f64::NAN, |r| r / run.qps * 1e6);
             println!(
-                "  run {}: {name:<12} {:>9.0} q/s  {:.2} µs CPU/query (dnsperf {:.2})  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
+                "  run {}: {name:<17} {:>9.0} q/s  {:.2} µs CPU/query (dnsperf {:.2})  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
                 r + 1,
                 run.qps,
                 run.cpu_us,
@@ -897,7 +965,7 @@ fn check_answers(dns: SocketAddr, grpc: u16, queries: &Path) -> Result<(usize, u
 
 /// The medians of each server's runs, and the ratios against issue 16's targets. `threads`:
 /// each server's UDP threads, for how busy they were.
-fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
+fn print_medians(results: &[Vec<Run>], threads: usize) {
     let med = |i: usize, f: &dyn Fn(&Run) -> f64| median(results[i].iter().map(f).collect());
     // The share of its UDP threads' cores a server kept busy (CPU seconds a second).
     let busy = |r: &Run| 100.0 * r.qps * r.cpu_us / 1e6 / threads as f64;
@@ -910,8 +978,9 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
         "cdnmap dns (map lookup per query)",
         "gdnsd-geoip (nets lookup per query)",
         "gdnsd-static (no lookup)",
+        "cdnmap dns with dnstap on",
     ];
-    for (i, name) in what.iter().enumerate() {
+    for (i, name) in what.iter().enumerate().take(results.len()) {
         println!(
             "| {name} | {:.0} | {:.2} | {:.2} | {:.0}% | {:.3} | {:.2}% |",
             med(i, &|r| r.qps),
@@ -953,6 +1022,9 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
         "CPU per query, gdnsd-static / cdnmap dns: {:.3} (for reference: what the lookup, the server pick and the demand count cost over a fixed answer)",
         cpu(2) / cpu(0)
     );
+    if results.len() > 3 {
+        print_dnstap_ratios(results, q(3) / q(0));
+    }
     // A server whose threads are not kept busy is not what limits the rate: dnsperf is.
     let saturated = (0..3).all(|i| med(i, &busy) >= SATURATED_PCT);
     if !saturated {
@@ -962,10 +1034,38 @@ fn print_medians(results: &[Vec<Run>; 3], threads: usize) {
     }
 }
 
+/// The front end with dnstap on (`results[3]`) against the one without (`results[0]`):
+/// `ratio`, the medians' rate ratio, and both ratios run by run.
+fn print_dnstap_ratios(results: &[Vec<Run>], ratio: f64) {
+    let met = if ratio >= DNSTAP_TARGET {
+        "met"
+    } else {
+        "NOT met"
+    };
+    // `paired` divides the first server's figure by the other's: invert for with / without.
+    let (lo, mid, hi) = paired(results, 3, |r| r.qps);
+    println!(
+        "queries per second, cdnmap dns with dnstap / without: {ratio:.3} (target >= {DNSTAP_TARGET}: {met}); run by run: median {:.3}, from {:.3} to {:.3}",
+        1.0 / mid,
+        1.0 / hi,
+        1.0 / lo
+    );
+    let (lo, mid, hi) = paired(results, 3, |r| r.cpu_us);
+    println!(
+        "CPU per query, cdnmap dns with dnstap / without, run by run: median {:.3}, from {:.3} to {:.3}",
+        1.0 / mid,
+        1.0 / hi,
+        1.0 / lo
+    );
+}
+
+/// Issue 44's target: the rate with dnstap on at least this share of the rate without.
+const DNSTAP_TARGET: f64 = 0.9;
+
 /// `f` of cdnmap dns's run over `f` of the peer's run in the same round (measured one right
 /// after the other, so the machine's drift over the whole benchmark cancels out): the least,
 /// the median and the largest of these ratios (all NaN when no round gave one).
-fn paired(results: &[Vec<Run>; 3], peer: usize, f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
+fn paired(results: &[Vec<Run>], peer: usize, f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
     let ratios: Vec<f64> = results[0]
         .iter()
         .zip(&results[peer])
@@ -991,10 +1091,11 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     let (dir, scratch) = out_dir(a.out.as_deref(), "cdnmap-bench-dns-")?;
     let exe = std::env::current_exe().context("finding the cdnmap binary")?;
     let (world, queries) = query_file(a, &dir)?;
-    let ports = [(); 5].map(|()| free_port());
-    let [grpc, http, dns_port, geoip_port, static_port] = ports;
+    let ports = [(); 7].map(|()| free_port());
+    let [grpc, http, dns_port, geoip_port, static_port, tap_port, tap_metrics] = ports;
     let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
     let (geoip_port, static_port) = (geoip_port?, static_port?);
+    let (tap_port, tap_metrics) = (tap_port?, tap_metrics?);
     let threads = a.threads();
     let nets = write_gdnsd_geoip(&dir.join("gdnsd-geoip"), (geoip_port, threads), &world)?;
     println!(
@@ -1017,11 +1118,31 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
         "answers: cdnmap dns gave Resolve's answer (addresses in order, ECS scope) to all \
          {checked} queries checked ({equal} at once, {later} at a second look after a round)"
     );
-    let targets = [
-        (dns_addr, &front),
-        (geoip_addr, &geoip),
-        (static_addr, &stat),
+    let tapped = match &a.dnstap {
+        Some(file) => {
+            let ports = (tap_port, tap_metrics);
+            let (p, addr) = start_tapped(a, &exe, &dir, grpc, ports, (file, a.dnstap_sample))?;
+            println!(
+                "{TAPPED}: a second front end logging {} in dnstap to {}",
+                if a.dnstap_sample == 1 {
+                    "every query and response".to_string()
+                } else {
+                    format!("one query (and response) of {}", a.dnstap_sample)
+                },
+                file.display()
+            );
+            Some((p, addr))
+        }
+        None => None,
+    };
+    let mut targets = vec![
+        (SERVERS[0], dns_addr, &front),
+        (SERVERS[1], geoip_addr, &geoip),
+        (SERVERS[2], static_addr, &stat),
     ];
+    if let Some((p, addr)) = &tapped {
+        targets.push((TAPPED, *addr, p));
+    }
     let results = {
         let _paused = if a.mapper_running {
             None
@@ -1029,19 +1150,29 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
             println!("the mapper is paused (SIGSTOP) during the runs: cdnmap dns answers from the map it holds (--mapper-running to let it run its rounds)");
             Some(Paused::new(&serve)?)
         };
-        measure(a, &dnsperf, &queries, targets)?
+        measure(a, &dnsperf, &queries, &targets)?
     };
     print_medians(&results, threads);
-    let peaks: Vec<String> = SERVERS
+    if let (Some(file), Some(_)) = (&a.dnstap, &tapped) {
+        let (written, dropped) = dnstap_counts(tap_metrics)?;
+        let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
+        println!(
+            "dnstap: {written:.0} messages written ({:.1} MB in {}), {dropped:.0} dropped ({:.3}% of those made)",
+            bytes as f64 / 1e6,
+            file.display(),
+            100.0 * dropped / (written + dropped).max(1.0)
+        );
+    }
+    let peaks: Vec<String> = targets
         .iter()
-        .zip(&targets)
-        .map(|(name, (_, p))| match crate::procs::memory_mb(p.0.id()) {
+        .map(|(name, _, p)| match crate::procs::memory_mb(p.0.id()) {
             Some((peak, _)) => format!("{name} {peak:.0} MB"),
             None => format!("{name} not read"),
         })
         .collect();
     println!("peak RSS (VmHWM): {}", peaks.join(", "));
-    drop((stat, geoip, front, serve));
+    drop(targets);
+    drop((tapped, stat, geoip, front, serve));
     scratch.done();
     Ok(std::process::ExitCode::SUCCESS)
 }

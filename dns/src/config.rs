@@ -48,6 +48,11 @@
 //! # [[services]]                      # HTTPS/SVCB records at mapped names, their ipv4hint
 //! # name = "*.cdn.example."           #   and ipv6hint the map's answer to the same client
 //! # data = "1 . alpn=h3,h2"           #   (`crate::service`); reloaded on SIGHUP
+//! # dnstap_file = "/var/log/cdnmap/dns.dnstap"  # dnstap query log (`crate::dnstap`), or
+//! # dnstap_socket = "/run/dnstap.sock"  #   to a Frame Streams reader's unix socket
+//! # dnstap_sample = 100               #   one query of every 100 (default 1: all)
+//! # dnstap_identity = "dns-1"         #   the messages' identity (default: `name`)
+//! # dnstap_messages = "both"          #   "queries", "responses" or "both" (default)
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -175,6 +180,14 @@ pub struct DnsConfig {
     /// The client prefixes counted together.
     pub rrl_ipv4_prefix: u8,
     pub rrl_ipv6_prefix: u8,
+    /// dnstap (`crate::dnstap`): the file the queries and responses are logged to, or the
+    /// unix socket of a Frame Streams reader; one query of `dnstap_sample`; the messages'
+    /// identity (absent: `name`); which messages (absent: both).
+    pub dnstap_file: Option<PathBuf>,
+    pub dnstap_socket: Option<PathBuf>,
+    pub dnstap_sample: Option<u32>,
+    pub dnstap_identity: Option<String>,
+    pub dnstap_messages: Option<crate::dnstap::Messages>,
 }
 
 impl Default for DnsConfig {
@@ -209,6 +222,11 @@ impl Default for DnsConfig {
             rrl_slip: RrlConfig::default().slip,
             rrl_ipv4_prefix: RrlConfig::default().ipv4_prefix,
             rrl_ipv6_prefix: RrlConfig::default().ipv6_prefix,
+            dnstap_file: None,
+            dnstap_socket: None,
+            dnstap_sample: None,
+            dnstap_identity: None,
+            dnstap_messages: None,
         }
     }
 }
@@ -344,6 +362,7 @@ impl DnsConfig {
                 format!("{n} is outside {UDP_THREADS:?}"),
             ));
         }
+        crate::dnstap::Settings::from_config(self)?;
         if !UDP_COALESCE_US.contains(&self.udp_coalesce_us) {
             return Err(invalid(
                 "udp_coalesce_us",

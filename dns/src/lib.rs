@@ -17,6 +17,7 @@ pub mod answer;
 pub mod config;
 pub mod cookie;
 pub mod demand;
+pub mod dnstap;
 pub mod front;
 pub mod in_use;
 pub mod local;
@@ -173,8 +174,17 @@ pub async fn run_from(
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let coalesce = Duration::from_micros(config.udp_coalesce_us);
-    let udp_threads = spawn_udp(sockets, &front, &stop, coalesce)?;
-    let mut server = hickory_server::Server::new(Handler(Arc::clone(&front)));
+    // dnstap (`dnstap_file`, `dnstap_socket`): a writer thread the answering loops hand to.
+    dnstap::register_metrics();
+    let dnstap = match dnstap::Settings::from_config(&config)? {
+        Some(s) => Some(dnstap::Dnstap::start(&s, listen)?),
+        None => None,
+    };
+    let udp_threads = spawn_udp(sockets, &front, &stop, coalesce, dnstap.as_ref())?;
+    let mut server = hickory_server::Server::new(dnstap::Tapped {
+        inner: Handler(Arc::clone(&front)),
+        tap: dnstap.as_ref().map(dnstap::Dnstap::tcp),
+    });
     server.register_listener(
         tcp,
         Duration::from_secs(config.tcp_timeout_secs),
@@ -209,7 +219,13 @@ pub async fn run_from(
     }
     // A last report of what was counted since the previous one.
     send_demand(&config, &following.links, &front).await;
-    server.shutdown_gracefully().await?;
+    let shut = server.shutdown_gracefully().await;
+    drop(server);
+    // The last frames written and the stream closed (STOP), once no loop can log more.
+    if let Some(d) = dnstap {
+        let _ = tokio::task::spawn_blocking(move || d.finish()).await;
+    }
+    shut?;
     if let Some(t) = metrics_task {
         t.abort();
     }
@@ -243,12 +259,14 @@ fn rrl_of(config: &DnsConfig) -> Option<rrl::Rrl> {
     Some(on)
 }
 
-/// A thread answering UDP on each of `sockets` until `stop` is set (`udp::serve`).
+/// A thread answering UDP on each of `sockets` until `stop` is set (`udp::serve`), each with
+/// its own dnstap handle when `dnstap` is on.
 fn spawn_udp(
     sockets: Vec<Arc<std::net::UdpSocket>>,
     front: &Arc<Front>,
     stop: &Arc<std::sync::atomic::AtomicBool>,
     coalesce: Duration,
+    dnstap: Option<&dnstap::Dnstap>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     let handler = Arc::new(Handler(Arc::clone(front)));
     sockets
@@ -257,9 +275,10 @@ fn spawn_udp(
         .map(|(i, socket)| {
             let (handler, stop) = (Arc::clone(&handler), Arc::clone(stop));
             let runtime = tokio::runtime::Handle::current();
+            let tap = dnstap.map(dnstap::Dnstap::tap);
             std::thread::Builder::new()
                 .name(format!("dns-udp-{i}"))
-                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce))
+                .spawn(move || udp::serve(socket, handler, runtime, stop, coalesce, tap))
         })
         .collect()
 }

@@ -212,16 +212,18 @@ fn timed_out(e: &std::io::Error) -> bool {
 ///
 /// `coalesce` (zero: off) is the receive coalescing of [`mmsg`]: under load, the loop waits that
 /// long after answering a batch, so that the next `recvmmsg` finds many datagrams waiting.
+/// `tap` (dnstap on) logs each batch's queries and responses once they are sent.
 pub fn serve(
     socket: Arc<UdpSocket>,
     handler: Arc<Handler>,
     runtime: tokio::runtime::Handle,
     stop: Arc<AtomicBool>,
     coalesce: Duration,
+    mut tap: Option<crate::dnstap::Tap>,
 ) {
     #[cfg(target_os = "linux")]
     {
-        mmsg::serve(&socket, &handler, &runtime, &stop, coalesce);
+        mmsg::serve(&socket, &handler, &runtime, &stop, coalesce, &mut tap);
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -237,10 +239,21 @@ pub fn serve(
                     continue;
                 }
             };
-            if let Some(out) = answer_datagram(&*handler, &runtime, &capture, &buf[..n], src) {
-                if let Err(e) = socket.send_to(&out, src) {
+            let received = std::time::SystemTime::now();
+            let out = answer_datagram(&*handler, &runtime, &capture, &buf[..n], src);
+            if let Some(out) = &out {
+                if let Err(e) = socket.send_to(out, src) {
                     tracing::debug!(error = %e, %src, "sending a response failed");
                 }
+            }
+            if let Some(tap) = tap.as_mut() {
+                let now = std::time::SystemTime::now();
+                tap.udp(
+                    &[(&buf[..n], src)],
+                    &[out.unwrap_or_default()],
+                    received,
+                    now,
+                );
             }
         }
     }
@@ -278,6 +291,7 @@ mod mmsg {
         runtime: &tokio::runtime::Handle,
         stop: &AtomicBool,
         coalesce: Duration,
+        tap: &mut Option<crate::dnstap::Tap>,
     ) {
         let fd = socket.as_raw_fd();
         let capture = Capture::default();
@@ -358,6 +372,12 @@ mod mmsg {
             // One observation per batch, from the two clock reads the loop makes anyway.
             let sent_at = Instant::now();
             batch_seconds.record(sent_at.duration_since(received_at).as_secs_f64());
+            // dnstap: the batch's queries and responses, after they left (one branch when off).
+            if let Some(tap) = tap.as_mut() {
+                let wall = std::time::SystemTime::now();
+                let at = |then| crate::dnstap::wall_at(wall, sent_at, then);
+                tap.udp(&batch, &responses, at(received_at), at(sent_at));
+            }
             if under_load && (n as usize) < BATCH {
                 waits.increment(1);
                 std::thread::sleep(coalesce);

@@ -13,6 +13,13 @@ pub mod v1 {
         tonic::include_file_descriptor_set!("cdnmap_v1_descriptor");
 }
 
+/// The dnstap schema (`proto/dnstap/dnstap.proto`): the query log `cdnmap dns` writes
+/// (`dns/src/dnstap.rs`). Its byte fields are `prost::bytes::Bytes`.
+#[allow(clippy::module_inception)] // the schema's message `Dnstap` nests its enum in `dnstap`
+pub mod dnstap {
+    tonic::include_proto!("dnstap");
+}
+
 pub mod client_tls;
 pub mod secret;
 
