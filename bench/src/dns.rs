@@ -130,16 +130,20 @@ pub struct DnsBenchArgs {
 }
 
 impl DnsBenchArgs {
-    /// The front end's flags for this bench's settings; a configuration file for the settings
-    /// without a flag (response rate limiting) is written into `dir`.
-    fn front_args(&self, dir: &Path) -> Result<Vec<String>> {
+    /// The front end's flags for this bench's settings. The settings without a flag (response
+    /// rate limiting) and `extra` (TOML lines) go into a configuration file, `dir/NAME.toml`.
+    fn front_args(&self, dir: &Path, name: &str, extra: &str) -> Result<Vec<String>> {
         let mut args = vec!["--udp-threads".to_string(), self.threads().to_string()];
         if let Some(us) = self.udp_coalesce_us {
             args.extend(["--udp-coalesce-us".to_string(), us.to_string()]);
         }
+        let mut config = extra.to_string();
         if let Some(rate) = self.rrl_responses_per_sec {
-            let path = dir.join("dns-rrl.toml");
-            std::fs::write(&path, format!("rrl_responses_per_sec = {rate}\n"))?;
+            config.push_str(&format!("rrl_responses_per_sec = {rate}\n"));
+        }
+        if !config.is_empty() {
+            let path = dir.join(format!("{name}.toml"));
+            std::fs::write(&path, config)?;
             args.extend(["--config".to_string(), path.display().to_string()]);
         }
         Ok(args)
@@ -695,16 +699,11 @@ fn start_tapped(
     (port, metrics): (u16, u16),
     (file, sample): (&Path, u32),
 ) -> Result<(Proc, SocketAddr)> {
-    let conf = dir.join("dns-dnstap.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "dnstap_file = {:?}\ndnstap_sample = {sample}\nmetrics_listen = \"127.0.0.1:{metrics}\"\n",
-            file.display().to_string()
-        ),
-    )?;
-    let mut args = vec!["--config".to_string(), conf.display().to_string()];
-    args.extend(a.front_args());
+    let extra = format!(
+        "dnstap_file = {:?}\ndnstap_sample = {sample}\nmetrics_listen = \"127.0.0.1:{metrics}\"\n",
+        file.display().to_string()
+    );
+    let args = a.front_args(dir, "dns-dnstap", &extra)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut front = spawn_front_end(exe, dir, grpc, addr, &args, "dns-dnstap")?;
     wait_answering(addr, &mut [&mut front], dir)?;
@@ -740,7 +739,7 @@ fn start_cdnmap(
         cycle_secs: 30,
     };
     let (mut serve, mut front, dns_addr) =
-        spawn_mapper_and_front_end(exe, dir, &world, ports, &a.front_args(dir)?)?;
+        spawn_mapper_and_front_end(exe, dir, &world, ports, &a.front_args(dir, "dns", "")?)?;
     wait_answering(dns_addr, &mut [&mut serve, &mut front], dir)?;
     Ok((serve, front, dns_addr))
 }

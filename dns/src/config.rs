@@ -74,9 +74,9 @@ use std::path::PathBuf;
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
 
-use crate::service::{ServiceConfig, Services};
 use crate::cookie::{parse_secret, Cookies};
 use crate::rrl::RrlConfig;
+use crate::service::{ServiceConfig, Services};
 use crate::zonedata::{RecordConfig, StaticData};
 
 /// The environment variable the front end's token may come from (instead of
