@@ -281,6 +281,8 @@ pub struct Front {
     /// The front end's name, as NSID (RFC 5001) and CHAOS `id.server`/`hostname.bind` answer
     /// it ([`Front::with_identity`]; default `cdnmap-dns`).
     pub identity: Box<str>,
+    /// DNSSEC: the keys in use (none: unsigned), the signature cache ([`Front::with_dnssec`]).
+    pub dnssec: crate::dnssec::Signing,
 }
 
 impl Front {
@@ -297,6 +299,7 @@ impl Front {
             counters: Counters::register(),
             shadowed: std::sync::atomic::AtomicU64::new(0),
             identity: "cdnmap-dns".into(),
+            dnssec: crate::dnssec::Signing::default(),
         }
     }
 
@@ -304,6 +307,12 @@ impl Front {
     /// `name`, at most 253 bytes).
     pub fn with_identity(mut self, name: &str) -> Front {
         self.identity = name.into();
+        self
+    }
+
+    /// The front end signing with `dnssec` (its keys, cache and validity).
+    pub fn with_dnssec(mut self, dnssec: crate::dnssec::Signing) -> Front {
+        self.dnssec = dnssec;
         self
     }
 

@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod config;
 pub mod demand;
+pub mod dnssec;
 pub mod front;
 pub mod in_use;
 pub mod local;
@@ -117,6 +118,10 @@ pub async fn run_from(
         None => None,
     };
     let statics = config.static_data()?;
+    let keyset = config.dnssec_keyset()?;
+    if let Some(k) = &keyset {
+        tracing::info!(keys = %k.summary(), "DNSSEC: signing answers to queries with the DO bit");
+    }
     for z in &zones {
         for ns in zonedata::unaddressed(z, &statics) {
             tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
@@ -129,7 +134,12 @@ pub async fn run_from(
             config.max_udp_payload,
             now_unix_ms(),
         )
-        .with_identity(&config.name),
+        .with_identity(&config.name)
+        .with_dnssec(dnssec::Signing::new(
+            keyset,
+            config.dnssec_validity(),
+            config.dnssec_cache_entries,
+        )),
     );
     let reloader = tokio::spawn(reload_on_hangup(
         config.clone(),
@@ -485,10 +495,11 @@ async fn reload_on_hangup(
     }
 }
 
-/// Reads `path` again and puts its zone data in use in `front`: its `[[records]]` and
-/// `soa_serial`, checked against the zones, nameservers and TTLs of `running` (the
-/// configuration the front end started with: the other keys are read at start only). An error
-/// (the file, its TOML, a record) leaves the zone data in use as it was.
+/// Reads `path` again and puts its zone data in use in `front`: its `[[records]]`,
+/// `soa_serial` and DNSSEC keys (`dnssec_keys`, the key files read again), checked against the
+/// zones, nameservers and TTLs of `running` (the configuration the front end started with: the
+/// other keys are read at start only). An error (the file, its TOML, a record, a key file)
+/// leaves the zone data and the keys in use as they were.
 pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
@@ -497,15 +508,28 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
     let next = DnsConfig {
         records: file.records,
         soa_serial: file.soa_serial,
+        dnssec_keys: file.dnssec_keys,
         ..running.clone()
     };
     let statics = next
         .static_data()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    front
+    // The keys are read before anything is replaced: keys that do not load keep the zone
+    // data and the keys in use.
+    next.validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let keyset = next
+        .dnssec_keyset()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let keys = keyset
+        .as_ref()
+        .map_or("no DNSSEC keys".into(), |k| k.summary());
+    let said = front
         .zones
         .reload(statics, next.soa_serial)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    front.dnssec.replace(keyset);
+    Ok(format!("{said}; DNSSEC: {keys}"))
 }
 
 /// How the front end reaches one mapper: its URL, the endpoint (TLS with the configured CA and
