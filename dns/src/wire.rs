@@ -13,8 +13,9 @@
 //! other than a plain query's, a compressed or non-LDH name, another type or class, an OPT
 //! record of another version or with any option but one well-formed ECS option (no address
 //! bits beyond its source prefix, scope 0), trailing bytes, a name at an apex, matched by no
-//! hostname rule or with static records (`crate::zonedata`), no map yet, an answer with no
-//! address (NODATA) or larger than the response may be. The test below holds the two paths to the same bytes over generated queries.
+//! hostname rule or with static records (`crate::zonedata`), no map yet, the DO bit when a
+//! zone is signed (`crate::dnssec`), an answer with no address (NODATA) or larger than the
+//! response may be. The test below holds the two paths to the same bytes over generated queries.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -64,6 +65,9 @@ struct Parsed<'a> {
     /// The OPT record's UDP payload size, if the query has one.
     edns_payload: Option<u16>,
     ecs: Option<Ecs>,
+    /// The OPT record's DO bit (RFC 3225): in a signed zone, hickory's path answers it
+    /// (`crate::dnssec`).
+    dnssec_ok: bool,
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -119,7 +123,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
     }
     at += 4;
     let question = &raw[12..at];
-    let (mut edns_payload, mut ecs) = (None, None);
+    let (mut edns_payload, mut ecs, mut dnssec_ok) = (None, None, false);
     if counts[3] == 1 {
         // OPT: the root name, type 41, class = payload size, TTL = extended RCODE, version,
         // flags; then its options.
@@ -130,6 +134,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         if *raw.get(at + 5)? != 0 || *raw.get(at + 6)? != 0 {
             return None; // an extended RCODE, or a version other than 0
         }
+        dnssec_ok = u16_at(raw, at + 7)? & 0x8000 != 0;
         let rdlen = usize::from(u16_at(raw, at + 9)?);
         at += 11;
         let rdata = raw.get(at..at + rdlen)?;
@@ -149,6 +154,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         qtype,
         edns_payload,
         ecs,
+        dnssec_ok,
     })
 }
 
@@ -301,8 +307,11 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
         }
         // 1: what each datagram asks, where the fast path takes it (up to the map).
         let mut taken: [Taken<'_, '_>; BLOCK] = [None; BLOCK];
+        // A signed zone's DO queries are signed on hickory's path.
+        let signing = front.dnssec.is_on();
         for ((t, &(raw, src)), name) in taken.iter_mut().zip(batch).zip(names.iter_mut()) {
-            *t = take(&front.zones, &statics, &view, raw, src, name);
+            *t = take(&front.zones, &statics, &view, raw, src, name)
+                .filter(|(p, ..)| !(signing && p.dnssec_ok));
         }
         // 2: the map's answers, looked up together.
         let queries: Vec<(IpNet, &str, ClassIdx)> = taken

@@ -16,6 +16,7 @@
 
 pub mod cache;
 pub mod keys;
+pub mod reply;
 pub mod sign;
 
 use std::path::PathBuf;
