@@ -6,10 +6,13 @@
 //! - `delv`, trusting the zone's key-signing key, validates the front end's signed answers
 //!   (A, AAAA, NXDOMAIN by compact denial, NODATA, the SOA) as "fully validated".
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cdnmap_tests::bin;
+use cdnmap_tests::dns::Dns;
+use cdnmap_tests::mapper::Setup;
 
 /// A BIND tool, installed from Debian's `package` when missing.
 fn tool(program: &str, package: &str) -> PathBuf {
@@ -91,4 +94,107 @@ fn ds_records_are_dnssec_dsfromkeys() {
     );
     let ours: Vec<&str> = ours.lines().collect();
     assert_eq!(ours, [theirs[0].as_str(), theirs[2].as_str()], "the KSKs'");
+}
+
+/// The zone's trust anchor for `delv -a` and unbound: the DS of `ksk` (from `cdnmap dns ds`),
+/// as BIND's `trust-anchors` statement; and the DS line itself.
+fn anchor(dir: &Path, ksk: &Path) -> (PathBuf, String) {
+    let ds = output(bin!(), &["dns", "ds", ksk.to_str().expect("UTF-8")]);
+    let ds = ds.trim().to_string();
+    let f: Vec<&str> = ds.split_whitespace().collect();
+    assert_eq!(f[..3], ["cdn.example.", "IN", "DS"], "{ds}");
+    let file = dir.join(format!("anchor-{}.conf", f[3]));
+    std::fs::write(
+        &file,
+        format!(
+            "trust-anchors {{ cdn.example. static-ds {} {} {} \"{}\"; }};\n",
+            f[3], f[4], f[5], f[6]
+        ),
+    )
+    .expect("write the anchor");
+    (file, ds)
+}
+
+/// `delv` at `addr`, trusting `anchor` for `cdn.example`: its output.
+fn delv(addr: SocketAddr, anchor: &Path, name: &str, qtype: &str) -> String {
+    let delv = tool("delv", "bind9-dnsutils");
+    let port = addr.port().to_string();
+    let server = format!("@{}", addr.ip());
+    let out = Command::new(delv)
+        .args([&server, "-p", &port, "-a"])
+        .arg(anchor)
+        .args(["+root=cdn.example", "+tcp", name, qtype])
+        .output()
+        .expect("delv runs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A front end signing `cdn.example.` with `keys` (base paths), with the glue of
+/// `ns1.cdn.example.` and a TXT record at the apex, following `mapper`.
+fn signing_front_end(dir: &Path, mapper: SocketAddr, keys: &[&Path]) -> Dns {
+    let listed: Vec<String> = keys
+        .iter()
+        .map(|p| format!("{:?}", p.display().to_string()))
+        .collect();
+    let config = format!(
+        "dnssec_keys = [{}]\n\n[[records]]\nname = \"ns1\"\ntype = \"A\"\ndata = \"192.0.2.53\"\n\n\
+         [[records]]\nname = \"@\"\ntype = \"TXT\"\ndata = \"v=spf1 -all\"\n",
+        listed.join(", ")
+    );
+    let mut dns = Dns::start(bin!(), dir, mapper, &config);
+    dns.wait_answering();
+    dns
+}
+
+/// `delv`, trusting only the DS of the zone's KSK, validates the front end's answers: the
+/// map's A, AAAA (an answer or NODATA, as the map has it), a name that does not exist
+/// (compact denial: NOERROR with an NSEC of NXNAME), NODATA, the SOA, the glue, the TXT at
+/// the apex and the DNSKEY RRset; for a KSK+ZSK pair of ECDSA P-256 and for an Ed25519 CSK.
+/// With a DS of another key, it fails: the validation is real.
+#[tokio::test(flavor = "multi_thread")]
+async fn delv_validates_signed_answers() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let ecdsa_ksk = keygen(dir.path(), "cdn.example", "ECDSAP256SHA256", true, &[]);
+    let ecdsa_zsk = keygen(dir.path(), "cdn.example", "ECDSAP256SHA256", false, &[]);
+    let ed_csk = keygen(dir.path(), "cdn.example", "ED25519", true, &[]);
+    let stranger = keygen(dir.path(), "cdn.example", "ECDSAP256SHA256", true, &[]);
+    let positive = "; fully validated";
+    let negative = "; negative response, fully validated";
+    for keys in [
+        vec![ecdsa_ksk.as_path(), ecdsa_zsk.as_path()],
+        vec![ed_csk.as_path()],
+    ] {
+        let dns = signing_front_end(dir.path(), server.grpc, &keys);
+        let (trusted, _) = anchor(dir.path(), keys[0]);
+        for (name, qtype, want) in [
+            ("www.cdn.example", "A", &[positive][..]),
+            ("x.video.cdn.example", "AAAA", &[positive, negative][..]),
+            ("nothing-here.cdn.example", "A", &[negative][..]),
+            ("www.cdn.example", "TXT", &[negative][..]),
+            ("cdn.example", "MX", &[negative][..]),
+            ("cdn.example", "SOA", &[positive][..]),
+            ("cdn.example", "TXT", &[positive][..]),
+            ("ns1.cdn.example", "A", &[positive][..]),
+            ("cdn.example", "DNSKEY", &[positive][..]),
+        ] {
+            let out = delv(dns.addr, &trusted, name, qtype);
+            assert!(
+                want.iter().any(|w| out.lines().any(|l| l.trim() == *w)),
+                "{keys:?}: delv {name} {qtype}: wanted {want:?}:\n{out}\n{}",
+                dns.log()
+            );
+        }
+        let (wrong, _) = anchor(dir.path(), &stranger);
+        let out = delv(dns.addr, &wrong, "www.cdn.example", "A");
+        assert!(
+            !out.contains("fully validated") && out.contains("resolution failed"),
+            "{out}"
+        );
+    }
 }

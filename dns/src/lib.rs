@@ -290,6 +290,10 @@ fn describe_metrics() {
         "DNS answers with addresses, by why they name their clusters (mapped, split, backup, overflow, down, unmatched)."
     );
     describe_counter!(
+        "cdnmap_dns_dnssec_signatures_total",
+        "DNSSEC signatures an answer needed, by cache: hit (found in the signature cache) or miss (made then)."
+    );
+    describe_counter!(
         "cdnmap_dns_send_errors_total",
         "DNS responses that could not be sent."
     );
