@@ -4,15 +4,18 @@
 //! - keys made by `dnssec-keygen` (ECDSAP256SHA256 and ED25519, KSK and ZSK) load, and
 //!   `cdnmap dns ds` prints the DS records `dnssec-dsfromkey -2` prints for them;
 //! - `delv`, trusting the zone's key-signing key, validates the front end's signed answers
-//!   (A, AAAA, NXDOMAIN by compact denial, NODATA, the SOA) as "fully validated".
+//!   (A, AAAA, NXDOMAIN by compact denial, NODATA, the SOA) as "fully validated";
+//! - unbound, validating with the zone's DS and sending ECS, sets AD on the answers;
+//! - a key rollover through SIGHUP publishes the next key before it signs.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cdnmap_proto::v1 as pb;
 use cdnmap_tests::bin;
-use cdnmap_tests::dns::Dns;
-use cdnmap_tests::mapper::Setup;
+use cdnmap_tests::dns::{client_of, dig, free_port, Dns, DnsPeer, Reply};
+use cdnmap_tests::mapper::{all_units, qname_of, Setup};
 
 /// A BIND tool, installed from Debian's `package` when missing.
 fn tool(program: &str, package: &str) -> PathBuf {
@@ -197,4 +200,213 @@ async fn delv_validates_signed_answers() {
             "{out}"
         );
     }
+}
+
+/// The key tags of the RRSIGs covering `covered` in `reply`'s answer section.
+fn rrsig_tags(reply: &Reply, covered: &str) -> Vec<String> {
+    reply
+        .answers
+        .iter()
+        .filter(|a| a.2 == "RRSIG" && a.3.split_whitespace().next() == Some(covered))
+        .filter_map(|a| a.3.split_whitespace().nth(6).map(str::to_string))
+        .collect()
+}
+
+/// Waits (bounded) until `dns`'s log says `needle` `n` times.
+fn wait_logged(dns: &Dns, needle: &str, n: usize) {
+    let started = std::time::Instant::now();
+    while dns.log().matches(needle).count() < n {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "cdnmap dns did not log {needle:?} {n} times:\n{}",
+            dns.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A key rollover through SIGHUP: a key made to be active tomorrow, added to `dnssec_keys`, is
+/// published in the DNSKEY RRset at once and signs nothing yet (the old key keeps signing, and
+/// `delv` keeps validating with the old DS); a key set that does not load keeps the one in
+/// use, and the log says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_publishes_the_next_key_before_it_signs() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let old = keygen(dir.path(), "cdn.example", "ECDSAP256SHA256", true, &[]);
+    let next = keygen(
+        dir.path(),
+        "cdn.example",
+        "ECDSAP256SHA256",
+        true,
+        &["-P", "now", "-A", "+1d"],
+    );
+    let tag = |p: &Path| -> String {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        name.rsplit('+')
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches('0')
+            .to_string()
+    };
+    let mut dns = signing_front_end(dir.path(), server.grpc, &[&old]);
+    let (trusted, _) = anchor(dir.path(), &old);
+    let dnskey = |dns: &Dns| dns.dig(&["cdn.example", "DNSKEY", "+dnssec", "+tcp"]);
+    let keys = dnskey(&dns);
+    assert_eq!(
+        keys.answers.iter().filter(|a| a.2 == "DNSKEY").count(),
+        1,
+        "{}",
+        keys.raw
+    );
+    assert_eq!(rrsig_tags(&keys, "DNSKEY"), [tag(&old)]);
+
+    let config = std::fs::read_to_string(&dns.config).expect("the config");
+    let both = config.replacen(
+        "dnssec_keys = [",
+        &format!("dnssec_keys = [{:?}, ", next.display().to_string()),
+        1,
+    );
+    std::fs::write(&dns.config, &both).expect("rewrite the config");
+    dns.process.send_signal("HUP");
+    wait_logged(&dns, "SIGHUP: the zone data reloaded", 1);
+    let keys = dnskey(&dns);
+    assert_eq!(
+        keys.answers.iter().filter(|a| a.2 == "DNSKEY").count(),
+        2,
+        "{}",
+        keys.raw
+    );
+    assert_eq!(
+        rrsig_tags(&keys, "DNSKEY"),
+        [tag(&old)],
+        "the next key signs nothing yet"
+    );
+    let a = dns.dig(&["www.cdn.example", "A", "+dnssec"]);
+    assert_eq!(rrsig_tags(&a, "A"), [tag(&old)], "{}", a.raw);
+    let out = delv(dns.addr, &trusted, "www.cdn.example", "A");
+    assert!(
+        out.lines().any(|l| l.trim() == "; fully validated"),
+        "{out}"
+    );
+
+    let broken = both.replacen("dnssec_keys = [", "dnssec_keys = [\"/nonexistent/Kx\", ", 1);
+    std::fs::write(&dns.config, broken).expect("rewrite the config");
+    dns.process.send_signal("HUP");
+    wait_logged(&dns, "the one in use is kept", 1);
+    assert!(
+        dns.log()
+            .contains("dnssec_keys[0]: /nonexistent/Kx.key: cannot be read"),
+        "{}",
+        dns.log()
+    );
+    let keys = dnskey(&dns);
+    assert_eq!(
+        keys.answers.iter().filter(|a| a.2 == "DNSKEY").count(),
+        2,
+        "{}",
+        keys.raw
+    );
+}
+
+/// Debian's unbound (unpacked) on loopback validating `cdn.example.` (a stub zone at
+/// `front_end`) with the trust anchor `ds` (a DS line), sending the client's subnet (ECS).
+fn validating_unbound(dir: &Path, front_end: SocketAddr, ds: &str) -> DnsPeer {
+    let program = cdnmap_tests::unpacked_debian_program("unbound", "usr/sbin/unbound")
+        .unwrap_or_else(|e| panic!("unbound cannot run here: {e}"));
+    let port = free_port();
+    let conf = dir.join("unbound.conf");
+    let text = format!(
+        "server:\n  interface: 127.0.0.1\n  port: {port}\n  do-daemonize: no\n  \
+         username: \"\"\n  chroot: \"\"\n  directory: {dir:?}\n  pidfile: \"\"\n  \
+         use-syslog: no\n  logfile: \"\"\n  verbosity: 1\n  do-not-query-localhost: no\n  \
+         module-config: \"subnetcache validator iterator\"\n  send-client-subnet: {ip}\n  \
+         client-subnet-zone: cdn.example\n  client-subnet-always-forward: yes\n  \
+         max-client-subnet-ipv4: 24\n  max-client-subnet-ipv6: 56\n  \
+         access-control: 127.0.0.0/8 allow\n  qname-minimisation: no\n  \
+         trust-anchor: \"{ds}\"\n\
+         stub-zone:\n  name: \"cdn.example\"\n  stub-addr: {ip}@{front_port}\n",
+        ip = front_end.ip(),
+        front_port = front_end.port(),
+    );
+    std::fs::write(&conf, text).expect("write unbound.conf");
+    let mut cmd = Command::new(&program);
+    cmd.arg("-c").arg(&conf);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    DnsPeer::start(
+        "unbound",
+        cmd,
+        dir.join("unbound.log"),
+        addr,
+        // Checking disabled: answered whether the anchor holds or not.
+        &["cdn.example", "SOA", "+cd", "+tries=1", "+time=1"],
+    )
+}
+
+/// Through unbound validating with the zone's DS and sending ECS: answers of map units of
+/// several subnets (each its own ECS-scoped, signed answer), a name that does not exist and
+/// NODATA come back with AD set; with the DS of another key, SERVFAIL.
+#[tokio::test(flavor = "multi_thread")]
+async fn unbound_sets_ad_on_answers_with_ecs() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let ksk = keygen(dir.path(), "cdn.example", "ECDSAP256SHA256", true, &[]);
+    let zsk = keygen(dir.path(), "cdn.example", "ECDSAP256SHA256", false, &[]);
+    let dns = signing_front_end(dir.path(), server.grpc, &[&ksk, &zsk]);
+    let (_, ds) = anchor(dir.path(), &ksk);
+    let unbound = validating_unbound(dir.path(), dns.addr, &ds);
+
+    let units = all_units(&server).await;
+    let sample: Vec<&pb::MapUnit> = units
+        .iter()
+        .filter(|u| !u.prefixes.is_empty())
+        .step_by(units.len() / 20 + 1)
+        .collect();
+    let mut signed = 0;
+    for u in &sample {
+        let (subnet, _, name) = client_of(u);
+        let qname = qname_of(&u.traffic_class);
+        let got = dig(
+            unbound.addr,
+            &[qname, name, &format!("+subnet={subnet}"), "+dnssec"],
+        );
+        assert_eq!(got.status, "NOERROR", "{}\n{}", got.raw, unbound.log());
+        assert!(
+            got.flags.iter().any(|f| f == "ad"),
+            "unit {}: no AD:\n{}",
+            u.id,
+            got.raw
+        );
+        if !got.addresses().is_empty() {
+            signed += 1;
+        }
+    }
+    assert!(signed >= 10, "only {signed} answers with addresses");
+    for (name, qtype) in [
+        ("nothing-here.cdn.example", "A"),
+        ("www.cdn.example", "TXT"),
+    ] {
+        let got = dig(
+            unbound.addr,
+            &[name, qtype, "+subnet=192.0.2.0/24", "+dnssec"],
+        );
+        assert!(
+            got.flags.iter().any(|f| f == "ad"),
+            "{name} {qtype}: no AD:\n{}",
+            got.raw
+        );
+    }
+    let (_, other) = anchor(
+        dir.path(),
+        &keygen(dir.path(), "cdn.example", "ED25519", true, &[]),
+    );
+    let dir2 = tempfile::tempdir().expect("a temporary directory");
+    let wrong = validating_unbound(dir2.path(), dns.addr, &other);
+    let got = dig(
+        wrong.addr,
+        &["www.cdn.example", "A", "+subnet=192.0.2.0/24"],
+    );
+    assert_eq!(got.status, "SERVFAIL", "{}", got.raw);
 }
