@@ -156,7 +156,8 @@ fn signing_front_end(dir: &Path, mapper: SocketAddr, keys: &[&Path]) -> Dns {
 /// `delv`, trusting only the DS of the zone's KSK, validates the front end's answers: the
 /// map's A, AAAA (an answer or NODATA, as the map has it), a name that does not exist
 /// (compact denial: NOERROR with an NSEC of NXNAME), NODATA, the SOA, the glue, the TXT at
-/// the apex and the DNSKEY RRset; for a KSK+ZSK pair of ECDSA P-256 and for an Ed25519 CSK.
+/// the apex and the DNSKEY RRset; for a KSK+ZSK pair of ECDSA P-256, an Ed25519 CSK, and
+/// both algorithms at once (where a denial too large for 512 bytes is truncated).
 /// With a DS of another key, it fails: the validation is real.
 #[tokio::test(flavor = "multi_thread")]
 async fn delv_validates_signed_answers() {
@@ -172,6 +173,7 @@ async fn delv_validates_signed_answers() {
     for keys in [
         vec![ecdsa_ksk.as_path(), ecdsa_zsk.as_path()],
         vec![ed_csk.as_path()],
+        vec![ecdsa_ksk.as_path(), ed_csk.as_path()],
     ] {
         let dns = signing_front_end(dir.path(), server.grpc, &keys);
         let (trusted, _) = anchor(dir.path(), keys[0]);
@@ -192,6 +194,17 @@ async fn delv_validates_signed_answers() {
                 "{keys:?}: delv {name} {qtype}: wanted {want:?}:\n{out}\n{}",
                 dns.log()
             );
+        }
+        if keys.len() == 2 && keys[1] == ed_csk.as_path() {
+            // Two algorithms: a denial with two RRSIGs an RRset is larger than 512 bytes, so
+            // it is truncated for a 512-byte buffer, and whole over TCP.
+            let small = ["nothing-here.cdn.example", "A", "+dnssec", "+bufsize=512"];
+            let cut = dns.dig(&[&small[..], &["+ignore"]].concat());
+            assert!(cut.flags.iter().any(|f| f == "tc"), "{}", cut.raw);
+            let whole = dns.dig(&small);
+            assert!(!whole.flags.iter().any(|f| f == "tc"), "{}", whole.raw);
+            let sigs = whole.authority.iter().filter(|r| r.2 == "RRSIG").count();
+            assert_eq!(sigs, 4, "SOA and NSEC, by each algorithm: {}", whole.raw);
         }
         let (wrong, _) = anchor(dir.path(), &stranger);
         let out = delv(dns.addr, &wrong, "www.cdn.example", "A");

@@ -610,6 +610,13 @@ pub(crate) mod tests {
         Zones::with_data(&config.zones().expect("zones"), Some(1), 20, statics)
     }
 
+    /// The zones of [`zones_with_statics`], as configured.
+    pub(crate) fn zones_with_statics_config() -> Vec<ZoneConfig> {
+        crate::config::DnsConfig::from_toml(r#"zones = ["example."]"#)
+            .and_then(|c| c.zones())
+            .expect("zones")
+    }
+
     /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any,
     /// and its reply.
     fn check(

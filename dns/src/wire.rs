@@ -809,6 +809,51 @@ pub(crate) mod tests {
         q
     }
 
+    /// A query with the DO bit is the fast path's while no zone is signed (answered as before),
+    /// and hickory's once one is: there it is answered with the A RRset's RRSIG and DO set.
+    /// Queries without DO stay the fast path's.
+    #[test]
+    fn do_queries_of_a_signed_zone_go_to_hickorys_path() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handler = Handler(Arc::new(front()));
+        let capture = Capture::default();
+        let src: SocketAddr = "192.0.2.77:5353".parse().expect("src");
+        let plain = query_with_ecs(1, 24, &[10, 0, 0]);
+        let mut with_do = plain.clone();
+        // The OPT record after the header and `www.example A IN`; its flags at +7.
+        with_do[12 + 17 + 7] |= 0x80;
+        assert_eq!(parse(&with_do).map(|p| p.dnssec_ok), Some(true));
+        let fast = |raw: &[u8]| -> Vec<u8> {
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(raw, src)], &mut out);
+            out.pop().unwrap_or_default()
+        };
+        assert!(!fast(&with_do).is_empty(), "unsigned: the fast path's");
+        let zones = crate::answer::tests::zones_with_statics_config();
+        handler
+            .0
+            .dnssec
+            .replace(Some(crate::dnssec::tests::ed25519_csk("example.", &zones)));
+        assert!(fast(&with_do).is_empty(), "signed: hickory's");
+        assert!(!fast(&plain).is_empty(), "no DO: the fast path's still");
+        let bytes =
+            answer_hickory(&handler, runtime.handle(), &capture, &with_do, src).expect("an answer");
+        let msg = hickory_server::proto::op::Message::from_vec(&bytes).expect("a message");
+        let types: Vec<u16> = msg
+            .answers
+            .iter()
+            .map(|r| u16::from(r.record_type()))
+            .collect();
+        assert_eq!(
+            types,
+            [1, 1, 1, 46],
+            "the A RRset (three servers), then its RRSIG"
+        );
+        assert!(msg.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok));
+    }
+
     /// RFC 7871 §6 (issue 41): an ECS option with more address octets than its source prefix
     /// needs, or with bits set beyond it, is FORMERR on both paths. hickory reads only the
     /// octets the prefix needs, so `/24` with the four octets of `10.0.1.9` was answered as

@@ -353,7 +353,7 @@ impl Signing {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::net::Ipv4Addr;
     use std::path::Path;
 
@@ -371,6 +371,26 @@ mod tests {
             nameservers: vec![name(&format!("ns1.{apex}"))],
             hostmaster: name(&format!("hostmaster.{apex}")),
         }
+    }
+
+    /// An Ed25519 CSK of `zone` (flags 257) made from a fixed seed, as a key set for the zones
+    /// `zones`.
+    pub(crate) fn ed25519_csk(zone: &str, zones: &[ZoneConfig]) -> KeySet {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        let seed = [7u8; 32];
+        let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("a pair");
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let key = format!(
+            "{zone} IN DNSKEY 257 3 15 {}\n",
+            b64(pair.public_key().as_ref())
+        );
+        let private = format!(
+            "Private-key-format: v1.3\nAlgorithm: 15 (ED25519)\nPrivateKey: {}\n",
+            b64(&seed)
+        );
+        let key = Key::from_texts(Path::new("Ktest"), &key, &private).expect("a key");
+        KeySet::from_keys(vec![key], zones).expect("a set")
     }
 
     /// The test keys of `cdn.example.`: the ECDSA KSK and the Ed25519 ZSK.
