@@ -331,6 +331,63 @@ impl Signing {
         }
     }
 
+    /// The RRSIGs' RDATA (each as `out` gets it) of the RRset of `rdatas` (each a record's
+    /// RDATA, in canonical form: addresses) at `owner` (wire form, lower case, `labels`
+    /// labels), type `rtype`, class IN, TTL `ttl`, by `zone`'s signers at `now`: for the fast
+    /// path, which writes the records itself (`crate::wire`). The same signatures as
+    /// [`Signing::signed_section`] makes for the same RRset (the same cache entries).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rrsig_rdatas(
+        &self,
+        zone: &ZoneKeys,
+        owner: &[u8],
+        labels: u8,
+        rtype: u16,
+        ttl: u32,
+        rdatas: &mut [&[u8]],
+        now: u64,
+        mut out: impl FnMut(&[u8]),
+    ) {
+        rdatas.sort_unstable();
+        let mut body = Vec::with_capacity(rdatas.len() * (owner.len() + 26));
+        let mut last: Option<&[u8]> = None;
+        for rdata in rdatas.iter() {
+            if last == Some(rdata) {
+                continue; // RFC 4034 §6.3: duplicates are not signed
+            }
+            last = Some(rdata);
+            body.extend_from_slice(owner);
+            body.extend_from_slice(&rtype.to_be_bytes());
+            body.extend_from_slice(&1u16.to_be_bytes());
+            body.extend_from_slice(&ttl.to_be_bytes());
+            body.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+            body.extend_from_slice(rdata);
+        }
+        let window = self.validity.window(now);
+        let signer = sign::wire_name(&zone.apex);
+        for key in zone.signers(now, false) {
+            let mut rdata = Vec::with_capacity(18 + signer.len() + 64);
+            rdata.extend_from_slice(&rtype.to_be_bytes());
+            rdata.push(key.algorithm.number());
+            rdata.push(labels);
+            rdata.extend_from_slice(&ttl.to_be_bytes());
+            rdata.extend_from_slice(&window.expiration.to_be_bytes());
+            rdata.extend_from_slice(&window.inception.to_be_bytes());
+            rdata.extend_from_slice(&key.tag.to_be_bytes());
+            rdata.extend_from_slice(&signer);
+            let mut signed = rdata.clone();
+            signed.extend_from_slice(&body);
+            let Some(signature) = self
+                .cache
+                .get_or_sign(&signed, || key.sign(&self.rng, &signed))
+            else {
+                continue;
+            };
+            rdata.extend_from_slice(&signature);
+            out(&rdata);
+        }
+    }
+
     /// The compact denial (RFC 9824) for `owner`: its NSEC (types `types` with RRSIG and NSEC,
     /// TTL `ttl`) and the NSEC's RRSIGs.
     pub fn denial(
