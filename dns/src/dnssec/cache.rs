@@ -106,6 +106,17 @@ impl SignatureCache {
         s.young.insert(key, sig);
     }
 
+    /// Drops every entry (new keys: a key of the same tag and algorithm as one before must
+    /// not be answered with the old one's signatures).
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            if let Ok(mut s) = shard.lock() {
+                s.young.clear();
+                s.old.clear();
+            }
+        }
+    }
+
     /// Signatures found and made so far.
     pub fn stats(&self) -> (u64, u64) {
         (
@@ -168,5 +179,8 @@ mod tests {
             "a failed signature is not kept"
         );
         assert_eq!(cache.get_or_sign(b"x", || Some(vec![1])), Some(vec![1]));
+        cache.clear();
+        assert!(cache.is_empty());
+        assert_eq!(cache.get_or_sign(b"x", || Some(vec![2])), Some(vec![2]));
     }
 }

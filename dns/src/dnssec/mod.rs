@@ -255,11 +255,13 @@ impl Signing {
         self.keys.load_full()
     }
 
-    /// Puts `keys` in use (`None` or an empty set: unsigned).
+    /// Puts `keys` in use (`None` or an empty set: unsigned). The signature cache is emptied:
+    /// a new key may have an old one's tag and algorithm, which the cache's entries name.
     pub fn replace(&self, keys: Option<KeySet>) {
         let keys = keys.filter(|k| k.keys().next().is_some());
         self.on.store(keys.is_some(), Ordering::Relaxed);
         self.keys.store(keys.map(Arc::new));
+        self.cache.clear();
     }
 
     /// `section` with each RRset (a run of records of one owner, type and class) followed by
