@@ -551,7 +551,10 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
         cookies: &front.cookies,
     };
     SCRATCH.with_borrow_mut(|scratch| {
-        let (decision, reply) = decide(&src, live, &q, scratch);
+        let (decision, mut reply) = decide(&src, live, &q, scratch);
+        if front.dnssec.is_on() {
+            secure(front, &q, live, &decision, &mut reply, &scratch.qname);
+        }
         if let (Some(m), Some(live)) = (decision.mapped, live) {
             if m.demand {
                 let block = front.demand.block(&live.view.resolver);
@@ -567,6 +570,60 @@ fn decide_and_count<'f>(front: &'f Front, request: &Request) -> Reply<'f> {
         }
         reply
     })
+}
+
+/// DNSSEC (`crate::dnssec::reply`): in a signed zone, the DNSKEY RRset at the apex, and for a
+/// query with the DO bit the RRSIGs of every RRset and compact denial; the clock read here.
+fn secure(
+    front: &Front,
+    q: &Parsed<'_>,
+    live: Option<&Live>,
+    d: &Decision<'_>,
+    reply: &mut Reply<'_>,
+    qname: &str,
+) {
+    let dnssec_ok = q.edns.is_some_and(|e| e.flags().dnssec_ok);
+    let (Some(z), false, DNSClass::IN) = (d.zone, reply.bare, q.class) else {
+        return;
+    };
+    if !dnssec_ok && q.qtype != RecordType::DNSKEY {
+        return;
+    }
+    let Some(keys) = front.dnssec.keys() else {
+        return;
+    };
+    let Some(zone) = keys.zone(z) else {
+        return;
+    };
+    let statics = front.zones.statics.load();
+    let asked = crate::dnssec::reply::Asked {
+        qname: q.name.into(),
+        qname_text: qname,
+        qtype: q.qtype,
+        dnssec_ok,
+        mapped: live.is_some_and(|l| l.view.resolver.rules().rule_class(qname).is_some()),
+        statics: &statics,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut authority: Vec<Record> = reply.ns.to_vec();
+    authority.append(&mut reply.soa);
+    let (answer, code) = (&mut reply.records, &mut reply.code);
+    let signed = crate::dnssec::reply::secure(
+        &front.dnssec,
+        zone,
+        &asked,
+        code,
+        answer,
+        &mut authority,
+        now,
+    );
+    reply.ns = &[];
+    reply.soa = authority;
+    if let (true, Some(e)) = (signed, reply.edns.as_mut()) {
+        e.set_dnssec_ok(true);
+    }
 }
 
 /// Encodes a reply with hickory and sends it.
@@ -675,6 +732,13 @@ pub(crate) mod tests {
         let config = crate::config::DnsConfig::from_toml(text).expect("valid");
         let statics = config.static_data().expect("valid records");
         Zones::with_data(&config.zones().expect("zones"), Some(1), 20, statics)
+    }
+
+    /// The zones of [`zones_with_statics`], as configured.
+    pub(crate) fn zones_with_statics_config() -> Vec<ZoneConfig> {
+        crate::config::DnsConfig::from_toml(r#"zones = ["example."]"#)
+            .and_then(|c| c.zones())
+            .expect("zones")
     }
 
     /// The decision for `qname`/`qtype` from 203.0.113.5, with an ECS option of `ecs` if any,

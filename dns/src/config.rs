@@ -53,6 +53,12 @@
 //! # dnstap_sample = 100               #   one query of every 100 (default 1: all)
 //! # dnstap_identity = "dns-1"         #   the messages' identity (default: `name`)
 //! # dnstap_messages = "both"          #   "queries", "responses" or "both" (default)
+//! # dnssec_keys = ["/etc/cdnmap/keys/Kcdn.example.+013+34532"]  # DNSSEC: BIND key files' base
+//! #                                   #   paths (.key and .private), algorithms 13 and 15;
+//! #                                   #   the zone is the DNSKEY's owner; reloaded on SIGHUP
+//! # dnssec_validity_secs = 604800     # an RRSIG's validity (expiration - inception)
+//! # dnssec_inception_offset_secs = 3600  # inception at least this far before now
+//! # dnssec_cache_entries = 65536      # signatures cached (distinct RRsets x keys x windows)
 //! ```
 //!
 //! **Several mappers.** `mapper` is one URL or a comma-separated list of them (spaces around
@@ -115,6 +121,8 @@ pub const UDP_PAYLOAD: std::ops::RangeInclusive<u16> = 512..=4096;
 /// Most mappers one front end follows (the replicas of one highly available mapper: each is a
 /// stream held open and a copy of every demand report).
 pub const MAX_MAPPERS: usize = 16;
+/// An RRSIG's validity, seconds: an hour to 90 days.
+pub const DNSSEC_VALIDITY_SECS: std::ops::RangeInclusive<u32> = 3600..=90 * 86_400;
 /// Report periods, seconds.
 pub const REPORT_SECS: std::ops::RangeInclusive<u64> = 1..=3600;
 /// UDP answering loops (threads, each with its own socket).
@@ -188,6 +196,15 @@ pub struct DnsConfig {
     pub dnstap_sample: Option<u32>,
     pub dnstap_identity: Option<String>,
     pub dnstap_messages: Option<crate::dnstap::Messages>,
+    /// DNSSEC: the base paths of BIND key files (`K<zone>+<alg>+<tag>`, `.key` and
+    /// `.private`), the zone each signs taken from its DNSKEY's owner (`crate::dnssec`).
+    pub dnssec_keys: Vec<PathBuf>,
+    /// An RRSIG's expiration minus its inception, seconds.
+    pub dnssec_validity_secs: u32,
+    /// How far before now an RRSIG's inception is at the least, seconds.
+    pub dnssec_inception_offset_secs: u32,
+    /// Signatures the signature cache holds at most.
+    pub dnssec_cache_entries: usize,
 }
 
 impl Default for DnsConfig {
@@ -227,6 +244,10 @@ impl Default for DnsConfig {
             dnstap_sample: None,
             dnstap_identity: None,
             dnstap_messages: None,
+            dnssec_keys: Vec::new(),
+            dnssec_validity_secs: 7 * 86_400,
+            dnssec_inception_offset_secs: 3600,
+            dnssec_cache_entries: 65_536,
         }
     }
 }
@@ -363,6 +384,7 @@ impl DnsConfig {
             ));
         }
         crate::dnstap::Settings::from_config(self)?;
+        self.validate_dnssec()?;
         if !UDP_COALESCE_US.contains(&self.udp_coalesce_us) {
             return Err(invalid(
                 "udp_coalesce_us",
@@ -430,6 +452,46 @@ impl DnsConfig {
         Ok(())
     }
 
+    /// The DNSSEC settings' bounds (the key files are read by [`Self::dnssec_keyset`]).
+    fn validate_dnssec(&self) -> Result<(), ConfigError> {
+        if self.dnssec_keys.len() > crate::dnssec::keys::MAX_KEYS {
+            return Err(invalid(
+                "dnssec_keys",
+                format!(
+                    "{} keys; at most {}",
+                    self.dnssec_keys.len(),
+                    crate::dnssec::keys::MAX_KEYS
+                ),
+            ));
+        }
+        if !DNSSEC_VALIDITY_SECS.contains(&self.dnssec_validity_secs) {
+            return Err(invalid(
+                "dnssec_validity_secs",
+                format!(
+                    "{} is outside {DNSSEC_VALIDITY_SECS:?}",
+                    self.dnssec_validity_secs
+                ),
+            ));
+        }
+        if self.dnssec_inception_offset_secs >= self.dnssec_validity_secs / 2 {
+            return Err(invalid(
+                "dnssec_inception_offset_secs",
+                format!(
+                    "{} must be below half of dnssec_validity_secs ({})",
+                    self.dnssec_inception_offset_secs, self.dnssec_validity_secs
+                ),
+            ));
+        }
+        let cache = crate::dnssec::cache::CACHE_ENTRIES;
+        if !cache.contains(&self.dnssec_cache_entries) {
+            return Err(invalid(
+                "dnssec_cache_entries",
+                format!("{} is outside {cache:?}", self.dnssec_cache_entries),
+            ));
+        }
+        Ok(())
+    }
+
     /// The server cookies' secrets: `cookie_secret` (or the file of `cookie_secret_file`, read
     /// now) and `cookie_secret_previous`; `None` when no secret is configured (a random one
     /// then). The error names the key and the file, never the secret.
@@ -462,6 +524,28 @@ impl DnsConfig {
             slip: self.rrl_slip,
             ipv4_prefix: self.rrl_ipv4_prefix,
             ipv6_prefix: self.rrl_ipv6_prefix,
+        }
+    }
+
+    /// The DNSSEC keys of `dnssec_keys`, read now (`None` without any); an error names the
+    /// entry (`dnssec_keys[i]`) and the file.
+    pub fn dnssec_keyset(&self) -> Result<Option<crate::dnssec::KeySet>, ConfigError> {
+        if self.dnssec_keys.is_empty() {
+            return Ok(None);
+        }
+        crate::dnssec::KeySet::load(&self.dnssec_keys, &self.zones()?)
+            .map(Some)
+            .map_err(|e| ConfigError::Invalid {
+                key: e.key,
+                problem: e.problem,
+            })
+    }
+
+    /// The signatures' validity settings.
+    pub fn dnssec_validity(&self) -> crate::dnssec::sign::Validity {
+        crate::dnssec::sign::Validity {
+            validity_secs: self.dnssec_validity_secs,
+            inception_offset_secs: self.dnssec_inception_offset_secs,
         }
     }
 

@@ -302,6 +302,8 @@ pub struct Front {
     /// Response rate limiting of UDP responses (`crate::rrl`; [`Front::with_rrl`]; default
     /// none).
     pub rrl: Option<crate::rrl::Rrl>,
+    /// DNSSEC: the keys in use (none: unsigned), the signature cache ([`Front::with_dnssec`]).
+    pub dnssec: crate::dnssec::Signing,
 }
 
 impl Front {
@@ -323,6 +325,7 @@ impl Front {
             identity: "cdnmap-dns".into(),
             cookies: crate::cookie::Cookies::random(),
             rrl: None,
+            dnssec: crate::dnssec::Signing::default(),
         }
     }
 
@@ -342,6 +345,12 @@ impl Front {
     /// `name`, at most 253 bytes).
     pub fn with_identity(mut self, name: &str) -> Front {
         self.identity = name.into();
+        self
+    }
+
+    /// The front end signing with `dnssec` (its keys, cache and validity).
+    pub fn with_dnssec(mut self, dnssec: crate::dnssec::Signing) -> Front {
+        self.dnssec = dnssec;
         self
     }
 

@@ -17,6 +17,7 @@ pub mod answer;
 pub mod config;
 pub mod cookie;
 pub mod demand;
+pub mod dnssec;
 pub mod dnstap;
 pub mod front;
 pub mod in_use;
@@ -121,6 +122,10 @@ pub async fn run_from(
         None => None,
     };
     let statics = config.static_data()?;
+    let keyset = config.dnssec_keyset()?;
+    if let Some(k) = &keyset {
+        tracing::info!(keys = %k.summary(), "DNSSEC: signing answers to queries with the DO bit");
+    }
     for z in &zones {
         for ns in zonedata::unaddressed(z, &statics) {
             tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
@@ -137,7 +142,12 @@ pub async fn run_from(
         )
         .with_identity(&config.name)
         .with_cookies(cookies_of(&config)?)
-        .with_rrl(rrl_of(&config)),
+        .with_rrl(rrl_of(&config))
+        .with_dnssec(dnssec::Signing::new(
+            keyset,
+            config.dnssec_validity(),
+            config.dnssec_cache_entries,
+        )),
     );
     let reloader = tokio::spawn(reload_on_hangup(
         config.clone(),
@@ -331,6 +341,10 @@ fn describe_metrics() {
     describe_counter!(
         "cdnmap_dns_answers_by_route_total",
         "DNS answers with addresses, by why they name their clusters (mapped, split, backup, overflow, down, unmatched)."
+    );
+    describe_counter!(
+        "cdnmap_dns_dnssec_signatures_total",
+        "DNSSEC signatures an answer needed, by cache: hit (found in the signature cache) or miss (made then)."
     );
     describe_counter!(
         "cdnmap_dns_send_errors_total",
@@ -546,10 +560,11 @@ async fn reload_on_hangup(
     }
 }
 
-/// Reads `path` again and puts its zone data in use in `front`: its `[[records]]` and
-/// `soa_serial`, checked against the zones, nameservers and TTLs of `running` (the
-/// configuration the front end started with: the other keys are read at start only). An error
-/// (the file, its TOML, a record) leaves the zone data in use as it was.
+/// Reads `path` again and puts its zone data in use in `front`: its `[[records]]`,
+/// `soa_serial` and DNSSEC keys (`dnssec_keys`, the key files read again), checked against the
+/// zones, nameservers and TTLs of `running` (the configuration the front end started with: the
+/// other keys are read at start only). An error (the file, its TOML, a record, a key file)
+/// leaves the zone data and the keys in use as they were.
 pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
@@ -559,6 +574,7 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
         records: file.records,
         soa_serial: file.soa_serial,
         services: file.services,
+        dnssec_keys: file.dnssec_keys,
         ..running.clone()
     };
     let statics = next
@@ -567,13 +583,26 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
     let services = next
         .services()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let done = front
+    // The keys are read before anything is replaced: keys that do not load keep the zone
+    // data and the keys in use.
+    next.validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let keyset = next
+        .dnssec_keyset()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let keys = keyset
+        .as_ref()
+        .map_or("no DNSSEC keys".into(), |k| k.summary());
+    let said = front
         .zones
         .reload(statics, next.soa_serial)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let bindings = services.len();
     front.zones.services.store(Arc::new(services));
-    Ok(format!("{done}; {bindings} service bindings"))
+    front.dnssec.replace(keyset);
+    Ok(format!(
+        "{said}; {bindings} service bindings; DNSSEC: {keys}"
+    ))
 }
 
 /// How the front end reaches one mapper: its URL, the endpoint (TLS with the configured CA and

@@ -15,7 +15,10 @@
 //! record of another version or with any option but one well-formed ECS option (no address
 //! bits beyond its source prefix, scope 0) and one well-formed COOKIE option, trailing bytes, a name at an apex, matched by no
 //! hostname rule or with static records (`crate::zonedata`), no map yet, an answer with no
-//! address (NODATA) or larger than the response may be. The test below holds the two paths to the same bytes over generated queries.
+//! address (NODATA) or larger than the response may be. A DO query in a signed zone
+//! (`crate::dnssec`) is answered here too: the address records followed by their RRSIGs from
+//! the signature cache (made on a miss), each owned by a pointer to the first, and DO set in
+//! the OPT record, as hickory's path writes them. The test below holds the two paths to the same bytes over generated queries.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -39,6 +42,7 @@ const RESPONSE_FLAGS: u16 = 0x8400;
 const TYPE_A: u16 = 1;
 const TYPE_AAAA: u16 = 28;
 const TYPE_OPT: u16 = 41;
+const TYPE_RRSIG: u16 = 46;
 const CLASS_IN: u16 = 1;
 const OPTION_ECS: u16 = 8;
 /// Without EDNS a UDP response may be 512 bytes (RFC 1035 §4.2.1).
@@ -70,6 +74,9 @@ struct Parsed<'a> {
     cookie: Option<&'a [u8]>,
     /// The COOKIE option to answer with (the client cookie and ours), set by [`take`].
     cookie_reply: Option<[u8; cookie::REPLY_LEN]>,
+    /// The OPT record's DO bit (RFC 3225): in a signed zone, hickory's path answers it
+    /// (`crate::dnssec`).
+    dnssec_ok: bool,
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -125,7 +132,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
     }
     at += 4;
     let question = &raw[12..at];
-    let (mut edns_payload, mut ecs, mut cookie) = (None, None, None);
+    let (mut edns_payload, mut ecs, mut cookie, mut dnssec_ok) = (None, None, None, false);
     if counts[3] == 1 {
         // OPT: the root name, type 41, class = payload size, TTL = extended RCODE, version,
         // flags; then its options.
@@ -136,6 +143,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         if *raw.get(at + 5)? != 0 || *raw.get(at + 6)? != 0 {
             return None; // an extended RCODE, or a version other than 0
         }
+        dnssec_ok = u16_at(raw, at + 7)? & 0x8000 != 0;
         let rdlen = usize::from(u16_at(raw, at + 9)?);
         at += 11;
         let rdata = raw.get(at..at + rdlen)?;
@@ -155,6 +163,7 @@ fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
         ecs,
         cookie,
         cookie_reply: None,
+        dnssec_ok,
     })
 }
 
@@ -426,6 +435,20 @@ impl Block<'_, '_, '_> {
     /// path counts them.
     fn answer(&self, demand: &BlockCounts<'_>, addrs: &mut Vec<IpAddr>, out: &mut [Vec<u8>]) {
         let front = self.front;
+        // DNSSEC: the keys in use and the clock, read once a block and only when a zone is
+        // signed and a query asks (DO).
+        let keys = self
+            .taken
+            .iter()
+            .flatten()
+            .any(|(p, ..)| p.dnssec_ok)
+            .then(|| front.dnssec.keys())
+            .flatten();
+        let now = keys.as_ref().map_or(0, |_| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        });
         // The block's answers by route, counted once for the block (a shared counter's
         // atomic add per query is a cache line the answering threads pass between them).
         let mut routed = [0u64; Route::ALL.len()];
@@ -448,7 +471,12 @@ impl Block<'_, '_, '_> {
                 continue; // NODATA: hickory's, with the SOA
             }
             let scope = m.ecs_scope.unwrap_or(0);
-            if !encode(p, front, addrs, scope, &mut out[i]) {
+            let sig = keys
+                .as_deref()
+                .filter(|_| p.dnssec_ok)
+                .and_then(|k| d.zone.and_then(|z| k.zone(z)))
+                .map(|zone| Sig { zone, now });
+            if !encode(p, front, addrs, scope, sig, &mut out[i]) {
                 continue; // truncated: hickory's
             }
             if m.demand {
@@ -548,12 +576,76 @@ fn take<'a, 'n>(
 /// and the ECS option echoed with `scope`. False, and `out` left empty, when it would be
 /// longer than a response may be: that payload size, or 512 bytes without EDNS (hickory's
 /// path then truncates).
-fn encode(q: &Parsed<'_>, front: &Front, addrs: &[IpAddr], scope: u8, out: &mut Vec<u8>) -> bool {
-    let fits = encode_into(q, front, addrs, scope, out);
+fn encode(
+    q: &Parsed<'_>,
+    front: &Front,
+    addrs: &[IpAddr],
+    scope: u8,
+    sig: Option<Sig<'_>>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let fits = encode_into(q, front, addrs, scope, sig, out);
     if !fits {
         out.clear();
     }
     fits
+}
+
+/// A DO query's answer in a signed zone: its zone's keys, and now (Unix seconds).
+#[derive(Clone, Copy)]
+struct Sig<'k> {
+    zone: &'k crate::dnssec::ZoneKeys,
+    now: u64,
+}
+
+/// The RRSIG records of the address records just written to `out` (the first one's owner at
+/// `owner`, `name` bytes long, in lower case), each owned by a pointer to it, as hickory's
+/// path writes them (`crate::dnssec::reply`); how many.
+fn encode_rrsigs(
+    front: &Front,
+    sig: Sig<'_>,
+    labels: u8,
+    addrs: &[IpAddr],
+    (owner, name): (usize, usize),
+    out: &mut Vec<u8>,
+) -> u16 {
+    let owner_wire = out[owner..owner + name].to_vec();
+    let octets: Vec<([u8; 16], usize)> = addrs
+        .iter()
+        .map(|ip| match ip {
+            IpAddr::V4(a) => {
+                let mut o = [0u8; 16];
+                o[..4].copy_from_slice(&a.octets());
+                (o, 4)
+            }
+            IpAddr::V6(a) => (a.octets(), 16),
+        })
+        .collect();
+    let mut rdatas: Vec<&[u8]> = octets.iter().map(|(o, n)| &o[..*n]).collect();
+    let rtype = match addrs.first() {
+        Some(IpAddr::V6(_)) => TYPE_AAAA,
+        _ => TYPE_A,
+    };
+    let mut written = 0;
+    front.dnssec.rrsig_rdatas(
+        sig.zone,
+        &owner_wire,
+        labels,
+        rtype,
+        front.ttl,
+        &mut rdatas,
+        sig.now,
+        |rdata| {
+            out.extend_from_slice(&(0xc000 | owner as u16).to_be_bytes());
+            out.extend_from_slice(&TYPE_RRSIG.to_be_bytes());
+            out.extend_from_slice(&CLASS_IN.to_be_bytes());
+            out.extend_from_slice(&front.ttl.to_be_bytes());
+            out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+            out.extend_from_slice(rdata);
+            written += 1;
+        },
+    );
+    written
 }
 
 /// [`encode`]'s bytes, whether they fit.
@@ -562,6 +654,7 @@ fn encode_into(
     front: &Front,
     addrs: &[IpAddr],
     scope: u8,
+    sig: Option<Sig<'_>>,
     out: &mut Vec<u8>,
 ) -> bool {
     // `max_udp_payload` is at least 512 (the config's bounds); `max` keeps `clamp` total.
@@ -600,11 +693,20 @@ fn encode_into(
         out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
         out.extend_from_slice(rdata);
     }
+    if let Some(sig) = sig {
+        let rrsigs = encode_rrsigs(front, sig, q.labels, addrs, (owner, name.len()), out);
+        let Some(total) = answers.checked_add(rrsigs) else {
+            return false;
+        };
+        out[6..8].copy_from_slice(&total.to_be_bytes());
+    }
     if let Some(payload) = payload {
         out.push(0);
         out.extend_from_slice(&TYPE_OPT.to_be_bytes());
         out.extend_from_slice(&payload.to_be_bytes());
-        out.extend_from_slice(&[0, 0, 0, 0]);
+        // The DO bit, when the answer is signed (RFC 3225: a signed response copies it).
+        let flags: u8 = if sig.is_some() { 0x80 } else { 0 };
+        out.extend_from_slice(&[0, 0, flags, 0]);
         // The options, in hickory's order: ECS echoed, then the cookie.
         let ecs_len = q.ecs.map_or(0, |e| 8 + usize::from(e.source).div_ceil(8));
         let cookie_len = q.cookie_reply.map_or(0, |c| 4 + c.len());
@@ -859,6 +961,67 @@ pub(crate) mod tests {
         q
     }
 
+    /// A query with the DO bit is answered on the fast path, signed once a zone is: the A
+    /// RRset, its RRSIG (from the signature cache) and DO in the OPT record, byte for byte as
+    /// hickory's path answers it; while no zone is signed, without either. Queries without DO
+    /// are answered as before.
+    #[test]
+    fn do_queries_are_signed_alike_on_both_paths() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handler = Handler(Arc::new(front()));
+        let capture = Capture::default();
+        let src: SocketAddr = "192.0.2.77:5353".parse().expect("src");
+        let plain = query_with_ecs(1, 24, &[10, 0, 0]);
+        let mut with_do = plain.clone();
+        // The OPT record after the header and `www.example A IN`; its flags at +7.
+        with_do[12 + 17 + 7] |= 0x80;
+        assert_eq!(parse(&with_do).map(|p| p.dnssec_ok), Some(true));
+        let fast = |raw: &[u8]| -> Vec<u8> {
+            let mut out = Vec::new();
+            answer_batch(&handler.0, &[(raw, src)], &mut out);
+            out.pop().unwrap_or_default()
+        };
+        let hickory = |raw: &[u8]| -> Vec<u8> {
+            answer_hickory(&handler, runtime.handle(), &capture, raw, src).expect("an answer")
+        };
+        let types = |bytes: &[u8]| -> (Vec<u16>, bool) {
+            let msg = hickory_server::proto::op::Message::from_vec(bytes).expect("a message");
+            let types = msg
+                .answers
+                .iter()
+                .map(|r| u16::from(r.record_type()))
+                .collect();
+            (
+                types,
+                msg.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok),
+            )
+        };
+        let unsigned = fast(&with_do);
+        assert_eq!(unsigned, hickory(&with_do), "unsigned");
+        assert_eq!(types(&unsigned), (vec![1, 1, 1], false));
+        let zones = crate::answer::tests::zones_with_statics_config();
+        handler
+            .0
+            .dnssec
+            .replace(Some(crate::dnssec::tests::ed25519_csk("example.", &zones)));
+        let signed = fast(&with_do);
+        assert_eq!(
+            types(&signed),
+            (vec![1, 1, 1, 46], true),
+            "the RRset, its RRSIG"
+        );
+        assert_eq!(signed, hickory(&with_do), "the same bytes on both paths");
+        assert_eq!(handler.0.dnssec.cache.stats(), (1, 1), "signed once");
+        assert_eq!(fast(&plain), hickory(&plain));
+        assert_eq!(
+            types(&fast(&plain)),
+            (vec![1, 1, 1], false),
+            "no DO: unsigned"
+        );
+    }
+
     /// RFC 7871 §6 (issue 41): an ECS option with more address octets than its source prefix
     /// needs, or with bits set beyond it, is FORMERR on both paths. hickory reads only the
     /// octets the prefix needs, so `/24` with the four octets of `10.0.1.9` was answered as
@@ -937,11 +1100,30 @@ pub(crate) mod tests {
     /// both paths counts the same demand as one answering through hickory's alone.
     #[test]
     fn the_fast_path_answers_byte_for_byte_as_hickory_and_counts_the_same() {
+        fast_and_hickory_agree(false);
+    }
+
+    /// The same with the zone signed (an Ed25519 key, whose signatures are the same for the
+    /// same data: the two front ends' caches make the same bytes): DO queries, about a
+    /// third of those with EDNS, are answered signed on both paths alike.
+    #[test]
+    fn signed_the_fast_path_answers_byte_for_byte_as_hickory() {
+        fast_and_hickory_agree(true);
+    }
+
+    fn fast_and_hickory_agree(signed: bool) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
         let both = Handler(Arc::new(front()));
         let hickory_only = Handler(Arc::new(front()));
+        if signed {
+            let zones = crate::answer::tests::zones_with_statics_config();
+            for h in [&both, &hickory_only] {
+                let keys = crate::dnssec::tests::ed25519_csk("example.", &zones);
+                h.0.dnssec.replace(Some(keys));
+            }
+        }
         // `both` counts by its view's slots (as a front end does once the view is in use),
         // `hickory_only` keyed by prefix (as a block on a view just replaced does): the same
         // counts either way.
@@ -955,6 +1137,7 @@ pub(crate) mod tests {
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(16);
         let (mut taken, mut kinds, mut with_cookie) = (0, std::collections::BTreeSet::new(), 0);
+        let mut signed_taken = 0;
         let n = 20_000;
         let mut fast = Vec::new();
         let mut i = 0;
@@ -981,6 +1164,13 @@ pub(crate) mod tests {
                 kinds.insert((q.qtype, q.edns_payload.is_some(), q.ecs.map(|e| e.family)));
                 with_cookie += usize::from(q.cookie.is_some());
                 taken += 1;
+                // A signed answer's address records are followed by an RRSIG.
+                if signed && q.dnssec_ok {
+                    let msg = hickory_server::proto::op::Message::from_vec(fast).expect("parses");
+                    let last = msg.answers.last().map(|r| u16::from(r.record_type()));
+                    assert_eq!(last, Some(TYPE_RRSIG), "query {at}: {fast:02x?}");
+                    signed_taken += 1;
+                }
             }
             i += size;
         }
@@ -990,6 +1180,10 @@ pub(crate) mod tests {
         assert!(
             with_cookie > 20,
             "the fast path took {with_cookie} with a cookie"
+        );
+        assert!(
+            !signed || signed_taken > n / 50,
+            "{signed_taken} signed answers"
         );
         for kind in [
             (TYPE_A, false, None),

@@ -9,7 +9,10 @@ use clap::Args;
 use super::{configured, hangups, init_tracing, shutdown_signal};
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct DnsArgs {
+    #[command(subcommand)]
+    command: Option<DnsCommand>,
     /// The configuration file (TOML; see the dns crate's config module). The flags below
     /// override it.
     #[arg(long)]
@@ -47,6 +50,52 @@ pub(crate) struct DnsArgs {
     udp_coalesce_us: Option<u64>,
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum DnsCommand {
+    /// Print the DS records (SHA-256, digest type 2) to give the parent zone, as
+    /// `dnssec-dsfromkey -2` prints them: of the keys given, else of the key-signing keys
+    /// (or combined keys) in the configuration's `dnssec_keys`.
+    Ds(DsArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DsArgs {
+    /// The front end's configuration file, whose `dnssec_keys` are read.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Key files' base paths (`Kcdn.example.+013+12345`, or the `.key` file): their DS
+    /// records, whatever their flags, instead of the configuration's.
+    keys: Vec<PathBuf>,
+}
+
+/// `cdnmap dns ds`: the DS records of the keys given, or of the configuration's key-signing
+/// keys (each zone's SEP keys; a zone without any: all its keys, a CSK set).
+fn cmd_ds(a: &DsArgs) -> Result<ExitCode> {
+    let mut lines = Vec::new();
+    if a.keys.is_empty() {
+        let config = dns_file(a.config.as_ref())?;
+        config.validate().context("the DNS front end's settings")?;
+        let Some(set) = config.dnssec_keyset()? else {
+            anyhow::bail!("no dnssec_keys in the configuration: nothing is signed, no DS to give");
+        };
+        let keys: Vec<&cdnmap_dns::dnssec::keys::Key> = set.keys().collect();
+        for k in &keys {
+            let sep_in_zone = keys.iter().any(|o| o.zone == k.zone && o.is_sep());
+            if k.is_sep() || !sep_in_zone {
+                lines.push(k.ds_text());
+            }
+        }
+    } else {
+        for path in &a.keys {
+            lines.push(cdnmap_dns::dnssec::keys::Key::load(path)?.ds_text());
+        }
+    }
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// A `cdnmap dns` (or `cdnmap monitor`) configuration: the file's, or the defaults, with the
 /// token kept outside it (`feedback_token_file`, `CDNMAP_FEEDBACK_TOKEN`) read in; checked
 /// once the command line's overrides are in (by the caller).
@@ -75,6 +124,9 @@ fn dns_file(path: Option<&PathBuf>) -> Result<cdnmap_dns::DnsConfig> {
 }
 
 pub(crate) fn cmd_dns(a: DnsArgs) -> Result<ExitCode> {
+    if let Some(DnsCommand::Ds(ds)) = &a.command {
+        return cmd_ds(ds);
+    }
     init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,296 @@
+//! A response made secure (the hickory path's last step before encoding, `crate::answer`): the
+//! DNSKEY RRset at a signed apex, and for a query with the DO bit every RRset signed and
+//! negative answers denied by compact denial of existence (RFC 9824).
+
+use hickory_server::proto::op::ResponseCode;
+use hickory_server::proto::rr::{Name, RData, Record, RecordType};
+
+use super::sign::TYPE_NXNAME;
+use super::{Signing, ZoneKeys};
+use crate::zonedata::StaticData;
+
+/// The NSEC TTL when the authority section has no SOA (RFC 9077: the SOA's TTL and minimum,
+/// the lesser; the zones' are 60).
+const NSEC_TTL_DEFAULT: u32 = 60;
+
+/// What the query asked and what is at its name.
+pub struct Asked<'a> {
+    /// The query's name (the NSEC's owner).
+    pub qname: Name,
+    /// Its text, lower case with the final dot.
+    pub qname_text: &'a str,
+    pub qtype: RecordType,
+    /// Whether the query has the DO bit.
+    pub dnssec_ok: bool,
+    /// Whether a hostname rule of the map names it (it has A and AAAA).
+    pub mapped: bool,
+    /// The zones' static records.
+    pub statics: &'a StaticData,
+}
+
+impl Asked<'_> {
+    /// The types at the name (for a NODATA's NSEC): at an apex its SOA, NS, DNSKEY and static
+    /// types; at a static name its types; at a mapped name A and AAAA; none at an empty
+    /// non-terminal.
+    fn types_here(&self, zone: &ZoneKeys) -> Vec<u16> {
+        let mut types: Vec<u16> = Vec::new();
+        if self.qname_text == zone.apex_text {
+            types.extend([RecordType::SOA, RecordType::NS, RecordType::DNSKEY].map(u16::from));
+        }
+        if let Some(at) = self.statics.get(self.qname_text) {
+            types.extend(at.records.iter().map(|r| u16::from(r.record_type())));
+        } else if self.mapped {
+            types.extend([RecordType::A, RecordType::AAAA].map(u16::from));
+        }
+        types.retain(|&t| t != u16::from(self.qtype));
+        types
+    }
+}
+
+/// Makes the response to `asked` in `zone` secure at `now`: `code`, the answer section
+/// `answer` and the authority section `authority` (the NS and SOA records) rewritten. A
+/// DNSKEY query at the apex gets the DNSKEY RRset (with or without DO). With DO, every RRset
+/// is followed by its RRSIGs; NXDOMAIN becomes NOERROR with the NSEC of compact denial (types
+/// RRSIG, NSEC, NXNAME), NODATA gets the NSEC at the name listing the types there. Says
+/// whether the response is signed (its OPT record then sets DO).
+pub fn secure(
+    signing: &Signing,
+    zone: &ZoneKeys,
+    asked: &Asked<'_>,
+    code: &mut ResponseCode,
+    answer: &mut Vec<Record>,
+    authority: &mut Vec<Record>,
+    now: u64,
+) -> bool {
+    let apex = asked.qname_text == zone.apex_text;
+    if apex && asked.qtype == RecordType::DNSKEY && *code == ResponseCode::NoError {
+        *answer = zone.dnskey_rrset(now);
+        authority.clear();
+    }
+    if !asked.dnssec_ok {
+        return false;
+    }
+    let denial = match *code {
+        ResponseCode::NXDomain => Some(vec![TYPE_NXNAME]),
+        ResponseCode::NoError if answer.is_empty() => Some(asked.types_here(zone)),
+        ResponseCode::NoError => None,
+        _ => return false,
+    };
+    *code = ResponseCode::NoError;
+    let nsec_ttl = authority
+        .iter()
+        .find_map(|r| match &r.data {
+            RData::SOA(soa) => Some(r.ttl.min(soa.minimum)),
+            _ => None,
+        })
+        .unwrap_or(NSEC_TTL_DEFAULT);
+    *answer = signing.signed_section(zone, std::mem::take(answer), now);
+    let mut signed = signing.signed_section(zone, std::mem::take(authority), now);
+    if let Some(types) = denial {
+        signed.extend(signing.denial(zone, &asked.qname, &types, nsec_ttl, now));
+    }
+    *authority = signed;
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use hickory_server::proto::rr::rdata::{A, SOA};
+
+    use super::super::sign::Validity;
+    use super::super::tests::{key_set, verifies};
+    use super::*;
+
+    fn name(s: &str) -> Name {
+        Name::from_ascii(s).expect("a name")
+    }
+
+    fn soa() -> Record {
+        Record::from_rdata(
+            name("cdn.example."),
+            60,
+            RData::SOA(SOA::new(
+                name("ns1.cdn.example."),
+                name("hostmaster.cdn.example."),
+                7,
+                3600,
+                600,
+                86_400,
+                60,
+            )),
+        )
+    }
+
+    fn asked<'a>(qname: &'a str, qtype: RecordType, statics: &'a StaticData) -> Asked<'a> {
+        Asked {
+            qname: name(qname),
+            qname_text: qname,
+            qtype,
+            dnssec_ok: true,
+            mapped: qname.starts_with("www."),
+            statics,
+        }
+    }
+
+    /// The NSEC of a response's authority section: its owner's text, its next name's
+    /// first label, and its types.
+    fn nsec(authority: &[Record]) -> (String, Vec<u8>, Vec<u16>) {
+        let r = authority
+            .iter()
+            .find(|r| r.record_type() == RecordType::NSEC)
+            .expect("an NSEC");
+        let RData::Unknown { rdata, .. } = &r.data else {
+            panic!("{r:?}");
+        };
+        let bytes = &rdata.anything;
+        let mut at = 0;
+        while bytes[at] != 0 {
+            at += usize::from(bytes[at]) + 1;
+        }
+        at += 1;
+        let mut types = Vec::new();
+        while at < bytes.len() {
+            let (window, len) = (bytes[at], usize::from(bytes[at + 1]));
+            for (i, b) in bytes[at + 2..at + 2 + len].iter().enumerate() {
+                for bit in 0..8 {
+                    if b & (0x80 >> bit) != 0 {
+                        types.push(u16::from(window) << 8 | (i * 8 + bit) as u16);
+                    }
+                }
+            }
+            at += 2 + len;
+        }
+        (r.name.to_string(), bytes[..2].to_vec(), types)
+    }
+
+    /// NXDOMAIN becomes NOERROR with the SOA, one NSEC at the name (next `\000.<name>`, types
+    /// RRSIG NSEC NXNAME), each signed and verifying; NODATA lists the types there but the one
+    /// asked; an answer's RRsets are signed; without DO nothing changes but a DNSKEY query.
+    #[test]
+    fn answers_are_signed_and_denials_compact() {
+        let set = key_set();
+        let zone = set.zone(1).expect("signed");
+        let signing = Signing::new(None, Validity::default(), 1024);
+        let now = 1_796_653_289 + 60;
+        let statics = StaticData::default();
+
+        let mut code = ResponseCode::NXDomain;
+        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
+        let q = asked("nx.cdn.example.", RecordType::A, &statics);
+        assert!(secure(
+            &signing,
+            zone,
+            &q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now
+        ));
+        assert_eq!(code, ResponseCode::NoError);
+        assert!(answer.is_empty());
+        let kinds: Vec<RecordType> = authority.iter().map(Record::record_type).collect();
+        use RecordType::{NSEC, RRSIG, SOA as SOA_T};
+        assert_eq!(kinds, [SOA_T, RRSIG, RRSIG, NSEC, RRSIG, RRSIG]);
+        let (owner, next, types) = nsec(&authority);
+        assert_eq!(
+            (owner.as_str(), next.as_slice()),
+            ("nx.cdn.example.", &[1u8, 0][..])
+        );
+        assert_eq!(types, [46, 47, 128]);
+        assert_eq!(authority[3].ttl, 60);
+        // The ZSK's signature over the NSEC verifies.
+        assert!(verifies(&zone.keys[1], &authority[5], &[&authority[3]]));
+
+        let mut code = ResponseCode::NoError;
+        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
+        let q = asked("www.cdn.example.", RecordType::AAAA, &statics);
+        assert!(secure(
+            &signing,
+            zone,
+            &q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now
+        ));
+        assert_eq!(nsec(&authority).2, [1, 46, 47], "A, RRSIG, NSEC: not AAAA");
+        let q = asked("cdn.example.", RecordType::TXT, &statics);
+        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
+        secure(
+            &signing,
+            zone,
+            &q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now,
+        );
+        assert_eq!(
+            nsec(&authority).2,
+            [2, 6, 46, 47, 48],
+            "NS SOA RRSIG NSEC DNSKEY"
+        );
+
+        let a = Record::from_rdata(
+            name("www.cdn.example."),
+            20,
+            RData::A(A(Ipv4Addr::new(192, 0, 2, 1))),
+        );
+        let (mut answer, mut authority) = (vec![a.clone()], Vec::new());
+        let q = asked("www.cdn.example.", RecordType::A, &statics);
+        assert!(secure(
+            &signing,
+            zone,
+            &q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now
+        ));
+        assert_eq!(answer.len(), 3);
+        assert!(verifies(&zone.keys[0], &answer[1], &[&a]));
+        assert!(verifies(&zone.keys[1], &answer[2], &[&a]));
+
+        let plain = Asked {
+            dnssec_ok: false,
+            ..asked("nx.cdn.example.", RecordType::A, &statics)
+        };
+        let mut code = ResponseCode::NXDomain;
+        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
+        assert!(!secure(
+            &signing,
+            zone,
+            &plain,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now
+        ));
+        assert_eq!(
+            (code, answer.len(), authority.len()),
+            (ResponseCode::NXDomain, 0, 1)
+        );
+        let dnskey = Asked {
+            dnssec_ok: false,
+            ..asked("cdn.example.", RecordType::DNSKEY, &statics)
+        };
+        let mut code = ResponseCode::NoError;
+        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
+        secure(
+            &signing,
+            zone,
+            &dnskey,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now,
+        );
+        assert_eq!(
+            (answer.len(), authority.len()),
+            (2, 0),
+            "the DNSKEY RRset, unsigned"
+        );
+    }
+}
