@@ -287,8 +287,7 @@ impl Rrl {
         if response.len() < 12 {
             return;
         }
-        let cookie = crate::wire::option_in(query, OPTION_COOKIE)
-            .map(|data| cookies.check(data, src.ip(), now));
+        let cookie = crate::cookie::in_query(query).map(|data| cookies.check(data, src.ip(), now));
         if cookie.is_some_and(|c| c.valid()) {
             return; // a valid server cookie: the source is real
         }

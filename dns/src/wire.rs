@@ -229,17 +229,6 @@ fn ecs_options(raw: &[u8]) -> Option<Vec<&[u8]>> {
     Some(found)
 }
 
-/// The data of the first option of `code` in `raw`'s OPT record, if it can be walked to.
-pub(crate) fn option_in(raw: &[u8], code: u16) -> Option<&[u8]> {
-    let mut found = None;
-    let _ = each_option(raw, |c, data| {
-        if c == code && found.is_none() {
-            found = Some(data);
-        }
-    });
-    found
-}
-
 /// Calls `f` with the code and data of each option of `raw`'s OPT record, in order; `None`
 /// when the message cannot be walked to its end.
 fn each_option<'a>(raw: &'a [u8], mut f: impl FnMut(u16, &'a [u8])) -> Option<()> {
