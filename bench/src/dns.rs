@@ -1,7 +1,8 @@
 //! `cdnmap bench dns`: dnsperf against `cdnmap dns` (following a real `cdnmap serve`), against
 //! gdnsd with `plugin_geoip` answering from a `nets` map of the same world (a longest-prefix
-//! match per query, as `cdnmap dns` does), and against gdnsd serving a static zone, on
-//! loopback, in one run.
+//! match per query, as `cdnmap dns` does), against gdnsd serving a static zone, and against
+//! Knot DNS in three setups ([`crate::knot`]), on loopback, in one run (`--servers` picks a
+//! subset).
 //!
 //! The query file holds realistic ECS queries: map units drawn by demand from the world the
 //! mapper serves, a client subnet inside each (/24 for IPv4, /56 for IPv6, or the unit's prefix
@@ -10,7 +11,7 @@
 //! each message prefixed by its 2-byte length), since dnsperf's text format cannot give each
 //! query its own ECS option.
 //!
-//! The two peers: **gdnsd-geoip** has one map per traffic class whose `nets` are every map
+//! The gdnsd peers: **gdnsd-geoip** has one map per traffic class whose `nets` are every map
 //! unit's prefixes of that class, each to the unit's first two candidates (a resource per class
 //! names each datacenter's addresses), so each query is a longest-prefix match over the world's
 //! prefixes and an answer with the matched net's scope: the job `cdnmap dns` does, but for the
@@ -19,9 +20,14 @@
 //! a world of more clusters shares them (cluster `c` is datacenter `c mod 254`), which changes
 //! no lookup. **gdnsd-static** answers the same names from a static zone (every name a fixed
 //! set of addresses: no lookup at all), so its ratio says what the lookup costs altogether.
-//! The three servers are measured in turn, `--runs` times each, and the medians compared
-//! against issue 16's targets: at least both peers' queries per second, and no more CPU per
-//! query than gdnsd-geoip. Beside the medians it prints the ratios run by run (cdnmap dns's
+//! **knot-static**, **knot-geoip** (`mod-geoip` in subnet mode, a view per prefix of the
+//! world: the job gdnsd-geoip does) and **knot-geoip-signed** (the same with `mod-onlinesign`,
+//! ECDSA P-256, asked with a twin of the query file whose queries set the DO bit: every answer
+//! signed afresh) are the issue 44 peers; their answers to the query file's first queries are
+//! checked against the world before the runs (addresses and ECS scope; an RRSIG when signed).
+//! The servers are measured in turn, `--runs` times each, and the medians compared
+//! against issue 16's targets: at least both gdnsd peers' queries per second, and no more CPU
+//! per query than gdnsd-geoip (Knot's ratios are printed for reference). Beside the medians it prints the ratios run by run (cdnmap dns's
 //! run over the peer's run of the same round, measured one right after the other, so that the
 //! machine's drift over the benchmark cancels), and dnsperf's own CPU per query while it sends:
 //! dnsperf and the server share the machine's two cores, so a rate follows both. Before the
