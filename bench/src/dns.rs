@@ -1,7 +1,8 @@
 //! `cdnmap bench dns`: dnsperf against `cdnmap dns` (following a real `cdnmap serve`), against
 //! gdnsd with `plugin_geoip` answering from a `nets` map of the same world (a longest-prefix
-//! match per query, as `cdnmap dns` does), and against gdnsd serving a static zone, on
-//! loopback, in one run.
+//! match per query, as `cdnmap dns` does), against gdnsd serving a static zone, and against
+//! Knot DNS in three setups ([`crate::knot`]), on loopback, in one run (`--servers` picks a
+//! subset).
 //!
 //! The query file holds realistic ECS queries: map units drawn by demand from the world the
 //! mapper serves, a client subnet inside each (/24 for IPv4, /56 for IPv6, or the unit's prefix
@@ -10,7 +11,7 @@
 //! each message prefixed by its 2-byte length), since dnsperf's text format cannot give each
 //! query its own ECS option.
 //!
-//! The two peers: **gdnsd-geoip** has one map per traffic class whose `nets` are every map
+//! The gdnsd peers: **gdnsd-geoip** has one map per traffic class whose `nets` are every map
 //! unit's prefixes of that class, each to the unit's first two candidates (a resource per class
 //! names each datacenter's addresses), so each query is a longest-prefix match over the world's
 //! prefixes and an answer with the matched net's scope: the job `cdnmap dns` does, but for the
@@ -19,9 +20,14 @@
 //! a world of more clusters shares them (cluster `c` is datacenter `c mod 254`), which changes
 //! no lookup. **gdnsd-static** answers the same names from a static zone (every name a fixed
 //! set of addresses: no lookup at all), so its ratio says what the lookup costs altogether.
-//! The three servers are measured in turn, `--runs` times each, and the medians compared
-//! against issue 16's targets: at least both peers' queries per second, and no more CPU per
-//! query than gdnsd-geoip. Beside the medians it prints the ratios run by run (cdnmap dns's
+//! **knot-static**, **knot-geoip** (`mod-geoip` in subnet mode, a view per prefix of the
+//! world: the job gdnsd-geoip does) and **knot-geoip-signed** (the same with `mod-onlinesign`,
+//! ECDSA P-256, asked with a twin of the query file whose queries set the DO bit: every answer
+//! signed afresh) are the issue 44 peers; their answers to the query file's first queries are
+//! checked against the world before the runs (addresses and ECS scope; an RRSIG when signed).
+//! The servers are measured in turn, `--runs` times each, and the medians compared
+//! against issue 16's targets: at least both gdnsd peers' queries per second, and no more CPU
+//! per query than gdnsd-geoip (Knot's ratios are printed for reference). Beside the medians it prints the ratios run by run (cdnmap dns's
 //! run over the peer's run of the same round, measured one right after the other, so that the
 //! machine's drift over the benchmark cancels), and dnsperf's own CPU per query while it sends:
 //! dnsperf and the server share the machine's two cores, so a rate follows both. Before the
@@ -35,7 +41,7 @@
 //! servers' runs and not others'. `cdnmap dns` answers from the map it holds, as gdnsd does
 //! from its configuration; `--mapper-running` measures with the rounds going on.
 //!
-//! `--dnstap FILE` adds a fourth server to the turns: a second `cdnmap dns` following the same
+//! `--dnstap FILE` adds one more server to the turns: a second `cdnmap dns` following the same
 //! mapper with dnstap on (`dnstap_file = FILE`, every query and response logged, or one of
 //! `--dnstap-sample`), and prints its rate and CPU a query over the first front end's, run by
 //! run, against issue 44's target (at least 0.9× the rate without it), with the messages it
@@ -61,6 +67,7 @@ use ipnet::IpNet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::knot;
 use crate::procs::{check_running, cpu_secs, free_port, out_dir, program, spawn, Proc};
 use cdnmap_world::world::WorldParams;
 
@@ -109,6 +116,11 @@ pub struct DnsBenchArgs {
     /// coalescing off, to measure what it gives).
     #[arg(long)]
     pub udp_coalesce_us: Option<u64>,
+    /// The servers measured, comma-separated (default: all of them, measured in this order).
+    /// knot-geoip-signed is asked with the query file's twin whose queries set the DO bit;
+    /// every other server with the query file itself.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Server::ALL)]
+    pub servers: Vec<Server>,
     /// Every query carries a DNS cookie (RFC 7873): a client cookie of its own, with no server
     /// cookie (dnsperf cannot send back what a server gave), so each answer makes a new server
     /// cookie: the costliest case. The same query file goes to every server.
@@ -147,6 +159,23 @@ impl DnsBenchArgs {
             args.extend(["--config".to_string(), path.display().to_string()]);
         }
         Ok(args)
+    }
+
+    /// The query file's flags: a client cookie in each query with `--cookies`; the DO bit
+    /// when `dnssec_ok`.
+    fn query_flags(&self, dnssec_ok: bool) -> QueryFlags {
+        QueryFlags {
+            dnssec_ok,
+            cookies: self.cookies,
+        }
+    }
+
+    /// The servers of `--servers`, each once, in the order they are measured.
+    fn selected(&self) -> Vec<Server> {
+        let mut servers = self.servers.clone();
+        servers.sort();
+        servers.dedup();
+        servers
     }
 
     /// The UDP threads each server runs: `--udp-threads`, else half the cores (at least 1).
@@ -195,12 +224,23 @@ const NAMES_PER_CLASS: u32 = 1000;
 /// front end's join take minutes; a server that exits fails the wait at once).
 const READY: Duration = Duration::from_secs(900);
 
-/// One query, encoded, with a COOKIE option of the client cookie `cookie` when given.
+/// What every query of a query file carries besides its question and ECS option.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct QueryFlags {
+    /// The DO bit (RFC 3225).
+    pub dnssec_ok: bool,
+    /// A client cookie of its own (RFC 7873).
+    pub cookies: bool,
+}
+
+/// One query, encoded, with the DO bit of `flags` and a COOKIE option of the client cookie
+/// `cookie` when given.
 fn query(
     id: u16,
     name: &str,
     qtype: RecordType,
     subnet: Option<IpNet>,
+    flags: QueryFlags,
     cookie: Option<[u8; 8]>,
 ) -> Result<Vec<u8>> {
     let mut m = Message::new(id, MessageType::Query, OpCode::Query);
@@ -208,6 +248,7 @@ fn query(
     m.add_query(Query::query(name, qtype));
     let mut edns = Edns::new();
     edns.set_max_payload(1232);
+    edns.set_dnssec_ok(flags.dnssec_ok);
     if let Some(net) = subnet {
         edns.options_mut()
             .insert(EdnsOption::Subnet(ClientSubnet::from(net)));
@@ -222,7 +263,7 @@ fn query(
 }
 
 /// `addr`'s answer to the query `q` (encoded), if one came within 300 ms.
-fn ask(addr: SocketAddr, q: &[u8]) -> Option<Message> {
+pub(crate) fn ask(addr: SocketAddr, q: &[u8]) -> Option<Message> {
     let socket = UdpSocket::bind("127.0.0.1:0").ok()?;
     socket
         .set_read_timeout(Some(Duration::from_millis(300)))
@@ -235,13 +276,20 @@ fn ask(addr: SocketAddr, q: &[u8]) -> Option<Message> {
 
 /// Whether `addr` answers `www.<zone> A` with NOERROR and an address.
 pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
-    query(7, &format!("www.{zone}"), RecordType::A, None, None)
-        .ok()
-        .and_then(|q| ask(addr, &q))
-        .is_some_and(|m| m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty())
+    query(
+        7,
+        &format!("www.{zone}"),
+        RecordType::A,
+        None,
+        QueryFlags::default(),
+        None,
+    )
+    .ok()
+    .and_then(|q| ask(addr, &q))
+    .is_some_and(|m| m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty())
 }
 
-fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
+pub(crate) fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
     let started = Instant::now();
     while !answers(addr, "cdn.example.") {
         check_running(procs, dir)?;
@@ -276,14 +324,14 @@ fn host(net: IpNet, offset: u128) -> IpAddr {
     }
 }
 
-/// Writes the query file, each query with a client cookie of its own when `cookies`; returns
-/// how many queries of each type it holds.
+/// Writes the query file, every query with what `flags` says (the DO bit, a client cookie of
+/// its own): the same queries otherwise; returns how many queries of each type it holds.
 pub(crate) fn write_queries(
     instance: &Topology,
     n: usize,
     seed: u64,
     path: &Path,
-    cookies: bool,
+    flags: QueryFlags,
 ) -> Result<(usize, usize)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd115);
     let units: Vec<UnitIdx> = (0..instance.unit_count() as UnitIdx)
@@ -325,8 +373,8 @@ pub(crate) fn write_queries(
             }
         };
         let client = IpNet::new(host(net, rng.random::<u128>()), len)?.trunc();
-        let cookie = cookies.then(|| rng.random::<[u8; 8]>());
-        let bytes = query(i as u16, &name, qtype, Some(client), cookie)?;
+        let cookie = flags.cookies.then(|| rng.random::<[u8; 8]>());
+        let bytes = query(i as u16, &name, qtype, Some(client), flags, cookie)?;
         w.write_all(&(bytes.len() as u16).to_be_bytes())?;
         w.write_all(&bytes)?;
     }
@@ -335,7 +383,7 @@ pub(crate) fn write_queries(
 }
 
 /// The names of the query file and the traffic class each stands for.
-const NAMES: [(&str, &str); 4] = [
+pub(crate) const NAMES: [(&str, &str); 4] = [
     ("www", "web"),
     ("*.web", "web"),
     ("*.video", "video"),
@@ -589,6 +637,14 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     if let Some(us) = a.udp_coalesce_us.filter(|us| !UDP_COALESCE_US.contains(us)) {
         bail!("--udp-coalesce-us {us}: must be in {UDP_COALESCE_US:?}");
     }
+    if a.servers.is_empty() {
+        bail!("--servers: name at least one server");
+    }
+    if a.dnstap.is_some() && !a.servers.contains(&Server::Cdnmap) {
+        bail!(
+            "--dnstap: measures a second cdnmap dns beside the first; --servers must name cdnmap"
+        );
+    }
     use cdnmap_dns::rrl::RESPONSES_PER_SEC;
     if let Some(r) = a
         .rrl_responses_per_sec
@@ -610,7 +666,8 @@ fn query_file(a: &DnsBenchArgs, dir: &Path) -> Result<(Topology, PathBuf)> {
     };
     let instance = crate::progress::generate_world(&params)?;
     let queries = dir.join("queries.bin");
-    let (n_a, n_aaaa) = write_queries(&instance, a.queries, a.seed, &queries, a.cookies)?;
+    let (n_a, n_aaaa) =
+        write_queries(&instance, a.queries, a.seed, &queries, a.query_flags(false))?;
     println!(
         "query file: {} queries ({n_a} A, {n_aaaa} AAAA), ECS from {} map units by demand{}: {}",
         a.queries,
@@ -764,23 +821,90 @@ fn start_gdnsd(
     Ok((peer, addr))
 }
 
-/// The servers measured: cdnmap's front end first, then its peers; with `--dnstap`, a fourth,
-/// [`TAPPED`].
-const SERVERS: [&str; 3] = ["cdnmap dns", "gdnsd-geoip", "gdnsd-static"];
-/// The front end with dnstap on (`--dnstap`).
-const TAPPED: &str = "cdnmap dns+dnstap";
+/// A server `bench dns` measures (`--servers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Server {
+    /// `cdnmap dns`, following `cdnmap serve`.
+    Cdnmap,
+    /// gdnsd with `plugin_geoip` and the world's nets.
+    GdnsdGeoip,
+    /// gdnsd with a static zone.
+    GdnsdStatic,
+    /// Knot DNS with a static zone.
+    KnotStatic,
+    /// Knot DNS with `mod-geoip` in subnet mode and the world's prefixes.
+    KnotGeoip,
+    /// The same with `mod-onlinesign` (algorithm 13), asked with the DO bit.
+    KnotGeoipSigned,
+    /// A second `cdnmap dns` with dnstap on (`--dnstap`; not a `--servers` value).
+    #[value(skip)]
+    CdnmapDnstap,
+}
 
-/// The dnsperf runs, taking the servers in turn (`targets`: name, address, process, in the
-/// order of [`SERVERS`], then [`TAPPED`] if measured); prints each run.
-fn measure(
-    a: &DnsBenchArgs,
-    dnsperf: &Path,
-    queries: &Path,
-    targets: &[(&'static str, SocketAddr, &Proc)],
-) -> Result<Vec<Vec<Run>>> {
+impl Server {
+    /// Every server, in the order they are measured.
+    pub const ALL: [Server; 6] = [
+        Server::Cdnmap,
+        Server::GdnsdGeoip,
+        Server::GdnsdStatic,
+        Server::KnotStatic,
+        Server::KnotGeoip,
+        Server::KnotGeoipSigned,
+    ];
+
+    /// Its name in the output (and its log's).
+    fn name(self) -> &'static str {
+        match self {
+            Server::Cdnmap => "cdnmap dns",
+            Server::GdnsdGeoip => "gdnsd-geoip",
+            Server::GdnsdStatic => "gdnsd-static",
+            Server::KnotStatic => "knot-static",
+            Server::KnotGeoip => "knot-geoip",
+            Server::KnotGeoipSigned => "knot-geoip-signed",
+            Server::CdnmapDnstap => "cdnmap dns+dnstap",
+        }
+    }
+
+    /// Its line in the table of medians.
+    fn what(self) -> &'static str {
+        match self {
+            Server::Cdnmap => "cdnmap dns (map lookup per query)",
+            Server::GdnsdGeoip => "gdnsd-geoip (nets lookup per query)",
+            Server::GdnsdStatic => "gdnsd-static (no lookup)",
+            Server::KnotStatic => "knot-static (no lookup)",
+            Server::KnotGeoip => "knot-geoip (mod-geoip subnet lookup per query)",
+            Server::KnotGeoipSigned => {
+                "knot-geoip-signed (the same, signed online per answer; DO queries)"
+            }
+            Server::CdnmapDnstap => "cdnmap dns with dnstap on",
+        }
+    }
+
+    /// Its Knot setup, if it is Knot.
+    fn knot(self) -> Option<knot::Setup> {
+        match self {
+            Server::KnotStatic => Some(knot::Setup::Static),
+            Server::KnotGeoip => Some(knot::Setup::Geoip),
+            Server::KnotGeoipSigned => Some(knot::Setup::GeoipSigned),
+            _ => None,
+        }
+    }
+}
+
+/// A server started and checked, with the query file it is measured with.
+struct Target {
+    server: Server,
+    addr: SocketAddr,
+    proc: Proc,
+    queries: PathBuf,
+}
+
+/// The dnsperf runs, taking the `targets` in turn; prints each run. Returns each target's runs,
+/// in the order of `targets`.
+fn measure(a: &DnsBenchArgs, dnsperf: &Path, targets: &[Target]) -> Result<Vec<Vec<Run>>> {
     let ports: Vec<String> = targets
         .iter()
-        .map(|(name, addr, _)| format!("{name} on :{}", addr.port()))
+        .map(|t| format!("{} on :{}", t.server.name(), t.addr.port()))
         .collect();
     println!(
         "dnsperf -B -l {} -c {} -q {}, {} runs each, in turn ({}); each server {} UDP thread(s); cdnmap dns's receive coalescing {}, response rate limiting {}",
@@ -795,45 +919,12 @@ fn measure(
     );
     let mut results: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
     for r in 0..a.runs {
-        let pids: Vec<u32> = targets.iter().map(|(_, _, p)| p.0.id()).collect();
-        for (i, &(name, addr, _)) in targets.iter().enumerate() {
-            let cpu_before = cpu_secs(pids[i]);
-            let child = Command::new(dnsperf)
-                .args([
-                    "-s",
-                    "127.0.0.1",
-                    "-p",
-                    &addr.port().to_string(),
-                    "-B",
-                    "-d",
-                ])
-                .arg(queries)
-                .args(["-l", &a.seconds.to_string()])
-                .args(["-c", &a.clients.to_string()])
-                .args(["-q", &a.outstanding.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .context("running dnsperf")?;
-            let client_rate = client_cpu_rate(child.id(), a.seconds);
-            let out = child.wait_with_output().context("waiting for dnsperf")?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            let mut run = parse_dnsperf(&text).with_context(|| {
-                format!(
-                    "dnsperf against {name}: {}{}",
-                    text,
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            })?;
-            let answered = run.qps * a.seconds as f64;
-            if let (Some(b), Some(e)) = (cpu_before, cpu_secs(pids[i])) {
-                run.cpu_us = (e - b) / answered * 1e6;
-            }
-            run.client_cpu_us = client_rate.map_or(f64::NAN, |r| r / run.qps * 1e6);
+        for (i, t) in targets.iter().enumerate() {
+            let run = dnsperf_run(a, dnsperf, t)?;
             println!(
-                "  run {}: {name:<17} {:>9.0} q/s  {:.2} µs CPU/query (dnsperf {:.2})  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
+                "  run {}: {:<17} {:>9.0} q/s  {:.2} µs CPU/query (dnsperf {:.2})  latency {:.3} ms (stddev {:.3})  lost {}  NOERROR {:.2}%",
                 r + 1,
+                t.server.name(),
                 run.qps,
                 run.cpu_us,
                 run.client_cpu_us,
@@ -846,6 +937,47 @@ fn measure(
         }
     }
     Ok(results)
+}
+
+/// One dnsperf run against `t`, with the server's CPU time over it.
+fn dnsperf_run(a: &DnsBenchArgs, dnsperf: &Path, t: &Target) -> Result<Run> {
+    let pid = t.proc.0.id();
+    let cpu_before = cpu_secs(pid);
+    let child = Command::new(dnsperf)
+        .args([
+            "-s",
+            "127.0.0.1",
+            "-p",
+            &t.addr.port().to_string(),
+            "-B",
+            "-d",
+        ])
+        .arg(&t.queries)
+        .args(["-l", &a.seconds.to_string()])
+        .args(["-c", &a.clients.to_string()])
+        .args(["-q", &a.outstanding.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running dnsperf")?;
+    let client_rate = client_cpu_rate(child.id(), a.seconds);
+    let out = child.wait_with_output().context("waiting for dnsperf")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut run = parse_dnsperf(&text).with_context(|| {
+        format!(
+            "dnsperf against {}: {}{}",
+            t.server.name(),
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let answered = run.qps * a.seconds as f64;
+    if let (Some(b), Some(e)) = (cpu_before, cpu_secs(pid)) {
+        run.cpu_us = (e - b) / answered * 1e6;
+    }
+    run.client_cpu_us = client_rate.map_or(f64::NAN, |r| r / run.qps * 1e6);
+    Ok(run)
 }
 
 /// Queries of the query file checked against the mapper's `Resolve`.
@@ -962,9 +1094,10 @@ fn check_answers(dns: SocketAddr, grpc: u16, queries: &Path) -> Result<(usize, u
     Ok((raws.len(), raws.len() - differ.len(), differ.len()))
 }
 
-/// The medians of each server's runs, and the ratios against issue 16's targets. `threads`:
-/// each server's UDP threads, for how busy they were.
-fn print_medians(results: &[Vec<Run>], threads: usize) {
+/// The medians of each server's runs (`results[i]` of `servers[i]`), and, with cdnmap dns
+/// measured, the ratios against issue 16's targets (gdnsd's) and against Knot's setups for
+/// reference. `threads`: each server's UDP threads, for how busy they were.
+fn print_medians(servers: &[Server], results: &[Vec<Run>], threads: usize) {
     let med = |i: usize, f: &dyn Fn(&Run) -> f64| median(results[i].iter().map(f).collect());
     // The share of its UDP threads' cores a server kept busy (CPU seconds a second).
     let busy = |r: &Run| 100.0 * r.qps * r.cpu_us / 1e6 / threads as f64;
@@ -973,15 +1106,10 @@ fn print_medians(results: &[Vec<Run>], threads: usize) {
         "| server | median q/s | median CPU per query (µs) | dnsperf's CPU per query (µs) | median busy (of {threads} core(s)) | median latency (ms) | NOERROR |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let what = [
-        "cdnmap dns (map lookup per query)",
-        "gdnsd-geoip (nets lookup per query)",
-        "gdnsd-static (no lookup)",
-        "cdnmap dns with dnstap on",
-    ];
-    for (i, name) in what.iter().enumerate().take(results.len()) {
+    for (i, s) in servers.iter().enumerate() {
         println!(
-            "| {name} | {:.0} | {:.2} | {:.2} | {:.0}% | {:.3} | {:.2}% |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:.0}% | {:.3} | {:.2}% |",
+            s.what(),
             med(i, &|r| r.qps),
             med(i, &|r| r.cpu_us),
             med(i, &|r| r.client_cpu_us),
@@ -991,41 +1119,68 @@ fn print_medians(results: &[Vec<Run>], threads: usize) {
         );
     }
     println!();
+    // A server whose threads are not kept busy is not what limits the rate: dnsperf is.
+    let saturated = (0..servers.len()).all(|i| med(i, &busy) >= SATURATED_PCT);
+    let Some(ours) = servers.iter().position(|&s| s == Server::Cdnmap) else {
+        return;
+    };
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     let q = |i: usize| med(i, &|r| r.qps);
     let cpu = |i: usize| med(i, &|r| r.cpu_us);
-    for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
-        let ratio = q(0) / q(peer);
-        let (lo, mid, hi) = paired(results, peer, |r| r.qps);
+    let peers: Vec<(usize, Server)> = servers
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(i, _)| i != ours)
+        .collect();
+    for &(peer, s) in &peers {
+        let ratio = q(ours) / q(peer);
+        let (lo, mid, hi) = paired(&results[ours], &results[peer], |r| r.qps);
+        let target = match s {
+            Server::GdnsdGeoip | Server::GdnsdStatic => {
+                format!("target >= 1.0: {}", met(ratio >= 1.0))
+            }
+            Server::KnotGeoipSigned => "cdnmap dns unsigned against Knot signing".to_string(),
+            Server::CdnmapDnstap => format!(
+                "the inverse is dnstap on / off: {:.3}, target >= {DNSTAP_TARGET}: {}",
+                1.0 / ratio,
+                met(1.0 / ratio >= DNSTAP_TARGET)
+            ),
+            _ => "for reference".to_string(),
+        };
         println!(
-            "queries per second, cdnmap dns / {name}: {ratio:.3} (target >= 1.0: {}); run by run (the two measured one after the other): median {mid:.3}, from {lo:.3} to {hi:.3}",
-            met(ratio >= 1.0)
+            "queries per second, cdnmap dns / {}: {ratio:.3} ({target}); run by run (the two measured one after the other): median {mid:.3}, from {lo:.3} to {hi:.3}",
+            s.name()
         );
     }
-    for (peer, name) in [(1, "gdnsd-geoip"), (2, "gdnsd-static")] {
-        let (lo, mid, hi) = paired(results, peer, |r| r.cpu_us);
+    for &(peer, s) in &peers {
+        let (lo, mid, hi) = paired(&results[ours], &results[peer], |r| r.cpu_us);
         println!(
-            "CPU per query, {name} / cdnmap dns, run by run: median {:.3}, from {:.3} to {:.3}",
+            "CPU per query, {} / cdnmap dns, run by run: median {:.3}, from {:.3} to {:.3}",
+            s.name(),
             1.0 / mid,
             1.0 / hi,
             1.0 / lo
         );
     }
-    let cpu_ratio = cpu(1) / cpu(0);
-    println!(
-        "CPU per query, gdnsd-geoip / cdnmap dns: {cpu_ratio:.3} (target >= 1.0, no more CPU a \
-         query than gdnsd-geoip: {}; the comparison least sensitive to what else the machine runs)",
-        met(cpu_ratio >= 1.0)
-    );
-    println!(
-        "CPU per query, gdnsd-static / cdnmap dns: {:.3} (for reference: what the lookup, the server pick and the demand count cost over a fixed answer)",
-        cpu(2) / cpu(0)
-    );
-    if results.len() > 3 {
-        print_dnstap_ratios(results, q(3) / q(0));
+    for &(peer, s) in &peers {
+        let ratio = cpu(peer) / cpu(ours);
+        match s {
+            Server::GdnsdGeoip => println!(
+                "CPU per query, gdnsd-geoip / cdnmap dns: {ratio:.3} (target >= 1.0, no more CPU a \
+                 query than gdnsd-geoip: {}; the comparison least sensitive to what else the machine runs)",
+                met(ratio >= 1.0)
+            ),
+            Server::GdnsdStatic | Server::KnotStatic => println!(
+                "CPU per query, {} / cdnmap dns: {ratio:.3} (for reference: what the lookup, the server pick and the demand count cost over a fixed answer)",
+                s.name()
+            ),
+            _ => println!(
+                "CPU per query, {} / cdnmap dns: {ratio:.3} (for reference)",
+                s.name()
+            ),
+        }
     }
-    // A server whose threads are not kept busy is not what limits the rate: dnsperf is.
-    let saturated = (0..3).all(|i| med(i, &busy) >= SATURATED_PCT);
     if !saturated {
         println!(
             "the servers' threads were not all busy (>= {SATURATED_PCT:.0}%): the rates are bounded by dnsperf, not by the servers, and their ratios tie within the noise; the CPU per query is what tells the servers apart here"
@@ -1033,41 +1188,16 @@ fn print_medians(results: &[Vec<Run>], threads: usize) {
     }
 }
 
-/// The front end with dnstap on (`results[3]`) against the one without (`results[0]`):
-/// `ratio`, the medians' rate ratio, and both ratios run by run.
-fn print_dnstap_ratios(results: &[Vec<Run>], ratio: f64) {
-    let met = if ratio >= DNSTAP_TARGET {
-        "met"
-    } else {
-        "NOT met"
-    };
-    // `paired` divides the first server's figure by the other's: invert for with / without.
-    let (lo, mid, hi) = paired(results, 3, |r| r.qps);
-    println!(
-        "queries per second, cdnmap dns with dnstap / without: {ratio:.3} (target >= {DNSTAP_TARGET}: {met}); run by run: median {:.3}, from {:.3} to {:.3}",
-        1.0 / mid,
-        1.0 / hi,
-        1.0 / lo
-    );
-    let (lo, mid, hi) = paired(results, 3, |r| r.cpu_us);
-    println!(
-        "CPU per query, cdnmap dns with dnstap / without, run by run: median {:.3}, from {:.3} to {:.3}",
-        1.0 / mid,
-        1.0 / hi,
-        1.0 / lo
-    );
-}
-
 /// Issue 44's target: the rate with dnstap on at least this share of the rate without.
 const DNSTAP_TARGET: f64 = 0.9;
 
-/// `f` of cdnmap dns's run over `f` of the peer's run in the same round (measured one right
-/// after the other, so the machine's drift over the whole benchmark cancels out): the least,
-/// the median and the largest of these ratios (all NaN when no round gave one).
-fn paired(results: &[Vec<Run>], peer: usize, f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
-    let ratios: Vec<f64> = results[0]
+/// `f` of each of `ours` over `f` of `theirs` in the same round (measured one right after the
+/// other, so the machine's drift over the whole benchmark cancels out): the least, the median
+/// and the largest of these ratios (all NaN when no round gave one).
+fn paired(ours: &[Run], theirs: &[Run], f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
+    let ratios: Vec<f64> = ours
         .iter()
-        .zip(&results[peer])
+        .zip(theirs)
         .map(|(ours, theirs)| f(ours) / f(theirs))
         .filter(|r| r.is_finite())
         .collect();
@@ -1083,46 +1213,158 @@ fn paired(results: &[Vec<Run>], peer: usize, f: impl Fn(&Run) -> f64) -> (f64, f
 /// limit rather than the load generator's.
 const SATURATED_PCT: f64 = 90.0;
 
+/// A peer configured before the servers start: its port, the query file it is measured with,
+/// and the answers it must give to that file's first queries (Knot's geo setups).
+struct Planned {
+    server: Server,
+    port: u16,
+    queries: PathBuf,
+    expected: Vec<knot::Expected>,
+}
+
+/// Writes peer `s`'s configuration in `dir/NAME` from `world` (and, for the signed setup, the
+/// query file's twin with the DO bit): `None` when the world is beyond what it takes.
+fn plan_peer(
+    a: &DnsBenchArgs,
+    s: Server,
+    dir: &Path,
+    world: &Topology,
+    queries: &Path,
+) -> Result<Option<Planned>> {
+    let port = free_port()?;
+    let at = (port, a.threads());
+    let sub = dir.join(s.name());
+    let mut plan = Planned {
+        server: s,
+        port,
+        queries: queries.to_path_buf(),
+        expected: Vec::new(),
+    };
+    match (s, s.knot()) {
+        (Server::Cdnmap, _) => return Ok(None),
+        (Server::GdnsdGeoip, _) => {
+            let nets = write_gdnsd_geoip(&sub, at, world)?;
+            println!(
+                "gdnsd-geoip: {nets} nets in {} maps (one a class), {} datacenters",
+                world.classes().len(),
+                world.clusters().len().clamp(1, GDNSD_MAX_DCS)
+            );
+        }
+        (Server::GdnsdStatic, _) => write_gdnsd_static(&sub, at)?,
+        (_, Some(setup)) => {
+            let Some(views) = knot::write_config(&sub, at, setup, world)? else {
+                println!(
+                    "{}: skipped: the world's prefixes make more than {} views, Knot's bound here",
+                    s.name(),
+                    knot::MAX_VIEWS
+                );
+                return Ok(None);
+            };
+            if setup == knot::Setup::GeoipSigned {
+                plan.queries = dir.join("queries-do.bin");
+                write_queries(world, a.queries, a.seed, &plan.queries, a.query_flags(true))?;
+                println!(
+                    "query file with the DO bit set (the same queries): {}",
+                    plan.queries.display()
+                );
+            }
+            if setup != knot::Setup::Static {
+                plan.expected = knot::expected_geo(world, &plan.queries, knot::CHECKED)?;
+                println!(
+                    "{}: {views} mod-geoip views (one per prefix and owner name)",
+                    s.name()
+                );
+            }
+        }
+        (_, None) => return Ok(None),
+    }
+    Ok(Some(plan))
+}
+
+/// Starts a planned peer and checks its answers (Knot's: [`knot::check_answers`]).
+fn start_peer(
+    plan: Planned,
+    dir: &Path,
+    gdnsd: Option<&Path>,
+    knotd: Option<&Path>,
+) -> Result<Target> {
+    let started = Instant::now();
+    let name = plan.server.name();
+    let (proc, addr) = match (plan.server.knot(), knotd, gdnsd) {
+        (Some(_), Some(knotd), _) => knot::start(knotd, dir, name, plan.port)?,
+        (None, _, Some(gdnsd)) => start_gdnsd(gdnsd, dir, name, plan.port)?,
+        _ => bail!("{name}: its program was not looked for"),
+    };
+    println!(
+        "{name} answering {:.1} s after its start",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(setup) = plan.server.knot() {
+        let n = knot::check_answers(addr, setup, &plan.queries, &plan.expected)?;
+        let what = match setup {
+            knot::Setup::Static => "NOERROR with addresses, ECS echoed",
+            knot::Setup::Geoip => "the world's addresses for the client's prefix, its length as the ECS scope",
+            knot::Setup::GeoipSigned => {
+                "the world's addresses for the client's prefix, its length as the ECS scope, an RRSIG"
+            }
+        };
+        println!("answers: {name} gave {what} to all {n} queries checked");
+    }
+    Ok(Target {
+        server: plan.server,
+        addr,
+        proc,
+        queries: plan.queries,
+    })
+}
+
 pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     check_args(a)?;
+    let servers = a.selected();
     let dnsperf = program("dnsperf")?;
-    let gdnsd = program("gdnsd")?;
+    let gdnsd = servers
+        .iter()
+        .any(|s| matches!(s, Server::GdnsdGeoip | Server::GdnsdStatic))
+        .then(|| program("gdnsd"))
+        .transpose()?;
+    let knotd = servers
+        .iter()
+        .any(|s| s.knot().is_some())
+        .then(knot::knotd)
+        .transpose()?;
     let (dir, scratch) = out_dir(a.out.as_deref(), "cdnmap-bench-dns-")?;
     let exe = std::env::current_exe().context("finding the cdnmap binary")?;
     let (world, queries) = query_file(a, &dir)?;
-    let ports = [(); 7].map(|()| free_port());
-    let [grpc, http, dns_port, geoip_port, static_port, tap_port, tap_metrics] = ports;
-    let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
-    let (geoip_port, static_port) = (geoip_port?, static_port?);
-    let (tap_port, tap_metrics) = (tap_port?, tap_metrics?);
-    let threads = a.threads();
-    let nets = write_gdnsd_geoip(&dir.join("gdnsd-geoip"), (geoip_port, threads), &world)?;
-    println!(
-        "gdnsd-geoip: {nets} nets in {} maps (one a class), {} datacenters",
-        world.classes().len(),
-        world.clusters().len().clamp(1, GDNSD_MAX_DCS)
-    );
+    let mut planned = Vec::new();
+    for &s in &servers {
+        planned.extend(plan_peer(a, s, &dir, &world, &queries)?);
+    }
     drop(world);
-    write_gdnsd_static(&dir.join("gdnsd-static"), (static_port, threads))?;
-    let (serve, front, dns_addr) = start_cdnmap(a, &exe, &dir, (grpc, http, dns_port))?;
-    let started = Instant::now();
-    let (geoip, geoip_addr) = start_gdnsd(&gdnsd, &dir, "gdnsd-geoip", geoip_port)?;
-    println!(
-        "gdnsd-geoip answering {:.1} s after its start",
-        started.elapsed().as_secs_f64()
-    );
-    let (stat, static_addr) = start_gdnsd(&gdnsd, &dir, "gdnsd-static", static_port)?;
-    let (checked, equal, later) = check_answers(dns_addr, grpc, &queries)?;
-    println!(
-        "answers: cdnmap dns gave Resolve's answer (addresses in order, ECS scope) to all \
-         {checked} queries checked ({equal} at once, {later} at a second look after a round)"
-    );
-    let tapped = match &a.dnstap {
-        Some(file) => {
-            let ports = (tap_port, tap_metrics);
+    let mut targets = Vec::new();
+    let mut serve = None;
+    let mut tap_metrics = None;
+    if servers.contains(&Server::Cdnmap) {
+        let [grpc, http, dns_port] = [(); 3].map(|()| free_port());
+        let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
+        let (mapper, front, dns_addr) = start_cdnmap(a, &exe, &dir, (grpc, http, dns_port))?;
+        let (checked, equal, later) = check_answers(dns_addr, grpc, &queries)?;
+        println!(
+            "answers: cdnmap dns gave Resolve's answer (addresses in order, ECS scope) to all \
+             {checked} queries checked ({equal} at once, {later} at a second look after a round)"
+        );
+        serve = Some(mapper);
+        targets.push(Target {
+            server: Server::Cdnmap,
+            addr: dns_addr,
+            proc: front,
+            queries: queries.clone(),
+        });
+        if let Some(file) = &a.dnstap {
+            let ports = (free_port()?, free_port()?);
             let (p, addr) = start_tapped(a, &exe, &dir, grpc, ports, (file, a.dnstap_sample))?;
             println!(
-                "{TAPPED}: a second front end logging {} in dnstap to {}",
+                "{}: a second front end logging {} in dnstap to {}",
+                Server::CdnmapDnstap.name(),
                 if a.dnstap_sample == 1 {
                     "every query and response".to_string()
                 } else {
@@ -1130,30 +1372,32 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
                 },
                 file.display()
             );
-            Some((p, addr))
+            tap_metrics = Some(ports.1);
+            targets.push(Target {
+                server: Server::CdnmapDnstap,
+                addr,
+                proc: p,
+                queries: queries.clone(),
+            });
         }
-        None => None,
-    };
-    let mut targets = vec![
-        (SERVERS[0], dns_addr, &front),
-        (SERVERS[1], geoip_addr, &geoip),
-        (SERVERS[2], static_addr, &stat),
-    ];
-    if let Some((p, addr)) = &tapped {
-        targets.push((TAPPED, *addr, p));
+    }
+    for plan in planned {
+        targets.push(start_peer(plan, &dir, gdnsd.as_deref(), knotd.as_deref())?);
     }
     let results = {
-        let _paused = if a.mapper_running {
-            None
-        } else {
-            println!("the mapper is paused (SIGSTOP) during the runs: cdnmap dns answers from the map it holds (--mapper-running to let it run its rounds)");
-            Some(Paused::new(&serve)?)
+        let _paused = match &serve {
+            Some(mapper) if !a.mapper_running => {
+                println!("the mapper is paused (SIGSTOP) during the runs: cdnmap dns answers from the map it holds (--mapper-running to let it run its rounds)");
+                Some(Paused::new(mapper)?)
+            }
+            _ => None,
         };
-        measure(a, &dnsperf, &queries, &targets)?
+        measure(a, &dnsperf, &targets)?
     };
-    print_medians(&results, threads);
-    if let (Some(file), Some(_)) = (&a.dnstap, &tapped) {
-        let (written, dropped) = dnstap_counts(tap_metrics)?;
+    let measured: Vec<Server> = targets.iter().map(|t| t.server).collect();
+    print_medians(&measured, &results, a.threads());
+    if let (Some(file), Some(metrics)) = (&a.dnstap, tap_metrics) {
+        let (written, dropped) = dnstap_counts(metrics)?;
         let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
         println!(
             "dnstap: {written:.0} messages written ({:.1} MB in {}), {dropped:.0} dropped ({:.3}% of those made)",
@@ -1164,14 +1408,14 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     }
     let peaks: Vec<String> = targets
         .iter()
-        .map(|(name, _, p)| match crate::procs::memory_mb(p.0.id()) {
-            Some((peak, _)) => format!("{name} {peak:.0} MB"),
-            None => format!("{name} not read"),
+        .map(|t| match crate::procs::memory_mb(t.proc.0.id()) {
+            Some((peak, _)) => format!("{} {peak:.0} MB", t.server.name()),
+            None => format!("{} not read", t.server.name()),
         })
         .collect();
     println!("peak RSS (VmHWM): {}", peaks.join(", "));
     drop(targets);
-    drop((tapped, stat, geoip, front, serve));
+    drop(serve);
     scratch.done();
     Ok(std::process::ExitCode::SUCCESS)
 }
@@ -1193,13 +1437,13 @@ mod tests {
             vec![run(1.0), run(1.0), run(1.0)],
             vec![run(100.0), run(80.0), run(f64::NAN)],
         ];
-        let (lo, mid, hi) = paired(&results, 2, |r| r.qps);
+        let (lo, mid, hi) = paired(&results[0], &results[2], |r| r.qps);
         assert!((lo - 1.1).abs() < 1e-12 && (mid - 1.1).abs() < 1e-12 && (hi - 1.1).abs() < 1e-12);
-        let (lo, mid, hi) = paired(&results, 1, |r| r.qps);
+        let (lo, mid, hi) = paired(&results[0], &results[1], |r| r.qps);
         assert_eq!((lo, mid, hi), (66.0, 88.0, 110.0));
         // No round with a ratio: nothing to say, rather than an empty range.
         let none = [vec![run(f64::NAN)], vec![run(1.0)], vec![run(1.0)]];
-        let (lo, mid, hi) = paired(&none, 2, |r| r.qps);
+        let (lo, mid, hi) = paired(&none[0], &none[2], |r| r.qps);
         assert!(lo.is_nan() && mid.is_nan() && hi.is_nan());
     }
 
@@ -1261,7 +1505,15 @@ mod tests {
                 continue;
             };
             let first = world.candidates(u).next().expect("a candidate").cluster;
-            let q = query(1, name, RecordType::A, Some(*net), None).expect("query");
+            let q = query(
+                1,
+                name,
+                RecordType::A,
+                Some(*net),
+                QueryFlags::default(),
+                None,
+            )
+            .expect("query");
             let (mut got, scope) = dns_says(addr, &q).expect("an answer");
             let mut want: Vec<String> = world
                 .cluster_addresses(first)
@@ -1297,7 +1549,8 @@ mod tests {
         .expect("world");
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("q.bin");
-        let (a, aaaa) = write_queries(&world, 500, 3, &path, false).expect("writes");
+        let (a, aaaa) =
+            write_queries(&world, 500, 3, &path, QueryFlags::default()).expect("writes");
         assert_eq!(a + aaaa, 500);
         let bytes = std::fs::read(&path).expect("read");
         let (mut at, mut seen) = (0, 0);
@@ -1315,9 +1568,38 @@ mod tests {
             };
             // The family of the subnet matches the query type.
             assert_eq!(s.addr().is_ipv4(), q.query_type() == RecordType::A);
+            assert!(!m.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok));
             at += 2 + len;
             seen += 1;
         }
         assert_eq!(seen, 500);
+        // The twin with the DO bit: the same queries, each with DO set.
+        let twin = dir.path().join("q-do.bin");
+        assert_eq!(
+            write_queries(
+                &world,
+                500,
+                3,
+                &twin,
+                QueryFlags {
+                    dnssec_ok: true,
+                    cookies: false,
+                },
+            )
+            .expect("writes"),
+            (a, aaaa)
+        );
+        let twin = std::fs::read(&twin).expect("read");
+        let (mut at, mut at_twin) = (0, 0);
+        while at < bytes.len() {
+            let len = usize::from(u16::from_be_bytes([bytes[at], bytes[at + 1]]));
+            let len_twin = usize::from(u16::from_be_bytes([twin[at_twin], twin[at_twin + 1]]));
+            let m = Message::from_vec(&bytes[at + 2..at + 2 + len]).expect("a DNS message");
+            let t = Message::from_vec(&twin[at_twin + 2..at_twin + 2 + len_twin]).expect("DNS");
+            assert_eq!(m.queries, t.queries);
+            assert!(t.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok));
+            at += 2 + len;
+            at_twin += 2 + len_twin;
+        }
     }
 }

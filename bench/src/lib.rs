@@ -12,6 +12,7 @@ pub mod dns;
 pub mod edits;
 pub mod follow;
 pub mod grpc;
+pub mod knot;
 pub mod loads;
 pub mod overflow;
 pub mod procs;

@@ -229,7 +229,7 @@ pub(crate) fn prepare_world(a: &ServeBenchArgs, dir: &Path) -> Result<(Arc<Insta
     };
     let inst = crate::progress::generate_world(&params)?;
     let queries = dir.join("queries.bin");
-    let (n_a, n_aaaa) = write_queries(&inst, a.queries, a.seed, &queries, false)?;
+    let (n_a, n_aaaa) = write_queries(&inst, a.queries, a.seed, &queries, Default::default())?;
     eprintln!(
         "world: {} map units, {} clusters, {} resource nodes, generated here too in {:.1} s (for \
          the reports), and {} ECS queries ({n_a} A, {n_aaaa} AAAA) in {}",
