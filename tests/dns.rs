@@ -1171,7 +1171,7 @@ async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
             .map(|c| metric(body, &format!("cdnmap_dns_udp_{c}_total")).unwrap_or(0.0))
     };
     let addr = dns.addr;
-    // Light load: one query at a time, 5 ms apart (five intervals): no waits.
+    // Light load: one query at a time, 20 ms apart (twenty intervals): no waits.
     let before = counters(&metrics_of(&dns));
     tokio::task::spawn_blocking(move || {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
@@ -1185,7 +1185,9 @@ async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
             socket.send_to(&q, addr).expect("send a query");
             let n = socket.recv(&mut buf).expect("an answer");
             assert!(n >= 12 && buf[..2] == i.to_be_bytes(), "{:?}", &buf[..n]);
-            std::thread::sleep(Duration::from_millis(5));
+            // Far apart enough that a loop descheduled for a few milliseconds on a busy
+            // machine after its send (its wait then measured from late) still sees none.
+            std::thread::sleep(Duration::from_millis(20));
         }
     })
     .await
@@ -1195,7 +1197,7 @@ async fn under_load_the_udp_loop_takes_queries_in_batches_and_answers_each() {
         light[1] - before[1] >= 20.0,
         "20 queries counted: {light:?} after {before:?}"
     );
-    assert_eq!(light[2], before[2], "no waits at one query per 5 ms");
+    assert_eq!(light[2], before[2], "no waits at one query per 20 ms");
     let before = light;
     let answered = tokio::task::spawn_blocking(move || {
         let sockets: Vec<std::net::UdpSocket> = (0..SOCKETS)

@@ -145,7 +145,8 @@ fn signing_front_end(dir: &Path, mapper: SocketAddr, keys: &[&Path]) -> Dns {
         .collect();
     let config = format!(
         "dnssec_keys = [{}]\n\n[[records]]\nname = \"ns1\"\ntype = \"A\"\ndata = \"192.0.2.53\"\n\n\
-         [[records]]\nname = \"@\"\ntype = \"TXT\"\ndata = \"v=spf1 -all\"\n",
+         [[records]]\nname = \"@\"\ntype = \"TXT\"\ndata = \"v=spf1 -all\"\n\n\
+         [[services]]\nname = \"*.cdn.example.\"\ndata = \"1 . alpn=h3,h2\"\n",
         listed.join(", ")
     );
     let mut dns = Dns::start(bin!(), dir, mapper, &config);
@@ -156,7 +157,7 @@ fn signing_front_end(dir: &Path, mapper: SocketAddr, keys: &[&Path]) -> Dns {
 /// `delv`, trusting only the DS of the zone's KSK, validates the front end's answers: the
 /// map's A, AAAA (an answer or NODATA, as the map has it), a name that does not exist
 /// (compact denial: NOERROR with an NSEC of NXNAME), NODATA, the SOA, the glue, the TXT at
-/// the apex and the DNSKEY RRset; for a KSK+ZSK pair of ECDSA P-256, an Ed25519 CSK, and
+/// the apex, the HTTPS binding (its hints the map's) and the DNSKEY RRset; for a KSK+ZSK pair of ECDSA P-256, an Ed25519 CSK, and
 /// both algorithms at once (where a denial too large for 512 bytes is truncated).
 /// With a DS of another key, it fails: the validation is real.
 #[tokio::test(flavor = "multi_thread")]
@@ -182,6 +183,8 @@ async fn delv_validates_signed_answers() {
             ("x.video.cdn.example", "AAAA", &[positive, negative][..]),
             ("nothing-here.cdn.example", "A", &[negative][..]),
             ("www.cdn.example", "TXT", &[negative][..]),
+            ("www.cdn.example", "HTTPS", &[positive][..]),
+            ("www.cdn.example", "SVCB", &[negative][..]),
             ("cdn.example", "MX", &[negative][..]),
             ("cdn.example", "SOA", &[positive][..]),
             ("cdn.example", "TXT", &[positive][..]),

@@ -49,26 +49,23 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cdnmap_dns::config::fqdn;
 use cdnmap_mapper::UnitIdx;
 use cdnmap_proto::v1 as pb;
 use cdnmap_topology::Topology;
 use clap::Args;
-use hickory_server::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_server::proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
+use hickory_server::proto::op::Message;
+use hickory_server::proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 use hickory_server::proto::rr::RecordType;
-use ipnet::IpNet;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
+use crate::dns_query::{ask, wait_answering, write_queries, QueryFlags, NAMES};
 use crate::knot;
-use crate::procs::{check_running, cpu_secs, free_port, out_dir, program, spawn, Proc};
+use crate::procs::{cpu_secs, free_port, out_dir, program, spawn, Proc};
 use cdnmap_world::world::WorldParams;
 
 #[derive(Args, Debug)]
@@ -218,177 +215,6 @@ fn signal(p: &Proc, sig: libc::c_int) -> Result<()> {
 
 /// The most queries a query file holds.
 const MAX_QUERIES: usize = 10_000_000;
-/// Content names per class in the query file.
-const NAMES_PER_CLASS: u32 = 1000;
-/// How long a server may take to start answering (at 11 M units the mapper's first map and a
-/// front end's join take minutes; a server that exits fails the wait at once).
-const READY: Duration = Duration::from_secs(900);
-
-/// What every query of a query file carries besides its question and ECS option.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct QueryFlags {
-    /// The DO bit (RFC 3225).
-    pub dnssec_ok: bool,
-    /// A client cookie of its own (RFC 7873).
-    pub cookies: bool,
-}
-
-/// One query, encoded, with the DO bit of `flags` and a COOKIE option of the client cookie
-/// `cookie` when given.
-fn query(
-    id: u16,
-    name: &str,
-    qtype: RecordType,
-    subnet: Option<IpNet>,
-    flags: QueryFlags,
-    cookie: Option<[u8; 8]>,
-) -> Result<Vec<u8>> {
-    let mut m = Message::new(id, MessageType::Query, OpCode::Query);
-    let name = fqdn("query", name).map_err(|e| anyhow::anyhow!("{e}"))?;
-    m.add_query(Query::query(name, qtype));
-    let mut edns = Edns::new();
-    edns.set_max_payload(1232);
-    edns.set_dnssec_ok(flags.dnssec_ok);
-    if let Some(net) = subnet {
-        edns.options_mut()
-            .insert(EdnsOption::Subnet(ClientSubnet::from(net)));
-    }
-    if let Some(c) = cookie {
-        let code = cdnmap_dns::cookie::OPTION_COOKIE;
-        edns.options_mut()
-            .insert(EdnsOption::Unknown(code, c.to_vec()));
-    }
-    m.set_edns(edns);
-    Ok(m.to_vec()?)
-}
-
-/// `addr`'s answer to the query `q` (encoded), if one came within 300 ms.
-pub(crate) fn ask(addr: SocketAddr, q: &[u8]) -> Option<Message> {
-    let socket = UdpSocket::bind("127.0.0.1:0").ok()?;
-    socket
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .ok()?;
-    socket.send_to(q, addr).ok()?;
-    let mut buf = [0u8; 4096];
-    let n = socket.recv(&mut buf).ok()?;
-    Message::from_vec(&buf[..n]).ok()
-}
-
-/// Whether `addr` answers `www.<zone> A` with NOERROR and an address.
-pub(crate) fn answers(addr: SocketAddr, zone: &str) -> bool {
-    query(
-        7,
-        &format!("www.{zone}"),
-        RecordType::A,
-        None,
-        QueryFlags::default(),
-        None,
-    )
-    .ok()
-    .and_then(|q| ask(addr, &q))
-    .is_some_and(|m| m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty())
-}
-
-pub(crate) fn wait_answering(addr: SocketAddr, procs: &mut [&mut Proc], dir: &Path) -> Result<()> {
-    let started = Instant::now();
-    while !answers(addr, "cdn.example.") {
-        check_running(procs, dir)?;
-        if started.elapsed() > READY {
-            bail!(
-                "{addr} did not answer within {READY:?}; see the logs in {}",
-                dir.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
-}
-
-/// A host address inside `net` at `offset` (wrapped into the host part).
-fn host(net: IpNet, offset: u128) -> IpAddr {
-    match net {
-        IpNet::V4(n) => {
-            let span = 1u64 << (32 - u32::from(n.prefix_len()));
-            let a = u64::from(u32::from(n.network())) + (offset as u64 % span);
-            IpAddr::V4(Ipv4Addr::from(a as u32))
-        }
-        IpNet::V6(n) => {
-            let bits = 128 - u32::from(n.prefix_len());
-            let span = if bits >= 128 {
-                u128::MAX
-            } else {
-                (1u128 << bits) - 1
-            };
-            IpAddr::V6(Ipv6Addr::from(u128::from(n.network()) | (offset & span)))
-        }
-    }
-}
-
-/// Writes the query file, every query with what `flags` says (the DO bit, a client cookie of
-/// its own): the same queries otherwise; returns how many queries of each type it holds.
-pub(crate) fn write_queries(
-    instance: &Topology,
-    n: usize,
-    seed: u64,
-    path: &Path,
-    flags: QueryFlags,
-) -> Result<(usize, usize)> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd115);
-    let units: Vec<UnitIdx> = (0..instance.unit_count() as UnitIdx)
-        .filter(|&u| !instance.unit_prefixes(u).is_empty() && instance.unit_demand(u) > 0.0)
-        .collect();
-    if units.is_empty() {
-        bail!("the world has no map unit with a prefix and demand");
-    }
-    let mut cum = Vec::with_capacity(units.len());
-    let mut total = 0.0;
-    for &u in &units {
-        total += instance.unit_demand(u);
-        cum.push(total);
-    }
-    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut w = BufWriter::new(file);
-    let (mut a, mut aaaa) = (0, 0);
-    for i in 0..n {
-        let x = rng.random::<f64>() * total;
-        let u = units[cum.partition_point(|&c| c <= x).min(units.len() - 1)];
-        let prefixes = instance.unit_prefixes(u);
-        let net = prefixes[rng.random_range(0..prefixes.len())];
-        let class = &instance.classes()[usize::from(instance.unit_class(u))].name;
-        let k = rng.random_range(0..NAMES_PER_CLASS);
-        let name = match class.as_str() {
-            "video" => format!("v{k}.video.cdn.example."),
-            "apps" => format!("api{k}.apps.cdn.example."),
-            _ if k % 2 == 0 => "www.cdn.example.".to_string(),
-            _ => format!("c{k}.web.cdn.example."),
-        };
-        let (qtype, len) = match net {
-            IpNet::V4(_) => {
-                a += 1;
-                (RecordType::A, net.prefix_len().min(24))
-            }
-            IpNet::V6(_) => {
-                aaaa += 1;
-                (RecordType::AAAA, net.prefix_len().min(56))
-            }
-        };
-        let client = IpNet::new(host(net, rng.random::<u128>()), len)?.trunc();
-        let cookie = flags.cookies.then(|| rng.random::<[u8; 8]>());
-        let bytes = query(i as u16, &name, qtype, Some(client), flags, cookie)?;
-        w.write_all(&(bytes.len() as u16).to_be_bytes())?;
-        w.write_all(&bytes)?;
-    }
-    w.flush()?;
-    Ok((a, aaaa))
-}
-
-/// The names of the query file and the traffic class each stands for.
-pub(crate) const NAMES: [(&str, &str); 4] = [
-    ("www", "web"),
-    ("*.web", "web"),
-    ("*.video", "video"),
-    ("*.apps", "apps"),
-];
 /// The most datacenters gdnsd's geoip plugin allows in one map.
 const GDNSD_MAX_DCS: usize = 254;
 
@@ -640,6 +466,9 @@ fn check_args(a: &DnsBenchArgs) -> Result<()> {
     if a.servers.is_empty() {
         bail!("--servers: name at least one server");
     }
+    if a.servers.contains(&Server::CdnmapSigned) && !a.servers.contains(&Server::Cdnmap) {
+        bail!("--servers: cdnmap-signed follows cdnmap's mapper; name cdnmap too");
+    }
     if a.dnstap.is_some() && !a.servers.contains(&Server::Cdnmap) {
         bail!(
             "--dnstap: measures a second cdnmap dns beside the first; --servers must name cdnmap"
@@ -769,8 +598,7 @@ fn start_tapped(
 
 /// The dnstap messages the front end with metrics on `metrics` wrote and dropped.
 fn dnstap_counts(metrics: u16) -> Result<(f64, f64)> {
-    let page =
-        crate::serve::procs::http_get(SocketAddr::from(([127, 0, 0, 1], metrics)), "/metrics")?;
+    let page = crate::procs::http_get(SocketAddr::from(([127, 0, 0, 1], metrics)), "/metrics")?;
     let value = |name: &str| {
         page.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
@@ -826,6 +654,9 @@ fn start_gdnsd(
 pub enum Server {
     /// `cdnmap dns`, following `cdnmap serve`.
     Cdnmap,
+    /// A second `cdnmap dns` of the same mapper signing online (an ECDSA P-256 key made by
+    /// `dnssec-keygen`), asked with the DO bit.
+    CdnmapSigned,
     /// gdnsd with `plugin_geoip` and the world's nets.
     GdnsdGeoip,
     /// gdnsd with a static zone.
@@ -843,8 +674,9 @@ pub enum Server {
 
 impl Server {
     /// Every server, in the order they are measured.
-    pub const ALL: [Server; 6] = [
+    pub const ALL: [Server; 7] = [
         Server::Cdnmap,
+        Server::CdnmapSigned,
         Server::GdnsdGeoip,
         Server::GdnsdStatic,
         Server::KnotStatic,
@@ -856,6 +688,7 @@ impl Server {
     fn name(self) -> &'static str {
         match self {
             Server::Cdnmap => "cdnmap dns",
+            Server::CdnmapSigned => "cdnmap-signed",
             Server::GdnsdGeoip => "gdnsd-geoip",
             Server::GdnsdStatic => "gdnsd-static",
             Server::KnotStatic => "knot-static",
@@ -869,6 +702,9 @@ impl Server {
     fn what(self) -> &'static str {
         match self {
             Server::Cdnmap => "cdnmap dns (map lookup per query)",
+            Server::CdnmapSigned => {
+                "cdnmap-signed (the same, signed online, signature cache; DO queries)"
+            }
             Server::GdnsdGeoip => "gdnsd-geoip (nets lookup per query)",
             Server::GdnsdStatic => "gdnsd-static (no lookup)",
             Server::KnotStatic => "knot-static (no lookup)",
@@ -1141,6 +977,11 @@ fn print_medians(servers: &[Server], results: &[Vec<Run>], threads: usize) {
                 format!("target >= 1.0: {}", met(ratio >= 1.0))
             }
             Server::KnotGeoipSigned => "cdnmap dns unsigned against Knot signing".to_string(),
+            Server::CdnmapSigned => format!(
+                "the inverse is signed / unsigned: {:.3}, target >= {SIGNED_TARGET}: {}",
+                1.0 / ratio,
+                met(1.0 / ratio >= SIGNED_TARGET)
+            ),
             Server::CdnmapDnstap => format!(
                 "the inverse is dnstap on / off: {:.3}, target >= {DNSTAP_TARGET}: {}",
                 1.0 / ratio,
@@ -1181,6 +1022,16 @@ fn print_medians(servers: &[Server], results: &[Vec<Run>], threads: usize) {
             ),
         }
     }
+    let signed = servers.iter().position(|&s| s == Server::CdnmapSigned);
+    let knot_signed = servers.iter().position(|&s| s == Server::KnotGeoipSigned);
+    if let (Some(ours), Some(knot)) = (signed, knot_signed) {
+        let ratio = q(ours) / q(knot);
+        let (lo, mid, hi) = paired(&results[ours], &results[knot], |r| r.qps);
+        println!(
+            "queries per second, cdnmap-signed / knot-geoip-signed: {ratio:.3} (target >= {SIGNED_OVER_KNOT}: {}); run by run: median {mid:.3}, from {lo:.3} to {hi:.3}",
+            met(ratio >= SIGNED_OVER_KNOT)
+        );
+    }
     if !saturated {
         println!(
             "the servers' threads were not all busy (>= {SATURATED_PCT:.0}%): the rates are bounded by dnsperf, not by the servers, and their ratios tie within the noise; the CPU per query is what tells the servers apart here"
@@ -1190,6 +1041,10 @@ fn print_medians(servers: &[Server], results: &[Vec<Run>], threads: usize) {
 
 /// Issue 44's target: the rate with dnstap on at least this share of the rate without.
 const DNSTAP_TARGET: f64 = 0.9;
+/// Issue 44's targets for signing: the signed rate at least this share of the unsigned one...
+const SIGNED_TARGET: f64 = 0.8;
+/// ... and at least this many times Knot's signed rate (`mod-geoip` with `mod-onlinesign`).
+const SIGNED_OVER_KNOT: f64 = 10.0;
 
 /// `f` of each of `ours` over `f` of `theirs` in the same round (measured one right after the
 /// other, so the machine's drift over the whole benchmark cancels out): the least, the median
@@ -1222,6 +1077,73 @@ struct Planned {
     expected: Vec<knot::Expected>,
 }
 
+/// The query file's twin with the DO bit set, `dir/queries-do.bin`, written once.
+fn do_queries(a: &DnsBenchArgs, dir: &Path, world: &Topology) -> Result<PathBuf> {
+    let path = dir.join("queries-do.bin");
+    if !path.exists() {
+        write_queries(world, a.queries, a.seed, &path, a.query_flags(true))?;
+        println!(
+            "query file with the DO bit set (the same queries): {}",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A second `cdnmap dns` of the mapper on `grpc`, signing with a key `dnssec-keygen` makes in
+/// `dir/keys` (a CSK, algorithm 13), listening on `port`; once it answers a DO query of
+/// `queries` with an RRSIG.
+fn start_signed(
+    a: &DnsBenchArgs,
+    exe: &Path,
+    dir: &Path,
+    grpc: u16,
+    port: u16,
+    queries: &Path,
+) -> Result<(Proc, SocketAddr)> {
+    let keygen = program("dnssec-keygen")?;
+    let keys = dir.join("keys");
+    std::fs::create_dir_all(&keys)?;
+    let out = Command::new(keygen)
+        .args(["-q", "-a", "ECDSAP256SHA256", "-f", "KSK", "-K"])
+        .arg(&keys)
+        .arg("cdn.example")
+        .stdin(Stdio::null())
+        .output()
+        .context("running dnssec-keygen")?;
+    if !out.status.success() {
+        bail!(
+            "dnssec-keygen failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let base = keys.join(String::from_utf8_lossy(&out.stdout).trim());
+    let extra = format!("dnssec_keys = [{:?}]\n", base.display().to_string());
+    let args = a.front_args(dir, "dns-signed", &extra)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut front = spawn_front_end(exe, dir, grpc, addr, &args, "dns-signed")?;
+    wait_answering(addr, &mut [&mut front], dir)?;
+    // A signed answer, not only an answer: the first DO query's answer ends with its RRSIG.
+    let raw = std::fs::read(queries).with_context(|| format!("reading {}", queries.display()))?;
+    let len = raw
+        .get(..2)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        .context("an empty query file")?;
+    let first = raw.get(2..2 + len).context("a cut query file")?;
+    let signed = ask(addr, first).is_some_and(|m| {
+        m.answers
+            .iter()
+            .any(|r| r.record_type() == RecordType::RRSIG)
+    });
+    if !signed {
+        bail!(
+            "cdnmap-signed answered a DO query without an RRSIG; see {}",
+            dir.join("dns-signed.log").display()
+        );
+    }
+    Ok((front, addr))
+}
+
 /// Writes peer `s`'s configuration in `dir/NAME` from `world` (and, for the signed setup, the
 /// query file's twin with the DO bit): `None` when the world is beyond what it takes.
 fn plan_peer(
@@ -1242,6 +1164,10 @@ fn plan_peer(
     };
     match (s, s.knot()) {
         (Server::Cdnmap, _) => return Ok(None),
+        (Server::CdnmapSigned, _) => {
+            do_queries(a, dir, world)?;
+            return Ok(None);
+        }
         (Server::GdnsdGeoip, _) => {
             let nets = write_gdnsd_geoip(&sub, at, world)?;
             println!(
@@ -1261,12 +1187,7 @@ fn plan_peer(
                 return Ok(None);
             };
             if setup == knot::Setup::GeoipSigned {
-                plan.queries = dir.join("queries-do.bin");
-                write_queries(world, a.queries, a.seed, &plan.queries, a.query_flags(true))?;
-                println!(
-                    "query file with the DO bit set (the same queries): {}",
-                    plan.queries.display()
-                );
+                plan.queries = do_queries(a, dir, world)?;
             }
             if setup != knot::Setup::Static {
                 plan.expected = knot::expected_geo(world, &plan.queries, knot::CHECKED)?;
@@ -1359,6 +1280,17 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
             proc: front,
             queries: queries.clone(),
         });
+        if servers.contains(&Server::CdnmapSigned) {
+            let do_file = dir.join("queries-do.bin");
+            let (p, addr) = start_signed(a, &exe, &dir, grpc, free_port()?, &do_file)?;
+            println!("cdnmap-signed: a second front end signing online, asked with DO queries");
+            targets.push(Target {
+                server: Server::CdnmapSigned,
+                addr,
+                proc: p,
+                queries: do_file,
+            });
+        }
         if let Some(file) = &a.dnstap {
             let ports = (free_port()?, free_port()?);
             let (p, addr) = start_tapped(a, &exe, &dir, grpc, ports, (file, a.dnstap_sample))?;
@@ -1423,6 +1355,8 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dns_query::query;
+    use std::net::IpAddr;
 
     #[test]
     fn paired_ratios_compare_each_round_with_itself() {

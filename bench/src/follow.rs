@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::dns::{answers, spawn_mapper_and_front_end, DemoWorld};
+use crate::dns::{spawn_mapper_and_front_end, DemoWorld};
+use crate::dns_query::answers;
 use crate::procs::{check_running, free_port, memory_mb, out_dir};
 
 #[derive(Args, Debug)]

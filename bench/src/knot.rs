@@ -38,7 +38,7 @@ use hickory_server::proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 use hickory_server::proto::rr::RecordType;
 use ipnet::IpNet;
 
-use crate::dns::{ask, wait_answering, NAMES};
+use crate::dns_query::{ask, wait_answering, NAMES};
 use crate::procs::{spawn, Proc};
 
 /// The most views (prefix × owner name) knot-geoip is given: its configuration is a text file
@@ -448,13 +448,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let plain = dir.path().join("q.bin");
         let signed = dir.path().join("q-do.bin");
-        crate::dns::write_queries(&world, 300, 5, &plain, Default::default()).expect("queries");
-        crate::dns::write_queries(
+        crate::dns_query::write_queries(&world, 300, 5, &plain, Default::default())
+            .expect("queries");
+        crate::dns_query::write_queries(
             &world,
             300,
             5,
             &signed,
-            crate::dns::QueryFlags {
+            crate::dns_query::QueryFlags {
                 dnssec_ok: true,
                 cookies: false,
             },

@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod dns;
+mod dns_query;
 pub mod edits;
 pub mod follow;
 pub mod grpc;

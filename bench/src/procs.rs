@@ -3,6 +3,7 @@
 //! dropped), failing when one has exited, and its CPU time and memory from /proc (Linux).
 
 use std::fs::File;
+use std::io::{Read, Write};
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -139,4 +140,23 @@ pub(crate) fn memory_mb(pid: u32) -> Option<(f64, f64)> {
             .map(|kb| kb / 1024.0)
     };
     Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// The most bytes read from an HTTP answer (`/metrics`).
+const MAX_HTTP_BYTES: u64 = 64 << 20;
+
+/// `GET path` over HTTP/1.1, the body.
+pub(crate) fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.take(MAX_HTTP_BYTES).read_to_string(&mut text)?;
+    let (_, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path} from {addr}: no HTTP answer"))?;
+    Ok(body.to_string())
 }

@@ -596,6 +596,7 @@ fn secure(
         return;
     };
     let statics = front.zones.statics.load();
+    let services = front.zones.services.load();
     let asked = crate::dnssec::reply::Asked {
         qname: q.name.into(),
         qname_text: qname,
@@ -603,6 +604,7 @@ fn secure(
         dnssec_ok,
         mapped: live.is_some_and(|l| l.view.resolver.rules().rule_class(qname).is_some()),
         statics: &statics,
+        services: &services,
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

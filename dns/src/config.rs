@@ -75,7 +75,7 @@
 //! (`dns=` for UDP and TCP, `metrics=`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use hickory_server::proto::rr::Name;
 use serde::Deserialize;
@@ -105,7 +105,7 @@ pub enum ConfigError {
 }
 
 /// The error for a bad value of `key`.
-fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.to_string(),
         problem: problem.into(),
@@ -195,7 +195,7 @@ pub struct DnsConfig {
     pub dnstap_socket: Option<PathBuf>,
     pub dnstap_sample: Option<u32>,
     pub dnstap_identity: Option<String>,
-    pub dnstap_messages: Option<crate::dnstap::Messages>,
+    pub dnstap_messages: Option<Messages>,
     /// DNSSEC: the base paths of BIND key files (`K<zone>+<alg>+<tag>`, `.key` and
     /// `.private`), the zone each signs taken from its DNSKEY's owner (`crate::dnssec`).
     pub dnssec_keys: Vec<PathBuf>,
@@ -383,7 +383,7 @@ impl DnsConfig {
                 format!("{n} is outside {UDP_THREADS:?}"),
             ));
         }
-        crate::dnstap::Settings::from_config(self)?;
+        Settings::from_config(self)?;
         self.validate_dnssec()?;
         if !UDP_COALESCE_US.contains(&self.udp_coalesce_us) {
             return Err(invalid(
@@ -711,6 +711,132 @@ pub fn doc_example(source: &str) -> String {
         .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+// dnstap's settings (`crate::dnstap` writes what they say).
+
+/// `dnstap_sample`'s range.
+pub const DNSTAP_SAMPLE: std::ops::RangeInclusive<u32> = 1..=1_000_000;
+/// `dnstap_identity`'s length in bytes.
+pub const DNSTAP_IDENTITY_BYTES: std::ops::RangeInclusive<usize> = 1..=255;
+/// The longest unix socket path (`sun_path` holds 108 bytes with its final NUL).
+pub const DNSTAP_MAX_SOCKET_PATH: usize = 107;
+
+/// What is logged of each sampled query (`dnstap_messages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Messages {
+    /// `AUTH_QUERY` only.
+    Queries,
+    /// `AUTH_RESPONSE` only.
+    Responses,
+    /// Both.
+    #[default]
+    Both,
+}
+
+impl Messages {
+    pub(crate) fn queries(self) -> bool {
+        self != Messages::Responses
+    }
+    pub(crate) fn responses(self) -> bool {
+        self != Messages::Queries
+    }
+}
+
+/// Where the frames go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sink {
+    /// A file, created (or emptied) at start.
+    File(PathBuf),
+    /// A unix socket a Frame Streams reader listens on.
+    Socket(PathBuf),
+}
+
+/// dnstap's settings, from the configuration's `dnstap_*` keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub sink: Sink,
+    /// One query of this many is logged.
+    pub sample: u32,
+    /// The `identity` of every message: `dnstap_identity`, else the front end's `name`.
+    pub identity: String,
+    pub messages: Messages,
+}
+
+impl Settings {
+    /// dnstap's settings in `config`: `None` without `dnstap_file` or `dnstap_socket`. The
+    /// other `dnstap_*` keys are refused without one of them (they would do nothing); an error
+    /// names its key.
+    pub fn from_config(config: &DnsConfig) -> Result<Option<Settings>, ConfigError> {
+        let sink = match (&config.dnstap_file, &config.dnstap_socket) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "dnstap_socket",
+                    "is given with dnstap_file: dnstap goes to one of them",
+                ))
+            }
+            (Some(f), None) => Sink::File(checked_path("dnstap_file", f)?),
+            (None, Some(s)) => {
+                let s = checked_path("dnstap_socket", s)?;
+                if s.as_os_str().len() > DNSTAP_MAX_SOCKET_PATH {
+                    return Err(invalid(
+                        "dnstap_socket",
+                        format!(
+                            "{}: a unix socket path is at most {DNSTAP_MAX_SOCKET_PATH} bytes",
+                            s.display()
+                        ),
+                    ));
+                }
+                Sink::Socket(s)
+            }
+            (None, None) => {
+                for (key, given) in [
+                    ("dnstap_sample", config.dnstap_sample.is_some()),
+                    ("dnstap_identity", config.dnstap_identity.is_some()),
+                    ("dnstap_messages", config.dnstap_messages.is_some()),
+                ] {
+                    if given {
+                        return Err(invalid(
+                            key,
+                            "is given without dnstap_file or dnstap_socket: nothing is logged",
+                        ));
+                    }
+                }
+                return Ok(None);
+            }
+        };
+        let sample = config.dnstap_sample.unwrap_or(1);
+        if !DNSTAP_SAMPLE.contains(&sample) {
+            return Err(invalid(
+                "dnstap_sample",
+                format!("{sample} is outside {DNSTAP_SAMPLE:?}"),
+            ));
+        }
+        let identity = config
+            .dnstap_identity
+            .clone()
+            .unwrap_or_else(|| config.name.clone());
+        if !DNSTAP_IDENTITY_BYTES.contains(&identity.len()) {
+            return Err(invalid(
+                "dnstap_identity",
+                format!("must be {DNSTAP_IDENTITY_BYTES:?} bytes"),
+            ));
+        }
+        Ok(Some(Settings {
+            sink,
+            sample,
+            identity,
+            messages: config.dnstap_messages.unwrap_or_default(),
+        }))
+    }
+}
+
+fn checked_path(key: &str, path: &Path) -> Result<PathBuf, ConfigError> {
+    if path.as_os_str().is_empty() {
+        return Err(invalid(key, "is empty: name a path"));
+    }
+    Ok(path.to_path_buf())
 }
 
 #[cfg(test)]

@@ -40,20 +40,17 @@ use hickory_server::proto::rr::Record;
 use hickory_server::proto::serialize::binary::BinEncoder;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
-use serde::Deserialize;
 
-use crate::config::{ConfigError, DnsConfig};
+use crate::config::{invalid, ConfigError};
+pub use crate::config::{
+    Messages, Settings, Sink, DNSTAP_IDENTITY_BYTES as IDENTITY_BYTES,
+    DNSTAP_MAX_SOCKET_PATH as MAX_SOCKET_PATH, DNSTAP_SAMPLE as SAMPLE,
+};
 
 /// Batches waiting for the writer at most (a UDP batch holds up to 32 queries).
 pub const QUEUE_BATCHES: usize = 1024;
 /// Bytes of DNS messages waiting for the writer at most.
 pub const QUEUE_BYTES: usize = 16 << 20;
-/// `dnstap_sample`'s range.
-pub const SAMPLE: std::ops::RangeInclusive<u32> = 1..=1_000_000;
-/// `dnstap_identity`'s length in bytes.
-pub const IDENTITY_BYTES: std::ops::RangeInclusive<usize> = 1..=255;
-/// The longest unix socket path (`sun_path` holds 108 bytes with its final NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
 /// The backoff between connections to a socket's reader.
 pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
@@ -70,130 +67,6 @@ const POLL_MAX: Duration = Duration::from_millis(50);
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// The longest a stopping front end waits for the writer to drain and close.
 const FINISH_WAIT: Duration = Duration::from_secs(5);
-
-/// What is logged of each sampled query (`dnstap_messages`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Messages {
-    /// `AUTH_QUERY` only.
-    Queries,
-    /// `AUTH_RESPONSE` only.
-    Responses,
-    /// Both.
-    #[default]
-    Both,
-}
-
-impl Messages {
-    fn queries(self) -> bool {
-        self != Messages::Responses
-    }
-    fn responses(self) -> bool {
-        self != Messages::Queries
-    }
-}
-
-/// Where the frames go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sink {
-    /// A file, created (or emptied) at start.
-    File(PathBuf),
-    /// A unix socket a Frame Streams reader listens on.
-    Socket(PathBuf),
-}
-
-/// dnstap's settings, from the configuration's `dnstap_*` keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    pub sink: Sink,
-    /// One query of this many is logged.
-    pub sample: u32,
-    /// The `identity` of every message: `dnstap_identity`, else the front end's `name`.
-    pub identity: String,
-    pub messages: Messages,
-}
-
-fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_string(),
-        problem: problem.into(),
-    }
-}
-
-impl Settings {
-    /// dnstap's settings in `config`: `None` without `dnstap_file` or `dnstap_socket`. The
-    /// other `dnstap_*` keys are refused without one of them (they would do nothing); an error
-    /// names its key.
-    pub fn from_config(config: &DnsConfig) -> Result<Option<Settings>, ConfigError> {
-        let sink = match (&config.dnstap_file, &config.dnstap_socket) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "dnstap_socket",
-                    "is given with dnstap_file: dnstap goes to one of them",
-                ))
-            }
-            (Some(f), None) => Sink::File(checked_path("dnstap_file", f)?),
-            (None, Some(s)) => {
-                let s = checked_path("dnstap_socket", s)?;
-                if s.as_os_str().len() > MAX_SOCKET_PATH {
-                    return Err(invalid(
-                        "dnstap_socket",
-                        format!(
-                            "{}: a unix socket path is at most {MAX_SOCKET_PATH} bytes",
-                            s.display()
-                        ),
-                    ));
-                }
-                Sink::Socket(s)
-            }
-            (None, None) => {
-                for (key, given) in [
-                    ("dnstap_sample", config.dnstap_sample.is_some()),
-                    ("dnstap_identity", config.dnstap_identity.is_some()),
-                    ("dnstap_messages", config.dnstap_messages.is_some()),
-                ] {
-                    if given {
-                        return Err(invalid(
-                            key,
-                            "is given without dnstap_file or dnstap_socket: nothing is logged",
-                        ));
-                    }
-                }
-                return Ok(None);
-            }
-        };
-        let sample = config.dnstap_sample.unwrap_or(1);
-        if !SAMPLE.contains(&sample) {
-            return Err(invalid(
-                "dnstap_sample",
-                format!("{sample} is outside {SAMPLE:?}"),
-            ));
-        }
-        let identity = config
-            .dnstap_identity
-            .clone()
-            .unwrap_or_else(|| config.name.clone());
-        if !IDENTITY_BYTES.contains(&identity.len()) {
-            return Err(invalid(
-                "dnstap_identity",
-                format!("must be {IDENTITY_BYTES:?} bytes"),
-            ));
-        }
-        Ok(Some(Settings {
-            sink,
-            sample,
-            identity,
-            messages: config.dnstap_messages.unwrap_or_default(),
-        }))
-    }
-}
-
-fn checked_path(key: &str, path: &Path) -> Result<PathBuf, ConfigError> {
-    if path.as_os_str().is_empty() {
-        return Err(invalid(key, "is empty: name a path"));
-    }
-    Ok(path.to_path_buf())
-}
 
 /// The frame formats of Frame Streams (fstrm, <https://farsightsec.github.io/fstrm/>): a data
 /// frame is its length (4 bytes, big-endian, not 0) and its payload; a control frame is an
@@ -1007,6 +880,7 @@ impl<R: ResponseHandler> Logged<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DnsConfig;
     use std::io::Read;
 
     fn origin(messages: Messages) -> Origin {

@@ -43,7 +43,8 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::dns::{answers, parse_dnsperf, write_queries};
+use crate::dns::parse_dnsperf;
+use crate::dns_query::{answers, write_queries};
 use crate::procs::{cpu_secs, out_dir, program, spawn, Proc};
 use cdnmap_world::world::WorldParams;
 
@@ -147,9 +148,6 @@ const MAX_RELAY_CONNECTIONS: usize = 16;
 
 /// The most queries in the query file.
 const MAX_QUERIES: usize = 10_000_000;
-
-/// The most bytes read from an HTTP answer (`/metrics`).
-const MAX_HTTP_BYTES: u64 = 64 << 20;
 
 /// Queries outstanding in the built-in DNS load generator.
 const OWN_LOAD_WINDOW: usize = 200;

@@ -190,21 +190,7 @@ pub(crate) fn store_values(dir: &Path) -> Vec<(String, usize, u64)> {
     kinds.into_iter().map(|(k, (n, b))| (k, n, b)).collect()
 }
 
-/// `GET path` over HTTP/1.1, the body.
-pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.take(MAX_HTTP_BYTES).read_to_string(&mut text)?;
-    let (_, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("GET {path} from {addr}: no HTTP answer"))?;
-    Ok(body.to_string())
-}
+pub(crate) use crate::procs::http_get;
 
 /// The value of an unlabelled metric in a Prometheus text page.
 pub(crate) fn metric(page: &str, name: &str) -> Option<f64> {

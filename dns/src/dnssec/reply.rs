@@ -7,6 +7,7 @@ use hickory_server::proto::rr::{Name, RData, Record, RecordType};
 
 use super::sign::TYPE_NXNAME;
 use super::{Signing, ZoneKeys};
+use crate::service::Services;
 use crate::zonedata::StaticData;
 
 /// The NSEC TTL when the authority section has no SOA (RFC 9077: the SOA's TTL and minimum,
@@ -26,12 +27,15 @@ pub struct Asked<'a> {
     pub mapped: bool,
     /// The zones' static records.
     pub statics: &'a StaticData,
+    /// The service bindings (HTTPS, SVCB) published at mapped names.
+    pub services: &'a Services,
 }
 
 impl Asked<'_> {
     /// The types at the name (for a NODATA's NSEC): at an apex its SOA, NS, DNSKEY and static
-    /// types; at a static name its types; at a mapped name A and AAAA; none at an empty
-    /// non-terminal.
+    /// types; at a static name its types; at a mapped name A, AAAA and the service bindings
+    /// published there (a validator may deny a type from a cached NSEC, RFC 8198); none at an
+    /// empty non-terminal.
     fn types_here(&self, zone: &ZoneKeys) -> Vec<u16> {
         let mut types: Vec<u16> = Vec::new();
         if self.qname_text == zone.apex_text {
@@ -41,6 +45,11 @@ impl Asked<'_> {
             types.extend(at.records.iter().map(|r| u16::from(r.record_type())));
         } else if self.mapped {
             types.extend([RecordType::A, RecordType::AAAA].map(u16::from));
+            for binding in [RecordType::SVCB, RecordType::HTTPS] {
+                if self.services.publishes(self.qname_text, binding) {
+                    types.push(u16::from(binding));
+                }
+            }
         }
         types.retain(|&t| t != u16::from(self.qtype));
         types
@@ -123,6 +132,9 @@ mod tests {
         )
     }
 
+    /// No service bindings.
+    static NO_SERVICES: std::sync::LazyLock<Services> = std::sync::LazyLock::new(Services::default);
+
     fn asked<'a>(qname: &'a str, qtype: RecordType, statics: &'a StaticData) -> Asked<'a> {
         Asked {
             qname: name(qname),
@@ -131,6 +143,7 @@ mod tests {
             dnssec_ok: true,
             mapped: qname.starts_with("www."),
             statics,
+            services: &NO_SERVICES,
         }
     }
 
@@ -216,6 +229,38 @@ mod tests {
             now
         ));
         assert_eq!(nsec(&authority).2, [1, 46, 47], "A, RRSIG, NSEC: not AAAA");
+        // With an HTTPS binding published at the name, its NSEC says HTTPS is there: a
+        // validator denying from a cached NSEC (RFC 8198) must not deny the binding.
+        let zones = [crate::zonedata::ZoneConfig {
+            apex: name("cdn.example."),
+            nameservers: vec![name("ns1.cdn.example.")],
+            hostmaster: name("hostmaster.cdn.example."),
+        }];
+        let binding = crate::service::ServiceConfig {
+            name: "*.cdn.example.".into(),
+            rtype: None,
+            data: "1 . alpn=h2".into(),
+        };
+        let services = Services::build(&zones, &[binding]).expect("a binding");
+        let q = Asked {
+            services: &services,
+            ..asked("www.cdn.example.", RecordType::TXT, &statics)
+        };
+        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
+        secure(
+            &signing,
+            zone,
+            &q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now,
+        );
+        assert_eq!(
+            nsec(&authority).2,
+            [1, 28, 46, 47, 65],
+            "A AAAA RRSIG NSEC HTTPS"
+        );
         let q = asked("cdn.example.", RecordType::TXT, &statics);
         let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
         secure(
