@@ -1110,6 +1110,9 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     };
     print_medians(&results, threads);
     if let (Some(file), Some(_)) = (&a.dnstap, &tapped) {
+        // The writer counts messages as written when it flushes: idle 0.2 s, at least every
+        // second.
+        std::thread::sleep(Duration::from_millis(1500));
         let (written, dropped) = dnstap_counts(tap_metrics)?;
         let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
         println!(
