@@ -1329,6 +1329,9 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     let measured: Vec<Server> = targets.iter().map(|t| t.server).collect();
     print_medians(&measured, &results, a.threads());
     if let (Some(file), Some(metrics)) = (&a.dnstap, tap_metrics) {
+        // The writer counts messages as written when it flushes: idle 0.2 s, at least every
+        // second.
+        std::thread::sleep(Duration::from_millis(1500));
         let (written, dropped) = dnstap_counts(metrics)?;
         let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
         println!(
