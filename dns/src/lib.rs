@@ -98,20 +98,7 @@ pub async fn run_from(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let zones = config.zones()?;
-    let links = config
-        .mappers()
-        .into_iter()
-        .map(|url| MapperLink::new(&config, url))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    for link in &links {
-        if config.mapper_ca_file.is_none() && !config::is_loopback(&link.url) {
-            tracing::warn!(mapper = %link.url, "following a mapper beyond loopback in plaintext: use https:// and mapper_ca_file");
-        }
-    }
-    let following = Arc::new(Following {
-        links,
-        in_use: Mutex::default(),
-    });
+    let following = Arc::new(following(&config)?);
     // The metrics listener is bound (and the recorder installed, before the front registers
     // its counters) first: a port in use stops the start at once.
     let metrics = match config.metrics_listen {
@@ -121,34 +108,7 @@ pub async fn run_from(
         }
         None => None,
     };
-    let statics = config.static_data()?;
-    let keyset = config.dnssec_keyset()?;
-    if let Some(k) = &keyset {
-        tracing::info!(keys = %k.summary(), "DNSSEC: signing answers to queries with the DO bit");
-    }
-    for z in &zones {
-        for ns in zonedata::unaddressed(z, &statics) {
-            tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
-        }
-    }
-    let services = config.services()?;
-    let front = Arc::new(
-        Front::new(
-            Zones::with_data(&zones, config.soa_serial, config.ttl_secs, statics)
-                .with_services(services),
-            config.ttl_secs,
-            config.max_udp_payload,
-            now_unix_ms(),
-        )
-        .with_identity(&config.name)
-        .with_cookies(cookies_of(&config)?)
-        .with_rrl(rrl_of(&config))
-        .with_dnssec(dnssec::Signing::new(
-            keyset,
-            config.dnssec_validity(),
-            config.dnssec_cache_entries,
-        )),
-    );
+    let front = Arc::new(front(&config, &zones)?);
     let reloader = tokio::spawn(reload_on_hangup(
         config.clone(),
         config_file,
@@ -240,6 +200,57 @@ pub async fn run_from(
         t.abort();
     }
     Ok(())
+}
+
+/// The links to the configured mappers, none in use yet (a plaintext link beyond loopback is
+/// warned of).
+fn following(config: &DnsConfig) -> anyhow::Result<Following> {
+    let links = config
+        .mappers()
+        .into_iter()
+        .map(|url| MapperLink::new(config, url))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for link in &links {
+        if config.mapper_ca_file.is_none() && !config::is_loopback(&link.url) {
+            tracing::warn!(mapper = %link.url, "following a mapper beyond loopback in plaintext: use https:// and mapper_ca_file");
+        }
+    }
+    Ok(Following {
+        links,
+        in_use: Mutex::default(),
+    })
+}
+
+/// What the answering threads share, from `config` and its `zones`: the zone data (static
+/// records, service bindings), the identity, the cookies' secrets, rate limiting and the
+/// DNSSEC keys, each read and checked now (an error names its key).
+fn front(config: &DnsConfig, zones: &[zonedata::ZoneConfig]) -> anyhow::Result<Front> {
+    let statics = config.static_data()?;
+    let keyset = config.dnssec_keyset()?;
+    if let Some(k) = &keyset {
+        tracing::info!(keys = %k.summary(), "DNSSEC: signing answers to queries with the DO bit");
+    }
+    for z in zones {
+        for ns in zonedata::unaddressed(z, &statics) {
+            tracing::warn!(zone = %z.apex, nameserver = %ns, "a nameserver inside its zone without an address: give it an A or AAAA record in [[records]] (a delegation checker flags it)");
+        }
+    }
+    let services = config.services()?;
+    Ok(Front::new(
+        Zones::with_data(zones, config.soa_serial, config.ttl_secs, statics)
+            .with_services(services),
+        config.ttl_secs,
+        config.max_udp_payload,
+        now_unix_ms(),
+    )
+    .with_identity(&config.name)
+    .with_cookies(cookies_of(config)?)
+    .with_rrl(rrl_of(config))
+    .with_dnssec(dnssec::Signing::new(
+        keyset,
+        config.dnssec_validity(),
+        config.dnssec_cache_entries,
+    )))
 }
 
 /// The server cookies' secrets of `config`, else a random one for this process (logged: its
