@@ -1004,7 +1004,29 @@ fn print_medians(servers: &[Server], results: &[Vec<Run>], threads: usize) {
             1.0 / lo
         );
     }
-    for &(peer, s) in &peers {
+    print_cpu_targets(&peers, &|i| cpu(i), ours);
+    let signed = servers.iter().position(|&s| s == Server::CdnmapSigned);
+    let knot_signed = servers.iter().position(|&s| s == Server::KnotGeoipSigned);
+    if let (Some(ours), Some(knot)) = (signed, knot_signed) {
+        let ratio = q(ours) / q(knot);
+        let (lo, mid, hi) = paired(&results[ours], &results[knot], |r| r.qps);
+        println!(
+            "queries per second, cdnmap-signed / knot-geoip-signed: {ratio:.3} (target >= {SIGNED_OVER_KNOT}: {}); run by run: median {mid:.3}, from {lo:.3} to {hi:.3}",
+            met(ratio >= SIGNED_OVER_KNOT)
+        );
+    }
+    if !saturated {
+        println!(
+            "the servers' threads were not all busy (>= {SATURATED_PCT:.0}%): the rates are bounded by dnsperf, not by the servers, and their ratios tie within the noise; the CPU per query is what tells the servers apart here"
+        );
+    }
+}
+
+/// Each peer's CPU a query over cdnmap dns's (by the medians, `cpu` of a server's index), with
+/// issue 16's target against gdnsd-geoip.
+fn print_cpu_targets(peers: &[(usize, Server)], cpu: &dyn Fn(usize) -> f64, ours: usize) {
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    for &(peer, s) in peers {
         let ratio = cpu(peer) / cpu(ours);
         match s {
             Server::GdnsdGeoip => println!(
@@ -1021,21 +1043,6 @@ fn print_medians(servers: &[Server], results: &[Vec<Run>], threads: usize) {
                 s.name()
             ),
         }
-    }
-    let signed = servers.iter().position(|&s| s == Server::CdnmapSigned);
-    let knot_signed = servers.iter().position(|&s| s == Server::KnotGeoipSigned);
-    if let (Some(ours), Some(knot)) = (signed, knot_signed) {
-        let ratio = q(ours) / q(knot);
-        let (lo, mid, hi) = paired(&results[ours], &results[knot], |r| r.qps);
-        println!(
-            "queries per second, cdnmap-signed / knot-geoip-signed: {ratio:.3} (target >= {SIGNED_OVER_KNOT}: {}); run by run: median {mid:.3}, from {lo:.3} to {hi:.3}",
-            met(ratio >= SIGNED_OVER_KNOT)
-        );
-    }
-    if !saturated {
-        println!(
-            "the servers' threads were not all busy (>= {SATURATED_PCT:.0}%): the rates are bounded by dnsperf, not by the servers, and their ratios tie within the noise; the CPU per query is what tells the servers apart here"
-        );
     }
 }
 
@@ -1239,6 +1246,67 @@ fn start_peer(
     })
 }
 
+/// The mapper and `cdnmap dns` following it, its answers checked against `Resolve`, and beside
+/// it the signed front end and the dnstap one when asked for: each pushed onto `targets`. The
+/// mapper, and the dnstap front end's metrics port.
+fn start_cdnmaps(
+    a: &DnsBenchArgs,
+    servers: &[Server],
+    exe: &Path,
+    dir: &Path,
+    queries: &Path,
+    targets: &mut Vec<Target>,
+) -> Result<(Proc, Option<u16>)> {
+    let mut tap_metrics = None;
+    let [grpc, http, dns_port] = [(); 3].map(|()| free_port());
+    let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
+    let (mapper, front, dns_addr) = start_cdnmap(a, exe, dir, (grpc, http, dns_port))?;
+    let (checked, equal, later) = check_answers(dns_addr, grpc, queries)?;
+    println!(
+        "answers: cdnmap dns gave Resolve's answer (addresses in order, ECS scope) to all \
+         {checked} queries checked ({equal} at once, {later} at a second look after a round)"
+    );
+    targets.push(Target {
+        server: Server::Cdnmap,
+        addr: dns_addr,
+        proc: front,
+        queries: queries.to_path_buf(),
+    });
+    if servers.contains(&Server::CdnmapSigned) {
+        let do_file = dir.join("queries-do.bin");
+        let (p, addr) = start_signed(a, exe, dir, grpc, free_port()?, &do_file)?;
+        println!("cdnmap-signed: a second front end signing online, asked with DO queries");
+        targets.push(Target {
+            server: Server::CdnmapSigned,
+            addr,
+            proc: p,
+            queries: do_file,
+        });
+    }
+    if let Some(file) = &a.dnstap {
+        let ports = (free_port()?, free_port()?);
+        let (p, addr) = start_tapped(a, exe, dir, grpc, ports, (file, a.dnstap_sample))?;
+        println!(
+            "{}: a second front end logging {} in dnstap to {}",
+            Server::CdnmapDnstap.name(),
+            if a.dnstap_sample == 1 {
+                "every query and response".to_string()
+            } else {
+                format!("one query (and response) of {}", a.dnstap_sample)
+            },
+            file.display()
+        );
+        tap_metrics = Some(ports.1);
+        targets.push(Target {
+            server: Server::CdnmapDnstap,
+            addr,
+            proc: p,
+            queries: queries.to_path_buf(),
+        });
+    }
+    Ok((mapper, tap_metrics))
+}
+
 pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     check_args(a)?;
     let servers = a.selected();
@@ -1262,56 +1330,11 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     }
     drop(world);
     let mut targets = Vec::new();
-    let mut serve = None;
-    let mut tap_metrics = None;
+    let (mut serve, mut tap_metrics) = (None, None);
     if servers.contains(&Server::Cdnmap) {
-        let [grpc, http, dns_port] = [(); 3].map(|()| free_port());
-        let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
-        let (mapper, front, dns_addr) = start_cdnmap(a, &exe, &dir, (grpc, http, dns_port))?;
-        let (checked, equal, later) = check_answers(dns_addr, grpc, &queries)?;
-        println!(
-            "answers: cdnmap dns gave Resolve's answer (addresses in order, ECS scope) to all \
-             {checked} queries checked ({equal} at once, {later} at a second look after a round)"
-        );
+        let (mapper, metrics) = start_cdnmaps(a, &servers, &exe, &dir, &queries, &mut targets)?;
         serve = Some(mapper);
-        targets.push(Target {
-            server: Server::Cdnmap,
-            addr: dns_addr,
-            proc: front,
-            queries: queries.clone(),
-        });
-        if servers.contains(&Server::CdnmapSigned) {
-            let do_file = dir.join("queries-do.bin");
-            let (p, addr) = start_signed(a, &exe, &dir, grpc, free_port()?, &do_file)?;
-            println!("cdnmap-signed: a second front end signing online, asked with DO queries");
-            targets.push(Target {
-                server: Server::CdnmapSigned,
-                addr,
-                proc: p,
-                queries: do_file,
-            });
-        }
-        if let Some(file) = &a.dnstap {
-            let ports = (free_port()?, free_port()?);
-            let (p, addr) = start_tapped(a, &exe, &dir, grpc, ports, (file, a.dnstap_sample))?;
-            println!(
-                "{}: a second front end logging {} in dnstap to {}",
-                Server::CdnmapDnstap.name(),
-                if a.dnstap_sample == 1 {
-                    "every query and response".to_string()
-                } else {
-                    format!("one query (and response) of {}", a.dnstap_sample)
-                },
-                file.display()
-            );
-            tap_metrics = Some(ports.1);
-            targets.push(Target {
-                server: Server::CdnmapDnstap,
-                addr,
-                proc: p,
-                queries: queries.clone(),
-            });
-        }
+        tap_metrics = metrics;
     }
     for plan in planned {
         targets.push(start_peer(plan, &dir, gdnsd.as_deref(), knotd.as_deref())?);
