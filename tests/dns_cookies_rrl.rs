@@ -5,7 +5,8 @@
 //! - `dig +cookie` learns a server cookie at one front end, and a second front end with the
 //!   same `cookie_secret` takes it as valid (it echoes it: a young valid cookie is kept), while
 //!   a front end with another secret replaces it; after a rotation (a new secret, the old one as
-//!   `cookie_secret_previous`) the old cookie is still valid; a malformed cookie is FORMERR;
+//!   `cookie_secret_previous`), by a restart or by SIGHUP, the old cookie is still valid; a
+//!   malformed cookie is FORMERR;
 //! - a flood of queries from many addresses of one /24 (the "victim" a reflection attack would
 //!   aim at) gets at most the configured rate of answers a second, the rest dropped but for the
 //!   slips (TC=1, or BADCOOKIE to queries with a client cookie), while clients in other /24s get
@@ -118,6 +119,23 @@ async fn cookies_are_valid_across_the_fleet_and_across_a_rotation() {
     let (new, _) = cookie.expect("a cookie");
     let (_, cookie) = dig_cookie(&three, Some(&new));
     assert_eq!(cookie, Some((new.clone(), true)));
+    // The same rotation without a restart: SIGHUP after the configuration is rewritten.
+    let config = std::fs::read_to_string(&one.config).expect("the config");
+    std::fs::write(&one.config, config.replacen(&shared, &rotated, 1)).expect("rewrite it");
+    one.process.send_signal("HUP");
+    one.wait_logged("cookie secrets replaced (current and previous)", 1);
+    let (_, cookie) = dig_cookie(&one, Some(&learned));
+    assert_eq!(cookie, Some((learned.clone(), true)), "the old one valid");
+    let (_, cookie) = dig_cookie(&one, None);
+    let (new, _) = cookie.expect("a cookie");
+    let (_, cookie) = dig_cookie(&three, Some(&new));
+    assert_eq!(cookie, Some((new, true)), "made with the new secret");
+    // A secret that does not load keeps the ones in use.
+    std::fs::write(&one.config, config.replacen(SECRET_A, "not hex", 1)).expect("rewrite");
+    one.process.send_signal("HUP");
+    one.wait_logged("the one in use is kept", 1);
+    let (_, cookie) = dig_cookie(&one, Some(&learned));
+    assert_eq!(cookie, Some((learned, true)));
 }
 
 /// An A query for `www.cdn.example` with id `id`, and an OPT record with a COOKIE option of

@@ -228,19 +228,6 @@ fn rrsig_tags(reply: &Reply, covered: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits (bounded) until `dns`'s log says `needle` `n` times.
-fn wait_logged(dns: &Dns, needle: &str, n: usize) {
-    let started = std::time::Instant::now();
-    while dns.log().matches(needle).count() < n {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(10),
-            "cdnmap dns did not log {needle:?} {n} times:\n{}",
-            dns.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 /// A key rollover through SIGHUP: a key made to be active tomorrow, added to `dnssec_keys`, is
 /// published in the DNSKEY RRset at once and signs nothing yet (the old key keeps signing, and
 /// `delv` keeps validating with the old DS); a key set that does not load keeps the one in
@@ -286,7 +273,7 @@ async fn sighup_publishes_the_next_key_before_it_signs() {
     );
     std::fs::write(&dns.config, &both).expect("rewrite the config");
     dns.process.send_signal("HUP");
-    wait_logged(&dns, "SIGHUP: the zone data reloaded", 1);
+    dns.wait_logged("SIGHUP: the zone data reloaded", 1);
     let keys = dnskey(&dns);
     assert_eq!(
         keys.answers.iter().filter(|a| a.2 == "DNSKEY").count(),
@@ -310,7 +297,7 @@ async fn sighup_publishes_the_next_key_before_it_signs() {
     let broken = both.replacen("dnssec_keys = [", "dnssec_keys = [\"/nonexistent/Kx\", ", 1);
     std::fs::write(&dns.config, broken).expect("rewrite the config");
     dns.process.send_signal("HUP");
-    wait_logged(&dns, "the one in use is kept", 1);
+    dns.wait_logged("the one in use is kept", 1);
     assert!(
         dns.log()
             .contains("dnssec_keys[0]: /nonexistent/Kx.key: cannot be read"),

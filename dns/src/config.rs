@@ -173,7 +173,7 @@ pub struct DnsConfig {
     /// The server cookies' secret, 32 hex digits, the same on every front end of a fleet
     /// (`crate::cookie`; absent, and no file: a random one for this process).
     pub cookie_secret: Option<String>,
-    /// A file holding `cookie_secret`, read at start.
+    /// A file holding `cookie_secret`, read at start and on SIGHUP.
     pub cookie_secret_file: Option<PathBuf>,
     /// The secret before `cookie_secret`: cookies it made stay valid (a rotation), none is
     /// made with it.

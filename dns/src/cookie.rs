@@ -47,19 +47,31 @@ pub const MAX_AHEAD_SECS: i64 = 300;
 pub type Secret = [u8; 16];
 
 /// The secrets server cookies are made and checked with, and the clock they are dated by.
+/// Clones share the secrets, which [`Cookies::replace`] swaps for every clone at once (SIGHUP:
+/// a rotation without a restart).
 #[derive(Clone)]
 pub struct Cookies {
-    current: Secret,
-    previous: Option<Secret>,
+    secrets: std::sync::Arc<arc_swap::ArcSwap<Secrets>>,
     /// `None`: the system clock; `Some`: a fixed time (tests: deterministic bytes).
     fixed_now: Option<u32>,
+}
+
+/// The secret cookies are made with and the one before it, still accepted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Secrets {
+    current: Secret,
+    previous: Option<Secret>,
+    /// Whether `current` was configured (else it is this process's random one).
+    configured: bool,
 }
 
 impl std::fmt::Debug for Cookies {
     /// Never the secrets.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secrets = self.secrets.load();
         f.debug_struct("Cookies")
-            .field("previous", &self.previous.is_some())
+            .field("configured", &secrets.configured)
+            .field("previous", &secrets.previous.is_some())
             .field("fixed_now", &self.fixed_now)
             .finish_non_exhaustive()
     }
@@ -87,17 +99,54 @@ impl Cookies {
     /// Cookies made with `current` and checked with it and `previous`, dated by the system
     /// clock.
     pub fn new(current: Secret, previous: Option<Secret>) -> Cookies {
-        Cookies {
+        Cookies::of(Secrets {
             current,
             previous,
-            fixed_now: None,
-        }
+            configured: true,
+        })
     }
 
     /// Cookies with a random secret (no `cookie_secret` configured): they work with this
     /// process only.
     pub fn random() -> Cookies {
-        Cookies::new(rand::random(), None)
+        Cookies::of(Secrets {
+            current: rand::random(),
+            previous: None,
+            configured: false,
+        })
+    }
+
+    fn of(secrets: Secrets) -> Cookies {
+        Cookies {
+            secrets: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(secrets)),
+            fixed_now: None,
+        }
+    }
+
+    /// Makes cookies with the secrets `next` holds from now on, for every clone (a
+    /// configuration read again). Without a configured secret the process keeps its random
+    /// one, or, when a configured one is dropped, makes a new random one and still accepts the
+    /// dropped one's cookies as the previous secret's. Says what changed.
+    pub fn replace(&self, next: Option<&Cookies>) -> &'static str {
+        let now = **self.secrets.load();
+        let secrets = match next {
+            Some(next) => **next.secrets.load(),
+            None if !now.configured => return "cookie secret unchanged (this process's own)",
+            None => Secrets {
+                current: rand::random(),
+                previous: Some(now.current),
+                configured: false,
+            },
+        };
+        if secrets == now {
+            return "cookie secrets unchanged";
+        }
+        self.secrets.store(std::sync::Arc::new(secrets));
+        match (secrets.configured, secrets.previous.is_some()) {
+            (true, true) => "cookie secrets replaced (current and previous)",
+            (true, false) => "cookie secret replaced",
+            (false, _) => "cookie secret dropped: cookies made with a random secret of this process, the dropped one's still valid",
+        }
     }
 
     /// [`Cookies::new`] dated `now` whatever the clock says (tests: the same bytes every run).
@@ -129,19 +178,25 @@ impl Cookies {
         }
         let mut reply = [0u8; REPLY_LEN];
         reply[..CLIENT_LEN].copy_from_slice(cc);
-        let age = self.valid_age(cc, server, client, now);
+        let secrets = self.secrets.load();
+        let age = secrets.valid_age(cc, server, client, now);
         match age {
             Some(age) if age <= RENEW_AFTER_SECS => reply[CLIENT_LEN..].copy_from_slice(server),
-            _ => {
-                reply[CLIENT_LEN..].copy_from_slice(&server_cookie(&self.current, cc, client, now))
-            }
+            _ => reply[CLIENT_LEN..].copy_from_slice(&server_cookie(
+                &secrets.current,
+                cc,
+                client,
+                now,
+            )),
         }
         Checked::Good {
             reply,
             valid: age.is_some(),
         }
     }
+}
 
+impl Secrets {
     /// The age of `server` at `now` when it is a valid server cookie for client cookie `cc`
     /// from `client` (module docs).
     fn valid_age(
@@ -424,6 +479,49 @@ mod tests {
 
     /// The cookie is found in a query's OPT record beside other options; a query cut short or
     /// without one has none.
+    #[test]
+    fn replaced_secrets_are_used_by_every_clone_and_the_previous_stays_valid() {
+        let (a, b) = (secret("e5e973e5a6b2a43f48e7dc849e37bfcf"), [5u8; 16]);
+        let t = 1_800_000_000u32;
+        let cookies = Cookies::at_fixed_time(a, None, t);
+        let clone = cookies.clone();
+        let client = ip("198.51.100.7");
+        let cc = [3u8; 8];
+        let with = |secret: &Secret| {
+            let mut option = cc.to_vec();
+            option.extend_from_slice(&server_cookie(secret, &cc, client, t));
+            option
+        };
+        assert!(clone.check(&with(&a), client, t).valid());
+        assert!(!clone.check(&with(&b), client, t).valid());
+        let said = cookies.replace(Some(&Cookies::new(b, Some(a))));
+        assert!(said.contains("replaced"), "{said}");
+        // The clone makes cookies with the new secret and takes both.
+        let Checked::Good { reply, .. } = clone.check(&cc, client, t) else {
+            panic!("malformed?");
+        };
+        assert_eq!(reply[..], with(&b)[..]);
+        assert!(clone.check(&with(&a), client, t).valid());
+        assert!(clone.check(&with(&b), client, t).valid());
+        assert_eq!(
+            cookies.replace(Some(&Cookies::new(b, Some(a)))),
+            "cookie secrets unchanged"
+        );
+        // Dropped: a random secret of this process, the dropped one still taken.
+        cookies.replace(None);
+        assert!(clone.check(&with(&b), client, t).valid());
+        assert!(!clone.check(&with(&a), client, t).valid());
+        let Checked::Good { reply, .. } = clone.check(&cc, client, t) else {
+            panic!("malformed?");
+        };
+        assert_ne!(reply[..], with(&b)[..]);
+        // A process's own random secret is kept when none is configured again.
+        let own = Cookies::random();
+        let before = own.check(&cc, client, t);
+        assert!(own.replace(None).contains("unchanged"));
+        assert_eq!(own.check(&cc, client, t), before);
+    }
+
     #[test]
     fn the_cookie_is_found_in_a_query() {
         let mut q = vec![

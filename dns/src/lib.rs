@@ -572,7 +572,8 @@ async fn reload_on_hangup(
 }
 
 /// Reads `path` again and puts its zone data in use in `front`: its `[[records]]`,
-/// `soa_serial` and DNSSEC keys (`dnssec_keys`, the key files read again), checked against the
+/// `soa_serial`, `[[services]]`, DNSSEC keys (`dnssec_keys`, the key files read again) and
+/// cookie secrets (`cookie_secret*`, the file read again), checked against the
 /// zones, nameservers and TTLs of `running` (the configuration the front end started with: the
 /// other keys are read at start only). An error (the file, its TOML, a record, a key file)
 /// leaves the zone data and the keys in use as they were.
@@ -586,6 +587,9 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
         soa_serial: file.soa_serial,
         services: file.services,
         dnssec_keys: file.dnssec_keys,
+        cookie_secret: file.cookie_secret,
+        cookie_secret_file: file.cookie_secret_file,
+        cookie_secret_previous: file.cookie_secret_previous,
         ..running.clone()
     };
     let statics = next
@@ -604,6 +608,9 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
     let keys = keyset
         .as_ref()
         .map_or("no DNSSEC keys".into(), |k| k.summary());
+    let cookies = next
+        .cookies()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let said = front
         .zones
         .reload(statics, next.soa_serial)
@@ -611,8 +618,9 @@ pub fn reload_zone_data(running: &DnsConfig, path: &Path, front: &Front) -> anyh
     let bindings = services.len();
     front.zones.services.store(Arc::new(services));
     front.dnssec.replace(keyset);
+    let cookies = front.cookies.replace(cookies.as_ref());
     Ok(format!(
-        "{said}; {bindings} service bindings; DNSSEC: {keys}"
+        "{said}; {bindings} service bindings; DNSSEC: {keys}; {cookies}"
     ))
 }
 

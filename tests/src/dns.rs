@@ -93,6 +93,19 @@ impl Dns {
         self.process.log()
     }
 
+    /// Waits (10 s at most) until the log holds `needle` `n` times.
+    pub fn wait_logged(&self, needle: &str, n: usize) {
+        let started = std::time::Instant::now();
+        while self.log().matches(needle).count() < n {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "cdnmap dns did not log {needle:?} {n} times:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     pub fn dig(&self, args: &[&str]) -> Reply {
         dig(self.addr, args)
     }
