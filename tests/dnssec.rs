@@ -181,6 +181,8 @@ async fn delv_validates_signed_answers() {
         for (name, qtype, want) in [
             ("www.cdn.example", "A", &[positive][..]),
             ("x.video.cdn.example", "AAAA", &[positive, negative][..]),
+            ("x.video.cdn.example", "A", &[positive][..]),
+            ("api.apps.cdn.example", "A", &[positive][..]),
             ("nothing-here.cdn.example", "A", &[negative][..]),
             ("www.cdn.example", "TXT", &[negative][..]),
             ("www.cdn.example", "HTTPS", &[positive][..]),
@@ -196,6 +198,30 @@ async fn delv_validates_signed_answers() {
                 want.iter().any(|w| out.lines().any(|l| l.trim() == *w)),
                 "{keys:?}: delv {name} {qtype}: wanted {want:?}:\n{out}\n{}",
                 dns.log()
+            );
+        }
+        // A wildcard's answer is signed as the wildcard's RRset (Labels 3:
+        // `*.video.cdn.example`), with the NSEC that shows the name itself is not there; the
+        // same over UDP (the fast path) and TCP (hickory's).
+        for transport in ["+notcp", "+tcp"] {
+            let r = dns.dig(&[transport, "x.video.cdn.example", "A", "+dnssec"]);
+            let labels: Vec<&str> = r
+                .answers
+                .iter()
+                .filter(|a| a.2 == "RRSIG")
+                .filter_map(|a| a.3.split_whitespace().nth(2))
+                .collect();
+            assert!(
+                !labels.is_empty() && labels.iter().all(|l| *l == "3"),
+                "{transport}: {}",
+                r.raw
+            );
+            assert!(
+                r.authority.iter().any(|a| a.2 == "NSEC"
+                    && a.0 == "w\\255.video.cdn.example."
+                    && a.3.starts_with("x\\000.video.cdn.example. RRSIG NSEC")),
+                "{transport}: {}",
+                r.raw
             );
         }
         if keys.len() == 2 && keys[1] == ed_csk.as_path() {

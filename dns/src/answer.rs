@@ -603,6 +603,7 @@ fn secure(
         qtype: q.qtype,
         dnssec_ok,
         mapped: live.is_some_and(|l| l.view.resolver.rules().rule_class(qname).is_some()),
+        wildcard: live.and_then(|l| l.view.resolver.rules().synthesized_from(qname)),
         statics: &statics,
         services: &services,
     };

@@ -43,6 +43,7 @@ const TYPE_A: u16 = 1;
 const TYPE_AAAA: u16 = 28;
 const TYPE_OPT: u16 = 41;
 const TYPE_RRSIG: u16 = 46;
+const TYPE_NSEC: u16 = 47;
 const CLASS_IN: u16 = 1;
 const OPTION_ECS: u16 = 8;
 /// Without EDNS a UDP response may be 512 bytes (RFC 1035 §4.2.1).
@@ -375,6 +376,7 @@ fn answer_block(front: &Front, batch: &[(&[u8], SocketAddr)], out: &mut [Vec<u8>
             let block = Block {
                 front,
                 view: &view,
+                statics: &statics,
                 taken: &taken,
                 hashes: &hashes,
                 answers: &answers,
@@ -413,6 +415,7 @@ fn prefetch_servers(
 struct Block<'b, 'a, 'n> {
     front: &'b Front,
     view: &'b View<'b>,
+    statics: &'b StaticData,
     taken: &'b [Taken<'a, 'n>],
     hashes: &'b [u64],
     answers: &'b [Answer],
@@ -464,7 +467,16 @@ impl Block<'_, '_, '_> {
                 .as_deref()
                 .filter(|_| p.dnssec_ok)
                 .and_then(|k| d.zone.and_then(|z| k.zone(z)))
-                .map(|zone| Sig { zone, now });
+                .map(|zone| Sig {
+                    zone,
+                    now,
+                    wildcard: crate::dnssec::reply::signed_as_wildcard(
+                        self.view.resolver.rules().synthesized_from(q.name),
+                        zone,
+                        self.statics,
+                        q.name,
+                    ),
+                });
             if !encode(p, front, addrs, scope, sig, &mut out[i]) {
                 continue; // truncated: hickory's
             }
@@ -580,25 +592,28 @@ fn encode(
     fits
 }
 
-/// A DO query's answer in a signed zone: its zone's keys, and now (Unix seconds).
+/// A DO query's answer in a signed zone: its zone's keys, now (Unix seconds), and the labels
+/// of the wildcard its answer is signed as, if any (`crate::dnssec::reply`).
 #[derive(Clone, Copy)]
 struct Sig<'k> {
     zone: &'k crate::dnssec::ZoneKeys,
     now: u64,
+    wildcard: Option<u8>,
 }
 
 /// The RRSIG records of the address records just written to `out` (the first one's owner at
 /// `owner`, `name` bytes long, in lower case), each owned by a pointer to it, as hickory's
-/// path writes them (`crate::dnssec::reply`); how many.
+/// path writes them (`crate::dnssec::reply`); how many. Signed as the wildcard's RRset when
+/// `star` is the wildcard's name (wire form) and labels.
 fn encode_rrsigs(
     front: &Front,
     sig: Sig<'_>,
-    labels: u8,
+    (labels, star): (u8, Option<&[u8]>),
     addrs: &[IpAddr],
     (owner, name): (usize, usize),
     out: &mut Vec<u8>,
 ) -> u16 {
-    let owner_wire = out[owner..owner + name].to_vec();
+    let owner_wire = star.map_or_else(|| out[owner..owner + name].to_vec(), <[u8]>::to_vec);
     let octets: Vec<([u8; 16], usize)> = addrs
         .iter()
         .map(|ip| match ip {
@@ -615,26 +630,85 @@ fn encode_rrsigs(
         Some(IpAddr::V6(_)) => TYPE_AAAA,
         _ => TYPE_A,
     };
+    let signed = Signed {
+        owner: &owner_wire,
+        labels,
+        rtype,
+        ttl: front.ttl,
+    };
+    write_rrsigs(front, sig, signed, &mut rdatas, owner, out)
+}
+
+/// What an RRSIG covers: the RRset's owner as signed (wire form, lower case), its Labels
+/// field, type and TTL.
+struct Signed<'o> {
+    owner: &'o [u8],
+    labels: u8,
+    rtype: u16,
+    ttl: u32,
+}
+
+/// The RRSIG records of the RRset `signed` of `rdatas`, each owned by a pointer to `at`;
+/// how many.
+fn write_rrsigs(
+    front: &Front,
+    sig: Sig<'_>,
+    signed: Signed<'_>,
+    rdatas: &mut [&[u8]],
+    at: usize,
+    out: &mut Vec<u8>,
+) -> u16 {
     let mut written = 0;
     front.dnssec.rrsig_rdatas(
         sig.zone,
-        &owner_wire,
-        labels,
-        rtype,
-        front.ttl,
-        &mut rdatas,
+        signed.owner,
+        signed.labels,
+        signed.rtype,
+        signed.ttl,
+        rdatas,
         sig.now,
         |rdata| {
-            out.extend_from_slice(&(0xc000 | owner as u16).to_be_bytes());
+            out.extend_from_slice(&(0xc000 | at as u16).to_be_bytes());
             out.extend_from_slice(&TYPE_RRSIG.to_be_bytes());
             out.extend_from_slice(&CLASS_IN.to_be_bytes());
-            out.extend_from_slice(&front.ttl.to_be_bytes());
+            out.extend_from_slice(&signed.ttl.to_be_bytes());
             out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
             out.extend_from_slice(rdata);
             written += 1;
         },
     );
     written
+}
+
+/// A wildcard answer's proof (RFC 4035 §3.1.3.3), after the answer section: the NSEC of
+/// [`crate::dnssec::sign::white_lie`] (its owner's first label, then a pointer to the rest
+/// of the answer's owner at `owner`, as hickory compresses it) and its RRSIGs; how many
+/// records.
+fn encode_wildcard_proof(
+    front: &Front,
+    sig: Sig<'_>,
+    (nsec_owner, nsec_rdata): (&[u8], &[u8]),
+    owner: usize,
+    out: &mut Vec<u8>,
+) -> u16 {
+    let at = out.len();
+    let first = 1 + usize::from(nsec_owner[0]);
+    out.extend_from_slice(&nsec_owner[..first]);
+    let rest = owner + 1 + usize::from(out[owner]);
+    out.extend_from_slice(&(0xc000 | rest as u16).to_be_bytes());
+    let ttl = crate::dnssec::reply::NSEC_TTL_DEFAULT;
+    out.extend_from_slice(&TYPE_NSEC.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out.extend_from_slice(&ttl.to_be_bytes());
+    out.extend_from_slice(&(nsec_rdata.len() as u16).to_be_bytes());
+    out.extend_from_slice(nsec_rdata);
+    let signed = Signed {
+        owner: nsec_owner,
+        labels: crate::dnssec::sign::wire_labels(nsec_owner),
+        rtype: TYPE_NSEC,
+        ttl,
+    };
+    1 + write_rrsigs(front, sig, signed, &mut [nsec_rdata], at, out)
 }
 
 /// [`encode`]'s bytes, whether they fit.
@@ -683,11 +757,28 @@ fn encode_into(
         out.extend_from_slice(rdata);
     }
     if let Some(sig) = sig {
-        let rrsigs = encode_rrsigs(front, sig, q.labels, addrs, (owner, name.len()), out);
+        // A wildcard's answer: signed as `*.<encloser>`, with a white lie's NSEC.
+        let lower: Vec<u8> = out[owner..owner + name.len()].to_vec();
+        let wildcard = sig.wildcard.and_then(|l| {
+            let lie = crate::dnssec::sign::white_lie(&lower)?;
+            let mut star = vec![1, b'*'];
+            star.extend_from_slice(&lower[1 + usize::from(lower[0])..]);
+            Some((l, star, lie))
+        });
+        let (labels, star) = match &wildcard {
+            Some((l, star, _)) => (*l, Some(star.as_slice())),
+            None => (q.labels, None),
+        };
+        let rrsigs = encode_rrsigs(front, sig, (labels, star), addrs, (owner, name.len()), out);
         let Some(total) = answers.checked_add(rrsigs) else {
             return false;
         };
         out[6..8].copy_from_slice(&total.to_be_bytes());
+        if let Some((_, _, (nsec_owner, nsec_rdata))) = &wildcard {
+            let proof = (nsec_owner.as_slice(), nsec_rdata.as_slice());
+            let n = encode_wildcard_proof(front, sig, proof, owner, out);
+            out[8..10].copy_from_slice(&n.to_be_bytes());
+        }
     }
     if let Some(payload) = payload {
         out.push(0);

@@ -64,8 +64,13 @@ pub struct ClassRules {
     /// Bit `n`: some wildcard suffix has `n` labels (63: 63 or more); only those suffixes of a
     /// name are looked up.
     wildcard_labels: u64,
+    /// Every name the rules make exist (DNS's view of them): each exact name, each wildcard
+    /// name's suffix, and their ancestors ([`Self::synthesized_from`]).
+    occupied: NameSet,
     default: ClassIdx,
 }
+
+type NameSet = std::collections::HashSet<String, xxhash_rust::xxh3::Xxh3DefaultBuilder>;
 
 fn label_bit(labels: usize) -> u64 {
     1 << labels.min(63)
@@ -111,6 +116,7 @@ impl ClassRules {
             exact: NameMap::default(),
             wildcard: NameMap::default(),
             wildcard_labels: 0,
+            occupied: NameSet::default(),
             default,
         };
         for (pattern, name) in rules {
@@ -129,6 +135,14 @@ impl ClassRules {
             }
             if pattern.starts_with("*.") {
                 out.wildcard_labels |= label_bit(host.split('.').count());
+            }
+            let mut at = host.as_str();
+            loop {
+                out.occupied.insert(at.to_string());
+                let Some((_, up)) = at.split_once('.') else {
+                    break;
+                };
+                at = up;
             }
             let table = if pattern.starts_with("*.") {
                 &mut out.wildcard
@@ -162,6 +176,7 @@ impl ClassRules {
             exact: NameMap::default(),
             wildcard: NameMap::default(),
             wildcard_labels: 0,
+            occupied: NameSet::default(),
             default: class,
         }
     }
@@ -175,23 +190,7 @@ impl ClassRules {
     /// default class; an authoritative front end answers NXDOMAIN for it).
     pub fn rule_class(&self, qname: &str) -> Option<ClassIdx> {
         let mut buf = [0u8; MAX_QNAME_LEN];
-        let name = qname.strip_suffix('.').unwrap_or(qname);
-        if name.is_empty() || name.len() > MAX_QNAME_LEN || !name.is_ascii() {
-            return None;
-        }
-        // Lower case as the rules are; a name that already is (as a front end's are) is read
-        // in place.
-        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
-            let buf = &mut buf[..name.len()];
-            buf.copy_from_slice(name.as_bytes());
-            buf.make_ascii_lowercase();
-            let Ok(lower) = std::str::from_utf8(buf) else {
-                return None;
-            };
-            lower
-        } else {
-            name
-        };
+        let name = lower(qname, &mut buf)?;
         if !self.exact.is_empty() {
             if let Some(&k) = self.exact.get(name) {
                 return Some(k);
@@ -212,6 +211,41 @@ impl ClassRules {
         }
         None
     }
+
+    /// When `qname`'s answer is, in DNS's terms, synthesized from a wildcard whose closest
+    /// encloser is `qname` less its first label (RFC 4592: `*.video.example` answers
+    /// `v1.video.example`, and nothing the rules name is at or below `v1.video.example`):
+    /// the number of labels of that encloser, which is a DNSSEC signature's Labels field
+    /// for the wildcard (`crate`'s users sign the wildcard's RRset once for every name it
+    /// answers). `None` for any other name, deeper names below a wildcard included.
+    pub fn synthesized_from(&self, qname: &str) -> Option<u8> {
+        if self.wildcard.is_empty() {
+            return None;
+        }
+        let mut buf = [0u8; MAX_QNAME_LEN];
+        let name = lower(qname, &mut buf)?;
+        let (first, encloser) = name.split_once('.')?;
+        if first == "*" || !self.wildcard.contains_key(encloser) || self.occupied.contains(name) {
+            return None;
+        }
+        u8::try_from(encloser.split('.').count()).ok()
+    }
+}
+
+/// `qname` without its final dot, in lower case (in place when it already is, else in
+/// `buf`); `None` when it is empty, too long or not ASCII.
+fn lower<'a>(qname: &'a str, buf: &'a mut [u8; MAX_QNAME_LEN]) -> Option<&'a str> {
+    let name = qname.strip_suffix('.').unwrap_or(qname);
+    if name.is_empty() || name.len() > MAX_QNAME_LEN || !name.is_ascii() {
+        return None;
+    }
+    if !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Some(name);
+    }
+    let buf = &mut buf[..name.len()];
+    buf.copy_from_slice(name.as_bytes());
+    buf.make_ascii_lowercase();
+    std::str::from_utf8(buf).ok()
 }
 
 /// Why an answer names the clusters it does (the answer's routing reason: a metric label of
@@ -1269,6 +1303,39 @@ mod tests {
             unit: Vec::new(),
             group_of: Vec::new(),
             classes: 1,
+        }
+    }
+
+    /// A name is synthesized from a wildcard (in DNS's sense) only one label below the
+    /// wildcard's suffix, and only when no rule makes it or a name below it exist.
+    #[test]
+    fn names_synthesized_from_a_wildcard() {
+        let rule = |p: &str| (p.to_string(), "web".to_string());
+        let rules = ClassRules::new(
+            &["web"],
+            &[
+                rule("*.v.example.com"),
+                rule("www.v.example.com"),
+                rule("a.b.v.example.com"),
+                rule("*.e.v.example.com"),
+                rule("cdn.example.com"),
+            ],
+            "web",
+        )
+        .expect("valid rules");
+        for (name, want) in [
+            ("v1.v.example.com.", Some(3)),
+            ("V1.V.Example.com", Some(3)),
+            ("x.e.v.example.com", Some(4)),
+            ("www.v.example.com", None), // an exact rule
+            ("b.v.example.com", None),   // a rule below it
+            ("e.v.example.com", None),   // a wildcard's suffix
+            ("x.y.v.example.com", None), // two labels below
+            ("*.v.example.com", None),   // the wildcard itself
+            ("v.example.com", None),
+            ("x.cdn.example.com", None), // no wildcard
+        ] {
+            assert_eq!(rules.synthesized_from(name), want, "{name}");
         }
     }
 

@@ -7,7 +7,10 @@
 //! SOA, NS, static records, the DNSKEY RRset), each followed by its RRSIGs. Denial is compact
 //! (RFC 9824): a name that does not exist is answered NOERROR with one NSEC at the query's name,
 //! next name `\000.<name>`, types RRSIG, NSEC and NXNAME; NODATA with one NSEC at the name
-//! listing the types there. The DNSKEY RRset is signed by the key-signing keys (SEP flag), the
+//! listing the types there. A positive answer synthesized from a wildcard rule
+//! (`ClassRules::synthesized_from`) is signed as the wildcard's RRset, one signature for every
+//! name it answers, with a minimally covering NSEC showing the name is not there
+//! (`sign::white_lie`). The DNSKEY RRset is signed by the key-signing keys (SEP flag), the
 //! rest by the zone-signing keys, or by the SEP keys when a zone has no other (a CSK); each
 //! algorithm of the zone's keys signs. Every key whose dates say it is published is in the
 //! DNSKEY RRset; only the active ones sign (a rollover's next key is published first).
@@ -267,6 +270,20 @@ impl Signing {
     /// `section` with each RRset (a run of records of one owner, type and class) followed by
     /// its RRSIGs by `zone`'s signers at `now`.
     pub fn signed_section(&self, zone: &ZoneKeys, section: Vec<Record>, now: u64) -> Vec<Record> {
+        self.signed_as(zone, section, None, now)
+    }
+
+    /// [`Signing::signed_section`], each RRset signed as the wildcard's RRset it was
+    /// synthesized from when `wildcard` gives that wildcard's labels (RFC 4035 §5.3.4: the
+    /// RRSIG's Labels field is the wildcard's, its signature over `*.<encloser>`), so one
+    /// signature serves every name the wildcard answers with the same records.
+    pub fn signed_as(
+        &self,
+        zone: &ZoneKeys,
+        section: Vec<Record>,
+        wildcard: Option<u8>,
+        now: u64,
+    ) -> Vec<Record> {
         let mut out = Vec::with_capacity(section.len() * 2);
         let mut start = 0;
         while start < section.len() {
@@ -281,18 +298,44 @@ impl Signing {
                 .map_or(section.len(), |n| start + n);
             let rrset = &section[start..end];
             out.extend_from_slice(rrset);
-            self.sign_rrset(zone, rrset, now, &mut out);
+            self.sign_rrset(zone, rrset, wildcard, now, &mut out);
             start = end;
         }
         out
     }
 
     /// Appends the RRSIGs of `rrset` (one owner, type, class; the first record's TTL) to
-    /// `out`, from the cache or made now.
-    fn sign_rrset(&self, zone: &ZoneKeys, rrset: &[Record], now: u64, out: &mut Vec<Record>) {
+    /// `out`, from the cache or made now; as the RRset of the wildcard of `wildcard` labels
+    /// above it when given ([`Signing::signed_as`]).
+    fn sign_rrset(
+        &self,
+        zone: &ZoneKeys,
+        rrset: &[Record],
+        wildcard: Option<u8>,
+        now: u64,
+        out: &mut Vec<Record>,
+    ) {
         let Some(first) = rrset.first() else { return };
         let rtype = first.record_type();
-        let refs: Vec<&Record> = rrset.iter().collect();
+        let star = wildcard
+            .filter(|&l| l < first.name.num_labels())
+            .and_then(|l| first.name.trim_to(usize::from(l)).prepend_label("*").ok());
+        let as_star: Vec<Record>;
+        let refs: Vec<&Record> = match &star {
+            Some(star) => {
+                as_star = rrset
+                    .iter()
+                    .map(|r| {
+                        let mut r = r.clone();
+                        r.name = star.clone();
+                        r
+                    })
+                    .collect();
+                as_star.iter().collect()
+            }
+            None => rrset.iter().collect(),
+        };
+        let owner = star.as_ref().unwrap_or(&first.name);
         let Some(body) = sign::canonical_rrset(&refs) else {
             tracing::debug!(owner = %first.name, %rtype, "an RRset that cannot be encoded is not signed");
             return;
@@ -302,7 +345,7 @@ impl Signing {
             let header = RrsigHeader {
                 covered: rtype,
                 algorithm: key.algorithm.number(),
-                owner: &first.name,
+                owner,
                 original_ttl: first.ttl,
                 window,
                 key_tag: key.tag,
@@ -388,6 +431,22 @@ impl Signing {
             rdata.extend_from_slice(&signature);
             out(&rdata);
         }
+    }
+
+    /// The NSEC of a wildcard answer for `qname` and its RRSIGs ([`sign::white_lie`]), TTL
+    /// `ttl`; `None` when there is no white lie to tell (the answer is then signed at its
+    /// name).
+    pub fn wildcard_proof(
+        &self,
+        zone: &ZoneKeys,
+        qname: &Name,
+        ttl: u32,
+        now: u64,
+    ) -> Option<Vec<Record>> {
+        let (owner, rdata) = sign::white_lie(&sign::wire_name(qname))?;
+        let owner = sign::name_of_wire(&owner)?;
+        let nsec = sign::raw_record(owner, ttl, DNSClass::IN, RecordType::NSEC, rdata);
+        Some(self.signed_section(zone, vec![nsec], now))
     }
 
     /// The compact denial (RFC 9824) for `owner`: its NSEC (types `types` with RRSIG and NSEC,

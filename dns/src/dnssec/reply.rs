@@ -12,7 +12,7 @@ use crate::zonedata::StaticData;
 
 /// The NSEC TTL when the authority section has no SOA (RFC 9077: the SOA's TTL and minimum,
 /// the lesser; the zones' are 60).
-const NSEC_TTL_DEFAULT: u32 = 60;
+pub const NSEC_TTL_DEFAULT: u32 = 60;
 
 /// What the query asked and what is at its name.
 pub struct Asked<'a> {
@@ -25,6 +25,9 @@ pub struct Asked<'a> {
     pub dnssec_ok: bool,
     /// Whether a hostname rule of the map names it (it has A and AAAA).
     pub mapped: bool,
+    /// When its answer is synthesized from a wildcard rule (`ClassRules::synthesized_from`):
+    /// that wildcard's labels.
+    pub wildcard: Option<u8>,
     /// The zones' static records.
     pub statics: &'a StaticData,
     /// The service bindings (HTTPS, SVCB) published at mapped names.
@@ -32,6 +35,12 @@ pub struct Asked<'a> {
 }
 
 impl Asked<'_> {
+    /// The labels of the wildcard the answer is signed as (a positive answer synthesized from
+    /// a wildcard of `zone` at a name no static record makes exist), if any.
+    fn signed_as_wildcard(&self, zone: &ZoneKeys) -> Option<u8> {
+        signed_as_wildcard(self.wildcard, zone, self.statics, self.qname_text)
+    }
+
     /// The types at the name (for a NODATA's NSEC): at an apex its SOA, NS, DNSKEY and static
     /// types; at a static name its types; at a mapped name A, AAAA and the service bindings
     /// published there (a validator may deny a type from a cached NSEC, RFC 8198); none at an
@@ -54,6 +63,22 @@ impl Asked<'_> {
         types.retain(|&t| t != u16::from(self.qtype));
         types
     }
+}
+
+/// The labels of the wildcard a positive answer at `qname` (lower case, final dot) is signed
+/// as: `wildcard`'s (`ClassRules::synthesized_from`), when that wildcard is in `zone` and no
+/// static record makes the name, or a name below it, exist. Both paths ask this.
+pub fn signed_as_wildcard(
+    wildcard: Option<u8>,
+    zone: &ZoneKeys,
+    statics: &StaticData,
+    qname: &str,
+) -> Option<u8> {
+    wildcard.filter(|&l| {
+        usize::from(l) >= usize::from(zone.apex.num_labels())
+            && statics.get(qname).is_none()
+            && !statics.is_between(qname)
+    })
 }
 
 /// Makes the response to `asked` in `zone` secure at `now`: `code`, the answer section
@@ -93,10 +118,25 @@ pub fn secure(
             _ => None,
         })
         .unwrap_or(NSEC_TTL_DEFAULT);
-    *answer = signing.signed_section(zone, std::mem::take(answer), now);
+    // A wildcard's answer is signed as the wildcard's RRset, with the NSEC that shows the
+    // name itself is not there (RFC 4035 §3.1.3.3).
+    let proof = asked
+        .signed_as_wildcard(zone)
+        .filter(|_| denial.is_none())
+        .and_then(|l| {
+            Some((
+                l,
+                signing.wildcard_proof(zone, &asked.qname, nsec_ttl, now)?,
+            ))
+        });
+    let wildcard = proof.as_ref().map(|(l, _)| *l);
+    *answer = signing.signed_as(zone, std::mem::take(answer), wildcard, now);
     let mut signed = signing.signed_section(zone, std::mem::take(authority), now);
     if let Some(types) = denial {
         signed.extend(signing.denial(zone, &asked.qname, &types, nsec_ttl, now));
+    }
+    if let Some((_, nsec)) = proof {
+        signed.extend(nsec);
     }
     *authority = signed;
     true
@@ -142,6 +182,7 @@ mod tests {
             qtype,
             dnssec_ok: true,
             mapped: qname.starts_with("www."),
+            wildcard: None,
             statics,
             services: &NO_SERVICES,
         }
@@ -176,6 +217,94 @@ mod tests {
             at += 2 + len;
         }
         (r.name.to_string(), bytes[..2].to_vec(), types)
+    }
+
+    /// A wildcard's answer is signed as `*.<encloser>` (Labels the encloser's), so two names
+    /// it answers with the same records share the signature (one cache entry), and carries a
+    /// signed NSEC covering the name; not so at a name a static record makes exist.
+    #[test]
+    fn wildcard_answers_share_the_wildcards_signature() {
+        let set = key_set();
+        let zone = set.zone(1).expect("signed");
+        let signing = Signing::new(None, Validity::default(), 1024);
+        let now = 1_796_653_289 + 60;
+        let statics = StaticData::default();
+        let address = |owner: &str| {
+            Record::from_rdata(name(owner), 20, RData::A(A(Ipv4Addr::new(192, 0, 2, 1))))
+        };
+        let mut signatures = Vec::new();
+        for qname in ["v1.cdn.example.", "v2.cdn.example."] {
+            let q = Asked {
+                wildcard: Some(2),
+                ..asked(qname, RecordType::A, &statics)
+            };
+            let (mut code, mut answer, mut authority) =
+                (ResponseCode::NoError, vec![address(qname)], Vec::new());
+            assert!(secure(
+                &signing,
+                zone,
+                &q,
+                &mut code,
+                &mut answer,
+                &mut authority,
+                now
+            ));
+            assert_eq!(answer[0].name, name(qname), "the records keep their owner");
+            let rrsig = &answer[2];
+            let RData::Unknown { rdata, .. } = &rrsig.data else {
+                panic!("{rrsig:?}");
+            };
+            assert_eq!(rdata.anything[3], 2, "Labels: cdn.example");
+            assert!(verifies(
+                &zone.keys[1],
+                rrsig,
+                &[&address("*.cdn.example.")]
+            ));
+            signatures.push(rdata.anything.clone());
+            let kinds: Vec<RecordType> = authority.iter().map(Record::record_type).collect();
+            assert_eq!(
+                kinds,
+                [RecordType::NSEC, RecordType::RRSIG, RecordType::RRSIG]
+            );
+            assert_eq!(authority[0].ttl, NSEC_TTL_DEFAULT);
+            assert!(verifies(&zone.keys[1], &authority[2], &[&authority[0]]));
+        }
+        assert_eq!(signatures[0], signatures[1], "one signature for both names");
+        // A static name under the wildcard: signed at its name.
+        let statics = StaticData::build(
+            &[crate::zonedata::ZoneConfig {
+                apex: name("cdn.example."),
+                nameservers: vec![name("ns.elsewhere.example.")],
+                hostmaster: name("hostmaster.cdn.example."),
+            }],
+            &[crate::zonedata::RecordConfig {
+                name: "_x.v1.cdn.example.".into(),
+                rtype: "TXT".into(),
+                data: "hi".into(),
+                ttl: None,
+            }],
+        )
+        .expect("a record");
+        let q = Asked {
+            wildcard: Some(2),
+            ..asked("v1.cdn.example.", RecordType::A, &statics)
+        };
+        let (mut code, mut answer, mut authority) = (
+            ResponseCode::NoError,
+            vec![address("v1.cdn.example.")],
+            Vec::new(),
+        );
+        secure(
+            &signing,
+            zone,
+            &q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now,
+        );
+        assert!(verifies(&zone.keys[1], &answer[2], &[&answer[0]]));
+        assert!(authority.is_empty());
     }
 
     /// NXDOMAIN becomes NOERROR with the SOA, one NSEC at the name (next `\000.<name>`, types

@@ -22,14 +22,9 @@ pub fn wire_name(name: &Name) -> Vec<u8> {
 }
 
 /// The RRSIG Labels field of `owner` (RFC 4034 §3.1.3): its labels, without the root and a
-/// leading `*`.
+/// leading `*` (hickory's `num_labels` leaves both out).
 fn labels(owner: &Name) -> u8 {
-    let n = owner.num_labels();
-    if owner.is_wildcard() {
-        n.saturating_sub(1)
-    } else {
-        n
-    }
+    owner.num_labels()
 }
 
 /// A validity window: the RRSIG's inception and expiration (RFC 4034 §3.1.5: seconds since
@@ -194,6 +189,83 @@ pub fn compact_nsec_rdata(owner: &Name, types: &[u16]) -> Vec<u8> {
     rdata
 }
 
+/// The owner and RDATA of the NSEC a wildcard answer carries (RFC 4035 §3.1.3.3: it shows the
+/// query's name was not there, so the wildcard answered), made minimally covering (RFC 4470's
+/// "white lies"): the owner just before `qname` (its first label's last octet one less, then
+/// `\255`), the next name just after it and its descendants (its first label followed by
+/// `\000`), types RRSIG and NSEC. So it covers the query's name and names no client asks for
+/// (RFC 8198: a resolver may answer from a cached NSEC the names it covers), and its
+/// signature depends on the name alone. Validators take the closest encloser to be the longer
+/// ancestor the query's name shares with the owner or the next name (BIND's
+/// `dns_nsec_noexistnodata`): both share the wildcard's, so the next name is not RFC 4470's
+/// `\000.<qname>`, a descendant. `qname` in wire form, lower case. `None` when no owner can
+/// be made before it (a first label of one `\000`) or a label or name would be too long:
+/// the answer is then signed at the query's name.
+pub fn white_lie(qname: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let len = usize::from(*qname.first()?);
+    let (label, rest) = (qname.get(1..1 + len)?, qname.get(1 + len..)?);
+    let (&last, head) = label.split_last()?;
+    let mut first: Vec<u8> = head.to_vec();
+    if last > 0 {
+        // An upper-case letter sorts as its lower case (RFC 4034 §6.1): step below `A` then.
+        let below = match last - 1 {
+            b'A'..=b'Z' => b'@',
+            b => b,
+        };
+        first.push(below);
+        if label.len() < 63 && qname.len() < 255 {
+            first.push(0xff);
+        }
+    }
+    if first.is_empty() || label.len() >= 63 || qname.len() >= 255 {
+        return None;
+    }
+    let mut owner = Vec::with_capacity(1 + first.len() + rest.len());
+    owner.push(first.len() as u8);
+    owner.extend_from_slice(&first);
+    owner.extend_from_slice(rest);
+    let mut rdata = Vec::with_capacity(1 + qname.len() + 8);
+    rdata.push(label.len() as u8 + 1);
+    rdata.extend_from_slice(label);
+    rdata.push(0);
+    rdata.extend_from_slice(rest);
+    rdata.extend_from_slice(&type_bitmaps(&[
+        u16::from(RecordType::RRSIG),
+        u16::from(RecordType::NSEC),
+    ]));
+    Some((owner, rdata))
+}
+
+/// The name of `wire` (wire form, uncompressed; any octets in its labels).
+pub fn name_of_wire(wire: &[u8]) -> Option<Name> {
+    let mut labels = Vec::new();
+    let mut at = 0;
+    loop {
+        let len = usize::from(*wire.get(at)?);
+        if len == 0 {
+            break;
+        }
+        labels.push(wire.get(at + 1..at + 1 + len)?);
+        at += len + 1;
+    }
+    let mut name = Name::from_labels(labels).ok()?;
+    name.set_fqdn(true);
+    Some(name)
+}
+
+/// The number of labels of the name `wire` (wire form, uncompressed), without the root.
+pub fn wire_labels(wire: &[u8]) -> u8 {
+    let (mut at, mut n) = (0usize, 0u8);
+    while let Some(&len) = wire.get(at) {
+        if len == 0 {
+            break;
+        }
+        at += usize::from(len) + 1;
+        n = n.saturating_add(1);
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -247,6 +319,72 @@ mod tests {
         );
         let got = canonical_rdata(&c.data).expect("encoded");
         assert_eq!(got, wire_name(&name("target.example.")));
+    }
+
+    /// A white lie's owner sorts just before the name and its next name just after, in
+    /// DNSSEC's order (RFC 4034 §6.1: labels from the right, octets compared in lower case),
+    /// with nothing a hostname could be in between.
+    #[test]
+    fn white_lies_cover_the_name_alone() {
+        let canonical = |wire: &[u8]| {
+            let mut labels = Vec::new();
+            let mut at = 0;
+            while wire[at] != 0 {
+                let l = usize::from(wire[at]);
+                labels.push(wire[at + 1..at + 1 + l].to_ascii_lowercase());
+                at += l + 1;
+            }
+            labels.reverse();
+            labels
+        };
+        for q in [
+            "v1.video.cdn.example.",
+            "a.cdn.example.",
+            "x-0.cdn.example.",
+            "b.cdn.example.",
+        ] {
+            let qname = wire_name(&name(q));
+            let (owner, rdata) = white_lie(&qname).expect("a white lie");
+            let next = &rdata[..qname.len() + 1];
+            assert!(canonical(&owner) < canonical(&qname), "{q}");
+            assert!(canonical(&qname) < canonical(next), "{q}");
+            // After the name's descendants, and sharing only the parent with it.
+            let mut child = vec![1, 0];
+            child.extend_from_slice(&qname);
+            assert!(canonical(&child) < canonical(next), "{q}");
+            assert_eq!(wire_labels(next), wire_labels(&qname));
+            assert_eq!(
+                canonical(next)[..],
+                {
+                    let mut c = canonical(&qname);
+                    c.last_mut().expect("a label").push(0);
+                    c
+                }[..]
+            );
+            assert_eq!(&rdata[qname.len() + 1..], &type_bitmaps(&[46, 47])[..]);
+            assert_eq!(wire_labels(&owner), wire_labels(&qname));
+            // Any hostname of the same parent is outside the range.
+            for other in ["v0.", "v10.", "w.", "a0.", "x-.", "z."] {
+                let mut o = name(other).to_string();
+                o.push_str(&q[q.find('.').expect("a dot") + 1..]);
+                let o = canonical(&wire_name(&name(&o)));
+                assert!(
+                    o <= canonical(&owner) || o >= canonical(next) || o == canonical(&qname),
+                    "{q}: {other}"
+                );
+            }
+        }
+        assert_eq!(
+            white_lie(&wire_name(&name("v1.cdn.example."))).map(|(o, _)| o[..4].to_vec()),
+            Some(vec![3, b'v', b'0', 0xff])
+        );
+        // `[` less one is `Z`, which sorts as `z`, after `[`: the owner steps to `@`.
+        let bracket = [1, b'[', 3, b'c', b'o', b'm', 0];
+        let (owner, _) = white_lie(&bracket).expect("a white lie");
+        assert_eq!(owner[..3], [2, b'@', 0xff]);
+        assert!(canonical(&owner) < canonical(&bracket));
+        assert_eq!(white_lie(&[1, 0, 0]), None, "nothing before \\000");
+        assert_eq!(white_lie(&[0]), None, "the root");
     }
 
     /// Windows are quarter-validity buckets: every `now` of one bucket has the same window,
