@@ -596,18 +596,24 @@ fn start_tapped(
     Ok((front, addr))
 }
 
-/// The dnstap messages the front end with metrics on `metrics` wrote and dropped.
-fn dnstap_counts(metrics: u16) -> Result<(f64, f64)> {
+/// The values of the metrics `names` (each with its labels, as `/metrics` writes it) of the
+/// front end with metrics on `metrics`; NaN for one it does not show.
+fn metric_values<const N: usize>(metrics: u16, names: [&str; N]) -> Result<[f64; N]> {
     let page = crate::procs::http_get(SocketAddr::from(([127, 0, 0, 1], metrics)), "/metrics")?;
-    let value = |name: &str| {
+    Ok(names.map(|name| {
         page.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
             .unwrap_or(f64::NAN)
-    };
-    Ok((
-        value("cdnmap_dns_dnstap_written_total"),
-        value("cdnmap_dns_dnstap_dropped_total"),
-    ))
+    }))
+}
+
+/// The front ends whose metrics the bench reads after the runs: their metrics ports.
+#[derive(Default)]
+struct Watched {
+    /// The one logging in dnstap (`--dnstap`).
+    dnstap: Option<u16>,
+    /// cdnmap-signed.
+    signed: Option<u16>,
 }
 
 /// The mapper and the front end, once the front end answers: (mapper, front end, its address).
@@ -1105,7 +1111,7 @@ fn start_signed(
     exe: &Path,
     dir: &Path,
     grpc: u16,
-    port: u16,
+    (port, metrics): (u16, u16),
     queries: &Path,
 ) -> Result<(Proc, SocketAddr)> {
     let keygen = program("dnssec-keygen")?;
@@ -1125,7 +1131,10 @@ fn start_signed(
         );
     }
     let base = keys.join(String::from_utf8_lossy(&out.stdout).trim());
-    let extra = format!("dnssec_keys = [{:?}]\n", base.display().to_string());
+    let extra = format!(
+        "dnssec_keys = [{:?}]\nmetrics_listen = \"127.0.0.1:{metrics}\"\n",
+        base.display().to_string()
+    );
     let args = a.front_args(dir, "dns-signed", &extra)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut front = spawn_front_end(exe, dir, grpc, addr, &args, "dns-signed")?;
@@ -1256,8 +1265,8 @@ fn start_cdnmaps(
     dir: &Path,
     queries: &Path,
     targets: &mut Vec<Target>,
-) -> Result<(Proc, Option<u16>)> {
-    let mut tap_metrics = None;
+) -> Result<(Proc, Watched)> {
+    let mut watched = Watched::default();
     let [grpc, http, dns_port] = [(); 3].map(|()| free_port());
     let (grpc, http, dns_port) = (grpc?, http?, dns_port?);
     let (mapper, front, dns_addr) = start_cdnmap(a, exe, dir, (grpc, http, dns_port))?;
@@ -1274,8 +1283,10 @@ fn start_cdnmaps(
     });
     if servers.contains(&Server::CdnmapSigned) {
         let do_file = dir.join("queries-do.bin");
-        let (p, addr) = start_signed(a, exe, dir, grpc, free_port()?, &do_file)?;
+        let ports = (free_port()?, free_port()?);
+        let (p, addr) = start_signed(a, exe, dir, grpc, ports, &do_file)?;
         println!("cdnmap-signed: a second front end signing online, asked with DO queries");
+        watched.signed = Some(ports.1);
         targets.push(Target {
             server: Server::CdnmapSigned,
             addr,
@@ -1296,7 +1307,7 @@ fn start_cdnmaps(
             },
             file.display()
         );
-        tap_metrics = Some(ports.1);
+        watched.dnstap = Some(ports.1);
         targets.push(Target {
             server: Server::CdnmapDnstap,
             addr,
@@ -1304,7 +1315,7 @@ fn start_cdnmaps(
             queries: queries.to_path_buf(),
         });
     }
-    Ok((mapper, tap_metrics))
+    Ok((mapper, watched))
 }
 
 pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
@@ -1330,11 +1341,11 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     }
     drop(world);
     let mut targets = Vec::new();
-    let (mut serve, mut tap_metrics) = (None, None);
+    let (mut serve, mut watched) = (None, Watched::default());
     if servers.contains(&Server::Cdnmap) {
-        let (mapper, metrics) = start_cdnmaps(a, &servers, &exe, &dir, &queries, &mut targets)?;
+        let (mapper, w) = start_cdnmaps(a, &servers, &exe, &dir, &queries, &mut targets)?;
         serve = Some(mapper);
-        tap_metrics = metrics;
+        watched = w;
     }
     for plan in planned {
         targets.push(start_peer(plan, &dir, gdnsd.as_deref(), knotd.as_deref())?);
@@ -1351,11 +1362,30 @@ pub fn dns(a: &DnsBenchArgs) -> Result<std::process::ExitCode> {
     };
     let measured: Vec<Server> = targets.iter().map(|t| t.server).collect();
     print_medians(&measured, &results, a.threads());
-    if let (Some(file), Some(metrics)) = (&a.dnstap, tap_metrics) {
+    if let Some(metrics) = watched.signed {
+        let [hits, misses] = metric_values(
+            metrics,
+            [
+                "cdnmap_dns_dnssec_signatures_total{cache=\"hit\"}",
+                "cdnmap_dns_dnssec_signatures_total{cache=\"miss\"}",
+            ],
+        )?;
+        println!(
+            "cdnmap-signed's signature cache, over the check and every run: {hits:.0} signatures found, {misses:.0} made ({:.1}% found)",
+            100.0 * hits / (hits + misses).max(1.0)
+        );
+    }
+    if let (Some(file), Some(metrics)) = (&a.dnstap, watched.dnstap) {
         // The writer counts messages as written when it flushes: idle 0.2 s, at least every
         // second.
         std::thread::sleep(Duration::from_millis(1500));
-        let (written, dropped) = dnstap_counts(metrics)?;
+        let [written, dropped] = metric_values(
+            metrics,
+            [
+                "cdnmap_dns_dnstap_written_total",
+                "cdnmap_dns_dnstap_dropped_total",
+            ],
+        )?;
         let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
         println!(
             "dnstap: {written:.0} messages written ({:.1} MB in {}), {dropped:.0} dropped ({:.3}% of those made)",

@@ -53,6 +53,9 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order of their numbers.
+    pub const ALL: [Algorithm; 2] = [Algorithm::EcdsaP256Sha256, Algorithm::Ed25519];
+
     pub fn number(self) -> u8 {
         match self {
             Algorithm::EcdsaP256Sha256 => 13,

@@ -45,6 +45,8 @@ pub struct ZoneKeys {
     pub apex: Name,
     /// Its text (lower case, final dot), as a query's name is compared.
     pub apex_text: String,
+    /// Its wire form (lower case, uncompressed): the RRSIGs' signer field.
+    pub apex_wire: Vec<u8>,
     pub keys: Vec<Key>,
 }
 
@@ -109,6 +111,7 @@ impl KeySet {
             let zone = set.zones[z].get_or_insert_with(|| ZoneKeys {
                 apex: key.zone.clone(),
                 apex_text: key.zone.to_string(),
+                apex_wire: sign::wire_name(&key.zone),
                 keys: Vec::new(),
             });
             if let Some(same) = zone
@@ -196,19 +199,15 @@ impl ZoneKeys {
     /// key-signing keys for the DNSKEY RRset and the zone-signing keys for any other, or the
     /// other kind when the algorithm has none of that kind (a CSK).
     pub fn signers(&self, now: u64, dnskey: bool) -> Vec<&Key> {
-        let active: Vec<&Key> = self.keys.iter().filter(|k| k.timing.signs(now)).collect();
-        let mut algorithms: Vec<Algorithm> = active.iter().map(|k| k.algorithm).collect();
-        algorithms.sort_unstable();
-        algorithms.dedup();
-        let mut out = Vec::new();
-        for alg in algorithms {
-            let of_alg = active.iter().copied().filter(|k| k.algorithm == alg);
-            let preferred: Vec<&Key> = of_alg.clone().filter(|k| k.is_sep() == dnskey).collect();
-            if preferred.is_empty() {
-                out.extend(of_alg);
-            } else {
-                out.extend(preferred);
-            }
+        let mut out = Vec::with_capacity(self.keys.len());
+        for alg in Algorithm::ALL {
+            let of_alg = || {
+                self.keys
+                    .iter()
+                    .filter(move |k| k.algorithm == alg && k.timing.signs(now))
+            };
+            let preferred = of_alg().any(|k| k.is_sep() == dnskey);
+            out.extend(of_alg().filter(|k| !preferred || k.is_sep() == dnskey));
         }
         out
     }
@@ -409,18 +408,20 @@ impl Signing {
             body.extend_from_slice(rdata);
         }
         let window = self.validity.window(now);
-        let signer = sign::wire_name(&zone.apex);
+        let signer = &zone.apex_wire;
+        // What is signed, then (cut after the RRSIG's fields) the RRSIG's RDATA: one buffer.
+        let mut signed = Vec::with_capacity(18 + signer.len() + body.len().max(64));
         for key in zone.signers(now, false) {
-            let mut rdata = Vec::with_capacity(18 + signer.len() + 64);
-            rdata.extend_from_slice(&rtype.to_be_bytes());
-            rdata.push(key.algorithm.number());
-            rdata.push(labels);
-            rdata.extend_from_slice(&ttl.to_be_bytes());
-            rdata.extend_from_slice(&window.expiration.to_be_bytes());
-            rdata.extend_from_slice(&window.inception.to_be_bytes());
-            rdata.extend_from_slice(&key.tag.to_be_bytes());
-            rdata.extend_from_slice(&signer);
-            let mut signed = rdata.clone();
+            signed.clear();
+            signed.extend_from_slice(&rtype.to_be_bytes());
+            signed.push(key.algorithm.number());
+            signed.push(labels);
+            signed.extend_from_slice(&ttl.to_be_bytes());
+            signed.extend_from_slice(&window.expiration.to_be_bytes());
+            signed.extend_from_slice(&window.inception.to_be_bytes());
+            signed.extend_from_slice(&key.tag.to_be_bytes());
+            signed.extend_from_slice(signer);
+            let fields = signed.len();
             signed.extend_from_slice(&body);
             let Some(signature) = self
                 .cache
@@ -428,8 +429,9 @@ impl Signing {
             else {
                 continue;
             };
-            rdata.extend_from_slice(&signature);
-            out(&rdata);
+            signed.truncate(fields);
+            signed.extend_from_slice(&signature);
+            out(&signed);
         }
     }
 
