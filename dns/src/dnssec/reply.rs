@@ -172,6 +172,13 @@ mod tests {
         )
     }
 
+    /// The time the tests sign at: inside the test keys' validity.
+    const NOW: u64 = 1_796_653_289 + 60;
+
+    fn signing() -> Signing {
+        Signing::new(None, Validity::default(), 1024)
+    }
+
     /// No service bindings.
     static NO_SERVICES: std::sync::LazyLock<Services> = std::sync::LazyLock::new(Services::default);
 
@@ -219,15 +226,36 @@ mod tests {
         (r.name.to_string(), bytes[..2].to_vec(), types)
     }
 
+    /// The answer and authority sections of the NOERROR response to `q` answering `answer`,
+    /// made secure by `signing` at `now`.
+    fn secured(
+        signing: &Signing,
+        zone: &ZoneKeys,
+        q: &Asked<'_>,
+        mut answer: Vec<Record>,
+        now: u64,
+    ) -> (Vec<Record>, Vec<Record>) {
+        let (mut code, mut authority) = (ResponseCode::NoError, Vec::new());
+        assert!(secure(
+            signing,
+            zone,
+            q,
+            &mut code,
+            &mut answer,
+            &mut authority,
+            now
+        ));
+        assert_eq!(code, ResponseCode::NoError);
+        (answer, authority)
+    }
+
     /// A wildcard's answer is signed as `*.<encloser>` (Labels the encloser's), so two names
     /// it answers with the same records share the signature (one cache entry), and carries a
     /// signed NSEC covering the name; not so at a name a static record makes exist.
     #[test]
     fn wildcard_answers_share_the_wildcards_signature() {
-        let set = key_set();
+        let (set, signing, now) = (key_set(), signing(), NOW);
         let zone = set.zone(1).expect("signed");
-        let signing = Signing::new(None, Validity::default(), 1024);
-        let now = 1_796_653_289 + 60;
         let statics = StaticData::default();
         let address = |owner: &str| {
             Record::from_rdata(name(owner), 20, RData::A(A(Ipv4Addr::new(192, 0, 2, 1))))
@@ -238,17 +266,7 @@ mod tests {
                 wildcard: Some(2),
                 ..asked(qname, RecordType::A, &statics)
             };
-            let (mut code, mut answer, mut authority) =
-                (ResponseCode::NoError, vec![address(qname)], Vec::new());
-            assert!(secure(
-                &signing,
-                zone,
-                &q,
-                &mut code,
-                &mut answer,
-                &mut authority,
-                now
-            ));
+            let (answer, authority) = secured(&signing, zone, &q, vec![address(qname)], now);
             assert_eq!(answer[0].name, name(qname), "the records keep their owner");
             let rrsig = &answer[2];
             let RData::Unknown { rdata, .. } = &rrsig.data else {
@@ -289,20 +307,8 @@ mod tests {
             wildcard: Some(2),
             ..asked("v1.cdn.example.", RecordType::A, &statics)
         };
-        let (mut code, mut answer, mut authority) = (
-            ResponseCode::NoError,
-            vec![address("v1.cdn.example.")],
-            Vec::new(),
-        );
-        secure(
-            &signing,
-            zone,
-            &q,
-            &mut code,
-            &mut answer,
-            &mut authority,
-            now,
-        );
+        let (answer, authority) =
+            secured(&signing, zone, &q, vec![address("v1.cdn.example.")], now);
         assert!(verifies(&zone.keys[1], &answer[2], &[&answer[0]]));
         assert!(authority.is_empty());
     }
@@ -312,10 +318,8 @@ mod tests {
     /// asked; an answer's RRsets are signed; without DO nothing changes but a DNSKEY query.
     #[test]
     fn answers_are_signed_and_denials_compact() {
-        let set = key_set();
+        let (set, signing, now) = (key_set(), signing(), NOW);
         let zone = set.zone(1).expect("signed");
-        let signing = Signing::new(None, Validity::default(), 1024);
-        let now = 1_796_653_289 + 60;
         let statics = StaticData::default();
 
         let mut code = ResponseCode::NXDomain;
