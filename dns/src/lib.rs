@@ -88,8 +88,8 @@ pub async fn run(
 }
 
 /// [`run`], the configuration read from `config_file` (then overridden by the command line):
-/// on SIGHUP its zone data (`[[records]]`, `soa_serial`) is read again from the file and
-/// replaces the one in use ([`reload_zone_data`]).
+/// on SIGHUP its zone data, DNSSEC keys and cookie secrets are read again from the file and
+/// replace those in use ([`reload_zone_data`]).
 pub async fn run_from(
     config: DnsConfig,
     config_file: Option<PathBuf>,
@@ -129,46 +129,7 @@ pub async fn run_from(
         }
         None => (None, None),
     };
-    // UDP: `udp_threads` answering loops (default one per core), each on its own socket
-    // (SO_REUSEPORT); TCP: hickory's server.
-    let loops = config
-        .udp_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let (tcp, sockets) = bind(config.listen, loops).await?;
-    let listen = tcp.local_addr()?;
-    // The addresses bound (port 0 takes any free port), which is how tests find them without
-    // racing for free ports.
-    match metrics_addr {
-        Some(metrics) => tracing::info!(dns = %listen, metrics = %metrics, "listening"),
-        None => tracing::info!(dns = %listen, "listening"),
-    }
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let coalesce = Duration::from_micros(config.udp_coalesce_us);
-    // dnstap (`dnstap_file`, `dnstap_socket`): a writer thread the answering loops hand to.
-    dnstap::register_metrics();
-    let dnstap = match dnstap::Settings::from_config(&config)? {
-        Some(s) => Some(dnstap::Dnstap::start(&s, listen)?),
-        None => None,
-    };
-    let udp_threads = spawn_udp(sockets, &front, &stop, coalesce, dnstap.as_ref())?;
-    let mut server = hickory_server::Server::new(dnstap::Tapped {
-        inner: Handler(Arc::clone(&front)),
-        tap: dnstap.as_ref().map(dnstap::Dnstap::tcp),
-    });
-    server.register_listener(
-        tcp,
-        Duration::from_secs(config.tcp_timeout_secs),
-        TCP_RESPONSE_BUFFER,
-    );
-    tracing::info!(
-        listen = %listen,
-        mapper = %config.mapper,
-        zones = ?config.zones,
-        "cdnmap dns serving: try `dig @{} -p {} www.{} A +subnet=1.2.3.0/24`",
-        listen.ip(),
-        listen.port(),
-        config.zones[0].trim_end_matches('.'),
-    );
+    let answering = Answering::start(&config, &front, metrics_addr).await?;
     let watchers: Vec<_> = (0..following.links.len())
         .map(|i| tokio::spawn(watch(Arc::clone(&following), i, Arc::clone(&front))))
         .collect();
@@ -183,23 +144,106 @@ pub async fn run_from(
     }
     reporter.abort();
     reloader.abort();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in udp_threads {
-        let _ = t.join();
-    }
-    // A last report of what was counted since the previous one.
-    send_demand(&config, &following.links, &front).await;
-    let shut = server.shutdown_gracefully().await;
-    drop(server);
-    // The last frames written and the stream closed (STOP), once no loop can log more.
-    if let Some(d) = dnstap {
-        let _ = tokio::task::spawn_blocking(move || d.finish()).await;
-    }
-    shut?;
+    let stopped = answering.stop(&config, &following, &front).await;
     if let Some(t) = metrics_task {
         t.abort();
     }
-    Ok(())
+    stopped
+}
+
+/// What answers queries: the UDP answering loops, hickory's server (TCP) and the dnstap writer
+/// both log to.
+struct Answering {
+    server: hickory_server::Server<dnstap::Tapped<Handler>>,
+    udp_threads: Vec<std::thread::JoinHandle<()>>,
+    /// Set to stop the UDP loops.
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    dnstap: Option<dnstap::Dnstap>,
+}
+
+impl Answering {
+    /// Binds the listeners (`config.listen`; port 0 takes any free port) and starts answering
+    /// from `front`: `udp_threads` loops (default one per core), each on its own socket
+    /// (SO_REUSEPORT), and hickory's TCP server. Logs the addresses bound (with the metrics
+    /// listener's, `metrics`): how tests find them without racing for free ports.
+    async fn start(
+        config: &DnsConfig,
+        front: &Arc<Front>,
+        metrics: Option<SocketAddr>,
+    ) -> anyhow::Result<Answering> {
+        let loops = config
+            .udp_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let (tcp, sockets) = bind(config.listen, loops).await?;
+        let listen = tcp.local_addr()?;
+        match metrics {
+            Some(metrics) => tracing::info!(dns = %listen, metrics = %metrics, "listening"),
+            None => tracing::info!(dns = %listen, "listening"),
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let coalesce = Duration::from_micros(config.udp_coalesce_us);
+        // dnstap (`dnstap_file`, `dnstap_socket`): a writer thread the answering loops hand to.
+        dnstap::register_metrics();
+        let dnstap = match dnstap::Settings::from_config(config)? {
+            Some(s) => Some(dnstap::Dnstap::start(&s, listen)?),
+            None => None,
+        };
+        let udp_threads = spawn_udp(sockets, front, &stop, coalesce, dnstap.as_ref())?;
+        let mut server = hickory_server::Server::new(dnstap::Tapped {
+            inner: Handler(Arc::clone(front)),
+            tap: dnstap.as_ref().map(dnstap::Dnstap::tcp),
+        });
+        server.register_listener(
+            tcp,
+            Duration::from_secs(config.tcp_timeout_secs),
+            TCP_RESPONSE_BUFFER,
+        );
+        tracing::info!(
+            listen = %listen,
+            mapper = %config.mapper,
+            zones = ?config.zones,
+            "cdnmap dns serving: try `dig @{} -p {} www.{} A +subnet=1.2.3.0/24`",
+            listen.ip(),
+            listen.port(),
+            config.zones[0].trim_end_matches('.'),
+        );
+        Ok(Answering {
+            server,
+            udp_threads,
+            stop,
+            dnstap,
+        })
+    }
+
+    /// Stops answering, in an order that loses nothing counted or logged: the UDP loops first
+    /// (joined), then a last demand report of what they counted since the previous one, then
+    /// the TCP server (its connections finished), then dnstap's last frames and its stream
+    /// closed (STOP), once no answer can be logged any more.
+    async fn stop(
+        self,
+        config: &DnsConfig,
+        following: &Following,
+        front: &Front,
+    ) -> anyhow::Result<()> {
+        let Answering {
+            mut server,
+            udp_threads,
+            stop,
+            dnstap,
+        } = self;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in udp_threads {
+            let _ = t.join();
+        }
+        send_demand(config, &following.links, front).await;
+        let shut = server.shutdown_gracefully().await;
+        drop(server);
+        if let Some(d) = dnstap {
+            let _ = tokio::task::spawn_blocking(move || d.finish()).await;
+        }
+        shut?;
+        Ok(())
+    }
 }
 
 /// The links to the configured mappers, none in use yet (a plaintext link beyond loopback is

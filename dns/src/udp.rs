@@ -132,21 +132,32 @@ fn answer_datagram(
     if raw.len() < 12 || src.port() == 0 {
         return None;
     }
-    let mut fast = Vec::with_capacity(1);
-    crate::wire::answer_batch(&handler.0, &[(raw, src)], &mut fast);
-    let mut out = fast
-        .pop()
-        .filter(|f| !f.is_empty())
-        .or_else(|| answer_hickory(handler, runtime, capture, raw, src))?;
-    if let Some(rrl) = handler.0.rrl.as_ref() {
-        limit(
-            &handler.0,
-            rrl,
-            &[(raw, src)],
-            std::slice::from_mut(&mut out),
-        );
+    let mut out = Vec::with_capacity(1);
+    answer_all(handler, runtime, capture, &[(raw, src)], &mut out);
+    out.pop().filter(|o| !o.is_empty())
+}
+
+/// The responses to `batch` into `responses`, one each, empty where none is sent: the fast
+/// path's for the common queries, taken together (`crate::wire`), hickory's for the rest
+/// ([`answer_hickory`]), then response rate limiting's say when it is on ([`limit`]).
+fn answer_all(
+    handler: &Handler,
+    runtime: &tokio::runtime::Handle,
+    capture: &Capture,
+    batch: &[(&[u8], SocketAddr)],
+    responses: &mut Vec<Vec<u8>>,
+) {
+    crate::wire::answer_batch(&handler.0, batch, responses);
+    for (&(raw, src), response) in batch.iter().zip(responses.iter_mut()) {
+        if response.is_empty() {
+            if let Some(slow) = answer_hickory(handler, runtime, capture, raw, src) {
+                *response = slow;
+            }
+        }
     }
-    Some(out).filter(|o| !o.is_empty())
+    if let Some(rrl) = handler.0.rrl.as_ref() {
+        limit(&handler.0, rrl, batch, responses);
+    }
 }
 
 /// Applies response rate limiting to `responses`, the answers to `batch`: each is left,
@@ -280,7 +291,7 @@ mod mmsg {
 
     use socket2::{SockAddr, SockAddrStorage};
 
-    use super::{answer_hickory, timed_out, Capture, Handler, MAX_DATAGRAM};
+    use super::{timed_out, Capture, Handler, MAX_DATAGRAM};
 
     /// Datagrams per system call at most.
     pub const BATCH: usize = 32;
@@ -347,19 +358,7 @@ mod mmsg {
             receives.increment(1);
             datagrams.increment(n as u64);
             let batch = received(&bufs, &names, &hdrs, n as usize, &mut to);
-            // The fast path takes the batch's common queries together; hickory's the rest.
-            crate::wire::answer_batch(&handler.0, &batch, &mut responses);
-            for (&(raw, src), response) in batch.iter().zip(responses.iter_mut()) {
-                if response.is_empty() {
-                    if let Some(slow) = answer_hickory(handler, runtime, &capture, raw, src) {
-                        *response = slow;
-                    }
-                }
-            }
-            // Both paths' responses, limited (`crate::rrl`) when that is on.
-            if let Some(rrl) = handler.0.rrl.as_ref() {
-                super::limit(&handler.0, rrl, &batch, &mut responses);
-            }
+            super::answer_all(handler, runtime, &capture, &batch, &mut responses);
             // Each response goes to the address its query came from, as the kernel wrote it.
             let namelen = |i: usize| hdrs[i].msg_hdr.msg_namelen;
             let sent: Vec<(&[u8], &libc::sockaddr_storage, libc::socklen_t)> = responses

@@ -711,6 +711,45 @@ fn encode_wildcard_proof(
     1 + write_rrsigs(front, sig, signed, &mut [nsec_rdata], at, out)
 }
 
+/// The RRSIGs of the answer just written to `out` (its owner at `owner`, `name` bytes long, in
+/// lower case, `addrs` its addresses), and for a wildcard's answer the NSEC that proves it
+/// (`crate::dnssec::reply`): signed as `*.<encloser>`, with a white lie's NSEC in the authority
+/// section. The header's counts set; false when they overflow.
+fn encode_signatures(
+    q: &Parsed<'_>,
+    front: &Front,
+    addrs: &[IpAddr],
+    sig: Sig<'_>,
+    (owner, name): (usize, usize),
+    out: &mut Vec<u8>,
+) -> bool {
+    let lower: Vec<u8> = out[owner..owner + name].to_vec();
+    let wildcard = sig.wildcard.and_then(|l| {
+        let lie = crate::dnssec::sign::white_lie(&lower)?;
+        let mut star = vec![1, b'*'];
+        star.extend_from_slice(&lower[1 + usize::from(lower[0])..]);
+        Some((l, star, lie))
+    });
+    let (labels, star) = match &wildcard {
+        Some((l, star, _)) => (*l, Some(star.as_slice())),
+        None => (q.labels, None),
+    };
+    let rrsigs = encode_rrsigs(front, sig, (labels, star), addrs, (owner, name), out);
+    let Some(total) = u16::try_from(addrs.len())
+        .ok()
+        .and_then(|a| a.checked_add(rrsigs))
+    else {
+        return false;
+    };
+    out[6..8].copy_from_slice(&total.to_be_bytes());
+    if let Some((_, _, (nsec_owner, nsec_rdata))) = &wildcard {
+        let proof = (nsec_owner.as_slice(), nsec_rdata.as_slice());
+        let n = encode_wildcard_proof(front, sig, proof, owner, out);
+        out[8..10].copy_from_slice(&n.to_be_bytes());
+    }
+    true
+}
+
 /// [`encode`]'s bytes, whether they fit.
 fn encode_into(
     q: &Parsed<'_>,
@@ -757,27 +796,8 @@ fn encode_into(
         out.extend_from_slice(rdata);
     }
     if let Some(sig) = sig {
-        // A wildcard's answer: signed as `*.<encloser>`, with a white lie's NSEC.
-        let lower: Vec<u8> = out[owner..owner + name.len()].to_vec();
-        let wildcard = sig.wildcard.and_then(|l| {
-            let lie = crate::dnssec::sign::white_lie(&lower)?;
-            let mut star = vec![1, b'*'];
-            star.extend_from_slice(&lower[1 + usize::from(lower[0])..]);
-            Some((l, star, lie))
-        });
-        let (labels, star) = match &wildcard {
-            Some((l, star, _)) => (*l, Some(star.as_slice())),
-            None => (q.labels, None),
-        };
-        let rrsigs = encode_rrsigs(front, sig, (labels, star), addrs, (owner, name.len()), out);
-        let Some(total) = answers.checked_add(rrsigs) else {
+        if !encode_signatures(q, front, addrs, sig, (owner, name.len()), out) {
             return false;
-        };
-        out[6..8].copy_from_slice(&total.to_be_bytes());
-        if let Some((_, _, (nsec_owner, nsec_rdata))) = &wildcard {
-            let proof = (nsec_owner.as_slice(), nsec_rdata.as_slice());
-            let n = encode_wildcard_proof(front, sig, proof, owner, out);
-            out[8..10].copy_from_slice(&n.to_be_bytes());
         }
     }
     if let Some(payload) = payload {

@@ -335,102 +335,11 @@ impl StaticData {
         let placement = answer::Zones::new(zones.iter().map(|z| z.apex.iter()));
         let mut data = StaticData::default();
         for (i, r) in records.iter().enumerate() {
-            let err = |zone: Option<&Name>, problem: String| {
-                record_error(i, &r.name, &r.rtype, zone, problem)
-            };
-            let rtype = TYPES
-                .iter()
-                .find(|(t, _)| t.eq_ignore_ascii_case(&r.rtype))
-                .map(|&(_, t)| t)
-                .ok_or_else(|| {
-                    err(
-                        None,
-                        "the type must be one of A, AAAA, TXT, CAA, MX, SRV, CNAME".into(),
-                    )
-                })?;
-            let relative = r.name == "@" || !r.name.ends_with('.');
-            if relative && zones.len() != 1 {
-                return Err(err(
-                    None,
-                    format!(
-                        "a name relative to the apex needs exactly one zone ({} are served): write it fully qualified, with a final dot",
-                        zones.len()
-                    ),
-                ));
-            }
-            let name = name_in(&r.name, &zones[0].apex).map_err(|e| err(None, e))?;
-            let labels: Vec<&[u8]> = name.iter().collect();
-            let z = match placement.place(labels.len(), labels.iter().copied()) {
-                Place::Apex(z) | Place::Below(Some(z)) => z,
-                _ => return Err(err(None, format!("{name} is in none of the zones"))),
-            };
-            let apex = &zones[z].apex;
-            if name.is_wildcard() || name.iter().any(|l| l == b"*") {
-                return Err(err(Some(apex), "wildcard names are not served".into()));
-            }
-            if rtype == RecordType::CNAME && &name == apex {
-                return Err(err(
-                    Some(apex),
-                    "a CNAME at the apex would hide its SOA and NS records".into(),
-                ));
-            }
-            let ttl = r.ttl.unwrap_or(DEFAULT_TTL);
-            if !TTL_SECS.contains(&ttl) {
-                return Err(err(
-                    Some(apex),
-                    format!("ttl {ttl} is outside {TTL_SECS:?}"),
-                ));
-            }
-            let rd = rdata(rtype, &r.data, apex).map_err(|e| err(Some(apex), e))?;
-            let key = name.to_ascii();
-            if !data.names.contains_key(&key) && data.names.len() >= MAX_STATIC_NAMES {
-                return Err(err(
-                    Some(apex),
-                    format!("more than {MAX_STATIC_NAMES} static names"),
-                ));
-            }
-            let entry = data.names.entry(key).or_insert(StaticName {
-                zone: z,
-                records: Vec::new(),
-            });
-            if entry.records.len() >= MAX_RECORDS_PER_NAME {
-                return Err(err(
-                    Some(apex),
-                    format!("more than {MAX_RECORDS_PER_NAME} records at {name}"),
-                ));
-            }
-            if entry.records.iter().any(|o| o.data == rd) {
-                return Err(err(Some(apex), format!("{:?} is given twice", r.data)));
-            }
-            if let Some(other) = entry
-                .records
-                .iter()
-                .find(|o| o.record_type() == rtype && o.ttl != ttl)
-            {
-                return Err(err(
-                    Some(apex),
-                    format!(
-                        "ttl {ttl} differs from the other {rtype} records' at {name} ({}): one TTL an RRset (RFC 2181 §5.2)",
-                        other.ttl
-                    ),
-                ));
-            }
-            let has_cname = entry.cname().is_some();
-            if has_cname || (rtype == RecordType::CNAME && !entry.records.is_empty()) {
-                return Err(err(
-                    Some(apex),
-                    format!("a CNAME cannot be beside other data at {name} (RFC 1034 §3.6.2)"),
-                ));
-            }
-            entry
-                .records
-                .push(Record::from_rdata(name.clone(), ttl, rd));
-            // The names between the apex and this one.
-            let mut up = name.base_name();
-            while up.num_labels() > apex.num_labels() {
-                data.between.insert(up.to_ascii());
-                up = up.base_name();
-            }
+            let (z, record) = parse_record(zones, &placement, r).map_err(|(zone, problem)| {
+                record_error(i, &r.name, &r.rtype, zone.as_ref(), problem)
+            })?;
+            data.add(z, record, &zones[z].apex, &r.data)
+                .map_err(|p| record_error(i, &r.name, &r.rtype, Some(&zones[z].apex), p))?;
         }
         for name in data.names.keys() {
             data.between.remove(name);
@@ -450,6 +359,103 @@ impl StaticData {
         }
         Ok(data)
     }
+
+    /// Adds `record` of zone `z` (apex `apex`; its data as configured, `data`, for errors),
+    /// checked against the records already at its name: the bounds, the same data twice, one
+    /// TTL an RRset, a CNAME alone at a name.
+    fn add(&mut self, z: usize, record: Record, apex: &Name, data: &str) -> Result<(), String> {
+        let (name, rtype, ttl) = (record.name.clone(), record.record_type(), record.ttl);
+        let key = name.to_ascii();
+        if !self.names.contains_key(&key) && self.names.len() >= MAX_STATIC_NAMES {
+            return Err(format!("more than {MAX_STATIC_NAMES} static names"));
+        }
+        let entry = self.names.entry(key).or_insert(StaticName {
+            zone: z,
+            records: Vec::new(),
+        });
+        if entry.records.len() >= MAX_RECORDS_PER_NAME {
+            return Err(format!(
+                "more than {MAX_RECORDS_PER_NAME} records at {name}"
+            ));
+        }
+        if entry.records.iter().any(|o| o.data == record.data) {
+            return Err(format!("{data:?} is given twice"));
+        }
+        if let Some(other) = entry
+            .records
+            .iter()
+            .find(|o| o.record_type() == rtype && o.ttl != ttl)
+        {
+            return Err(format!(
+                "ttl {ttl} differs from the other {rtype} records' at {name} ({}): one TTL an RRset (RFC 2181 §5.2)",
+                other.ttl
+            ));
+        }
+        let has_cname = entry.cname().is_some();
+        if has_cname || (rtype == RecordType::CNAME && !entry.records.is_empty()) {
+            return Err(format!(
+                "a CNAME cannot be beside other data at {name} (RFC 1034 §3.6.2)"
+            ));
+        }
+        entry.records.push(record);
+        // The names between the apex and this one.
+        let mut up = name.base_name();
+        while up.num_labels() > apex.num_labels() {
+            self.between.insert(up.to_ascii());
+            up = up.base_name();
+        }
+        Ok(())
+    }
+}
+
+/// The record `r` configures and the index of its zone among `zones` (`placement`: where
+/// names fall among them): its type, name, TTL and data read and checked on their own. An
+/// error says what is wrong, with the zone when the name is in one.
+fn parse_record(
+    zones: &[ZoneConfig],
+    placement: &answer::Zones,
+    r: &RecordConfig,
+) -> Result<(usize, Record), (Option<Name>, String)> {
+    let rtype = TYPES
+        .iter()
+        .find(|(t, _)| t.eq_ignore_ascii_case(&r.rtype))
+        .map(|&(_, t)| t)
+        .ok_or_else(|| {
+            let types = "the type must be one of A, AAAA, TXT, CAA, MX, SRV, CNAME";
+            (None, types.to_string())
+        })?;
+    let relative = r.name == "@" || !r.name.ends_with('.');
+    if relative && zones.len() != 1 {
+        return Err((
+            None,
+            format!(
+                "a name relative to the apex needs exactly one zone ({} are served): write it fully qualified, with a final dot",
+                zones.len()
+            ),
+        ));
+    }
+    let name = name_in(&r.name, &zones[0].apex).map_err(|e| (None, e))?;
+    let labels: Vec<&[u8]> = name.iter().collect();
+    let z = match placement.place(labels.len(), labels.iter().copied()) {
+        Place::Apex(z) | Place::Below(Some(z)) => z,
+        _ => return Err((None, format!("{name} is in none of the zones"))),
+    };
+    let apex = &zones[z].apex;
+    let err = |problem: String| (Some(apex.clone()), problem);
+    if name.is_wildcard() || name.iter().any(|l| l == b"*") {
+        return Err(err("wildcard names are not served".into()));
+    }
+    if rtype == RecordType::CNAME && &name == apex {
+        return Err(err(
+            "a CNAME at the apex would hide its SOA and NS records".into()
+        ));
+    }
+    let ttl = r.ttl.unwrap_or(DEFAULT_TTL);
+    if !TTL_SECS.contains(&ttl) {
+        return Err(err(format!("ttl {ttl} is outside {TTL_SECS:?}")));
+    }
+    let rd = rdata(rtype, &r.data, apex).map_err(err)?;
+    Ok((z, Record::from_rdata(name, ttl, rd)))
 }
 
 /// The nameservers of zone `z` inside it without an A or AAAA record in `data`.

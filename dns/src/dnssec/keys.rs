@@ -367,94 +367,98 @@ fn parse_dnskey(file: &Path, text: &str) -> Result<Dnskey, KeyError> {
                 "more than one record: a key file holds one DNSKEY",
             ));
         }
-        let tokens: Vec<&str> = line.split_whitespace().collect();
-        let at = tokens
-            .iter()
-            .position(|t| t.eq_ignore_ascii_case("DNSKEY"))
-            .ok_or_else(|| error(file, format!("{line:?} is not a DNSKEY record")))?;
-        // owner, then an optional TTL and class.
-        let between = &tokens[1..at];
-        let class_ok = between
-            .iter()
-            .all(|t| t.eq_ignore_ascii_case("IN") || t.parse::<u32>().is_ok());
-        if at == 0 || between.len() > 2 || !class_ok {
-            return Err(error(
-                file,
-                format!("{line:?} is not `owner [ttl] IN DNSKEY …`"),
-            ));
-        }
-        let fields = &tokens[at + 1..];
-        if fields.len() < 4 {
-            return Err(error(
-                file,
-                "the DNSKEY record needs flags, protocol, algorithm and the key",
-            ));
-        }
-        let flags: u16 = fields[0]
-            .parse()
-            .map_err(|_| error(file, format!("flags {:?} is not a number", fields[0])))?;
-        if fields[1] != "3" {
-            return Err(error(
-                file,
-                format!("protocol {} (DNSSEC keys are protocol 3)", fields[1]),
-            ));
-        }
-        let number: u8 = fields[2]
-            .parse()
-            .map_err(|_| error(file, format!("algorithm {:?} is not a number", fields[2])))?;
-        let algorithm = Algorithm::of(number).ok_or_else(|| {
-            error(
-                file,
-                format!(
-                    "algorithm {number}: only 13 (ECDSAP256SHA256) and 15 (ED25519) are supported"
-                ),
-            )
-        })?;
-        if flags & FLAG_ZONE == 0 || flags & !(FLAG_ZONE | FLAG_SEP) != 0 {
-            let what = if flags & FLAG_REVOKE != 0 {
-                "a revoked key"
-            } else {
-                "not a zone key"
-            };
-            return Err(error(
-                file,
-                format!("flags {flags}: {what} (256 for a zone-signing key, 257 for a key-signing or combined key)"),
-            ));
-        }
-        let public = decode_base64(file, "the public key", &fields[3..].concat())?;
-        if public.len() != algorithm.public_len() {
-            return Err(error(
-                file,
-                format!(
-                    "the public key is {} bytes; algorithm {number} has {}",
-                    public.len(),
-                    algorithm.public_len()
-                ),
-            ));
-        }
-        let zone = Name::from_ascii(tokens[0]).map_err(|e| {
-            error(
-                file,
-                format!("owner {:?} is not a domain name: {e}", tokens[0]),
-            )
-        })?;
-        if !zone.is_fqdn() {
-            return Err(error(
-                file,
-                format!("owner {:?} is not fully qualified (a final dot)", tokens[0]),
-            ));
-        }
-        found = Some(Dnskey {
-            zone: zone.to_lowercase(),
-            flags,
-            algorithm,
-            public,
-            timing: Timing::default(),
-        });
+        found = Some(dnskey_record(file, line)?);
     }
     let mut dnskey = found.ok_or_else(|| error(file, "no DNSKEY record"))?;
     dnskey.timing = timing;
     Ok(dnskey)
+}
+
+/// The DNSKEY record of a `.key` file's `line` (`owner [ttl] [IN] DNSKEY flags protocol
+/// algorithm base64…`), its dates not yet read.
+fn dnskey_record(file: &Path, line: &str) -> Result<Dnskey, KeyError> {
+    let tokens: Vec<&str> = line.split_whitespace().collect();
+    let at = tokens
+        .iter()
+        .position(|t| t.eq_ignore_ascii_case("DNSKEY"))
+        .ok_or_else(|| error(file, format!("{line:?} is not a DNSKEY record")))?;
+    // owner, then an optional TTL and class.
+    let between = &tokens[1..at];
+    let class_ok = between
+        .iter()
+        .all(|t| t.eq_ignore_ascii_case("IN") || t.parse::<u32>().is_ok());
+    if at == 0 || between.len() > 2 || !class_ok {
+        return Err(error(
+            file,
+            format!("{line:?} is not `owner [ttl] IN DNSKEY …`"),
+        ));
+    }
+    let fields = &tokens[at + 1..];
+    if fields.len() < 4 {
+        return Err(error(
+            file,
+            "the DNSKEY record needs flags, protocol, algorithm and the key",
+        ));
+    }
+    let flags: u16 = fields[0]
+        .parse()
+        .map_err(|_| error(file, format!("flags {:?} is not a number", fields[0])))?;
+    if fields[1] != "3" {
+        return Err(error(
+            file,
+            format!("protocol {} (DNSSEC keys are protocol 3)", fields[1]),
+        ));
+    }
+    let number: u8 = fields[2]
+        .parse()
+        .map_err(|_| error(file, format!("algorithm {:?} is not a number", fields[2])))?;
+    let algorithm = Algorithm::of(number).ok_or_else(|| {
+        error(
+            file,
+            format!("algorithm {number}: only 13 (ECDSAP256SHA256) and 15 (ED25519) are supported"),
+        )
+    })?;
+    if flags & FLAG_ZONE == 0 || flags & !(FLAG_ZONE | FLAG_SEP) != 0 {
+        let what = if flags & FLAG_REVOKE != 0 {
+            "a revoked key"
+        } else {
+            "not a zone key"
+        };
+        return Err(error(
+            file,
+            format!("flags {flags}: {what} (256 for a zone-signing key, 257 for a key-signing or combined key)"),
+        ));
+    }
+    let public = decode_base64(file, "the public key", &fields[3..].concat())?;
+    if public.len() != algorithm.public_len() {
+        return Err(error(
+            file,
+            format!(
+                "the public key is {} bytes; algorithm {number} has {}",
+                public.len(),
+                algorithm.public_len()
+            ),
+        ));
+    }
+    let zone = Name::from_ascii(tokens[0]).map_err(|e| {
+        error(
+            file,
+            format!("owner {:?} is not a domain name: {e}", tokens[0]),
+        )
+    })?;
+    if !zone.is_fqdn() {
+        return Err(error(
+            file,
+            format!("owner {:?} is not fully qualified (a final dot)", tokens[0]),
+        ));
+    }
+    Ok(Dnskey {
+        zone: zone.to_lowercase(),
+        flags,
+        algorithm,
+        public,
+        timing: Timing::default(),
+    })
 }
 
 /// A `.private` file's algorithm, key and dates.
