@@ -5,6 +5,7 @@
 //! byte for byte. See `ARCHITECTURE.md` for the invariants this crate keeps.
 
 pub mod beyond;
+pub mod diff;
 pub mod error;
 pub mod geo;
 pub mod map;

@@ -24,6 +24,26 @@ pub enum StoreCommand {
     /// Write a stored map version in the JSON assignment format (the newest without
     /// --version), to standard output or --out.
     Dump(DumpArgs),
+    /// Compare two stored map versions: the demand the newer places where the older did not,
+    /// between which clusters it moved, and which map units' answers changed (units and
+    /// clusters matched by id, so the versions may be of different topologies).
+    Diff(DiffArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The older version.
+    pub from: u64,
+    /// The newer version (default: the newest).
+    pub to: Option<u64>,
+    /// How many of the largest flows (moved demand by cluster pair) to show.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub flows: u32,
+    /// How many of the changed units (most demand moved first) to show.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub units: u32,
 }
 
 #[derive(Args, Debug)]
@@ -61,6 +81,7 @@ pub fn run(command: &StoreCommand) -> Result<ExitCode> {
     match command {
         StoreCommand::List(a) => list(a),
         StoreCommand::Dump(a) => dump(a),
+        StoreCommand::Diff(a) => diff(a),
     }
 }
 
@@ -115,22 +136,7 @@ fn dump(a: &DumpArgs) -> Result<ExitCode> {
             None => bail!("no stored map versions in {}", a.store.data_dir.display()),
         },
     };
-    let Some(served) = maps.get(version)? else {
-        let kept: Vec<String> = maps
-            .versions()?
-            .iter()
-            .map(|v| v.version.to_string())
-            .collect();
-        bail!(
-            "map version {version} is not stored in {} (kept: {})",
-            a.store.data_dir.display(),
-            if kept.is_empty() {
-                "none".to_string()
-            } else {
-                kept.join(", ")
-            }
-        );
-    };
+    let served = get(&maps, &a.store, version)?;
     let summary = DumpSummary {
         epoch: served.epoch,
         version: served.version,
@@ -165,6 +171,96 @@ fn dump(a: &DumpArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Stored version `version`, or an error naming the versions kept.
+fn get(maps: &StoredMaps, a: &StoreArgs, version: u64) -> Result<cdnmap_store::Served> {
+    if let Some(served) = maps.get(version)? {
+        return Ok(served);
+    }
+    let kept: Vec<String> = maps
+        .versions()?
+        .iter()
+        .map(|v| v.version.to_string())
+        .collect();
+    bail!(
+        "map version {version} is not stored in {} (kept: {})",
+        a.data_dir.display(),
+        if kept.is_empty() {
+            "none".to_string()
+        } else {
+            kept.join(", ")
+        }
+    );
+}
+
+fn diff(a: &DiffArgs) -> Result<ExitCode> {
+    let maps = open(&a.store)?;
+    let to = match a.to {
+        Some(v) => v,
+        None => maps
+            .newest()?
+            .with_context(|| format!("no stored map versions in {}", a.store.data_dir.display()))?,
+    };
+    let (old, new) = (get(&maps, &a.store, a.from)?, get(&maps, &a.store, to)?);
+    let d = cdnmap_mapper::diff::diff(
+        (&old.topology, &old.map),
+        (&new.topology, &new.map),
+        a.units as usize,
+    );
+    print!("{}", diff_report(&d, (a.from, to), a.flows as usize));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `cdnmap store diff` prints of `d`, versions `from` and `to`, its `flows` largest flows.
+fn diff_report(d: &cdnmap_mapper::diff::MapDiff, (from, to): (u64, u64), flows: usize) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "map version {from} -> {to}: {:.1} of {:.1} demand moved ({:.3}%), {} of {} map units changed ({} added, {} removed)",
+        d.moved,
+        d.demand,
+        100.0 * d.moved_share(),
+        d.units_changed,
+        d.units_compared,
+        d.units_added,
+        d.units_removed
+    );
+    if !d.flows.is_empty() {
+        let shown = d.flows.len().min(flows);
+        let _ = writeln!(
+            out,
+            "\nmoved demand by cluster pair ({shown} largest of {}):",
+            d.flows.len()
+        );
+        let _ = writeln!(
+            out,
+            "{:>24} {:>24} {:>12} {:>8}",
+            "from", "to", "demand", "share"
+        );
+        for f in &d.flows[..shown] {
+            let _ = writeln!(
+                out,
+                "{:>24} {:>24} {:>12.2} {:>7.2}%",
+                f.from,
+                f.to,
+                f.demand,
+                100.0 * f.demand / d.moved.max(f64::MIN_POSITIVE)
+            );
+        }
+    }
+    if !d.changed.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nunits whose answers changed (most moved first, {} shown):",
+            d.changed.len()
+        );
+        for (id, moved) in &d.changed {
+            let _ = writeln!(out, "{id:>32} {moved:>12.2}");
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -281,5 +377,41 @@ mod tests {
                 "version {version}: the dumped instance"
             );
         }
+        // `diff` of two stored versions (deltas and the whole record) is the diff of the maps
+        // that were solved and put.
+        let maps = open(&store_args).expect("open");
+        for (from, to) in [(1u64, 5u64), (2, 4), (3, 3)] {
+            let (old, new) = (
+                get(&maps, &store_args, from).expect("stored"),
+                get(&maps, &store_args, to).expect("stored"),
+            );
+            let (a, b) = (&rounds[from as usize - 1], &rounds[to as usize - 1]);
+            let want = cdnmap_mapper::diff::diff((&a.0, &a.1), (&b.0, &b.1), 10);
+            let got =
+                cdnmap_mapper::diff::diff((&old.topology, &old.map), (&new.topology, &new.map), 10);
+            assert_eq!(got, want, "{from} -> {to}");
+            assert_eq!(want.units_compared, 400);
+            assert_eq!(want.moved == 0.0, from == to, "{from} -> {to}: {want:?}");
+            let report = diff_report(&got, (from, to), 5);
+            assert!(
+                report.starts_with(&format!("map version {from} -> {to}: ")),
+                "{report}"
+            );
+        }
+        let args = |from, to| DiffArgs {
+            store: StoreArgs {
+                data_dir: dir.path().to_path_buf(),
+            },
+            from,
+            to,
+            flows: 5,
+            units: 5,
+        };
+        assert_eq!(diff(&args(1, None)).expect("diff"), ExitCode::SUCCESS);
+        let e = diff(&args(9, Some(5))).expect_err("not stored").to_string();
+        assert!(
+            e.contains("map version 9 is not stored") && e.contains("kept: 1, 2, 3, 4, 5"),
+            "{e}"
+        );
     }
 }

@@ -135,14 +135,14 @@ impl Solver<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::Limits;
     use crate::testing::parse_instance;
 
     /// A random two-class world (Bps- and Fps-heavy classes over trees of both kinds), its
     /// units' demand scaled by `scale(u)`: tight enough that some demand overflows.
-    pub(in crate::solve) fn two_class_world(seed: u64, scale: impl Fn(usize) -> f64) -> Instance {
+    pub(crate) fn two_class_world(seed: u64, scale: impl Fn(usize) -> f64) -> Instance {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let clusters: Vec<String> = (0..24)
