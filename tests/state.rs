@@ -554,3 +554,115 @@ async fn a_tree_too_deep_is_refused_and_the_deepest_one_taken_survives_a_restart
     assert_eq!(gone.code(), tonic::Code::NotFound);
     resolves(&server, &all_units(&server).await[0]).await;
 }
+
+/// `Admin.DiffMaps` and `cdnmap store diff` on a running server's store: a cluster that held
+/// demand goes down, and the diff of the maps just before and after says its demand left it and
+/// none went to it. The moved share of two consecutive versions is the churn the round reported
+/// (`Admin.GetStatus`, the engine's own measure, read from the maps in memory, where the diff
+/// reads them back from the store); the command line prints the same figures. A version not
+/// stored is NOT_FOUND, a call without the token UNAUTHENTICATED.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_down_shows_in_the_diff_of_the_stored_maps() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let first = round_after(&server, 0).await;
+    let units = all_units(&server).await;
+    let down = resolves(&server, &units[0]).await.cluster_ids[0].clone();
+    let mut admin = server.admin();
+    ok(
+        admin
+            .set_cluster_state(authed(
+                pb::SetClusterStateRequest {
+                    id: down.clone(),
+                    state: pb::ClusterState::Down as i32,
+                    reason: "a diff test".into(),
+                },
+                Some(TOKEN),
+            ))
+            .await,
+        "SetClusterState",
+    );
+    // The first round that no longer places anything at the down cluster.
+    let mut after = round_after(&server, first.map_version).await;
+    let diffed = loop {
+        stored_version(&server, after.map_version).await;
+        let request = pb::DiffMapsRequest {
+            from_version: after.map_version - 1,
+            to_version: after.map_version,
+            max_flows: 0,
+            max_units: 5,
+        };
+        let d = ok(
+            admin.diff_maps(authed(request, Some(TOKEN))).await,
+            "DiffMaps",
+        );
+        if d.flows.iter().any(|f| f.from_cluster == down) {
+            break d;
+        }
+        after = round_after(&server, after.map_version).await;
+    };
+    assert_eq!(diffed.to_version, after.map_version);
+    assert!(
+        (diffed.moved_share - after.churn).abs() < 1e-9,
+        "the diff's {} against the round's churn {}",
+        diffed.moved_share,
+        after.churn
+    );
+    assert!(
+        diffed.flows.iter().all(|f| f.to_cluster != down),
+        "{diffed:?}"
+    );
+    let flowed: f64 = diffed.flows.iter().map(|f| f.demand).sum();
+    assert!(diffed.flow_count as usize == diffed.flows.len());
+    assert!(
+        (flowed - diffed.moved).abs() <= 1e-6 * diffed.moved,
+        "{diffed:?}"
+    );
+    assert!(diffed.units_changed > 0 && diffed.changed_units.len() <= 5);
+    assert_eq!(diffed.units_compared as usize, units.len());
+
+    // The command line, on the same store, says the same.
+    let data = setup.dir.path().join("data");
+    let out = std::process::Command::new(bin!())
+        .args(["store", "diff", "--data-dir"])
+        .arg(&data)
+        .args([
+            (after.map_version - 1).to_string(),
+            after.map_version.to_string(),
+        ])
+        .output()
+        .expect("run cdnmap store diff");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let headline = format!(
+        "map version {} -> {}: {:.1} of {:.1} demand moved ({:.3}%), {} of {} map units changed",
+        after.map_version - 1,
+        after.map_version,
+        diffed.moved,
+        diffed.demand,
+        100.0 * diffed.moved_share,
+        diffed.units_changed,
+        diffed.units_compared
+    );
+    assert!(stdout.starts_with(&headline), "{headline}\n{stdout}");
+
+    let missing = pb::DiffMapsRequest {
+        from_version: 999_999,
+        ..Default::default()
+    };
+    let e = admin
+        .diff_maps(authed(missing, Some(TOKEN)))
+        .await
+        .expect_err("not stored");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(
+        e.message().contains("map version 999999 is not stored"),
+        "{e:?}"
+    );
+    let e = admin
+        .diff_maps(authed(missing, None))
+        .await
+        .expect_err("no token");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    server.terminate().await;
+}
