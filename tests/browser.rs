@@ -5,7 +5,8 @@
 //! flytes/s), sorts the table by a click and from the keyboard, drains the busiest cluster by
 //! clicking its button (with the token typed into the page), sees its state change on the page
 //! and in the next round's map, sees the drained and then a marked-down cluster head the table
-//! (the down one offering "Mark up"), runs a lookup, saves a screenshot to
+//! (the down one offering "Mark up"), compares the map versions before and after the drain
+//! (the drained cluster's demand leaving it, as `/api/diff` says), runs a lookup, saves a screenshot to
 //! `<target>/test-artifacts/dashboard.png`, and at 800 × 600 checks that the page does not
 //! scroll sideways and the action buttons are in view (`dashboard-800x600.png`).
 //!
@@ -603,6 +604,58 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         Value::Bool(true),
         "the page reloaded"
     );
+    // The versions before and after the drain compared on the page (with the token typed in
+    // above): the drained cluster's demand left it, as the JSON API says.
+    let now = driver
+        .js("return Number(document.body.dataset.version);")
+        .as_u64()
+        .expect("the version shown");
+    driver.type_into("#diff-from", &version.to_string());
+    driver.type_into("#diff-to", &now.to_string());
+    driver.click("#diff-form button");
+    let shown = driver.wait_for(
+        "the comparison's flows out of the drained cluster",
+        PAGE_TIMEOUT,
+        &format!(
+            "const rows = [...document.querySelectorAll('#diff .diff-flows tr[data-from=\"{busiest}\"]')];
+             const h = document.querySelector('#diff .diff-headline');
+             return rows.length && h ? [Number(h.dataset.moved), rows.reduce((s, r) => s + Number(r.dataset.demand), 0)] : null;"
+        ),
+    );
+    let auth = format!("Bearer {TOKEN}");
+    let reply = request(
+        server.http,
+        "GET",
+        &format!("/api/diff?from={version}&to={now}&flows=20"),
+        &[("Authorization", auth.as_str())],
+        None,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let diffed = reply.json();
+    let out_of_busiest: f64 = diffed["flows"]
+        .as_array()
+        .expect("flows")
+        .iter()
+        .filter(|f| f["from"] == busiest.as_str())
+        .map(|f| f["demand"].as_f64().expect("demand"))
+        .sum();
+    assert!(out_of_busiest > 0.0, "{diffed}");
+    assert_eq!(
+        shown[0].as_f64(),
+        diffed["moved"].as_f64(),
+        "the moved demand shown"
+    );
+    let on_page = shown[1].as_f64().expect("a sum");
+    assert!(
+        (on_page - out_of_busiest).abs() <= 1e-9 * out_of_busiest,
+        "{on_page} vs {diffed}"
+    );
+    assert_eq!(
+        request(server.http, "GET", "/api/diff?from=1", &[], None).status,
+        401,
+        "a diff needs the token"
+    );
+
     // Sorted by demand, the drained cluster (no demand now) still heads the table, with its
     // badge and the action that takes it back.
     let first_row = "const r = document.querySelector('#clusters tbody tr'); \

@@ -491,6 +491,33 @@ async function lookup(q) {
   }
 }
 
+// Two stored map versions compared (GET /api/diff, with the admin token): how much demand moved,
+// between which clusters, and the units that moved most.
+async function compareVersions(from, to) {
+  const box = document.getElementById("diff");
+  box.replaceChildren(el("div", {}, "comparing…"));
+  try {
+    const d = await api(`/api/diff?from=${from}&to=${to || 0}&flows=20&units=20`, { headers: { authorization: `Bearer ${token()}` } });
+    box.replaceChildren(
+      el("div", { class: "diff-headline", "data-moved": d.moved, "data-to": d.to },
+        `v${d.from} → v${d.to}: `, el("b", {}, fmt(d.moved)), ` of ${fmt(d.demand)} demand moved (${pct(d.moved_share)}) · `,
+        `${d.units_changed} of ${d.units_compared} map units changed`,
+        d.units_added || d.units_removed ? ` · ${d.units_added} added, ${d.units_removed} removed` : ""),
+      d.flows.length
+        ? el("table", { class: "diff-flows" },
+          el("thead", {}, el("tr", {}, el("th", {}, "from"), el("th", {}, "to"), el("th", { class: "num" }, "demand"), el("th", { class: "num" }, "of the moved"))),
+          el("tbody", {}, d.flows.map((f) => el("tr", { "data-from": f.from, "data-to": f.to, "data-demand": f.demand },
+            el("td", {}, f.from), el("td", {}, f.to), el("td", { class: "num" }, fmt(f.demand)), el("td", { class: "num" }, pct(d.moved > 0 ? f.demand / d.moved : 0))))))
+        : el("div", { class: "dim" }, "nothing moved"),
+      d.flow_count > d.flows.length ? el("div", { class: "dim" }, `… and ${d.flow_count - d.flows.length} smaller flows`) : "",
+      d.changed_units.length
+        ? el("div", { class: "diff-units" }, "moved most: ", d.changed_units.map((u) => `${u.map_unit} ${fmt(u.moved)}`).join(", "))
+        : "");
+  } catch (e) {
+    box.replaceChildren(el("div", { class: "error" }, e.message));
+  }
+}
+
 // Every placed or passed-over candidate, and the first few of those not needed.
 function shownCandidates(cands) {
   const NOT_NEEDED_SHOWN = 3;
@@ -588,6 +615,11 @@ function init() {
     e.preventDefault();
     const q = document.getElementById("lookup-q").value.trim();
     if (q) lookup(q);
+  });
+  document.getElementById("diff-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const from = document.getElementById("diff-from").value.trim();
+    if (from) compareVersions(from, document.getElementById("diff-to").value.trim());
   });
   refresh(true);
   setInterval(() => refresh(false), POLL_MS);

@@ -481,61 +481,25 @@ impl pb::admin_server::Admin for AdminService {
     }
 }
 
-/// Map diffs run one at a time: each holds two whole map versions and their topologies.
-static DIFFS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
-
-/// The most flows or units a `DiffMaps` answer lists.
-const MAX_DIFF_ROWS: u32 = 10_000;
-
 impl AdminService {
-    /// `Admin.DiffMaps`: two stored versions read and compared off the async threads.
+    /// `Admin.DiffMaps` ([`crate::diffs`]).
     async fn diff_stored(&self, r: pb::DiffMapsRequest) -> Result<pb::MapDiff, Status> {
-        let rows = |n: u32, what: &str| match n {
-            0 => Ok(100),
-            n if n <= MAX_DIFF_ROWS => Ok(n as usize),
-            n => Err(invalid(format!("{what}: {n}; at most {MAX_DIFF_ROWS}"))),
-        };
+        let rows =
+            |n: u32, what: &str| crate::diffs::rows(n).map_err(|e| invalid(format!("{what}: {e}")));
         let (max_flows, max_units) = (
             rows(r.max_flows, "max_flows")?,
             rows(r.max_units, "max_units")?,
         );
-        let _one = DIFFS.try_acquire().map_err(|_| {
-            Status::resource_exhausted("another map diff is running: retry when it is done")
-        })?;
-        let maps = self.0.store.maps();
-        let diffed = tokio::task::spawn_blocking(move || {
-            let to = match r.to_version {
-                0 => maps
-                    .newest()
-                    .map_err(store_status)?
-                    .ok_or_else(|| Status::not_found("no map version is stored yet"))?,
-                v => v,
-            };
-            let read = |v: u64| -> Result<cdnmap_store::Served, Status> {
-                maps.get(v).map_err(store_status)?.ok_or_else(|| {
-                    let kept: Vec<String> = maps
-                        .versions()
-                        .map(|vs| vs.iter().map(|v| v.version.to_string()).collect())
-                        .unwrap_or_default();
-                    Status::not_found(format!(
-                        "map version {v} is not stored (kept: {})",
-                        kept.join(", ")
-                    ))
-                })
-            };
-            let (old, new) = (read(r.from_version)?, read(to)?);
-            let d = cdnmap_mapper::diff::diff(
-                (&old.topology, &old.map),
-                (&new.topology, &new.map),
-                max_units,
-            );
-            Ok::<_, Status>((to, d))
-        })
-        .await
-        .map_err(|e| Status::internal(format!("the map diff failed: {e}")))?;
-        let (to, d) = diffed?;
+        let d = crate::diffs::diff_stored(&self.0, r.from_version, r.to_version, max_units)
+            .await
+            .map_err(|e| match e {
+                crate::diffs::DiffError::Busy => Status::resource_exhausted(e.to_string()),
+                crate::diffs::DiffError::NotStored(_) => Status::not_found(e.to_string()),
+                crate::diffs::DiffError::Failed(_) => Status::internal(e.to_string()),
+            })?;
+        let (from, to, d) = (d.from, d.to, d.diff);
         Ok(pb::MapDiff {
-            from_version: r.from_version,
+            from_version: from,
             to_version: to,
             units_compared: d.units_compared as u64,
             units_changed: d.units_changed as u64,
@@ -562,11 +526,6 @@ impl AdminService {
                 .collect(),
         })
     }
-}
-
-/// A store error reading map versions, as a gRPC status.
-fn store_status(e: cdnmap_store::StoreError) -> Status {
-    Status::internal(format!("reading the stored maps: {e}"))
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod dashboard;
+pub mod diffs;
 pub mod feedback;
 #[cfg(test)]
 mod fuzz;

@@ -49,6 +49,7 @@ pub const METHODS: &[(&str, &[&str])] = &[
             "DeleteMapUnit",
             "SetClusterState",
             "GetStatus",
+            "DiffMaps",
         ],
     ),
     ("grpc.health.v1.Health", &["Check", "Watch"]),

@@ -1,6 +1,7 @@
 //! The dashboard's HTTP side: the embedded page and the JSON API (`docs/dashboard.md`).
 //!
-//! Reads need no token. Actions (`POST /api/clusters/{id}/state`) need the Admin token as
+//! Reads need no token but map diffs (`/api/diff`: each reads two whole versions from the
+//! store). Actions (`POST /api/clusters/{id}/state`) need the Admin token as
 //! `Authorization: Bearer <token>`, exactly like the gRPC Admin service, and go through the
 //! same function as Admin `SetClusterState` ([`Shared::set_cluster_state`]). Every error is a
 //! JSON body `{"error": "..."}` naming the input, with 400, 401, 404 or 503.
@@ -54,6 +55,7 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
         .route("/lookup", get(lookup))
         .route("/events", get(events))
         .route("/estimator", get(estimator))
+        .route("/diff", get(super::diff::diff))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(

@@ -14,6 +14,7 @@
 
 mod app;
 mod clusters;
+mod diff;
 pub mod http;
 
 pub(crate) use app::ApiError;
