@@ -182,6 +182,7 @@ async fn delv_validates_signed_answers() {
             ("www.cdn.example", "A", &[positive][..]),
             ("x.video.cdn.example", "AAAA", &[positive, negative][..]),
             ("x.video.cdn.example", "A", &[positive][..]),
+            ("x.video.cdn.example", "TXT", &[negative][..]),
             ("api.apps.cdn.example", "A", &[positive][..]),
             ("nothing-here.cdn.example", "A", &[negative][..]),
             ("www.cdn.example", "TXT", &[negative][..]),
@@ -416,6 +417,7 @@ async fn unbound_sets_ad_on_answers_with_ecs() {
     for (name, qtype) in [
         ("nothing-here.cdn.example", "A"),
         ("www.cdn.example", "TXT"),
+        ("edge7.video.cdn.example", "TXT"),
     ] {
         let got = dig(
             unbound.addr,

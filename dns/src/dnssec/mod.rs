@@ -10,7 +10,7 @@
 //! listing the types there. A positive answer synthesized from a wildcard rule
 //! (`ClassRules::synthesized_from`) is signed as the wildcard's RRset, one signature for every
 //! name it answers, with a minimally covering NSEC showing the name is not there
-//! (`sign::white_lie`). The DNSKEY RRset is signed by the key-signing keys (SEP flag), the
+//! (`sign::white_lie`); NODATA there adds the wildcard's own NSEC. The DNSKEY RRset is signed by the key-signing keys (SEP flag), the
 //! rest by the zone-signing keys, or by the SEP keys when a zone has no other (a CSK); each
 //! algorithm of the zone's keys signs. Every key whose dates say it is published is in the
 //! DNSKEY RRset; only the active ones sign (a rollover's next key is published first).

@@ -104,9 +104,10 @@ pub fn secure(
     if !asked.dnssec_ok {
         return false;
     }
+    let nodata = *code == ResponseCode::NoError && answer.is_empty();
     let denial = match *code {
         ResponseCode::NXDomain => Some(vec![TYPE_NXNAME]),
-        ResponseCode::NoError if answer.is_empty() => Some(asked.types_here(zone)),
+        ResponseCode::NoError if nodata => Some(asked.types_here(zone)),
         ResponseCode::NoError => None,
         _ => return false,
     };
@@ -118,25 +119,34 @@ pub fn secure(
             _ => None,
         })
         .unwrap_or(NSEC_TTL_DEFAULT);
-    // A wildcard's answer is signed as the wildcard's RRset, with the NSEC that shows the
-    // name itself is not there (RFC 4035 §3.1.3.3).
-    let proof = asked
+    // At a name a wildcard answers, the NSEC that shows the name itself is not there (RFC
+    // 4035 §3.1.3.3): beside the answer, signed as the wildcard's RRset; or, for NODATA,
+    // beside the wildcard's own NSEC without the type asked (§3.1.3.4).
+    let wildcard = asked
         .signed_as_wildcard(zone)
-        .filter(|_| denial.is_none())
+        .filter(|_| denial.is_none() || nodata)
         .and_then(|l| {
-            Some((
-                l,
-                signing.wildcard_proof(zone, &asked.qname, nsec_ttl, now)?,
-            ))
+            let star = asked
+                .qname
+                .trim_to(usize::from(l))
+                .prepend_label("*")
+                .ok()?;
+            let proof = signing.wildcard_proof(zone, &asked.qname, nsec_ttl, now)?;
+            Some((l, star, proof))
         });
-    let wildcard = proof.as_ref().map(|(l, _)| *l);
-    *answer = signing.signed_as(zone, std::mem::take(answer), wildcard, now);
+    let labels = wildcard.as_ref().map(|(l, ..)| *l);
+    *answer = signing.signed_as(zone, std::mem::take(answer), labels, now);
     let mut signed = signing.signed_section(zone, std::mem::take(authority), now);
-    if let Some(types) = denial {
-        signed.extend(signing.denial(zone, &asked.qname, &types, nsec_ttl, now));
-    }
-    if let Some((_, nsec)) = proof {
-        signed.extend(nsec);
+    match (denial, wildcard) {
+        (Some(types), Some((_, star, proof))) => {
+            signed.extend(proof);
+            signed.extend(signing.denial(zone, &star, &types, nsec_ttl, now));
+        }
+        (Some(types), None) => {
+            signed.extend(signing.denial(zone, &asked.qname, &types, nsec_ttl, now));
+        }
+        (None, Some((_, _, proof))) => signed.extend(proof),
+        (None, None) => {}
     }
     *authority = signed;
     true
@@ -288,6 +298,45 @@ mod tests {
             assert!(verifies(&zone.keys[1], &authority[2], &[&authority[0]]));
         }
         assert_eq!(signatures[0], signatures[1], "one signature for both names");
+        // NODATA at such a name: the white lie and the wildcard's own NSEC without the type.
+        let mut wildcard_nsecs = Vec::new();
+        for qname in ["v1.cdn.example.", "v2.cdn.example."] {
+            let q = Asked {
+                wildcard: Some(2),
+                mapped: true,
+                ..asked(qname, RecordType::TXT, &statics)
+            };
+            let (mut code, mut answer, mut authority) =
+                (ResponseCode::NoError, Vec::new(), vec![soa()]);
+            assert!(secure(
+                &signing,
+                zone,
+                &q,
+                &mut code,
+                &mut answer,
+                &mut authority,
+                now
+            ));
+            let nsecs: Vec<&Record> = authority
+                .iter()
+                .filter(|r| r.record_type() == RecordType::NSEC)
+                .collect();
+            assert_eq!(nsecs.len(), 2, "{authority:?}");
+            assert!(nsecs[0].name.to_ascii().ends_with(".cdn.example."));
+            assert_eq!(nsecs[1].name, name("*.cdn.example."));
+            assert_eq!(
+                nsec(&authority[authority.len() - 3..]).2,
+                [1, 28, 46, 47],
+                "A AAAA"
+            );
+            let rrsig = &authority[authority.len() - 1];
+            assert!(verifies(&zone.keys[1], rrsig, &[nsecs[1]]));
+            wildcard_nsecs.push(rrsig.data.clone());
+        }
+        assert_eq!(
+            wildcard_nsecs[0], wildcard_nsecs[1],
+            "the wildcard's NSEC signed once"
+        );
         // A static name under the wildcard: signed at its name.
         let statics = StaticData::build(
             &[crate::zonedata::ZoneConfig {
