@@ -236,16 +236,16 @@ mod tests {
         (r.name.to_string(), bytes[..2].to_vec(), types)
     }
 
-    /// The answer and authority sections of the NOERROR response to `q` answering `answer`,
-    /// made secure by `signing` at `now`.
+    /// The answer and authority sections of the NOERROR response to `q` with `answer` and
+    /// `authority`, made secure by `signing` at `now`.
     fn secured(
         signing: &Signing,
         zone: &ZoneKeys,
         q: &Asked<'_>,
-        mut answer: Vec<Record>,
+        (mut answer, mut authority): (Vec<Record>, Vec<Record>),
         now: u64,
     ) -> (Vec<Record>, Vec<Record>) {
-        let (mut code, mut authority) = (ResponseCode::NoError, Vec::new());
+        let mut code = ResponseCode::NoError;
         assert!(secure(
             signing,
             zone,
@@ -276,7 +276,8 @@ mod tests {
                 wildcard: Some(2),
                 ..asked(qname, RecordType::A, &statics)
             };
-            let (answer, authority) = secured(&signing, zone, &q, vec![address(qname)], now);
+            let (answer, authority) =
+                secured(&signing, zone, &q, (vec![address(qname)], Vec::new()), now);
             assert_eq!(answer[0].name, name(qname), "the records keep their owner");
             let rrsig = &answer[2];
             let RData::Unknown { rdata, .. } = &rrsig.data else {
@@ -306,17 +307,7 @@ mod tests {
                 mapped: true,
                 ..asked(qname, RecordType::TXT, &statics)
             };
-            let (mut code, mut answer, mut authority) =
-                (ResponseCode::NoError, Vec::new(), vec![soa()]);
-            assert!(secure(
-                &signing,
-                zone,
-                &q,
-                &mut code,
-                &mut answer,
-                &mut authority,
-                now
-            ));
+            let (_, authority) = secured(&signing, zone, &q, (Vec::new(), vec![soa()]), now);
             let nsecs: Vec<&Record> = authority
                 .iter()
                 .filter(|r| r.record_type() == RecordType::NSEC)
@@ -356,8 +347,13 @@ mod tests {
             wildcard: Some(2),
             ..asked("v1.cdn.example.", RecordType::A, &statics)
         };
-        let (answer, authority) =
-            secured(&signing, zone, &q, vec![address("v1.cdn.example.")], now);
+        let (answer, authority) = secured(
+            &signing,
+            zone,
+            &q,
+            (vec![address("v1.cdn.example.")], Vec::new()),
+            now,
+        );
         assert!(verifies(&zone.keys[1], &answer[2], &[&answer[0]]));
         assert!(authority.is_empty());
     }
