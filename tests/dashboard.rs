@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use cdnmap_proto::v1 as pb;
 use cdnmap_proto::v1::admin_client::AdminClient;
 use cdnmap_proto::v1::feedback_client::FeedbackClient;
-use dash_support::{DashServer, CLUSTERS, MAP_UNITS, ROUND_TIMEOUT, TOKEN};
+use dash_support::{request, DashServer, CLUSTERS, MAP_UNITS, ROUND_TIMEOUT, TOKEN};
 use serde_json::Value;
 
 const EPS: f64 = 1e-6;
@@ -358,6 +358,24 @@ fn bad_requests_get_json_errors_naming_the_input() {
     }
     let auth = format!("Bearer {TOKEN}");
     let h = [("Authorization", auth.as_str())];
+    // Map diffs: the token first, then the input, each error naming it.
+    let r = s.get("/api/diff?from=1");
+    assert_eq!(r.status, 401, "{}", r.body);
+    for (path, status, needle) in [
+        ("/api/diff", 400, "from: missing"),
+        ("/api/diff?from=x", 400, "from"),
+        ("/api/diff?from=1&flows=20000", 400, "flows: 20000"),
+        ("/api/diff?from=1&bogus=1", 400, "bogus"),
+        (
+            "/api/diff?from=999999",
+            404,
+            "map version 999999 is not stored",
+        ),
+    ] {
+        let r = request(s.http, "GET", path, &h, None);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert!(r.error().contains(needle), "{path}: {}", r.body);
+    }
     let id = s.get_ok("/api/clusters?limit=1")["clusters"][0]["id"]
         .as_str()
         .expect("id")

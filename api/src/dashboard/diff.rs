@@ -16,6 +16,7 @@ use super::clusters::authorize;
 use crate::diffs::{diff_stored, rows, DiffError};
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct DiffQuery {
     /// The older version.
     from: Option<u64>,
