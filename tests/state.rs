@@ -555,6 +555,45 @@ async fn a_tree_too_deep_is_refused_and_the_deepest_one_taken_survives_a_restart
     resolves(&server, &all_units(&server).await[0]).await;
 }
 
+/// Sets `cluster` to `state` through Admin, then waits for the first stored version after
+/// `base` whose diff from version `from(it)` moves demand out of the cluster: that version's
+/// status and the diff (`Admin.DiffMaps`).
+async fn set_and_diff(
+    server: &Server,
+    (cluster, state): (&str, pb::ClusterState),
+    base: u64,
+    from: impl Fn(u64) -> u64,
+) -> (pb::Status, pb::MapDiff) {
+    let mut admin = server.admin();
+    let request = pb::SetClusterStateRequest {
+        id: cluster.to_string(),
+        state: state as i32,
+        reason: "a test of map diffs".into(),
+    };
+    ok(
+        admin.set_cluster_state(authed(request, Some(TOKEN))).await,
+        "SetClusterState",
+    );
+    let mut after = round_after(server, base).await;
+    loop {
+        stored_version(server, after.map_version).await;
+        let request = pb::DiffMapsRequest {
+            from_version: from(after.map_version),
+            to_version: after.map_version,
+            max_flows: 0,
+            max_units: 5,
+        };
+        let d = ok(
+            admin.diff_maps(authed(request, Some(TOKEN))).await,
+            "DiffMaps",
+        );
+        if d.flows.iter().any(|f| f.from_cluster == cluster) {
+            return (after, d);
+        }
+        after = round_after(server, after.map_version).await;
+    }
+}
+
 /// `Admin.DiffMaps` and `cdnmap store diff` on a running server's store: a cluster that held
 /// demand goes down, and the diff of the maps just before and after says its demand left it and
 /// none went to it. The moved share of two consecutive versions is the churn the round reported
@@ -569,38 +608,15 @@ async fn a_cluster_down_shows_in_the_diff_of_the_stored_maps() {
     let units = all_units(&server).await;
     let down = resolves(&server, &units[0]).await.cluster_ids[0].clone();
     let mut admin = server.admin();
-    ok(
-        admin
-            .set_cluster_state(authed(
-                pb::SetClusterStateRequest {
-                    id: down.clone(),
-                    state: pb::ClusterState::Down as i32,
-                    reason: "a diff test".into(),
-                },
-                Some(TOKEN),
-            ))
-            .await,
-        "SetClusterState",
-    );
-    // The first round that no longer places anything at the down cluster.
-    let mut after = round_after(&server, first.map_version).await;
-    let diffed = loop {
-        stored_version(&server, after.map_version).await;
-        let request = pb::DiffMapsRequest {
-            from_version: after.map_version - 1,
-            to_version: after.map_version,
-            max_flows: 0,
-            max_units: 5,
-        };
-        let d = ok(
-            admin.diff_maps(authed(request, Some(TOKEN))).await,
-            "DiffMaps",
-        );
-        if d.flows.iter().any(|f| f.from_cluster == down) {
-            break d;
-        }
-        after = round_after(&server, after.map_version).await;
-    };
+    // The first round that no longer places anything at the down cluster, against the one
+    // before it.
+    let (after, diffed) = set_and_diff(
+        &server,
+        (&down, pb::ClusterState::Down),
+        first.map_version,
+        |v| v - 1,
+    )
+    .await;
     assert_eq!(diffed.to_version, after.map_version);
     assert!(
         (diffed.moved_share - after.churn).abs() < 1e-9,
@@ -664,5 +680,88 @@ async fn a_cluster_down_shows_in_the_diff_of_the_stored_maps() {
         .await
         .expect_err("no token");
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    server.terminate().await;
+}
+
+/// `Admin.Preview` of a drain, then the drain itself (issue 45, "predicted against observed"):
+/// the next round moves the demand the preview said it would (within 5%), with the overflow
+/// it said; nothing is published by the preview; an unknown cluster is NOT_FOUND.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_previewed_drain_moves_what_the_preview_said() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    let first = round_after(&server, 0).await;
+    let units = all_units(&server).await;
+    let drained = resolves(&server, &units[0]).await.cluster_ids[0].clone();
+    let mut admin = server.admin();
+    let change = |id: &str| pb::ClusterStateChange {
+        id: id.to_string(),
+        state: pb::ClusterState::Drained as i32,
+    };
+    let request = pb::PreviewRequest {
+        changes: vec![change(&drained)],
+        max_flows: 0,
+        max_units: 5,
+    };
+    let p = ok(admin.preview(authed(request, Some(TOKEN))).await, "Preview");
+    let predicted = p.diff.clone().expect("the diff");
+    assert!(p.based_on_version >= first.map_version);
+    let out: f64 = predicted
+        .flows
+        .iter()
+        .filter(|f| f.from_cluster == drained)
+        .map(|f| f.demand)
+        .sum();
+    assert!(
+        out > 0.0,
+        "the drained cluster's demand moves: {predicted:?}"
+    );
+    assert!(predicted.flows.iter().all(|f| f.to_cluster != drained));
+    assert_eq!(
+        status(&server).await.map_version,
+        p.based_on_version,
+        "nothing published"
+    );
+
+    // The first round after the drain against the map the preview started from.
+    let (after, observed) = set_and_diff(
+        &server,
+        (&drained, pb::ClusterState::Drained),
+        p.based_on_version,
+        |_| p.based_on_version,
+    )
+    .await;
+    eprintln!(
+        "moved: predicted {:.1} observed {:.1}; overflow share: predicted {:.4} observed {:.4}",
+        predicted.moved, observed.moved, p.overflow_share_after, after.overflow_share
+    );
+    let within = |a: f64, b: f64| (a - b).abs() <= 0.05 * a.abs().max(b.abs()).max(1e-9);
+    assert!(
+        within(predicted.moved, observed.moved),
+        "moved: predicted {} observed {}",
+        predicted.moved,
+        observed.moved
+    );
+    assert!(
+        within(p.overflow_share_after, after.overflow_share)
+            || (p.overflow_share_after - after.overflow_share).abs() < 1e-3,
+        "overflow share: predicted {} observed {}",
+        p.overflow_share_after,
+        after.overflow_share
+    );
+    let request = pb::PreviewRequest {
+        changes: vec![change("no-such-cluster")],
+        ..Default::default()
+    };
+    let e = admin
+        .preview(authed(request, Some(TOKEN)))
+        .await
+        .expect_err("unknown cluster");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(
+        e.message()
+            .contains("changes[0]: no cluster \"no-such-cluster\""),
+        "{e:?}"
+    );
     server.terminate().await;
 }

@@ -479,6 +479,15 @@ impl pb::admin_server::Admin for AdminService {
             .await
             .map(Response::new)
     }
+
+    async fn preview(
+        &self,
+        request: Request<pb::PreviewRequest>,
+    ) -> Result<Response<pb::PreviewResponse>, Status> {
+        self.preview_changes(request.into_inner())
+            .await
+            .map(Response::new)
+    }
 }
 
 impl AdminService {
@@ -497,34 +506,91 @@ impl AdminService {
                 crate::diffs::DiffError::NotStored(_) => Status::not_found(e.to_string()),
                 crate::diffs::DiffError::Failed(_) => Status::internal(e.to_string()),
             })?;
-        let (from, to, d) = (d.from, d.to, d.diff);
-        Ok(pb::MapDiff {
-            from_version: from,
-            to_version: to,
-            units_compared: d.units_compared as u64,
-            units_changed: d.units_changed as u64,
-            units_added: d.units_added as u64,
-            units_removed: d.units_removed as u64,
-            demand: d.demand,
-            moved: d.moved,
-            moved_share: d.moved_share(),
-            flow_count: d.flows.len() as u64,
-            flows: d
-                .flows
-                .iter()
-                .take(max_flows)
-                .map(|f| pb::MapFlow {
-                    from_cluster: f.from.clone(),
-                    to_cluster: f.to.clone(),
-                    demand: f.demand,
-                })
-                .collect(),
-            changed_units: d
-                .changed
-                .into_iter()
-                .map(|(map_unit, moved)| pb::ChangedUnit { map_unit, moved })
-                .collect(),
+        Ok(map_diff_pb(d.from, d.to, d.diff, max_flows))
+    }
+
+    /// `Admin.Preview` ([`crate::preview`]).
+    async fn preview_changes(&self, r: pb::PreviewRequest) -> Result<pb::PreviewResponse, Status> {
+        let rows =
+            |n: u32, what: &str| crate::diffs::rows(n).map_err(|e| invalid(format!("{what}: {e}")));
+        let (max_flows, max_units) = (
+            rows(r.max_flows, "max_flows")?,
+            rows(r.max_units, "max_units")?,
+        );
+        let changes = r
+            .changes
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                cdnmap_serve::watch::state_from_pb(c.state)
+                    .map(|state| (c.id, state))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "changes[{i}].state: {} is not UP, DRAINED or DOWN",
+                            c.state
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        use crate::preview::PreviewError as E;
+        let p = crate::preview::preview_changes(&self.0, changes, max_units)
+            .await
+            .map_err(|e| match e {
+                E::Busy => Status::resource_exhausted(e.to_string()),
+                E::NoMap => Status::failed_precondition(e.to_string()),
+                E::Invalid(_) => invalid(e.to_string()),
+                E::NoCluster(..) => Status::not_found(e.to_string()),
+                E::Failed(_) => Status::internal(e.to_string()),
+            })?;
+        Ok(pb::PreviewResponse {
+            based_on_version: p.based_on,
+            diff: Some(map_diff_pb(p.based_on, 0, p.diff, max_flows)),
+            overflow_before: p.before.overflow,
+            overflow_after: p.after.overflow,
+            overflow_share_before: p.before.overflow_share,
+            overflow_share_after: p.after.overflow_share,
+            nodes_full_before: p.before.nodes_full,
+            nodes_full_after: p.after.nodes_full,
+            mean_rtt_ms_before: p.before.mean_rtt_ms,
+            mean_rtt_ms_after: p.after.mean_rtt_ms,
         })
+    }
+}
+
+/// `d`, the diff from version `from` to `to`, as the API gives it: its `max_flows` largest
+/// flows.
+fn map_diff_pb(
+    from: u64,
+    to: u64,
+    d: cdnmap_mapper::diff::MapDiff,
+    max_flows: usize,
+) -> pb::MapDiff {
+    pb::MapDiff {
+        from_version: from,
+        to_version: to,
+        units_compared: d.units_compared as u64,
+        units_changed: d.units_changed as u64,
+        units_added: d.units_added as u64,
+        units_removed: d.units_removed as u64,
+        demand: d.demand,
+        moved: d.moved,
+        moved_share: d.moved_share(),
+        flow_count: d.flows.len() as u64,
+        flows: d
+            .flows
+            .iter()
+            .take(max_flows)
+            .map(|f| pb::MapFlow {
+                from_cluster: f.from.clone(),
+                to_cluster: f.to.clone(),
+                demand: f.demand,
+            })
+            .collect(),
+        changed_units: d
+            .changed
+            .into_iter()
+            .map(|(map_unit, moved)| pb::ChangedUnit { map_unit, moved })
+            .collect(),
     }
 }
 

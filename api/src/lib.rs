@@ -24,6 +24,7 @@ pub mod listen;
 pub mod mapping;
 pub mod memory;
 pub mod parse_error;
+pub mod preview;
 mod probes;
 pub mod rpc_metrics;
 pub mod selection;

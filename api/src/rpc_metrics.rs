@@ -50,6 +50,7 @@ pub const METHODS: &[(&str, &[&str])] = &[
             "SetClusterState",
             "GetStatus",
             "DiffMaps",
+            "Preview",
         ],
     ),
     ("grpc.health.v1.Health", &["Check", "Watch"]),

@@ -118,6 +118,12 @@ impl Driver {
         &self.estimates
     }
 
+    /// How its rounds are solved: the stickiness and the second chance (what a preview
+    /// solves with, [`crate::round::preview`]).
+    pub fn settings(&self) -> (Stickiness, crate::round::RoundChance) {
+        (self.stickiness, self.chance)
+    }
+
     /// One step: `observations` (since `previous` was made) in, the snapshot of `base` for
     /// `now` out, under `epoch`; `rules` gives the hostname rules of the round's instance.
     pub fn step(

@@ -215,6 +215,29 @@ pub fn solve_round(
     })
 }
 
+/// What the next round would publish were `topology` its input (the map in service's
+/// topology with an operator's change): solved as the rounds solve (`settings`: the driver's
+/// stickiness and second chance), seeded from `previous`, the map in service, with the scores
+/// it measured. Nothing is published or stored, and the estimator is not stepped: previews
+/// (`Admin.Preview`) run the rounds' own code on the forecast the last round used.
+pub fn preview(
+    topology: &Topology,
+    previous: &Snapshot,
+    settings: (&Stickiness, &RoundChance),
+    now_unix_ms: i64,
+) -> Result<Solved, RoundError> {
+    solve_round(
+        topology,
+        Some(previous),
+        None,
+        settings,
+        Arc::clone(&previous.measured),
+        previous.epoch,
+        now_unix_ms,
+        false,
+    )
+}
+
 /// A round's effective preferences, and the map it is solved from: seeded from `seed` (the
 /// previous map, in `instance`'s index space) when sticky (a margin above 0), its incumbents
 /// favoured; a cold solve's otherwise. The scores measured in `measured` replace the

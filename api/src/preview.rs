@@ -1,0 +1,125 @@
+//! `Admin.Preview`: what the next round would publish after an operator's changes, computed by
+//! the rounds' own code (`cdnmap_engine::round::preview`) from the map in service and the
+//! forecast it was solved with; nothing is published or stored. One preview at a time (each
+//! is a solve), off the async threads; the round loop's driver is locked only to read how it
+//! solves.
+
+use std::sync::Arc;
+
+use cdnmap_engine::round::{preview, Snapshot};
+use cdnmap_mapper::diff::MapDiff;
+use cdnmap_mapper::{ClusterState, Instance, Map};
+
+use crate::service::Shared;
+
+/// Previews run one at a time.
+static PREVIEWS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// The most changes a preview takes.
+pub const MAX_CHANGES: usize = 1_000;
+
+/// Why a preview was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum PreviewError {
+    #[error("another preview is running: retry when it is done")]
+    Busy,
+    #[error("no map yet: the first round has not finished")]
+    NoMap,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("changes[{0}]: no cluster {1:?}")]
+    NoCluster(usize, String),
+    #[error("the preview failed: {0}")]
+    Failed(String),
+}
+
+/// A map's figures an operator compares before and after.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub overflow: f64,
+    pub overflow_share: f64,
+    /// Resource nodes at 99.9% of their capacity or more.
+    pub nodes_full: u64,
+    pub mean_rtt_ms: f64,
+}
+
+impl Figures {
+    fn of(inst: &Instance, map: &Map, measured: &cdnmap_mapper::rescore::Rescore) -> Figures {
+        let used = cdnmap_mapper::map::node_usage(inst, map);
+        let mut nodes_full = 0;
+        for (c, cl) in inst.clusters().iter().enumerate() {
+            for (n, node) in cl.nodes.iter().enumerate() {
+                let u = used[inst.global_node(c as u32, n as u32)];
+                if node.capacity > 0.0 && u >= 0.999 * node.capacity {
+                    nodes_full += 1;
+                }
+            }
+        }
+        let demand = inst.total_demand();
+        let overflow = map.total_overflow();
+        Figures {
+            overflow,
+            overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
+            nodes_full,
+            mean_rtt_ms: cdnmap_engine::figures::mean_score(inst, map, measured).unwrap_or(0.0),
+        }
+    }
+}
+
+/// A preview: the map it starts from, the diff to the previewed map, and the figures of both.
+pub struct Previewed {
+    pub based_on: u64,
+    pub diff: MapDiff,
+    pub before: Figures,
+    pub after: Figures,
+}
+
+/// The next round after `changes` (cluster id and state, in order) to `shared`'s map in
+/// service, listing at most `max_units` changed units.
+pub async fn preview_changes(
+    shared: &Arc<Shared>,
+    changes: Vec<(String, ClusterState)>,
+    max_units: usize,
+) -> Result<Previewed, PreviewError> {
+    if changes.len() > MAX_CHANGES {
+        return Err(PreviewError::Invalid(format!(
+            "changes: {}; at most {MAX_CHANGES}",
+            changes.len()
+        )));
+    }
+    let _one = PREVIEWS.try_acquire().map_err(|_| PreviewError::Busy)?;
+    let current: Arc<Snapshot> = shared.current().ok_or(PreviewError::NoMap)?;
+    let settings = shared
+        .round
+        .driver
+        .lock()
+        .map_err(|_| PreviewError::Failed("the round driver's lock is poisoned".into()))?
+        .as_ref()
+        .map(|d| d.settings())
+        .ok_or_else(|| PreviewError::Failed("the round driver is not running".into()))?;
+    let mut topology = current.topology.clone();
+    for (i, (id, state)) in changes.iter().enumerate() {
+        let c = topology
+            .cluster_index(id)
+            .ok_or_else(|| PreviewError::NoCluster(i, id.clone()))?;
+        topology = topology.with_cluster_state(c, *state);
+    }
+    let now = crate::clock::now_unix_ms();
+    tokio::task::spawn_blocking(move || {
+        let solved = preview(&topology, &current, (&settings.0, &settings.1), now)
+            .map_err(|e| PreviewError::Failed(e.to_string()))?;
+        let diff = cdnmap_mapper::diff::diff(
+            (&current.topology, &current.map),
+            (&solved.topology, &solved.map),
+            max_units,
+        );
+        Ok(Previewed {
+            based_on: current.version,
+            diff,
+            before: Figures::of(&current.topology, &current.map, &current.measured),
+            after: Figures::of(&solved.topology, &solved.map, &solved.measured),
+        })
+    })
+    .await
+    .map_err(|e| PreviewError::Failed(e.to_string()))?
+}
