@@ -44,7 +44,8 @@ pub struct Figures {
 }
 
 impl Figures {
-    fn of(inst: &Instance, map: &Map, measured: &cdnmap_mapper::rescore::Rescore) -> Figures {
+    /// The figures of `map` of `inst`, its scores measured in `measured`.
+    pub fn of(inst: &Instance, map: &Map, measured: &cdnmap_mapper::rescore::Rescore) -> Figures {
         let used = cdnmap_mapper::map::node_usage(inst, map);
         let mut nodes_full = 0;
         for (c, cl) in inst.clusters().iter().enumerate() {

@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod knot;
 pub mod loads;
 pub mod overflow;
+pub mod preview;
 pub mod procs;
 pub mod progress;
 pub mod report;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cdnmap_bench::{dns, edits, follow, loads, overflow, round, serve, soak, solve};
+use cdnmap_bench::{dns, edits, follow, loads, overflow, preview, round, serve, soak, solve};
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
@@ -49,6 +49,10 @@ pub enum BenchCommand {
     /// changes with rounds between them, cluster and map-unit upserts; each kind's
     /// acknowledgement time, the store's size after them, and a restart on that store.
     Edits(edits::EditsBenchArgs),
+    /// Admin.Preview's work in process: a world solved cold then warm (the map in service),
+    /// then previews of draining its busiest cluster, each part timed (the rounds' solve, the
+    /// diff, the figures): medians, the ratio to the warm round's time, peak memory.
+    Preview(preview::PreviewBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -57,6 +61,7 @@ pub fn run(c: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Solve(a) => solve::solve(&a),
         BenchCommand::Resolve(a) => solve::resolve(&a),
         BenchCommand::Round(a) => round::round(&a),
+        BenchCommand::Preview(a) => preview::preview(&a),
         BenchCommand::ServerLoads(a) => loads::server_loads(&a),
         BenchCommand::Dns(a) => dns::dns(&a),
         BenchCommand::Overflow(a) => overflow::overflow(&a),
