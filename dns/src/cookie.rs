@@ -224,47 +224,13 @@ impl Secrets {
 /// The data of the first COOKIE option in `query`'s OPT record, if the message can be walked
 /// to it (each step bounded by the message's length).
 pub fn in_query(query: &[u8]) -> Option<&[u8]> {
-    let u16_at = |at: usize| Some(u16::from_be_bytes([*query.get(at)?, *query.get(at + 1)?]));
-    // The position after the name at `at` (up to the root or a compression pointer).
-    let skip_name = |mut at: usize| -> Option<usize> {
-        for _ in 0..128 {
-            let len = *query.get(at)?;
-            match len & 0xC0 {
-                0xC0 => return Some(at + 2),
-                0 if len == 0 => return Some(at + 1),
-                0 => at += 1 + usize::from(len),
-                _ => return None,
-            }
+    let mut found = None;
+    crate::walk::each_option(query, |code, data| {
+        if code == OPTION_COOKIE && found.is_none() {
+            found = Some(data);
         }
-        None
-    };
-    let questions = usize::from(u16_at(4)?);
-    let records = usize::from(u16_at(6)?) + usize::from(u16_at(8)?) + usize::from(u16_at(10)?);
-    let mut at = 12;
-    for _ in 0..questions {
-        at = skip_name(at)? + 4;
-    }
-    for _ in 0..records {
-        at = skip_name(at)?;
-        let rtype = u16_at(at)?;
-        let rdlen = usize::from(u16_at(at + 8)?);
-        let rdata = query.get(at + 10..at + 10 + rdlen)?;
-        at += 10 + rdlen;
-        if rtype != 41 {
-            continue; // not OPT
-        }
-        let mut i = 0;
-        while i + 4 <= rdata.len() {
-            let code = u16::from_be_bytes([rdata[i], rdata[i + 1]]);
-            let len = usize::from(u16::from_be_bytes([rdata[i + 2], rdata[i + 3]]));
-            let data = rdata.get(i + 4..i + 4 + len)?;
-            if code == OPTION_COOKIE {
-                return Some(data);
-            }
-            i += 4 + len;
-        }
-    }
-    None
+    });
+    found
 }
 
 /// The server cookie for client cookie `cc` from `client` at `now`, made with `secret`

@@ -25,6 +25,7 @@ pub mod local;
 pub mod rrl;
 pub mod service;
 mod udp;
+mod walk;
 mod wire;
 pub mod zonedata;
 
