@@ -424,32 +424,14 @@ mod tests {
             services: &services,
             ..asked("www.cdn.example.", RecordType::TXT, &statics)
         };
-        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
-        secure(
-            &signing,
-            zone,
-            &q,
-            &mut code,
-            &mut answer,
-            &mut authority,
-            now,
-        );
+        let (_, authority) = secured(&signing, zone, &q, (Vec::new(), vec![soa()]), now);
         assert_eq!(
             nsec(&authority).2,
             [1, 28, 46, 47, 65],
             "A AAAA RRSIG NSEC HTTPS"
         );
         let q = asked("cdn.example.", RecordType::TXT, &statics);
-        let (mut answer, mut authority) = (Vec::new(), vec![soa()]);
-        secure(
-            &signing,
-            zone,
-            &q,
-            &mut code,
-            &mut answer,
-            &mut authority,
-            now,
-        );
+        let (_, authority) = secured(&signing, zone, &q, (Vec::new(), vec![soa()]), now);
         assert_eq!(
             nsec(&authority).2,
             [2, 6, 46, 47, 48],
