@@ -191,6 +191,7 @@ mod tests {
                     name: name.to_string(),
                     priority: k as u32,
                     per_unit: PerUnit { bps: 1.0, fps: 0.0 },
+                    companion_share: 0.0,
                 })
                 .collect(),
             clusters,

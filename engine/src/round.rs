@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cdnmap_mapper::{
-    churn, effective_preferences, second_chance_seeded, solve, solve_seeded, verify, Allocation,
-    Beyond, Instance, Map, ModelError, Rescore, SecondChance, SecondChanceParams, Solution,
-    SolveOptions, SolveStats, Stickiness, UnitIdx,
+    churn, companion, effective_preferences, second_chance_seeded, solve, solve_seeded, verify,
+    Allocation, Beyond, Instance, Map, ModelError, Rescore, SecondChance, SecondChanceParams,
+    Solution, SolveOptions, SolveStats, Stickiness, UnitIdx,
 };
 use cdnmap_serve::resolve::{ClassRules, Resolver};
 use cdnmap_serve::ServeError;
@@ -250,15 +250,19 @@ pub fn preferences<'m>(
     measured: &Rescore,
 ) -> Result<(Instance, Option<&'m Map>), ModelError> {
     let sticky = seed.filter(|_| stickiness.margin > 0.0);
-    let preferences = effective_preferences(instance, sticky, stickiness, measured)?;
+    // Incumbents are where the seed placed a unit, not its companion (chosen after the solve).
+    let placed = sticky.map(Map::without_companions);
+    let preferences = effective_preferences(instance, placed.as_deref(), stickiness, measured)?;
     Ok((preferences, sticky))
 }
 
-/// Solves `preferences` (made by [`preferences`]): seeded from `sticky` when given, cold
-/// otherwise, with `options`; then `chance`, the second chance for overflow, which works with
-/// `instance`'s own scores (its bound and estimates are RTTs) over the same capacities and
-/// candidates, and gives a unit back first the clusters beyond its list it had in the seed.
-/// The solution, and the placements the second chance made beyond the lists.
+/// Solves `preferences` (made by [`preferences`]): seeded from `sticky` when given (where it
+/// placed each unit: its companions are chosen again), cold otherwise, with `options`; the
+/// companions of the classes that go with the winner reserved and the rest solved again around
+/// them ([`cdnmap_mapper::companion`]); then `chance`, the second chance for overflow, which
+/// works with `instance`'s own scores (its bound and estimates are RTTs) over the same
+/// capacities and candidates, and gives a unit back first the clusters beyond its list it had
+/// in the seed. The solution, and the placements the second chance made beyond the lists.
 pub fn solve_preferences(
     instance: &Instance,
     preferences: &Instance,
@@ -266,14 +270,31 @@ pub fn solve_preferences(
     chance: &RoundChance,
     options: &SolveOptions,
 ) -> (Solution, Vec<Beyond>) {
-    let mut sol = match sticky {
+    let seed = sticky.map(Map::without_companions);
+    let mut sol = match seed.as_deref() {
         Some(seed) => solve_seeded(preferences, seed, options),
         None => solve(preferences, options),
     };
+    let reserved = companion::reserve(instance, preferences, sticky, &mut sol, options)
+        .unwrap_or_else(|e| {
+            // Not reachable (the reservations leave finite, non-negative demands and
+            // capacities); the map is then served without companions, its accounts whole.
+            tracing::error!(error = %e, "round: the companions could not be reserved");
+            None
+        });
+    let (instance, companions) = match &reserved {
+        Some(r) => (&r.instance, r.companions.as_slice()),
+        None => (instance, &[][..]),
+    };
     let mut beyond = Vec::new();
     if chance.mode != SecondChance::Off {
-        let (map, report) =
-            second_chance_seeded(instance, &sol.map, sticky, chance.mode, &chance.params);
+        let (map, report) = second_chance_seeded(
+            instance,
+            &sol.map,
+            seed.as_deref(),
+            chance.mode,
+            &chance.params,
+        );
         if !report.beyond.is_empty() || report.moves > 0 {
             tracing::debug!(
                 placed = report.placed,
@@ -284,6 +305,9 @@ pub fn solve_preferences(
         }
         sol.map = map;
         beyond = report.beyond;
+    }
+    if !companions.is_empty() {
+        sol.map = companion::combine(&sol.map, companions);
     }
     (sol, beyond)
 }
@@ -413,13 +437,18 @@ pub fn carry_over<'a>(from: &Instance, map: &'a Map, to: &Instance) -> Cow<'a, M
             .filter(|&f| (f as usize) < map.unit_count())
         {
             Some(f) => {
-                let allocs = map.allocations(f).iter().filter_map(|a| {
+                let to = |a: &Allocation| {
                     cluster_of.get(&a.cluster).map(|&c| Allocation {
                         cluster: c,
                         amount: a.amount,
                     })
-                });
-                out.push_unit(allocs, map.overflow(f));
+                };
+                let companion = map.companion(f).and_then(|a| to(&a));
+                out.push_unit_with(
+                    map.placed(f).iter().filter_map(to),
+                    companion,
+                    map.overflow(f),
+                );
             }
             None => out.push_unit([], 0.0),
         }

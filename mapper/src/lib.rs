@@ -5,6 +5,7 @@
 //! byte for byte. See `ARCHITECTURE.md` for the invariants this crate keeps.
 
 pub mod beyond;
+pub mod companion;
 pub mod diff;
 pub mod error;
 pub mod geo;
@@ -37,6 +38,6 @@ pub use sticky::{
     effective_preferences, favour_incumbents, Stickiness, DEFAULT_STICKINESS, MAX_STICKINESS,
 };
 pub use verify::{
-    verify, verify_with, BlockingPair, CapacityViolation, ConservationViolation, Placement, Report,
-    ShapeMismatch, Tolerances,
+    verify, verify_with, BlockingPair, CapacityViolation, CompanionViolation,
+    ConservationViolation, Placement, Report, ShapeMismatch, Tolerances,
 };

@@ -16,12 +16,16 @@ pub struct Allocation {
 }
 
 /// The output of one solve (or a map read back from a file), unit `u`'s allocations being
-/// `allocations[start[u]..start[u + 1]]`, in the unit's preference order.
+/// `allocations[start[u]..start[u + 1]]`, in the unit's preference order; but for a unit with
+/// a *companion* (the cluster its answers name second, [`crate::companion`]), whose last
+/// allocation is the companion's reserved share.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Map {
     start: Vec<u32>,
     allocations: Vec<Allocation>,
     overflow: Vec<f64>,
+    /// The units whose last allocation is their companion, ascending (most maps: none).
+    companions: Vec<UnitIdx>,
 }
 
 impl Map {
@@ -33,6 +37,7 @@ impl Map {
             start,
             allocations: Vec::with_capacity(allocations),
             overflow: Vec::with_capacity(units),
+            companions: Vec::new(),
         }
     }
 
@@ -51,6 +56,7 @@ impl Map {
             start,
             allocations,
             overflow,
+            companions: Vec::new(),
         }
     }
 
@@ -61,13 +67,68 @@ impl Map {
         self.overflow.push(overflow);
     }
 
+    /// Appends the next map unit: its allocations by preference, then `companion`, the share
+    /// reserved for the cluster its answers name second, when it has one.
+    pub fn push_unit_with(
+        &mut self,
+        allocations: impl IntoIterator<Item = Allocation>,
+        companion: Option<Allocation>,
+        overflow: f64,
+    ) {
+        if let Some(c) = companion {
+            self.companions.push(self.unit_count() as UnitIdx);
+            self.push_unit(allocations.into_iter().chain([c]), overflow);
+        } else {
+            self.push_unit(allocations, overflow);
+        }
+    }
+
     pub fn unit_count(&self) -> usize {
         self.overflow.len()
     }
 
+    /// All of unit `u`'s allocations, its companion's (last) included: what it loads.
     pub fn allocations(&self, u: UnitIdx) -> &[Allocation] {
         let u = u as usize;
         &self.allocations[self.start[u] as usize..self.start[u + 1] as usize]
+    }
+
+    /// Unit `u`'s allocations but its companion's: where the allocation placed it by
+    /// preference, the clusters its clients are spread over by share.
+    pub fn placed(&self, u: UnitIdx) -> &[Allocation] {
+        let all = self.allocations(u);
+        match self.companion(u) {
+            Some(_) => &all[..all.len() - 1],
+            None => all,
+        }
+    }
+
+    /// Unit `u`'s companion: the cluster its answers name second and the demand reserved
+    /// there for the clients that go to it.
+    pub fn companion(&self, u: UnitIdx) -> Option<Allocation> {
+        if self.companions.is_empty() || self.companions.binary_search(&u).is_err() {
+            return None;
+        }
+        self.allocations(u).last().copied()
+    }
+
+    /// The units with a companion, ascending.
+    pub fn companion_units(&self) -> &[UnitIdx] {
+        &self.companions
+    }
+
+    /// This map without its companions (each unit's [`Map::placed`] and overflow): what a
+    /// solve is seeded from and stickiness favours, since a companion is chosen after the
+    /// solve, not by it.
+    pub fn without_companions(&self) -> std::borrow::Cow<'_, Map> {
+        if self.companions.is_empty() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut out = Map::with_capacity(self.unit_count(), self.allocations.len());
+        for u in 0..self.unit_count() as UnitIdx {
+            out.push_unit(self.placed(u).iter().copied(), self.overflow(u));
+        }
+        std::borrow::Cow::Owned(out)
     }
 
     pub fn overflow(&self, u: UnitIdx) -> f64 {
@@ -101,6 +162,7 @@ impl Map {
         self.start.capacity() * 4
             + self.allocations.capacity() * std::mem::size_of::<Allocation>()
             + self.overflow.capacity() * 8
+            + self.companions.capacity() * 4
     }
 }
 

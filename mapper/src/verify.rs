@@ -152,6 +152,17 @@ pub struct BlockingPair {
     pub gain: f64,
 }
 
+/// A companion ([`crate::companion`]) that breaks its rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompanionViolation {
+    pub map_unit: UnitIdx,
+    pub cluster: ClusterIdx,
+    pub amount: f64,
+    /// Which rule: "its class has no companions", "not the class's share of its demand",
+    /// "not one of its candidates", "not up", "also one of its placements".
+    pub problem: &'static str,
+}
+
 /// The map does not have one entry per map unit of the instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShapeMismatch {
@@ -176,6 +187,8 @@ pub struct Report {
     pub blocking_pairs: Vec<BlockingPair>,
     /// Set when the map's unit count differs from the instance's.
     pub shape: Option<ShapeMismatch>,
+    /// Companions that break their rule.
+    pub companions: Vec<CompanionViolation>,
 }
 
 impl Report {
@@ -192,6 +205,7 @@ impl Report {
             + self.unavailable.len()
             + self.blocking_pairs.len()
             + usize::from(self.shape.is_some())
+            + self.companions.len()
     }
 
     /// The largest blocking-pair gain, 0 when there is none.
@@ -295,12 +309,22 @@ impl Report {
                 num(b.gain)
             )
         });
+        let companions = self.companions.iter().map(move |v| {
+            format!(
+                "map unit {}: its companion, {} at cluster {}: {}",
+                unit(v.map_unit),
+                num(v.amount),
+                cluster(v.cluster),
+                v.problem
+            )
+        });
         shape
             .chain(capacity)
             .chain(conservation)
             .chain(not_candidate)
             .chain(unavailable)
             .chain(blocking)
+            .chain(companions)
     }
 }
 
@@ -380,6 +404,9 @@ fn positive(x: f64) -> f64 {
 
 /// Checks `map` against `instance` with the given tolerances.
 pub fn verify_with(instance: &Instance, map: &Map, tol: &Tolerances) -> Report {
+    if !map.companion_units().is_empty() {
+        return verify_companions(instance, map, tol);
+    }
     let mut report = Report::default();
     let units = instance.unit_count();
     if map.unit_count() != units {
@@ -393,6 +420,72 @@ pub fn verify_with(instance: &Instance, map: &Map, tol: &Tolerances) -> Report {
     check_capacity(instance, &used, tol, &mut report);
     let holders = NodeHolders::build(instance, &placed);
     find_blocking_pairs(instance, map, tol, &placed, &used, &holders, &mut report);
+    report
+}
+
+/// A map with companions (DESIGN.md's "go with the winner"): each companion holds its rule
+/// (its class has a share, its amount is that share of the unit's demand, at an up candidate
+/// that is none of the unit's other allocations); the rest of the map is checked as a map of
+/// the instance with the companions *reserved* (each unit's demand less its companion's, each
+/// node's capacity less what the companions use on it), so it must be a stable allocation of
+/// what the companions leave; and every node's capacity holds over the whole map.
+fn verify_companions(instance: &Instance, map: &Map, tol: &Tolerances) -> Report {
+    let clusters = instance.clusters();
+    let mut demands = instance.demands().to_vec();
+    let mut capacities = instance.capacities();
+    let mut problems = Vec::new();
+    for &u in map.companion_units() {
+        let Some(c) = map.companion(u).filter(|_| (u as usize) < demands.len()) else {
+            continue;
+        };
+        let k = instance.unit_class(u);
+        let class = &instance.classes()[usize::from(k)];
+        let demand = instance.unit_demand(u);
+        let problem = if class.companion_share == 0.0 {
+            Some("its class has no companions")
+        } else if above(
+            (c.amount - class.companion_share * demand).abs(),
+            tol.demand(demand),
+        ) {
+            Some("not the class's share of its demand")
+        } else if !instance.candidates(u).any(|x| x.cluster == c.cluster) {
+            Some("not one of its candidates")
+        } else if clusters[c.cluster as usize].state != ClusterState::Up {
+            Some("not up")
+        } else if map.placed(u).iter().any(|a| a.cluster == c.cluster) {
+            Some("also one of its placements")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            problems.push(CompanionViolation {
+                map_unit: u,
+                cluster: c.cluster,
+                amount: c.amount,
+                problem,
+            });
+        }
+        let cl = &clusters[c.cluster as usize];
+        demands[u as usize] = positive(demands[u as usize] - positive(c.amount));
+        for n in cl.path(k) {
+            let g = instance.global_node(c.cluster, n);
+            let coef = class.per_unit.get(cl.nodes[n as usize].kind);
+            capacities[g] = positive(capacities[g] - positive(c.amount) * coef);
+        }
+    }
+    let per_unit: Vec<_> = instance.classes().iter().map(|k| k.per_unit).collect();
+    let residual = instance
+        .with_demands(demands)
+        .and_then(|i| i.with_capacities(&per_unit, &capacities));
+    let mut report = match residual {
+        Ok(residual) => verify_with(&residual, &map.without_companions(), tol),
+        // Not reachable: the demands and capacities above are finite and >= 0.
+        Err(_) => Report::default(),
+    };
+    report.capacity.clear();
+    let placed = check_units(instance, map, tol, &mut Report::default());
+    check_capacity(instance, &node_usage(instance, &placed), tol, &mut report);
+    report.companions = problems;
     report
 }
 
@@ -1662,6 +1755,7 @@ mod tests {
             name: name.into(),
             priority,
             per_unit: PerUnit { bps, fps },
+            companion_share: 0.0,
         };
         let classes = vec![
             class("apps", 0, 0.25, 1.0),

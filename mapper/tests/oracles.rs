@@ -14,6 +14,7 @@ fn one_class() -> Vec<TrafficClass> {
         name: "web".into(),
         priority: 0,
         per_unit: PerUnit { bps: 1.0, fps: 1.0 },
+        companion_share: 0.0,
     }]
 }
 
@@ -386,6 +387,7 @@ impl Tiny {
                 name: CLASSES[k].into(),
                 priority: self.priorities[k],
                 per_unit: PerUnit { bps: 1.0, fps: 1.0 },
+                companion_share: 0.0,
             })
             .collect();
         let clusters = self

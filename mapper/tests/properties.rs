@@ -27,12 +27,14 @@
 
 use cdnmap_mapper::solve::Arrival;
 use cdnmap_mapper::{
+    companion, second_chance, second_chance_seeded, SecondChance, SecondChanceParams,
+};
+use cdnmap_mapper::{
     effective_preferences, favour_incumbents, solve, solve_seeded, verify, Allocation, Candidate,
     CandidateSpec, ClusterSpec, ClusterState, Instance, InstanceBuilder, Limits, Map, MapUnitSpec,
     PerUnit, Rescore, ResourceKind, ResourceNodeSpec, Solution, SolveOptions, Stickiness,
     TrafficClass, UnitIdx,
 };
-use cdnmap_mapper::{second_chance, second_chance_seeded, SecondChance, SecondChanceParams};
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -49,6 +51,8 @@ struct ClassGen {
     priority: u32,
     bps: f64,
     fps: f64,
+    /// Go with the winner's share (0: none).
+    companion: f64,
 }
 
 /// One cluster.
@@ -257,6 +261,24 @@ fn mixed_classes() -> BoxedStrategy<Vec<ClassGen>> {
             priority,
             bps,
             fps,
+            companion: 0.0,
+        }),
+        1..=3,
+    )
+    .boxed()
+}
+
+/// [`mixed_classes`], most of them going with the winner (a companion share in (0, 0.5]).
+fn companion_classes() -> BoxedStrategy<Vec<ClassGen>> {
+    let share = prop_oneof![1 => Just(0.0), 1 => Just(0.5), 3 => 0.01f64..0.5];
+    prop::collection::vec(
+        (0u32..3, coefficient(), coefficient(), share).prop_map(|(priority, bps, fps, s)| {
+            ClassGen {
+                priority,
+                bps,
+                fps,
+                companion: s,
+            }
         }),
         1..=3,
     )
@@ -282,6 +304,7 @@ fn proportional_classes() -> BoxedStrategy<Vec<ClassGen>> {
                     priority,
                     bps: a,
                     fps: ratio * a,
+                    companion: 0.0,
                 })
                 .collect()
         })
@@ -364,6 +387,7 @@ impl Gen {
                     bps: c.bps,
                     fps: c.fps,
                 },
+                companion_share: c.companion,
             })
             .collect()
     }
@@ -515,6 +539,24 @@ fn check_gen(g: &Gen, shuffle_seed: u64) -> Result<(Instance, Solution), TestCas
     Ok((inst, sol))
 }
 
+/// The round's sequence for classes that go with the winner: `inst` solved (seeded from
+/// `previous`'s placements when given), its companions reserved (`previous`'s first) and the
+/// rest solved again around them, combined; and the count of units that got one.
+fn solve_with_companions(inst: &Instance, previous: Option<&Map>) -> (Map, usize) {
+    let opts = SolveOptions::default();
+    let mut sol = match previous {
+        Some(p) => solve_seeded(inst, &p.without_companions(), &opts),
+        None => solve(inst, &opts),
+    };
+    match companion::reserve(inst, inst, previous, &mut sol, &opts).expect("reservable") {
+        Some(r) => (
+            companion::combine(&sol.map, &r.companions),
+            r.companions.len(),
+        ),
+        None => (sol.map, 0),
+    }
+}
+
 /// The textbook arrival order (by map unit id): many more evictions than the default, and the
 /// order in which a single pass over mixed proportions most often leaves blocking pairs.
 fn by_id() -> SolveOptions {
@@ -571,6 +613,36 @@ fn amounts(inst: &Instance, sol: &Solution, u: UnitIdx) -> Vec<f64> {
         .collect();
     v.push(sol.map.overflow(u));
     v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Go with the winner: with companions reserved, the map verifies (each companion the
+    /// class's share of its unit's demand at an up candidate outside the unit's placements,
+    /// every node within capacity over the whole map, the rest a stable allocation of what the
+    /// companions leave), cold and in a next round seeded from it; and no demand is lost.
+    #[test]
+    fn maps_with_companions_verify(g in gen_with(companion_classes(), small())) {
+        let inst = g.build(None);
+        let (map, _) = solve_with_companions(&inst, None);
+        let report = verify::verify(&inst, &map);
+        prop_assert!(report.is_ok(), "cold: {}", report.describe(&inst, 20));
+        let (next, _) = solve_with_companions(&inst, Some(&map));
+        let report = verify::verify(&inst, &next);
+        prop_assert!(report.is_ok(), "seeded: {}", report.describe(&inst, 20));
+        let total = inst.total_demand();
+        let placed = next.total_allocated() + next.total_overflow();
+        prop_assert!((placed - total).abs() <= 1e-9 * total, "{placed} of {total}");
+        for &u in next.companion_units() {
+            let c = next.companion(u).map(|a| a.cluster);
+            prop_assert!(next.placed(u).iter().all(|a| Some(a.cluster) != c));
+        }
+    }
 }
 
 proptest! {
@@ -993,16 +1065,19 @@ fn repair_fixes_leaf_first_over_eviction() {
                 priority: 1,
                 bps: 3.2025839744576334,
                 fps: 0.25,
+                companion: 0.0,
             },
             ClassGen {
                 priority: 2,
                 bps: 0.0,
                 fps: 0.5,
+                companion: 0.0,
             },
             ClassGen {
                 priority: 0,
                 bps: 0.0,
                 fps: 4.0,
+                companion: 0.0,
             },
         ],
         clusters: vec![ClusterGen {
@@ -1124,6 +1199,7 @@ fn world_classes() -> Vec<TrafficClass> {
         name: name.into(),
         priority,
         per_unit: PerUnit { bps, fps },
+        companion_share: 0.0,
     };
     vec![
         class("web", 1, 1.0, 0.5),
@@ -1291,6 +1367,7 @@ fn rotation_instance(delta: f64) -> Instance {
         name: "web".into(),
         priority: 0,
         per_unit: PerUnit { bps: 1.0, fps: 1.0 },
+        companion_share: 0.0,
     }];
     let cluster = |id: &str| ClusterSpec {
         id: id.into(),

@@ -49,6 +49,7 @@ fn classes() -> Vec<TrafficClass> {
             name: (*name).into(),
             priority: i as u32,
             per_unit: PerUnit { bps: 1.0, fps: 1.0 },
+            companion_share: 0.0,
         })
         .collect()
 }

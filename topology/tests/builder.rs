@@ -19,6 +19,7 @@ fn classes() -> Vec<TrafficClass> {
         name: "web".into(),
         priority: 0,
         per_unit: PerUnit { bps: 1.0, fps: 0.0 },
+        companion_share: 0.0,
     }]
 }
 

@@ -25,6 +25,7 @@ fn classes() -> Vec<TrafficClass> {
                 bps: 1.0 + i as f64,
                 fps: 0.5,
             },
+            companion_share: 0.0,
         })
         .collect()
 }

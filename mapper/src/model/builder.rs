@@ -12,8 +12,8 @@ use std::sync::Arc;
 use super::columns::{CandidateColumns, MapUnits, NO_RANK};
 use super::instance::Instance;
 use super::limits::{
-    check_f32, check_id, check_location, check_number, too_many, ClassIdx, ClusterIdx, Limits,
-    MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS,
+    check_companion_share, check_f32, check_id, check_location, check_number, too_many, ClassIdx,
+    ClusterIdx, Limits, MAX_CANDIDATES_CEILING, MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS,
 };
 use super::topology::{build_cluster, Cluster, ClusterSpec, Topology, TrafficClass};
 use crate::error::ModelError;
@@ -197,6 +197,7 @@ impl InstanceBuilder {
             let subject = || format!("traffic class {:?}", class.name);
             check_number(subject, "per_unit.bps", class.per_unit.bps)?;
             check_number(subject, "per_unit.fps", class.per_unit.fps)?;
+            check_companion_share(subject, class.companion_share)?;
             if class_by_name
                 .insert(class.name.clone(), i as ClassIdx)
                 .is_some()

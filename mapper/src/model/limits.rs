@@ -67,6 +67,25 @@ pub(super) fn check_number(
     }
 }
 
+/// A traffic class's companion share: a number in [0, [`MAX_COMPANION_SHARE`]].
+///
+/// [`MAX_COMPANION_SHARE`]: super::topology::MAX_COMPANION_SHARE
+pub(super) fn check_companion_share(
+    subject: impl Fn() -> String,
+    value: f64,
+) -> Result<(), ModelError> {
+    if value.is_finite() && (0.0..=super::topology::MAX_COMPANION_SHARE).contains(&value) {
+        Ok(())
+    } else {
+        Err(ModelError::BadNumber {
+            subject: subject(),
+            field: "companion_share",
+            value,
+            rule: "must be a share in [0, 0.5]",
+        })
+    }
+}
+
 pub(super) fn check_f32(
     subject: impl Fn() -> String,
     field: &'static str,

@@ -62,7 +62,20 @@ pub struct TrafficClass {
     pub name: String,
     pub priority: u32,
     pub per_unit: PerUnit,
+    /// Go with the winner: the share of each unit's demand that a second cluster's address
+    /// in its answers draws (clients connect to more than one address, or resolvers put
+    /// the second first), reserved for it at a companion cluster ([`crate::companion`]).
+    /// 0 (the default): answers name only the clusters the map gives the unit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub companion_share: f64,
 }
+
+fn is_zero(x: &f64) -> bool {
+    x.to_bits() == 0
+}
+
+/// The largest companion share: the companion is the second cluster, not the first.
+pub const MAX_COMPANION_SHARE: f64 = 0.5;
 
 /// One resource node as given in input: children and classes by name, so that a bad tree
 /// (cycle, shared child, unknown child) can be described and refused.

@@ -57,6 +57,7 @@ pub fn traffic_classes() -> Vec<TrafficClass> {
                 bps: c.bps,
                 fps: c.fps,
             },
+            companion_share: 0.0,
         })
         .collect()
 }
