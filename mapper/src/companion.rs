@@ -62,6 +62,14 @@ pub fn reserve(
     }))
 }
 
+/// A unit of `demand` in a class of companion share `share`: what is left to place, and what
+/// its companion reserves. The one definition (the round and the store's compact map both
+/// compute it, so a unit placed whole beside its companion is stored without its amounts).
+pub fn split(share: f64, demand: f64) -> (f64, f64) {
+    let reserved = share * demand;
+    ((demand - reserved).max(0.0), reserved)
+}
+
 /// Whether any class of `instance` has companions.
 pub fn any(instance: &Instance) -> bool {
     instance.classes().iter().any(|k| k.companion_share > 0.0)
@@ -89,7 +97,7 @@ pub fn choose(
         let k = instance.unit_class(u);
         let share = instance.classes()[usize::from(k)].companion_share;
         let placed = map.placed(u);
-        let amount = share * instance.unit_demand(u);
+        let (_, amount) = split(share, instance.unit_demand(u));
         if share == 0.0 || placed.is_empty() || amount <= 0.0 {
             continue;
         }
@@ -152,6 +160,15 @@ pub fn reserved(
         match next.next_if(|(v, _)| *v == u) {
             Some(&(_, a)) => {
                 demands[u as usize] = (demands[u as usize] - a.amount).max(0.0);
+                debug_assert_eq!(
+                    demands[u as usize].to_bits(),
+                    split(
+                        instance.classes()[usize::from(instance.unit_class(u))].companion_share,
+                        instance.unit_demand(u)
+                    )
+                    .0
+                    .to_bits()
+                );
                 reservations.push_unit([a], 0.0);
             }
             None => reservations.push_unit([], 0.0),

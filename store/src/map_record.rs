@@ -4,14 +4,17 @@
 //! formats before, still read.
 
 use cdnmap_estimator::demand_code;
-use cdnmap_mapper::{Instance, Limits, Map, PerUnit};
+use cdnmap_mapper::{companion, Instance, Limits, Map, PerUnit};
 use cdnmap_topology::Topology;
 use serde::{Deserialize, Serialize};
 
 use super::ServedRef;
 
 /// The served record's header: its format and version.
-pub(super) const SERVED_MAGIC: &[u8; 8] = b"CDNSRV05";
+pub(super) const SERVED_MAGIC: &[u8; 8] = b"CDNSRV06";
+/// The record of the format before (the same layout; no unit has a companion, the count
+/// word's bit 31, [`CompactMap`]), still read.
+pub(super) const SERVED_MAGIC_05: &[u8; 8] = b"CDNSRV05";
 /// The record of the format before (the demands as `f64`s), still read.
 pub(super) const SERVED_MAGIC_04: &[u8; 8] = b"CDNSRV04";
 /// The served record of the format before that (the whole estimator state inline), still read.
@@ -48,7 +51,10 @@ pub(super) fn write_delta(
 /// A record's bytes decoded: the record, and the estimator state a record of format 03
 /// carries inline after it.
 pub(super) fn decode(bytes: &[u8]) -> Result<(Stored, Option<Vec<u8>>), String> {
-    if let Some(body) = bytes.strip_prefix(SERVED_MAGIC.as_slice()) {
+    let now = bytes
+        .strip_prefix(SERVED_MAGIC.as_slice())
+        .or_else(|| bytes.strip_prefix(SERVED_MAGIC_05.as_slice()));
+    if let Some(body) = now {
         let record: Record = postcard::from_bytes(body).map_err(|e| e.to_string())?;
         return Ok((Stored::Now(record), None));
     }
@@ -94,7 +100,12 @@ pub(super) type Identity = (u64, u64, i64, u64);
 
 /// A record's or a delta's [`Identity`] and, for a delta, the version it is read against.
 pub(super) fn identity(bytes: &[u8]) -> Result<(Identity, Option<u64>), String> {
-    for magic in [SERVED_MAGIC, SERVED_MAGIC_04, SERVED_MAGIC_03] {
+    for magic in [
+        SERVED_MAGIC,
+        SERVED_MAGIC_05,
+        SERVED_MAGIC_04,
+        SERVED_MAGIC_03,
+    ] {
         if let Some(body) = bytes.strip_prefix(magic.as_slice()) {
             let (id, _): (Identity, _) =
                 postcard::take_from_bytes(body).map_err(|e| e.to_string())?;
@@ -140,7 +151,7 @@ impl Record {
             version: s.version,
             solved_at_unix_ms: s.solved_at_unix_ms,
             base_generation: s.base_seq,
-            map: CompactMap::of(s.map, Some(demands)),
+            map: CompactMap::of(s.map, Some(inst)),
             demands: Demands::of(demands),
             per_unit: inst.classes().iter().map(|c| c.per_unit).collect(),
             capacities: inst.capacities(),
@@ -386,7 +397,7 @@ impl Delta {
         for (u, &c) in om.count.iter().enumerate() {
             let theirs = nm.count.get(u).copied().unwrap_or(0);
             count.push(c ^ theirs);
-            let (k, k_new) = ((c >> 1) as usize, (theirs >> 1) as usize);
+            let (k, k_new) = (count_of(c), count_of(theirs));
             for i in 0..k {
                 let mine = om
                     .cluster
@@ -470,7 +481,7 @@ impl Delta {
             let theirs = nm.count.get(u).copied().unwrap_or(0);
             let c = x ^ theirs;
             count.push(c);
-            let (k, k_new) = ((c >> 1) as usize, (theirs >> 1) as usize);
+            let (k, k_new) = (count_of(c), count_of(theirs));
             for i in 0..k {
                 let z = deltas
                     .next()
@@ -526,7 +537,7 @@ impl<'a> DeltaOf<'a> {
     /// an error otherwise (the older one is then kept whole).
     pub(super) fn new(older: &'a Record, newer: &'a Record) -> Result<DeltaOf<'a>, String> {
         for (which, r) in [("older", older), ("newer", newer)] {
-            let k: u64 = r.map.count.iter().map(|&c| u64::from(c >> 1)).sum();
+            let k: u64 = r.map.count.iter().map(|&c| count_of(c) as u64).sum();
             if k != r.map.cluster.len() as u64 {
                 return Err(format!(
                     "the {which} map counts {k} allocations in {} clusters",
@@ -620,7 +631,7 @@ impl Serialize for DeltaOf<'_> {
                 .enumerate()
                 .scan(0usize, move |at_old, (u, &c)| {
                     let theirs = nm.count.get(u).copied().unwrap_or(0);
-                    let (k, k_new) = ((c >> 1) as usize, (theirs >> 1) as usize);
+                    let (k, k_new) = (count_of(c), count_of(theirs));
                     let (from, base) = (*at_old, at_new);
                     *at_old += k;
                     at_new += k_new;
@@ -742,10 +753,21 @@ impl Stored {
     }
 }
 
-/// A map, compactly: per unit `count << 1 | whole`, where `whole` says the unit's one
-/// allocation is its whole demand (bit for bit, so its amount is not stored: most units at
-/// most rounds); the clusters and the other amounts in unit order; overflow only where there
-/// is some. About 3 bytes a unit where [`MapColumns`] took 17 or more.
+/// A unit's allocation count, from its count word ([`CompactMap`]).
+fn count_of(word: u32) -> usize {
+    ((word & !COMPANION) >> 1) as usize
+}
+
+/// The count word's bit that says the unit's last allocation is its companion.
+const COMPANION: u32 = 1 << 31;
+
+/// A map, compactly: per unit `companion << 31 | count << 1 | whole`, where `companion` says
+/// the last of the unit's allocations is its companion (format 06; never set before), and
+/// `whole` says the unit's one allocation is its whole demand (bit for bit), or with a
+/// companion, that its two are the demand split as [`companion::split`] splits it: their
+/// amounts are not stored (most units at most rounds). The clusters and the other amounts in
+/// unit order; overflow only where there is some. About 3 bytes a unit where [`MapColumns`]
+/// took 17 or more.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(super) struct CompactMap {
     pub(super) count: Vec<u32>,
@@ -754,10 +776,22 @@ pub(super) struct CompactMap {
     pub(super) overflow: Vec<(u32, f64)>,
 }
 
+/// What unit `u` of `instance` has in whole: its demand, or with a companion the demand split.
+fn whole_amounts(instance: &Instance, u: u32, companion: bool) -> [f64; 2] {
+    let d = instance.unit_demand(u);
+    if companion {
+        let k = usize::from(instance.unit_class(u));
+        let (rest, reserved) = companion::split(instance.classes()[k].companion_share, d);
+        [rest, reserved]
+    } else {
+        [d, 0.0]
+    }
+}
+
 impl CompactMap {
-    /// `map` with `demands` (by unit) to leave whole-demand amounts out; `None` stores every
+    /// `map` with `instance`'s demands to leave whole-demand amounts out; `None` stores every
     /// amount (a map read without its instance).
-    pub(super) fn of(map: &Map, demands: Option<&[f64]>) -> CompactMap {
+    pub(super) fn of(map: &Map, instance: Option<&Instance>) -> CompactMap {
         let n = map.unit_count();
         let mut out = CompactMap {
             count: Vec::with_capacity(n),
@@ -765,14 +799,24 @@ impl CompactMap {
             amount: Vec::new(),
             overflow: Vec::new(),
         };
+        let bits = |x: &[f64]| x.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
         for u in 0..n as u32 {
             let a = map.allocations(u);
             let overflow = map.overflow(u);
-            let whole = match (a, demands.and_then(|d| d.get(u as usize))) {
-                ([only], Some(d)) => overflow == 0.0 && only.amount.to_bits() == d.to_bits(),
-                _ => false,
-            };
-            out.count.push((a.len() as u32) << 1 | u32::from(whole));
+            let with = map.companion(u).is_some();
+            let whole = instance
+                .filter(|i| (u as usize) < i.unit_count() && overflow == 0.0)
+                .is_some_and(|i| {
+                    let [rest, reserved] = whole_amounts(i, u, with);
+                    let amounts: Vec<f64> = a.iter().map(|x| x.amount).collect();
+                    match with {
+                        true => bits(&amounts) == bits(&[rest, reserved]),
+                        false => bits(&amounts) == bits(&[rest]),
+                    }
+                });
+            let companion = if with { COMPANION } else { 0 };
+            out.count
+                .push(companion | (a.len() as u32) << 1 | u32::from(whole));
             out.cluster.extend(a.iter().map(|x| x.cluster));
             if !whole {
                 out.amount.extend(a.iter().map(|x| x.amount));
@@ -796,18 +840,22 @@ impl CompactMap {
         let (mut at, mut amounts, mut over) = (0usize, self.amount.iter(), self.overflow.iter());
         let mut next_over = over.next();
         for (u, &c) in self.count.iter().enumerate() {
-            let (k, whole) = ((c >> 1) as usize, c & 1 == 1);
-            if whole && k != 1 {
+            let (k, whole, companion) = (count_of(c), c & 1 == 1, c & COMPANION != 0);
+            if whole && k != 1 + usize::from(companion) {
                 return Err(format!("unit {u}: a whole demand in {k} allocations"));
+            }
+            if companion && k == 0 {
+                return Err(format!("unit {u}: a companion in {k} allocations"));
             }
             let end = at
                 .checked_add(k)
                 .filter(|&e| e <= self.cluster.len())
                 .ok_or_else(|| format!("unit {u}: allocations past the end"))?;
             let mut allocs = Vec::with_capacity(k);
-            for &cl in &self.cluster[at..end] {
+            let amounts_whole = whole_amounts(instance, u as u32, companion);
+            for (i, &cl) in self.cluster[at..end].iter().enumerate() {
                 let amount = if whole {
-                    instance.unit_demand(u as u32)
+                    amounts_whole[i]
                 } else {
                     *amounts
                         .next()
@@ -833,7 +881,8 @@ impl CompactMap {
                 }
                 _ => 0.0,
             };
-            map.push_unit(allocs, overflow);
+            let last = if companion { allocs.pop() } else { None };
+            map.push_unit_with(allocs, last, overflow);
             at = end;
         }
         if at != self.cluster.len() || amounts.next().is_some() || next_over.is_some() {

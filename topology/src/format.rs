@@ -524,8 +524,13 @@ pub struct AssignmentFile {
 #[serde(deny_unknown_fields)]
 pub struct AssignmentEntry {
     pub map_unit: String,
+    /// Where the allocation placed the unit, by preference.
     pub allocations: Vec<AllocationEntry>,
     pub overflow: f64,
+    /// Its companion (go with the winner): the cluster its answers name second, and the
+    /// demand reserved there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub companion: Option<AllocationEntry>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -542,17 +547,15 @@ impl Serialize for AssignmentsView<'_> {
         let (inst, map) = (self.0, self.1);
         let mut seq = s.serialize_seq(Some(map.unit_count()))?;
         for u in 0..map.unit_count() as UnitIdx {
+            let entry = |a: &Allocation| AllocationEntry {
+                cluster: inst.clusters()[a.cluster as usize].id.clone(),
+                amount: a.amount,
+            };
             seq.serialize_element(&AssignmentEntry {
                 map_unit: inst.unit_id(u).to_string(),
-                allocations: map
-                    .allocations(u)
-                    .iter()
-                    .map(|a| AllocationEntry {
-                        cluster: inst.clusters()[a.cluster as usize].id.clone(),
-                        amount: a.amount,
-                    })
-                    .collect(),
+                allocations: map.placed(u).iter().map(entry).collect(),
                 overflow: map.overflow(u),
+                companion: map.companion(u).as_ref().map(entry),
             })?;
         }
         seq.end()
@@ -607,8 +610,7 @@ pub fn parse_assignment_with_summary(
             map.push_unit([], 0.0);
             continue;
         };
-        let mut allocs = Vec::with_capacity(e.allocations.len());
-        for a in &e.allocations {
+        let allocation = |a: &AllocationEntry| {
             let cluster =
                 instance
                     .cluster_index(&a.cluster)
@@ -616,12 +618,18 @@ pub fn parse_assignment_with_summary(
                         map_unit: instance.unit_id(u as UnitIdx).to_string(),
                         cluster: a.cluster.clone(),
                     })?;
-            allocs.push(Allocation {
+            Ok::<_, ModelError>(Allocation {
                 cluster,
                 amount: a.amount,
-            });
-        }
-        map.push_unit(allocs, e.overflow);
+            })
+        };
+        let allocs = e
+            .allocations
+            .iter()
+            .map(allocation)
+            .collect::<Result<Vec<_>, _>>()?;
+        let companion = e.companion.as_ref().map(allocation).transpose()?;
+        map.push_unit_with(allocs, companion, e.overflow);
     }
     Ok((map, file.summary))
 }
@@ -758,6 +766,47 @@ mod tests {
                 .contains(": cluster \"fra-1\", resources.capacity: invalid type: string \"lots\""),
             "{error}"
         );
+    }
+
+    /// A companion (go with the winner) is written apart from the unit's placements, read
+    /// back as one, and a class's companion share is kept by the instance file.
+    #[test]
+    fn companions_and_their_share_survive_the_files() {
+        let text = EXAMPLE.replacen(
+            "\"name\": \"video\",",
+            "\"name\": \"video\", \"companion_share\": 0.25,",
+            1,
+        );
+        let topology = parse_instance(text.as_bytes(), Limits::default()).expect("valid");
+        let inst = &topology.instance;
+        let video = inst.class_index("video").expect("video");
+        assert_eq!(inst.classes()[usize::from(video)].companion_share, 0.25);
+        let mut again = Vec::new();
+        write_instance(&topology, &mut again).expect("written");
+        let back = parse_instance(&again, Limits::default()).expect("valid");
+        assert_eq!(back.instance, topology.instance);
+
+        let u = inst.unit_index("u00000001-video").expect("unit");
+        let (fra, ams) = (
+            inst.cluster_index("fra-1").expect("fra-1"),
+            inst.cluster_index("ams-1").expect("ams-1"),
+        );
+        let mut map = Map::with_capacity(inst.unit_count(), 3);
+        for v in 0..inst.unit_count() as UnitIdx {
+            let a = |cluster, amount| Allocation { cluster, amount };
+            match v == u {
+                true => map.push_unit_with([a(fra, 15.0)], Some(a(ams, 5.0)), 0.0),
+                false => map.push_unit([], inst.unit_demand(v)),
+            }
+        }
+        let mut file = Vec::new();
+        write_assignment(inst, &map, &serde_json::Value::Null, &mut file).expect("written");
+        let text = String::from_utf8(file).expect("UTF-8");
+        assert!(
+            text.contains("\"companion\":{\"cluster\":\"ams-1\",\"amount\":5.0}"),
+            "{text}"
+        );
+        assert_eq!(parse_assignment(text.as_bytes(), inst).expect("valid"), map);
     }
 
     /// Assignment files refuse unknown keys as instance files do.
