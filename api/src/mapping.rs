@@ -140,11 +140,10 @@ impl MappingService {
         };
         let a = &m.answer;
         let clusters = s.topology.clusters();
-        // The cluster an answer from the map names, to A and AAAA queries (its primary only:
-        // `serve::servers`).
+        // The clusters an answer from the map names, to A and AAAA queries (its primary, and
+        // a companion: `serve::servers`).
         let cluster_ids = if m.bypass.is_none() && m.asks_addresses {
-            a.primary
-                .into_iter()
+            a.named()
                 .map(|c| clusters[c as usize].id.clone())
                 .collect()
         } else {
@@ -724,8 +723,7 @@ pub(crate) mod tests {
                 let client: IpNet = q.client_subnet.parse().expect("a prefix");
                 let want = s.resolver.resolve(client, &q.qname);
                 let ids: Vec<String> = want
-                    .primary
-                    .into_iter()
+                    .named()
                     .map(|c| s.topology.clusters()[c as usize].id.clone())
                     .collect();
                 assert_eq!(a.cluster_ids, ids, "version {v}, query {u}");
@@ -825,8 +823,7 @@ pub(crate) mod tests {
         want.scope_prefix_len = u32::from(a.scope_prefix_len);
         if m.asks_addresses && m.bypass.is_none() {
             want.cluster_ids = a
-                .primary
-                .into_iter()
+                .named()
                 .map(|c| map.clusters()[c as usize].id.clone())
                 .collect();
         }

@@ -356,7 +356,7 @@ fn prefetch_servers(
     };
     for step in 0..PREFETCH_STEPS {
         for ((i, v6), a) in picks() {
-            if let Some(c) = a.primary {
+            for c in a.named() {
                 servers.prefetch(c, v6, hashes[i], step);
             }
         }

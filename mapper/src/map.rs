@@ -178,15 +178,15 @@ pub fn share(amount: f64, demand: f64) -> f64 {
     }
 }
 
-/// Unit `u`'s placed demand as (cluster, share in (0, 1]), in the map's order; allocations of
-/// nothing are left out.
+/// Unit `u`'s placed demand as (cluster, share in (0, 1]), in the map's order, its companion's
+/// left out ([`Map::placed`]); allocations of nothing are left out.
 pub fn unit_shares<'a>(
     instance: &Instance,
     map: &'a Map,
     u: UnitIdx,
 ) -> impl Iterator<Item = (ClusterIdx, f64)> + 'a {
     let demand = instance.unit_demand(u);
-    map.allocations(u)
+    map.placed(u)
         .iter()
         .map(move |a| (a.cluster, share(a.amount, demand)))
         .filter(|&(_, s)| s > 0.0)

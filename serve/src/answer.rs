@@ -637,16 +637,18 @@ fn addresses<'v>(
         None => match view.servers {
             Some(servers) => servers.answer_hashed(answer, hash, v6, out),
             None => {
-                // The primary cluster's only, as `Servers::answer_hashed` names.
+                // The primary cluster's, then a companion's one, as `Servers::answer_hashed`
+                // names them.
                 let clusters = view.resolver.map().clusters();
-                let all = answer
-                    .primary
-                    .into_iter()
-                    .flat_map(|c| clusters[c as usize].addresses.iter().copied());
-                out.extend(
-                    all.filter(|a| a.is_ipv6() == v6)
-                        .take(MAX_UNSELECTED_ADDRESSES),
-                );
+                let of = |c: Option<cdnmap_mapper::model::ClusterIdx>| {
+                    c.into_iter()
+                        .flat_map(|c| clusters[c as usize].addresses.iter().copied())
+                        .filter(|a| a.is_ipv6() == v6)
+                };
+                let companion = answer.secondary.filter(|_| answer.companion);
+                let primary = MAX_UNSELECTED_ADDRESSES - usize::from(companion.is_some());
+                out.extend(of(answer.primary).take(primary));
+                out.extend(of(companion).take(1));
             }
         },
     }

@@ -58,6 +58,11 @@ pub fn of(m: &ServingMap, units: Range<usize>) -> pb::UnitColumns {
         }
         c.backups
             .extend(m.backups(u).map(|b| b.map_or(0, |c| c + 1)));
+        if let Some((cluster, share)) = m.companion(u) {
+            c.companion_units.push(u - start as UnitIdx);
+            c.companion_clusters.push(cluster);
+            c.companion_shares.push(share);
+        }
     }
     c
 }
@@ -200,6 +205,18 @@ fn check_lengths(b: &Builder, c: &pb::UnitColumns) -> Result<usize, FollowError>
             format!("{} entries for {n} units (two each)", c.backups.len()),
         ));
     }
+    let companions = [c.companion_clusters.len(), c.companion_shares.len()];
+    if companions.iter().any(|&n| n != c.companion_units.len()) {
+        return Err(invalid(
+            "columns.companion_units",
+            format!(
+                "{} units for {} companion clusters and {} shares",
+                c.companion_units.len(),
+                companions[0],
+                companions[1]
+            ),
+        ));
+    }
     if c.overflow_units.len() != c.overflow_shares.len() {
         return Err(invalid(
             "columns.overflow_units",
@@ -228,6 +245,7 @@ struct Cursor {
     share_clusters: usize,
     shares: usize,
     overflow_units: usize,
+    companion_units: usize,
 }
 
 /// Reads unit `i` of `c` from the columns at `at` (moved past it) and pushes it to `b`;
@@ -282,6 +300,13 @@ fn push_unit(
         _ => 0.0,
     };
     let backups = [c.backups[2 * i], c.backups[2 * i + 1]].map(|b| b.checked_sub(1));
+    if let Some(&unit) = c.companion_units.get(at.companion_units) {
+        if unit as usize == i {
+            let k = at.companion_units;
+            at.companion_units += 1;
+            b.companion_of_next(c.companion_clusters[k], c.companion_shares[k]);
+        }
+    }
     b.push(
         id,
         class,
@@ -334,6 +359,11 @@ fn check_used_up(c: &pb::UnitColumns, at: &Cursor) -> Result<(), FollowError> {
         ("share_clusters", at.share_clusters, c.share_clusters.len()),
         ("shares", at.shares, c.shares.len()),
         ("overflow_units", at.overflow_units, c.overflow_units.len()),
+        (
+            "companion_units",
+            at.companion_units,
+            c.companion_units.len(),
+        ),
     ];
     for (name, used, len) in left {
         if used != len {

@@ -329,12 +329,25 @@ pub struct Answer {
     /// The cluster to answer with, and a second one to fall back to (if the topology has one).
     pub primary: Option<ClusterIdx>,
     pub secondary: Option<ClusterIdx>,
+    /// The second is the unit's companion (its class goes with the winner): the answer names
+    /// one of its servers after the first's, for the share of the demand the map reserved.
+    pub companion: bool,
     /// Where the unit was found: the (prefix group, class) slot of the resolver's prefix index
     /// (`None` with `unit`). Demand is counted by it ([`SlotNames`]): the slot stands for the
     /// matched prefix and the class, what a count by `prefix_len` would key on.
     pub slot: Option<u32>,
     /// Why these clusters.
     pub route: Route,
+}
+
+impl Answer {
+    /// The clusters whose servers an answer to A and AAAA names, in order: the primary, then
+    /// the companion when the second is one ([`crate::servers`]).
+    pub fn named(&self) -> impl Iterator<Item = ClusterIdx> {
+        self.primary
+            .into_iter()
+            .chain(self.secondary.filter(|_| self.companion))
+    }
 }
 
 /// Names the slots of a resolver's prefix index ([`Answer::slot`]) as (prefix, class name),
@@ -439,7 +452,8 @@ struct Pre {
     /// 11 M units, 44 MB less per map version, and a front end holds two while it swaps.)
     primary: u32,
     /// The answer's second cluster in the low [`ROUTE_SHIFT`] bits (`SECOND_NONE`: none),
-    /// the answer's [`Route`] above them (a cluster index is below `MAX_CLUSTERS`, 2^20).
+    /// the answer's [`Route`] above them (a cluster index is below `MAX_CLUSTERS`, 2^20), and
+    /// in the top bit ([`COMPANION`]) whether the second is the unit's companion.
     secondary: u32,
 }
 
@@ -462,16 +476,24 @@ const SPLIT: u32 = u32::MAX - 1;
 /// Where a [`Pre`]'s route starts in its `secondary`.
 const ROUTE_SHIFT: u32 = 28;
 const SECOND_NONE: u32 = (1 << ROUTE_SHIFT) - 1;
+/// [`Pre::secondary`]'s bit that says the second cluster is the unit's companion.
+const COMPANION: u32 = 1 << 31;
+const ROUTE_BITS: u32 = 0b111;
+const _: () = assert!((Route::ALL.len() as u32) <= ROUTE_BITS + 1);
 const _: () = assert!(cdnmap_mapper::model::MAX_CLUSTERS < SECOND_NONE as usize);
 
 impl Pre {
-    fn new(
-        unit: u32,
-        primary: Option<ClusterIdx>,
-        secondary: Option<ClusterIdx>,
-        route: Route,
-    ) -> Pre {
-        Pre::packed(unit, primary.unwrap_or(NONE_CLUSTER), secondary, route)
+    fn new(unit: u32, picked: Picked) -> Pre {
+        let mut pre = Pre::packed(
+            unit,
+            picked.primary.unwrap_or(NONE_CLUSTER),
+            picked.secondary,
+            picked.route,
+        );
+        if picked.companion {
+            pre.secondary |= COMPANION;
+        }
+        pre
     }
 
     fn packed(unit: u32, primary: u32, secondary: Option<ClusterIdx>, route: Route) -> Pre {
@@ -481,6 +503,10 @@ impl Pre {
             primary,
             secondary: (route as u32) << ROUTE_SHIFT | second,
         }
+    }
+
+    fn companion(&self) -> bool {
+        self.secondary & COMPANION != 0
     }
 
     fn split(&self) -> bool {
@@ -493,7 +519,28 @@ impl Pre {
     }
 
     fn route(&self) -> Route {
-        Route::from_bits(self.secondary >> ROUTE_SHIFT)
+        Route::from_bits(self.secondary >> ROUTE_SHIFT & ROUTE_BITS)
+    }
+}
+
+/// A unit's clusters for an answer ([`Resolver::pick_routed`]).
+#[derive(Debug, Clone, Copy)]
+struct Picked {
+    primary: Option<ClusterIdx>,
+    secondary: Option<ClusterIdx>,
+    route: Route,
+    /// `secondary` is the unit's companion.
+    companion: bool,
+}
+
+impl Picked {
+    fn of(primary: Option<ClusterIdx>, secondary: Option<ClusterIdx>, route: Route) -> Picked {
+        Picked {
+            primary,
+            secondary,
+            route,
+            companion: false,
+        }
     }
 }
 
@@ -936,7 +983,7 @@ impl Resolver {
             .iter()
             .map(|&unit| {
                 if unit == NO_GROUP {
-                    Pre::new(unit, None, None, Route::Unmatched)
+                    Pre::new(unit, Picked::of(None, None, Route::Unmatched))
                 } else {
                     r.pre_of(unit)
                 }
@@ -951,14 +998,13 @@ impl Resolver {
         if self.map.shares(u).0.len() > 1 {
             return Pre::packed(u, SPLIT, None, Route::Split);
         }
-        let (primary, secondary, route) = self.pick_routed(u, 0.0);
-        Pre::new(u, primary, secondary, route)
+        Pre::new(u, self.pick_routed(u, 0.0))
     }
 
     /// Why unit `u`'s clients are answered as they are (as its queries' answers say; a split
     /// unit's as its first allocation's).
     pub fn route_of(&self, u: UnitIdx) -> Route {
-        let why = self.pick_routed(u, 0.0).2;
+        let why = self.pick_routed(u, 0.0).route;
         if why == Route::Mapped && self.map.shares(u).0.len() > 1 {
             return Route::Split;
         }
@@ -1032,12 +1078,13 @@ impl Resolver {
     }
 
     /// Unit `u`'s two clusters; `x` in [0, 1) picks among a split unit's allocations by share.
-    /// Nothing placed, or nothing up: the class's fallback.
-    fn pick_routed(&self, u: UnitIdx, x: f32) -> (Option<ClusterIdx>, Option<ClusterIdx>, Route) {
+    /// The second is the unit's companion when it has one and both are up. Nothing placed,
+    /// or nothing up: the class's fallback.
+    fn pick_routed(&self, u: UnitIdx, x: f32) -> Picked {
         let (clusters, shares) = self.map.shares(u);
         let fallback = |why: Route| {
             let [p, s] = self.map.fallback(self.map.unit_class(u));
-            (p, s, why)
+            Picked::of(p, s, why)
         };
         if clusters.is_empty() {
             if self.map.overflow(u) > 0.0 {
@@ -1045,7 +1092,7 @@ impl Resolver {
             }
             // No demand to place (none forecast yet): its best up candidates (the backups).
             return match self.map.backups(u) {
-                [Some(p), s] => (Some(p), s, Route::Mapped),
+                [Some(p), s] => Picked::of(Some(p), s, Route::Mapped),
                 _ => fallback(Route::Down),
             };
         }
@@ -1068,10 +1115,16 @@ impl Resolver {
                 })
         };
         if up(chosen) {
-            return (Some(chosen), other(Some(chosen)), Route::Mapped);
+            if let Some((c, _)) = self.map.companion(u).filter(|&(c, _)| up(c)) {
+                return Picked {
+                    companion: true,
+                    ..Picked::of(Some(chosen), Some(c), Route::Mapped)
+                };
+            }
+            return Picked::of(Some(chosen), other(Some(chosen)), Route::Mapped);
         }
         match other(None) {
-            Some(p) => (Some(p), other(Some(p)), Route::Backup),
+            Some(p) => Picked::of(Some(p), other(Some(p)), Route::Backup),
             None => fallback(Route::Down),
         }
     }
@@ -1188,36 +1241,37 @@ impl Resolver {
                 prefix_len: 0,
                 primary,
                 secondary,
+                companion: false,
                 slot: None,
                 route: Route::Unmatched,
             };
         };
-        let (primary, secondary, scope, route) = if pre.split() {
+        let (picked, scope) = if pre.split() {
             let x = (hash(client, qname) >> 40) as f32 / (1u64 << 24) as f32;
-            let (p, s, why) = self.pick_routed(pre.unit, x);
-            let route = if why == Route::Mapped {
-                Route::Split
-            } else {
-                why
-            };
-            (p, s, hit.scope.max(table_len(client)), route)
+            let mut picked = self.pick_routed(pre.unit, x);
+            if picked.route == Route::Mapped {
+                picked.route = Route::Split;
+            }
+            (picked, hit.scope.max(table_len(client)))
         } else {
-            (
-                cluster_opt(pre.primary),
-                pre.secondary(),
-                hit.scope,
-                pre.route(),
-            )
+            let picked = Picked {
+                primary: cluster_opt(pre.primary),
+                secondary: pre.secondary(),
+                route: pre.route(),
+                companion: pre.companion(),
+            };
+            (picked, hit.scope)
         };
         Answer {
             class,
             unit: Some(pre.unit),
             scope_prefix_len: client_scope(client, scope),
             prefix_len: hit.len,
-            primary,
-            secondary,
+            primary: picked.primary,
+            secondary: picked.secondary,
+            companion: picked.companion,
             slot: Some(slot),
-            route,
+            route: picked.route,
         }
     }
 

@@ -12,7 +12,10 @@
 //! cluster's: resolvers reorder an answer's addresses and clients mostly connect to the first,
 //! so an address of another cluster would send that cluster demand the allocation never gave
 //! it (through Debian's unbound, 38% of first addresses did when answers named a server of the
-//! second cluster third).
+//! second cluster third). The one exception is a unit whose class goes with the winner: the
+//! map reserved a share of its demand at a companion cluster for the clients that go there,
+//! and its answers name [`ANSWER_SERVERS`] − 1 servers of the primary, then one of the
+//! companion's ([`COMPANION_SERVERS`]).
 
 use std::net::IpAddr;
 
@@ -24,6 +27,8 @@ use crate::serving::ServingCluster;
 
 /// Servers an answer names, all of its primary cluster.
 pub const ANSWER_SERVERS: usize = 3;
+/// The servers of its companion an answer names when it has one (out of [`ANSWER_SERVERS`]).
+pub const COMPANION_SERVERS: usize = 1;
 /// Most weighted keys a bounded-loads selector is built over.
 pub const MAX_WEIGHTED_KEYS: usize = 100_000;
 /// Most virtual nodes per server.
@@ -253,7 +258,8 @@ impl Servers {
     }
 
     /// The servers an answer names for `qname` (an A query if `!v6`, AAAA if `v6`): up to
-    /// [`ANSWER_SERVERS`] of the primary cluster (none of the secondary's: the module's doc).
+    /// [`ANSWER_SERVERS`] of the primary cluster (none of the secondary's but a companion's:
+    /// the module's doc).
     /// `key_buf` is scratch space for the content key.
     pub fn answer(
         &self,
@@ -269,8 +275,13 @@ impl Servers {
     /// [`Self::answer`] for the hostname whose content key hashes to `hash` ([`key_hash_of`]).
     pub fn answer_hashed(&self, answer: &Answer, hash: u64, v6: bool, out: &mut Vec<IpAddr>) {
         out.clear();
+        let companion = answer.secondary.filter(|_| answer.companion);
+        let primary = ANSWER_SERVERS - companion.map_or(0, |_| COMPANION_SERVERS);
         if let Some(p) = answer.primary {
-            self.pick_hashed_into(p, v6, hash, ANSWER_SERVERS, out);
+            self.pick_hashed_into(p, v6, hash, primary, out);
+        }
+        if let Some(c) = companion {
+            self.pick_hashed_into(c, v6, hash, COMPANION_SERVERS, out);
         }
     }
 
@@ -350,6 +361,7 @@ mod tests {
             prefix_len: 8,
             primary: Some(primary),
             secondary,
+            companion: false,
             slot: Some(0),
             route: crate::resolve::Route::Mapped,
         }
@@ -428,6 +440,21 @@ mod tests {
             // A primary with one server of the family: that one, nothing of the secondary's.
             s.answer(&answer(1, Some(0)), "www.x", false, &mut buf, &mut out);
             assert_eq!(out, vec!["198.51.100.1".parse::<IpAddr>().unwrap()]);
+            // A companion (go with the winner): two of the primary's, then one of its.
+            let with = Answer {
+                companion: true,
+                ..answer(0, Some(1))
+            };
+            s.answer(&with, "www.x", false, &mut buf, &mut out);
+            assert_eq!(out.len(), 3, "{out:?}");
+            assert!(out[..2]
+                .iter()
+                .all(|a| a.to_string().starts_with("192.0.2.")));
+            assert_eq!(out[..2], again[..2], "the primary's picks, less the last");
+            assert_eq!(out[2], "198.51.100.1".parse::<IpAddr>().unwrap());
+            // Its AAAA: the primary's one; the companion has no IPv6 server.
+            s.answer(&with, "www.x", true, &mut buf, &mut out);
+            assert_eq!(out, vec!["2001:db8::1".parse::<IpAddr>().unwrap()]);
         }
     }
 

@@ -139,6 +139,9 @@ struct Units {
     /// The units whose overflow share is not +0.0 (most have none), with it.
     overflow: Sparse<f64>,
     backup: Vec<[ClusterIdx; 2]>,
+    /// The units with a companion (go with the winner: the cluster their answers name second,
+    /// [`cdnmap_mapper::companion`]), with it and the share of the unit's demand reserved there.
+    companion: Sparse<(ClusterIdx, f64)>,
 }
 
 /// The shares of a unit placed whole at one cluster.
@@ -148,7 +151,7 @@ impl Units {
     /// The placement of the unit about to be placed (the next after `share_end`'s), whose
     /// clusters `share_cluster` ends with and whose shares `share` ends with from `start`: a
     /// whole share is taken back out of `share`.
-    fn end_placement(&mut self, start: usize, overflow: f64) {
+    fn end_placement(&mut self, start: usize, overflow: f64, companion: Option<(ClusterIdx, f64)>) {
         let at = self.share_end.len();
         let whole = match &self.share[start..] {
             [] => true,
@@ -161,6 +164,7 @@ impl Units {
         self.split.push(at, (!whole).then_some(start as u32));
         self.overflow
             .push(at, (overflow.to_bits() != 0).then_some(overflow));
+        self.companion.push(at, companion);
         self.share_end.push(self.share_cluster.len() as u32);
     }
 }
@@ -376,6 +380,8 @@ pub struct Builder {
     /// built holds ([`Self::expect_units_of`]), how many have been: their keys are not copied.
     /// `None`: the keys are the map's own, every unit pushed.
     repeating: Option<usize>,
+    /// The companion of the next unit pushed ([`Self::companion_of_next`]).
+    next_companion: Option<(ClusterIdx, f64)>,
 }
 
 /// Most bytes of unit ids, prefixes or shares one serving map holds (offsets are `u32`).
@@ -413,7 +419,15 @@ impl Builder {
                 source: Source::default(),
             },
             repeating: None,
+            next_companion: None,
         })
+    }
+
+    /// Gives the next unit pushed ([`Self::push`], [`Self::push_placement_of`]) a companion:
+    /// the cluster its answers name second and the share of its demand reserved there (in
+    /// (0, 0.5]; not one of the unit's shares' clusters, which the push checks).
+    pub fn companion_of_next(&mut self, cluster: ClusterIdx, share: f64) {
+        self.next_companion = Some((cluster, share));
     }
 
     /// Expects the units about to be pushed to be `old`'s (ids, classes, prefixes, in order;
@@ -496,6 +510,7 @@ impl Builder {
         room(&mut u.share_end, more.units, exact);
         u.split.reserve(more.units, exact);
         u.overflow.reserve(more.units, exact);
+        u.companion.reserve(more.units, exact);
         room(&mut u.backup, more.units, exact);
         room(&mut u.share_cluster, more.shares, exact);
     }
@@ -573,8 +588,18 @@ impl Builder {
             id: id.to_string(),
             problem,
         };
+        let companion = self.next_companion.take();
         let clusters = self.map.clusters.len();
         let cluster_ok = |c: ClusterIdx| (c as usize) < clusters;
+        if let Some((c, share)) = companion {
+            let most = cdnmap_mapper::model::MAX_COMPANION_SHARE + SHARE_SLACK;
+            if !cluster_ok(c) {
+                return Err(bad(format!("companion cluster index {c} of {clusters}")));
+            }
+            if !(share.is_finite() && share > 0.0 && share <= most) {
+                return Err(bad(format!("companion share {share} is not in (0, 0.5]")));
+            }
+        }
         if !(overflow.is_finite() && (0.0..=1.0 + SHARE_SLACK).contains(&overflow)) {
             return Err(bad(format!("overflow share {overflow} is not in [0, 1]")));
         }
@@ -597,6 +622,10 @@ impl Builder {
                 Some(format!("share {s} is not in (0, 1]"))
             } else if u.share_cluster[start..].contains(&c) {
                 Some(format!("cluster index {c} holds two shares"))
+            } else if companion.is_some_and(|(k, _)| k == c) {
+                Some(format!(
+                    "cluster index {c} is its companion and holds a share"
+                ))
             } else {
                 None
             };
@@ -616,7 +645,7 @@ impl Builder {
             u.share.truncate(share_start);
             return Err(column_full());
         }
-        u.end_placement(share_start, overflow);
+        u.end_placement(share_start, overflow, companion);
         u.backup
             .push([backups[0].unwrap_or(NONE), backups[1].unwrap_or(NONE)]);
         Ok(())
@@ -700,6 +729,10 @@ impl Builder {
             if b0 == NONE { NONE } else { renumber(b0)? },
             if b1 == NONE { NONE } else { renumber(b1)? },
         ];
+        let companion = match old.companion(u) {
+            Some((c, share)) => Some((renumber(c)?, share)),
+            None => None,
+        };
         let units = &mut self.map.units;
         let (start, share_start) = (units.share_cluster.len(), units.share.len());
         for &c in clusters {
@@ -716,7 +749,7 @@ impl Builder {
             return Err(column_full());
         }
         units.share.extend_from_slice(shares);
-        units.end_placement(share_start, old.overflow(u));
+        units.end_placement(share_start, old.overflow(u), companion);
         units.backup.push(backup);
         Ok(())
     }
@@ -827,6 +860,10 @@ impl ServingMap {
         for u in 0..instance.unit_count() as UnitIdx {
             placed.clear();
             placed.extend(cdnmap_mapper::map::unit_shares(instance, map, u));
+            let companion = map.companion(u).map(|a| {
+                let share = cdnmap_mapper::map::share(a.amount, instance.unit_demand(u));
+                (a.cluster, share)
+            });
             let overflow = cdnmap_mapper::map::share(map.overflow(u), instance.unit_demand(u));
             let before = backups_before.filter(|p| {
                 let was = p.shares(u).0;
@@ -842,6 +879,9 @@ impl ServingMap {
                     [outside.next(), outside.next()]
                 }
             };
+            if let Some((c, share)) = companion.filter(|&(_, share)| share > 0.0) {
+                b.companion_of_next(c, share);
+            }
             if shared.is_some() {
                 // Unit `u`'s keys are there already (and were checked when first pushed).
                 let id = instance.unit_id(u);
@@ -1021,6 +1061,13 @@ impl ServingMap {
         self.units.overflow.get(u).unwrap_or(0.0)
     }
 
+    /// Unit `u`'s companion (go with the winner): the cluster its answers name second, and
+    /// the share of its demand reserved there. Not among [`Self::shares`]: clients are not
+    /// spread over it, every answer names it after the cluster they get.
+    pub fn companion(&self, u: UnitIdx) -> Option<(ClusterIdx, f64)> {
+        self.units.companion.get(u)
+    }
+
     /// The cluster an answer names second when `u`'s demand sits wholly at one cluster: its
     /// best up candidate outside its placements.
     pub fn backup(&self, u: UnitIdx) -> Option<ClusterIdx> {
@@ -1068,9 +1115,14 @@ impl ServingMap {
             m.backups(u)
                 .map(|b| b.map(|c| m.clusters[c as usize].id.as_str()))
         }
+        fn companion(m: &ServingMap, u: UnitIdx) -> Option<(&str, u64)> {
+            m.companion(u)
+                .map(|(c, s)| (m.clusters[c as usize].id.as_str(), s.to_bits()))
+        }
         self.unit_class_name(u) == other.unit_class_name(v)
             && self.unit_prefixes(u).eq(other.unit_prefixes(v))
             && self.overflow(u).to_bits() == other.overflow(v).to_bits()
+            && companion(self, u) == companion(other, v)
             && backup(self, u) == backup(other, v)
             && (in_order(self, u, other, v) || by_id(self, u) == by_id(other, v))
     }
@@ -1098,6 +1150,7 @@ impl ServingMap {
             + 8 * u.share.capacity()
             + u.split.heap_bytes()
             + u.overflow.heap_bytes()
+            + u.companion.heap_bytes()
     }
 }
 

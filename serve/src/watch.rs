@@ -206,6 +206,10 @@ fn unit_pb(m: &ServingMap, u: UnitIdx) -> pb::UnitMapping {
         backup_cluster: backups[0].map_or(String::new(), |c| clusters[c as usize].id.clone()),
         second_backup_cluster: backups[1]
             .map_or(String::new(), |c| clusters[c as usize].id.clone()),
+        companion: m.companion(u).map(|(c, share)| pb::ClusterShare {
+            cluster: clusters[c as usize].id.clone(),
+            share,
+        }),
     }
 }
 
@@ -786,7 +790,12 @@ impl Follower {
             let mut changed = changed.into_iter().peekable();
             for u in 0..old.unit_count() as UnitIdx {
                 match changed.next_if(|(v, _)| *v == u) {
-                    Some((_, p)) => b.push_placement_of(p.shares, p.overflow, p.backups)?,
+                    Some((_, p)) => {
+                        if let Some((c, share)) = p.companion {
+                            b.companion_of_next(c, share);
+                        }
+                        b.push_placement_of(p.shares, p.overflow, p.backups)?
+                    }
                     None => b.copy_placement(old, u, &cluster_map).map_err(|e| {
                         invalid(format!("units[{:?}]", old.unit_id(u)), e.to_string())
                     })?,
@@ -826,6 +835,9 @@ impl Follower {
             }
             let lookup = |id: &str| b.cluster_index(id);
             let parsed = parse_unit(&classes, &unit, &lookup)?;
+            if let Some((c, share)) = parsed.companion {
+                b.companion_of_next(c, share);
+            }
             b.push(
                 &unit.id,
                 parsed.class,
@@ -962,6 +974,7 @@ struct Placement {
     shares: Vec<(ClusterIdx, f64)>,
     overflow: f64,
     backups: [Option<ClusterIdx>; 2],
+    companion: Option<(ClusterIdx, f64)>,
 }
 
 /// When a delta keeps `old`'s units exactly (no unit removed or added, the classes the same,
@@ -999,6 +1012,7 @@ fn same_units_changed(
                 shares: parsed.shares,
                 overflow: unit.overflow_share,
                 backups: parsed.backups,
+                companion: parsed.companion,
             },
         ));
     }
@@ -1030,6 +1044,10 @@ fn copy_unit(
         if let Some(c) = b {
             backups[i] = Some(cluster_map[c as usize].ok_or_else(|| gone("backup cluster"))?);
         }
+    }
+    if let Some((c, share)) = old.companion(u) {
+        let c = cluster_map[c as usize].ok_or_else(|| gone("companion cluster"))?;
+        b.companion_of_next(c, share);
     }
     b.push(
         id,
@@ -1177,6 +1195,7 @@ struct ParsedUnit {
     prefixes: Vec<IpNet>,
     shares: Vec<(ClusterIdx, f64)>,
     backups: [Option<ClusterIdx>; 2],
+    companion: Option<(ClusterIdx, f64)>,
 }
 
 fn parse_unit(
@@ -1217,6 +1236,10 @@ fn parse_unit(
         .iter()
         .map(|s| Ok((known(&s.cluster, "shares")?, s.share)))
         .collect::<Result<Vec<_>, FollowError>>()?;
+    let companion = match &u.companion {
+        Some(c) => Some((known(&c.cluster, "companion")?, c.share)),
+        None => None,
+    };
     let mut backups = [None, None];
     for (i, (id, what)) in [
         (&u.backup_cluster, "backup_cluster"),
@@ -1234,6 +1257,7 @@ fn parse_unit(
         prefixes,
         shares,
         backups,
+        companion,
     })
 }
 
@@ -1271,6 +1295,9 @@ fn push_units(
     for u in &units {
         let lookup = |id: &str| b.cluster_index(id);
         let parsed = parse_unit(classes, u, &lookup)?;
+        if let Some((c, share)) = parsed.companion {
+            b.companion_of_next(c, share);
+        }
         b.push(
             &u.id,
             parsed.class,
@@ -1325,6 +1352,10 @@ mod tests {
                 shares = vec![(first, 0.25), ((first + 1) % n, 0.75)];
             } else if rng.random_bool(0.1) {
                 (shares, overflow) = (vec![(first, 0.875)], 0.125);
+            } else if n > 1 && rng.random_bool(0.15) {
+                // Go with the winner: a companion beside the unit's cluster.
+                shares = vec![(first, 0.75)];
+                b.companion_of_next((first + 1) % n, 0.25);
             }
             let backups = [Some((first + 2) % n), None];
             let id = format!("u{i:06}");
@@ -1649,9 +1680,13 @@ mod tests {
                 .collect();
             let backups: Option<Vec<ClusterIdx>> =
                 prev.backups(u).into_iter().flatten().map(index).collect();
-            let (shares, backups) = match (kept, backups) {
-                (Some(k), Some(b)) if !rng.random_bool(moved) => {
-                    (k, [b.first().copied(), b.get(1).copied()])
+            let companion = prev.companion(u).map(|(c, s)| index(c).map(|c| (c, s)));
+            let (shares, backups) = match (kept, backups, companion) {
+                (Some(k), Some(kb), None | Some(Some(_))) if !rng.random_bool(moved) => {
+                    if let Some(Some((c, share))) = companion {
+                        b.companion_of_next(c, share);
+                    }
+                    (k, [kb.first().copied(), kb.get(1).copied()])
                 }
                 _ => {
                     let first = rng.random_range(0..n);

@@ -980,6 +980,54 @@ fn split_world(n: usize, states: &[ClusterState], allocs: &[(usize, f64)]) -> (T
     (inst, map)
 }
 
+/// Go with the winner: a unit with a companion (the share reserved at cluster 2) picks its
+/// first cluster among its placements by their shares alone, and every answer names the
+/// companion second, marked so, while it is up; with it down, the answers are as without.
+#[test]
+fn a_companion_is_every_answers_second_and_never_its_first() {
+    for states in [
+        vec![],
+        vec![ClusterState::Up, ClusterState::Up, ClusterState::Down],
+    ] {
+        let (inst, placed) = split_world(3, &states, &[(0, 0.4), (1, 0.3), (2, 0.3)]);
+        let mut map = Map::with_capacity(1, 3);
+        let a = |cluster, amount| Allocation { cluster, amount };
+        map.push_unit_with([a(0, 0.4), a(1, 0.3)], Some(a(2, 0.3)), placed.overflow(0));
+        let r = Resolver::of_solution(&inst, &map, class_rules(&inst)).expect("resolver");
+        let up = states.is_empty();
+        let queries = split_queries(7, 20_000);
+        let mut first = [0usize; 3];
+        for (client, qname) in &queries {
+            let ans = r.resolve(*client, qname);
+            first[ans.primary.expect("a primary") as usize] += 1;
+            assert_eq!(ans.companion, up, "{ans:?}");
+            if up {
+                assert_eq!(ans.secondary, Some(2), "{ans:?}");
+            } else {
+                assert!(ans.secondary.is_some_and(|c| c < 2) && ans.secondary != ans.primary);
+            }
+        }
+        assert_eq!(first[2], 0, "the companion was answered first");
+        let got = first[0] as f64 / queries.len() as f64;
+        assert!((got - 4.0 / 7.0).abs() <= 0.03, "{first:?}");
+    }
+    // Placed whole beside it: one answer for the whole unit, its scope the unit's prefix.
+    let (inst, _) = split_world(2, &[], &[(0, 0.75), (1, 0.25)]);
+    let mut map = Map::with_capacity(1, 2);
+    let a = |cluster, amount| Allocation { cluster, amount };
+    map.push_unit_with([a(0, 0.75)], Some(a(1, 0.25)), 0.0);
+    let r = Resolver::of_solution(&inst, &map, class_rules(&inst)).expect("resolver");
+    let ans = r.resolve(net("10.1.2.0/24"), "www.example");
+    assert_eq!(
+        (ans.primary, ans.secondary, ans.companion),
+        (Some(0), Some(1), true)
+    );
+    assert_eq!(
+        (ans.route, ans.scope_prefix_len),
+        (cdnmap_serve::resolve::Route::Mapped, 8)
+    );
+}
+
 /// Distinct (client, qname) pairs: random host addresses in the unit's prefixes, numbered names.
 fn split_queries(seed: u64, count: usize) -> Vec<(IpNet, String)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

@@ -43,5 +43,5 @@ pub use limits::{
 pub use splice::Piece;
 pub use topology::{
     Cluster, ClusterSpec, ClusterState, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
-    TrafficClass,
+    TrafficClass, MAX_COMPANION_SHARE,
 };
