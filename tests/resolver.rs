@@ -140,3 +140,107 @@ async fn through_unbound_every_address_is_of_the_units_cluster() {
     assert!(checked >= 50, "only {checked} units checked");
     drop(dns);
 }
+
+/// Go with the winner (`[demo] companion = { web = 0.33 }`): through unbound, every address of a
+/// web answer is a server of the cluster `Resolve` names for the client or of the unit's
+/// companion, where the map reserved a third of the unit's demand; none is of a cluster the map
+/// did not give the unit. The companion's one address (after two of the first cluster's) comes
+/// first in about a third of the answers, as unbound rotates them: the share the map reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_winner_the_second_cluster_is_the_companion_the_map_reserved() {
+    let bin = bin!();
+    // Room for the companions: `cdnmap serve`'s demo world's headroom, not the tests' tight one
+    // (a unit's companion needs a candidate with room for a third of its demand).
+    let mut setup = Setup::with_demo(bin, true, "", 2.0, "companion = { web = 0.33 }");
+    let server = setup.start().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut dns = Dns::start(bin, dir.path(), server.grpc, "");
+    dns.wait_answering();
+    let unbound = unbound(dir.path(), dns.addr);
+    let cluster_of = cluster_addresses(&server).await;
+
+    let units = all_units(&server).await;
+    let web: Vec<&pb::MapUnit> = units
+        .iter()
+        .filter(|u| u.traffic_class == "web" && !u.prefixes.is_empty())
+        .collect();
+    let sample: Vec<&pb::MapUnit> = web.iter().copied().step_by(web.len() / 150 + 1).collect();
+    let (mut checked, mut with_companion, mut companion_first) = (0usize, 0usize, 0usize);
+    for u in sample {
+        let (subnet, qtype, name) = client_of(u);
+        let qname = qname_of(&u.traffic_class);
+        let before = resolve(&server, &subnet, "", qname, qtype).await;
+        let got = dig(unbound.addr, &[qname, name, &format!("+subnet={subnet}")]);
+        let after = resolve(&server, &subnet, "", qname, qtype).await;
+        assert_eq!(got.status, "NOERROR", "{}\n{}", got.raw, unbound.log());
+        let clusters: Vec<&str> = got
+            .addresses()
+            .iter()
+            .map(|a| {
+                cluster_of
+                    .get(a)
+                    .map(String::as_str)
+                    .unwrap_or_else(|| panic!("{a} is no cluster's address: {}", got.raw))
+            })
+            .collect();
+        assert!(!clusters.is_empty(), "unit {}: {}", u.id, got.raw);
+        // The map's answer just before or just after (a round between them may move it).
+        let named = [&before, &after]
+            .into_iter()
+            .find(|r| {
+                clusters
+                    .iter()
+                    .all(|c| r.cluster_ids.iter().any(|id| id == c))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "unit {} ({subnet}): through unbound {clusters:?}, Resolve before {:?}, \
+                     after {:?}:\n{}",
+                    u.id, before.cluster_ids, after.cluster_ids, got.raw
+                )
+            });
+        if let [first, companion] = named.cluster_ids.as_slice() {
+            let theirs = clusters.iter().filter(|c| *c == companion).count();
+            assert_eq!(theirs, 1, "one of the companion's: {named:?}\n{}", got.raw);
+            assert!(clusters.contains(&first.as_str()), "{named:?}\n{}", got.raw);
+            // The demo world's clusters have two IPv4 servers and one IPv6 server: an A
+            // answer names three addresses, the companion's one of them.
+            if clusters.len() == 3 {
+                with_companion += 1;
+                companion_first += usize::from(clusters[0] == companion);
+            }
+        }
+        checked += 1;
+    }
+    let share = companion_first as f64 / with_companion.max(1) as f64;
+    eprintln!(
+        "go with the winner through unbound: {checked} web units, {with_companion} with a \
+         companion, its address first in {companion_first} ({:.1}%); a cluster the map did not \
+         give first: 0 (A answers of three addresses)",
+        100.0 * share
+    );
+    assert!(checked >= 100, "only {checked} units checked");
+    assert!(
+        with_companion * 10 >= checked * 6,
+        "{with_companion} of {checked} units have a companion and an A answer of three"
+    );
+    assert!((0.2..=0.5).contains(&share), "companion first in {share}");
+
+    // The reservation: the unit's lookup shows a third of its demand at the companion, which
+    // the answers' second cluster is, and the candidate list says why.
+    let u = web[0];
+    let (status, body) = server.http_get(&format!("/api/lookup?q={}", u.id));
+    assert!(status.contains("200"), "{status}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let unit = &v["units"][0];
+    let companion = &unit["companion"];
+    let share = companion["share"].as_f64().expect("a companion share");
+    assert!((share - 0.33).abs() < 1e-9, "{unit}");
+    let said = unit["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .any(|c| c["verdict"] == "companion" && c["cluster"] == companion["cluster"]);
+    assert!(said, "{unit}");
+    drop(dns);
+}

@@ -222,21 +222,22 @@ function renderMap() {
   document.getElementById("map").replaceChildren(svg);
 }
 
-// The looked-up units: where they are, where their demand went (solid), and the candidates
-// they were passed over by (dashed).
+// The looked-up units: where they are, where their demand went (solid; a companion in blue),
+// and the candidates they were passed over by (dashed).
 function lookupLayer(units, byId) {
   const g = sv("g", { class: "lookup-layer", "pointer-events": "none" });
   for (const u of units) {
     const [x, y] = proj(u.lat, u.lon);
     for (const c of u.candidates) {
       const k = byId.get(c.cluster);
-      if (!k || (c.verdict !== "placed" && c.verdict !== "passed over")) continue;
+      if (!k || !["placed", "companion", "passed over"].includes(c.verdict)) continue;
       const [x2, y2] = proj(k.lat, k.lon);
+      const held = c.verdict !== "passed over";
       g.append(sv("line", {
         x1: x, y1: y, x2, y2,
-        stroke: c.verdict === "placed" ? "#ffd34d" : "#ff6b6b",
-        "stroke-width": c.verdict === "placed" ? (1.5 + 3 * c.share).toFixed(1) : 1.2,
-        "stroke-dasharray": c.verdict === "placed" ? null : "4 3",
+        stroke: { placed: "#ffd34d", companion: "#7fd4ff" }[c.verdict] || "#ff6b6b",
+        "stroke-width": held ? (1.5 + 3 * c.share).toFixed(1) : 1.2,
+        "stroke-dasharray": held ? null : "4 3",
       }));
     }
     g.append(sv("rect", { x: x - 4, y: y - 4, width: 8, height: 8, fill: "#ffd34d", stroke: "#000", transform: `rotate(45 ${x} ${y})` }));
@@ -475,14 +476,14 @@ async function lookup(q) {
     renderMap();
     box.replaceChildren(...r.units.map((u) => el("div", { class: "unit", "data-unit": u.id },
       el("div", {}, el("b", {}, u.id), ` · ${u.class} · demand ${fmt(u.demand)} · ${u.prefix_count} prefix(es)${u.matched_prefix_len !== null ? ` · matched /${u.matched_prefix_len}` : ""} · at ${u.lat.toFixed(1)}, ${u.lon.toFixed(1)}`),
-      el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : "", " · answered: ", el("b", { class: `route ${u.route}` }, u.route)),
+      el("div", {}, "went to: ", u.placed.map((p) => `${p.cluster} ${pct(p.share)}`).join(", ") || "nowhere", u.companion ? ` · companion ${u.companion.cluster} ${pct(u.companion.share)} (named second in every answer)` : "", u.overflow > 0 ? ` · overflow ${pct(u.overflow_share)}` : "", " · answered: ", el("b", { class: `route ${u.route}` }, u.route)),
       el("table", {},
         el("thead", {}, el("tr", {}, el("th", {}, "candidate"), el("th", { class: "num" }, "score"), el("th", {}, "from"), el("th", {}, "state"), el("th", { class: "num" }, "share"), el("th", {}, "verdict"), el("th", {}, "why"))),
         el("tbody", {}, shownCandidates(u.candidates).map((c) => c.more ? el("tr", {}, el("td", { colspan: 7, class: "why" }, `… and ${c.more} more candidates, less preferred than where all of the demand went`)) : el("tr", {},
           el("td", {}, c.cluster), el("td", { class: "num" }, fmt(c.score, 1)),
           el("td", { class: c.measured ? "score-measured" : "score-estimated", title: c.measured ? `measured RTT; the estimate was ${fmt(c.estimate, 1)}` : "estimated (no RTT measured)" }, c.measured ? "measured" : "estimated"),
           el("td", {}, el("span", { class: `state ${c.state}` }, c.state)),
-          el("td", { class: "num" }, pct(c.share)), el("td", { class: c.verdict === "placed" ? "verdict-placed" : c.verdict === "passed over" ? "verdict-passed" : "" }, c.verdict),
+          el("td", { class: "num" }, pct(c.share)), el("td", { class: { placed: "verdict-placed", companion: "verdict-placed", "passed over": "verdict-passed" }[c.verdict] || "" }, c.verdict),
           el("td", { class: "why" }, c.why))))))));
   } catch (e) {
     state.lookup = null;

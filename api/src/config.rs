@@ -81,6 +81,8 @@
 //! clusters = 120
 //! seed = 1
 //! headroom = 2.0                   # total capacity over total demand
+//! # companion = { web = 0.33 }     # go with the winner: per class, the share its answers'
+//! #                                # second cluster draws, reserved there (default: none)
 //!
 //! # [mmdb]                         # or, instead of `instance`: map units from MaxMind DBs
 //! # files = ["GeoLite2-City.mmdb"] # one unit per located network and class
@@ -782,6 +784,10 @@ pub struct DemoConfig {
     /// dashboard's map shows where the trouble is; the generator's own default (1.1, what
     /// `cdnmap world` and the benchmarks use) runs most of them full.
     pub headroom: f64,
+    /// Go with the winner: per class name, the share of each unit's demand a second cluster
+    /// in its answers draws, reserved for it there (`TrafficClass::companion_share`, in
+    /// [0, 0.5]). Empty (the default): answers name only the clusters the map gives a unit.
+    pub companion: std::collections::BTreeMap<String, f64>,
 }
 
 /// The demo world's default capacity headroom (see [`DemoConfig::headroom`]).
@@ -871,6 +877,7 @@ impl Default for DemoConfig {
             clusters: 120,
             seed: 1,
             headroom: DEFAULT_DEMO_HEADROOM,
+            companion: Default::default(),
         }
     }
 }
@@ -1403,6 +1410,15 @@ impl Config {
                     format!("{} is outside 0.1..=100", self.demo.headroom),
                 ));
             }
+            for (class, &share) in &self.demo.companion {
+                let most = cdnmap_mapper::model::MAX_COMPANION_SHARE;
+                if !(share.is_finite() && (0.0..=most).contains(&share)) {
+                    return Err(invalid(
+                        &format!("demo.companion.{class}"),
+                        format!("{share} is outside 0..={most}"),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -1659,6 +1675,8 @@ mod tests {
             ("[demo]\nclusters = 0", "demo.clusters"),
             ("[demo]\nheadroom = 0", "demo.headroom"),
             ("[demo]\nheadroom = nan", "demo.headroom"),
+            ("[demo]\ncompanion = { web = 0.9 }", "demo.companion.web"),
+            ("[demo]\ncompanion = { web = -0.1 }", "demo.companion.web"),
             ("[mmdb]\nfiles = []", "mmdb.files"),
             ("[health]\nport = 0", "health.port"),
             ("[bypass.web]\ncname = \"a..b\"", "bypass.web"),

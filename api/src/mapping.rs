@@ -143,9 +143,7 @@ impl MappingService {
         // The clusters an answer from the map names, to A and AAAA queries (its primary, and
         // a companion: `serve::servers`).
         let cluster_ids = if m.bypass.is_none() && m.asks_addresses {
-            a.named()
-                .map(|c| clusters[c as usize].id.clone())
-                .collect()
+            a.named().map(|c| clusters[c as usize].id.clone()).collect()
         } else {
             Vec::new()
         };

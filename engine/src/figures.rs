@@ -348,8 +348,9 @@ pub fn explain(
     u: UnitIdx,
     measured: &Rescore,
 ) -> Vec<CandidateView> {
-    let allocs = map.allocations(u);
-    let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + map.overflow(u);
+    let allocs = map.placed(u);
+    let companion = map.companion(u);
+    let total: f64 = map.allocations(u).iter().map(|a| a.amount).sum::<f64>() + map.overflow(u);
     let mut cands: Vec<(Candidate, f32, bool)> = inst
         .candidates(u)
         .map(|mut c| {
@@ -393,7 +394,18 @@ pub fn explain(
                 .filter(|a| a.cluster == cand.cluster)
                 .fold(0.0, |sum, a| sum + a.amount); // +0.0 when none (a sum starts at -0.0)
             let share = if total > 0.0 { amount / total } else { 0.0 };
-            let (verdict, why) = if amount > 0.0 && j + 1 < preferred_up_to {
+            let reserved = companion.filter(|c| c.cluster == cand.cluster);
+            let (verdict, why) = if let Some(c) = reserved {
+                let share = if total > 0.0 { c.amount / total } else { 0.0 };
+                (
+                    "companion",
+                    format!(
+                        "its answers' second cluster (its class goes with the winner): {:.1}% \
+                         of the demand reserved for the clients that go to it",
+                        100.0 * share
+                    ),
+                )
+            } else if amount > 0.0 && j + 1 < preferred_up_to {
                 // Part of the demand went further down the list (or overflowed).
                 (
                     "placed",
@@ -423,8 +435,8 @@ pub fn explain(
                 estimate: *estimate,
                 rank: cand.rank,
                 state: cl.state,
-                amount,
-                share,
+                amount: reserved.map_or(amount, |c| c.amount),
+                share: reserved.map_or(share, |c| if total > 0.0 { c.amount / total } else { 0.0 }),
                 verdict,
                 why,
             }

@@ -959,6 +959,8 @@ impl ServingMap {
         ca == cb
             && sa.iter().zip(sb).all(|(x, y)| x.to_bits() == y.to_bits())
             && self.units.backup[u as usize] == other.units.backup[u as usize]
+            && self.companion(u).map(|(c, s)| (c, s.to_bits()))
+                == other.companion(u).map(|(c, s)| (c, s.to_bits()))
             // A unit with nothing placed is answered by whether it overflowed (the class's
             // fallback) or had no demand (its best candidates).
             && (!ca.is_empty() || (self.overflow(u) > 0.0) == (other.overflow(u) > 0.0))

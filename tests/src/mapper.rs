@@ -84,6 +84,12 @@ impl Setup {
     /// [`Setup::with_extra`] with `top` among the configuration's top-level keys (before its
     /// first table).
     pub fn with_config(bin: &Path, with_token: bool, top: &str, extra: &str) -> Setup {
+        Setup::with_demo(bin, with_token, top, HEADROOM, extra)
+    }
+
+    /// [`Setup::with_config`] with the demo world's `headroom` (total capacity over total
+    /// demand) instead of [`HEADROOM`].
+    pub fn with_demo(bin: &Path, with_token: bool, top: &str, headroom: f64, extra: &str) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("cdnmap-serve-")
             .tempdir()
@@ -108,7 +114,7 @@ impl Setup {
              map_units = {MAP_UNITS}\n\
              clusters = {CLUSTERS}\n\
              seed = 1\n\
-             headroom = {HEADROOM:?}\n\
+             headroom = {headroom:?}\n\
              {extra}\n",
             data = data.to_str().expect("a UTF-8 temporary path"),
         );

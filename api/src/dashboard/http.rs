@@ -439,6 +439,9 @@ struct UnitLookup {
     prefix_count: usize,
     prefixes: Vec<String>,
     placed: Vec<Placed>,
+    /// Its companion, when its class goes with the winner: the cluster its answers name
+    /// second and the demand reserved there.
+    companion: Option<Placed>,
     overflow: f64,
     overflow_share: f64,
     candidates: Vec<CandidateView>,
@@ -459,10 +462,14 @@ struct LookupBody {
 fn unit_lookup(s: &Snapshot, v: &View, u: UnitIdx, len: Option<u8>) -> UnitLookup {
     let inst = &s.topology;
     let (lat, lon) = inst.unit_location(u);
-    let allocs = s.map.allocations(u);
     let overflow = s.map.overflow(u);
-    let total: f64 = allocs.iter().map(|a| a.amount).sum::<f64>() + overflow;
+    let total: f64 = s.map.allocations(u).iter().map(|a| a.amount).sum::<f64>() + overflow;
     let share = |x: f64| if total > 0.0 { x / total } else { 0.0 };
+    let placed = |a: &cdnmap_mapper::Allocation| Placed {
+        cluster: inst.clusters()[a.cluster as usize].id.clone(),
+        amount: a.amount,
+        share: share(a.amount),
+    };
     let prefixes = inst.unit_prefixes(u);
     UnitLookup {
         route: s.resolver.route_of(u).as_str(),
@@ -478,14 +485,8 @@ fn unit_lookup(s: &Snapshot, v: &View, u: UnitIdx, len: Option<u8>) -> UnitLooku
             .take(MAX_LOOKUP_PREFIXES)
             .map(|p| p.to_string())
             .collect(),
-        placed: allocs
-            .iter()
-            .map(|a| Placed {
-                cluster: inst.clusters()[a.cluster as usize].id.clone(),
-                amount: a.amount,
-                share: share(a.amount),
-            })
-            .collect(),
+        placed: s.map.placed(u).iter().map(placed).collect(),
+        companion: s.map.companion(u).as_ref().map(placed),
         overflow,
         overflow_share: share(overflow),
         candidates: figures::explain(v, inst, &s.map, u, &s.measured),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::columns::{CandidateColumns, Head, MapUnits};
 use super::favour::Favour;
-use super::limits::{check_number, ClassIdx, ClusterIdx, UnitIdx};
+use super::limits::{check_companion_share, check_number, ClassIdx, ClusterIdx, UnitIdx};
 use super::topology::{
     build_cluster, Cluster, ClusterSpec, ClusterState, PerUnit, Topology, TrafficClass,
 };
@@ -232,6 +232,26 @@ impl Instance {
             }));
         }
         self.with_capacities(per_unit, &capacities)
+    }
+
+    /// The same instance with each class's companion share (by class index: go with the
+    /// winner, [`crate::companion`]), sharing everything else; refused, naming the class, when
+    /// a share is not in [0, 0.5] or the count does not match.
+    pub fn with_companion_shares(&self, shares: &[f64]) -> Result<Instance, ModelError> {
+        let mut topology = (*self.topology).clone();
+        if shares.len() != topology.classes.len() {
+            return Err(ModelError::TooMany {
+                subject: "the companion shares".into(),
+                what: "classes (one per traffic class is needed)",
+                count: shares.len(),
+                limit: topology.classes.len(),
+            });
+        }
+        for (class, &share) in topology.classes.iter_mut().zip(shares) {
+            check_companion_share(|| format!("traffic class {:?}", class.name), share)?;
+            class.companion_share = share;
+        }
+        Ok(self.with_topology(topology))
     }
 
     /// Every resource node's capacity (by global node index), as [`Instance::with_capacities`]

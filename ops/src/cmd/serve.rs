@@ -117,7 +117,8 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
                 clusters = params.clusters,
                 "no instance configured: serving the demo world"
             );
-            world::generate(&params, &|_| {})
+            let topology = world::generate(&params, &|_| {})?;
+            with_companions(topology, &demo.companion)
         }
     };
     runtime.block_on(cdnmap_api::server::serve(
@@ -130,6 +131,36 @@ pub(crate) fn cmd_serve(a: &ServeArgs) -> Result<ExitCode> {
         hangups,
     ))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `topology` with the companion shares of `shares` (by class name: `[demo] companion`); an
+/// error names a class the topology does not have.
+fn with_companions(
+    topology: cdnmap_topology::Topology,
+    shares: &std::collections::BTreeMap<String, f64>,
+) -> anyhow::Result<cdnmap_topology::Topology> {
+    if shares.is_empty() {
+        return Ok(topology);
+    }
+    let classes = topology.instance.classes();
+    for name in shares.keys() {
+        if !classes.iter().any(|k| &k.name == name) {
+            let known: Vec<&str> = classes.iter().map(|k| k.name.as_str()).collect();
+            anyhow::bail!(
+                "demo.companion.{name}: the demo world has no class {name:?} (its classes: {})",
+                known.join(", ")
+            );
+        }
+    }
+    let each: Vec<f64> = classes
+        .iter()
+        .map(|k| shares.get(&k.name).copied().unwrap_or(0.0))
+        .collect();
+    let instance = topology
+        .instance
+        .with_companion_shares(&each)
+        .context("demo.companion")?;
+    Ok(topology.with_instance(instance))
 }
 
 /// The start's first line: the version and what the configuration says, secrets as yes/no.
