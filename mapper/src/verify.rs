@@ -423,7 +423,7 @@ pub fn verify_with(instance: &Instance, map: &Map, tol: &Tolerances) -> Report {
     report
 }
 
-/// A map with companions (DESIGN.md's "go with the winner"): each companion holds its rule
+/// A map with companions (go with the winner, [`crate::companion`]): each companion holds its rule
 /// (its class has a share, its amount is that share of the unit's demand, at an up candidate
 /// that is none of the unit's other allocations); the rest of the map is checked as a map of
 /// the instance with the companions *reserved* (each unit's demand less its companion's, each
