@@ -3,11 +3,12 @@
 //! cluster table and the charts show the same data as the JSON API, that every chart has axes
 //! (y ticks in its unit from 0, x ticks in clock time) and every resource load its unit (bit/s,
 //! flytes/s), sorts the table by a click and from the keyboard, drains the busiest cluster by
-//! clicking its button (with the token typed into the page), sees its state change on the page
+//! clicking its button (with the token typed into the page), sees the preview (the moved demand,
+//! the flows out of it on the map, nothing applied yet), confirms, sees its state change on the page
 //! and in the next round's map, sees the drained and then a marked-down cluster head the table
 //! (the down one offering "Mark up"), compares the map versions before and after the drain
 //! (the drained cluster's demand leaving it, as `/api/diff` says), runs a lookup, saves a screenshot to
-//! `<target>/test-artifacts/dashboard.png`, and at 800 × 600 checks that the page does not
+//! `<target>/test-artifacts/dashboard.png` (and the preview's, `dashboard-preview.png`), and at 800 × 600 checks that the page does not
 //! scroll sideways and the action buttons are in view (`dashboard-800x600.png`).
 //!
 //! The test installs what it needs (Debian's `chromium` and `chromium-driver`, through
@@ -560,6 +561,30 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
     );
     let button = format!("button[data-action=\"drain\"][data-cluster=\"{busiest}\"]");
     driver.click(&button);
+    // First the preview: what the next round would do, drawn on the map, and nothing applied
+    // until it is confirmed.
+    let previewed = driver.wait_for(
+        "the drain's preview",
+        ROUND_TIMEOUT,
+        &format!(
+            "const h = document.querySelector('#confirm .confirm-headline');
+             const out = [...document.querySelectorAll('#confirm .confirm-flows tr[data-from=\"{busiest}\"]')];
+             const drawn = document.querySelectorAll('#map .preview-layer [data-from=\"{busiest}\"]').length;
+             return h && out.length && drawn ? [Number(h.dataset.moved), out.length, drawn] : null;"
+        ),
+    );
+    assert!(
+        previewed[0].as_f64().is_some_and(|m| m > 0.0),
+        "{previewed}"
+    );
+    assert_eq!(
+        server.get_ok(&format!("/api/clusters/{busiest}"))["state"],
+        "up",
+        "a previewed drain is not applied"
+    );
+    let path = artifacts_dir().join("dashboard-preview.png");
+    std::fs::write(&path, driver.screenshot()).expect("write the preview's screenshot");
+    driver.click("#confirm-apply");
     let row = format!("#clusters tr[data-id=\"{busiest}\"]");
     driver.wait_for(
         "the drained state in the table and on the map",
@@ -677,6 +702,12 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
     driver.click(&format!(
         "button[data-action=\"down\"][data-cluster=\"{other}\"]"
     ));
+    driver.wait_for(
+        "the preview of marking it down",
+        ROUND_TIMEOUT,
+        "return !!document.querySelector('#confirm-apply');",
+    );
+    driver.click("#confirm-apply");
     driver.wait_for(
         "the down cluster first, then the drained one",
         PAGE_TIMEOUT,

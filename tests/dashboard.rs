@@ -770,3 +770,82 @@ fn draining_the_last_clusters_of_the_classes_warns() {
         "{st}"
     );
 }
+
+/// An action confirmed from a preview: `POST /api/preview` needs the token and refuses a bad
+/// body or an unknown cluster by name; it changes nothing. A confirmation whose `expect` is off
+/// what the preview made again now says is refused with 409 naming what changed, and nothing
+/// changes; one with what the preview said applies.
+#[test]
+fn an_action_confirmed_from_a_preview_applies_only_as_seen() {
+    let s = DashServer::start(true);
+    let rows = s.get_ok("/api/clusters?sort=demand&order=desc");
+    let id = rows["clusters"][0]["id"].as_str().expect("id").to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let change = format!(r#"{{"changes": [{{"cluster": "{id}", "state": "drained"}}]}}"#);
+    assert_eq!(s.post("/api/preview", &[], &change).status, 401);
+    for (body, says) in [
+        (
+            r#"{"changes": [{"cluster": "x", "state": "gone"}]}"#,
+            "unknown variant",
+        ),
+        (r#"{"changes": [], "extra": 1}"#, "unknown field `extra`"),
+    ] {
+        let r = s.post("/api/preview", &[("Authorization", &auth)], body);
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.error().contains(says), "{}", r.body);
+    }
+    let unknown = s.post(
+        "/api/preview",
+        &[("Authorization", &auth)],
+        r#"{"changes": [{"cluster": "nope-9", "state": "down"}]}"#,
+    );
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert_eq!(unknown.error(), "changes[0]: no cluster \"nope-9\"");
+
+    let p = s.post("/api/preview", &[("Authorization", &auth)], &change);
+    assert_eq!(p.status, 200, "{}", p.body);
+    let p = p.json();
+    let (moved, after) = (f(&p["moved"]), f(&p["after"]["overflow_share"]));
+    assert!(
+        moved > 0.0 && after > f(&p["before"]["overflow_share"]),
+        "{p}"
+    );
+    let flows_out: f64 = p["flows"]
+        .as_array()
+        .expect("flows")
+        .iter()
+        .filter(|x| x["from"] == id.as_str())
+        .map(f_of_demand)
+        .sum();
+    assert!(flows_out > 0.5 * moved, "{p}");
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
+
+    let path = format!("/api/clusters/{id}/state");
+    let off = format!(
+        r#"{{"state": "drained", "expect": {{"overflow_share": {}, "moved": {}}}}}"#,
+        after + 0.05,
+        moved
+    );
+    let refused = s.post(&path, &[("Authorization", &auth)], &off);
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(
+        refused
+            .error()
+            .contains("not applied: the map moved since the preview")
+            && refused.error().contains("the overflow after it is now"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
+
+    let seen = format!(
+        r#"{{"state": "drained", "expect": {{"overflow_share": {after}, "moved": {moved}}}}}"#
+    );
+    let applied = s.post(&path, &[("Authorization", &auth)], &seen);
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "drained");
+}
+
+fn f_of_demand(v: &Value) -> f64 {
+    f(&v["demand"])
+}

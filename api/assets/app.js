@@ -17,6 +17,7 @@ const state = {
   actionsEnabled: false,
   busy: false,
   lookup: null, // the last lookup's units, drawn on the map
+  preview: null, // the action awaiting confirmation: { id, target, label, answer }, its flows drawn on the map
   flashUntil: 0,
 };
 
@@ -217,6 +218,7 @@ function renderMap() {
   }
   svg.append(cl);
   if (state.lookup) svg.append(lookupLayer(state.lookup, byId));
+  if (state.preview) svg.append(previewLayer(state.preview.answer, byId));
   const note = document.getElementById("map-note");
   note.textContent = `${m.clusters.length} clusters · ${m.regions.length} client regions (${m.region_deg}° cells) · the ${m.flows.length} largest flows`;
   document.getElementById("map").replaceChildren(svg);
@@ -420,7 +422,8 @@ function actions(c) {
     .filter(([, target]) => target !== c.state)
     .map(([action, target, label]) => el("button", {
       "data-action": action, "data-cluster": c.id,
-      title: `${label} ${c.id} (to the state ${target}; the map follows in the next round)`, onclick: () => act(c.id, target),
+      title: `${label} ${c.id}: preview what the next round would do, then confirm (the map follows in the next round)`,
+      onclick: () => previewAction(c.id, target, label),
     }, label));
 }
 
@@ -439,22 +442,111 @@ function row(c) {
     el("td", { class: "units" }, c.top_units.slice(0, 3).map((u) => el("div", { title: `${u.id} (${u.class}): ${fmt(u.amount)} demand units` }, `${u.id} `, el("b", {}, fmt(u.amount))))));
 }
 
-async function act(id, target) {
-  const t = token();
+// An action is previewed first (POST /api/preview: the next round's map with the change, made by
+// the rounds' own code) and applied only when confirmed; the confirmation sends what the
+// operator saw, and the server applies it only if a preview made again then is still within
+// that (409 otherwise: the page shows why and the new preview, and asks again).
+async function previewAction(id, target, label) {
+  const box = document.getElementById("confirm");
+  box.hidden = false;
+  box.replaceChildren(el("div", {}, `${label} ${id}: previewing the next round…`));
   try {
-    await api(`/api/clusters/${encodeURIComponent(id)}/state`, {
+    const answer = await api("/api/preview", {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${token()}` },
+      body: JSON.stringify({ changes: [{ cluster: id, state: target }] }),
+    });
+    state.preview = { id, target, label, answer };
+    renderPreview();
+  } catch (e) {
+    state.preview = null;
+    box.replaceChildren(el("div", { class: "error" }, `${label} ${id}: no preview: ${e.message}`),
+      el("button", { onclick: closePreview }, "Close"));
+  }
+  renderMap();
+}
+
+function renderPreview(why) {
+  const p = state.preview, a = p.answer, b = a.before, f = a.after;
+  const worse = f.overflow_share > b.overflow_share + 0.0005 || f.nodes_full > b.nodes_full;
+  const rows = [
+    ["overflow", pct(b.overflow_share), pct(f.overflow_share), f.overflow_share > b.overflow_share + 0.0005],
+    ["resource nodes full", String(b.nodes_full), String(f.nodes_full), f.nodes_full > b.nodes_full],
+    ["mean RTT", `${fmt(b.mean_rtt_ms, 1)} ms`, `${fmt(f.mean_rtt_ms, 1)} ms`, f.mean_rtt_ms > b.mean_rtt_ms + 0.05],
+  ];
+  document.getElementById("confirm").replaceChildren(
+    why ? el("div", { class: "error" }, why) : "",
+    el("div", { class: "confirm-headline", "data-moved": a.moved, "data-overflow-after": f.overflow_share, "data-based-on": a.based_on },
+      `${p.label} ${p.id}? The next round would move `, el("b", {}, fmt(a.moved)), ` demand units (${pct(a.moved_share)} of the demand, `,
+      `${a.units_changed} map units) · preview of map v${a.based_on}`),
+    el("table", { class: "confirm-figures" },
+      el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", { class: "num" }, "now"), el("th", { class: "num" }, "after"))),
+      el("tbody", {}, rows.map(([name, now, after, bad]) => el("tr", {},
+        el("td", {}, name), el("td", { class: "num" }, now), el("td", { class: "num" + (bad ? " worse" : "") }, after))))),
+    a.flows.length
+      ? el("table", { class: "diff-flows confirm-flows" },
+        el("thead", {}, el("tr", {}, el("th", {}, "from"), el("th", {}, "to"), el("th", { class: "num" }, "demand"))),
+        el("tbody", {}, a.flows.slice(0, 8).map((x) => el("tr", { "data-from": x.from, "data-to": x.to },
+          el("td", {}, x.from), el("td", {}, x.to), el("td", { class: "num" }, fmt(x.demand))))))
+      : el("div", { class: "dim" }, "nothing would move"),
+    el("div", { class: "confirm-buttons" },
+      el("button", { id: "confirm-apply", class: worse ? "danger" : "", onclick: confirmAction }, `Confirm: ${p.label} ${p.id}`),
+      el("button", { id: "confirm-cancel", onclick: closePreview }, "Cancel")));
+}
+
+function closePreview() {
+  state.preview = null;
+  const box = document.getElementById("confirm");
+  box.hidden = true;
+  box.replaceChildren();
+  renderMap();
+}
+
+async function confirmAction() {
+  const p = state.preview;
+  if (!p) return;
+  try {
+    await api(`/api/clusters/${encodeURIComponent(p.id)}/state`, {
       method: "POST",
       headers: {
         "content-type": "application/json",
-        authorization: `Bearer ${t}`,
+        authorization: `Bearer ${token()}`,
         "x-operator": document.getElementById("operator").value || "",
       },
-      body: JSON.stringify({ state: target, reason: document.getElementById("reason").value || "" }),
+      body: JSON.stringify({
+        state: p.target, reason: document.getElementById("reason").value || "",
+        expect: { overflow_share: p.answer.after.overflow_share, moved: p.answer.moved },
+      }),
     });
+    closePreview();
   } catch (e) {
-    flash(`${id} → ${target}: ${e.message}`);
+    // Not applied: the map moved past what was previewed (or another error). Preview again.
+    const why = `${p.id} → ${p.target}: ${e.message}`;
+    flash(why);
+    await previewAction(p.id, p.target, p.label);
+    if (state.preview) renderPreview(why);
   }
   await refresh(true);
+}
+
+// A preview's moves on the map: cluster to cluster (width ∝ demand), and what would overflow
+// as a red ring on the cluster it leaves.
+function previewLayer(a, byId) {
+  const g = sv("g", { class: "preview-layer", "pointer-events": "none" });
+  const max = Math.max(1e-9, ...a.flows.map((x) => x.demand));
+  for (const x of a.flows) {
+    const from = byId.get(x.from), to = byId.get(x.to);
+    if (!from) continue;
+    const [x1, y1] = proj(from.lat, from.lon);
+    const w = (1 + 4 * Math.sqrt(x.demand / max)).toFixed(1);
+    if (!to) {
+      g.append(sv("circle", { cx: x1.toFixed(1), cy: y1.toFixed(1), r: 9, fill: "none", stroke: "#ff5a5a", "stroke-width": w, "data-from": x.from, "data-to": x.to }));
+      continue;
+    }
+    const [x2, y2] = proj(to.lat, to.lon);
+    g.append(sv("line", { x1: x1.toFixed(1), y1: y1.toFixed(1), x2: x2.toFixed(1), y2: y2.toFixed(1), stroke: "#c58cff", "stroke-width": w, "data-from": x.from, "data-to": x.to }));
+  }
+  return g;
 }
 
 function flash(msg) {

@@ -1,17 +1,20 @@
 //! The dashboard API's state and errors, shared by its handlers (`http.rs`, `clusters.rs`):
 //! the app state, the JSON error answer, and the extractors every handler uses.
 
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cdnmap_engine::figures::View;
 use cdnmap_engine::round::Snapshot;
 use cdnmap_topology::Topology;
 use serde_json::json;
+
+use crate::auth::{AdminGate, Denied};
 
 use crate::service::Shared;
 
@@ -117,4 +120,39 @@ pub(super) async fn view(app: &App) -> Result<(Arc<Snapshot>, Arc<View>), ApiErr
 
 pub(super) fn topology(app: &App) -> Result<Arc<Topology>, ApiError> {
     Ok(app.shared.topology_now())
+}
+
+/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor, through the same
+/// gate (the dashboard's actions and `/record`; `remote`: who asks): a source that failed too
+/// often is refused with 429.
+///
+/// `what` names what was asked for in the refusal ("actions", "/record").
+pub(crate) fn authorize(
+    gate: &AdminGate,
+    headers: &HeaderMap,
+    remote: Option<IpAddr>,
+    what: &str,
+) -> Result<(), ApiError> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match gate.check(given, remote, "http", what) {
+        Ok(()) => Ok(()),
+        Err(Denied::Disabled) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            format!("{what} are disabled: the server has no admin_token configured"),
+        )),
+        Err(Denied::Wrong) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
+        Err(Denied::Missing) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            format!("{what} need \"Authorization: Bearer <admin token>\""),
+        )),
+        Err(Denied::TooMany { retry_after }) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many failed Admin authentications from this address: retry in {} s",
+                retry_after.as_secs().max(1)
+            ),
+        )),
+    }
 }

@@ -3,13 +3,12 @@
 //! /api/clusters/{id}/state`, token-checked) and the world map (`GET /api/map`).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::net::SocketAddr;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{header, Extensions, HeaderMap, StatusCode};
+use axum::http::{Extensions, HeaderMap, StatusCode};
 use axum::Json;
 use cdnmap_engine::figures::{self, View};
 use cdnmap_engine::round::Snapshot;
@@ -18,8 +17,9 @@ use cdnmap_mapper::{ClusterState, Instance};
 use cdnmap_store::edit::EditError;
 use serde::{Deserialize, Serialize};
 
-use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
-use crate::auth::{AdminGate, Denied};
+use super::app::{
+    authorize, query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES,
+};
 use crate::topology::{clean, Actor, ChangeError, MAX_REASON_LEN};
 
 /// Map units listed per cluster in `/api/clusters` unless `top` says otherwise.
@@ -315,6 +315,11 @@ pub(super) struct StateBody {
     state: ClusterState,
     #[serde(default)]
     reason: String,
+    /// What the operator saw in the preview they confirm: the change applies only if the
+    /// preview made again now is within its bounds (`super::preview`). The page always sends
+    /// it; a script may leave it out.
+    #[serde(default)]
+    expect: Option<super::preview::Expect>,
 }
 
 #[derive(Serialize)]
@@ -325,41 +330,6 @@ pub(super) struct StateAnswer {
     takes_effect: &'static str,
     /// What the operator should know (for example: a traffic class no up cluster serves).
     warnings: Vec<String>,
-}
-
-/// Checks `Authorization: Bearer <token>` like the gRPC Admin interceptor, through the same
-/// gate (the dashboard's actions and `/record`; `remote`: who asks): a source that failed too
-/// often is refused with 429.
-///
-/// `what` names what was asked for in the refusal ("actions", "/record").
-pub(crate) fn authorize(
-    gate: &AdminGate,
-    headers: &HeaderMap,
-    remote: Option<IpAddr>,
-    what: &str,
-) -> Result<(), ApiError> {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    match gate.check(given, remote, "http", what) {
-        Ok(()) => Ok(()),
-        Err(Denied::Disabled) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("{what} are disabled: the server has no admin_token configured"),
-        )),
-        Err(Denied::Wrong) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token")),
-        Err(Denied::Missing) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("{what} need \"Authorization: Bearer <admin token>\""),
-        )),
-        Err(Denied::TooMany { retry_after }) => Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "too many failed Admin authentications from this address: retry in {} s",
-                retry_after.as_secs().max(1)
-            ),
-        )),
-    }
 }
 
 pub(super) async fn set_state(
@@ -387,9 +357,13 @@ pub(super) async fn set_state(
     })?;
     let body: StateBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad(format!(
-            "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"
+            "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\", \
+             \"expect\": {{\"overflow_share\": ..., \"moved\": ...}}}})"
         ))
     })?;
+    if let Some(seen) = &body.expect {
+        super::preview::still_as_seen(&app, &id, body.state, seen).await?;
+    }
     let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
     let actor = Actor::new(who, remote, "http");
     let reason = clean(&body.reason, MAX_REASON_LEN);

@@ -11,8 +11,8 @@ use axum::http::{Extensions, HeaderMap, StatusCode};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::app::authorize;
 use super::app::{query, ApiError, ApiResult, App};
-use super::clusters::authorize;
 use crate::diffs::{diff_stored, rows, DiffError};
 
 #[derive(Deserialize)]

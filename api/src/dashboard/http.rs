@@ -56,13 +56,14 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
         .route("/events", get(events))
         .route("/estimator", get(estimator))
         .route("/diff", get(super::diff::diff))
+        .route("/preview", post(super::preview::preview))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!(
-                    "{method} is not allowed here: actions are POST /api/clusters/{{id}}/state, \
-                     everything else is GET"
+                    "{method} is not allowed here: actions are POST /api/clusters/{{id}}/state \
+                     and POST /api/preview, everything else is GET"
                 ),
             )
         })

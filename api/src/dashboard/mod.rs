@@ -16,7 +16,8 @@ mod app;
 mod clusters;
 mod diff;
 pub mod http;
+mod preview;
 
+pub(crate) use app::authorize;
 pub(crate) use app::ApiError;
-pub(crate) use clusters::authorize;
 pub use http::router;

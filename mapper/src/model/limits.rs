@@ -67,14 +67,16 @@ pub(super) fn check_number(
     }
 }
 
+/// The largest companion share of a traffic class (go with the winner): the companion is the
+/// second cluster, not the first.
+pub const MAX_COMPANION_SHARE: f64 = 0.5;
+
 /// A traffic class's companion share: a number in [0, [`MAX_COMPANION_SHARE`]].
-///
-/// [`MAX_COMPANION_SHARE`]: super::topology::MAX_COMPANION_SHARE
 pub(super) fn check_companion_share(
     subject: impl Fn() -> String,
     value: f64,
 ) -> Result<(), ModelError> {
-    if value.is_finite() && (0.0..=super::topology::MAX_COMPANION_SHARE).contains(&value) {
+    if value.is_finite() && (0.0..=MAX_COMPANION_SHARE).contains(&value) {
         Ok(())
     } else {
         Err(ModelError::BadNumber {

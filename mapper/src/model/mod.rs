@@ -38,10 +38,10 @@ pub use instance::Instance;
 pub use limits::{check_id, shown_id, too_many, MAX_ID_BYTES, SHOWN_ID_CHARS};
 pub use limits::{
     ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING,
-    MAX_CLASSES, MAX_CLUSTERS, MAX_MAP_UNITS, MAX_TREE_DEPTH, MAX_TREE_NODES,
+    MAX_CLASSES, MAX_CLUSTERS, MAX_COMPANION_SHARE, MAX_MAP_UNITS, MAX_TREE_DEPTH, MAX_TREE_NODES,
 };
 pub use splice::Piece;
 pub use topology::{
     Cluster, ClusterSpec, ClusterState, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,
-    TrafficClass, MAX_COMPANION_SHARE,
+    TrafficClass,
 };

@@ -74,9 +74,6 @@ fn is_zero(x: &f64) -> bool {
     x.to_bits() == 0
 }
 
-/// The largest companion share: the companion is the second cluster, not the first.
-pub const MAX_COMPANION_SHARE: f64 = 0.5;
-
 /// One resource node as given in input: children and classes by name, so that a bad tree
 /// (cycle, shared child, unknown child) can be described and refused.
 #[derive(Debug, Clone, PartialEq)]
