@@ -246,6 +246,7 @@ async fn change(
                             id: id.clone(),
                             state: state as i32,
                             reason,
+                            force: false,
                         },
                         Some(TOKEN),
                     ))
@@ -1049,6 +1050,7 @@ async fn set_state(server: &Server, id: &str, state: pb::ClusterState) {
                     id: id.to_string(),
                     state: state as i32,
                     reason: "issue 41".into(),
+                    force: false,
                 },
                 Some(TOKEN),
             ))

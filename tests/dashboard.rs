@@ -551,6 +551,7 @@ fn actions_need_the_token_are_logged_and_reach_the_map() {
             id: id.clone(),
             state: pb::ClusterState::Up as i32,
             reason: "back".into(),
+            force: false,
         });
         req.metadata_mut()
             .insert("authorization", auth.parse().expect("metadata"));
@@ -848,4 +849,110 @@ fn an_action_confirmed_from_a_preview_applies_only_as_seen() {
 
 fn f_of_demand(v: &Value) -> f64 {
     f(&v["demand"])
+}
+
+/// The guard (`[guard] max_overflow_points = 1.0`): draining the busiest cluster, whose preview
+/// raises the overflow by more than a point, is refused (409 over HTTP, FAILED_PRECONDITION over
+/// gRPC) naming the limit and the figures, logged as a failed action, and nothing changes;
+/// forcing it needs a reason, and then it applies and its event says which limit it passed. A
+/// change within the limit (draining the least busy cluster) applies as without a guard.
+#[test]
+fn the_guard_refuses_a_change_past_its_limits_unless_forced_with_a_reason() {
+    let setup = cdnmap_tests::mapper::Setup::with_extra(
+        cdnmap_tests::bin!(),
+        true,
+        "[guard]\nmax_overflow_points = 1.0",
+    );
+    let s = DashServer::start_with(setup);
+    let rows = s.get_ok("/api/clusters?sort=demand&order=desc");
+    let all = rows["clusters"].as_array().expect("clusters");
+    let busiest = all[0]["id"].as_str().expect("id").to_string();
+    let idle = all[all.len() - 1]["id"].as_str().expect("id").to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let drain = |id: &str, body: &str| {
+        s.post(
+            &format!("/api/clusters/{id}/state"),
+            &[("Authorization", &auth)],
+            body,
+        )
+    };
+
+    let refused = drain(&busiest, r#"{"state": "drained", "reason": "try"}"#);
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    let said = refused.error();
+    assert!(
+        said.starts_with("refused by the guard: the overflow would rise")
+            && said.contains("(guard.max_overflow_points = 1)")
+            && said.ends_with("force it with a reason"),
+        "{said}"
+    );
+    assert_eq!(s.get_ok(&format!("/api/clusters/{busiest}"))["state"], "up");
+    let e = &s.get_ok("/api/events")["events"][0];
+    assert_eq!(
+        (e["ok"].as_bool(), e["cluster"].as_str()),
+        (Some(false), Some(busiest.as_str()))
+    );
+    assert!(
+        e["error"]
+            .as_str()
+            .is_some_and(|x| x.contains("guard.max_overflow_points")),
+        "{e}"
+    );
+
+    let no_reason = drain(&busiest, r#"{"state": "drained", "force": true}"#);
+    assert_eq!(no_reason.status, 409, "{}", no_reason.body);
+    assert!(
+        no_reason
+            .error()
+            .starts_with("a forced change needs a reason"),
+        "{}",
+        no_reason.body
+    );
+    assert_eq!(s.get_ok(&format!("/api/clusters/{busiest}"))["state"], "up");
+
+    // gRPC: the same guard, FAILED_PRECONDITION naming the limit.
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    let status = rt.block_on(async {
+        let mut admin = AdminClient::connect(format!("http://{}", s.grpc))
+            .await
+            .expect("connect to gRPC");
+        let mut req = tonic::Request::new(pb::SetClusterStateRequest {
+            id: busiest.clone(),
+            state: pb::ClusterState::Down as i32,
+            reason: "grpc try".into(),
+            force: false,
+        });
+        req.metadata_mut()
+            .insert("authorization", auth.parse().expect("metadata"));
+        admin.set_cluster_state(req).await.expect_err("refused")
+    });
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("guard.max_overflow_points"),
+        "{status:?}"
+    );
+
+    let forced = drain(
+        &busiest,
+        r#"{"state": "drained", "reason": "planned maintenance", "force": true}"#,
+    );
+    assert_eq!(forced.status, 200, "{}", forced.body);
+    assert_eq!(
+        s.get_ok(&format!("/api/clusters/{busiest}"))["state"],
+        "drained"
+    );
+    let e = &s.get_ok("/api/events")["events"][0];
+    assert_eq!(e["ok"], true);
+    let reason = e["reason"].as_str().expect("reason");
+    assert!(
+        reason.starts_with("planned maintenance [forced past the guard: the overflow would rise"),
+        "{reason}"
+    );
+
+    let within = drain(&idle, r#"{"state": "drained", "reason": "idle"}"#);
+    assert_eq!(within.status, 200, "{}", within.body);
+    assert_eq!(
+        s.get_ok(&format!("/api/clusters/{idle}"))["state"],
+        "drained"
+    );
 }

@@ -717,6 +717,7 @@ async fn an_admin_drain_acknowledged_by_the_leader_survives_its_death() {
                 id: target.clone(),
                 state: pb::ClusterState::Drained as i32,
                 reason: "e2e: drained on the leader".into(),
+                force: false,
             },
             Some(TOKEN),
         )

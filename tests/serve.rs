@@ -575,6 +575,7 @@ async fn admin_needs_the_bearer_token() {
                     id: "anything".into(),
                     state: pb::ClusterState::Down as i32,
                     reason: "no token".into(),
+                    force: false,
                 },
                 Some("wrong-token-123"),
             ))
@@ -592,6 +593,7 @@ async fn admin_needs_the_bearer_token() {
                 id: "z".repeat(1_000_000),
                 state: pb::ClusterState::Down as i32,
                 reason: "a huge id".into(),
+                force: false,
             },
             Some(TOKEN),
         ))
@@ -659,6 +661,7 @@ async fn admin_needs_the_bearer_token() {
                     id: first.id.clone(),
                     state: pb::ClusterState::Unspecified as i32,
                     reason: String::new(),
+                    force: false,
                 },
                 Some(TOKEN),
             ))
@@ -1609,6 +1612,7 @@ async fn watch_drain_and_restart() {
                     id: busiest.clone(),
                     state: pb::ClusterState::Drained as i32,
                     reason: "e2e test".into(),
+                    force: false,
                 },
                 Some(TOKEN),
             ))
@@ -3162,6 +3166,7 @@ async fn bad_grpc_requests_get_exact_errors_and_the_server_serves_on() {
                 id: "nowhere-9".into(),
                 state: pb::ClusterState::Drained as i32,
                 reason: "test".into(),
+                force: false,
             },
             Some(TOKEN)
         )),
@@ -3175,6 +3180,7 @@ async fn bad_grpc_requests_get_exact_errors_and_the_server_serves_on() {
                 id: megabyte.clone(),
                 state: pb::ClusterState::Drained as i32,
                 reason: "test".into(),
+                force: false,
             },
             Some(TOKEN)
         )),

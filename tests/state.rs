@@ -302,6 +302,7 @@ async fn client_changes(
                                     id: id.clone(),
                                     state: state as i32,
                                     reason: format!("e2e {seed}/{i}"),
+                                    force: false,
                                 },
                                 Some(TOKEN),
                             ))
@@ -569,6 +570,7 @@ async fn set_and_diff(
         id: cluster.to_string(),
         state: state as i32,
         reason: "a test of map diffs".into(),
+        force: false,
     };
     ok(
         admin.set_cluster_state(authed(request, Some(TOKEN))).await,

@@ -466,7 +466,9 @@ async function previewAction(id, target, label) {
   renderMap();
 }
 
-function renderPreview(why) {
+// `why`: why the last confirmation was not applied; `guarded`: the guard refused it, so the
+// way on is to force it with a reason (or cancel).
+function renderPreview(why, guarded) {
   const p = state.preview, a = p.answer, b = a.before, f = a.after;
   const worse = f.overflow_share > b.overflow_share + 0.0005 || f.nodes_full > b.nodes_full;
   const rows = [
@@ -490,7 +492,9 @@ function renderPreview(why) {
           el("td", {}, x.from), el("td", {}, x.to), el("td", { class: "num" }, fmt(x.demand))))))
       : el("div", { class: "dim" }, "nothing would move"),
     el("div", { class: "confirm-buttons" },
-      el("button", { id: "confirm-apply", class: worse ? "danger" : "", onclick: confirmAction }, `Confirm: ${p.label} ${p.id}`),
+      guarded
+        ? el("button", { id: "confirm-force", class: "danger", title: "apply it past the guard: the reason typed above is required and logged", onclick: () => confirmAction(true) }, `Force: ${p.label} ${p.id}`)
+        : el("button", { id: "confirm-apply", class: worse ? "danger" : "", onclick: () => confirmAction(false) }, `Confirm: ${p.label} ${p.id}`),
       el("button", { id: "confirm-cancel", onclick: closePreview }, "Cancel")));
 }
 
@@ -502,7 +506,7 @@ function closePreview() {
   renderMap();
 }
 
-async function confirmAction() {
+async function confirmAction(force) {
   const p = state.preview;
   if (!p) return;
   try {
@@ -516,6 +520,7 @@ async function confirmAction() {
       body: JSON.stringify({
         state: p.target, reason: document.getElementById("reason").value || "",
         expect: { overflow_share: p.answer.after.overflow_share, moved: p.answer.moved },
+        force,
       }),
     });
     closePreview();
@@ -524,7 +529,7 @@ async function confirmAction() {
     const why = `${p.id} → ${p.target}: ${e.message}`;
     flash(why);
     await previewAction(p.id, p.target, p.label);
-    if (state.preview) renderPreview(why);
+    if (state.preview) renderPreview(why, /guard/.test(e.message));
   }
   await refresh(true);
 }

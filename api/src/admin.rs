@@ -263,7 +263,9 @@ fn change_status(e: ChangeError) -> Status {
         ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
             Status::unavailable(e.to_string())
         }
-        ChangeError::NotLeader(_) => Status::failed_precondition(e.to_string()),
+        ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
+            Status::failed_precondition(e.to_string())
+        }
     }
 }
 
@@ -423,7 +425,7 @@ impl pb::admin_server::Admin for AdminService {
             .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
         let applied = self
             .0
-            .set_cluster_state(&r.id, state, &r.reason, actor)
+            .set_cluster_state(&r.id, state, &r.reason, actor, r.force)
             .await
             .map_err(change_status)?;
         let c = applied.topology.cluster_index(&r.id).unwrap_or_default();
@@ -533,15 +535,16 @@ impl AdminService {
             })
             .collect::<Result<Vec<_>, Status>>()?;
         use crate::preview::PreviewError as E;
-        let p = crate::preview::preview_changes(&self.0, changes, max_units)
-            .await
-            .map_err(|e| match e {
-                E::Busy => Status::resource_exhausted(e.to_string()),
-                E::NoMap => Status::failed_precondition(e.to_string()),
-                E::Invalid(_) => invalid(e.to_string()),
-                E::NoCluster(..) => Status::not_found(e.to_string()),
-                E::Failed(_) => Status::internal(e.to_string()),
-            })?;
+        let p =
+            crate::preview::preview_changes(&self.0, changes, max_units, crate::preview::Turn::Now)
+                .await
+                .map_err(|e| match e {
+                    E::Busy => Status::resource_exhausted(e.to_string()),
+                    E::NoMap => Status::failed_precondition(e.to_string()),
+                    E::Invalid(_) => invalid(e.to_string()),
+                    E::NoCluster(..) => Status::not_found(e.to_string()),
+                    E::Failed(_) => Status::internal(e.to_string()),
+                })?;
         Ok(pb::PreviewResponse {
             based_on_version: p.based_on,
             diff: Some(map_diff_pb(p.based_on, 0, p.diff, max_flows)),

@@ -63,6 +63,11 @@
 //! margin = 0.1                     # 0: every round a cold solve
 //! incumbents_first = true
 //!
+//! # [guard]                        # refuse an operator's change whose preview goes past these
+//! # max_overflow_points = 2.0      # (each off when absent) unless forced with a reason
+//! # max_moved_share = 0.1
+//! # max_nodes_full_added = 0
+//!
 //! [second_chance]                  # what the stable pass leaves in overflow
 //! mode = "off"                     # or "beyond-lists": the nearest clusters with room
 //!                                  # beyond a unit's candidate list
@@ -278,6 +283,8 @@ pub struct Config {
     pub class_rules: Vec<ClassRuleConfig>,
     pub stickiness: StickinessConfig,
     pub second_chance: SecondChanceConfig,
+    /// `[guard]`: the limits past which an operator's change is refused unless forced.
+    pub guard: crate::guard::GuardConfig,
     pub selection: SelectionConfig,
     pub demo: DemoConfig,
     /// Map units from MaxMind DBs instead of the demo world (read when the store has no
@@ -851,6 +858,7 @@ impl Default for Config {
             ],
             stickiness: StickinessConfig::default(),
             second_chance: SecondChanceConfig::default(),
+            guard: crate::guard::GuardConfig::default(),
             selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
             mmdb: None,
@@ -1223,6 +1231,9 @@ impl Config {
         .validate()
         .map_err(|e| invalid("stickiness.margin", e.to_string()))?;
         self.round_chance()?;
+        if let Some((key, problem)) = self.guard.problem() {
+            return Err(invalid(key, problem));
+        }
         self.validate_selection()?;
         if let Some(h) = &self.health {
             h.validate()?;

@@ -18,6 +18,7 @@ pub mod diffs;
 pub mod feedback;
 #[cfg(test)]
 mod fuzz;
+pub mod guard;
 pub mod health;
 pub mod lead;
 pub mod listen;

@@ -75,12 +75,22 @@ pub struct Previewed {
     pub after: Figures,
 }
 
+/// When a preview may run while another does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Now or not at all ([`PreviewError::Busy`]): an operator asking.
+    Now,
+    /// After the ones before it: the guard's check of a change.
+    Queue,
+}
+
 /// The next round after `changes` (cluster id and state, in order) to `shared`'s map in
 /// service, listing at most `max_units` changed units.
 pub async fn preview_changes(
     shared: &Arc<Shared>,
     changes: Vec<(String, ClusterState)>,
     max_units: usize,
+    turn: Turn,
 ) -> Result<Previewed, PreviewError> {
     if changes.len() > MAX_CHANGES {
         return Err(PreviewError::Invalid(format!(
@@ -88,7 +98,13 @@ pub async fn preview_changes(
             changes.len()
         )));
     }
-    let _one = PREVIEWS.try_acquire().map_err(|_| PreviewError::Busy)?;
+    let _one = match turn {
+        Turn::Now => PREVIEWS.try_acquire().map_err(|_| PreviewError::Busy)?,
+        Turn::Queue => PREVIEWS
+            .acquire()
+            .await
+            .map_err(|e| PreviewError::Failed(e.to_string()))?,
+    };
     let current: Arc<Snapshot> = shared.current().ok_or(PreviewError::NoMap)?;
     let settings = shared
         .round

@@ -1454,26 +1454,70 @@ fn legacy_served(store: &Store, topology: &Topology) -> Option<Served> {
 impl Shared {
     /// Sets cluster `id`'s state through the topology writer (stored, then published: the next
     /// round maps with it) and logs the action with `actor`: the one code path of Admin
-    /// `SetClusterState` and the dashboard's actions.
+    /// `SetClusterState` and the dashboard's actions. With a `[guard]`, the change is previewed
+    /// first and refused past a limit ([`ChangeError::Guard`], logged) unless `force`d, which
+    /// needs a reason; the event of a forced change says which limit it passed.
     pub async fn set_cluster_state(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         state: ClusterState,
         reason: &str,
         actor: crate::topology::Actor,
+        force: bool,
     ) -> Result<Applied, ChangeError> {
         let (who, via) = (actor.who.clone(), actor.via);
+        let mut reason = reason.to_string();
+        if let Some(passed) = self.guard(id, state).await? {
+            if !force || reason.trim().is_empty() {
+                let why = if force {
+                    format!("a forced change needs a reason: {passed}")
+                } else {
+                    format!("refused by the guard: {passed}; force it with a reason")
+                };
+                let outcome = Err(why.clone());
+                self.activity()
+                    .log_action(&actor, id, state, &reason, outcome, now_unix_ms());
+                return Err(ChangeError::Guard(why));
+            }
+            reason = format!("{reason} [forced past the guard: {passed}]");
+        }
         let applied = self
             .topology
             .change(Change::ClusterState {
                 id: id.to_string(),
                 state,
-                reason: reason.to_string(),
+                reason: reason.clone(),
                 actor,
             })
             .await?;
         tracing::warn!(cluster = %id, before = ?applied.before, ?state, reason = %reason, who = %who, via, "cluster state set");
         Ok(applied)
+    }
+
+    /// The limits of `[guard]` that setting `id` to `state` would pass, by its preview on the
+    /// map in service (queued behind other previews); `None` without a guard, without a map
+    /// yet, or within every limit.
+    async fn guard(
+        self: &Arc<Self>,
+        id: &str,
+        state: ClusterState,
+    ) -> Result<Option<String>, ChangeError> {
+        let guard = &self.config.guard;
+        if !guard.is_on() {
+            return Ok(None);
+        }
+        let changes = vec![(id.to_string(), state)];
+        use crate::preview::{preview_changes, PreviewError, Turn};
+        match preview_changes(self, changes, 0, Turn::Queue).await {
+            Ok(p) => Ok(guard.exceeded(&p)),
+            Err(PreviewError::NoMap) => Ok(None),
+            Err(PreviewError::NoCluster(..)) => Err(ChangeError::Edit(
+                cdnmap_store::edit::EditError::NoCluster(id.to_string()),
+            )),
+            Err(e) => Err(ChangeError::Guard(format!(
+                "the guard could not preview it: {e}"
+            ))),
+        }
     }
 
     /// Carries out `change` through the topology writer (stored, then published), as Admin's

@@ -167,6 +167,9 @@ pub enum ChangeError {
     /// Replicated: the change could not be written to etcd for the replicas (nothing changed).
     #[error("the change could not be shared with the replicas: {0}")]
     Shared(String),
+    /// The guard refused it (`[guard]`, [`crate::guard`]): which limits, with the figures.
+    #[error("{0}")]
+    Guard(String),
 }
 
 /// Called by the writer after each change is published, before the caller is answered: the

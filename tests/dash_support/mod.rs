@@ -177,7 +177,7 @@ impl DashServer {
         DashServer::start_with(setup)
     }
 
-    fn start_with(mut setup: Setup) -> DashServer {
+    pub fn start_with(mut setup: Setup) -> DashServer {
         let process = setup.spawn();
         let mut server = DashServer {
             http: setup.http,

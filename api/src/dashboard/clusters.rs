@@ -320,6 +320,9 @@ pub(super) struct StateBody {
     /// it; a script may leave it out.
     #[serde(default)]
     expect: Option<super::preview::Expect>,
+    /// Past the guard (`[guard]`), with a reason.
+    #[serde(default)]
+    force: bool,
 }
 
 #[derive(Serialize)]
@@ -369,7 +372,7 @@ pub(super) async fn set_state(
     let reason = clean(&body.reason, MAX_REASON_LEN);
     let applied = app
         .shared
-        .set_cluster_state(&id, body.state, &reason, actor)
+        .set_cluster_state(&id, body.state, &reason, actor, body.force)
         .await
         .map_err(|e| match e {
             ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
@@ -377,7 +380,9 @@ pub(super) async fn set_state(
             ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
-            ChangeError::NotLeader(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
+                ApiError::new(StatusCode::CONFLICT, e.to_string())
+            }
         })?;
     Ok(Json(StateAnswer {
         cluster: id,

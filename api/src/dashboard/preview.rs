@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::authorize;
 use super::app::{ApiError, ApiResult, App};
-use crate::preview::{preview_changes, Figures, PreviewError, Previewed};
+use crate::preview::{preview_changes, Figures, PreviewError, Previewed, Turn};
 
 /// The flows a preview lists unless asked for fewer.
 const PREVIEW_FLOWS: usize = 20;
@@ -148,7 +148,7 @@ async fn previewed(
     app: &App,
     changes: Vec<(String, ClusterState)>,
 ) -> Result<PreviewAnswer, ApiError> {
-    let p = preview_changes(&app.shared, changes, 0)
+    let p = preview_changes(&app.shared, changes, 0, Turn::Now)
         .await
         .map_err(|e| match e {
             PreviewError::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
