@@ -956,3 +956,73 @@ fn the_guard_refuses_a_change_past_its_limits_unless_forced_with_a_reason() {
         "drained"
     );
 }
+
+/// The N-1 view (`[n1] every_secs = 1`): a sweep of every cluster holding demand and every
+/// site, worst first; the worst ones previewed with the rounds' own code (`exact`), their
+/// figures what `POST /api/preview` of marking them down says; the worst overflow exported in
+/// `/metrics` for alerting.
+#[test]
+fn the_n1_view_ranks_each_single_loss_and_exports_the_worst() {
+    let setup = cdnmap_tests::mapper::Setup::with_extra(
+        cdnmap_tests::bin!(),
+        true,
+        "[n1]\nevery_secs = 1\nexact_top = 2",
+    );
+    let s = DashServer::start_with(setup);
+    let deadline = std::time::Instant::now() + ROUND_TIMEOUT;
+    let n = loop {
+        let n = s.get_ok("/api/n1?limit=1000");
+        if n["ready"] == true {
+            break n;
+        }
+        assert!(std::time::Instant::now() < deadline, "no sweep: {n}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(n["complete"], true, "{n}");
+    let with_demand = s.get_ok("/api/clusters")["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .filter(|c| c["state"] == "up" && f(&c["demand"]) > 0.0)
+        .count();
+    assert_eq!(n["cluster_count"].as_u64(), Some(with_demand as u64), "{n}");
+    let rows = n["clusters"].as_array().expect("rows");
+    assert_eq!(rows.len(), with_demand);
+    let shares: Vec<f64> = rows.iter().map(|r| f(&r["overflow_share"])).collect();
+    assert!(
+        shares.windows(2).all(|w| w[0] >= w[1]),
+        "worst first: {shares:?}"
+    );
+    assert!(
+        shares.iter().all(|&x| x >= f(&n["overflow_share"]) - 1e-9),
+        "{n}"
+    );
+    let exact: Vec<&Value> = rows.iter().filter(|r| r["exact"] == true).collect();
+    assert_eq!(exact.len(), 2, "{n}");
+    // The exact figures are the preview's (the same code; the map may have moved a round).
+    let auth = format!("Bearer {TOKEN}");
+    let worst = exact[0];
+    let name = worst["name"].as_str().expect("name");
+    let p = s.post(
+        "/api/preview",
+        &[("Authorization", &auth)],
+        &format!(r#"{{"changes": [{{"cluster": "{name}", "state": "down"}}]}}"#),
+    );
+    assert_eq!(p.status, 200, "{}", p.body);
+    let after = f(&p.json()["after"]["overflow_share"]);
+    assert!(
+        (after - f(&worst["overflow_share"])).abs() < 0.005,
+        "{name}: preview {after}, N-1 {worst}"
+    );
+    let metrics = s.get("/metrics").body;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("cdnmap_n1_worst_overflow_ratio "))
+        .unwrap_or_else(|| panic!("no cdnmap_n1_worst_overflow_ratio:\n{metrics}"));
+    let exported: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|x| x.parse().ok())
+        .expect("a number");
+    assert!(exported >= shares[0] - 1e-9, "{line} vs {shares:?}");
+}

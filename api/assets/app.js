@@ -655,6 +655,30 @@ function renderEvents(events) {
 
 // --- the loop -------------------------------------------------------------------------------
 
+// The N-1 view: the single losses (a cluster, a site) that would hurt most, worst first, with
+// what each would do; "exact" where the rounds' own code previewed it, "estimate" otherwise.
+function renderN1(n) {
+  const box = document.getElementById("n1");
+  const note = document.getElementById("n1-note");
+  if (!n.ready) {
+    note.textContent = "the first sweep comes a minute after the start";
+    box.replaceChildren();
+    return;
+  }
+  note.textContent = `map v${n.version} · ${n.cluster_count} clusters, ${n.site_count} sites in ${fmt(n.sweep_ms + n.exact_ms, 0)} ms` +
+    (n.complete ? "" : " · incomplete (past its time budget)") + ` · overflow now ${pct(n.overflow_share)}`;
+  const table = (title, rows) => el("table", { class: "n1-table" },
+    el("thead", {}, el("tr", {}, el("th", {}, title), el("th", { class: "num" }, "demand there"), el("th", { class: "num" }, "overflow after"),
+      el("th", { class: "num" }, "nodes pushed full"), el("th", { class: "num" }, "RTT shift"), el("th", {}, ""))),
+    el("tbody", {}, rows.map((r) => el("tr", { "data-name": r.name, "data-overflow": r.overflow_share },
+      el("td", {}, r.name), el("td", { class: "num" }, fmt(r.demand)),
+      el("td", { class: "num" + (r.overflow_share > n.overflow_share + 0.01 ? " worse" : "") }, pct(r.overflow_share)),
+      el("td", { class: "num" + (r.nodes_full_added > 0 ? " worse" : "") }, String(r.nodes_full_added)),
+      el("td", { class: "num" }, `${r.rtt_shift_ms >= 0 ? "+" : ""}${fmt(r.rtt_shift_ms, 2)} ms`),
+      el("td", { class: "dim", title: r.exact ? "previewed with the rounds' own code" : "estimated: the room the map leaves, no evictions" }, r.exact ? "exact" : "estimate")))));
+  box.replaceChildren(table("cluster lost", n.clusters), n.sites.length ? table("site lost", n.sites) : "");
+}
+
 async function refresh(force) {
   if (state.busy && !force) return;
   state.busy = true;
@@ -665,7 +689,7 @@ async function refresh(force) {
     if (!s.map_version) return; // no map yet: the banner says so
     const newest = ev.events.length ? ev.events[0].seq : 0;
     if (force || s.map_version !== state.version || newest !== state.lastEventSeq) {
-      const [cl, m, h, est] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator")]);
+      const [cl, m, h, est, n1] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator"), api("/api/n1?limit=10")]);
       state.clusters = cl.clusters;
       state.map = m;
       state.history = h.rounds;
@@ -677,6 +701,7 @@ async function refresh(force) {
       renderTable();
       renderCharts();
       renderEstimator(est);
+      renderN1(n1);
       document.body.dataset.version = String(cl.map_version);
       document.body.dataset.mapVersion = String(m.map_version);
       document.body.dataset.ready = "1";

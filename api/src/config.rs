@@ -63,6 +63,11 @@
 //! margin = 0.1                     # 0: every round a cold solve
 //! incumbents_first = true
 //!
+//! [n1]                             # the N-1 view: what each cluster's or site's loss would do
+//! every_secs = 60                  # a sweep this often (0: never), at a low CPU priority
+//! budget_secs = 120                # a sweep stops (incomplete) past this
+//! exact_top = 3                    # the worst clusters and sites then previewed exactly
+//!
 //! # [guard]                        # refuse an operator's change whose preview goes past these
 //! # max_overflow_points = 2.0      # (each off when absent) unless forced with a reason
 //! # max_moved_share = 0.1
@@ -285,6 +290,8 @@ pub struct Config {
     pub second_chance: SecondChanceConfig,
     /// `[guard]`: the limits past which an operator's change is refused unless forced.
     pub guard: crate::guard::GuardConfig,
+    /// `[n1]`: the N-1 view's sweeps.
+    pub n1: crate::n1::N1Config,
     pub selection: SelectionConfig,
     pub demo: DemoConfig,
     /// Map units from MaxMind DBs instead of the demo world (read when the store has no
@@ -859,6 +866,7 @@ impl Default for Config {
             stickiness: StickinessConfig::default(),
             second_chance: SecondChanceConfig::default(),
             guard: crate::guard::GuardConfig::default(),
+            n1: crate::n1::N1Config::default(),
             selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
             mmdb: None,
@@ -1233,6 +1241,22 @@ impl Config {
         self.round_chance()?;
         if let Some((key, problem)) = self.guard.problem() {
             return Err(invalid(key, problem));
+        }
+        if self.n1.exact_top > crate::n1::MAX_EXACT_TOP {
+            return Err(invalid(
+                "n1.exact_top",
+                format!(
+                    "{} is more than {}",
+                    self.n1.exact_top,
+                    crate::n1::MAX_EXACT_TOP
+                ),
+            ));
+        }
+        if self.n1.every_secs > 0 && self.n1.budget_secs == 0 {
+            return Err(invalid(
+                "n1.budget_secs",
+                "must be at least 1 while sweeps run",
+            ));
         }
         self.validate_selection()?;
         if let Some(h) = &self.health {

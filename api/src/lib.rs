@@ -24,6 +24,7 @@ pub mod lead;
 pub mod listen;
 pub mod mapping;
 pub mod memory;
+pub mod n1;
 pub mod parse_error;
 pub mod preview;
 mod probes;

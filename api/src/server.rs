@@ -227,6 +227,14 @@ fn describe_probe_metrics() {
         "cdnmap_rtt_pairs",
         "(map unit, cluster) pairs the RTT table holds."
     );
+    describe_gauge!(
+        "cdnmap_n1_worst_overflow_ratio",
+        "The N-1 view: the share of the demand in overflow after the worst single loss of a cluster or site (the last sweep's; the map's own overflow share when none is worse)."
+    );
+    describe_gauge!(
+        "cdnmap_n1_sweep_seconds",
+        "How long the last N-1 sweep took, its exact previews of the worst included."
+    );
 }
 
 /// The rounds', the maps' and the election's metrics.
@@ -445,6 +453,7 @@ pub async fn serve(
         shared.run_round().await; // the first map before the first query
     }
     let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
+    tokio::spawn(crate::n1::run(Arc::clone(&shared)));
     // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
     // tests find them without racing for free ports.
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");

@@ -91,6 +91,8 @@ pub struct Shared {
     pub(crate) round: RoundState,
     /// What the reports bring in.
     pub(crate) intake: Intake,
+    /// The last N-1 sweep ([`crate::n1`]).
+    pub(crate) n1: ArcSwapOption<crate::n1::N1View>,
 }
 
 /// The published read side: written by the round loop only (each published round: its history
@@ -376,6 +378,7 @@ impl Shared {
             read,
             round: RoundState::new(),
             intake: Intake::new(&config, now_unix_ms()),
+            n1: ArcSwapOption::empty(),
             config,
         });
         // Nothing has changed the topology yet: no one can reach Admin before this returns.
@@ -1561,7 +1564,7 @@ impl Shared {
 /// thread of the default priority that wants it), for work that must not slow serving. On
 /// Linux the nice value is a thread's own (setpriority(2) with a thread id); elsewhere this
 /// does nothing. A failure (a sandbox that forbids it) is logged, and the work goes on.
-fn lower_thread_priority() {
+pub(crate) fn lower_thread_priority() {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: gettid, getpriority and setpriority take no pointers and have no

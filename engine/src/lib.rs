@@ -17,4 +17,5 @@
 pub mod budget;
 pub mod driver;
 pub mod figures;
+pub mod n1;
 pub mod round;

@@ -57,6 +57,7 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
         .route("/estimator", get(estimator))
         .route("/diff", get(super::diff::diff))
         .route("/preview", post(super::preview::preview))
+        .route("/n1", get(super::n1::n1))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(
@@ -296,11 +297,15 @@ pub fn banner(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LimitQuery {
-    limit: Option<usize>,
+pub(super) struct LimitQuery {
+    pub(super) limit: Option<usize>,
 }
 
-fn limit_of(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+pub(super) fn limit_of(
+    limit: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
     match limit {
         None => Ok(default),
         Some(0) => Err(ApiError::bad("limit: must be at least 1")),

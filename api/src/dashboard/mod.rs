@@ -16,6 +16,7 @@ mod app;
 mod clusters;
 mod diff;
 pub mod http;
+mod n1;
 mod preview;
 
 pub(crate) use app::authorize;

@@ -1,0 +1,147 @@
+//! The N-1 view, kept current beside the rounds (issue 45): every `[n1] every_secs` a sweep
+//! ([`cdnmap_engine::n1::sweep`]) estimates what the loss of each cluster and each site would
+//! do to the map in service, on a blocking thread at a low CPU priority and within
+//! `budget_secs`; then the worst `exact_top` clusters and sites are previewed with the rounds'
+//! own code ([`crate::preview`], queued behind operators' previews) and those figures replace
+//! the estimates. The dashboard shows the result (`GET /api/n1`) and `/metrics` exports the
+//! worst overflow for alerting (`cdnmap_n1_worst_overflow_ratio`).
+//!
+//! It never makes a round late: it reads the published snapshot (an `Arc`), holds no lock the
+//! rounds take, runs at nice 10, and one sweep runs at a time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cdnmap_engine::n1::{rank, sweep, Loss, Sweep};
+use cdnmap_mapper::ClusterState;
+use serde::Deserialize;
+
+use crate::preview::{preview_changes, Turn};
+use crate::service::Shared;
+
+/// `[n1]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct N1Config {
+    /// How often a sweep starts (0: never).
+    pub every_secs: u64,
+    /// How long one sweep may take; a sweep past it stops and says it is incomplete.
+    pub budget_secs: u64,
+    /// The worst clusters and sites (each) previewed exactly after the sweep.
+    pub exact_top: usize,
+}
+
+impl Default for N1Config {
+    fn default() -> Self {
+        N1Config {
+            every_secs: 60,
+            budget_secs: 120,
+            exact_top: 3,
+        }
+    }
+}
+
+/// The most clusters or sites previewed exactly after a sweep.
+pub const MAX_EXACT_TOP: usize = 50;
+
+/// The last sweep.
+#[derive(Debug, Clone)]
+pub struct N1View {
+    /// The map version it was made from.
+    pub version: u64,
+    pub at_unix_ms: i64,
+    /// The sweep's time, and the exact previews' after it.
+    pub sweep_ms: f64,
+    pub exact_ms: f64,
+    pub sweep: Sweep,
+}
+
+/// Runs sweeps until the service stops.
+pub async fn run(shared: Arc<Shared>) {
+    let cfg = shared.config.n1.clone();
+    if cfg.every_secs == 0 {
+        return;
+    }
+    let mut stopping = shared.stopping.subscribe();
+    let mut done_for = 0u64;
+    loop {
+        let wait = tokio::time::sleep(Duration::from_secs(cfg.every_secs));
+        tokio::select! {
+            _ = wait => {}
+            _ = stopping.changed() => return,
+        }
+        let Some(current) = shared.current() else {
+            continue;
+        };
+        if current.version == done_for {
+            continue; // no new map since the last sweep
+        }
+        done_for = current.version;
+        let budget = Duration::from_secs(cfg.budget_secs);
+        let t = Instant::now();
+        let swept = tokio::task::spawn_blocking(move || {
+            crate::service::lower_thread_priority();
+            let deadline = Instant::now() + budget;
+            sweep(&current.topology, &current.map, &mut || {
+                Instant::now() < deadline
+            })
+        })
+        .await;
+        let Ok(mut found) = swept else {
+            tracing::error!("the N-1 sweep panicked");
+            continue;
+        };
+        let sweep_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        refine(&shared, &mut found.clusters, cfg.exact_top).await;
+        refine(&shared, &mut found.sites, cfg.exact_top).await;
+        let exact_ms = t.elapsed().as_secs_f64() * 1e3;
+        let worst = found
+            .clusters
+            .iter()
+            .chain(&found.sites)
+            .map(|l| l.overflow_share)
+            .fold(found.overflow_share, f64::max);
+        metrics::gauge!("cdnmap_n1_worst_overflow_ratio").set(worst);
+        metrics::gauge!("cdnmap_n1_sweep_seconds").set((sweep_ms + exact_ms) / 1e3);
+        tracing::debug!(
+            version = done_for,
+            sweep_ms,
+            exact_ms,
+            worst,
+            complete = found.complete,
+            "N-1 sweep"
+        );
+        shared.n1.store(Some(Arc::new(N1View {
+            version: done_for,
+            at_unix_ms: crate::clock::now_unix_ms(),
+            sweep_ms,
+            exact_ms,
+            sweep: found,
+        })));
+    }
+}
+
+/// The worst `top` of `losses` (ranked) previewed exactly, their figures replacing the
+/// estimates, and ranked again. A preview that fails leaves the estimate.
+async fn refine(shared: &Arc<Shared>, losses: &mut [Loss], top: usize) {
+    let top = top.min(MAX_EXACT_TOP).min(losses.len());
+    for loss in &mut losses[..top] {
+        let changes = loss
+            .name
+            .split('+')
+            .map(|id| (id.to_string(), ClusterState::Down))
+            .collect();
+        match preview_changes(shared, changes, 0, Turn::Queue).await {
+            Ok(p) => {
+                loss.overflow = p.after.overflow;
+                loss.overflow_share = p.after.overflow_share;
+                loss.nodes_full_added = p.after.nodes_full.saturating_sub(p.before.nodes_full);
+                loss.rtt_shift_ms = p.after.mean_rtt_ms - p.before.mean_rtt_ms;
+                loss.exact = true;
+            }
+            Err(e) => tracing::debug!(loss = %loss.name, error = %e, "N-1: no exact preview"),
+        }
+    }
+    rank(losses);
+}
