@@ -360,8 +360,7 @@ pub(super) async fn set_state(
     })?;
     let body: StateBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad(format!(
-            "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\", \
-             \"expect\": {{\"overflow_share\": ..., \"moved\": ...}}}})"
+            "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"
         ))
     })?;
     if let Some(seen) = &body.expect {
