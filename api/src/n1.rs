@@ -7,8 +7,10 @@
 //! worst overflow for alerting (`cdnmap_n1_worst_overflow_ratio`).
 //!
 //! It never makes a round late: it reads the published snapshot (an `Arc`), holds no lock the
-//! rounds take, runs at nice 10, and one sweep runs at a time.
+//! rounds take, runs at nice 10, one sweep at a time, and steps aside while a round solves
+//! ([`Gate`]): a round waits at most for the one loss being estimated when it starts.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,6 +58,38 @@ pub struct N1View {
     pub sweep: Sweep,
 }
 
+/// A sweep's `go_on`: it steps aside while `busy` (a round solving), and stops once its own
+/// time (the time it stepped aside not counted) passes `budget`.
+pub struct Gate<'a> {
+    busy: &'a AtomicBool,
+    budget: Duration,
+    used: Duration,
+    since: Instant,
+}
+
+impl<'a> Gate<'a> {
+    pub fn new(busy: &'a AtomicBool, budget: Duration) -> Gate<'a> {
+        Gate {
+            busy,
+            budget,
+            used: Duration::ZERO,
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether the sweep goes on (after waiting out a round).
+    pub fn go_on(&mut self) -> bool {
+        if self.busy.load(Ordering::Relaxed) {
+            self.used += self.since.elapsed();
+            while self.busy.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            self.since = Instant::now();
+        }
+        self.used + self.since.elapsed() < self.budget
+    }
+}
+
 /// Runs sweeps until the service stops.
 pub async fn run(shared: Arc<Shared>) {
     let cfg = shared.config.n1.clone();
@@ -79,12 +113,11 @@ pub async fn run(shared: Arc<Shared>) {
         done_for = current.version;
         let budget = Duration::from_secs(cfg.budget_secs);
         let t = Instant::now();
+        let me = Arc::clone(&shared);
         let swept = tokio::task::spawn_blocking(move || {
             crate::service::lower_thread_priority();
-            let deadline = Instant::now() + budget;
-            sweep(&current.topology, &current.map, &mut || {
-                Instant::now() < deadline
-            })
+            let mut gate = Gate::new(&me.round.solving, budget);
+            sweep(&current.topology, &current.map, &mut || gate.go_on())
         })
         .await;
         let Ok(mut found) = swept else {
@@ -128,9 +161,9 @@ async fn refine(shared: &Arc<Shared>, losses: &mut [Loss], top: usize) {
     let top = top.min(MAX_EXACT_TOP).min(losses.len());
     for loss in &mut losses[..top] {
         let changes = loss
-            .name
-            .split('+')
-            .map(|id| (id.to_string(), ClusterState::Down))
+            .ids
+            .iter()
+            .map(|id| (id.clone(), ClusterState::Down))
             .collect();
         match preview_changes(shared, changes, 0, Turn::Queue).await {
             Ok(p) => {

@@ -137,6 +137,8 @@ pub struct RoundState {
     pub(crate) estimator_ready: tokio::sync::watch::Sender<bool>,
     /// The estimator's last stored checkpoint, and whether one is being written.
     pub(crate) checkpoint: Mutex<Checkpointed>,
+    /// True while a round solves: the N-1 sweep steps aside meanwhile ([`crate::n1::Gate`]).
+    pub(crate) solving: std::sync::atomic::AtomicBool,
 }
 
 /// The feedback intake: what the Feedback handlers add between two rounds (demand and loads
@@ -201,6 +203,7 @@ impl RoundState {
             driver: Mutex::new(None),
             estimator_ready: tokio::sync::watch::channel(false).0,
             checkpoint: Mutex::new(Checkpointed::default()),
+            solving: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -824,9 +827,12 @@ impl Shared {
         };
         let started = Instant::now();
         let me = Arc::clone(self);
+        let solving = &self.round.solving;
+        solving.store(true, std::sync::atomic::Ordering::Relaxed);
         let result = tokio::task::spawn_blocking(move || me.solve_round(now, epoch, observe))
             .await
             .unwrap_or_else(|e| Err(LoopError::Task(e.to_string())));
+        solving.store(false, std::sync::atomic::Ordering::Relaxed);
         let solve_ms = started.elapsed().as_secs_f64() * 1e3;
         let mut status = self.timed_status(now, solve_ms);
         match result {
@@ -1564,7 +1570,7 @@ impl Shared {
 /// thread of the default priority that wants it), for work that must not slow serving. On
 /// Linux the nice value is a thread's own (setpriority(2) with a thread id); elsewhere this
 /// does nothing. A failure (a sandbox that forbids it) is logged, and the work goes on.
-pub(crate) fn lower_thread_priority() {
+pub fn lower_thread_priority() {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: gettid, getpriority and setpriority take no pointers and have no

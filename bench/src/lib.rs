@@ -15,6 +15,7 @@ pub mod follow;
 pub mod grpc;
 pub mod knot;
 pub mod loads;
+pub mod n1;
 pub mod overflow;
 pub mod preview;
 pub mod procs;

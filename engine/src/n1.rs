@@ -29,9 +29,12 @@ const FULL: f64 = 0.999;
 /// What one loss would do (an estimate, or exact when `exact`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Loss {
-    /// The cluster's id, or the site's: its clusters' ids joined by "+".
+    /// The cluster's id, or the site's: its first cluster's id and how many ("sha-1 and 31
+    /// more at its site").
     pub name: String,
+    /// The clusters lost, by index and by id.
     pub clusters: Vec<ClusterIdx>,
+    pub ids: Vec<String>,
     /// The demand the map places there now.
     pub demand: f64,
     /// The map's overflow after the loss, and its share of the demand.
@@ -240,12 +243,17 @@ impl Room {
             .count() as u64;
         let overflow = map.total_overflow() + overflow;
         let demand = inst.total_demand();
+        let ids: Vec<String> = group
+            .iter()
+            .map(|&c| clusters[c as usize].id.clone())
+            .collect();
         Loss {
-            name: group
-                .iter()
-                .map(|&c| clusters[c as usize].id.as_str())
-                .collect::<Vec<_>>()
-                .join("+"),
+            name: match ids.as_slice() {
+                [one] => one.clone(),
+                [first, rest @ ..] => format!("{first} and {} more at its site", rest.len()),
+                [] => String::new(),
+            },
+            ids,
             clusters: group.to_vec(),
             demand: lost,
             overflow,
@@ -303,7 +311,8 @@ mod tests {
         assert!((a.rtt_shift_ms - 6.0 * 20.0 / 14.0).abs() < 1e-9, "{a:?}");
         let b = by("b").expect("b");
         assert_eq!((b.demand, b.overflow, b.nodes_full_added), (6.0, 4.0, 1));
-        let site = by("a+b").expect("the site");
+        let site = by("a and 1 more at its site").expect("the site");
+        assert_eq!(site.ids, ["a", "b"]);
         assert_eq!((site.demand, site.overflow), (14.0, 8.0));
         assert_eq!(s.clusters[0].name, "b", "worst first");
         assert!(by("c").is_none(), "c holds no demand");

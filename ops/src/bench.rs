@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cdnmap_bench::{dns, edits, follow, loads, overflow, preview, round, serve, soak, solve};
+use cdnmap_bench::{dns, edits, follow, loads, n1, overflow, preview, round, serve, soak, solve};
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
@@ -53,6 +53,10 @@ pub enum BenchCommand {
     /// then previews of draining its busiest cluster, each part timed (the rounds' solve, the
     /// diff, the figures): medians, the ratio to the warm round's time, peak memory.
     Preview(preview::PreviewBenchArgs),
+    /// The N-1 view's work: the sweep over every cluster and site of a world's map in service
+    /// (median, peak memory), the worst losses estimated against the rounds' own preview, and
+    /// warm rounds alone against beside sweeps at nice 10.
+    N1(n1::N1BenchArgs),
 }
 
 /// Runs one benchmark.
@@ -62,6 +66,7 @@ pub fn run(c: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Resolve(a) => solve::resolve(&a),
         BenchCommand::Round(a) => round::round(&a),
         BenchCommand::Preview(a) => preview::preview(&a),
+        BenchCommand::N1(a) => n1::n1(&a),
         BenchCommand::ServerLoads(a) => loads::server_loads(&a),
         BenchCommand::Dns(a) => dns::dns(&a),
         BenchCommand::Overflow(a) => overflow::overflow(&a),
