@@ -704,6 +704,7 @@ async fn a_previewed_drain_moves_what_the_preview_said() {
         changes: vec![change(&drained)],
         max_flows: 0,
         max_units: 5,
+        edits: Vec::new(),
     };
     let p = ok(admin.preview(authed(request, Some(TOKEN))).await, "Preview");
     let predicted = p.diff.clone().expect("the diff");
@@ -765,5 +766,82 @@ async fn a_previewed_drain_moves_what_the_preview_said() {
             .contains("changes[0]: no cluster \"no-such-cluster\""),
         "{e:?}"
     );
+    server.terminate().await;
+}
+
+/// `Admin.Preview` of other changes (issue 45, "any set of Admin changes"): a cluster's
+/// capacity halved (an upsert, as `UpsertCluster` would make it) moves demand off it without
+/// changing the topology in service; a map unit deleted shows as removed; an edit that does not
+/// apply is INVALID_ARGUMENT naming its position among all the changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn previews_take_any_topology_edit() {
+    let mut setup = Setup::new(bin!(), true);
+    let server = setup.start().await;
+    round_after(&server, 0).await;
+    let units = all_units(&server).await;
+    let busy = resolves(&server, &units[0]).await.cluster_ids[0].clone();
+    let mut admin = server.admin();
+    let get = pb::GetClusterRequest { id: busy.clone() };
+    let cluster = ok(
+        admin.get_cluster(authed(get.clone(), Some(TOKEN))).await,
+        "GetCluster",
+    );
+    fn halve(n: &mut pb::ResourceNode) {
+        n.capacity *= 0.5;
+        n.children.iter_mut().for_each(halve);
+    }
+    let mut halved = cluster.clone();
+    halved
+        .resources
+        .as_mut()
+        .map(halve)
+        .expect("a resource tree");
+    let edit = |e: pb::preview_edit::Edit| pb::PreviewEdit { edit: Some(e) };
+    let request = pb::PreviewRequest {
+        edits: vec![edit(pb::preview_edit::Edit::UpsertCluster(halved))],
+        max_units: 5,
+        ..Default::default()
+    };
+    let p = ok(admin.preview(authed(request, Some(TOKEN))).await, "Preview");
+    let d = p.diff.clone().expect("the diff");
+    let out: f64 = d
+        .flows
+        .iter()
+        .filter(|f| f.from_cluster == busy)
+        .map(|f| f.demand)
+        .sum();
+    assert!(out > 0.0 && d.moved >= out, "{d:?}");
+    assert!(p.overflow_after >= p.overflow_before, "{p:?}");
+    let now = ok(
+        admin.get_cluster(authed(get, Some(TOKEN))).await,
+        "GetCluster",
+    );
+    assert_eq!(now, cluster, "a preview changes nothing");
+
+    let request = pb::PreviewRequest {
+        edits: vec![edit(pb::preview_edit::Edit::DeleteMapUnit(
+            units[0].id.clone(),
+        ))],
+        ..Default::default()
+    };
+    let p = ok(admin.preview(authed(request, Some(TOKEN))).await, "Preview");
+    assert_eq!(p.diff.expect("the diff").units_removed, 1);
+
+    let mut stray = units[0].clone();
+    stray.traffic_class = "no-such-class".into();
+    let request = pb::PreviewRequest {
+        changes: vec![pb::ClusterStateChange {
+            id: busy.clone(),
+            state: pb::ClusterState::Drained as i32,
+        }],
+        edits: vec![edit(pb::preview_edit::Edit::UpsertMapUnit(stray))],
+        ..Default::default()
+    };
+    let e = admin
+        .preview(authed(request, Some(TOKEN)))
+        .await
+        .expect_err("an edit that does not apply");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("changes[1]: "), "{e:?}");
     server.terminate().await;
 }

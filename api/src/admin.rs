@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cdnmap_mapper::model::shown_id;
 use cdnmap_mapper::{ClusterState, Instance, UnitIdx};
 use cdnmap_proto::v1 as pb;
-use cdnmap_store::edit::{Applied, EditError};
+use cdnmap_store::edit::{Applied, Edit, EditError};
 use cdnmap_topology::format::{CandidateFile, ClusterFile, MapUnitFile, NestedNode, ResourcesFile};
 use cdnmap_topology::Topology;
 use tonic::{Request, Response, Status};
@@ -519,13 +519,21 @@ impl AdminService {
             rows(r.max_flows, "max_flows")?,
             rows(r.max_units, "max_units")?,
         );
-        let changes = r
+        let states = r.changes.len();
+        if states + r.edits.len() > crate::preview::MAX_CHANGES {
+            return Err(invalid(format!(
+                "changes and edits: {}; at most {}",
+                states + r.edits.len(),
+                crate::preview::MAX_CHANGES
+            )));
+        }
+        let mut changes = r
             .changes
             .into_iter()
             .enumerate()
             .map(|(i, c)| {
                 cdnmap_serve::watch::state_from_pb(c.state)
-                    .map(|state| (c.id, state))
+                    .map(|state| Edit::ClusterState { id: c.id, state })
                     .ok_or_else(|| {
                         invalid(format!(
                             "changes[{i}].state: {} is not UP, DRAINED or DOWN",
@@ -534,9 +542,23 @@ impl AdminService {
                     })
             })
             .collect::<Result<Vec<_>, Status>>()?;
+        for (i, e) in r.edits.into_iter().enumerate() {
+            let at = |s: Status| invalid(format!("edits[{i}]: {}", s.message()));
+            changes.push(match e.edit {
+                Some(pb::preview_edit::Edit::UpsertCluster(c)) => Edit::UpsertCluster {
+                    cluster: cluster_from_pb(c).map_err(at)?,
+                },
+                Some(pb::preview_edit::Edit::DeleteCluster(id)) => Edit::DeleteCluster { id },
+                Some(pb::preview_edit::Edit::UpsertMapUnit(u)) => Edit::UpsertMapUnit {
+                    unit: unit_from_pb(u).map_err(at)?,
+                },
+                Some(pb::preview_edit::Edit::DeleteMapUnit(id)) => Edit::DeleteMapUnit { id },
+                None => return Err(invalid(format!("edits[{i}]: no edit"))),
+            });
+        }
         use crate::preview::PreviewError as E;
         let p =
-            crate::preview::preview_changes(&self.0, changes, max_units, crate::preview::Turn::Now)
+            crate::preview::preview_edits(&self.0, changes, max_units, crate::preview::Turn::Now)
                 .await
                 .map_err(|e| match e {
                     E::Busy => Status::resource_exhausted(e.to_string()),

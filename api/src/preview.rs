@@ -1,4 +1,5 @@
-//! `Admin.Preview`: what the next round would publish after an operator's changes, computed by
+//! `Admin.Preview`: what the next round would publish after an operator's changes (any topology
+//! edit: cluster states, clusters and map units upserted or deleted), computed by
 //! the rounds' own code (`cdnmap_engine::round::preview`) from the map in service and the
 //! forecast it was solved with; nothing is published or stored. One preview at a time (each
 //! is a solve), off the async threads; the round loop's driver is locked only to read how it
@@ -9,6 +10,8 @@ use std::sync::Arc;
 use cdnmap_engine::round::{preview, Snapshot};
 use cdnmap_mapper::diff::MapDiff;
 use cdnmap_mapper::{ClusterState, Instance, Map};
+use cdnmap_store::edit::{apply, Edit, EditError};
+use cdnmap_topology::Topology;
 
 use crate::service::Shared;
 
@@ -75,6 +78,20 @@ pub struct Previewed {
     pub after: Figures,
 }
 
+/// `topology` with `edits` applied in order; an edit that does not apply is named by its
+/// position.
+fn edited(topology: &Topology, edits: &[Edit]) -> Result<Topology, PreviewError> {
+    let mut t = Arc::new(topology.clone());
+    for (i, e) in edits.iter().enumerate() {
+        t = match apply(&t, e) {
+            Ok(a) => a.topology,
+            Err(EditError::NoCluster(id)) => return Err(PreviewError::NoCluster(i, id)),
+            Err(e) => return Err(PreviewError::Invalid(format!("changes[{i}]: {e}"))),
+        };
+    }
+    Ok(Arc::unwrap_or_clone(t))
+}
+
 /// When a preview may run while another does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turn {
@@ -92,10 +109,27 @@ pub async fn preview_changes(
     max_units: usize,
     turn: Turn,
 ) -> Result<Previewed, PreviewError> {
-    if changes.len() > MAX_CHANGES {
+    let edits = changes
+        .into_iter()
+        .map(|(id, state)| Edit::ClusterState { id, state })
+        .collect();
+    preview_edits(shared, edits, max_units, turn).await
+}
+
+/// The next round after `edits` (any topology edit: states, clusters and map units upserted
+/// or deleted, in order) to `shared`'s map in service, each applied by the one function that
+/// changes a topology ([`cdnmap_store::edit::apply`], as the topology writer applies it),
+/// listing at most `max_units` changed units.
+pub async fn preview_edits(
+    shared: &Arc<Shared>,
+    edits: Vec<Edit>,
+    max_units: usize,
+    turn: Turn,
+) -> Result<Previewed, PreviewError> {
+    if edits.len() > MAX_CHANGES {
         return Err(PreviewError::Invalid(format!(
             "changes: {}; at most {MAX_CHANGES}",
-            changes.len()
+            edits.len()
         )));
     }
     let _one = match turn {
@@ -114,15 +148,9 @@ pub async fn preview_changes(
         .as_ref()
         .map(|d| d.settings())
         .ok_or_else(|| PreviewError::Failed("the round driver is not running".into()))?;
-    let mut topology = current.topology.clone();
-    for (i, (id, state)) in changes.iter().enumerate() {
-        let c = topology
-            .cluster_index(id)
-            .ok_or_else(|| PreviewError::NoCluster(i, id.clone()))?;
-        topology = topology.with_cluster_state(c, *state);
-    }
     let now = crate::clock::now_unix_ms();
     tokio::task::spawn_blocking(move || {
+        let topology = edited(&current.topology, &edits)?;
         let solved = preview(&topology, &current, (&settings.0, &settings.1), now)
             .map_err(|e| PreviewError::Failed(e.to_string()))?;
         let diff = cdnmap_mapper::diff::diff(
