@@ -423,11 +423,10 @@ impl pb::admin_server::Admin for AdminService {
         let r = request.into_inner();
         let state = cdnmap_serve::watch::state_from_pb(r.state)
             .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
-        let applied = self
-            .0
-            .set_cluster_state(&r.id, state, &r.reason, actor, r.force)
-            .await
-            .map_err(change_status)?;
+        let applied =
+            crate::guard::set_cluster_state(&self.0, &r.id, state, &r.reason, actor, r.force)
+                .await
+                .map_err(change_status)?;
         let c = applied.topology.cluster_index(&r.id).unwrap_or_default();
         Ok(with_warnings(
             cluster_pb(&applied.topology, c as usize),

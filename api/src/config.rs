@@ -289,9 +289,9 @@ pub struct Config {
     pub stickiness: StickinessConfig,
     pub second_chance: SecondChanceConfig,
     /// `[guard]`: the limits past which an operator's change is refused unless forced.
-    pub guard: crate::guard::GuardConfig,
+    pub guard: GuardConfig,
     /// `[n1]`: the N-1 view's sweeps.
-    pub n1: crate::n1::N1Config,
+    pub n1: N1Config,
     pub selection: SelectionConfig,
     pub demo: DemoConfig,
     /// Map units from MaxMind DBs instead of the demo world (read when the store has no
@@ -787,6 +787,70 @@ impl Default for SecondChanceConfig {
     }
 }
 
+/// `[guard]`: each limit off when absent.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardConfig {
+    /// The most the overflow share may rise, in points of the demand (1.0: from 1.2% to 2.2%).
+    pub max_overflow_points: Option<f64>,
+    /// The largest share of the demand one change may move (0.1: a tenth).
+    pub max_moved_share: Option<f64>,
+    /// The most resource nodes a change may newly fill (to 99.9% of their capacity or more).
+    pub max_nodes_full_added: Option<u64>,
+}
+
+impl GuardConfig {
+    /// Whether any limit is set.
+    pub fn is_on(&self) -> bool {
+        self.max_overflow_points.is_some()
+            || self.max_moved_share.is_some()
+            || self.max_nodes_full_added.is_some()
+    }
+
+    /// A limit out of its range, named (`[guard]`'s keys); `None` when all are fine.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if let Some(p) = self.max_overflow_points {
+            if !(p.is_finite() && (0.0..=100.0).contains(&p)) {
+                return Some((
+                    "guard.max_overflow_points",
+                    format!("{p} is outside 0..=100"),
+                ));
+            }
+        }
+        if let Some(s) = self.max_moved_share {
+            if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
+                return Some(("guard.max_moved_share", format!("{s} is outside 0..=1")));
+            }
+        }
+        None
+    }
+}
+
+/// `[n1]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct N1Config {
+    /// How often a sweep starts (0: never).
+    pub every_secs: u64,
+    /// How long one sweep may take; a sweep past it stops and says it is incomplete.
+    pub budget_secs: u64,
+    /// The worst clusters and sites (each) previewed exactly after the sweep.
+    pub exact_top: usize,
+}
+
+impl Default for N1Config {
+    fn default() -> Self {
+        N1Config {
+            every_secs: 60,
+            budget_secs: 120,
+            exact_top: 3,
+        }
+    }
+}
+
+/// The most clusters or sites previewed exactly after a sweep.
+pub const MAX_N1_EXACT_TOP: usize = 50;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DemoConfig {
@@ -865,8 +929,8 @@ impl Default for Config {
             ],
             stickiness: StickinessConfig::default(),
             second_chance: SecondChanceConfig::default(),
-            guard: crate::guard::GuardConfig::default(),
-            n1: crate::n1::N1Config::default(),
+            guard: GuardConfig::default(),
+            n1: N1Config::default(),
             selection: SelectionConfig::default(),
             demo: DemoConfig::default(),
             mmdb: None,
@@ -1242,14 +1306,10 @@ impl Config {
         if let Some((key, problem)) = self.guard.problem() {
             return Err(invalid(key, problem));
         }
-        if self.n1.exact_top > crate::n1::MAX_EXACT_TOP {
+        if self.n1.exact_top > MAX_N1_EXACT_TOP {
             return Err(invalid(
                 "n1.exact_top",
-                format!(
-                    "{} is more than {}",
-                    self.n1.exact_top,
-                    crate::n1::MAX_EXACT_TOP
-                ),
+                format!("{} is more than {}", self.n1.exact_top, MAX_N1_EXACT_TOP),
             ));
         }
         if self.n1.every_secs > 0 && self.n1.budget_secs == 0 {

@@ -5,83 +5,108 @@
 //! event and in the answer. Off unless a limit is configured. The check is the preview the
 //! dashboard shows ([`crate::preview`]): the rounds' own code on the map in service.
 
-use serde::Deserialize;
+use std::sync::Arc;
 
-use crate::preview::Previewed;
+use cdnmap_mapper::ClusterState;
+use cdnmap_store::edit::{Applied, EditError};
 
-/// `[guard]`: each limit off when absent.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GuardConfig {
-    /// The most the overflow share may rise, in points of the demand (1.0: from 1.2% to 2.2%).
-    pub max_overflow_points: Option<f64>,
-    /// The largest share of the demand one change may move (0.1: a tenth).
-    pub max_moved_share: Option<f64>,
-    /// The most resource nodes a change may newly fill (to 99.9% of their capacity or more).
-    pub max_nodes_full_added: Option<u64>,
+pub use crate::config::GuardConfig;
+use crate::preview::{preview_changes, PreviewError, Previewed, Turn};
+use crate::service::Shared;
+use crate::topology::{Actor, ChangeError};
+
+/// Sets cluster `id`'s state as an operator asks (Admin `SetClusterState`, the dashboard, a
+/// script): with a `[guard]`, previewed first and refused past a limit ([`ChangeError::Guard`],
+/// logged as a failed action) unless `force`d, which needs a reason; the event of a forced
+/// change says which limit it passed. Then [`Shared::set_cluster_state`].
+pub async fn set_cluster_state(
+    shared: &Arc<Shared>,
+    id: &str,
+    state: ClusterState,
+    reason: &str,
+    actor: Actor,
+    force: bool,
+) -> Result<Applied, ChangeError> {
+    let mut reason = reason.to_string();
+    if let Some(passed) = passed(shared, id, state).await? {
+        if !force || reason.trim().is_empty() {
+            let why = if force {
+                format!("a forced change needs a reason: {passed}")
+            } else {
+                format!("refused by the guard: {passed}; force it with a reason")
+            };
+            let outcome = Err(why.clone());
+            let now = crate::clock::now_unix_ms();
+            shared
+                .activity()
+                .log_action(&actor, id, state, &reason, outcome, now);
+            return Err(ChangeError::Guard(why));
+        }
+        reason = format!("{reason} [forced past the guard: {passed}]");
+    }
+    shared.set_cluster_state(id, state, &reason, actor).await
 }
 
-impl GuardConfig {
-    /// Whether any limit is set.
-    pub fn is_on(&self) -> bool {
-        self.max_overflow_points.is_some()
-            || self.max_moved_share.is_some()
-            || self.max_nodes_full_added.is_some()
+/// The limits of `[guard]` that setting `id` to `state` would pass, by its preview on the map
+/// in service (queued behind other previews); `None` without a guard, without a map yet, or
+/// within every limit.
+async fn passed(
+    shared: &Arc<Shared>,
+    id: &str,
+    state: ClusterState,
+) -> Result<Option<String>, ChangeError> {
+    let guard = &shared.config().guard;
+    if !guard.is_on() {
+        return Ok(None);
     }
+    let changes = vec![(id.to_string(), state)];
+    match preview_changes(shared, changes, 0, Turn::Queue).await {
+        Ok(p) => Ok(exceeded(guard, &p)),
+        Err(PreviewError::NoMap) => Ok(None),
+        Err(PreviewError::NoCluster(..)) => {
+            Err(ChangeError::Edit(EditError::NoCluster(id.to_string())))
+        }
+        Err(e) => Err(ChangeError::Guard(format!(
+            "the guard could not preview it: {e}"
+        ))),
+    }
+}
 
-    /// A limit out of its range, named (`[guard]`'s keys); `None` when all are fine.
-    pub fn problem(&self) -> Option<(&'static str, String)> {
-        if let Some(p) = self.max_overflow_points {
-            if !(p.is_finite() && (0.0..=100.0).contains(&p)) {
-                return Some((
-                    "guard.max_overflow_points",
-                    format!("{p} is outside 0..=100"),
-                ));
-            }
+/// The limits of `guard` that `p` exceeds, said with the figures; `None` when it keeps them
+/// all (or none is set).
+pub fn exceeded(guard: &GuardConfig, p: &Previewed) -> Option<String> {
+    let mut out = Vec::new();
+    if let Some(most) = guard.max_overflow_points {
+        let points = 100.0 * (p.after.overflow_share - p.before.overflow_share);
+        if points.is_nan() || points > most {
+            out.push(format!(
+                "the overflow would rise {points:.2} points, from {:.2}% to {:.2}% \
+                 (guard.max_overflow_points = {most})",
+                100.0 * p.before.overflow_share,
+                100.0 * p.after.overflow_share
+            ));
         }
-        if let Some(s) = self.max_moved_share {
-            if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
-                return Some(("guard.max_moved_share", format!("{s} is outside 0..=1")));
-            }
-        }
-        None
     }
-
-    /// The limits `p` exceeds, said with the figures; `None` when it keeps them all.
-    pub fn exceeded(&self, p: &Previewed) -> Option<String> {
-        let mut out = Vec::new();
-        if let Some(most) = self.max_overflow_points {
-            let points = 100.0 * (p.after.overflow_share - p.before.overflow_share);
-            if points.is_nan() || points > most {
-                out.push(format!(
-                    "the overflow would rise {points:.2} points, from {:.2}% to {:.2}% \
-                     (guard.max_overflow_points = {most})",
-                    100.0 * p.before.overflow_share,
-                    100.0 * p.after.overflow_share
-                ));
-            }
+    if let Some(most) = guard.max_moved_share {
+        let moved = p.diff.moved_share();
+        if moved.is_nan() || moved > most {
+            out.push(format!(
+                "it would move {:.2}% of the demand (guard.max_moved_share = {most})",
+                100.0 * moved
+            ));
         }
-        if let Some(most) = self.max_moved_share {
-            let moved = p.diff.moved_share();
-            if moved.is_nan() || moved > most {
-                out.push(format!(
-                    "it would move {:.2}% of the demand (guard.max_moved_share = {most})",
-                    100.0 * moved
-                ));
-            }
-        }
-        if let Some(most) = self.max_nodes_full_added {
-            let added = p.after.nodes_full.saturating_sub(p.before.nodes_full);
-            if added > most {
-                out.push(format!(
-                    "{added} more resource nodes would be full, {} in all \
-                     (guard.max_nodes_full_added = {most})",
-                    p.after.nodes_full
-                ));
-            }
-        }
-        (!out.is_empty()).then(|| out.join("; "))
     }
+    if let Some(most) = guard.max_nodes_full_added {
+        let added = p.after.nodes_full.saturating_sub(p.before.nodes_full);
+        if added > most {
+            out.push(format!(
+                "{added} more resource nodes would be full, {} in all \
+                 (guard.max_nodes_full_added = {most})",
+                p.after.nodes_full
+            ));
+        }
+    }
+    (!out.is_empty()).then(|| out.join("; "))
 }
 
 #[cfg(test)]
@@ -115,17 +140,15 @@ mod tests {
     fn the_guard_names_each_limit_exceeded() {
         let off = GuardConfig::default();
         assert!(!off.is_on());
-        assert_eq!(off.exceeded(&previewed(0.0, 0.9, 100.0, (0, 50))), None);
+        assert_eq!(exceeded(&off, &previewed(0.0, 0.9, 100.0, (0, 50))), None);
         let on = GuardConfig {
             max_overflow_points: Some(2.0),
             max_moved_share: Some(0.1),
             max_nodes_full_added: Some(0),
         };
         assert!(on.is_on());
-        assert_eq!(on.exceeded(&previewed(0.012, 0.030, 10.0, (4, 4))), None);
-        let all = on
-            .exceeded(&previewed(0.012, 0.045, 12.0, (4, 6)))
-            .expect("exceeded");
+        assert_eq!(exceeded(&on, &previewed(0.012, 0.030, 10.0, (4, 4))), None);
+        let all = exceeded(&on, &previewed(0.012, 0.045, 12.0, (4, 6))).expect("exceeded");
         assert!(
             all.contains("rise 3.30 points, from 1.20% to 4.50% (guard.max_overflow_points = 2)"),
             "{all}"
@@ -138,9 +161,7 @@ mod tests {
             all.contains("2 more resource nodes would be full, 6 in all"),
             "{all}"
         );
-        assert!(on
-            .exceeded(&previewed(f64::NAN, 0.0, 0.0, (0, 0)))
-            .is_some());
+        assert!(exceeded(&on, &previewed(f64::NAN, 0.0, 0.0, (0, 0))).is_some());
         let bad = GuardConfig {
             max_moved_share: Some(1.5),
             ..GuardConfig::default()

@@ -681,7 +681,7 @@ pub(crate) mod tests {
                     };
                     let actor = crate::topology::Actor::new(Some("test"), None, "test");
                     shared
-                        .set_cluster_state(&format!("c{}", i % 4), state, "", actor, false)
+                        .set_cluster_state(&format!("c{}", i % 4), state, "", actor)
                         .await
                         .expect("state");
                     shared.run_round().await;
@@ -768,7 +768,7 @@ pub(crate) mod tests {
         for c in ["c0", "c1", "c2"] {
             let actor = crate::topology::Actor::new(Some("test"), None, "test");
             shared
-                .set_cluster_state(c, ClusterState::Down, "", actor, false)
+                .set_cluster_state(c, ClusterState::Down, "", actor)
                 .await
                 .expect("state");
         }

@@ -14,49 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cdnmap_engine::n1::{rank, sweep, Loss, Sweep};
+use cdnmap_engine::n1::{rank, sweep, Loss};
 use cdnmap_mapper::ClusterState;
-use serde::Deserialize;
 
+pub use crate::config::{N1Config, MAX_N1_EXACT_TOP};
 use crate::preview::{preview_changes, Turn};
-use crate::service::Shared;
-
-/// `[n1]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct N1Config {
-    /// How often a sweep starts (0: never).
-    pub every_secs: u64,
-    /// How long one sweep may take; a sweep past it stops and says it is incomplete.
-    pub budget_secs: u64,
-    /// The worst clusters and sites (each) previewed exactly after the sweep.
-    pub exact_top: usize,
-}
-
-impl Default for N1Config {
-    fn default() -> Self {
-        N1Config {
-            every_secs: 60,
-            budget_secs: 120,
-            exact_top: 3,
-        }
-    }
-}
-
-/// The most clusters or sites previewed exactly after a sweep.
-pub const MAX_EXACT_TOP: usize = 50;
-
-/// The last sweep.
-#[derive(Debug, Clone)]
-pub struct N1View {
-    /// The map version it was made from.
-    pub version: u64,
-    pub at_unix_ms: i64,
-    /// The sweep's time, and the exact previews' after it.
-    pub sweep_ms: f64,
-    pub exact_ms: f64,
-    pub sweep: Sweep,
-}
+use crate::service::{N1View, Shared};
 
 /// A sweep's `go_on`: it steps aside while `busy` (a round solving), and stops once its own
 /// time (the time it stepped aside not counted) passes `budget`.
@@ -158,7 +121,7 @@ pub async fn run(shared: Arc<Shared>) {
 /// The worst `top` of `losses` (ranked) previewed exactly, their figures replacing the
 /// estimates, and ranked again. A preview that fails leaves the estimate.
 async fn refine(shared: &Arc<Shared>, losses: &mut [Loss], top: usize) {
-    let top = top.min(MAX_EXACT_TOP).min(losses.len());
+    let top = top.min(MAX_N1_EXACT_TOP).min(losses.len());
     for loss in &mut losses[..top] {
         let changes = loss
             .ids

@@ -92,7 +92,19 @@ pub struct Shared {
     /// What the reports bring in.
     pub(crate) intake: Intake,
     /// The last N-1 sweep ([`crate::n1`]).
-    pub(crate) n1: ArcSwapOption<crate::n1::N1View>,
+    pub(crate) n1: ArcSwapOption<N1View>,
+}
+
+/// The last N-1 sweep ([`crate::n1`], which makes it; kept here, beside what readers see).
+#[derive(Debug, Clone)]
+pub struct N1View {
+    /// The map version it was made from.
+    pub version: u64,
+    pub at_unix_ms: i64,
+    /// The sweep's time, and the exact previews' after it.
+    pub sweep_ms: f64,
+    pub exact_ms: f64,
+    pub sweep: cdnmap_engine::n1::Sweep,
 }
 
 /// The published read side: written by the round loop only (each published round: its history
@@ -1462,71 +1474,28 @@ fn legacy_served(store: &Store, topology: &Topology) -> Option<Served> {
 
 impl Shared {
     /// Sets cluster `id`'s state through the topology writer (stored, then published: the next
-    /// round maps with it) and logs the action with `actor`: the one code path of Admin
-    /// `SetClusterState` and the dashboard's actions. With a `[guard]`, the change is previewed
-    /// first and refused past a limit ([`ChangeError::Guard`], logged) unless `force`d, which
-    /// needs a reason; the event of a forced change says which limit it passed.
+    /// round maps with it) and logs the action with `actor`. The operators' way in is
+    /// [`crate::guard::set_cluster_state`], which holds the change to `[guard]` first; this is
+    /// its last step.
     pub async fn set_cluster_state(
-        self: &Arc<Self>,
+        &self,
         id: &str,
         state: ClusterState,
         reason: &str,
         actor: crate::topology::Actor,
-        force: bool,
     ) -> Result<Applied, ChangeError> {
         let (who, via) = (actor.who.clone(), actor.via);
-        let mut reason = reason.to_string();
-        if let Some(passed) = self.guard(id, state).await? {
-            if !force || reason.trim().is_empty() {
-                let why = if force {
-                    format!("a forced change needs a reason: {passed}")
-                } else {
-                    format!("refused by the guard: {passed}; force it with a reason")
-                };
-                let outcome = Err(why.clone());
-                self.activity()
-                    .log_action(&actor, id, state, &reason, outcome, now_unix_ms());
-                return Err(ChangeError::Guard(why));
-            }
-            reason = format!("{reason} [forced past the guard: {passed}]");
-        }
         let applied = self
             .topology
             .change(Change::ClusterState {
                 id: id.to_string(),
                 state,
-                reason: reason.clone(),
+                reason: reason.to_string(),
                 actor,
             })
             .await?;
         tracing::warn!(cluster = %id, before = ?applied.before, ?state, reason = %reason, who = %who, via, "cluster state set");
         Ok(applied)
-    }
-
-    /// The limits of `[guard]` that setting `id` to `state` would pass, by its preview on the
-    /// map in service (queued behind other previews); `None` without a guard, without a map
-    /// yet, or within every limit.
-    async fn guard(
-        self: &Arc<Self>,
-        id: &str,
-        state: ClusterState,
-    ) -> Result<Option<String>, ChangeError> {
-        let guard = &self.config.guard;
-        if !guard.is_on() {
-            return Ok(None);
-        }
-        let changes = vec![(id.to_string(), state)];
-        use crate::preview::{preview_changes, PreviewError, Turn};
-        match preview_changes(self, changes, 0, Turn::Queue).await {
-            Ok(p) => Ok(guard.exceeded(&p)),
-            Err(PreviewError::NoMap) => Ok(None),
-            Err(PreviewError::NoCluster(..)) => Err(ChangeError::Edit(
-                cdnmap_store::edit::EditError::NoCluster(id.to_string()),
-            )),
-            Err(e) => Err(ChangeError::Guard(format!(
-                "the guard could not preview it: {e}"
-            ))),
-        }
     }
 
     /// Carries out `change` through the topology writer (stored, then published), as Admin's

@@ -218,7 +218,7 @@ fn state_edits(
         };
         let id = world.clusters()[c].id.clone();
         let t = Instant::now();
-        rt.block_on(shared.set_cluster_state(&id, state, "bench", actor(), false))
+        rt.block_on(shared.set_cluster_state(&id, state, "bench", actor()))
             .with_context(|| format!("setting cluster {id} {state:?}"))?;
         m.state_ms.push(ms_since(t));
         expected[c] = state;

@@ -12,6 +12,7 @@ use axum::Json;
 use cdnmap_engine::figures::View;
 use cdnmap_engine::round::Snapshot;
 use cdnmap_topology::Topology;
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::auth::{AdminGate, Denied};
@@ -154,5 +155,25 @@ pub(crate) fn authorize(
                 retry_after.as_secs().max(1)
             ),
         )),
+    }
+}
+
+/// `?limit=` of a list endpoint.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitQuery {
+    pub(super) limit: Option<usize>,
+}
+
+pub(super) fn limit_of(
+    limit: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(default),
+        Some(0) => Err(ApiError::bad("limit: must be at least 1")),
+        Some(l) if l <= max => Ok(l),
+        Some(l) => Err(ApiError::bad(format!("limit: {l} is more than {max}"))),
     }
 }

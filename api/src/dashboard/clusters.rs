@@ -369,20 +369,19 @@ pub(super) async fn set_state(
     let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
     let actor = Actor::new(who, remote, "http");
     let reason = clean(&body.reason, MAX_REASON_LEN);
-    let applied = app
-        .shared
-        .set_cluster_state(&id, body.state, &reason, actor, body.force)
-        .await
-        .map_err(|e| match e {
-            ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
-            ChangeError::Edit(_) => ApiError::bad(e.to_string()),
-            ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-            }
-            ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
-                ApiError::new(StatusCode::CONFLICT, e.to_string())
-            }
-        })?;
+    let applied =
+        crate::guard::set_cluster_state(&app.shared, &id, body.state, &reason, actor, body.force)
+            .await
+            .map_err(|e| match e {
+                ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
+                ChangeError::Edit(_) => ApiError::bad(e.to_string()),
+                ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                }
+                ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
+                    ApiError::new(StatusCode::CONFLICT, e.to_string())
+                }
+            })?;
     Ok(Json(StateAnswer {
         cluster: id,
         state: body.state,

@@ -22,7 +22,9 @@ use cdnmap_mapper::{ClusterState, PerUnit, UnitIdx};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::app::{query, topology, view, ApiError, ApiResult, App, MAX_ACTION_BODY_BYTES};
+use super::app::{
+    limit_of, query, topology, view, ApiError, ApiResult, App, LimitQuery, MAX_ACTION_BODY_BYTES,
+};
 use super::clusters::{cluster, clusters, deratings, set_state, world_map};
 use crate::activity::{MAX_EVENTS, MAX_HISTORY_ROUNDS};
 use crate::clock::now_unix_ms;
@@ -294,25 +296,6 @@ pub fn banner(
 
 // ---------------------------------------------------------------------------------------------
 // GET /api/history, /api/events
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct LimitQuery {
-    pub(super) limit: Option<usize>,
-}
-
-pub(super) fn limit_of(
-    limit: Option<usize>,
-    default: usize,
-    max: usize,
-) -> Result<usize, ApiError> {
-    match limit {
-        None => Ok(default),
-        Some(0) => Err(ApiError::bad("limit: must be at least 1")),
-        Some(l) if l <= max => Ok(l),
-        Some(l) => Err(ApiError::bad(format!("limit: {l} is more than {max}"))),
-    }
-}
 
 #[derive(Serialize)]
 struct HistoryBody {

@@ -7,8 +7,7 @@ use axum::Json;
 use cdnmap_engine::n1::Loss;
 use serde::Serialize;
 
-use super::app::{query, ApiResult, App};
-use super::http::{limit_of, LimitQuery};
+use super::app::{limit_of, query, ApiResult, App, LimitQuery};
 
 /// Rows listed of each kind unless `limit` says otherwise, and the most.
 const DEFAULT_ROWS: usize = 20;
