@@ -393,40 +393,37 @@ pub fn explain(
                 .iter()
                 .filter(|a| a.cluster == cand.cluster)
                 .fold(0.0, |sum, a| sum + a.amount); // +0.0 when none (a sum starts at -0.0)
-            let share = if total > 0.0 { amount / total } else { 0.0 };
             let reserved = companion.filter(|c| c.cluster == cand.cluster);
-            let (verdict, why) = if let Some(c) = reserved {
-                let share = if total > 0.0 { c.amount / total } else { 0.0 };
-                (
+            let amount = reserved.map_or(amount, |c| c.amount);
+            let share = if total > 0.0 { amount / total } else { 0.0 };
+            let why_not = || why_not(view, inst, u, cand.cluster);
+            let (verdict, why) = match (reserved, amount > 0.0, j + 1 < preferred_up_to) {
+                (Some(_), ..) => (
                     "companion",
                     format!(
-                        "its answers' second cluster (its class goes with the winner): {:.1}% \
-                         of the demand reserved for the clients that go to it",
+                        "its answers' second cluster (its class goes with the winner): {:.1}% of \
+                     the demand reserved for the clients that go to it",
                         100.0 * share
                     ),
-                )
-            } else if amount > 0.0 && j + 1 < preferred_up_to {
+                ),
                 // Part of the demand went further down the list (or overflowed).
-                (
+                (None, true, true) => (
                     "placed",
                     format!(
                         "holds {:.1}% of the demand; not the rest: {}",
                         100.0 * share,
-                        why_not(view, inst, u, cand.cluster)
+                        why_not()
                     ),
-                )
-            } else if amount > 0.0 {
-                (
+                ),
+                (None, true, false) => (
                     "placed",
                     format!("holds {:.1}% of the demand", 100.0 * share),
-                )
-            } else if j < preferred_up_to {
-                ("passed over", why_not(view, inst, u, cand.cluster))
-            } else {
-                (
+                ),
+                (None, false, _) if j < preferred_up_to => ("passed over", why_not()),
+                (None, false, _) => (
                     "not needed",
                     "less preferred than where all of the demand went".to_string(),
-                )
+                ),
             };
             CandidateView {
                 cluster: cl.id.clone(),
@@ -435,8 +432,8 @@ pub fn explain(
                 estimate: *estimate,
                 rank: cand.rank,
                 state: cl.state,
-                amount: reserved.map_or(amount, |c| c.amount),
-                share: reserved.map_or(share, |c| if total > 0.0 { c.amount / total } else { 0.0 }),
+                amount,
+                share,
                 verdict,
                 why,
             }

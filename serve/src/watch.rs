@@ -833,19 +833,7 @@ impl Follower {
             if u < n && old.unit_id(u) == unit.id {
                 u += 1; // replaced
             }
-            let lookup = |id: &str| b.cluster_index(id);
-            let parsed = parse_unit(&classes, &unit, &lookup)?;
-            if let Some((c, share)) = parsed.companion {
-                b.companion_of_next(c, share);
-            }
-            b.push(
-                &unit.id,
-                parsed.class,
-                parsed.prefixes.iter().copied(),
-                parsed.shares,
-                unit.overflow_share,
-                parsed.backups,
-            )?;
+            push_unit(&mut b, &classes, &unit)?;
         }
         Ok(Followed {
             identity,
@@ -1293,20 +1281,29 @@ fn push_units(
     }
     b.grow(sizes_of(&units));
     for u in &units {
-        let lookup = |id: &str| b.cluster_index(id);
-        let parsed = parse_unit(classes, u, &lookup)?;
-        if let Some((c, share)) = parsed.companion {
-            b.companion_of_next(c, share);
-        }
-        b.push(
-            &u.id,
-            parsed.class,
-            parsed.prefixes.iter().copied(),
-            parsed.shares,
-            u.overflow_share,
-            parsed.backups,
-        )?;
+        push_unit(b, classes, u)?;
     }
+    Ok(())
+}
+
+/// `u` parsed ([`parse_unit`]) and pushed to `b`, its companion with it.
+fn push_unit(
+    b: &mut Builder,
+    classes: &[Arc<str>],
+    u: &pb::UnitMapping,
+) -> Result<(), FollowError> {
+    let parsed = parse_unit(classes, u, &|id| b.cluster_index(id))?;
+    if let Some((c, share)) = parsed.companion {
+        b.companion_of_next(c, share);
+    }
+    b.push(
+        &u.id,
+        parsed.class,
+        parsed.prefixes.iter().copied(),
+        parsed.shares,
+        u.overflow_share,
+        parsed.backups,
+    )?;
     Ok(())
 }
 
