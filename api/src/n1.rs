@@ -2,7 +2,7 @@
 //! ([`cdnmap_engine::n1::sweep`]) estimates what the loss of each cluster and each site would
 //! do to the map in service, on a blocking thread at a low CPU priority and within
 //! `budget_secs`; then the worst `exact_top` clusters and sites are previewed with the rounds'
-//! own code ([`crate::preview`], queued behind operators' previews) and those figures replace
+//! own code ([`crate::preview`], when no operator's preview runs) and those figures replace
 //! the estimates. The dashboard shows the result (`GET /api/n1`) and `/metrics` exports the
 //! worst overflow for alerting (`cdnmap_n1_worst_overflow_ratio`).
 //!
@@ -119,7 +119,8 @@ pub async fn run(shared: Arc<Shared>) {
 }
 
 /// The worst `top` of `losses` (ranked) previewed exactly, their figures replacing the
-/// estimates, and ranked again. A preview that fails leaves the estimate.
+/// estimates, and ranked again. A preview that fails, or finds an operator's running (they
+/// come first: [`Turn::Spare`]), leaves the estimate.
 async fn refine(shared: &Arc<Shared>, losses: &mut [Loss], top: usize) {
     let top = top.min(MAX_N1_EXACT_TOP).min(losses.len());
     for loss in &mut losses[..top] {
@@ -128,7 +129,7 @@ async fn refine(shared: &Arc<Shared>, losses: &mut [Loss], top: usize) {
             .iter()
             .map(|id| (id.clone(), ClusterState::Down))
             .collect();
-        match preview_changes(shared, changes, 0, Turn::Queue).await {
+        match preview_changes(shared, changes, 0, Turn::Spare).await {
             Ok(p) => {
                 loss.overflow = p.after.overflow;
                 loss.overflow_share = p.after.overflow_share;
