@@ -1706,7 +1706,7 @@ fn bad_configs_are_refused_with_exact_errors() {
              `etcd_cert_file`, `etcd_key_file`, `advertise_url`, `tls`, \
              `feedback_tokens`, `feedback_tokens_file`, `feedback_samples_per_sec`, \
              `feedback_max_demand_ratio`, `feedback_open`, `default_class`, `class_rules`, `stickiness`, \
-             `second_chance`, `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
+             `second_chance`, `guard`, `n1`, `selection`, `demo`, `mmdb`, `health`, `bypass`, `rtt`"
                 .into(),
         ),
         (
