@@ -663,6 +663,18 @@ async fn a_cluster_down_shows_in_the_diff_of_the_stored_maps() {
         diffed.units_compared
     );
     assert!(stdout.starts_with(&headline), "{headline}\n{stdout}");
+    // `cdnmap map diff` is the same command.
+    let again = std::process::Command::new(bin!())
+        .args(["map", "diff", "--data-dir"])
+        .arg(&data)
+        .args([
+            (after.map_version - 1).to_string(),
+            after.map_version.to_string(),
+        ])
+        .output()
+        .expect("run cdnmap map diff");
+    assert!(again.status.success());
+    assert_eq!(String::from_utf8_lossy(&again.stdout), stdout);
 
     let missing = pb::DiffMapsRequest {
         from_version: 999_999,

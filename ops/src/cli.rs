@@ -59,6 +59,9 @@ enum Command {
     /// beside a running server).
     #[command(subcommand)]
     Store(crate::store_cmd::StoreCommand),
+    /// Map versions compared: `cdnmap map diff --data-dir D A B` is `cdnmap store diff`.
+    #[command(subcommand)]
+    Map(MapCommand),
     /// In-cluster server selection at work: place servers and keys, add or remove a server,
     /// and print each policy's max/avg load, the keys moved, and ring lookups per second.
     Ring(crate::ring::RingArgs),
@@ -67,6 +70,14 @@ enum Command {
     /// Each prints a table and writes CSV and SVG (docs/simulate.md).
     #[command(subcommand)]
     Simulate(crate::simulate::SimulateCommand),
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum MapCommand {
+    /// Compare two stored map versions (the same as `cdnmap store diff`): the demand the newer
+    /// places where the older did not, between which clusters, and the units whose answers
+    /// changed.
+    Diff(crate::store_cmd::DiffArgs),
 }
 
 pub fn run() -> Result<ExitCode> {
@@ -89,6 +100,9 @@ pub fn run() -> Result<ExitCode> {
         Command::Replay(a) => replay::cmd_replay(&a),
         Command::Record(RecordCommand::Export(a)) => record::cmd_export(&a),
         Command::Store(c) => crate::store_cmd::run(&c),
+        Command::Map(MapCommand::Diff(a)) => {
+            crate::store_cmd::run(&crate::store_cmd::StoreCommand::Diff(a))
+        }
         Command::Import(ImportCommand::Czf(a)) => world::cmd_import_czf(&a),
         Command::Solve(a) => solve::cmd_solve(&a),
         Command::Verify(a) => solve::cmd_verify(&a),
