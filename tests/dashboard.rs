@@ -819,6 +819,18 @@ fn an_action_confirmed_from_a_preview_applies_only_as_seen() {
         .map(f_of_demand)
         .sum();
     assert!(flows_out > 0.5 * moved, "{p}");
+    // By region: where the moving units are, the most first, never more than moves in all.
+    let regions: Vec<f64> = p["regions"]
+        .as_array()
+        .expect("regions")
+        .iter()
+        .map(|r| f(&r["moved"]))
+        .collect();
+    assert!(
+        !regions.is_empty() && regions.windows(2).all(|w| w[0] >= w[1]),
+        "{p}"
+    );
+    assert!(regions.iter().sum::<f64>() <= moved * (1.0 + 1e-9), "{p}");
     assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
 
     let path = format!("/api/clusters/{id}/state");

@@ -720,6 +720,17 @@ async fn a_previewed_drain_moves_what_the_preview_said() {
     };
     let p = ok(admin.preview(authed(request, Some(TOKEN))).await, "Preview");
     let predicted = p.diff.clone().expect("the diff");
+    // The moved demand by region: each region's units among the changed ones, all of them
+    // when there are few regions.
+    let by_region: f64 = p.regions.iter().map(|r| r.moved).sum();
+    assert!(!p.regions.is_empty(), "{p:?}");
+    assert!(by_region <= predicted.moved * (1.0 + 1e-9), "{p:?}");
+    if p.regions.len() < 20 {
+        assert!(
+            (by_region - predicted.moved).abs() <= 1e-6 * predicted.moved,
+            "{p:?}"
+        );
+    }
     assert!(p.based_on_version >= first.map_version);
     let out: f64 = predicted
         .flows

@@ -485,6 +485,10 @@ function renderPreview(why, guarded) {
       el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", { class: "num" }, "now"), el("th", { class: "num" }, "after"))),
       el("tbody", {}, rows.map(([name, now, after, bad]) => el("tr", {},
         el("td", {}, name), el("td", { class: "num" }, now), el("td", { class: "num" + (bad ? " worse" : "") }, after))))),
+    a.regions.length
+      ? el("div", { class: "confirm-regions dim" }, "moved most from the clients around: ",
+        a.regions.slice(0, 5).map((r) => `${fmt(r.lat, 1)}°, ${fmt(r.lon, 1)}° ${fmt(r.moved)} (${r.units} units)`).join(" · "))
+      : "",
     a.flows.length
       ? el("table", { class: "diff-flows confirm-flows" },
         el("thead", {}, el("tr", {}, el("th", {}, "from"), el("th", {}, "to"), el("th", { class: "num" }, "demand"))),
@@ -534,10 +538,15 @@ async function confirmAction(force) {
   await refresh(true);
 }
 
-// A preview's moves on the map: cluster to cluster (width ∝ demand), and what would overflow
-// as a red ring on the cluster it leaves.
+// A preview's moves on the map: the client regions whose demand moves (area ∝ demand), cluster to
+// cluster (width ∝ demand), and what would overflow as a red ring on the cluster it leaves.
 function previewLayer(a, byId) {
   const g = sv("g", { class: "preview-layer", "pointer-events": "none" });
+  const most = Math.max(1e-9, ...a.regions.map((r) => r.moved));
+  for (const r of a.regions) {
+    const [x, y] = proj(r.lat, r.lon);
+    g.append(sv("circle", { class: "moved-region", cx: x.toFixed(1), cy: y.toFixed(1), r: (2 + 10 * Math.sqrt(r.moved / most)).toFixed(1), fill: "rgba(197,140,255,0.35)", stroke: "#c58cff" }));
+  }
   const max = Math.max(1e-9, ...a.flows.map((x) => x.demand));
   for (const x of a.flows) {
     const from = byId.get(x.from), to = byId.get(x.to);

@@ -577,6 +577,16 @@ impl AdminService {
             nodes_full_after: p.after.nodes_full,
             mean_rtt_ms_before: p.before.mean_rtt_ms,
             mean_rtt_ms_after: p.after.mean_rtt_ms,
+            regions: p
+                .regions
+                .iter()
+                .map(|r| pb::RegionMove {
+                    lat: r.lat,
+                    lon: r.lon,
+                    units: r.units as u64,
+                    moved: r.moved,
+                })
+                .collect(),
         })
     }
 }

@@ -131,6 +131,7 @@ mod tests {
             },
             before: f(before, full.0),
             after: f(after, full.1),
+            regions: Vec::new(),
         }
     }
 

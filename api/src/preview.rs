@@ -76,7 +76,12 @@ pub struct Previewed {
     pub diff: MapDiff,
     pub before: Figures,
     pub after: Figures,
+    /// The moved demand by the region its units are in, the most first ([`MAX_REGIONS`]).
+    pub regions: Vec<cdnmap_engine::figures::RegionMove>,
 }
+
+/// The most regions a preview lists.
+pub const MAX_REGIONS: usize = 20;
 
 /// `topology` with `edits` applied in order; an edit that does not apply is named by its
 /// position.
@@ -165,14 +170,20 @@ pub async fn preview_edits(
         let topology = edited(&current.topology, &edits)?;
         let solved = preview(&topology, &current, (&settings.0, &settings.1), now)
             .map_err(|e| PreviewError::Failed(e.to_string()))?;
-        let diff = cdnmap_mapper::diff::diff(
+        // Every changed unit, for the regions; then the `max_units` that moved most.
+        let mut diff = cdnmap_mapper::diff::diff(
             (&current.topology, &current.map),
             (&solved.topology, &solved.map),
-            max_units,
+            usize::MAX,
         );
+        let moved = diff.changed.iter().map(|(id, m)| (id.as_str(), *m));
+        let regions =
+            cdnmap_engine::figures::moved_by_region(&current.topology, moved, MAX_REGIONS);
+        diff.changed.truncate(max_units);
         Ok(Previewed {
             based_on: current.version,
             diff,
+            regions,
             before: Figures::of(&current.topology, &current.map, &current.measured),
             after: Figures::of(&solved.topology, &solved.map, &solved.measured),
         })

@@ -96,6 +96,51 @@ impl View {
     }
 }
 
+/// Moved demand from one region (a cell of [`REGION_DEG`] degrees): where the units whose
+/// answers change are.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RegionMove {
+    /// The moved-demand-weighted centre of the cell's units.
+    pub lat: f64,
+    pub lon: f64,
+    pub units: usize,
+    pub moved: f64,
+}
+
+/// `moved` (map units of `inst` by id, with the demand of each that moves) grouped by region,
+/// the most moved first, at most `top`; ids `inst` does not have are left out.
+pub fn moved_by_region<'a>(
+    inst: &Instance,
+    moved: impl IntoIterator<Item = (&'a str, f64)>,
+    top: usize,
+) -> Vec<RegionMove> {
+    let mut cells: BTreeMap<(i32, i32), (f64, f64, usize, f64)> = BTreeMap::new();
+    for (id, m) in moved {
+        let Some(u) = inst.unit_index(id) else {
+            continue;
+        };
+        let (lat, lon) = inst.unit_location(u);
+        let e = cells.entry(cell(lat, lon)).or_insert((0.0, 0.0, 0, 0.0));
+        e.0 += lat * m;
+        e.1 += lon * m;
+        e.2 += 1;
+        e.3 += m;
+    }
+    let mut out: Vec<RegionMove> = cells
+        .into_values()
+        .filter(|v| v.3 > 0.0)
+        .map(|(lat, lon, units, moved)| RegionMove {
+            lat: lat / moved,
+            lon: lon / moved,
+            units,
+            moved,
+        })
+        .collect();
+    out.sort_by(|a, b| b.moved.total_cmp(&a.moved).then(a.lat.total_cmp(&b.lat)));
+    out.truncate(top);
+    out
+}
+
 /// Region cell of a location.
 fn cell(lat: f64, lon: f64) -> (i32, i32) {
     let lat = lat.clamp(-90.0, 90.0);

@@ -80,12 +80,15 @@ pub(super) struct PreviewAnswer {
     flow_count: usize,
     /// The largest flows of moved demand, cluster to cluster ("overflow" for none).
     flows: Vec<FlowRow>,
+    /// The moved demand by the region its units are in, the most first.
+    regions: Vec<cdnmap_engine::figures::RegionMove>,
 }
 
 impl PreviewAnswer {
     fn of(p: Previewed) -> PreviewAnswer {
         let d = p.diff;
         PreviewAnswer {
+            regions: p.regions,
             based_on: p.based_on,
             before: p.before.into(),
             after: p.after.into(),
@@ -232,6 +235,7 @@ mod tests {
             units_changed: 1,
             flow_count: 0,
             flows: Vec::new(),
+            regions: Vec::new(),
         }
     }
 
