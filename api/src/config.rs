@@ -1312,10 +1312,19 @@ impl Config {
                 format!("{} is more than {}", self.n1.exact_top, MAX_N1_EXACT_TOP),
             ));
         }
-        if self.n1.every_secs > 0 && self.n1.budget_secs == 0 {
+        if self.n1.every_secs > 86_400 {
+            return Err(invalid(
+                "n1.every_secs",
+                format!("{} is more than a day (86400)", self.n1.every_secs),
+            ));
+        }
+        if self.n1.every_secs > 0 && !(1..=86_400).contains(&self.n1.budget_secs) {
             return Err(invalid(
                 "n1.budget_secs",
-                "must be at least 1 while sweeps run",
+                format!(
+                    "{} is outside 1..=86400 while sweeps run",
+                    self.n1.budget_secs
+                ),
             ));
         }
         self.validate_selection()?;
@@ -1771,6 +1780,10 @@ mod tests {
             ("[demo]\nheadroom = 0", "demo.headroom"),
             ("[demo]\nheadroom = nan", "demo.headroom"),
             ("[demo]\ncompanion = { web = 0.9 }", "demo.companion.web"),
+            ("[n1]\nevery_secs = 100000", "n1.every_secs"),
+            ("[n1]\nbudget_secs = 0", "n1.budget_secs"),
+            ("[n1]\nexact_top = 51", "n1.exact_top"),
+            ("[guard]\nmax_overflow_points = -1", "guard.max_overflow_points"),
             ("[demo]\ncompanion = { web = -0.1 }", "demo.companion.web"),
             ("[mmdb]\nfiles = []", "mmdb.files"),
             ("[health]\nport = 0", "health.port"),
