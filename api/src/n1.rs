@@ -53,6 +53,23 @@ impl<'a> Gate<'a> {
     }
 }
 
+/// Sets the N-1 metrics from the map in service (its own overflow share: the least the worst
+/// loss can leave, and what the gauge says until the first sweep), then runs sweeps until the
+/// service stops. The metrics are there from the start, as every documented series is.
+pub fn start(shared: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    let overflow = shared.current().map_or(0.0, |s| {
+        let demand = s.topology.total_demand();
+        if demand > 0.0 {
+            s.map.total_overflow() / demand
+        } else {
+            0.0
+        }
+    });
+    metrics::gauge!("cdnmap_n1_worst_overflow_ratio").set(overflow);
+    metrics::gauge!("cdnmap_n1_sweep_seconds").set(0.0);
+    tokio::spawn(run(Arc::clone(shared)))
+}
+
 /// Runs sweeps until the service stops.
 pub async fn run(shared: Arc<Shared>) {
     let cfg = shared.config.n1.clone();

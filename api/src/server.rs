@@ -229,7 +229,7 @@ fn describe_probe_metrics() {
     );
     describe_gauge!(
         "cdnmap_n1_worst_overflow_ratio",
-        "The N-1 view: the share of the demand in overflow after the worst single loss of a cluster or site (the last sweep's; the map's own overflow share when none is worse)."
+        "The N-1 view: the share of the demand in overflow after the worst single loss of a cluster or site (the last sweep's; the map's own overflow share before the first sweep and when no loss is worse)."
     );
     describe_gauge!(
         "cdnmap_n1_sweep_seconds",
@@ -453,7 +453,7 @@ pub async fn serve(
         shared.run_round().await; // the first map before the first query
     }
     let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
-    tokio::spawn(crate::n1::run(Arc::clone(&shared)));
+    crate::n1::start(&shared);
     // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
     // tests find them without racing for free ports.
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
