@@ -582,6 +582,20 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
         "up",
         "a previewed drain is not applied"
     );
+    // A unit that would move, looked up from the preview: the lookup panel shows it.
+    let unit = driver.js(
+        "const b = document.querySelector('#confirm .confirm-units button[data-unit]'); \
+         if (b) { b.click(); return b.dataset.unit; } return null;",
+    );
+    let unit = unit
+        .as_str()
+        .expect("a moving unit in the preview")
+        .to_string();
+    driver.wait_for(
+        "the moving unit looked up",
+        PAGE_TIMEOUT,
+        &format!("return document.getElementById('lookup').textContent.includes('{unit}');"),
+    );
     let path = artifacts_dir().join("dashboard-preview.png");
     std::fs::write(&path, driver.screenshot()).expect("write the preview's screenshot");
     driver.click("#confirm-apply");

@@ -831,6 +831,18 @@ fn an_action_confirmed_from_a_preview_applies_only_as_seen() {
         "{p}"
     );
     assert!(regions.iter().sum::<f64>() <= moved * (1.0 + 1e-9), "{p}");
+    // The units that move most, to look up from the page.
+    let units: Vec<f64> = p["changed_units"]
+        .as_array()
+        .expect("changed units")
+        .iter()
+        .map(|u| f(&u["moved"]))
+        .collect();
+    assert!((1..=10).contains(&units.len()), "{p}");
+    assert!(
+        units.windows(2).all(|w| w[0] >= w[1]) && units[0] > 0.0,
+        "{p}"
+    );
     assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "up");
 
     let path = format!("/api/clusters/{id}/state");

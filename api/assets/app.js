@@ -489,6 +489,10 @@ function renderPreview(why, guarded) {
       ? el("div", { class: "confirm-regions dim" }, "moved most from the clients around: ",
         a.regions.slice(0, 5).map((r) => `${fmt(r.lat, 1)}°, ${fmt(r.lon, 1)}° ${fmt(r.moved)} (${r.units} units)`).join(" · "))
       : "",
+    a.changed_units.length
+      ? el("div", { class: "confirm-units" }, "map units that move most (look one up: where it is now, and why): ",
+        a.changed_units.map((u) => el("button", { class: "link", "data-unit": u.map_unit, onclick: () => lookup(u.map_unit) }, `${u.map_unit} ${fmt(u.moved)}`)))
+      : "",
     a.flows.length
       ? el("table", { class: "diff-flows confirm-flows" },
         el("thead", {}, el("tr", {}, el("th", {}, "from"), el("th", {}, "to"), el("th", { class: "num" }, "demand"))),

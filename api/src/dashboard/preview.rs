@@ -20,6 +20,8 @@ use crate::preview::{preview_changes, Figures, PreviewError, Previewed, Turn};
 
 /// The flows a preview lists unless asked for fewer.
 const PREVIEW_FLOWS: usize = 20;
+/// The changed map units a preview lists (those whose demand moves most).
+const PREVIEW_UNITS: usize = 10;
 /// A confirmed action applies if the overflow it would leave is within this many points (of
 /// the demand) of what the operator saw...
 pub const OVERFLOW_POINTS: f64 = 0.5;
@@ -82,6 +84,14 @@ pub(super) struct PreviewAnswer {
     flows: Vec<FlowRow>,
     /// The moved demand by the region its units are in, the most first.
     regions: Vec<cdnmap_engine::figures::RegionMove>,
+    /// The map units whose demand moves most, with how much (the page looks each up).
+    changed_units: Vec<UnitRow>,
+}
+
+#[derive(Serialize)]
+pub(super) struct UnitRow {
+    map_unit: String,
+    moved: f64,
 }
 
 impl PreviewAnswer {
@@ -89,6 +99,14 @@ impl PreviewAnswer {
         let d = p.diff;
         PreviewAnswer {
             regions: p.regions,
+            changed_units: d
+                .changed
+                .iter()
+                .map(|(map_unit, moved)| UnitRow {
+                    map_unit: map_unit.clone(),
+                    moved: *moved,
+                })
+                .collect(),
             based_on: p.based_on,
             before: p.before.into(),
             after: p.after.into(),
@@ -151,7 +169,7 @@ async fn previewed(
     app: &App,
     changes: Vec<(String, ClusterState)>,
 ) -> Result<PreviewAnswer, ApiError> {
-    let p = preview_changes(&app.shared, changes, 0, Turn::Now)
+    let p = preview_changes(&app.shared, changes, PREVIEW_UNITS, Turn::Now)
         .await
         .map_err(|e| match e {
             PreviewError::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
@@ -236,6 +254,7 @@ mod tests {
             flow_count: 0,
             flows: Vec::new(),
             regions: Vec::new(),
+            changed_units: Vec::new(),
         }
     }
 
