@@ -869,6 +869,59 @@ fn an_action_confirmed_from_a_preview_applies_only_as_seen() {
     let applied = s.post(&path, &[("Authorization", &auth)], &seen);
     assert_eq!(applied.status, 200, "{}", applied.body);
     assert_eq!(s.get_ok(&format!("/api/clusters/{id}"))["state"], "drained");
+
+    // The change history: the event carries what its preview predicted, then what the first
+    // round that mapped it observed (the same, on the demo world's flat forecast), and both
+    // survive a restart, the numbering going on after them.
+    let event = |s: &DashServer| s.get_ok("/api/events")["events"][0].clone();
+    let e = event(&s);
+    assert_eq!(
+        (e["cluster"].as_str(), e["ok"].as_bool()),
+        (Some(id.as_str()), Some(true))
+    );
+    let predicted = e["predicted"].clone();
+    assert!(
+        (f(&predicted["overflow_share"]) - after).abs() < 1e-9,
+        "{e}"
+    );
+    assert!(
+        (f(&predicted["moved_share"]) - moved / f(&p["demand"])).abs() < 1e-9,
+        "{e}"
+    );
+    let deadline = std::time::Instant::now() + ROUND_TIMEOUT;
+    let e = loop {
+        let e = event(&s);
+        if !e["observed"].is_null() {
+            break e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing observed: {e}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let observed = &e["observed"];
+    assert!(
+        observed["version"].as_u64() > predicted["version"].as_u64(),
+        "{e}"
+    );
+    let off = |k: &str| (f(&observed[k]) - f(&predicted[k])).abs() / f(&predicted[k]).max(1e-9);
+    assert!(
+        off("overflow_share") < 0.05 && off("moved_share") < 0.05,
+        "{e}"
+    );
+    let seq = e["seq"].as_u64().expect("seq");
+    let mut s = s;
+    s.restart();
+    let after_restart = event(&s);
+    assert_eq!(after_restart, e, "the history after a restart");
+    let back = s.post(
+        &path,
+        &[("Authorization", &auth)],
+        r#"{"state": "up", "reason": "back"}"#,
+    );
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(event(&s)["seq"].as_u64(), Some(seq + 1));
 }
 
 fn f_of_demand(v: &Value) -> f64 {

@@ -1,8 +1,14 @@
 //! What the service keeps of its recent past, for its readers (the dashboard's charts and
 //! event list): a bounded history of the rounds published ([`RoundPoint`], written by the
-//! loop) and a bounded log of the actions on clusters ([`Event`], written by the topology
-//! writer's log callback, in the order the changes were made, and by the health checks).
-//! Memory only: every action is in the service's log too.
+//! loop, memory only) and a bounded log of the actions on clusters ([`Event`], written by the
+//! topology writer's log callback, in the order the changes were made, and by the health
+//! checks).
+//!
+//! The actions are the **change history** (issue 45): with a store attached
+//! ([`Activity::keep_in`]) each event is appended to the store's history log (synced) before
+//! the action is answered, with the preview it was confirmed from (`predicted`), and what the
+//! first round that mapped it then did (`observed`) as a record of its own; a start reads them
+//! back, so the history survives restarts.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -10,13 +16,13 @@ use std::sync::Mutex;
 use cdnmap_engine::figures;
 use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::ClusterState;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::topology::{clean, Actor, MAX_OPERATOR_LEN, MAX_REASON_LEN};
 
 /// Rounds kept in the history the charts show (an hour at the default 10 s cycle).
 pub const MAX_HISTORY_ROUNDS: usize = 360;
-/// Actions kept in the event log (memory only; every action is also in the service's log).
+/// Actions kept in memory for readers (the store's history keeps more: `HISTORY_BOUNDS`).
 pub const MAX_EVENTS: usize = 1_000;
 
 /// One published round, as the charts show it.
@@ -38,15 +44,15 @@ pub struct RoundPoint {
 }
 
 /// One entry of the action log.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Event {
-    /// Increases by one per action since the server started.
+    /// Increases by one per action (across restarts, with a store).
     pub seq: u64,
     pub at_unix_ms: i64,
     pub who: String,
     pub remote: String,
-    pub via: &'static str,
-    pub action: &'static str,
+    pub via: String,
+    pub action: String,
     pub cluster: String,
     /// The state before (`null` if the action failed before reading it).
     pub from_state: Option<ClusterState>,
@@ -54,6 +60,30 @@ pub struct Event {
     pub reason: String,
     pub ok: bool,
     pub error: Option<String>,
+    /// What the preview it was applied after said the next round would do (`null`: none was
+    /// made: no confirmation from the page and no guard).
+    #[serde(default)]
+    pub predicted: Option<Outcome>,
+    /// What the first round that mapped it did (`null` until then, or when it failed).
+    #[serde(default)]
+    pub observed: Option<Outcome>,
+}
+
+/// A change's effect on the map: the overflow share after it and the share of the demand it
+/// moved; of a preview (the map version it started from) or of a round (the version made).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Outcome {
+    pub version: u64,
+    pub overflow_share: f64,
+    pub moved_share: f64,
+}
+
+/// A record of the store's change history.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Record {
+    Event(Box<Event>),
+    Observed { seq: u64, observed: Outcome },
 }
 
 /// The name of the action that sets `state`.
@@ -69,6 +99,8 @@ pub fn action_name(state: ClusterState) -> &'static str {
 struct EventLog {
     next_seq: u64,
     events: VecDeque<Event>,
+    /// The applied actions no round has mapped yet, by seq.
+    awaiting: Vec<u64>,
 }
 
 /// The service's recent past: the rounds published and the actions on clusters, each bounded.
@@ -76,12 +108,68 @@ struct EventLog {
 pub struct Activity {
     history: Mutex<VecDeque<RoundPoint>>,
     events: Mutex<EventLog>,
+    /// Where the change history is kept (set once at the start: [`Activity::keep_in`]).
+    store: std::sync::OnceLock<cdnmap_store::Store>,
 }
 
 impl Activity {
+    /// Attaches the store's change history: reads it back (the newest [`MAX_EVENTS`] events,
+    /// with what was observed of them; numbering goes on after the last), then appends each
+    /// new record to it. An unreadable record is skipped and said.
+    pub fn keep_in(&self, store: &cdnmap_store::Store) {
+        let records = store.history().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the change history is unreadable: it starts again");
+            Vec::new()
+        });
+        if let Ok(mut log) = self.events.lock() {
+            for (_, bytes) in records {
+                match serde_json::from_slice::<Record>(&bytes) {
+                    Ok(Record::Event(e)) => {
+                        let e = *e;
+                        log.next_seq = log.next_seq.max(e.seq);
+                        if e.ok && e.observed.is_none() {
+                            log.awaiting.push(e.seq);
+                        }
+                        push_bounded(&mut log.events, e);
+                    }
+                    Ok(Record::Observed { seq, observed }) => {
+                        log.awaiting.retain(|&s| s != seq);
+                        if let Some(e) = log.events.iter_mut().find(|e| e.seq == seq) {
+                            e.observed = Some(observed);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "a change history record is unreadable"),
+                }
+            }
+            let kept: Vec<u64> = log.events.iter().map(|e| e.seq).collect();
+            log.awaiting.retain(|s| kept.contains(s));
+        }
+        let _ = self.store.set(store.clone());
+    }
+
+    /// Appends `record` to the store's change history, if one is attached (synced); a failure
+    /// is said, not fatal: the change itself is in the journal.
+    fn keep(&self, at_unix_ms: i64, record: &Record) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        let stored = serde_json::to_vec(record)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                store
+                    .append_history(at_unix_ms, &bytes)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = stored {
+            tracing::error!(error = %e, "a change history record could not be stored");
+        }
+    }
+
     /// Adds a published round to the history (dropping the oldest beyond
-    /// [`MAX_HISTORY_ROUNDS`]).
+    /// [`MAX_HISTORY_ROUNDS`]), and records it as what was observed of the applied actions it
+    /// is the first to map (their cluster in the state they set).
     pub fn record_round(&self, s: &Snapshot, solve_ms: f64) {
+        self.observe(s);
         let demand = s.topology.total_demand();
         let overflow = s.map.total_overflow();
         let point = RoundPoint {
@@ -117,8 +205,50 @@ impl Activity {
         )
     }
 
-    /// Logs an action and its outcome (the state before, or why it was refused), dropping the
-    /// oldest beyond [`MAX_EVENTS`].
+    /// What the round `s` did, as observed of the applied actions waiting for it.
+    fn observe(&self, s: &Snapshot) {
+        let Ok(mut log) = self.events.lock() else {
+            return;
+        };
+        if log.awaiting.is_empty() {
+            return;
+        }
+        let demand = s.topology.total_demand();
+        let observed = Outcome {
+            version: s.version,
+            overflow_share: if demand > 0.0 {
+                s.map.total_overflow() / demand
+            } else {
+                0.0
+            },
+            moved_share: s.churn.unwrap_or(0.0),
+        };
+        let mut seen = Vec::new();
+        let waiting = std::mem::take(&mut log.awaiting);
+        for seq in waiting {
+            let mapped = log.events.iter_mut().find(|e| e.seq == seq).filter(|e| {
+                s.topology
+                    .cluster_index(&e.cluster)
+                    .is_some_and(|c| s.topology.clusters()[c as usize].state == e.to_state)
+            });
+            match mapped {
+                Some(e) => {
+                    e.observed = Some(observed);
+                    seen.push(seq);
+                }
+                None => log.awaiting.push(seq),
+            }
+        }
+        drop(log);
+        for seq in seen {
+            self.keep(s.solved_at_unix_ms, &Record::Observed { seq, observed });
+        }
+    }
+
+    /// Logs an action and its outcome (the state before, or why it was refused) with what its
+    /// preview `predicted`, dropping the oldest beyond [`MAX_EVENTS`]; kept in the store's
+    /// change history before it returns.
+    #[allow(clippy::too_many_arguments)]
     pub fn log_action(
         &self,
         actor: &Actor,
@@ -126,62 +256,67 @@ impl Activity {
         state: ClusterState,
         reason: &str,
         result: Result<Option<ClusterState>, String>,
+        predicted: Option<Outcome>,
         now_unix_ms: i64,
     ) {
-        let Ok(mut log) = self.events.lock() else {
-            return;
-        };
-        log.next_seq += 1;
         let event = Event {
-            seq: log.next_seq,
+            seq: 0,
             at_unix_ms: now_unix_ms,
             who: actor.who.clone(),
             remote: actor.remote.clone(),
-            via: actor.via,
-            action: action_name(state),
+            via: actor.via.to_string(),
+            action: action_name(state).to_string(),
             cluster: clean(cluster, MAX_OPERATOR_LEN),
             from_state: result.as_ref().ok().copied().flatten(),
             to_state: state,
             reason: clean(reason, MAX_REASON_LEN),
             ok: result.is_ok(),
             error: result.err(),
+            predicted,
+            observed: None,
         };
-        if log.events.len() >= MAX_EVENTS {
-            log.events.pop_front();
+        self.push(event);
+    }
+
+    /// Numbers `event`, keeps it in the store's history, then among the events read.
+    fn push(&self, mut event: Event) {
+        let Ok(mut log) = self.events.lock() else {
+            return;
+        };
+        log.next_seq += 1;
+        event.seq = log.next_seq;
+        if event.ok && event.action != "health_down" && event.action != "health_up" {
+            log.awaiting.push(event.seq);
         }
-        log.events.push_back(event);
+        // Under the lock, so the history keeps the events in their order.
+        self.keep(event.at_unix_ms, &Record::Event(Box::new(event.clone())));
+        push_bounded(&mut log.events, event);
     }
 
     /// Logs what the health checks did to a cluster the operator has up: took it down
     /// (`down`, with the reason) or let it back. Who: "health checks", through "health".
     pub fn log_health(&self, cluster: &str, down: bool, reason: &str, now_unix_ms: i64) {
-        let Ok(mut log) = self.events.lock() else {
-            return;
-        };
-        log.next_seq += 1;
         let (from, to) = if down {
             (ClusterState::Up, ClusterState::Down)
         } else {
             (ClusterState::Down, ClusterState::Up)
         };
-        let event = Event {
-            seq: log.next_seq,
+        self.push(Event {
+            seq: 0,
             at_unix_ms: now_unix_ms,
             who: "health checks".into(),
             remote: "local".into(),
-            via: "health",
-            action: if down { "health_down" } else { "health_up" },
+            via: "health".into(),
+            action: if down { "health_down" } else { "health_up" }.into(),
             cluster: clean(cluster, MAX_OPERATOR_LEN),
             from_state: Some(from),
             to_state: to,
             reason: clean(reason, MAX_REASON_LEN),
             ok: true,
             error: None,
-        };
-        if log.events.len() >= MAX_EVENTS {
-            log.events.pop_front();
-        }
-        log.events.push_back(event);
+            predicted: None,
+            observed: None,
+        });
     }
 
     /// The last `limit` events, newest first.
@@ -191,6 +326,14 @@ impl Activity {
             |l| l.events.iter().rev().take(limit).cloned().collect(),
         )
     }
+}
+
+/// Appends `event`, dropping the oldest beyond [`MAX_EVENTS`].
+fn push_bounded(events: &mut VecDeque<Event>, event: Event) {
+    if events.len() >= MAX_EVENTS {
+        events.pop_front();
+    }
+    events.push_back(event);
 }
 
 #[cfg(test)]
@@ -212,6 +355,7 @@ mod tests {
                 ClusterState::Drained,
                 "",
                 failed(),
+                None,
                 i as i64,
             );
         }

@@ -424,7 +424,7 @@ impl pb::admin_server::Admin for AdminService {
         let state = cdnmap_serve::watch::state_from_pb(r.state)
             .ok_or_else(|| invalid(format!("state: {} is not UP, DRAINED or DOWN", r.state)))?;
         let applied =
-            crate::guard::set_cluster_state(&self.0, &r.id, state, &r.reason, actor, r.force)
+            crate::guard::set_cluster_state(&self.0, &r.id, state, &r.reason, actor, r.force, None)
                 .await
                 .map_err(change_status)?;
         let c = applied.topology.cluster_index(&r.id).unwrap_or_default();

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use cdnmap_mapper::ClusterState;
 use cdnmap_store::edit::{Applied, EditError};
 
+use crate::activity::Outcome;
 pub use crate::config::GuardConfig;
 use crate::preview::{preview_changes, PreviewError, Previewed, Turn};
 use crate::service::Shared;
@@ -18,7 +19,8 @@ use crate::topology::{Actor, ChangeError};
 /// Sets cluster `id`'s state as an operator asks (Admin `SetClusterState`, the dashboard, a
 /// script): with a `[guard]`, previewed first and refused past a limit ([`ChangeError::Guard`],
 /// logged as a failed action) unless `force`d, which needs a reason; the event of a forced
-/// change says which limit it passed. Then [`Shared::set_cluster_state`].
+/// change says which limit it passed. Then [`Shared::set_cluster_state_predicted`], with what
+/// the preview it follows said (`predicted`, the caller's, else the guard's) for the history.
 pub async fn set_cluster_state(
     shared: &Arc<Shared>,
     id: &str,
@@ -26,42 +28,61 @@ pub async fn set_cluster_state(
     reason: &str,
     actor: Actor,
     force: bool,
+    predicted: Option<Outcome>,
 ) -> Result<Applied, ChangeError> {
     let mut reason = reason.to_string();
-    if let Some(passed) = passed(shared, id, state).await? {
-        if !force || reason.trim().is_empty() {
-            let why = if force {
-                format!("a forced change needs a reason: {passed}")
-            } else {
-                format!("refused by the guard: {passed}; force it with a reason")
-            };
-            let outcome = Err(why.clone());
-            let now = crate::clock::now_unix_ms();
-            shared
-                .activity()
-                .log_action(&actor, id, state, &reason, outcome, now);
-            return Err(ChangeError::Guard(why));
+    let mut predicted = predicted;
+    if let Some((preview, passed)) = checked(shared, id, state).await? {
+        predicted = predicted.or(Some(outcome_of(&preview)));
+        if let Some(passed) = passed {
+            if !force || reason.trim().is_empty() {
+                let why = if force {
+                    format!("a forced change needs a reason: {passed}")
+                } else {
+                    format!("refused by the guard: {passed}; force it with a reason")
+                };
+                let outcome = Err(why.clone());
+                let now = crate::clock::now_unix_ms();
+                shared
+                    .activity()
+                    .log_action(&actor, id, state, &reason, outcome, predicted, now);
+                return Err(ChangeError::Guard(why));
+            }
+            reason = format!("{reason} [forced past the guard: {passed}]");
         }
-        reason = format!("{reason} [forced past the guard: {passed}]");
     }
-    shared.set_cluster_state(id, state, &reason, actor).await
+    shared
+        .set_cluster_state_predicted(id, state, &reason, actor, predicted)
+        .await
 }
 
-/// The limits of `[guard]` that setting `id` to `state` would pass, by its preview on the map
-/// in service (queued behind other previews); `None` without a guard, without a map yet, or
-/// within every limit.
-async fn passed(
+/// What a preview says a change would do, as the change history keeps it.
+pub fn outcome_of(p: &Previewed) -> Outcome {
+    Outcome {
+        version: p.based_on,
+        overflow_share: p.after.overflow_share,
+        moved_share: p.diff.moved_share(),
+    }
+}
+
+/// With a `[guard]`: the preview of setting `id` to `state` on the map in service (queued
+/// behind other previews) and the limits it passes (`None`: within every one); `None` without
+/// a guard or without a map yet.
+async fn checked(
     shared: &Arc<Shared>,
     id: &str,
     state: ClusterState,
-) -> Result<Option<String>, ChangeError> {
+) -> Result<Option<(Previewed, Option<String>)>, ChangeError> {
     let guard = &shared.config().guard;
     if !guard.is_on() {
         return Ok(None);
     }
     let changes = vec![(id.to_string(), state)];
     match preview_changes(shared, changes, 0, Turn::Queue).await {
-        Ok(p) => Ok(exceeded(guard, &p)),
+        Ok(p) => {
+            let passed = exceeded(guard, &p);
+            Ok(Some((p, passed)))
+        }
         Err(PreviewError::NoMap) => Ok(None),
         Err(PreviewError::NoCluster(..)) => {
             Err(ChangeError::Edit(EditError::NoCluster(id.to_string())))

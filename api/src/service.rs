@@ -193,13 +193,15 @@ impl ReadSide {
                 state,
                 reason,
                 actor,
+                predicted,
             } = change
             {
                 let outcome = match result {
                     Ok(a) => Ok(a.before),
                     Err(e) => Err(e.to_string()),
                 };
-                log_to.log_action(actor, id, *state, reason, outcome, now_unix_ms());
+                let now = now_unix_ms();
+                log_to.log_action(actor, id, *state, reason, outcome, *predicted, now);
             }
         })
     }
@@ -372,6 +374,8 @@ impl Shared {
         let served_ms = ms(t);
         let (topology, seq, replayed) = (start.topology, start.seq, start.replayed);
         let read = ReadSide::new();
+        // The change history, read back before any change can be made.
+        read.activity.keep_in(&store);
         let lead = crate::topology::Lead::default();
         let shared = Arc::new(Shared {
             topology: SharedTopology::start(
@@ -1484,6 +1488,20 @@ impl Shared {
         reason: &str,
         actor: crate::topology::Actor,
     ) -> Result<Applied, ChangeError> {
+        self.set_cluster_state_predicted(id, state, reason, actor, None)
+            .await
+    }
+
+    /// [`Shared::set_cluster_state`] with what the preview it is applied after `predicted`,
+    /// for the change history.
+    pub async fn set_cluster_state_predicted(
+        &self,
+        id: &str,
+        state: ClusterState,
+        reason: &str,
+        actor: crate::topology::Actor,
+        predicted: Option<crate::activity::Outcome>,
+    ) -> Result<Applied, ChangeError> {
         let (who, via) = (actor.who.clone(), actor.via);
         let applied = self
             .topology
@@ -1492,6 +1510,7 @@ impl Shared {
                 state,
                 reason: reason.to_string(),
                 actor,
+                predicted,
             })
             .await?;
         tracing::warn!(cluster = %id, before = ?applied.before, ?state, reason = %reason, who = %who, via, "cluster state set");

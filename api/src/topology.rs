@@ -110,6 +110,8 @@ pub enum Change {
         state: ClusterState,
         reason: String,
         actor: Actor,
+        /// What the preview it is applied after said (the change history keeps it).
+        predicted: Option<crate::activity::Outcome>,
     },
     UpsertCluster(ClusterFile),
     DeleteCluster(String),
@@ -127,6 +129,7 @@ impl Change {
                 state,
                 reason: "applied from the replicas' edits".into(),
                 actor: Actor::new(Some("leader"), None, "etcd"),
+                predicted: None,
             },
             Edit::UpsertCluster { cluster } => Change::UpsertCluster(cluster),
             Edit::DeleteCluster { id } => Change::DeleteCluster(id),
@@ -518,6 +521,7 @@ mod tests {
             state,
             reason: String::new(),
             actor: Actor::new(Some("test"), None, "test"),
+            predicted: None,
         }
     }
 

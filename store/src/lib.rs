@@ -82,6 +82,15 @@ use values::Values;
 const VALUES_DIR: &str = "values";
 /// The directory of the demand record's segments ([`reports`]).
 const REPORTS_DIR: &str = "reports";
+/// The directory of the change history's segments (the same log as the demand record's).
+const HISTORY_DIR: &str = "history";
+
+/// What the change history keeps: a year of records, at most this many, in at most 64 MB.
+pub const HISTORY_BOUNDS: ReportBounds = ReportBounds {
+    retain_ms: 366 * 24 * 3_600_000,
+    max_reports: 20_000,
+    max_bytes: 64 << 20,
+};
 /// The directory of the topology's journal ([`journal`]), inside the store's.
 const JOURNAL_DIR: &str = "journal";
 /// Where a start moves the damaged files it skipped ([`recover`]), inside the store's.
@@ -197,6 +206,9 @@ pub struct Store {
     reports: sled::Tree,
     /// The demand record ([`reports`]).
     report_log: reports::ReportLog,
+    /// The change history: the operators' actions and what came of them, as the service
+    /// encodes them (the same segment log as the demand record).
+    history_log: reports::ReportLog,
     /// The topology's edits since its oldest kept snapshot ([`journal`]).
     journal: journal::Journal,
     /// Held while snapshots and journal segments are dropped (by a round's prune and by a
@@ -543,6 +555,7 @@ impl Store {
             maps: tree("maps")?,
             reports: tree("reports")?,
             report_log: reports::ReportLog::open(&path.join(REPORTS_DIR))?,
+            history_log: reports::ReportLog::open(&path.join(HISTORY_DIR))?,
             served: tree("served")?,
             values: Values::open(&path.join(VALUES_DIR))?,
             last: Default::default(),
@@ -1185,6 +1198,23 @@ impl Store {
         each: impl FnMut(i64, &[u8]) -> bool,
     ) -> Result<(), StoreError> {
         self.report_log.for_each(from_ms, to_ms, each)
+    }
+
+    /// Appends one record of the change history (an action or what came of it, encoded by the
+    /// service) at `at_unix_ms`, within [`HISTORY_BOUNDS`]. Durable when it returns.
+    pub fn append_history(&self, at_unix_ms: i64, record: &[u8]) -> Result<u64, StoreError> {
+        let id = self
+            .db
+            .generate_id()
+            .map_err(io("numbering a history record"))?;
+        self.history_log
+            .append(at_unix_ms, id, record, HISTORY_BOUNDS)?;
+        Ok(id)
+    }
+
+    /// The change history kept, oldest first, with the times the records were appended.
+    pub fn history(&self) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        self.history_log.read(i64::MIN, i64::MAX)
     }
 
     /// How many reports the store holds (kept, or in a segment not yet deleted).

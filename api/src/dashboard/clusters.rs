@@ -363,25 +363,33 @@ pub(super) async fn set_state(
             "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"
         ))
     })?;
-    if let Some(seen) = &body.expect {
-        super::preview::still_as_seen(&app, &id, body.state, seen).await?;
-    }
+    let predicted = match &body.expect {
+        Some(seen) => Some(super::preview::still_as_seen(&app, &id, body.state, seen).await?),
+        None => None,
+    };
     let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
     let actor = Actor::new(who, remote, "http");
     let reason = clean(&body.reason, MAX_REASON_LEN);
-    let applied =
-        crate::guard::set_cluster_state(&app.shared, &id, body.state, &reason, actor, body.force)
-            .await
-            .map_err(|e| match e {
-                ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
-                ChangeError::Edit(_) => ApiError::bad(e.to_string()),
-                ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-                }
-                ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
-                    ApiError::new(StatusCode::CONFLICT, e.to_string())
-                }
-            })?;
+    let applied = crate::guard::set_cluster_state(
+        &app.shared,
+        &id,
+        body.state,
+        &reason,
+        actor,
+        body.force,
+        predicted,
+    )
+    .await
+    .map_err(|e| match e {
+        ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
+        ChangeError::Edit(_) => ApiError::bad(e.to_string()),
+        ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        }
+        ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
+            ApiError::new(StatusCode::CONFLICT, e.to_string())
+        }
+    })?;
     Ok(Json(StateAnswer {
         cluster: id,
         state: body.state,

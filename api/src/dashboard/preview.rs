@@ -211,16 +211,21 @@ pub(super) async fn preview(
 }
 
 /// The check of a confirmed action: the preview of setting `cluster` to `state` made again on
-/// the map in service; a 409 saying what changed when it is no longer what was seen.
+/// the map in service, what it says (for the change history); a 409 saying what changed when
+/// it is no longer what was seen.
 pub(crate) async fn still_as_seen(
     app: &App,
     cluster: &str,
     state: ClusterState,
     seen: &Expect,
-) -> Result<(), ApiError> {
+) -> Result<crate::activity::Outcome, ApiError> {
     let now = previewed(app, vec![(cluster.to_string(), state)]).await?;
     match seen.differs(&now) {
-        None => Ok(()),
+        None => Ok(crate::activity::Outcome {
+            version: now.based_on,
+            overflow_share: now.after.overflow_share,
+            moved_share: now.moved_share,
+        }),
         Some(what) => Err(ApiError::new(
             StatusCode::CONFLICT,
             format!(

@@ -217,6 +217,7 @@ fn change(op: &Op) -> Option<Change> {
             state: state(s),
             reason: "a property test".into(),
             actor: crate::topology::Actor::new(Some("test"), None, "test"),
+            predicted: None,
         },
         Op::UpsertUnit {
             id,
