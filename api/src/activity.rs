@@ -18,6 +18,7 @@ use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::ClusterState;
 use serde::{Deserialize, Serialize};
 
+pub use crate::topology::Outcome;
 use crate::topology::{clean, Actor, MAX_OPERATOR_LEN, MAX_REASON_LEN};
 
 /// Rounds kept in the history the charts show (an hour at the default 10 s cycle).
@@ -67,15 +68,6 @@ pub struct Event {
     /// What the first round that mapped it did (`null` until then, or when it failed).
     #[serde(default)]
     pub observed: Option<Outcome>,
-}
-
-/// A change's effect on the map: the overflow share after it and the share of the demand it
-/// moved; of a preview (the map version it started from) or of a round (the version made).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-pub struct Outcome {
-    pub version: u64,
-    pub overflow_share: f64,
-    pub moved_share: f64,
 }
 
 /// A record of the store's change history.

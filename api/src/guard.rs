@@ -10,10 +10,10 @@ use std::sync::Arc;
 use cdnmap_mapper::ClusterState;
 use cdnmap_store::edit::{Applied, EditError};
 
-use crate::activity::Outcome;
 pub use crate::config::GuardConfig;
 use crate::preview::{preview_changes, PreviewError, Previewed, Turn};
 use crate::service::Shared;
+use crate::topology::Outcome;
 use crate::topology::{Actor, ChangeError};
 
 /// Sets cluster `id`'s state as an operator asks (Admin `SetClusterState`, the dashboard, a

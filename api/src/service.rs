@@ -1500,7 +1500,7 @@ impl Shared {
         state: ClusterState,
         reason: &str,
         actor: crate::topology::Actor,
-        predicted: Option<crate::activity::Outcome>,
+        predicted: Option<crate::topology::Outcome>,
     ) -> Result<Applied, ChangeError> {
         let (who, via) = (actor.who.clone(), actor.via);
         let applied = self

@@ -34,7 +34,7 @@ use cdnmap_store::edit::{apply, unserved_classes, Applied, Edit, EditError};
 use cdnmap_store::Store;
 use cdnmap_topology::format::{ClusterFile, MapUnitFile};
 use cdnmap_topology::Topology;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 /// Changes waiting for the writer; a caller beyond it waits for room.
@@ -100,6 +100,15 @@ impl Actor {
     }
 }
 
+/// A change's effect on the map: the overflow share after it and the share of the demand it
+/// moved; of a preview (the map version it started from) or of a round (the version made).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Outcome {
+    pub version: u64,
+    pub overflow_share: f64,
+    pub moved_share: f64,
+}
+
 /// One change of the topology.
 #[derive(Debug, Clone)]
 pub enum Change {
@@ -111,7 +120,7 @@ pub enum Change {
         reason: String,
         actor: Actor,
         /// What the preview it is applied after said (the change history keeps it).
-        predicted: Option<crate::activity::Outcome>,
+        predicted: Option<Outcome>,
     },
     UpsertCluster(ClusterFile),
     DeleteCluster(String),

@@ -218,10 +218,10 @@ pub(crate) async fn still_as_seen(
     cluster: &str,
     state: ClusterState,
     seen: &Expect,
-) -> Result<crate::activity::Outcome, ApiError> {
+) -> Result<crate::topology::Outcome, ApiError> {
     let now = previewed(app, vec![(cluster.to_string(), state)]).await?;
     match seen.differs(&now) {
-        None => Ok(crate::activity::Outcome {
+        None => Ok(crate::topology::Outcome {
             version: now.based_on,
             overflow_share: now.after.overflow_share,
             moved_share: now.moved_share,
