@@ -91,11 +91,11 @@ pub struct Shared {
     pub(crate) round: RoundState,
     /// What the reports bring in.
     pub(crate) intake: Intake,
-    /// The last N-1 sweep ([`crate::n1`]).
+    /// The last N-1 sweep (made by the `n1` module).
     pub(crate) n1: ArcSwapOption<N1View>,
 }
 
-/// The last N-1 sweep ([`crate::n1`], which makes it; kept here, beside what readers see).
+/// The last N-1 sweep (the `n1` module makes it; kept here, beside what readers see).
 #[derive(Debug, Clone)]
 pub struct N1View {
     /// The map version it was made from.
@@ -149,7 +149,7 @@ pub struct RoundState {
     pub(crate) estimator_ready: tokio::sync::watch::Sender<bool>,
     /// The estimator's last stored checkpoint, and whether one is being written.
     pub(crate) checkpoint: Mutex<Checkpointed>,
-    /// True while a round solves: the N-1 sweep steps aside meanwhile ([`crate::n1::Gate`]).
+    /// True while a round solves: the N-1 sweep steps aside meanwhile (the `n1` module's `Gate`).
     pub(crate) solving: std::sync::atomic::AtomicBool,
 }
 
@@ -1478,9 +1478,9 @@ fn legacy_served(store: &Store, topology: &Topology) -> Option<Served> {
 
 impl Shared {
     /// Sets cluster `id`'s state through the topology writer (stored, then published: the next
-    /// round maps with it) and logs the action with `actor`. The operators' way in is
-    /// [`crate::guard::set_cluster_state`], which holds the change to `[guard]` first; this is
-    /// its last step.
+    /// round maps with it) and logs the action with `actor`. The operators' way in is the
+    /// `guard` module's `set_cluster_state`, which holds the change to `[guard]` first; this
+    /// is its last step.
     pub async fn set_cluster_state(
         &self,
         id: &str,

@@ -179,7 +179,7 @@ pub enum ChangeError {
     /// Replicated: the change could not be written to etcd for the replicas (nothing changed).
     #[error("the change could not be shared with the replicas: {0}")]
     Shared(String),
-    /// The guard refused it (`[guard]`, [`crate::guard`]): which limits, with the figures.
+    /// The guard refused it (`[guard]`, the `guard` module): which limits, with the figures.
     #[error("{0}")]
     Guard(String),
 }
