@@ -278,6 +278,10 @@ impl Activity {
         log.next_seq += 1;
         event.seq = log.next_seq;
         if event.ok && event.action != "health_down" && event.action != "health_up" {
+            // Bounded: an action on a cluster deleted before a round mapped it waits forever.
+            if log.awaiting.len() >= MAX_EVENTS {
+                log.awaiting.remove(0);
+            }
             log.awaiting.push(event.seq);
         }
         // Under the lock, so the history keeps the events in their order.
