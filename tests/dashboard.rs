@@ -976,6 +976,30 @@ fn the_guard_refuses_a_change_past_its_limits_unless_forced_with_a_reason() {
         "{e}"
     );
 
+    // Confirmed from a preview (the page's way): the guard takes that preview, and refuses.
+    let p = s.post(
+        "/api/preview",
+        &[("Authorization", &auth)],
+        &format!(r#"{{"changes": [{{"cluster": "{busiest}", "state": "drained"}}]}}"#),
+    );
+    assert_eq!(p.status, 200, "{}", p.body);
+    let p = p.json();
+    let confirmed = drain(
+        &busiest,
+        &format!(
+            r#"{{"state": "drained", "expect": {{"overflow_share": {}, "moved": {}}}}}"#,
+            f(&p["after"]["overflow_share"]),
+            f(&p["moved"])
+        ),
+    );
+    assert_eq!(confirmed.status, 409, "{}", confirmed.body);
+    assert!(
+        confirmed.error().starts_with("refused by the guard"),
+        "{}",
+        confirmed.body
+    );
+    assert_eq!(s.get_ok(&format!("/api/clusters/{busiest}"))["state"], "up");
+
     let no_reason = drain(&busiest, r#"{"state": "drained", "force": true}"#);
     assert_eq!(no_reason.status, 409, "{}", no_reason.body);
     assert!(

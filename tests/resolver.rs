@@ -77,6 +77,25 @@ async fn cluster_addresses(server: &Server) -> std::collections::HashMap<String,
     by_address
 }
 
+/// `setup`'s server started, a front end following it, and unbound in front of that (their
+/// files in `dir`), with every cluster's addresses.
+async fn behind_unbound(
+    setup: &mut Setup,
+    dir: &Path,
+) -> (
+    Server,
+    Dns,
+    DnsPeer,
+    std::collections::HashMap<String, String>,
+) {
+    let server = setup.start().await;
+    let mut dns = Dns::start(bin!(), dir, server.grpc, "");
+    dns.wait_answering();
+    let unbound = unbound(dir, dns.addr);
+    let cluster_of = cluster_addresses(&server).await;
+    (server, dns, unbound, cluster_of)
+}
+
 /// Through unbound, with each sampled unit's client subnet: every address of every answer is
 /// a server of one cluster, and it is the cluster `Resolve` names for that client (just before
 /// or just after the question: a round between them may move the unit). Seen failing when answers named a
@@ -84,13 +103,9 @@ async fn cluster_addresses(server: &Server) -> std::collections::HashMap<String,
 #[tokio::test(flavor = "multi_thread")]
 async fn through_unbound_every_address_is_of_the_units_cluster() {
     let bin = bin!();
-    let mut setup = Setup::new(bin, true);
-    let server = setup.start().await;
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let mut dns = Dns::start(bin, dir.path(), server.grpc, "");
-    dns.wait_answering();
-    let unbound = unbound(dir.path(), dns.addr);
-    let cluster_of = cluster_addresses(&server).await;
+    let mut setup = Setup::new(bin, true);
+    let (server, dns, unbound, cluster_of) = behind_unbound(&mut setup, dir.path()).await;
 
     let units = all_units(&server).await;
     let sample: Vec<&pb::MapUnit> = units
@@ -152,12 +167,8 @@ async fn with_the_winner_the_second_cluster_is_the_companion_the_map_reserved() 
     // Room for the companions: `cdnmap serve`'s demo world's headroom, not the tests' tight one
     // (a unit's companion needs a candidate with room for a third of its demand).
     let mut setup = Setup::with_demo(bin, true, "", 2.0, "companion = { web = 0.33 }");
-    let server = setup.start().await;
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let mut dns = Dns::start(bin, dir.path(), server.grpc, "");
-    dns.wait_answering();
-    let unbound = unbound(dir.path(), dns.addr);
-    let cluster_of = cluster_addresses(&server).await;
+    let (server, dns, unbound, cluster_of) = behind_unbound(&mut setup, dir.path()).await;
 
     let units = all_units(&server).await;
     let web: Vec<&pb::MapUnit> = units

@@ -19,8 +19,9 @@ use crate::topology::{Actor, ChangeError};
 /// Sets cluster `id`'s state as an operator asks (Admin `SetClusterState`, the dashboard, a
 /// script): with a `[guard]`, previewed first and refused past a limit ([`ChangeError::Guard`],
 /// logged as a failed action) unless `force`d, which needs a reason; the event of a forced
-/// change says which limit it passed. Then [`Shared::set_cluster_state_predicted`], with what
-/// the preview it follows said (`predicted`, the caller's, else the guard's) for the history.
+/// change says which limit it passed. `seen`: the preview of this change the caller just made
+/// (a confirmation from the page), which the guard then takes instead of making its own. Then
+/// [`Shared::set_cluster_state_predicted`], with what the preview said for the history.
 pub async fn set_cluster_state(
     shared: &Arc<Shared>,
     id: &str,
@@ -28,12 +29,12 @@ pub async fn set_cluster_state(
     reason: &str,
     actor: Actor,
     force: bool,
-    predicted: Option<Outcome>,
+    seen: Option<Previewed>,
 ) -> Result<Applied, ChangeError> {
     let mut reason = reason.to_string();
-    let mut predicted = predicted;
-    if let Some((preview, passed)) = checked(shared, id, state).await? {
-        predicted = predicted.or(Some(outcome_of(&preview)));
+    let mut predicted = seen.as_ref().map(outcome_of);
+    if let Some((preview, passed)) = checked(shared, id, state, seen).await? {
+        predicted = Some(outcome_of(&preview));
         if let Some(passed) = passed {
             if !force || reason.trim().is_empty() {
                 let why = if force {
@@ -65,20 +66,24 @@ pub fn outcome_of(p: &Previewed) -> Outcome {
     }
 }
 
-/// With a `[guard]`: the preview of setting `id` to `state` on the map in service (queued
-/// behind other previews) and the limits it passes (`None`: within every one); `None` without
-/// a guard or without a map yet.
+/// With a `[guard]`: the preview of setting `id` to `state` on the map in service (`seen`, else
+/// made now, queued behind other previews) and the limits it passes (`None`: within every
+/// one); `None` without a guard or without a map yet.
 async fn checked(
     shared: &Arc<Shared>,
     id: &str,
     state: ClusterState,
+    seen: Option<Previewed>,
 ) -> Result<Option<(Previewed, Option<String>)>, ChangeError> {
     let guard = &shared.config().guard;
     if !guard.is_on() {
         return Ok(None);
     }
-    let changes = vec![(id.to_string(), state)];
-    match preview_changes(shared, changes, 0, Turn::Queue).await {
+    let made = match seen {
+        Some(p) => Ok(p),
+        None => preview_changes(shared, vec![(id.to_string(), state)], 0, Turn::Queue).await,
+    };
+    match made {
         Ok(p) => {
             let passed = exceeded(guard, &p);
             Ok(Some((p, passed)))

@@ -17,6 +17,7 @@ use cdnmap_serve::resolve::ClassRules;
 use clap::Args;
 
 use crate::alloc;
+use crate::preview::{median, ms};
 use crate::solve::BenchWorld;
 
 #[derive(Args, Debug)]
@@ -29,15 +30,6 @@ pub struct N1BenchArgs {
     /// The worst losses previewed exactly.
     #[arg(long, default_value_t = 5)]
     pub exact: usize,
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub fn n1(a: &N1BenchArgs) -> Result<std::process::ExitCode> {

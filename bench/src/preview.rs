@@ -26,11 +26,13 @@ pub struct PreviewBenchArgs {
     pub runs: usize,
 }
 
-fn ms(t: Instant) -> f64 {
+/// Milliseconds since `t`.
+pub(crate) fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (sorted in place; the upper one of an even count).
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

@@ -363,7 +363,7 @@ pub(super) async fn set_state(
             "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"
         ))
     })?;
-    let predicted = match &body.expect {
+    let seen = match &body.expect {
         Some(seen) => Some(super::preview::still_as_seen(&app, &id, body.state, seen).await?),
         None => None,
     };
@@ -377,7 +377,7 @@ pub(super) async fn set_state(
         &reason,
         actor,
         body.force,
-        predicted,
+        seen,
     )
     .await
     .map_err(|e| match e {

@@ -43,6 +43,30 @@ pub(super) struct UnitRow {
     moved: f64,
 }
 
+/// A diff's largest `flows` flows and its changed units as the page shows them (also a
+/// preview's).
+pub(super) fn rows_of(
+    d: cdnmap_mapper::diff::MapDiff,
+    flows: usize,
+) -> (Vec<FlowRow>, Vec<UnitRow>) {
+    let flows = d
+        .flows
+        .into_iter()
+        .take(flows)
+        .map(|f| FlowRow {
+            from: f.from,
+            to: f.to,
+            demand: f.demand,
+        })
+        .collect();
+    let units = d
+        .changed
+        .into_iter()
+        .map(|(map_unit, moved)| UnitRow { map_unit, moved })
+        .collect();
+    (flows, units)
+}
+
 #[derive(Serialize)]
 pub(super) struct DiffAnswer {
     from: u64,
@@ -84,31 +108,27 @@ pub(super) async fn diff(
             DiffError::Failed(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         })?;
     let (from, to, d) = (d.from, d.to, d.diff);
+    let (units_compared, units_changed, units_added, units_removed) = (
+        d.units_compared,
+        d.units_changed,
+        d.units_added,
+        d.units_removed,
+    );
+    let (demand, moved, moved_share, flow_count) =
+        (d.demand, d.moved, d.moved_share(), d.flows.len());
+    let (flows, changed_units) = rows_of(d, flows);
     Ok(Json(DiffAnswer {
         from,
         to,
-        units_compared: d.units_compared,
-        units_changed: d.units_changed,
-        units_added: d.units_added,
-        units_removed: d.units_removed,
-        demand: d.demand,
-        moved: d.moved,
-        moved_share: d.moved_share(),
-        flow_count: d.flows.len(),
-        flows: d
-            .flows
-            .into_iter()
-            .take(flows)
-            .map(|f| FlowRow {
-                from: f.from,
-                to: f.to,
-                demand: f.demand,
-            })
-            .collect(),
-        changed_units: d
-            .changed
-            .into_iter()
-            .map(|(map_unit, moved)| UnitRow { map_unit, moved })
-            .collect(),
+        units_compared,
+        units_changed,
+        units_added,
+        units_removed,
+        demand,
+        moved,
+        moved_share,
+        flow_count,
+        flows,
+        changed_units,
     }))
 }

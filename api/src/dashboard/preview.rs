@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::authorize;
 use super::app::{ApiError, ApiResult, App};
+use super::diff::{rows_of, FlowRow, UnitRow};
 use crate::preview::{preview_changes, Figures, PreviewError, Previewed, Turn};
 
 /// The flows a preview lists unless asked for fewer.
@@ -61,13 +62,6 @@ impl From<Figures> for FiguresRow {
     }
 }
 
-#[derive(Serialize)]
-pub(super) struct FlowRow {
-    from: String,
-    to: String,
-    demand: f64,
-}
-
 /// A preview as the page shows it.
 #[derive(Serialize)]
 pub(super) struct PreviewAnswer {
@@ -88,43 +82,24 @@ pub(super) struct PreviewAnswer {
     changed_units: Vec<UnitRow>,
 }
 
-#[derive(Serialize)]
-pub(super) struct UnitRow {
-    map_unit: String,
-    moved: f64,
-}
-
 impl PreviewAnswer {
     fn of(p: Previewed) -> PreviewAnswer {
         let d = p.diff;
+        let (demand, moved, moved_share) = (d.demand, d.moved, d.moved_share());
+        let (units_changed, flow_count) = (d.units_changed, d.flows.len());
+        let (flows, changed_units) = rows_of(d, PREVIEW_FLOWS);
         PreviewAnswer {
-            regions: p.regions,
-            changed_units: d
-                .changed
-                .iter()
-                .map(|(map_unit, moved)| UnitRow {
-                    map_unit: map_unit.clone(),
-                    moved: *moved,
-                })
-                .collect(),
             based_on: p.based_on,
             before: p.before.into(),
             after: p.after.into(),
-            demand: d.demand,
-            moved: d.moved,
-            moved_share: d.moved_share(),
-            units_changed: d.units_changed,
-            flow_count: d.flows.len(),
-            flows: d
-                .flows
-                .into_iter()
-                .take(PREVIEW_FLOWS)
-                .map(|f| FlowRow {
-                    from: f.from,
-                    to: f.to,
-                    demand: f.demand,
-                })
-                .collect(),
+            demand,
+            moved,
+            moved_share,
+            units_changed,
+            flow_count,
+            flows,
+            regions: p.regions,
+            changed_units,
         }
     }
 }
@@ -142,7 +117,7 @@ pub(crate) struct Expect {
 impl Expect {
     /// How `now` (the preview made again) differs from what was seen, beyond the bounds
     /// ([`OVERFLOW_POINTS`], [`MOVED_SHARE`], [`MOVED_OF_DEMAND`]); `None` when it does not.
-    fn differs(&self, now: &PreviewAnswer) -> Option<String> {
+    fn differs(&self, now: &Previewed) -> Option<String> {
         let mut out = Vec::new();
         let points = 100.0 * (now.after.overflow_share - self.overflow_share);
         if points.is_nan() || points.abs() > OVERFLOW_POINTS {
@@ -152,23 +127,20 @@ impl Expect {
                 100.0 * self.overflow_share
             ));
         }
-        let slack = (MOVED_SHARE * self.moved).max(MOVED_OF_DEMAND * now.demand);
-        let off = (now.moved - self.moved).abs();
+        let slack = (MOVED_SHARE * self.moved).max(MOVED_OF_DEMAND * now.diff.demand);
+        let off = (now.diff.moved - self.moved).abs();
         if off.is_nan() || off > slack {
             out.push(format!(
                 "it now moves {:.1} demand units (you saw {:.1})",
-                now.moved, self.moved
+                now.diff.moved, self.moved
             ));
         }
         (!out.is_empty()).then(|| out.join("; "))
     }
 }
 
-/// The preview of `changes` on the map in service, as the page shows it.
-async fn previewed(
-    app: &App,
-    changes: Vec<(String, ClusterState)>,
-) -> Result<PreviewAnswer, ApiError> {
+/// The preview of `changes` on the map in service (an operator's: waits its turn briefly).
+async fn previewed(app: &App, changes: Vec<(String, ClusterState)>) -> Result<Previewed, ApiError> {
     let p = preview_changes(&app.shared, changes, PREVIEW_UNITS, Turn::Now)
         .await
         .map_err(|e| match e {
@@ -180,7 +152,7 @@ async fn previewed(
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
             }
         })?;
-    Ok(PreviewAnswer::of(p))
+    Ok(p)
 }
 
 /// `POST /api/preview`, `{"changes": [{"cluster": "fra-1", "state": "drained"}]}`: needs the
@@ -207,25 +179,21 @@ pub(super) async fn preview(
         .into_iter()
         .map(|c| (c.cluster, c.state))
         .collect();
-    Ok(Json(previewed(&app, changes).await?))
+    Ok(Json(PreviewAnswer::of(previewed(&app, changes).await?)))
 }
 
 /// The check of a confirmed action: the preview of setting `cluster` to `state` made again on
-/// the map in service, what it says (for the change history); a 409 saying what changed when
-/// it is no longer what was seen.
+/// the map in service (which the guard and the change history then take); a 409 saying what
+/// changed when it is no longer what was seen.
 pub(crate) async fn still_as_seen(
     app: &App,
     cluster: &str,
     state: ClusterState,
     seen: &Expect,
-) -> Result<crate::topology::Outcome, ApiError> {
+) -> Result<Previewed, ApiError> {
     let now = previewed(app, vec![(cluster.to_string(), state)]).await?;
     match seen.differs(&now) {
-        None => Ok(crate::topology::Outcome {
-            version: now.based_on,
-            overflow_share: now.after.overflow_share,
-            moved_share: now.moved_share,
-        }),
+        None => Ok(now),
         Some(what) => Err(ApiError::new(
             StatusCode::CONFLICT,
             format!(
@@ -241,25 +209,23 @@ pub(crate) async fn still_as_seen(
 mod tests {
     use super::*;
 
-    fn answer(overflow_share: f64, moved: f64) -> PreviewAnswer {
-        let f = |overflow_share| FiguresRow {
+    fn answer(overflow_share: f64, moved: f64) -> Previewed {
+        let f = |overflow_share| Figures {
             overflow: 0.0,
             overflow_share,
             nodes_full: 0,
             mean_rtt_ms: 0.0,
         };
-        PreviewAnswer {
+        Previewed {
             based_on: 7,
+            diff: cdnmap_mapper::diff::MapDiff {
+                demand: 10_000.0,
+                moved,
+                ..Default::default()
+            },
             before: f(0.0),
             after: f(overflow_share),
-            demand: 10_000.0,
-            moved,
-            moved_share: moved / 10_000.0,
-            units_changed: 1,
-            flow_count: 0,
-            flows: Vec::new(),
             regions: Vec::new(),
-            changed_units: Vec::new(),
         }
     }
 
