@@ -834,6 +834,79 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
     eprintln!("screenshot: {}", path.display());
 }
 
+/// A drain ramped from the page (issue 45): the preview's "over N rounds", confirmed, shows in
+/// the Ramps panel with its progress step by step, and its Cancel writes the cluster back.
+#[test]
+fn a_drain_ramped_from_the_page_shows_its_steps_and_cancels_in_chromium() {
+    let chromium = ensure_debian_tool("chromium", &["chromium", "chromium-driver"])
+        .unwrap_or_else(|e| panic!("the browser test needs Chromium: {e}"));
+    let chromedriver = find_program("chromedriver")
+        .or_else(|| ensure_debian_tool("chromedriver", &["chromium-driver"]).ok())
+        .expect("chromedriver (Debian's chromium-driver)");
+    let server = DashServer::start_with(cdnmap_tests::mapper::Setup::with_extra(
+        cdnmap_tests::bin!(),
+        true,
+        "[guard]\nmax_moved_share_per_round = 0.01\n",
+    ));
+    let busiest = server.get_ok("/api/clusters?sort=demand&order=desc")["clusters"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let capacity = |id: &str| {
+        server.get_ok(&format!("/api/clusters/{id}"))["nodes"][0]["configured_capacity"].clone()
+    };
+    let before = capacity(&busiest);
+    let driver = Driver::start(chromium, chromedriver);
+    driver.goto(&format!("http://{}/", server.http));
+    driver.type_into("#token", TOKEN);
+    driver.type_into("#reason", "ramped from the page");
+    driver.wait_for(
+        "the ramps panel and the actions",
+        ROUND_TIMEOUT,
+        "return document.getElementById('mode').textContent === 'actions enabled' && \
+         document.getElementById('ramps-note').textContent.includes('movement budget 1');",
+    );
+    driver.click(&format!(
+        "button[data-action=\"drain\"][data-cluster=\"{busiest}\"]"
+    ));
+    driver.wait_for(
+        "the drain's preview with its rounds",
+        ROUND_TIMEOUT,
+        "return !!document.querySelector('#confirm-apply') && !!document.getElementById('confirm-rounds');",
+    );
+    driver.js("document.getElementById('confirm-rounds').value = '4'; return true;");
+    driver.click("#confirm-apply");
+    let row = format!("#ramps tr[data-cluster=\"{busiest}\"]");
+    driver.wait_for(
+        "the ramp's second step shown",
+        ROUND_TIMEOUT + ROUND_TIMEOUT,
+        &format!(
+            "const r = document.querySelector('{row}'); \
+             return r && r.dataset.phase === 'running' && /step [2-9]/.test(r.textContent);"
+        ),
+    );
+    let ramp = &server.get_ok("/api/ramps")["ramps"][0];
+    assert_eq!(
+        (ramp["cluster"].as_str(), ramp["rounds"].as_u64()),
+        (Some(busiest.as_str()), Some(4)),
+        "{ramp}"
+    );
+    assert_ne!(capacity(&busiest), before, "stepped down");
+    let path = artifacts_dir().join("dashboard-ramp.png");
+    std::fs::write(&path, driver.screenshot()).expect("write the ramp's screenshot");
+    driver.click(&format!("#ramps button[data-cancel=\"{busiest}\"]"));
+    driver.wait_for(
+        "the ramp cancelled",
+        PAGE_TIMEOUT,
+        &format!("const r = document.querySelector('{row}'); return r && r.dataset.phase === 'cancelled';"),
+    );
+    assert_eq!(capacity(&busiest), before, "written back");
+    assert_eq!(
+        server.get_ok(&format!("/api/clusters/{busiest}"))["state"],
+        "up"
+    );
+}
+
 /// The SI prefix the page gives a quantity of this size (its formatter, `quantity`).
 fn si_prefix(x: f64) -> &'static str {
     let a = x.abs();

@@ -776,6 +776,19 @@ async fn an_admin_drain_acknowledged_by_the_leader_survives_its_death() {
     assert_eq!(s.map_epoch, next_epoch);
     assert_eq!(c["map_state"], "drained", "{c}");
     assert_eq!(c["demand"].as_f64(), Some(0.0), "{c}");
+    // The change history came over with it (issue 45): the drain, who made it, why, from
+    // where, and what the round that mapped it observed.
+    let (line, body) = replicas[next].server().http_get("/api/events");
+    assert!(line.contains("200"), "{line}: {body}");
+    let events: serde_json::Value = serde_json::from_str(&body).expect("events as JSON");
+    let drained = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["cluster"] == target.as_str() && e["action"] == "drain" && e["ok"] == true)
+        .unwrap_or_else(|| panic!("the new leader has not the old one's drain: {events}"));
+    assert_eq!(drained["reason"], "e2e: drained on the leader", "{drained}");
+    assert_eq!(drained["via"], "grpc", "{drained}");
     // The killed leader comes back with the drain (its own journal) and as a standby.
     replicas[leader].start().await;
     assert_eq!(

@@ -499,6 +499,10 @@ function renderPreview(why, guarded) {
         el("tbody", {}, a.flows.slice(0, 8).map((x) => el("tr", { "data-from": x.from, "data-to": x.to },
           el("td", {}, x.from), el("td", {}, x.to), el("td", { class: "num" }, fmt(x.demand))))))
       : el("div", { class: "dim" }, "nothing would move"),
+    p.target === "drained"
+      ? el("label", { class: "confirm-rounds", title: "ramped: the capacity stepped down over this many rounds (within the movement budget, if one is set), so the least attached demand moves first" },
+        "over ", el("input", { id: "confirm-rounds", type: "number", min: "1", max: "1000", value: String(p.rounds || 1) }), " rounds (1: at once)")
+      : "",
     el("div", { class: "confirm-buttons" },
       guarded
         ? el("button", { id: "confirm-force", class: "danger", title: "apply it past the guard: the reason typed above is required and logged", onclick: () => confirmAction(true) }, `Force: ${p.label} ${p.id}`)
@@ -514,30 +518,38 @@ function closePreview() {
   renderMap();
 }
 
+function actionHeaders() {
+  return {
+    "content-type": "application/json",
+    authorization: `Bearer ${token()}`,
+    "x-operator": document.getElementById("operator").value || "",
+  };
+}
+
+// Applies the previewed action: at once, or (a drain over more than one round) as a ramp.
 async function confirmAction(force) {
   const p = state.preview;
   if (!p) return;
+  const roundsBox = document.getElementById("confirm-rounds");
+  p.rounds = roundsBox ? Math.max(1, Math.round(Number(roundsBox.value) || 1)) : 1;
+  const reason = document.getElementById("reason").value || "";
+  const expect = { overflow_share: p.answer.after.overflow_share, moved: p.answer.moved };
   try {
-    await api(`/api/clusters/${encodeURIComponent(p.id)}/state`, {
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        authorization: `Bearer ${token()}`,
-        "x-operator": document.getElementById("operator").value || "",
-      },
-      body: JSON.stringify({
-        state: p.target, reason: document.getElementById("reason").value || "",
-        expect: { overflow_share: p.answer.after.overflow_share, moved: p.answer.moved },
-        force,
-      }),
-    });
+    const at = `/api/clusters/${encodeURIComponent(p.id)}`;
+    const body = p.rounds > 1
+      ? { to: "drained", rounds: p.rounds, reason, expect, force }
+      : { state: p.target, reason, expect, force };
+    await api(p.rounds > 1 ? `${at}/ramp` : `${at}/state`, { method: "POST", headers: actionHeaders(), body: JSON.stringify(body) });
     closePreview();
   } catch (e) {
     // Not applied: the map moved past what was previewed (or another error). Preview again.
     const why = `${p.id} → ${p.target}: ${e.message}`;
     flash(why);
     await previewAction(p.id, p.target, p.label);
-    if (state.preview) renderPreview(why, /guard/.test(e.message));
+    if (state.preview) {
+      state.preview.rounds = p.rounds;
+      renderPreview(why, /guard/.test(e.message));
+    }
   }
   await refresh(true);
 }
@@ -656,6 +668,20 @@ function renderEstimator(e) {
     ...derated);
 }
 
+// The whole change history as a file (JSON lines): fetched with the token, saved by the browser.
+async function exportHistory() {
+  try {
+    const r = await fetch("/api/events/export", { headers: { authorization: `Bearer ${token()}` } });
+    if (!r.ok) throw new Error(((await r.json().catch(() => null)) || {}).error || `${r.status}`);
+    const a = el("a", { href: URL.createObjectURL(await r.blob()), download: "cdnmap-history.jsonl" });
+    document.body.append(a);
+    a.click();
+    a.remove();
+  } catch (e) {
+    flash(`export the history: ${e.message}`);
+  }
+}
+
 function renderEvents(events) {
   const ul = document.getElementById("events");
   if (!events.length) { ul.replaceChildren(el("li", { class: "empty" }, "no actions yet")); return; }
@@ -692,6 +718,50 @@ function renderN1(n) {
   box.replaceChildren(table("cluster lost", n.clusters), n.sites.length ? table("site lost", n.sites) : "");
 }
 
+// The ramps: a drain or a capacity cut over rounds, each step within the movement budget; the
+// running ones first, each with its progress and a Cancel (the cluster written back as it was).
+function renderRamps(r) {
+  const box = document.getElementById("ramps");
+  document.getElementById("ramps-note").textContent = r.budget == null
+    ? "no movement budget (guard.max_moved_share_per_round)"
+    : `movement budget ${pct(r.budget)} of the demand a round`;
+  if (!r.ramps.length) {
+    box.replaceChildren(el("div", { class: "dim" }, "none: ramp a drain from its preview (\"over N rounds\")"));
+    return;
+  }
+  const goal = (g) => g.to === "drained" ? "drain" : `capacity to ${pct(g.scale)}`;
+  box.replaceChildren(el("table", { class: "ramps-table" },
+    el("thead", {}, el("tr", {}, ["cluster", "goal", "progress", "last step: estimated / observed move", "overflow at start → last round", "", ""].map((h) => el("th", {}, h)))),
+    el("tbody", {}, r.ramps.slice(0, 10).map((x) => {
+      const last = x.steps[x.steps.length - 1];
+      const scale = last ? last.scale : 1;
+      const progress = x.goal.to === "drained" ? 1 - scale : (1 - scale) / (1 - x.goal.scale);
+      const seen = last && last.observed;
+      return el("tr", { "data-cluster": x.cluster, "data-phase": x.phase },
+        el("td", {}, x.cluster),
+        el("td", { title: x.reason }, goal(x.goal)),
+        el("td", {}, bar(progress, `step ${x.steps_written} (asked: ${x.rounds} rounds) · capacity ${pct(scale)}`)),
+        el("td", { class: "num" }, last ? `${pct(last.estimated_moved_share)} / ${seen ? pct(seen.moved_share) : "…"}` : "—"),
+        el("td", { class: "num" }, `${pct(x.baseline.overflow_share)} → ${seen ? pct(seen.overflow_share) : "…"}`),
+        el("td", { class: x.phase === "rolled_back" || x.phase === "interrupted" ? "worse" : "", title: x.why || "" }, x.phase.replace("_", " ")),
+        el("td", {}, x.phase === "running"
+          ? el("button", { "data-cancel": x.cluster, title: "stop the ramp and write the cluster back as it was", onclick: () => cancelRamp(x.cluster) }, "Cancel")
+          : ""));
+    }))));
+}
+
+async function cancelRamp(id) {
+  try {
+    await api(`/api/clusters/${encodeURIComponent(id)}/ramp/cancel`, {
+      method: "POST", headers: actionHeaders(),
+      body: JSON.stringify({ reason: document.getElementById("reason").value || "" }),
+    });
+  } catch (e) {
+    flash(`cancel the ramp of ${id}: ${e.message}`);
+  }
+  await refresh(true);
+}
+
 async function refresh(force) {
   if (state.busy && !force) return;
   state.busy = true;
@@ -702,7 +772,7 @@ async function refresh(force) {
     if (!s.map_version) return; // no map yet: the banner says so
     const newest = ev.events.length ? ev.events[0].seq : 0;
     if (force || s.map_version !== state.version || newest !== state.lastEventSeq) {
-      const [cl, m, h, est, n1] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator"), api("/api/n1?limit=10")]);
+      const [cl, m, h, est, n1, ramps] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator"), api("/api/n1?limit=10"), api("/api/ramps")]);
       state.clusters = cl.clusters;
       state.map = m;
       state.history = h.rounds;
@@ -715,6 +785,7 @@ async function refresh(force) {
       renderCharts();
       renderEstimator(est);
       renderN1(n1);
+      renderRamps(ramps);
       document.body.dataset.version = String(cl.map_version);
       document.body.dataset.mapVersion = String(m.map_version);
       document.body.dataset.ready = "1";
@@ -734,6 +805,7 @@ function init() {
   op.value = sessionStorage.getItem("cdnmap.operator") || "";
   op.addEventListener("input", () => sessionStorage.setItem("cdnmap.operator", op.value));
   document.getElementById("filter").addEventListener("input", renderTable);
+  document.getElementById("export-history").addEventListener("click", exportHistory);
   document.getElementById("pin-out").addEventListener("change", renderTable);
   // A header sorts by its column: click, or Enter / Space when it has the focus; again reverses.
   document.querySelectorAll("#clusters th[data-sort]").forEach((th) => {

@@ -18,6 +18,7 @@ use cdnmap_engine::round::Snapshot;
 use cdnmap_mapper::ClusterState;
 use serde::{Deserialize, Serialize};
 
+use crate::ramp::{Goal as RampGoal, Phase as RampPhase, Ramp};
 pub use crate::topology::Outcome;
 use crate::topology::{clean, Actor, MAX_OPERATOR_LEN, MAX_REASON_LEN};
 
@@ -42,6 +43,8 @@ pub struct RoundPoint {
     pub mean_rtt_ms: Option<f64>,
     pub proposals: u64,
     pub repair_rounds: u32,
+    /// The topology journal's sequence number of the last edit the round solved with.
+    pub topology_seq: u64,
 }
 
 /// One entry of the action log.
@@ -75,8 +78,16 @@ pub struct Event {
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Record {
     Event(Box<Event>),
-    Observed { seq: u64, observed: Outcome },
+    Observed {
+        seq: u64,
+        observed: Outcome,
+    },
+    /// A ramp as it is after a change of it (the last record of an id is the ramp).
+    Ramp(Box<Ramp>),
 }
+
+/// Ramps kept for readers (running ones always; the oldest ended ones dropped beyond this).
+pub const MAX_RAMPS: usize = 100;
 
 /// The name of the action that sets `state`.
 pub fn action_name(state: ClusterState) -> &'static str {
@@ -102,6 +113,24 @@ pub struct Activity {
     events: Mutex<EventLog>,
     /// Where the change history is kept (set once at the start: [`Activity::keep_in`]).
     store: std::sync::OnceLock<cdnmap_store::Store>,
+    /// The ramps, oldest first (the `ramp` module changes them).
+    ramps: Mutex<Vec<Ramp>>,
+    /// Replicated: where each new record goes to be shared with the replicas (etcd's copy of
+    /// the history, written by the leader: set once at the start).
+    share: std::sync::OnceLock<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    /// The fingerprints of the records kept (read back or written): what a merge of the
+    /// replicas' copy skips.
+    seen: Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Records a replicated service may have waiting to be shared with the replicas.
+pub const SHARE_BACKLOG: usize = 4_096;
+
+/// A record's fingerprint (FNV-1a, 64 bits): the same bytes, the same record, in any build.
+fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 impl Activity {
@@ -113,6 +142,9 @@ impl Activity {
             tracing::error!(error = %e, "the change history is unreadable: it starts again");
             Vec::new()
         });
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.extend(records.iter().map(|(_, b)| fingerprint(b)));
+        }
         if let Ok(mut log) = self.events.lock() {
             for (_, bytes) in records {
                 match serde_json::from_slice::<Record>(&bytes) {
@@ -130,6 +162,7 @@ impl Activity {
                             e.observed = Some(observed);
                         }
                     }
+                    Ok(Record::Ramp(r)) => self.put_ramp(*r),
                     Err(e) => tracing::warn!(error = %e, "a change history record is unreadable"),
                 }
             }
@@ -139,28 +172,127 @@ impl Activity {
         let _ = self.store.set(store.clone());
     }
 
-    /// Appends `record` to the store's change history, if one is attached (synced); a failure
-    /// is said, not fatal: the change itself is in the journal.
-    fn keep(&self, at_unix_ms: i64, record: &Record) {
+    /// The whole change history the store keeps (every record, oldest first), as JSON lines
+    /// `{"at_unix_ms": .., "record": {..}}`: what an export gives. Empty without a store.
+    pub fn export(&self) -> Result<Vec<u8>, String> {
         let Some(store) = self.store.get() else {
-            return;
+            return Ok(Vec::new());
         };
-        let stored = serde_json::to_vec(record)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| {
-                store
-                    .append_history(at_unix_ms, &bytes)
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = stored {
-            tracing::error!(error = %e, "a change history record could not be stored");
+        let records = store.history().map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(records.iter().map(|(_, r)| r.len() + 32).sum());
+        for (at, bytes) in records {
+            out.extend_from_slice(format!("{{\"at_unix_ms\":{at},\"record\":").as_bytes());
+            out.extend_from_slice(&bytes);
+            out.extend_from_slice(b"}\n");
         }
+        Ok(out)
+    }
+
+    /// Replicated: each record kept from now on is also sent to `to`, which shares it with the
+    /// replicas (the `server` module's task writes it to etcd while this replica leads).
+    pub fn share_with(&self, to: tokio::sync::mpsc::Sender<Vec<u8>>) {
+        let _ = self.share.set(to);
+    }
+
+    /// Appends `record` to the store's change history, if one is attached (synced), and
+    /// shares it with the replicas; a failure is said, not fatal: the change itself is in the
+    /// journal.
+    fn keep(&self, at_unix_ms: i64, record: &Record) {
+        match serde_json::to_vec(record) {
+            Ok(bytes) => self.keep_bytes(at_unix_ms, bytes, true),
+            Err(e) => tracing::error!(error = %e, "a change history record could not be encoded"),
+        }
+    }
+
+    /// [`Activity::keep`] of an encoded record; `share`: to the replicas too (not a record
+    /// taken from them).
+    fn keep_bytes(&self, at_unix_ms: i64, bytes: Vec<u8>, share: bool) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.insert(fingerprint(&bytes));
+        }
+        if let Some(store) = self.store.get() {
+            if let Err(e) = store.append_history(at_unix_ms, &bytes) {
+                tracing::error!(error = %e, "a change history record could not be stored");
+            }
+        }
+        if let Some(to) = self.share.get().filter(|_| share) {
+            if let Err(e) = to.try_send(bytes) {
+                tracing::error!(error = %e, "a change history record could not be shared with the replicas");
+            }
+        }
+    }
+
+    /// Takes in the replicas' copy of the change history (`records`, oldest first): those this
+    /// replica does not have are kept and shown, as the leader that wrote them had them. An
+    /// event whose number this replica gave another (a standby's own health event) is
+    /// numbered after the last, and what was observed of it follows it. How many were new.
+    pub fn merge_shared(&self, records: &[Vec<u8>]) -> usize {
+        let mut renumbered = std::collections::HashMap::new();
+        let mut new = 0;
+        for bytes in records {
+            let known = self
+                .seen
+                .lock()
+                .map_or(true, |s| s.contains(&fingerprint(bytes)));
+            if known {
+                continue;
+            }
+            let record = match serde_json::from_slice::<Record>(bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a shared change history record is unreadable");
+                    continue;
+                }
+            };
+            let taken = match record {
+                Record::Event(mut e) => {
+                    let Ok(mut log) = self.events.lock() else {
+                        continue;
+                    };
+                    if e.seq <= log.next_seq {
+                        let seq = log.next_seq + 1;
+                        renumbered.insert(e.seq, seq);
+                        e.seq = seq;
+                    }
+                    log.next_seq = e.seq;
+                    if e.ok && e.observed.is_none() && !observes_itself(&e.action) {
+                        log.awaiting.push(e.seq);
+                    }
+                    push_bounded(&mut log.events, (*e).clone());
+                    Record::Event(e)
+                }
+                Record::Observed { seq, observed } => {
+                    let seq = renumbered.get(&seq).copied().unwrap_or(seq);
+                    let Ok(mut log) = self.events.lock() else {
+                        continue;
+                    };
+                    log.awaiting.retain(|&s| s != seq);
+                    if let Some(e) = log.events.iter_mut().find(|e| e.seq == seq) {
+                        e.observed = Some(observed);
+                    }
+                    Record::Observed { seq, observed }
+                }
+                Record::Ramp(r) => {
+                    self.put_ramp((*r).clone());
+                    Record::Ramp(r)
+                }
+            };
+            if let Ok(mut seen) = self.seen.lock() {
+                seen.insert(fingerprint(bytes));
+            }
+            match serde_json::to_vec(&taken) {
+                Ok(b) => self.keep_bytes(crate::clock::now_unix_ms(), b, false),
+                Err(e) => tracing::error!(error = %e, "a shared record could not be encoded"),
+            }
+            new += 1;
+        }
+        new
     }
 
     /// Adds a published round to the history (dropping the oldest beyond
     /// [`MAX_HISTORY_ROUNDS`]), and records it as what was observed of the applied actions it
     /// is the first to map (their cluster in the state they set).
-    pub fn record_round(&self, s: &Snapshot, solve_ms: f64) {
+    pub fn record_round(&self, s: &Snapshot, solve_ms: f64, topology_seq: u64) {
         self.observe(s);
         let demand = s.topology.total_demand();
         let overflow = s.map.total_overflow();
@@ -175,6 +307,7 @@ impl Activity {
             mean_rtt_ms: figures::mean_score(&s.topology, &s.map, &s.measured),
             proposals: s.stats.proposals,
             repair_rounds: s.stats.repair_rounds,
+            topology_seq,
         };
         if let Ok(mut h) = self.history.lock() {
             if h.len() >= MAX_HISTORY_ROUNDS {
@@ -182,6 +315,16 @@ impl Activity {
             }
             h.push_back(point);
         }
+    }
+
+    /// The topology journal's sequence number round `version` solved with, while it is in
+    /// the history.
+    pub fn topology_seq_of(&self, version: u64) -> Option<u64> {
+        let h = self.history.lock().ok()?;
+        h.iter()
+            .rev()
+            .find(|p| p.version == version)
+            .map(|p| p.topology_seq)
     }
 
     /// The last `limit` rounds, oldest first.
@@ -277,7 +420,7 @@ impl Activity {
         };
         log.next_seq += 1;
         event.seq = log.next_seq;
-        if event.ok && event.action != "health_down" && event.action != "health_up" {
+        if event.ok && !observes_itself(&event.action) {
             // Bounded: an action on a cluster deleted before a round mapped it waits forever.
             if log.awaiting.len() >= MAX_EVENTS {
                 log.awaiting.remove(0);
@@ -287,6 +430,79 @@ impl Activity {
         // Under the lock, so the history keeps the events in their order.
         self.keep(event.at_unix_ms, &Record::Event(Box::new(event.clone())));
         push_bounded(&mut log.events, event);
+    }
+
+    /// The ramps, oldest first.
+    pub fn ramps(&self) -> Vec<Ramp> {
+        self.ramps.lock().map_or_else(|_| Vec::new(), |r| r.clone())
+    }
+
+    /// The id the next ramp takes.
+    pub fn next_ramp_id(&self) -> u64 {
+        self.ramps
+            .lock()
+            .map_or(1, |r| r.iter().map(|r| r.id).max().unwrap_or(0) + 1)
+    }
+
+    /// Keeps `ramp` as it is now: in the store's change history (synced), then for readers.
+    pub fn keep_ramp(&self, ramp: &Ramp) {
+        self.keep(
+            crate::clock::now_unix_ms(),
+            &Record::Ramp(Box::new(ramp.clone())),
+        );
+        self.put_ramp(ramp.clone());
+    }
+
+    /// `ramp` in place of the one of its id (or added), the oldest ended ones dropped beyond
+    /// [`MAX_RAMPS`].
+    fn put_ramp(&self, ramp: Ramp) {
+        let Ok(mut all) = self.ramps.lock() else {
+            return;
+        };
+        match all.iter_mut().find(|r| r.id == ramp.id) {
+            Some(r) => *r = ramp,
+            None => all.push(ramp),
+        }
+        while all.len() > MAX_RAMPS {
+            match all.iter().position(|r| r.phase != RampPhase::Running) {
+                Some(i) => {
+                    all.remove(i);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Logs a ramp's start or end as an action on its cluster (`action`: `ramp_start`,
+    /// `ramp_done`, `ramp_cancel`, `ramp_rollback`, `ramp_interrupted`), with what its goal's
+    /// preview predicted and, once it is done, what the round that mapped its goal observed.
+    pub fn log_ramp(&self, ramp: &Ramp, action: &str, error: Option<String>) {
+        let to_state = match (action, ramp.goal) {
+            ("ramp_start" | "ramp_done", RampGoal::Drained) => ClusterState::Drained,
+            _ => ClusterState::Up,
+        };
+        let reason = match &ramp.why {
+            Some(why) if action != "ramp_start" => format!("{} — {why}", ramp.reason),
+            _ => ramp.reason.clone(),
+        };
+        self.push(Event {
+            seq: 0,
+            at_unix_ms: crate::clock::now_unix_ms(),
+            who: ramp.who.clone(),
+            remote: ramp.remote.clone(),
+            via: ramp.via.clone(),
+            action: action.to_string(),
+            cluster: clean(&ramp.cluster, MAX_OPERATOR_LEN),
+            from_state: Some(ClusterState::Up),
+            to_state,
+            reason: clean(&reason, MAX_REASON_LEN),
+            ok: error.is_none(),
+            error,
+            predicted: ramp.predicted,
+            observed: (action == "ramp_done")
+                .then(|| ramp.steps.last().and_then(|s| s.observed))
+                .flatten(),
+        });
     }
 
     /// Logs what the health checks did to a cluster the operator has up: took it down
@@ -322,6 +538,12 @@ impl Activity {
             |l| l.events.iter().rev().take(limit).cloned().collect(),
         )
     }
+}
+
+/// Whether an action is its own observation (the health checks' act at a round; a ramp's
+/// record carries what its rounds observed): no round's figures are waited for.
+fn observes_itself(action: &str) -> bool {
+    action.starts_with("health_") || action.starts_with("ramp_")
 }
 
 /// Appends `event`, dropping the oldest beyond [`MAX_EVENTS`].

@@ -72,6 +72,8 @@
 //! # max_overflow_points = 2.0      # (each off when absent) unless forced with a reason
 //! # max_moved_share = 0.1
 //! # max_nodes_full_added = 0
+//! # max_moved_share_per_round = 0.02  # the movement budget: a ramp's steps keep within it; a
+//!                                  # change at once moving more is refused (ramp it instead)
 //!
 //! [second_chance]                  # what the stable pass leaves in overflow
 //! mode = "off"                     # or "beyond-lists": the nearest clusters with room
@@ -797,6 +799,10 @@ pub struct GuardConfig {
     pub max_moved_share: Option<f64>,
     /// The most resource nodes a change may newly fill (to 99.9% of their capacity or more).
     pub max_nodes_full_added: Option<u64>,
+    /// The per-round movement budget: the largest share of the demand an operator's change
+    /// may move in one round. A ramp's steps keep within it; a change made at once that
+    /// would move more is refused (unless forced), with the rounds a ramp would need.
+    pub max_moved_share_per_round: Option<f64>,
 }
 
 impl GuardConfig {
@@ -805,6 +811,7 @@ impl GuardConfig {
         self.max_overflow_points.is_some()
             || self.max_moved_share.is_some()
             || self.max_nodes_full_added.is_some()
+            || self.max_moved_share_per_round.is_some()
     }
 
     /// A limit out of its range, named (`[guard]`'s keys); `None` when all are fine.
@@ -820,6 +827,14 @@ impl GuardConfig {
         if let Some(s) = self.max_moved_share {
             if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
                 return Some(("guard.max_moved_share", format!("{s} is outside 0..=1")));
+            }
+        }
+        if let Some(s) = self.max_moved_share_per_round {
+            if !(s.is_finite() && s > 0.0 && s <= 1.0) {
+                return Some((
+                    "guard.max_moved_share_per_round",
+                    format!("{s} is outside (0, 1]: a ramp could never finish"),
+                ));
             }
         }
         None

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 
 use cdnmap_mapper::ClusterState;
-use cdnmap_store::edit::{Applied, EditError};
+use cdnmap_store::edit::{Applied, Edit, EditError};
 
 pub use crate::config::GuardConfig;
-use crate::preview::{preview_changes, PreviewError, Previewed, Turn};
+use crate::preview::{preview_edits, PreviewError, Previewed, Turn};
 use crate::service::Shared;
 use crate::topology::Outcome;
 use crate::topology::{Actor, ChangeError};
@@ -33,7 +33,11 @@ pub async fn set_cluster_state(
 ) -> Result<Applied, ChangeError> {
     let mut reason = reason.to_string();
     let mut predicted = seen.as_ref().map(outcome_of);
-    if let Some((preview, passed)) = checked(shared, id, state, seen).await? {
+    let edit = Edit::ClusterState {
+        id: id.to_string(),
+        state,
+    };
+    if let Some((preview, passed)) = checked(shared, id, vec![edit], seen, true).await? {
         predicted = Some(outcome_of(&preview));
         if let Some(passed) = passed {
             if !force || reason.trim().is_empty() {
@@ -66,14 +70,15 @@ pub fn outcome_of(p: &Previewed) -> Outcome {
     }
 }
 
-/// With a `[guard]`: the preview of setting `id` to `state` on the map in service (`seen`, else
-/// made now, queued behind other previews) and the limits it passes (`None`: within every
-/// one); `None` without a guard or without a map yet.
-async fn checked(
+/// With a `[guard]`: the preview of `edits` (of cluster `id`) on the map in service (`seen`,
+/// else made now, queued behind other previews) and the limits it passes (`None`: within
+/// every one; `at_once`: see [`exceeded`]); `None` without a guard or without a map yet.
+pub async fn checked(
     shared: &Arc<Shared>,
     id: &str,
-    state: ClusterState,
+    edits: Vec<Edit>,
     seen: Option<Previewed>,
+    at_once: bool,
 ) -> Result<Option<(Previewed, Option<String>)>, ChangeError> {
     let guard = &shared.config().guard;
     if !guard.is_on() {
@@ -81,11 +86,11 @@ async fn checked(
     }
     let made = match seen {
         Some(p) => Ok(p),
-        None => preview_changes(shared, vec![(id.to_string(), state)], 0, Turn::Queue).await,
+        None => preview_edits(shared, edits, 0, Turn::Queue).await,
     };
     match made {
         Ok(p) => {
-            let passed = exceeded(guard, &p);
+            let passed = exceeded(guard, &p, at_once);
             Ok(Some((p, passed)))
         }
         Err(PreviewError::NoMap) => Ok(None),
@@ -99,9 +104,21 @@ async fn checked(
 }
 
 /// The limits of `guard` that `p` exceeds, said with the figures; `None` when it keeps them
-/// all (or none is set).
-pub fn exceeded(guard: &GuardConfig, p: &Previewed) -> Option<String> {
+/// all (or none is set). `at_once`: the change is made in one round, so the per-round
+/// movement budget applies to all it moves (a ramp's steps keep within it themselves).
+pub fn exceeded(guard: &GuardConfig, p: &Previewed, at_once: bool) -> Option<String> {
     let mut out = Vec::new();
+    if let Some(budget) = guard.max_moved_share_per_round.filter(|_| at_once) {
+        let moved = p.diff.moved_share();
+        if moved.is_nan() || moved > budget {
+            out.push(format!(
+                "it would move {:.2}% of the demand in one round, more than the budget \
+                 (guard.max_moved_share_per_round = {budget}): ramp it over {} rounds or more",
+                100.0 * moved,
+                rounds_for(moved, budget)
+            ));
+        }
+    }
     if let Some(most) = guard.max_overflow_points {
         let points = 100.0 * (p.after.overflow_share - p.before.overflow_share);
         if points.is_nan() || points > most {
@@ -133,6 +150,14 @@ pub fn exceeded(guard: &GuardConfig, p: &Previewed) -> Option<String> {
         }
     }
     (!out.is_empty()).then(|| out.join("; "))
+}
+
+/// The rounds a ramp needs to move `moved` (a share of the demand) within `budget` a round.
+pub fn rounds_for(moved: f64, budget: f64) -> u64 {
+    if !(moved.is_finite() && budget > 0.0) {
+        return 2;
+    }
+    ((moved / budget).ceil() as u64).max(2)
 }
 
 #[cfg(test)]
@@ -167,15 +192,22 @@ mod tests {
     fn the_guard_names_each_limit_exceeded() {
         let off = GuardConfig::default();
         assert!(!off.is_on());
-        assert_eq!(exceeded(&off, &previewed(0.0, 0.9, 100.0, (0, 50))), None);
+        assert_eq!(
+            exceeded(&off, &previewed(0.0, 0.9, 100.0, (0, 50)), true),
+            None
+        );
         let on = GuardConfig {
             max_overflow_points: Some(2.0),
             max_moved_share: Some(0.1),
             max_nodes_full_added: Some(0),
+            max_moved_share_per_round: None,
         };
         assert!(on.is_on());
-        assert_eq!(exceeded(&on, &previewed(0.012, 0.030, 10.0, (4, 4))), None);
-        let all = exceeded(&on, &previewed(0.012, 0.045, 12.0, (4, 6))).expect("exceeded");
+        assert_eq!(
+            exceeded(&on, &previewed(0.012, 0.030, 10.0, (4, 4)), true),
+            None
+        );
+        let all = exceeded(&on, &previewed(0.012, 0.045, 12.0, (4, 6)), true).expect("exceeded");
         assert!(
             all.contains("rise 3.30 points, from 1.20% to 4.50% (guard.max_overflow_points = 2)"),
             "{all}"
@@ -188,11 +220,43 @@ mod tests {
             all.contains("2 more resource nodes would be full, 6 in all"),
             "{all}"
         );
-        assert!(exceeded(&on, &previewed(f64::NAN, 0.0, 0.0, (0, 0))).is_some());
+        assert!(exceeded(&on, &previewed(f64::NAN, 0.0, 0.0, (0, 0)), true).is_some());
         let bad = GuardConfig {
             max_moved_share: Some(1.5),
             ..GuardConfig::default()
         };
         assert_eq!(bad.problem().map(|p| p.0), Some("guard.max_moved_share"));
+    }
+
+    /// The per-round budget refuses a change made at once that moves more than it, saying
+    /// how many rounds a ramp needs; a ramp's final preview is not held to it.
+    #[test]
+    fn the_budget_refuses_at_once_and_names_the_ramp_it_needs() {
+        let budget = GuardConfig {
+            max_moved_share_per_round: Some(0.02),
+            ..GuardConfig::default()
+        };
+        assert!(budget.is_on());
+        let p = previewed(0.0, 0.0, 4.5, (0, 0));
+        let why = exceeded(&budget, &p, true).expect("over the budget");
+        assert!(
+            why.contains("move 4.50% of the demand in one round"),
+            "{why}"
+        );
+        assert!(why.contains("ramp it over 3 rounds or more"), "{why}");
+        assert_eq!(exceeded(&budget, &p, false), None);
+        assert_eq!(
+            exceeded(&budget, &previewed(0.0, 0.0, 2.0, (0, 0)), true),
+            None
+        );
+        assert_eq!(rounds_for(0.001, 0.02), 2);
+        let zero = GuardConfig {
+            max_moved_share_per_round: Some(0.0),
+            ..GuardConfig::default()
+        };
+        assert_eq!(
+            zero.problem().map(|p| p.0),
+            Some("guard.max_moved_share_per_round")
+        );
     }
 }

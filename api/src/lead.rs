@@ -12,6 +12,9 @@
 //!   the journal's JSON of one `Edit`, appended by the leader through a transaction that
 //!   compares the leader key and that the sequence number is not taken; every replica applies
 //!   them in order. The newest [`EDITS_KEPT`] are kept.
+//! - `<prefix>history/<sequence, 20 digits>`: the change history's records (the actions, what
+//!   came of them, the ramps), appended by the leader the same way; a replica that wins the
+//!   election takes in those it lacks first. The newest [`HISTORY_KEPT`] are kept.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +35,8 @@ const EVENTS: usize = 64;
 /// behind than this cannot catch up from etcd (it says so; start it on a copy of a peer's
 /// `data_dir`).
 pub const EDITS_KEPT: u64 = 100_000;
+/// Records of the change history kept in etcd (the newest): what a new leader takes over.
+pub const HISTORY_KEPT: u64 = 10_000;
 /// The most edits read from etcd at once.
 pub const EDITS_PER_READ: i64 = 256;
 
@@ -81,6 +86,7 @@ pub struct Coordinator {
     election: String,
     published_key: String,
     edits: String,
+    history: String,
     /// What this replica campaigns with: its node id and the URL of its gRPC listener.
     campaign_value: std::sync::OnceLock<String>,
     elector: Mutex<Elector>,
@@ -120,6 +126,7 @@ impl Coordinator {
                 election: format!("{prefix}leader"),
                 published_key: format!("{prefix}published"),
                 edits: format!("{prefix}edits/"),
+                history: format!("{prefix}history/"),
                 campaign_value: std::sync::OnceLock::new(),
                 elector: Mutex::new(Elector::new(ttl)),
                 started: Instant::now(),
@@ -173,18 +180,62 @@ impl Coordinator {
         Ok(ok)
     }
 
-    fn edit_key(&self, seq: u64) -> String {
-        format!("{}{seq:020}", self.edits)
-    }
-
     /// Appends `edit` (its journal JSON) as the replicas' edit number `seq`, in `term`:
     /// `Ok(false)` when the term is over or edit `seq` exists already (another leader's, or
     /// one this replica has not applied yet); nothing is written then.
     pub async fn append_edit(&self, term: &Term, seq: u64, edit: &[u8]) -> Result<bool, EtcdError> {
-        let key = self.edit_key(seq);
-        let mut ops = vec![TxnOp::put(key.clone(), edit.to_vec(), None)];
-        if seq > EDITS_KEPT {
-            ops.push(TxnOp::delete(self.edit_key(seq - EDITS_KEPT), None));
+        self.append(&self.edits, EDITS_KEPT, term, seq, edit).await
+    }
+
+    /// The replicas' edits from number `from` on (at most [`EDITS_PER_READ`]), in order:
+    /// (sequence number, the edit's JSON).
+    pub async fn edits_from(&self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
+        self.read_from(&self.edits, from, etcd_client::SortOrder::Ascend)
+            .await
+    }
+
+    /// Appends a record of the change history (the `activity` module's JSON) as number `seq`
+    /// of the replicas' copy, in `term`: `Ok(false)` when the term is over or `seq` is taken.
+    pub async fn append_history(
+        &self,
+        term: &Term,
+        seq: u64,
+        record: &[u8],
+    ) -> Result<bool, EtcdError> {
+        self.append(&self.history, HISTORY_KEPT, term, seq, record)
+            .await
+    }
+
+    /// The replicas' copy of the change history from number `from` on (at most
+    /// [`EDITS_PER_READ`]), in order.
+    pub async fn history_from(&self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
+        self.read_from(&self.history, from, etcd_client::SortOrder::Ascend)
+            .await
+    }
+
+    /// The number of the newest record of the replicas' copy of the change history (0: none).
+    pub async fn last_history_seq(&self) -> Result<u64, EtcdError> {
+        let newest = self
+            .read_from(&self.history, 0, etcd_client::SortOrder::Descend)
+            .await?;
+        Ok(newest.first().map_or(0, |(seq, _)| *seq))
+    }
+
+    /// `value` as number `seq` of the log under `log` (keys `<log><seq, 20 digits>`), in
+    /// `term`, the one `kept` numbers before it deleted; `Ok(false)` when the term is over or
+    /// `seq` is taken.
+    async fn append(
+        &self,
+        log: &str,
+        kept: u64,
+        term: &Term,
+        seq: u64,
+        value: &[u8],
+    ) -> Result<bool, EtcdError> {
+        let key = format!("{log}{seq:020}");
+        let mut ops = vec![TxnOp::put(key.clone(), value.to_vec(), None)];
+        if seq > kept {
+            ops.push(TxnOp::delete(format!("{log}{:020}", seq - kept), None));
         }
         let txn = Txn::new()
             .when([
@@ -196,31 +247,31 @@ impl Coordinator {
         Ok(self.call(kv.txn(txn)).await?.succeeded())
     }
 
-    /// The replicas' edits from number `from` on (at most [`EDITS_PER_READ`]), in order:
-    /// (sequence number, the edit's JSON).
-    pub async fn edits_from(&self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
-        // Every edit key sorts below the prefix's end: '/' + 1 is '0'.
-        let end = format!("{}0", self.edits.trim_end_matches('/'));
+    /// The entries of the log under `log` from number `from` on (at most [`EDITS_PER_READ`]),
+    /// in `order` of their numbers: (number, value).
+    async fn read_from(
+        &self,
+        log: &str,
+        from: u64,
+        order: etcd_client::SortOrder,
+    ) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
+        // Every key of the log sorts below its prefix's end: '/' + 1 is '0'.
+        let end = format!("{}0", log.trim_end_matches('/'));
         let options = GetOptions::new()
             .with_range(end)
             .with_limit(EDITS_PER_READ)
-            .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Ascend);
+            .with_sort(etcd_client::SortTarget::Key, order);
         let mut kv = self.client.kv_client();
         let got = self
-            .call(kv.get(self.edit_key(from), Some(options)))
+            .call(kv.get(format!("{log}{from:020}"), Some(options)))
             .await?;
         let mut out = Vec::new();
         for kv in got.kvs() {
             let key = String::from_utf8_lossy(kv.key());
             let seq = key
-                .strip_prefix(&self.edits)
+                .strip_prefix(log)
                 .and_then(|n| n.parse().ok())
-                .ok_or_else(|| {
-                    EtcdError(format!(
-                        "an edit key that is not {}<number>: {key}",
-                        self.edits
-                    ))
-                })?;
+                .ok_or_else(|| EtcdError(format!("a key that is not {log}<number>: {key}")))?;
             out.push((seq, kv.value().to_vec()));
         }
         Ok(out)

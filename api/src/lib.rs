@@ -28,6 +28,8 @@ pub mod n1;
 pub mod parse_error;
 pub mod preview;
 mod probes;
+pub mod ramp;
+pub mod ramping;
 pub mod rpc_metrics;
 pub mod selection;
 pub mod server;

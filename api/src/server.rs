@@ -454,6 +454,7 @@ pub async fn serve(
     }
     let loop_task = tokio::spawn(Arc::clone(&shared).run_loop());
     crate::n1::start(&shared);
+    crate::ramping::start_stepping(&shared);
     // Port 0 takes any free port: the bound addresses are logged ("listening"), which is how
     // tests find them without racing for free ports.
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "listening");
@@ -634,7 +635,51 @@ async fn join_election(
     metrics::gauge!("cdnmap_etcd_reachable").set(0.0);
     let _ = shared.lead.set(Arc::clone(&lead));
     tokio::spawn(follow_edits(Arc::clone(shared)));
+    let (to_share, records) = tokio::sync::mpsc::channel(crate::activity::SHARE_BACKLOG);
+    shared.activity().share_with(to_share);
+    tokio::spawn(share_history(Arc::clone(&lead), records));
     Ok(Some((lead, events)))
+}
+
+/// Replicated: writes each new record of the change history to the replicas' copy in etcd
+/// while this replica leads (a standby's own records stay its own), in order; a record etcd
+/// does not take is said and left out of the copy (it is in this replica's store).
+async fn share_history(
+    lead: Arc<crate::lead::Coordinator>,
+    mut records: tokio::sync::mpsc::Receiver<Vec<u8>>,
+) {
+    let mut next: Option<u64> = None;
+    while let Some(record) = records.recv().await {
+        let Some(term) = lead.term() else {
+            next = None;
+            continue;
+        };
+        // Twice at most: a number taken (another leader wrote since) is looked up again.
+        for _ in 0..2 {
+            let seq = match next {
+                Some(n) => n,
+                None => match lead.last_history_seq().await {
+                    Ok(last) => last + 1,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a change history record not shared with the replicas");
+                        break;
+                    }
+                },
+            };
+            match lead.append_history(&term, seq, &record).await {
+                Ok(true) => {
+                    next = Some(seq + 1);
+                    break;
+                }
+                Ok(false) => next = None,
+                Err(e) => {
+                    next = None;
+                    tracing::warn!(error = %e, "a change history record not shared with the replicas");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// With `[health]`: the health checks' task, probing the current topology's targets.

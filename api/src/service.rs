@@ -332,6 +332,8 @@ struct Round {
     snapshot: Snapshot,
     timings: StepTimings,
     stored: Stored,
+    /// The topology journal's sequence number of the last edit the round solved with.
+    base_seq: u64,
 }
 
 /// How storing a round went ([`Shared::store_round`]).
@@ -726,6 +728,26 @@ impl Shared {
         }
     }
 
+    /// Replicated: takes in the replicas' copy of the change history (etcd's, the newest
+    /// [`crate::lead::HISTORY_KEPT`] records), those this replica lacks kept as the leader that
+    /// wrote them had them; how many were new.
+    pub(crate) async fn sync_history(&self) -> Result<usize, String> {
+        let Some(lead) = self.lead.get() else {
+            return Ok(0);
+        };
+        let mut records = Vec::new();
+        let mut next = 0;
+        loop {
+            let page = lead.history_from(next).await.map_err(|e| e.to_string())?;
+            let Some(&(last, _)) = page.last() else {
+                break;
+            };
+            records.extend(page.into_iter().map(|(_, r)| r));
+            next = last + 1;
+        }
+        Ok(self.read.activity.merge_shared(&records))
+    }
+
     /// This replica's part in the election (Admin status), when replicated.
     pub(crate) fn replication(&self) -> Option<cdnmap_proto::v1::Replication> {
         let lead = self.lead.get()?;
@@ -933,6 +955,7 @@ impl Shared {
             snapshot,
             timings: step_timings,
             stored,
+            base_seq,
         } = round;
         let snapshot = Arc::new(snapshot);
         self.round.last_solved.store(Some(Arc::clone(&snapshot)));
@@ -947,7 +970,9 @@ impl Shared {
             .store(publishing, std::sync::atomic::Ordering::Relaxed);
         if publishing {
             // The round's history entry before its map: whoever sees the map sees it too.
-            self.read.activity.record_round(&snapshot, solve_ms);
+            self.read
+                .activity
+                .record_round(&snapshot, solve_ms, base_seq);
             self.publish(Arc::clone(&snapshot));
             let _ = self.read.updates.send(Arc::clone(&snapshot));
             // A leader seeds from its own maps: the last leader's is let go.
@@ -1207,6 +1232,7 @@ impl Shared {
             snapshot: step.snapshot,
             timings: step.timings,
             stored,
+            base_seq,
         })
     }
 
@@ -1272,10 +1298,15 @@ impl Shared {
                     if !won {
                         continue;
                     }
-                    // The new leader's topology first has every edit its predecessor made.
+                    // The new leader's topology first has every edit its predecessor made,
+                    // and its history every action.
                     match self.sync_edits().await {
                         Ok(n) => tracing::info!(edits = n, "elected: a round now"),
                         Err(e) => tracing::error!(error = %e, "elected, with the replicas' edits not all applied: a round now"),
+                    }
+                    match self.sync_history().await {
+                        Ok(n) => tracing::info!(records = n, "elected: the change history taken over"),
+                        Err(e) => tracing::error!(error = %e, "elected, with the replicas' change history not all read"),
                     }
                     // It observes nothing new, and the rounds after it keep the replicas'
                     // common schedule: the period's reports go to the next one.

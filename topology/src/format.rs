@@ -372,6 +372,39 @@ impl ClusterFile {
             resources: self.resources.to_specs(),
         }
     }
+
+    /// Every resource node's capacity, in the file's order (pre-order for a nested tree).
+    pub fn capacities(&self) -> Vec<f64> {
+        fn walk(n: &NestedNode, out: &mut Vec<f64>) {
+            out.push(n.capacity);
+            for c in &n.children {
+                walk(c, out);
+            }
+        }
+        let mut out = Vec::new();
+        match &self.resources {
+            ResourcesFile::Nested(n) => walk(n, &mut out),
+            ResourcesFile::Flat(v) => out.extend(v.iter().map(|n| n.capacity)),
+        }
+        out
+    }
+
+    /// This cluster with every resource node's capacity times `scale` (a ramp's step: the
+    /// tree, classes and addresses as they are).
+    pub fn scaled(&self, scale: f64) -> ClusterFile {
+        fn walk(n: &mut NestedNode, scale: f64) {
+            n.capacity *= scale;
+            for c in &mut n.children {
+                walk(c, scale);
+            }
+        }
+        let mut out = self.clone();
+        match &mut out.resources {
+            ResourcesFile::Nested(n) => walk(n, scale),
+            ResourcesFile::Flat(v) => v.iter_mut().for_each(|n| n.capacity *= scale),
+        }
+        out
+    }
 }
 
 impl InstanceFile {

@@ -342,33 +342,15 @@ pub(super) async fn set_state(
     extensions: Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<StateAnswer> {
-    let remote = extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(a)| *a);
-    if let Err(e) = authorize(&app.gate, &headers, remote.map(|a| a.ip()), "actions") {
-        tracing::warn!(cluster = %shown_id(&id), ?remote, error = %e.message, "dashboard action refused");
-        return Err(e);
-    }
-    let body = body.map_err(|e| {
-        ApiError::new(
-            e.status(),
-            format!(
-                "body: {} (at most {MAX_ACTION_BODY_BYTES} bytes)",
-                e.body_text()
-            ),
-        )
-    })?;
-    let body: StateBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad(format!(
-            "body: {e} (expected {{\"state\": \"up\" | \"drained\" | \"down\", \"reason\": \"...\"}})"
-        ))
-    })?;
+    let actor = actor_of(&app, &id, &headers, &extensions)?;
+    let body: StateBody = body_of(
+        body,
+        r#"{"state": "up" | "drained" | "down", "reason": "..."}"#,
+    )?;
     let seen = match &body.expect {
         Some(seen) => Some(super::preview::still_as_seen(&app, &id, body.state, seen).await?),
         None => None,
     };
-    let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
-    let actor = Actor::new(who, remote, "http");
     let reason = clean(&body.reason, MAX_REASON_LEN);
     let applied = crate::guard::set_cluster_state(
         &app.shared,
@@ -380,7 +362,20 @@ pub(super) async fn set_state(
         seen,
     )
     .await
-    .map_err(|e| match e {
+    .map_err(change_error)?;
+    Ok(Json(StateAnswer {
+        cluster: id,
+        state: body.state,
+        takes_effect: "the next round",
+        warnings: applied.warnings,
+    }))
+}
+
+/// A refused or failed change as the page gets it: 404 for a cluster that is not there, 400
+/// for an edit that does not apply, 409 for the guard and a standby, 503 when the change
+/// could not be stored or shared.
+pub(super) fn change_error(e: ChangeError) -> ApiError {
+    match e {
         ChangeError::Edit(EditError::NoCluster(_)) => ApiError::not_found(e.to_string()),
         ChangeError::Edit(_) => ApiError::bad(e.to_string()),
         ChangeError::Store(_) | ChangeError::Stopped | ChangeError::Shared(_) => {
@@ -389,13 +384,44 @@ pub(super) async fn set_state(
         ChangeError::NotLeader(_) | ChangeError::Guard(_) => {
             ApiError::new(StatusCode::CONFLICT, e.to_string())
         }
+    }
+}
+
+/// The remote address of a request, and whether it may act (the Admin token); a refusal is
+/// logged with `cluster`.
+pub(super) fn actor_of(
+    app: &App,
+    cluster: &str,
+    headers: &HeaderMap,
+    extensions: &Extensions,
+) -> Result<Actor, ApiError> {
+    let remote = extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| *a);
+    if let Err(e) = authorize(&app.gate, headers, remote.map(|a| a.ip()), "actions") {
+        tracing::warn!(cluster = %shown_id(cluster), ?remote, error = %e.message, "dashboard action refused");
+        return Err(e);
+    }
+    let who = headers.get("x-operator").and_then(|v| v.to_str().ok());
+    Ok(Actor::new(who, remote, "http"))
+}
+
+/// A JSON action body of at most [`MAX_ACTION_BODY_BYTES`], `expected` said in the error.
+pub(super) fn body_of<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    expected: &str,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|e| {
+        ApiError::new(
+            e.status(),
+            format!(
+                "body: {} (at most {MAX_ACTION_BODY_BYTES} bytes)",
+                e.body_text()
+            ),
+        )
     })?;
-    Ok(Json(StateAnswer {
-        cluster: id,
-        state: body.state,
-        takes_effect: "the next round",
-        warnings: applied.warnings,
-    }))
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad(format!("body: {e} (expected {expected})")))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -56,17 +56,22 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
         .route("/history", get(history))
         .route("/lookup", get(lookup))
         .route("/events", get(events))
+        .route("/events/export", get(export_events))
         .route("/estimator", get(estimator))
         .route("/diff", get(super::diff::diff))
         .route("/preview", post(super::preview::preview))
         .route("/n1", get(super::n1::n1))
+        .route("/ramps", get(super::ramps::ramps))
+        .route("/clusters/{id}/ramp", post(super::ramps::start))
+        .route("/clusters/{id}/ramp/cancel", post(super::ramps::cancel))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!(
-                    "{method} is not allowed here: actions are POST /api/clusters/{{id}}/state \
-                     and POST /api/preview, everything else is GET"
+                    "{method} is not allowed here: actions are POST /api/clusters/{{id}}/state, \
+                     /api/clusters/{{id}}/ramp, /api/clusters/{{id}}/ramp/cancel and \
+                     /api/preview, everything else is GET"
                 ),
             )
         })
@@ -325,6 +330,43 @@ async fn events(
     Ok(Json(EventsBody {
         events: app.shared.activity().events(limit),
     }))
+}
+
+/// `GET /api/events/export` (the Admin token: it reads the whole history): every record of
+/// the change history the store keeps, oldest first, as JSON lines (`application/x-ndjson`):
+/// the actions with who, why and what their preview predicted, what the rounds then observed,
+/// and each change of a ramp.
+async fn export_events(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Result<Response, ApiError> {
+    let remote = extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|axum::extract::ConnectInfo(a)| a.ip());
+    super::app::authorize(&app.gate, &headers, remote, "the history's export")?;
+    let activity = Arc::clone(&app.shared.read.activity);
+    let body = tokio::task::spawn_blocking(move || activity.export())
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the change history could not be read: {e}"),
+            )
+        })?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"cdnmap-history.jsonl\"",
+            ),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 //!   or a clock, once per map version on first request (`app.rs` keeps them).
 //! - [`http`] is the axum router: the embedded page (`api/assets/`), the read-only API, and the
 //!   actions (drain / undrain / down), which need the Admin token and go through the same code
-//!   path as the gRPC Admin `SetClusterState`.
+//!   path as the gRPC Admin `SetClusterState`; ramps of a drain or a capacity cut
+//!   ([`crate::ramp`]) are started, listed and cancelled by `ramps.rs`.
 
 mod app;
 mod clusters;
@@ -18,6 +19,7 @@ mod diff;
 pub mod http;
 mod n1;
 mod preview;
+mod ramps;
 
 pub(crate) use app::authorize;
 pub(crate) use app::ApiError;
