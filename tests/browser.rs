@@ -76,7 +76,10 @@ impl Driver {
     fn start(chromium: PathBuf, chromedriver: PathBuf) -> Driver {
         // On port 0: chromedriver says which port it took on its standard output ("ChromeDriver
         // was started successfully on port N.").
-        let name = format!("chromedriver-{}", std::process::id());
+        // One name per driver: the tests of this file run side by side in one process.
+        static DRIVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = DRIVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("chromedriver-{}-{n}", std::process::id());
         let log = std::env::temp_dir().join(format!("{name}.log"));
         let said = std::env::temp_dir().join(format!("{name}.out"));
         let out = std::fs::File::create(&said).expect("create chromedriver's output file");
