@@ -499,6 +499,53 @@ fn solve_into_a_missing_directory_fails_without_leaving_a_file() {
     assert!(left.is_empty(), "solve left files behind: {left:?}");
 }
 
+/// The policy example (`docs/examples/policy.json`, issue 46): `solve` reports the map's cost
+/// with the guard unbroken, `verify` accepts its map and says the cost, the map costs less
+/// than the same world's with a weight of 0; a map that breaks the guard is refused by
+/// `verify`; a policy naming an unknown cluster is an error naming it.
+#[test]
+fn the_policy_example_solves_verifies_and_costs_less_than_without() {
+    let dir = tempdir();
+    let example = workspace_root()
+        .join("docs")
+        .join("examples")
+        .join("policy.json");
+    let example = example.to_str().expect("a UTF-8 path");
+    let run = cdnmap(dir.path(), &["solve", example, "--out", "p.json"]);
+    run.assert_code(0);
+    assert!(
+        run.stdout.contains("latency guard broken by 0 placements"),
+        "{}",
+        run.show()
+    );
+    let cost_of = |summary: &Value| f64_of(&summary["cost"]);
+    let priced = cost_of(&read_json(&dir.path().join("p.json"))["summary"]);
+    let v = cdnmap(dir.path(), &["verify", example, "p.json"]);
+    v.assert_code(0);
+    assert!(
+        v.stdout.contains("cost policy: the map costs") && v.stdout.contains("broken by 0"),
+        "{}",
+        v.show()
+    );
+    let mut world = read_json(Path::new(example));
+    world["policy"]["cost"]["weight"] = Value::from(0.0);
+    std::fs::write(dir.path().join("w0.json"), world.to_string()).expect("write");
+    cdnmap(dir.path(), &["solve", "w0.json", "--out", "p0.json"]).assert_code(0);
+    let plain = cost_of(&read_json(&dir.path().join("p0.json"))["summary"]);
+    assert!(priced < 0.9 * plain, "{priced} vs {plain}");
+    // The weight-0 map, checked against the priced world, breaks the guard nowhere but is not
+    // stable under its preferences: refused.
+    let v = cdnmap(dir.path(), &["verify", example, "p0.json"]);
+    v.assert_code(1);
+    world["policy"]["cost"]["prices"]["nope"] = Value::from(1.0);
+    std::fs::write(dir.path().join("bad.json"), world.to_string()).expect("write");
+    cdnmap(dir.path(), &["solve", "bad.json"]).assert_error(&[
+        "bad.json",
+        r#"policy.cost.prices["nope"]"#,
+        "names no cluster",
+    ]);
+}
+
 #[test]
 fn example_instance_gives_designs_worked_example() {
     let dir = tempdir();

@@ -196,6 +196,7 @@ mod tests {
                 .collect(),
             clusters,
             map_units: (0..300).map(|i| unit(rng, i, 10)).collect(),
+            policy: None,
         }
     }
 

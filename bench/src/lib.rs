@@ -8,6 +8,7 @@
 //! and [`stats`]; the command line uses these too.
 
 pub mod alloc;
+pub mod cost;
 pub mod dns;
 mod dns_query;
 pub mod edits;

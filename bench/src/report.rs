@@ -35,6 +35,12 @@ pub struct Summary {
     /// Violations the independent verifier found (`None`: verification skipped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verifier_violations: Option<usize>,
+    /// The map's cost under the instance's cost policy (price × Bps used; `None`: no policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// Placements that break the cost policy's latency guard (`None`: not checked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard_violations: Option<usize>,
 }
 
 impl Summary {
@@ -78,6 +84,8 @@ impl Summary {
             churn: None,
             seeded: (stats.seeded_demand > 0.0).then_some(stats.seeded_demand),
             verifier_violations: None,
+            cost: cdnmap_mapper::policy::map_cost(instance, map),
+            guard_violations: None,
         }
     }
 }
@@ -145,6 +153,12 @@ impl fmt::Display for Summary {
         )?;
         if let Some(v) = self.verifier_violations {
             write!(f, "\nverifier       {:>12}   violations", v)?;
+        }
+        if let Some(cost) = self.cost {
+            write!(f, "\ncost           {cost:>12.1}   (price × Bps used)")?;
+            if let Some(g) = self.guard_violations {
+                write!(f, "; latency guard broken by {g} placements")?;
+            }
         }
         Ok(())
     }

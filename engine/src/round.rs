@@ -241,8 +241,9 @@ pub fn preview(
 /// A round's effective preferences, and the map it is solved from: seeded from `seed` (the
 /// previous map, in `instance`'s index space) when sticky (a margin above 0), its incumbents
 /// favoured; a cold solve's otherwise. The scores measured in `measured` replace the
-/// instance's estimates ([`effective_preferences`]). The service's round and the command
-/// line's `solve` and `demo` all make their preferences here.
+/// instance's estimates ([`effective_preferences`]), and the operator's cost policy scores
+/// them ([`cdnmap_mapper::policy`]). The service's round and the command line's `solve` and
+/// `demo` all make their preferences here.
 pub fn preferences<'m>(
     instance: &Instance,
     seed: Option<&'m Map>,
@@ -252,7 +253,10 @@ pub fn preferences<'m>(
     let sticky = seed.filter(|_| stickiness.margin > 0.0);
     // Incumbents are where the seed placed a unit, not its companion (chosen after the solve).
     let placed = sticky.map(Map::without_companions);
-    let preferences = effective_preferences(instance, placed.as_deref(), stickiness, measured)?;
+    // The operator's cost policy scores every unit from its latencies (measured or not).
+    let policy = cdnmap_mapper::policy::rescore(instance, measured);
+    let scores = policy.as_ref().unwrap_or(measured);
+    let preferences = effective_preferences(instance, placed.as_deref(), stickiness, scores)?;
     Ok((preferences, sticky))
 }
 

@@ -13,6 +13,7 @@ pub mod map;
 pub mod mem;
 pub mod model;
 mod parts;
+pub mod policy;
 pub mod rescore;
 pub mod second_chance;
 pub mod solve;

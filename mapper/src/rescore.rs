@@ -88,6 +88,23 @@ impl Rescore {
         Ok(out)
     }
 
+    /// Scores made elsewhere in the crate (the policy's, `crate::policy`), already in this
+    /// type's shape: `units` ascending, `start` one more entry than `units`, each unit's
+    /// scores in cluster order, every cluster a candidate of the unit.
+    pub(crate) fn from_parts(
+        units: Vec<UnitIdx>,
+        start: Vec<u32>,
+        measured: Vec<(ClusterIdx, f32)>,
+    ) -> Rescore {
+        debug_assert_eq!(start.len(), units.len() + 1);
+        Rescore {
+            units,
+            start,
+            measured,
+            not_candidates: 0,
+        }
+    }
+
     /// Whether no unit has a measurement.
     pub fn is_empty(&self) -> bool {
         self.units.is_empty()

@@ -4,7 +4,9 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cdnmap_bench::{dns, edits, follow, loads, n1, overflow, preview, round, serve, soak, solve};
+use cdnmap_bench::{
+    cost, dns, edits, follow, loads, n1, overflow, preview, round, serve, soak, solve,
+};
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
@@ -57,6 +59,10 @@ pub enum BenchCommand {
     /// (median, peak memory), the worst losses estimated against the rounds' own preview, and
     /// warm rounds alone against beside sweeps at nice 10.
     N1(n1::N1BenchArgs),
+    /// The cost policy's trade (issue 46): a price on every cluster of a generated world, and
+    /// for each cost weight a cold round's scores and solve timed against no policy, the
+    /// map's mean RTT and cost, the verifier and the latency guard; `--svg` draws the curve.
+    Cost(cost::CostBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -67,6 +73,7 @@ pub fn run(c: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Round(a) => round::round(&a),
         BenchCommand::Preview(a) => preview::preview(&a),
         BenchCommand::N1(a) => n1::n1(&a),
+        BenchCommand::Cost(a) => cost::cost(&a),
         BenchCommand::ServerLoads(a) => loads::server_loads(&a),
         BenchCommand::Dns(a) => dns::dns(&a),
         BenchCommand::Overflow(a) => overflow::overflow(&a),

@@ -223,6 +223,7 @@ impl Serialize for View<'_> {
                 .map(|c| cluster_file(topology, c))
                 .collect(),
             map_units: Vec::new(),
+            policy: crate::format::policy_file(topology),
         };
         // Serializing plain structs of strings and numbers to a Vec cannot fail.
         let head = serde_json::to_vec(&head).unwrap_or_default();
@@ -290,6 +291,9 @@ pub fn decode(bytes: &[u8], limits: Limits) -> Result<Topology, CompactError> {
         .collect();
     let mut b = TopologyBuilder::new(head.traffic_classes.clone(), clusters, limits)
         .map_err(TopologyError::from)?;
+    if let Some(policy) = &head.policy {
+        b.set_policy(policy).map_err(TopologyError::from)?;
+    }
     // At most one prefix per six packed bytes (an IPv4 prefix's size).
     b.reserve(n, c.cand_cluster.len(), c.prefixes.len() / 6);
     // The head's classes and clusters by the builder's indices, looked up once (not per

@@ -199,6 +199,16 @@ pub struct InstanceFile {
     pub traffic_classes: Vec<TrafficClass>,
     pub clusters: Vec<ClusterFile>,
     pub map_units: Vec<MapUnitFile>,
+    /// The operator's policy (issue 46): cost with a latency guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<cdnmap_mapper::model::PolicySpec>,
+}
+
+/// `topology`'s policy in its file form (`None`: none).
+pub fn policy_file(topology: &Topology) -> Option<cdnmap_mapper::model::PolicySpec> {
+    let instance = &topology.instance;
+    let spec = instance.policy().spec(instance.clusters());
+    (spec != cdnmap_mapper::model::PolicySpec::default()).then_some(spec)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -416,6 +426,9 @@ impl InstanceFile {
             .map(|c| (c.to_spec(), c.addresses.clone()))
             .collect();
         let mut b = TopologyBuilder::new(self.traffic_classes.clone(), clusters, limits)?;
+        if let Some(policy) = &self.policy {
+            b.set_policy(policy)?;
+        }
         let total: usize = self.map_units.iter().map(|u| u.candidates.len()).sum();
         let prefixes: usize = self.map_units.iter().map(|u| u.prefixes.len()).sum();
         b.reserve(self.map_units.len(), total, prefixes);
@@ -525,6 +538,7 @@ impl InstanceFile {
             map_units: (0..instance.unit_count() as UnitIdx)
                 .map(|u| unit_file(topology, u))
                 .collect(),
+            policy: policy_file(topology),
         }
     }
 }
@@ -537,10 +551,13 @@ pub fn write_instance<W: Write>(topology: &Topology, w: W) -> Result<(), serde_j
         .map(|c| cluster_file(topology, c))
         .collect();
     let mut ser = serde_json::Serializer::new(w);
-    let mut st = ser.serialize_struct("Instance", 3)?;
+    let mut st = ser.serialize_struct("Instance", 4)?;
     st.serialize_field("traffic_classes", instance.classes())?;
     st.serialize_field("clusters", &clusters)?;
     st.serialize_field("map_units", &UnitsView(topology))?;
+    if let Some(policy) = policy_file(topology) {
+        st.serialize_field("policy", &policy)?;
+    }
     SerializeStruct::end(st)
 }
 

@@ -284,6 +284,14 @@ impl TopologyBuilder {
     }
 
     /// Reserves room for `units` more units with `candidates` and `prefixes` among them.
+    /// Sets the operator's policy, validated against the clusters.
+    pub fn set_policy(
+        &mut self,
+        spec: &cdnmap_mapper::model::PolicySpec,
+    ) -> Result<(), cdnmap_mapper::ModelError> {
+        self.instance.set_policy(spec)
+    }
+
     pub fn reserve(&mut self, units: usize, candidates: usize, prefixes: usize) {
         self.instance.reserve(units, candidates);
         self.addressing.reserve(units, prefixes);

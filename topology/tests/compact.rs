@@ -108,6 +108,18 @@ fn unit_strategy() -> impl Strategy<Value = UnitGen> {
 /// sorts): every prefix holds the unit's index, so no two units claim one.
 fn topology(units: &[UnitGen]) -> Topology {
     let mut b = TopologyBuilder::new(classes(), clusters(), Limits::default()).expect("clusters");
+    // The operator's policy (issue 46) goes with the topology; half the worlds have one.
+    if units.len() % 2 == 1 {
+        let spec = cdnmap_mapper::model::PolicySpec {
+            cost: Some(cdnmap_mapper::model::CostSpec {
+                weight: 1.5,
+                guard_ms: 7.0,
+                default_price: 0.25,
+                prices: [("c1".to_string(), 3.0)].into_iter().collect(),
+            }),
+        };
+        b.set_policy(&spec).expect("a valid policy");
+    }
     for (i, (class, demand, (lat, lon), cands, prefixes)) in units.iter().enumerate().rev() {
         // Clusters of the class, in order: web c0 c1, video c0 c2.
         let serving = [["c0", "c1"], ["c0", "c2"]][*class];
@@ -160,6 +172,12 @@ proptest! {
         prop_assert_eq!(&back, &t);
         // And the encoding is a function of the topology.
         prop_assert_eq!(encode(&back), bytes);
+        // The instance file form keeps it too, policy and all.
+        let file = cdnmap_topology::format::InstanceFile::of(&t);
+        prop_assert_eq!(file.policy.is_some(), units.len() % 2 == 1);
+        let json = serde_json::to_vec(&file).expect("json");
+        let again: cdnmap_topology::format::InstanceFile = serde_json::from_slice(&json).expect("parsed");
+        prop_assert_eq!(&again.build(Limits::default()).expect("built"), &t);
     }
 
     /// Any byte changed, at any place, gives an error or a topology, never a panic; and a

@@ -164,6 +164,7 @@ pub struct InstanceBuilder {
     /// Counts `push_unit` calls (refused ones too, so their marks never match a later call).
     stamp: u32,
     scratch: Vec<(f32, ClusterIdx, f32)>,
+    policy: super::policy::Policy,
 }
 
 impl InstanceBuilder {
@@ -247,7 +248,14 @@ impl InstanceBuilder {
             units,
             cands: CandidateColumns::default(),
             scratch: Vec::new(),
+            policy: super::policy::Policy::default(),
         })
+    }
+
+    /// Sets the operator's policy (validated against the clusters: [`super::Policy::of`]).
+    pub fn set_policy(&mut self, spec: &super::policy::PolicySpec) -> Result<(), ModelError> {
+        self.policy = super::policy::Policy::of(spec, &self.clusters)?;
+        Ok(())
     }
 
     /// A builder of units for `topology`'s classes and clusters, which were validated when it
@@ -268,6 +276,7 @@ impl InstanceBuilder {
             units,
             cands: CandidateColumns::default(),
             scratch: Vec::new(),
+            policy: topology.policy.clone(),
         }
     }
 
@@ -439,6 +448,7 @@ impl InstanceBuilder {
                 node_offset: self.node_offset,
                 class_by_name: self.class_by_name,
                 cluster_by_id: self.cluster_by_id,
+                policy: self.policy,
             }),
             units: Arc::new(units),
             demand,

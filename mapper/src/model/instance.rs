@@ -136,6 +136,19 @@ impl Instance {
         self.demand.iter().sum()
     }
 
+    /// The operator's policy (issue 46).
+    pub fn policy(&self) -> &super::policy::Policy {
+        &self.topology.policy
+    }
+
+    /// The same instance with the operator's policy `spec` (validated against its clusters),
+    /// sharing the map units and candidates.
+    pub fn with_policy(&self, spec: &super::policy::PolicySpec) -> Result<Instance, ModelError> {
+        let mut topology = (*self.topology).clone();
+        topology.policy = super::policy::Policy::of(spec, &topology.clusters)?;
+        Ok(self.with_topology(topology))
+    }
+
     /// The same instance with cluster `cluster` in `state` (drained and down clusters take no
     /// demand). Shares the map units and candidates.
     pub fn with_cluster_state(&self, cluster: ClusterIdx, state: ClusterState) -> Instance {

@@ -16,7 +16,8 @@
 //! - `columns`: the unit columns and the candidate arena with each unit's head;
 //! - `instance`: [`Instance`], its accessors and the instances derived from it;
 //! - `favour`: stickiness's changes to the preferences, kept beside the candidate arena;
-//! - `candidates`: the candidate accessors, which apply them.
+//! - `candidates`: the candidate accessors, which apply them;
+//! - `policy`: the operator's policy (cost with a latency guard), part of the topology.
 //!
 //! [`ModelError`]: crate::error::ModelError
 
@@ -26,6 +27,7 @@ mod columns;
 mod favour;
 mod instance;
 mod limits;
+mod policy;
 mod splice;
 mod topology;
 
@@ -40,6 +42,7 @@ pub use limits::{
     ClassIdx, ClusterIdx, Limits, UnitIdx, DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_CEILING,
     MAX_CLASSES, MAX_CLUSTERS, MAX_COMPANION_SHARE, MAX_MAP_UNITS, MAX_TREE_DEPTH, MAX_TREE_NODES,
 };
+pub use policy::{CostPolicy, CostSpec, Policy, PolicySpec, MAX_COST_SCORE_MS};
 pub use splice::Piece;
 pub use topology::{
     Cluster, ClusterSpec, ClusterState, PerUnit, ResourceKind, ResourceNode, ResourceNodeSpec,

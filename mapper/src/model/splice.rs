@@ -246,9 +246,14 @@ impl Instance {
             self.favour.is_none(),
             "an instance with stickiness is edited"
         );
-        let topology = InstanceBuilder::new(self.classes().to_vec(), clusters, limits)?
+        let mut topology = InstanceBuilder::new(self.classes().to_vec(), clusters, limits)?
             .finish()?
             .topology;
+        // The policy's prices follow their clusters by id.
+        Arc::make_mut(&mut topology).policy = self
+            .topology
+            .policy
+            .carried(self.clusters(), &topology.clusters);
         // Old cluster index → new index (u32::MAX: gone).
         let renumber: Vec<u32> = self
             .clusters()

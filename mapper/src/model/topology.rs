@@ -152,6 +152,8 @@ pub(super) struct Topology {
     pub(super) node_offset: Vec<u32>,
     pub(super) class_by_name: HashMap<String, ClassIdx>,
     pub(super) cluster_by_id: HashMap<String, ClusterIdx>,
+    /// The operator's policy, by cluster index (`policy.rs`).
+    pub(super) policy: super::policy::Policy,
 }
 
 /// A node on the cycle that the parent chain from `start` runs into (the caller knows there is

@@ -194,7 +194,18 @@ pub(crate) fn solve_and_report(round: &Round, repair_rounds: u32, check: bool) -
     }
     if check {
         let report = verify::verify(inst, &sol.map);
-        summary.verifier_violations = Some(report.violation_count());
+        // The cost policy's guard, checked from the latencies alone (a cold round's: a warm
+        // one's stickiness may keep an incumbent within its margin).
+        let guard = (!round.seeded).then(|| {
+            cdnmap_mapper::policy::guard_violations(
+                &round.instance,
+                &Rescore::default(),
+                inst,
+                &sol.map,
+            )
+        });
+        summary.guard_violations = guard.filter(|_| summary.cost.is_some());
+        summary.verifier_violations = Some(report.violation_count() + guard.unwrap_or(0));
         if !report.is_ok() {
             eprintln!("{}", report.describe(inst, 20));
         }
@@ -242,7 +253,16 @@ pub(crate) fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
             hint.then_some(STICKY_HINT)
         )
     );
-    Ok(if report.is_ok() {
+    let guard = (!round.seeded && round.instance.policy().cost.is_some()).then(|| {
+        cdnmap_mapper::policy::guard_violations(&round.instance, &Rescore::default(), inst, &map)
+    });
+    if let Some(g) = guard {
+        let cost = cdnmap_mapper::policy::map_cost(&round.instance, &map).unwrap_or(0.0);
+        println!(
+            "cost policy: the map costs {cost:.1}; the latency guard is broken by {g} placements"
+        );
+    }
+    Ok(if report.is_ok() && guard.unwrap_or(0) == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
