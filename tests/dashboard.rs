@@ -1127,3 +1127,27 @@ fn the_n1_view_ranks_each_single_loss_and_exports_the_worst() {
         .expect("a number");
     assert!(exported >= shares[0] - 1e-9, "{line} vs {shares:?}");
 }
+
+/// A world with a cost policy (issue 46: `docs/examples/policy.json` as the service's
+/// instance): the dashboard shows the map's cost beside its mean RTT, the cost the command
+/// line's `solve` computes for the same world's cold map within the rounds' drift.
+#[test]
+fn a_world_with_a_cost_policy_shows_its_cost() {
+    let example = cdnmap_tests::workspace_root()
+        .join("docs")
+        .join("examples")
+        .join("policy.json");
+    let top = format!("instance = {:?}\n", example.to_str().expect("a UTF-8 path"));
+    let s = DashServer::start_with(cdnmap_tests::mapper::Setup::with_config(
+        cdnmap_tests::bin!(),
+        false,
+        &top,
+        "",
+    ));
+    let st = s.get_ok("/api/status");
+    assert_eq!(st["map_units"], 120, "{st}");
+    let cost = f(&st["cost"]);
+    // The example's map costs 517,435 cold (docs/policy.md); without the policy 639,645.
+    assert!((400_000.0..600_000.0).contains(&cost), "{st}");
+    assert!(st["mean_rtt_ms"].as_f64().is_some(), "{st}");
+}

@@ -117,6 +117,7 @@ function renderStatus(s) {
     el("span", {}, "overflow ", el("b", {}, pct(s.overflow_share))),
     el("span", {}, "churn ", el("b", {}, pct(s.churn))),
     el("span", {}, "mean RTT ", el("b", {}, quantity(s.mean_rtt_ms, "ms"))),
+    s.cost == null ? "" : el("span", { title: "the map's cost under the cost policy: each cluster's price × the Bps placed there (docs/policy.md)" }, "cost ", el("b", {}, fmt(s.cost))),
     el("span", { title: "wall time of the last round (estimates, solve, index)" }, "round ", el("b", {}, quantity(s.last_round.solve_ms, "ms"))),
     el("span", {}, "clusters ", el("b", {}, `${s.clusters.up} up`), ` · ${s.clusters.drained} drained · ${s.clusters.down} down`),
     el("span", {}, "units ", el("b", {}, fmt(s.map_units))),

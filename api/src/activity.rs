@@ -45,6 +45,8 @@ pub struct RoundPoint {
     pub repair_rounds: u32,
     /// The topology journal's sequence number of the last edit the round solved with.
     pub topology_seq: u64,
+    /// The map's cost under the topology's cost policy (`null`: no policy, issue 46).
+    pub cost: Option<f64>,
 }
 
 /// One entry of the action log.
@@ -308,6 +310,7 @@ impl Activity {
             proposals: s.stats.proposals,
             repair_rounds: s.stats.repair_rounds,
             topology_seq,
+            cost: cdnmap_mapper::policy::map_cost(&s.topology, &s.map),
         };
         if let Ok(mut h) = self.history.lock() {
             if h.len() >= MAX_HISTORY_ROUNDS {

@@ -153,6 +153,8 @@ struct StatusBody {
     overflow_share: f64,
     churn: Option<f64>,
     mean_rtt_ms: Option<f64>,
+    /// The map's cost under the cost policy (price × Bps used; `null`: no policy).
+    cost: Option<f64>,
     actions_enabled: bool,
     /// This replica's part in the election (`cdnmap serve --etcd`); absent when alone.
     replication: Option<ReplicationBody>,
@@ -188,10 +190,15 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
     let s = app.shared.current();
     // The mean RTT of the published map: from the history, or (a map restored at start, not
     // yet in the history) from its figures.
-    let mean_rtt_ms = match app.shared.activity().history(1).pop() {
-        Some(p) if Some(p.version) == s.as_ref().map(|s| s.version) => p.mean_rtt_ms,
-        _ if s.is_some() => view(&app).await.ok().and_then(|(_, v)| v.mean_rtt_ms),
-        _ => None,
+    let (mean_rtt_ms, cost) = match app.shared.activity().history(1).pop() {
+        Some(p) if Some(p.version) == s.as_ref().map(|s| s.version) => (p.mean_rtt_ms, p.cost),
+        _ => match &s {
+            Some(s) => (
+                view(&app).await.ok().and_then(|(_, v)| v.mean_rtt_ms),
+                cdnmap_mapper::policy::map_cost(&s.topology, &s.map),
+            ),
+            None => (None, None),
+        },
     };
     let (version, solved_at) = s
         .as_ref()
@@ -253,6 +260,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
         churn: s.as_ref().and_then(|s| s.churn),
         mean_rtt_ms,
+        cost,
         actions_enabled: app.gate.enabled(),
         replication: replication.map(|r| ReplicationBody {
             node_id: r.node_id,
