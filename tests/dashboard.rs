@@ -1140,7 +1140,7 @@ fn a_world_with_a_cost_policy_shows_its_cost() {
     let top = format!("instance = {:?}\n", example.to_str().expect("a UTF-8 path"));
     let s = DashServer::start_with(cdnmap_tests::mapper::Setup::with_config(
         cdnmap_tests::bin!(),
-        false,
+        true,
         &top,
         "",
     ));
@@ -1150,4 +1150,56 @@ fn a_world_with_a_cost_policy_shows_its_cost() {
     // The example's map costs 517,435 cold (docs/policy.md); without the policy 639,645.
     assert!((400_000.0..600_000.0).contains(&cost), "{st}");
     assert!(st["mean_rtt_ms"].as_f64().is_some(), "{st}");
+    let p = s.get_ok("/api/policy");
+    assert_eq!(p["policy"]["cost"]["weight"], 2.0, "{p}");
+    assert_eq!(p["policy"]["cost"]["prices"]["szx-1"], 6.0, "{p}");
+
+    // Policies are topology: previewed, refused when bad (naming the entry), then replaced
+    // through the writer, and the next round maps them.
+    let auth = format!("Bearer {TOKEN}");
+    let mut policy = p["policy"].clone();
+    policy["cost"]["weight"] = Value::from(0.0);
+    let ask = |body: &Value| {
+        s.post(
+            "/api/policy",
+            &[("Authorization", &auth)],
+            &body.to_string(),
+        )
+    };
+    assert_eq!(s.post("/api/policy", &[], "{}").status, 401);
+    let preview = ask(&serde_json::json!({"policy": policy, "preview": true}));
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    let pv = preview.json();
+    assert!(f(&pv["after"]["cost"]) > f(&pv["before"]["cost"]), "{pv}");
+    assert!(f(&pv["moved"]) > 0.0, "{pv}");
+    assert_eq!(
+        s.get_ok("/api/policy")["policy"]["cost"]["weight"],
+        2.0,
+        "a preview changes nothing"
+    );
+    let mut bad = policy.clone();
+    bad["cost"]["prices"]["nope"] = Value::from(1.0);
+    let refused = ask(&serde_json::json!({"policy": bad}));
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.error().contains(r#"policy.cost.prices["nope"]"#),
+        "{}",
+        refused.body
+    );
+    let version = st["map_version"].as_u64().expect("version");
+    let applied = ask(&serde_json::json!({"policy": policy}));
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    assert_eq!(
+        applied.json()["policy"]["cost"]["weight"],
+        0.0,
+        "{}",
+        applied.body
+    );
+    let next = s.wait_for_version_after(version);
+    let st = s.get_ok("/api/status");
+    assert!(st["map_version"].as_u64() >= Some(next));
+    assert!(
+        f(&st["cost"]) > cost,
+        "the cost rises without its weight: {st}"
+    );
 }

@@ -172,6 +172,7 @@ mod tests {
             overflow_share,
             nodes_full,
             mean_rtt_ms: 0.0,
+            cost: None,
         };
         Previewed {
             based_on: 1,

@@ -44,6 +44,8 @@ pub struct Figures {
     /// Resource nodes at 99.9% of their capacity or more.
     pub nodes_full: u64,
     pub mean_rtt_ms: f64,
+    /// The map's cost under the topology's cost policy (`None`: no policy).
+    pub cost: Option<f64>,
 }
 
 impl Figures {
@@ -66,6 +68,7 @@ impl Figures {
             overflow_share: if demand > 0.0 { overflow / demand } else { 0.0 },
             nodes_full,
             mean_rtt_ms: cdnmap_engine::figures::mean_score(inst, map, measured).unwrap_or(0.0),
+            cost: cdnmap_mapper::policy::map_cost(inst, map),
         }
     }
 }

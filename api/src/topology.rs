@@ -126,6 +126,8 @@ pub enum Change {
     DeleteCluster(String),
     UpsertMapUnit(MapUnitFile),
     DeleteMapUnit(String),
+    /// The operator's policy replaced whole.
+    Policy(cdnmap_mapper::model::PolicySpec),
 }
 
 impl Change {
@@ -144,6 +146,7 @@ impl Change {
             Edit::DeleteCluster { id } => Change::DeleteCluster(id),
             Edit::UpsertMapUnit { unit } => Change::UpsertMapUnit(unit),
             Edit::DeleteMapUnit { id } => Change::DeleteMapUnit(id),
+            Edit::Policy { policy } => Change::Policy(policy),
         }
     }
 
@@ -158,6 +161,7 @@ impl Change {
             Change::DeleteCluster(id) => Edit::DeleteCluster { id: id.clone() },
             Change::UpsertMapUnit(u) => Edit::UpsertMapUnit { unit: u.clone() },
             Change::DeleteMapUnit(id) => Edit::DeleteMapUnit { id: id.clone() },
+            Change::Policy(p) => Edit::Policy { policy: p.clone() },
         }
     }
 }
@@ -482,6 +486,7 @@ fn kind(change: &Change) -> &'static str {
         Change::DeleteCluster(_) => "delete cluster",
         Change::UpsertMapUnit(_) => "upsert map unit",
         Change::DeleteMapUnit(_) => "delete map unit",
+        Change::Policy(_) => "policy",
     }
 }
 

@@ -27,11 +27,26 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "edit", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Edit {
-    ClusterState { id: String, state: ClusterState },
-    UpsertCluster { cluster: ClusterFile },
-    DeleteCluster { id: String },
-    UpsertMapUnit { unit: MapUnitFile },
-    DeleteMapUnit { id: String },
+    ClusterState {
+        id: String,
+        state: ClusterState,
+    },
+    UpsertCluster {
+        cluster: ClusterFile,
+    },
+    DeleteCluster {
+        id: String,
+    },
+    UpsertMapUnit {
+        unit: MapUnitFile,
+    },
+    DeleteMapUnit {
+        id: String,
+    },
+    /// The operator's policy replaced whole (issue 46): validated against the clusters.
+    Policy {
+        policy: cdnmap_mapper::model::PolicySpec,
+    },
 }
 
 /// What a change did.
@@ -139,6 +154,20 @@ pub fn apply(base: &Arc<Topology>, edit: &Edit) -> Result<Applied, EditError> {
             None => unchanged(base),
             Some(_) => units_edited(base, &[], &[id.as_str()])?,
         },
+        Edit::Policy { policy } => {
+            let instance = base
+                .instance
+                .with_policy(policy)
+                .map_err(|e| EditError::Refused(e.to_string()))?;
+            Applied {
+                cost: CHEAP_EDIT_COST,
+                changed: instance.policy() != base.instance.policy(),
+                topology: Arc::new(base.with_instance(instance)),
+                before: None,
+                skipped_candidates: 0,
+                warnings: Vec::new(),
+            }
+        }
     };
     for class in unserved_classes(&applied.topology) {
         if !unserved_before.contains(&class) {

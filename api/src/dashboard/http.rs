@@ -62,6 +62,10 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
         .route("/preview", post(super::preview::preview))
         .route("/n1", get(super::n1::n1))
         .route("/ramps", get(super::ramps::ramps))
+        .route(
+            "/policy",
+            get(super::policy::policy).post(super::policy::set_policy),
+        )
         .route("/clusters/{id}/ramp", post(super::ramps::start))
         .route("/clusters/{id}/ramp/cancel", post(super::ramps::cancel))
         .fallback(|| async { ApiError::not_found("no such API endpoint (see docs/dashboard.md)") })
@@ -70,8 +74,8 @@ pub fn router(shared: Arc<Shared>, gate: Arc<crate::auth::AdminGate>) -> Router 
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!(
                     "{method} is not allowed here: actions are POST /api/clusters/{{id}}/state, \
-                     /api/clusters/{{id}}/ramp, /api/clusters/{{id}}/ramp/cancel and \
-                     /api/preview, everything else is GET"
+                     /api/clusters/{{id}}/ramp, /api/clusters/{{id}}/ramp/cancel, \
+                     /api/policy and /api/preview, everything else is GET"
                 ),
             )
         })

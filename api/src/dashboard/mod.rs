@@ -18,6 +18,7 @@ mod clusters;
 mod diff;
 pub mod http;
 mod n1;
+mod policy;
 mod preview;
 mod ramps;
 

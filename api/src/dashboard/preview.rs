@@ -49,6 +49,8 @@ pub(super) struct FiguresRow {
     overflow_share: f64,
     nodes_full: u64,
     mean_rtt_ms: f64,
+    /// Under the cost policy (`null`: none).
+    cost: Option<f64>,
 }
 
 impl From<Figures> for FiguresRow {
@@ -58,13 +60,14 @@ impl From<Figures> for FiguresRow {
             overflow_share: f.overflow_share,
             nodes_full: f.nodes_full,
             mean_rtt_ms: f.mean_rtt_ms,
+            cost: f.cost,
         }
     }
 }
 
 /// A preview as the page shows it.
 #[derive(Serialize)]
-pub(super) struct PreviewAnswer {
+pub(crate) struct PreviewAnswer {
     /// The map version it was computed from.
     based_on: u64,
     before: FiguresRow,
@@ -83,7 +86,7 @@ pub(super) struct PreviewAnswer {
 }
 
 impl PreviewAnswer {
-    fn of(p: Previewed) -> PreviewAnswer {
+    pub(crate) fn of(p: Previewed) -> PreviewAnswer {
         let d = p.diff;
         let (demand, moved, moved_share) = (d.demand, d.moved, d.moved_share());
         let (units_changed, flow_count) = (d.units_changed, d.flows.len());
@@ -215,6 +218,7 @@ mod tests {
             overflow_share,
             nodes_full: 0,
             mean_rtt_ms: 0.0,
+            cost: None,
         };
         Previewed {
             based_on: 7,

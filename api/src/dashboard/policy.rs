@@ -1,0 +1,95 @@
+//! The operator's policy on the dashboard (issue 46, `docs/policy.md`): `GET /api/policy`
+//! (the policy in its file form, and what it does to the published map: its cost beside its
+//! mean RTT) and `POST /api/policy` (the Admin token): `{"policy": {...}, "preview": true}`
+//! previews replacing it (the rounds' own code, as any change), without `preview` replaces it
+//! through the topology writer (journaled, shared with the replicas, the next round maps it).
+//! A bad policy is a 400 naming the entry.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{Extensions, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use cdnmap_mapper::model::PolicySpec;
+use cdnmap_store::edit::Edit;
+use serde::{Deserialize, Serialize};
+
+use super::app::{ApiError, ApiResult, App};
+use super::clusters::{actor_of, body_of, change_error};
+use super::preview::PreviewAnswer;
+use crate::preview::{preview_edits, PreviewError, Turn};
+use crate::topology::Change;
+
+#[derive(Serialize)]
+pub(super) struct PolicyBody {
+    /// The policy of the topology the next round maps (`null`: none).
+    policy: Option<PolicySpec>,
+    /// The published map's version, cost under it and mean RTT.
+    map_version: u64,
+    cost: Option<f64>,
+    mean_rtt_ms: Option<f64>,
+}
+
+/// `GET /api/policy`.
+pub(super) async fn policy(State(app): State<App>) -> ApiResult<PolicyBody> {
+    let topology = app.shared.topology_now();
+    let spec = cdnmap_topology::format::policy_file(&topology);
+    let point = app.shared.activity().history(1).pop();
+    Ok(Json(PolicyBody {
+        policy: spec,
+        map_version: point.as_ref().map_or(0, |p| p.version),
+        cost: point.as_ref().and_then(|p| p.cost),
+        mean_rtt_ms: point.and_then(|p| p.mean_rtt_ms),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PolicyAsk {
+    policy: PolicySpec,
+    #[serde(default)]
+    preview: bool,
+}
+
+/// `POST /api/policy`: a preview (200 with the preview) or the change (200 with the policy now).
+pub(super) async fn set_policy(
+    State(app): State<App>,
+    headers: HeaderMap,
+    extensions: Extensions,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let actor = actor_of(&app, "policy", &headers, &extensions)?;
+    let ask: PolicyAsk = body_of(
+        body,
+        r#"{"policy": {"cost": {"weight": 2, "guard_ms": 10, "prices": {"<cluster>": 1.5}}}, "preview": true}"#,
+    )?;
+    // Validated against the clusters first, so an error names the entry, not an edit.
+    if let Err(e) = app.shared.topology_now().instance.with_policy(&ask.policy) {
+        return Err(ApiError::bad(format!("policy: {e}")));
+    }
+    if ask.preview {
+        let edits = vec![Edit::Policy { policy: ask.policy }];
+        let p = preview_edits(&app.shared, edits, 10, Turn::Now)
+            .await
+            .map_err(|e| match e {
+                PreviewError::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+                PreviewError::NoMap => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                }
+                PreviewError::Invalid(_) | PreviewError::NoCluster(..) => {
+                    ApiError::bad(e.to_string())
+                }
+                PreviewError::Failed(_) => {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                }
+            })?;
+        return Ok(Json(PreviewAnswer::of(p)).into_response());
+    }
+    app.shared
+        .change(Change::Policy(ask.policy))
+        .await
+        .map_err(change_error)?;
+    tracing::warn!(who = %actor.who, via = actor.via, "policy replaced");
+    Ok(policy(State(app)).await?.into_response())
+}
