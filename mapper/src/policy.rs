@@ -416,17 +416,21 @@ mod tests {
         let priced = inst
             .with_policy(&spec(2.0, &[("c01", 5.0)]))
             .expect("valid");
-        let back = priced.policy().spec(priced.clusters());
+        let back = priced.policy().spec(&priced.cluster_ids());
         assert_eq!(back, spec(2.0, &[("c01", 5.0)]));
         let cost = priced.policy().cost.as_ref().expect("cost");
         assert_eq!(cost.extra_ms(1), 10.0);
         assert_eq!(cost.extra_ms(0), 2.0);
         // c03 deleted: its price goes; c04 added: the default price.
         let fewer = world(3, 3, 5, 10.0);
-        let carried = priced.policy().carried(priced.clusters(), fewer.clusters());
+        let carried = priced
+            .policy()
+            .carried(&priced.cluster_ids(), &fewer.cluster_ids());
         assert_eq!(carried.cost.expect("cost").price, vec![1.0, 5.0, 1.0]);
         let more = world(3, 5, 5, 10.0);
-        let carried = priced.policy().carried(priced.clusters(), more.clusters());
+        let carried = priced
+            .policy()
+            .carried(&priced.cluster_ids(), &more.cluster_ids());
         assert_eq!(
             carried.cost.expect("cost").price,
             vec![1.0, 5.0, 1.0, 1.0, 1.0]

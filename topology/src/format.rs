@@ -207,7 +207,7 @@ pub struct InstanceFile {
 /// `topology`'s policy in its file form (`None`: none).
 pub fn policy_file(topology: &Topology) -> Option<cdnmap_mapper::model::PolicySpec> {
     let instance = &topology.instance;
-    let spec = instance.policy().spec(instance.clusters());
+    let spec = instance.policy().spec(&instance.cluster_ids());
     (spec != cdnmap_mapper::model::PolicySpec::default()).then_some(spec)
 }
 

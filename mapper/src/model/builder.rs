@@ -254,7 +254,8 @@ impl InstanceBuilder {
 
     /// Sets the operator's policy (validated against the clusters: [`super::Policy::of`]).
     pub fn set_policy(&mut self, spec: &super::policy::PolicySpec) -> Result<(), ModelError> {
-        self.policy = super::policy::Policy::of(spec, &self.clusters)?;
+        let ids: Vec<&str> = self.clusters.iter().map(|c| c.id.as_str()).collect();
+        self.policy = super::policy::Policy::of(spec, &ids)?;
         Ok(())
     }
 

@@ -141,11 +141,16 @@ impl Instance {
         &self.topology.policy
     }
 
+    /// The clusters' ids, in index order.
+    pub fn cluster_ids(&self) -> Vec<&str> {
+        self.topology.cluster_ids()
+    }
+
     /// The same instance with the operator's policy `spec` (validated against its clusters),
     /// sharing the map units and candidates.
     pub fn with_policy(&self, spec: &super::policy::PolicySpec) -> Result<Instance, ModelError> {
         let mut topology = (*self.topology).clone();
-        topology.policy = super::policy::Policy::of(spec, &topology.clusters)?;
+        topology.policy = super::policy::Policy::of(spec, &topology.cluster_ids())?;
         Ok(self.with_topology(topology))
     }
 

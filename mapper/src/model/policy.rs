@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::limits::check_number;
-use super::topology::Cluster;
 use crate::error::ModelError;
 
 /// The largest `weight × price` taken, in ms of score: a price may outweigh any latency, but
@@ -76,10 +75,10 @@ impl CostPolicy {
 }
 
 impl Policy {
-    /// `spec` validated against `clusters` (in index order): every number finite and at least
-    /// 0, every priced cluster known, `weight × price` at most [`MAX_COST_SCORE_MS`]; an error
-    /// names the policy and the entry.
-    pub fn of(spec: &PolicySpec, clusters: &[Cluster]) -> Result<Policy, ModelError> {
+    /// `spec` validated against the clusters (their ids, in index order): every number finite
+    /// and at least 0, every priced cluster known, `weight × price` at most
+    /// [`MAX_COST_SCORE_MS`]; an error names the policy and the entry.
+    pub fn of(spec: &PolicySpec, clusters: &[&str]) -> Result<Policy, ModelError> {
         let Some(cost) = &spec.cost else {
             return Ok(Policy::default());
         };
@@ -89,7 +88,7 @@ impl Policy {
         check_number(subject, "default_price", cost.default_price)?;
         let mut price = vec![cost.default_price; clusters.len()];
         for (id, &p) in &cost.prices {
-            let Some(c) = clusters.iter().position(|c| &c.id == id) else {
+            let Some(c) = clusters.iter().position(|c| c == id) else {
                 return Err(ModelError::BadNumber {
                     subject: format!("policy.cost.prices[{id:?}]"),
                     field: "cluster",
@@ -119,8 +118,8 @@ impl Policy {
         })
     }
 
-    /// The file form, prices by the ids of `clusters` (those at the default price left out).
-    pub fn spec(&self, clusters: &[Cluster]) -> PolicySpec {
+    /// The file form, prices by the clusters' ids (those at the default price left out).
+    pub fn spec(&self, clusters: &[&str]) -> PolicySpec {
         PolicySpec {
             cost: self.cost.as_ref().map(|c| CostSpec {
                 weight: c.weight,
@@ -130,22 +129,23 @@ impl Policy {
                     .iter()
                     .zip(&c.price)
                     .filter(|(_, &p)| p.to_bits() != c.default_price.to_bits())
-                    .map(|(cl, &p)| (cl.id.clone(), p))
+                    .map(|(cl, &p)| (cl.to_string(), p))
                     .collect(),
             }),
         }
     }
 
-    /// This policy over another cluster list (`clusters`, after `old` was edited): each price
-    /// follows its cluster by id, a new cluster takes the default price, a deleted one's goes.
-    pub fn carried(&self, old: &[Cluster], clusters: &[Cluster]) -> Policy {
+    /// This policy over another cluster list (`clusters`' ids, after `old` was edited): each
+    /// price follows its cluster by id, a new cluster takes the default price, a deleted one's
+    /// goes.
+    pub fn carried(&self, old: &[&str], clusters: &[&str]) -> Policy {
         Policy {
             cost: self.cost.as_ref().map(|c| CostPolicy {
                 price: clusters
                     .iter()
                     .map(|n| {
                         old.iter()
-                            .position(|o| o.id == n.id)
+                            .position(|o| o == n)
                             .and_then(|i| c.price.get(i).copied())
                             .unwrap_or(c.default_price)
                     })

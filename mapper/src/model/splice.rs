@@ -253,7 +253,7 @@ impl Instance {
         Arc::make_mut(&mut topology).policy = self
             .topology
             .policy
-            .carried(self.clusters(), &topology.clusters);
+            .carried(&self.cluster_ids(), &topology.cluster_ids());
         // Old cluster index → new index (u32::MAX: gone).
         let renumber: Vec<u32> = self
             .clusters()

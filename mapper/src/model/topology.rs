@@ -156,6 +156,13 @@ pub(super) struct Topology {
     pub(super) policy: super::policy::Policy,
 }
 
+impl Topology {
+    /// The clusters' ids, in index order.
+    pub(super) fn cluster_ids(&self) -> Vec<&str> {
+        self.clusters.iter().map(|c| c.id.as_str()).collect()
+    }
+}
+
 /// A node on the cycle that the parent chain from `start` runs into (the caller knows there is
 /// one: the chain never reaches a root).
 fn on_cycle(start: usize, parent: &[Option<usize>]) -> usize {
