@@ -3533,7 +3533,7 @@ async fn bad_http_requests_get_exact_errors_and_the_server_serves_on() {
                 "DELETE /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
             ),
             "405",
-            r#"{"error":"DELETE is not allowed here: actions are POST /api/clusters/{id}/state and POST /api/preview, everything else is GET"}"#.into(),
+            r#"{"error":"DELETE is not allowed here: actions are POST /api/clusters/{id}/state, /api/clusters/{id}/ramp, /api/clusters/{id}/ramp/cancel, /api/policy and /api/preview, everything else is GET"}"#.into(),
         ),
     ];
     let wrong: Vec<String> = rows
