@@ -1202,4 +1202,57 @@ fn a_world_with_a_cost_policy_shows_its_cost() {
         f(&st["cost"]) > cost,
         "the cost rises without its weight: {st}"
     );
+    // gRPC Admin: the same policy, a preview edit of it, and a bad one named.
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        let mut admin = AdminClient::connect(format!("http://{}", s.grpc))
+            .await
+            .expect("connect to gRPC");
+        fn with<T>(mut r: tonic::Request<T>, auth: &str) -> tonic::Request<T> {
+            r.metadata_mut()
+                .insert("authorization", auth.parse().expect("metadata"));
+            r
+        }
+        let got = admin
+            .get_policy(with(tonic::Request::new(pb::GetPolicyRequest {}), &auth))
+            .await
+            .expect("GetPolicy")
+            .into_inner();
+        let got: Value = serde_json::from_str(&got.json).expect("policy json");
+        assert_eq!(got["cost"]["weight"], 0.0, "{got}");
+        let bad = admin
+            .set_policy(with(
+                tonic::Request::new(pb::Policy {
+                    json: r#"{"cost": {"weight": -1}}"#.into(),
+                }),
+                &auth,
+            ))
+            .await
+            .expect_err("refused");
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        assert!(bad.message().contains("policy.cost"), "{bad:?}");
+        let back = p["policy"].to_string();
+        let preview = admin
+            .preview(with(
+                tonic::Request::new(pb::PreviewRequest {
+                    edits: vec![pb::PreviewEdit {
+                        edit: Some(pb::preview_edit::Edit::PolicyJson(back.clone())),
+                    }],
+                    ..Default::default()
+                }),
+                &auth,
+            ))
+            .await
+            .expect("Preview")
+            .into_inner();
+        assert!(preview.mean_rtt_ms_after > 0.0, "{preview:?}");
+        let set = admin
+            .set_policy(with(tonic::Request::new(pb::Policy { json: back }), &auth))
+            .await
+            .expect("SetPolicy")
+            .into_inner();
+        let set: Value = serde_json::from_str(&set.json).expect("policy json");
+        assert_eq!(set["cost"]["weight"], 2.0, "{set}");
+    });
+    assert_eq!(s.get_ok("/api/policy")["policy"]["cost"]["weight"], 2.0);
 }

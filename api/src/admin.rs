@@ -401,6 +401,26 @@ impl pb::admin_server::Admin for AdminService {
         ))
     }
 
+    async fn get_policy(
+        &self,
+        _request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        Ok(Response::new(policy_pb(&self.0.topology_now())))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<pb::Policy>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        let spec = policy_from_json(&request.into_inner().json)?;
+        // Validated against the clusters first, so the error names the entry.
+        if let Err(e) = self.0.topology_now().instance.with_policy(&spec) {
+            return Err(invalid(format!("policy: {e}")));
+        }
+        let applied = self.change(Change::Policy(spec)).await?;
+        Ok(Response::new(policy_pb(&applied.topology)))
+    }
+
     async fn delete_map_unit(
         &self,
         request: Request<pb::DeleteRequest>,
@@ -552,6 +572,9 @@ impl AdminService {
                     unit: unit_from_pb(u).map_err(at)?,
                 },
                 Some(pb::preview_edit::Edit::DeleteMapUnit(id)) => Edit::DeleteMapUnit { id },
+                Some(pb::preview_edit::Edit::PolicyJson(json)) => Edit::Policy {
+                    policy: policy_from_json(&json).map_err(at)?,
+                },
                 None => return Err(invalid(format!("edits[{i}]: no edit"))),
             });
         }
@@ -681,4 +704,20 @@ mod tests {
             );
         }
     }
+}
+
+/// A policy from its JSON file form (`""` is none); INVALID_ARGUMENT naming what is wrong.
+fn policy_from_json(json: &str) -> Result<cdnmap_mapper::model::PolicySpec, Status> {
+    if json.trim().is_empty() {
+        return Ok(cdnmap_mapper::model::PolicySpec::default());
+    }
+    serde_json::from_str(json).map_err(|e| invalid(format!("policy json: {e}")))
+}
+
+/// `topology`'s policy as Admin answers it.
+fn policy_pb(topology: &cdnmap_topology::Topology) -> pb::Policy {
+    let json = cdnmap_topology::format::policy_file(topology)
+        .and_then(|p| serde_json::to_string(&p).ok())
+        .unwrap_or_default();
+    pb::Policy { json }
 }

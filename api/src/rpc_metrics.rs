@@ -51,6 +51,8 @@ pub const METHODS: &[(&str, &[&str])] = &[
             "GetStatus",
             "DiffMaps",
             "Preview",
+            "GetPolicy",
+            "SetPolicy",
         ],
     ),
     ("grpc.health.v1.Health", &["Check", "Watch"]),
