@@ -651,6 +651,22 @@ fn map_diff_pb(
     }
 }
 
+/// A policy from its JSON file form (`""` is none); INVALID_ARGUMENT naming what is wrong.
+fn policy_from_json(json: &str) -> Result<cdnmap_mapper::model::PolicySpec, Status> {
+    if json.trim().is_empty() {
+        return Ok(cdnmap_mapper::model::PolicySpec::default());
+    }
+    serde_json::from_str(json).map_err(|e| invalid(format!("policy json: {e}")))
+}
+
+/// `topology`'s policy as Admin answers it.
+fn policy_pb(topology: &cdnmap_topology::Topology) -> pb::Policy {
+    let json = cdnmap_topology::format::policy_file(topology)
+        .and_then(|p| serde_json::to_string(&p).ok())
+        .unwrap_or_default();
+    pb::Policy { json }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{cluster_from_pb, pb};
@@ -704,20 +720,4 @@ mod tests {
             );
         }
     }
-}
-
-/// A policy from its JSON file form (`""` is none); INVALID_ARGUMENT naming what is wrong.
-fn policy_from_json(json: &str) -> Result<cdnmap_mapper::model::PolicySpec, Status> {
-    if json.trim().is_empty() {
-        return Ok(cdnmap_mapper::model::PolicySpec::default());
-    }
-    serde_json::from_str(json).map_err(|e| invalid(format!("policy json: {e}")))
-}
-
-/// `topology`'s policy as Admin answers it.
-fn policy_pb(topology: &cdnmap_topology::Topology) -> pb::Policy {
-    let json = cdnmap_topology::format::policy_file(topology)
-        .and_then(|p| serde_json::to_string(&p).ok())
-        .unwrap_or_default();
-    pb::Policy { json }
 }
