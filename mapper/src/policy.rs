@@ -29,17 +29,68 @@ fn just_above(x: f32) -> f32 {
 
 /// The policy's scores of every unit of `instance` (its latencies from `measured` where
 /// measured), as measured scores; `None` when the policy changes no score (no cost policy, a
-/// weight of 0, or no price above 0).
+/// weight of 0, or no price above 0). The units in two halves, one on another thread, when
+/// there are enough of them (`crate::parts`); the result does not depend on it.
 pub fn rescore(instance: &Instance, measured: &Rescore) -> Option<Rescore> {
-    let cost = instance.policy().cost.as_ref().filter(|c| c.scores())?;
-    let guard = cost.guard_ms as f32;
     let n = instance.unit_count();
+    rescore_in_parts(
+        instance,
+        measured,
+        crate::parts::parts_for(n, crate::parts::PARALLEL_ITEMS),
+    )
+}
+
+/// [`rescore`], the units split into `parts` ranges.
+fn rescore_in_parts(instance: &Instance, measured: &Rescore, parts: usize) -> Option<Rescore> {
+    let cost = instance.policy().cost.as_ref().filter(|c| c.scores())?;
+    let n = instance.unit_count();
+    let done = crate::parts::in_parts(n, parts, |r| {
+        scores_of(
+            instance,
+            measured,
+            cost,
+            r.start as UnitIdx..r.end as UnitIdx,
+        )
+    });
     let mut units = Vec::with_capacity(n);
     let mut start = Vec::with_capacity(n + 1);
     let mut scores: Vec<(ClusterIdx, f32)> = Vec::with_capacity(instance.total_candidates());
+    for part in done {
+        let base = scores.len() as u32;
+        units.extend(part.units);
+        start.extend(part.start.iter().map(|&s| s + base));
+        scores.extend(part.scores);
+    }
+    if units.is_empty() {
+        return None;
+    }
+    start.push(scores.len() as u32);
+    Some(Rescore::from_parts(units, start, scores))
+}
+
+/// The policy's scores of a range of units: the units, where each one's scores start (from 0
+/// for the range), and the scores, each unit's in cluster order.
+struct Scored {
+    units: Vec<UnitIdx>,
+    start: Vec<u32>,
+    scores: Vec<(ClusterIdx, f32)>,
+}
+
+fn scores_of(
+    instance: &Instance,
+    measured: &Rescore,
+    cost: &crate::model::CostPolicy,
+    range: std::ops::Range<UnitIdx>,
+) -> Scored {
+    let guard = cost.guard_ms as f32;
+    let mut out = Scored {
+        units: Vec::with_capacity(range.len()),
+        start: Vec::with_capacity(range.len()),
+        scores: Vec::new(),
+    };
     // (latency, cluster, policy score), per unit.
     let mut by_latency: Vec<(f32, ClusterIdx, f32)> = Vec::new();
-    for u in 0..n as UnitIdx {
+    for u in range {
         by_latency.clear();
         by_latency.extend(instance.candidates(u).map(|c| {
             let rtt = latency(measured, u, c.cluster, c.score);
@@ -63,20 +114,16 @@ pub fn rescore(instance: &Instance, measured: &Rescore) -> Option<Rescore> {
             }
         }
         by_latency.sort_unstable_by_key(|x| x.1);
-        units.push(u);
-        start.push(scores.len() as u32);
-        scores.extend(by_latency.iter().map(|&(_, c, f)| {
+        out.units.push(u);
+        out.start.push(out.scores.len() as u32);
+        out.scores.extend(by_latency.iter().map(|&(_, c, f)| {
             (
                 c,
                 f.clamp(f32::MIN_POSITIVE, crate::rescore::MAX_MEASURED_SCORE),
             )
         }));
     }
-    if units.is_empty() {
-        return None;
-    }
-    start.push(scores.len() as u32);
-    Some(Rescore::from_parts(units, start, scores))
+    out
 }
 
 /// How many (unit, cluster) placements of `map` break the cost policy's guard: the unit has
@@ -246,6 +293,20 @@ mod tests {
         let mut o: Vec<(f64, ClusterIdx)> = f.iter().zip(&c).map(|(&x, &(k, _))| (x, k)).collect();
         o.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         o.into_iter().map(|x| x.1).collect()
+    }
+
+    /// The scores do not depend on how the units are split between threads.
+    #[test]
+    fn the_scores_are_the_same_in_one_part_or_several() {
+        let inst = priced(&world(7, 12, 300, 10.0), 7, 3.0, 10.0);
+        let one = rescore_in_parts(&inst, &Rescore::default(), 1).expect("scores");
+        for parts in [2, 3, 7] {
+            assert_eq!(
+                rescore_in_parts(&inst, &Rescore::default(), parts),
+                Some(one.clone()),
+                "{parts} parts"
+            );
+        }
     }
 
     /// Every unit's policy order is the oracle's, and keeps the guard: a candidate more than
