@@ -343,6 +343,9 @@ pub struct BenchWorld {
     /// World seed (a benchmark's other random draws derive from it).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Total capacity over total demand.
+    #[arg(long, default_value_t = 1.1)]
+    pub headroom: f64,
 }
 
 impl BenchWorld {
@@ -353,6 +356,7 @@ impl BenchWorld {
             clusters: self.clusters,
             seed: self.seed,
             candidates: self.candidates,
+            headroom: self.headroom,
             ..WorldParams::default()
         };
         let t = Instant::now();

@@ -8,9 +8,11 @@
 //! f(c) = max( rtt(c) + weight·price(c),  just above max { f(b) : rtt(b) + guard_ms < rtt(c) } )
 //! ```
 //!
-//! computed over the unit's candidates in order of latency. The scores go to the round as
-//! measured scores do ([`crate::Rescore`], applied where stickiness applies its bonus), so the
-//! solver and the stability verifier see them like any preference; [`guard_violations`] checks
+//! computed over the unit's candidates in order of latency. The scores order the unit's
+//! candidates; its clusters still rank it by latency (the cost is the unit's preference among
+//! clusters, and a cluster goes on preferring the units it serves best). They go to the round
+//! as measured scores do ([`crate::Rescore`], with those ranks, applied where stickiness
+//! applies its bonus), so the solver and the stability verifier see them like any preference; [`guard_violations`] checks
 //! the guard on a map by itself, from the latencies alone. Stickiness's margin applies on top,
 //! as it does to latencies: a round may keep an incumbent within its margin.
 
@@ -55,25 +57,30 @@ fn rescore_in_parts(instance: &Instance, measured: &Rescore, parts: usize) -> Op
     let mut units = Vec::with_capacity(n);
     let mut start = Vec::with_capacity(n + 1);
     let mut scores: Vec<(ClusterIdx, f32)> = Vec::with_capacity(instance.total_candidates());
+    let mut ranks: Vec<f32> = Vec::with_capacity(instance.total_candidates());
     for part in done {
         let base = scores.len() as u32;
         units.extend(part.units);
         start.extend(part.start.iter().map(|&s| s + base));
         scores.extend(part.scores);
+        ranks.extend(part.ranks);
     }
     if units.is_empty() {
         return None;
     }
     start.push(scores.len() as u32);
-    Some(Rescore::from_parts(units, start, scores))
+    Some(Rescore::from_parts(units, start, scores, Some(ranks)))
 }
 
 /// The policy's scores of a range of units: the units, where each one's scores start (from 0
-/// for the range), and the scores, each unit's in cluster order.
+/// for the range), and the scores, each unit's in cluster order, with the ranks its clusters
+/// give it: its latencies (the cost is the unit's preference among clusters; a cluster still
+/// prefers the units it serves best).
 struct Scored {
     units: Vec<UnitIdx>,
     start: Vec<u32>,
     scores: Vec<(ClusterIdx, f32)>,
+    ranks: Vec<f32>,
 }
 
 fn scores_of(
@@ -87,6 +94,7 @@ fn scores_of(
         units: Vec::with_capacity(range.len()),
         start: Vec::with_capacity(range.len()),
         scores: Vec::new(),
+        ranks: Vec::new(),
     };
     // (latency, cluster, policy score), per unit.
     let mut by_latency: Vec<(f32, ClusterIdx, f32)> = Vec::new();
@@ -122,6 +130,7 @@ fn scores_of(
                 f.clamp(f32::MIN_POSITIVE, crate::rescore::MAX_MEASURED_SCORE),
             )
         }));
+        out.ranks.extend(by_latency.iter().map(|&(rtt, _, _)| rtt));
     }
     out
 }

@@ -24,6 +24,10 @@ pub struct Rescore {
     measured: Vec<(ClusterIdx, f32)>,
     /// Measurements of a cluster that is not among the unit's candidates (left out).
     not_candidates: usize,
+    /// Per entry of `measured`, the rank its cluster gives the unit, when it is not the score
+    /// (the cost policy's: its scores order the unit's candidates, its clusters rank the unit
+    /// by latency); `None`: the scores are the ranks, as measured RTTs are.
+    ranks: Option<Vec<f32>>,
 }
 
 impl Rescore {
@@ -95,14 +99,29 @@ impl Rescore {
         units: Vec<UnitIdx>,
         start: Vec<u32>,
         measured: Vec<(ClusterIdx, f32)>,
+        ranks: Option<Vec<f32>>,
     ) -> Rescore {
         debug_assert_eq!(start.len(), units.len() + 1);
+        debug_assert!(ranks.as_ref().is_none_or(|r| r.len() == measured.len()));
         Rescore {
             units,
             start,
             measured,
             not_candidates: 0,
+            ranks,
         }
+    }
+
+    /// Whether the entries carry ranks of their own ([`Self::ranks_at`]).
+    pub(crate) fn has_ranks(&self) -> bool {
+        self.ranks.is_some()
+    }
+
+    /// The ranks of the unit at position `i` of [`Self::units`], in the order of
+    /// [`Self::at`]'s entries, when the entries carry their own.
+    pub(crate) fn ranks_at(&self, i: usize) -> Option<&[f32]> {
+        let r = self.ranks.as_ref()?;
+        Some(&r[self.start[i] as usize..self.start[i + 1] as usize])
     }
 
     /// Whether no unit has a measurement.
@@ -146,7 +165,10 @@ impl Rescore {
 
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
-        self.units.capacity() * 4 + self.start.capacity() * 4 + self.measured.capacity() * 8
+        self.units.capacity() * 4
+            + self.start.capacity() * 4
+            + self.measured.capacity() * 8
+            + self.ranks.as_ref().map_or(0, |r| r.capacity() * 4)
     }
 }
 
@@ -183,6 +205,7 @@ pub fn admitted(
         start: Vec::with_capacity(next.units.len() + 1),
         measured: Vec::with_capacity(next.len()),
         not_candidates: next.not_candidates,
+        ranks: None,
     };
     let (mut reordered, mut held) = (0usize, 0usize);
     let (mut i, mut j) = (0usize, 0usize);

@@ -254,7 +254,7 @@ fn favour_part(
         word_base,
         favoured: vec![0u64; to.div_ceil(64) - word_base],
         moved: CandidateColumns {
-            rank: cands.rank.as_ref().map(|_| Vec::new()),
+            rank: (cands.rank.is_some() || settings.rescore.has_ranks()).then(Vec::new),
             ..CandidateColumns::default()
         },
         moved_favoured: Vec::new(),
@@ -277,7 +277,8 @@ fn favour_part(
         let local = (u - units.start) as usize;
         let c = favouring.candidates(u);
         if rescore.units().get(next) == Some(&u) {
-            favouring.rescored(&mut part, &mut marks, &mut order, u, &c, rescore.at(next));
+            let scored = (rescore.at(next), rescore.ranks_at(next));
+            favouring.rescored(&mut part, &mut marks, &mut order, u, &c, scored);
             next += 1;
             continue;
         }
@@ -473,12 +474,16 @@ impl<'a> Favouring<'a> {
         order: &mut Vec<(f32, ClusterIdx, usize)>,
         u: UnitIdx,
         c: &UnitCands<'_>,
-        measured: &[(ClusterIdx, f32)],
+        (measured, ranks): (&[(ClusterIdx, f32)], Option<&[f32]>),
     ) {
         self.incumbents(part, marks, u, c);
-        let score = |j: usize| match measured.binary_search_by_key(&c.list[j], |&(x, _)| x) {
-            Ok(k) => measured[k].1,
-            Err(_) => c.scores[j],
+        let at = |j: usize| measured.binary_search_by_key(&c.list[j], |&(x, _)| x).ok();
+        let score = |j: usize| at(j).map_or(c.scores[j], |k| measured[k].1);
+        // The rank a cluster gives the unit: an explicit one, else the entry's own (the cost
+        // policy's latency), else none (the score).
+        let rank = |j: usize| match c.ranks.map(|r| r[j]) {
+            Some(r) if r != NO_RANK => r,
+            _ => ranks.and_then(|r| at(j).map(|k| r[k])).unwrap_or(NO_RANK),
         };
         let bonus = |j: usize| {
             if marks.contains(&j) {
@@ -500,28 +505,29 @@ impl<'a> Favouring<'a> {
             part.start.push(c.start as u32);
             return;
         };
-        let rank = match c.ranks.map(|r| r[j0]) {
-            Some(r) if r != NO_RANK => r,
-            _ => score(j0),
+        let first_rank = match rank(j0) {
+            NO_RANK => score(j0),
+            r => r,
         };
         part.first.push(FirstCandidate {
             cluster,
-            rank: rank * bonus(j0),
+            rank: first_rank * bonus(j0),
             newcomer: self.incumbents_first && !marks.contains(&j0),
         });
-        self.copy_aside(part, marks, order, c, score);
+        self.copy_aside(part, marks, order, score, rank);
     }
 
     /// Copies a unit's candidates to `moved` in `order` (each `(_, cluster, base position)`),
-    /// with `score(j)` for base position `j`, its explicit rank, and its favoured mark.
+    /// with `score(j)` for base position `j`, its rank `rank(j)` (`NO_RANK`: the score) when
+    /// the copies have a rank column, and its favoured mark.
     #[inline]
     fn copy_aside(
         &self,
         part: &mut Part,
         marks: &[usize],
         order: &[(f32, ClusterIdx, usize)],
-        c: &UnitCands<'_>,
         score: impl Fn(usize) -> f32,
+        rank: impl Fn(usize) -> f32,
     ) {
         let at = part.moved.cluster.len();
         // Numbered from the end of the arena; `join_parts` adds the earlier parts' copies.
@@ -530,8 +536,8 @@ impl<'a> Favouring<'a> {
         for (k, &(_, cluster, j)) in order.iter().enumerate() {
             part.moved.cluster.push(cluster);
             part.moved.score.push(score(j));
-            if let (Some(r), Some(o)) = (part.moved.rank.as_mut(), c.ranks) {
-                r.push(o[j]);
+            if let Some(r) = part.moved.rank.as_mut() {
+                r.push(rank(j));
             }
             if marks.contains(&j) {
                 part.moved_favoured.push(at + k);
@@ -575,7 +581,14 @@ impl<'a> Favouring<'a> {
         order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let j0 = order[0].2;
         self.push_first(&mut part.first, c, j0, marks.contains(&j0));
-        self.copy_aside(part, marks, order, c, |j| scores[j]);
+        let ranks = c.ranks;
+        self.copy_aside(
+            part,
+            marks,
+            order,
+            |j| scores[j],
+            |j| ranks.map_or(NO_RANK, |r| r[j]),
+        );
     }
 
     /// A unit with one incumbent, at position `p`: it moves forward past the entries it now
@@ -620,6 +633,7 @@ fn join_parts(
             limit: u32::MAX as usize,
         });
     }
+    let ranked = base.cands.rank.is_some() || parts.iter().any(|p| p.moved.rank.is_some());
     let mut parts = parts.into_iter();
     let mut head = parts.next().unwrap_or_default();
     // The first part's columns, with room for all units, take the others' (its moved
@@ -633,11 +647,7 @@ fn join_parts(
         moved: CandidateColumns {
             cluster: Vec::with_capacity(moved_len),
             score: Vec::with_capacity(moved_len),
-            rank: base
-                .cands
-                .rank
-                .as_ref()
-                .map(|_| Vec::with_capacity(moved_len)),
+            rank: ranked.then(|| Vec::with_capacity(moved_len)),
             head: Vec::new(),
         },
         favoured: vec![0u64; (arena_len + moved_len).div_ceil(64)],
