@@ -1224,6 +1224,7 @@ fn a_world_with_a_cost_policy_shows_its_cost() {
             .set_policy(with(
                 tonic::Request::new(pb::Policy {
                     json: r#"{"cost": {"weight": -1}}"#.into(),
+                    ..Default::default()
                 }),
                 &auth,
             ))
@@ -1247,7 +1248,13 @@ fn a_world_with_a_cost_policy_shows_its_cost() {
             .into_inner();
         assert!(preview.mean_rtt_ms_after > 0.0, "{preview:?}");
         let set = admin
-            .set_policy(with(tonic::Request::new(pb::Policy { json: back }), &auth))
+            .set_policy(with(
+                tonic::Request::new(pb::Policy {
+                    json: back,
+                    ..Default::default()
+                }),
+                &auth,
+            ))
             .await
             .expect("SetPolicy")
             .into_inner();
@@ -1255,4 +1262,55 @@ fn a_world_with_a_cost_policy_shows_its_cost() {
         assert_eq!(set["cost"]["weight"], 2.0, "{set}");
     });
     assert_eq!(s.get_ok("/api/policy")["policy"]["cost"]["weight"], 2.0);
+}
+
+/// A policy change is held to the guard like a change of cluster states (issue 46): prices that
+/// send units to the cheap half of the clusters move more of the demand than
+/// `max_moved_share` in the preview, so the change is refused naming the limit, and applied
+/// when forced with a reason.
+#[test]
+fn a_policy_change_is_held_to_the_guard() {
+    let s = DashServer::start_with(cdnmap_tests::mapper::Setup::with_extra(
+        cdnmap_tests::bin!(),
+        true,
+        "[guard]\nmax_moved_share = 0.01\n",
+    ));
+    let ids: Vec<String> = s.get_ok("/api/clusters")["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    let prices: serde_json::Map<String, Value> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.clone(), Value::from(if i % 2 == 0 { 1.0 } else { 9.0 })))
+        .collect();
+    let policy = serde_json::json!({"cost": {"weight": 4.0, "guard_ms": 20.0, "prices": prices}});
+    let auth = format!("Bearer {TOKEN}");
+    let ask = |body: Value| {
+        s.post(
+            "/api/policy",
+            &[("Authorization", &auth)],
+            &body.to_string(),
+        )
+    };
+    let preview = ask(serde_json::json!({"policy": policy, "preview": true}));
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    let p = preview.json();
+    assert!(f(&p["moved_share"]) > 0.01, "{p}");
+    assert!(f(&p["after"]["cost"]) > 0.0, "{p}");
+    let refused = ask(serde_json::json!({"policy": policy}));
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    let said = refused.error();
+    assert!(
+        said.starts_with("refused by the guard: it would move")
+            && said.contains("guard.max_moved_share = 0.01"),
+        "{said}"
+    );
+    assert_eq!(s.get_ok("/api/policy")["policy"], Value::Null);
+    let forced =
+        ask(serde_json::json!({"policy": policy, "force": true, "reason": "cheaper month"}));
+    assert_eq!(forced.status, 200, "{}", forced.body);
+    assert_eq!(s.get_ok("/api/policy")["policy"]["cost"]["weight"], 4.0);
 }

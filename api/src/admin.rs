@@ -412,12 +412,11 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::Policy>,
     ) -> Result<Response<pb::Policy>, Status> {
-        let spec = policy_from_json(&request.into_inner().json)?;
-        // Validated against the clusters first, so the error names the entry.
-        if let Err(e) = self.0.topology_now().instance.with_policy(&spec) {
-            return Err(invalid(format!("policy: {e}")));
-        }
-        let applied = self.change(Change::Policy(spec)).await?;
+        let r = request.into_inner();
+        let spec = policy_from_json(&r.json)?;
+        let applied = crate::guard::set_policy(&self.0, spec, &r.reason, r.force)
+            .await
+            .map_err(change_status)?;
         Ok(Response::new(policy_pb(&applied.topology)))
     }
 
@@ -664,7 +663,10 @@ fn policy_pb(topology: &cdnmap_topology::Topology) -> pb::Policy {
     let json = cdnmap_topology::format::policy_file(topology)
         .and_then(|p| serde_json::to_string(&p).ok())
         .unwrap_or_default();
-    pb::Policy { json }
+    pb::Policy {
+        json,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]

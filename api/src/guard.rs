@@ -61,6 +61,37 @@ pub async fn set_cluster_state(
         .await
 }
 
+/// Replaces the operator's policy (issue 46) as an operator asks (Admin `SetPolicy`, the
+/// dashboard): validated against the clusters, then, with a `[guard]`, previewed and refused
+/// past a limit (a policy change is made at once, so the per-round budget applies too) unless
+/// `force`d with a reason; then through the topology writer.
+pub async fn set_policy(
+    shared: &Arc<Shared>,
+    spec: cdnmap_mapper::model::PolicySpec,
+    reason: &str,
+    force: bool,
+) -> Result<Applied, ChangeError> {
+    if let Err(e) = shared.topology_now().instance.with_policy(&spec) {
+        return Err(ChangeError::Edit(EditError::Refused(format!(
+            "policy: {e}"
+        ))));
+    }
+    let edit = Edit::Policy {
+        policy: spec.clone(),
+    };
+    if let Some((_, Some(passed))) = checked(shared, "policy", vec![edit], None, true).await? {
+        if !force || reason.trim().is_empty() {
+            return Err(ChangeError::Guard(if force {
+                format!("a forced change needs a reason: {passed}")
+            } else {
+                format!("refused by the guard: {passed}; force it with a reason")
+            }));
+        }
+        tracing::warn!(reason, passed = %passed, "policy forced past the guard");
+    }
+    shared.change(crate::topology::Change::Policy(spec)).await
+}
+
 /// What a preview says a change would do, as the change history keeps it.
 pub fn outcome_of(p: &Previewed) -> Outcome {
     Outcome {

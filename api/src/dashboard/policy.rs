@@ -2,7 +2,8 @@
 //! (the policy in its file form, and what it does to the published map: its cost beside its
 //! mean RTT) and `POST /api/policy` (the Admin token): `{"policy": {...}, "preview": true}`
 //! previews replacing it (the rounds' own code, as any change), without `preview` replaces it
-//! through the topology writer (journaled, shared with the replicas, the next round maps it).
+//! through the topology writer (journaled, shared with the replicas, the next round maps it),
+//! held to the `[guard]` first like a change of cluster states (`force` with a `reason`).
 //! A bad policy is a 400 naming the entry.
 
 use axum::body::Bytes;
@@ -19,7 +20,6 @@ use super::app::{ApiError, ApiResult, App};
 use super::clusters::{actor_of, body_of, change_error};
 use super::preview::PreviewAnswer;
 use crate::preview::{preview_edits, PreviewError, Turn};
-use crate::topology::Change;
 
 #[derive(Serialize)]
 pub(super) struct PolicyBody {
@@ -50,6 +50,11 @@ pub(super) struct PolicyAsk {
     policy: PolicySpec,
     #[serde(default)]
     preview: bool,
+    /// Past the guard (`[guard]`), with a reason.
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    reason: String,
 }
 
 /// `POST /api/policy`: a preview (200 with the preview) or the change (200 with the policy now).
@@ -86,10 +91,9 @@ pub(super) async fn set_policy(
             })?;
         return Ok(Json(PreviewAnswer::of(p)).into_response());
     }
-    app.shared
-        .change(Change::Policy(ask.policy))
+    crate::guard::set_policy(&app.shared, ask.policy, &ask.reason, ask.force)
         .await
         .map_err(change_error)?;
-    tracing::warn!(who = %actor.who, via = actor.via, "policy replaced");
+    tracing::warn!(who = %actor.who, via = actor.via, reason = %ask.reason, "policy replaced");
     Ok(policy(State(app)).await?.into_response())
 }
