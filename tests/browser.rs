@@ -837,6 +837,68 @@ fn the_dashboard_renders_real_data_and_drains_a_cluster_in_chromium() {
     eprintln!("screenshot: {}", path.display());
 }
 
+/// The policy panel (issue 46) on the policy example as the service's world: the page shows the
+/// policy and the map's cost; a new policy typed in is previewed (what it would move, cost
+/// before and after) and applied, as the API then says.
+#[test]
+fn the_policy_is_shown_previewed_and_applied_in_chromium() {
+    let chromium = ensure_debian_tool("chromium", &["chromium", "chromium-driver"])
+        .unwrap_or_else(|e| panic!("the browser test needs Chromium: {e}"));
+    let chromedriver = find_program("chromedriver")
+        .or_else(|| ensure_debian_tool("chromedriver", &["chromium-driver"]).ok())
+        .expect("chromedriver (Debian's chromium-driver)");
+    let example = cdnmap_tests::workspace_root()
+        .join("docs")
+        .join("examples")
+        .join("policy.json");
+    let top = format!("instance = {:?}\n", example.to_str().expect("a UTF-8 path"));
+    let server = DashServer::start_with(cdnmap_tests::mapper::Setup::with_config(
+        cdnmap_tests::bin!(),
+        true,
+        &top,
+        "",
+    ));
+    let driver = Driver::start(chromium, chromedriver);
+    driver.goto(&format!("http://{}/", server.http));
+    driver.type_into("#token", TOKEN);
+    let shown = driver.wait_for(
+        "the policy and the map's cost",
+        PAGE_TIMEOUT,
+        "const p = document.querySelector('#policy [data-weight]'); \
+         const n = document.getElementById('policy-note').textContent; \
+         return p && n.includes('cost') ? [Number(p.dataset.weight), n] : null;",
+    );
+    assert_eq!(shown[0], 2.0, "{shown}");
+    // Weight 0: the cost rises back; previewed first, then applied.
+    driver.js(
+        "const b = document.getElementById('policy-json'); const p = JSON.parse(b.value); \
+         p.cost.weight = 0; b.value = JSON.stringify(p); b.dataset.edited = '1'; return true;",
+    );
+    driver.click("#policy-preview");
+    let moved = driver.wait_for(
+        "the policy's preview",
+        ROUND_TIMEOUT,
+        "const d = document.querySelector('#policy-preview-out .policy-preview'); \
+         return d ? [Number(d.dataset.movedShare), d.textContent] : null;",
+    );
+    assert!(moved[0].as_f64() > Some(0.0), "{moved}");
+    assert_eq!(
+        server.get_ok("/api/policy")["policy"]["cost"]["weight"],
+        2.0,
+        "previewed only"
+    );
+    driver.click("#policy-apply");
+    driver.wait_for(
+        "the policy applied",
+        PAGE_TIMEOUT,
+        "return document.getElementById('policy-preview-out').textContent.includes('applied');",
+    );
+    assert_eq!(
+        server.get_ok("/api/policy")["policy"]["cost"]["weight"],
+        0.0
+    );
+}
+
 /// A drain ramped from the page (issue 45): the preview's "over N rounds", confirmed, shows in
 /// the Ramps panel with its progress step by step, and its Cancel writes the cluster back.
 #[test]

@@ -751,6 +751,50 @@ function renderRamps(r) {
     }))));
 }
 
+// The operator's policy (docs/policy.md): what it is, what it does to the map (cost beside mean
+// RTT), and a JSON editor to preview a new one and apply it (held to the guard).
+function renderPolicy(p) {
+  const c = p.policy && p.policy.cost;
+  document.getElementById("policy-note").textContent = c
+    ? `map v${p.map_version}: cost ${fmt(p.cost)} at mean RTT ${fmt(p.mean_rtt_ms, 2)} ms`
+    : "none: clusters are chosen by latency alone";
+  document.getElementById("policy").replaceChildren(c
+    ? el("div", { "data-weight": c.weight }, `cost: weight ${c.weight} ms per unit of price, guard ${c.guard_ms} ms, `,
+      `${Object.keys(c.prices).length} clusters priced (others ${c.default_price})`)
+    : "");
+  const box = document.getElementById("policy-json");
+  if (document.activeElement !== box && !box.dataset.edited) box.value = JSON.stringify(p.policy || {}, null, 1);
+}
+
+async function policyAction(preview) {
+  const out = document.getElementById("policy-preview-out");
+  let policy;
+  try {
+    policy = JSON.parse(document.getElementById("policy-json").value || "{}");
+  } catch (e) {
+    out.replaceChildren(el("div", { class: "error" }, `not JSON: ${e.message}`));
+    return;
+  }
+  try {
+    const a = await api("/api/policy", {
+      method: "POST", headers: actionHeaders(),
+      body: JSON.stringify({ policy, preview, reason: document.getElementById("reason").value || "" }),
+    });
+    if (preview) {
+      const b = a.before, f = a.after;
+      out.replaceChildren(el("div", { class: "policy-preview", "data-moved-share": a.moved_share },
+        `would move ${pct(a.moved_share)} of the demand · overflow ${pct(b.overflow_share)} → ${pct(f.overflow_share)} · `,
+        `mean RTT ${fmt(b.mean_rtt_ms, 2)} → ${fmt(f.mean_rtt_ms, 2)} ms · cost ${b.cost == null ? "—" : fmt(b.cost)} → ${f.cost == null ? "—" : fmt(f.cost)}`));
+    } else {
+      document.getElementById("policy-json").dataset.edited = "";
+      out.replaceChildren(el("div", { class: "dim" }, "applied: the next round maps it"));
+      renderPolicy(a);
+    }
+  } catch (e) {
+    out.replaceChildren(el("div", { class: "error" }, e.message));
+  }
+}
+
 async function cancelRamp(id) {
   try {
     await api(`/api/clusters/${encodeURIComponent(id)}/ramp/cancel`, {
@@ -773,7 +817,7 @@ async function refresh(force) {
     if (!s.map_version) return; // no map yet: the banner says so
     const newest = ev.events.length ? ev.events[0].seq : 0;
     if (force || s.map_version !== state.version || newest !== state.lastEventSeq) {
-      const [cl, m, h, est, n1, ramps] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator"), api("/api/n1?limit=10"), api("/api/ramps")]);
+      const [cl, m, h, est, n1, ramps, policy] = await Promise.all([api("/api/clusters?top=3"), api("/api/map"), api("/api/history"), api("/api/estimator"), api("/api/n1?limit=10"), api("/api/ramps"), api("/api/policy")]);
       state.clusters = cl.clusters;
       state.map = m;
       state.history = h.rounds;
@@ -787,6 +831,7 @@ async function refresh(force) {
       renderEstimator(est);
       renderN1(n1);
       renderRamps(ramps);
+      renderPolicy(policy);
       document.body.dataset.version = String(cl.map_version);
       document.body.dataset.mapVersion = String(m.map_version);
       document.body.dataset.ready = "1";
@@ -807,6 +852,9 @@ function init() {
   op.addEventListener("input", () => sessionStorage.setItem("cdnmap.operator", op.value));
   document.getElementById("filter").addEventListener("input", renderTable);
   document.getElementById("export-history").addEventListener("click", exportHistory);
+  document.getElementById("policy-json").addEventListener("input", (e) => { e.target.dataset.edited = "1"; });
+  document.getElementById("policy-preview").addEventListener("click", () => policyAction(true));
+  document.getElementById("policy-apply").addEventListener("click", () => policyAction(false));
   document.getElementById("pin-out").addEventListener("change", renderTable);
   // A header sorts by its column: click, or Enter / Space when it has the focus; again reverses.
   document.querySelectorAll("#clusters th[data-sort]").forEach((th) => {
