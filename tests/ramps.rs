@@ -362,3 +362,97 @@ fn the_guard_halts_and_rolls_back_a_ramp_whose_rounds_raise_the_overflow() {
     let e = &s.get_ok("/api/events")["events"][0];
     assert_eq!(e["action"], "ramp_rollback", "{e}");
 }
+
+/// Every node of `n` at `f` times its capacity.
+fn scale_tree(n: &mut cdnmap_proto::v1::ResourceNode, f: f64) {
+    n.capacity *= f;
+    for c in &mut n.children {
+        scale_tree(c, f);
+    }
+}
+
+/// The topology is the truth of where a ramp is: the cluster written at another step of it
+/// (what a process killed between journaling a step and recording it leaves) is taken up as
+/// the ramp's position, and the ramp goes on from there; a tree edited otherwise interrupts it,
+/// left as that edit left it.
+#[test]
+fn a_step_found_in_the_topology_is_taken_up_and_another_edit_interrupts() {
+    use cdnmap_proto::v1 as pb;
+    use cdnmap_proto::v1::admin_client::AdminClient;
+    use cdnmap_tests::mapper::authed;
+    let s = server("");
+    let id = by_demand(&s)[2]["id"].as_str().expect("id").to_string();
+    let before = capacities(&s, &id);
+    let r = post(
+        &s,
+        &format!("/api/clusters/{id}/ramp"),
+        r#"{"to": "capacity", "scale": 0.2, "rounds": 100}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    let admin_scale = |f: f64, root_only: bool| {
+        rt.block_on(async {
+            let mut admin = AdminClient::connect(format!("http://{}", s.grpc))
+                .await
+                .expect("connect");
+            let get = pb::GetClusterRequest { id: id.clone() };
+            let mut c = admin
+                .get_cluster(authed(get, Some(TOKEN)))
+                .await
+                .expect("GetCluster")
+                .into_inner();
+            let root = c.resources.as_mut().expect("a tree");
+            if root_only {
+                root.capacity *= f;
+            } else {
+                scale_tree(root, f);
+            }
+            admin
+                .upsert_cluster(authed(c, Some(TOKEN)))
+                .await
+                .expect("UpsertCluster");
+        })
+    };
+    // Written at half its first step: a step of the ramp.
+    let first = f(&r.json()["steps"][0]["scale"]);
+    let half = 0.5 * first;
+    admin_scale(0.5, false);
+    let taken = s.wait_until("the step taken up", RAMP_TIMEOUT, || {
+        let r = ramp_of(&s, &id);
+        let scales: Vec<f64> = r["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|x| f(&x["scale"]))
+            .collect();
+        scales
+            .iter()
+            .any(|&x| (x - half).abs() < 1e-6)
+            .then_some((r, scales))
+    });
+    assert_eq!(taken.0["phase"], "running", "{}", taken.0);
+    // The ramp went on from there: the step after it is lower still.
+    s.wait_until("a step after it", RAMP_TIMEOUT, || {
+        let r = ramp_of(&s, &id);
+        let last = r["steps"]
+            .as_array()
+            .and_then(|x| x.last())
+            .map(|x| f(&x["scale"]));
+        last.filter(|&x| x < half - 1e-6).map(|_| ())
+    });
+    // The root alone cut: not a step of the ramp.
+    admin_scale(0.5, true);
+    let r = ended(&s, &id);
+    assert_eq!(r["phase"], "interrupted", "{r}");
+    assert!(
+        r["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("edited the cluster's resources")),
+        "{r}"
+    );
+    let now = capacities(&s, &id);
+    assert!(
+        now[0] < 0.5 * before[0],
+        "left as the edit left it: {now:?}"
+    );
+}

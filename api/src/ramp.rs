@@ -110,6 +110,10 @@ pub struct Ramp {
     /// Why it ended, when it did not reach its goal (or how it did).
     pub why: Option<String>,
     pub ended_at_unix_ms: Option<i64>,
+    /// An end's write-back of the cluster (in this state) recorded and not yet made: recorded
+    /// first, so a process killed between the two finishes it at its next start.
+    #[serde(default)]
+    pub restoring: Option<ClusterState>,
 }
 
 impl Ramp {
@@ -144,14 +148,16 @@ pub fn written(from: &ClusterFile, scale: f64, state: ClusterState) -> ClusterFi
     c
 }
 
-/// The capacity scale after `done` steps of a ramp to `goal` over `rounds` (the linear
-/// schedule), raised to `floor` (what the movement budget allows now), never below the goal
-/// nor above `now`.
+/// The capacity scale after `done` steps of a ramp to `goal` over `rounds`, at `now`: what is
+/// left spread over the steps left (the linear schedule from 1, when on it), raised to `floor`
+/// (what the movement budget allows now), never below the goal nor above `now`.
 pub fn next_scale(goal: f64, rounds: u32, done: u32, now: f64, floor: f64) -> f64 {
-    let linear = if done + 1 >= rounds {
+    // What is left, over the steps left (the linear schedule, when on it).
+    let left = rounds.saturating_sub(done).max(1);
+    let linear = if left == 1 {
         goal
     } else {
-        1.0 - (1.0 - goal) * f64::from(done + 1) / f64::from(rounds)
+        now - (now - goal) / f64::from(left)
     };
     linear.max(floor).max(goal).min(now)
 }
@@ -207,6 +213,20 @@ pub fn estimated_move(
     shed * demand / total
 }
 
+/// The scale `now` is of `from`: every node's capacity the same multiple of its capacity in
+/// `from` (within the journal's rounding; a node of capacity 0 stays 0), the trees alike;
+/// `None` when they are not (another change edited the tree).
+pub fn scale_of(from: &ClusterFile, now: &ClusterFile) -> Option<f64> {
+    let (a, b) = (from.capacities(), now.capacities());
+    if a.len() != b.len() {
+        return None;
+    }
+    let (i, &base) = a.iter().enumerate().find(|&(_, &x)| x > 0.0)?;
+    let s = b[i] / base;
+    let scaled: Vec<f64> = a.iter().map(|x| x * s).collect();
+    (s.is_finite() && s >= 0.0 && same_capacities(&scaled, &b)).then_some(s)
+}
+
 /// Whether two lists of capacities are the same within the journal's rounding.
 pub fn same_capacities(a: &[f64], b: &[f64]) -> bool {
     a.len() == b.len()
@@ -234,9 +254,11 @@ mod tests {
             now = next_scale(0.6, 5, done, now, 0.0);
         }
         assert!((now - 0.6).abs() < 1e-12, "{now}");
-        // Past the rounds asked it stays at the goal; never above where it is.
+        // Past the rounds asked it stays at the goal; from elsewhere (a step taken up from the
+        // topology) what is left is spread over the steps left.
         assert_eq!(next_scale(0.6, 5, 9, 0.6, 0.0), 0.6);
-        assert_eq!(next_scale(0.0, 4, 0, 0.5, 0.0), 0.5);
+        assert_eq!(next_scale(0.0, 4, 0, 0.5, 0.0), 0.375);
+        assert_eq!(next_scale(0.2, 100, 99, 0.5, 0.0), 0.2);
     }
 
     /// The budget's floor keeps the estimated move of a step within the budget, and the
@@ -258,6 +280,26 @@ mod tests {
         assert_eq!(budget_floor(&usage, &caps, 10.0, 1000.0, 0.02, 1.0), 0.0);
         let all = estimated_move(&usage, &caps, 10.0, 1000.0, 0.5, 0.0);
         assert!((all - 0.01).abs() < 1e-12, "{all}");
+    }
+
+    /// The scale of a cluster's tree against its tree before the ramp is found, within the
+    /// journal's rounding; a tree edited otherwise has none.
+    #[test]
+    fn the_scale_of_a_stepped_cluster_is_found() {
+        let from: ClusterFile = serde_json::from_str(
+            r#"{"id": "a", "lat": 0, "lon": 0, "resources": {"name": "up", "kind": "bps",
+                "capacity": 100, "children": [{"name": "cpu", "kind": "fps", "capacity": 40,
+                "classes": ["web"]}]}}"#,
+        )
+        .expect("a cluster");
+        let s = scale_of(&from, &from.scaled(0.37)).expect("a scale");
+        assert!((s - 0.37).abs() < 1e-12, "{s}");
+        assert_eq!(scale_of(&from, &from), Some(1.0));
+        let mut edited = from.scaled(0.5);
+        if let cdnmap_topology::format::ResourcesFile::Nested(n) = &mut edited.resources {
+            n.children[0].capacity = 30.0;
+        }
+        assert_eq!(scale_of(&from, &edited), None);
     }
 
     /// A cluster's capacities scaled by a ramp compare equal within the journal's rounding.

@@ -20,8 +20,8 @@ use cdnmap_topology::format::cluster_file;
 use crate::guard::{checked, outcome_of};
 use crate::preview::Previewed;
 use crate::ramp::{
-    budget_floor, estimated_move, next_scale, same_capacities, written, Baseline, Goal, Phase,
-    Ramp, Step, MAX_RAMP_ROUNDS, MAX_STEPS_KEPT,
+    budget_floor, estimated_move, next_scale, same_capacities, scale_of, written, Baseline, Goal,
+    Phase, Ramp, Step, MAX_RAMP_ROUNDS, MAX_STEPS_KEPT,
 };
 use crate::service::Shared;
 use crate::topology::{clean, Actor, Change, ChangeError, Outcome, MAX_REASON_LEN};
@@ -206,6 +206,7 @@ pub async fn start(
         phase: Phase::Running,
         why: None,
         ended_at_unix_ms: None,
+        restoring: None,
     };
     let (scale, moved) = plan(&ramp, &current, &loads);
     if scale < ramp.scale() {
@@ -261,21 +262,19 @@ async fn end(
     why: String,
     restore: Option<ClusterState>,
 ) {
-    let mut error = None;
-    if let Some(state) = restore {
-        let mut back = r.from.clone();
-        back.state = state;
-        if let Err(e) = shared.change(Change::UpsertCluster(back)).await {
-            error = Some(format!("writing cluster {:?} back failed: {e}", r.cluster));
-        }
-    }
+    // The end is recorded before the cluster is written back: killed between the two, the
+    // next start finishes the write-back (`finish_restoring`) rather than step a ramp the
+    // operator ended.
     r.phase = phase;
-    r.why = Some(match &error {
-        Some(e) => format!("{why}; {e}"),
-        None => why,
-    });
+    r.why = Some(why.clone());
     r.ended_at_unix_ms = Some(crate::clock::now_unix_ms());
+    r.restoring = restore;
     shared.activity().keep_ramp(r);
+    let error = finish_restoring(shared, r).await;
+    if let Some(e) = &error {
+        r.why = Some(format!("{why}; {e}"));
+        shared.activity().keep_ramp(r);
+    }
     let action = match phase {
         Phase::Running | Phase::Done => "ramp_done",
         Phase::Cancelled => "ramp_cancel",
@@ -284,6 +283,29 @@ async fn end(
     };
     shared.activity().log_ramp(r, action, error);
     tracing::warn!(cluster = %r.cluster, ?phase, why = ?r.why, "ramp ended");
+}
+
+/// Makes `r`'s recorded write-back (`restoring`): its cluster as it was, in that state, when
+/// the cluster is still as a step of the ramp left it (else another change took it since, and
+/// it is left alone); then records it made. The error, when the write failed (it stays
+/// recorded, and is tried again after the next round).
+async fn finish_restoring(shared: &Arc<Shared>, r: &mut Ramp) -> Option<String> {
+    let state = r.restoring?;
+    let topology = shared.topology_now();
+    let ours = topology
+        .cluster_index(&r.cluster)
+        .map(|c| cluster_file(&topology, c))
+        .is_some_and(|now| scale_of(&r.from, &now).is_some());
+    if ours {
+        let mut back = r.from.clone();
+        back.state = state;
+        if let Err(e) = shared.change(Change::UpsertCluster(back)).await {
+            return Some(format!("writing cluster {:?} back failed: {e}", r.cluster));
+        }
+    }
+    r.restoring = None;
+    shared.activity().keep_ramp(r);
+    None
 }
 
 /// Cancels cluster `id`'s running ramp: its cluster written back as it was (up, at its
@@ -339,6 +361,15 @@ pub fn start_stepping(shared: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
 /// or past the step's) is observed, held to the guard, and stepped on (or ended).
 async fn after_round(shared: &Arc<Shared>, s: &Arc<Snapshot>) {
     let _one = STEPPING.lock().await;
+    // Write-backs recorded and not made (a process killed between the two, or a write that
+    // failed): made now.
+    for mut r in shared.activity().ramps() {
+        if r.restoring.is_some() {
+            if let Some(e) = finish_restoring(shared, &mut r).await {
+                tracing::error!(cluster = %r.cluster, error = %e, "a ramp's write-back failed again");
+            }
+        }
+    }
     let Some(base_seq) = shared.activity().topology_seq_of(s.version) else {
         return;
     };
@@ -378,8 +409,13 @@ async fn advance(shared: &Arc<Shared>, r: &mut Ramp, s: &Snapshot, loads: &Loads
         let why = format!("halted by the guard at round {}: {why}", s.version);
         return end(shared, r, Phase::RolledBack, why, Some(ClusterState::Up)).await;
     }
+    let written = r.steps_written;
     if let Some((why, restore)) = taken(shared, r) {
         return end(shared, r, Phase::Interrupted, why, restore).await;
+    }
+    if r.steps_written != written {
+        // A step taken up from the topology: recorded now, whatever comes next.
+        shared.activity().keep_ramp(r);
     }
     if r.scale() <= r.goal.scale() {
         let why = format!(
@@ -445,22 +481,40 @@ fn held(
 }
 
 /// Whether another change took `r`'s cluster since its last step: why, and the state to write
-/// it back in (its tree as it was) when only its state was changed.
-fn taken(shared: &Shared, r: &Ramp) -> Option<(String, Option<ClusterState>)> {
+/// it back in (its tree as it was) when only its state was changed. The cluster as a step of
+/// the ramp left it is the ramp's, whichever step: the topology is the truth, so a step
+/// journaled and not recorded (a process killed between the two) is taken up as the ramp's
+/// position (`r` gets the step).
+fn taken(shared: &Shared, r: &mut Ramp) -> Option<(String, Option<ClusterState>)> {
     let topology = shared.topology_now();
     let Some(c) = topology.cluster_index(&r.cluster) else {
         return Some(("the cluster was deleted".into(), None));
     };
     let now = cluster_file(&topology, c);
-    let expected = r.expected();
-    if !same_capacities(&now.capacities(), &expected.capacities()) {
+    let Some(scale) = scale_of(&r.from, &now) else {
         return Some(("another change edited the cluster's resources".into(), None));
-    }
-    if now.state != expected.state {
-        return Some((
-            format!("another change set the cluster {:?}", now.state),
-            Some(now.state),
-        ));
+    };
+    let at = match now.state {
+        // A drain's last step: drained at its own capacities.
+        ClusterState::Drained if r.goal == Goal::Drained && (scale - 1.0).abs() <= 1e-9 => 0.0,
+        ClusterState::Up => scale,
+        other => {
+            return Some((
+                format!("another change set the cluster {other:?}"),
+                Some(other),
+            ));
+        }
+    };
+    if !same_capacities(&[at], &[r.scale()]) {
+        tracing::warn!(cluster = %r.cluster, recorded = r.scale(), found = at, "a ramp's step found in the topology, not in its record: taken up");
+        r.steps.push(Step {
+            scale: at,
+            seq: shared.topology.current_versioned().seq,
+            at_unix_ms: crate::clock::now_unix_ms(),
+            estimated_moved_share: 0.0,
+            observed: None,
+        });
+        r.steps_written += 1;
     }
     None
 }
