@@ -120,43 +120,8 @@ pub async fn start(
     force: bool,
     seen: Option<Previewed>,
 ) -> Result<Ramp, ChangeError> {
-    if !(2..=MAX_RAMP_ROUNDS).contains(&rounds) {
-        return Err(refused(format!(
-            "rounds: {rounds} is outside 2..={MAX_RAMP_ROUNDS} (one round: drain it at once)"
-        )));
-    }
-    if let Goal::Capacity { scale } = goal {
-        if !(scale.is_finite() && scale > 0.0 && scale < 1.0) {
-            return Err(refused(format!(
-                "scale: {scale} is outside (0, 1) (a cut to 0 is a drain)"
-            )));
-        }
-    }
     let _one = STEPPING.lock().await;
-    let topology = shared.topology_now();
-    let c = topology
-        .cluster_index(id)
-        .ok_or_else(|| ChangeError::Edit(EditError::NoCluster(id.to_string())))?;
-    let from = cluster_file(&topology, c);
-    if from.state != ClusterState::Up {
-        return Err(refused(format!(
-            "cluster {id:?} is {:?}: a ramp starts from an up cluster",
-            from.state
-        )));
-    }
-    if shared
-        .activity()
-        .ramps()
-        .iter()
-        .any(|r| r.cluster == id && r.phase == Phase::Running)
-    {
-        return Err(refused(format!(
-            "cluster {id:?} is ramping already: cancel that ramp first"
-        )));
-    }
-    let current = shared.current().ok_or_else(|| {
-        refused("no map yet: a ramp starts once the first round is published".into())
-    })?;
+    let (from, current) = startable(shared, id, goal, rounds)?;
     let last = match goal {
         Goal::Drained => Edit::ClusterState {
             id: id.to_string(),
@@ -217,6 +182,53 @@ pub async fn start(
     shared.activity().log_ramp(&ramp, "ramp_start", None);
     tracing::warn!(cluster = %id, ?goal, rounds, who = %ramp.who, "ramp started");
     Ok(ramp)
+}
+
+/// What a ramp of cluster `id` to `goal` over `rounds` starts from, or why it cannot start:
+/// `rounds` in 2..=[`MAX_RAMP_ROUNDS`], a capacity goal in (0, 1), the cluster there, up and
+/// not ramping, and a map in service. The cluster as it is, and that map.
+fn startable(
+    shared: &Arc<Shared>,
+    id: &str,
+    goal: Goal,
+    rounds: u32,
+) -> Result<(cdnmap_topology::format::ClusterFile, Arc<Snapshot>), ChangeError> {
+    if !(2..=MAX_RAMP_ROUNDS).contains(&rounds) {
+        return Err(refused(format!(
+            "rounds: {rounds} is outside 2..={MAX_RAMP_ROUNDS} (one round: drain it at once)"
+        )));
+    }
+    if let Goal::Capacity { scale } = goal {
+        if !(scale.is_finite() && scale > 0.0 && scale < 1.0) {
+            return Err(refused(format!(
+                "scale: {scale} is outside (0, 1) (a cut to 0 is a drain)"
+            )));
+        }
+    }
+    let topology = shared.topology_now();
+    let c = topology
+        .cluster_index(id)
+        .ok_or_else(|| ChangeError::Edit(EditError::NoCluster(id.to_string())))?;
+    let from = cluster_file(&topology, c);
+    if from.state != ClusterState::Up {
+        return Err(refused(format!(
+            "cluster {id:?} is {:?}: a ramp starts from an up cluster",
+            from.state
+        )));
+    }
+    let ramping = shared.activity().ramps();
+    if ramping
+        .iter()
+        .any(|r| r.cluster == id && r.phase == Phase::Running)
+    {
+        return Err(refused(format!(
+            "cluster {id:?} is ramping already: cancel that ramp first"
+        )));
+    }
+    let current = shared.current().ok_or_else(|| {
+        refused("no map yet: a ramp starts once the first round is published".into())
+    })?;
+    Ok((from, current))
 }
 
 /// Writes `r`'s next step (capacity `scale`; a drain's last step at 0) and keeps `r` with it.

@@ -105,41 +105,11 @@ pub fn cost(a: &CostBenchArgs) -> Result<std::process::ExitCode> {
         "guard"
     );
     // (overflow is printed after the guard: the mean RTT is of the placed demand.)
+    let base_warm_ms = base_warm.0 + base_warm.1;
     let mut points = Vec::new();
     for &weight in &a.weights {
         let inst = with_weight(weight).with_context(|| format!("weight {weight}"))?;
-        let (mut prefs_t, mut solve_t) = (Vec::new(), Vec::new());
-        let mut last = None;
-        for _ in 0..a.runs {
-            let t = Instant::now();
-            let scores = policy::rescore(&inst, &Rescore::default());
-            let prefs = match &scores {
-                Some(s) => {
-                    cdnmap_mapper::effective_preferences(&inst, None, &Stickiness::default(), s)?
-                }
-                None => inst.clone(),
-            };
-            prefs_t.push(ms(t));
-            let t = Instant::now();
-            let sol = solve(&prefs, &options);
-            solve_t.push(ms(t));
-            last = Some((prefs, sol));
-        }
-        let (prefs, sol) = last.context("no run")?;
-        let (wp, ws) = warm(&inst, &sol.map, &options, a.runs)?;
-        let report = verify::verify(&prefs, &sol.map);
-        let guard = policy::guard_violations(&inst, &Rescore::default(), &prefs, &sol.map);
-        let summary = Summary::new(&inst, &sol.map, &sol.stats, std::time::Duration::ZERO);
-        let p = Point {
-            weight,
-            prefs_ms: median(&mut prefs_t),
-            solve_ms: median(&mut solve_t),
-            rtt_ms: summary.mean_rtt_ms,
-            overflow_share: summary.overflow / summary.demand.max(1e-9),
-            cost: summary.cost.unwrap_or(0.0),
-            violations: report.violation_count(),
-            guard,
-        };
+        let (p, (wp, ws)) = point(&inst, weight, &options, a.runs)?;
         println!(
             "{:>8} {:>10.0} {:>10.0} {:>7.2}× {:>8.0} + {:>6.0} {:>7.2}× {:>8.2} ms {:>14.0} {:>10} {:>7}   overflow {:.3}%",
             p.weight,
@@ -148,7 +118,7 @@ pub fn cost(a: &CostBenchArgs) -> Result<std::process::ExitCode> {
             (p.prefs_ms + p.solve_ms) / base_ms.max(1e-9),
             wp,
             ws,
-            (wp + ws) / (base_warm.0 + base_warm.1).max(1e-9),
+            (wp + ws) / base_warm_ms.max(1e-9),
             p.rtt_ms,
             p.cost,
             p.violations,
@@ -167,6 +137,47 @@ pub fn cost(a: &CostBenchArgs) -> Result<std::process::ExitCode> {
     } else {
         std::process::ExitCode::SUCCESS
     })
+}
+
+/// One weight's figures: `inst` (the world with the policy at that weight) solved cold `runs`
+/// times (its scores and solve timed), the last map verified and its guard checked, and the
+/// warm round from it ([`warm`]: scores and solve, ms).
+fn point(
+    inst: &cdnmap_mapper::Instance,
+    weight: f64,
+    options: &SolveOptions,
+    runs: usize,
+) -> Result<(Point, (f64, f64))> {
+    let (mut prefs_t, mut solve_t) = (Vec::new(), Vec::new());
+    let mut last = None;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let scores = policy::rescore(inst, &Rescore::default());
+        let prefs = match &scores {
+            Some(s) => cdnmap_mapper::effective_preferences(inst, None, &Stickiness::default(), s)?,
+            None => inst.clone(),
+        };
+        prefs_t.push(ms(t));
+        let t = Instant::now();
+        let sol = solve(&prefs, options);
+        solve_t.push(ms(t));
+        last = Some((prefs, sol));
+    }
+    let (prefs, sol) = last.context("no run")?;
+    let warm_ms = warm(inst, &sol.map, options, runs)?;
+    let report = verify::verify(&prefs, &sol.map);
+    let summary = Summary::new(inst, &sol.map, &sol.stats, std::time::Duration::ZERO);
+    let p = Point {
+        weight,
+        prefs_ms: median(&mut prefs_t),
+        solve_ms: median(&mut solve_t),
+        rtt_ms: summary.mean_rtt_ms,
+        overflow_share: summary.overflow / summary.demand.max(1e-9),
+        cost: summary.cost.unwrap_or(0.0),
+        violations: report.violation_count(),
+        guard: policy::guard_violations(inst, &Rescore::default(), &prefs, &sol.map),
+    };
+    Ok((p, warm_ms))
 }
 
 /// A round's steady state: `inst`'s preferences seeded from `map` (its own cold map, as the

@@ -175,6 +175,21 @@ struct ReplicationBody {
     etcd_error: String,
 }
 
+/// The mean RTT and cost of the published map `s`: from the history, or (a map restored at
+/// start, not yet in the history) from its figures.
+async fn rtt_and_cost(app: &App, s: Option<&Snapshot>) -> (Option<f64>, Option<f64>) {
+    match app.shared.activity().history(1).pop() {
+        Some(p) if Some(p.version) == s.map(|s| s.version) => (p.mean_rtt_ms, p.cost),
+        _ => match s {
+            Some(s) => (
+                view(app).await.ok().and_then(|(_, v)| v.mean_rtt_ms),
+                cdnmap_mapper::policy::map_cost(&s.topology, &s.map),
+            ),
+            None => (None, None),
+        },
+    }
+}
+
 async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
     let now = now_unix_ms();
     let cycle_secs = app.shared.config().cycle_secs;
@@ -192,18 +207,7 @@ async fn status(State(app): State<App>) -> ApiResult<StatusBody> {
         }
     }
     let s = app.shared.current();
-    // The mean RTT of the published map: from the history, or (a map restored at start, not
-    // yet in the history) from its figures.
-    let (mean_rtt_ms, cost) = match app.shared.activity().history(1).pop() {
-        Some(p) if Some(p.version) == s.as_ref().map(|s| s.version) => (p.mean_rtt_ms, p.cost),
-        _ => match &s {
-            Some(s) => (
-                view(&app).await.ok().and_then(|(_, v)| v.mean_rtt_ms),
-                cdnmap_mapper::policy::map_cost(&s.topology, &s.map),
-            ),
-            None => (None, None),
-        },
-    };
+    let (mean_rtt_ms, cost) = rtt_and_cost(&app, s.as_deref()).await;
     let (version, solved_at) = s
         .as_ref()
         .map_or((0, 0), |s| (s.version, s.solved_at_unix_ms));
