@@ -414,7 +414,9 @@ async fn advance(shared: &Arc<Shared>, r: &mut Ramp, s: &Snapshot, loads: &Loads
         overflow_share: loads.overflow_share,
         moved_share: s.churn.unwrap_or(0.0),
     };
+    let mut fresh = false;
     if let Some(last) = r.steps.last_mut() {
+        fresh = last.observed.is_none();
         last.observed.get_or_insert(observed);
     }
     if let Some(why) = held(&shared.config().guard, &r.baseline, loads, observed) {
@@ -442,7 +444,10 @@ async fn advance(shared: &Arc<Shared>, r: &mut Ramp, s: &Snapshot, loads: &Loads
     let (scale, moved) = plan(r, s, loads);
     if scale >= r.scale() {
         // Held back by the budget (a node loaded past its capacity): the next round may
-        // let it on; an operator may cancel it meanwhile.
+        // let it on; an operator may cancel it meanwhile. What this round observed is kept.
+        if fresh {
+            shared.activity().keep_ramp(r);
+        }
         return;
     }
     if let Err(e) = write_step(shared, r, scale, moved).await {
