@@ -122,7 +122,36 @@ pub struct Activity {
     share: std::sync::OnceLock<tokio::sync::mpsc::Sender<Vec<u8>>>,
     /// The fingerprints of the records kept (read back or written): what a merge of the
     /// replicas' copy skips.
-    seen: Mutex<std::collections::HashSet<u64>>,
+    seen: Mutex<Seen>,
+}
+
+/// The fingerprints of the newest [`MAX_SEEN`] records kept: more than the replicas' copy
+/// holds ([`crate::lead::HISTORY_KEPT`]), so a merge never takes a record twice.
+#[derive(Debug, Default)]
+struct Seen {
+    set: std::collections::HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+/// Fingerprints remembered: four times the replicas' copy of the history.
+const MAX_SEEN: usize = 4 * crate::lead::HISTORY_KEPT as usize;
+
+impl Seen {
+    fn remember(&mut self, bytes: &[u8]) {
+        let f = fingerprint(bytes);
+        if self.set.insert(f) {
+            self.order.push_back(f);
+            if self.order.len() > MAX_SEEN {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn knows(&self, bytes: &[u8]) -> bool {
+        self.set.contains(&fingerprint(bytes))
+    }
 }
 
 /// Records a replicated service may have waiting to be shared with the replicas.
@@ -145,7 +174,7 @@ impl Activity {
             Vec::new()
         });
         if let Ok(mut seen) = self.seen.lock() {
-            seen.extend(records.iter().map(|(_, b)| fingerprint(b)));
+            records.iter().for_each(|(_, b)| seen.remember(b));
         }
         if let Ok(mut log) = self.events.lock() {
             for (_, bytes) in records {
@@ -210,7 +239,7 @@ impl Activity {
     /// taken from them).
     fn keep_bytes(&self, at_unix_ms: i64, bytes: Vec<u8>, share: bool) {
         if let Ok(mut seen) = self.seen.lock() {
-            seen.insert(fingerprint(&bytes));
+            seen.remember(&bytes);
         }
         if let Some(store) = self.store.get() {
             if let Err(e) = store.append_history(at_unix_ms, &bytes) {
@@ -232,10 +261,7 @@ impl Activity {
         let mut renumbered = std::collections::HashMap::new();
         let mut new = 0;
         for bytes in records {
-            let known = self
-                .seen
-                .lock()
-                .map_or(true, |s| s.contains(&fingerprint(bytes)));
+            let known = self.seen.lock().map_or(true, |s| s.knows(bytes));
             if known {
                 continue;
             }
@@ -258,7 +284,7 @@ impl Activity {
                     }
                     log.next_seq = e.seq;
                     if e.ok && e.observed.is_none() && !observes_itself(&e.action) {
-                        log.awaiting.push(e.seq);
+                        await_bounded(&mut log.awaiting, e.seq);
                     }
                     push_bounded(&mut log.events, (*e).clone());
                     Record::Event(e)
@@ -280,7 +306,7 @@ impl Activity {
                 }
             };
             if let Ok(mut seen) = self.seen.lock() {
-                seen.insert(fingerprint(bytes));
+                seen.remember(bytes);
             }
             match serde_json::to_vec(&taken) {
                 Ok(b) => self.keep_bytes(crate::clock::now_unix_ms(), b, false),
@@ -424,11 +450,7 @@ impl Activity {
         log.next_seq += 1;
         event.seq = log.next_seq;
         if event.ok && !observes_itself(&event.action) {
-            // Bounded: an action on a cluster deleted before a round mapped it waits forever.
-            if log.awaiting.len() >= MAX_EVENTS {
-                log.awaiting.remove(0);
-            }
-            log.awaiting.push(event.seq);
+            await_bounded(&mut log.awaiting, event.seq);
         }
         // Under the lock, so the history keeps the events in their order.
         self.keep(event.at_unix_ms, &Record::Event(Box::new(event.clone())));
@@ -549,6 +571,15 @@ fn observes_itself(action: &str) -> bool {
     action.starts_with("health_") || action.starts_with("ramp_")
 }
 
+/// Adds `seq` to the actions waiting for a round to observe them, dropping the oldest beyond
+/// [`MAX_EVENTS`] (an action on a cluster deleted before a round mapped it waits forever).
+fn await_bounded(awaiting: &mut Vec<u64>, seq: u64) {
+    if awaiting.len() >= MAX_EVENTS {
+        awaiting.remove(0);
+    }
+    awaiting.push(seq);
+}
+
 /// Appends `event`, dropping the oldest beyond [`MAX_EVENTS`].
 fn push_bounded(events: &mut VecDeque<Event>, event: Event) {
     if events.len() >= MAX_EVENTS {
@@ -563,6 +594,21 @@ mod tests {
 
     fn actor() -> Actor {
         Actor::new(Some("ana\u{7}\n "), None, "http")
+    }
+
+    /// The fingerprints a merge skips are bounded: the oldest go first.
+    #[test]
+    fn the_fingerprints_remembered_are_bounded() {
+        let mut seen = Seen::default();
+        for i in 0..=MAX_SEEN {
+            seen.remember(&i.to_le_bytes());
+            seen.remember(&i.to_le_bytes());
+        }
+        assert_eq!(seen.set.len(), MAX_SEEN);
+        assert_eq!(seen.order.len(), MAX_SEEN);
+        assert!(!seen.knows(&0usize.to_le_bytes()));
+        assert!(seen.knows(&1usize.to_le_bytes()));
+        assert!(seen.knows(&MAX_SEEN.to_le_bytes()));
     }
 
     #[test]

@@ -39,13 +39,9 @@ pub async fn set_cluster_state(
     };
     if let Some((preview, passed)) = checked(shared, id, vec![edit], seen, true).await? {
         predicted = Some(outcome_of(&preview));
-        if let Some(passed) = passed {
-            if !force || reason.trim().is_empty() {
-                let why = if force {
-                    format!("a forced change needs a reason: {passed}")
-                } else {
-                    format!("refused by the guard: {passed}; force it with a reason")
-                };
+        match past(passed, force, &reason) {
+            Ok(r) => reason = r,
+            Err(why) => {
                 let outcome = Err(why.clone());
                 let now = crate::clock::now_unix_ms();
                 shared
@@ -53,7 +49,6 @@ pub async fn set_cluster_state(
                     .log_action(&actor, id, state, &reason, outcome, predicted, now);
                 return Err(ChangeError::Guard(why));
             }
-            reason = format!("{reason} [forced past the guard: {passed}]");
         }
     }
     shared
@@ -79,17 +74,32 @@ pub async fn set_policy(
     let edit = Edit::Policy {
         policy: spec.clone(),
     };
-    if let Some((_, Some(passed))) = checked(shared, "policy", vec![edit], None, true).await? {
-        if !force || reason.trim().is_empty() {
-            return Err(ChangeError::Guard(if force {
-                format!("a forced change needs a reason: {passed}")
-            } else {
-                format!("refused by the guard: {passed}; force it with a reason")
-            }));
+    if let Some((_, passed)) = checked(shared, "policy", vec![edit], None, true).await? {
+        let forced = passed.is_some();
+        let reason = past(passed, force, reason).map_err(ChangeError::Guard)?;
+        if forced {
+            tracing::warn!(reason, "policy forced past the guard");
         }
-        tracing::warn!(reason, passed = %passed, "policy forced past the guard");
     }
     shared.change(crate::topology::Change::Policy(spec)).await
+}
+
+/// What an operator's change may do past the limits `passed` (`None`: within them all): go
+/// on with `reason` (said forced past the guard, when it was: that needs `force` and a
+/// reason), or be refused, saying why.
+pub fn past(passed: Option<String>, force: bool, reason: &str) -> Result<String, String> {
+    let Some(passed) = passed else {
+        return Ok(reason.to_string());
+    };
+    if !force {
+        return Err(format!(
+            "refused by the guard: {passed}; force it with a reason"
+        ));
+    }
+    if reason.trim().is_empty() {
+        return Err(format!("a forced change needs a reason: {passed}"));
+    }
+    Ok(format!("{reason} [forced past the guard: {passed}]"))
 }
 
 /// What a preview says a change would do, as the change history keeps it.

@@ -48,19 +48,25 @@ pub struct Figures {
     pub cost: Option<f64>,
 }
 
+/// The resource nodes of `inst` whose `usage` (by global node index) is at 99.9% of their
+/// capacity or more: what the previews, the guard and the ramps count as full.
+pub fn nodes_full(inst: &Instance, usage: &[f64]) -> u64 {
+    let mut full = 0;
+    for (c, cl) in inst.clusters().iter().enumerate() {
+        for (n, node) in cl.nodes.iter().enumerate() {
+            let u = usage[inst.global_node(c as u32, n as u32)];
+            if node.capacity > 0.0 && u >= 0.999 * node.capacity {
+                full += 1;
+            }
+        }
+    }
+    full
+}
+
 impl Figures {
     /// The figures of `map` of `inst`, its scores measured in `measured`.
     pub fn of(inst: &Instance, map: &Map, measured: &cdnmap_mapper::rescore::Rescore) -> Figures {
-        let used = cdnmap_mapper::map::node_usage(inst, map);
-        let mut nodes_full = 0;
-        for (c, cl) in inst.clusters().iter().enumerate() {
-            for (n, node) in cl.nodes.iter().enumerate() {
-                let u = used[inst.global_node(c as u32, n as u32)];
-                if node.capacity > 0.0 && u >= 0.999 * node.capacity {
-                    nodes_full += 1;
-                }
-            }
-        }
+        let nodes_full = nodes_full(inst, &cdnmap_mapper::map::node_usage(inst, map));
         let demand = inst.total_demand();
         let overflow = map.total_overflow();
         Figures {

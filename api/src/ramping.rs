@@ -17,8 +17,8 @@ use cdnmap_mapper::{ClusterState, Instance, Map};
 use cdnmap_store::edit::{Edit, EditError};
 use cdnmap_topology::format::cluster_file;
 
-use crate::guard::{checked, outcome_of};
-use crate::preview::Previewed;
+use crate::guard::{checked, outcome_of, past};
+use crate::preview::{nodes_full, Previewed};
 use crate::ramp::{
     budget_floor, estimated_move, next_scale, same_capacities, scale_of, written, Baseline, Goal,
     Phase, Ramp, Step, MAX_RAMP_ROUNDS, MAX_STEPS_KEPT,
@@ -41,15 +41,7 @@ struct Loads {
 impl Loads {
     fn of(inst: &Instance, map: &Map) -> Loads {
         let usage = cdnmap_mapper::map::node_usage(inst, map);
-        let mut nodes_full = 0;
-        for (c, cl) in inst.clusters().iter().enumerate() {
-            for (n, node) in cl.nodes.iter().enumerate() {
-                let u = usage[inst.global_node(c as u32, n as u32)];
-                if node.capacity > 0.0 && u >= 0.999 * node.capacity {
-                    nodes_full += 1;
-                }
-            }
-        }
+        let nodes_full = nodes_full(inst, &usage);
         let total = inst.total_demand();
         Loads {
             demand: map.demand_per_cluster(inst),
@@ -135,16 +127,7 @@ pub async fn start(
     let mut predicted = seen.as_ref().map(outcome_of);
     if let Some((preview, passed)) = checked(shared, id, vec![last], seen, false).await? {
         predicted = Some(outcome_of(&preview));
-        if let Some(passed) = passed {
-            if !force || reason.trim().is_empty() {
-                return Err(ChangeError::Guard(if force {
-                    format!("a forced ramp needs a reason: {passed}")
-                } else {
-                    format!("refused by the guard: {passed}; force it with a reason")
-                }));
-            }
-            reason = format!("{reason} [forced past the guard: {passed}]");
-        }
+        reason = past(passed, force, &reason).map_err(ChangeError::Guard)?;
     }
     let loads = loads_of(&current).await?;
     let now = crate::clock::now_unix_ms();
@@ -173,11 +156,17 @@ pub async fn start(
         ended_at_unix_ms: None,
         restoring: None,
     };
+    // Recorded before its first step is written: killed between the two, the next start has
+    // the ramp and takes the step up from the topology (`taken`), never a cluster cut by a
+    // ramp nobody knows of.
+    shared.activity().keep_ramp(&ramp);
     let (scale, moved) = plan(&ramp, &current, &loads);
     if scale < ramp.scale() {
-        write_step(shared, &mut ramp, scale, moved).await?;
-    } else {
-        shared.activity().keep_ramp(&ramp);
+        if let Err(e) = write_step(shared, &mut ramp, scale, moved).await {
+            let why = format!("its first step could not be written: {e}");
+            end(shared, &mut ramp, Phase::Interrupted, why, None).await;
+            return Err(e);
+        }
     }
     shared.activity().log_ramp(&ramp, "ramp_start", None);
     tracing::warn!(cluster = %id, ?goal, rounds, who = %ramp.who, "ramp started");

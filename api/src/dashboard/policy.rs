@@ -9,7 +9,7 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{Extensions, HeaderMap, StatusCode};
+use axum::http::{Extensions, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cdnmap_mapper::model::PolicySpec;
@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{ApiError, ApiResult, App};
 use super::clusters::{actor_of, body_of, change_error};
-use super::preview::PreviewAnswer;
-use crate::preview::{preview_edits, PreviewError, Turn};
+use super::preview::{preview_error, PreviewAnswer};
+use crate::preview::{preview_edits, Turn};
 
 #[derive(Serialize)]
 pub(super) struct PolicyBody {
@@ -69,26 +69,12 @@ pub(super) async fn set_policy(
         body,
         r#"{"policy": {"cost": {"weight": 2, "guard_ms": 10, "prices": {"<cluster>": 1.5}}}, "preview": true}"#,
     )?;
-    // Validated against the clusters first, so an error names the entry, not an edit.
-    if let Err(e) = app.shared.topology_now().instance.with_policy(&ask.policy) {
-        return Err(ApiError::bad(format!("policy: {e}")));
-    }
     if ask.preview {
+        // A bad policy does not apply: 400, naming the entry.
         let edits = vec![Edit::Policy { policy: ask.policy }];
         let p = preview_edits(&app.shared, edits, 10, Turn::Now)
             .await
-            .map_err(|e| match e {
-                PreviewError::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-                PreviewError::NoMap => {
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-                }
-                PreviewError::Invalid(_) | PreviewError::NoCluster(..) => {
-                    ApiError::bad(e.to_string())
-                }
-                PreviewError::Failed(_) => {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-                }
-            })?;
+            .map_err(preview_error)?;
         return Ok(Json(PreviewAnswer::of(p)).into_response());
     }
     crate::guard::set_policy(&app.shared, ask.policy, &ask.reason, ask.force)

@@ -144,18 +144,21 @@ impl Expect {
 
 /// The preview of `changes` on the map in service (an operator's: waits its turn briefly).
 async fn previewed(app: &App, changes: Vec<(String, ClusterState)>) -> Result<Previewed, ApiError> {
-    let p = preview_changes(&app.shared, changes, PREVIEW_UNITS, Turn::Now)
+    preview_changes(&app.shared, changes, PREVIEW_UNITS, Turn::Now)
         .await
-        .map_err(|e| match e {
-            PreviewError::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-            PreviewError::NoMap => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-            PreviewError::Invalid(_) => ApiError::bad(e.to_string()),
-            PreviewError::NoCluster(..) => ApiError::not_found(e.to_string()),
-            PreviewError::Failed(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-            }
-        })?;
-    Ok(p)
+        .map_err(preview_error)
+}
+
+/// A preview not made, as the page gets it: 429 busy, 503 no map yet, 400 a change that does
+/// not apply, 404 an unknown cluster, 500 a failure.
+pub(crate) fn preview_error(e: PreviewError) -> ApiError {
+    match e {
+        PreviewError::Busy => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+        PreviewError::NoMap => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        PreviewError::Invalid(_) => ApiError::bad(e.to_string()),
+        PreviewError::NoCluster(..) => ApiError::not_found(e.to_string()),
+        PreviewError::Failed(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 /// `POST /api/preview`, `{"changes": [{"cluster": "fra-1", "state": "drained"}]}`: needs the
